@@ -1,0 +1,37 @@
+"""gradloc-track: make gradient spikes in LLM training visible, explainable and survivable.
+
+``import gradloc_track`` imports neither wandb nor mlflow; backends load when a tracker is built.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it (resolved lazily to keep import light)
+_EXPORTS = {
+    "GradMonitor": "gradloc_track.monitor",
+    "GradStats": "gradloc_track.monitor",
+    "locate": "gradloc_track.locate",
+    "LocateResult": "gradloc_track.locate.result",
+    "CulpritToken": "gradloc_track.locate.result",
+    "SpikeDetector": "gradloc_track.spikes",
+    "SpikeEvent": "gradloc_track.spikes.event",
+    "Tracker": "gradloc_track.trackers",
+    "NullTracker": "gradloc_track.trackers",
+    "MemoryTracker": "gradloc_track.trackers",
+    "FanoutTracker": "gradloc_track.trackers",
+    "make_tracker": "gradloc_track.trackers",
+}
+_SUBMODULES = ("clip", "spikes", "trackers", "config", "artifacts", "norms", "grouping")
+
+__all__ = sorted(_EXPORTS) + list(_SUBMODULES)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    if name in _SUBMODULES:
+        return importlib.import_module(f"gradloc_track.{name}")
+    raise AttributeError(f"module 'gradloc_track' has no attribute {name!r}")

@@ -1,0 +1,52 @@
+"""Tracker configs (group ``tracker``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ._validate import check, one_of
+
+TRACKER_KINDS = ("none", "wandb", "mlflow", "both", "memory")
+
+
+@dataclass
+class WandbConfig:
+    project: str = "gradloc-track"
+    entity: Optional[str] = None
+    tags: list[str] = field(default_factory=list)
+    # None = follow W&B's own resolution (WANDB_MODE, else "online"); tests use "offline"
+    mode: Optional[str] = None
+    dir: Optional[str] = None  # None = WANDB_DIR, else the run directory
+    group: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if self.mode is not None:
+            one_of("tracker.wandb.mode", self.mode, ("online", "offline", "disabled"))
+
+
+@dataclass
+class MlflowConfig:
+    # None = MLflow's own resolution: MLFLOW_TRACKING_URI, else sqlite:///./mlflow.db
+    tracking_uri: Optional[str] = None
+    experiment_name: str = "gradloc-track"
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class TrackerConfig:
+    kind: str = "none"
+    run_name: Optional[str] = None
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+    # background writer
+    queue_size: int = 10000  # records held before the producer blocks briefly / spills
+    flush_interval_s: float = 1.0
+    retries: int = 3
+    retry_backoff_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        one_of("tracker.kind", self.kind, TRACKER_KINDS)
+        check(self.queue_size > 0, "tracker.queue_size", self.queue_size, "use a positive integer")
+        check(self.retries >= 0, "tracker.retries", self.retries, "use 0 or more")
+        check(self.flush_interval_s > 0, "tracker.flush_interval_s", self.flush_interval_s,
+              "use a positive number of seconds")

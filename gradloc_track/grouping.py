@@ -1,0 +1,69 @@
+"""Map parameter names to "layers" (blocks or modules) for per-layer metrics.
+
+Default rule (``block``): a parameter belongs to the prefix up to and including the first
+purely numeric component, e.g. ``transformer.h.3.attn.c_attn.weight -> transformer.h.3``;
+parameters outside a numbered container belong to their module (``lm_head.weight -> lm_head``).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import torch
+
+GROUP_MODES = ("block", "module", "tensor")
+
+
+def layer_of(name: str, mode: str = "block", patterns: Mapping[str, str] | None = None) -> str:
+    """The layer name a parameter is reported under."""
+    if patterns:
+        for layer, pattern in patterns.items():
+            if re.search(pattern, name):
+                return layer
+    parts = name.split(".")
+    if mode == "tensor":
+        return name
+    if mode == "block":
+        for i, p in enumerate(parts[:-1]):
+            if p.isdigit():
+                return ".".join(parts[: i + 1])
+    if mode not in GROUP_MODES:
+        raise ValueError(f"monitor.group_by={mode!r} is not one of {GROUP_MODES}")
+    return ".".join(parts[:-1]) if len(parts) > 1 else name
+
+
+@dataclass
+class LayerGrouping:
+    """Fixed assignment of tensors to layers, with a device index for fused group sums."""
+
+    names: list[str]
+    layers: list[str]  # unique layer names, in first-seen order
+    index: list[int] = field(default_factory=list)  # tensor i -> layer index
+
+    @classmethod
+    def build(
+        cls, names: Sequence[str], mode: str = "block", patterns: Mapping[str, str] | None = None
+    ) -> "LayerGrouping":
+        layers: list[str] = []
+        pos: dict[str, int] = {}
+        index = []
+        for n in names:
+            lay = layer_of(n, mode, patterns)
+            if lay not in pos:
+                pos[lay] = len(layers)
+                layers.append(lay)
+            index.append(pos[lay])
+        return cls(list(names), layers, index)
+
+    def members(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {lay: [] for lay in self.layers}
+        for n, i in zip(self.names, self.index):
+            out[self.layers[i]].append(n)
+        return out
+
+    def sum_by_layer(self, per_tensor: torch.Tensor) -> torch.Tensor:
+        """Sum a per-tensor device vector into a per-layer device vector (no host sync)."""
+        idx = torch.as_tensor(self.index, device=per_tensor.device)
+        out = torch.zeros(len(self.layers), dtype=per_tensor.dtype, device=per_tensor.device)
+        return out.index_add_(0, idx, per_tensor)

@@ -1,0 +1,49 @@
+"""Result types of the localizer, shared by the monitor and the artifact writers."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class CulpritToken:
+    """One loss term whose own gradient is above the threshold."""
+
+    batch: int
+    position: int
+    grad_norm: float  # exact L2 norm of this term's gradient (from a single-term probe)
+    layer_norms: dict[str, float] = field(default_factory=dict)  # layer -> exact norm
+    score: float | None = None  # the ranking estimate (ghost map) that led to it, if any
+
+
+@dataclass
+class LocateResult:
+    tokens: list[CulpritToken]  # culprits, largest grad_norm first
+    probes: int  # forward+backward passes used
+    method: str
+    threshold: float  # per-term threshold actually used
+    total_norm: float  # norm of the full-batch gradient (all terms)
+    layer_names: list[str] = field(default_factory=list)
+    # (B, T) per-term contribution estimate from the ghost pass (CPU float32), for highlighting
+    ghost_map: torch.Tensor | None = None
+    # (L, B, T) per-layer per-position ghost norms (CPU float32), rows follow layer_names
+    layer_map: torch.Tensor | None = None
+    budget_exhausted: bool = False
+    wall_time_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "probes": self.probes,
+            "threshold": self.threshold,
+            "total_norm": self.total_norm,
+            "budget_exhausted": self.budget_exhausted,
+            "tokens": [
+                {"batch": t.batch, "position": t.position, "grad_norm": t.grad_norm,
+                 "layer_norms": t.layer_norms, "score": t.score}
+                for t in self.tokens
+            ],
+        }

@@ -1,0 +1,80 @@
+"""Fused, sync-free gradient/weight norm computation.
+
+Everything here returns *device* tensors. Nothing calls ``.item()``/``.tolist()``: the caller
+decides when (and whether) to move one stacked tensor to the host.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    return type(t).__name__ == "DTensor" and hasattr(t, "to_local")
+
+
+def local_part(t: torch.Tensor) -> torch.Tensor:
+    """The shard this rank holds (a DTensor's local tensor), else the tensor itself."""
+    return t.to_local() if _is_dtensor(t) else t
+
+
+def is_replicated(t: torch.Tensor) -> bool:
+    """True for a DTensor whose every placement is Replicate (each rank holds all of it)."""
+    if not _is_dtensor(t):
+        return False
+    return all(type(p).__name__ == "Replicate" for p in t.placements)
+
+
+def sq_norms(tensors: Sequence[torch.Tensor | None], device: torch.device | None = None) -> torch.Tensor:
+    """Per-tensor squared L2 norms of the *local* parts, as one float32 1-D device tensor.
+
+    ``None`` entries (parameters without a gradient) give 0. Tensors are grouped by
+    (device, dtype) and each group is reduced with one ``torch._foreach_norm`` call.
+    """
+    n = len(tensors)
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    locals_: list[torch.Tensor | None] = [None if t is None else local_part(t) for t in tensors]
+    for i, t in enumerate(locals_):
+        if t is not None:
+            groups[(t.device, t.dtype)].append(i)
+    if device is None:
+        device = next((t.device for t in locals_ if t is not None), torch.device("cpu"))
+    out = torch.zeros(n, dtype=torch.float32, device=device)
+    for (_dev, _dtype), idx in groups.items():
+        norms = torch._foreach_norm([locals_[i] for i in idx], 2.0)
+        vals = torch.stack(norms).to(device=device, dtype=torch.float32)  # (len(idx),)
+        out.index_copy_(0, torch.tensor(idx, device=device), vals * vals)
+    return out
+
+
+def all_reduce_sq_norms(
+    sq: torch.Tensor, tensors: Sequence[torch.Tensor | None], group: dist.ProcessGroup | None = None
+) -> torch.Tensor:
+    """Turn local squared norms of sharded (DTensor) tensors into global ones: one all-reduce.
+
+    Replicated DTensors are pre-divided by the world size so the single SUM restores them;
+    plain tensors (e.g. DDP, whose gradients are already averaged) need no reduction and are
+    returned unchanged when no tensor is a DTensor.
+    """
+    if not any(t is not None and _is_dtensor(t) for t in tensors):
+        return sq
+    if not (dist.is_available() and dist.is_initialized()):
+        return sq
+    world = dist.get_world_size(group)
+    scale = torch.ones_like(sq)
+    for i, t in enumerate(tensors):
+        if t is None or not _is_dtensor(t) or is_replicated(t):
+            scale[i] = 1.0 / world
+    sq = sq * scale
+    dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=group)
+    return sq
+
+
+def global_sq_norms(
+    tensors: Sequence[torch.Tensor | None], group: dist.ProcessGroup | None = None
+) -> torch.Tensor:
+    """Per-tensor squared norms, reduced across ranks for sharded tensors. Device tensor."""
+    return all_reduce_sq_norms(sq_norms(tensors), tensors, group)

@@ -1,0 +1,13 @@
+"""Tracker destinations. Backends (wandb, mlflow) are imported only when built."""
+from .base import NullTracker, Tracker
+from .fanout import FanoutTracker
+from .memory import MemoryTracker
+
+__all__ = ["Tracker", "NullTracker", "MemoryTracker", "FanoutTracker", "make_tracker"]
+
+
+def make_tracker(cfg, run_dir=None, run_name=None) -> Tracker:
+    """Build the tracker a ``TrackerConfig`` describes (lazy: imports the backend here)."""
+    from .factory import make_tracker as _make
+
+    return _make(cfg, run_dir=run_dir, run_name=run_name)

@@ -1,0 +1,72 @@
+"""The tracker interface: a *destination* whose methods do nothing by default.
+
+Each backend overrides only what it supports; calling code never branches on which
+backend (or whether any) is configured. ``NullTracker`` is the "logging off" object and
+the one non-zero ranks get.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+
+class Tracker:
+    """Base destination. All methods are safe no-ops; subclasses override what they support.
+
+    Contract shared by every implementation:
+    - ``log_metrics(metrics, step)``: scalar metrics (python floats/ints) at an integer step.
+    - ``log_params(params)``: flat mapping of run parameters (values are stringified by backends).
+    - ``log_table(key, columns, rows, step)``: rows *appended* to the table named ``key``;
+      backends keep one growing table per key (plus whatever per-event view they offer).
+    - ``log_html(key, html, step)``: a self-contained HTML document (no scripts, no external CSS).
+    - ``log_image(key, path, step)``: a PNG file on local disk.
+    - ``log_artifact(path, artifact_path)``: a local file, uploaded as-is.
+    - ``set_tags(tags)``: string run tags (e.g. ``spike_count``).
+    - ``finish(status)``: flush and close; ``status`` is ``"success"`` or ``"failed"``.
+    """
+
+    name: str = "none"
+    #: Local directory for files this run writes (spool files, rendered artifacts).
+    run_dir: Path | None = None
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        pass
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        pass
+
+    def log_table(
+        self, key: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], step: int | None = None
+    ) -> None:
+        pass
+
+    def log_html(self, key: str, html: str, step: int | None = None) -> None:
+        pass
+
+    def log_image(self, key: str, path: str | Path, step: int | None = None) -> None:
+        pass
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        pass
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def finish(self, status: str = "success") -> None:
+        pass
+
+    # context-manager sugar: a run that raises is finished as "failed"
+    def __enter__(self) -> "Tracker":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.finish("failed" if exc_type is not None else "success")
+
+
+class NullTracker(Tracker):
+    """Logging off. Identical to the base; a named class reads better at call sites."""
+
+    name = "none"

@@ -1,0 +1,47 @@
+"""Fan one stream of calls out to several trackers (``tracker=both``)."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from .base import Tracker
+
+
+class FanoutTracker(Tracker):
+    """Calls every child in order. Children handle their own failures (see AsyncTracker)."""
+
+    name = "fanout"
+
+    def __init__(self, trackers: Sequence[Tracker]) -> None:
+        self.trackers = list(trackers)
+        self.run_dir = next((t.run_dir for t in self.trackers if t.run_dir is not None), None)
+
+    def _each(self, method: str, *args, **kwargs) -> None:
+        for t in self.trackers:
+            getattr(t, method)(*args, **kwargs)
+
+    def log_metrics(self, metrics, step):
+        self._each("log_metrics", metrics, step)
+
+    def log_params(self, params):
+        self._each("log_params", params)
+
+    def log_table(self, key, columns, rows, step=None):
+        self._each("log_table", key, columns, rows, step)
+
+    def log_html(self, key, html, step=None):
+        self._each("log_html", key, html, step)
+
+    def log_image(self, key, path, step=None):
+        self._each("log_image", key, path, step)
+
+    def log_artifact(self, path, artifact_path=None):
+        self._each("log_artifact", path, artifact_path)
+
+    def set_tags(self, tags):
+        self._each("set_tags", tags)
+
+    def flush(self):
+        self._each("flush")
+
+    def finish(self, status="success"):
+        self._each("finish", status)
