@@ -28,6 +28,11 @@ def is_replicated(t: torch.Tensor) -> bool:
     return all(type(p).__name__ == "Replicate" for p in t.placements)
 
 
+def trainable_params(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    """The (name, parameter) pairs every component iterates over, in one agreed order."""
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
 def sq_norms(tensors: Sequence[torch.Tensor | None], device: torch.device | None = None) -> torch.Tensor:
     """Per-tensor squared L2 norms of the *local* parts, as one float32 1-D device tensor.
 

@@ -16,6 +16,8 @@ class CulpritToken:
     grad_norm: float  # exact L2 norm of this term's gradient (from a single-term probe)
     layer_norms: dict[str, float] = field(default_factory=dict)  # layer -> exact norm
     score: float | None = None  # the ranking estimate (ghost map) that led to it, if any
+    # <g_term, g_total> / ||g_total||^2: this term's additive share of the spike's squared norm
+    share: float | None = None
 
 
 @dataclass

@@ -23,6 +23,16 @@ class Tracker:
     - ``log_artifact(path, artifact_path)``: a local file, uploaded as-is.
     - ``set_tags(tags)``: string run tags (e.g. ``spike_count``).
     - ``finish(status)``: flush and close; ``status`` is ``"success"`` or ``"failed"``.
+
+    File layout (MLflow artifacts and the local run directory use the same relative paths, so
+    ``gradloc-track report`` reads either):
+    - table ``key`` -> ``<key>.json`` = ``{"columns": [...], "data": [[...], ...]}``, ONE file per key
+      that grows with every ``log_table`` call (e.g. ``spikes/tokens.json``);
+    - html ``key`` at ``step`` -> ``<key>/step_<step:06d>.html`` (e.g. ``spikes/highlight/step_000080.html``);
+    - image ``key`` at ``step`` -> ``<key>/step_<step:06d>.png``;
+    - local only: ``metrics.jsonl`` (``{"step": s, "metrics": {...}}`` per line), ``params.json``,
+      ``tags.json``. W&B logs tables/html/images under ``key`` at ``step`` (media panels with a step
+      slider) plus a cumulative ``<key>_all`` table.
     """
 
     name: str = "none"
