@@ -26,7 +26,7 @@ class ModelConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = 3e-3
+    lr: float = 1e-3
     min_lr_ratio: float = 0.1  # cosine decay to lr * min_lr_ratio
     warmup_steps: int = 20
     weight_decay: float = 0.1
@@ -44,13 +44,15 @@ class SpikeInjectionConfig:
 
     step: Optional[int] = None  # None = no injection
     sample: int = 0  # which sequence of the batch is corrupted
-    kind: str = "corrupt_span"  # corrupt_span
+    kind: str = "short_garbage_doc"  # short_garbage_doc | corrupt_span
     span: int = 4  # how many loss tokens carry the corruption
     scale: float = 1.0
 
     def __post_init__(self) -> None:
         if self.step is not None:
-            check(self.step >= 0, "inject.step", self.step, "use a step >= 0 or null")
+            check(self.step >= 0, "train.inject.step", self.step, "use a step >= 0 or null")
+        check(self.kind in ("short_garbage_doc", "corrupt_span"), "train.inject.kind", self.kind,
+              "use short_garbage_doc or corrupt_span")
 
 
 @dataclass

@@ -11,7 +11,7 @@ import torch
 
 
 class ByteTokenizer:
-    """UTF-8 bytes as tokens (vocab 256). ``decode`` of one token gives its printable text."""
+    """UTF-8 bytes as tokens (vocab 256). Invalid UTF-8 decodes as ``\\xNN`` so every byte stays visible."""
 
     vocab_size = 256
 
@@ -21,7 +21,7 @@ class ByteTokenizer:
     def decode(self, ids) -> str:
         if isinstance(ids, int):
             ids = [ids]
-        return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+        return bytes(int(i) for i in ids).decode("utf-8", errors="backslashreplace")
 
     def convert_ids_to_tokens(self, ids) -> list[str]:
         return [self.decode([int(i)]) for i in ids]

@@ -1,0 +1,168 @@
+"""The example training loop behind ``examples/train_lm.py``: a small GPT on an offline corpus,
+with the monitor, a clipper, the spike detector, the localizer and the artifact writer wired in.
+
+Kept in the package (not in the example script) so tests can run it without a subprocess.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+import torch.nn.functional as F
+
+from ..config import RootConfig
+from .data import ByteTokenizer, TextBatches, load_corpus
+from .inject import inject
+from .model import build_model
+
+log = logging.getLogger(__name__)
+
+
+def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mapping -> flat ``a.b.c`` keys (the form trackers show params in)."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def make_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
+    """AdamW; weight decay on matrices only (norm gains, biases and embeddings' 1-D params none)."""
+    decay = [p for _, p in model.named_parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for _, p in model.named_parameters() if p.requires_grad and p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas))
+
+
+def make_schedule(opt: torch.optim.Optimizer, cfg, steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up, then cosine decay to ``lr * min_lr_ratio``."""
+    def factor(s: int) -> float:
+        warm = min(1.0, (s + 1) / max(1, cfg.warmup_steps))
+        progress = min(1.0, s / max(1, steps))
+        return warm * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+    return torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+def masked_lm_loss(model, x, y, mask, loss_norm: str):
+    """A ``loss_fn(keep)`` for the batch with a FIXED normalizer (computed from the full mask).
+
+    token: sum of kept terms / number of loss tokens in the batch.
+    sample: mean over samples of (sum of kept terms / that sample's loss-token count).
+    """
+    B, T = x.shape
+    if loss_norm == "token":
+        weights = mask / mask.sum().clamp(min=1.0)  # (B, T)
+    else:
+        weights = mask / mask.sum(dim=1, keepdim=True).clamp(min=1.0) / B  # (B, T)
+
+    def loss_fn(keep: torch.Tensor) -> torch.Tensor:
+        logits = model(x)  # (B, T, V)
+        per_tok = F.cross_entropy(logits.reshape(B * T, -1), y.reshape(-1), reduction="none").view(B, T)
+        return (per_tok * weights * keep).sum()
+
+    return loss_fn
+
+
+def train_lm(cfg: RootConfig, run_dir: str | Path, resolved_yaml: str | None = None) -> dict[str, float]:
+    """Train, monitor and log one run. Returns a summary (final loss, spikes, spike score...)."""
+    from .. import GradMonitor
+    from ..artifacts import SpikeArtifactWriter
+    from ..clip import build_clipper
+    from ..spikes import SpikeDetector, spike_score
+    from ..spikes.context import SpikeContext
+    from ..trackers import make_tracker
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tc = cfg.train
+    if tc.num_threads:
+        torch.set_num_threads(tc.num_threads)
+    torch.manual_seed(tc.seed)
+    device = torch.device(tc.device)
+
+    model = build_model(cfg.model).to(device)
+    if tc.seq_len > cfg.model.max_seq_len:
+        raise ValueError(f"train.seq_len={tc.seq_len} exceeds model.max_seq_len={cfg.model.max_seq_len}: "
+                         "lower train.seq_len or raise model.max_seq_len")
+    opt = make_optimizer(model, cfg.optim)
+    sched = make_schedule(opt, cfg.optim, tc.steps)
+    adamc = None
+    if cfg.optim.adamc:
+        from ..adamc import AdamCWeightDecay
+
+        adamc = AdamCWeightDecay(opt)
+    tokenizer = ByteTokenizer()
+    data = TextBatches(load_corpus(tc.corpus), tc.seq_len, tc.batch_size, tc.seed, tokenizer)
+
+    tracker = make_tracker(cfg.tracker, run_dir=run_dir, run_name=cfg.run_name)
+    status = "failed"
+    try:
+        params = flatten(asdict(cfg))
+        params["model.n_params"] = sum(p.numel() for p in model.parameters())
+        tracker.log_params(params)
+        if resolved_yaml is not None:
+            cfg_path = run_dir / "config.yaml"
+            cfg_path.write_text(resolved_yaml)
+            tracker.log_artifact(cfg_path)
+
+        clipper = build_clipper(cfg.clip, model)
+        detector = SpikeDetector(cfg.spikes) if cfg.spikes.enabled else None
+        writer = SpikeArtifactWriter(tracker, run_dir=run_dir)
+        monitor = GradMonitor(model, tracker=tracker, clipper=clipper, config=cfg.monitor, optimizer=opt,
+                              detector=detector, locate_config=cfg.locate, artifact_writer=writer)
+
+        losses: list[float] = []
+        norms: list[float] = []
+        events_at: list[int] = []
+        t0 = time.perf_counter()
+        for step in range(tc.steps):
+            batch = data.batch(step).to(device)  # (B, T+1)
+            x, y = batch[:, :-1].clone(), batch[:, 1:].clone()  # (B, T)
+            mask = torch.ones_like(x, dtype=torch.float32)
+            if tc.inject.step is not None and step == tc.inject.step:
+                positions = inject(tc.inject.kind, x, y, mask, tc.inject.sample, tc.inject.span)
+                log.info("step %d: injected %s into sample %d at positions %s",
+                         step, tc.inject.kind, tc.inject.sample, positions)
+            loss_fn = masked_lm_loss(model, x, y, mask, tc.loss_norm)
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(mask)
+            loss.backward()
+            ctx = SpikeContext(loss_fn=loss_fn, token_mask=mask, input_ids=y, tokenizer=tokenizer)
+            stats = monitor.after_backward(step, spike_context=ctx)
+            opt.step()
+            sched.step()
+            if adamc is not None:
+                adamc.step()
+            # host sync: the loss is printed/logged on logging steps only
+            if stats.logged:
+                loss_val = loss.item()
+                losses.append(loss_val)
+                norms.append(stats.global_norm)
+                tracker.log_metrics({"train/loss": loss_val, "train/lr": sched.get_last_lr()[0]}, step)
+            if stats.events:
+                events_at.append(step)
+        elapsed = time.perf_counter() - t0
+        summary = {
+            "final_loss": float(sum(losses[-10:]) / max(1, len(losses[-10:]))),
+            "spike_events": float(len(events_at)),
+            "loss_spike_score": float(spike_score(losses)),
+            "grad_spike_score": float(spike_score(norms)),
+            "seconds": elapsed,
+        }
+        tracker.log_metrics({f"summary/{k}": v for k, v in summary.items()}, tc.steps)
+        (run_dir / "summary.json").write_text(json.dumps({**summary, "events_at": events_at}, indent=2))
+        status = "success"
+        return summary
+    finally:
+        tracker.finish(status)
