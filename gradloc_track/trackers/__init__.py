@@ -1,9 +1,12 @@
 """Tracker destinations. Backends (wandb, mlflow) are imported only when built."""
 from .base import NullTracker, Tracker
 from .fanout import FanoutTracker
+from .local_tracker import LocalTracker
 from .memory import MemoryTracker
+from .spool import read_spool, replay_spool
 
-__all__ = ["Tracker", "NullTracker", "MemoryTracker", "FanoutTracker", "make_tracker"]
+__all__ = ["Tracker", "NullTracker", "MemoryTracker", "FanoutTracker", "LocalTracker", "make_tracker",
+           "replay_spool", "read_spool"]
 
 
 def make_tracker(cfg, run_dir=None, run_name=None) -> Tracker:

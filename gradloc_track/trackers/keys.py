@@ -1,0 +1,27 @@
+"""Metric/param key and value normalisation shared by backends."""
+from __future__ import annotations
+
+import math
+import re
+
+_MLFLOW_BAD = re.compile(r"[^\w\-. /]")
+
+
+def mlflow_key(key: str) -> str:
+    """MLflow accepts alphanumerics, ``_ - . /`` and spaces; anything else becomes ``_``."""
+    return _MLFLOW_BAD.sub("_", key)
+
+
+def truncate(value: object, limit: int) -> str:
+    """Stringify and cut to ``limit`` characters, marking the cut so nobody mistakes it for data."""
+    s = str(value)
+    return s if len(s) <= limit else s[: limit - 15] + "...[truncated]"
+
+
+def finite_or_none(v: float) -> float | None:
+    return v if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+
+def step_path(key: str, step: int | None, ext: str) -> str:
+    """``<key>/step_<step:06d>.<ext>`` (the artifact layout contract in ``base.Tracker``)."""
+    return f"{key}/step_{(step or 0):06d}.{ext}"
