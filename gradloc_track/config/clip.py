@@ -40,7 +40,8 @@ class ClipConfig:
         check(self.lambda_rel > 0, "clip.lambda_rel", self.lambda_rel, "use a positive value (e.g. 1.04)")
         check(self.lambda_abs > 0, "clip.lambda_abs", self.lambda_abs, "use a positive value (e.g. 1.0)")
         check(self.max_norm > 0, "clip.max_norm", self.max_norm, "use a positive value (e.g. 1.0)")
-        check(self.warmup_steps >= 0, "clip.warmup_steps", self.warmup_steps, "use 0 or more")
+        check(self.warmup_steps >= 1, "clip.warmup_steps", self.warmup_steps,
+              "use 1 or more: AdaGC warm-up steps initialise its per-tensor thresholds")
         check(0.0 < self.alpha < 1.0, "clip.alpha", self.alpha, "use a value strictly between 0 and 1")
         check(self.z_thresh > 0, "clip.z_thresh", self.z_thresh, "use a positive z-score (e.g. 2.5)")
         one_of("clip.mode", self.mode, ("zscore", "percentile"))

@@ -49,7 +49,9 @@ def test_every_group_instantiates(composer, tmp_path):
         for clip in _options("clip"):
             ccfg = to_config(composer([f"clip={clip}"]))
             clipper = build_clipper(ccfg.clip, m)
-            assert clipper is not None
+            assert (clipper is None) == (clip == "none")
+            if clipper is not None:
+                assert clipper.kind == clip
     det = SpikeDetector(to_config(composer()).spikes)
     assert det.update(0, 1.0, {"h.0": 1.0}) == []
     tracker = make_tracker(to_config(composer(["tracker=none"])).tracker, run_dir=tmp_path)

@@ -1,0 +1,31 @@
+"""Global-norm clipping (same result as ``torch.nn.utils.clip_grad_norm_``) and no clipping."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .base import Clipper, positive
+
+
+class GlobalClip(Clipper):
+    """``g <- g * min(1, max_norm / (||g|| + 1e-6))``, exactly as ``clip_grad_norm_``."""
+
+    kind = "global"
+
+    def __init__(self, model: torch.nn.Module, max_norm: float = 1.0, on_nonfinite: str = "skip",
+                 process_group: Any = None) -> None:
+        positive("max_norm", max_norm, "1.0")
+        super().__init__(model, on_nonfinite, process_group)
+        self.max_norm = max_norm
+
+    def _coefs(self, norms, finite):
+        total = norms.pow(2).sum().sqrt()
+        coef = (self.max_norm / (total + 1e-6)).clamp(max=1.0)
+        return torch.full_like(norms, self.max_norm), coef.expand_as(norms).clone()
+
+
+class NoClip(Clipper):
+    """Measures, never scales (non-finite gradients are still handled per ``on_nonfinite``)."""
+
+    kind = "none"

@@ -1,0 +1,213 @@
+"""Clippers against independent references: the paper's equations in a plain loop, the zclip
+package, and torch's clip_grad_norm_."""
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from gradloc_track.clip import AdaGC, GlobalClip, LayerClip, ZClip
+from gradloc_track.config import ConfigError
+
+
+def small_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+
+
+def grad_stream(model, steps, spike_at=(), seed=0):
+    """Per step, a list of gradient tensors (one per parameter); spikes scale one step by 50x."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for t in range(steps):
+        scale = 50.0 if t in spike_at else 1.0
+        out.append([torch.randn(p.shape, generator=g) * scale * (0.5 + i) for i, p in enumerate(model.parameters())])
+    return out
+
+
+def set_grads(model, grads):
+    for p, gr in zip(model.parameters(), grads):
+        p.grad = gr.clone()
+
+
+def adagc_reference(stream, lambda_rel, beta, warmup, lambda_abs, eps):
+    """AdaGC in plain python floats, straight from the paper's equations (per tensor)."""
+    gamma = [None] * len(stream[0])
+    out = []
+    for t, grads in enumerate(stream):
+        norms = [gr.double().norm().item() for gr in grads]
+        if t < warmup:
+            total = math.sqrt(sum(n * n for n in norms))
+            coef = min(1.0, lambda_abs / (total + eps))
+            coefs = [coef] * len(norms)
+            gamma = [c * n if gm is None else min(gm, c * n) for gm, c, n in zip(gamma, coefs, norms)]
+            thr = [lambda_abs] * len(norms)
+        else:
+            thr = [lambda_rel * gm for gm in gamma]
+            coefs = [min(1.0, th / (n + eps)) for th, n in zip(thr, norms)]
+            gamma = [beta * gm + (1 - beta) * min(n, th) for gm, n, th in zip(gamma, norms, thr)]
+        out.append((thr, coefs, [gr.double() * c for gr, c in zip(grads, coefs)]))
+    return out
+
+
+@pytest.mark.parametrize("warmup", [1, 3, 5])
+def test_adagc_matches_the_equations(warmup):
+    model = small_model()
+    stream = grad_stream(model, 20, spike_at=(8, 14))
+    ref = adagc_reference(stream, 1.04, 0.9, warmup, 1.0, 1e-6)
+    clipper = AdaGC(model, lambda_rel=1.04, beta=0.9, warmup_steps=warmup, lambda_abs=1.0, eps=1e-6)
+    names = [n for n, _ in model.named_parameters()]
+    for t, grads in enumerate(stream):
+        set_grads(model, grads)
+        res = clipper.clip()
+        thr, coefs, clipped = ref[t]
+        for i, n in enumerate(names):
+            assert res.thresholds[n] == pytest.approx(thr[i], rel=1e-5), (t, n)
+            assert res.coefs[n] == pytest.approx(coefs[i], rel=1e-5), (t, n)
+        for p, c in zip(model.parameters(), clipped):
+            torch.testing.assert_close(p.grad.double(), c, rtol=1e-5, atol=1e-7)
+    assert res.total_norm == pytest.approx(math.sqrt(sum(g.double().norm().item() ** 2 for g in stream[-1])), rel=1e-5)
+
+
+zclip_pkg = pytest.importorskip("zclip")
+
+
+@pytest.mark.parametrize("mode,option", [("zscore", "adaptive_scaling"), ("zscore", "mean"), ("percentile", "adaptive_scaling")])
+def test_zclip_matches_the_zclip_package(mode, option):
+    ours_model, ref_model = small_model(), small_model()
+    stream = grad_stream(ours_model, 40, spike_at=(12, 25, 26, 33), seed=3)
+    ours = ZClip(ours_model, alpha=0.9, z_thresh=2.0, warmup_steps=6, mode=mode, clip_option=option)
+    ref = zclip_pkg.ZClip(alpha=0.9, z_thresh=2.0, max_grad_norm=None, warmup_steps=6, mode=mode, clip_option=option)
+    for grads in stream:
+        set_grads(ours_model, grads)
+        set_grads(ref_model, grads)
+        res = ours.clip()
+        total = ref.step(ref_model)
+        assert res.total_norm == pytest.approx(total, rel=1e-5)
+        for p, q in zip(ours_model.parameters(), ref_model.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+    assert ours.mean.item() == pytest.approx(ref.mean, rel=1e-5)
+    assert ours.var.item() == pytest.approx(ref.var, rel=1e-4)
+
+
+def test_global_clip_matches_torch():
+    a, b = small_model(), small_model()
+    for grads in grad_stream(a, 5, spike_at=(2,)):
+        set_grads(a, grads)
+        set_grads(b, grads)
+        res = GlobalClip(a, max_norm=1.5).clip()
+        total = torch.nn.utils.clip_grad_norm_(b.parameters(), 1.5, foreach=True)
+        assert res.total_norm == pytest.approx(total.item(), rel=1e-6)
+        for p, q in zip(a.parameters(), b.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=1e-8)
+
+
+def test_layerclip_clips_the_exploding_layer_only(tiny_gpt):
+    clipper = LayerClip(tiny_gpt, z_thresh=3.0, alpha=0.9, warmup_steps=5)
+    g = torch.Generator().manual_seed(0)
+    params = dict(tiny_gpt.named_parameters())
+    for t in range(12):
+        for p in params.values():
+            p.grad = torch.randn(p.shape, generator=g) * 0.01
+        if t == 11:  # h.1 explodes while the global norm is dominated by everything else
+            for n, p in params.items():
+                if n.startswith("h.1."):
+                    p.grad *= 30
+        before = {n: p.grad.norm().item() for n, p in params.items()}
+        res = clipper.clip()
+    coefs = res.coefs
+    for n, p in params.items():
+        if n.startswith("h.1."):
+            assert coefs[n] < 0.2 and p.grad.norm().item() < before[n] * 0.2
+        else:
+            assert coefs[n] == 1.0 and p.grad.norm().item() == pytest.approx(before[n])
+
+
+@pytest.mark.parametrize("mode", ["skip", "zero", "raise"])
+def test_nonfinite_gradients(mode):
+    model = small_model()
+    clipper = AdaGC(model, warmup_steps=2, on_nonfinite=mode)
+    stream = grad_stream(model, 4)
+    for grads in stream[:3]:
+        set_grads(model, grads)
+        clipper.clip()
+    gamma = clipper.gamma.clone()
+    bad = [g.clone() for g in stream[3]]
+    bad[0][0, 0] = float("nan")
+    set_grads(model, bad)
+    if mode == "raise":
+        with pytest.raises(FloatingPointError, match=r"0\.weight"):
+            clipper.clip()
+        return
+    res = clipper.clip()
+    assert res.nonfinite
+    grads = [p.grad for p in model.parameters()]
+    assert all(torch.isfinite(g).all() for g in grads)
+    assert torch.count_nonzero(grads[0]) == 0
+    if mode == "skip":
+        assert all(torch.count_nonzero(g) == 0 for g in grads)
+        torch.testing.assert_close(clipper.gamma, gamma)  # nothing entered the EMA
+    else:
+        assert all(torch.count_nonzero(g) > 0 for g in grads[1:])
+        assert clipper.gamma[0] == gamma[0] and not torch.equal(clipper.gamma[1:], gamma[1:])
+
+
+@pytest.mark.parametrize("cls,kwargs", [(AdaGC, {"warmup_steps": 3}), (ZClip, {"warmup_steps": 3}),
+                                        (LayerClip, {"warmup_steps": 3})])
+def test_resume_clips_exactly_as_the_uninterrupted_run(cls, kwargs):
+    model = small_model()
+    stream = grad_stream(model, 16, spike_at=(9,))
+    full = cls(model, **kwargs)
+    outs = []
+    for grads in stream:
+        set_grads(model, grads)
+        full.clip()
+        outs.append([p.grad.clone() for p in model.parameters()])
+    first = cls(model, **kwargs)
+    for grads in stream[:7]:
+        set_grads(model, grads)
+        first.clip()
+    saved = copy.deepcopy(first.state_dict())
+    resumed = cls(small_model(), **kwargs)
+    resumed.load_state_dict(saved)
+    resumed.params = list(model.parameters())
+    for t, grads in enumerate(stream[7:], start=7):
+        set_grads(model, grads)
+        resumed.clip()
+        for p, ref in zip(model.parameters(), outs[t]):
+            torch.testing.assert_close(p.grad, ref, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kwargs,field", [({"beta": 1.0}, "beta"), ({"beta": 0.0}, "beta"),
+                                           ({"lambda_rel": 0.0}, "lambda_rel"), ({"lambda_abs": -1}, "lambda_abs"),
+                                           ({"on_nonfinite": "ignore"}, "on_nonfinite"),
+                                           ({"warmup_steps": 0}, "warmup_steps")])
+def test_bad_hyperparameters_name_the_argument(kwargs, field):
+    with pytest.raises(ConfigError, match=field):
+        AdaGC(small_model(), **kwargs)
+
+
+def test_clip_metrics_per_layer(tiny_gpt):
+    from gradloc_track.clip.metrics import clip_metrics
+    from gradloc_track.grouping import LayerGrouping
+
+    clipper = AdaGC(tiny_gpt, warmup_steps=1)
+    g = torch.Generator().manual_seed(0)
+    for t in range(3):
+        for p in tiny_gpt.parameters():
+            p.grad = torch.randn(p.shape, generator=g) * (10.0 if t == 2 else 1.0)
+        pre = {n: p.grad.norm().item() for n, p in tiny_gpt.named_parameters()}
+        res = clipper.clip()
+    post = {n: p.grad.norm().item() for n, p in tiny_gpt.named_parameters()}
+    grouping = LayerGrouping.build(clipper.names)
+    m = {k: v.item() for k, v in clip_metrics(res, grouping).items()}
+    thr = res.thresholds
+    for lay, members in grouping.members().items():
+        ref_coef = math.sqrt(sum(post[n] ** 2 for n in members) / sum(pre[n] ** 2 for n in members))
+        assert m[f"clip/coef/{lay}"] == pytest.approx(ref_coef, rel=1e-5)
+        assert m[f"clip/threshold/{lay}"] == pytest.approx(math.sqrt(sum(thr[n] ** 2 for n in members)), rel=1e-5)
+    assert m["clip/total_norm_pre"] == pytest.approx(math.sqrt(sum(v * v for v in pre.values())), rel=1e-5)
+    assert m["clip/total_norm_post"] == pytest.approx(math.sqrt(sum(v * v for v in post.values())), rel=1e-5)
+    assert m["clip/clipped_fraction"] == pytest.approx(sum(c < 1 for c in res.coefs.values()) / len(pre))
