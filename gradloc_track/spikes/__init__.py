@@ -1,0 +1,7 @@
+"""Spike detection: the adaptive detector, the OLMo-style spike score, events and batch context."""
+from .context import SpikeContext
+from .detector import SpikeDetector
+from .event import SpikeEvent
+from .score import is_spike, spike_score
+
+__all__ = ["SpikeDetector", "SpikeEvent", "SpikeContext", "spike_score", "is_spike"]
