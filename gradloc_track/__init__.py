@@ -13,7 +13,6 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "GradMonitor": "gradloc_track.monitor",
     "GradStats": "gradloc_track.monitor",
-    "locate": "gradloc_track.locate",
     "LocateResult": "gradloc_track.locate.result",
     "CulpritToken": "gradloc_track.locate.result",
     "SpikeDetector": "gradloc_track.spikes",
@@ -27,6 +26,10 @@ _EXPORTS = {
 _SUBMODULES = ("clip", "spikes", "trackers", "config", "artifacts", "norms", "grouping")
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES)
+
+# ``gradloc_track.locate`` is both a subpackage and the public function; bind the function
+# eagerly so the name always means the function (``gradloc_track.locate(model, ...)``).
+from .locate import locate  # noqa: E402
 
 
 def __getattr__(name: str) -> Any:

@@ -223,7 +223,8 @@ class GradMonitor:
         try:
             with torch.enable_grad():
                 result = locate(self.model, ctx.loss_fn, ctx.token_mask, method=cfg.method,
-                                budget=cfg.budget, threshold=cfg.threshold, group_by=self.config.group_by)
+                                budget=cfg.budget, threshold=cfg.threshold, group_by=self.config.group_by,
+                                rng_state=getattr(ctx, "rng_state", None))
         except Exception as exc:  # forensics must never kill training
             warnings.warn(f"gradloc-track: localizing the spike at step {step} failed: {exc!r}")
             return {"locate/failed": 1.0}

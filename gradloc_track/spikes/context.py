@@ -24,3 +24,5 @@ class SpikeContext:
     extra_columns: Mapping[str, torch.Tensor] = field(default_factory=dict)
     # per-sample extra columns, each (B,): reward, ...
     sample_columns: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    # torch.get_rng_state() from before the training forward: probes replay its dropout masks
+    rng_state: Any = None

@@ -1,0 +1,106 @@
+"""Per-position, per-layer gradient-norm map from ONE backward pass ("ghost norms").
+
+For a linear map ``y_s = W x_s + b`` the weight gradient is ``sum_s g_s x_s^T``; one position's
+contribution has norm exactly ``||g_s|| * ||x_s||`` (Goodfellow 2015; Li et al. 2022), and the
+bias's is ``||g_s||``. Embeddings: ``||g_s||``. Capturing ``||x_s||`` in a forward hook and
+``||g_s||`` from a hook on the output gives the map without per-example gradients. For the
+output head it is exact per loss term; for inner layers it is per *position* (a position also
+carries gradient from later terms through attention), which is why ``auto`` confirms candidates
+with exact probes.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+
+from ..grouping import layer_of
+
+
+def _is_linear_like(m: torch.nn.Module) -> str | None:
+    if isinstance(m, torch.nn.Linear):
+        return "linear"
+    if isinstance(m, torch.nn.Embedding):
+        return "embedding"
+    if type(m).__name__ == "Conv1D" and hasattr(m, "nf"):  # transformers GPT-2: y = x @ W + b
+        return "linear"
+    return None
+
+
+class GhostMap:
+    """Context manager that records per-position contribution norms during one backward."""
+
+    def __init__(self, model: torch.nn.Module, group_by: str = "block",
+                 shape: tuple[int, int] | None = None) -> None:
+        self.model = model
+        self.expected = tuple(shape) if shape is not None else None
+        self.group_by = group_by
+        self.handles: list = []
+        self.sq: dict[str, torch.Tensor] = {}  # layer -> (B, T) squared contribution norms
+        self.shape: tuple[int, int] | None = None
+
+    def __enter__(self) -> "GhostMap":
+        for name, m in self.model.named_modules():
+            kind = _is_linear_like(m)
+            if kind is None or not any(p.requires_grad for p in m.parameters(recurse=False)):
+                continue
+            layer = layer_of(f"{name}.weight", self.group_by) if name else "root"
+            has_bias = getattr(m, "bias", None) is not None and m.bias.requires_grad
+            self.handles.append(m.register_forward_hook(self._hook(layer, kind, has_bias)))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+
+    def _hook(self, layer: str, kind: str, has_bias: bool) -> Callable:
+        def forward_hook(module, inputs, output):
+            if not isinstance(output, torch.Tensor) or not output.requires_grad:
+                return
+            if output.dim() < 2:
+                return
+            if kind == "embedding":
+                x_norm = None
+            else:
+                x = inputs[0].detach()
+                x_norm = x.float().norm(dim=-1)  # (B, T)
+
+            def grad_hook(g: torch.Tensor) -> None:
+                g_norm = g.detach().float().norm(dim=-1)  # (B, T)
+                if kind == "embedding":
+                    contrib = g_norm.pow(2)
+                else:
+                    contrib = (g_norm * x_norm).pow(2) + (g_norm.pow(2) if has_bias else 0.0)
+                # per (batch, position) only: broadcast outputs (a (1, T, C) position
+                # embedding) mix samples and cannot be attributed, so they are left out
+                if contrib.dim() != 2 or (self.expected and tuple(contrib.shape) != self.expected):
+                    return
+                self.shape = tuple(contrib.shape)
+                prev = self.sq.get(layer)
+                self.sq[layer] = contrib if prev is None else prev + contrib
+
+            output.register_hook(grad_hook)
+
+        return forward_hook
+
+    def result(self, layer_order: list[str]) -> tuple[torch.Tensor, list[str]]:
+        """(L, B, T) per-layer norms, rows in ``layer_order`` (layers with no hooked module dropped)."""
+        names = [lay for lay in layer_order if lay in self.sq] + [lay for lay in self.sq if lay not in layer_order]
+        return torch.stack([self.sq[n].sqrt().cpu() for n in names]), names
+
+
+def adaptive_threshold(scores: torch.Tensor, k_sigma: float = 6.0, min_factor: float = 8.0) -> float:
+    """Per-term threshold from the batch's own per-term score distribution (robust, log space).
+
+    ``max(min_factor * median, exp(median(log s) + k_sigma * 1.4826 * MAD(log s)))``: a culprit
+    must be far outside the batch's own spread, and at least ``min_factor`` x a typical term.
+    """
+    s = scores[scores > 0].double()
+    if s.numel() == 0:
+        return math.inf
+    logs = s.log()
+    med = logs.median()
+    mad = (logs - med).abs().median()
+    return float(max(min_factor * med.exp(), (med + k_sigma * 1.4826 * mad).exp()))
