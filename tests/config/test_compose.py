@@ -91,7 +91,8 @@ def test_unknown_tracker_lists_the_choices(composer):
 
 
 def test_wrong_type_fails_at_composition(composer):
-    from omegaconf.errors import ValidationError
+    from hydra.errors import ConfigCompositionException
 
-    with pytest.raises(ValidationError):
+    with pytest.raises(ConfigCompositionException, match="often") as info:
         composer(["monitor.log_every=often"])
+    assert "Integer" in str(info.value.__cause__)
