@@ -19,7 +19,9 @@ SMALL = ["train.steps=4", "train.batch_size=2", "train.seq_len=32", "model.n_lay
 def run_example(tmp_path: Path, *overrides: str, check: bool = True) -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true",
            "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
-    proc = subprocess.run([sys.executable, str(SCRIPT), f"out_dir={tmp_path / 'runs'}", *overrides],
+    flags = [o for o in overrides if o.startswith("-")]  # Hydra wants -m before the overrides
+    rest = [o for o in overrides if not o.startswith("-")]
+    proc = subprocess.run([sys.executable, str(SCRIPT), *flags, f"out_dir={tmp_path / 'runs'}", *rest],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     if check and proc.returncode != 0:
         raise AssertionError(f"train_lm failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
