@@ -40,9 +40,19 @@ class OptimConfig:
 
 @dataclass
 class SpikeInjectionConfig:
-    """A data outlier injected into one batch at a known step (the spike demo)."""
+    """A data outlier injected into one batch at a known step (the spike demo).
+
+    The sample and the garbage bytes vary with the step (seeded), so repeated injections differ.
+    """
+
+    def at(self, step: int) -> bool:
+        if self.step is None or step < self.step:
+            return False
+        return step == self.step or (self.every is not None and (step - self.step) % self.every == 0)
+
 
     step: Optional[int] = None  # None = no injection
+    every: Optional[int] = None  # repeat every N steps after ``step`` (None = once)
     sample: int = 0  # which sequence of the batch is corrupted
     kind: str = "short_garbage_doc"  # short_garbage_doc | corrupt_span
     span: int = 4  # how many loss tokens carry the corruption
@@ -51,6 +61,8 @@ class SpikeInjectionConfig:
     def __post_init__(self) -> None:
         if self.step is not None:
             check(self.step >= 0, "train.inject.step", self.step, "use a step >= 0 or null")
+        if self.every is not None:
+            check(self.every >= 1, "train.inject.every", self.every, "use a positive number of steps or null")
         check(self.kind in ("short_garbage_doc", "corrupt_span"), "train.inject.kind", self.kind,
               "use short_garbage_doc or corrupt_span")
 

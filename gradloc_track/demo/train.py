@@ -124,14 +124,16 @@ def train_lm(cfg: RootConfig, run_dir: str | Path, resolved_yaml: str | None = N
 
         losses: list[float] = []
         norms: list[float] = []
+        post_norms: list[float] = []  # what the optimizer saw (after clipping)
+        settled = max(cfg.spikes.warmup_steps, cfg.optim.warmup_steps)  # skip the start-up transient
         events_at: list[int] = []
         t0 = time.perf_counter()
         for step in range(tc.steps):
             batch = data.batch(step).to(device)  # (B, T+1)
             x, y = batch[:, :-1].clone(), batch[:, 1:].clone()  # (B, T)
             mask = torch.ones_like(x, dtype=torch.float32)
-            if tc.inject.step is not None and step == tc.inject.step:
-                positions = inject(tc.inject.kind, x, y, mask, tc.inject.sample, tc.inject.span)
+            if tc.inject.at(step):
+                positions = inject(tc.inject.kind, x, y, mask, tc.inject.sample, tc.inject.span, seed=1234 + step)
                 log.info("step %d: injected %s into sample %d at positions %s",
                          step, tc.inject.kind, tc.inject.sample, positions)
             loss_fn = masked_lm_loss(model, x, y, mask, tc.loss_norm)
@@ -149,6 +151,7 @@ def train_lm(cfg: RootConfig, run_dir: str | Path, resolved_yaml: str | None = N
                 loss_val = loss.item()
                 losses.append(loss_val)
                 norms.append(stats.global_norm)
+                post_norms.append(stats.metrics.get("clip/total_norm_post", stats.global_norm))
                 tracker.log_metrics({"train/loss": loss_val, "train/lr": sched.get_last_lr()[0]}, step)
             if stats.events:
                 events_at.append(step)
@@ -158,6 +161,8 @@ def train_lm(cfg: RootConfig, run_dir: str | Path, resolved_yaml: str | None = N
             "spike_events": float(len(events_at)),
             "loss_spike_score": float(spike_score(losses)),
             "grad_spike_score": float(spike_score(norms)),
+            "post_clip_grad_spike_score": float(spike_score(post_norms)),
+            "max_post_clip_grad_norm": float(max(post_norms[settled // cfg.monitor.log_every:], default=0.0)),
             "seconds": elapsed,
         }
         tracker.log_metrics({f"summary/{k}": v for k, v in summary.items()}, tc.steps)
