@@ -1,6 +1,7 @@
 """Shared test setup: W&B never touches the network, torch stays on few threads."""
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -41,37 +42,46 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory):
-    """A real ``mlflow server`` on 127.0.0.1 over a fresh SQLite store; yields its URI."""
+@contextlib.contextmanager
+def running_mlflow_server(backend_uri: str, root: Path):
+    """A real ``mlflow server`` on 127.0.0.1 over ``backend_uri``; yields its URI, stops at exit."""
     import subprocess
     import time
     import urllib.request
 
-    root = tmp_path_factory.mktemp("mlflow-server")
     port = _free_port()
+    log = open(root / "server.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-         "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "artifacts"),
-         "--workers", "1"],
-        stdout=open(root / "server.log", "w"), stderr=subprocess.STDOUT,
+         "--backend-store-uri", backend_uri, "--artifacts-destination", str(root / "artifacts"), "--workers", "1"],
+        stdout=log, stderr=subprocess.STDOUT,
     )
     uri = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
-    while True:
-        try:
-            with urllib.request.urlopen(uri + "/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
-            raise RuntimeError(f"mlflow server did not start: {(root / 'server.log').read_text()[-2000:]}")
-        time.sleep(0.5)
-    yield uri
-    proc.terminate()
     try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+        while True:
+            try:
+                with urllib.request.urlopen(uri + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"mlflow server did not start: {(root / 'server.log').read_text()[-2000:]}")
+            time.sleep(0.5)
+        yield uri
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A real ``mlflow server`` on 127.0.0.1 over a fresh SQLite store; yields its URI."""
+    root = tmp_path_factory.mktemp("mlflow-server")
+    with running_mlflow_server(f"sqlite:///{root / 'mlflow.db'}", root) as uri:
+        yield uri

@@ -1,0 +1,131 @@
+"""A real browser on the real MLflow UI: the highlighted culprit text is what a person sees.
+
+Two spike-demo runs (clip=none, clip=adagc) are logged to an SQLite store, ``mlflow server``
+serves it on 127.0.0.1, and headless Chromium (Debian's chromium + chromium-driver) opens the
+run's artifact page and the compare-runs page. Screenshots go to the test's tmp dir, and to
+docs/img/ when GRADLOC_UPDATE_SCREENSHOTS=1 (that is how the README's pictures are made).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import urllib.parse
+from pathlib import Path
+
+import pytest
+
+from ..conftest import CONF_DIR, ROOT, running_mlflow_server
+
+CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+pytestmark = [pytest.mark.browser, pytest.mark.slow,
+              pytest.mark.skipif(not (CHROMIUM and DRIVER),
+                                 reason="needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)")]
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--run-all-compositor-stages-before-draw", "--disable-quic", "--no-first-run",
+         "--disable-component-update", "--disable-sync", "--window-size=1400,1000"]
+
+
+@pytest.fixture(scope="module")
+def demo_store(tmp_path_factory):
+    from hydra import compose, initialize_config_dir
+
+    from gradloc_track.config import register_configs, to_config
+    from gradloc_track.demo.train import train_lm
+
+    root = tmp_path_factory.mktemp("demo-store")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    register_configs()
+    cwd = os.getcwd()
+    os.chdir(root)  # MLflow puts the default artifact root next to the working directory
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+            for clip in ("none", "adagc"):
+                cfg = to_config(compose("config", overrides=[
+                    "experiment=spike_demo", "train.steps=104", f"clip={clip}", "tracker=mlflow",
+                    f"tracker.mlflow.tracking_uri={uri}", f"run_name='spike_demo[clip={clip}]'"]))
+                train_lm(cfg, root / "runs" / clip)
+    finally:
+        os.chdir(cwd)
+    return uri, root
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for f in FLAGS + [f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"]:
+        opts.add_argument(f)
+    driver = webdriver.Chrome(service=Service(DRIVER), options=opts)
+    yield driver
+    driver.quit()
+
+
+def wait_for(driver, condition, timeout=90.0, what="page"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            value = condition()
+            if value:
+                return value
+        except Exception:
+            pass
+        time.sleep(1.0)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def save(driver, tmp_path: Path, name: str) -> Path:
+    out = tmp_path / name
+    driver.save_screenshot(str(out))
+    if os.environ.get("GRADLOC_UPDATE_SCREENSHOTS") == "1":
+        shutil.copyfile(out, ROOT / "docs" / "img" / name)
+    print(f"screenshot: {out}")
+    return out
+
+
+def test_artifact_page_shows_highlighted_culprits_and_compare_page_shows_both_runs(demo_store, browser, tmp_path):
+    from mlflow.tracking import MlflowClient
+    from selenium.webdriver.common.by import By
+
+    uri, root = demo_store
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("gradloc-track")
+    runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
+    run = runs["spike_demo[clip=none]"]
+    table = json.loads(Path(client.download_artifacts(run.info.run_id, "spikes/tokens.json", str(tmp_path))).read_text())
+    tokens = {row[table["columns"].index("token")] for row in table["data"]}
+    assert tokens
+    with running_mlflow_server(uri, root) as server:
+        browser.get(f"{server}/#/experiments/{exp.experiment_id}/runs/{run.info.run_id}"
+                    "/artifacts/spikes/highlight/step_000100.html")
+
+        def culprit_text():
+            frames = browser.find_elements(By.TAG_NAME, "iframe")
+            for frame in frames:
+                browser.switch_to.frame(frame)
+                try:
+                    # culprits in the visible context window (the collapsed full text has copies)
+                    spans = browser.find_elements(By.CSS_SELECTOR, "h2 + div.meta + div.text > span.c")
+                    texts = [s.text for s in spans if s.text]
+                finally:
+                    browser.switch_to.default_content()
+                if texts:
+                    return texts
+            return None
+
+        texts = wait_for(browser, culprit_text, what="the highlighted culprit tokens in the artifact viewer")
+        assert set(texts) <= tokens and set(texts) & tokens
+        time.sleep(1.0)
+        shot = save(browser, tmp_path, "mlflow_highlight.png")
+        assert shot.stat().st_size > 10_000
+
+        ids = urllib.parse.quote(json.dumps([r.info.run_id for r in runs.values()]))
+        browser.get(f"{server}/#/compare-runs?runs={ids}&experiments={urllib.parse.quote(json.dumps([exp.experiment_id]))}")
+        body = wait_for(browser, lambda: (t := browser.find_element(By.TAG_NAME, "body").text)
+                        and "spike_demo[clip=adagc]" in t and t, what="the compare-runs page")
+        assert "spike_demo[clip=none]" in body and "clip.kind" in body
+        save(browser, tmp_path, "mlflow_compare.png")
