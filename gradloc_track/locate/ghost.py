@@ -91,16 +91,15 @@ class GhostMap:
         return torch.stack([self.sq[n].sqrt().cpu() for n in names]), names
 
 
-def adaptive_threshold(scores: torch.Tensor, k_sigma: float = 6.0, min_factor: float = 8.0) -> float:
-    """Per-term threshold from the batch's own per-term score distribution (robust, log space).
+def adaptive_threshold(scores: torch.Tensor, factor: float = 10.0, quantile: float = 0.9) -> float:
+    """Per-term threshold from the batch's own per-term scores: ``factor`` x their 90th percentile.
 
-    ``max(min_factor * median, exp(median(log s) + k_sigma * 1.4826 * MAD(log s)))``: a culprit
-    must be far outside the batch's own spread, and at least ``min_factor`` x a typical term.
+    A culprit is a term whose gradient is an order of magnitude above what 90% of the batch stays
+    under. Percentiles, unlike a mean/std or a log-space MAD, stay put when many terms carry ~zero
+    gradient (RL groups with equal rewards have zero advantage) and when a few carry huge ones.
+    Assumes culprits are under 10% of the terms; pass an explicit threshold otherwise.
     """
     s = scores[scores > 0].double()
     if s.numel() == 0:
         return math.inf
-    logs = s.log()
-    med = logs.median()
-    mad = (logs - med).abs().median()
-    return float(max(min_factor * med.exp(), (med + k_sigma * 1.4826 * mad).exp()))
+    return float(factor * torch.quantile(s, quantile))
