@@ -90,7 +90,8 @@ def test_multirun_gives_one_tracker_run_per_job(tmp_path):
 @pytest.mark.slow
 def test_spike_demo_detects_and_localizes_the_injected_document(tmp_path):
     """The full demo: detection at the injected step, culprits = the corrupted tokens, artifacts in MLflow."""
-    run_example(tmp_path, "experiment=spike_demo", "tracker=mlflow", "train.num_threads=1")
+    run_example(tmp_path, "experiment=spike_demo", "tracker=both", "train.num_threads=1",
+                f"tracker.mlflow.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}")
     (run_dir,) = run_dirs(tmp_path)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert 100 in summary["events_at"]
@@ -105,3 +106,9 @@ def test_spike_demo_detects_and_localizes_the_injected_document(tmp_path):
     for r in rows:
         assert r["token"] in html or r["token"].replace("\\", "&#92;") in html
     assert "<script" not in html.lower()
+    # the same event in the offline W&B run: table rows and highlighted html
+    (wrun,) = tmp_path.rglob("offline-run-*")
+    tables = [json.loads(p.read_text()) for p in (wrun / "files" / "media" / "table").rglob("*.table.json")]
+    assert any({(r[1], r[2]) for r in t["data"] if r[0] == 100} == {(3, 0), (3, 1)} for t in tables)
+    pages = [p.read_text() for p in (wrun / "files" / "media" / "html").rglob("*.html")]
+    assert any(rows[0]["token"] in p for p in pages)

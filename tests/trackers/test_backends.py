@@ -130,3 +130,17 @@ def test_failed_run_is_marked_failed(tmp_path, sqlite_uri):
     client = MlflowClient(sqlite_uri)
     (run,) = client.search_runs([client.get_experiment_by_name("gradloc-track").experiment_id])
     assert run.info.status == "FAILED"
+
+
+def test_wandb_cumulative_table_after_100_events(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    tracker = make_tracker(TrackerConfig(kind="wandb"), run_dir=tmp_path / "run")
+    for e in range(100):
+        tracker.log_table("spikes/tokens", ["step", "token"], [[e, f"tok{e}"]], e)
+    tracker.finish("success")
+    (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
+    tables = [json.loads(p.read_text()) for p in (run_dir / "files" / "media" / "table").rglob("*.table.json")]
+    cumulative = max((t for t in tables if len(t["data"]) > 1), key=lambda t: len(t["data"]))
+    assert [r[0] for r in cumulative["data"]] == list(range(100))  # every event, in order, once
+    rows = [r for r in history(run_dir) if "spikes/tokens_all/nrows" in r]
+    assert [(r["train/step"], r["spikes/tokens_all/nrows"]) for r in rows] == [(e, e + 1) for e in range(100)]
