@@ -24,6 +24,7 @@ import torch
 from ..config._validate import check
 from ..grouping import LayerGrouping
 from .base import Clipper, in_unit_interval, positive
+from .running_stats import WarmupEma
 
 
 class LayerClip(Clipper):
@@ -40,47 +41,29 @@ class LayerClip(Clipper):
         self.grouping = LayerGrouping.build(self.names, group_by, groups)
         self.z_thresh, self.alpha, self.warmup_steps, self.eps = z_thresh, alpha, warmup_steps, eps
         dev = self.params[0].device
-        L = len(self.grouping.layers)
         self._index = torch.as_tensor(self.grouping.index, device=dev)  # (n,) tensor -> layer
-        self.buffer = torch.zeros(warmup_steps, L, device=dev)
-        self.n_buffered = 0
-        self.mean = torch.zeros(L, device=dev)
-        self.var = torch.zeros(L, device=dev)
+        self.stats = WarmupEma(warmup_steps, alpha, (len(self.grouping.layers),), dev)
 
     def _coefs(self, norms, finite):
         layer = self.grouping.sum_by_layer(norms.pow(2)).sqrt()  # (L,)
         self._layer = layer
-        if self.n_buffered < self.warmup_steps:
+        if not self.stats.ready:
             self._tau = layer
             return torch.full_like(norms, float("inf")), torch.ones_like(norms)
-        std = self.var.sqrt()
-        z = (layer - self.mean) / (std + self.eps)
-        tau = torch.where(z > self.z_thresh, self.mean + self.z_thresh * std / (z / self.z_thresh), layer)
+        mean, std = self.stats.mean, self.stats.std
+        z = (layer - mean) / (std + self.eps)
+        tau = torch.where(z > self.z_thresh, mean + self.z_thresh * std / (z / self.z_thresh), layer)
         self._tau = tau
         coef_l = torch.where(layer > tau, tau / (layer + 1e-6), torch.ones_like(layer))  # (L,)
         thr_l = torch.where(z > self.z_thresh, tau, torch.full_like(tau, float("inf")))
         return thr_l[self._index], coef_l[self._index]
 
     def _update(self, norms, thresholds, coefs, finite_t, all_finite) -> None:
-        if self.n_buffered < self.warmup_steps:
-            prev = self.buffer[max(0, self.n_buffered - 1)]
-            self.buffer[self.n_buffered] = torch.where(all_finite, self._layer, prev)
-            self.n_buffered += 1
-            if self.n_buffered == self.warmup_steps:
-                self.mean = self.buffer.mean(0)
-                self.var = (self.buffer - self.mean).pow(2).mean(0)
-            return
-        x = self._tau
-        mean = self.alpha * self.mean + (1 - self.alpha) * x
-        var = self.alpha * self.var + (1 - self.alpha) * (x - mean).pow(2)
-        self.mean = torch.where(all_finite, mean, self.mean)
-        self.var = torch.where(all_finite, var, self.var)
+        self.stats.add(self._tau, all_finite)  # the clipped layer norm (= the norm when not clipped)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"steps": self.steps, "n_buffered": self.n_buffered, "buffer": self.buffer.clone(),
-                "mean": self.mean.clone(), "var": self.var.clone()}
+        return {"steps": self.steps, "stats": self.stats.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.steps, self.n_buffered = int(state["steps"]), int(state["n_buffered"])
-        dev = self.buffer.device
-        self.buffer, self.mean, self.var = (state[k].to(dev).clone() for k in ("buffer", "mean", "var"))
+        self.steps = int(state["steps"])
+        self.stats.load_state_dict(state["stats"])

@@ -16,6 +16,7 @@ import torch
 
 from ..config._validate import check, one_of
 from .base import Clipper, in_unit_interval, positive
+from .running_stats import WarmupEma
 
 
 class ZClip(Clipper):
@@ -34,15 +35,20 @@ class ZClip(Clipper):
         self.alpha, self.z_thresh, self.warmup_steps = alpha, z_thresh, warmup_steps
         self.mode, self.clip_option, self.eps, self.clip_factor = mode, clip_option, eps, clip_factor
         device = self.params[0].device
-        self.buffer = torch.zeros(warmup_steps, device=device)
-        self.n_buffered = 0  # python int
-        self.mean = torch.zeros((), device=device)
-        self.var = torch.zeros((), device=device)
+        self.stats = WarmupEma(warmup_steps, alpha, (), device)
         self._threshold = torch.zeros((), device=device)
 
     @property
     def initialized(self) -> bool:
-        return self.n_buffered >= self.warmup_steps
+        return self.stats.ready
+
+    @property
+    def mean(self) -> torch.Tensor:
+        return self.stats.mean
+
+    @property
+    def var(self) -> torch.Tensor:
+        return self.stats.var
 
     def _threshold_for(self, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(threshold, clipped?) for total norm ``g``; threshold = g when not clipped."""
@@ -74,27 +80,12 @@ class ZClip(Clipper):
         return reported.expand_as(norms).clone(), coef.expand_as(norms).clone()
 
     def _update(self, norms, thresholds, coefs, finite_t, all_finite) -> None:
-        g = self._g
-        if not self.initialized:  # warm-up: a python counter, values stay on device
-            # a non-finite norm is replaced by the previous buffered value, never stored
-            prev = self.buffer[max(0, self.n_buffered - 1)]
-            self.buffer[self.n_buffered] = torch.where(all_finite, g, prev)
-            self.n_buffered += 1
-            if self.initialized:
-                self.mean = self.buffer.mean()
-                self.var = (self.buffer - self.mean).pow(2).mean()  # population variance
-            return
-        x = self._threshold  # the threshold on a clipped step, else g itself
-        mean = self.alpha * self.mean + (1 - self.alpha) * x
-        var = self.alpha * self.var + (1 - self.alpha) * (x - mean).pow(2)
-        self.mean = torch.where(all_finite, mean, self.mean)
-        self.var = torch.where(all_finite, var, self.var)
+        # warm-up collects g; afterwards the EMA sees the threshold on a clipped step, else g
+        self.stats.add(self._threshold if self.initialized else self._g, all_finite)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"steps": self.steps, "n_buffered": self.n_buffered, "buffer": self.buffer.clone(),
-                "mean": self.mean.clone(), "var": self.var.clone()}
+        return {"steps": self.steps, "stats": self.stats.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.steps, self.n_buffered = int(state["steps"]), int(state["n_buffered"])
-        dev = self.buffer.device
-        self.buffer, self.mean, self.var = (state[k].to(dev).clone() for k in ("buffer", "mean", "var"))
+        self.steps = int(state["steps"])
+        self.stats.load_state_dict(state["stats"])
