@@ -48,7 +48,7 @@ class GradStats:
     @property
     def grad_norms(self) -> dict[str, float]:
         """parameter name -> L2 norm of its gradient (before clipping)."""
-        vals = self._grad_sq.sqrt().tolist()  # host sync (lazy; free on logging steps' cached copy)
+        vals = self._grad_sq.sqrt().tolist()  # host sync, only when the caller asks for it
         return dict(zip(self._names, vals))
 
     @property
@@ -158,8 +158,8 @@ class GradMonitor:
         if self.detector is not None:
             layer_norms = {lay: host[k] for lay, k in zip(self.grouping.layers, self._layer_keys)}
             n_tokens = None
-            if spike_context is not None:
-                n_tokens = int(spike_context.token_mask.sum())  # host sync on the armed path only
+            if spike_context is not None and getattr(self.detector.config, "mode", "") == "fixed":
+                n_tokens = int(spike_context.token_mask.sum())  # host sync: GradLoc's knob needs it
             stats.events = list(self.detector.update(step, host["grad_norm/global"], layer_norms,
                                                      n_tokens=n_tokens))
             host.update(self.detector.metrics())
