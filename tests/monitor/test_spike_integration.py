@@ -1,0 +1,77 @@
+"""The monitor wires detector -> localizer -> artifact writer, on a real model and real batches."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gradloc_track import GradMonitor, MemoryTracker
+from gradloc_track.artifacts import SpikeArtifactWriter
+from gradloc_track.config import LocateConfig
+from gradloc_track.demo.data import ByteTokenizer
+from gradloc_track.spikes import SpikeContext, SpikeDetector
+
+B, T = 4, 16
+
+
+def run(model, locate_enabled=True, steps=16, spike_at=14):
+    tracker = MemoryTracker()
+    monitor = GradMonitor(model, tracker=tracker, log_every=4, detector=SpikeDetector(warmup_steps=6),
+                          locate_config=LocateConfig(enabled=locate_enabled),
+                          artifact_writer=SpikeArtifactWriter(tracker, images=False))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(0)
+    seen = {}
+    for step in range(steps):
+        x = torch.randint(0, 64, (B, T), generator=g)
+        y = torch.randint(33, 64, (B, T), generator=g)  # printable ids
+        w = torch.ones(B, T)
+        if step == spike_at:
+            w[2, 7] = 500.0  # one loss term blows up
+
+        def loss_fn(mask, x=x, y=y, w=w):
+            per = F.cross_entropy(model(x).reshape(-1, 64), y.reshape(-1), reduction="none").view(B, T)
+            return (per * w * mask).sum() / (B * T)
+
+        mask = torch.ones(B, T)
+        opt.zero_grad()
+        loss_fn(mask).backward()
+        before = [p.grad.clone() for p in model.parameters()]
+        stats = monitor.after_backward(step, spike_context=SpikeContext(loss_fn, mask, y, ByteTokenizer()))
+        assert all(torch.equal(a, p.grad) for a, p in zip(before, model.parameters())), "localizing left a trace"
+        seen[step] = stats
+        opt.step()
+    return tracker, seen
+
+
+def test_spike_on_a_non_logging_step_is_detected_localized_and_written(tiny_gpt):
+    tracker, seen = run(tiny_gpt)
+    assert [s for s, st in seen.items() if st.events] == [14]  # 14 % log_every != 0
+    loc = seen[14].locate
+    assert [(c.batch, c.position) for c in loc.tokens] == [(2, 7)]
+    rows = tracker.tables["spikes/tokens"]["rows"]
+    assert [(r[0], r[1], r[2]) for r in rows] == [(14, 2, 7)]
+    assert tracker.html and "step 14" in tracker.html[0][2]
+    logged = dict(tracker.metrics)[14]
+    assert logged["locate/culprits"] == 1.0 and logged["spike/fired"] == 1.0
+    assert tracker.tags["spike_count"] == "1"
+
+
+def test_locate_disabled_still_detects(tiny_gpt):
+    tracker, seen = run(tiny_gpt, locate_enabled=False)
+    assert seen[14].events and seen[14].locate is None
+    assert "spikes/tokens" not in tracker.tables
+
+
+def test_a_failing_localizer_warns_and_training_goes_on(tiny_gpt, monkeypatch):
+    import sys
+
+    loc = sys.modules["gradloc_track.locate"]  # the subpackage (the package attribute is the function)
+
+    def broken(*a, **k):
+        raise RuntimeError("probe exploded")
+
+    monkeypatch.setattr(loc, "locate", broken)
+    with pytest.warns(UserWarning, match="probe exploded"):
+        tracker, seen = run(tiny_gpt)
+    assert dict(tracker.metrics)[14]["locate/failed"] == 1.0 and 15 in seen
