@@ -1,10 +1,12 @@
 """Cost of gradient monitoring per training step, on a 6.2M-parameter GPT on CPU.
 
 Variants, measured interleaved in one run, each against the same plain step (fwd+bwd+AdamW):
-the GradMonitor logging every step; a naive per-parameter ``.item()`` loop computing the same
-norms; ``wandb.watch(log="gradients", log_freq=1)`` in offline mode.
+(a) the GradMonitor logging every step to a MemoryTracker; (b) a naive per-parameter ``.item()``
+loop computing the same metrics; (c) ``wandb.watch(log="gradients", log_freq=1)`` offline.
+Reported: medians and the median of per-pair ratios (each variant step timed right next to its
+plain step), then the extra call alone (the figure that survives a busy machine).
 
-    python benchmarks/bench_monitor.py [--rounds 20] [--batch 8] [--seq 256]
+    python benchmarks/bench_monitor.py [--rounds 20] [--batch 4] [--seq 256] [--threads N] [--no-wandb]
 """
 from __future__ import annotations
 
@@ -13,17 +15,20 @@ import copy
 import math
 import os
 import sys
+import statistics
 import tempfile
+import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import interleaved, report  # noqa: E402
+from _timing import interleaved  # noqa: E402
 
 from gradloc_track import GradMonitor, MemoryTracker  # noqa: E402
 from gradloc_track.demo.model import TinyGPT  # noqa: E402
+from gradloc_track.grouping import layer_of  # noqa: E402
 
 
 def make_step(model, batch, extra=None, opt=None):
@@ -43,7 +48,7 @@ def make_step(model, batch, extra=None, opt=None):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=20)
-    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--no-wandb", action="store_true")
@@ -60,16 +65,31 @@ def main() -> None:
     opt = torch.optim.AdamW(shared.parameters(), lr=1e-4)
     models = {"watch": copy.deepcopy(proto), "watch_base": copy.deepcopy(proto)}
     monitor = GradMonitor(shared, tracker=MemoryTracker(), log_every=1)
+    naive_tracker = MemoryTracker()
+
+    layer = {n: layer_of(n) for n, _ in shared.named_parameters()}
 
     def naive(i: int) -> None:
-        norms = {n: p.grad.norm().item() for n, p in shared.named_parameters()}  # one sync each
-        sum(v * v for v in norms.values()) ** 0.5
+        """The same metrics the monitor logs, the usual way: one ``.item()`` (sync) per tensor."""
+        g_sq: dict[str, float] = {}
+        w_sq: dict[str, float] = {}
+        for n, p in shared.named_parameters():
+            g, w = p.grad.norm().item(), p.detach().norm().item()  # two host syncs per tensor
+            g_sq[layer[n]] = g_sq.get(layer[n], 0.0) + g * g
+            w_sq[layer[n]] = w_sq.get(layer[n], 0.0) + w * w
+        metrics = {"grad_norm/global": math.sqrt(sum(g_sq.values())),
+                   "weight_norm/global": math.sqrt(sum(w_sq.values()))}
+        for lay in g_sq:
+            metrics[f"grad_norm/{lay}"] = math.sqrt(g_sq[lay])
+            metrics[f"weight_norm/{lay}"] = math.sqrt(w_sq[lay])
+            metrics[f"grad_weight_ratio/{lay}"] = math.sqrt(g_sq[lay] / max(w_sq[lay], 1e-24))
+        naive_tracker.log_metrics(metrics, i)
 
-    variants = {
-        "plain step (baseline)": make_step(shared, batch, opt=opt),
-        "GradMonitor, logging every step": make_step(shared, batch, lambda i: monitor.after_backward(i), opt=opt),
-        "naive per-parameter .item() loop": make_step(shared, batch, naive, opt=opt),
+    pairs = {  # variant -> (its step, the plain step it is compared with)
+        "GradMonitor, logging every step": (make_step(shared, batch, monitor.after_backward, opt=opt), "shared"),
+        "naive per-parameter .item() loop": (make_step(shared, batch, naive, opt=opt), "shared"),
     }
+    bases = {"shared": make_step(shared, batch, opt=opt)}
     run = None
     if not args.no_wandb:
         os.environ.setdefault("WANDB_MODE", "offline")
@@ -78,24 +98,51 @@ def main() -> None:
 
         run = wandb.init(project="gradloc-bench", dir=tempfile.mkdtemp(), mode="offline")
         run.watch(models["watch"], log="gradients", log_freq=1)  # hooks stay on that copy
-        variants["plain step on a second copy (watch baseline)"] = make_step(
-            models["watch_base"], batch, lambda i: run.log({"step": i}))
-        variants["wandb.watch(log='gradients', log_freq=1)"] = make_step(
-            models["watch"], batch, lambda i: run.log({"step": i}))
+        # wandb.watch hooks a model for good: its baseline is a twin copy logging the same step
+        bases["watch twin"] = make_step(models["watch_base"], batch, lambda i: run.log({"step": i}))
+        pairs["wandb.watch(log='gradients', log_freq=1), offline"] = (
+            make_step(models["watch"], batch, lambda i: run.log({"step": i})), "watch twin")
     print(f"model: {n_params / 1e6:.1f}M parameters, batch {args.batch}x{args.seq}, "
           f"torch threads {torch.get_num_threads()}, rounds {args.rounds}")
-    medians = interleaved(variants, args.rounds)
-    report("step time, median of interleaved rounds", medians, "plain step (baseline)")
-    if run is not None:
-        w, wb = medians["wandb.watch(log='gradients', log_freq=1)"], medians["plain step on a second copy (watch baseline)"]
-        print(f"wandb.watch vs its own copy's plain step: {w / wb:.3f}")
-    # the monitor call alone, on the gradients the last step left (no model noise around it)
-    alone = interleaved({"after_backward alone": lambda i: monitor.after_backward(i)}, 50)
-    base = medians["plain step (baseline)"]
-    ms = alone["after_backward alone"] * 1e3
-    print(f"\nGradMonitor.after_backward alone: {ms:.2f} ms = {ms / (base * 1e3):.2%} of the plain step")
+    res = paired(pairs, bases, args.rounds)
+    print("\nstep = fwd+bwd+AdamW; each variant timed right next to its plain step, round-robin")
+    print(f"{'variant':<52}{'plain ms':>9}{'variant ms':>11}{'ratio':>8}")
+    for name, (tb, tv, ratio) in res.items():
+        print(f"{name:<52}{tb * 1e3:>9.1f}{tv * 1e3:>11.1f}{ratio:>8.3f}")
+    # the extra work alone, interleaved, on the gradients the last step left: the stable figure
+    alone = interleaved({"monitor": monitor.after_backward, "naive": naive}, 50)
+    base = statistics.median([tb for tb, _, _ in res.values()])
+    print()
+    for name, t in alone.items():
+        print(f"{name} call alone: {t * 1e3:.2f} ms = {t / base:.2%} of the plain step")
     if run is not None:
         run.finish()
+
+
+def paired(pairs, bases, rounds: int, warmup: int = 2) -> dict[str, tuple[float, float, float]]:
+    """Per variant: median plain-step seconds, median variant seconds, median of per-pair ratios.
+
+    Each variant step runs right next to its own plain step (order alternating), so slow drifts
+    of a shared machine cancel in the ratio of each pair.
+    """
+    for i in range(warmup):
+        for fn, b in pairs.values():
+            bases[b](i)
+            fn(i)
+    out: dict[str, list[tuple[float, float]]] = {k: [] for k in pairs}
+    i = warmup
+    for r in range(rounds):
+        for name, (fn, b) in pairs.items():
+            order = [("v", fn), ("b", bases[b])] if r % 2 else [("b", bases[b]), ("v", fn)]
+            t = {}
+            for tag, f in order:
+                t0 = time.perf_counter()
+                f(i)
+                t[tag] = time.perf_counter() - t0
+                i += 1
+            out[name].append((t["b"], t["v"]))
+    return {k: (statistics.median(b for b, _ in v), statistics.median(x for _, x in v),
+                statistics.median(x / b for b, x in v)) for k, v in out.items()}
 
 
 if __name__ == "__main__":

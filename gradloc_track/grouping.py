@@ -40,6 +40,8 @@ class LayerGrouping:
     names: list[str]
     layers: list[str]  # unique layer names, in first-seen order
     index: list[int] = field(default_factory=list)  # tensor i -> layer index
+    # device -> index tensor, built once: no host->device copy per step
+    _index_t: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def build(
@@ -64,6 +66,8 @@ class LayerGrouping:
 
     def sum_by_layer(self, per_tensor: torch.Tensor) -> torch.Tensor:
         """Sum a per-tensor device vector into a per-layer device vector (no host sync)."""
-        idx = torch.as_tensor(self.index, device=per_tensor.device)
+        idx = self._index_t.get(per_tensor.device)
+        if idx is None:
+            idx = self._index_t[per_tensor.device] = torch.as_tensor(self.index, device=per_tensor.device)
         out = torch.zeros(len(self.layers), dtype=per_tensor.dtype, device=per_tensor.device)
         return out.index_add_(0, idx, per_tensor)

@@ -33,6 +33,14 @@ def trainable_params(model: torch.nn.Module) -> list[tuple[str, torch.nn.Paramet
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 
 
+def _foreach_norm_fp32(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Fused L2 norms accumulated AND returned in fp32 (a bf16 result keeps ~3 digits)."""
+    try:
+        return torch._foreach_norm(tensors, 2.0, dtype=torch.float32)
+    except TypeError:  # older torch without the dtype argument: upcast (copies low-precision tensors)
+        return torch._foreach_norm([t.float() for t in tensors], 2.0)
+
+
 def sq_norms(tensors: Sequence[torch.Tensor | None], device: torch.device | None = None) -> torch.Tensor:
     """Per-tensor squared L2 norms of the *local* parts, as one float32 1-D device tensor.
 
@@ -47,9 +55,13 @@ def sq_norms(tensors: Sequence[torch.Tensor | None], device: torch.device | None
             groups[(t.device, t.dtype)].append(i)
     if device is None:
         device = next((t.device for t in locals_ if t is not None), torch.device("cpu"))
+    if len(groups) == 1 and len(next(iter(groups.values()))) == n:  # common case: one group, in order
+        norms = _foreach_norm_fp32(locals_)
+        out = torch.stack(norms).to(device=device, dtype=torch.float32)  # (n,)
+        return out * out
     out = torch.zeros(n, dtype=torch.float32, device=device)
     for (_dev, _dtype), idx in groups.items():
-        norms = torch._foreach_norm([locals_[i] for i in idx], 2.0)
+        norms = _foreach_norm_fp32([locals_[i] for i in idx])
         vals = torch.stack(norms).to(device=device, dtype=torch.float32)  # (len(idx),)
         out.index_copy_(0, torch.tensor(idx, device=device), vals * vals)
     return out
@@ -69,11 +81,8 @@ def all_reduce_sq_norms(
     if not (dist.is_available() and dist.is_initialized()):
         return sq
     world = dist.get_world_size(group)
-    scale = torch.ones_like(sq)
-    for i, t in enumerate(tensors):
-        if t is None or not _is_dtensor(t) or is_replicated(t):
-            scale[i] = 1.0 / world
-    sq = sq * scale
+    scale = [1.0 / world if t is None or not _is_dtensor(t) or is_replicated(t) else 1.0 for t in tensors]
+    sq = sq * torch.tensor(scale, dtype=sq.dtype, device=sq.device)  # one host->device copy, no sync
     dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=group)
     return sq
 

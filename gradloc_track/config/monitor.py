@@ -1,22 +1,42 @@
 """GradMonitor config (group ``monitor``)."""
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ._validate import check, one_of
 from ..grouping import GROUP_MODES
+
+RESERVED_LAYER_NAMES = frozenset({"global", "nonfinite"})  # grad_norm/global, grad_norm/nonfinite
 
 
 @dataclass
 class MonitorConfig:
     log_every: int = 1  # log on steps where step % log_every == 0
     group_by: str = "block"  # block | module | tensor
-    # optional explicit grouping: layer name -> regex on parameter names (first match wins)
+    # optional explicit grouping: layer name -> regex on parameter names (first match wins);
+    # parameters no regex matches fall back to ``group_by``
     groups: dict[str, str] = field(default_factory=dict)
     per_tensor: bool = False  # also log grad_norm/tensor/<param name>
     weight_norms: bool = True  # weight_norm/* and grad_weight_ratio/*
 
     def __post_init__(self) -> None:
-        check(isinstance(self.log_every, int) and self.log_every >= 1, "monitor.log_every",
-              self.log_every, "use a positive integer (1 = log every step)")
+        check(isinstance(self.log_every, int) and not isinstance(self.log_every, bool) and self.log_every >= 1,
+              "monitor.log_every", self.log_every, "use a positive integer (1 = log every step)")
         one_of("monitor.group_by", self.group_by, GROUP_MODES)
+        check(isinstance(self.per_tensor, bool), "monitor.per_tensor", self.per_tensor, "use true or false")
+        check(isinstance(self.weight_norms, bool), "monitor.weight_norms", self.weight_norms,
+              "use true or false")
+        check(isinstance(self.groups, Mapping), "monitor.groups", self.groups,
+              "use a mapping {layer_name: regex on parameter names}, e.g. {attention: '\\.attn\\.'}")
+        for layer, pattern in self.groups.items():
+            check(isinstance(layer, str) and layer != "" and "/" not in layer, "monitor.groups", layer,
+                  "layer names must be non-empty strings without '/' (they become metric keys)")
+            check(layer not in RESERVED_LAYER_NAMES, "monitor.groups", layer,
+                  f"{sorted(RESERVED_LAYER_NAMES)} are taken by grad_norm/<name> keys; pick another name")
+            check(isinstance(pattern, str), f"monitor.groups.{layer}", pattern, "use a regex string")
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                check(False, f"monitor.groups.{layer}", pattern, f"fix the regex ({exc})")

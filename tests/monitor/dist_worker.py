@@ -49,17 +49,29 @@ def main(rank: int, world: int, port: str, mode: str, out: str) -> None:
         wrapped = model
     tracker = MemoryTracker()
     clipper = AdaGC(model, warmup_steps=1, lambda_abs=0.5)
-    monitor = GradMonitor(model, tracker=tracker, clipper=clipper)
+    monitor = GradMonitor(model, tracker=tracker, clipper=clipper, per_tensor=True)
     batch = global_batch().chunk(world)[rank]
     loss_of(wrapped, batch).backward()
-    stats = monitor.after_backward(0)
+    collectives = []
+    real_all_reduce = dist.all_reduce
+
+    def counting_all_reduce(*a, **k):
+        collectives.append("all_reduce")
+        return real_all_reduce(*a, **k)
+
+    dist.all_reduce = counting_all_reduce  # observe only: count collectives in after_backward
+    try:
+        stats = monitor.after_backward(0)  # a logging step: grad AND weight norms
+    finally:
+        dist.all_reduce = real_all_reduce
     norms = stats.grad_norms
     post = {n: float(torch.as_tensor(p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).norm())
             for n, p in model.named_parameters()}
     if rank == 0:
         sharded = any(type(p.grad).__name__ == "DTensor" for p in model.parameters())
-        json.dump({"norms": norms, "post": post, "logged": len(tracker.metrics), "sharded": sharded},
-                  open(out, "w"))
+        json.dump({"norms": norms, "post": post, "logged": len(tracker.metrics), "sharded": sharded,
+                   "metrics": tracker.metrics[0][1], "layers": stats.layer_norms,
+                   "collectives": len(collectives)}, open(out, "w"))
     else:
         json.dump({"logged": len(tracker.metrics)}, open(out + f".{rank}", "w"))
     dist.destroy_process_group()

@@ -1,0 +1,143 @@
+"""The sync contract: one device->host transfer per logging step, none on other steps.
+
+There is no device on CPU, so "sync" is checked where every sync on an accelerator starts:
+(1) a TorchDispatchMode records the ATen ops that need the host to read device memory
+(``_local_scalar_dense`` behind ``.item()/float()/bool()``, data-dependent shapes like
+``nonzero``); (2) the Tensor methods that copy to the host without dispatching on CPU
+(``tolist``, ``cpu``, ``numpy``) are wrapped. Both are real calls, only observed.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import gradloc_track.monitor as monitor_mod
+from gradloc_track import GradMonitor, MemoryTracker
+from gradloc_track.clip import AdaGC
+from gradloc_track.spikes import SpikeContext, SpikeDetector
+
+from .test_monitor import backward, reference
+
+SYNC_OPS = {"aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::is_nonzero",
+            "aten::_unique2", "aten::equal", "aten::item"}
+
+
+class SyncSpy(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func._schema.name in SYNC_OPS:
+            self.calls.append(func._schema.name)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    s = SyncSpy()
+    for name in ("tolist", "cpu", "numpy"):
+        orig = getattr(torch.Tensor, name)
+
+        def wrapped(self, *a, _orig=orig, _name=name, **k):
+            s.calls.append(_name)
+            return _orig(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, wrapped)
+    return s
+
+
+def test_one_transfer_per_logging_step_none_otherwise(tiny_gpt, spy):
+    opt = torch.optim.AdamW(tiny_gpt.parameters(), lr=1e-3, weight_decay=0.1)
+    tracker = MemoryTracker()
+    mon = GradMonitor(tiny_gpt, tracker=tracker, clipper=AdaGC(tiny_gpt, warmup_steps=2), optimizer=opt,
+                      log_every=2, per_tensor=True)
+    seen = {}
+    for step in range(5):
+        backward(tiny_gpt, seed=step)
+        spy.calls.clear()
+        with spy:
+            mon.after_backward(step)  # norms + weight norms + AdaGC + clip metrics + lr keys
+        seen[step] = list(spy.calls)
+        opt.step()
+    assert seen == {0: ["tolist"], 1: [], 2: ["tolist"], 3: [], 4: ["tolist"]}
+    assert [s for s, _ in tracker.metrics] == [0, 2, 4]
+
+
+def test_reading_stats_syncs_lazily_once(tiny_gpt, spy):
+    mon = GradMonitor(tiny_gpt, tracker=MemoryTracker(), log_every=2)
+    backward(tiny_gpt)
+    with spy:
+        stats = mon.after_backward(1)
+        assert spy.calls == []
+        norms, layers, total = stats.grad_norms, stats.layer_norms, stats.global_norm
+        assert spy.calls == ["tolist"]  # one transfer for all three views, then cached
+        stats.grad_norms
+        assert spy.calls == ["tolist"]
+        spy.calls.clear()
+        logged = mon.after_backward(2)
+        logged.grad_norms, logged.layer_norms, logged.global_norm  # already on the host
+        assert spy.calls == ["tolist"]
+    per, lay = reference(tiny_gpt)
+    assert norms == pytest.approx(per, rel=1e-5) and layers == pytest.approx(lay, rel=1e-5)
+    assert total == pytest.approx(logged.global_norm, rel=1e-6)
+
+
+def test_an_armed_detector_syncs_once_every_step(tiny_gpt, spy):
+    mon = GradMonitor(tiny_gpt, tracker=MemoryTracker(), log_every=10, detector=SpikeDetector(warmup_steps=2))
+    mask = torch.ones(2, 16)
+    ctx = SpikeContext(lambda m: tiny_gpt.wte.weight.sum() * m.sum(), mask)
+    for step in range(1, 4):
+        backward(tiny_gpt, seed=step)
+        spy.calls.clear()
+        with spy:
+            stats = mon.after_backward(step, spike_context=ctx)
+        assert spy.calls == ["tolist"] and not stats.logged and stats.events == []
+    # without a batch to localize the detector only runs on logging steps: no sync in between
+    spy.calls.clear()
+    with spy:
+        mon.after_backward(5)
+    assert spy.calls == []
+
+
+def test_the_clipper_gets_the_monitors_norms_computed_once(tiny_gpt, monkeypatch):
+    passes = []
+    real = monitor_mod.sq_norms
+    monkeypatch.setattr(monitor_mod, "sq_norms", lambda ts, **k: passes.append(len(ts)) or real(ts, **k))
+    clipper = AdaGC(tiny_gpt, warmup_steps=1, lambda_abs=0.05)
+    seen = []
+    real_clip = clipper.clip
+    monkeypatch.setattr(clipper, "clip", lambda sq: seen.append(sq.clone()) or real_clip(sq))
+    tracker = MemoryTracker()
+    mon = GradMonitor(tiny_gpt, tracker=tracker, clipper=clipper, weight_norms=False)
+    backward(tiny_gpt)
+    per, layers = reference(tiny_gpt)
+    stats = mon.after_backward(0)
+    assert len(passes) == 1  # one fused pass over the gradients, shared with the clipper
+    assert seen[0].tolist() == pytest.approx([v * v for v in per.values()], rel=1e-5)
+    m = tracker.metrics[0][1]
+    total = math.sqrt(sum(v * v for v in per.values()))
+    assert m["clip/total_norm_pre"] == pytest.approx(total, rel=1e-5)
+    assert m["clip/total_norm_post"] == pytest.approx(0.05, rel=1e-4)  # warm-up = global clip at 0.05
+    assert stats.clip is not None and stats.global_norm == pytest.approx(total, rel=1e-5)  # pre-clip
+    for lay in layers:
+        assert m[f"clip/coef/{lay}"] == pytest.approx(0.05 / total, rel=1e-4)
+    post = math.sqrt(sum(p.grad.double().norm().item() ** 2 for p in tiny_gpt.parameters()))
+    assert post == pytest.approx(0.05, rel=1e-4)  # and the gradients really were clipped
+
+
+def test_the_detector_gets_host_floats_and_the_token_count(tiny_gpt):
+    det = SpikeDetector(mode="fixed", per_token_threshold=1e6, warmup_steps=0)
+    mon = GradMonitor(tiny_gpt, tracker=MemoryTracker(), log_every=10, detector=det)
+    mask = torch.zeros(2, 16)
+    mask[:, :9] = 1.0  # 18 loss terms
+    backward(tiny_gpt)
+    stats = mon.after_backward(3, spike_context=SpikeContext(lambda m: m.sum(), mask))
+    per, _ = reference(tiny_gpt)
+    total = math.sqrt(sum(v * v for v in per.values()))
+    # fixed mode: ratio = ||g|| / (per_token_threshold / sqrt(n_tokens))
+    assert det.metrics()["spike/ratio/global"] == pytest.approx(total * math.sqrt(18) / 1e6, rel=1e-5)
+    assert stats.events == [] and stats.metrics["spike/fired"] == 0.0
