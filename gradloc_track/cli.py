@@ -1,4 +1,8 @@
-"""``gradloc-track`` command line: ``gradloc-track report <run dir | MLflow run id> [-o out.html]``."""
+"""``gradloc-track`` command line.
+
+``gradloc-track report <run dir | MLflow run id> [--tracking-uri URI] [-o out.html]`` writes one
+standalone HTML page with every spike event of a run (no script, nothing loaded from outside).
+"""
 from __future__ import annotations
 
 import argparse
@@ -6,14 +10,19 @@ import sys
 from pathlib import Path
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gradloc-track", description=__doc__)
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gradloc-track", description="Gradient-spike tools for LLM training runs.")
     sub = parser.add_subparsers(dest="command", required=True)
     rep = sub.add_parser("report", help="write one standalone HTML page with every spike event of a run")
-    rep.add_argument("source", help="a run directory (tracker=none) or an MLflow run id")
-    rep.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: MLflow's own resolution)")
+    rep.add_argument("source", help="a run directory (the one holding spikes/) or an MLflow run id")
+    rep.add_argument("--tracking-uri", default=None,
+                     help="MLflow tracking URI for a run id (default: $MLFLOW_TRACKING_URI, else ./mlflow.db)")
     rep.add_argument("-o", "--output", default="spike_report.html", help="output file (default: %(default)s)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     from .report import build_report
 
     try:
@@ -21,8 +30,10 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ImportError) as exc:
         print(f"gradloc-track report: {exc}", file=sys.stderr)
         return 2
-    Path(args.output).write_text(page, encoding="utf-8")
-    print(f"wrote {args.output}")
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(page, encoding="utf-8")
+    print(f"wrote {out} ({len(page) // 1024} KiB)")
     return 0
 
 

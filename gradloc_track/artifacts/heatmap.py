@@ -1,49 +1,134 @@
-"""Per-layer picture of a spike: tokens (around the culprits) x layers, log colour scale."""
+"""Per-layer picture of a spike: tokens (around the culprits) x layers, log colour scale.
+
+Shows the "layerwise heterogeneity" GradLoc reports: a culprit token can hit a few layers hard
+while others stay calm. Rendered with matplotlib's Agg backend (no display needed).
+"""
 from __future__ import annotations
 
-import math
 import warnings
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..locate.result import LocateResult
+from .highlight import context_windows
 from .table import decode_token
 
+DPI = 100
+CELL_W_IN = 0.28  # inches per token column
+ROW_H_IN = 0.45  # inches per layer row
+MIN_W_IN = 6.0  # narrow windows still leave room for the title and colour bar
+MARGIN_H_IN = 1.6  # title + token labels
 
-def render_layer_heatmap(result: LocateResult, ctx: Any, sample: int, path: str | Path, window: int = 24) -> Path | None:
-    """Write a PNG heatmap of ``result.layer_map`` for one sample; ``None`` without matplotlib."""
+
+def heatmap_columns(positions: list[int], length: int, window: int, max_tokens: int = 128) -> list[int | None]:
+    """Token positions drawn as columns, ``None`` = a gap between two context windows.
+
+    ``window`` tokens either side of each culprit (windows merged), narrowed until at most
+    ``max_tokens`` tokens remain, so far-apart culprits in a long sequence stay readable.
+    """
+    w = window
+    while True:
+        ranges = context_windows(positions, length, w)
+        if sum(b - a for a, b in ranges) <= max_tokens or w == 0:
+            break
+        w //= 2
+    cols: list[int | None] = []
+    for a, b in ranges:
+        if cols:
+            cols.append(None)
+        cols.extend(range(a, b))
+    return cols[: max_tokens + len(ranges) - 1]
+
+
+def heatmap_size_px(n_tokens: int, n_layers: int) -> tuple[int, int]:
+    """(width, height) in pixels of the PNG for ``n_tokens`` columns and ``n_layers`` rows."""
+    return round(max(MIN_W_IN, CELL_W_IN * n_tokens) * DPI), round((ROW_H_IN * n_layers + MARGIN_H_IN) * DPI)
+
+
+LABEL_CHARS = 10  # longer token texts are cut: rotated labels must fit the bottom margin
+
+
+def _label(text: str) -> str:
+    """Tick label: non-printable characters as escapes (matplotlib would draw boxes or nothing)."""
+    out = _printable(text)
+    return out if len(out) <= LABEL_CHARS else out[: LABEL_CHARS - 1] + "\u2026"
+
+
+def _printable(text: str) -> str:
+    return "".join(ch if ch.isprintable() and ch != " " else ("\u2423" if ch == " " else f"\\x{ord(ch):02x}"
+                                                               if ord(ch) < 256 else f"\\u{ord(ch):04x}")
+                   for ch in text) or "\u2205"
+
+
+def _runs(cols: list[int | None]) -> list[tuple[int, int]]:
+    """Contiguous position ranges (half-open) of a column list with ``None`` gaps."""
+    out: list[tuple[int, int]] = []
+    for p in cols:
+        if p is None:
+            continue
+        if out and out[-1][1] == p:
+            out[-1] = (out[-1][0], p + 1)
+        else:
+            out.append((p, p + 1))
+    return out
+
+
+def render_layer_heatmap(result: LocateResult, sample: int, path: str | Path, ctx: Any = None,
+                         window: int = 24, max_tokens: int = 128) -> Path | None:
+    """Write a PNG of ``result.layer_map[:, sample]`` around the sample's culprits; the path.
+
+    Token labels come from ``ctx.input_ids``/``ctx.tokenizer`` when given, else positions.
+    ``None`` (with a warning) when matplotlib is missing or the result carries no layer map.
+    """
+    from .._optional import require
+
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.colors import LogNorm
-    except ImportError:
-        warnings.warn("gradloc-track: matplotlib is not installed, so no heatmap image is written; "
-                      "pip install 'gradloc-track[plots]'")
+        matplotlib = require("matplotlib", "plots")
+    except ImportError as exc:
+        warnings.warn(f"gradloc-track: no heatmap image is written: {exc}")
         return None
     if result.layer_map is None or not result.layer_names:
+        warnings.warn("gradloc-track: no heatmap image: the localization result has no layer_map")
         return None
+    L, B, T = result.layer_map.shape  # (L, B, T)
+    if not 0 <= sample < B:
+        raise ValueError(f"sample={sample} is outside the batch of the layer map (B={B})")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import LogNorm
+
     culprit_pos = [c.position for c in result.tokens if c.batch == sample] or [0]
-    T = result.layer_map.shape[2]
-    lo, hi = max(0, min(culprit_pos) - window), min(T, max(culprit_pos) + window + 1)
-    data = result.layer_map[:, sample, lo:hi].clamp_min(1e-12).numpy()  # (L, W)
-    labels = ["".join(ch if 32 <= ord(ch) < 127 or ord(ch) > 160 else f"\\x{ord(ch):02x}"
-                      for ch in decode_token(getattr(ctx, "tokenizer", None), int(ctx.input_ids[sample, p])))
-              for p in range(lo, hi)]
-    fig, ax = plt.subplots(figsize=(max(6, 0.28 * (hi - lo)), 0.45 * len(result.layer_names) + 1.6), dpi=100)
-    im = ax.imshow(data, aspect="auto", cmap="magma", norm=LogNorm(vmin=max(data.min(), data.max() * 1e-6),
-                                                                      vmax=data.max()))
-    ax.set_yticks(range(len(result.layer_names)), result.layer_names, fontsize=8)
-    ax.set_xticks(range(hi - lo), labels, fontsize=7, rotation=90, family="monospace")
-    for p in culprit_pos:
-        if lo <= p < hi:
-            ax.axvline(p - lo, color="cyan", lw=0.8, ls="--")
-    ax.set_title(f"per-layer gradient contribution, sample {sample} (positions {lo}-{hi - 1})", fontsize=9)
-    fig.colorbar(im, ax=ax, fraction=0.025, label="ghost norm")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
+    cols = heatmap_columns(culprit_pos, T, window, max_tokens)
+    idx = torch.tensor([p if p is not None else 0 for p in cols])
+    data = result.layer_map[:, sample].index_select(1, idx).float().nan_to_num(0.0, 0.0, 0.0)  # (L, C)
+    vmax = float(data.max()) if data.numel() and float(data.max()) > 0 else 1.0
+    data = data.clamp_min(vmax * 1e-6).numpy()  # log scale: zero contributions sit at the ramp's bottom
+    gaps = [i for i, p in enumerate(cols) if p is None]
+    data[:, gaps] = float("nan")  # drawn in the "bad" colour: a visible break between windows
+    ids = ctx.input_ids[sample].tolist() if getattr(ctx, "input_ids", None) is not None else None  # host sync
+    tok = getattr(ctx, "tokenizer", None)
+    labels = ["\u2026" if p is None else (_label(decode_token(tok, ids[p])) if ids is not None else str(p))
+              for p in cols]
+    cmap = plt.get_cmap("magma").with_extremes(bad="#ffffff")
+    where = ", ".join(f"{a}-{b - 1}" for a, b in _runs(cols))
+    fig, ax = plt.subplots(figsize=tuple(s / DPI for s in heatmap_size_px(len(cols), L)), dpi=DPI)
+    try:
+        im = ax.imshow(data, aspect="auto", cmap=cmap, norm=LogNorm(vmin=vmax * 1e-6, vmax=vmax),
+                       interpolation="nearest")
+        ax.set_yticks(range(L), result.layer_names, fontsize=8)
+        ax.set_xticks(range(len(cols)), labels, fontsize=7, rotation=90, family="monospace")
+        culprits = {c.position for c in result.tokens if c.batch == sample}
+        for i, p in enumerate(cols):
+            if p in culprits:
+                ax.axvline(i, color="cyan", lw=0.8, ls="--")
+        ax.set_title(f"per-layer gradient contribution, sample {sample} (positions {where})", fontsize=9)
+        fig.colorbar(im, ax=ax, fraction=0.025, label="ghost norm")
+        fig.tight_layout()
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=DPI)
+    finally:
+        plt.close(fig)
     return path

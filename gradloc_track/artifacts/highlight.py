@@ -1,17 +1,20 @@
 """Highlighted text: every token coloured by its gradient contribution, culprits outlined.
 
 A pure function returning one self-contained HTML document (inline CSS, no script, no external
-URL). All token text is escaped; whitespace and control characters are shown visibly.
+URL; a Content-Security-Policy meta tag forbids both anyway). All token text is escaped, and
+whitespace, control and format characters (including bidi overrides) are shown visibly, so what
+a person reads is what the model was trained on.
 """
 from __future__ import annotations
 
 import html
 import math
+import unicodedata
 from typing import Any, Sequence
 
-from ..locate.result import LocateResult
+from ..locate.result import CulpritToken, LocateResult
 from ..spikes.event import SpikeEvent
-from .table import decode_token, top_layers
+from .table import decode_token, format_top_layers
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:16px;color:#1d1d1f;background:#fff}
@@ -20,110 +23,192 @@ h1{font-size:18px;margin:0 0 6px} h2{font-size:15px;margin:18px 0 6px}
 .text{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:14px;line-height:1.9;
  white-space:pre-wrap;word-break:break-all;border:1px solid #ddd;border-radius:6px;padding:10px}
 .t{border-radius:3px;padding:1px 0} .c{outline:2px solid #d00000;outline-offset:1px;font-weight:bold}
-.ws{color:#999} .legend{display:flex;align-items:center;gap:6px;font-size:12px;margin:8px 0}
+.ws{color:#999} .pad{color:#aaa;font-style:italic} .gap{color:#777;background:#eee;border-radius:3px;padding:0 4px}
+.legend{display:flex;align-items:center;gap:6px;font-size:12px;margin:8px 0}
 .ramp{display:inline-block;width:180px;height:12px;border:1px solid #ccc;
  background:linear-gradient(90deg,rgba(255,80,0,0.0),rgba(255,80,0,1.0))}
 table{border-collapse:collapse;font-size:13px;margin-top:8px} td,th{border:1px solid #ccc;padding:3px 6px}
 details{margin-top:8px} summary{cursor:pointer;color:#0645ad}
 """
-
+CSP = "default-src 'none'; style-src 'unsafe-inline'"
 _VISIBLE = {"\n": "\u21b5\n", "\t": "\u2192", "\r": "\u240d", " ": " "}
+PAD_RUN = 4  # this many identical no-loss tokens in a row (padding) collapse into one marker
 
 
 def visible(text: str) -> str:
-    """Escaped token text with newlines/tabs/control characters made visible."""
+    """Escaped token text with newlines, tabs, control/format characters made visible."""
+    if text == "":
+        return "\u2205"  # an empty token would be an invisible (and unclickable) span
     out = []
     for ch in text:
         if ch in _VISIBLE:
             out.append(_VISIBLE[ch])
-        elif ord(ch) < 32 or ord(ch) == 127:
-            out.append(f"\\x{ord(ch):02x}")
+        elif unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp", "Zs"):
+            out.append(f"\\x{ord(ch):02x}" if ord(ch) < 256 else f"\\u{ord(ch):04x}")
         else:
             out.append(ch)
     return html.escape("".join(out), quote=True)
 
 
 def _alpha(v: float, lo: float, hi: float) -> float:
-    """Log-scaled colour intensity in [0, 1]."""
-    if v <= 0 or hi <= lo:
+    """Log-scaled colour intensity in [0, 1] between the batch's smallest and largest score."""
+    if v <= 0 or not math.isfinite(v):
         return 0.0
+    if hi <= lo:
+        return 1.0
     return max(0.0, min(1.0, (math.log(v) - lo) / (hi - lo)))
 
 
-def _spans(sample: int, positions: Sequence[int], result: LocateResult, ctx: Any, culprits: dict, lo: float,
-           hi: float) -> str:
-    ids = ctx.input_ids
-    tok = getattr(ctx, "tokenizer", None)
-    mask = ctx.token_mask
-    ghost = result.ghost_map
-    parts = []
-    for p in positions:
-        tid = int(ids[sample, p])
-        text = decode_token(tok, tid)
-        score = float(ghost[sample, p]) if ghost is not None else 0.0
-        in_loss = float(mask[sample, p]) != 0
-        c = culprits.get(p)
+def context_windows(positions: Sequence[int], length: int, window: int) -> list[tuple[int, int]]:
+    """Merged half-open ranges ``[p - window, p + window + 1)`` around each position, clipped."""
+    spans: list[list[int]] = []
+    for p in sorted(set(positions)):
+        lo, hi = max(0, p - window), min(length, p + window + 1)
+        if spans and lo <= spans[-1][1]:
+            spans[-1][1] = max(spans[-1][1], hi)
+        else:
+            spans.append([lo, hi])
+    return [(lo, hi) for lo, hi in spans]
+
+
+class _Sample:
+    """One sample's rows as python lists (one host sync per tensor, not one per token)."""
+
+    def __init__(self, sample: int, result: LocateResult, ctx: Any, culprits: dict[int, CulpritToken],
+                 lo: float, hi: float) -> None:
+        self.ids = ctx.input_ids[sample].tolist()  # host sync: once per sample, only on a spike
+        mask = getattr(ctx, "token_mask", None)
+        self.in_loss = [v != 0 for v in mask[sample].tolist()] if mask is not None else [True] * len(self.ids)
+        ghost = result.ghost_map
+        self.ghost = ghost[sample].tolist() if ghost is not None else [0.0] * len(self.ids)
+        self.tok = getattr(ctx, "tokenizer", None)
+        self.culprits, self.lo, self.hi = culprits, lo, hi
+
+    def token(self, p: int) -> str:
+        tid, score, c = self.ids[p], self.ghost[p], self.culprits.get(p)
         title = f"position {p} | token id {tid} | ghost norm {score:.3e}"
         cls = "t"
-        if not in_loss:
+        if not self.in_loss[p]:
             title += " | no loss term"
             cls += " ws"
         if c is not None:
             cls += " c"
-            title += f" | CULPRIT grad norm {c.grad_norm:.3e} | share {c.share if c.share is not None else float('nan'):.3f}" \
-                     f" | top layers {top_layers(c.layer_norms)}"
-        a = _alpha(score, lo, hi) if in_loss else 0.0
-        parts.append(f'<span class="{cls}" style="background:rgba(255,80,0,{a:.2f})" '
-                     f'title="{html.escape(title, quote=True)}">{visible(text)}</span>')
-    return "".join(parts)
+            share = f"{c.share:.3f}" if c.share is not None else "n/a"
+            title += (f" | CULPRIT grad norm {c.grad_norm:.3e} | share {share}"
+                      f" | top layers {format_top_layers(c.layer_norms)}")
+        a = _alpha(score, self.lo, self.hi) if self.in_loss[p] else 0.0
+        return (f'<span class="{cls}" style="background:rgba(255,80,0,{a:.2f})" '
+                f'title="{html.escape(title, quote=True)}">{visible(decode_token(self.tok, tid))}</span>')
+
+    def _is_pad(self, p: int, q: int) -> bool:
+        """Positions p and q hold the same token, neither a loss term nor a culprit (padding)."""
+        return (self.ids[p] == self.ids[q] and not self.in_loss[p] and not self.in_loss[q]
+                and p not in self.culprits and q not in self.culprits)
+
+    def extend_over_padding(self, ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Grow windows that end (or start) inside a padding run to the run's end: it costs one marker."""
+        T, out = len(self.ids), []
+        for a, b in ranges:
+            while b < T and self._is_pad(b - 1, b):
+                b += 1
+            while a > 0 and self._is_pad(a, a - 1):
+                a -= 1
+            if out and a <= out[-1][1]:
+                out[-1] = (out[-1][0], max(b, out[-1][1]))
+            else:
+                out.append((a, b))
+        return out
+
+    def spans(self, lo: int, hi: int) -> str:
+        """Tokens ``lo..hi-1``; runs of identical no-loss tokens (padding) become one marker."""
+        parts, p = [], lo
+        while p < hi:
+            q = p
+            while q + 1 < hi and self._is_pad(p, q + 1):
+                q += 1
+            run = q - p + 1
+            if run >= PAD_RUN and not self.in_loss[p] and p not in self.culprits:
+                text = visible(decode_token(self.tok, self.ids[p]))
+                title = f"positions {p}-{q}: {run} x token id {self.ids[p]}, no loss term"
+                parts.append(f'<span class="t ws pad" title="{html.escape(title, quote=True)}">{text}'
+                             f' \u00d7{run}</span>')
+                p = q + 1
+            else:
+                parts.append(self.token(p))
+                p += 1
+        return "".join(parts)
+
+
+def _gap(n: int) -> str:
+    return f'<span class="gap" title="{n} tokens not shown">\u2026 {n} tokens \u2026</span>'
 
 
 def render_highlight_html(step: int, events: Sequence[SpikeEvent], result: LocateResult, ctx: Any,
                           window: int = 48) -> str:
-    """One HTML page for a spike event: header, legend, and each affected sample's text."""
+    """One HTML page for a spike event: header, legend, and each affected sample's text.
+
+    ``window`` tokens either side of each culprit are shown; the rest of a sample is elided and
+    its full text sits in a collapsed ``<details>`` block.
+    """
+    if ctx is None or getattr(ctx, "input_ids", None) is None:
+        raise ValueError("render_highlight_html needs ctx.input_ids (the (B, T) token ids of the spiking "
+                         "batch): pass them in the SpikeContext")
+    if window < 0:
+        raise ValueError(f"window={window} must be >= 0 (tokens shown either side of a culprit)")
     ev = events[0] if events else None
     ghost = result.ghost_map
-    positive = ghost[ghost > 0] if ghost is not None else None
+    positive = ghost[(ghost > 0) & ghost.isfinite()] if ghost is not None else None
     if positive is not None and positive.numel():
         lo, hi = math.log(float(positive.min())), math.log(float(positive.max()))
     else:
-        lo, hi = 0.0, 1.0
-    by_sample: dict[int, dict[int, Any]] = {}
+        lo, hi = 0.0, 0.0
+    by_sample: dict[int, dict[int, CulpritToken]] = {}
     for c in result.tokens:
         by_sample.setdefault(c.batch, {})[c.position] = c
     esc = html.escape
-    head = (f"<h1>Gradient spike at step {step}</h1><div class='meta'>"
-            + (f"signal <b>{esc(ev.signal)}</b> · value <b>{ev.value:.4g}</b> · baseline <b>{ev.baseline:.4g}</b>"
+    head = (f"<h1>Gradient spike at step {int(step)}</h1><div class='meta'>"
+            + (f"signal <b>{esc(str(ev.signal))}</b> · value <b>{ev.value:.4g}</b> · baseline <b>{ev.baseline:.4g}</b>"
                f" · z <b>{ev.z:.2f}</b> · ratio <b>{ev.ratio:.2f}</b><br>" if ev else "")
-            + f"localizer <b>{esc(result.method)}</b> · {result.probes} probes · threshold {result.threshold:.3e}"
-            + f" · batch gradient norm {result.total_norm:.4g} · {len(result.tokens)} culprit token(s)</div>"
+            + f"localizer <b>{esc(str(result.method))}</b> · {result.probes} probes · threshold {result.threshold:.3e}"
+            + f" · batch gradient norm {result.total_norm:.4g} · {len(result.tokens)} culprit token(s)"
+            + (" · probe budget exhausted" if getattr(result, "budget_exhausted", False) else "") + "</div>"
             + ("<div class='meta'>other signals: " + esc(", ".join(f"{e.signal} (z {e.z:.1f})" for e in events[1:]))
                + "</div>" if len(events) > 1 else ""))
     legend = ("<div class='legend'>low <span class='ramp'></span> high gradient contribution (log scale, ghost norm"
               " per position); <span class='t c'>outlined</span> = culprit confirmed by an exact probe;"
-              " hover a token for its numbers</div>")
+              " grey = no loss term; hover a token for its numbers</div>")
     body = []
     T = ctx.input_ids.shape[1]
     for sample in sorted(by_sample):
         culprits = by_sample[sample]
-        lo_p, hi_p = max(0, min(culprits) - window), min(T, max(culprits) + window + 1)
+        s = _Sample(sample, result, ctx, culprits, lo, hi)
+        ranges = s.extend_over_padding(context_windows(list(culprits), T, window))
+        shown, prev = [], 0
+        for a, b in ranges:
+            if a > prev:
+                shown.append(_gap(a - prev))
+            shown.append(s.spans(a, b))
+            prev = b
+        if prev < T:
+            shown.append(_gap(T - prev))
         rows = "".join(
-            f"<tr><td>{p}</td><td>{visible(decode_token(getattr(ctx, 'tokenizer', None), int(ctx.input_ids[sample, p])))}"
-            f"</td><td>{c.grad_norm:.3e}</td><td>{(c.share or 0):.3f}</td><td>{esc(top_layers(c.layer_norms))}</td></tr>"
+            f"<tr><td>{p}</td><td>{s.ids[p]}</td><td>{visible(decode_token(s.tok, s.ids[p]))}</td>"
+            f"<td>{c.grad_norm:.3e}</td><td>{'n/a' if c.share is None else f'{c.share:.3f}'}</td>"
+            f"<td>{esc(format_top_layers(c.layer_norms))}</td></tr>"
             for p, c in sorted(culprits.items()))
+        where = ", ".join(f"{a}\u2013{b - 1}" for a, b in ranges)
         section = [f"<h2>sample {sample}</h2>",
-                   f"<div class='meta'>positions {lo_p}–{hi_p - 1} of {T}</div>",
-                   f"<div class='text'>{'…' if lo_p > 0 else ''}"
-                   f"{_spans(sample, range(lo_p, hi_p), result, ctx, culprits, lo, hi)}{'…' if hi_p < T else ''}</div>",
-                   "<table><tr><th>position</th><th>token</th><th>grad norm</th><th>share</th><th>top layers</th></tr>"
-                   f"{rows}</table>"]
-        if lo_p > 0 or hi_p < T:
+                   f"<div class='meta'>positions {where} of {T}</div>",
+                   f"<div class='text'>{''.join(shown)}</div>",
+                   "<table><tr><th>position</th><th>token id</th><th>token</th><th>grad norm</th><th>share</th>"
+                   f"<th>top layers</th></tr>{rows}</table>"]
+        if ranges != [(0, T)]:
             section.append(f"<details><summary>full text ({T} tokens)</summary><div class='text'>"
-                           f"{_spans(sample, range(T), result, ctx, culprits, lo, hi)}</div></details>")
+                           f"{s.spans(0, T)}</div></details>")
         body.append("".join(section))
     if not body:
         body.append("<p>No single loss term was above the threshold: the spike is spread over many tokens.</p>")
     return ("<!DOCTYPE html><html><head><meta charset='utf-8'>"
-            "<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; style-src 'unsafe-inline'\">"
-            f"<title>spike at step {step}</title><style>{CSS}</style></head><body>{head}{legend}"
+            f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}\">"
+            f"<title>spike at step {int(step)}</title><style>{CSS}</style></head><body>{head}{legend}"
             + "".join(body) + "</body></html>")

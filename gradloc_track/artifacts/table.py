@@ -11,45 +11,57 @@ BASE_COLUMNS = ["step", "sample", "position", "token_id", "token", "grad_norm", 
 
 
 def decode_token(tokenizer: Any, token_id: int | None) -> str:
-    """One token's text; the id itself when there is no tokenizer."""
+    """One token's text; ``<id>`` when there is no tokenizer or it cannot decode the id."""
     if token_id is None:
         return ""
     if tokenizer is None:
         return f"<{token_id}>"
     try:
-        return tokenizer.decode([int(token_id)])
+        return str(tokenizer.decode([int(token_id)]))
     except Exception:
         return f"<{token_id}>"
 
 
-def top_layers(layer_norms: dict[str, float], k: int = 3) -> str:
+def format_top_layers(layer_norms: dict[str, float], k: int = 3) -> str:
+    """``"h.3:1.2e-01, lm_head:4.0e-02"``: the ``k`` layers this token's gradient hits hardest."""
     best = sorted(layer_norms.items(), key=lambda kv: -kv[1])[:k]
     return ", ".join(f"{name}:{val:.2e}" for name, val in best)
 
 
-def _value(t: Any, b: int, p: int | None = None) -> Any:
-    v = t[b] if p is None else t[b, p]
-    return float(v) if hasattr(v, "item") else v
+def _cpu_lists(columns: dict[str, Any]) -> dict[str, list]:
+    """Each column to nested python lists: one host sync per tensor instead of one per cell."""
+    return {n: (t.tolist() if hasattr(t, "tolist") else list(t)) for n, t in columns.items()}  # host sync
 
 
 def attribution_table(step: int, events: Sequence[SpikeEvent], result: LocateResult, ctx: Any,
-                      top_k: int = 3, extra_columns: Sequence[str] | None = None,
+                      top_layers: int = 3, extra_columns: Sequence[str] | None = None,
                       sample_columns: Sequence[str] | None = None) -> tuple[list[str], list[list[Any]]]:
-    """(columns, rows). ``extra_columns``/``sample_columns`` fix the column set across events."""
-    extras = list(extra_columns if extra_columns is not None else getattr(ctx, "extra_columns", {}) or {})
-    samples = list(sample_columns if sample_columns is not None else getattr(ctx, "sample_columns", {}) or {})
+    """(columns, rows), one row per culprit token.
+
+    ``extra_columns``/``sample_columns`` name the context columns to emit (default: those in
+    ``ctx``); the writer fixes them at the first event so a growing table keeps one column set.
+    Names absent from ``ctx`` give ``None`` cells.
+    """
+    ec = getattr(ctx, "extra_columns", None) or {}
+    sc = getattr(ctx, "sample_columns", None) or {}
+    extras = list(extra_columns if extra_columns is not None else ec)
+    samples = list(sample_columns if sample_columns is not None else sc)
     columns = BASE_COLUMNS + extras + samples
+    if not result.tokens:
+        return columns, []
     lead = events[0] if events else None
-    ids = getattr(ctx, "input_ids", None)
+    ids_t = getattr(ctx, "input_ids", None)
+    ids = ids_t.tolist() if ids_t is not None else None  # host sync: once per spike event
+    ev = _cpu_lists({n: ec[n] for n in extras if n in ec})
+    sv = _cpu_lists({n: sc[n] for n in samples if n in sc})
     tok = getattr(ctx, "tokenizer", None)
     rows = []
     for c in result.tokens:
-        token_id = int(ids[c.batch, c.position]) if ids is not None else None
+        token_id = int(ids[c.batch][c.position]) if ids is not None else None
         row = [step, c.batch, c.position, token_id, decode_token(tok, token_id), c.grad_norm, c.share,
-               top_layers(c.layer_norms, top_k), lead.signal if lead else None, lead.z if lead else None]
-        ec = getattr(ctx, "extra_columns", {}) or {}
-        sc = getattr(ctx, "sample_columns", {}) or {}
-        row += [_value(ec[n], c.batch, c.position) if n in ec else None for n in extras]
-        row += [_value(sc[n], c.batch) if n in sc else None for n in samples]
+               format_top_layers(c.layer_norms, top_layers), lead.signal if lead else None,
+               lead.z if lead else None]
+        row += [ev[n][c.batch][c.position] if n in ev else None for n in extras]
+        row += [sv[n][c.batch] if n in sv else None for n in samples]
         rows.append(row)
     return columns, rows

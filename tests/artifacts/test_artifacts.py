@@ -102,7 +102,23 @@ def test_writer_with_memory_tracker_keeps_columns_stable(spike, tmp_path):
     assert table["rows"][1][-2:] == [None, None]
     assert [k for k, _, _ in tracker.html] == ["spikes/highlight", "spikes/highlight"]
     assert tracker.images and tracker.images[0][2].read_bytes()[:4] == b"\x89PNG"
+    assert tracker.images[0][2].is_relative_to(tmp_path)
     assert tracker.tags["spike_count"] == "2"
+    assert tracker.series("spike/culprits") == [(7, float(len(result.tokens))), (9, float(len(result.tokens)))]
+    share = sum(c.share for c in result.tokens)
+    assert tracker.series("spike/culprit_share") == [(7, pytest.approx(share)), (9, pytest.approx(share))]
+    # a column that appears only at a later event is left out: the schema stays the first one
+    ctx3 = SpikeContext(ctx.loss_fn, ctx.token_mask, ctx.input_ids, ctx.tokenizer,
+                        extra_columns={"logprob": torch.zeros(B, T), "advantage": torch.ones(B, T)})
+    writer.write(11, events, result, ctx3)
+    assert table["columns"][-2:] == ["advantage", "reward"] and table["rows"][2][-2:] == [1.0, None]
+
+
+def test_writer_renders_into_the_trackers_run_dir(spike, tmp_path):
+    events, result, ctx = spike
+    tracker = MemoryTracker(run_dir=tmp_path / "own")
+    SpikeArtifactWriter(tracker).write(7, events, result, ctx)
+    assert tracker.images[0][2].parent == tmp_path / "own" / "rendered"
 
 
 def test_writer_never_raises(spike, tmp_path):

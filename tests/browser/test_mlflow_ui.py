@@ -17,14 +17,9 @@ from pathlib import Path
 import pytest
 
 from ..conftest import CONF_DIR, ROOT, running_mlflow_server
+from .conftest import CHROMIUM, DRIVER, NO_BROWSER, wait_for
 
-CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
-pytestmark = [pytest.mark.browser, pytest.mark.slow,
-              pytest.mark.skipif(not (CHROMIUM and DRIVER),
-                                 reason="needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)")]
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--run-all-compositor-stages-before-draw", "--disable-quic", "--no-first-run",
-         "--disable-component-update", "--disable-sync", "--window-size=1400,1000"]
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.skipif(not (CHROMIUM and DRIVER), reason=NO_BROWSER)]
 
 
 @pytest.fixture(scope="module")
@@ -51,31 +46,15 @@ def demo_store(tmp_path_factory):
     return uri, root
 
 
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory):
-    webdriver = pytest.importorskip("selenium.webdriver")
-    from selenium.webdriver.chrome.service import Service
+def close_assistant_panel(driver) -> None:
+    """MLflow 3.x opens an assistant side panel; close it so the screenshot shows the artifact."""
+    from selenium.webdriver.common.by import By
 
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for f in FLAGS + [f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"]:
-        opts.add_argument(f)
-    driver = webdriver.Chrome(service=Service(DRIVER), options=opts)
-    yield driver
-    driver.quit()
-
-
-def wait_for(driver, condition, timeout=90.0, what="page"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            value = condition()
-            if value:
-                return value
-        except Exception:
-            pass
-        time.sleep(1.0)
-    raise AssertionError(f"timed out waiting for {what}")
+    for button in driver.find_elements(By.CSS_SELECTOR, "button[aria-label='Close']"):
+        if button.is_displayed():
+            button.click()
+            time.sleep(1.0)
+            return
 
 
 def save(driver, tmp_path: Path, name: str) -> Path:
@@ -119,7 +98,8 @@ def test_artifact_page_shows_highlighted_culprits_and_compare_page_shows_both_ru
 
         texts = wait_for(browser, culprit_text, what="the highlighted culprit tokens in the artifact viewer")
         assert set(texts) <= tokens and set(texts) & tokens
-        time.sleep(1.0)
+        close_assistant_panel(browser)
+        assert wait_for(browser, culprit_text, what="the culprits after closing the side panel") == texts
         shot = save(browser, tmp_path, "mlflow_highlight.png")
         assert shot.stat().st_size > 10_000
 

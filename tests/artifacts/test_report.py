@@ -1,0 +1,99 @@
+"""The offline report: one page from an MLflow run id or a run dir, nested documents intact."""
+from __future__ import annotations
+
+import html
+import re
+
+import pytest
+
+from gradloc_track.artifacts import SpikeArtifactWriter
+from gradloc_track.cli import main
+from gradloc_track.config import TrackerConfig
+from gradloc_track.trackers import make_tracker
+
+from .test_render import make_case
+
+
+def srcdocs(page: str) -> list[str]:
+    return [html.unescape(d) for d in re.findall(r'<iframe sandbox [^>]*srcdoc="([^"]*)"></iframe>', page)]
+
+
+def test_report_from_mlflow_run_id_embeds_every_event(tmp_path, sqlite_uri, capsys):
+    from mlflow.tracking import MlflowClient
+
+    events, result, ctx = make_case(T=80, culprits=((1, 10), (1, 60)), pad_from=70)
+    cfg = TrackerConfig(kind="mlflow")
+    cfg.mlflow.tracking_uri = sqlite_uri
+    tracker = make_tracker(cfg, run_dir=tmp_path / "run")
+    writer = SpikeArtifactWriter(tracker, tmp_path / "run", window=8)
+    for step in (12, 30):
+        writer.write(step, events, result, ctx)
+    tracker.finish()
+    client = MlflowClient(sqlite_uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("gradloc-track").experiment_id])
+
+    out = tmp_path / "out" / "report.html"
+    assert main(["report", run.info.run_id, "--tracking-uri", sqlite_uri, "-o", str(out)]) == 0
+    assert str(out) in capsys.readouterr().out
+    page = out.read_text()
+    assert "<script" not in page.lower() and not re.search(r"(src|href)=\"(https?:|//)", page)
+    # each event page comes back whole from its srcdoc, identical to the logged artifact
+    dl = client.download_artifacts(run.info.run_id, "spikes/highlight", str(tmp_path / "dl"))
+    logged = [open(f"{dl}/step_{s:06d}.html").read() for s in (12, 30)]
+    assert srcdocs(page) == logged
+    assert page.count("src=\"data:image/png;base64,") == 2
+    # the culprit table lists both events' rows
+    assert re.findall(r"<tr><td>(\d+)</td><td>1</td><td>(\d+)</td>", page) == \
+        [("12", "10"), ("12", "60"), ("30", "10"), ("30", "60")]
+
+
+def test_report_on_unknown_source_says_what_to_pass(tmp_path, sqlite_uri, capsys):
+    code = main(["report", "no-such-run", "--tracking-uri", sqlite_uri, "-o", str(tmp_path / "r.html")])
+    err = capsys.readouterr().err
+    assert code == 2 and "no-such-run" in err and "--tracking-uri" in err
+    assert not (tmp_path / "r.html").exists()
+    (tmp_path / "empty").mkdir()
+    assert main(["report", str(tmp_path / "empty"), "-o", str(tmp_path / "r.html")]) == 2
+    assert "no spikes/ folder" in capsys.readouterr().err
+
+
+def test_report_handles_a_run_dir_with_table_only(tmp_path):
+    from gradloc_track.report import build_report
+
+    events, result, ctx = make_case(T=40, culprits=((0, 3),), pad_from=40)
+    ctx.input_ids = None  # no token ids: table rows only, no pages
+    tracker = make_tracker(TrackerConfig(kind="none"), run_dir=tmp_path)
+    SpikeArtifactWriter(tracker, tmp_path).write(5, events, result, ctx)
+    tracker.finish()
+    page = build_report(tmp_path)
+    assert "0 spike event(s)" in page and "1 culprit token(s)" in page and "<iframe" not in page
+
+
+@pytest.mark.parametrize("hostile", ["</iframe><script>alert(1)</script>", "\"' onload=alert(1) x=\""])
+def test_srcdoc_escaping_survives_hostile_pages(tmp_path, hostile):
+    from gradloc_track.report import build_report
+
+    page_dir = tmp_path / "spikes" / "highlight"
+    page_dir.mkdir(parents=True)
+    doc = f"<html><body><p>{hostile}</p></body></html>"  # as if a page were crafted by hand
+    (page_dir / "step_000001.html").write_text(doc)
+    page = build_report(tmp_path)
+    tags = outer_tags(page)
+    assert {t for t, _ in tags} <= {"html", "head", "meta", "title", "style", "body", "h1", "h2", "p", "iframe"}
+    assert [sorted(a) for t, a in tags if t == "iframe"] == [["sandbox", "srcdoc", "title"]]
+    assert not any(k.startswith("on") for _, a in tags for k in a)
+    assert srcdocs(page) == [doc]
+
+
+def outer_tags(page: str) -> list[tuple[str, dict]]:
+    """Start tags of the report page as a browser's tokenizer sees them (srcdoc stays one attribute)."""
+    from html.parser import HTMLParser
+
+    found = []
+
+    class P(HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            found.append((tag, dict(attrs)))
+
+    P().feed(page)
+    return found
