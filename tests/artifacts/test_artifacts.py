@@ -177,8 +177,10 @@ def test_wandb_offline_media_read_back(spike, tmp_path, monkeypatch):
     pages = [p.read_text() for p in (run / "files" / "media" / "html").rglob("*.html")]
     assert len(pages) == 3 and all("&lt;script&gt;alert(1)" in p and "<script" not in p.lower() for p in pages)
     assert len(list((run / "files" / "media" / "images").rglob("*.png"))) == 3
-    steps = [r["train/step"] for r in history(run) if "spike/culprits" in r]
-    assert steps == [7, 8, 9]
+    assert not (tmp_path / "run" / "spool").exists(), "records were spooled instead of logged"
+    rows = history(run)
+    steps = [r["train/step"] for r in rows if "spike/culprits" in r]
+    assert steps == [7, 8, 9], sorted({k for r in rows for k in r})
 
 
 def test_mlflow_store_read_back_after_100_events(spike, tmp_path, sqlite_uri):
