@@ -10,7 +10,8 @@ CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 NO_BROWSER = "needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--run-all-compositor-stages-before-draw", "--disable-quic", "--no-first-run",
-         "--disable-component-update", "--disable-sync", "--window-size=1400,1000"]
+         "--disable-component-update", "--disable-sync", "--window-size=1400,1000",
+         "--disable-renderer-backgrounding", "--disable-backgrounding-occluded-windows"]
 
 
 @pytest.fixture(scope="module")
@@ -41,3 +42,25 @@ def wait_for(driver, condition, timeout=90.0, what="page"):
             pass
         time.sleep(1.0)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def save_screenshot(driver, path, attempts: int = 4) -> None:
+    """Screenshot ``path``, retrying the renderer's 10 s capture timeout.
+
+    On a loaded 2-core CI box chromedriver sometimes gives up on the capture after 10 s
+    ("Timed out receiving message from renderer") although the page is fully rendered; the
+    next try succeeds. The last failure is re-raised so a page that never renders still fails.
+    """
+    from selenium.common.exceptions import TimeoutException
+
+    for attempt in range(attempts):
+        try:
+            wait_for(driver, lambda: driver.execute_script("return document.readyState") == "complete",
+                     what="document.readyState == complete")
+            if driver.save_screenshot(str(path)):
+                return
+            raise AssertionError(f"chromedriver wrote no screenshot to {path}")
+        except TimeoutException:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(2.0 * (attempt + 1))

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from ..conftest import CONF_DIR, ROOT, running_mlflow_server
-from .conftest import CHROMIUM, DRIVER, NO_BROWSER, wait_for
+from .conftest import CHROMIUM, DRIVER, NO_BROWSER, save_screenshot, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.skipif(not (CHROMIUM and DRIVER), reason=NO_BROWSER)]
 
@@ -59,7 +59,7 @@ def close_assistant_panel(driver) -> None:
 
 def save(driver, tmp_path: Path, name: str) -> Path:
     out = tmp_path / name
-    driver.save_screenshot(str(out))
+    save_screenshot(driver, out)
     if os.environ.get("GRADLOC_UPDATE_SCREENSHOTS") == "1":
         shutil.copyfile(out, ROOT / "docs" / "img" / name)
     print(f"screenshot: {out}")

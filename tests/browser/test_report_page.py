@@ -9,7 +9,7 @@ from gradloc_track.report import build_report
 from gradloc_track.trackers import make_tracker
 
 from ..artifacts.test_render import make_case
-from .conftest import CHROMIUM, DRIVER, NO_BROWSER, wait_for
+from .conftest import CHROMIUM, DRIVER, NO_BROWSER, save_screenshot, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.skipif(not (CHROMIUM and DRIVER), reason=NO_BROWSER)]
 HOSTILE = "<img src=x onerror=document.title='pwned'><script>document.title='pwned'</script>"
@@ -51,5 +51,5 @@ def test_report_renders_culprits_in_sandboxed_frames_and_runs_nothing(browser, t
     imgs = browser.find_elements(By.TAG_NAME, "img")
     assert len(imgs) == 2 and all(browser.execute_script("return arguments[0].naturalWidth", i) > 100 for i in imgs)
     out = tmp_path / "report.png"
-    browser.save_screenshot(str(out))
+    save_screenshot(browser, out)
     print(f"screenshot: {out}")

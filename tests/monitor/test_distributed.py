@@ -47,7 +47,8 @@ def test_two_process_norms_match_single_process(mode, tmp_path):
     procs = [subprocess.Popen([sys.executable, str(WORKER), str(r), "2", port, mode, str(out)], cwd=root,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
     logs = [p.communicate(timeout=240)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), "\n".join(logs)[-4000:]
+    report = "\n".join(f"--- rank {r} exited {p.returncode} ---\n{log[-2000:]}" for r, (p, log) in enumerate(zip(procs, logs)))
+    assert all(p.returncode == 0 for p in procs), report
     got = json.loads(out.read_text())
     pre, post, layers = reference()
     m = got["metrics"]
