@@ -8,8 +8,10 @@ import pytest
 
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 NO_BROWSER = "needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)"
+# No --run-all-compositor-stages-before-draw: with it the renderer hung (execute_script and
+# screenshots timed out after 10 s) in about 1 run in 6 of the report-page test; 0 in 30 without.
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--run-all-compositor-stages-before-draw", "--disable-quic", "--no-first-run",
+         "--disable-quic", "--no-first-run",
          "--disable-component-update", "--disable-sync", "--window-size=1400,1000",
          "--disable-renderer-backgrounding", "--disable-backgrounding-occluded-windows"]
 
