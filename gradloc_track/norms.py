@@ -6,7 +6,7 @@ decides when (and whether) to move one stacked tensor to the host.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
@@ -67,24 +67,58 @@ def sq_norms(tensors: Sequence[torch.Tensor | None], device: torch.device | None
     return out
 
 
+def shard_groups(tensors: Sequence[torch.Tensor | None]) -> list[tuple[Any, list[int]]]:
+    """(process group, tensor indices) for each mesh dimension that shards some tensor.
+
+    A DTensor placed ``Shard``/``_StridedShard`` on mesh dim ``d`` holds 1/size(d) of itself per
+    rank of that dim: its local squared norm is summed over ``mesh.get_group(d)``. ``Replicate``
+    dims hold copies and are not summed. Plain tensors (DDP: already averaged, identical on every
+    rank) are not reduced. Groups are listed in order of first appearance, identical on every
+    rank (same parameter order), so every rank issues the same collectives in the same order.
+    """
+    out: dict[Any, list[int]] = {}
+    for i, t in enumerate(tensors):
+        if t is None or not _is_dtensor(t):
+            continue
+        mesh = t.device_mesh
+        for d, placement in enumerate(t.placements):
+            if "Shard" in type(placement).__name__ and mesh.size(d) > 1:  # Shard, _StridedShard
+                out.setdefault(mesh.get_group(d), []).append(i)
+    return list(out.items())
+
+
+def reduce_over_shards(values: torch.Tensor, tensors: Sequence[torch.Tensor | None]) -> torch.Tensor:
+    """Sum per-tensor additive values (squared norms, dot products) of local shards over the
+    ranks that shard each tensor: one all-reduce per sharding mesh dimension (ONE for FSDP2 and
+    HSDP, where every tensor is sharded along the same dim), none for plain tensors."""
+    groups = shard_groups(tensors)
+    if not groups or not (dist.is_available() and dist.is_initialized()):
+        return values
+    values = values.clone()
+    for pg, idx in groups:
+        if len(idx) == len(tensors):  # every tensor sharded along this dim: reduce in place
+            dist.all_reduce(values, op=dist.ReduceOp.SUM, group=pg)
+            continue
+        index = torch.tensor(idx, device=values.device)  # host->device copy, no sync
+        part = values.index_select(0, index)
+        dist.all_reduce(part, op=dist.ReduceOp.SUM, group=pg)
+        values.index_copy_(0, index, part)
+    return values
+
+
 def all_reduce_sq_norms(
     sq: torch.Tensor, tensors: Sequence[torch.Tensor | None], group: dist.ProcessGroup | None = None
 ) -> torch.Tensor:
-    """Turn local squared norms of sharded (DTensor) tensors into global ones: one all-reduce.
+    """Turn local squared norms of sharded (DTensor) tensors into global ones.
 
-    Replicated DTensors are pre-divided by the world size so the single SUM restores them;
-    plain tensors (e.g. DDP, whose gradients are already averaged) need no reduction and are
-    returned unchanged when no tensor is a DTensor.
+    Each tensor's squared norm is summed over exactly the mesh dimensions that shard it (its
+    DTensor placements: ``Shard`` dims summed, ``Replicate`` dims not), with one all-reduce per
+    sharding mesh dim: one per step for FSDP2 and for HSDP (replicate x shard) meshes, so every
+    replica gets the same values and per-tensor clip thresholds stay identical across replicas.
+    Plain tensors (DDP, whose gradients are already averaged) are returned unchanged.
+    ``group`` is kept for callers that pass one; a DTensor's own mesh names its groups.
     """
-    if not any(t is not None and _is_dtensor(t) for t in tensors):
-        return sq
-    if not (dist.is_available() and dist.is_initialized()):
-        return sq
-    world = dist.get_world_size(group)
-    scale = [1.0 / world if t is None or not _is_dtensor(t) or is_replicated(t) else 1.0 for t in tensors]
-    sq = sq * torch.tensor(scale, dtype=sq.dtype, device=sq.device)  # one host->device copy, no sync
-    dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=group)
-    return sq
+    return reduce_over_shards(sq, tensors)
 
 
 def global_sq_norms(

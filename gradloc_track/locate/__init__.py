@@ -77,7 +77,15 @@ def locate(model: torch.nn.Module, loss_fn: Callable[[torch.Tensor], torch.Tenso
     Every probe replays one RNG state so dropout masks agree across probes: ``rng_state`` (a
     ``torch.get_rng_state()`` taken before the training forward reproduces that step's masks
     exactly), else the state at call time. The caller's RNG state is restored afterwards.
+
+    Under ``torch.distributed`` (more than one rank) it is a collective: call it on every rank
+    with that rank's own ``loss_fn``/``token_mask``; see ``locate/distributed.py``.
     """
+    from .distributed import is_distributed, locate_distributed
+
+    if is_distributed():  # a collective: every rank calls it (see locate/distributed.py)
+        return locate_distributed(model, loss_fn, token_mask, method, budget, threshold, group_by=group_by,
+                                  rng_state=rng_state)
     terms = _check_inputs(model, loss_fn, token_mask, method, budget, threshold)
     t0 = time.perf_counter()
     snap = Snapshot(model)

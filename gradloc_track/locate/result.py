@@ -18,6 +18,8 @@ class CulpritToken:
     score: float | None = None  # the ranking estimate (ghost map) that led to it, if any
     # <g_term, g_total> / ||g_total||^2: this term's additive share of the spike's squared norm
     share: float | None = None
+    micro_batch: int | None = None  # which micro-batch of the step (when it had several)
+    rank: int | None = None  # which data-parallel rank's batch holds it (under torch.distributed)
 
 
 @dataclass

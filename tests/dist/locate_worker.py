@@ -1,0 +1,113 @@
+"""Worker for the distributed localization tests: one process per rank runs every scenario.
+
+``locate_worker.py RANK WORLD PORT OUT_DIR SCENARIOS_JSON``; each scenario is
+``{"name", "wrap": "ddp"|"fsdp2", "culprits": [[rank, b, t], ...], "method", "micro": K}``.
+Writes ``OUT_DIR/<name>.rank<r>.json`` with the result and the leave-no-trace checks.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+B, T, V = 2, 8, 64  # per rank and micro-batch: 2 samples of 8 loss terms
+WEIGHT = 60.0  # a culprit term's loss weight (an importance ratio gone wild)
+
+
+def build():
+    from gradloc_track.demo.model import TinyGPT
+
+    torch.manual_seed(0)
+    return TinyGPT(vocab_size=V, n_layer=2, n_head=2, d_model=16, max_seq_len=T)
+
+
+def global_batch(world: int, culprits, micro: int = 1):
+    """(x, y, w), each (micro, world * B, T): rank r holds rows r*B .. r*B+B-1 of every micro-batch."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randint(0, V, (micro, world * B, T), generator=g)
+    y = torch.randint(0, V, (micro, world * B, T), generator=g)
+    w = torch.ones(micro, world * B, T)
+    for c in culprits:
+        r, b, t = c[-3:]
+        k = c[0] if len(c) == 4 else 0
+        w[k, r * B + b, t] = WEIGHT
+    return x, y, w
+
+
+def make_loss_fn(model, x, y, w, norm: float):
+    """``loss_fn(mask)`` with a FIXED normalizer: the rank's own mean (DDP/FSDP2 average over
+    ranks, so the optimizer sees the global mean)."""
+    def loss_fn(mask):
+        logits = model(x)  # (B, T, V)
+        per = F.cross_entropy(logits.reshape(-1, V), y.reshape(-1), reduction="none").view(x.shape)
+        return (per * w * mask).sum() / norm
+
+    return loss_fn
+
+
+def wrap(model, kind: str, world: int):
+    if kind == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model, gradient_as_bucket_view=True)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (world,))
+    for block in model.h:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def run(scn: dict, rank: int, world: int) -> dict:
+    from gradloc_track import locate
+    from gradloc_track.norms import local_part
+
+    model = build()
+    wrapped = wrap(model, scn["wrap"], world)
+    K = scn.get("micro", 1)
+    x, y, w = global_batch(world, scn["culprits"], K)
+    rows = slice(rank * B, rank * B + B)
+    fns = [make_loss_fn(wrapped, x[k, rows], y[k, rows], w[k, rows], B * T) for k in range(K)]
+    masks = [torch.ones(B, T) for _ in range(K)]
+    for fn, m in zip(fns, masks):  # the training step's backward: the grads locate must leave alone
+        fn(m).backward()
+    grads = [p.grad for p in model.parameters()]
+    before = [local_part(g).clone() for g in grads]
+    rng = torch.get_rng_state()
+    modes = [m.training for m in model.modules()]
+    res = locate(model, fns if K > 1 else fns[0], masks if K > 1 else masks[0], method=scn.get("method", "auto"),
+                 threshold=scn.get("threshold"))
+    same_grads = all(p.grad is g and torch.equal(local_part(g), b) for p, g, b in zip(model.parameters(), grads, before))
+    return {
+        "tokens": [[c.rank, c.micro_batch, c.batch, c.position, c.grad_norm, c.layer_norms, c.share]
+                   for c in res.tokens],
+        "probes": res.probes, "threshold": res.threshold, "total_norm": res.total_norm,
+        "exhausted": res.budget_exhausted, "grads_equal": same_grads,
+        "rng_equal": torch.equal(rng, torch.get_rng_state()),
+        "modes_equal": modes == [m.training for m in model.modules()],
+        "sharded": type(grads[0]).__name__ == "DTensor",
+    }
+
+
+def main(rank: int, world: int, port: str, out_dir: str, scenarios: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    for scn in json.loads(scenarios):
+        result = run(scn, rank, world)
+        Path(out_dir, f"{scn['name']}.rank{rank}.json").write_text(json.dumps(result))
+    dist.barrier()  # nobody tears gloo down while a peer still talks to it
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5])
+    print(f"rank {sys.argv[1]} done", flush=True)
+    os._exit(0)  # skip interpreter teardown (gloo static destructors can std::terminate)
