@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -97,12 +98,16 @@ def run(scn: dict, rank: int, world: int) -> dict:
 
 
 def main(rank: int, world: int, port: str, out_dir: str, scenarios: str) -> None:
+    t0 = time.perf_counter()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(1)
     for scn in json.loads(scenarios):
+        t0 = time.perf_counter()
         result = run(scn, rank, world)
+        result["seconds"] = time.perf_counter() - t0
         Path(out_dir, f"{scn['name']}.rank{rank}.json").write_text(json.dumps(result))
+    print(f"rank {rank}: {time.perf_counter() - t0:.1f} s in the group", flush=True)
     dist.barrier()  # nobody tears gloo down while a peer still talks to it
     dist.destroy_process_group()
 

@@ -1,0 +1,150 @@
+"""locate() on 2 and 4 gloo processes (DDP, FSDP2) against a brute-force per-token oracle and
+against single-process locate on the global batch. One process group per world size runs every
+scenario (``locate_worker.py``); every launch is bounded, so a deadlock fails the test."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import gradloc_track
+from gradloc_track.grouping import layer_of
+
+from . import locate_worker as W
+from .launch import fork_ranks
+
+
+def scenarios(world: int) -> list[dict]:
+    last = world - 1
+    two = [[0, 1, 5], [last, 0, 2]]
+    cases = [
+        {"name": "ddp_rank1", "wrap": "ddp", "culprits": [[1, 0, 3]]},
+        {"name": "fsdp2_rank1", "wrap": "fsdp2", "culprits": [[1, 0, 3]]},
+        {"name": "ddp_first_last", "wrap": "ddp", "culprits": two},
+        {"name": "fsdp2_first_last", "wrap": "fsdp2", "culprits": two},
+        {"name": "ddp_bisect", "wrap": "ddp", "culprits": two, "method": "bisect"},
+        {"name": "fsdp2_gradloc", "wrap": "fsdp2", "culprits": [[1, 0, 3]], "method": "gradloc"},
+        {"name": "ddp_micro", "wrap": "ddp", "culprits": [[1, 1, 0, 3], [0, 0, 1, 6]], "micro": 2},
+        {"name": "ddp_explicit", "wrap": "ddp", "culprits": [[1, 0, 3]], "threshold": 20.0},
+    ]
+    if world > 2:  # the method/micro-batch/threshold variants do not depend on the world size
+        cases = [c for c in cases if c["name"] not in ("ddp_bisect", "ddp_micro", "ddp_explicit")]
+    return cases
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["world2", "world4"])
+def runs(request, tmp_path_factory):
+    world = request.param
+    out = tmp_path_factory.mktemp(f"locate_world{world}")
+    scns = scenarios(world)
+    fork_ranks(W.main, world, (str(out), json.dumps(scns)), timeout=300)
+    results = {s["name"]: [json.loads((out / f"{s['name']}.rank{r}.json").read_text()) for r in range(world)]
+               for s in scns}
+    return world, {s["name"]: s for s in scns}, results
+
+
+def _global_fns(model, world, scn):
+    K = scn.get("micro", 1)
+    x, y, w = W.global_batch(world, scn["culprits"], K)
+    return [W.make_loss_fn(model, x[k], y[k], w[k], world * W.B * W.T) for k in range(K)], K
+
+
+def oracle(world: int, scn: dict) -> dict:
+    """Exact per-term gradient norms of the global-mean loss, one process, one backward per term."""
+    model = W.build()
+    fns, K = _global_fns(model, world, scn)
+    out = {}
+    for k in range(K):
+        for gb in range(world * W.B):
+            for t in range(W.T):
+                mask = torch.zeros(world * W.B, W.T)
+                mask[gb, t] = 1.0
+                model.zero_grad(set_to_none=True)
+                fns[k](mask).backward()
+                sq: dict[str, float] = {}
+                for n, p in model.named_parameters():
+                    sq[layer_of(n)] = sq.get(layer_of(n), 0.0) + float(p.grad.double().pow(2).sum())
+                out[(gb // W.B, k, gb % W.B, t)] = (sum(sq.values()) ** 0.5, {n: v ** 0.5 for n, v in sq.items()})
+    return out
+
+
+def test_every_rank_returns_the_same_full_result(runs):
+    world, _, results = runs
+    for name, per_rank in results.items():
+        for r in range(1, world):  # ranks without a culprit return the full result too
+            assert per_rank[r]["tokens"] == per_rank[0]["tokens"], (name, r)
+            assert per_rank[r]["probes"] == per_rank[0]["probes"], (name, r)
+            assert per_rank[r]["threshold"] == per_rank[0]["threshold"], (name, r)
+
+
+def test_nothing_left_behind_on_any_rank(runs):
+    world, scns, results = runs
+    for name, per_rank in results.items():
+        for r, res in enumerate(per_rank):
+            assert res["grads_equal"] and res["rng_equal"] and res["modes_equal"], (name, r, res)
+            assert res["sharded"] == (scns[name]["wrap"] == "fsdp2"), name
+
+
+def test_culprits_match_the_brute_force_oracle(runs):
+    """Recall 1 and no false positive; exact norms and per-layer norms; probes <= m + 3 (auto)."""
+    world, scns, results = runs
+    for name, per_rank in results.items():
+        scn, res = scns[name], per_rank[0]
+        exact = oracle(world, scn)
+        tau = res["threshold"]
+        expected = {t for t, (n, _) in exact.items() if n > tau}
+        got = {(c[0], c[1] or 0, c[2], c[3]) for c in res["tokens"]}
+        planted = {(c[0], c[1], c[2], c[3]) if len(c) == 4 else (c[0], 0, c[1], c[2]) for c in scn["culprits"]}
+        assert expected == planted, (name, "the test's culprits must be the only terms above the threshold")
+        if scn.get("method") == "gradloc":  # one path through the ranks: one rank's culprits
+            assert got == expected and len({t[0] for t in expected}) == 1, name
+        else:
+            assert got == expected, (name, got, expected)
+        assert not res["exhausted"], name
+        for c in res["tokens"]:
+            norm, layers = exact[(c[0], c[1] or 0, c[2], c[3])]
+            assert c[4] == pytest.approx(norm, rel=1e-4), name
+            assert c[5] == pytest.approx(layers, rel=1e-3, abs=1e-7), name
+            assert (c[1] is None) == (scn.get("micro", 1) == 1), name
+        if scn.get("method", "auto") == "auto":
+            assert res["probes"] <= len(got) + 3, (name, res["probes"])
+    if "ddp_explicit" in results:
+        assert results["ddp_explicit"][0]["threshold"] == pytest.approx(20.0 / world)  # GradLoc's division
+
+
+def test_equals_one_process_on_the_global_batch(runs):
+    """Single-process locate on the concatenated batch with the global-mean loss finds the same
+    culprits with the same norms, threshold and total norm."""
+    world, scns, results = runs
+    for name in ("ddp_first_last", "fsdp2_first_last", "ddp_rank1"):
+        scn, res = scns[name], results[name][0]
+        model = W.build()
+        fns, _ = _global_fns(model, world, scn)
+        one = gradloc_track.locate(model, fns[0], torch.ones(world * W.B, W.T))
+        assert [(c.batch // W.B, c.batch % W.B, c.position) for c in one.tokens] == \
+               [(c[0], c[2], c[3]) for c in res["tokens"]], name
+        for a, c in zip(one.tokens, res["tokens"]):
+            assert c[4] == pytest.approx(a.grad_norm, rel=1e-4)
+            assert c[6] == pytest.approx(a.share, rel=1e-3)
+        assert res["threshold"] == pytest.approx(one.threshold, rel=1e-4)
+        assert res["total_norm"] == pytest.approx(one.total_norm, rel=1e-4)
+
+
+def test_global_loss_reference_is_the_ranks_average():
+    """The oracle's premise: the global-mean loss's gradient is the average of the ranks' own-mean
+    losses' gradients (what DDP/FSDP2 hand the optimizer)."""
+    world, scn = 2, {"culprits": [[1, 0, 3]]}
+    model = W.build()
+    x, y, w = W.global_batch(world, scn["culprits"])
+    W.make_loss_fn(model, x[0], y[0], w[0], world * W.B * W.T)(torch.ones(world * W.B, W.T)).backward()
+    ref = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    for r in range(world):
+        rows = slice(r * W.B, r * W.B + W.B)
+        (W.make_loss_fn(model, x[0, rows], y[0, rows], w[0, rows], W.B * W.T)(torch.ones(W.B, W.T)) / world).backward()
+    for a, b in zip(ref, (p.grad for p in model.parameters())):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    assert F is not None
