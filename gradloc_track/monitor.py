@@ -146,7 +146,9 @@ class GradMonitor:
         detected and localized. With a detector but no ``spike_context`` the detector only sees
         logging steps. Weight norms are computed on logging steps only.
         Collectives: at most one all-reduce per step (sharded/DTensor gradients only; grad and
-        weight norms share it).
+        weight norms share it), plus the global token count on armed steps of a ``fixed``-mode
+        detector. Under torch.distributed every rank sees the same reduced norms, so every rank
+        decides alike and localizes together (``locate`` is then a collective).
         """
         log_now = self.should_log(step)
         armed = self.detector is not None and spike_context is not None
@@ -165,6 +167,8 @@ class GradMonitor:
         weight_decay = host.pop(_WD, weight_decay)
         if _N_TOKENS in host:
             n_tokens = int(host.pop(_N_TOKENS))
+        if n_tokens is not None and getattr(getattr(self.detector, "config", None), "mode", None) == "fixed":
+            n_tokens = self._global_count(n_tokens)
         metrics = {k: v for k, v in host.items() if self.config.per_tensor or not k.startswith("grad_norm/tensor/")}
         metrics.update(self._lr_metrics(lr, weight_decay))
         stats = GradStats(step, self.grouping, grad_sq, logged=log_now, metrics=metrics, clip=clip_result,
@@ -224,6 +228,15 @@ class GradMonitor:
                 n_tokens = int(mask.sum())
         return pack, lr, weight_decay, n_tokens
 
+    def _global_count(self, n: int) -> int:
+        """The global batch's loss-token count (the fixed detector's ``T / sqrt(n)``): every rank
+        must reach the same spike decision, since localizing is a collective."""
+        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size(self.process_group) > 1):
+            return n
+        t = torch.tensor([float(n)], device=self.params[0].device)
+        dist.all_reduce(t, group=self.process_group)  # only on armed steps of the fixed detector
+        return int(t.item())  # host sync: the detector needs the count now
+
     def _lr_wd(self, lr, weight_decay):
         """lr / weight_decay from the arguments, else from the optimizer's param groups."""
         groups = getattr(self.optimizer, "param_groups", None) or []
@@ -263,9 +276,14 @@ class GradMonitor:
             return {"locate/failed": 1.0}
         self.events_localized += 1
         stats.locate = result
+        shown, shown_ctx = result, ctx
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            from .locate.dist_context import gather_culprit_rows  # a collective: culprit rows to rank 0
+
+            shown, shown_ctx = gather_culprit_rows(result, ctx)
         if self.artifact_writer is not None and self.rank == 0:
             try:
-                self.artifact_writer.write(step, stats.events, result, ctx)
+                self.artifact_writer.write(step, stats.events, shown, shown_ctx)
             except Exception as exc:
                 warnings.warn(f"gradloc-track: writing spike artifacts at step {step} failed: {exc!r}")
         return {"locate/probes": float(result.probes), "locate/culprits": float(len(result.tokens)),

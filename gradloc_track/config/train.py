@@ -54,6 +54,7 @@ class SpikeInjectionConfig:
     step: Optional[int] = None  # None = no injection
     every: Optional[int] = None  # repeat every N steps after ``step`` (None = once)
     sample: int = 0  # which sequence of the batch is corrupted
+    rank: int = 0  # under torchrun: which rank's batch is corrupted
     kind: str = "short_garbage_doc"  # short_garbage_doc | corrupt_span
     span: int = 4  # how many loss tokens carry the corruption
     scale: float = 1.0
@@ -63,6 +64,7 @@ class SpikeInjectionConfig:
             check(self.step >= 0, "train.inject.step", self.step, "use a step >= 0 or null")
         if self.every is not None:
             check(self.every >= 1, "train.inject.every", self.every, "use a positive number of steps or null")
+        check(self.rank >= 0, "train.inject.rank", self.rank, "use a rank >= 0 (0 = the first process)")
         check(self.kind in ("short_garbage_doc", "corrupt_span"), "train.inject.kind", self.kind,
               "use short_garbage_doc or corrupt_span")
 

@@ -74,6 +74,20 @@ def masked_lm_loss(model, x, y, mask, loss_norm: str):
     return loss_fn
 
 
+def init_distributed(device: torch.device) -> tuple[int, int, bool]:
+    """(rank, world size, whether we started the group) under torchrun (``WORLD_SIZE`` > 1)."""
+    import os
+
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return 0, 1, False
+    started = not dist.is_initialized()
+    if started:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return dist.get_rank(), dist.get_world_size(), started
+
+
 def train_lm(cfg: RootConfig, run_dir: str | Path, resolved_yaml: str | None = None) -> dict[str, float]:
     """Train, monitor and log one run. Returns a summary (final loss, spikes, spike score...)."""
     from .. import GradMonitor
@@ -91,7 +105,13 @@ def train_lm(cfg: RootConfig, run_dir: str | Path, resolved_yaml: str | None = N
     torch.manual_seed(tc.seed)
     device = torch.device(tc.device)
 
+    rank, world, started = init_distributed(device)
     model = build_model(cfg.model).to(device)
+    net = model  # what the loss runs: DDP under torchrun (each rank its own batches)
+    if world > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        net = DistributedDataParallel(model)
     if tc.seq_len > cfg.model.max_seq_len:
         raise ValueError(f"train.seq_len={tc.seq_len} exceeds model.max_seq_len={cfg.model.max_seq_len}: "
                          "lower train.seq_len or raise model.max_seq_len")
@@ -103,9 +123,12 @@ def train_lm(cfg: RootConfig, run_dir: str | Path, resolved_yaml: str | None = N
 
         adamc = AdamCWeightDecay(opt)
     tokenizer = ByteTokenizer()
-    data = TextBatches(load_corpus(tc.corpus), tc.seq_len, tc.batch_size, tc.seed, tokenizer)
+    data = TextBatches(load_corpus(tc.corpus), tc.seq_len, tc.batch_size, tc.seed + 7919 * rank, tokenizer)
 
-    tracker = make_tracker(cfg.tracker, run_dir=run_dir, run_name=cfg.run_name)
+    from ..trackers.base import NullTracker
+
+    # one run per training run: rank 0 logs; the monitor gathers culprits from every rank to it
+    tracker = make_tracker(cfg.tracker, run_dir=run_dir, run_name=cfg.run_name) if rank == 0 else NullTracker()
     status = "failed"
     try:
         params = flatten(asdict(cfg))
@@ -132,11 +155,11 @@ def train_lm(cfg: RootConfig, run_dir: str | Path, resolved_yaml: str | None = N
             batch = data.batch(step).to(device)  # (B, T+1)
             x, y = batch[:, :-1].clone(), batch[:, 1:].clone()  # (B, T)
             mask = torch.ones_like(x, dtype=torch.float32)
-            if tc.inject.at(step):
+            if tc.inject.at(step) and rank == tc.inject.rank % world:
                 positions = inject(tc.inject.kind, x, y, mask, tc.inject.sample, tc.inject.span, seed=1234 + step)
                 log.info("step %d: injected %s into sample %d at positions %s",
                          step, tc.inject.kind, tc.inject.sample, positions)
-            loss_fn = masked_lm_loss(model, x, y, mask, tc.loss_norm)
+            loss_fn = masked_lm_loss(net, x, y, mask, tc.loss_norm)
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(mask)
             loss.backward()
@@ -166,8 +189,15 @@ def train_lm(cfg: RootConfig, run_dir: str | Path, resolved_yaml: str | None = N
             "seconds": elapsed,
         }
         tracker.log_metrics({f"summary/{k}": v for k, v in summary.items()}, tc.steps)
-        (run_dir / "summary.json").write_text(json.dumps({**summary, "events_at": events_at}, indent=2))
+        if rank == 0:
+            (run_dir / "summary.json").write_text(json.dumps({**summary, "events_at": events_at}, indent=2))
         status = "success"
         return summary
     finally:
         tracker.finish(status)
+        if started:
+            import torch.distributed as dist
+
+            if status == "success":
+                dist.barrier()  # nobody tears gloo down while a peer still talks to it
+            dist.destroy_process_group()

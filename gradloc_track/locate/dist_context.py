@@ -1,0 +1,101 @@
+"""Bring the culprits' samples to rank 0, so its artifact writer shows text from every rank.
+
+A distributed ``LocateResult`` lists culprits on any rank, but each rank holds only its own
+batch. This collective (one ``all_gather_object``, on spike events only) sends, for every sample
+that holds a culprit, its token IDS (rank 0 decodes them with its tokenizer: no strings travel),
+loss mask, ghost row and per-layer rows, and context columns. Rank 0 gets a view: a result whose
+culprits index the gathered rows (``batch`` = row) and a context whose ``sample_columns`` gain
+``rank``, ``rank_sample`` (the sample's index in that rank's batch) and ``micro_batch`` (when the
+step had several), so the table and page say where each culprit lives. Other ranks get ``None``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .result import LocateResult
+
+
+def _part(x: Any, k: int | None):
+    """Micro-batch ``k`` of a per-step field (a sequence of K tensors), else the field itself."""
+    if isinstance(x, (list, tuple)):
+        return x[k or 0]
+    return x
+
+
+def _rows(result: LocateResult, ctx: Any, rank: int) -> list[dict] | None:
+    """This rank's culprit samples as plain CPU tensors (None if they cannot be read)."""
+    try:
+        keys = sorted({(c.micro_batch, c.batch) for c in result.tokens if c.rank == rank})
+        out = []
+        for k, b in keys:
+            ids = _part(getattr(ctx, "input_ids", None), k)
+            mask = _part(getattr(ctx, "token_mask", None), k)
+            first = k in (None, 0)  # the result carries this rank's ghost maps of micro-batch 0
+            out.append({
+                "micro_batch": k, "batch": b,
+                "ids": None if ids is None else ids[b].detach().cpu(),
+                "mask": None if mask is None else mask[b].detach().float().cpu(),
+                "ghost": result.ghost_map[b] if first and result.ghost_map is not None else None,
+                "layers": result.layer_map[:, b] if first and result.layer_map is not None else None,
+                "extra": {n: _part(v, k)[b].detach().cpu() for n, v in (getattr(ctx, "extra_columns", None) or {}).items()},
+                "sample": {n: _part(v, k)[b].detach().cpu() for n, v in (getattr(ctx, "sample_columns", None) or {}).items()},
+            })
+        return out
+    except Exception as exc:  # never raise before the collective: the other ranks would wait
+        warnings.warn(f"gradloc-track: rank {rank} could not read its culprit samples for the artifacts: {exc!r}")
+        return None
+
+
+def _pad(rows: list[torch.Tensor | None], length: int, fill, dtype) -> torch.Tensor:
+    out = torch.full((len(rows), length), fill, dtype=dtype)
+    for i, r in enumerate(rows):
+        if r is not None:
+            out[i, : r.shape[-1]] = r.to(dtype)
+    return out
+
+
+def gather_culprit_rows(result: LocateResult, ctx: Any, group=None) -> tuple[LocateResult | None, Any]:
+    """Collective: every rank calls it; rank 0 returns ``(view_result, view_ctx)``, others ``(None, None)``."""
+    from ..spikes.context import SpikeContext
+
+    rank = dist.get_rank(group)
+    every = [None] * dist.get_world_size(group)
+    dist.all_gather_object(every, _rows(result, ctx, rank), group=group)
+    if rank != 0:
+        return None, None
+    where: dict[tuple, int] = {}
+    flat: list[dict] = []
+    for r, rows in enumerate(every):
+        for row in rows or []:
+            where[(r, row["micro_batch"], row["batch"])] = len(flat)
+            flat.append({**row, "rank": r})
+    tokens = [dataclasses.replace(c, batch=where[(c.rank, c.micro_batch, c.batch)]) for c in result.tokens
+              if (c.rank, c.micro_batch, c.batch) in where]
+    length = max([len(x["ids"]) for x in flat if x["ids"] is not None] + [1])
+    n_layers = len(result.layer_names)
+    layer_rows = [x["layers"] if x["layers"] is not None else torch.zeros(n_layers, 0) for x in flat]
+    layer_map = torch.zeros(n_layers, len(flat), length)
+    for i, lr in enumerate(layer_rows):
+        layer_map[: lr.shape[0], i, : lr.shape[-1]] = lr
+    samples: dict[str, torch.Tensor] = {"rank": torch.tensor([x["rank"] for x in flat]),
+                                        "rank_sample": torch.tensor([x["batch"] for x in flat])}
+    if any(x["micro_batch"] is not None for x in flat):
+        samples["micro_batch"] = torch.tensor([x["micro_batch"] or 0 for x in flat])
+    for name in (getattr(ctx, "sample_columns", None) or {}):
+        samples[name] = torch.stack([x["sample"][name] if name in x["sample"] else torch.tensor(float("nan"))
+                                     for x in flat]) if flat else torch.zeros(0)
+    extras = {name: _pad([x["extra"].get(name) for x in flat], length, float("nan"), torch.float64)
+              for name in (getattr(ctx, "extra_columns", None) or {})}
+    has_ids = any(x["ids"] is not None for x in flat)
+    view_ctx = SpikeContext(
+        loss_fn=getattr(ctx, "loss_fn", None), token_mask=_pad([x["mask"] for x in flat], length, 0.0, torch.float32),
+        input_ids=_pad([x["ids"] for x in flat], length, 0, torch.long) if has_ids else None,
+        tokenizer=getattr(ctx, "tokenizer", None), extra_columns=extras, sample_columns=samples)
+    view = dataclasses.replace(result, tokens=tokens, ghost_map=_pad([x["ghost"] for x in flat], length, 0.0, torch.float32),
+                               layer_map=layer_map)
+    return view, view_ctx
