@@ -7,7 +7,10 @@ to subsets of loss terms (``loss_fn(mask)`` with a FIXED normalizer, so subset g
   remainder check, bisection only where the ranking missed: about ``m + 2`` probes for ``m``
   culprits;
 - ``bisect``: our depth-first halving (2 probes per split), ~``2 m log2 N`` probes;
-- ``ghost``: one backward with hooks ranks every term (no exact confirmation).
+- ``ghost``: one backward with hooks ranks every term (no exact confirmation);
+- ``gradloc``: GradLoc's own procedure, faithful to the official code (``gradloc.py``): its
+  micro-batch stage, then 2-probe bisection pruned at ``threshold * sqrt(size)``; needs an
+  explicit ``threshold`` (GradLoc's per-token knob) and spends no ghost pass.
 
 A step of K micro-batches (gradient accumulation) is given as K loss functions and K masks: the
 step's gradient is the sum of the micro-batches' gradients. Each micro-batch is probed once with
@@ -29,13 +32,14 @@ import torch
 
 from ..grouping import LayerGrouping
 from ..norms import trainable_params
+from . import gradloc
 from .probe import Prober, check_loss, restore_rng
 from .result import CulpritToken, LocateResult
 from .search import Hits, adaptive_tau, auto, bisect, ghost_pass, micro_batch_order, prune_level, term_scores
 from .snapshot import Snapshot
 
 __all__ = ["locate", "LocateResult", "CulpritToken"]
-METHODS = ("auto", "ghost", "bisect")
+METHODS = ("auto", "ghost", "bisect", "gradloc")
 LossFn = Callable[[torch.Tensor], torch.Tensor]
 
 
@@ -60,6 +64,11 @@ def _micro_batches(loss_fn, token_mask) -> tuple[list, list, bool]:
 def _check_inputs(model, masks, method, budget, threshold) -> None:
     if method not in METHODS:
         raise ValueError(f"method={method!r} is unknown: use one of {METHODS}")
+    if method == "gradloc" and threshold is None:
+        raise ValueError("method='gradloc' needs an explicit threshold: GradLoc's per-token knob T, as a per-term "
+                         "gradient norm in your loss_fn's units (from the official T with verl's token-mean loss: "
+                         "threshold = T * micro_batches / n_norm, n_norm being loss_fn's fixed normalizer); or use "
+                         "method='auto' for an adaptive threshold")
     if isinstance(budget, bool) or not isinstance(budget, numbers.Integral) or budget < 1:
         raise ValueError(f"budget={budget!r} must be a positive int number of probes (e.g. budget=128)")
     if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, numbers.Real)
@@ -146,8 +155,10 @@ def locate(model: torch.nn.Module, loss_fn: LossFn | Sequence[LossFn], token_mas
     try:
         named = trainable_params(model)
         grouping = LayerGrouping.build([n for n, _ in named], group_by)
+        # gradloc: ``budget`` bounds the token stage as GradLoc's ``bisect_budget_steps`` does; its
+        # micro-batch stage (one probe each) comes on top, as in the official code
         prober = Prober([p for _, p in named], loss_fns, masks, _rng_states(rng_state, len(masks), snap.rng),
-                        budget, grouping)
+                        budget + (len(masks) if method == "gradloc" else 0), grouping)
         terms = [prober.terms(i) for i in range(prober.k)]
         if not any(terms):
             raise ValueError("token_mask selects no loss terms (all zeros): pass the batch's loss mask")
@@ -163,6 +174,8 @@ def locate(model: torch.nn.Module, loss_fn: LossFn | Sequence[LossFn], token_mas
 
 def _search(prober: Prober, model, terms: list[list], method: str, threshold, group_by: str,
             labelled: bool) -> LocateResult:
+    if method == "gradloc":
+        return _gradloc(prober, terms, threshold, labelled)
     # micro-batch stage: one full-mask probe (the ghost pass) per micro-batch; their sum is the total
     total, norms, maps, names = None, [], [], None
     for i in range(prober.k):
@@ -177,9 +190,7 @@ def _search(prober: Prober, model, terms: list[list], method: str, threshold, gr
         total = g if total is None else prober.add_(total, g)
         del g
     total_sq = prober.norm(total) ** 2
-    if not math.isfinite(total_sq):
-        raise FloatingPointError("the batch's gradient is not finite (NaN/Inf): localization needs finite "
-                                 "gradients; skip this step or find the bad sample by its loss first")
+    _finite(total_sq)
     scores = [None if m is None else term_scores(m, prober.masks[i]) for i, m in enumerate(maps)]
     term_score = {(i, *t): float(scores[i][t]) for i in range(prober.k) for t in terms[i]}
     tau = threshold if threshold is not None else adaptive_tau(term_score)
@@ -213,6 +224,31 @@ def _search(prober: Prober, model, terms: list[list], method: str, threshold, gr
                         micro_batch_norms=[] if single else norms,
                         ghost_maps=[] if single else [None if s is None else s.float() for s in scores],
                         layer_maps=[] if single else [None if m is None else m.float() for m in maps])
+
+
+def _finite(total_sq: float) -> None:
+    if not math.isfinite(total_sq):
+        raise FloatingPointError("the batch's gradient is not finite (NaN/Inf): localization needs finite "
+                                 "gradients; skip this step or find the bad sample by its loss first")
+
+
+def _gradloc(prober: Prober, terms: list[list], tau: float, labelled: bool) -> LocateResult:
+    budget = prober.budget - prober.k
+    total, norms, target = gradloc.micro_batch_stage(prober, terms, tau)
+    total_sq = prober.norm(total) ** 2
+    _finite(total_sq)
+    hits = Hits(prober, total, total_sq, label=labelled)
+    exhausted, notes = False, []
+    if target < 0:
+        notes.append("gradloc: no micro-batch above its threshold; no token search")
+    else:
+        exhausted = gradloc.token_stage(prober, target, terms[target], tau, budget, hits)
+    return LocateResult(tokens=sorted(hits.tokens, key=lambda c: -c.grad_norm), probes=prober.count,
+                        method="gradloc", threshold=float(tau), total_norm=total_sq ** 0.5,
+                        layer_names=list(prober.grouping.layers), budget_exhausted=exhausted, notes=notes,
+                        micro_batch_norms=norms if labelled else [],
+                        ghost_maps=[None] * prober.k if labelled else [],
+                        layer_maps=[None] * prober.k if labelled else [])
 
 
 def _align(layer_map: torch.Tensor, names: list[str], order: list[str]) -> torch.Tensor:
