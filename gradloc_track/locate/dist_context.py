@@ -4,9 +4,9 @@ A distributed ``LocateResult`` lists culprits on any rank, but each rank holds o
 batch. This collective (one ``all_gather_object``, on spike events only) sends, for every sample
 that holds a culprit, its token IDS (rank 0 decodes them with its tokenizer: no strings travel),
 loss mask, ghost row and per-layer rows, and context columns. Rank 0 gets a view: a result whose
-culprits index the gathered rows (``batch`` = row) and a context whose ``sample_columns`` gain
-``rank``, ``rank_sample`` (the sample's index in that rank's batch) and ``micro_batch`` (when the
-step had several), so the table and page say where each culprit lives. Other ranks get ``None``.
+culprits index the gathered rows (``batch`` = row; ``rank`` and ``micro_batch`` kept, so the
+table shows them) and a context whose ``sample_columns`` gain ``rank_sample`` (the sample's index
+in that rank's batch), so the table says where each culprit lives. Other ranks get ``None``.
 """
 from __future__ import annotations
 
@@ -51,6 +51,10 @@ def _rows(result: LocateResult, ctx: Any, rank: int) -> list[dict] | None:
         return None
 
 
+def _not_probed(mask):
+    raise RuntimeError("the gathered view of culprit rows is for display; it cannot be probed")
+
+
 def _pad(rows: list[torch.Tensor | None], length: int, fill, dtype) -> torch.Tensor:
     out = torch.full((len(rows), length), fill, dtype=dtype)
     for i, r in enumerate(rows):
@@ -82,10 +86,8 @@ def gather_culprit_rows(result: LocateResult, ctx: Any, group=None) -> tuple[Loc
     layer_map = torch.zeros(n_layers, len(flat), length)
     for i, lr in enumerate(layer_rows):
         layer_map[: lr.shape[0], i, : lr.shape[-1]] = lr
-    samples: dict[str, torch.Tensor] = {"rank": torch.tensor([x["rank"] for x in flat]),
-                                        "rank_sample": torch.tensor([x["batch"] for x in flat])}
-    if any(x["micro_batch"] is not None for x in flat):
-        samples["micro_batch"] = torch.tensor([x["micro_batch"] or 0 for x in flat])
+    # the table's rank / micro_batch columns come from the culprits; the row's own sample index
+    samples: dict[str, torch.Tensor] = {"rank_sample": torch.tensor([x["batch"] for x in flat])}
     for name in (getattr(ctx, "sample_columns", None) or {}):
         samples[name] = torch.stack([x["sample"][name] if name in x["sample"] else torch.tensor(float("nan"))
                                      for x in flat]) if flat else torch.zeros(0)
@@ -93,7 +95,7 @@ def gather_culprit_rows(result: LocateResult, ctx: Any, group=None) -> tuple[Loc
               for name in (getattr(ctx, "extra_columns", None) or {})}
     has_ids = any(x["ids"] is not None for x in flat)
     view_ctx = SpikeContext(
-        loss_fn=getattr(ctx, "loss_fn", None), token_mask=_pad([x["mask"] for x in flat], length, 0.0, torch.float32),
+        loss_fn=_not_probed, token_mask=_pad([x["mask"] for x in flat], length, 0.0, torch.float32),
         input_ids=_pad([x["ids"] for x in flat], length, 0, torch.long) if has_ids else None,
         tokenizer=getattr(ctx, "tokenizer", None), extra_columns=extras, sample_columns=samples)
     view = dataclasses.replace(result, tokens=tokens, ghost_map=_pad([x["ghost"] for x in flat], length, 0.0, torch.float32),

@@ -21,49 +21,52 @@ import torch.distributed as dist
 
 from ..grouping import LayerGrouping
 from ..norms import local_part, reduce_over_shards
-from .probe import BudgetExhausted, Grads, Prober, restore_rng, save_rng
+from .probe import BudgetExhausted, Grads, Prober, check_loss, restore_rng, save_rng
+from .result import CulpritToken
 
 DistTerm = tuple[int, int, int, int]  # (rank, micro_batch, batch, position)
 
 
 class DistProber(Prober):
-    """The single-process ``Prober`` with global terms, K micro-batches and reduced norms."""
+    """The single-process ``Prober`` over global terms: every probe runs on every rank.
+
+    A probe of a global subset runs, on every rank, the micro-batches that hold any of its terms
+    (the same ones everywhere: every rank knows the global term list), each with this rank's
+    share of the mask (zeros where it owns none), and returns this rank's LOCAL gradient parts.
+    """
 
     def __init__(self, params: Sequence[torch.nn.Parameter], loss_fns: Sequence[Callable],
-                 masks: Sequence[torch.Tensor], rng_state: dict, budget: int, grouping: LayerGrouping,
+                 masks: Sequence[torch.Tensor], rng_states: Sequence[dict], budget: int, grouping: LayerGrouping,
                  rank: int, group=None) -> None:
-        super().__init__(params, loss_fns[0], masks[0], rng_state, budget, grouping)
-        self.loss_fns, self.masks = list(loss_fns), list(masks)
+        super().__init__(params, loss_fns, masks, rng_states, budget, grouping)
         self.rank, self.group = rank, group
         self.checked = False  # the first probe agrees, across ranks, that every loss is usable
 
-    def mask_of(self, terms: Sequence[DistTerm]) -> list[torch.Tensor]:  # type: ignore[override]
-        """This rank's K masks for a global subset (zeros where it owns none of the terms)."""
-        out = [torch.zeros_like(m) for m in self.masks]
-        for k in range(len(self.masks)):
-            mine = [(b, t) for r, kk, b, t in terms if r == self.rank and kk == k]
-            if mine:
-                idx = torch.as_tensor(mine, device=out[k].device)  # (n, 2)
-                out[k][idx[:, 0], idx[:, 1]] = self.masks[k][idx[:, 0], idx[:, 1]]
-        return out
+    def global_mask_of(self, k: int, terms: Sequence[DistTerm]) -> torch.Tensor:
+        """This rank's mask of micro-batch ``k`` for a global subset (zeros where it owns none)."""
+        return self.mask_of(k, [(b, t) for r, kk, b, t in terms if r == self.rank and kk == k])
 
-    def probe(self, masks: Sequence[torch.Tensor], ghosts: Sequence | None = None) -> Grads:  # type: ignore[override]
-        """The step's gradient for these per-micro-batch masks (every rank calls it in lockstep).
+    def probe_global(self, terms: Sequence[DistTerm]) -> Grads:
+        ks = sorted({t[1] for t in terms})
+        return self.run({k: self.global_mask_of(k, terms) for k in ks})
 
-        ``ghosts``: one ``GhostMap`` per micro-batch, entered around that micro-batch's pass.
+    def run(self, masks: dict[int, torch.Tensor], ghosts: dict | None = None) -> Grads:
+        """The summed gradient of micro-batches ``masks`` (k -> this rank's mask), in lockstep.
+
+        ``ghosts``: k -> a ``GhostMap`` entered around that micro-batch's forward+backward.
         """
         if self.count >= self.budget:  # the count is the same on every rank: all stop together
             raise BudgetExhausted
         self.count += 1
         for p in self.params:
             p.grad = None
-        restore_rng(self.rng_state)
-        for k, (fn, mask) in enumerate(zip(self.loss_fns, masks)):
-            ghost = ghosts[k] if ghosts is not None else None
+        for k, mask in masks.items():
+            restore_rng(self.rng_states[k])
+            ghost = (ghosts or {}).get(k)
             if ghost is not None:
                 ghost.__enter__()
             try:
-                loss = fn(mask)
+                loss = self.loss_fns[k](mask)
                 if not self.checked:
                     self._agree_loss_is_usable(loss, k)
                 loss.backward()
@@ -71,32 +74,86 @@ class DistProber(Prober):
                 if ghost is not None:
                     ghost.__exit__(None, None, None)
         self.checked = True
-        return [local_part(p.grad).detach().clone() if p.grad is not None else torch.zeros_like(local_part(p))
-                for p in self.params]
+        # copies: DDP's bucket-view grads are overwritten in place by the next probe
+        out = [local_part(p.grad).detach().clone() if p.grad is not None else torch.zeros_like(local_part(p))
+               for p in self.params]
+        for p in self.params:
+            p.grad = None
+        return out
 
     def _agree_loss_is_usable(self, loss, k: int) -> None:
         """Every rank learns whether any rank's loss cannot be back-propagated, BEFORE anyone
         enters backward's collectives: one rank raising alone would leave the others waiting."""
-        bad = "" if isinstance(loss, torch.Tensor) and loss.dim() == 0 and loss.requires_grad else (
-            "loss_fn(mask) must return a scalar tensor computed from the model's forward pass (one that "
-            "requires grad), also for an all-zero mask")
+        try:
+            check_loss(loss)
+            bad = "" if loss.requires_grad else ("loss_fn(mask) returned a loss that does not require grad "
+                                                 "(also needed for an all-zero mask)")
+        except TypeError as exc:
+            bad = str(exc)
         flags = [None] * dist.get_world_size(self.group)
         dist.all_gather_object(flags, bad, group=self.group)
         errors = [f"rank {r}: {m}" for r, m in enumerate(flags) if m]
         if errors:
             raise ValueError(f"micro-batch {k}: " + "; ".join(errors))
 
-    def probe_terms(self, terms: Sequence[DistTerm]) -> Grads:  # type: ignore[override]
-        return self.probe(self.mask_of(terms))
-
     # -- full-gradient vector helpers: local parts, reduced over the ranks that shard them ------
     def sq_per_tensor(self, g: Grads) -> torch.Tensor:  # type: ignore[override]
-        local = torch.stack(torch._foreach_norm(g, 2.0)).float().pow(2)
-        return reduce_over_shards(local, self.params)
+        return reduce_over_shards(Prober.sq_per_tensor(g), self.params)
 
     def dot(self, a: Grads, b: Grads) -> float:  # type: ignore[override]
-        local = torch.stack([(x.double() * y.double()).sum() for x, y in zip(a, b)])
+        local = torch.stack([torch.dot(x.reshape(-1).double(), y.reshape(-1).double()) for x, y in zip(a, b)])
         return float(reduce_over_shards(local, self.params).sum())
+
+
+class GlobalView:
+    """The ``DistProber`` as the single-process searches see a prober: ONE micro-batch whose
+    terms are the global ``(rank, micro_batch, batch, position)`` tuples (they treat terms as
+    opaque), so ``search.auto``, ``search.bisect`` and ``gradloc.token_stage`` run unchanged,
+    in lockstep, on every rank."""
+
+    k = 1
+
+    def __init__(self, prober: DistProber) -> None:
+        self.dist = prober
+
+    @property
+    def count(self) -> int:
+        return self.dist.count
+
+    def probe_terms(self, i: int, terms: Sequence[DistTerm]) -> Grads:
+        return self.dist.probe_global(terms)
+
+    def norm(self, g: Grads) -> float:
+        return self.dist.norm(g)
+
+    def layer_norms(self, g: Grads) -> dict[str, float]:
+        return self.dist.layer_norms(g)
+
+    def dot(self, a: Grads, b: Grads) -> float:
+        return self.dist.dot(a, b)
+
+    sub_ = staticmethod(Prober.sub_)
+    add_ = staticmethod(Prober.add_)
+
+
+class GlobalHits:
+    """``search.Hits`` for global terms: each culprit summarised when found, with its rank."""
+
+    def __init__(self, view: GlobalView, total: Grads, total_sq: float, scores: dict, label: bool) -> None:
+        self.view, self.total, self.total_sq, self.label = view, total, total_sq, label
+        self.scores = {(0, *t): v for t, v in scores.items()}  # keys as search.auto indexes them
+        self.tokens: list[CulpritToken] = []
+        self.terms: set = set()
+
+    def add(self, i: int, term: DistTerm, g: Grads, grad_norm: float | None = None) -> None:
+        v = self.view
+        r, k, b, t = (int(x) for x in term)
+        share = v.dot(g, self.total) / self.total_sq if self.total_sq > 0 else None
+        self.tokens.append(CulpritToken(
+            batch=b, position=t, grad_norm=v.norm(g) if grad_norm is None else grad_norm,
+            layer_norms=v.layer_norms(g), score=self.scores.get((0, *term)), share=share,
+            micro_batch=k if self.label else None, rank=r))
+        self.terms.add((0, *term))
 
 
 class DistSnapshot:

@@ -38,11 +38,12 @@ import torch.distributed as dist
 
 from ..grouping import LayerGrouping
 from ..norms import trainable_params
-from .dist_probe import DistProber, DistSnapshot, DistTerm
+from .dist_probe import DistProber, DistSnapshot, DistTerm, GlobalHits, GlobalView
 from .ghost import GhostMap, adaptive_threshold
-from .probe import BudgetExhausted, Grads, restore_rng
-from .result import CulpritToken, LocateResult
-from .search import bisect, prune_level, term_scores
+from .gradloc import token_stage
+from .probe import Grads, Prober, restore_rng
+from .result import LocateResult
+from .search import auto, bisect, prune_level, term_scores
 
 METHODS = ("auto", "bisect", "gradloc")
 
@@ -52,22 +53,17 @@ def is_distributed(group=None) -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
 
 
-def _as_lists(loss_fn, token_mask) -> tuple[list, list]:
-    if callable(loss_fn) and isinstance(token_mask, torch.Tensor):
-        return [loss_fn], [token_mask]
-    fns = list(loss_fn) if not callable(loss_fn) else [loss_fn]
-    masks = list(token_mask) if not isinstance(token_mask, torch.Tensor) else [token_mask]
-    return fns, masks
-
-
 def _local_problem(model, fns, masks, method, budget, threshold) -> str:
     """This rank's input errors as one message ('' when fine); checked before any collective."""
     if method not in METHODS:
         return f"method={method!r} is unknown under torch.distributed: use one of {METHODS}"
     if not isinstance(budget, int) or budget < 1:
         return f"budget={budget!r} must be a positive number of probes (e.g. 128)"
-    if threshold is not None and not threshold > 0:
-        return f"threshold={threshold!r} must be positive, or None for an adaptive threshold"
+    if threshold is not None and not (isinstance(threshold, (int, float)) and 0 < threshold < math.inf):
+        return f"threshold={threshold!r} must be a positive finite number, or None for an adaptive threshold"
+    if method == "gradloc" and threshold is None:
+        return ("method='gradloc' needs an explicit threshold (GradLoc's per-token knob, as a per-term gradient "
+                "norm in this rank's loss_fn units); or use method='auto' for an adaptive threshold")
     if len(fns) != len(masks) or not fns:
         return (f"loss_fn and token_mask must pair up: got {len(fns)} loss function(s) and {len(masks)} "
                 "mask(s) (one of each per micro-batch)")
@@ -104,19 +100,30 @@ def _check_collectively(model, fns, masks, method, budget, threshold, group) -> 
         raise ValueError("token_mask selects no loss terms on any rank (all zeros): pass the batch's loss mask")
 
 
+def _rng_states(rng_state, k: int, now: dict) -> list[dict]:
+    if rng_state is None:
+        return [now] * k
+    if isinstance(rng_state, (torch.Tensor, dict)):
+        return [{"cpu": rng_state} if isinstance(rng_state, torch.Tensor) else rng_state] * k
+    states = list(rng_state)
+    if len(states) != k:
+        raise ValueError(f"rng_state: pass one state, or one per micro-batch ({k}); got {len(states)}")
+    return [{"cpu": s} if isinstance(s, torch.Tensor) else s for s in states]
+
+
 def _ghost_pass(prober: DistProber, model, group_by: str, world: int):
     """Probe 1, all terms of every rank, with ghost hooks: the total gradient and, per
     micro-batch, THIS rank's (L, B, T) layer map in the optimizer's units (divided by W)."""
-    ghosts = [GhostMap(model, group_by, tuple(m.shape)) for m in prober.masks]
-    total = prober.probe(prober.masks, ghosts=ghosts)
-    maps, names = [], None
-    for g in ghosts:
+    ghosts = {k: GhostMap(model, group_by, tuple(m.shape)) for k, m in enumerate(prober.masks)}
+    total = prober.run(dict(enumerate(prober.masks)), ghosts=ghosts)
+    maps, names = [], prober.grouping.layers
+    for g in ghosts.values():
         lm, names = g.result(prober.grouping.layers)
         maps.append(lm / world)
     return total, maps, names
 
 
-def _check_synchronized(prober: DistProber, total: Grads) -> None:
+def _check_synchronized(prober: DistProber, total: Grads) -> float:
     """A model without DDP/FSDP2 gives each rank its own gradient: the ranks' searches would then
     diverge. Checked once, on the full gradient's squared norm (identical when synchronized)."""
     sq = float(prober.sq_per_tensor(total).sum())
@@ -125,14 +132,15 @@ def _check_synchronized(prober: DistProber, total: Grads) -> None:
         raise ValueError(f"the gradient differs across ranks after backward (squared norms {every}): locate() "
                          "under torch.distributed needs the model wrapped in DistributedDataParallel or "
                          "sharded with fully_shard, and loss_fn must run the wrapped model")
+    return sq
 
 
-def _gather_scores(prober: DistProber, maps: list[torch.Tensor]) -> dict[DistTerm, float]:
-    """Every rank's per-term ghost scores, in one all_gather: {(rank, k, b, t): score}."""
+def _gather_terms(prober: DistProber, maps: list[torch.Tensor] | None) -> dict[DistTerm, float]:
+    """Every rank's loss terms with their ghost scores (0 without maps), in one all_gather."""
     local = []
-    for k, (lm, mask) in enumerate(zip(maps, prober.masks)):
-        scores = term_scores(lm, mask)  # (B, T)
+    for k, mask in enumerate(prober.masks):
         idx = (mask != 0).nonzero().cpu()  # (n, 2)
+        scores = term_scores(maps[k], mask) if maps is not None else torch.zeros(mask.shape)  # (B, T)
         local.append((k, idx, scores[idx[:, 0], idx[:, 1]] if len(idx) else torch.zeros(0)))
     out: dict[DistTerm, float] = {}
     for r, parts in enumerate(_gather(local, prober.group)):
@@ -142,107 +150,102 @@ def _gather_scores(prober: DistProber, maps: list[torch.Tensor]) -> dict[DistTer
     return out
 
 
-def _culprit(prober: DistProber, term: DistTerm, g: Grads, total: Grads, total_sq: float, score,
-             several: bool) -> CulpritToken:
-    share = prober.dot(g, total) / total_sq if total_sq > 0 else None
-    c = CulpritToken(batch=term[2], position=term[3], grad_norm=prober.norm(g), layer_norms=prober.layer_norms(g),
-                     score=score, share=share, micro_batch=term[1] if several else None, rank=term[0])
-    return c
+def _gradloc(prober: DistProber, view: GlobalView, terms: list[DistTerm], tau: float, budget: int, labelled: bool):
+    """GradLoc's path: micro-batch stage, single-path binary search over ranks, token stage.
 
-
-def _auto(prober: DistProber, terms: list[DistTerm], score: dict, tau: float, tau_prune: float, total: Grads):
-    """Confirm the globally ranked candidates, then check (and if needed search) the remainder."""
-    found: list[tuple[DistTerm, Grads]] = []
-    notes: list[str] = []
-    for t in sorted(terms, key=lambda t: (-score[t], t)):  # same order on every rank
-        if score[t] < tau / 4:
-            break
-        try:
-            g = prober.probe_terms([t])
-        except BudgetExhausted:
-            return found, True, notes
-        if prober.norm(g) > tau:
-            found.append((t, g))
-        else:
-            break
-    rest = [t for t in terms if t not in {f for f, _ in found}]
-    g_rest = total
-    for _, g in found:
-        g_rest = prober.sub(g_rest, g)
-    exhausted = False
-    if rest and prober.norm(g_rest) > tau_prune * math.sqrt(len(rest)):
-        notes.append("ranking left a remainder above the bisection bound; searched it by bisection")
-        more, exhausted = bisect(prober, rest, tau, known=g_rest, two_probes=False, tau_prune=tau_prune)
-        found += more
-    return found, exhausted, notes
-
-
-def _gradloc(prober: DistProber, terms: list[DistTerm], tau: float, world: int):
-    """GradLoc's path: single-path binary search over ranks, then token bisection in that rank.
-
-    Each split probes both halves (2 probes) and keeps the larger, as the official code does;
-    the token stage prunes at the threshold itself (``tau * sqrt(|S|)``) and, the rank's terms
-    being probed alone, compares against the threshold divided by the world size — built into
-    ``tau`` here (see the module docstring on units).
+    Micro-batch stage: each micro-batch probed with every rank's full mask; the largest token-mean
+    norm above ``tau * sqrt(K / N)`` is kept (``gradloc.micro_batch_stage``'s rule, ``N`` the
+    global term count). Rank stage: ranks ``[l, r]`` split at ``(l + r) // 2`` (the left half
+    takes the extra rank), both halves probed, the larger token-mean norm kept, down to one
+    rank. Token stage: ``gradloc.token_stage`` over that rank's terms (pruning at the threshold
+    itself, ``budget`` probes). Returns (total gradient, hits, budget_exhausted).
     """
-    ranks = list(range(world))
-    try:
-        while len(ranks) > 1:
-            left, right = ranks[: (len(ranks) + 1) // 2], ranks[(len(ranks) + 1) // 2:]
-            n_left = prober.norm(prober.probe_terms([t for t in terms if t[0] in left]))
-            n_right = prober.norm(prober.probe_terms([t for t in terms if t[0] in right]))
-            ranks = left if n_left >= n_right else right
-    except BudgetExhausted:
-        return [], True
-    mine = [t for t in terms if t[0] == ranks[0]]
-    return bisect(prober, mine, tau, two_probes=True, tau_prune=tau)
+    K, n_total = prober.k, len(terms)
+    total, target, best = None, -1, 0.0
+    for k in range(K):
+        tk = [t for t in terms if t[1] == k]
+        if not tk:
+            continue
+        g = prober.run({k: prober.masks[k]})
+        mean = prober.norm(g) / len(tk)
+        total = g if total is None else Prober.add_(total, g)
+        if mean > tau * math.sqrt(K / n_total) and mean > best:
+            best, target = mean, k
+    total_sq = _check_synchronized(prober, total)
+    hits = GlobalHits(view, total, total_sq, {}, labelled)
+    if target < 0:
+        return total, hits, False
+    ranks = sorted({t[0] for t in terms if t[1] == target})
+    while len(ranks) > 1:
+        mid = (len(ranks) - 1) // 2
+        halves = []
+        for side in (ranks[: mid + 1], ranks[mid + 1:]):
+            st = [t for t in terms if t[1] == target and t[0] in side]
+            halves.append((prober.norm(prober.probe_global(st)) / len(st), side))
+        ranks = halves[0][1] if halves[0][0] >= halves[1][0] else halves[1][1]
+    mine = [t for t in terms if t[1] == target and t[0] == ranks[0]]
+    return total, hits, token_stage(view, 0, mine, tau, budget, hits)
+
+
+def _as_lists(loss_fn, token_mask) -> tuple[list, list, bool]:
+    if callable(loss_fn) and isinstance(token_mask, torch.Tensor):
+        return [loss_fn], [token_mask], False
+    fns = [loss_fn] if callable(loss_fn) else list(loss_fn)
+    masks = [token_mask] if isinstance(token_mask, torch.Tensor) else list(token_mask)
+    return fns, masks, True
 
 
 def locate_distributed(model: torch.nn.Module, loss_fn: Callable | Sequence[Callable],
                        token_mask: torch.Tensor | Sequence[torch.Tensor], method: str = "auto",
                        budget: int = 128, threshold: float | None = None, *, group_by: str = "block",
-                       rng_state: dict | torch.Tensor | None = None, group=None) -> LocateResult:
-    """Collective ``locate``: every rank calls it; every rank gets the same ``LocateResult``.
+                       rng_state=None, group=None) -> LocateResult:
+    """Collective ``locate``: every rank calls it; every rank gets the same culprits.
 
     ``ghost_map``/``layer_map`` in the result are THIS rank's (its first micro-batch's), the one
-    per-rank part of the result; the artifact writer gathers the rows it shows.
+    per-rank part of the result; ``dist_context.gather_culprit_rows`` brings the rows the
+    artifacts show to rank 0.
     """
-    fns, masks = _as_lists(loss_fn, token_mask)
+    fns, masks, labelled = _as_lists(loss_fn, token_mask)
     _check_collectively(model, fns, masks, method, budget, threshold, group)
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    several = len(fns) > 1
     t0 = time.perf_counter()
     snap = DistSnapshot(model)
     try:
         named = trainable_params(model)
         grouping = LayerGrouping.build([n for n, _ in named], group_by)
-        replay = snap.rng if rng_state is None else (
-            {"cpu": rng_state} if isinstance(rng_state, torch.Tensor) else rng_state)
-        prober = DistProber([p for _, p in named], fns, masks, replay, budget, grouping, rank, group)
-        total, maps, names = _ghost_pass(prober, model, group_by, world)
-        _check_synchronized(prober, total)
-        score = _gather_scores(prober, maps)
-        terms = sorted(score)  # global order: rank, micro-batch, batch, position
-        explicit = threshold is not None
-        tau = threshold / world if explicit else adaptive_threshold(torch.tensor([score[t] for t in terms]))
+        rngs = _rng_states(rng_state, len(fns), snap.rng)
+        # gradloc: its micro-batch and rank stages come on top of the token stage's budget
+        extra = len(fns) + 2 * world if method == "gradloc" else 0
+        prober = DistProber([p for _, p in named], fns, masks, rngs, budget + extra, grouping, rank, group)
+        view = GlobalView(prober)
+        tau = threshold / world if threshold is not None else None
         notes: list[str] = []
-        if method == "auto":
-            found, exhausted, notes = _auto(prober, terms, score, tau, prune_level(score, tau, explicit), total)
-        elif method == "bisect":
-            found, exhausted = bisect(prober, terms, tau, two_probes=True,
-                                      tau_prune=prune_level(score, tau, explicit))
+        maps, names = None, grouping.layers
+        if method == "gradloc":
+            terms = sorted(_gather_terms(prober, None))
+            total, hits, exhausted = _gradloc(prober, view, terms, tau, budget, labelled)
+            total_sq = hits.total_sq
         else:
-            found, exhausted = _gradloc(prober, terms, tau, world)
-        total_sq = prober.norm(total) ** 2
+            total, maps, names = _ghost_pass(prober, model, group_by, world)
+            total_sq = _check_synchronized(prober, total)
+            score = _gather_terms(prober, maps)
+            terms = sorted(score)  # global order: rank, micro-batch, batch, position
+            if tau is None:
+                tau = adaptive_threshold(torch.tensor([score[t] for t in terms], dtype=torch.float64))
+            hits = GlobalHits(view, total, total_sq, score, labelled)
+            if method == "auto":
+                exhausted, notes = auto(view, hits, [(0, *t) for t in terms], tau, prune_level(score, tau))
+            else:
+                exhausted = bisect(view, 0, terms, tau, hits, two_probes=True, tau_prune=prune_level(score, tau))
         if not math.isfinite(total_sq):
             raise FloatingPointError("the batch's gradient is not finite (NaN/Inf): localization needs finite "
                                      "gradients; skip this step or find the bad sample by its loss first")
-        tokens = [_culprit(prober, t, g, total, total_sq, score.get(t), several) for t, g in found]
-        tokens.sort(key=lambda c: (-c.grad_norm, c.rank, c.micro_batch or 0, c.batch, c.position))
+        tokens = sorted(hits.tokens, key=lambda c: (-c.grad_norm, c.rank, c.micro_batch or 0, c.batch, c.position))
         restore_rng(snap.rng)
         return LocateResult(tokens=tokens, probes=prober.count, method=method, threshold=float(tau),
                             total_norm=total_sq ** 0.5, layer_names=names,
-                            ghost_map=term_scores(maps[0], masks[0]).float(), layer_map=maps[0].float(),
+                            ghost_map=term_scores(maps[0], masks[0]).float() if maps else None,
+                            layer_map=maps[0].float() if maps else None,
                             budget_exhausted=exhausted, wall_time_s=time.perf_counter() - t0,
                             notes=notes + [f"distributed over {world} ranks; norms in the optimizer's units "
                                            "(averaged over ranks)"])

@@ -85,6 +85,14 @@ def run(scn: dict, rank: int, world: int) -> dict:
     modes = [m.training for m in model.modules()]
     res = locate(model, fns if K > 1 else fns[0], masks if K > 1 else masks[0], method=scn.get("method", "auto"),
                  threshold=scn.get("threshold"))
+    from gradloc_track.artifacts.table import attribution_table
+    from gradloc_track.locate.dist_context import gather_culprit_rows
+    from gradloc_track.spikes.context import SpikeContext
+
+    ctx = SpikeContext(loss_fn=fns if K > 1 else fns[0], token_mask=masks if K > 1 else masks[0],
+                       input_ids=[x[k, rows] for k in range(K)] if K > 1 else x[0, rows])
+    view, view_ctx = gather_culprit_rows(res, ctx)  # a collective: the culprits' token ids to rank 0
+    table = attribution_table(0, [], view, view_ctx) if rank == 0 else ([], [])
     same_grads = all(p.grad is g and torch.equal(local_part(g), b) for p, g, b in zip(model.parameters(), grads, before))
     return {
         "tokens": [[c.rank, c.micro_batch, c.batch, c.position, c.grad_norm, c.layer_norms, c.share]
@@ -94,6 +102,7 @@ def run(scn: dict, rank: int, world: int) -> dict:
         "rng_equal": torch.equal(rng, torch.get_rng_state()),
         "modes_equal": modes == [m.training for m in model.modules()],
         "sharded": type(grads[0]).__name__ == "DTensor",
+        "table": [dict(zip(table[0], r)) for r in table[1]],
     }
 
 

@@ -26,7 +26,8 @@ def scenarios(world: int) -> list[dict]:
         {"name": "ddp_first_last", "wrap": "ddp", "culprits": two},
         {"name": "fsdp2_first_last", "wrap": "fsdp2", "culprits": two},
         {"name": "ddp_bisect", "wrap": "ddp", "culprits": two, "method": "bisect"},
-        {"name": "fsdp2_gradloc", "wrap": "fsdp2", "culprits": [[1, 0, 3]], "method": "gradloc"},
+        {"name": "fsdp2_gradloc", "wrap": "fsdp2", "culprits": [[1, 0, 3]], "method": "gradloc",
+         "threshold": 3.0},
         {"name": "ddp_micro", "wrap": "ddp", "culprits": [[1, 1, 0, 3], [0, 0, 1, 6]], "micro": 2},
         {"name": "ddp_explicit", "wrap": "ddp", "culprits": [[1, 0, 3]], "threshold": 20.0},
     ]
@@ -113,6 +114,23 @@ def test_culprits_match_the_brute_force_oracle(runs):
             assert res["probes"] <= len(got) + 3, (name, res["probes"])
     if "ddp_explicit" in results:
         assert results["ddp_explicit"][0]["threshold"] == pytest.approx(20.0 / world)  # GradLoc's division
+
+
+def test_rank0_table_reads_token_ids_from_the_culprits_rank(runs):
+    """Rank 0's attribution table names each culprit's rank, micro-batch and sample, with the
+    token id that rank holds (sent as ids over the gather; rank 0 decodes them)."""
+    world, scns, results = runs
+    for name, per_rank in results.items():
+        scn = scns[name]
+        x, _, _ = W.global_batch(world, scn["culprits"], scn.get("micro", 1))
+        table = per_rank[0]["table"]
+        assert len(table) == len(per_rank[0]["tokens"]), name
+        for row in table:
+            k = row.get("micro_batch") or 0
+            assert row["token_id"] == int(x[k, row["rank"] * W.B + row["rank_sample"], row["position"]]), (name, row)
+            assert row["token"] == f"<{row['token_id']}>"  # no tokenizer here: the id, decoded on rank 0
+        for r in range(1, world):
+            assert per_rank[r]["table"] == [], name  # only rank 0 builds it
 
 
 def test_equals_one_process_on_the_global_batch(runs):
