@@ -5,7 +5,8 @@ growing with sqrt(N) so GradLoc's bisection can see them) are placed on DIFFEREN
 round-robin from the last rank. Both methods run on the same batches, interleaved, in the same
 process group; the table reports probes (forward+backward passes, each a collective on every
 rank), wall time (slowest rank, median of ``--repeats``), recall against the placed culprits and
-false positives. GradLoc follows one path through the ranks, so it finds one rank's culprits.
+false positives. GradLoc follows one path through the ranks, so it finds one rank's culprits;
+it needs an explicit threshold (a quarter of auto's adaptive one, see ``worker``).
 
     python benchmarks/bench_locate_dist.py [--worlds 2 4] [--culprits 1 3] [--terms 1024]
 """
@@ -66,11 +67,17 @@ def worker(rank: int, world: int, port: str, args, queue) -> None:
         loss_fn, mask, truth = case(ddp, rank, world, args.terms, m)
         times = {k: [] for k in METHODS}
         last = {}
+        # GradLoc has no adaptive threshold: it gets a quarter of auto's (in this rank's loss
+        # units: auto reports the optimizer's, W times smaller), low enough for its trigger and
+        # its pruning at T * sqrt(size) to let the placed culprits through
+        probe = gradloc_track.locate(model, loss_fn, mask, method="auto", budget=args.budget)
+        thresholds = {"auto": None, "gradloc": probe.threshold * world / 4}
         for rep in range(args.repeats):
             for method in (METHODS if rep % 2 == 0 else METHODS[::-1]):  # interleaved
                 dist.barrier()
                 t0 = time.perf_counter()
-                res = gradloc_track.locate(model, loss_fn, mask, method=method, budget=args.budget)
+                res = gradloc_track.locate(model, loss_fn, mask, method=method, budget=args.budget,
+                                           threshold=thresholds[method])
                 elapsed = torch.tensor([time.perf_counter() - t0])
                 dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank's time
                 times[method].append(float(elapsed))

@@ -76,13 +76,20 @@ def run(scn: dict, rank: int, world: int) -> dict:
     x, y, w = global_batch(world, scn["culprits"], K)
     rows = slice(rank * B, rank * B + B)
     fns = [make_loss_fn(wrapped, x[k, rows], y[k, rows], w[k, rows], B * T) for k in range(K)]
-    masks = [torch.ones(B, T) for _ in range(K)]
+    masks = [torch.ones(B, T) * (rank not in scn.get("empty", [])) for _ in range(K)]
     for fn, m in zip(fns, masks):  # the training step's backward: the grads locate must leave alone
         fn(m).backward()
     grads = [p.grad for p in model.parameters()]
     before = [local_part(g).clone() for g in grads]
     rng = torch.get_rng_state()
     modes = [m.training for m in model.modules()]
+    if scn.get("bad_rank") is not None:  # one rank's input is wrong: EVERY rank must raise, none hang
+        bad = [m.long() if rank == scn["bad_rank"] else m for m in masks]
+        try:
+            locate(model, fns[0], bad[0])
+        except ValueError as exc:
+            return {"error": str(exc), "grads_equal": all(p.grad is g for p, g in zip(model.parameters(), grads))}
+        return {"error": None}
     res = locate(model, fns if K > 1 else fns[0], masks if K > 1 else masks[0], method=scn.get("method", "auto"),
                  threshold=scn.get("threshold"))
     from gradloc_track.artifacts.table import attribution_table

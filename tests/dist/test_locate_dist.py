@@ -33,7 +33,12 @@ def scenarios(world: int) -> list[dict]:
     ]
     if world > 2:  # the method/micro-batch/threshold variants do not depend on the world size
         cases = [c for c in cases if c["name"] not in ("ddp_bisect", "ddp_micro", "ddp_explicit")]
+    else:
+        cases += [{"name": "ddp_empty_rank0", "wrap": "ddp", "culprits": [[1, 1, 6]], "empty": [0]}]
     return cases
+
+
+ERRORS = [{"name": "fsdp2_bad_rank1", "wrap": "fsdp2", "culprits": [[1, 0, 3]], "bad_rank": 1}]
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["world2", "world4"])
@@ -41,10 +46,12 @@ def runs(request, tmp_path_factory):
     world = request.param
     out = tmp_path_factory.mktemp(f"locate_world{world}")
     scns = scenarios(world)
-    fork_ranks(W.main, world, (str(out), json.dumps(scns)), timeout=300)
+    fork_ranks(W.main, world, (str(out), json.dumps(scns + ERRORS)), timeout=300)
+    errors = {s["name"]: [json.loads((out / f"{s['name']}.rank{r}.json").read_text()) for r in range(world)]
+              for s in ERRORS}
     results = {s["name"]: [json.loads((out / f"{s['name']}.rank{r}.json").read_text()) for r in range(world)]
                for s in scns}
-    return world, {s["name"]: s for s in scns}, results
+    return world, {s["name"]: s for s in scns}, results, errors
 
 
 def _global_fns(model, world, scn):
@@ -60,6 +67,8 @@ def oracle(world: int, scn: dict) -> dict:
     out = {}
     for k in range(K):
         for gb in range(world * W.B):
+            if gb // W.B in scn.get("empty", []):  # that rank has no loss terms
+                continue
             for t in range(W.T):
                 mask = torch.zeros(world * W.B, W.T)
                 mask[gb, t] = 1.0
@@ -73,7 +82,7 @@ def oracle(world: int, scn: dict) -> dict:
 
 
 def test_every_rank_returns_the_same_full_result(runs):
-    world, _, results = runs
+    world, _, results, _ = runs
     for name, per_rank in results.items():
         for r in range(1, world):  # ranks without a culprit return the full result too
             assert per_rank[r]["tokens"] == per_rank[0]["tokens"], (name, r)
@@ -82,7 +91,7 @@ def test_every_rank_returns_the_same_full_result(runs):
 
 
 def test_nothing_left_behind_on_any_rank(runs):
-    world, scns, results = runs
+    world, scns, results, _ = runs
     for name, per_rank in results.items():
         for r, res in enumerate(per_rank):
             assert res["grads_equal"] and res["rng_equal"] and res["modes_equal"], (name, r, res)
@@ -91,7 +100,7 @@ def test_nothing_left_behind_on_any_rank(runs):
 
 def test_culprits_match_the_brute_force_oracle(runs):
     """Recall 1 and no false positive; exact norms and per-layer norms; probes <= m + 3 (auto)."""
-    world, scns, results = runs
+    world, scns, results, _ = runs
     for name, per_rank in results.items():
         scn, res = scns[name], per_rank[0]
         exact = oracle(world, scn)
@@ -116,10 +125,19 @@ def test_culprits_match_the_brute_force_oracle(runs):
         assert results["ddp_explicit"][0]["threshold"] == pytest.approx(20.0 / world)  # GradLoc's division
 
 
+def test_bad_input_on_one_rank_raises_on_every_rank(runs):
+    """Inputs are checked collectively before any probe: every rank raises the same error naming
+    the rank at fault (no rank is left waiting in a collective), and gradients are untouched."""
+    world, _, _, errors = runs
+    for r, res in enumerate(errors["fsdp2_bad_rank1"]):
+        assert res["error"] is not None and "rank 1: token_mask" in res["error"], (r, res)
+        assert res["grads_equal"], r
+
+
 def test_rank0_table_reads_token_ids_from_the_culprits_rank(runs):
     """Rank 0's attribution table names each culprit's rank, micro-batch and sample, with the
     token id that rank holds (sent as ids over the gather; rank 0 decodes them)."""
-    world, scns, results = runs
+    world, scns, results, _ = runs
     for name, per_rank in results.items():
         scn = scns[name]
         x, _, _ = W.global_batch(world, scn["culprits"], scn.get("micro", 1))
@@ -136,7 +154,7 @@ def test_rank0_table_reads_token_ids_from_the_culprits_rank(runs):
 def test_equals_one_process_on_the_global_batch(runs):
     """Single-process locate on the concatenated batch with the global-mean loss finds the same
     culprits with the same norms, threshold and total norm."""
-    world, scns, results = runs
+    world, scns, results, _ = runs
     for name in ("ddp_first_last", "fsdp2_first_last", "ddp_rank1"):
         scn, res = scns[name], results[name][0]
         model = W.build()
