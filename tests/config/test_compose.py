@@ -76,6 +76,7 @@ def test_command_line_style_overrides(composer):
     ("model.d_model=30", "model.d_model"),
     ("train.loss_norm=median", "train.loss_norm"),
     ("spikes.alpha=1.0", "spikes.alpha"),
+    ("train.inject.rank=-1", "train.inject.rank"),
 ])
 def test_bad_values_name_the_field(composer, override, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
