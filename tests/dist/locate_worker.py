@@ -113,6 +113,41 @@ def run(scn: dict, rank: int, world: int) -> dict:
     }
 
 
+def run_monitor(scn: dict, rank: int, world: int) -> dict:
+    """GradMonitor.after_backward with a fixed-mode detector on ranks with DIFFERENT token counts
+    (rank 0 masks out its second sample): the threshold ``thr / sqrt(n_tokens)`` must use the
+    global count, or rank 1 would fire and localize alone (a hang). ``thr`` sits where local
+    counts would disagree: ``thr / sqrt(16) < ||g|| < thr / sqrt(8)``."""
+    from gradloc_track import GradMonitor, MemoryTracker
+    from gradloc_track.artifacts import SpikeArtifactWriter
+    from gradloc_track.config.spikes import SpikeConfig
+    from gradloc_track.spikes import SpikeDetector
+    from gradloc_track.spikes.context import SpikeContext
+
+    model = build()
+    wrapped = wrap(model, scn["wrap"], world)
+    x, y, w = global_batch(world, scn["culprits"])
+    rows = slice(rank * B, rank * B + B)
+    fn = make_loss_fn(wrapped, x[0, rows], y[0, rows], w[0, rows], B * T)
+    mask = torch.ones(B, T)
+    if rank == 0:
+        mask[1] = 0.0
+    fn(mask).backward()
+    g = float(sum(p.grad.double().pow(2).sum() for p in model.parameters())) ** 0.5  # DDP: same on all ranks
+    thr = g * 12 ** 0.5
+    tracker = MemoryTracker()
+    detector = SpikeDetector(SpikeConfig(mode="fixed", per_token_threshold=thr, warmup_steps=0))
+    monitor = GradMonitor(model, tracker=tracker, detector=detector, log_every=1000,
+                          artifact_writer=SpikeArtifactWriter(tracker, images=False))
+    ctx = SpikeContext(loss_fn=fn, token_mask=mask, input_ids=x[0, rows])
+    stats = monitor.after_backward(1, spike_context=ctx)
+    table = tracker.tables.get("spikes/tokens", {"columns": [], "rows": []})
+    return {"events": len(stats.events),
+            "tokens": [[c.rank, c.micro_batch, c.batch, c.position, c.grad_norm] for c in stats.locate.tokens]
+            if stats.locate is not None else None,
+            "table": [dict(zip(table["columns"], r)) for r in table["rows"]], "html": len(tracker.html)}
+
+
 def main(rank: int, world: int, port: str, out_dir: str, scenarios: str) -> None:
     t0 = time.perf_counter()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
@@ -120,7 +155,7 @@ def main(rank: int, world: int, port: str, out_dir: str, scenarios: str) -> None
     torch.set_num_threads(1)
     for scn in json.loads(scenarios):
         t0 = time.perf_counter()
-        result = run(scn, rank, world)
+        result = run_monitor(scn, rank, world) if scn.get("monitor") else run(scn, rank, world)
         result["seconds"] = time.perf_counter() - t0
         Path(out_dir, f"{scn['name']}.rank{rank}.json").write_text(json.dumps(result))
     print(f"rank {rank}: {time.perf_counter() - t0:.1f} s in the group", flush=True)

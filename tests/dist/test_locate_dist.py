@@ -39,6 +39,7 @@ def scenarios(world: int) -> list[dict]:
 
 
 ERRORS = [{"name": "fsdp2_bad_rank1", "wrap": "fsdp2", "culprits": [[1, 0, 3]], "bad_rank": 1}]
+MONITOR = [{"name": "ddp_monitor", "wrap": "ddp", "culprits": [[1, 0, 3]], "monitor": True}]
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["world2", "world4"])
@@ -46,9 +47,10 @@ def runs(request, tmp_path_factory):
     world = request.param
     out = tmp_path_factory.mktemp(f"locate_world{world}")
     scns = scenarios(world)
-    fork_ranks(W.main, world, (str(out), json.dumps(scns + ERRORS)), timeout=300)
+    extra = ERRORS + (MONITOR if world == 2 else [])
+    fork_ranks(W.main, world, (str(out), json.dumps(scns + extra)), timeout=300)
     errors = {s["name"]: [json.loads((out / f"{s['name']}.rank{r}.json").read_text()) for r in range(world)]
-              for s in ERRORS}
+              for s in extra}
     results = {s["name"]: [json.loads((out / f"{s['name']}.rank{r}.json").read_text()) for r in range(world)]
                for s in scns}
     return world, {s["name"]: s for s in scns}, results, errors
@@ -132,6 +134,21 @@ def test_bad_input_on_one_rank_raises_on_every_rank(runs):
     for r, res in enumerate(errors["fsdp2_bad_rank1"]):
         assert res["error"] is not None and "rank 1: token_mask" in res["error"], (r, res)
         assert res["grads_equal"], r
+
+
+def test_monitor_localizes_on_every_rank_and_rank0_writes(runs):
+    """after_backward with a fixed-mode detector: every rank fires (the global token count), the
+    collective search runs on all, and only rank 0's tracker gets the table, naming rank 1."""
+    world, _, _, extra = runs
+    if world != 2:
+        pytest.skip("run on 2 processes")
+    per_rank = extra["ddp_monitor"]
+    assert all(r["events"] == 1 for r in per_rank), per_rank
+    assert per_rank[0]["tokens"] == per_rank[1]["tokens"] and [t[:4] for t in per_rank[0]["tokens"]] == [[1, None, 0, 3]]
+    x, _, _ = W.global_batch(world, [[1, 0, 3]])
+    (row,) = per_rank[0]["table"]
+    assert (row["rank"], row["rank_sample"], row["position"], row["token_id"]) == (1, 0, 3, int(x[0, W.B, 3]))
+    assert per_rank[0]["html"] == 1 and per_rank[1]["table"] == [] and per_rank[1]["html"] == 0
 
 
 def test_rank0_table_reads_token_ids_from_the_culprits_rank(runs):
