@@ -147,6 +147,11 @@ def locate(model: torch.nn.Module, loss_fn: LossFn | Sequence[LossFn], token_mas
     ``torch.get_rng_state()`` taken before the training forward reproduces that step's masks
     exactly; one per micro-batch may be given), else the state at call time. The caller's RNG
     state is restored afterwards.
+
+    ``budget`` caps the probes (forward+backward passes); with ``method="gradloc"`` it caps the
+    token stage, as GradLoc's ``bisect_budget_steps`` does, and the micro-batch stage's one
+    probe per micro-batch comes on top. ``result.probes`` counts every probe. Before any probe,
+    three forward-only passes per micro-batch check that the loss is additive over the mask.
     """
     loss_fns, masks, labelled = _micro_batches(loss_fn, token_mask)
     _check_inputs(model, masks, method, budget, threshold)
