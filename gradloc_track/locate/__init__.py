@@ -136,9 +136,9 @@ def _rng_states(rng_state, k: int, now: dict) -> list[dict]:
     return [{"cpu": s} if isinstance(s, torch.Tensor) else s for s in states]
 
 
-def locate(model: torch.nn.Module, loss_fn: LossFn | Sequence[LossFn], token_mask: torch.Tensor | Sequence[torch.Tensor],
-           method: str = "auto", budget: int = 128, threshold: float | None = None, *,
-           group_by: str = "block", rng_state=None) -> LocateResult:
+def locate(model: torch.nn.Module, loss_fn: LossFn | Sequence[LossFn],
+           token_mask: torch.Tensor | Sequence[torch.Tensor], method: str = "auto", budget: int = 128,
+           threshold: float | None = None, *, group_by: str = "block", rng_state=None) -> LocateResult:
     """Find the loss terms whose own gradient is above ``threshold`` (adaptive when None).
 
     ``loss_fn(mask) -> scalar``: the loss restricted to the terms kept by ``mask`` (same shape as
