@@ -136,22 +136,22 @@ def _rng_states(rng_state, k: int, now: dict) -> list[dict]:
     return [{"cpu": s} if isinstance(s, torch.Tensor) else s for s in states]
 
 
-def locate(model: torch.nn.Module, loss_fn: LossFn | Sequence[LossFn],
-           token_mask: torch.Tensor | Sequence[torch.Tensor], method: str = "auto", budget: int = 128,
-           threshold: float | None = None, *, group_by: str = "block", rng_state=None) -> LocateResult:
+def locate(model: torch.nn.Module, loss_fn: LossFn | Sequence[LossFn], token_mask: torch.Tensor | Sequence[torch.Tensor],
+           method: str = "auto", budget: int = 128, threshold: float | None = None, *,
+           group_by: str = "block", rng_state=None) -> LocateResult:
     """Find the loss terms whose own gradient is above ``threshold`` (adaptive when None).
 
     ``loss_fn(mask) -> scalar``: the loss restricted to the terms kept by ``mask`` (same shape as
     ``token_mask``) with a fixed normalizer. For K micro-batches pass K callables and K masks.
+    Before any probe, three forward-only passes per micro-batch check that the loss is additive
+    over the mask. ``budget`` caps the probes (forward+backward passes); with
+    ``method="gradloc"`` it caps the token stage, as GradLoc's ``bisect_budget_steps`` does, and
+    the micro-batch stage's one probe per micro-batch comes on top (``result.probes`` counts all).
+
     Every probe replays one RNG state so dropout masks agree across probes: ``rng_state`` (a
     ``torch.get_rng_state()`` taken before the training forward reproduces that step's masks
     exactly; one per micro-batch may be given), else the state at call time. The caller's RNG
     state is restored afterwards.
-
-    ``budget`` caps the probes (forward+backward passes); with ``method="gradloc"`` it caps the
-    token stage, as GradLoc's ``bisect_budget_steps`` does, and the micro-batch stage's one
-    probe per micro-batch comes on top. ``result.probes`` counts every probe. Before any probe,
-    three forward-only passes per micro-batch check that the loss is additive over the mask.
     """
     loss_fns, masks, labelled = _micro_batches(loss_fn, token_mask)
     _check_inputs(model, masks, method, budget, threshold)
