@@ -13,9 +13,11 @@ from .adagc import AdaGC
 from .base import Clipper, ClipResult
 from .layerclip import LayerClip
 from .simple import GlobalClip, NoClip
+from .skip_step import SkipStepGuard
 from .zclip import ZClip
 
-__all__ = ["AdaGC", "ZClip", "LayerClip", "GlobalClip", "NoClip", "Clipper", "ClipResult", "build_clipper"]
+__all__ = ["AdaGC", "ZClip", "LayerClip", "GlobalClip", "NoClip", "Clipper", "ClipResult", "SkipStepGuard",
+           "build_clipper"]
 
 
 def build_clipper(cfg, model: torch.nn.Module, process_group: Any = None) -> Clipper | None:
