@@ -66,6 +66,13 @@ def sq_norms(tensors: Sequence[torch.Tensor | None], device: torch.device | None
     groups are reduced in float64, sparse COO gradients by the norm of their coalesced values.
     """
     n = len(tensors)
+    if n and all(type(t) is torch.Tensor for t in tensors) and not any(t.is_sparse for t in tensors):
+        # plain tensors (no DTensor, no sparse): grouped in C++, no per-tensor work in Python
+        grouped = torch._C._group_tensors_by_device_and_dtype([list(tensors)], True)
+        if len(grouped) == 1:
+            ((dev, _dtype), ((ts,), _pos)), = grouped.items()
+            norms = torch.stack(_foreach_norm_fp32(ts))  # (n,), in order
+            return (norms * norms).to(device=device or dev, dtype=torch.float32)
     groups: dict[tuple, list[int]] = defaultdict(list)
     locals_: list[torch.Tensor | None] = [None if t is None else dense_part(local_part(t)) for t in tensors]
     for i, t in enumerate(locals_):
@@ -92,9 +99,9 @@ def all_reduce_sq_norms(
     plain tensors (e.g. DDP, whose gradients are already averaged) need no reduction and are
     returned unchanged when no tensor is a DTensor.
     """
-    if not any(t is not None and _is_dtensor(t) for t in tensors):
+    if not (dist.is_available() and dist.is_initialized()):  # cheap test first: no per-tensor loop
         return sq
-    if not (dist.is_available() and dist.is_initialized()):
+    if not any(t is not None and _is_dtensor(t) for t in tensors):
         return sq
     world = dist.get_world_size(group)
     scale = [1.0 / world if t is None or not _is_dtensor(t) or is_replicated(t) else 1.0 for t in tensors]

@@ -119,7 +119,8 @@ class Clipper:
         update_ok = finite_t & all_finite if self.on_nonfinite == "skip" else finite_t
         self._update(safe, thresholds, coefs, update_ok, all_finite)
         self.steps += 1
-        scale_grads(grads, coefs, keep)
+        # raise: every gradient is finite here (else it raised), nothing to zero
+        scale_grads(grads, coefs, None if self.on_nonfinite == "raise" else keep)
         coef_n = coefs.expand_as(norms) if coefs.dim() == 0 else coefs  # (n,)
         post = torch.where(finite_t, safe * coef_n, torch.zeros_like(safe))
         self.last_nonfinite = ~all_finite
@@ -153,41 +154,58 @@ def _scalable(g: torch.Tensor) -> torch.Tensor:
     return g._values() if g.layout == torch.sparse_coo else g
 
 
-def scale_grads(grads: list[torch.Tensor | None], coefs: torch.Tensor, keep: torch.Tensor) -> None:
+def scale_grads(grads: list[torch.Tensor | None], coefs: torch.Tensor, keep: torch.Tensor | None) -> None:
     """``g_i <- keep_i ? coef_i * g_i : 0`` for every gradient, with fused kernels, no host sync.
 
-    ``coefs``: 0-d (one fp32 multiplier for all) or ``(n,)``; ``keep``: 0-d or ``(n,)`` bool.
-    One ``_foreach_mul_`` per (device, dtype) group applies the fp32 coefficient to each
-    tensor in its own dtype (computed in fp32, rounded once). Zeroing uses the integer view of
-    each tensor (so NaN/Inf become exact zeros) in one more fused call: no per-tensor kernels.
+    ``coefs``: 0-d (one fp32 multiplier for all) or ``(n,)``; ``keep``: 0-d or ``(n,)`` bool, or
+    None when every gradient is known to be finite. One ``_foreach_mul_`` per (device, dtype)
+    group applies the fp32 coefficient to each tensor in its own dtype (computed in fp32, rounded
+    once). Zeroing multiplies each tensor's integer view by 0/1 (so NaN/Inf become exact zeros,
+    which no floating-point op does) in one more fused call: no per-tensor kernels.
     """
-    groups: dict[tuple, list[int]] = defaultdict(list)
-    locals_: dict[int, torch.Tensor] = {}
-    for i, g in enumerate(grads):
-        if g is not None:
-            locals_[i] = t = _scalable(g)
-            groups[(t.device, t.dtype)].append(i)
-    for (dev, dtype), idx in groups.items():
-        ts = [locals_[i] for i in idx]
-        bits = _BITS.get(dtype)
-        if bits is not None:
-            views = [t.view(bits) for t in ts]
-            if keep.dim() == 0:
-                torch._foreach_mul_(views, keep.to(device=dev, dtype=bits))
+    idx_all = [i for i, g in enumerate(grads) if g is not None]
+    if not idx_all:
+        return
+    ts_all = [grads[i] for i in idx_all]
+    groups = _plain_groups(idx_all, ts_all)
+    if groups is None:  # DTensor / sparse gradients: group their local dense storage
+        groups = defaultdict(lambda: ([], []))
+        for i, g in zip(idx_all, ts_all):
+            t = _scalable(g)
+            idx, ts = groups[(t.device, t.dtype)]
+            idx.append(i)
+            ts.append(t)
+    n = len(grads)
+    for (dev, dtype), (idx, ts) in groups.items():
+        if keep is not None:
+            bits = _BITS.get(dtype)
+            if bits is None:  # exotic dtype: per-tensor clean-up
+                for t in ts:
+                    torch.nan_to_num_(t, nan=0.0, posinf=0.0, neginf=0.0)
             else:
-                torch._foreach_mul_(views, list(_take(keep, idx, dev).to(bits).unbind()))
-        else:  # exotic dtype: per-tensor clean-up
-            for t in ts:
-                torch.nan_to_num_(t, nan=0.0, posinf=0.0, neginf=0.0)
+                views = [t.view(bits) for t in ts]
+                if keep.dim() == 0:
+                    torch._foreach_mul_(views, keep.to(device=dev, dtype=bits))
+                else:
+                    torch._foreach_mul_(views, list(_take(keep, idx, n, dev).to(bits).unbind()))
         scale_dtype = torch.float64 if dtype == torch.float64 else torch.float32
         if coefs.dim() == 0:
             torch._foreach_mul_(ts, coefs.to(device=dev, dtype=scale_dtype))
         else:
-            torch._foreach_mul_(ts, list(_take(coefs, idx, dev).to(scale_dtype).unbind()))
+            torch._foreach_mul_(ts, list(_take(coefs, idx, n, dev).to(scale_dtype).unbind()))
 
 
-def _take(values: torch.Tensor, idx: list[int], device: torch.device) -> torch.Tensor:
-    if len(idx) == values.numel():  # every tensor in one group, in order
+def _plain_groups(idx_all: list[int], ts_all: list[torch.Tensor]) -> dict | None:
+    """(device, dtype) -> (indices, tensors), grouped in C++ (no per-tensor attribute reads in
+    Python); None when a tensor is not a plain strided one (checked by exact type and layout)."""
+    if any(type(t) is not torch.Tensor for t in ts_all) or any(t.is_sparse for t in ts_all):
+        return None
+    grouped = torch._C._group_tensors_by_device_and_dtype([ts_all], True)
+    return {key: ([idx_all[j] for j in pos], tensors[0]) for key, (tensors, pos) in grouped.items()}
+
+
+def _take(values: torch.Tensor, idx: list[int], n: int, device: torch.device) -> torch.Tensor:
+    if len(idx) == n:  # every tensor in one group, in order
         return values.to(device)
     return values[torch.tensor(idx, device=values.device)].to(device)
 

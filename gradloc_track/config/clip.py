@@ -83,7 +83,14 @@ def _count(field: str, v, minimum: int, example: str) -> None:
 
 @dataclass
 class AdamCConfig:
-    """Corrected weight decay (AdamC): lambda_t = lambda * lr_t / lr_max."""
+    """Corrected weight decay (AdamC): lambda_t = lambda * lr_t / lr_max, for programmatic use.
+
+    Not a Hydra group: the example app reads ``optim.adamc`` and ``optim.adamc_lr_max``.
+    """
 
     enabled: bool = False
-    lr_max: Optional[float] = None  # None = the optimizer's initial lr
+    lr_max: Optional[float] = None  # the schedule's PEAK lr; None = read it from the scheduler
+
+    def __post_init__(self) -> None:
+        if self.lr_max is not None:
+            _positive("adamc.lr_max", self.lr_max, "3e-4, the schedule's peak lr")
