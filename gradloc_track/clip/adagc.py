@@ -18,7 +18,9 @@ Modes (the patch's ``AdaGC``, ``AdaGC-Shard``, ``AdaGC-Global``):
 - ``mode="tensor"``: one ``gamma`` per parameter tensor, from its full (all-reduced) norm.
 - ``mode="shard"``: one ``gamma`` per *local shard* (FSDP2/DTensor): each rank clips its shard by
   the shard's own norm and running norm, with no communication after warm-up (warm-up's global
-  clip still needs the global norm). Without sharding it equals ``"tensor"``.
+  clip still needs the global norm). Without sharding it equals ``"tensor"``. ``on_nonfinite``
+  then acts per rank after warm-up (a rank does not see another rank's NaN): guard the optimizer
+  step with a flag reduced over ranks if every rank must skip together.
 - ``mode="global"``: one ``gamma`` for the global norm: warm-up keeps the running minimum of
   ``min(||g||, lambda_abs)``; afterwards the whole gradient is clipped when ``||g|| > lambda_rel *
   gamma`` and ``gamma`` follows the EMA of the clipped global norm.
@@ -65,20 +67,28 @@ class AdaGC(Clipper):
         return self.steps < self.warmup_steps
 
     def clip(self, sq_norms: torch.Tensor | None = None):
-        if self.mode == "shard" and not self.in_warmup:
+        if self.mode == "shard":
             sq_norms = None  # the shard rule needs local norms, whatever the caller measured
         return super().clip(sq_norms)
 
     def _sq_norms(self, grads):
         local = sq_norms(grads)  # (n,) local shards
-        if self.mode == "shard" and not self.in_warmup:
-            return local  # no communication
-        return all_reduce_sq_norms(local, grads, self.process_group)
+        if self.mode != "shard":
+            return all_reduce_sq_norms(local, grads, self.process_group)
+        if self.in_warmup:  # warm-up's global clip needs the global norm: the only collective
+            self._global_sq = all_reduce_sq_norms(local, grads, self.process_group).sum()
+        return local  # per-shard state: no communication
 
     def _coefs(self, norms, finite):
         total = norms.pow(2).sum().sqrt()  # () global norm of the present, finite gradients
+        self._warm_ok = torch.ones((), dtype=torch.bool, device=norms.device)
         if self.in_warmup:
+            if self.mode == "shard":  # clip by the global norm, keep each shard's own post-clip norm
+                total = self._global_sq.sqrt()
+                self._warm_ok = torch.isfinite(total)  # a non-finite gradient on another rank
+                total = torch.where(self._warm_ok, total, torch.zeros_like(total))
             coef = (self.lambda_abs / (total + self.eps)).clamp(max=1.0)  # ()
+            coef = torch.where(self._warm_ok, coef, torch.zeros_like(coef))
             self._post = norms * coef  # (n,) post-clip norms
             self._total_clipped = total.clamp(max=self.lambda_abs)
             return torch.full_like(norms, self.lambda_abs), coef
@@ -100,7 +110,7 @@ class AdaGC(Clipper):
         return reported, coef
 
     def _update(self, norms, thresholds, coefs, finite_t, all_finite) -> None:
-        ok = finite_t & self.present  # (n,) tensors with a usable gradient this step
+        ok = finite_t & self.present & self._warm_ok  # (n,) tensors with a usable gradient this step
         if self.mode == "global":
             ok = ok.any()
             if self.in_warmup:
