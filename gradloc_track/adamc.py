@@ -120,6 +120,12 @@ class AdamCWeightDecay:
         self._warned = False
         self.step()
 
+    @classmethod
+    def from_config(cls, optimizer: torch.optim.Optimizer, optim_cfg: Any, scheduler: Any = None,
+                    model: torch.nn.Module | None = None) -> "AdamCWeightDecay":
+        """From an ``OptimConfig``: ``optim.adamc_lr_max`` (None = read from ``scheduler``)."""
+        return cls(optimizer, lr_max=optim_cfg.adamc_lr_max, scheduler=scheduler, model=model)
+
     @staticmethod
     def _select(optimizer: torch.optim.Optimizer, model: torch.nn.Module | None) -> list[bool]:
         groups = optimizer.param_groups

@@ -106,7 +106,7 @@ def train_lm(cfg: RootConfig, run_dir: str | Path, resolved_yaml: str | None = N
     if cfg.optim.adamc:
         from ..adamc import AdamCWeightDecay
 
-        adamc = AdamCWeightDecay(opt, lr_max=cfg.optim.adamc_lr_max, scheduler=sched, model=model)
+        adamc = AdamCWeightDecay.from_config(opt, cfg.optim, scheduler=sched, model=model)
     tokenizer = ByteTokenizer()
     data = TextBatches(load_corpus(tc.corpus), tc.seq_len, tc.batch_size, tc.seed, tokenizer)
 
