@@ -85,7 +85,7 @@ class SkipStepGuard:
             self._handles = [optimizer.register_step_pre_hook(self._snapshot),
                              optimizer.register_step_post_hook(self._restore)]
         self._pairs: list[tuple[torch.Tensor, torch.Tensor]] = []  # (live tensor, snapshot buffer)
-        self._buffers: dict[int, torch.Tensor] = {}  # id(live tensor) -> reusable scratch buffer
+        self._buffers: dict[int, torch.Tensor] = {}  # id(parameter or state tensor) -> reused scratch buffer
         self._fresh: list[torch.Tensor] = []  # params whose state the step will create
         self._python_state: list[tuple[dict, str, Any]] = []
 
@@ -98,19 +98,20 @@ class SkipStepGuard:
             self._orig_step = None
 
     # -- restore mode ---------------------------------------------------------------------
-    def _live(self) -> list[torch.Tensor]:
+    def _live(self) -> list[tuple[int, torch.Tensor]]:
+        """(stable key, tensor) for every parameter and optimizer state tensor."""
         out = []
         self._fresh, self._python_state = [], []
         for group in self.optimizer.param_groups:
             for p in group["params"]:
-                out.append(p.data)
+                out.append((id(p), p.data))  # p.data is a new alias each time: key by the Parameter
                 state = self.optimizer.state.get(p)
                 if not state:
                     self._fresh.append(p)
                     continue
                 for k, v in state.items():
                     if isinstance(v, torch.Tensor):
-                        out.append(v)
+                        out.append((id(v), v))
                     else:
                         self._python_state.append((state, k, v))
         return out
@@ -120,17 +121,17 @@ class SkipStepGuard:
         self._pairs = []
         live = self._live()
         by_key: dict[tuple, tuple[list, list]] = defaultdict(lambda: ([], []))
-        for t in live:
-            buf = self._buffers.get(id(t))
+        for key, t in live:
+            buf = self._buffers.get(key)
             if buf is None or buf.shape != t.shape or buf.dtype != t.dtype or buf.device != t.device:
-                buf = self._buffers[id(t)] = torch.empty_like(t, memory_format=torch.preserve_format)
+                buf = self._buffers[key] = torch.empty_like(t, memory_format=torch.preserve_format)
             self._pairs.append((t, buf))
             dst, src = by_key[(t.device, t.dtype)]
             dst.append(buf)
             src.append(t)
         for dst, src in by_key.values():
             torch._foreach_copy_(dst, src)  # fused, one call per (device, dtype)
-        live_ids = {id(t) for t in live}
+        live_ids = {key for key, _ in live}
         self._buffers = {k: v for k, v in self._buffers.items() if k in live_ids}
 
     @torch.no_grad()
