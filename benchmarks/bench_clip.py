@@ -1,9 +1,10 @@
 """Cost of each clipper against ``torch.nn.utils.clip_grad_norm_(foreach=True)``, 6.2M-param GPT, CPU.
 
-Two tables from one run, each measured interleaved: the clip call alone on the same gradients,
+Three tables from one run, each measured interleaved: the clip call alone on the same gradients,
+the clip call on 5000 small tensors (per-tensor overhead: no Python loop over tensors may show),
 and a full training step (fwd+bwd+clip+AdamW), including "GradMonitor + AdaGC logging every step".
 
-    python benchmarks/bench_clip.py [--rounds 15]
+    python benchmarks/bench_clip.py [--rounds 15] [--only small]
 """
 from __future__ import annotations
 
@@ -30,12 +31,52 @@ def clippers(model):
             "ZClip": ZClip(model, warmup_steps=5), "LayerClip": LayerClip(model, warmup_steps=5)}
 
 
+def global_clip_v01(params, max_norm: float) -> None:
+    """0.1's GlobalClip scaling path, kept for comparison: per-tensor coefficients cast to the first
+    gradient's dtype, then a Python loop of ``nan_to_num_`` (one kernel per tensor)."""
+    from gradloc_track.norms import sq_norms
+
+    grads = [p.grad for p in params]
+    norms = sq_norms(grads).sqrt()
+    coef = (max_norm / (norms.pow(2).sum().sqrt() + 1e-6)).clamp(max=1.0).expand_as(norms)
+    torch._foreach_mul_(grads, list(coef.to(grads[0].dtype).unbind()))
+    for t in grads:
+        torch.nan_to_num_(t, nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def small_tensors(rounds: int, n: int = 5000) -> None:
+    """5000 tensors of 64 values: the cost is per-tensor dispatch, not arithmetic."""
+    model = torch.nn.ParameterList(torch.nn.Parameter(torch.zeros(8, 8)) for _ in range(n))
+    g = torch.Generator().manual_seed(0)
+    grads = [torch.randn(8, 8, generator=g) for _ in range(n)]
+    flat = list(model.parameters())
+
+    def with_fresh_grads(fn):
+        def run(i):
+            torch._foreach_copy_([p.grad for p in flat], grads) if flat[0].grad is not None else \
+                [setattr(p, "grad", gr.clone()) for p, gr in zip(flat, grads)]
+            fn()
+        return run
+
+    variants = {BASE: with_fresh_grads(lambda: torch.nn.utils.clip_grad_norm_(flat, 1.0, foreach=True))}
+    variants |= {name: with_fresh_grads(c.clip) for name, c in clippers(model).items()}
+    variants["AdaGC(mode='global')"] = with_fresh_grads(AdaGC(model, warmup_steps=5, mode="global").clip)
+    variants["GlobalClip as in 0.1 (nan_to_num_ per tensor)"] = with_fresh_grads(lambda: global_clip_v01(flat, 1.0))
+    variants["(copying the gradients only)"] = with_fresh_grads(lambda: None)
+    report(f"clip call alone, {n} tensors of 64 values (gradient copy included in every row)",
+           interleaved(variants, rounds), BASE)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--only", choices=["small"], default=None, help="run only the 5000-small-tensor table")
     args = ap.parse_args()
+    small_tensors(args.rounds * 4)
+    if args.only == "small":
+        return
     torch.manual_seed(0)
     proto = TinyGPT(vocab_size=256, n_layer=6, n_head=6, d_model=288, max_seq_len=args.seq)
     print(f"model: {sum(p.numel() for p in proto.parameters()) / 1e6:.1f}M parameters, batch {args.batch}x{args.seq}, "

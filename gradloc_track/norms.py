@@ -34,36 +34,59 @@ def trainable_params(model: torch.nn.Module) -> list[tuple[str, torch.nn.Paramet
 
 
 def _foreach_norm_fp32(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Fused L2 norms accumulated AND returned in fp32 (a bf16 result keeps ~3 digits)."""
+    """Fused L2 norms, accumulated in at least fp32 (a bf16 result keeps ~3 digits).
+
+    All tensors share one dtype (callers group by dtype). float64 (and any dtype wider than
+    fp32) is reduced in its own precision: ``dtype=float32`` would be a narrowing, which torch
+    rejects with a RuntimeError.
+    """
+    if tensors[0].dtype in (torch.float64, torch.complex64, torch.complex128):
+        return torch._foreach_norm(tensors, 2.0)
     try:
         return torch._foreach_norm(tensors, 2.0, dtype=torch.float32)
     except TypeError:  # older torch without the dtype argument: upcast (copies low-precision tensors)
         return torch._foreach_norm([t.float() for t in tensors], 2.0)
 
 
+def dense_part(t: torch.Tensor) -> torch.Tensor:
+    """A tensor whose L2 norm is ``t``'s: sparse COO gradients (``nn.Embedding(sparse=True)``)
+    are coalesced first (duplicate indices sum), then their values are used."""
+    if t.layout == torch.sparse_coo:
+        return t.coalesce().values()
+    if t.layout != torch.strided:
+        raise TypeError(f"gradients with layout {t.layout} are not supported: use dense or sparse COO gradients")
+    return t
+
+
 def sq_norms(tensors: Sequence[torch.Tensor | None], device: torch.device | None = None) -> torch.Tensor:
     """Per-tensor squared L2 norms of the *local* parts, as one float32 1-D device tensor.
 
     ``None`` entries (parameters without a gradient) give 0. Tensors are grouped by
-    (device, dtype) and each group is reduced with one ``torch._foreach_norm`` call.
+    (device, dtype) and each group is reduced with one ``torch._foreach_norm`` call; float64
+    groups are reduced in float64, sparse COO gradients by the norm of their coalesced values.
     """
     n = len(tensors)
+    if n and all(type(t) is torch.Tensor for t in tensors) and not any(t.is_sparse for t in tensors):
+        # plain tensors (no DTensor, no sparse): grouped in C++, no per-tensor work in Python
+        grouped = torch._C._group_tensors_by_device_and_dtype([list(tensors)], True)
+        if len(grouped) == 1:
+            ((dev, _dtype), ((ts,), _pos)), = grouped.items()
+            norms = torch.stack(_foreach_norm_fp32(ts))  # (n,), in order
+            return (norms * norms).to(device=device or dev, dtype=torch.float32)
     groups: dict[tuple, list[int]] = defaultdict(list)
-    locals_: list[torch.Tensor | None] = [None if t is None else local_part(t) for t in tensors]
+    locals_: list[torch.Tensor | None] = [None if t is None else dense_part(local_part(t)) for t in tensors]
     for i, t in enumerate(locals_):
         if t is not None:
             groups[(t.device, t.dtype)].append(i)
     if device is None:
         device = next((t.device for t in locals_ if t is not None), torch.device("cpu"))
     if len(groups) == 1 and len(next(iter(groups.values()))) == n:  # common case: one group, in order
-        norms = _foreach_norm_fp32(locals_)
-        out = torch.stack(norms).to(device=device, dtype=torch.float32)  # (n,)
-        return out * out
+        norms = torch.stack(_foreach_norm_fp32(locals_))  # (n,) fp32 (fp64 for fp64 grads)
+        return (norms * norms).to(device=device, dtype=torch.float32)
     out = torch.zeros(n, dtype=torch.float32, device=device)
     for (_dev, _dtype), idx in groups.items():
-        norms = _foreach_norm_fp32([locals_[i] for i in idx])
-        vals = torch.stack(norms).to(device=device, dtype=torch.float32)  # (len(idx),)
-        out.index_copy_(0, torch.tensor(idx, device=device), vals * vals)
+        norms = torch.stack(_foreach_norm_fp32([locals_[i] for i in idx]))  # (len(idx),)
+        out.index_copy_(0, torch.tensor(idx, device=device), (norms * norms).to(device=device, dtype=torch.float32))
     return out
 
 
@@ -91,8 +114,10 @@ def reduce_over_shards(values: torch.Tensor, tensors: Sequence[torch.Tensor | No
     """Sum per-tensor additive values (squared norms, dot products) of local shards over the
     ranks that shard each tensor: one all-reduce per sharding mesh dimension (ONE for FSDP2 and
     HSDP, where every tensor is sharded along the same dim), none for plain tensors."""
+    if not (dist.is_available() and dist.is_initialized()):  # cheap test first: no per-tensor loop
+        return values
     groups = shard_groups(tensors)
-    if not groups or not (dist.is_available() and dist.is_initialized()):
+    if not groups:
         return values
     values = values.clone()
     for pg, idx in groups:

@@ -75,10 +75,12 @@ def attribution_table(step: int, events: Sequence[SpikeEvent], result: LocateRes
             return v[mb] if mb is not None and per_mb else v
 
         token_id = int(at(ids)[c.batch][c.position]) if ids is not None else None
-        row = [step] + [getattr(c, name) for name in where] + [
-            c.batch, c.position, token_id, decode_token(tok, token_id), c.grad_norm, c.share,
-            format_top_layers(c.layer_norms, top_layers), lead.signal if lead else None,
-            lead.z if lead else None]
+        cells = {"step": step, "micro_batch": getattr(c, "micro_batch", None), "rank": getattr(c, "rank", None),
+                 "sample": c.batch, "position": c.position, "token_id": token_id,
+                 "token": decode_token(tok, token_id), "grad_norm": c.grad_norm, "share": c.share,
+                 "top_layers": format_top_layers(c.layer_norms, top_layers),
+                 "signal": lead.signal if lead else None, "z": lead.z if lead else None}
+        row = [cells[n] for n in BASE_COLUMNS[:1] + where + BASE_COLUMNS[1:]]  # follows the column order
         row += [at(ev[n])[c.batch][c.position] if n in ev else None for n in extras]
         row += [at(sv[n])[c.batch] if n in sv else None for n in samples]
         rows.append(row)

@@ -13,9 +13,11 @@ from .adagc import AdaGC
 from .base import Clipper, ClipResult
 from .layerclip import LayerClip
 from .simple import GlobalClip, NoClip
+from .skip_step import SkipStepGuard
 from .zclip import ZClip
 
-__all__ = ["AdaGC", "ZClip", "LayerClip", "GlobalClip", "NoClip", "Clipper", "ClipResult", "build_clipper"]
+__all__ = ["AdaGC", "ZClip", "LayerClip", "GlobalClip", "NoClip", "Clipper", "ClipResult", "SkipStepGuard",
+           "build_clipper"]
 
 
 def build_clipper(cfg, model: torch.nn.Module, process_group: Any = None) -> Clipper | None:
@@ -26,10 +28,12 @@ def build_clipper(cfg, model: torch.nn.Module, process_group: Any = None) -> Cli
     if cfg.kind == "global":
         return GlobalClip(model, cfg.max_norm, **common)
     if cfg.kind == "adagc":
-        return AdaGC(model, cfg.lambda_rel, cfg.beta, cfg.warmup_steps, cfg.lambda_abs, cfg.eps, **common)
+        return AdaGC(model, cfg.lambda_rel, cfg.beta, cfg.warmup_steps, cfg.lambda_abs, cfg.eps,
+                     mode=cfg.adagc_mode, **common)
     if cfg.kind == "zclip":
         return ZClip(model, cfg.alpha, cfg.z_thresh, cfg.zclip_warmup_steps, cfg.mode, cfg.clip_option,
-                     cfg.eps, **common)
+                     cfg.eps, clip_factor=cfg.clip_factor, max_grad_norm=cfg.max_grad_norm,
+                     skip_update_on_spike=cfg.skip_update_on_spike, **common)
     if cfg.kind == "layerclip":
         return LayerClip(model, cfg.layer_z_thresh, cfg.layer_alpha, cfg.layer_warmup_steps, cfg.eps, **common)
     raise ValueError(f"clip.kind={cfg.kind!r} is unknown: use none, global, adagc, zclip or layerclip")

@@ -1,11 +1,31 @@
 """AdaGC: adaptive per-tensor gradient clipping (Wang et al., arXiv 2502.11034).
 
-State: one scalar ``gamma_i`` per parameter tensor (an EMA of its clipped gradient norm).
-- Warm-up (the first ``warmup_steps`` calls): ordinary global clipping at ``lambda_abs``;
-  ``gamma_i`` = running minimum of the tensor's *post-clip* norm (as the official patch does).
-- Afterwards: ``h_i = min(1, lambda_rel * gamma_i / (||g_i|| + eps))``, ``g_i <- h_i * g_i``,
-  ``gamma_i <- beta * gamma_i + (1 - beta) * min(||g_i||, lambda_rel * gamma_i)``.
-Defaults are those of the official PyTorch patch. Non-finite tensors never update ``gamma``.
+Rules of the official PyTorch patch (``lishuai-97/AdaGC``, ``megatron-gpt2.patch``), whose
+defaults we use (``lambda_rel=1.04, beta=0.99, warmup_steps=100, lambda_abs=1.0, eps=1e-6``):
+
+- Warm-up (the first ``warmup_steps`` calls; 0 = none): ordinary global clipping,
+  ``g <- g * min(1, lambda_abs / (||g|| + eps))``; each tensor's ``gamma_i`` is the running
+  minimum of its *post-clip* norm, starting at its first gradient.
+- Afterwards, per tensor with ``thr_i = lambda_rel * gamma_i``: if ``||g_i|| > thr_i`` then
+  ``g_i <- g_i * thr_i / (||g_i|| + eps)`` (nothing happens inside the eps band below ``thr_i``),
+  and ``gamma_i <- beta * gamma_i + (1 - beta) * min(||g_i||, thr_i)``.
+- A tensor whose gradient is ``None`` is skipped: its state is untouched (no ``beta`` decay), and
+  a tensor first seen after warm-up starts with ``gamma_i = ||g_i||`` (mixture-of-experts layers,
+  frozen towers and conditional branches rely on this).
+
+Modes (the patch's ``AdaGC``, ``AdaGC-Shard``, ``AdaGC-Global``):
+
+- ``mode="tensor"``: one ``gamma`` per parameter tensor, from its full (all-reduced) norm.
+- ``mode="shard"``: one ``gamma`` per *local shard* (FSDP2/DTensor): each rank clips its shard by
+  the shard's own norm and running norm, with no communication after warm-up (warm-up's global
+  clip still needs the global norm). Without sharding it equals ``"tensor"``. ``on_nonfinite``
+  then acts per rank after warm-up (a rank does not see another rank's NaN): guard the optimizer
+  step with a flag reduced over ranks if every rank must skip together.
+- ``mode="global"``: one ``gamma`` for the global norm: warm-up keeps the running minimum of
+  ``min(||g||, lambda_abs)``; afterwards the whole gradient is clipped when ``||g|| > lambda_rel *
+  gamma`` and ``gamma`` follows the EMA of the clipped global norm.
+
+State stays on the device (no host sync). Non-finite tensors never update ``gamma``.
 """
 from __future__ import annotations
 
@@ -13,8 +33,11 @@ from typing import Any
 
 import torch
 
-from ..config._validate import check
-from .base import Clipper, in_unit_interval, positive
+from ..config._validate import check, one_of
+from ..norms import all_reduce_sq_norms, sq_norms
+from .base import Clipper, in_unit_interval, integer, non_negative, positive
+
+ADAGC_MODES = ("tensor", "shard", "global")
 
 
 class AdaGC(Clipper):
@@ -22,44 +45,97 @@ class AdaGC(Clipper):
 
     def __init__(self, model: torch.nn.Module, lambda_rel: float = 1.04, beta: float = 0.99,
                  warmup_steps: int = 100, lambda_abs: float = 1.0, eps: float = 1e-6,
-                 on_nonfinite: str = "skip", process_group: Any = None) -> None:
+                 on_nonfinite: str = "skip", process_group: Any = None, mode: str = "tensor") -> None:
         positive("lambda_rel", lambda_rel, "1.04")
         positive("lambda_abs", lambda_abs, "1.0")
-        in_unit_interval("beta", beta)
-        check(warmup_steps >= 1, "warmup_steps", warmup_steps,
-              "use 1 or more: warm-up steps initialise the per-tensor thresholds")
-        check(eps >= 0, "eps", eps, "use a small non-negative number (e.g. 1e-6)")
+        in_unit_interval("beta", beta, "0.99")
+        integer("warmup_steps", warmup_steps, 0, "100")
+        non_negative("eps", eps, "1e-6")
+        one_of("mode", mode, ADAGC_MODES)
         super().__init__(model, on_nonfinite, process_group)
-        self.lambda_rel, self.beta, self.warmup_steps = lambda_rel, beta, warmup_steps
-        self.lambda_abs, self.eps = lambda_abs, eps
+        self.lambda_rel, self.beta, self.warmup_steps = float(lambda_rel), float(beta), warmup_steps
+        self.lambda_abs, self.eps, self.mode = float(lambda_abs), float(eps), mode
+        if mode == "global":
+            self.kind = "adagc_global"  # one global threshold: logged as clip/threshold/global
         device = self.params[0].device
-        self.gamma = torch.full((len(self.params),), float("inf"), device=device)  # (n,)
+        shape = () if mode == "global" else (len(self.params),)
+        self.gamma = torch.zeros(shape, device=device)  # running norm; meaningful where ``seen``
+        self.seen = torch.zeros(shape, dtype=torch.bool, device=device)  # has had a gradient
 
     @property
     def in_warmup(self) -> bool:
         return self.steps < self.warmup_steps
 
+    def clip(self, sq_norms: torch.Tensor | None = None):
+        if self.mode == "shard":
+            sq_norms = None  # the shard rule needs local norms, whatever the caller measured
+        return super().clip(sq_norms)
+
+    def _sq_norms(self, grads):
+        local = sq_norms(grads)  # (n,) local shards
+        if self.mode != "shard":
+            return all_reduce_sq_norms(local, grads, self.process_group)
+        if self.in_warmup:  # warm-up's global clip needs the global norm: the only collective
+            self._global_sq = all_reduce_sq_norms(local, grads, self.process_group).sum()
+        return local  # per-shard state: no communication
+
     def _coefs(self, norms, finite):
+        total = norms.pow(2).sum().sqrt()  # () global norm of the present, finite gradients
+        self._warm_ok = torch.ones((), dtype=torch.bool, device=norms.device)
         if self.in_warmup:
-            total = norms.pow(2).sum().sqrt()
-            coef = (self.lambda_abs / (total + self.eps)).clamp(max=1.0)
-            return torch.full_like(norms, self.lambda_abs), coef.expand_as(norms).clone()
-        thr = self.lambda_rel * self.gamma  # (n,)
-        return thr, (thr / (norms + self.eps)).clamp(max=1.0)
+            if self.mode == "shard":  # clip by the global norm, keep each shard's own post-clip norm
+                total = self._global_sq.sqrt()
+                self._warm_ok = torch.isfinite(total)  # a non-finite gradient on another rank
+                total = torch.where(self._warm_ok, total, torch.zeros_like(total))
+            coef = (self.lambda_abs / (total + self.eps)).clamp(max=1.0)  # ()
+            coef = torch.where(self._warm_ok, coef, torch.zeros_like(coef))
+            self._post = norms * coef  # (n,) post-clip norms
+            self._total_clipped = total.clamp(max=self.lambda_abs)
+            return torch.full_like(norms, self.lambda_abs), coef
+        if self.mode == "global":
+            g0 = torch.where(self.seen, self.gamma, total)  # lazy initialisation
+            thr = self.lambda_rel * g0
+            hit = total > thr
+            self._clipped = torch.where(hit, thr, total)
+            self._g0 = g0
+            coef = torch.where(hit, thr / (total + self.eps), torch.ones_like(total))
+            return thr.expand_as(norms), coef
+        g0 = torch.where(self.seen, self.gamma, norms)  # (n,) a tensor's first gradient starts its state
+        thr = self.lambda_rel * g0
+        hit = norms > thr  # strictly above: nothing is scaled inside the eps band
+        self._clipped = torch.where(hit, thr, norms)
+        self._g0 = g0
+        coef = torch.where(hit, thr / (norms + self.eps), torch.ones_like(norms))
+        reported = torch.where(self.seen | self.present, thr, torch.full_like(thr, float("inf")))
+        return reported, coef
 
     def _update(self, norms, thresholds, coefs, finite_t, all_finite) -> None:
-        if self.in_warmup:
-            new = torch.minimum(self.gamma, norms * coefs)  # running min of post-clip norms
+        ok = finite_t & self.present & self._warm_ok  # (n,) tensors with a usable gradient this step
+        if self.mode == "global":
+            ok = ok.any()
+            if self.in_warmup:
+                new = torch.where(self.seen, torch.minimum(self.gamma, self._total_clipped), self._total_clipped)
+            else:
+                new = self.beta * self._g0 + (1 - self.beta) * self._clipped
+        elif self.in_warmup:
+            new = torch.where(self.seen, torch.minimum(self.gamma, self._post), self._post)
         else:
-            thr = self.lambda_rel * self.gamma
-            new = self.beta * self.gamma + (1 - self.beta) * torch.minimum(norms, thr)
-        self.gamma = torch.where(finite_t, new, self.gamma)
+            new = self.beta * self._g0 + (1 - self.beta) * self._clipped
+        self.gamma = torch.where(ok, new, self.gamma)
+        self.seen = self.seen | ok
 
     def state_dict(self) -> dict[str, Any]:
-        return {"steps": self.steps, "gamma": self.gamma.detach().clone(), "names": list(self.names)}
+        return {"steps": self.steps, "gamma": self.gamma.detach().clone(), "seen": self.seen.clone(),
+                "names": list(self.names), "mode": self.mode}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("names", self.names) != self.names:
             raise ValueError("AdaGC.load_state_dict: the checkpoint's parameter names differ from the model's")
+        check(state.get("mode", "tensor") == self.mode, "AdaGC.mode", self.mode,
+              f"the checkpoint was written with mode={state.get('mode', 'tensor')!r}: build AdaGC with that mode")
         self.steps = int(state["steps"])
-        self.gamma = state["gamma"].to(self.gamma.device).clone()
+        gamma = state["gamma"].to(self.gamma.device).clone()
+        # checkpoints before 0.2 marked "no value yet" with inf and had no ``seen``
+        seen = state["seen"].to(self.gamma.device).clone() if "seen" in state else torch.isfinite(gamma)
+        self.gamma = torch.where(seen, gamma, torch.zeros_like(gamma))
+        self.seen = seen

@@ -6,6 +6,8 @@ one exception: raising needs to know).
 """
 from __future__ import annotations
 
+import math
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,12 +57,16 @@ class Clipper:
     """Base: holds the parameters (in ``trainable_params`` order) and the non-finite policy.
 
     Subclasses implement ``_coefs(norms, finite) -> (thresholds, coefs)`` on device tensors and
-    ``_update(...)`` for their running state; ``clip()`` does the rest.
+    ``_update(...)`` for their running state; ``clip()`` does the rest. ``coefs`` may be 0-d
+    (one coefficient for every tensor: applied with a single fused multiply) or ``(n,)``.
+    ``self.present`` (``(n,)`` bool, device) says which parameters have a gradient this step.
     """
 
     kind = "none"
 
     def __init__(self, model: torch.nn.Module, on_nonfinite: str = "skip", process_group: Any = None) -> None:
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"{type(self).__name__}(model=...) needs a torch.nn.Module, got {type(model).__name__}")
         one_of("on_nonfinite", on_nonfinite, NONFINITE_MODES)
         named = trainable_params(model)
         if not named:
@@ -70,14 +76,29 @@ class Clipper:
         self.on_nonfinite = on_nonfinite
         self.process_group = process_group
         self.steps = 0  # python int: warm-up bookkeeping needs no device value
+        self.last_nonfinite: torch.Tensor | None = None  # () bool of the last clip(), for SkipStepGuard
+        self._present_key: tuple[bool, ...] | None = None
+        self._present_t: torch.Tensor | None = None
+
+    def _present(self, grads: list[torch.Tensor | None], device: torch.device) -> torch.Tensor:
+        """(n,) bool: which tensors have a gradient. Cached: a host->device copy only when it changes."""
+        key = tuple(g is not None for g in grads)
+        if key != self._present_key or self._present_t is None or self._present_t.device != device:
+            self._present_key = key
+            self._present_t = torch.tensor(key, dtype=torch.bool, device=device)
+        return self._present_t
+
+    def _sq_norms(self, grads: list[torch.Tensor | None]) -> torch.Tensor:
+        return global_sq_norms(grads, self.process_group)  # (n,) device
 
     @torch.no_grad()
     def clip(self, sq_norms: torch.Tensor | None = None) -> ClipResult:
         """Clip every ``p.grad`` in place. ``sq_norms``: per-tensor squared norms if already known."""
         grads = [p.grad for p in self.params]
         if sq_norms is None:
-            sq_norms = global_sq_norms(grads, self.process_group)  # (n,) device
+            sq_norms = self._sq_norms(grads)  # (n,) device
         sq_norms = sq_norms.float()
+        self.present = self._present(grads, sq_norms.device)
         norms = sq_norms.sqrt()  # (n,)
         finite_t = torch.isfinite(norms)  # (n,) per tensor
         all_finite = finite_t.all()
@@ -89,37 +110,27 @@ class Clipper:
         total_pre = sq_norms.sum().sqrt()
         thresholds, coefs = self._coefs(safe, all_finite)
         if self.on_nonfinite == "skip":  # zero everything: the optimizer step becomes a no-op
-            coefs = torch.where(all_finite, coefs, torch.zeros_like(coefs))
+            keep = all_finite  # ()
+            coefs = torch.where(keep, coefs, torch.zeros_like(coefs))
         else:  # zero only the non-finite tensors
-            coefs = torch.where(finite_t, coefs, torch.zeros_like(coefs))
+            keep = finite_t  # (n,)
+            coefs = torch.where(keep, coefs, torch.zeros_like(keep, dtype=coefs.dtype))
         # skip: a step with any non-finite gradient teaches the running state nothing
         update_ok = finite_t & all_finite if self.on_nonfinite == "skip" else finite_t
         self._update(safe, thresholds, coefs, update_ok, all_finite)
         self.steps += 1
-        self._scale(grads, coefs)
-        post = torch.where(finite_t, safe * coefs, torch.zeros_like(safe))
-        return ClipResult(self.names, thresholds, coefs, sq_norms, total_pre, post.pow(2).sum().sqrt(),
-                          ~all_finite, self.kind)
-
-    @staticmethod
-    def _scale(grads: list[torch.Tensor | None], coefs: torch.Tensor) -> None:
-        """g_i *= coef_i for every tensor, with fused kernels (one per device/dtype group)."""
-        idx = [i for i, g in enumerate(grads) if g is not None]
-        if not idx:
-            return
-        gs = [grads[i] for i in idx]
-        locals_ = [g.to_local() if hasattr(g, "to_local") else g for g in gs]
-        scales = coefs[torch.tensor(idx, device=coefs.device)].to(locals_[0].dtype)  # (k,)
-        torch._foreach_mul_(locals_, list(scales.unbind()))
-        # a non-finite tensor always has coef 0, but NaN * 0 is NaN: a second fused-cost pass
-        # turns those into zeros without asking the host which tensors they were
-        for t in locals_:
-            torch.nan_to_num_(t, nan=0.0, posinf=0.0, neginf=0.0)
+        # raise: every gradient is finite here (else it raised), nothing to zero
+        scale_grads(grads, coefs, None if self.on_nonfinite == "raise" else keep)
+        coef_n = coefs.expand_as(norms) if coefs.dim() == 0 else coefs  # (n,)
+        post = torch.where(finite_t, safe * coef_n, torch.zeros_like(safe))
+        self.last_nonfinite = ~all_finite
+        return ClipResult(self.names, thresholds.expand_as(norms), coef_n, sq_norms, total_pre,
+                          post.pow(2).sum().sqrt(), ~all_finite, self.kind)
 
     # -- to implement --------------------------------------------------------------------
     def _coefs(self, norms: torch.Tensor, finite: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         inf = torch.full_like(norms, float("inf"))
-        return inf, torch.ones_like(norms)
+        return inf, torch.ones((), device=norms.device)
 
     def _update(self, norms, thresholds, coefs, finite_t, all_finite) -> None:
         pass
@@ -131,9 +142,99 @@ class Clipper:
         self.steps = int(state["steps"])
 
 
+# float dtype -> same-width integer dtype: multiplying the bit pattern by 0/1 zeroes or keeps a
+# tensor exactly, NaN and Inf included (NaN * 0 is NaN in floating point, 0 in integers)
+_BITS = {torch.float32: torch.int32, torch.float64: torch.int64, torch.bfloat16: torch.int16,
+         torch.float16: torch.int16}
+
+
+def _scalable(g: torch.Tensor) -> torch.Tensor:
+    """The dense storage to scale in place: a DTensor's local shard, a sparse COO tensor's values."""
+    g = g.to_local() if hasattr(g, "to_local") else g
+    return g._values() if g.layout == torch.sparse_coo else g
+
+
+def scale_grads(grads: list[torch.Tensor | None], coefs: torch.Tensor, keep: torch.Tensor | None) -> None:
+    """``g_i <- keep_i ? coef_i * g_i : 0`` for every gradient, with fused kernels, no host sync.
+
+    ``coefs``: 0-d (one fp32 multiplier for all) or ``(n,)``; ``keep``: 0-d or ``(n,)`` bool, or
+    None when every gradient is known to be finite. One ``_foreach_mul_`` per (device, dtype)
+    group applies the fp32 coefficient to each tensor in its own dtype (computed in fp32, rounded
+    once). Zeroing multiplies each tensor's integer view by 0/1 (so NaN/Inf become exact zeros,
+    which no floating-point op does) in one more fused call: no per-tensor kernels.
+    """
+    idx_all = [i for i, g in enumerate(grads) if g is not None]
+    if not idx_all:
+        return
+    ts_all = [grads[i] for i in idx_all]
+    groups = _plain_groups(idx_all, ts_all)
+    if groups is None:  # DTensor / sparse gradients: group their local dense storage
+        groups = defaultdict(lambda: ([], []))
+        for i, g in zip(idx_all, ts_all):
+            t = _scalable(g)
+            idx, ts = groups[(t.device, t.dtype)]
+            idx.append(i)
+            ts.append(t)
+    n = len(grads)
+    for (dev, dtype), (idx, ts) in groups.items():
+        if keep is not None:
+            bits = _BITS.get(dtype)
+            if bits is None:  # exotic dtype: per-tensor clean-up
+                for t in ts:
+                    torch.nan_to_num_(t, nan=0.0, posinf=0.0, neginf=0.0)
+            else:
+                views = [t.view(bits) for t in ts]
+                if keep.dim() == 0:
+                    torch._foreach_mul_(views, keep.to(device=dev, dtype=bits))
+                else:
+                    torch._foreach_mul_(views, list(_take(keep, idx, n, dev).to(bits).unbind()))
+        scale_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        if coefs.dim() == 0:
+            torch._foreach_mul_(ts, coefs.to(device=dev, dtype=scale_dtype))
+        else:
+            torch._foreach_mul_(ts, list(_take(coefs, idx, n, dev).to(scale_dtype).unbind()))
+
+
+def _plain_groups(idx_all: list[int], ts_all: list[torch.Tensor]) -> dict | None:
+    """(device, dtype) -> (indices, tensors), grouped in C++ (no per-tensor attribute reads in
+    Python); None when a tensor is not a plain strided one (checked by exact type and layout)."""
+    if any(type(t) is not torch.Tensor for t in ts_all) or any(t.is_sparse for t in ts_all):
+        return None
+    grouped = torch._C._group_tensors_by_device_and_dtype([ts_all], True)
+    return {key: ([idx_all[j] for j in pos], tensors[0]) for key, (tensors, pos) in grouped.items()}
+
+
+def _take(values: torch.Tensor, idx: list[int], n: int, device: torch.device) -> torch.Tensor:
+    if len(idx) == n:  # every tensor in one group, in order
+        return values.to(device)
+    return values[torch.tensor(idx, device=values.device)].to(device)
+
+
 def positive(name: str, value: float, example: str) -> None:
-    check(value > 0, name, value, f"use a positive value (e.g. {example})")
+    number(name, value, example)
+    check(math.isfinite(value) and value > 0, name, value, f"use a positive finite value (e.g. {example})")
 
 
-def in_unit_interval(name: str, value: float) -> None:
+def non_negative(name: str, value: float, example: str) -> None:
+    number(name, value, example)
+    check(math.isfinite(value) and value >= 0, name, value, f"use a finite value >= 0 (e.g. {example})")
+
+
+def in_unit_interval(name: str, value: float, example: str = "0.99") -> None:
+    number(name, value, example)
     check(0.0 < value < 1.0, name, value, "use a value strictly between 0 and 1")
+
+
+def number(name: str, value: Any, example: str) -> None:
+    """A real number (bool and strings rejected: ``AdaGC(lambda_rel="1.04")`` fails here)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    check(ok, name, value, f"use a number (e.g. {example}), not {type(value).__name__}")
+
+
+def integer(name: str, value: Any, minimum: int, example: str) -> None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+    check(ok, name, value, f"use a whole number >= {minimum} (e.g. {example})")
+
+
+def finite(name: str, value: float) -> None:
+    check(math.isfinite(value), name, value, "use a finite value")

@@ -13,7 +13,9 @@ formula was published; ours is ZClip's z-score rule applied to every layer separ
 - the EMA is updated with ``tau_l`` (the clipped value), so one spike does not raise the bar.
 
 Every tensor of a layer gets the layer's coefficient ``tau_l / n_l``, so the direction inside a
-layer is kept while one exploding layer can no longer dominate the update.
+layer is kept while one exploding layer can no longer dominate the update. A tensor's reported
+threshold is its share of the layer's, ``tau_l * n_i / n_l`` (the norm it is clipped to), so the
+per-layer metric ``sqrt(sum_i thr_i^2)`` is exactly the applied ``tau_l``.
 """
 from __future__ import annotations
 
@@ -21,9 +23,8 @@ from typing import Any, Mapping
 
 import torch
 
-from ..config._validate import check
 from ..grouping import LayerGrouping
-from .base import Clipper, in_unit_interval, positive
+from .base import Clipper, in_unit_interval, integer, non_negative, positive
 from .running_stats import WarmupEma
 
 
@@ -35,8 +36,9 @@ class LayerClip(Clipper):
                  groups: Mapping[str, str] | None = None, on_nonfinite: str = "skip",
                  process_group: Any = None) -> None:
         positive("z_thresh", z_thresh, "3.0")
-        in_unit_interval("alpha", alpha)
-        check(warmup_steps >= 1, "warmup_steps", warmup_steps, "use 1 or more steps")
+        in_unit_interval("alpha", alpha, "0.97")
+        integer("warmup_steps", warmup_steps, 1, "25")
+        non_negative("eps", eps, "1e-6")
         super().__init__(model, on_nonfinite, process_group)
         self.grouping = LayerGrouping.build(self.names, group_by, groups)
         self.z_thresh, self.alpha, self.warmup_steps, self.eps = z_thresh, alpha, warmup_steps, eps
@@ -49,14 +51,17 @@ class LayerClip(Clipper):
         self._layer = layer
         if not self.stats.ready:
             self._tau = layer
-            return torch.full_like(norms, float("inf")), torch.ones_like(norms)
+            return torch.full_like(norms, float("inf")), torch.ones((), device=norms.device)
         mean, std = self.stats.mean, self.stats.std
         z = (layer - mean) / (std + self.eps)
         tau = torch.where(z > self.z_thresh, mean + self.z_thresh * std / (z / self.z_thresh), layer)
         self._tau = tau
         coef_l = torch.where(layer > tau, tau / (layer + 1e-6), torch.ones_like(layer))  # (L,)
-        thr_l = torch.where(z > self.z_thresh, tau, torch.full_like(tau, float("inf")))
-        return thr_l[self._index], coef_l[self._index]
+        hit = z > self.z_thresh
+        # per tensor: its share of the layer threshold (the norm it is scaled to)
+        share = tau[self._index] * norms / layer[self._index].clamp_min(1e-30)  # (n,)
+        thr = torch.where(hit[self._index], share, torch.full_like(share, float("inf")))
+        return thr, coef_l[self._index]
 
     def _update(self, norms, thresholds, coefs, finite_t, all_finite) -> None:
         self.stats.add(self._tau, all_finite)  # the clipped layer norm (= the norm when not clipped)

@@ -2,7 +2,9 @@
 
 - ``clip/threshold/<layer>``: ``sqrt(sum_i tau_i^2)`` over the layer's tensors — the layer norm
   if every tensor sat exactly at its threshold (per-tensor clippers: AdaGC; per-layer: LayerClip;
-  global clippers log the global threshold once as ``clip/threshold/global`` instead).
+  global clippers (GlobalClip, ZClip, AdaGC mode="global") log the global threshold once as
+  ``clip/threshold/global`` instead). LayerClip reports per-tensor shares of its layer threshold,
+  so with the same grouping this is the applied layer threshold.
   Infinite (no limit yet: warm-up / not clipped) thresholds are logged as -1.
 - ``clip/coef/<layer>``: ``||g_layer after|| / ||g_layer before||`` (1 = untouched).
 - ``clip/clipped_fraction``: fraction of tensors whose coefficient is below 1.
@@ -16,7 +18,7 @@ import torch
 from ..grouping import LayerGrouping
 from .base import ClipResult
 
-GLOBAL_KINDS = ("global", "zclip", "none")
+GLOBAL_KINDS = ("global", "zclip", "none", "adagc_global")
 
 
 def clip_metrics(result: ClipResult, grouping: LayerGrouping) -> dict[str, torch.Tensor]:

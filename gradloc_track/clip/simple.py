@@ -5,7 +5,7 @@ from typing import Any
 
 import torch
 
-from .base import Clipper, positive
+from .base import Clipper, finite, positive
 
 
 class GlobalClip(Clipper):
@@ -16,13 +16,14 @@ class GlobalClip(Clipper):
     def __init__(self, model: torch.nn.Module, max_norm: float = 1.0, on_nonfinite: str = "skip",
                  process_group: Any = None) -> None:
         positive("max_norm", max_norm, "1.0")
+        finite("max_norm", max_norm)
         super().__init__(model, on_nonfinite, process_group)
         self.max_norm = max_norm
 
     def _coefs(self, norms, finite):
-        total = norms.pow(2).sum().sqrt()
-        coef = (self.max_norm / (total + 1e-6)).clamp(max=1.0)
-        return torch.full_like(norms, self.max_norm), coef.expand_as(norms).clone()
+        total = norms.pow(2).sum().sqrt()  # fp32 whatever the gradients' dtypes
+        coef = (self.max_norm / (total + 1e-6)).clamp(max=1.0)  # () fp32, applied per dtype
+        return torch.full_like(norms, self.max_norm), coef
 
 
 class NoClip(Clipper):

@@ -1,12 +1,20 @@
 """ZClip: z-score clipping of the global gradient norm (arXiv 2504.02507).
 
-Same semantics as the ``zclip`` package run with ``max_grad_norm=None`` (no hidden fixed clip):
-warm-up collects ``warmup_steps`` norms without clipping, then mean/population variance
-initialise the EMA. Afterwards ``z = (g - mu) / (sigma + eps)``; ``zscore`` mode clips when
-``z > z_thresh`` to ``mu + z_thresh * sigma / (z / z_thresh)`` (``adaptive_scaling``) or ``mu``
+Same semantics as the ``zclip`` package (``bluorion-com/ZClip``): warm-up collects
+``warmup_steps`` norms, then mean/population variance initialise the EMA. Afterwards
+``z = (g - mu) / (sigma + eps)``; ``zscore`` mode clips when ``z > z_thresh`` to
+``clip_factor * (mu + z_thresh * sigma / (z / z_thresh))`` (``adaptive_scaling``) or ``mu``
 (``mean``); ``percentile`` mode clips to ``mu + z_thresh * sigma`` whenever above it. The EMA is
-updated with the threshold on a clipped step, else with ``g``. Unlike the package, state lives on
-the device (no host sync) and the threshold is returned so it can be logged.
+updated with that threshold on a clipped step (or not at all with ``skip_update_on_spike=True``),
+else with ``g``.
+
+``max_grad_norm``: an extra fixed cap ``min(threshold, max_grad_norm)``, active in warm-up too
+(plain global clipping there); it never enters the EMA. Our default is ``None`` (no fixed cap):
+the package's default is ``max_grad_norm=1.0``, which silently adds global clipping at 1.0 —
+pass ``max_grad_norm=1.0`` to reproduce the package exactly.
+
+Unlike the package, state lives on the device (no host sync) and the threshold is returned so
+it can be logged.
 """
 from __future__ import annotations
 
@@ -14,8 +22,8 @@ from typing import Any
 
 import torch
 
-from ..config._validate import check, one_of
-from .base import Clipper, in_unit_interval, positive
+from ..config._validate import one_of
+from .base import Clipper, in_unit_interval, integer, non_negative, positive
 from .running_stats import WarmupEma
 
 
@@ -25,15 +33,22 @@ class ZClip(Clipper):
     def __init__(self, model: torch.nn.Module, alpha: float = 0.97, z_thresh: float = 2.5,
                  warmup_steps: int = 25, mode: str = "zscore", clip_option: str = "adaptive_scaling",
                  eps: float = 1e-6, clip_factor: float = 1.0, on_nonfinite: str = "skip",
-                 process_group: Any = None) -> None:
-        in_unit_interval("alpha", alpha)
+                 process_group: Any = None, max_grad_norm: float | None = None,
+                 skip_update_on_spike: bool = False) -> None:
+        in_unit_interval("alpha", alpha, "0.97")
         positive("z_thresh", z_thresh, "2.5")
-        check(warmup_steps >= 1, "warmup_steps", warmup_steps, "use 1 or more steps")
+        integer("warmup_steps", warmup_steps, 1, "25")
         one_of("mode", mode, ("zscore", "percentile"))
         one_of("clip_option", clip_option, ("adaptive_scaling", "mean"))
+        non_negative("eps", eps, "1e-6")
+        positive("clip_factor", clip_factor, "1.0")
+        if max_grad_norm is not None:
+            positive("max_grad_norm", max_grad_norm, "1.0, or None for no fixed cap")
+        one_of("skip_update_on_spike", skip_update_on_spike, (True, False))
         super().__init__(model, on_nonfinite, process_group)
         self.alpha, self.z_thresh, self.warmup_steps = alpha, z_thresh, warmup_steps
         self.mode, self.clip_option, self.eps, self.clip_factor = mode, clip_option, eps, clip_factor
+        self.max_grad_norm, self.skip_update_on_spike = max_grad_norm, bool(skip_update_on_spike)
         device = self.params[0].device
         self.stats = WarmupEma(warmup_steps, alpha, (), device)
         self._threshold = torch.zeros((), device=device)
@@ -67,21 +82,31 @@ class ZClip(Clipper):
 
     def _coefs(self, norms, finite):
         g = norms.pow(2).sum().sqrt()
-        if not self.initialized:
-            self._g = g
-            return torch.full_like(norms, float("inf")), torch.ones_like(norms)
-        thr, hit = self._threshold_for(g)
-        self._threshold = thr
-        coef = torch.where(g > thr, thr / (g + 1e-6), torch.ones_like(g))
         self._g = g
+        cap = self.max_grad_norm
+        if not self.initialized:
+            if cap is None:
+                return torch.full_like(norms, float("inf")), torch.ones((), device=norms.device)
+            # the package's warm-up: clip_grad_norm_(max_grad_norm)
+            return torch.full_like(norms, cap), (cap / (g + 1e-6)).clamp(max=1.0)
+        thr, hit = self._threshold_for(g)
+        self._threshold, self._hit = thr, hit
+        target = thr if cap is None else thr.clamp(max=cap)  # the cap never enters the EMA
+        coef = torch.where(g > target, target / (g + 1e-6), torch.ones_like(g))
         # reported threshold: the clip target on a clipped step, else the trigger mu + z*sigma
         trigger = self.mean + self.z_thresh * self.var.sqrt()
         reported = torch.where(hit, thr, trigger)
-        return reported.expand_as(norms).clone(), coef.expand_as(norms).clone()
+        if cap is not None:
+            reported = reported.clamp(max=cap)
+        return reported.expand_as(norms), coef
 
     def _update(self, norms, thresholds, coefs, finite_t, all_finite) -> None:
         # warm-up collects g; afterwards the EMA sees the threshold on a clipped step, else g
-        self.stats.add(self._threshold if self.initialized else self._g, all_finite)
+        if not self.initialized:
+            self.stats.add(self._g, all_finite)
+            return
+        ok = all_finite & ~self._hit if self.skip_update_on_spike else all_finite
+        self.stats.add(self._threshold, ok)
 
     def state_dict(self) -> dict[str, Any]:
         return {"steps": self.steps, "stats": self.stats.state_dict()}

@@ -32,9 +32,14 @@ class OptimConfig:
     weight_decay: float = 0.1
     betas: tuple[float, float] = (0.9, 0.95)
     adamc: bool = False  # AdamC corrected weight decay: wd_t = wd * lr_t / lr_max
+    # the schedule's PEAK lr for AdamC; null = read from the scheduler (here: optim.lr, the peak)
+    adamc_lr_max: Optional[float] = None
 
     def __post_init__(self) -> None:
         check(self.lr > 0, "optim.lr", self.lr, "use a positive learning rate")
+        if self.adamc_lr_max is not None:
+            check(self.adamc_lr_max > 0, "optim.adamc_lr_max", self.adamc_lr_max,
+                  "use the schedule's positive peak learning rate, or null to read it from the scheduler")
         check(self.weight_decay >= 0, "optim.weight_decay", self.weight_decay, "use 0 or more")
 
 

@@ -37,7 +37,12 @@ def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def make_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
-    """AdamW; weight decay on matrices only (norm gains, biases and embeddings' 1-D params none)."""
+    """AdamW; weight decay on matrices only (norm gains, biases and embeddings' 1-D params none).
+    With ``optim.adamc`` the matrices are split into AdamC-corrected groups and embeddings/head."""
+    if cfg.adamc:
+        from ..adamc import adamc_param_groups
+
+        return torch.optim.AdamW(adamc_param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=tuple(cfg.betas))
     decay = [p for _, p in model.named_parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for _, p in model.named_parameters() if p.requires_grad and p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
@@ -121,7 +126,7 @@ def train_lm(cfg: RootConfig, run_dir: str | Path, resolved_yaml: str | None = N
     if cfg.optim.adamc:
         from ..adamc import AdamCWeightDecay
 
-        adamc = AdamCWeightDecay(opt)
+        adamc = AdamCWeightDecay.from_config(opt, cfg.optim, scheduler=sched, model=model)
     tokenizer = ByteTokenizer()
     data = TextBatches(load_corpus(tc.corpus), tc.seq_len, tc.batch_size, tc.seed + 7919 * rank, tokenizer)
 

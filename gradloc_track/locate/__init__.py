@@ -143,6 +143,11 @@ def locate(model: torch.nn.Module, loss_fn: LossFn | Sequence[LossFn], token_mas
 
     ``loss_fn(mask) -> scalar``: the loss restricted to the terms kept by ``mask`` (same shape as
     ``token_mask``) with a fixed normalizer. For K micro-batches pass K callables and K masks.
+    Before any probe, three forward-only passes per micro-batch check that the loss is additive
+    over the mask. ``budget`` caps the probes (forward+backward passes); with
+    ``method="gradloc"`` it caps the token stage, as GradLoc's ``bisect_budget_steps`` does, and
+    the micro-batch stage's one probe per micro-batch comes on top (``result.probes`` counts all).
+
     Every probe replays one RNG state so dropout masks agree across probes: ``rng_state`` (a
     ``torch.get_rng_state()`` taken before the training forward reproduces that step's masks
     exactly; one per micro-batch may be given), else the state at call time. The caller's RNG

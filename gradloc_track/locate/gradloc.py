@@ -14,8 +14,9 @@ sum of its terms' gradients) with ``T`` the per-token threshold:
    left half takes the extra term of an odd range), each probed (2 probes per split). A half of
    ``s`` terms is kept when ``||g|| > T * sqrt(s)`` (pruned at the threshold itself); a kept
    single-term half is a hit; kept longer halves are pushed larger-last, so the larger is
-   visited first, "larger" by ``||g|| / s`` (the official probes compare token-mean norms). The loop runs while at least 2 probes remain of ``budget`` (the micro-batch
-   stage's probes are not counted, as in the official code).
+   visited first, "larger" by ``||g|| / s`` (the official probes compare token-mean norms).
+   The loop runs while at least 2 probes remain of ``budget`` (the micro-batch stage's probes
+   are not counted, as in the official code).
 
 The official probes hand the range's mask to verl's token-mean loss, which divides by the
 range's own token count; ``T / sqrt(s)`` on that mean is the same test as ``T * sqrt(s)`` on

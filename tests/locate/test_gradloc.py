@@ -179,3 +179,23 @@ def test_gradloc_needs_an_explicit_threshold():
     (x, y, w, mask), = make_step([(2, 6)], {})
     with pytest.raises(ValueError, match="needs an explicit threshold"):
         gradloc_track.locate(model, lambda m: (per_term(model, x, y, w) * m).sum(), mask, method="gradloc")
+
+
+def test_a_culprit_three_times_the_threshold_is_pruned_by_gradloc_and_found_by_bisect():
+    """Why ``bisect`` is not GradLoc: GradLoc keeps a range only above ``T * sqrt(size)``, so a
+    culprit at 3x ``T`` among 64 terms is pruned at once; ours prunes at the noise level."""
+    model = TinyLM()
+    (x, y, w, mask), = make_step([(4, 16)], {(0, 2, 9): 30.0})
+    mask = torch.ones(4, 16)
+
+    def loss_fn(m):
+        return (per_term(model, x, y, w) * m).sum() / 64
+
+    single = torch.zeros(4, 16)
+    single[2, 9] = 1.0
+    tau = grad_norm(model, loss_fn(single)) / 3.0
+    ours = gradloc_track.locate(model, loss_fn, mask, method="bisect", threshold=tau)
+    theirs = gradloc_track.locate(model, loss_fn, mask, method="gradloc", threshold=tau)
+    assert {(c.batch, c.position) for c in ours.tokens} == {(2, 9)}
+    assert theirs.tokens == [] and theirs.probes == 1  # its micro-batch stage already says "no spike"
+    assert ours.tokens[0].grad_norm == pytest.approx(3 * tau, rel=1e-5)

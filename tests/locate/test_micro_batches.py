@@ -117,3 +117,48 @@ def test_mismatched_micro_batch_inputs_say_what_to_fix():
         gradloc_track.locate(model, loss_of(slice(0, 2)), [torch.ones(2, T)] * 2)
     with pytest.raises(ValueError, match="sequence of 2"):
         SpikeContext(loss_fn=[loss_of(slice(0, 2))] * 2, token_mask=[torch.ones(2, T)] * 2, input_ids=y)
+
+
+def test_micro_batches_of_different_shapes_against_single_term_backward():
+    """auto and bisect on micro-batches of different (B, T); norms against a plain backward."""
+    model, x, y, loss_of = setup()
+    w = torch.ones(3, T - 4)
+    w[2, 9] = 60.0
+
+    def short_loss(mask):  # a second micro-batch with other rows and a shorter sequence
+        per = F.cross_entropy(model(x[1:, 4:]).reshape(-1, V), y[1:, 4:].reshape(-1), reduction="none")
+        return (per.view(mask.shape) * w * mask).sum() / (4 * T)
+
+    fns, masks = [loss_of(slice(0, 2)), short_loss], [torch.ones(2, T), torch.ones(3, T - 4)]
+    want = {(0, 1, 5), (1, 2, 9)}
+    for method in ("auto", "bisect"):
+        res = gradloc_track.locate(model, fns, masks, method=method)
+        assert {(c.micro_batch, c.batch, c.position) for c in res.tokens} == want, method
+        assert [m.shape for m in res.ghost_maps] == [(2, T), (3, T - 4)]
+        for c in res.tokens:
+            m = torch.zeros_like(masks[c.micro_batch])
+            m[c.batch, c.position] = 1.0
+            model.zero_grad(set_to_none=True)
+            fns[c.micro_batch](m).backward()
+            ref = sum(float(p.grad.double().pow(2).sum()) for p in model.parameters() if p.grad is not None) ** 0.5
+            assert c.grad_norm == pytest.approx(ref, rel=1e-5)
+    model.zero_grad(set_to_none=True)
+
+
+def test_auto_searches_each_micro_batch_remainder_when_the_ranking_misses(monkeypatch):
+    """A ranking that names no candidate: the remainder check probes each micro-batch's
+    remainder once and bisects only those above the rule, still finding every culprit."""
+    import sys
+
+    model, x, y, loss_of = setup()
+    fns, masks = [loss_of(slice(0, 2)), loss_of(slice(2, 4))], [torch.ones(2, T), torch.ones(2, T)]
+    blind = lambda layer_map, mask: torch.full(mask.shape, 0.15) * (mask != 0)  # noqa: E731
+    monkeypatch.setattr(sys.modules["gradloc_track.locate"], "term_scores", blind)
+    res = gradloc_track.locate(model, fns, masks, method="auto", threshold=1.0)
+    assert {(c.micro_batch, c.batch, c.position) for c in res.tokens} == {(0, 1, 5), (1, 0, 17)}
+    assert any("remainder" in n for n in res.notes)
+    no_culprit = torch.ones(2, T)
+    no_culprit[0, 17] = 0.0
+    calm = gradloc_track.locate(model, fns, [masks[0], no_culprit], method="auto", threshold=1.0)
+    assert {(c.micro_batch, c.batch, c.position) for c in calm.tokens} == {(0, 1, 5)}
+    assert calm.probes < res.probes  # micro-batch 1's remainder was probed once, not bisected
