@@ -10,11 +10,17 @@ one the optimizer would see. Methods:
   globally and confirmed with exact single-term probes (every rank runs each; only the owner's
   mask is non-zero), then the remainder ``g_total - sum(g_culprit)`` is checked without a probe.
   About ``m + 2`` probes for ``m`` culprits, independent of the world size.
-- ``bisect``: GradLoc's depth-first halving over the global term list (ranks in order).
-- ``gradloc``: GradLoc's own path (Tencent-Hunyuan/GradLoc): a single-path binary search over
-  ranks (2 probes per split, keep the larger half), then token bisection inside that one rank,
-  pruning at the threshold itself. About ``2 log2(world) + 2 m log2(N)`` probes; it finds
-  culprits of one rank only, which is why ``auto`` gathers candidates from every rank instead.
+- ``bisect``: our halving (``search.bisect``) over the global term list (ranks in order).
+- ``gradloc``: GradLoc's own path (Tencent-Hunyuan/GradLoc): its micro-batch stage, a
+  single-path binary search over ranks (2 probes per split, the larger token-mean half kept),
+  then its token bisection (``gradloc.token_stage``) inside that one rank. About
+  ``K + 2 log2(world) + 2 m log2(N)`` probes; it finds the culprits of one rank only, which is
+  why ``auto`` gathers candidates from every rank instead. Needs an explicit ``threshold``.
+
+The single-process searches run unchanged on global terms ``(rank, micro_batch, batch,
+position)`` through ``dist_probe.GlobalView`` (they treat terms as opaque), in lockstep.
+A rank that calls ``locate`` while its peers do not waits in the first all-gather (the process
+group's timeout applies): call it on every rank, as the monitor does.
 
 Units. DDP and FSDP2 average gradients over the ``W`` data-parallel ranks, so a term's share of
 the optimizer's gradient is its own-loss gradient divided by ``W``. Every norm in the result

@@ -1,6 +1,6 @@
 """Worker for the distributed localization tests: one process per rank runs every scenario.
 
-``locate_worker.py RANK WORLD PORT OUT_DIR SCENARIOS_JSON``; each scenario is
+``main(rank, world, port, out_dir, scenarios_json)`` (started by ``launch.fork_ranks``); each scenario is
 ``{"name", "wrap": "ddp"|"fsdp2", "culprits": [[rank, b, t], ...], "method", "micro": K}``.
 Writes ``OUT_DIR/<name>.rank<r>.json`` with the result and the leave-no-trace checks.
 """
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -161,9 +160,3 @@ def main(rank: int, world: int, port: str, out_dir: str, scenarios: str) -> None
     print(f"rank {rank}: {time.perf_counter() - t0:.1f} s in the group", flush=True)
     dist.barrier()  # nobody tears gloo down while a peer still talks to it
     dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5])
-    print(f"rank {sys.argv[1]} done", flush=True)
-    os._exit(0)  # skip interpreter teardown (gloo static destructors can std::terminate)
