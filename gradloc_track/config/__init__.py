@@ -1,15 +1,17 @@
 """Typed configs, registered with Hydra's ConfigStore and mirrored by YAML in ``conf/``.
 
-Each YAML file in ``conf/<group>/`` starts from the schema registered here as
-``<group>/<name>_schema`` (Hydra's structured-config "schema" pattern), so typos and wrong
-types fail at composition. Range checks live in each dataclass's ``__post_init__`` and run
-when the app calls ``to_config(cfg)``.
+``conf/config.yaml`` starts from ``root_schema`` (``RootConfig``, registered here), which types
+every group node (``tracker``, ``monitor``, ...): the YAML options in ``conf/<group>/`` merge into
+it, so wrong types and unknown keys fail at composition. The schema is stored outside every
+group, so it is never an option a user can pick (``tracker=schema`` is "not found"). Range checks
+live in each dataclass's ``__post_init__`` and run when the app calls ``to_config(cfg)``, which
+also rejects keys added with ``+key=value`` that no config field reads.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from ._validate import ConfigError
+from ._validate import ConfigError, unknown_keys
 from .clip import AdamCConfig, ClipConfig
 from .monitor import MonitorConfig
 from .root import RootConfig
@@ -24,16 +26,6 @@ __all__ = [
     "TrainConfig", "SpikeInjectionConfig", "register_configs", "to_config",
 ]
 
-_GROUPS = {
-    "tracker": TrackerConfig,
-    "monitor": MonitorConfig,
-    "clip": ClipConfig,
-    "spikes": SpikeConfig,
-    "locate": LocateConfig,
-    "model": ModelConfig,
-    "optim": OptimConfig,
-}
-
 _registered = False
 
 
@@ -44,20 +36,23 @@ def register_configs() -> None:
         return
     from hydra.core.config_store import ConfigStore
 
-    cs = ConfigStore.instance()
-    cs.store(name="root_schema", node=RootConfig)
-    for group, node in _GROUPS.items():
-        cs.store(group=group, name="schema", node=node)
+    # only the root: a schema stored in a group would be a pickable option (``tracker=schema``)
+    ConfigStore.instance().store(name="root_schema", node=RootConfig)
     _registered = True
 
 
 def to_config(cfg: Any) -> RootConfig:
     """Turn a composed DictConfig into validated dataclasses (runs every ``__post_init__``).
 
-    Range errors surface as ``ConfigError`` naming the field, e.g. ``monitor.log_every=-1``.
+    Range errors surface as ``ConfigError`` naming the field, e.g. ``monitor.log_every=-1``;
+    keys no field reads (``+monitor.log_evry=5``) as ``ConfigError`` naming the key.
     """
     from omegaconf import OmegaConf
 
+    unknown = unknown_keys(cfg, RootConfig)
+    if unknown:
+        raise ConfigError(f"unknown config key(s): {'; '.join(unknown)}. Every key must be a field of "
+                          "gradloc_track.config.RootConfig (see conf/); fix or drop the +override")
     try:
         return OmegaConf.to_object(cfg)
     except Exception as exc:  # OmegaConf wraps __post_init__ errors; unwrap ours

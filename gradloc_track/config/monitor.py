@@ -5,7 +5,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ._validate import check, one_of
+from ._validate import check, check_types, one_of
 from ..grouping import GROUP_MODES
 
 RESERVED_LAYER_NAMES = frozenset({"global", "nonfinite"})  # grad_norm/global, grad_norm/nonfinite
@@ -22,14 +22,11 @@ class MonitorConfig:
     weight_norms: bool = True  # weight_norm/* and grad_weight_ratio/*
 
     def __post_init__(self) -> None:
-        check(isinstance(self.log_every, int) and not isinstance(self.log_every, bool) and self.log_every >= 1,
-              "monitor.log_every", self.log_every, "use a positive integer (1 = log every step)")
-        one_of("monitor.group_by", self.group_by, GROUP_MODES)
-        check(isinstance(self.per_tensor, bool), "monitor.per_tensor", self.per_tensor, "use true or false")
-        check(isinstance(self.weight_norms, bool), "monitor.weight_norms", self.weight_norms,
-              "use true or false")
+        check_types(self, "monitor", skip=("groups",))
         check(isinstance(self.groups, Mapping), "monitor.groups", self.groups,
               "use a mapping {layer_name: regex on parameter names}, e.g. {attention: '\\.attn\\.'}")
+        check(self.log_every >= 1, "monitor.log_every", self.log_every, "use a positive integer (1 = log every step)")
+        one_of("monitor.group_by", self.group_by, GROUP_MODES)
         for layer, pattern in self.groups.items():
             check(isinstance(layer, str) and layer != "" and "/" not in layer, "monitor.groups", layer,
                   "layer names must be non-empty strings without '/' (they become metric keys)")

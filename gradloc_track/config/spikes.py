@@ -4,31 +4,55 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ._validate import check, one_of
+from ._validate import check, check_types, one_of
 
 
 @dataclass
 class SpikeConfig:
     enabled: bool = True
-    mode: str = "adaptive"  # adaptive (EMA z-score) | fixed (GradLoc per-token knob)
-    alpha: float = 0.98  # EMA decay of mean/variance
-    z_thresh: float = 6.0
-    ratio_thresh: float = 3.0  # also fire when value > ratio_thresh * EMA mean
+    mode: str = "adaptive"  # adaptive (EMA z-score of log norms) | fixed (GradLoc's per-token knob)
+    alpha: float = 0.99  # EMA decay of the variance and tails (about 1/(1-alpha) = 100 steps of memory)
+    baseline_alpha: float = 0.9  # EMA decay of the baseline (~10 steps: follows early training's fall)
+    z_thresh: float = 6.0  # fire above this z-score (raised by tail_correction where the noise is heavy-tailed)
+    # the value must also exceed min_ratio x its running (geometric) mean: a very steady signal
+    # does not fire on a tiny absolute wobble
+    min_ratio: float = 1.5
+    # also fire when value > ratio_thresh x running mean whatever the noise (null = off): a safety
+    # net for huge jumps while the noise estimate is inflated. Keep it large: at 4x32 tokens a clean
+    # layer norm jumps 3-10x (0.1's default of 3 fired 40 times in 2000 clean steps)
+    ratio_thresh: Optional[float] = 20.0
+    # scale z_thresh by (kurtosis/3)^(1/4): small batches give heavy-tailed norms (a few tokens
+    # dominate the batch gradient), and this keeps the chance of a false alarm at the Gaussian level
+    tail_correction: bool = True
     warmup_steps: int = 20
     per_layer: bool = True
-    # fixed mode: GradLoc-style per-token threshold; fires when global norm > thr / sqrt(n_tokens)
+    # fixed mode: GradLoc's trigger, global norm > per_token_threshold / sqrt(n_tokens) * n_micro_batches
     per_token_threshold: Optional[float] = None
-    score_window: int = 128  # OLMo-style spike score window (mean + 6 sigma of last N)
+    score_window: int = 128  # OLMo-style spike score window (mean + 6 sigma of the last N values)
 
     def __post_init__(self) -> None:
+        check_types(self, "spikes")
         one_of("spikes.mode", self.mode, ("adaptive", "fixed"))
         check(0.0 < self.alpha < 1.0, "spikes.alpha", self.alpha, "use a value strictly between 0 and 1")
-        check(self.z_thresh > 0, "spikes.z_thresh", self.z_thresh, "use a positive z-score")
+        check(0.0 < self.baseline_alpha < 1.0, "spikes.baseline_alpha", self.baseline_alpha,
+              "use a value strictly between 0 and 1")
+        check(0 < self.z_thresh < float("inf"), "spikes.z_thresh", self.z_thresh,
+              "use a positive, finite z-score (e.g. 6)")
+        check(1.0 <= self.min_ratio < float("inf"), "spikes.min_ratio", self.min_ratio,
+              "use a ratio of 1 or more (e.g. 1.5; 1 = no guard)")
+        if self.ratio_thresh is not None:
+            check(self.ratio_thresh > 1.0, "spikes.ratio_thresh", self.ratio_thresh,
+                  "use a ratio above 1 (e.g. 10), or null to turn the ratio rule off")
         check(self.warmup_steps >= 0, "spikes.warmup_steps", self.warmup_steps, "use 0 or more")
+        check(self.score_window >= 2, "spikes.score_window", self.score_window,
+              "use 2 or more steps (OLMo-core uses 128)")
+        if self.per_token_threshold is not None:
+            check(0 < self.per_token_threshold < float("inf"), "spikes.per_token_threshold",
+                  self.per_token_threshold, "use a positive per-token threshold (GradLoc: 100 default, 640 "
+                  "in their run), or null")
         if self.mode == "fixed":
-            check(self.per_token_threshold is not None and self.per_token_threshold > 0,
-                  "spikes.per_token_threshold", self.per_token_threshold,
-                  "fixed mode needs a positive per-token threshold")
+            check(self.per_token_threshold is not None, "spikes.per_token_threshold", self.per_token_threshold,
+                  "spikes.mode=fixed needs a positive per-token threshold (GradLoc: 100 default, 640 in their run)")
 
 
 from .locate import LocateConfig  # noqa: E402,F401  (moved to config/locate.py; kept importable here)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ._validate import check, one_of
+from ._validate import check, check_types, one_of
 
 TRACKER_KINDS = ("none", "wandb", "mlflow", "both", "memory")
 
@@ -20,6 +20,8 @@ class WandbConfig:
     group: Optional[str] = None
 
     def __post_init__(self) -> None:
+        check_types(self, "tracker.wandb")
+        check(self.project.strip() != "", "tracker.wandb.project", self.project, "use a non-empty project name")
         if self.mode is not None:
             one_of("tracker.wandb.mode", self.mode, ("online", "offline", "disabled"))
 
@@ -30,6 +32,14 @@ class MlflowConfig:
     tracking_uri: Optional[str] = None
     experiment_name: str = "gradloc-track"
     tags: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_types(self, "tracker.mlflow")
+        check(self.experiment_name.strip() != "", "tracker.mlflow.experiment_name", self.experiment_name,
+              "use a non-empty experiment name")
+        if self.tracking_uri is not None:
+            check(self.tracking_uri.strip() != "", "tracker.mlflow.tracking_uri", self.tracking_uri,
+                  "use a URI (e.g. sqlite:///mlflow.db or http://127.0.0.1:5000) or null")
 
 
 @dataclass
@@ -45,8 +55,11 @@ class TrackerConfig:
     retry_backoff_s: float = 0.5
 
     def __post_init__(self) -> None:
+        check_types(self, "tracker")
         one_of("tracker.kind", self.kind, TRACKER_KINDS)
         check(self.queue_size > 0, "tracker.queue_size", self.queue_size, "use a positive integer")
         check(self.retries >= 0, "tracker.retries", self.retries, "use 0 or more")
-        check(self.flush_interval_s > 0, "tracker.flush_interval_s", self.flush_interval_s,
-              "use a positive number of seconds")
+        check(0 < self.flush_interval_s < float("inf"), "tracker.flush_interval_s", self.flush_interval_s,
+              "use a positive, finite number of seconds")
+        check(0 <= self.retry_backoff_s < float("inf"), "tracker.retry_backoff_s", self.retry_backoff_s,
+              "use 0 or more seconds")

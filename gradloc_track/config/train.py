@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ._validate import check, one_of
+from ._validate import check, check_types, one_of
 
 
 @dataclass
@@ -18,10 +18,16 @@ class ModelConfig:
     dropout: float = 0.0
 
     def __post_init__(self) -> None:
+        check_types(self, "model")
         one_of("model.kind", self.kind, ("tiny_gpt", "hf_gpt2"))
+        check(self.vocab_size >= 1, "model.vocab_size", self.vocab_size, "use 1 or more")
+        check(self.n_layer >= 1, "model.n_layer", self.n_layer, "use 1 or more")
+        check(self.n_head >= 1, "model.n_head", self.n_head, "use 1 or more attention heads")
+        check(self.d_model >= 1, "model.d_model", self.d_model, "use 1 or more")
         check(self.d_model % self.n_head == 0, "model.d_model", self.d_model,
               f"must be divisible by model.n_head={self.n_head}")
-        check(self.n_layer >= 1, "model.n_layer", self.n_layer, "use 1 or more")
+        check(self.max_seq_len >= 1, "model.max_seq_len", self.max_seq_len, "use 1 or more")
+        check(0.0 <= self.dropout < 1.0, "model.dropout", self.dropout, "use a probability in [0, 1)")
 
 
 @dataclass
@@ -36,11 +42,17 @@ class OptimConfig:
     adamc_lr_max: Optional[float] = None
 
     def __post_init__(self) -> None:
-        check(self.lr > 0, "optim.lr", self.lr, "use a positive learning rate")
+        check_types(self, "optim")
+        check(0 < self.lr < float("inf"), "optim.lr", self.lr, "use a positive, finite learning rate")
+        check(0.0 <= self.min_lr_ratio <= 1.0, "optim.min_lr_ratio", self.min_lr_ratio,
+              "use a fraction of optim.lr in [0, 1]")
+        check(self.warmup_steps >= 0, "optim.warmup_steps", self.warmup_steps, "use 0 or more")
+        check(0 <= self.weight_decay < float("inf"), "optim.weight_decay", self.weight_decay, "use 0 or more")
+        for i, b in enumerate(self.betas):
+            check(0.0 <= b < 1.0, f"optim.betas[{i}]", b, "use a value in [0, 1), e.g. betas=[0.9,0.95]")
         if self.adamc_lr_max is not None:
             check(self.adamc_lr_max > 0, "optim.adamc_lr_max", self.adamc_lr_max,
                   "use the schedule's positive peak learning rate, or null to read it from the scheduler")
-        check(self.weight_decay >= 0, "optim.weight_decay", self.weight_decay, "use 0 or more")
 
 
 @dataclass
@@ -65,6 +77,7 @@ class SpikeInjectionConfig:
     scale: float = 1.0
 
     def __post_init__(self) -> None:
+        check_types(self, "train.inject")
         if self.step is not None:
             check(self.step >= 0, "train.inject.step", self.step, "use a step >= 0 or null")
         if self.every is not None:
@@ -72,6 +85,9 @@ class SpikeInjectionConfig:
         check(self.rank >= 0, "train.inject.rank", self.rank, "use a rank >= 0 (0 = the first process)")
         check(self.kind in ("short_garbage_doc", "corrupt_span"), "train.inject.kind", self.kind,
               "use short_garbage_doc or corrupt_span")
+        check(self.sample >= 0, "train.inject.sample", self.sample, "use a sample index >= 0 (< train.batch_size)")
+        check(self.span >= 1, "train.inject.span", self.span, "use 1 or more loss tokens")
+        check(0 < self.scale < float("inf"), "train.inject.scale", self.scale, "use a positive, finite number")
 
 
 @dataclass
@@ -87,7 +103,23 @@ class TrainConfig:
     inject: SpikeInjectionConfig = field(default_factory=SpikeInjectionConfig)
 
     def __post_init__(self) -> None:
+        check_types(self, "train")
         check(self.steps >= 1, "train.steps", self.steps, "use 1 or more")
         check(self.batch_size >= 1, "train.batch_size", self.batch_size, "use 1 or more")
         check(self.seq_len >= 2, "train.seq_len", self.seq_len, "use 2 or more")
         one_of("train.loss_norm", self.loss_norm, ("token", "sample"))
+        check(self.inject.sample < self.batch_size, "train.inject.sample", self.inject.sample,
+              f"use a sample index below train.batch_size={self.batch_size}")
+        if self.num_threads is not None:
+            check(self.num_threads >= 1, "train.num_threads", self.num_threads, "use 1 or more, or null")
+        try:
+            import torch
+
+            torch.device(self.device)
+        except (RuntimeError, ValueError) as exc:
+            check(False, "train.device", self.device, f"use a torch device such as cpu or cuda:0 ({exc})")
+        if self.corpus is not None:
+            from pathlib import Path
+
+            check(Path(self.corpus).is_file(), "train.corpus", self.corpus,
+                  "use the path of an existing UTF-8 text file, or null for the built-in corpus")

@@ -1,6 +1,8 @@
 """Every config group composes with Hydra and instantiates; bad values fail naming the field."""
 from __future__ import annotations
 
+import re
+
 import pytest
 from hydra import compose, initialize_config_dir
 
@@ -76,10 +78,31 @@ def test_command_line_style_overrides(composer):
     ("model.d_model=30", "model.d_model"),
     ("train.loss_norm=median", "train.loss_norm"),
     ("spikes.alpha=1.0", "spikes.alpha"),
+    ("spikes.ratio_thresh=-1", "spikes.ratio_thresh"),
+    ("spikes.score_window=0", "spikes.score_window"),
+    ("spikes.z_thresh=0", "spikes.z_thresh"),
+    ("spikes.mode=fixed", "spikes.per_token_threshold"),
+    ("model.n_head=0", "model.n_head"),
+    ("model.dropout=1.0", "model.dropout"),
+    ("model.max_seq_len=0", "model.max_seq_len"),
+    ("optim.betas=[0.9,1.5]", "optim.betas[1]"),
+    ("optim.min_lr_ratio=2", "optim.min_lr_ratio"),
+    ("tracker.queue_size=0", "tracker.queue_size"),
+    ("tracker.retry_backoff_s=-1", "tracker.retry_backoff_s"),
+    ("tracker.mlflow.experiment_name=''", "tracker.mlflow.experiment_name"),
+    ("tracker.wandb.mode=sometimes", "tracker.wandb.mode"),
+    ("train.batch_size=0", "train.batch_size"),
+    ("train.num_threads=0", "train.num_threads"),
+    ("train.device=gpu0", "train.device"),
+    ("train.corpus=/nonexistent/corpus.txt", "train.corpus"),
+    ("train.seq_len=4096", "train.seq_len"),
+    ("train.inject.span=0", "train.inject.span"),
+    ("train.inject.sample=99", "train.inject.sample"),
+    ("out_dir=''", "out_dir"),
     ("train.inject.rank=-1", "train.inject.rank"),
 ])
 def test_bad_values_name_the_field(composer, override, field):
-    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+    with pytest.raises(ConfigError, match=re.escape(field)):
         to_config(composer([override]))
 
 
@@ -97,3 +120,40 @@ def test_wrong_type_fails_at_composition(composer):
     with pytest.raises(ConfigCompositionException, match="often") as info:
         composer(["monitor.log_every=often"])
     assert "Integer" in str(info.value.__cause__)
+
+
+@pytest.mark.parametrize("override,named", [
+    ("+monitor.log_evry=5", "monitor.log_evry (did you mean monitor.log_every?)"),
+    ("+unknown_key=1", "unknown_key"),
+    ("+train.inject.stpe=3", "train.inject.stpe (did you mean train.inject.step?)"),
+    ("+spikes.z_threshold=4", "spikes.z_threshold (did you mean spikes.z_thresh?)"),
+])
+def test_unknown_keys_are_rejected_naming_the_key(composer, override, named):
+    """``+key=value`` opens the structured config; validation then refuses keys no field reads."""
+    with pytest.raises(ConfigError, match="unknown config key") as info:
+        to_config(composer([override]))
+    assert named in str(info.value)
+
+
+def test_free_form_mappings_still_take_new_keys(composer):
+    cfg = to_config(composer(["+monitor.groups.attention=attn", "+tracker.mlflow.tags.team=infra"]))
+    assert cfg.monitor.groups == {"attention": "attn"} and cfg.tracker.mlflow.tags == {"team": "infra"}
+
+
+@pytest.mark.parametrize("group", ["tracker", "monitor", "clip", "spikes", "locate", "model", "optim"])
+def test_schema_is_not_a_choice(composer, group):
+    from hydra.errors import MissingConfigException
+
+    with pytest.raises(MissingConfigException, match=f"{group}/schema"):
+        composer([f"{group}=schema"])
+
+
+def test_python_callers_get_type_errors_naming_the_field():
+    from gradloc_track.config import ModelConfig, MonitorConfig, TrackerConfig, TrainConfig
+
+    for build, field in [(lambda: TrackerConfig(queue_size="10"), "tracker.queue_size"),
+                         (lambda: TrainConfig(steps=2.5), "train.steps"),
+                         (lambda: ModelConfig(n_head=None), "model.n_head"),
+                         (lambda: MonitorConfig(per_tensor="yes"), "monitor.per_tensor")]:
+        with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+            build()

@@ -139,5 +139,5 @@ def test_the_detector_gets_host_floats_and_the_token_count(tiny_gpt):
     per, _ = reference(tiny_gpt)
     total = math.sqrt(sum(v * v for v in per.values()))
     # fixed mode: ratio = ||g|| / (per_token_threshold / sqrt(n_tokens))
-    assert det.metrics()["spike/ratio/global"] == pytest.approx(total * math.sqrt(18) / 1e6, rel=1e-5)
-    assert stats.events == [] and stats.metrics["spike/fired"] == 0.0
+    assert det.metrics()["spike/ratio"] == pytest.approx(total * math.sqrt(18) / 1e6, rel=1e-5)
+    assert stats.events == [] and stats.metrics["spike/detected"] == 0.0

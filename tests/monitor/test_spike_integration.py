@@ -53,7 +53,7 @@ def test_spike_on_a_non_logging_step_is_detected_localized_and_written(tiny_gpt)
     assert [(r[0], r[1], r[2]) for r in rows] == [(14, 2, 7)]
     assert tracker.html and "step 14" in tracker.html[0][2]
     logged = dict(tracker.metrics)[14]
-    assert logged["locate/culprits"] == 1.0 and logged["spike/fired"] == 1.0
+    assert logged["locate/culprits"] == 1.0 and logged["spike/detected"] == 1.0
     assert tracker.tags["spike_count"] == "1"
 
 

@@ -1,0 +1,82 @@
+"""Checks of ``GradMonitor``'s constructor arguments: wrong kinds fail at construction, by name.
+
+A monitor built with ``tracker="mlflow"``, ``clipper=AdaGC`` (the class) or a dict where a config
+belongs would otherwise fail at the first logging step, or worse, at the first spike, deep
+inside training.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import fields
+from typing import Any
+
+import torch
+
+from .config import LocateConfig, SpikeConfig
+
+
+def _kind(value: Any) -> str:
+    return f"the class {value.__name__}" if isinstance(value, type) else f"a {type(value).__name__}"
+
+
+def _needs(name: str, value: Any, method: str, example: str) -> None:
+    """``value`` must be None or an instance with a callable ``method``."""
+    if value is None:
+        return
+    if isinstance(value, type):
+        raise TypeError(f"GradMonitor({name}={value.__name__}): that is the class; pass an instance, e.g. "
+                        f"{name}={example}")
+    if not callable(getattr(value, method, None)):
+        raise TypeError(f"GradMonitor({name}=...): got {_kind(value)}, which has no {method}(); pass e.g. "
+                        f"{name}={example}, or None")
+
+
+def check_arguments(model: Any, tracker: Any, clipper: Any, optimizer: Any, detector: Any,
+                    artifact_writer: Any) -> None:
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"GradMonitor(model=...): got {_kind(model)}; pass the torch.nn.Module being trained")
+    if isinstance(tracker, str):
+        raise TypeError(f"GradMonitor(tracker={tracker!r}): a tracker is an object, not a name; build one with "
+                        f"gradloc_track.make_tracker(TrackerConfig(kind={tracker!r})) and pass it, "
+                        "or pass None to log nothing")
+    _needs("tracker", tracker, "log_metrics", "make_tracker(TrackerConfig(kind='mlflow'))")
+    _needs("clipper", clipper, "clip", "AdaGC(model) (see gradloc_track.clip)")
+    if optimizer is not None and (isinstance(optimizer, type) or not hasattr(optimizer, "param_groups")):
+        raise TypeError(f"GradMonitor(optimizer=...): got {_kind(optimizer)}; pass the torch.optim.Optimizer "
+                        "instance (it is read for lr and weight_decay), or None")
+    if not isinstance(detector, SpikeConfig):
+        _needs("detector", detector, "update", "SpikeDetector(warmup_steps=20)")
+        if detector is not None and not callable(getattr(detector, "metrics", None)):
+            raise TypeError(f"GradMonitor(detector=...): got {_kind(detector)}, which has no metrics(); pass a "
+                            "gradloc_track.SpikeDetector or a SpikeConfig")
+    _needs("artifact_writer", artifact_writer, "write", "SpikeArtifactWriter(tracker)")
+
+
+def as_detector(detector: Any) -> Any:
+    """A ``SpikeConfig`` becomes its ``SpikeDetector`` (or None when ``enabled=False``)."""
+    if isinstance(detector, SpikeConfig):
+        from .spikes import SpikeDetector
+
+        return SpikeDetector(detector) if detector.enabled else None
+    return detector
+
+
+def as_locate_config(value: Any) -> LocateConfig:
+    """``None`` -> defaults; a mapping (dict, OmegaConf DictConfig) -> ``LocateConfig(**value)``.
+
+    Converted here, at construction, so a wrong key or value fails now rather than at the first
+    spike (where the localizer's guard would only warn).
+    """
+    if value is None:
+        return LocateConfig()
+    if isinstance(value, LocateConfig):
+        return value
+    if isinstance(value, Mapping):
+        known = {f.name for f in fields(LocateConfig)}
+        unknown = sorted(set(map(str, value)) - known)
+        if unknown:
+            raise TypeError(f"GradMonitor(locate_config=...): unknown key(s) {unknown}; valid keys are the "
+                            f"LocateConfig fields {sorted(known)}")
+        return LocateConfig(**{str(k): v for k, v in value.items()})
+    raise TypeError(f"GradMonitor(locate_config=...): got {_kind(value)}; pass a "
+                    "gradloc_track.config.LocateConfig (or a dict of its fields), or None for the defaults")

@@ -1,0 +1,232 @@
+"""Fault scenarios for GradMonitor (issue 13): misuse and bad input, each on a real tiny model.
+
+Unfrozen parameters, repeated or backwards steps, ``on_nonfinite="raise"``, localizations that
+find nothing, and wrong constructor arguments (each error names the argument and the fix).
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gradloc_track import GradMonitor, MemoryTracker
+from gradloc_track.clip import AdaGC, GlobalClip
+from gradloc_track.config import ConfigError, LocateConfig, SpikeConfig
+from gradloc_track.spikes import SpikeContext, SpikeDetector
+
+from ..monitor.test_monitor import backward, reference
+
+
+# -- parameters unfrozen after the monitor was built --------------------------------------------
+
+def test_an_unfrozen_parameter_is_picked_up_on_the_next_logging_step(tiny_gpt):
+    tiny_gpt.wpe.weight.requires_grad_(False)
+    tracker = MemoryTracker()
+    mon = GradMonitor(tiny_gpt, tracker=tracker, log_every=2)
+    backward(tiny_gpt)
+    assert "wpe.weight" not in mon.after_backward(0).grad_norms
+    tiny_gpt.wpe.weight.requires_grad_(True)  # e.g. gradual unfreezing
+    backward(tiny_gpt, seed=1)
+    assert "wpe.weight" not in mon.after_backward(1).grad_norms  # non-logging step: no re-scan, no cost
+    backward(tiny_gpt, seed=2)
+    stats = mon.after_backward(2)
+    per, layers = reference(tiny_gpt)  # every parameter now has a gradient
+    assert stats.grad_norms["wpe.weight"] == pytest.approx(per["wpe.weight"], rel=1e-5)
+    assert stats.global_norm == pytest.approx(math.sqrt(sum(v * v for v in per.values())), rel=1e-5)
+    assert dict(tracker.metrics)[2]["grad_norm/wpe"] == pytest.approx(layers["wpe"], rel=1e-5)
+    tiny_gpt.wpe.weight.requires_grad_(False)  # and frozen again: dropped
+    backward(tiny_gpt, seed=3)
+    assert "wpe.weight" not in mon.after_backward(4).grad_norms
+
+
+def test_a_clipper_built_while_frozen_clips_its_own_tensors_and_the_gap_is_warned(tiny_gpt):
+    tiny_gpt.wpe.weight.requires_grad_(False)
+    clipper = GlobalClip(tiny_gpt, max_norm=1e-3)
+    mon = GradMonitor(tiny_gpt, tracker=MemoryTracker(), clipper=clipper)
+    tiny_gpt.wpe.weight.requires_grad_(True)
+    backward(tiny_gpt)
+    per, _ = reference(tiny_gpt)
+    wpe_before = tiny_gpt.wpe.weight.grad.clone()
+    with pytest.warns(UserWarning, match=r"wpe\.weight.*not clipped.*GlobalClip"):
+        stats = mon.after_backward(0)
+    clipped_total = math.sqrt(sum(v * v for n, v in per.items() if n != "wpe.weight"))
+    assert stats.clip.total_norm == pytest.approx(clipped_total, rel=1e-5)  # the clipper's tensors only
+    assert torch.equal(tiny_gpt.wpe.weight.grad, wpe_before)
+    assert stats.grad_norms["wpe.weight"] == pytest.approx(per["wpe.weight"], rel=1e-5)  # but monitored
+
+
+# -- repeated and backwards steps ----------------------------------------------------------------
+
+def test_a_repeated_step_warns_and_advances_no_state(tiny_gpt):
+    tracker = MemoryTracker()
+    clipper = AdaGC(tiny_gpt, warmup_steps=2)
+    det = SpikeDetector(warmup_steps=1)
+    mon = GradMonitor(tiny_gpt, tracker=tracker, clipper=clipper, detector=det)
+    for step in range(3):
+        backward(tiny_gpt, seed=step)
+        mon.after_backward(step)
+    clip_state, det_state = clipper.state_dict(), det.state_dict()
+    grads = [p.grad.clone() for p in tiny_gpt.parameters()]
+    with pytest.warns(UserWarning, match="called again for step 2"):
+        stats = mon.after_backward(2)
+    assert not stats.logged and stats.clip is None and stats.events == []
+    assert all(torch.equal(a, p.grad) for a, p in zip(grads, tiny_gpt.parameters()))  # not clipped twice
+    assert repr(clipper.state_dict()) == repr(clip_state) and det.state_dict() == det_state
+    assert [s for s, _ in tracker.metrics] == [0, 1, 2]  # step 2 logged once
+
+
+def test_a_step_going_backwards_warns_and_is_processed_once(tiny_gpt):
+    tracker = MemoryTracker()
+    clipper = AdaGC(tiny_gpt, warmup_steps=2)
+    mon = GradMonitor(tiny_gpt, tracker=tracker, clipper=clipper)
+    for step in (10, 11):
+        backward(tiny_gpt, seed=step)
+        mon.after_backward(step)
+    backward(tiny_gpt, seed=5)
+    with pytest.warns(UserWarning, match=r"went backwards \(11 -> 5\)"):
+        stats = mon.after_backward(5)
+    assert stats.clip is not None and clipper.steps == 3
+    assert [s for s, _ in tracker.metrics] == [10, 11, 5]
+
+
+# -- on_nonfinite="raise" logs the step first ---------------------------------------------------
+
+def test_raise_on_nonfinite_logs_and_flushes_the_step_before_raising(tiny_gpt, tmp_path):
+    from gradloc_track.trackers.async_writer import AsyncTracker
+    from gradloc_track.trackers.local_tracker import LocalTracker
+
+    # a real background writer with a long flush interval: only flush() gets the record out in time
+    tracker = AsyncTracker(lambda: LocalTracker(tmp_path / "run"), "local", tmp_path, flush_interval_s=60.0)
+    try:
+        mon = GradMonitor(tiny_gpt, tracker=tracker, clipper=GlobalClip(tiny_gpt, on_nonfinite="raise"),
+                          log_every=10)
+        backward(tiny_gpt)
+        tiny_gpt.h[1].mlp.fc.weight.grad[0, 0] = float("nan")
+        with pytest.raises(FloatingPointError, match="non-finite"):
+            mon.after_backward(7)  # not a logging step: the error makes it one
+        rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    finally:
+        tracker.finish("failed")
+    (row,) = rows
+    m = row["metrics"]
+    assert row["step"] == 7 and m["clip/nonfinite"] == 1.0 and m["grad_norm/nonfinite"] == 1.0
+    assert math.isnan(m["grad_norm/h.1"]) and math.isfinite(m["grad_norm/h.0"])  # where it broke
+
+
+# -- localizations that find nothing do not use up locate.max_events ----------------------------
+
+def test_empty_localizations_do_not_use_up_max_events(tiny_gpt):
+    """Every step fires (fixed mode, tiny threshold); only steps 6 and 7 hold a culprit term."""
+    B, T = 2, 8
+    tracker = MemoryTracker()
+    mon = GradMonitor(tiny_gpt, tracker=tracker, log_every=100,
+                      detector=SpikeDetector(mode="fixed", per_token_threshold=1e-6),
+                      locate_config=LocateConfig(method="bisect", budget=16, max_events=2))
+    g = torch.Generator().manual_seed(0)
+    located, said = {}, {}
+    for step in range(1, 10):
+        x, y = torch.randint(0, 64, (B, T), generator=g), torch.randint(0, 64, (B, T), generator=g)
+        w = torch.ones(B, T)
+        if step in (6, 7, 9):
+            w[1, 3] = 500.0
+
+        def loss_fn(mask, x=x, y=y, w=w):
+            per = F.cross_entropy(tiny_gpt(x).reshape(-1, 64), y.reshape(-1), reduction="none").view(B, T)
+            return (per * w * mask).sum() / (B * T)
+
+        mask = torch.ones(B, T)
+        tiny_gpt.zero_grad(set_to_none=True)
+        loss_fn(mask).backward()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            stats = mon.after_backward(step, spike_context=SpikeContext(loss_fn, mask, input_ids=y))
+        said[step] = [str(w.message) for w in caught if "no culprit" in str(w.message)]
+        located[step] = None if stats.locate is None else len(stats.locate.tokens)
+    # 1, 2: empty (free, up to max_events=2); then back-off: 3 tried (empty), 4 skipped, 5 tried
+    # (empty), 6-8 skipped; the culprits at 6 and 7 fall in the back-off window. Step 9 is tried.
+    assert located == {1: 0, 2: 0, 3: 0, 4: None, 5: 0, 6: None, 7: None, 8: None, 9: 1}
+    assert (mon.events_localized, mon.events_unconfirmed) == (1, 4)
+    assert [step for step, msgs in said.items() if msgs] == [2]  # warned once, when the free ones ran out
+    assert "raise spikes.z_thresh" in said[2][0]
+
+
+def test_culprits_use_up_max_events_and_empty_results_do_not(tiny_gpt):
+    B, T = 2, 8
+    mon = GradMonitor(tiny_gpt, tracker=MemoryTracker(), log_every=100,
+                      detector=SpikeDetector(mode="fixed", per_token_threshold=1e-6),
+                      locate_config=LocateConfig(method="bisect", budget=16, max_events=2))
+    g = torch.Generator().manual_seed(1)
+    located = []
+    for step in range(1, 6):
+        x, y = torch.randint(0, 64, (B, T), generator=g), torch.randint(0, 64, (B, T), generator=g)
+        w = torch.ones(B, T)
+        if step != 2:
+            w[0, step] = 500.0
+
+        def loss_fn(mask, x=x, y=y, w=w):
+            per = F.cross_entropy(tiny_gpt(x).reshape(-1, 64), y.reshape(-1), reduction="none").view(B, T)
+            return (per * w * mask).sum() / (B * T)
+
+        mask = torch.ones(B, T)
+        tiny_gpt.zero_grad(set_to_none=True)
+        loss_fn(mask).backward()
+        stats = mon.after_backward(step, spike_context=SpikeContext(loss_fn, mask, input_ids=y))
+        located.append(None if stats.locate is None else len(stats.locate.tokens))
+    assert located == [1, 0, 1, None, None]  # the empty step 2 left room for step 3
+
+
+# -- micro-batches reach the fixed trigger -------------------------------------------------------
+
+def test_fixed_trigger_counts_micro_batches_and_their_tokens(tiny_gpt):
+    det = SpikeDetector(mode="fixed", per_token_threshold=1e6)
+    mon = GradMonitor(tiny_gpt, tracker=MemoryTracker(), log_every=10, detector=det)
+    masks = [torch.ones(2, 16), torch.ones(3, 8), torch.zeros(1, 4)]
+    masks[2][0, :3] = 1.0  # 32 + 24 + 3 = 59 loss tokens in 3 micro-batches
+    backward(tiny_gpt)
+    ctx = SpikeContext(loss_fn=[lambda m: m.sum()] * 3, token_mask=masks)
+    stats = mon.after_backward(1, spike_context=ctx)
+    assert stats.events == []
+    assert det.metrics()["spike/threshold"] == pytest.approx(1e6 / math.sqrt(59) * 3)
+
+
+# -- constructor arguments -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"tracker": "mlflow"}, r"tracker='mlflow'.*make_tracker\(TrackerConfig\(kind='mlflow'\)\)"),
+    ({"tracker": MemoryTracker}, r"tracker=MemoryTracker.*class.*instance"),
+    ({"tracker": 3}, r"tracker=.*int.*log_metrics"),
+    ({"clipper": AdaGC}, r"clipper=AdaGC.*class.*AdaGC\(model\)"),
+    ({"clipper": "adagc"}, r"clipper=.*str.*clip\(\)"),
+    ({"detector": SpikeDetector}, r"detector=SpikeDetector.*class.*instance"),
+    ({"detector": "adaptive"}, r"detector=.*str.*update\(\)"),
+    ({"optimizer": torch.optim.AdamW}, r"optimizer=.*class AdamW.*Optimizer"),
+    ({"locate_config": "bisect"}, r"locate_config=.*str.*LocateConfig"),
+    ({"locate_config": {"budjet": 8}}, r"locate_config=.*budjet"),
+    ({"artifact_writer": object()}, r"artifact_writer=.*write\(\)"),
+])
+def test_wrong_arguments_fail_at_construction_naming_the_argument(tiny_gpt, kwargs, message):
+    with pytest.raises(TypeError, match=message):
+        GradMonitor(tiny_gpt, **kwargs)
+
+
+def test_model_must_be_a_module():
+    with pytest.raises(TypeError, match=r"model=.*torch\.nn\.Module"):
+        GradMonitor([torch.nn.Parameter(torch.ones(2))])
+
+
+def test_a_locate_config_dict_is_converted_and_checked_at_construction(tiny_gpt):
+    mon = GradMonitor(tiny_gpt, locate_config={"method": "bisect", "budget": 32})
+    assert isinstance(mon.locate_config, LocateConfig) and mon.locate_config.budget == 32
+    with pytest.raises(ConfigError, match=re.escape("locate.budget")):
+        GradMonitor(tiny_gpt, locate_config={"budget": 0})
+
+
+def test_a_spike_config_becomes_its_detector(tiny_gpt):
+    mon = GradMonitor(tiny_gpt, detector=SpikeConfig(warmup_steps=3))
+    assert isinstance(mon.detector, SpikeDetector) and mon.detector.config.warmup_steps == 3
+    assert GradMonitor(tiny_gpt, detector=SpikeConfig(enabled=False)).detector is None
