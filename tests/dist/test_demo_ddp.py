@@ -18,7 +18,7 @@ STEP = 100
 ARGS = ["tracker=mlflow", "train.steps=103", "train.batch_size=4", "train.seq_len=128", "model.n_layer=1",
         "model.d_model=32", "model.n_head=2", "model.max_seq_len=128", "train.num_threads=1",
         "train.loss_norm=sample", f"train.inject.step={STEP}", "train.inject.sample=1", "train.inject.span=2",
-        "train.inject.rank=1", "spikes.warmup_steps=80", "optim.lr=2e-3"]
+        "train.inject.rank=1", "spikes.warmup_steps=80", "spikes.ratio_thresh=3.0", "optim.lr=2e-3"]
 
 
 @pytest.mark.slow
