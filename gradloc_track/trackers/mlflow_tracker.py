@@ -134,6 +134,15 @@ class MlflowTracker(Tracker):
         for i in range(0, len(items), MAX_METRICS_PER_BATCH):
             self.client.log_batch(self.run_id, metrics=items[i: i + MAX_METRICS_PER_BATCH], synchronous=True)
 
+    def log_metric_records(self, records: list[tuple[Mapping[str, float], int, int]]) -> None:
+        """Many ``(metrics, step, timestamp_ms)`` records in as few requests as possible (replay)."""
+        from mlflow.entities import Metric
+
+        items = [Metric(mlflow_key(k), float(v), int(ts), int(step)) for metrics, step, ts in records
+                 for k, v in metrics.items()]
+        for i in range(0, len(items), MAX_METRICS_PER_BATCH):
+            self.client.log_batch(self.run_id, metrics=items[i: i + MAX_METRICS_PER_BATCH], synchronous=True)
+
     def log_params(self, params: Mapping[str, Any]) -> None:
         from mlflow.entities import Param
 

@@ -55,6 +55,25 @@ def _send(tracker: Tracker, rec: dict[str, Any]) -> None:
         getattr(tracker, call)(*args)
 
 
+def _batches(records: list[dict[str, Any]], tracker: Tracker, size: int = 100):
+    """Runs of metric records sent together when the tracker can (one request instead of ``size``)."""
+    batch: list[dict[str, Any]] = []
+    can = callable(getattr(tracker, "log_metric_records", None))
+    for rec in records:
+        if can and rec["call"] == "log_metrics" and rec.get("ts") is not None:
+            batch.append(rec)
+            if len(batch) == size:
+                yield batch
+                batch = []
+            continue
+        if batch:
+            yield batch
+            batch = []
+        yield [rec]
+    if batch:
+        yield batch
+
+
 def open_backend(run_dir: Path, backend: str, tracking_uri: str | None = None) -> tuple[Tracker, dict[str, Any]]:
     """The original backend run of ``run_dir`` (created from the recorded spec if it never existed)."""
     rec = read_run_record(run_dir, backend)
@@ -107,12 +126,15 @@ def _replay_one(run_dir: Path, spool_file: Path, tracking_uri: str | None) -> Re
     # the final status goes last, whatever its place in the spool (records spooled after it are
     # the tail a timed-out finish() handed over)
     finals = [r for r in todo if r["call"] == "finish"]
-    for rec in [r for r in todo if r["call"] != "finish"] + finals[-1:]:
-        _send(tracker, rec)
-        done.add(rec["line"])
-        result.sent += 1
-        if rec["call"] == "finish":
-            result.status = rec["args"][0] if rec["args"] else "success"
+    for batch in _batches([r for r in todo if r["call"] != "finish"] + finals[-1:], tracker):
+        if len(batch) > 1:
+            tracker.log_metric_records([(r["args"][0], r["args"][1], r["ts"]) for r in batch])
+        else:
+            _send(tracker, batch[0])
+        done.update(r["line"] for r in batch)
+        result.sent += len(batch)
+        if batch[0]["call"] == "finish":
+            result.status = batch[0]["args"][0] if batch[0]["args"] else "success"
         atomic_write_json(_ledger_path(spool_file), {"lines": sorted(done)})
     for rec in finals[:-1]:  # superseded final statuses: nothing to send
         done.add(rec["line"])
