@@ -241,6 +241,8 @@ class AsyncTracker(Tracker):
             try:
                 call, args, ts = self._q.get(timeout=self._flush_interval)
             except queue.Empty:
+                if self._abandoned is not None:
+                    return  # finish() took over: everything left is in the spool
                 self._guard(self._write_metrics)
                 last = time.monotonic()
                 continue
