@@ -48,7 +48,7 @@ class TrackerConfig:
     call_timeout_s: float = 10.0
     open_timeout_s: float = 120.0  # the first call (creating the run; a new SQLite store takes seconds)
     probe_interval_s: float = 30.0  # while down, try the backend again this often
-    finish_timeout_s: float = 60.0  # finish() returns within this; the rest is spooled for replay
+    finish_timeout_s: float = 120.0  # finish() returns within this; the rest is spooled for replay
 
     def __post_init__(self) -> None:
         one_of("tracker.kind", self.kind, TRACKER_KINDS)

@@ -118,7 +118,7 @@ class AsyncTracker(Tracker):
     def __init__(self, factory: Callable[[], Tracker], name: str, run_dir: str | Path,
                  queue_size: int = 10000, flush_interval_s: float = 1.0, retries: int = 3,
                  retry_backoff_s: float = 0.5, put_timeout_s: float = 0.05, call_timeout_s: float = 10.0,
-                 finish_timeout_s: float = 60.0, probe_interval_s: float = 30.0, open_timeout_s: float = 120.0,
+                 finish_timeout_s: float = 120.0, probe_interval_s: float = 30.0, open_timeout_s: float = 120.0,
                  spec: Mapping[str, Any] | None = None, cancel: threading.Event | None = None) -> None:
         self.name = name
         self.run_dir = Path(run_dir)

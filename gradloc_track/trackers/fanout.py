@@ -59,8 +59,12 @@ class FanoutTracker(Tracker):
     def flush(self):
         self._each("flush")
 
-    def finish(self, status="success"):
+    def finish(self, status="success", timeout_s=None):
         from . import sigterm
 
         sigterm.forget(self)
-        self._each("finish", status)
+        for t in self.trackers:
+            try:
+                t.finish(status, timeout_s=timeout_s) if timeout_s is not None else t.finish(status)
+            except TypeError:
+                t.finish(status)

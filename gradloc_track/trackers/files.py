@@ -9,15 +9,17 @@ from typing import Any
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to a temp file beside ``path``, fsync it, then ``os.replace`` (atomic on POSIX)."""
+    """Write ``data`` to a temp file beside ``path``, then ``os.replace`` it (atomic on POSIX).
+
+    A killed process leaves the old file or the new one. No fsync: that guards against power
+    loss, not process death, and costs milliseconds per call on the training thread.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:

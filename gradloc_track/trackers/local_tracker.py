@@ -29,7 +29,7 @@ class LocalTracker(Tracker):
     #: submitted jobs (artifact rendering) run on one background thread
     runs_jobs_off_thread = True
 
-    def __init__(self, run_dir: str | Path, finish_timeout_s: float = 60.0) -> None:
+    def __init__(self, run_dir: str | Path, finish_timeout_s: float = 120.0) -> None:
         self.run_dir = Path(run_dir)
         self.finish_timeout_s = finish_timeout_s
         self.dropped = 0
@@ -131,19 +131,19 @@ class LocalTracker(Tracker):
         except Exception as exc:  # rendering failed: report, never crash
             warnings.warn(f"gradloc-track: writing a spike artifact failed: {exc!r}", RuntimeWarning)
 
-    def flush(self) -> None:
+    def flush(self, timeout_s: float | None = None) -> None:
         if self._jobs is not None:
             with self._jobs.all_tasks_done:
                 self._jobs.all_tasks_done.wait_for(lambda: self._jobs.unfinished_tasks == 0,
-                                                   self.finish_timeout_s)
+                                                   self.finish_timeout_s if timeout_s is None else timeout_s)
 
-    def finish(self, status: str = "success") -> None:
+    def finish(self, status: str = "success", timeout_s: float | None = None) -> None:
         if self._finished:
             return
         from . import sigterm
 
         sigterm.forget(self)
-        self.flush()
+        self.flush(timeout_s)
         self._finished = True
         if self._jobs is not None:
             self._jobs.put(None)

@@ -3,7 +3,7 @@
 While at least one run opened by ``make_tracker`` is active, a handler is installed in the MAIN
 thread only (Python delivers signals there; ``signal.signal`` elsewhere raises). On SIGTERM it
 finishes every active run with status ``"killed"`` (queued records flushed, the rest spooled,
-within each tracker's ``finish_timeout_s``), then chains to the handler that was installed
+within ``GRACE_S`` = 20 s, under the usual 30 s before a scheduler's SIGKILL), then chains to the handler that was installed
 before: a Python handler is called; the default action is restored and the signal re-raised, so
 the process still dies of SIGTERM; an ignored SIGTERM stays ignored (and the runs are left open,
 since the process keeps training). When the last run finishes, the previous handler is restored
@@ -18,6 +18,10 @@ import threading
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+#: seconds the handler gives each run's finish(): under the 30 s grace most schedulers allow
+#: between SIGTERM and SIGKILL (Kubernetes' default, Slurm's KillWait); what is left is spooled
+GRACE_S = 20.0
 
 _active: list[Any] = []
 _previous: Any = None
@@ -36,7 +40,7 @@ def _handler(signum, frame) -> None:
         # code holds a queue lock: finish in a helper thread and wait a bounded time for it
         t = threading.Thread(target=_finish_killed, args=(tracker,), daemon=True)
         t.start()
-        t.join(getattr(tracker, "finish_timeout_s", 30.0) + 5.0)
+        t.join(GRACE_S + 5.0)
     _uninstall()
     if callable(prev):
         prev(signum, frame)
@@ -47,7 +51,10 @@ def _handler(signum, frame) -> None:
 
 def _finish_killed(tracker: Any) -> None:
     try:
-        tracker.finish("killed")
+        try:
+            tracker.finish("killed", timeout_s=GRACE_S)
+        except TypeError:  # a finish() without a timeout
+            tracker.finish("killed")
     except Exception as exc:  # noqa: BLE001 - a dying process must still reach the previous handler
         log.warning("SIGTERM: finishing %r failed: %r", tracker, exc)
 

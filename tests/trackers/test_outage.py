@@ -134,9 +134,9 @@ def test_local_files_are_replaced_atomically(tmp_path, monkeypatch):
     tracker = LocalTracker(tmp_path)
     tracker.set_tags({"a": "1"})
 
-    def crash(fd):
-        raise OSError(5, "I/O error (injected mid-write)")
-    monkeypatch.setattr(os, "fsync", crash)
+    def crash(src, dst):
+        raise OSError(5, "I/O error (injected: killed before the rename)")
+    monkeypatch.setattr(os, "replace", crash)
     with pytest.warns(RuntimeWarning, match="cannot write"):
         tracker.set_tags({"b": "2"})  # never raises into training
     assert json.loads((tmp_path / "tags.json").read_text()) == {"a": "1"}  # the old file, whole
