@@ -132,7 +132,8 @@ def test_server_dead_from_the_start(server, tmp_path, capsys):
     tracker = make_tracker(cfg, run_dir=tmp_path)
     dead_s = train(tracker)
     finish_s = timed_finish(tracker)
-    print(f"loop: {baseline_s:.2f} s in memory, {dead_s:.2f} s with the server dead; finish() {finish_s:.2f} s")
+    with capsys.disabled():
+        print(f"\nloop: {baseline_s:.2f} s in memory, {dead_s:.2f} s with the server dead; finish() {finish_s:.2f} s")
     assert dead_s < 2 * baseline_s + 1.0, "a dead server must not slow training down"
     assert finish_s < cfg.finish_timeout_s + 2.0, f"finish() took {finish_s:.1f} s, bound {cfg.finish_timeout_s} s"
     assert sorted(spooled_steps(tmp_path)) == list(range(STEPS))  # every step, once
@@ -166,8 +167,9 @@ def test_server_killed_mid_run_and_never_restarted(server, tmp_path, capsys):
 
     run_s = train(tracker, at_step=kill_at_100)
     finish_s = timed_finish(tracker)
-    print(f"loop: {baseline_s:.2f} s in memory, {run_s:.2f} s with the server killed at step {STEPS // 2}; "
-          f"finish() {finish_s:.2f} s")
+    with capsys.disabled():
+        print(f"\nloop: {baseline_s:.2f} s in memory, {run_s:.2f} s with the server killed at step {STEPS // 2}; "
+              f"finish() {finish_s:.2f} s")
     assert finish_s < cfg.finish_timeout_s + 2.0, f"finish() took {finish_s:.1f} s, bound {cfg.finish_timeout_s} s"
     assert run_s < 2 * baseline_s + cfg.call_timeout_s + 1.0, "at most one bounded wait, on the writer thread"
     run_id = read_run_record(tmp_path, "mlflow")["run"]["run_id"]
