@@ -134,8 +134,8 @@ def test_server_dead_from_the_start(server, tmp_path, capsys):
     finish_s = timed_finish(tracker)
     with capsys.disabled():
         print(f"\nloop: {baseline_s:.2f} s in memory, {dead_s:.2f} s with the server dead; finish() {finish_s:.2f} s")
-    assert dead_s < 2 * baseline_s + 1.0, "a dead server must not slow training down"
-    assert finish_s < cfg.finish_timeout_s + 2.0, f"finish() took {finish_s:.1f} s, bound {cfg.finish_timeout_s} s"
+    assert dead_s < 2 * baseline_s + 3.0, "a dead server must not slow training down (a wait would be >= 30 s)"
+    assert finish_s < cfg.finish_timeout_s + 5.0, f"finish() took {finish_s:.1f} s, bound {cfg.finish_timeout_s} s"
     assert sorted(spooled_steps(tmp_path)) == list(range(STEPS))  # every step, once
     assert "run" not in read_run_record(tmp_path, "mlflow")  # the server never answered: no run yet
 
@@ -170,8 +170,8 @@ def test_server_killed_mid_run_and_never_restarted(server, tmp_path, capsys):
     with capsys.disabled():
         print(f"\nloop: {baseline_s:.2f} s in memory, {run_s:.2f} s with the server killed at step {STEPS // 2}; "
               f"finish() {finish_s:.2f} s")
-    assert finish_s < cfg.finish_timeout_s + 2.0, f"finish() took {finish_s:.1f} s, bound {cfg.finish_timeout_s} s"
-    assert run_s < 2 * baseline_s + cfg.call_timeout_s + 1.0, "at most one bounded wait, on the writer thread"
+    assert finish_s < cfg.finish_timeout_s + 5.0, f"finish() took {finish_s:.1f} s, bound {cfg.finish_timeout_s} s"
+    assert run_s < 2 * baseline_s + 3.0, "the killed server must not slow training down"
     run_id = read_run_record(tmp_path, "mlflow")["run"]["run_id"]
     spooled = spooled_steps(tmp_path)
     assert [r["args"] for r in read_spool(tmp_path / "spool" / "mlflow.jsonl") if r["call"] == "finish"] == [["success"]]
@@ -315,7 +315,7 @@ def test_unwritable_spool_counts_what_was_lost(where, tmp_path, full_disk):
     with pytest.warns(RuntimeWarning) as caught:
         train(tracker, steps=40, at_step=lambda s: tracker.flush())
         t_finish = timed_finish(tracker)
-    assert t_finish < tracker.finish_timeout_s + 2.0
+    assert t_finish < tracker.finish_timeout_s + 5.0
     messages = " ".join(str(w.message) for w in caught)
     assert "LOST" in messages and "tracker/dropped" in messages
     assert tracker.dropped == 20  # steps 0-19: neither the backend nor the spool took them

@@ -59,7 +59,7 @@ def test_finish_is_bounded_with_a_hung_backend_and_spools_the_rest(tmp_path):
         tracker.finish("success")
     took = time.perf_counter() - t0
     backend.release.set()
-    assert took < 1.0 + 1.0, f"finish() took {took:.1f} s with a 1 s bound"
+    assert took < 1.0 + 5.0, f"finish() took {took:.1f} s with a 1 s bound (the hung call waits 60 s)"
     recs = read_spool(tmp_path / "spool" / "hung.jsonl")
     assert sorted(r["args"][1] for r in recs if r["call"] == "log_metrics") == list(range(3, 10))
     assert any("in flight" in r["error"] for r in recs)  # step 3: maybe in the backend too (replay dedups)

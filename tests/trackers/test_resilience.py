@@ -75,7 +75,7 @@ def test_unreachable_mlflow_server_does_not_block_training(tmp_path):
         warnings.simplefilter("ignore")
         tracker.finish("success")
     finish_s = time.perf_counter() - t0
-    assert finish_s < cfg.finish_timeout_s + 1.0, f"finish() took {finish_s:.1f} s, bound {cfg.finish_timeout_s} s"
+    assert finish_s < cfg.finish_timeout_s + 5.0, f"finish() took {finish_s:.1f} s, bound {cfg.finish_timeout_s} s"
     recs = read_spool(tmp_path / "spool" / "mlflow.jsonl")
     logged = {}
     for r in recs:
