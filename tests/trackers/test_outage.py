@@ -200,3 +200,24 @@ def test_spool_write_failure_is_reported_once(tmp_path, monkeypatch):
         for i in range(5):
             assert spool.write("log_metrics", [{"x": 1.0}, i], "down") is False
     assert spool.dropped == 5 and len([w for w in caught if "LOST" in str(w.message)]) == 1
+
+
+def test_replay_cli_names_the_fix_when_there_is_nothing_to_replay(tmp_path, capsys):
+    from gradloc_track.cli import main
+
+    assert main(["replay", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "no spool/*.jsonl" in err and "pass the run directory" in err
+
+
+def test_replay_into_a_given_tracker_sends_every_record_once(tmp_path):
+    from gradloc_track.trackers import replay_spool
+
+    spool = Spool(tmp_path / "spool" / "x.jsonl", "x")
+    spool.write("log_metrics", [{"a": 1.0, "tok": "nan"}, 0], "down", ts=5)
+    spool.write("log_table", ["t", ["c"], [[2]], 0], "down", ts=6)
+    spool.write("finish", ["failed"], "down", ts=7)
+    target = MemoryTracker()
+    assert replay_spool(tmp_path, target) == 2
+    assert target.metrics == [(0, {"a": 1.0, "tok": "nan"})] and target.tables["t"]["rows"] == [[2]]
+    assert target.finished is None  # a given tracker is not finished by the replay
