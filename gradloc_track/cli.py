@@ -2,6 +2,9 @@
 
 ``gradloc-track report <run dir | MLflow run id> [--tracking-uri URI] [-o out.html]`` writes one
 standalone HTML page with every spike event of a run (no script, nothing loaded from outside).
+
+``gradloc-track replay <run dir> [--tracking-uri URI]`` sends what a tracker outage left in the
+run directory's spool to the ORIGINAL run, with its final status; running it again sends nothing.
 """
 from __future__ import annotations
 
@@ -18,11 +21,37 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--tracking-uri", default=None,
                      help="MLflow tracking URI for a run id (default: $MLFLOW_TRACKING_URI, else ./mlflow.db)")
     rep.add_argument("-o", "--output", default="spike_report.html", help="output file (default: %(default)s)")
+    _add_replay(sub)
     return parser
+
+
+def _add_replay(sub) -> None:
+    rp = sub.add_parser("replay", help="send a run directory's spooled records (a tracker outage) to the original run")
+    rp.add_argument("run_dir", help="the run directory training wrote (holding spool/ and tracker/)")
+    rp.add_argument("--tracking-uri", default=None,
+                    help="MLflow tracking URI, if the server moved (default: the one the run was logged to)")
+
+
+def _replay(args) -> int:
+    from .trackers.replay import replay_run_dir
+
+    try:
+        results = replay_run_dir(args.run_dir, args.tracking_uri)
+    except (FileNotFoundError, ValueError, ImportError) as exc:
+        print(f"gradloc-track replay: {exc}", file=sys.stderr)
+        return 2
+    for r in results:
+        run = r.run.get("run_id", "?")
+        status = f", final status {r.status}" if r.status else ""
+        print(f"{r.backend} run {run}: replayed {r.sent} record(s){status}"
+              + (f" ({r.already} replayed before)" if r.already else ""))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "replay":
+        return _replay(args)
     from .report import build_report
 
     try:

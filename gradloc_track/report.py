@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 import re
 import tempfile
 from pathlib import Path
 
 from .artifacts.highlight import visible
+from .artifacts.table_store import read_table
 
 STEP = re.compile(r"step_(\d+)\.(html|png)$")
 CSS = ("body{font-family:system-ui,sans-serif;margin:16px} table{border-collapse:collapse;font-size:12px}"
@@ -87,8 +87,7 @@ def build_report(source: str | Path, tracking_uri: str | None = None) -> str:
     if not spikes.is_dir():
         raise ReportSourceError(f"{source}: no spikes/ folder in this run directory; it logged no spike events "
                                 "(or pass the run directory the tracker wrote, the one holding spikes/)")
-    tokens = spikes / "tokens.json"
-    table = json.loads(tokens.read_text(encoding="utf-8")) if tokens.exists() else {"columns": [], "data": []}
+    table = read_table(root, "spikes/tokens")  # the per-event parts (or an older run's tokens.json)
     pages = _by_step(spikes / "highlight", "html")
     images = _by_step(spikes / "heatmap", "png")
     steps = sorted(set(pages) | set(images))

@@ -43,14 +43,17 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_mlflow_server(backend_uri: str, root: Path):
-    """A real ``mlflow server`` on 127.0.0.1 over ``backend_uri``; yields its URI, stops at exit."""
+def running_mlflow_server(backend_uri: str, root: Path, port: int | None = None):
+    """A real ``mlflow server`` on 127.0.0.1 over ``backend_uri``; yields its URI, stops at exit.
+
+    ``port``: listen there (e.g. to restart a killed server at the address its clients know).
+    """
     import subprocess
     import time
     import urllib.request
 
-    port = _free_port()
-    log = open(root / "server.log", "w")
+    port = port or _free_port()
+    log = open(root / "server.log", "a")
     proc = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
          "--backend-store-uri", backend_uri, "--artifacts-destination", str(root / "artifacts"), "--workers", "1"],

@@ -1,10 +1,21 @@
-"""Send a localized spike to the tracker: table rows, highlighted HTML, heatmap, tags, metrics."""
+"""Send a localized spike to the tracker: table rows, highlighted HTML, heatmap, tags, metrics.
+
+The training thread does only the cheap part (tags, metrics, the table rows, and CPU copies of
+the tensors the renderers read); rendering the HTML and the heatmap, and writing them, is a job
+handed to ``tracker.submit``: trackers that own a thread (the background writer of W&B/MLflow,
+the local run directory) run it there, in order with the calls made before it, so a spike's media
+still land at its step.
+"""
 from __future__ import annotations
 
+import copy
 import tempfile
+import threading
 import warnings
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
+
+import torch
 
 from ..locate.result import LocateResult
 from ..spikes.event import SpikeEvent
@@ -22,7 +33,8 @@ class SpikeArtifactWriter:
     """``write(step, events, result, ctx)`` for each localized spike; never raises into training.
 
     Per event it logs, with the tracker's file layout (see ``trackers/base.py``):
-    - table ``spikes/tokens``: one row per culprit, appended to ONE growing table per run;
+    - table ``spikes/tokens``: one row per culprit, appended as one part per event (never
+      rewritten; ``read_table`` joins the parts);
     - html ``spikes/highlight`` at ``step``: the highlighted text (``render_highlight_html``);
     - image ``spikes/heatmap`` at ``step``: tokens x layers of the first affected sample
       (PNG rendered under ``run_dir/rendered/``; skipped without matplotlib or ``images=False``);
@@ -60,21 +72,71 @@ class SpikeArtifactWriter:
             self._extra = list(getattr(ctx, "extra_columns", None) or {})
             self._sample = list(getattr(ctx, "sample_columns", None) or {})
         self.events += 1
-        self.tracker.set_tags({"spike_count": str(self.events)})
-        self.tracker.log_metrics({
+        tracker = self.tracker
+        tracker.set_tags({"spike_count": str(self.events)})
+        tracker.log_metrics({
             "spike/culprits": float(len(result.tokens)),
             "spike/culprit_share": float(sum(c.share or 0.0 for c in result.tokens)),
             "spike/culprit_max_norm": float(max((c.grad_norm for c in result.tokens), default=0.0)),
         }, step)
         columns, rows = attribution_table(step, events, result, ctx, self.top_layers, self._extra, self._sample)
         if rows:
-            self.tracker.log_table(TABLE_KEY, columns, rows, step)
+            tracker.log_table(TABLE_KEY, columns, rows, step)
         if getattr(ctx, "input_ids", None) is None:
             return  # no token ids: nothing to show as text
-        self.tracker.log_html(HTML_KEY, render_highlight_html(step, events, result, ctx, window=self.window), step)
-        samples = sorted({c.batch for c in result.tokens})
-        if samples and self.images:
-            png = render_layer_heatmap(result, samples[0], self.run_dir / "rendered" / f"heatmap_step_{step:06d}.png",
-                                       ctx=ctx)
-            if png is not None:
-                self.tracker.log_image(IMAGE_KEY, png, step)
+        png = self.run_dir / "rendered" / f"heatmap_step_{step:06d}.png" if self.images else None
+        job = _RenderJob(step, list(events), result, cpu_snapshot(ctx), self.window, png)
+        submit = getattr(tracker, "submit", None)
+        submit(job) if callable(submit) else job(tracker)  # a duck-typed tracker: render here
+
+
+def _cpu(x: Any) -> Any:
+    """A CPU copy of every tensor in ``x`` (nested lists/tuples/dicts): the loop may reuse its buffers."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().to("cpu", copy=True)  # host sync: once per spike event
+    if isinstance(x, (list, tuple)):
+        return type(x)(_cpu(v) for v in x)
+    if isinstance(x, Mapping):
+        return {k: _cpu(v) for k, v in x.items()}
+    return x
+
+
+def cpu_snapshot(ctx: Any) -> Any:
+    """A shallow copy of the spike context whose tensors are CPU copies (what the renderers read)."""
+    snap = copy.copy(ctx)
+    for name in ("input_ids", "token_mask", "extra_columns", "sample_columns"):
+        if hasattr(snap, name):
+            try:
+                setattr(snap, name, _cpu(getattr(ctx, name)))
+            except (AttributeError, TypeError):  # a frozen/slotted context: keep the original
+                pass
+    return snap
+
+
+class _RenderJob:
+    """Renders one event's HTML and heatmap (once, even when several trackers run the job)."""
+
+    def __init__(self, step, events, result, ctx, window, png_path) -> None:
+        self.step, self.events, self.result, self.ctx, self.window, self.png_path = \
+            step, events, result, ctx, window, png_path
+        self._lock = threading.Lock()
+        self._done = False
+        self._html: str | None = None
+        self._png: Path | None = None
+
+    def _render(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+            self._html = render_highlight_html(self.step, self.events, self.result, self.ctx, window=self.window)
+            samples = sorted({c.batch for c in self.result.tokens})
+            if samples and self.png_path is not None:
+                self._png = render_layer_heatmap(self.result, samples[0], self.png_path, ctx=self.ctx)
+
+    def __call__(self, tracker: Tracker) -> None:
+        self._render()
+        if self._html is not None:
+            tracker.log_html(HTML_KEY, self._html, self.step)
+        if self._png is not None:
+            tracker.log_image(IMAGE_KEY, self._png, self.step)

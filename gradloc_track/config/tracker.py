@@ -51,15 +51,24 @@ class TrackerConfig:
     # background writer
     queue_size: int = 10000  # records held before the producer blocks briefly / spills
     flush_interval_s: float = 1.0
-    retries: int = 3
+    retries: int = 3  # quick failures retried within call_timeout_s
     retry_backoff_s: float = 0.5
+    # OUR bound on one backend call (the SDK's own retries, left at their defaults, take minutes);
+    # a call that fails or times out marks the backend down: records go to the spool at once
+    call_timeout_s: float = 10.0
+    open_timeout_s: float = 120.0  # the first call (creating the run; a new SQLite store takes seconds)
+    probe_interval_s: float = 30.0  # while down, try the backend again this often
+    finish_timeout_s: float = 120.0  # finish() returns within this; the rest is spooled for replay
 
     def __post_init__(self) -> None:
         check_types(self, "tracker")
         one_of("tracker.kind", self.kind, TRACKER_KINDS)
         check(self.queue_size > 0, "tracker.queue_size", self.queue_size, "use a positive integer")
         check(self.retries >= 0, "tracker.retries", self.retries, "use 0 or more")
-        check(0 < self.flush_interval_s < float("inf"), "tracker.flush_interval_s", self.flush_interval_s,
-              "use a positive, finite number of seconds")
         check(0 <= self.retry_backoff_s < float("inf"), "tracker.retry_backoff_s", self.retry_backoff_s,
               "use 0 or more seconds")
+        for name in ("flush_interval_s", "call_timeout_s", "open_timeout_s", "probe_interval_s",
+                     "finish_timeout_s"):
+            value = getattr(self, name)
+            check(isinstance(value, (int, float)) and 0 < value < float("inf"), f"tracker.{name}", value,
+                  "use a positive, finite number of seconds")

@@ -3,10 +3,11 @@ from .base import NullTracker, Tracker
 from .fanout import FanoutTracker
 from .local_tracker import LocalTracker
 from .memory import MemoryTracker
-from .spool import read_spool, replay_spool
+from .replay import replay_run_dir, replay_spool
+from .spool import read_spool
 
 __all__ = ["Tracker", "NullTracker", "MemoryTracker", "FanoutTracker", "LocalTracker", "make_tracker",
-           "replay_spool", "read_spool"]
+           "replay_spool", "replay_run_dir", "read_spool"]
 
 
 def make_tracker(cfg, run_dir=None, run_name=None) -> Tracker:

@@ -7,7 +7,7 @@ the one non-zero ranks get.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 
 class Tracker:
@@ -16,26 +16,34 @@ class Tracker:
     Contract shared by every implementation:
     - ``log_metrics(metrics, step)``: scalar metrics (python floats/ints) at an integer step.
     - ``log_params(params)``: flat mapping of run parameters (values are stringified by backends).
-    - ``log_table(key, columns, rows, step)``: rows *appended* to the table named ``key``;
-      backends keep one growing table per key (plus whatever per-event view they offer).
+    - ``log_table(key, columns, rows, step)``: rows *appended* to the table named ``key``; no
+      backend rewrites what it already holds (``gradloc_track.artifacts.read_table`` reads it back).
     - ``log_html(key, html, step)``: a self-contained HTML document (no scripts, no external CSS).
     - ``log_image(key, path, step)``: a PNG file on local disk.
     - ``log_artifact(path, artifact_path)``: a local file, uploaded as-is.
     - ``set_tags(tags)``: string run tags (e.g. ``spike_count``).
-    - ``finish(status)``: flush and close; ``status`` is ``"success"`` or ``"failed"``.
+    - ``submit(job)``: run ``job(tracker)`` (slow work such as rendering an artifact) after the
+      calls made before it; trackers with ``runs_jobs_off_thread`` do it on their own thread.
+    - ``finish(status)``: flush and close; ``status`` is ``"success"``, ``"failed"`` or ``"killed"``.
+      Never raises into the training loop and returns within the tracker's bound.
 
     File layout (MLflow artifacts and the local run directory use the same relative paths, so
     ``gradloc-track report`` reads either):
-    - table ``key`` -> ``<key>.json`` = ``{"columns": [...], "data": [[...], ...]}``, ONE file per key
-      that grows with every ``log_table`` call (e.g. ``spikes/tokens.json``);
+    - table ``key`` at ``step`` -> ``<key>/step_<step:06d>.json`` = ``{"columns": [...], "data": [[...], ...]}``,
+      one part per event, never rewritten (e.g. ``spikes/tokens/step_000080.json``); older runs
+      hold one ``<key>.json``; ``gradloc_track.artifacts.read_table`` reads both;
     - html ``key`` at ``step`` -> ``<key>/step_<step:06d>.html`` (e.g. ``spikes/highlight/step_000080.html``);
     - image ``key`` at ``step`` -> ``<key>/step_<step:06d>.png``;
     - local only: ``metrics.jsonl`` (``{"step": s, "metrics": {...}}`` per line), ``params.json``,
       ``tags.json``. W&B logs tables/html/images under ``key`` at ``step`` (media panels with a step
-      slider) plus a cumulative ``<key>_all`` table.
+      slider at the training step) and the cumulative ``<key>_all`` table once, at ``finish``.
     """
 
     name: str = "none"
+    #: True when ``submit``ted jobs run off the calling (training) thread
+    runs_jobs_off_thread: bool = False
+    #: Records lost for good (neither the backend nor the local spool could take them)
+    dropped: int = 0
     #: Local directory for files this run writes (spool files, rendered artifacts).
     run_dir: Path | None = None
 
@@ -62,6 +70,10 @@ class Tracker:
     def set_tags(self, tags: Mapping[str, str]) -> None:
         pass
 
+    def submit(self, job: Callable[["Tracker"], None]) -> None:
+        """Run ``job(self)``; here at once, on the calling thread."""
+        job(self)
+
     def flush(self) -> None:
         pass
 
@@ -80,3 +92,6 @@ class NullTracker(Tracker):
     """Logging off. Identical to the base; a named class reads better at call sites."""
 
     name = "none"
+
+    def submit(self, job) -> None:
+        pass  # nothing would be logged: do not even render

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import tempfile
+import threading
 from pathlib import Path
 
 from ..config import TrackerConfig
 from ..config.tracker import TRACKER_KINDS
+from . import sigterm
 from .async_writer import AsyncTracker
 from .base import NullTracker, Tracker
 from .fanout import FanoutTracker
@@ -20,16 +22,26 @@ def _require_backend(kind: str) -> None:
     require(kind, kind)
 
 
-def _async(cfg: TrackerConfig, name: str, factory, run_dir: Path) -> AsyncTracker:
+def _async(cfg: TrackerConfig, name: str, factory, run_dir: Path, spec: dict, cancel=None) -> AsyncTracker:
     return AsyncTracker(factory, name, run_dir, queue_size=cfg.queue_size,
                         flush_interval_s=cfg.flush_interval_s, retries=cfg.retries,
-                        retry_backoff_s=cfg.retry_backoff_s)
+                        retry_backoff_s=cfg.retry_backoff_s, call_timeout_s=cfg.call_timeout_s,
+                        finish_timeout_s=cfg.finish_timeout_s, probe_interval_s=cfg.probe_interval_s,
+                        open_timeout_s=cfg.open_timeout_s, spec=spec, cancel=cancel)
 
 
 def make_tracker(cfg: TrackerConfig, run_dir=None, run_name=None) -> Tracker:
+    """The run's tracker. Runs opened here are finished as KILLED on SIGTERM (see ``sigterm``)."""
+    tracker = _make(cfg, run_dir, run_name)
+    if not isinstance(tracker, (NullTracker, MemoryTracker)):
+        sigterm.guard(tracker)
+    return tracker
+
+
+def _make(cfg: TrackerConfig, run_dir=None, run_name=None) -> Tracker:
     name = run_name or cfg.run_name
     if cfg.kind == "none":
-        return LocalTracker(run_dir) if run_dir is not None else NullTracker()
+        return LocalTracker(run_dir, finish_timeout_s=cfg.finish_timeout_s) if run_dir is not None else NullTracker()
     if cfg.kind == "memory":
         return MemoryTracker(run_dir)
     if cfg.kind not in TRACKER_KINDS:
@@ -38,16 +50,20 @@ def make_tracker(cfg: TrackerConfig, run_dir=None, run_name=None) -> Tracker:
     trackers: list[Tracker] = []
     if cfg.kind in ("mlflow", "both"):
         _require_backend("mlflow")
-        from .mlflow_tracker import MlflowTracker
+        from .mlflow_tracker import MlflowTracker, resolve_tracking_uri
 
         m = cfg.mlflow
-        trackers.append(_async(cfg, "mlflow", lambda: MlflowTracker(
-            m.tracking_uri, m.experiment_name, name, m.tags, run_dir=run_dir), run_dir))
+        spec = {"tracking_uri": resolve_tracking_uri(m.tracking_uri), "experiment_name": m.experiment_name,
+                "run_name": name, "tags": dict(m.tags)}
+        cancel = threading.Event()
+        trackers.append(_async(cfg, "mlflow", lambda: MlflowTracker(**spec, run_dir=run_dir, cancel=cancel),
+                               run_dir, spec, cancel))
     if cfg.kind in ("wandb", "both"):
         _require_backend("wandb")
         from .wandb_tracker import WandbTracker
 
         w = cfg.wandb
-        trackers.append(_async(cfg, "wandb", lambda: WandbTracker(
-            w.project, w.entity, w.tags, w.mode, w.dir, w.group, name, run_dir=run_dir), run_dir))
+        spec = {"project": w.project, "entity": w.entity, "tags": list(w.tags), "mode": w.mode, "dir": w.dir,
+                "group": w.group, "run_name": name}
+        trackers.append(_async(cfg, "wandb", lambda: WandbTracker(**spec, run_dir=run_dir), run_dir, spec))
     return trackers[0] if len(trackers) == 1 else FanoutTracker(trackers)

@@ -40,8 +40,31 @@ class FanoutTracker(Tracker):
     def set_tags(self, tags):
         self._each("set_tags", tags)
 
+    @property
+    def runs_jobs_off_thread(self) -> bool:
+        return all(t.runs_jobs_off_thread for t in self.trackers)
+
+    @property
+    def dropped(self) -> int:
+        return sum(t.dropped for t in self.trackers)
+
+    @property
+    def finish_timeout_s(self) -> float:
+        return sum(getattr(t, "finish_timeout_s", 0.0) for t in self.trackers)
+
+    def submit(self, job):
+        # each child runs the job against itself; jobs memoize their rendering, so it happens once
+        self._each("submit", job)
+
     def flush(self):
         self._each("flush")
 
-    def finish(self, status="success"):
-        self._each("finish", status)
+    def finish(self, status="success", timeout_s=None):
+        from . import sigterm
+
+        sigterm.forget(self)
+        for t in self.trackers:
+            try:
+                t.finish(status, timeout_s=timeout_s) if timeout_s is not None else t.finish(status)
+            except TypeError:
+                t.finish(status)

@@ -25,3 +25,8 @@ def finite_or_none(v: float) -> float | None:
 def step_path(key: str, step: int | None, ext: str) -> str:
     """``<key>/step_<step:06d>.<ext>`` (the artifact layout contract in ``base.Tracker``)."""
     return f"{key}/step_{(step or 0):06d}.{ext}"
+
+
+def table_part_path(key: str, step: int | None) -> str:
+    """``<key>/step_<step:06d>.json``: one never-rewritten part of table ``key`` per event."""
+    return step_path(key, step, "json")

@@ -2,23 +2,38 @@
 
 Tracking URI: config, else MLflow's own ``MLFLOW_TRACKING_URI``, else ``sqlite:///./mlflow.db``
 (MLflow 3 refuses plain folder stores). Key cleaning, param truncation and batching live here.
+At creation the run gets the tags MLflow's UI shows in its runs table and run page:
+``mlflow.source.name``/``.type``, ``mlflow.source.git.commit`` (in a git checkout),
+``mlflow.user``, a description (``mlflow.note.content``) pointing at ``spikes/``, and
+``spike_count`` 0 (tag and metric, updated per spike event) so runs sort by it.
+Nothing here downloads an artifact or touches ``os.environ``.
 """
 from __future__ import annotations
 
+import getpass
+import json
 import os
+import subprocess
+import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Mapping
 
 from .._optional import require
 from .base import Tracker
-from .keys import mlflow_key, step_path, truncate
+from .keys import mlflow_key, step_path, table_part_path, truncate
 
 MAX_METRICS_PER_BATCH = 1000  # MLflow's log_batch limit
 MAX_PARAMS_PER_BATCH = 100
 MAX_PARAM_VALUE = 6000  # MLflow 3 param value length limit
 MAX_TAG_VALUE = 5000
+STATUS = {"success": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
+DESCRIPTION = ("gradloc-track run. Gradient norms: metrics `grad_norm/*`, clipping `clip/*`, spikes `spike/*`. "
+               "Localized spikes are under the artifacts' `spikes/` folder: `spikes/highlight/step_*.html` "
+               "(the culprit tokens in their text), `spikes/tokens/step_*.json` (one table part per event), "
+               "`spikes/heatmap/step_*.png`. `gradloc-track report <run id>` puts them on one page.")
 
 
 def resolve_tracking_uri(configured: str | None) -> str:
@@ -31,19 +46,50 @@ def resolve_tracking_uri(configured: str | None) -> str:
     return f"sqlite:///{Path.cwd() / 'mlflow.db'}"
 
 
+def git_commit(path: str | Path | None = None) -> str | None:
+    """HEAD of the git checkout holding ``path`` (default: the working directory), if any."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=path or os.getcwd(), capture_output=True,
+                             text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    commit = out.stdout.strip()
+    return commit if out.returncode == 0 and len(commit) == 40 else None
+
+
+def source_tags() -> dict[str, str]:
+    """The ``mlflow.*`` tags MLflow's own fluent API sets for a local script run."""
+    script = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] not in ("", "-c") else None
+    tags = {"mlflow.source.type": "LOCAL", "mlflow.note.content": DESCRIPTION}
+    if script is not None:
+        tags["mlflow.source.name"] = str(script)
+    try:
+        tags["mlflow.user"] = getpass.getuser()
+    except Exception:  # noqa: BLE001 - no user database entry (containers)
+        pass
+    commit = git_commit(script.parent if script is not None and script.parent.is_dir() else None)
+    if commit:
+        tags["mlflow.source.git.commit"] = commit
+    return tags
+
+
+def _check(cancel: threading.Event | None) -> None:
+    if cancel is not None and cancel.is_set():
+        raise RuntimeError("opening the MLflow run was cancelled: finish() gave up waiting for the server")
+
+
 class MlflowTracker(Tracker):
     name = "mlflow"
+    #: log_metrics takes ``timestamp_ms``: a record replayed with its original timestamp is the
+    #: same row to MLflow's store, which drops exact duplicates
+    accepts_timestamp = True
 
     def __init__(self, tracking_uri: str | None = None, experiment_name: str = "gradloc-track",
                  run_name: str | None = None, tags: Mapping[str, str] | None = None,
-                 run_dir: str | Path | None = None) -> None:
-        require("mlflow", "mlflow")
-        from mlflow.tracking import MlflowClient
-
-        self.run_dir = Path(run_dir) if run_dir is not None else None
-        self.tracking_uri = resolve_tracking_uri(tracking_uri)
-        self.client = MlflowClient(tracking_uri=self.tracking_uri)
+                 run_dir: str | Path | None = None, cancel: threading.Event | None = None) -> None:
+        self._connect(tracking_uri, run_dir)
         exp = self.client.get_experiment_by_name(experiment_name)
+        _check(cancel)
         if exp is None:
             try:
                 exp_id = self.client.create_experiment(experiment_name)
@@ -51,30 +97,69 @@ class MlflowTracker(Tracker):
                 exp_id = self.client.get_experiment_by_name(experiment_name).experiment_id
         else:
             exp_id = exp.experiment_id
-        run = self.client.create_run(exp_id, run_name=run_name, tags=dict(tags or {}))
+        _check(cancel)
+        run = self.client.create_run(exp_id, run_name=run_name, tags={**source_tags(), "spike_count": "0",
+                                                                      **dict(tags or {})})
         self.run_id = run.info.run_id
         self.experiment_id = exp_id
+        self.log_metrics({"spike_count": 0.0}, 0)
 
-    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+    @classmethod
+    def resume(cls, run_id: str, tracking_uri: str | None = None, run_dir: str | Path | None = None) -> "MlflowTracker":
+        """Continue an existing run (``gradloc-track replay``); its status is left as it is."""
+        self = cls.__new__(cls)
+        self._connect(tracking_uri, run_dir)
+        run = self.client.get_run(run_id)
+        self.run_id, self.experiment_id = run_id, run.info.experiment_id
+        return self
+
+    def _connect(self, tracking_uri: str | None, run_dir: str | Path | None) -> None:
+        require("mlflow", "mlflow")
+        from mlflow.tracking import MlflowClient
+
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.tracking_uri = resolve_tracking_uri(tracking_uri)
+        self.client = MlflowClient(tracking_uri=self.tracking_uri)
+        self._last_part: tuple[str, int | None, list[list[Any]]] | None = None
+
+    def run_ref(self) -> dict[str, str]:
+        """What ``replay`` needs to find this run again."""
+        return {"run_id": self.run_id, "experiment_id": self.experiment_id, "tracking_uri": self.tracking_uri}
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int, timestamp_ms: int | None = None) -> None:
         from mlflow.entities import Metric
 
-        ts = int(time.time() * 1000)
+        ts = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)
         items = [Metric(mlflow_key(k), float(v), ts, int(step)) for k, v in metrics.items()]
+        for i in range(0, len(items), MAX_METRICS_PER_BATCH):
+            self.client.log_batch(self.run_id, metrics=items[i: i + MAX_METRICS_PER_BATCH], synchronous=True)
+
+    def log_metric_records(self, records: list[tuple[Mapping[str, float], int, int]]) -> None:
+        """Many ``(metrics, step, timestamp_ms)`` records in as few requests as possible (replay)."""
+        from mlflow.entities import Metric
+
+        items = [Metric(mlflow_key(k), float(v), int(ts), int(step)) for metrics, step, ts in records
+                 for k, v in metrics.items()]
         for i in range(0, len(items), MAX_METRICS_PER_BATCH):
             self.client.log_batch(self.run_id, metrics=items[i: i + MAX_METRICS_PER_BATCH], synchronous=True)
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         from mlflow.entities import Param
 
-        items = [Param(mlflow_key(k), truncate(v, MAX_PARAM_VALUE)) for k, v in params.items()]
+        # None means "not set": as the string "None" it is noise in the params table
+        items = [Param(mlflow_key(k), truncate(v, MAX_PARAM_VALUE)) for k, v in params.items() if v is not None]
         for i in range(0, len(items), MAX_PARAMS_PER_BATCH):
             self.client.log_batch(self.run_id, params=items[i: i + MAX_PARAMS_PER_BATCH], synchronous=True)
 
     def log_table(self, key, columns, rows, step=None) -> None:
-        # one growing file per key: MlflowClient.log_table appends to an existing artifact and
-        # records its path once in the run's mlflow.loggedArtifacts tag
-        data = {c: [r[i] for r in rows] for i, c in enumerate(columns)}
-        self.client.log_table(self.run_id, data=data, artifact_file=f"{key}.json")
+        # one part per event, uploaded once: never download-append-upload a growing file (that is
+        # what MlflowClient.log_table does, with a progress bar per event and quadratic traffic)
+        rows = [list(r) for r in rows]
+        if self._last_part is not None and self._last_part[:2] == (key, step):
+            rows = self._last_part[2] + rows  # a second call for the same event: one part
+        self._last_part = (key, step, rows)
+        part = json.dumps({"columns": list(columns), "data": rows}, default=str)
+        self.client.log_text(self.run_id, part, table_part_path(key, step))
 
     def log_html(self, key, html, step=None) -> None:
         self.client.log_text(self.run_id, html, step_path(key, step, "html"))
@@ -90,10 +175,16 @@ class MlflowTracker(Tracker):
         self.client.log_artifact(self.run_id, str(path), artifact_path=artifact_path)
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
-        from mlflow.entities import RunTag
+        from mlflow.entities import Metric, RunTag
 
         items = [RunTag(mlflow_key(k), truncate(v, MAX_TAG_VALUE)) for k, v in tags.items()]
-        self.client.log_batch(self.run_id, tags=items, synchronous=True)
+        metrics = []
+        if "spike_count" in tags:  # also a metric: the runs table shows and sorts metrics by default
+            try:
+                metrics = [Metric("spike_count", float(tags["spike_count"]), int(time.time() * 1000), 0)]
+            except ValueError:
+                pass
+        self.client.log_batch(self.run_id, metrics=metrics, tags=items, synchronous=True)
 
     def finish(self, status: str = "success") -> None:
-        self.client.set_terminated(self.run_id, "FINISHED" if status == "success" else "FAILED")
+        self.client.set_terminated(self.run_id, STATUS.get(status, "FAILED"))

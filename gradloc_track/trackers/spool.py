@@ -1,77 +1,101 @@
 """The spool: records a backend could not take, kept as JSON lines so nothing is lost.
 
-Each line is one call: ``{"backend": ..., "call": "log_metrics", "args": [...], "error": ...}``.
-``replay_spool`` sends them to any tracker later (e.g. once the server is back).
+Each line is one call: ``{"seq": n, "backend": ..., "call": "log_metrics", "args": [...],
+"ts": ms, "error": ...}``. Values round-trip exactly: ints stay ints, strings stay strings (a
+token ``"inf"`` is not a float), non-finite floats are tagged. A spool that cannot be written
+(disk full, run dir not a directory) never raises: the loss is counted (``dropped``) and
+reported once. ``replay.replay_spool`` sends the records to the original run later.
 """
 from __future__ import annotations
 
 import json
 import math
 import threading
+import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
-from .base import Tracker
+from . import files
+
+_FLOAT_TAG = "__gradloc_float__"  # {"__gradloc_float__": "nan"}: a non-finite float
 
 
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, float) and not math.isfinite(x):
-        return repr(x)  # "nan", "inf": valid JSON, restored by _restore
+def encode(x: Any) -> Any:
+    """A JSON-safe copy of ``x`` that ``decode`` turns back into an equal value."""
+    if isinstance(x, bool) or x is None or isinstance(x, (str, int)):
+        return x
+    if isinstance(x, float):
+        return x if math.isfinite(x) else {_FLOAT_TAG: repr(x)}
     if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
+        return {str(k): encode(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
+        return [encode(v) for v in x]
     if isinstance(x, Path):
         return str(x)
-    if isinstance(x, (str, int, float, bool)) or x is None:
-        return x
+    if hasattr(x, "item") and callable(x.item):  # numpy / torch scalars
+        try:
+            return encode(x.item())
+        except (TypeError, ValueError, RuntimeError):
+            pass
     return str(x)
 
 
-def _restore(x: Any) -> Any:
-    if x in ("nan", "inf", "-inf"):
-        return float(x)
+def decode(x: Any) -> Any:
     if isinstance(x, dict):
-        return {k: _restore(v) for k, v in x.items()}
+        if len(x) == 1 and _FLOAT_TAG in x:
+            return float(x[_FLOAT_TAG])
+        return {k: decode(v) for k, v in x.items()}
     if isinstance(x, list):
-        return [_restore(v) for v in x]
+        return [decode(v) for v in x]
     return x
 
 
+def write_line(path: Path, line: str) -> None:
+    """Append one line (the single place spool bytes hit the disk: faults are injected here)."""
+    files.append_line(path, line)
+
+
 class Spool:
-    """Append-only JSONL file, safe to write from several threads."""
+    """Append-only JSONL file, safe to write from several threads; never raises."""
 
     def __init__(self, path: str | Path, backend: str) -> None:
         self.path = Path(path)
         self.backend = backend
         self._lock = threading.Lock()
-        self.count = 0
+        self.count = 0  # records written
+        self.dropped = 0  # records that could not be written
+        self.error: str | None = None  # the first write failure
 
-    def write(self, call: str, args: Iterable[Any], error: str) -> None:
-        line = json.dumps({"backend": self.backend, "call": call, "args": _jsonable(list(args)), "error": error})
+    def write(self, call: str, args: Iterable[Any], error: str, **extra: Any) -> bool:
+        """Append one record; ``False`` (and a one-time warning) when it could not be written."""
         with self._lock:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path, "a", encoding="utf-8") as f:
-                f.write(line + "\n")
+            rec = {"seq": self.count + self.dropped, "backend": self.backend, "call": call,
+                   "args": encode(list(args)), "error": error, **encode(extra)}
+            try:
+                write_line(self.path, json.dumps(rec, allow_nan=False))
+            except (OSError, ValueError) as exc:
+                self.dropped += 1
+                if self.error is None:
+                    self.error = repr(exc)
+                    warnings.warn(f"gradloc-track: cannot write the {self.backend} spool {self.path} ({exc!r}); "
+                                  "records the backend did not take are LOST from now on and counted in "
+                                  "tracker/dropped", RuntimeWarning, stacklevel=2)
+                return False
             self.count += 1
+            return True
 
 
 def read_spool(path: str | Path) -> list[dict[str, Any]]:
+    """Every complete record of a spool file (a torn last line, from a kill mid-write, is skipped)."""
     out = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            rec = json.loads(line)
-            rec["args"] = _restore(rec["args"])
-            out.append(rec)
-    return out
-
-
-def replay_spool(path: str | Path, tracker: Tracker) -> int:
-    """Send every spooled call to ``tracker`` in order; returns how many were replayed."""
-    n = 0
-    for rec in read_spool(path):
-        if rec["call"] == "finish":
+    for i, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines()):
+        if not line.strip():
             continue
-        getattr(tracker, rec["call"])(*rec["args"])
-        n += 1
-    return n
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        rec["args"] = decode(rec["args"])
+        rec["line"] = i  # the record's identity in this append-only file (the replay ledger uses it)
+        out.append(rec)
+    return out

@@ -1,12 +1,19 @@
 """Weights & Biases adapter, following W&B's own conventions.
 
-``WANDB_MODE``/``WANDB_DIR`` are respected when the config leaves ``mode``/``dir`` unset;
-``define_metric`` makes every chart use *our* step (``train/step``), so W&B's internal step
-never has to be monotonic.
+``WANDB_MODE``/``WANDB_DIR`` are respected when the config leaves ``mode``/``dir`` unset.
+Steps: every ``run.log`` passes ``step=`` our training step, so W&B's own step (what the media
+panels' step slider shows) IS the training step; ``define_metric`` also plots every chart
+against ``train/step``. A record for an older step (W&B only appends) is logged at the latest
+step rather than dropped.
+Tables: one small table per event at its step; the cumulative ``<key>_all`` table is logged
+ONCE, at ``finish`` (re-logging it per event grows the run quadratically).
+Files: names W&B reserves for itself in a run's files (``config.yaml``, ...) are saved under
+``gradloc-<name>``.
 """
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -14,6 +21,9 @@ from .._optional import require
 from .base import Tracker
 
 STEP_KEY = "train/step"
+RESERVED_FILES = {"config.yaml", "wandb-metadata.json", "wandb-summary.json", "requirements.txt", "output.log",
+                  "diff.patch", "conda-environment.yaml"}
+EXIT_CODE = {"success": 0, "failed": 1, "killed": 143}  # 143 = 128 + SIGTERM
 
 
 class WandbTracker(Tracker):
@@ -22,21 +32,45 @@ class WandbTracker(Tracker):
     def __init__(self, project: str = "gradloc-track", entity: str | None = None, tags: Sequence[str] = (),
                  mode: str | None = None, dir: str | None = None, group: str | None = None,
                  run_name: str | None = None, run_dir: str | Path | None = None) -> None:
+        self._init(dir, run_dir, project=project, entity=entity, tags=list(tags) or None, mode=mode, group=group,
+                   name=run_name, reinit="create_new")
+
+    @classmethod
+    def resume(cls, run_id: str, project: str = "gradloc-track", entity: str | None = None, mode: str | None = None,
+               dir: str | None = None, run_dir: str | Path | None = None, **_: Any) -> "WandbTracker":
+        """Continue an existing run (``gradloc-track replay``)."""
+        self = cls.__new__(cls)
+        self._init(dir, run_dir, project=project, entity=entity, mode=mode, id=run_id, resume="allow",
+                   reinit="create_new")
+        return self
+
+    def _init(self, dir: str | None, run_dir: str | Path | None, **init: Any) -> None:
         self.wandb = require("wandb", "wandb")
         self.run_dir = Path(run_dir) if run_dir is not None else None
         wdir = dir or os.environ.get("WANDB_DIR") or (str(self.run_dir) if self.run_dir else None)
         if wdir:
             Path(wdir).mkdir(parents=True, exist_ok=True)
-        self.run = self.wandb.init(project=project, entity=entity, tags=list(tags) or None, mode=mode,
-                                   dir=wdir, group=group, name=run_name, reinit="create_new")
+        self.run = self.wandb.init(dir=wdir, **init)
         self.run.define_metric(STEP_KEY)
         self.run.define_metric("*", step_metric=STEP_KEY)
-        self._all_rows: dict[str, list[list[Any]]] = {}
+        self._step = -1  # the W&B step of the last log call
+        self._tables: dict[str, tuple[list[str], list[list[Any]]]] = {}
+        self._init_args = {k: init.get(k) for k in ("project", "entity", "mode")} | {"dir": wdir}
+
+    def run_ref(self) -> dict[str, Any]:
+        """What ``replay`` needs to find this run again."""
+        return {"run_id": self.run.id, **self._init_args}
 
     def _log(self, data: dict[str, Any], step: int | None) -> None:
-        if step is not None:
-            data = {STEP_KEY: int(step), **data}
-        self.run.log(data)
+        if step is None:
+            self.run.log(data)
+            return
+        step = int(step)
+        if step >= self._step:
+            self.run.log({STEP_KEY: step, **data}, step=step)
+            self._step = step
+        else:  # W&B only appends: keep the record, at the latest step (rather than have W&B drop it)
+            self.run.log(data, step=self._step)
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         self._log(dict(metrics), step)
@@ -46,11 +80,10 @@ class WandbTracker(Tracker):
 
     def log_table(self, key, columns, rows, step=None) -> None:
         rows = [list(r) for r in rows]
-        cumulative = self._all_rows.setdefault(key, [])
-        cumulative.extend(rows)
-        # W&B tables are immutable: a per-event table, and the cumulative one re-logged whole
-        self._log({key: self.wandb.Table(columns=list(columns), data=rows),
-                   f"{key}_all": self.wandb.Table(columns=list(columns), data=list(cumulative))}, step)
+        cols, all_rows = self._tables.setdefault(key, (list(columns), []))
+        if list(columns) == cols:
+            all_rows.extend(rows)
+        self._log({key: self.wandb.Table(columns=list(columns), data=rows)}, step)
 
     def log_html(self, key, html, step=None) -> None:
         self._log({key: self.wandb.Html(html, inject=False)}, step)
@@ -60,6 +93,11 @@ class WandbTracker(Tracker):
 
     def log_artifact(self, path, artifact_path=None) -> None:
         path = Path(path)
+        if path.name in RESERVED_FILES:  # W&B writes its own run config as config.yaml: do not clash
+            own = Path(self.run.dir) / f"gradloc-{path.name}"  # files in run.dir are the run's files
+            shutil.copyfile(path, own)
+            self.run.save(str(own), base_path=self.run.dir, policy="now")
+            return
         self.run.save(str(path), base_path=str(path.parent), policy="now")
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
@@ -71,4 +109,7 @@ class WandbTracker(Tracker):
                                       else set())))
 
     def finish(self, status: str = "success") -> None:
-        self.run.finish(exit_code=0 if status == "success" else 1)
+        for key, (cols, rows) in self._tables.items():
+            if rows:  # the whole table once, logged with the last step
+                self._log({f"{key}_all": self.wandb.Table(columns=cols, data=rows)}, max(self._step, 0))
+        self.run.finish(exit_code=EXIT_CODE.get(status, 1))

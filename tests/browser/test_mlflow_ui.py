@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from gradloc_track.artifacts import read_table
+
 from ..conftest import CONF_DIR, ROOT, running_mlflow_server
 from .conftest import CHROMIUM, DRIVER, NO_BROWSER, save_screenshot, wait_for
 
@@ -75,7 +77,7 @@ def test_artifact_page_shows_highlighted_culprits_and_compare_page_shows_both_ru
     exp = client.get_experiment_by_name("gradloc-track")
     runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
     run = runs["spike_demo[clip=none]"]
-    table = json.loads(Path(client.download_artifacts(run.info.run_id, "spikes/tokens.json", str(tmp_path))).read_text())
+    table = read_table(Path(client.download_artifacts(run.info.run_id, "spikes", str(tmp_path))).parent, "spikes/tokens")
     tokens = {row[table["columns"].index("token")] for row in table["data"]}
     assert tokens
     with running_mlflow_server(uri, root) as server:

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import importlib.util
-import json
+
+from gradloc_track.artifacts import read_table
 
 from ..conftest import ROOT
 
@@ -22,7 +23,7 @@ def test_stale_logprob_response_is_detected_and_localized(tmp_path):
     culprits = out["localized"][40]
     assert culprits, "the localizer named no token at the injected step"
     assert all(b == inj["sample"] and p in inj["positions"] for b, p in culprits)
-    table = json.loads((tmp_path / "spikes" / "tokens.json").read_text())
+    table = read_table(tmp_path, "spikes/tokens")
     cols = table["columns"]
     assert {"advantage", "ratio", "logprob", "reward"} <= set(cols)
     rows = [dict(zip(cols, r)) for r in table["data"] if r[0] == 40]

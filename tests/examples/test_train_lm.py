@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from gradloc_track.artifacts import read_table
+
 from ..conftest import ROOT
 
 SCRIPT = ROOT / "examples" / "train_lm.py"
@@ -98,7 +100,7 @@ def test_spike_demo_detects_and_localizes_the_injected_document(tmp_path):
     client, (run,) = mlflow_runs(tmp_path)
     assert int(run.data.tags["spike_count"]) >= 1
     local = Path(client.download_artifacts(run.info.run_id, "spikes", str(tmp_path / "dl")))
-    table = json.loads((local / "tokens.json").read_text())
+    table = read_table(local.parent, "spikes/tokens")
     cols = table["columns"]
     rows = [dict(zip(cols, r)) for r in table["data"] if dict(zip(cols, r))["step"] == 100]
     assert {(r["sample"], r["position"]) for r in rows} == {(3, 0), (3, 1)}

@@ -58,31 +58,32 @@ def test_backend_raising_on_every_call_spools_everything(tmp_path, tiny_gpt):
     assert "grad_norm/global" in replayed.metrics[0][1]
 
 
-def test_unreachable_mlflow_server_does_not_block_training(tmp_path, monkeypatch):
+def test_unreachable_mlflow_server_does_not_block_training(tmp_path):
+    """MLflow's own retry defaults (minutes per call) stay untouched: OUR timeout bounds the wait."""
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed once the block ends: nothing listens there
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
-    cfg = TrackerConfig(kind="mlflow", retries=1, retry_backoff_s=0.01)
+    cfg = TrackerConfig(kind="mlflow", open_timeout_s=1.0, call_timeout_s=1.0, finish_timeout_s=2.0)
     cfg.mlflow.tracking_uri = f"http://127.0.0.1:{port}"
     tracker = make_tracker(cfg, run_dir=tmp_path)
-    t0 = time.perf_counter()
     for step in range(50):
-        tracker.log_metrics({"loss": float(step)}, step)
-    assert time.perf_counter() - t0 < 5.0, "enqueueing must not wait for the server"
+        tracker.log_metrics({"loss": float(step), "token": "inf"}, step)
+    t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tracker.finish("success")
+    finish_s = time.perf_counter() - t0
+    assert finish_s < cfg.finish_timeout_s + 5.0, f"finish() took {finish_s:.1f} s, bound {cfg.finish_timeout_s} s"
     recs = read_spool(tmp_path / "spool" / "mlflow.jsonl")
     logged = {}
     for r in recs:
         if r["call"] == "log_metrics":
-            logged.update({r["args"][1]: r["args"][0]["loss"]})
-    assert logged == {s: float(s) for s in range(50)}
-    assert any("127.0.0.1" in r["error"] or "Connection" in r["error"] for r in recs)
+            assert r["args"][1] not in logged, "every step spooled once"
+            logged[r["args"][1]] = r["args"][0]
+    assert logged == {s: {"loss": float(s), "token": "inf"} for s in range(50)}  # "inf" stays a string
+    assert [r["args"] for r in recs if r["call"] == "finish"] == [["success"]]
 
 
 def test_full_queue_spills_instead_of_blocking(tmp_path):

@@ -1,0 +1,62 @@
+"""Read an attribution table back from the files a tracker wrote (local run dir or MLflow download).
+
+Trackers append a table as one part per event, ``<key>/step_<step:06d>.json`` (never rewritten,
+see ``trackers/base.py``); runs from before that hold one ``<key>.json``. ``read_table`` joins
+both, in step order, and skips (with a warning) a part it cannot read instead of failing.
+"""
+from __future__ import annotations
+
+import json
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+PART = re.compile(r"step_(\d+)\.json$")
+
+
+def _load(path: Path) -> dict[str, Any] | None:
+    try:
+        table = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        warnings.warn(f"gradloc-track: skipping unreadable table file {path} ({exc})", RuntimeWarning)
+        return None
+    if not (isinstance(table, dict) and isinstance(table.get("columns"), list)
+            and isinstance(table.get("data"), list) and all(isinstance(r, list) for r in table["data"])):
+        warnings.warn(f"gradloc-track: skipping {path}: not a {{\"columns\": [...], \"data\": [[...]]}} table",
+                      RuntimeWarning)
+        return None
+    return table
+
+
+def table_parts(root: str | Path, key: str) -> list[Path]:
+    """The part files of table ``key`` under ``root``, in step order (the legacy file first)."""
+    root = Path(root)
+    legacy = root / f"{key}.json"
+    folder = root / key
+    parts = sorted((p for p in folder.glob("step_*.json") if PART.search(p.name)),
+                   key=lambda p: int(PART.search(p.name).group(1))) if folder.is_dir() else []
+    return ([legacy] if legacy.is_file() else []) + parts
+
+
+def read_table(root: str | Path, key: str = "spikes/tokens") -> dict[str, Any]:
+    """``{"columns": [...], "data": [[...], ...]}``: every row of table ``key`` under ``root``.
+
+    Columns are those of the first readable part; rows of a part with other columns are mapped
+    by name (missing cells ``None``).
+    """
+    columns: list[str] = []
+    data: list[list[Any]] = []
+    for path in table_parts(root, key):
+        table = _load(path)
+        if table is None:
+            continue
+        if not columns:
+            columns = [str(c) for c in table["columns"]]
+        if table["columns"] == columns:
+            data.extend(table["data"])
+        else:
+            index = {c: i for i, c in enumerate(table["columns"])}
+            data.extend([[r[index[c]] if c in index and index[c] < len(r) else None for c in columns]
+                         for r in table["data"]])
+    return {"columns": columns, "data": data}

@@ -1,0 +1,165 @@
+"""Replay a run directory's spool into the ORIGINAL backend run, once.
+
+``replay_spool(run_dir)`` (and ``gradloc-track replay <run dir>``), for every
+``<run dir>/spool/<backend>.jsonl``:
+- opens the run recorded in ``<run dir>/tracker/<backend>.json`` (the one training logged to);
+  when the backend was never reachable there is no run yet: it is created from the recorded spec
+  and its id recorded, so a later replay continues it too;
+- sends the records not replayed before, in order, metrics with their original timestamps (an
+  exact duplicate, e.g. of a call that timed out on our side but reached the server, is dropped by
+  MLflow's store); the spooled final status last (FINISHED / FAILED / KILLED);
+- records what it sent in ``<run dir>/spool/<backend>.replayed.json`` (line numbers of the
+  spool), after every record: a second replay, or one after an interrupted replay, sends only
+  what is left.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .base import Tracker
+from .files import atomic_write_json
+from .run_record import read_run_record, update_run_record
+from .spool import read_spool
+
+
+@dataclass
+class ReplayResult:
+    backend: str
+    run: dict[str, Any] = field(default_factory=dict)  # the backend run (e.g. run_id)
+    sent: int = 0
+    already: int = 0  # records an earlier replay sent
+    status: str | None = None  # the final status replayed, if any
+
+
+def _ledger_path(spool_file: Path) -> Path:
+    return spool_file.with_name(spool_file.stem + ".replayed.json")
+
+
+def _read_ledger(spool_file: Path) -> set[int]:
+    try:
+        return set(json.loads(_ledger_path(spool_file).read_text(encoding="utf-8"))["lines"])
+    except (OSError, ValueError, KeyError):
+        return set()
+
+
+def _send(tracker: Tracker, rec: dict[str, Any]) -> None:
+    call, args = rec["call"], rec["args"]
+    if call == "log_metrics" and getattr(tracker, "accepts_timestamp", False) and rec.get("ts") is not None:
+        tracker.log_metrics(*args, timestamp_ms=rec["ts"])
+    elif call == "finish":
+        tracker.finish(*args)
+    else:
+        getattr(tracker, call)(*args)
+
+
+def _batches(records: list[dict[str, Any]], tracker: Tracker, size: int = 100):
+    """Runs of metric records sent together when the tracker can (one request instead of ``size``)."""
+    batch: list[dict[str, Any]] = []
+    can = callable(getattr(tracker, "log_metric_records", None))
+    for rec in records:
+        if can and rec["call"] == "log_metrics" and rec.get("ts") is not None:
+            batch.append(rec)
+            if len(batch) == size:
+                yield batch
+                batch = []
+            continue
+        if batch:
+            yield batch
+            batch = []
+        yield [rec]
+    if batch:
+        yield batch
+
+
+def open_backend(run_dir: Path, backend: str, tracking_uri: str | None = None) -> tuple[Tracker, dict[str, Any]]:
+    """The original backend run of ``run_dir`` (created from the recorded spec if it never existed)."""
+    rec = read_run_record(run_dir, backend)
+    run, spec = dict(rec.get("run") or {}), dict(rec.get("spec") or {})
+    if backend == "mlflow":
+        from .mlflow_tracker import MlflowTracker
+
+        uri = tracking_uri or run.get("tracking_uri") or spec.get("tracking_uri")
+        if run.get("run_id"):
+            tracker: Tracker = MlflowTracker.resume(run["run_id"], uri, run_dir=run_dir)
+        else:
+            tracker = MlflowTracker(**{**spec, "tracking_uri": uri}, run_dir=run_dir)
+    elif backend == "wandb":
+        from .wandb_tracker import WandbTracker
+
+        if run.get("run_id"):
+            tracker = WandbTracker.resume(run["run_id"], **{k: v for k, v in run.items() if k != "run_id"},
+                                          run_dir=run_dir)
+        else:
+            tracker = WandbTracker(**spec, run_dir=run_dir)
+    else:
+        raise ValueError(f"{run_dir}: cannot replay a spool for backend {backend!r} (known: mlflow, wandb); "
+                         "pass a tracker to replay_spool(path, tracker)")
+    ref = tracker.run_ref() if callable(getattr(tracker, "run_ref", None)) else {}
+    if ref and not run.get("run_id"):
+        update_run_record(run_dir, backend, run=ref)
+    return tracker, ref
+
+
+def replay_run_dir(run_dir: str | Path, tracking_uri: str | None = None) -> list[ReplayResult]:
+    """Replay every backend's spool of ``run_dir`` into its original run (see the module doc)."""
+    run_dir = Path(run_dir)
+    spools = sorted((run_dir / "spool").glob("*.jsonl"))
+    if not spools:
+        raise FileNotFoundError(f"{run_dir}: no spool/*.jsonl here, so nothing to replay (pass the run directory "
+                                "the training printed, the one holding spool/ and tracker/)")
+    return [_replay_one(run_dir, path, tracking_uri) for path in spools]
+
+
+def _replay_one(run_dir: Path, spool_file: Path, tracking_uri: str | None) -> ReplayResult:
+    backend = spool_file.stem
+    records = read_spool(spool_file)
+    done = _read_ledger(spool_file)
+    todo = [r for r in records if r["line"] not in done]
+    result = ReplayResult(backend, already=len(records) - len(todo))
+    if not todo:
+        result.run = dict(read_run_record(run_dir, backend).get("run") or {})
+        return result
+    tracker, result.run = open_backend(run_dir, backend, tracking_uri)
+    # the final status goes last, whatever its place in the spool (records spooled after it are
+    # the tail a timed-out finish() handed over)
+    finals = [r for r in todo if r["call"] == "finish"]
+    for batch in _batches([r for r in todo if r["call"] != "finish"] + finals[-1:], tracker):
+        if len(batch) > 1:
+            tracker.log_metric_records([(r["args"][0], r["args"][1], r["ts"]) for r in batch])
+        else:
+            _send(tracker, batch[0])
+        done.update(r["line"] for r in batch)
+        result.sent += len(batch)
+        if batch[0]["call"] == "finish":
+            result.status = batch[0]["args"][0] if batch[0]["args"] else "success"
+        atomic_write_json(_ledger_path(spool_file), {"lines": sorted(done)})
+    for rec in finals[:-1]:  # superseded final statuses: nothing to send
+        done.add(rec["line"])
+    atomic_write_json(_ledger_path(spool_file), {"lines": sorted(done)})
+    if result.status is not None:
+        update_run_record(run_dir, backend, status=result.status)
+    return result
+
+
+def replay_spool(path: str | Path, tracker: Tracker | None = None, tracking_uri: str | None = None) -> int:
+    """Replay spooled records; returns how many were sent.
+
+    ``replay_spool(run_dir)``: into the original runs, once (see the module doc).
+    ``replay_spool(spool_file_or_run_dir, tracker)``: every record into ``tracker`` (no ledger),
+    e.g. a ``MemoryTracker`` to inspect a spool, or another backend; a final status is not sent.
+    """
+    path = Path(path)
+    if tracker is None:
+        run_dir = path if path.is_dir() else path.parent.parent
+        return sum(r.sent for r in replay_run_dir(run_dir, tracking_uri))
+    files = [path] if path.is_file() else sorted((path / "spool").glob("*.jsonl"))
+    n = 0
+    for f in files:
+        for rec in read_spool(f):
+            if rec["call"] != "finish":
+                _send(tracker, rec)
+                n += 1
+    return n
