@@ -22,6 +22,7 @@ class AdamCWeightDecay:
         if lr_max is not None and not lr_max > 0:
             raise ValueError(f"lr_max={lr_max!r} must be positive (None = each group's lr right now)")
         self.optimizer = optimizer
+        optimizer.adamc_weight_decay = self  # GradMonitor logs adamc/steady_state_ratio for this optimizer
         # initial_lr is what torch schedulers record as the group's peak; fall back to lr
         self.base = [(g.get("weight_decay", 0.0), lr_max or g.get("initial_lr", g["lr"])) for g in optimizer.param_groups]
         self.step()

@@ -54,8 +54,9 @@ class SpikeInjectionConfig:
     step: Optional[int] = None  # None = no injection
     every: Optional[int] = None  # repeat every N steps after ``step`` (None = once)
     sample: int = 0  # which sequence of the batch is corrupted
-    kind: str = "short_garbage_doc"  # short_garbage_doc | corrupt_span
+    kind: str = "short_garbage_doc"  # repeated_span | short_garbage_doc | corrupt_span
     span: int = 4  # how many loss tokens carry the corruption
+    text: str = "â€™"  # the junk repeated by ``repeated_span`` (mojibake of a curly apostrophe)
     scale: float = 1.0
 
     def __post_init__(self) -> None:
@@ -63,8 +64,8 @@ class SpikeInjectionConfig:
             check(self.step >= 0, "train.inject.step", self.step, "use a step >= 0 or null")
         if self.every is not None:
             check(self.every >= 1, "train.inject.every", self.every, "use a positive number of steps or null")
-        check(self.kind in ("short_garbage_doc", "corrupt_span"), "train.inject.kind", self.kind,
-              "use short_garbage_doc or corrupt_span")
+        check(self.kind in ("repeated_span", "short_garbage_doc", "corrupt_span"), "train.inject.kind",
+              self.kind, "use repeated_span, short_garbage_doc or corrupt_span")
 
 
 @dataclass
@@ -77,6 +78,8 @@ class TrainConfig:
     loss_norm: str = "token"  # token (mean over all loss tokens) | sample (mean of per-sample means)
     corpus: Optional[str] = None  # path to a UTF-8 text file; None = built-in offline corpus
     num_threads: Optional[int] = None  # torch.set_num_threads; None = leave torch's default
+    tokenizer: str = "byte"  # byte (vocab 256) | bpe (trained on the corpus, vocab = model.vocab_size)
+    cache_dir: Optional[str] = None  # where the trained BPE is kept; None = ~/.cache/gradloc-track
     inject: SpikeInjectionConfig = field(default_factory=SpikeInjectionConfig)
 
     def __post_init__(self) -> None:
@@ -84,3 +87,4 @@ class TrainConfig:
         check(self.batch_size >= 1, "train.batch_size", self.batch_size, "use 1 or more")
         check(self.seq_len >= 2, "train.seq_len", self.seq_len, "use 2 or more")
         one_of("train.loss_norm", self.loss_norm, ("token", "sample"))
+        one_of("train.tokenizer", self.tokenizer, ("byte", "bpe"))

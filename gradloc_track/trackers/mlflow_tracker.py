@@ -19,6 +19,10 @@ MAX_METRICS_PER_BATCH = 1000  # MLflow's log_batch limit
 MAX_PARAMS_PER_BATCH = 100
 MAX_PARAM_VALUE = 6000  # MLflow 3 param value length limit
 MAX_TAG_VALUE = 5000
+# the experiment tag MLflow 3's UI reads to pick the experiment's view (mlflow/server/js:
+# ExperimentKind); "custom_model_development" is the "Model training" view with runs and charts
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+MODEL_TRAINING_KIND = "custom_model_development"
 
 
 def resolve_tracking_uri(configured: str | None) -> str:
@@ -51,9 +55,16 @@ class MlflowTracker(Tracker):
                 exp_id = self.client.get_experiment_by_name(experiment_name).experiment_id
         else:
             exp_id = exp.experiment_id
+        if exp is None or EXPERIMENT_KIND_TAG not in (exp.tags or {}):
+            # MLflow 3's UI opens an experiment without this tag in its GenAI view ("Traces 0")
+            self.client.set_experiment_tag(exp_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND)
         run = self.client.create_run(exp_id, run_name=run_name, tags=dict(tags or {}))
         self.run_id = run.info.run_id
         self.experiment_id = exp_id
+        from ..run_record import record_run
+
+        record_run(self.run_dir, "mlflow", {"tracking_uri": self.tracking_uri, "experiment_id": exp_id,
+                                            "run_id": self.run_id, "run_name": run.info.run_name})
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         from mlflow.entities import Metric

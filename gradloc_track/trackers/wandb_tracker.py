@@ -31,6 +31,11 @@ class WandbTracker(Tracker):
                                    dir=wdir, group=group, name=run_name, reinit="create_new")
         self.run.define_metric(STEP_KEY)
         self.run.define_metric("*", step_metric=STEP_KEY)
+        from ..run_record import record_run
+
+        record_run(self.run_dir, "wandb", {"dir": str(Path(self.run.dir).parent), "path": self.run.path,
+                                           "url": self.run.url, "run_name": self.run.name,
+                                           "offline": bool(self.run.offline)})
         self._all_rows: dict[str, list[list[Any]]] = {}
 
     def _log(self, data: dict[str, Any], step: int | None) -> None:
