@@ -6,8 +6,9 @@ from typing import Any, Sequence
 from ..locate.result import LocateResult
 from ..spikes.event import SpikeEvent
 
-BASE_COLUMNS = ["step", "sample", "position", "token_id", "token", "grad_norm", "share", "top_layers",
-                "signal", "z"]
+# what a reader scans first: when, which text, how much of the spike it carries; then where
+BASE_COLUMNS = ["step", "token", "share", "grad_norm", "sample", "position", "top_layers", "signal", "z",
+                "token_id"]
 
 
 def decode_token(tokenizer: Any, token_id: int | None) -> str:
@@ -58,9 +59,9 @@ def attribution_table(step: int, events: Sequence[SpikeEvent], result: LocateRes
     rows = []
     for c in result.tokens:
         token_id = int(ids[c.batch][c.position]) if ids is not None else None
-        row = [step, c.batch, c.position, token_id, decode_token(tok, token_id), c.grad_norm, c.share,
+        row = [step, decode_token(tok, token_id), c.share, c.grad_norm, c.batch, c.position,
                format_top_layers(c.layer_norms, top_layers), lead.signal if lead else None,
-               lead.z if lead else None]
+               lead.z if lead else None, token_id]
         row += [ev[n][c.batch][c.position] if n in ev else None for n in extras]
         row += [sv[n][c.batch] if n in sv else None for n in samples]
         rows.append(row)

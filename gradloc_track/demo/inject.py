@@ -44,7 +44,7 @@ def inject(kind: str, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, samp
         row[prose + 1: prose + 1 + span] = junk
         x[sample], y[sample] = row[:-1], row[1:]
         mask[sample].zero_()
-        mask[sample, : prose + span] = 1.0
+        mask[sample, prose: prose + span] = 1.0  # the prose is the prompt: no loss, as SFT masks prompts
         return list(range(prose, prose + span))  # targets are the junk tokens
     g = torch.Generator().manual_seed(seed)
     garbage = torch.randint(0xC0, 0x100, (span + 1,), generator=g)  # bytes never seen in ASCII text
