@@ -54,9 +54,9 @@ class SpikeInjectionConfig:
     step: Optional[int] = None  # None = no injection
     every: Optional[int] = None  # repeat every N steps after ``step`` (None = once)
     sample: int = 0  # which sequence of the batch is corrupted
-    kind: str = "short_garbage_doc"  # repeated_span | short_garbage_doc | corrupt_span
+    kind: str = "short_garbage_doc"  # garbled_span | short_garbage_doc | corrupt_span
     span: int = 4  # how many loss tokens carry the corruption
-    text: str = "â€™"  # the junk repeated by ``repeated_span`` (mojibake of a curly apostrophe)
+    text: str = "â€™"  # the junk repeated by ``garbled_span`` (mojibake of a curly apostrophe)
     scale: float = 1.0
 
     def __post_init__(self) -> None:
@@ -64,8 +64,8 @@ class SpikeInjectionConfig:
             check(self.step >= 0, "train.inject.step", self.step, "use a step >= 0 or null")
         if self.every is not None:
             check(self.every >= 1, "train.inject.every", self.every, "use a positive number of steps or null")
-        check(self.kind in ("repeated_span", "short_garbage_doc", "corrupt_span"), "train.inject.kind",
-              self.kind, "use repeated_span, short_garbage_doc or corrupt_span")
+        check(self.kind in ("garbled_span", "short_garbage_doc", "corrupt_span"), "train.inject.kind",
+              self.kind, "use garbled_span, short_garbage_doc or corrupt_span")
 
 
 @dataclass

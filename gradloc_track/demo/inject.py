@@ -1,12 +1,12 @@
 """Realistic data outliers injected at a known step (the spike demos).
 
-``repeated_span`` (the spike demo's default): one sample of the batch is replaced by a short
-scraped document — a line of ordinary prose that ends in a junk span repeated over and over
-(``&nbsp;&nbsp;&nbsp;...``, what an HTML-to-text step leaves behind), then padding that carries no
-loss. Under per-sample loss averaging (``train.loss_norm=sample``, the SFT default of many
-trainers) each of the document's few loss tokens weighs ``T / n`` times a normal token, and the
-repeated junk tokens push the gradient the same way again and again: the global grad norm jumps
-several-fold, pinned on the junk span.
+``garbled_span`` (the spike demo's default): one sample of the batch is replaced by an
+instruction-tuning pair whose answer is garbled: ordinary prose as the prompt (no loss, as SFT
+masks prompts) and an answer that is nothing but mojibake (``â€™``, a curly apostrophe decoded
+with the wrong charset; repeated to fill ``span`` tokens), then padding. Under per-sample loss
+averaging (``train.loss_norm=sample``, the SFT default of many trainers) each of the answer's
+few loss tokens weighs ``T / span`` times a normal token, and characters the model never saw
+have near-zero probability: the global grad norm jumps ~3x, pinned on the mojibake.
 ``short_garbage_doc``: a nearly empty document — ``span`` bytes of garbage, the rest padding.
 ``corrupt_span``: garbage inside an otherwise normal sequence (token-mean loss: usually *not* a
 spike — useful to see that the detector stays quiet).
@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 
 PAD_ID = 0  # byte 0 never occurs in the text corpus; the BPE's <pad> is id 0 too
-INJECT_KINDS = ("repeated_span", "short_garbage_doc", "corrupt_span")
-PROSE_TOKENS = 24  # prose kept before the repeated junk in ``repeated_span``
+INJECT_KINDS = ("garbled_span", "short_garbage_doc", "corrupt_span")
+PROSE_TOKENS = 40  # prose (the prompt) kept before the junk answer in ``garbled_span``
 
 
 def inject(kind: str, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, sample: int, span: int,
@@ -25,14 +25,14 @@ def inject(kind: str, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, samp
     """Corrupt ``sample`` of the batch in place; returns the positions of the corrupted loss terms.
 
     x, y: (B, T) inputs and targets; mask: (B, T) float loss mask. ``junk_ids``: the tokens of
-    the repeated junk (``repeated_span`` only).
+    the repeated junk (``garbled_span`` only).
     """
     B, T = x.shape
     if not 0 <= sample < B:
         raise ValueError(f"train.inject.sample={sample} is outside the batch (batch_size={B})")
     if not 1 <= span < T:
         raise ValueError(f"train.inject.span={span} must be in [1, seq_len)")
-    if kind == "repeated_span":
+    if kind == "garbled_span":
         if not junk_ids:
             raise ValueError("train.inject.text encodes to no tokens: use a non-empty string such as '&nbsp;'")
         prose = min(PROSE_TOKENS, T - span - 1)

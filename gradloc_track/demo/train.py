@@ -123,7 +123,7 @@ def train_lm(cfg: RootConfig, run_dir: str | Path, resolved_yaml: str | None = N
 
         adamc = AdamCWeightDecay(opt)
     data = TextBatches(corpus, tc.seq_len, tc.batch_size, tc.seed, tokenizer)
-    junk_ids = tokenizer.encode(tc.inject.text) if tc.inject.kind == "repeated_span" else None
+    junk_ids = tokenizer.encode(tc.inject.text) if tc.inject.kind == "garbled_span" else None
 
     tracker = make_tracker(cfg.tracker, run_dir=run_dir, run_name=cfg.run_name)
     status = "failed"

@@ -2,13 +2,16 @@
 
 Two spike-demo runs (clip=none, clip=adagc) are logged to an SQLite store, ``mlflow server``
 serves it on 127.0.0.1, and headless Chromium (Debian's chromium + chromium-driver) opens the
-run's artifact page and the compare-runs page. Screenshots go to the test's tmp dir, and to
+run through the link the demo printed (no switch to the "Model training" view), then its
+highlight artifact, and the compare-runs page. Screenshots go to the test's tmp dir, and to
 docs/img/ when GRADLOC_UPDATE_SCREENSHOTS=1 (that is how the README's pictures are made).
 """
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import shutil
 import time
 import urllib.parse
@@ -27,6 +30,7 @@ def demo_store(tmp_path_factory):
     from hydra import compose, initialize_config_dir
 
     from gradloc_track.config import register_configs, to_config
+    from gradloc_track.demo.console import TrainConsole
     from gradloc_track.demo.train import train_lm
 
     root = tmp_path_factory.mktemp("demo-store")
@@ -34,16 +38,20 @@ def demo_store(tmp_path_factory):
     register_configs()
     cwd = os.getcwd()
     os.chdir(root)  # MLflow puts the default artifact root next to the working directory
+    printed = {}
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
             for clip in ("none", "adagc"):
                 cfg = to_config(compose("config", overrides=[
                     "experiment=spike_demo", "train.steps=104", f"clip={clip}", "tracker=mlflow",
-                    f"tracker.mlflow.tracking_uri={uri}", f"run_name='spike_demo[clip={clip}]'"]))
-                train_lm(cfg, root / "runs" / clip)
+                    f"tracker.mlflow.tracking_uri={uri}", f"run_name='spike_demo[clip={clip}]'",
+                    f"train.cache_dir={root / 'cache'}"]))
+                out = io.StringIO()
+                train_lm(cfg, root / "runs" / clip, console=TrainConsole(stream=out))
+                printed[clip] = out.getvalue()
     finally:
         os.chdir(cwd)
-    return uri, root
+    return uri, root, printed
 
 
 def close_assistant_panel(driver) -> None:
@@ -70,17 +78,26 @@ def test_artifact_page_shows_highlighted_culprits_and_compare_page_shows_both_ru
     from mlflow.tracking import MlflowClient
     from selenium.webdriver.common.by import By
 
-    uri, root = demo_store
+    uri, root, printed = demo_store
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("gradloc-track")
     runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
-    run = runs["spike_demo[clip=none]"]
+    run = runs["spike_demo[clip=adagc]"]
     table = json.loads(Path(client.download_artifacts(run.info.run_id, "spikes/tokens.json", str(tmp_path))).read_text())
     tokens = {row[table["columns"].index("token")] for row in table["data"]}
     assert tokens
+    # the link the demo printed (for `mlflow ui` on port 5000), pointed at this test's server
+    links = re.findall(r"http://127\.0\.0\.1:5000(/#/experiments/\S+/runs/[0-9a-f]+)", printed["adagc"])
+    assert links and links[0] == f"/#/experiments/{exp.experiment_id}/runs/{run.info.run_id}"
     with running_mlflow_server(uri, root) as server:
-        browser.get(f"{server}/#/experiments/{exp.experiment_id}/runs/{run.info.run_id}"
-                    "/artifacts/spikes/highlight/step_000100.html")
+        browser.get(server + links[0])
+        # the run page itself, in the model-training view: run name and its metrics, no traces view
+        body = wait_for(browser, lambda: (t := browser.find_element(By.TAG_NAME, "body").text)
+                        and "spike_demo[clip=adagc]" in t and "grad_norm/global" in t and t,
+                        what="the run page opened by the printed link")
+        assert "No traces" not in body
+        save(browser, tmp_path, "mlflow_run.png")
+        browser.get(server + links[0] + "/artifacts/spikes/highlight/step_000100.html")
 
         def culprit_text():
             frames = browser.find_elements(By.TAG_NAME, "iframe")
@@ -97,7 +114,7 @@ def test_artifact_page_shows_highlighted_culprits_and_compare_page_shows_both_ru
             return None
 
         texts = wait_for(browser, culprit_text, what="the highlighted culprit tokens in the artifact viewer")
-        assert set(texts) <= tokens and set(texts) & tokens
+        assert set(texts) <= tokens and "".join(texts) == "\u00e2\u20ac\u2122"  # the mojibake answer, as text
         close_assistant_panel(browser)
         assert wait_for(browser, culprit_text, what="the culprits after closing the side panel") == texts
         shot = save(browser, tmp_path, "mlflow_highlight.png")
@@ -106,6 +123,7 @@ def test_artifact_page_shows_highlighted_culprits_and_compare_page_shows_both_ru
         ids = urllib.parse.quote(json.dumps([r.info.run_id for r in runs.values()]))
         browser.get(f"{server}/#/compare-runs?runs={ids}&experiments={urllib.parse.quote(json.dumps([exp.experiment_id]))}")
         body = wait_for(browser, lambda: (t := browser.find_element(By.TAG_NAME, "body").text)
-                        and "spike_demo[clip=adagc]" in t and t, what="the compare-runs page")
+                        and "spike_demo[clip=adagc]" in t and "spike_demo[clip=none]" in t and t,
+                        what="the compare-runs page")
         assert "spike_demo[clip=none]" in body and "clip.kind" in body
         save(browser, tmp_path, "mlflow_compare.png")
