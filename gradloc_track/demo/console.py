@@ -127,9 +127,8 @@ def where_to_look(run_dir: Path, step: int | None = None) -> list[str]:
     page = f"spikes/highlight/step_{step:06d}.html" if step is not None else "spikes/"
     if "mlflow" in record:
         m = record["mlflow"]
-        url = mlflow_run_url(m)
-        out.append(f"MLflow run {m.get('run_name', '')} ({m.get('run_id')}): {url}"
-                   + (f"  -> Artifacts -> {page}" if step is not None else ""))
+        url = mlflow_run_url(m, f"artifacts/{page}" if step is not None else "")
+        out.append(f"MLflow run {m.get('run_name', '')} ({m.get('run_id')}): {url}")
     if "wandb" in record:
         w = record["wandb"]
         out.append(f"W&B run {w.get('path')}" + (f" (offline: {w.get('dir')})" if w.get("offline") else f": {w.get('url')}"))

@@ -1,6 +1,6 @@
 """A real browser on the real MLflow UI: the highlighted culprit text is what a person sees.
 
-Two spike-demo runs (clip=none, clip=adagc) are logged to an SQLite store, ``mlflow server``
+The spike-demo run (clip=adagc) and a short clip=none run are logged to an SQLite store, ``mlflow server``
 serves it on 127.0.0.1, and headless Chromium (Debian's chromium + chromium-driver) opens the
 run through the link the demo printed (no switch to the "Model training" view), then its
 highlight artifact, and the compare-runs page. Screenshots go to the test's tmp dir, and to
@@ -41,9 +41,10 @@ def demo_store(tmp_path_factory):
     printed = {}
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-            for clip in ("none", "adagc"):
+            # the spike run, and a short clip=none run so the compare page has two runs to show
+            for clip, steps in (("adagc", 104), ("none", 10)):
                 cfg = to_config(compose("config", overrides=[
-                    "experiment=spike_demo", "train.steps=104", f"clip={clip}", "tracker=mlflow",
+                    "experiment=spike_demo", f"train.steps={steps}", f"clip={clip}", "tracker=mlflow",
                     f"tracker.mlflow.tracking_uri={uri}", f"run_name='spike_demo[clip={clip}]'",
                     f"train.cache_dir={root / 'cache'}"]))
                 out = io.StringIO()
@@ -87,17 +88,21 @@ def test_artifact_page_shows_highlighted_culprits_and_compare_page_shows_both_ru
     tokens = {row[table["columns"].index("token")] for row in table["data"]}
     assert tokens
     # the link the demo printed (for `mlflow ui` on port 5000), pointed at this test's server
-    links = re.findall(r"http://127\.0\.0\.1:5000(/#/experiments/\S+/runs/[0-9a-f]+)", printed["adagc"])
-    assert links and links[0] == f"/#/experiments/{exp.experiment_id}/runs/{run.info.run_id}"
+    run_path = f"/#/experiments/{exp.experiment_id}/runs/{run.info.run_id}"
+    links = re.findall(r"http://127\.0\.0\.1:5000(/#/experiments/\S+)", printed["adagc"])
+    assert f"{run_path}?workflowType=machine_learning" in links  # the summary's link
+    highlight = f"{run_path}/artifacts/spikes/highlight/step_000100.html?workflowType=machine_learning"
+    assert highlight in links  # the spike block's link
     with running_mlflow_server(uri, root) as server:
-        browser.get(server + links[0])
-        # the run page itself, in the model-training view: run name and its metrics, no traces view
+        browser.get(server + f"{run_path}?workflowType=machine_learning")
+        # the run page itself, in the model-training view (no GenAI side bar: traces, sessions)
         body = wait_for(browser, lambda: (t := browser.find_element(By.TAG_NAME, "body").text)
-                        and "spike_demo[clip=adagc]" in t and "grad_norm/global" in t and t,
+                        and "spike_demo[clip=adagc]" in t and "Run ID" in t and t,
                         what="the run page opened by the printed link")
-        assert "No traces" not in body
+        assert "Sessions" not in body and "Evaluation runs" not in body, body[:500]
+        close_assistant_panel(browser)
         save(browser, tmp_path, "mlflow_run.png")
-        browser.get(server + links[0] + "/artifacts/spikes/highlight/step_000100.html")
+        browser.get(server + highlight)
 
         def culprit_text():
             frames = browser.find_elements(By.TAG_NAME, "iframe")

@@ -81,8 +81,9 @@ def test_spike_block_names_text_and_where_to_look(tmp_path):
     text = out.getvalue()
     assert "spike at step 100" in text and "3.2x its running mean" in text
     assert "sample 1, positions 4-6: '\u00e2\u20ac\u2122'  (90% of the batch's squared grad norm)" in text
-    assert f"http://127.0.0.1:5000/#/experiments/3/runs/{'a' * 32}" in text
-    assert "spikes/highlight/step_000100.html" in text and "W&B run me/proj/xyz" in text
+    assert (f"http://127.0.0.1:5000/#/experiments/3/runs/{'a' * 32}/artifacts/spikes/highlight/step_000100.html"
+            "?workflowType=machine_learning") in text  # opens in the model-training view
+    assert "W&B run me/proj/xyz" in text
     cmds = "\n".join(view_commands(tmp_path))
     assert "mlflow ui --backend-store-uri sqlite:////data/mlflow.db --port 5000" in cmds
     assert "wandb sync /w/offline-run-1" in cmds and f"gradloc-track report {tmp_path}" in cmds
