@@ -118,6 +118,7 @@ class AdamCWeightDecay:
         self.base = [(float(g.get("weight_decay", 0.0)), float(peak), bool(c))
                      for g, peak, c in zip(optimizer.param_groups, peaks, corrected)]
         self._warned = False
+        optimizer.adamc_weight_decay = self  # GradMonitor logs adamc/steady_state_ratio for this optimizer
         self.step()
 
     @classmethod

@@ -71,8 +71,10 @@ class GradMonitor:
     - ``weight_norm/global``, ``weight_norm/<layer>``: parameter norms (``weight_norms=True``)
     - ``grad_weight_ratio/<layer>``: ``||g|| / ||w||`` of the layer (``weight_norms=True``)
     - ``lr``, ``weight_decay``: when known (arguments, else ``optimizer.param_groups``: ``lr`` of
-      group 0, the largest ``weight_decay`` of any group, since no-decay groups hold 0)
-    - ``adamc/steady_state_ratio``: ``sqrt(2 * weight_decay / lr)``, the ratio ``||g||/||w||``
+      group 0, the largest ``weight_decay`` of any group, since no-decay groups hold 0); ``lr``
+      is the one applied at this step, ``weight_decay`` is logged only when it changes
+    - ``adamc/steady_state_ratio`` (``adamc_ratio=True``, or automatically when
+      ``AdamCWeightDecay`` drives the optimizer): ``sqrt(2 * weight_decay / lr)``, the ratio ``||g||/||w||``
       that decoupled weight decay drives normalized layers to (Defazio, arXiv 2506.02285); a
       ``grad_weight_ratio`` tracking it as ``lr -> 0`` is schedule-driven norm growth, not a spike
     - ``clip/threshold/<layer>`` (or ``clip/threshold/global``), ``clip/coef/<layer>``,
@@ -392,14 +394,17 @@ class GradMonitor:
                 weight_decay = max(decays, key=float)
         return lr, weight_decay
 
-    @staticmethod
-    def _lr_metrics(lr: float | None, weight_decay: float | None) -> dict[str, float]:
+    def _lr_metrics(self, lr: float | None, weight_decay: float | None) -> dict[str, float]:
+        """``lr`` at the step it applies; ``weight_decay`` when it changes; AdamC's ratio where it means something."""
         out: dict[str, float] = {}
         if lr is not None:
             out["lr"] = float(lr)
-        if weight_decay is not None:
-            out["weight_decay"] = float(weight_decay)
-        if lr is not None and weight_decay is not None and float(lr) > 0 and float(weight_decay) > 0:
+        if weight_decay is not None and float(weight_decay) != getattr(self, "_last_wd", None):
+            out["weight_decay"] = self._last_wd = float(weight_decay)
+        adamc = self.config.adamc_ratio
+        if adamc is None:  # auto: only when AdamC's schedule-scaled decay drives this optimizer
+            adamc = getattr(self.optimizer, "adamc_weight_decay", None) is not None
+        if adamc and lr is not None and weight_decay is not None and float(lr) > 0 and float(weight_decay) > 0:
             out["adamc/steady_state_ratio"] = math.sqrt(2.0 * float(weight_decay) / float(lr))
         return out
 

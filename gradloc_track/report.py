@@ -1,6 +1,6 @@
 """One standalone HTML page with every spike event of a run, for people on neither W&B nor MLflow.
 
-Reads the shared file layout (``spikes/tokens.json``, ``spikes/highlight/step_*.html``,
+Reads the shared file layout (``spikes/tokens/step_*.json`` or an older ``spikes/tokens.json``, ``spikes/highlight/step_*.html``,
 ``spikes/heatmap/step_*.png``, see ``trackers/base.py``) from a local run directory, or downloads
 it from an MLflow run first. Event pages (whole documents) are embedded as sandboxed
 ``<iframe srcdoc>`` with the document escaped into the attribute; images as base64 data URIs. The
@@ -10,17 +10,23 @@ from __future__ import annotations
 
 import base64
 import html
+import json
+import os
 import re
 import tempfile
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .artifacts.highlight import visible
-from .artifacts.table_store import read_table
+from .artifacts.table_store import merge_tables, table_parts
+from .run_record import mlflow_run_url, read_run_record
 
 STEP = re.compile(r"step_(\d+)\.(html|png)$")
 CSS = ("body{font-family:system-ui,sans-serif;margin:16px} table{border-collapse:collapse;font-size:12px}"
        "td,th{border:1px solid #ccc;padding:2px 5px} iframe{width:100%;height:480px;border:1px solid #ddd}"
-       "img{max-width:100%} td.tok{font-family:ui-monospace,Menlo,Consolas,monospace;white-space:pre}")
+       "img{max-width:100%} p.note{color:#a40} td.tok{font-family:ui-monospace,Menlo,Consolas,monospace;white-space:pre}")
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 
 
@@ -28,30 +34,122 @@ class ReportSourceError(FileNotFoundError):
     """The report source is neither a run directory with ``spikes/`` nor a readable MLflow run."""
 
 
-def _fetch_mlflow(run_id: str, tracking_uri: str | None) -> Path:
-    """Download the run's ``spikes/`` artifacts into a temp dir; the dir that holds ``spikes/``."""
-    from ._optional import require
+MLFLOW_WAIT_S = 20.0  # our bound on waiting for an MLflow store/server (its own retries take minutes)
+RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+TITLE = re.compile(r"<title>spike at step (\d+)</title>")
 
+
+@dataclass
+class ReportSource:
+    """Where a report's files are (the folder holding ``spikes/``), its title, and a link back to the run."""
+
+    root: Path
+    title: str
+    link: str | None = None
+    layout: str = "files"  # files (spikes/...) | wandb (files/media/...)
+    notes: list[str] = field(default_factory=list)
+
+
+def _bounded(fn, what: str, timeout_s: float | None = None):
+    """Run ``fn()`` in a daemon thread; give up after ``timeout_s`` (MLflow's own retries can take minutes)."""
+    box: dict[str, Any] = {}
+
+    def target():
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # handed to the caller's thread
+            box["error"] = exc
+
+    timeout_s = MLFLOW_WAIT_S if timeout_s is None else timeout_s
+    t = threading.Thread(target=target, daemon=True, name="gradloc-report-mlflow")
+    t.start()
+    t.join(timeout_s)
+    if t.is_alive():
+        raise ReportSourceError(f"{what}: no answer within {timeout_s:.0f} s (server down or unreachable?); "
+                                "check --tracking-uri, or pass the run directory instead")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def _fetch_mlflow(run_id: str, tracking_uri: str | None) -> ReportSource:
+    """Download the run's ``spikes/`` artifacts into a temp dir."""
+    from ._optional import require
+    from .trackers.mlflow_tracker import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(tracking_uri)
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+        # MlflowClient would create an empty store here: say what is missing instead
+        raise ReportSourceError(f"{run_id!r} is neither a run directory nor a run in an MLflow store: there is no "
+                                f"store at {uri}; pass a run directory, or --tracking-uri pointing at the run's store")
+    if uri.startswith(("http://", "https://")):
+        _probe(uri)
     require("mlflow", "mlflow")
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    from .trackers.mlflow_tracker import resolve_tracking_uri
-
-    uri = resolve_tracking_uri(tracking_uri)
     client = MlflowClient(uri)
     try:
-        client.get_run(run_id)
+        run = _bounded(lambda: client.get_run(run_id), f"MLflow at {uri}")
     except MlflowException as exc:
         raise ReportSourceError(
             f"{run_id!r} is neither a run directory nor a run in the MLflow store {uri} ({exc.message.splitlines()[0]}); "
             "pass a local run directory, or an MLflow run id with --tracking-uri pointing at its store") from exc
     dst = Path(tempfile.mkdtemp(prefix="gradloc-report-"))
     try:
-        client.download_artifacts(run_id, "spikes", str(dst))
+        _bounded(lambda: client.download_artifacts(run_id, "spikes", str(dst)), f"MLflow at {uri}", 120.0)
     except (MlflowException, OSError) as exc:
         raise ReportSourceError(f"MLflow run {run_id} has no spikes/ artifacts: it logged no spike events") from exc
-    return dst
+    info = {"tracking_uri": uri, "experiment_id": run.info.experiment_id, "run_id": run_id}
+    return ReportSource(dst, run.info.run_name or run_id, mlflow_run_url(info))
+
+
+def _probe(uri: str, timeout_s: float = 5.0) -> None:
+    """Fail fast on a server that is not there (connection refused / no route), before MLflow's retries."""
+    import socket
+    import urllib.parse
+
+    u = urllib.parse.urlparse(uri)
+    port = u.port or (443 if u.scheme == "https" else 80)
+    try:
+        socket.create_connection((u.hostname, port), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ReportSourceError(f"MLflow server {uri} is unreachable ({exc}); start it, or pass the run directory") from exc
+
+
+def _wandb_files(run_dir: Path) -> Path | None:
+    """The ``files/`` folder of a W&B run dir (``offline-run-*``/``run-*``), or of the ``wandb/`` folder's latest run."""
+    if (run_dir / "files" / "media").is_dir():
+        return run_dir / "files"
+    runs = sorted(run_dir.glob("wandb/*run-*/files")) + sorted(run_dir.glob("*run-*/files"))
+    runs = [r for r in runs if (r / "media").is_dir()]
+    return runs[-1] if runs else None
+
+
+def resolve_source(source: str | Path, tracking_uri: str | None = None) -> ReportSource:
+    """A run directory (any tracker: follows ``gradloc_run.json``), a W&B run dir, or an MLflow run id."""
+    root = Path(source)
+    if root.is_dir():
+        record = read_run_record(root)
+        if (root / "spikes").is_dir():
+            m = record.get("mlflow") or {}
+            return ReportSource(root, m.get("run_name") or root.name, mlflow_run_url(m) if m else None)
+        if "mlflow" in record:
+            m = record["mlflow"]
+            return _fetch_mlflow(m["run_id"], tracking_uri or m.get("tracking_uri"))
+        wdir = Path(record["wandb"]["dir"]) if "wandb" in record and record["wandb"].get("dir") else root
+        files = _wandb_files(wdir) or _wandb_files(root)
+        if files is not None:
+            w = record.get("wandb", {})
+            title = w.get("run_name") or files.parent.name
+            return ReportSource(files, title, w.get("url") if not w.get("offline") else None, layout="wandb")
+        raise ReportSourceError(f"{source}: no spikes/ folder in this run directory; it logged no spike events "
+                                "(or pass the run directory the tracker wrote, the one holding spikes/)")
+    text = str(source)
+    if not RUN_ID.match(text) and (os.sep in text or text.startswith(".") or root.suffix):
+        raise ReportSourceError(f"{source}: no such run directory; pass the run directory the app printed "
+                                "(runs/<date>/...), a W&B run directory, or an MLflow run id")
+    return _fetch_mlflow(text, tracking_uri)
 
 
 def _by_step(folder: Path, ext: str) -> dict[int, Path]:
@@ -61,6 +159,72 @@ def _by_step(folder: Path, ext: str) -> dict[int, Path]:
         if m:
             out[int(m.group(1))] = p
     return out
+
+
+WANDB_MEDIA = re.compile(r"_(\d+)_[0-9a-f]+\.(?:html|png)$")
+
+
+def _wandb_step(p: Path) -> int:
+    m = WANDB_MEDIA.search(p.name)
+    return int(m.group(1)) if m else -1
+
+
+def _read_text(path: Path, notes: list[str]) -> str:
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        notes.append(f"{path.name} is not valid UTF-8 (byte {exc.start}); undecodable bytes are shown as \ufffd")
+        return data.decode("utf-8", errors="replace")
+
+
+def load_table(path: Path, notes: list[str]) -> dict:
+    """``{"columns": [...], "data": [[...], ...]}`` from a table file; a readable note instead of a traceback."""
+    empty = {"columns": [], "data": []}
+    try:
+        table = json.loads(_read_text(path, notes))
+    except ValueError as exc:  # truncated (a write was cut short) or not JSON at all
+        notes.append(f"{path.name} is not valid JSON ({exc}); the culprit table is left out. "
+                     "A truncated file usually means the run was killed while writing it")
+        return empty
+    if not isinstance(table, dict) or not isinstance(table.get("columns"), list) or not isinstance(table.get("data"), list):
+        notes.append(f"{path.name} is not a table (expected an object with \"columns\" and \"data\" lists, "
+                     f"got {type(table).__name__}); the culprit table is left out")
+        return empty
+    cols = table["columns"]
+    rows = [r for r in table["data"] if isinstance(r, list) and len(r) == len(cols)]
+    if len(rows) != len(table["data"]):
+        notes.append(f"{path.name}: {len(table['data']) - len(rows)} row(s) without exactly {len(cols)} cells were left out")
+    return {"columns": [str(c) for c in cols], "data": rows}
+
+
+def _events(src: ReportSource) -> tuple[dict, dict[int, str], dict[int, bytes]]:
+    """(table, step -> page html, step -> png bytes) from either file layout."""
+    notes = src.notes
+    if src.layout == "wandb":
+        media = src.root / "media"
+        tables = sorted((media / "table").rglob("*.table.json"))
+        tables = [t for t in tables if "tokens" in t.name] or tables
+        loaded = [load_table(t, notes) for t in tables]
+        table = max(loaded, key=lambda t: len(t["data"]), default={"columns": [], "data": []})  # the cumulative one
+        pages: dict[int, str] = {}
+        html_files = sorted((media / "html").rglob("*.html"), key=_wandb_step)
+        order = []
+        for p in html_files:
+            doc = _read_text(p, notes)
+            m = TITLE.search(doc)
+            step = int(m.group(1)) if m else _wandb_step(p)
+            pages[step] = doc
+            order.append(step)
+        pngs = sorted((media / "images").rglob("*.png"), key=_wandb_step)
+        images = {step: p.read_bytes() for step, p in zip(order, pngs)}  # logged in the same order
+        return table, pages, images
+    spikes = src.root / "spikes"
+    # one part per event (spikes/tokens/step_*.json), or an older run's single tokens.json
+    table = merge_tables(load_table(p, notes) for p in table_parts(src.root, "spikes/tokens"))
+    pages = {step: _read_text(p, notes) for step, p in _by_step(spikes / "highlight", "html").items()}
+    images = {step: p.read_bytes() for step, p in _by_step(spikes / "heatmap", "png").items()}
+    return table, pages, images
 
 
 def _table(table: dict) -> str:
@@ -78,32 +242,37 @@ def _table(table: dict) -> str:
     return f"<h2>All culprit tokens</h2><table><tr>{head}</tr>{body}</table>"
 
 
-def build_report(source: str | Path, tracking_uri: str | None = None) -> str:
-    """The report page for a run directory, or for an MLflow run id when ``source`` is no directory."""
-    root = Path(source)
-    if not root.is_dir():
-        root = _fetch_mlflow(str(source), tracking_uri)
-    spikes = root / "spikes"
-    if not spikes.is_dir():
+def build_report(source: str | Path, tracking_uri: str | None = None, notes: list[str] | None = None) -> str:
+    """The report page for a run directory (any tracker), a W&B run directory, or an MLflow run id.
+
+    Damaged files (truncated or non-table JSON, non-UTF-8 pages) are left out with a note on the
+    page; ``notes``, when given, receives the same notes (the CLI prints them).
+    """
+    src = resolve_source(source, tracking_uri)
+    if src.layout == "files" and not (src.root / "spikes").is_dir():
         raise ReportSourceError(f"{source}: no spikes/ folder in this run directory; it logged no spike events "
                                 "(or pass the run directory the tracker wrote, the one holding spikes/)")
-    table = read_table(root, "spikes/tokens")  # the per-event parts (or an older run's tokens.json)
-    pages = _by_step(spikes / "highlight", "html")
-    images = _by_step(spikes / "heatmap", "png")
+    table, pages, images = _events(src)
+    if notes is not None:
+        notes.extend(src.notes)
     steps = sorted(set(pages) | set(images))
     esc = html.escape
-    parts = [f"<h1>Spike report: {esc(str(source))}</h1>",
+    link = (f"<p>Run: <a href=\"{esc(src.link, quote=True)}\">{esc(src.link)}</a></p>"
+            if src.link and src.link.startswith(("http://", "https://")) else "")
+    parts = [f"<h1>Spike report: {esc(src.title)}</h1>", link,
              f"<p>{len(steps)} spike event(s) (steps {esc(', '.join(map(str, steps))) or 'none'}), "
-             f"{len(table.get('data', []))} culprit token(s).</p>", _table(table)]
+             f"{len(table.get('data', []))} culprit token(s).</p>"]
+    parts += [f"<p class='note'>{esc(n)}</p>" for n in src.notes]
+    parts.append(_table(table))
     for step in steps:
         parts.append(f"<h2 id='step-{step}'>step {step}</h2>")
         if step in pages:
-            doc = pages[step].read_text(encoding="utf-8")
             # a whole document: escaped into srcdoc, sandboxed (no scripts even if one slipped in)
-            parts.append(f"<iframe sandbox title=\"spike at step {step}\" srcdoc=\"{esc(doc, quote=True)}\"></iframe>")
+            parts.append(f"<iframe sandbox title=\"spike at step {step}\" srcdoc=\"{esc(pages[step], quote=True)}\"></iframe>")
         if step in images:
-            data = base64.b64encode(images[step].read_bytes()).decode("ascii")
+            data = base64.b64encode(images[step]).decode("ascii")
             parts.append(f"<img alt=\"per-layer heatmap, step {step}\" src=\"data:image/png;base64,{data}\">")
     return ("<!DOCTYPE html><html><head><meta charset='utf-8'>"
             f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}\">"
-            f"<title>gradloc-track spike report</title><style>{CSS}</style></head><body>{''.join(parts)}</body></html>")
+            f"<title>{esc(src.title)} - gradloc-track spike report</title><style>{CSS}</style></head>"
+            f"<body>{''.join(parts)}</body></html>")

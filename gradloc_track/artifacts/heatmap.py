@@ -42,6 +42,26 @@ def heatmap_columns(positions: list[int], length: int, window: int, max_tokens: 
     return cols[: max_tokens + len(ranges) - 1]
 
 
+def padding_positions(ctx: Any, sample: int) -> set[int]:
+    """Positions of ``sample`` that are padding: no loss term AND the pad token.
+
+    The pad token is ``ctx.tokenizer.pad_id`` when the tokenizer has one, else the token that
+    fills a run of at least 4 loss-free positions at the end of the sample (right padding).
+    Loss-free text (an SFT prompt) stays: it is the context a reader needs.
+    """
+    mask, ids_t = getattr(ctx, "token_mask", None), getattr(ctx, "input_ids", None)
+    if mask is None or ids_t is None or isinstance(mask, (list, tuple)):
+        return set()
+    keep = mask[sample].tolist()  # host sync: once per heatmap
+    ids = ids_t[sample].tolist()
+    pad = getattr(getattr(ctx, "tokenizer", None), "pad_id", None)
+    if pad is None and len(ids) >= 4 and not any(keep[-4:]) and len(set(ids[-4:])) == 1:
+        pad = ids[-1]
+    if pad is None:
+        return set()
+    return {p for p, (k, t) in enumerate(zip(keep, ids)) if not k and t == pad}
+
+
 def heatmap_size_px(n_tokens: int, n_layers: int) -> tuple[int, int]:
     """(width, height) in pixels of the PNG for ``n_tokens`` columns and ``n_layers`` rows."""
     return round(max(MIN_W_IN, CELL_W_IN * n_tokens) * DPI), round((ROW_H_IN * n_layers + MARGIN_H_IN) * DPI)
@@ -75,6 +95,46 @@ def _runs(cols: list[int | None]) -> list[tuple[int, int]]:
     return out
 
 
+def heatmap_grid(result: LocateResult, sample: int, ctx: Any = None, window: int = 24,
+                 max_tokens: int = 128) -> tuple[list[int | None], list[str], Any, list]:
+    """(columns, row names, (rows, columns) float array, the sample's culprits) of the heatmap.
+
+    Columns: positions around the culprits, padding dropped, ``None`` = a break. Rows: the
+    per-position layers, then every other layer the table lists for the culprits (exact norms at
+    the culprits' columns only, NaN elsewhere).
+    """
+    T = result.layer_map.shape[2]
+    mine = [c for c in result.tokens if c.batch == sample and getattr(c, "micro_batch", None) in (None, 0)]
+    culprit_pos = [c.position for c in mine] or [0]
+    pads = padding_positions(ctx, sample) - set(culprit_pos)
+    cols = [p for p in heatmap_columns(culprit_pos, T, window, max_tokens) if p not in pads]
+    while cols and cols[0] is None:
+        cols.pop(0)
+    while cols and cols[-1] is None:
+        cols.pop()
+    cols = [p for i, p in enumerate(cols) if p is not None or cols[i - 1] is not None]  # one gap marker per break
+    idx = torch.tensor([p if p is not None else 0 for p in cols])
+    data = result.layer_map[:, sample].index_select(1, idx).float().nan_to_num(0.0, 0.0, 0.0)  # (L, C)
+    # layers the table lists that the per-position pass does not cover (embeddings, norms): their
+    # exact norms are known at the culprits only; other cells stay blank
+    names = list(result.layer_names)
+    extra = [n for c in mine for n in c.layer_norms if n not in names]
+    extra = list(dict.fromkeys(extra))
+    if extra:
+        rows = torch.full((len(extra), len(cols)), float("nan"))
+        for c in mine:
+            for i, p in enumerate(cols):
+                if p == c.position:
+                    for r, n in enumerate(extra):
+                        rows[r, i] = float(c.layer_norms.get(n, float("nan")))
+        data = torch.cat([data, rows])
+        names += [f"{n} (culprits only)" for n in extra]
+    finite = data[torch.isfinite(data)]
+    vmax = float(finite.max()) if finite.numel() and float(finite.max()) > 0 else 1.0
+    data = data.clamp_min(vmax * 1e-6).numpy()  # log scale: zero contributions sit at the ramp's bottom
+    return cols, names, data, mine
+
+
 def render_layer_heatmap(result: LocateResult, sample: int, path: str | Path, ctx: Any = None,
                          window: int = 24, max_tokens: int = 128) -> Path | None:
     """Write a PNG of ``result.layer_map[:, sample]`` around the sample's culprits; the path.
@@ -99,12 +159,11 @@ def render_layer_heatmap(result: LocateResult, sample: int, path: str | Path, ct
     import matplotlib.pyplot as plt
     from matplotlib.colors import LogNorm
 
-    culprit_pos = [c.position for c in result.tokens if c.batch == sample] or [0]
-    cols = heatmap_columns(culprit_pos, T, window, max_tokens)
-    idx = torch.tensor([p if p is not None else 0 for p in cols])
-    data = result.layer_map[:, sample].index_select(1, idx).float().nan_to_num(0.0, 0.0, 0.0)  # (L, C)
-    vmax = float(data.max()) if data.numel() and float(data.max()) > 0 else 1.0
-    data = data.clamp_min(vmax * 1e-6).numpy()  # log scale: zero contributions sit at the ramp's bottom
+    import numpy as np
+
+    cols, names, data, mine = heatmap_grid(result, sample, ctx, window, max_tokens)
+    L = len(names)
+    vmax = float(np.nanmax(data)) if np.isfinite(data).any() else 1.0
     gaps = [i for i, p in enumerate(cols) if p is None]
     data[:, gaps] = float("nan")  # drawn in the "bad" colour: a visible break between windows
     ids = ctx.input_ids[sample].tolist() if getattr(ctx, "input_ids", None) is not None else None  # host sync
@@ -117,14 +176,14 @@ def render_layer_heatmap(result: LocateResult, sample: int, path: str | Path, ct
     try:
         im = ax.imshow(data, aspect="auto", cmap=cmap, norm=LogNorm(vmin=vmax * 1e-6, vmax=vmax),
                        interpolation="nearest")
-        ax.set_yticks(range(L), result.layer_names, fontsize=8)
+        ax.set_yticks(range(L), names, fontsize=8)
         ax.set_xticks(range(len(cols)), labels, fontsize=7, rotation=90, family="monospace")
-        culprits = {c.position for c in result.tokens if c.batch == sample}
+        culprits = {c.position for c in mine}
         for i, p in enumerate(cols):
             if p in culprits:
                 ax.axvline(i, color="cyan", lw=0.8, ls="--")
         ax.set_title(f"per-layer gradient contribution, sample {sample} (positions {where})", fontsize=9)
-        fig.colorbar(im, ax=ax, fraction=0.025, label="ghost norm")
+        fig.colorbar(im, ax=ax, fraction=0.025, label="gradient norm from this token's loss (log)")
         fig.tight_layout()
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,9 @@ h1{font-size:18px;margin:0 0 6px} h2{font-size:15px;margin:18px 0 6px}
 .meta{font-size:13px;color:#444} .meta b{color:#000}
 .text{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:14px;line-height:1.9;
  white-space:pre-wrap;word-break:break-all;border:1px solid #ddd;border-radius:6px;padding:10px}
-.t{border-radius:3px;padding:1px 0} .c{outline:2px solid #d00000;outline-offset:1px;font-weight:bold}
+.t{border-radius:3px;padding:1px 0}
+.c{border:2px solid #d00000;margin:0 1px;padding:0 1px;font-weight:bold;box-decoration-break:clone;-webkit-box-decoration-break:clone}
+.cut{color:#a40;font-style:italic;font-weight:normal}
 .ws{color:#999} .pad{color:#aaa;font-style:italic} .gap{color:#777;background:#eee;border-radius:3px;padding:0 4px}
 .legend{display:flex;align-items:center;gap:6px;font-size:12px;margin:8px 0}
 .ramp{display:inline-block;width:180px;height:12px;border:1px solid #ccc;
@@ -33,6 +35,18 @@ details{margin-top:8px} summary{cursor:pointer;color:#0645ad}
 CSP = "default-src 'none'; style-src 'unsafe-inline'"
 _VISIBLE = {"\n": "\u21b5\n", "\t": "\u2192", "\r": "\u240d", " ": " "}
 PAD_RUN = 4  # this many identical no-loss tokens in a row (padding) collapse into one marker
+# bounds on one event's page (B=32, T=2048 with 10k-character tokens made 8-11 MiB before)
+MAX_TOKEN_CHARS = 80  # a longer token is cut, with a visible "+N chars" marker
+MAX_SAMPLES = 8  # samples shown, those with the largest culprit first; the rest are counted
+FULL_TEXT_SAMPLES = 2  # samples whose whole text sits in a collapsed block
+FULL_TEXT_TOKENS = 2048  # ...up to this many tokens each
+
+
+def token_html(text: str, limit: int = MAX_TOKEN_CHARS) -> str:
+    """``visible(text)``, cut at ``limit`` characters with a marker saying how much was left out."""
+    if len(text) <= limit:
+        return visible(text)
+    return visible(text[:limit]) + f"<span class='cut'>…[+{len(text) - limit} chars]</span>"
 
 
 def visible(text: str) -> str:
@@ -98,7 +112,7 @@ class _Sample:
                       f" | top layers {format_top_layers(c.layer_norms)}")
         a = _alpha(score, self.lo, self.hi) if self.in_loss[p] else 0.0
         return (f'<span class="{cls}" style="background:rgba(255,80,0,{a:.2f})" '
-                f'title="{html.escape(title, quote=True)}">{visible(decode_token(self.tok, tid))}</span>')
+                f'title="{html.escape(title, quote=True)}">{token_html(decode_token(self.tok, tid))}</span>')
 
     def _is_pad(self, p: int, q: int) -> bool:
         """Positions p and q hold the same token, neither a loss term nor a culprit (padding)."""
@@ -128,7 +142,7 @@ class _Sample:
                 q += 1
             run = q - p + 1
             if run >= PAD_RUN and not self.in_loss[p] and p not in self.culprits:
-                text = visible(decode_token(self.tok, self.ids[p]))
+                text = token_html(decode_token(self.tok, self.ids[p]))
                 title = f"positions {p}-{q}: {run} x token id {self.ids[p]}, no loss term"
                 parts.append(f'<span class="t ws pad" title="{html.escape(title, quote=True)}">{text}'
                              f' \u00d7{run}</span>')
@@ -179,7 +193,10 @@ def render_highlight_html(step: int, events: Sequence[SpikeEvent], result: Locat
               " grey = no loss term; hover a token for its numbers</div>")
     body = []
     T = ctx.input_ids.shape[1]
-    for sample in sorted(by_sample):
+    ranked = sorted(by_sample, key=lambda b: -max(c.grad_norm for c in by_sample[b].values()))
+    shown_samples = sorted(ranked[:MAX_SAMPLES])
+    full_text = set(ranked[:FULL_TEXT_SAMPLES])
+    for sample in shown_samples:
         culprits = by_sample[sample]
         s = _Sample(sample, result, ctx, culprits, lo, hi)
         ranges = s.extend_over_padding(context_windows(list(culprits), T, window))
@@ -192,7 +209,7 @@ def render_highlight_html(step: int, events: Sequence[SpikeEvent], result: Locat
         if prev < T:
             shown.append(_gap(T - prev))
         rows = "".join(
-            f"<tr><td>{p}</td><td>{s.ids[p]}</td><td>{visible(decode_token(s.tok, s.ids[p]))}</td>"
+            f"<tr><td>{p}</td><td>{s.ids[p]}</td><td>{token_html(decode_token(s.tok, s.ids[p]))}</td>"
             f"<td>{c.grad_norm:.3e}</td><td>{'n/a' if c.share is None else f'{c.share:.3f}'}</td>"
             f"<td>{esc(format_top_layers(c.layer_norms))}</td></tr>"
             for p, c in sorted(culprits.items()))
@@ -202,10 +219,15 @@ def render_highlight_html(step: int, events: Sequence[SpikeEvent], result: Locat
                    f"<div class='text'>{''.join(shown)}</div>",
                    "<table><tr><th>position</th><th>token id</th><th>token</th><th>grad norm</th><th>share</th>"
                    f"<th>top layers</th></tr>{rows}</table>"]
-        if ranges != [(0, T)]:
-            section.append(f"<details><summary>full text ({T} tokens)</summary><div class='text'>"
-                           f"{s.spans(0, T)}</div></details>")
+        if ranges != [(0, T)] and sample in full_text:
+            n = min(T, FULL_TEXT_TOKENS)
+            more = f", first {n} shown" if n < T else ""
+            section.append(f"<details><summary>full text ({T} tokens{more})</summary><div class='text'>"
+                           f"{s.spans(0, n)}{_gap(T - n) if n < T else ''}</div></details>")
         body.append("".join(section))
+    if len(ranked) > MAX_SAMPLES:
+        body.append(f"<p class='meta'>{len(ranked) - MAX_SAMPLES} more sample(s) with culprits are not shown here: "
+                    "every culprit is listed in the spikes/tokens table</p>")
     if not body:
         body.append("<p>No single loss term was above the threshold: the spike is spread over many tokens.</p>")
     return ("<!DOCTYPE html><html><head><meta charset='utf-8'>"

@@ -8,8 +8,9 @@ import torch
 from ..locate.result import LocateResult
 from ..spikes.event import SpikeEvent
 
-BASE_COLUMNS = ["step", "sample", "position", "token_id", "token", "grad_norm", "share", "top_layers",
-                "signal", "z"]
+# what a reader scans first: when, which text, how much of the spike it carries; then where
+BASE_COLUMNS = ["step", "token", "share", "grad_norm", "sample", "position", "top_layers", "signal", "z",
+                "token_id"]
 
 
 def decode_token(tokenizer: Any, token_id: int | None) -> str:

@@ -10,7 +10,7 @@ import json
 import re
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 PART = re.compile(r"step_(\d+)\.json$")
 
@@ -40,16 +40,17 @@ def table_parts(root: str | Path, key: str) -> list[Path]:
 
 
 def read_table(root: str | Path, key: str = "spikes/tokens") -> dict[str, Any]:
-    """``{"columns": [...], "data": [[...], ...]}``: every row of table ``key`` under ``root``.
+    """``{"columns": [...], "data": [[...], ...]}``: every row of table ``key`` under ``root``."""
+    return merge_tables(t for t in map(_load, table_parts(root, key)) if t is not None)
 
-    Columns are those of the first readable part; rows of a part with other columns are mapped
-    by name (missing cells ``None``).
-    """
+
+def merge_tables(tables: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """One table from several parts, in order. Columns are those of the first part with columns;
+    rows of a part with other columns are mapped by name (missing cells ``None``)."""
     columns: list[str] = []
     data: list[list[Any]] = []
-    for path in table_parts(root, key):
-        table = _load(path)
-        if table is None:
+    for table in tables:
+        if not table.get("columns"):
             continue
         if not columns:
             columns = [str(c) for c in table["columns"]]

@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Optional
 
 from ._validate import check, check_types, one_of
 from ..grouping import GROUP_MODES
@@ -20,9 +21,13 @@ class MonitorConfig:
     groups: dict[str, str] = field(default_factory=dict)
     per_tensor: bool = False  # also log grad_norm/tensor/<param name>
     weight_norms: bool = True  # weight_norm/* and grad_weight_ratio/*
+    # adamc/steady_state_ratio: None = only when AdamCWeightDecay drives the optimizer
+    adamc_ratio: Optional[bool] = None
 
     def __post_init__(self) -> None:
         check_types(self, "monitor", skip=("groups",))
+        check(self.adamc_ratio is None or isinstance(self.adamc_ratio, bool), "monitor.adamc_ratio",
+              self.adamc_ratio, "use true, false or null (null = only with AdamC's weight decay)")
         check(isinstance(self.groups, Mapping), "monitor.groups", self.groups,
               "use a mapping {layer_name: regex on parameter names}, e.g. {attention: '\\.attn\\.'}")
         check(self.log_every >= 1, "monitor.log_every", self.log_every, "use a positive integer (1 = log every step)")

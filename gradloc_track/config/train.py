@@ -72,8 +72,9 @@ class SpikeInjectionConfig:
     every: Optional[int] = None  # repeat every N steps after ``step`` (None = once)
     sample: int = 0  # which sequence of the batch is corrupted
     rank: int = 0  # under torchrun: which rank's batch is corrupted
-    kind: str = "short_garbage_doc"  # short_garbage_doc | corrupt_span
+    kind: str = "short_garbage_doc"  # garbled_span | short_garbage_doc | corrupt_span
     span: int = 4  # how many loss tokens carry the corruption
+    text: str = "â€™"  # the junk repeated by ``garbled_span`` (mojibake of a curly apostrophe)
     scale: float = 1.0
 
     def __post_init__(self) -> None:
@@ -83,8 +84,8 @@ class SpikeInjectionConfig:
         if self.every is not None:
             check(self.every >= 1, "train.inject.every", self.every, "use a positive number of steps or null")
         check(self.rank >= 0, "train.inject.rank", self.rank, "use a rank >= 0 (0 = the first process)")
-        check(self.kind in ("short_garbage_doc", "corrupt_span"), "train.inject.kind", self.kind,
-              "use short_garbage_doc or corrupt_span")
+        check(self.kind in ("garbled_span", "short_garbage_doc", "corrupt_span"), "train.inject.kind",
+              self.kind, "use garbled_span, short_garbage_doc or corrupt_span")
         check(self.sample >= 0, "train.inject.sample", self.sample, "use a sample index >= 0 (< train.batch_size)")
         check(self.span >= 1, "train.inject.span", self.span, "use 1 or more loss tokens")
         check(0 < self.scale < float("inf"), "train.inject.scale", self.scale, "use a positive, finite number")
@@ -100,6 +101,8 @@ class TrainConfig:
     loss_norm: str = "token"  # token (mean over all loss tokens) | sample (mean of per-sample means)
     corpus: Optional[str] = None  # path to a UTF-8 text file; None = built-in offline corpus
     num_threads: Optional[int] = None  # torch.set_num_threads; None = leave torch's default
+    tokenizer: str = "byte"  # byte (vocab 256) | bpe (trained on the corpus, vocab = model.vocab_size)
+    cache_dir: Optional[str] = None  # where the trained BPE is kept; None = ~/.cache/gradloc-track
     inject: SpikeInjectionConfig = field(default_factory=SpikeInjectionConfig)
 
     def __post_init__(self) -> None:
@@ -123,3 +126,4 @@ class TrainConfig:
 
             check(Path(self.corpus).is_file(), "train.corpus", self.corpus,
                   "use the path of an existing UTF-8 text file, or null for the built-in corpus")
+        one_of("train.tokenizer", self.tokenizer, ("byte", "bpe"))

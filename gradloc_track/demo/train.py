@@ -6,7 +6,6 @@ Kept in the package (not in the example script) so tests can run it without a su
 from __future__ import annotations
 
 import json
-import logging
 import math
 import time
 from dataclasses import asdict
@@ -18,10 +17,9 @@ import torch.nn.functional as F
 
 from ..config import RootConfig
 from .data import ByteTokenizer, TextBatches, load_corpus
-from .inject import inject
+from .inject import PAD_ID, inject
+from .console import TrainConsole, view_commands
 from .model import build_model
-
-log = logging.getLogger(__name__)
 
 
 def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -34,6 +32,20 @@ def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[key] = v
     return out
+
+
+def make_tokenizer(tc, model_cfg, corpus: str):
+    """The byte tokenizer, or a BPE of ``model.vocab_size`` tokens trained on (and cached for) the corpus."""
+    if tc.tokenizer == "byte":
+        if model_cfg.vocab_size < 256:
+            raise ValueError(f"model.vocab_size={model_cfg.vocab_size} is too small for train.tokenizer=byte: use 256 or more")
+        return ByteTokenizer()
+    from .tokenizer import BpeTokenizer
+
+    tok = BpeTokenizer.train_or_load(corpus, model_cfg.vocab_size, tc.cache_dir)
+    if tok.vocab_size > model_cfg.vocab_size:  # pragma: no cover - BPE never exceeds its target
+        raise ValueError(f"model.vocab_size={model_cfg.vocab_size} < the BPE's {tok.vocab_size} tokens")
+    return tok
 
 
 def make_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
@@ -93,8 +105,13 @@ def init_distributed(device: torch.device) -> tuple[int, int, bool]:
     return dist.get_rank(), dist.get_world_size(), started
 
 
-def train_lm(cfg: RootConfig, run_dir: str | Path, resolved_yaml: str | None = None) -> dict[str, float]:
-    """Train, monitor and log one run. Returns a summary (final loss, spikes, spike score...)."""
+def train_lm(cfg: RootConfig, run_dir: str | Path, resolved_yaml: str | None = None,
+             console: TrainConsole | None = None) -> dict[str, float]:
+    """Train, monitor and log one run. Returns a summary (final loss, spikes, spike score...).
+
+    ``console`` shows progress, spikes and the closing summary (default: a ``TrainConsole`` on
+    stderr: a progress bar on a terminal, a plain line every tenth of the run otherwise).
+    """
     from .. import GradMonitor
     from ..artifacts import SpikeArtifactWriter
     from ..clip import build_clipper
@@ -102,6 +119,7 @@ def train_lm(cfg: RootConfig, run_dir: str | Path, resolved_yaml: str | None = N
     from ..spikes.context import SpikeContext
     from ..trackers import make_tracker
 
+    console = console or TrainConsole()
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     tc = cfg.train
@@ -110,6 +128,11 @@ def train_lm(cfg: RootConfig, run_dir: str | Path, resolved_yaml: str | None = N
     torch.manual_seed(tc.seed)
     device = torch.device(tc.device)
 
+    if tc.seq_len > cfg.model.max_seq_len:
+        raise ValueError(f"train.seq_len={tc.seq_len} exceeds model.max_seq_len={cfg.model.max_seq_len}: "
+                         "lower train.seq_len or raise model.max_seq_len")
+    corpus = load_corpus(tc.corpus)
+    tokenizer = make_tokenizer(tc, cfg.model, corpus)
     rank, world, started = init_distributed(device)
     model = build_model(cfg.model).to(device)
     net = model  # what the loss runs: DDP under torchrun (each rank its own batches)
@@ -117,9 +140,6 @@ def train_lm(cfg: RootConfig, run_dir: str | Path, resolved_yaml: str | None = N
         from torch.nn.parallel import DistributedDataParallel
 
         net = DistributedDataParallel(model)
-    if tc.seq_len > cfg.model.max_seq_len:
-        raise ValueError(f"train.seq_len={tc.seq_len} exceeds model.max_seq_len={cfg.model.max_seq_len}: "
-                         "lower train.seq_len or raise model.max_seq_len")
     opt = make_optimizer(model, cfg.optim)
     sched = make_schedule(opt, cfg.optim, tc.steps)
     adamc = None
@@ -127,8 +147,8 @@ def train_lm(cfg: RootConfig, run_dir: str | Path, resolved_yaml: str | None = N
         from ..adamc import AdamCWeightDecay
 
         adamc = AdamCWeightDecay.from_config(opt, cfg.optim, scheduler=sched, model=model)
-    tokenizer = ByteTokenizer()
-    data = TextBatches(load_corpus(tc.corpus), tc.seq_len, tc.batch_size, tc.seed + 7919 * rank, tokenizer)
+    data = TextBatches(corpus, tc.seq_len, tc.batch_size, tc.seed + 7919 * rank, tokenizer)
+    junk_ids = tokenizer.encode(tc.inject.text) if tc.inject.kind == "garbled_span" else None
 
     from ..trackers.base import NullTracker
 
@@ -136,7 +156,7 @@ def train_lm(cfg: RootConfig, run_dir: str | Path, resolved_yaml: str | None = N
     tracker = make_tracker(cfg.tracker, run_dir=run_dir, run_name=cfg.run_name) if rank == 0 else NullTracker()
     status = "failed"
     try:
-        params = flatten(asdict(cfg))
+        params = {k: v for k, v in flatten(asdict(cfg)).items() if v is not None}  # None is noise in a params table
         params["model.n_params"] = sum(p.numel() for p in model.parameters())
         tracker.log_params(params)
         if resolved_yaml is not None:
@@ -155,15 +175,19 @@ def train_lm(cfg: RootConfig, run_dir: str | Path, resolved_yaml: str | None = N
         post_norms: list[float] = []  # what the optimizer saw (after clipping)
         settled = max(cfg.spikes.warmup_steps, cfg.optim.warmup_steps)  # skip the start-up transient
         events_at: list[int] = []
+        culprit_text: dict[int, list[str]] = {}
         t0 = time.perf_counter()
+        console.start(tc.steps)
         for step in range(tc.steps):
             batch = data.batch(step).to(device)  # (B, T+1)
             x, y = batch[:, :-1].clone(), batch[:, 1:].clone()  # (B, T)
             mask = torch.ones_like(x, dtype=torch.float32)
             if tc.inject.at(step) and rank == tc.inject.rank % world:
-                positions = inject(tc.inject.kind, x, y, mask, tc.inject.sample, tc.inject.span, seed=1234 + step)
-                log.info("step %d: injected %s into sample %d at positions %s",
-                         step, tc.inject.kind, tc.inject.sample, positions)
+                positions = inject(tc.inject.kind, x, y, mask, tc.inject.sample, tc.inject.span, seed=1234 + step,
+                                   junk_ids=junk_ids, pad_id=getattr(tokenizer, "pad_id", PAD_ID))
+                console.print(f"step {step}: injected {tc.inject.kind} into sample {tc.inject.sample} "
+                              f"(loss positions {positions[0]}-{positions[-1]}: "
+                              f"{tokenizer.decode(y[tc.inject.sample, positions].tolist())!r})")
             loss_fn = masked_lm_loss(net, x, y, mask, tc.loss_norm)
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(mask)
@@ -174,15 +198,24 @@ def train_lm(cfg: RootConfig, run_dir: str | Path, resolved_yaml: str | None = N
             sched.step()
             if adamc is not None:
                 adamc.step()
+            loss_val = None
             # host sync: the loss is printed/logged on logging steps only
             if stats.logged:
                 loss_val = loss.item()
                 losses.append(loss_val)
                 norms.append(stats.global_norm)
                 post_norms.append(stats.metrics.get("clip/total_norm_post", stats.global_norm))
-                tracker.log_metrics({"train/loss": loss_val, "train/lr": sched.get_last_lr()[0]}, step)
+                extra = {"train/loss": loss_val}
+                if clipper is None:  # so a clip=none run overlays the clipped runs' curves
+                    extra["clip/total_norm_pre"] = extra["clip/total_norm_post"] = stats.global_norm
+                tracker.log_metrics(extra, step)
+            console.step(step, loss_val, stats.global_norm if stats.logged else None)
             if stats.events:
                 events_at.append(step)
+                console.spike(step, stats.events, stats.locate, tokenizer, y, run_dir)
+                if stats.locate is not None:
+                    culprit_text[step] = [tokenizer.decode([int(y[c.batch, c.position])]) for c in
+                                          sorted(stats.locate.tokens, key=lambda c: (c.batch, c.position))]
         elapsed = time.perf_counter() - t0
         summary = {
             "final_loss": float(sum(losses[-10:]) / max(1, len(losses[-10:]))),
@@ -193,12 +226,13 @@ def train_lm(cfg: RootConfig, run_dir: str | Path, resolved_yaml: str | None = N
             "max_post_clip_grad_norm": float(max(post_norms[settled // cfg.monitor.log_every:], default=0.0)),
             "seconds": elapsed,
         }
-        tracker.log_metrics({f"summary/{k}": v for k, v in summary.items()}, tc.steps)
+        # at the last training step: a metric at step N+1 would stretch every chart's x axis
+        tracker.log_metrics({f"summary/{k}": v for k, v in summary.items()}, tc.steps - 1)
         if rank == 0:
             (run_dir / "summary.json").write_text(json.dumps({**summary, "events_at": events_at}, indent=2))
         status = "success"
-        return summary
     finally:
+        console.close()
         tracker.finish(status)
         if started:
             import torch.distributed as dist
@@ -206,3 +240,26 @@ def train_lm(cfg: RootConfig, run_dir: str | Path, resolved_yaml: str | None = N
             if status == "success":
                 dist.barrier()  # nobody tears gloo down while a peer still talks to it
             dist.destroy_process_group()
+    console.summary(summary_lines(cfg, summary, events_at, culprit_text, run_dir))
+    return summary
+
+
+def summary_lines(cfg: RootConfig, summary: dict[str, float], events_at: list[int],
+                  culprit_text: dict[int, list[str]], run_dir: Path) -> list[str]:
+    """The few lines a person reads at the end: what happened, and how to look at it."""
+    lines = [f"done: {cfg.train.steps} steps in {summary['seconds']:.0f} s, final loss {summary['final_loss']:.3f}"]
+    if not events_at:
+        lines.append("no gradient spike detected")
+    else:
+        shown = ", ".join(map(str, events_at[:10])) + (" ..." if len(events_at) > 10 else "")
+        lines.append(f"{len(events_at)} gradient spike(s) detected, at step {shown}")
+        for step, toks in list(culprit_text.items())[:3]:
+            text = "".join(toks[:16]) + ("…" if len(toks) > 16 else "")
+            lines.append(f"  step {step}: {len(toks)} culprit token(s) {text!r}")
+    if cfg.clip.kind != "none":
+        lines.append(f"clip={cfg.clip.kind}: largest grad norm the optimizer saw after warm-up "
+                     f"{summary['max_post_clip_grad_norm']:.3g}")
+    lines.append(f"run dir: {run_dir}")
+    lines.append("look at the results:")
+    lines += view_commands(run_dir)
+    return lines

@@ -34,6 +34,10 @@ DESCRIPTION = ("gradloc-track run. Gradient norms: metrics `grad_norm/*`, clippi
                "Localized spikes are under the artifacts' `spikes/` folder: `spikes/highlight/step_*.html` "
                "(the culprit tokens in their text), `spikes/tokens/step_*.json` (one table part per event), "
                "`spikes/heatmap/step_*.png`. `gradloc-track report <run id>` puts them on one page.")
+# the experiment tag MLflow 3's UI reads to pick the experiment's view (mlflow/server/js:
+# ExperimentKind); "custom_model_development" is the "Model training" view with runs and charts
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+MODEL_TRAINING_KIND = "custom_model_development"
 
 
 def resolve_tracking_uri(configured: str | None) -> str:
@@ -97,11 +101,18 @@ class MlflowTracker(Tracker):
                 exp_id = self.client.get_experiment_by_name(experiment_name).experiment_id
         else:
             exp_id = exp.experiment_id
+        if exp is None or EXPERIMENT_KIND_TAG not in (exp.tags or {}):
+            # MLflow 3's UI opens an experiment without this tag in its GenAI view ("Traces 0")
+            self.client.set_experiment_tag(exp_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND)
         _check(cancel)
         run = self.client.create_run(exp_id, run_name=run_name, tags={**source_tags(), "spike_count": "0",
                                                                       **dict(tags or {})})
         self.run_id = run.info.run_id
         self.experiment_id = exp_id
+        from ..run_record import record_run
+
+        record_run(self.run_dir, "mlflow", {"tracking_uri": self.tracking_uri, "experiment_id": exp_id,
+                                            "run_id": self.run_id, "run_name": run.info.run_name})
         self.log_metrics({"spike_count": 0.0}, 0)
 
     @classmethod

@@ -57,6 +57,12 @@ class WandbTracker(Tracker):
         self._tables: dict[str, tuple[list[str], list[list[Any]]]] = {}
         self._init_args = {k: init.get(k) for k in ("project", "entity", "mode")} | {"dir": wdir}
 
+        from ..run_record import record_run
+
+        record_run(self.run_dir, "wandb", {"dir": str(Path(self.run.dir).parent), "path": self.run.path,
+                                           "url": self.run.url, "run_name": self.run.name,
+                                           "offline": bool(self.run.offline)})
+
     def run_ref(self) -> dict[str, Any]:
         """What ``replay`` needs to find this run again."""
         return {"run_id": self.run.id, **self._init_args}

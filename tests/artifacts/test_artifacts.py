@@ -58,7 +58,8 @@ def spike():
 def test_table_rows_describe_the_culprits(spike):
     events, result, ctx = spike
     cols, rows = attribution_table(7, events, result, ctx)
-    assert cols[:8] == ["step", "sample", "position", "token_id", "token", "grad_norm", "share", "top_layers"]
+    assert cols[:10] == ["step", "token", "share", "grad_norm", "sample", "position", "top_layers", "signal", "z",
+                         "token_id"]  # the most useful first
     assert cols[-2:] == ["advantage", "reward"]
     (row,) = rows
     r = dict(zip(cols, row))
@@ -139,7 +140,7 @@ def test_local_run_dir_and_report(spike, tmp_path):
     SpikeArtifactWriter(tracker, tmp_path).write(7, events, result, ctx)
     tracker.finish()
     table = read_table(tmp_path, "spikes/tokens")
-    assert table["data"][0][4] == HOSTILE
+    assert table["data"][0][table["columns"].index("token")] == HOSTILE
     assert (tmp_path / "spikes" / "highlight" / "step_000007.html").exists()
     assert (tmp_path / "spikes" / "heatmap" / "step_000007.png").exists()
     page = build_report(str(tmp_path))

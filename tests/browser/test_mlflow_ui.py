@@ -1,14 +1,17 @@
 """A real browser on the real MLflow UI: the highlighted culprit text is what a person sees.
 
-Two spike-demo runs (clip=none, clip=adagc) are logged to an SQLite store, ``mlflow server``
+The spike-demo run (clip=adagc) and a short clip=none run are logged to an SQLite store, ``mlflow server``
 serves it on 127.0.0.1, and headless Chromium (Debian's chromium + chromium-driver) opens the
-run's artifact page and the compare-runs page. Screenshots go to the test's tmp dir, and to
+run through the link the demo printed (no switch to the "Model training" view), then its
+highlight artifact, and the compare-runs page. Screenshots go to the test's tmp dir, and to
 docs/img/ when GRADLOC_UPDATE_SCREENSHOTS=1 (that is how the README's pictures are made).
 """
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import shutil
 import time
 import urllib.parse
@@ -29,6 +32,7 @@ def demo_store(tmp_path_factory):
     from hydra import compose, initialize_config_dir
 
     from gradloc_track.config import register_configs, to_config
+    from gradloc_track.demo.console import TrainConsole
     from gradloc_track.demo.train import train_lm
 
     root = tmp_path_factory.mktemp("demo-store")
@@ -36,16 +40,21 @@ def demo_store(tmp_path_factory):
     register_configs()
     cwd = os.getcwd()
     os.chdir(root)  # MLflow puts the default artifact root next to the working directory
+    printed = {}
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-            for clip in ("none", "adagc"):
+            # the spike run, and a short clip=none run so the compare page has two runs to show
+            for clip, steps in (("adagc", 104), ("none", 10)):
                 cfg = to_config(compose("config", overrides=[
-                    "experiment=spike_demo", "train.steps=104", f"clip={clip}", "tracker=mlflow",
-                    f"tracker.mlflow.tracking_uri={uri}", f"run_name='spike_demo[clip={clip}]'"]))
-                train_lm(cfg, root / "runs" / clip)
+                    "experiment=spike_demo", f"train.steps={steps}", f"clip={clip}", "tracker=mlflow",
+                    f"tracker.mlflow.tracking_uri={uri}", f"run_name='spike_demo[clip={clip}]'",
+                    f"train.cache_dir={root / 'cache'}"]))
+                out = io.StringIO()
+                train_lm(cfg, root / "runs" / clip, console=TrainConsole(stream=out))
+                printed[clip] = out.getvalue()
     finally:
         os.chdir(cwd)
-    return uri, root
+    return uri, root, printed
 
 
 def close_assistant_panel(driver) -> None:
@@ -72,17 +81,30 @@ def test_artifact_page_shows_highlighted_culprits_and_compare_page_shows_both_ru
     from mlflow.tracking import MlflowClient
     from selenium.webdriver.common.by import By
 
-    uri, root = demo_store
+    uri, root, printed = demo_store
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("gradloc-track")
     runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
-    run = runs["spike_demo[clip=none]"]
+    run = runs["spike_demo[clip=adagc]"]
     table = read_table(Path(client.download_artifacts(run.info.run_id, "spikes", str(tmp_path))).parent, "spikes/tokens")
     tokens = {row[table["columns"].index("token")] for row in table["data"]}
     assert tokens
+    # the link the demo printed (for `mlflow ui` on port 5000), pointed at this test's server
+    run_path = f"/#/experiments/{exp.experiment_id}/runs/{run.info.run_id}"
+    links = re.findall(r"http://127\.0\.0\.1:5000(/#/experiments/\S+)", printed["adagc"])
+    assert f"{run_path}?workflowType=machine_learning" in links  # the summary's link
+    highlight = f"{run_path}/artifacts/spikes/highlight/step_000100.html?workflowType=machine_learning"
+    assert highlight in links  # the spike block's link
     with running_mlflow_server(uri, root) as server:
-        browser.get(f"{server}/#/experiments/{exp.experiment_id}/runs/{run.info.run_id}"
-                    "/artifacts/spikes/highlight/step_000100.html")
+        browser.get(server + f"{run_path}?workflowType=machine_learning")
+        # the run page itself, in the model-training view (no GenAI side bar: traces, sessions)
+        body = wait_for(browser, lambda: (t := browser.find_element(By.TAG_NAME, "body").text)
+                        and "spike_demo[clip=adagc]" in t and "Run ID" in t and t,
+                        what="the run page opened by the printed link")
+        assert "Sessions" not in body and "Evaluation runs" not in body, body[:500]
+        close_assistant_panel(browser)
+        save(browser, tmp_path, "mlflow_run.png")
+        browser.get(server + highlight)
 
         def culprit_text():
             frames = browser.find_elements(By.TAG_NAME, "iframe")
@@ -99,7 +121,7 @@ def test_artifact_page_shows_highlighted_culprits_and_compare_page_shows_both_ru
             return None
 
         texts = wait_for(browser, culprit_text, what="the highlighted culprit tokens in the artifact viewer")
-        assert set(texts) <= tokens and set(texts) & tokens
+        assert set(texts) <= tokens and "".join(texts) == "\u00e2\u20ac\u2122"  # the mojibake answer, as text
         close_assistant_panel(browser)
         assert wait_for(browser, culprit_text, what="the culprits after closing the side panel") == texts
         shot = save(browser, tmp_path, "mlflow_highlight.png")
@@ -108,6 +130,7 @@ def test_artifact_page_shows_highlighted_culprits_and_compare_page_shows_both_ru
         ids = urllib.parse.quote(json.dumps([r.info.run_id for r in runs.values()]))
         browser.get(f"{server}/#/compare-runs?runs={ids}&experiments={urllib.parse.quote(json.dumps([exp.experiment_id]))}")
         body = wait_for(browser, lambda: (t := browser.find_element(By.TAG_NAME, "body").text)
-                        and "spike_demo[clip=adagc]" in t and t, what="the compare-runs page")
+                        and "spike_demo[clip=adagc]" in t and "spike_demo[clip=none]" in t and t,
+                        what="the compare-runs page")
         assert "spike_demo[clip=none]" in body and "clip.kind" in body
         save(browser, tmp_path, "mlflow_compare.png")

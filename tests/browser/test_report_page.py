@@ -46,8 +46,12 @@ def test_report_renders_culprits_in_sandboxed_frames_and_runs_nothing(browser, t
             assert browser.find_elements(By.CSS_SELECTOR, "img, script") == []  # markup stayed text
         finally:
             browser.switch_to.default_content()
-    assert seen == [["e", HOSTILE]] * 2  # the hostile token is shown as text, verbatim
-    assert browser.title == "gradloc-track spike report"  # not 'pwned': nothing ran
+    from gradloc_track.artifacts.highlight import MAX_TOKEN_CHARS
+
+    shown = HOSTILE if len(HOSTILE) <= MAX_TOKEN_CHARS else (
+        HOSTILE[:MAX_TOKEN_CHARS] + f"\u2026[+{len(HOSTILE) - MAX_TOKEN_CHARS} chars]")  # long tokens are cut, visibly
+    assert seen == [["e", shown]] * 2  # the hostile token is shown as text, verbatim
+    assert browser.title == "run - gradloc-track spike report"  # not 'pwned': nothing ran
     imgs = browser.find_elements(By.TAG_NAME, "img")
     assert len(imgs) == 2 and all(browser.execute_script("return arguments[0].naturalWidth", i) > 100 for i in imgs)
     out = tmp_path / "report.png"

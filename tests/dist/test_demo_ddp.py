@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from gradloc_track.artifacts import read_table
 from ..conftest import ROOT
 from .launch import free_port
 
@@ -38,7 +39,7 @@ def test_spike_on_rank1_is_localized_and_shown_with_rank_and_text(tmp_path):
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("gradloc-track").experiment_id])  # one run
     local = Path(client.download_artifacts(run.info.run_id, "spikes", str(tmp_path / "dl")))
-    table = json.loads((local / "tokens.json").read_text())
+    table = read_table(local.parent, "spikes/tokens")
     rows = [dict(zip(table["columns"], r)) for r in table["data"]]
     rows = [r for r in rows if r["step"] == STEP]
     # the two injected loss terms of sample 1 on rank 1, and nothing else

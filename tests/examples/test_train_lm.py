@@ -20,7 +20,9 @@ SMALL = ["train.steps=4", "train.batch_size=2", "train.seq_len=32", "model.n_lay
 
 def run_example(tmp_path: Path, *overrides: str, check: bool = True) -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true",
-           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+           # this checkout's package, not whichever one is installed
+           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     flags = [o for o in overrides if o.startswith("-")]  # Hydra wants -m before the overrides
     rest = [o for o in overrides if not o.startswith("-")]
     proc = subprocess.run([sys.executable, str(SCRIPT), *flags, f"out_dir={tmp_path / 'runs'}", *rest],
@@ -53,15 +55,34 @@ def test_none_tracker_writes_local_files(tmp_path):
 
 
 def test_mlflow_tracker_logs_metrics_params_and_config(tmp_path):
-    run_example(tmp_path, "tracker=mlflow", *SMALL)
+    proc = run_example(tmp_path, "tracker=mlflow", *SMALL)
     client, runs = mlflow_runs(tmp_path)
     (run,) = runs
     assert run.info.status == "FINISHED"
     hist = client.get_metric_history(run.info.run_id, "grad_norm/global")
     assert sorted(m.step for m in hist) == [0, 1, 2, 3]
     assert run.data.params["train.steps"] == "4" and run.data.params["clip.kind"] == "none"
+    assert "None" not in run.data.params.values()
     names = [a.path for a in client.list_artifacts(run.info.run_id)]
     assert any(n.endswith("config.yaml") for n in names)
+    # metric noise: lr once (the monitor's, at the step it applied), constant weight decay once,
+    # no AdamC ratio for plain AdamW, nothing after the last step, clip totals even with clip=none
+    rid = run.info.run_id
+    assert "train/lr" not in run.data.metrics and "adamc/steady_state_ratio" not in run.data.metrics
+    assert sorted(m.step for m in client.get_metric_history(rid, "lr")) == [0, 1, 2, 3]
+    assert [m.step for m in client.get_metric_history(rid, "weight_decay")] == [0]
+    assert max(m.step for k in run.data.metrics for m in client.get_metric_history(rid, k)) == 3
+    pre = {m.step: m.value for m in client.get_metric_history(rid, "clip/total_norm_pre")}
+    post = {m.step: m.value for m in client.get_metric_history(rid, "clip/total_norm_post")}
+    assert pre == post and sorted(pre) == [0, 1, 2, 3]
+    # the console: progress lines, a summary in words, the exact commands to look at the run
+    out = proc.stdout + proc.stderr
+    (run_dir,) = run_dirs(tmp_path)
+    assert "step 4/4  loss" in out and "done: 4 steps" in out and "no gradient spike detected" in out
+    assert "'final_loss'" not in out  # no raw dict
+    assert f"/#/experiments/{run.info.experiment_id}/runs/{rid}" in out
+    assert f"mlflow ui --backend-store-uri sqlite:///{tmp_path / 'mlflow.db'}" in out
+    assert f"gradloc-track report {run_dir}" in out
 
 
 def test_wandb_and_both_trackers_run_offline(tmp_path):
@@ -74,10 +95,12 @@ def test_wandb_and_both_trackers_run_offline(tmp_path):
     assert run.data.metrics["grad_norm/global"] > 0
 
 
-def test_bad_override_fails_with_a_clear_message(tmp_path):
+def test_bad_override_fails_with_a_clear_message_once_and_leaves_no_run_dir(tmp_path):
     proc = run_example(tmp_path, "monitor.log_every=-1", *SMALL, check=False)
     assert proc.returncode != 0
     assert "monitor.log_every" in proc.stderr and "positive integer" in proc.stderr
+    assert (proc.stdout + proc.stderr).count("monitor.log_every=-1") == 1
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
 def test_multirun_gives_one_tracker_run_per_job(tmp_path):
@@ -85,32 +108,55 @@ def test_multirun_gives_one_tracker_run_per_job(tmp_path):
     _, runs = mlflow_runs(tmp_path)
     assert len(runs) == 2
     names = sorted(r.info.run_name for r in runs)
-    assert any("clip=adagc" in n for n in names) and any("clip=none" in n for n in names)
+    assert names == ["clip=adagc", "clip=none"]  # only the swept override, not every override
     assert {r.data.params["clip.kind"] for r in runs} == {"none", "adagc"}
 
 
 @pytest.mark.slow
-def test_spike_demo_detects_and_localizes_the_injected_document(tmp_path):
-    """The full demo: detection at the injected step, culprits = the corrupted tokens, artifacts in MLflow."""
-    run_example(tmp_path, "experiment=spike_demo", "tracker=both", "train.num_threads=1",
-                f"tracker.mlflow.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}")
+def test_spike_demo_detects_and_localizes_the_injected_answer(tmp_path):
+    """The full demo: detection at the injected step, culprits = the mojibake answer, artifacts in MLflow
+    and W&B, a console that names the text and the run, and a report from the printed run dir."""
+    proc = run_example(tmp_path, "experiment=spike_demo", "tracker=both", "train.num_threads=1",
+                       f"tracker.mlflow.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}")
     (run_dir,) = run_dirs(tmp_path)
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert 100 in summary["events_at"]
+    assert summary["events_at"] == [100]
     client, (run,) = mlflow_runs(tmp_path)
     assert int(run.data.tags["spike_count"]) >= 1
     local = Path(client.download_artifacts(run.info.run_id, "spikes", str(tmp_path / "dl")))
     table = read_table(local.parent, "spikes/tokens")
     cols = table["columns"]
     rows = [dict(zip(cols, r)) for r in table["data"] if dict(zip(cols, r))["step"] == 100]
-    assert {(r["sample"], r["position"]) for r in rows} == {(3, 0), (3, 1)}
+    assert {(r["sample"], r["position"]) for r in rows} == {(3, 40), (3, 41), (3, 42)}
+    assert "".join(r["token"] for r in sorted(rows, key=lambda r: r["position"])) == "\u00e2\u20ac\u2122"
     html = (local / "highlight" / "step_000100.html").read_text()
     for r in rows:
-        assert r["token"] in html or r["token"].replace("\\", "&#92;") in html
+        assert r["token"] in html
     assert "<script" not in html.lower()
+    # AdaGC clipped the spike: the optimizer saw a norm below the pre-clip one; thresholds were logged
+    pre = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "clip/total_norm_pre")}
+    post = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "clip/total_norm_post")}
+    assert post[100] < pre[100] / 2
+    assert any(k.startswith("clip/threshold/") for k in run.data.metrics)
+    # the console: one spike block with the culprit text and the run link, a summary with commands
+    out = proc.stdout + proc.stderr
+    assert out.count("spike at step 100") == 1 and "positions 40-42: '\u00e2\u20ac\u2122'" in out
+    assert f"/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}" in out
+    assert "1 gradient spike(s) detected, at step 100" in out
     # the same event in the offline W&B run: table rows and highlighted html
     (wrun,) = tmp_path.rglob("offline-run-*")
     tables = [json.loads(p.read_text()) for p in (wrun / "files" / "media" / "table").rglob("*.table.json")]
-    assert any({(r[1], r[2]) for r in t["data"] if r[0] == 100} == {(3, 0), (3, 1)} for t in tables)
+
+    def wb_rows(t):
+        c = t["columns"]
+        return {(r[c.index("sample")], r[c.index("position")]) for r in t["data"] if r[c.index("step")] == 100}
+
+    assert any(wb_rows(t) == {(3, 40), (3, 41), (3, 42)} for t in tables)
     pages = [p.read_text() for p in (wrun / "files" / "media" / "html").rglob("*.html")]
     assert any(rows[0]["token"] in p for p in pages)
+    # gradloc-track report on the run dir the app printed follows it to the MLflow run
+    from gradloc_track.cli import main
+
+    assert main(["report", str(run_dir), "-o", str(tmp_path / "report.html")]) == 0
+    page = (tmp_path / "report.html").read_text(encoding="utf-8")
+    assert "<title>spike_demo - gradloc-track spike report</title>" in page and "(steps 100)" in page

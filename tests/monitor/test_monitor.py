@@ -62,7 +62,7 @@ def test_norms_match_a_per_parameter_loop(tiny_gpt):
 def test_weight_norms_ratios_and_adamc_ratio(tiny_gpt):
     tracker = MemoryTracker()
     opt = torch.optim.AdamW(tiny_gpt.parameters(), lr=2e-3, weight_decay=0.1)
-    mon = GradMonitor(tiny_gpt, tracker=tracker, optimizer=opt)
+    mon = GradMonitor(tiny_gpt, tracker=tracker, optimizer=opt, adamc_ratio=True)
     backward(tiny_gpt)
     mon.after_backward(0)
     m = tracker.metrics[0][1]
@@ -84,7 +84,7 @@ def test_lr_and_weight_decay_sources(tiny_gpt):
     opt = torch.optim.AdamW([{"params": no_decay, "weight_decay": 0.0},
                              {"params": decay, "weight_decay": 0.05}], lr=1e-3)
     tracker = MemoryTracker()
-    mon = GradMonitor(tiny_gpt, tracker=tracker, optimizer=opt)
+    mon = GradMonitor(tiny_gpt, tracker=tracker, optimizer=opt, adamc_ratio=True)
     backward(tiny_gpt)
     mon.after_backward(0)
     mon.after_backward(1, lr=1e-5, weight_decay=0.2)  # e.g. a scheduler's value at this step
@@ -96,6 +96,32 @@ def test_lr_and_weight_decay_sources(tiny_gpt):
     bare = MemoryTracker()
     GradMonitor(tiny_gpt, tracker=bare).after_backward(0)
     assert not {"lr", "weight_decay", "adamc/steady_state_ratio"} & bare.keys()
+
+
+def test_weight_decay_logged_when_it_changes_and_adamc_ratio_only_with_adamc(tiny_gpt):
+    from gradloc_track.adamc import AdamCWeightDecay
+
+    plain = MemoryTracker()
+    opt = torch.optim.AdamW(tiny_gpt.parameters(), lr=1e-3, weight_decay=0.1)
+    mon = GradMonitor(tiny_gpt, tracker=plain, optimizer=opt)
+    backward(tiny_gpt)
+    for step in range(3):
+        mon.after_backward(step)
+    logged = [m for _, m in plain.metrics]
+    assert [("weight_decay" in m) for m in logged] == [True, False, False]
+    assert all(m["lr"] == 1e-3 and "adamc/steady_state_ratio" not in m for m in logged)
+    adamc = MemoryTracker()
+    opt2 = torch.optim.AdamW(tiny_gpt.parameters(), lr=1e-3, weight_decay=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt2, lambda s: 1.0 / (s + 1))
+    wd = AdamCWeightDecay(opt2)
+    mon2 = GradMonitor(tiny_gpt, tracker=adamc, optimizer=opt2)
+    for step in range(2):
+        mon2.after_backward(step)
+        sched.step()
+        wd.step()
+    (_, a), (_, b) = adamc.metrics
+    assert a["weight_decay"] == pytest.approx(0.1) and b["weight_decay"] == pytest.approx(0.05)
+    assert a["adamc/steady_state_ratio"] == pytest.approx(b["adamc/steady_state_ratio"]) == pytest.approx(math.sqrt(200))
 
 
 def documented_patterns() -> list[re.Pattern]:
@@ -116,7 +142,7 @@ def test_logged_keys_are_exactly_the_documented_ones(tiny_gpt):
     tracker = MemoryTracker()
     opt = torch.optim.AdamW(tiny_gpt.parameters(), lr=1e-3, weight_decay=0.1)
     mon = GradMonitor(tiny_gpt, tracker=tracker, clipper=AdaGC(tiny_gpt, warmup_steps=1), optimizer=opt,
-                      detector=SpikeDetector(warmup_steps=1), per_tensor=True)
+                      detector=SpikeDetector(warmup_steps=1), per_tensor=True, adamc_ratio=True)
     for step in range(3):
         backward(tiny_gpt, seed=step)
         mon.after_backward(step)

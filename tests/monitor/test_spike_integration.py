@@ -49,8 +49,9 @@ def test_spike_on_a_non_logging_step_is_detected_localized_and_written(tiny_gpt)
     assert [s for s, st in seen.items() if st.events] == [14]  # 14 % log_every != 0
     loc = seen[14].locate
     assert [(c.batch, c.position) for c in loc.tokens] == [(2, 7)]
-    rows = tracker.tables["spikes/tokens"]["rows"]
-    assert [(r[0], r[1], r[2]) for r in rows] == [(14, 2, 7)]
+    table = tracker.tables["spikes/tokens"]
+    rows = [dict(zip(table["columns"], r)) for r in table["rows"]]
+    assert [(r["step"], r["sample"], r["position"]) for r in rows] == [(14, 2, 7)]
     assert tracker.html and "step 14" in tracker.html[0][2]
     logged = dict(tracker.metrics)[14]
     assert logged["locate/culprits"] == 1.0 and logged["spike/detected"] == 1.0

@@ -1,0 +1,158 @@
+"""What the demo apps print: a progress line, one block per spike, a short summary at the end.
+
+On a terminal a ``rich`` progress bar shows step, loss and grad norm; when the output is not a
+terminal (CI logs, ``| tee``), or without ``rich``, a plain line every tenth of the run instead.
+Spike blocks and the summary go through the same console so they never tear the bar.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..run_record import mlflow_run_url, mlflow_ui_command, read_run_record
+
+
+def _fmt_tokens(tokens: Sequence[str], limit: int = 12) -> str:
+    text = "".join(tokens[:limit]) + ("…" if len(tokens) > limit else "")
+    return repr(text)
+
+
+def culprit_spans(result: Any, decode) -> list[str]:
+    """Culprits grouped into contiguous runs per sample: ``sample 3, positions 24-31: '&nbsp;&nbsp;'``."""
+    by_sample: dict[tuple, list] = {}
+    for c in sorted(result.tokens, key=lambda c: (getattr(c, "micro_batch", None) or 0, c.batch, c.position)):
+        by_sample.setdefault((getattr(c, "micro_batch", None), c.batch), []).append(c)
+    lines = []
+    for (mb, sample), cs in by_sample.items():
+        runs: list[list] = [[cs[0]]]
+        for c in cs[1:]:
+            (runs[-1].append(c) if c.position == runs[-1][-1].position + 1 else runs.append([c]))
+        for run in runs:
+            where = f"positions {run[0].position}-{run[-1].position}" if len(run) > 1 else f"position {run[0].position}"
+            share = sum(c.share or 0.0 for c in run)
+            mb_txt = f"micro-batch {mb}, " if mb is not None else ""
+            lines.append(f"{mb_txt}sample {sample}, {where}: {_fmt_tokens([decode(c) for c in run])}"
+                         f"  ({share:.0%} of the batch's squared grad norm)")
+    return lines
+
+
+class TrainConsole:
+    """``start(total)``, ``step(step, loss, grad_norm)``, ``spike(...)``, ``summary(...)``, ``close()``."""
+
+    def __init__(self, stream=None, rich: bool | None = None) -> None:
+        self.stream = stream or sys.stderr
+        tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self._rich = tty if rich is None else rich
+        self._progress = self._task = None
+        self._total = 0
+        if self._rich:
+            try:
+                from rich.console import Console
+            except ImportError:
+                self._rich = False
+            else:
+                self._console = Console(file=self.stream, highlight=False)
+
+    def start(self, total: int, description: str = "train") -> None:
+        self._total = total
+        if not self._rich:
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self._progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                  TextColumn("{task.fields[stats]}"), TimeRemainingColumn(),
+                                  console=self._console, transient=False)
+        self._task = self._progress.add_task(description, total=total, stats="")
+        self._progress.start()
+
+    def print(self, text: str = "") -> None:
+        if self._rich:
+            self._console.print(text, markup=False, highlight=False)
+        else:
+            print(text, file=self.stream, flush=True)
+
+    def step(self, step: int, loss: float | None, grad_norm: float | None) -> None:
+        """After each step; ``loss``/``grad_norm`` are None on steps that did not log (no host sync)."""
+        stats = "" if loss is None else f"loss {loss:.3f}  grad norm {grad_norm:.3g}"
+        if self._progress is not None:
+            if stats:
+                self._progress.update(self._task, completed=step + 1, stats=stats)
+            else:
+                self._progress.update(self._task, completed=step + 1)
+            return
+        every = max(1, self._total // 10)
+        if stats and ((step + 1) % every == 0 or step + 1 == self._total or step == 0):
+            self.print(f"step {step + 1:>{len(str(self._total))}}/{self._total}  {stats}")
+
+    def spike(self, step: int, events: Sequence[Any], result: Any, tokenizer: Any, input_ids: Any,
+              run_dir: Path) -> None:
+        """One block: when, which signal, which text, where to look."""
+        lines = [f"── spike at step {step} " + "─" * 40]
+        for e in events[:3]:
+            lines.append(f"  signal     grad_norm/{e.signal} = {e.value:.3g}, {e.ratio:.1f}x its running mean "
+                         f"{e.baseline:.3g} (z = {e.z:.0f})")
+        if len(events) > 3:
+            lines.append(f"             ... and {len(events) - 3} more layer(s)")
+        if result is None:
+            lines.append("  culprits   not localized (locate.enabled=false or locate.max_events reached)")
+        elif not result.tokens:
+            lines.append("  culprits   none found: no token stands out (the spike is spread over the batch)")
+        else:
+            def decode(c):
+                ids = input_ids[c.micro_batch] if getattr(c, "micro_batch", None) is not None else input_ids
+                tid = int(ids[c.batch, c.position])
+                return tokenizer.decode([tid]) if tokenizer is not None else f"<{tid}>"
+
+            for i, line in enumerate(culprit_spans(result, decode)[:5]):
+                lines.append(("  culprits   " if i == 0 else "             ") + line)
+        lines += ["  artifacts  " + w if i == 0 else "             " + w
+                  for i, w in enumerate(where_to_look(run_dir, step))]
+        self.print("\n".join(lines))
+
+    def summary(self, lines: Sequence[str]) -> None:
+        self.close()
+        self.print("\n".join(lines))
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+
+def where_to_look(run_dir: Path, step: int | None = None) -> list[str]:
+    """MLflow run link, W&B run, local files: whatever this run has."""
+    record = read_run_record(run_dir)
+    out = []
+    page = f"spikes/highlight/step_{step:06d}.html" if step is not None else "spikes/"
+    if "mlflow" in record:
+        m = record["mlflow"]
+        url = mlflow_run_url(m, f"artifacts/{page}" if step is not None else "")
+        out.append(f"MLflow run {m.get('run_name', '')} ({m.get('run_id')}): {url}")
+    if "wandb" in record:
+        w = record["wandb"]
+        out.append(f"W&B run {w.get('path')}" + (f" (offline: {w.get('dir')})" if w.get("offline") else f": {w.get('url')}"))
+    local = run_dir / "spikes"
+    if local.is_dir():
+        out.append(f"local files: {local}")
+    elif (run_dir / "rendered").is_dir():
+        out.append(f"local files: {run_dir / 'rendered'}")
+    if not out:
+        out.append(f"run dir: {run_dir}")
+    return out
+
+
+def view_commands(run_dir: Path) -> list[str]:
+    """The exact commands to look at the results."""
+    record = read_run_record(run_dir)
+    out = []
+    if "mlflow" in record:
+        m = record["mlflow"]
+        cmd = mlflow_ui_command(str(m.get("tracking_uri", "")))
+        if cmd:
+            out.append(f"  {cmd}    # the UI takes ~30-60 s to start; then open")
+        out.append(f"  {mlflow_run_url(m)}")
+    if "wandb" in record and record["wandb"].get("offline"):
+        out.append(f"  wandb sync {record['wandb'].get('dir')}    # upload the offline W&B run")
+    out.append(f"  gradloc-track report {run_dir} -o spike_report.html    # one HTML page, no server needed")
+    return out

@@ -1,0 +1,103 @@
+"""The spike demo's pieces, fast: BPE tokenizer, the injected document, run names, console lines."""
+from __future__ import annotations
+
+import io
+import json
+import sys
+
+import torch
+
+from gradloc_track.demo.console import TrainConsole, culprit_spans, view_commands, where_to_look
+from gradloc_track.demo.inject import inject
+from gradloc_track.locate.result import CulpritToken, LocateResult
+from gradloc_track.run_record import read_run_record, record_run
+from gradloc_track.spikes.event import SpikeEvent
+
+from ..conftest import ROOT
+
+TEXT = "\n\n".join(f"The function number {i} returns a value and raises an error when it cannot." for i in range(300))
+
+
+def test_bpe_is_trained_once_cached_and_decodes_each_token_as_text(tmp_path):
+    from gradloc_track.demo.tokenizer import BpeTokenizer
+
+    tok = BpeTokenizer.train_or_load(TEXT, 300, tmp_path)
+    (cached,) = tmp_path.glob("bpe-300-*.json")
+    again = BpeTokenizer.train_or_load(TEXT, 300, tmp_path)
+    assert list(tmp_path.iterdir()) == [cached]
+    ids = tok.encode("The function returns a value.")
+    assert again.encode("The function returns a value.") == ids
+    assert tok.decode(ids) == "The function returns a value."
+    assert "".join(tok.convert_ids_to_tokens(ids)) == "The function returns a value."
+    assert any(t.startswith(" ") and len(t) > 2 for t in tok.convert_ids_to_tokens(ids))  # subwords, not bytes
+    junk = tok.encode("\u00e2\u20ac\u2122")  # mojibake of a curly apostrophe: readable token by token
+    assert tok.convert_ids_to_tokens(junk) == ["\u00e2", "\u20ac", "\u2122"]
+    assert tok.pad_id == 0 and tok.vocab_size <= 300
+
+
+def test_garbled_span_is_a_prompt_of_prose_and_a_garbled_answer():
+    B, T = 4, 64
+    x = torch.arange(B * T).view(B, T) % 50 + 10  # (B, T) "prose"
+    y = x + 1
+    mask = torch.ones(B, T)
+    prose = x[2, :40].clone()
+    pos = inject("garbled_span", x, y, mask, sample=2, span=6, junk_ids=[3, 4, 5], pad_id=0)
+    assert pos == list(range(40, 46))
+    assert torch.equal(x[2, :40], prose) and y[2, 39] == x[2, 40]  # prose stays, shifted targets line up
+    assert y[2, 40:46].tolist() == [3, 4, 5, 3, 4, 5] and y[2, 46:].eq(0).all()
+    assert mask[2].nonzero().flatten().tolist() == pos  # loss only on the garbled answer
+    assert mask[[0, 1, 3]].eq(1).all()
+
+
+def test_swept_run_name_keeps_only_swept_overrides():
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        from train_lm import swept_run_name
+    finally:
+        sys.path.pop(0)
+    argv = ["-m", "experiment=spike_demo", "clip=none,adagc", "train.steps=4", "out_dir=/tmp/x"]
+    job = ["experiment=spike_demo", "clip=adagc", "train.steps=4", "out_dir=/tmp/x"]
+    assert swept_run_name("spike_demo", job, argv) == "spike_demo[clip=adagc]"
+    assert swept_run_name(None, job, argv) == "clip=adagc"
+
+
+def test_spike_block_names_text_and_where_to_look(tmp_path):
+    record_run(tmp_path, "mlflow", {"tracking_uri": "sqlite:////data/mlflow.db", "experiment_id": "3",
+                                    "run_id": "a" * 32, "run_name": "spike_demo"})
+    record_run(tmp_path, "wandb", {"dir": "/w/offline-run-1", "path": "me/proj/xyz", "offline": True})
+    assert set(read_run_record(tmp_path)) == {"mlflow", "wandb"}  # merged, not overwritten
+    ids = torch.zeros(4, 10, dtype=torch.long)
+    ids[1, 4:7] = torch.tensor([1, 2, 3])
+    toks = [CulpritToken(1, p, grad_norm=1.0, score=1.0, share=0.3, layer_norms={}) for p in (4, 5, 6)]
+    result = LocateResult(toks, probes=5, method="bisect", threshold=0.1, total_norm=2.0)
+
+    class Tok:
+        def decode(self, i):
+            return {1: "\u00e2", 2: "\u20ac", 3: "\u2122"}.get(int(i[0]), "?")
+
+    out = io.StringIO()
+    con = TrainConsole(stream=out)
+    con.spike(100, [SpikeEvent(100, "global", 2.2, 0.7, 40.0, 3.2)], result, Tok(), ids, tmp_path)
+    text = out.getvalue()
+    assert "spike at step 100" in text and "3.2x its running mean" in text
+    assert "sample 1, positions 4-6: '\u00e2\u20ac\u2122'  (90% of the batch's squared grad norm)" in text
+    assert (f"http://127.0.0.1:5000/#/experiments/3/runs/{'a' * 32}/artifacts/spikes/highlight/step_000100.html"
+            "?workflowType=machine_learning") in text  # opens in the model-training view
+    assert "W&B run me/proj/xyz" in text
+    cmds = "\n".join(view_commands(tmp_path))
+    assert "mlflow ui --backend-store-uri sqlite:////data/mlflow.db --port 5000" in cmds
+    assert "wandb sync /w/offline-run-1" in cmds and f"gradloc-track report {tmp_path}" in cmds
+    assert where_to_look(tmp_path / "nothing") == [f"run dir: {tmp_path / 'nothing'}"]
+    assert culprit_spans(LocateResult([], 1, "bisect", 0.1, 1.0), str) == []
+
+
+def test_plain_console_prints_a_tenth_of_the_steps_when_not_a_tty():
+    out = io.StringIO()
+    con = TrainConsole(stream=out)
+    con.start(100)
+    for s in range(100):
+        con.step(s, 2.0, 0.5)
+    con.close()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 11 and lines[-1] == "step 100/100  loss 2.000  grad norm 0.5"
+    json.dumps(lines)
