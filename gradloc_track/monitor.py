@@ -432,6 +432,7 @@ class GradMonitor:
             from .locate.dist_context import gather_culprit_rows  # a collective: culprit rows to rank 0
 
             shown, shown_ctx = gather_culprit_rows(result, ctx)
+        stats.locate_view = (shown, shown_ctx) if shown is not None else None
         if self.artifact_writer is not None and self.rank == 0:
             try:
                 self.artifact_writer.write(step, stats.events, shown, shown_ctx)

@@ -21,6 +21,9 @@ class GradStats:
     ``global_norm``: float; ``metrics``: exactly what was logged (empty if nothing was);
     ``logged``: whether this was a logging step; ``clip``: the ``ClipResult`` or None;
     ``events``: ``SpikeEvent``s fired this step; ``locate``: the ``LocateResult`` or None.
+    ``locate_view``: ``(result, context)`` as the artifacts show them: under torch.distributed,
+    rank 0's view with every culprit's sample gathered (``batch`` indexes ``context.input_ids``);
+    in one process, ``(locate, the SpikeContext)``.
     """
 
     def __init__(self, step: int, grouping: LayerGrouping, grad_sq: torch.Tensor, *, logged: bool,
@@ -32,6 +35,7 @@ class GradStats:
         self.clip = clip
         self.events: list = []
         self.locate = None
+        self.locate_view = None
         self._grouping = grouping
         self._grad_sq = grad_sq  # (n_tensors,) device, globally reduced
         # host copies: {"global": float, "tensor": [n floats], "layer": [L floats]} once synced

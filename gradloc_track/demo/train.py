@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -134,6 +135,8 @@ def train_lm(cfg: RootConfig, run_dir: str | Path, resolved_yaml: str | None = N
     corpus = load_corpus(tc.corpus)
     tokenizer = make_tokenizer(tc, cfg.model, corpus)
     rank, world, started = init_distributed(device)
+    if rank != 0:  # one console: rank 0 speaks for the run (it also gathers every culprit's text)
+        console = TrainConsole(stream=open(os.devnull, "w"), rich=False)
     model = build_model(cfg.model).to(device)
     net = model  # what the loss runs: DDP under torchrun (each rank its own batches)
     if world > 1:
@@ -212,10 +215,13 @@ def train_lm(cfg: RootConfig, run_dir: str | Path, resolved_yaml: str | None = N
             console.step(step, loss_val, stats.global_norm if stats.logged else None)
             if stats.events:
                 events_at.append(step)
-                console.spike(step, stats.events, stats.locate, tokenizer, y, run_dir)
-                if stats.locate is not None:
-                    culprit_text[step] = [tokenizer.decode([int(y[c.batch, c.position])]) for c in
-                                          sorted(stats.locate.tokens, key=lambda c: (c.batch, c.position))]
+                # the artifacts' view: under DDP rank 0 holds every culprit's sample (gathered ids)
+                shown, shown_ctx = stats.locate_view or (stats.locate, None)
+                ids = shown_ctx.input_ids if shown_ctx is not None and shown_ctx.input_ids is not None else y
+                console.spike(step, stats.events, shown, tokenizer, ids, run_dir)
+                if shown is not None:
+                    culprit_text[step] = [tokenizer.decode([int(ids[c.batch, c.position])]) for c in
+                                          sorted(shown.tokens, key=lambda c: (c.batch, c.position))]
         elapsed = time.perf_counter() - t0
         summary = {
             "final_loss": float(sum(losses[-10:]) / max(1, len(losses[-10:]))),
