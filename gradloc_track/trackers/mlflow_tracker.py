@@ -36,13 +36,20 @@ class MlflowTracker(Tracker):
 
     def __init__(self, tracking_uri: str | None = None, experiment_name: str = "gradloc-track",
                  run_name: str | None = None, tags: Mapping[str, str] | None = None,
-                 run_dir: str | Path | None = None) -> None:
+                 run_dir: str | Path | None = None, run_id: str | None = None) -> None:
+        """``run_id`` attaches to a run someone else opened (HF Trainer, Lightning, the user): log
+        into it and leave it open at ``finish()``; without it a new run is created and owned."""
         require("mlflow", "mlflow")
         from mlflow.tracking import MlflowClient
 
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.tracking_uri = resolve_tracking_uri(tracking_uri)
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
+        self.attached = run_id is not None
+        if self.attached:
+            self.run_id = run_id
+            self.experiment_id = self.client.get_run(run_id).info.experiment_id
+            return
         exp = self.client.get_experiment_by_name(experiment_name)
         if exp is None:
             try:
@@ -96,4 +103,6 @@ class MlflowTracker(Tracker):
         self.client.log_batch(self.run_id, tags=items, synchronous=True)
 
     def finish(self, status: str = "success") -> None:
+        if self.attached:  # never end a run we did not open
+            return
         self.client.set_terminated(self.run_id, "FINISHED" if status == "success" else "FAILED")

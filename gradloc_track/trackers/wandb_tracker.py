@@ -14,6 +14,7 @@ from .._optional import require
 from .base import Tracker
 
 STEP_KEY = "train/step"
+OWN_PREFIXES = ("grad_norm", "weight_norm", "grad_weight_ratio", "clip", "spike", "spikes", "locate", "adamc")
 
 
 class WandbTracker(Tracker):
@@ -21,9 +22,22 @@ class WandbTracker(Tracker):
 
     def __init__(self, project: str = "gradloc-track", entity: str | None = None, tags: Sequence[str] = (),
                  mode: str | None = None, dir: str | None = None, group: str | None = None,
-                 run_name: str | None = None, run_dir: str | Path | None = None) -> None:
+                 run_name: str | None = None, run_dir: str | Path | None = None, run: Any = None,
+                 step_key: str = STEP_KEY) -> None:
+        """``run`` attaches to a run someone else opened (``wandb.run``, Trainer's, Lightning's):
+        log into it at ``step_key`` (their step metric) and leave it open at ``finish()``."""
         self.wandb = require("wandb", "wandb")
         self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.step_key = step_key
+        self._all_rows: dict[str, list[list[Any]]] = {}
+        self.attached = run is not None
+        if self.attached:
+            self.run = run
+            # only our own key prefixes: the owner's define_metric("*") setup stays as it is
+            self.run.define_metric(step_key)
+            for prefix in OWN_PREFIXES:
+                self.run.define_metric(f"{prefix}/*", step_metric=step_key)
+            return
         wdir = dir or os.environ.get("WANDB_DIR") or (str(self.run_dir) if self.run_dir else None)
         if wdir:
             Path(wdir).mkdir(parents=True, exist_ok=True)
@@ -35,7 +49,7 @@ class WandbTracker(Tracker):
 
     def _log(self, data: dict[str, Any], step: int | None) -> None:
         if step is not None:
-            data = {STEP_KEY: int(step), **data}
+            data = {self.step_key: int(step), **data}
         self.run.log(data)
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
@@ -71,4 +85,6 @@ class WandbTracker(Tracker):
                                       else set())))
 
     def finish(self, status: str = "success") -> None:
+        if self.attached:  # never finish a run we did not open
+            return
         self.run.finish(exit_code=0 if status == "success" else 1)
