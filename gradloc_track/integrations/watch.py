@@ -124,6 +124,10 @@ class WatchHandle:
         if self.capture is not None:
             self.capture.remove()
 
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
     def flush(self) -> None:
         self.tracker.flush()
 

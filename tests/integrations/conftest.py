@@ -49,6 +49,7 @@ STEPS, INJECT_AT, LR = 60, 50, 1e-2  # the model has learned to count by step ~4
 CORRUPT = 1  # the corrupted sample's index inside its micro-batch
 # detector/clipper settings for a 60-step run (the defaults assume hundreds of steps)
 FAST = {"spikes": {"warmup_steps": 10, "alpha": 0.9}, "clip": {"kind": "adagc", "warmup_steps": 5}}
+LOG_EVERY = 10  # fewer tracker writes keep the tests fast; spikes are still checked every step
 
 
 def micro_batches(step: int, k: int) -> list[dict[str, torch.Tensor]]:
@@ -70,3 +71,34 @@ def plain_loop(model, opt, k: int = 1, steps: int = STEPS) -> None:
             (model(**mb).loss / k).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+
+
+@pytest.fixture(scope="session")
+def _mlflow_db(tmp_path_factory) -> str:
+    """ONE SQLite store for the module's MLflow tests: creating its tables costs ~15 s here."""
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
+class MlflowStore:
+    """The shared store, and the runs a test created in it (whatever experiment they went to)."""
+
+    def __init__(self, uri: str) -> None:
+        from mlflow.tracking import MlflowClient
+
+        self.uri = uri
+        self.client = MlflowClient(uri)
+        self._before = {r.info.run_id for r in self._all()}
+
+    def _all(self):
+        exps = [e.experiment_id for e in self.client.search_experiments()]
+        return self.client.search_runs(exps) if exps else []
+
+    def new_runs(self):
+        return [r for r in self._all() if r.info.run_id not in self._before]
+
+
+@pytest.fixture
+def mlflow_store(_mlflow_db, monkeypatch) -> MlflowStore:
+    """MLFLOW_TRACKING_URI points at the shared store for this test (as a user's env would)."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", _mlflow_db)
+    return MlflowStore(_mlflow_db)

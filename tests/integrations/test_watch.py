@@ -19,12 +19,10 @@ def tokens_rows(table: dict) -> list[dict]:
     return [dict(zip(cols, r)) for r in table["data"]]
 
 
-def test_plain_loop_joins_the_open_mlflow_run_and_leaves_it_open(gpt2, tmp_path, monkeypatch):
+def test_plain_loop_joins_the_open_mlflow_run_and_leaves_it_open(gpt2, tmp_path, mlflow_store):
     import mlflow
-    from mlflow.tracking import MlflowClient
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    client = mlflow_store.client
     mlflow.set_experiment("plain")
     opt = torch.optim.AdamW(gpt2.parameters(), lr=LR)
     with mlflow.start_run() as run:
@@ -33,10 +31,9 @@ def test_plain_loop_joins_the_open_mlflow_run_and_leaves_it_open(gpt2, tmp_path,
         plain_loop(gpt2, opt, k=1)
         handle.finish()
         assert mlflow.active_run().info.run_id == run.info.run_id  # still open, still ours
-        client = MlflowClient(uri)
         assert client.get_run(run.info.run_id).info.status == "RUNNING"
         mlflow.log_metric("after_finish", 1.0)  # the user's run keeps working
-    (only,) = client.search_runs([client.get_experiment_by_name("plain").experiment_id])
+    (only,) = mlflow_store.new_runs()
     assert only.info.run_id == run.info.run_id and only.info.status == "FINISHED"
     assert only.data.params["mine"] == "1"
     hist = client.get_metric_history(run.info.run_id, "grad_norm/global")
