@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import torch
+
 from ..locate.result import LocateResult
 from ..spikes.event import SpikeEvent
 
@@ -29,8 +31,14 @@ def format_top_layers(layer_norms: dict[str, float], k: int = 3) -> str:
 
 
 def _cpu_lists(columns: dict[str, Any]) -> dict[str, list]:
-    """Each column to nested python lists: one host sync per tensor instead of one per cell."""
-    return {n: (t.tolist() if hasattr(t, "tolist") else list(t)) for n, t in columns.items()}  # host sync
+    """Each column to nested python lists: one host sync per tensor instead of one per cell
+    (a per-micro-batch sequence of tensors becomes a list of them)."""
+    def conv(t):
+        if hasattr(t, "tolist"):
+            return t.tolist()
+        return [conv(x) for x in t] if isinstance(t, (list, tuple)) else t
+
+    return {n: conv(t) for n, t in columns.items()}  # host sync
 
 
 def attribution_table(step: int, events: Sequence[SpikeEvent], result: LocateResult, ctx: Any,
@@ -46,22 +54,32 @@ def attribution_table(step: int, events: Sequence[SpikeEvent], result: LocateRes
     sc = getattr(ctx, "sample_columns", None) or {}
     extras = list(extra_columns if extra_columns is not None else ec)
     samples = list(sample_columns if sample_columns is not None else sc)
-    columns = BASE_COLUMNS + extras + samples
+    # micro_batch / rank columns only when the localization set them (a step of several
+    # micro-batches, a distributed run); their values then index ctx's per-micro-batch sequences
+    where = [name for name in ("micro_batch", "rank") if any(getattr(c, name, None) is not None for c in result.tokens)]
+    columns = BASE_COLUMNS[:1] + where + BASE_COLUMNS[1:] + extras + samples
     if not result.tokens:
         return columns, []
     lead = events[0] if events else None
     ids_t = getattr(ctx, "input_ids", None)
-    ids = ids_t.tolist() if ids_t is not None else None  # host sync: once per spike event
+    ids = _cpu_lists({"ids": ids_t})["ids"] if ids_t is not None else None  # host sync: once per spike event
     ev = _cpu_lists({n: ec[n] for n in extras if n in ec})
     sv = _cpu_lists({n: sc[n] for n in samples if n in sc})
     tok = getattr(ctx, "tokenizer", None)
+    per_mb = not isinstance(getattr(ctx, "token_mask", None), torch.Tensor)  # ctx holds K micro-batches
     rows = []
     for c in result.tokens:
-        token_id = int(ids[c.batch][c.position]) if ids is not None else None
-        row = [step, c.batch, c.position, token_id, decode_token(tok, token_id), c.grad_norm, c.share,
-               format_top_layers(c.layer_norms, top_layers), lead.signal if lead else None,
-               lead.z if lead else None]
-        row += [ev[n][c.batch][c.position] if n in ev else None for n in extras]
-        row += [sv[n][c.batch] if n in sv else None for n in samples]
+        mb = getattr(c, "micro_batch", None)
+
+        def at(v):  # the micro-batch's entry of a per-micro-batch sequence
+            return v[mb] if mb is not None and per_mb else v
+
+        token_id = int(at(ids)[c.batch][c.position]) if ids is not None else None
+        row = [step] + [getattr(c, name) for name in where] + [
+            c.batch, c.position, token_id, decode_token(tok, token_id), c.grad_norm, c.share,
+            format_top_layers(c.layer_norms, top_layers), lead.signal if lead else None,
+            lead.z if lead else None]
+        row += [at(ev[n])[c.batch][c.position] if n in ev else None for n in extras]
+        row += [at(sv[n])[c.batch] if n in sv else None for n in samples]
         rows.append(row)
     return columns, rows

@@ -13,7 +13,8 @@ from ._validate import ConfigError
 from .clip import AdamCConfig, ClipConfig
 from .monitor import MonitorConfig
 from .root import RootConfig
-from .spikes import LocateConfig, SpikeConfig
+from .locate import LocateConfig
+from .spikes import SpikeConfig
 from .tracker import MlflowConfig, TrackerConfig, WandbConfig
 from .train import ModelConfig, OptimConfig, SpikeInjectionConfig, TrainConfig
 

@@ -1,4 +1,4 @@
-"""Spike detector and localizer configs (groups ``spikes`` and ``locate``)."""
+"""Spike detector config (group ``spikes``); the localizer's is in ``locate.py``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,17 +31,4 @@ class SpikeConfig:
                   "fixed mode needs a positive per-token threshold")
 
 
-@dataclass
-class LocateConfig:
-    enabled: bool = True
-    method: str = "auto"  # auto | ghost | bisect
-    budget: int = 128
-    threshold: Optional[float] = None  # None = adaptive from the batch's per-token statistics
-    max_events: int = 20  # localize at most this many spikes per run
-    top_layers: int = 3
-
-    def __post_init__(self) -> None:
-        one_of("locate.method", self.method, ("auto", "ghost", "bisect"))
-        check(self.budget >= 1, "locate.budget", self.budget, "use a positive number of probes")
-        if self.threshold is not None:
-            check(self.threshold > 0, "locate.threshold", self.threshold, "use a positive value or null")
+from .locate import LocateConfig  # noqa: E402,F401  (moved to config/locate.py; kept importable here)

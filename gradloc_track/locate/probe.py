@@ -1,7 +1,20 @@
-"""Exact probes: one forward+backward of the loss restricted to a subset of loss terms.
+"""Exact probes: one forward+backward of one micro-batch's loss restricted to a subset of its terms.
 
 Every probe starts from the same state: gradients cleared and the RNG reset to the state saved
-when localization began, so dropout masks agree across probes and subset gradients add up.
+for that micro-batch, so dropout masks agree across probes and subset gradients add up.
+
+``Prober`` is the only place where localization runs the model. Its interface, which wrappers
+(e.g. a distributed prober that runs every probe in lockstep on all ranks) rely on:
+
+- ``k`` micro-batches; ``masks[i]`` is micro-batch ``i``'s ``(B_i, T_i)`` loss-term mask;
+- ``probe(i, mask) -> Grads``: the gradient of ``loss_fns[i](mask)``, one per trainable
+  parameter (dense, zeros where no gradient); counts one probe against ``budget`` and raises
+  ``BudgetExhausted`` when none is left. The returned tensors are owned by the caller (they
+  are the fresh ``.grad`` buffers, not copies), so a probe costs ONE gradient-sized buffer;
+- ``terms(i)``: micro-batch ``i``'s loss terms ``(b, t)`` in row-major order;
+- ``mask_of(i, terms)``: micro-batch ``i``'s mask restricted to ``terms``;
+- vector helpers (``norm``, ``layer_norms``, ``dot``, ``sub_``, ``add_``) that never keep
+  a reference to their arguments.
 """
 from __future__ import annotations
 
@@ -13,6 +26,7 @@ import torch
 from ..grouping import LayerGrouping
 
 Grads = list[torch.Tensor]  # one tensor per trainable parameter (zeros where no gradient)
+LossFn = Callable[[torch.Tensor], torch.Tensor]
 
 
 class BudgetExhausted(Exception):
@@ -20,62 +34,101 @@ class BudgetExhausted(Exception):
 
 
 class Prober:
-    def __init__(self, params: Sequence[torch.nn.Parameter], loss_fn: Callable[[torch.Tensor], torch.Tensor],
-                 token_mask: torch.Tensor, rng_state: dict, budget: int, grouping: LayerGrouping) -> None:
+    def __init__(self, params: Sequence[torch.nn.Parameter], loss_fns: Sequence[LossFn],
+                 masks: Sequence[torch.Tensor], rng_states: Sequence[dict], budget: int,
+                 grouping: LayerGrouping) -> None:
+        if not (len(loss_fns) == len(masks) == len(rng_states)):
+            raise ValueError(f"one loss_fn, mask and RNG state per micro-batch; got {len(loss_fns)}, "
+                             f"{len(masks)}, {len(rng_states)}")
         self.params = list(params)
-        self.loss_fn = loss_fn
-        self.token_mask = token_mask
-        self.rng_state = rng_state
+        self.loss_fns = list(loss_fns)
+        self.masks = list(masks)
+        self.rng_states = list(rng_states)
         self.budget = budget
         self.grouping = grouping
         self.count = 0
 
-    def mask_of(self, terms: Sequence[tuple[int, int]]) -> torch.Tensor:
-        m = torch.zeros_like(self.token_mask)
+    @property
+    def k(self) -> int:
+        return len(self.masks)
+
+    def terms(self, i: int) -> list[tuple[int, int]]:
+        return [(int(b), int(t)) for b, t in (self.masks[i] != 0).nonzero().tolist()]  # host sync
+
+    def mask_of(self, i: int, terms: Sequence[tuple[int, int]]) -> torch.Tensor:
+        full = self.masks[i]
+        m = torch.zeros_like(full)
         if terms:
-            idx = torch.as_tensor(terms, device=m.device)  # (k, 2)
-            m[idx[:, 0], idx[:, 1]] = self.token_mask[idx[:, 0], idx[:, 1]]
+            idx = torch.as_tensor(terms, device=m.device)  # (n, 2)
+            m[idx[:, 0], idx[:, 1]] = full[idx[:, 0], idx[:, 1]]
         return m
 
-    def probe(self, mask: torch.Tensor) -> Grads:
-        """Gradient of ``loss_fn(mask)``; counts against the budget."""
+    def probe(self, i: int, mask: torch.Tensor) -> Grads:
+        """Gradient of ``loss_fns[i](mask)``; counts against the budget."""
         if self.count >= self.budget:
             raise BudgetExhausted
         self.count += 1
         for p in self.params:
             p.grad = None
-        restore_rng(self.rng_state)
-        loss = self.loss_fn(mask)
-        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-            raise TypeError("loss_fn(mask) must return a scalar tensor")
+        restore_rng(self.rng_states[i])
+        loss = self.loss_fns[i](mask)
+        check_loss(loss)
         if not loss.requires_grad:
             raise ValueError("loss_fn(mask) returned a loss that does not require grad: it must be computed "
                              "from the model's forward pass inside loss_fn")
         loss.backward()
-        return [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        out = [_dense(p.grad) if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        for p in self.params:
+            p.grad = None  # the caller owns the buffers now; nothing else keeps them alive
+        return out
 
-    def probe_terms(self, terms: Sequence[tuple[int, int]]) -> Grads:
-        return self.probe(self.mask_of(terms))
+    def probe_terms(self, i: int, terms: Sequence[tuple[int, int]]) -> Grads:
+        return self.probe(i, self.mask_of(i, terms))
 
     # -- vector helpers ----------------------------------------------------------------
     @staticmethod
     def sq_per_tensor(g: Grads) -> torch.Tensor:
-        return torch.stack(torch._foreach_norm(g, 2.0)).float().pow(2)
+        """Float64 squared norm per tensor (low-precision gradients are upcast tensor by tensor)."""
+        wide = (torch.float32, torch.float64)
+        norms = torch._foreach_norm(g, 2.0)
+        return torch.stack([(n if t.dtype in wide else t.float().norm()).double() for t, n in zip(g, norms)]).pow(2)
 
     def norm(self, g: Grads) -> float:
-        return math.sqrt(float(self.sq_per_tensor(g).sum()))
+        return math.sqrt(float(self.sq_per_tensor(g).sum()))  # host sync
 
     def layer_norms(self, g: Grads) -> dict[str, float]:
-        vals = self.grouping.sum_by_layer(self.sq_per_tensor(g)).sqrt().tolist()
+        vals = self.grouping.sum_by_layer(self.sq_per_tensor(g)).sqrt().tolist()  # host sync
         return dict(zip(self.grouping.layers, vals))
 
     @staticmethod
     def dot(a: Grads, b: Grads) -> float:
-        return float(sum((x.double() * y.double()).sum() for x, y in zip(a, b)))
+        """Float64 inner product, one tensor at a time (temporaries stay tensor-sized)."""
+        return float(sum(torch.dot(x.reshape(-1).double(), y.reshape(-1).double()) for x, y in zip(a, b)))
 
     @staticmethod
-    def sub(a: Grads, b: Grads) -> Grads:
-        return torch._foreach_sub(a, b)
+    def sub_(a: Grads, b: Grads) -> Grads:
+        """``a -= b`` in place (no new gradient-sized buffer); returns ``a``."""
+        torch._foreach_sub_(a, b)
+        return a
+
+    @staticmethod
+    def add_(a: Grads, b: Grads) -> Grads:
+        torch._foreach_add_(a, b)
+        return a
+
+
+def _dense(g: torch.Tensor) -> torch.Tensor:
+    """Sparse gradients (``nn.Embedding(sparse=True)``) become dense: norms and sums need it."""
+    return g.detach().to_dense() if g.is_sparse else g.detach()
+
+
+def check_loss(loss) -> None:
+    if not isinstance(loss, torch.Tensor):
+        raise TypeError(f"loss_fn(mask) returned {type(loss).__name__}; it must return a scalar torch.Tensor "
+                        "computed from the model (do not call .item() or float() on it)")
+    if loss.dim() != 0:
+        raise TypeError(f"loss_fn(mask) returned a tensor of shape {tuple(loss.shape)}; it must return a scalar: "
+                        "reduce with (per_token_loss * mask).sum() / n_tokens_in_batch")
 
 
 def save_rng() -> dict:

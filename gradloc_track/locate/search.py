@@ -1,4 +1,11 @@
-"""The three search strategies over loss terms: GradLoc bisection, ghost ranking, and auto."""
+"""Search strategies over loss terms: our bisection, the ghost ranking, and ``auto``.
+
+Terms are ``(b, t)`` inside one micro-batch ``i``; searches never mix micro-batches (a probe is
+one micro-batch's forward+backward). Memory: a found culprit is summarised at once (its norm,
+per-layer norms and share of the step's gradient) and its gradient dropped, and pending ranges
+keep only their norm, so a search holds a constant number of gradient-sized buffers (the
+step's total, one running sum and the probe in flight) however many culprits it finds.
+"""
 from __future__ import annotations
 
 import math
@@ -10,55 +17,105 @@ from .ghost import GhostMap, adaptive_threshold
 from .probe import BudgetExhausted, Grads, Prober
 from .result import CulpritToken
 
-Term = tuple[int, int]
+Term = tuple[int, int]  # (b, t) inside one micro-batch
 
 
-def _token(prober: Prober, term: Term, g: Grads, total: Grads | None, total_sq: float, score=None) -> CulpritToken:
-    share = prober.dot(g, total) / total_sq if total is not None and total_sq > 0 else None
-    return CulpritToken(batch=int(term[0]), position=int(term[1]), grad_norm=prober.norm(g),
-                        layer_norms=prober.layer_norms(g), score=score, share=share)
+class Hits:
+    """Culprits found so far, each summarised when found (its gradient is not kept)."""
+
+    def __init__(self, prober: Prober, total: Grads, total_sq: float,
+                 scores: dict[tuple[int, int, int], float] | None = None, label: bool = False) -> None:
+        self.prober = prober
+        self.label = label  # culprits carry micro_batch (the step was given as micro-batches)
+        self.total = total
+        self.total_sq = total_sq
+        self.scores = scores or {}
+        self.tokens: list[CulpritToken] = []
+        self.terms: set[tuple[int, int, int]] = set()
+
+    def add(self, i: int, term: Term, g: Grads, grad_norm: float | None = None) -> None:
+        p = self.prober
+        share = p.dot(g, self.total) / self.total_sq if self.total_sq > 0 else None
+        self.tokens.append(CulpritToken(
+            batch=int(term[0]), position=int(term[1]), grad_norm=p.norm(g) if grad_norm is None else grad_norm,
+            layer_norms=p.layer_norms(g), score=self.scores.get((i, *term)), share=share,
+            micro_batch=i if self.label else None))
+        self.terms.add((i, *term))
 
 
-def bisect(prober: Prober, terms: Sequence[Term], tau: float, known: Grads | None = None,
-           two_probes: bool = True, tau_prune: float | None = None) -> tuple[list[tuple[Term, Grads]], bool]:
-    """Depth-first halving (GradLoc). A range S is kept while ``||g_S|| > tau_prune * sqrt(|S|)``
-    (GradLoc's size-aware rule: the norm ``|S|`` terms of per-term norm ``tau_prune`` reach when
-    their directions are unrelated); a single term is a hit when its norm exceeds ``tau``. With
-    an explicit GradLoc-style threshold both are the same knob. The larger half is visited first.
-    ``two_probes=False`` (used by ``auto``) probes one half and gets the other by subtraction
-    from the known parent gradient.
+def bisect(prober: Prober, i: int, terms: Sequence[Term], tau: float, hits: Hits, known: Grads | None = None,
+           two_probes: bool = True, tau_prune: float | None = None) -> bool:
+    """Our depth-first halving (``method="bisect"``, and ``auto``'s fallback); True if the budget ran out.
 
-    Returns (hits with their exact gradients, budget_exhausted).
+    A range S is kept while ``||g_S|| > tau_prune * sqrt(|S|)`` (the norm ``|S|`` terms of
+    per-term norm ``tau_prune`` reach when their directions are unrelated); a single term is a
+    hit when its norm exceeds ``tau``. The larger kept half is visited first.
+    ``two_probes=False`` (``auto``) probes one half and gets the other by subtracting it from the
+    known parent gradient (1 probe per split instead of 2).
+
+    How it differs from GradLoc's procedure (``gradloc``, kept faithful in ``gradloc.py``) and why:
+    the split is ``S[:n//2] | S[n//2:]`` (GradLoc gives the extra term of an odd range to the
+    left); ``tau_prune`` may sit below ``tau`` (``prune_level``), so a culprit a few times above
+    ``tau`` among many terms is not pruned near the root as GradLoc's ``T * sqrt(size)`` test
+    does; the budget may be spent to its last probe; and the root range is split even when the
+    step's norm is small (its gradient comes from the ghost pass that ranks terms).
+    Memory: only the next range to visit keeps its gradient; ranges left waiting keep their norm
+    and are split with two probes when their turn comes.
     """
     tau_prune = tau if tau_prune is None else tau_prune
-    hits: list[tuple[Term, Grads]] = []
     stack: list[tuple[list[Term], Grads | None]] = [(list(terms), known)]
     try:
         while stack:
             S, g_S = stack.pop()
-            if len(S) == 1:
+            if len(S) == 1:  # only a single-term root gets here: halves are judged when probed
                 if g_S is None:
-                    g_S = prober.probe_terms(S)
-                if prober.norm(g_S) > tau:
-                    hits.append((S[0], g_S))
+                    g_S = prober.probe_terms(i, S)
+                n = prober.norm(g_S)
+                if n > tau:
+                    hits.add(i, S[0], g_S, n)
                 continue
             A, B = S[: len(S) // 2], S[len(S) // 2:]
-            g_A = prober.probe_terms(A)
-            g_B = prober.probe_terms(B) if two_probes or g_S is None else prober.sub(g_S, g_A)
-            kept = [(prober.norm(g), X, g) for X, g in ((A, g_A), (B, g_B)) if prober.norm(g) > tau_prune * math.sqrt(len(X))]
-            for _, X, g in sorted(kept, key=lambda k: k[0]):  # larger pushed last = visited first
-                stack.append((X, g))
+            g_A = prober.probe_terms(i, A)
+            if two_probes or g_S is None:
+                n_A, _ = _judge(prober, i, A, g_A, tau, tau_prune, hits)
+                g_A = None  # two-probe splits never need a range's gradient: free it before probing B
+                g_B = prober.probe_terms(i, B)
+            else:
+                g_B = prober.sub_(g_S, g_A)  # the parent's buffer becomes B's: no new buffer
+                n_A, g_A = _judge(prober, i, A, g_A, tau, tau_prune, hits)
+            del g_S
+            n_B, g_B = _judge(prober, i, B, g_B, tau, tau_prune, hits)
+            kept = [(n, X, g) for n, X, g in ((n_A, A, g_A), (n_B, B, g_B))
+                    if len(X) > 1 and n > tau_prune * math.sqrt(len(X))]
+            kept.sort(key=lambda k: k[0])  # larger pushed last = visited first
+            for j, (_, X, g) in enumerate(kept):
+                # only the range visited next keeps its gradient (and only when a subtraction can
+                # use it): a waiting range would hold a buffer per level of the stack
+                stack.append((X, g if (j == len(kept) - 1 and not two_probes) else None))
+            del g_A, g_B, kept
     except BudgetExhausted:
-        return hits, True
-    return hits, False
+        return True
+    return False
 
 
-def ghost_pass(prober: Prober, model: torch.nn.Module, group_by: str) -> tuple[Grads, torch.Tensor, list[str]]:
-    """One full-mask probe with hooks: (total gradient, (L, B, T) layer map, layer names)."""
-    with GhostMap(model, group_by, tuple(prober.token_mask.shape)) as gm:
-        total = prober.probe(prober.token_mask)
+def _judge(prober: Prober, i: int, X: list[Term], g: Grads, tau: float, tau_prune: float,
+           hits: Hits) -> tuple[float, Grads | None]:
+    """Norm of a half; a single-term half above the threshold is recorded as a hit right away."""
+    n = prober.norm(g)
+    if len(X) == 1:
+        if n > tau_prune and n > tau:
+            hits.add(i, X[0], g, n)
+        return n, None
+    return n, g
+
+
+def ghost_pass(prober: Prober, i: int, model: torch.nn.Module, group_by: str) -> tuple[Grads, torch.Tensor, list[str]]:
+    """One full-mask probe of micro-batch ``i`` with hooks: (its gradient, (L, B, T) layer map, layer names)."""
+    mask = prober.masks[i]
+    with GhostMap(model, group_by, tuple(mask.shape)) as gm:
+        g = prober.probe(i, mask)
     layer_map, names = gm.result(prober.grouping.layers)
-    return total, layer_map, names
+    return g, layer_map, names
 
 
 def term_scores(layer_map: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
@@ -67,59 +124,83 @@ def term_scores(layer_map: torch.Tensor, token_mask: torch.Tensor) -> torch.Tens
     return scores * (token_mask.detach().cpu() != 0)
 
 
-def prune_level(term_score: dict[Term, float], tau: float, explicit: bool) -> float:
+def prune_level(term_score: dict, tau: float) -> float:
     """Per-term level of the size-aware pruning bound ``level * sqrt(|S|)``.
 
     GradLoc uses its threshold knob itself, which prunes a range holding a culprit whenever
     ``||g_c|| < tau * sqrt(|S|)`` — culprits only a few times above ``tau`` are lost near the
     root. We use the smaller of ``tau`` and 3x the rms of the terms the ghost ranking calls
     typical (what a range of ``|S|`` ordinary terms reaches), so a range is kept while it is
-    noisier than ordinary terms explain. ``explicit`` is kept for callers that want to log it.
+    noisier than ordinary terms explain.
     """
     typical = [v for v in term_score.values() if v <= tau]
     noise = 3.0 * math.sqrt(sum(v * v for v in typical) / max(1, len(typical)))
     return min(tau, noise) if noise > 0 else tau
 
 
-def auto(prober: Prober, model: torch.nn.Module, terms: list[Term], tau: float | None, group_by: str):
-    """Ghost ranking, exact confirmation of each candidate, then a remainder check.
+def auto(prober: Prober, hits: Hits, all_terms: list[tuple[int, int, int]], tau: float, tau_prune: float,
+         ) -> tuple[bool, list[str]]:
+    """Exact confirmation of the ghost ranking's candidates, then a remainder check.
 
-    1. one ghost pass (probe 1) ranks every term; ``tau=None`` is set from the ranking scores;
-    2. candidates are confirmed in score order with exact single-term probes, stopping at the
+    The ghost pass (one probe per micro-batch) has already ranked every term into ``hits.scores``.
+    1. candidates are confirmed in score order with exact single-term probes, stopping at the
        first miss or once scores fall below ``tau / 4`` (the ranking says nothing is left);
-    3. the remainder's gradient is ``g_total - sum(g_culprit)`` (no probe): if it passes the
-       bisection rule (``||g_R|| <= tau_prune * sqrt(|R|)``) the search is done, else a subtraction-
-       bisection searches the remainder within the budget.
+    2. the remainder's gradient is ``g_total - sum(g_culprit)`` (no probe): if it passes the
+       bisection rule (``||g_R|| <= tau_prune * sqrt(|R|)``) the search is done, else a
+       subtraction-bisection searches the remainder within the budget (with several
+       micro-batches: one probe per micro-batch's remainder first, and only those above the
+       rule are searched).
+    Returns (budget_exhausted, notes).
     """
-    total, layer_map, names = ghost_pass(prober, model, group_by)
-    scores = term_scores(layer_map, prober.token_mask)
-    term_score = {t: float(scores[t]) for t in terms}
-    explicit = tau is not None
-    if tau is None:
-        tau = adaptive_threshold(torch.tensor([term_score[t] for t in terms]))
-    tau_prune = prune_level(term_score, tau, explicit)
-    found: list[tuple[Term, Grads]] = []
-    exhausted = False
-    for t in sorted(terms, key=lambda t: -term_score[t]):
-        if term_score[t] < tau / 4:
+    found_sum: Grads | None = None  # running sum of the culprits' gradients: ONE buffer
+    for key in sorted(all_terms, key=lambda k: -hits.scores[k]):
+        if hits.scores[key] < tau / 4:
             break
+        i, term = key[0], key[1:]
         try:
-            g = prober.probe_terms([t])
+            g = prober.probe_terms(i, [term])
         except BudgetExhausted:
-            exhausted = True
+            return True, []
+        n = prober.norm(g)
+        if n <= tau:
             break
-        if prober.norm(g) > tau:
-            found.append((t, g))
-        else:
-            break
-    notes = []
-    if not exhausted:
-        rest = [t for t in terms if t not in {f for f, _ in found}]
-        g_rest = total
-        for _, g in found:
-            g_rest = prober.sub(g_rest, g)
-        if rest and prober.norm(g_rest) > tau_prune * math.sqrt(len(rest)):
-            notes.append("ranking left a remainder above the bisection bound; searched it by bisection")
-            more, exhausted = bisect(prober, rest, tau, known=g_rest, two_probes=False, tau_prune=tau_prune)
-            found += more
-    return found, total, layer_map, names, scores, tau, exhausted, notes, term_score
+        hits.add(i, term, g, n)
+        found_sum = g if found_sum is None else prober.add_(found_sum, g)
+        del g
+    rest = [k for k in all_terms if k not in hits.terms]
+    if not rest:
+        return False, []
+    if found_sum is None:
+        g_rest = [t.clone() for t in hits.total]  # bisect subtracts in place: never into the total
+    else:
+        torch._foreach_neg_(found_sum)
+        g_rest = prober.add_(found_sum, hits.total)  # total - culprits, in the running sum's buffer
+    if prober.norm(g_rest) <= tau_prune * math.sqrt(len(rest)):
+        return False, []
+    notes = ["ranking left a remainder above the bisection bound; searched it by bisection"]
+    if prober.k == 1:
+        return bisect(prober, 0, [k[1:] for k in rest], tau, hits, known=g_rest, two_probes=False,
+                      tau_prune=tau_prune), notes
+    del g_rest
+    for i in range(prober.k):
+        rest_i = [k[1:] for k in rest if k[0] == i]
+        if not rest_i:
+            continue
+        try:
+            g = prober.probe_terms(i, rest_i)
+        except BudgetExhausted:
+            return True, notes
+        if prober.norm(g) > tau_prune * math.sqrt(len(rest_i)):
+            if bisect(prober, i, rest_i, tau, hits, known=g, two_probes=False, tau_prune=tau_prune):
+                return True, notes
+        del g
+    return False, notes
+
+
+def micro_batch_order(norms: list[float]) -> list[int]:
+    """Micro-batches by decreasing gradient norm (the likeliest culprit holders first)."""
+    return sorted(range(len(norms)), key=lambda i: -norms[i])
+
+
+def adaptive_tau(term_score: dict) -> float:
+    return adaptive_threshold(torch.tensor(list(term_score.values()), dtype=torch.float64))

@@ -7,14 +7,25 @@ from .probe import restore_rng, save_rng
 
 
 class Snapshot:
-    """Gradients (bitwise, ``None`` kept ``None``), RNG state, train/eval modes, requires_grad."""
+    """Gradients (bitwise, ``None`` kept ``None``), module buffers (BatchNorm running stats and
+    ``num_batches_tracked``, bitwise), RNG state, train/eval modes, requires_grad flags.
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    Gradients are kept by reference, not copied: every probe sets ``.grad = None`` first, so
+    backward writes fresh buffers and the saved ones are never touched (no gradient-sized
+    copy). ``copy_grads=True`` is for wrappers whose backward writes into existing gradient
+    storage in place (e.g. DDP with ``gradient_as_bucket_view=True``).
+    """
+
+    def __init__(self, model: torch.nn.Module, copy_grads: bool = False) -> None:
         self.model = model
         self.params = list(model.parameters())
-        self.grads = [None if p.grad is None else p.grad.detach().clone() for p in self.params]
+        self.grads = [None if p.grad is None else (p.grad.detach().clone() if copy_grads else p.grad)
+                      for p in self.params]
         self.requires_grad = [p.requires_grad for p in self.params]
         self.modes = {m: m.training for m in model.modules()}
+        # (module, name, the buffer object, its version, a copy of its value)
+        self.buffers = [(m, n, b, b._version, b.detach().clone())
+                        for m in model.modules() for n, b in m._buffers.items() if b is not None]
         self.rng = save_rng()
 
     def restore(self) -> None:
@@ -23,4 +34,9 @@ class Snapshot:
             p.requires_grad_(rg)
         for m, training in self.modes.items():
             m.training = training
+        with torch.no_grad():
+            for m, name, buf, version, saved in self.buffers:
+                m._buffers[name] = buf  # a module that replaced the tensor gets the original back
+                if buf._version != version:  # written in place (running stats): put the values back
+                    buf.copy_(saved)
         restore_rng(self.rng)

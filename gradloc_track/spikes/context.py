@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
+
+LossFn = Callable[[torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -14,15 +16,61 @@ class SpikeContext:
     ``loss_fn(mask) -> scalar``: the training loss restricted to the loss terms selected by
     ``mask`` (same shape as ``token_mask``, 1.0 = keep) with a FIXED normalizer, so the
     gradient of a subset is the sum of its terms' gradients.
+
+    A step of K micro-batches (gradient accumulation) passes ``loss_fn``, ``token_mask`` and
+    ``input_ids`` as sequences of K (one per micro-batch, shapes may differ); the step's
+    gradient is the sum of the micro-batch losses' gradients. Culprits then carry
+    ``micro_batch``, an index into these sequences (``micro_batch_view`` gives one as a
+    single-batch context).
     """
 
-    loss_fn: Callable[[torch.Tensor], torch.Tensor]
-    token_mask: torch.Tensor  # (B, T) 1.0 where a loss term exists
-    input_ids: torch.Tensor | None = None  # (B, T) token ids aligned with token_mask
+    loss_fn: LossFn | Sequence[LossFn]
+    token_mask: torch.Tensor | Sequence[torch.Tensor]  # (B, T) 1.0 where a loss term exists
+    input_ids: torch.Tensor | Sequence[torch.Tensor] | None = None  # (B, T) token ids aligned with token_mask
     tokenizer: Any = None  # anything with decode(list[int]) -> str (HF tokenizers work)
     # per-token extra columns for the attribution table, each (B, T): advantage, logprob, ...
-    extra_columns: Mapping[str, torch.Tensor] = field(default_factory=dict)
-    # per-sample extra columns, each (B,): reward, ...
-    sample_columns: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    # (with micro-batches: each a sequence of K (B_k, T_k) tensors)
+    extra_columns: Mapping[str, Any] = field(default_factory=dict)
+    # per-sample extra columns, each (B,): reward, ... (with micro-batches: K (B_k,) tensors)
+    sample_columns: Mapping[str, Any] = field(default_factory=dict)
     # torch.get_rng_state() from before the training forward: probes replay its dropout masks
+    # (with micro-batches: one state for all, or a sequence of K)
     rng_state: Any = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.token_mask, torch.Tensor) != callable(self.loss_fn):
+            raise TypeError("SpikeContext: pass loss_fn as a callable with token_mask a (B, T) tensor, or both as "
+                            "sequences of K (one per micro-batch)")
+        if self.micro_batches is not None:
+            k = len(self.token_mask)
+            for name in ("loss_fn", "input_ids"):
+                val = getattr(self, name)
+                if val is not None and (isinstance(val, torch.Tensor) or callable(val) or len(val) != k):
+                    raise ValueError(f"SpikeContext.{name}: with {k} micro-batch masks pass a sequence of {k} "
+                                     f"(one per micro-batch)")
+
+    @property
+    def micro_batches(self) -> int | None:
+        """K when the step was given as micro-batches, else None."""
+        return None if isinstance(self.token_mask, torch.Tensor) else len(self.token_mask)
+
+    def token_count(self) -> torch.Tensor:
+        """The number of loss terms in the step, a 0-d tensor on the masks' device (no host sync)."""
+        if self.micro_batches is None:
+            return self.token_mask.sum()
+        return torch.stack([m.sum() for m in self.token_mask]).sum()
+
+    def micro_batch_view(self, k: int) -> "SpikeContext":
+        """Micro-batch ``k`` as a single-batch context (for renderers that index (B, T) tensors)."""
+        if self.micro_batches is None:
+            return self
+
+        def pick(v):
+            return v[k] if isinstance(v, (list, tuple)) else v
+
+        return SpikeContext(loss_fn=self.loss_fn[k], token_mask=self.token_mask[k],
+                            input_ids=None if self.input_ids is None else self.input_ids[k],
+                            tokenizer=self.tokenizer,
+                            extra_columns={n: pick(v) for n, v in self.extra_columns.items()},
+                            sample_columns={n: pick(v) for n, v in self.sample_columns.items()},
+                            rng_state=pick(self.rng_state))
