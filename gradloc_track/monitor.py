@@ -218,6 +218,8 @@ class GradMonitor:
         n_tokens = None
         if spike_context is not None:
             mask = spike_context.token_mask
+            if not isinstance(mask, torch.Tensor):  # K micro-batch masks: their summed count
+                mask = torch.stack([m.sum() for m in mask])
             if mask.device == grad_sq.device:
                 pack.add([_N_TOKENS], mask.sum())  # rides along in the one transfer
             else:  # a host-side mask with device gradients: summing it on the host waits for nothing

@@ -71,6 +71,9 @@ class SpikeArtifactWriter:
             self.tracker.log_table(TABLE_KEY, columns, rows, step)
         if getattr(ctx, "input_ids", None) is None:
             return  # no token ids: nothing to show as text
+        if getattr(ctx, "micro_batches", None):  # a step of K micro-batches: show the top culprit's
+            k = result.tokens[0].micro_batch if result.tokens else 0
+            ctx, result = ctx.micro_batch_view(k), result.for_micro_batch(k)
         self.tracker.log_html(HTML_KEY, render_highlight_html(step, events, result, ctx, window=self.window), step)
         samples = sorted({c.batch for c in result.tokens})
         if samples and self.images:

@@ -9,7 +9,7 @@ import pytest
 from .conftest import BATCH, CORRUPT, FAST, INJECT_AT, LOG_EVERY, LR, STEPS, corrupted_positions, micro_batches
 
 pytest.importorskip("transformers")
-K = 1  # gradient_accumulation_steps
+K = 2  # gradient_accumulation_steps
 
 
 def hf_dataset(k: int) -> list[dict]:
@@ -34,7 +34,7 @@ def train(model, tmp_path, report_to, callback, k: int = K, max_grad_norm: float
 def check_rows(rows: list[dict]) -> None:
     """The corrupted sample's tokens, in its micro-batch, at Trainer's step of that update."""
     assert {r["step"] for r in rows} == {INJECT_AT + 1}  # Trainer logs update s at global_step s + 1
-    assert {(K - 1, r["sample"], r["position"]) for r in rows} == {
+    assert {(r["micro_batch"], r["sample"], r["position"]) for r in rows} == {
         (K - 1, CORRUPT, p) for p in corrupted_positions()}
 
 

@@ -28,7 +28,7 @@ def test_plain_loop_joins_the_open_mlflow_run_and_leaves_it_open(gpt2, tmp_path,
     with mlflow.start_run() as run:
         mlflow.log_param("mine", 1)
         handle = gradloc_track.watch(gpt2, opt, **FAST)  # the only gradloc-track line
-        plain_loop(gpt2, opt, k=1)
+        plain_loop(gpt2, opt, k=2)  # gradient accumulation: 2 micro-batches per step
         handle.finish()
         assert mlflow.active_run().info.run_id == run.info.run_id  # still open, still ours
         assert client.get_run(run.info.run_id).info.status == "RUNNING"
@@ -42,7 +42,10 @@ def test_plain_loop_joins_the_open_mlflow_run_and_leaves_it_open(gpt2, tmp_path,
     path = client.download_artifacts(run.info.run_id, "spikes/tokens.json", str(tmp_path))
     rows = tokens_rows(json.loads(open(path).read()))
     assert {r["step"] for r in rows} == {INJECT_AT}
-    assert {(r["sample"], r["position"]) for r in rows} == {(CORRUPT, p) for p in corrupted_positions()}
+    assert {(r["micro_batch"], r["sample"], r["position"]) for r in rows} == {
+        (1, CORRUPT, p) for p in corrupted_positions()}
+    html = [a.path for a in client.list_artifacts(run.info.run_id, "spikes/highlight")]
+    assert html == [f"spikes/highlight/step_{INJECT_AT:06d}.html"]
 
 
 def test_watch_joins_an_open_wandb_run_and_leaves_it_open(gpt2, tmp_path):
