@@ -63,8 +63,9 @@ class LMBatch:
             ids = batch[0]
             labels = batch[1] if len(batch) > 1 and _is_ids(batch[1]) and batch[1].shape == getattr(ids, "shape", None) \
                 else None
-            return cls.from_call((), {"input_ids": ids, "labels": labels}) if _is_ids(ids) else None
-        return cls.from_call((), {"input_ids": batch}) if _is_ids(batch) else None
+            return cls(ids.detach(), None if labels is None else labels.detach(), None, "positional") \
+                if _is_ids(ids) else None
+        return cls(batch.detach(), None, None, "positional") if _is_ids(batch) else None
 
     def targets(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(target ids with IGNORE, loss-term mask (float), ids to display), each (B, T).
