@@ -51,7 +51,8 @@ def build_tracker(opts: WatchOptions, wandb_step_key: str = "train/step") -> tup
 
 class WatchHandle:
     """What ``watch()`` returns. ``step()`` runs the monitor on the current gradients (called for
-    you by the optimizer hook); ``last`` is the last ``GradStats``; ``finish()`` flushes (and ends
+    you by the optimizer hook); ``last`` is the last ``GradStats``, ``spikes`` those of the steps
+    where a spike fired; ``finish()`` flushes (and ends
     a run only if ``watch`` opened it); ``remove()`` takes every hook off. A context manager."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, opts: WatchOptions, *,
@@ -74,6 +75,7 @@ class WatchHandle:
                                    locate_config=opts.locate, artifact_writer=writer)
         self.capture = MicroBatchCapture(model) if capture else None
         self.last = None
+        self.spikes: list = []  # GradStats of every step whose spike fired (with .locate when localized)
         self.steps = 0  # optimizer steps seen; the default step number
         self._user_ctx = None
         self._finished = False
@@ -107,6 +109,8 @@ class WatchHandle:
         self._user_ctx = None
         with self._paused():
             self.last = self.monitor.after_backward(step, lr=lr, spike_context=ctx)
+        if self.last.events:
+            self.spikes.append(self.last)
         self.steps += 1
         return self.last
 
