@@ -22,12 +22,12 @@ from hf_trainer import samples  # noqa: E402  (the same data and injected docume
 
 def main(argv: list[str] | None = None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=100)
-    ap.add_argument("--inject-at", type=int, default=80)
-    ap.add_argument("--span", type=int, default=40)
+    ap.add_argument("--steps", type=int, default=80)
+    ap.add_argument("--inject-at", type=int, default=60)
+    ap.add_argument("--span", type=int, default=6)
     ap.add_argument("--accum", type=int, default=2, help="accumulate_grad_batches")
-    ap.add_argument("--micro", type=int, default=8)
-    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--micro", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=32)
     ap.add_argument("--logger", default="mlflow", choices=["mlflow", "wandb", "none"])
     ap.add_argument("--out", default="runs/lightning_lm")
     ap.add_argument("--threads", type=int, default=None)
@@ -55,10 +55,10 @@ def main(argv: list[str] | None = None):
             return loss
 
         def configure_optimizers(self):
-            return torch.optim.AdamW(self.parameters(), lr=2e-3)
+            return torch.optim.AdamW(self.parameters(), lr=1e-2)
 
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=256, n_positions=args.seq, n_embd=64, n_layer=2, n_head=2,
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=256, n_positions=args.seq, n_embd=32, n_layer=2, n_head=2,
                                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=None,
                                        eos_token_id=None))
     if args.logger == "mlflow":
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None):
     else:
         logger = False
     callback = GradLocCallback(                          # <- gradloc-track
-        clip={"kind": "adagc", "warmup_steps": 30}, spikes={"warmup_steps": 30},
+        clip={"kind": "adagc", "warmup_steps": 10}, spikes={"warmup_steps": 20, "alpha": 0.9},
         tokenizer=ByteTokenizer(), run_dir=args.out)
     trainer = L.Trainer(max_steps=args.steps, accumulate_grad_batches=args.accum, logger=logger,
                         callbacks=[callback], accelerator="cpu", devices=1, log_every_n_steps=1,

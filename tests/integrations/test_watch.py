@@ -151,3 +151,34 @@ def test_captured_batches_localize_like_a_handwritten_loss(gpt2):
     for a, b in zip(ours.tokens, ref.tokens):
         assert a.grad_norm == pytest.approx(b.grad_norm, abs=1e-5)
     assert ours.total_norm == pytest.approx(ref.total_norm, abs=1e-5)
+
+
+def test_culprit_text_uses_the_models_local_tokenizer(gpt2, tmp_path):
+    """No tokenizer passed: the one saved at the model's ``config.name_or_path`` decodes the table."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from gradloc_track.integrations.batches import resolve_tokenizer
+
+    vocab = {f"w{i}": i for i in range(64)}
+    PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="w0"))).save_pretrained(
+        tmp_path / "tok")
+    assert resolve_tokenizer(gpt2) is None  # a config from scratch: no path, ids are shown
+    gpt2.config.name_or_path = str(tmp_path / "tok")
+    tracker = MemoryTracker()
+    opt = torch.optim.AdamW(gpt2.parameters(), lr=LR)
+    with gradloc_track.watch(gpt2, opt, tracker=tracker, **FAST):
+        plain_loop(gpt2, opt)
+    table = tracker.tables["spikes/tokens"]
+    rows = [dict(zip(table["columns"], r)) for r in table["rows"]]
+    assert rows and all(r["token"] == f"w{r['token_id']}" for r in rows)
+
+
+def test_import_stays_light():
+    import subprocess
+    import sys
+
+    code = ("import sys, gradloc_track; gradloc_track.watch; import gradloc_track.integrations.watch; "
+            "print(sorted(m for m in ('wandb', 'mlflow', 'transformers', 'lightning') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
