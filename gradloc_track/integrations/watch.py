@@ -33,8 +33,12 @@ log = logging.getLogger(__name__)
 def build_tracker(opts: WatchOptions, wandb_step_key: str = "train/step") -> tuple[Tracker, bool]:
     """(tracker, whether we own its run): an explicit tracker/config, else the open run, else a new
     one from the default ``TrackerConfig`` (as the app builds it)."""
-    from ..trackers import make_tracker
+    import torch.distributed as dist
 
+    from ..trackers import NullTracker, make_tracker
+
+    if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
+        return NullTracker(), True  # only rank 0 logs (the monitor's rule): no run per rank
     if isinstance(opts.tracker, Tracker):
         return opts.tracker, False  # the caller's object: the caller finishes it
     if opts.tracker_auto:
@@ -104,7 +108,7 @@ class WatchHandle:
         step = self.steps if step is None else int(step)
         ctx = spike_context or self._user_ctx
         batches, rng = self.capture.take() if self.capture is not None else ([], None)
-        if ctx is None and batches:
+        if ctx is None and batches and self.monitor.detector is not None:  # only a detector uses it
             ctx = lm_spike_context(self.model, batches, self.tokenizer, rng_state=rng)
         self._user_ctx = None
         with self._paused():

@@ -62,3 +62,27 @@ def test_lightning_mlflow_logger_run_holds_its_metrics_and_ours(gpt2, tmp_path, 
     assert {r["step"] for r in rows} == {INJECT_AT}
     assert {(r["micro_batch"], r["sample"], r["position"]) for r in rows} == {
         (K - 1, CORRUPT, p) for p in corrupted_positions()}
+
+
+def test_lightning_wandb_logger_run_gets_our_metrics_and_stays_open(gpt2, tmp_path):
+    import wandb
+    from lightning.pytorch.loggers import WandbLogger
+    from torch.utils.data import DataLoader
+
+    from gradloc_track.integrations.lightning import GradLocCallback
+
+    from ..wandb_reader import history
+
+    logger = WandbLogger(project="lightning", save_dir=str(tmp_path), offline=True)
+    steps = 3
+    trainer = L.Trainer(max_steps=steps, logger=logger, log_every_n_steps=1, callbacks=[GradLocCallback(spikes=False)],
+                        accelerator="cpu", devices=1, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, default_root_dir=str(tmp_path))
+    trainer.fit(CausalLM(gpt2), DataLoader(hf_dataset(1)[: steps * BATCH], batch_size=BATCH))
+    run = logger.experiment
+    assert wandb.run is run  # the logger's run: still open after fit
+    run.finish()
+    rows = history(next(tmp_path.rglob("offline-run-*")))
+    ours = [r for r in rows if "grad_norm/global" in r]
+    assert sorted(r["trainer/global_step"] for r in ours) == list(range(steps))  # the logger's step metric
+    assert any("train_loss" in r for r in rows)
