@@ -15,7 +15,6 @@ sum to the step's loss, so their gradients sum to the step's gradient (gradient 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 import os
 from dataclasses import dataclass
@@ -213,10 +212,3 @@ def resolve_tokenizer(model: torch.nn.Module, tokenizer: Any = None) -> Any:
         log.info("gradloc-track: no tokenizer at %s (%r); showing token ids", path, exc)
         return None
 
-
-def accepts_kwarg(fn: Callable, name: str) -> bool:
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())

@@ -56,8 +56,9 @@ def build_tracker(opts: WatchOptions, wandb_step_key: str = "train/step") -> tup
 class WatchHandle:
     """What ``watch()`` returns. ``step()`` runs the monitor on the current gradients (called for
     you by the optimizer hook); ``last`` is the last ``GradStats``, ``spikes`` those of the steps
-    where a spike fired; ``finish()`` flushes (and ends
-    a run only if ``watch`` opened it); ``remove()`` takes every hook off. A context manager."""
+    where a spike fired; ``finish()`` flushes (and ends a run only if ``watch`` opened it);
+    ``remove()`` takes every hook off. A context manager (exit = ``remove()`` + ``finish()``).
+    A ``Tracker`` object passed as ``tracker=`` stays the caller's to finish."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, opts: WatchOptions, *,
                  tracker: Tracker | None = None, owns_tracker: bool = True, capture: bool = True,

@@ -89,8 +89,6 @@ def test_trainer_wandb_offline_run_holds_our_metrics_and_table(gpt2, tmp_path, m
 def test_trainer_clipping_too_is_said_once(gpt2, tmp_path):
     from gradloc_track.integrations.hf import GradLocCallback
 
-    from .conftest import tiny_gpt2  # noqa: F401
-
     callback = GradLocCallback(clip="adagc", spikes=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
