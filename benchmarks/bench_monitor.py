@@ -2,7 +2,10 @@
 
 Variants, measured interleaved in one run, each against the same plain step (fwd+bwd+AdamW):
 (a) the GradMonitor logging every step to a MemoryTracker; (b) a naive per-parameter ``.item()``
-loop computing the same metrics; (c) ``wandb.watch(log="gradients", log_freq=1)`` offline.
+loop computing the same metrics; (c) ``wandb.watch(log="gradients", log_freq=1)`` offline;
+(d) ``gradloc_track.watch(model, opt)`` logging every step (the optimizer pre-hook, batch capture
+and the armed spike detector's per-step context; localization off so a chance spike does not
+land in the timing), against a twin copy's plain step.
 Reported: medians and the median of per-pair ratios (each variant step timed right next to its
 plain step), then the extra call alone (the figure that survives a busy machine).
 
@@ -26,6 +29,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _timing import interleaved  # noqa: E402
 
+import gradloc_track  # noqa: E402
 from gradloc_track import GradMonitor, MemoryTracker  # noqa: E402
 from gradloc_track.demo.model import TinyGPT  # noqa: E402
 from gradloc_track.grouping import layer_of  # noqa: E402
@@ -90,6 +94,12 @@ def main() -> None:
         "naive per-parameter .item() loop": (make_step(shared, batch, naive, opt=opt), "shared"),
     }
     bases = {"shared": make_step(shared, batch, opt=opt)}
+    # watch() hooks its model and optimizer for good: its baseline is a twin copy's plain step
+    gl_model, gl_twin = copy.deepcopy(proto), copy.deepcopy(proto)
+    gl_opt = torch.optim.AdamW(gl_model.parameters(), lr=1e-4)
+    gradloc_track.watch(gl_model, gl_opt, tracker=MemoryTracker(), log_every=1, locate=False)
+    bases["watch() twin"] = make_step(gl_twin, batch)
+    pairs["gradloc_track.watch(), logging every step"] = (make_step(gl_model, batch, opt=gl_opt), "watch() twin")
     run = None
     if not args.no_wandb:
         os.environ.setdefault("WANDB_MODE", "offline")

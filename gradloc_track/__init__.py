@@ -22,6 +22,8 @@ _EXPORTS = {
     "MemoryTracker": "gradloc_track.trackers",
     "FanoutTracker": "gradloc_track.trackers",
     "make_tracker": "gradloc_track.trackers",
+    "watch": "gradloc_track.integrations.watch",
+    "WatchHandle": "gradloc_track.integrations.watch",
 }
 _SUBMODULES = ("clip", "spikes", "trackers", "config", "artifacts", "norms", "grouping")
 

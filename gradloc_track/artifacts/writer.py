@@ -84,6 +84,9 @@ class SpikeArtifactWriter:
             tracker.log_table(TABLE_KEY, columns, rows, step)
         if getattr(ctx, "input_ids", None) is None:
             return  # no token ids: nothing to show as text
+        if getattr(ctx, "micro_batches", None):  # a step of K micro-batches: show the top culprit's
+            k = result.tokens[0].micro_batch if result.tokens else 0
+            ctx, result = ctx.micro_batch_view(k), result.for_micro_batch(k)
         png = self.run_dir / "rendered" / f"heatmap_step_{step:06d}.png" if self.images else None
         job = _RenderJob(step, list(events), result, cpu_snapshot(ctx), self.window, png)
         submit = getattr(tracker, "submit", None)

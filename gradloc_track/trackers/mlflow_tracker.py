@@ -90,8 +90,16 @@ class MlflowTracker(Tracker):
 
     def __init__(self, tracking_uri: str | None = None, experiment_name: str = "gradloc-track",
                  run_name: str | None = None, tags: Mapping[str, str] | None = None,
-                 run_dir: str | Path | None = None, cancel: threading.Event | None = None) -> None:
+                 run_dir: str | Path | None = None, cancel: threading.Event | None = None,
+                 run_id: str | None = None) -> None:
+        """``run_id`` attaches to a run someone else opened (HF Trainer, Lightning, the user): log
+        into it and leave it open at ``finish()``; without it a new run is created and owned."""
         self._connect(tracking_uri, run_dir)
+        if run_id is not None:
+            self.attached = True
+            self.run_id = run_id
+            self.experiment_id = self.client.get_run(run_id).info.experiment_id
+            return
         exp = self.client.get_experiment_by_name(experiment_name)
         _check(cancel)
         if exp is None:
@@ -131,6 +139,7 @@ class MlflowTracker(Tracker):
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.tracking_uri = resolve_tracking_uri(tracking_uri)
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
+        self.attached = False  # True: logging into a run someone else opened (never ended here)
         self._last_part: tuple[str, int | None, list[list[Any]]] | None = None
 
     def run_ref(self) -> dict[str, str]:
@@ -198,4 +207,6 @@ class MlflowTracker(Tracker):
         self.client.log_batch(self.run_id, metrics=metrics, tags=items, synchronous=True)
 
     def finish(self, status: str = "success") -> None:
+        if self.attached:  # never end a run we did not open
+            return
         self.client.set_terminated(self.run_id, STATUS.get(status, "FAILED"))

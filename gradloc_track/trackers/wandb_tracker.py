@@ -24,6 +24,7 @@ STEP_KEY = "train/step"
 RESERVED_FILES = {"config.yaml", "wandb-metadata.json", "wandb-summary.json", "requirements.txt", "output.log",
                   "diff.patch", "conda-environment.yaml"}
 EXIT_CODE = {"success": 0, "failed": 1, "killed": 143}  # 143 = 128 + SIGTERM
+OWN_PREFIXES = ("grad_norm", "weight_norm", "grad_weight_ratio", "clip", "spike", "spikes", "locate", "adamc")
 
 
 class WandbTracker(Tracker):
@@ -31,7 +32,13 @@ class WandbTracker(Tracker):
 
     def __init__(self, project: str = "gradloc-track", entity: str | None = None, tags: Sequence[str] = (),
                  mode: str | None = None, dir: str | None = None, group: str | None = None,
-                 run_name: str | None = None, run_dir: str | Path | None = None) -> None:
+                 run_name: str | None = None, run_dir: str | Path | None = None, run: Any = None,
+                 step_key: str = STEP_KEY) -> None:
+        """``run`` attaches to a run someone else opened (``wandb.run``, Trainer's, Lightning's):
+        log into it at ``step_key`` (their step metric) and leave it open at ``finish()``."""
+        if run is not None:
+            self._attach(run, run_dir, step_key)
+            return
         self._init(dir, run_dir, project=project, entity=entity, tags=list(tags) or None, mode=mode, group=group,
                    name=run_name, reinit="create_new")
 
@@ -44,9 +51,23 @@ class WandbTracker(Tracker):
                    reinit="create_new")
         return self
 
+    def _attach(self, run: Any, run_dir: str | Path | None, step_key: str) -> None:
+        self.wandb = require("wandb", "wandb")
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.run, self.step_key, self.attached = run, step_key, True
+        # only our own key prefixes: the owner's define_metric("*") setup stays as it is
+        self.run.define_metric(step_key)
+        for prefix in OWN_PREFIXES:
+            self.run.define_metric(f"{prefix}/*", step_metric=step_key)
+        self._step = -1
+        self._tables: dict[str, tuple[list[str], list[list[Any]]]] = {}
+        self._init_args = {"project": getattr(run, "project", None), "entity": getattr(run, "entity", None),
+                           "mode": None, "dir": None}
+
     def _init(self, dir: str | None, run_dir: str | Path | None, **init: Any) -> None:
         self.wandb = require("wandb", "wandb")
         self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.step_key, self.attached = STEP_KEY, False
         wdir = dir or os.environ.get("WANDB_DIR") or (str(self.run_dir) if self.run_dir else None)
         if wdir:
             Path(wdir).mkdir(parents=True, exist_ok=True)
@@ -72,8 +93,11 @@ class WandbTracker(Tracker):
             self.run.log(data)
             return
         step = int(step)
-        if step >= self._step:
-            self.run.log({STEP_KEY: step, **data}, step=step)
+        if self.attached:  # the owner drives W&B's own step; ours rides along as step_key
+            self.run.log({self.step_key: step, **data})
+            self._step = max(self._step, step)
+        elif step >= self._step:
+            self.run.log({self.step_key: step, **data}, step=step)
             self._step = step
         else:  # W&B only appends: keep the record, at the latest step (rather than have W&B drop it)
             self.run.log(data, step=self._step)
@@ -118,4 +142,6 @@ class WandbTracker(Tracker):
         for key, (cols, rows) in self._tables.items():
             if rows:  # the whole table once, logged with the last step
                 self._log({f"{key}_all": self.wandb.Table(columns=cols, data=rows)}, max(self._step, 0))
+        if self.attached:  # never finish a run we did not open
+            return
         self.run.finish(exit_code=EXIT_CODE.get(status, 1))

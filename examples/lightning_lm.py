@@ -1,0 +1,92 @@
+"""A tiny GPT-2 in a LightningModule with gradloc-track's callback: CPU, offline.
+
+    python examples/lightning_lm.py                       # MLFlowLogger run in ./mlflow.db
+    python examples/lightning_lm.py --logger wandb        # WandbLogger (WANDB_MODE=offline works)
+    python examples/lightning_lm.py --logger none         # local files under --out only
+
+The same corrupted document as examples/hf_trainer.py lands in the second micro-batch of step
+``--inject-at``; the callback localizes it and writes the token table, highlighted text and layer
+heatmap into the logger's run. The only gradloc-track line is the callback.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hf_trainer import samples  # noqa: E402  (the same data and injected document)
+
+
+def main(argv: list[str] | None = None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=80)
+    ap.add_argument("--inject-at", type=int, default=60)
+    ap.add_argument("--span", type=int, default=6)
+    ap.add_argument("--accum", type=int, default=2, help="accumulate_grad_batches")
+    ap.add_argument("--micro", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=32)
+    ap.add_argument("--logger", default="mlflow", choices=["mlflow", "wandb", "none"])
+    ap.add_argument("--out", default="runs/lightning_lm")
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    import lightning.pytorch as L
+    from torch.utils.data import DataLoader
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from gradloc_track.demo.data import ByteTokenizer
+    from gradloc_track.integrations.lightning import GradLocCallback
+
+    class CausalLM(L.LightningModule):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask=None):  # logits: what the callback re-runs on a spike
+            return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+
+        def training_step(self, batch, batch_idx):
+            loss = self.model(**batch).loss
+            self.log("train_loss", loss)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=256, n_positions=args.seq, n_embd=32, n_layer=2, n_head=2,
+                                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=None,
+                                       eos_token_id=None))
+    if args.logger == "mlflow":
+        from lightning.pytorch.loggers import MLFlowLogger
+
+        logger = MLFlowLogger(experiment_name="gradloc-track-lightning",
+                              tracking_uri=f"sqlite:///{Path.cwd() / 'mlflow.db'}")
+    elif args.logger == "wandb":
+        from lightning.pytorch.loggers import WandbLogger
+
+        logger = WandbLogger(project="gradloc-track-lightning", save_dir=args.out)
+    else:
+        logger = False
+    callback = GradLocCallback(                          # <- gradloc-track
+        clip={"kind": "adagc", "warmup_steps": 10}, spikes={"warmup_steps": 20, "alpha": 0.9},
+        tokenizer=ByteTokenizer(), run_dir=args.out)
+    trainer = L.Trainer(max_steps=args.steps, accumulate_grad_batches=args.accum, logger=logger,
+                        callbacks=[callback], accelerator="cpu", devices=1, log_every_n_steps=1,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=args.out)
+    data = samples(args.steps, args.accum, args.micro, args.seq, args.inject_at, args.span)
+    trainer.fit(CausalLM(model), DataLoader(data, batch_size=args.micro, shuffle=False))
+    for stats in callback.handle.spikes:
+        found = [(c.micro_batch, c.batch, c.position) for c in (stats.locate.tokens if stats.locate else [])]
+        print(f"spike at step {stats.step}: {[e.signal for e in stats.events]}, culprits "
+              f"(micro_batch, sample, position): {found}")
+    return callback
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""``watch()``/callback options -> the config dataclasses the Hydra app builds.
+
+Options use the Hydra config's names: a group (``tracker``, ``monitor``, ``clip``, ``spikes``,
+``locate``) given as its choice name (``clip="adagc"``, ``tracker="mlflow"``), a mapping of its
+fields (``clip={"kind": "adagc", "beta": 0.98}``), a config dataclass, or (``spikes``/``locate``)
+a bool; the monitor's fields directly (``log_every=10``); or ``cfg=`` a Hydra node / ``RootConfig``
+holding any of those groups. Everything goes through the same structured-config schema and
+``to_config`` as the Hydra app, so a wrong name or value gets the same error.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from ..config import ClipConfig, LocateConfig, MonitorConfig, SpikeConfig, TrackerConfig, to_config
+from ..trackers.base import Tracker
+
+GROUPS: dict[str, type] = {
+    "tracker": TrackerConfig,
+    "monitor": MonitorConfig,
+    "clip": ClipConfig,
+    "spikes": SpikeConfig,
+    "locate": LocateConfig,
+}
+MONITOR_FIELDS = tuple(f.name for f in fields(MonitorConfig))
+# not config groups: what only a live loop knows
+RUNTIME = ("tokenizer", "run_dir", "run_name")
+AUTO = "auto"  # tracker: the run that is already open (wandb.run / mlflow.active_run())
+
+
+@dataclass
+class WatchOptions:
+    """Resolved options. ``tracker`` is a ``Tracker`` to use as is, or a config (``kind="auto"``
+    is represented by ``tracker_auto=True``: attach to the open run, else build ``tracker``)."""
+
+    tracker: TrackerConfig | Tracker = field(default_factory=TrackerConfig)
+    tracker_auto: bool = True
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    clip: ClipConfig = field(default_factory=ClipConfig)
+    spikes: SpikeConfig = field(default_factory=SpikeConfig)
+    locate: LocateConfig = field(default_factory=LocateConfig)
+    tokenizer: Any = None
+    run_dir: str | Path | None = None
+    run_name: str | None = None
+
+
+def _group_node(group: str, value: Any) -> Any:
+    """One group's option value as something ``OmegaConf.merge`` takes onto its schema."""
+    cls = GROUPS[group]
+    if isinstance(value, cls):
+        return dataclasses.asdict(value)
+    if isinstance(value, bool) and group in ("spikes", "locate"):
+        return {"enabled": value}
+    if isinstance(value, str):
+        if group in ("tracker", "clip"):
+            return {"kind": value}  # conf/<group>/<name>.yaml sets exactly kind: <name>
+        if value == "default":
+            return {}
+        if value in ("off", "none") and group in ("spikes", "locate"):
+            return {"enabled": False}
+        raise ValueError(f"{group}={value!r} is not a known {group} config: use 'default'"
+                         + (", 'off', true or false" if group in ("spikes", "locate") else "")
+                         + f", a mapping of {cls.__name__} fields, or a {cls.__name__}")
+    if isinstance(value, Mapping) or _is_dictconfig(value):
+        return value
+    raise TypeError(f"{group}= takes a name, a mapping of {cls.__name__} fields or a {cls.__name__}; "
+                    f"got {type(value).__name__}")
+
+
+def _is_dictconfig(value: Any) -> bool:
+    try:
+        from omegaconf import DictConfig
+    except ImportError:  # pragma: no cover - omegaconf is a core dependency
+        return False
+    return isinstance(value, DictConfig)
+
+
+def _from_cfg(cfg: Any) -> dict[str, Any]:
+    """The groups (and monitor shortcuts) found in ``cfg=``: a Hydra node, a mapping or a RootConfig."""
+    if cfg is None:
+        return {}
+    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
+        return {g: getattr(cfg, g) for g in GROUPS if hasattr(cfg, g)}
+    if not (isinstance(cfg, Mapping) or _is_dictconfig(cfg)):
+        raise TypeError(f"cfg= takes a Hydra node (DictConfig), a mapping or a RootConfig; got {type(cfg).__name__}")
+    return {k: cfg[k] for k in cfg if k in GROUPS or k in MONITOR_FIELDS or k in RUNTIME}
+
+
+def resolve_options(cfg: Any = None, **options: Any) -> WatchOptions:
+    """Validate the options exactly as the Hydra app validates its config; see the module doc."""
+    from omegaconf import OmegaConf
+
+    valid = sorted(GROUPS) + sorted(MONITOR_FIELDS) + sorted(RUNTIME) + ["cfg"]
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise TypeError(f"unknown option(s) {unknown}: valid options are {valid} "
+                        "(the Hydra config's group names, the monitor's fields, and cfg=)")
+    merged = {**_from_cfg(cfg), **options}  # keywords win over cfg=
+    out = WatchOptions()
+    tracker = merged.pop("tracker", AUTO)
+    if isinstance(tracker, Tracker):
+        out.tracker, out.tracker_auto = tracker, False
+    elif tracker is None or tracker == AUTO:
+        out.tracker_auto = True
+    else:
+        merged["tracker"] = tracker
+        out.tracker_auto = False
+    for name in RUNTIME:
+        setattr(out, name, merged.pop(name, None))
+    shortcuts = {k: merged.pop(k) for k in list(merged) if k in MONITOR_FIELDS}
+    schema = OmegaConf.create({g: OmegaConf.structured(cls) for g, cls in GROUPS.items()})
+    given = {g: _group_node(g, v) for g, v in merged.items()}
+    if shortcuts:
+        given["monitor"] = OmegaConf.merge(OmegaConf.create(given.get("monitor", {})), shortcuts)
+    node = OmegaConf.merge(schema, given)  # types and names: OmegaConf's errors, as under Hydra
+    built = to_config(node)  # ranges: each __post_init__ (ConfigError naming the field), as under Hydra
+    for g in GROUPS:
+        if g == "tracker" and out.tracker_auto:
+            out.tracker = built[g]
+            continue
+        if g == "tracker" and isinstance(out.tracker, Tracker):
+            continue
+        setattr(out, g, built[g])
+    return out

@@ -1,0 +1,177 @@
+"""``gradloc_track.watch(model, optimizer)``: everything on, in one call, with no other change.
+
+```python
+handle = gradloc_track.watch(model, optimizer, clip="adagc")  # joins wandb.run / mlflow.active_run()
+for batch in data:
+    model(**batch).loss.backward()   # HF-style call: the micro-batch is captured for localization
+    optimizer.step()                 # the step pre-hook runs norms, clipping, detection, localization
+    optimizer.zero_grad()
+handle.finish()                      # flushes; leaves a run it did not open open
+```
+
+The handle is a thin adapter over ``GradMonitor``: it builds what the Hydra app builds
+(tracker, clipper, detector, artifact writer, monitor) from Hydra-named options, installs an
+optimizer step pre-hook (so ``step()`` uses the clipped gradient) and a forward pre-hook that
+captures the step's token ids, and rebuilds the per-term loss on a spike.
+"""
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any, Callable
+
+import torch
+
+from .batches import MicroBatchCapture, lm_spike_context, resolve_tokenizer
+from .options import WatchOptions, resolve_options
+from ..trackers.base import Tracker
+
+__all__ = ["watch", "WatchHandle"]
+log = logging.getLogger(__name__)
+
+
+def build_tracker(opts: WatchOptions, wandb_step_key: str = "train/step") -> tuple[Tracker, bool]:
+    """(tracker, whether we own its run): an explicit tracker/config, else the open run, else a new
+    one from the default ``TrackerConfig`` (as the app builds it)."""
+    import torch.distributed as dist
+
+    from ..trackers import NullTracker, make_tracker
+
+    if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
+        return NullTracker(), True  # only rank 0 logs (the monitor's rule): no run per rank
+    if isinstance(opts.tracker, Tracker):
+        return opts.tracker, False  # the caller's object: the caller finishes it
+    if opts.tracker_auto:
+        from .runs import open_run_tracker
+
+        joined = open_run_tracker(opts.tracker, opts.run_dir, wandb_step_key)
+        if joined is not None:
+            return joined, True  # ours to flush; the adapters leave the run itself open
+        if opts.tracker.kind == "none" and opts.run_dir is None:
+            log.info("gradloc-track: no open W&B/MLflow run and tracker='none': metrics stay in handle.last; "
+                     "pass tracker='mlflow'|'wandb' or open a run first")
+    return make_tracker(opts.tracker, run_dir=opts.run_dir, run_name=opts.run_name), True
+
+
+class WatchHandle:
+    """What ``watch()`` returns. ``step()`` runs the monitor on the current gradients (called for
+    you by the optimizer hook); ``last`` is the last ``GradStats``, ``spikes`` those of the steps
+    where a spike fired; ``finish()`` flushes (and ends a run only if ``watch`` opened it);
+    ``remove()`` takes every hook off. A context manager (exit = ``remove()`` + ``finish()``).
+    A ``Tracker`` object passed as ``tracker=`` stays the caller's to finish."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, opts: WatchOptions, *,
+                 tracker: Tracker | None = None, owns_tracker: bool = True, capture: bool = True,
+                 step_hook: bool = True) -> None:
+        from ..artifacts import SpikeArtifactWriter
+        from ..clip import build_clipper
+        from ..monitor import GradMonitor
+        from ..spikes import SpikeDetector
+
+        self.model, self.optimizer, self.options = model, optimizer, opts
+        if tracker is None:
+            tracker, owns_tracker = build_tracker(opts)
+        self.tracker, self._owns_tracker = tracker, owns_tracker
+        self.tokenizer = resolve_tokenizer(model, opts.tokenizer)
+        detector = SpikeDetector(opts.spikes) if opts.spikes.enabled else None
+        writer = SpikeArtifactWriter(tracker, run_dir=opts.run_dir, top_layers=opts.locate.top_layers)
+        self.monitor = GradMonitor(model, tracker=tracker, clipper=build_clipper(opts.clip, model),
+                                   config=opts.monitor, optimizer=optimizer, detector=detector,
+                                   locate_config=opts.locate, artifact_writer=writer)
+        self.capture = MicroBatchCapture(model) if capture else None
+        self.last = None
+        self.spikes: list = []  # GradStats of every step whose spike fired (with .locate when localized)
+        self.steps = 0  # optimizer steps seen; the default step number
+        self._user_ctx = None
+        self._finished = False
+        self._hooks = []
+        if optimizer is not None and step_hook:
+            self._hooks.append(optimizer.register_step_pre_hook(self._pre_step))
+
+    # -- the loop's side -------------------------------------------------------------------
+    def _pre_step(self, optimizer, args, kwargs) -> None:
+        self.step()
+
+    def set_loss_fn(self, loss_fn: Callable[[torch.Tensor], torch.Tensor] | list, token_mask: Any,
+                    input_ids: Any = None, **context: Any) -> None:
+        """Your own ``loss_fn(mask)`` for this step (RL objectives, custom losses): used instead of the
+        captured batches by the next ``step()``. Lists = one entry per micro-batch. ``context``:
+        other ``SpikeContext`` fields (``extra_columns``, ``sample_columns``, ``rng_state``)."""
+        from ..spikes.context import SpikeContext
+
+        self._user_ctx = SpikeContext(loss_fn=loss_fn, token_mask=token_mask, input_ids=input_ids,
+                                      tokenizer=context.pop("tokenizer", self.tokenizer), **context)
+
+    def step(self, step: int | None = None, *, lr: float | None = None, spike_context: Any = None):
+        """Monitor (and clip) the gradients now, after ``backward()`` and before ``optimizer.step()``."""
+        if self._finished:
+            raise RuntimeError("gradloc-track: this watch() handle is finished; call watch() again for a new run")
+        step = self.steps if step is None else int(step)
+        ctx = spike_context or self._user_ctx
+        batches, rng = self.capture.take() if self.capture is not None else ([], None)
+        if ctx is None and batches and self.monitor.detector is not None:  # only a detector uses it
+            ctx = lm_spike_context(self.model, batches, self.tokenizer, rng_state=rng)
+        self._user_ctx = None
+        with self._paused():
+            self.last = self.monitor.after_backward(step, lr=lr, spike_context=ctx)
+        if self.last.events:
+            self.spikes.append(self.last)
+        self.steps += 1
+        return self.last
+
+    def _paused(self):
+        import contextlib
+
+        return self.capture.paused() if self.capture is not None else contextlib.nullcontext()
+
+    # -- cleanup ---------------------------------------------------------------------------
+    def remove(self) -> None:
+        """Take every hook off (the optimizer's and the model's); logging state is kept."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+        if self.capture is not None:
+            self.capture.remove()
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    def flush(self) -> None:
+        self.tracker.flush()
+
+    def finish(self, status: str = "success") -> None:
+        """Write everything out. A run ``watch`` opened is ended with ``status``; a run it joined
+        (``wandb.run``, ``mlflow.active_run()``, a framework's) stays open for its owner."""
+        if self._finished:
+            return
+        self._finished = True
+        if self._owns_tracker:
+            try:
+                self.tracker.finish(status)
+            except Exception as exc:  # never kill training for logging
+                warnings.warn(f"gradloc-track: finishing the tracker failed: {exc!r}")
+        else:
+            self.tracker.flush()
+
+    def __enter__(self) -> "WatchHandle":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.remove()
+        self.finish("failed" if exc_type is not None else "success")
+
+
+def watch(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *, cfg: Any = None,
+          **options: Any) -> WatchHandle:
+    """Turn on norms, clipping, spike detection and localization for ``model``.
+
+    ``options`` are the Hydra config's names: ``tracker`` ("mlflow", "wandb", "both", "none", a
+    ``Tracker``; default: the run already open, ``wandb.run`` / ``mlflow.active_run()``), ``clip``
+    ("adagc", "zclip", ..., or a ``ClipConfig``), ``spikes``, ``locate``, ``monitor`` and the
+    monitor's fields (``log_every=10``), or ``cfg=`` a Hydra node holding those groups; plus
+    ``tokenizer`` (decoded culprit text), ``run_dir``, ``run_name``. Bad values raise the errors the
+    Hydra app raises. With ``optimizer`` an optimizer step pre-hook runs everything; without it,
+    call ``handle.step()`` after ``backward()``.
+    """
+    return WatchHandle(model, optimizer, resolve_options(cfg, **options))

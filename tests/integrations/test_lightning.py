@@ -1,0 +1,87 @@
+"""A real Lightning Trainer with ``MLFlowLogger`` and ``GradLocCallback``: one run, the logger's."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from .conftest import BATCH, CORRUPT, FAST, INJECT_AT, LOG_EVERY, LR, STEPS, corrupted_positions, mlflow_table
+from .test_hf import hf_dataset
+
+L = pytest.importorskip("lightning.pytorch")
+K = 2  # accumulate_grad_batches
+
+
+class CausalLM(L.LightningModule):
+    """The usual wrapper of an HF causal LM: forward returns logits, training_step the HF loss."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask=None):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+
+    def training_step(self, batch, batch_idx):
+        loss = self.model(**batch).loss
+        self.log("train_loss", loss)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=LR)
+
+
+def test_lightning_mlflow_logger_run_holds_its_metrics_and_ours(gpt2, tmp_path, mlflow_store):
+    from lightning.pytorch.loggers import MLFlowLogger
+    from torch.utils.data import DataLoader
+
+    from gradloc_track.integrations.lightning import GradLocCallback
+
+    logger = MLFlowLogger(experiment_name="lightning", tracking_uri=mlflow_store.uri)
+    trainer = L.Trainer(max_steps=STEPS, accumulate_grad_batches=K, logger=logger, log_every_n_steps=LOG_EVERY,
+                        callbacks=[GradLocCallback(**FAST, log_every=LOG_EVERY)], accelerator="cpu", devices=1,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=str(tmp_path))
+    trainer.fit(CausalLM(gpt2), DataLoader(hf_dataset(K), batch_size=BATCH // K, shuffle=False))
+
+    client = mlflow_store.client
+    (run,) = mlflow_store.new_runs()  # the logger's run, and no second one
+    assert run.info.run_id == logger.run_id and run.info.status == "FINISHED"
+    metrics = run.data.metrics
+    assert "train_loss" in metrics  # the LightningModule's own
+    # one step axis: Lightning logs update s at step s (every LOG_EVERY-th: s = 9, 19, ...), as we do
+    theirs = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
+    assert sorted(theirs) == list(range(LOG_EVERY - 1, STEPS, LOG_EVERY))
+    assert "grad_norm/global" in metrics and any(k.startswith("clip/threshold/") for k in metrics)
+    ours = sorted(m.step for m in client.get_metric_history(run.info.run_id, "grad_norm/global"))
+    assert ours == sorted({*range(0, STEPS, LOG_EVERY), INJECT_AT})
+    table = mlflow_table(client, run.info.run_id, tmp_path)
+    rows = [dict(zip(table["columns"], r)) for r in table["data"]]
+    assert {r["step"] for r in rows} == {INJECT_AT}
+    assert {(r["micro_batch"], r["sample"], r["position"]) for r in rows} == {
+        (K - 1, CORRUPT, p) for p in corrupted_positions()}
+
+
+def test_lightning_wandb_logger_run_gets_our_metrics_and_stays_open(gpt2, tmp_path):
+    import wandb
+    from lightning.pytorch.loggers import WandbLogger
+    from torch.utils.data import DataLoader
+
+    from gradloc_track.integrations.lightning import GradLocCallback
+
+    from ..wandb_reader import history
+
+    logger = WandbLogger(project="lightning", save_dir=str(tmp_path), offline=True)
+    steps = 3
+    trainer = L.Trainer(max_steps=steps, logger=logger, log_every_n_steps=1, callbacks=[GradLocCallback(spikes=False)],
+                        accelerator="cpu", devices=1, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, default_root_dir=str(tmp_path))
+    trainer.fit(CausalLM(gpt2), DataLoader(hf_dataset(1)[: steps * BATCH], batch_size=BATCH))
+    run = logger.experiment
+    assert wandb.run is run  # the logger's run: still open after fit
+    run.finish()
+    rows = history(next(tmp_path.rglob("offline-run-*")))
+    ours = [r for r in rows if "grad_norm/global" in r]
+    assert sorted(r["trainer/global_step"] for r in ours) == list(range(steps))  # the logger's step metric
+    assert any("train_loss" in r for r in rows)

@@ -1,0 +1,183 @@
+"""``gradloc_track.watch``: one call in a plain loop, joining the user's open run."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import gradloc_track
+from gradloc_track import MemoryTracker
+
+from ..conftest import CONF_DIR
+from .conftest import CORRUPT, FAST, INJECT_AT, LR, STEPS, corrupted_positions, counting_batch, plain_loop, mlflow_table
+
+
+def tokens_rows(table: dict) -> list[dict]:
+    cols = table["columns"]
+    return [dict(zip(cols, r)) for r in table["data"]]
+
+
+def test_plain_loop_joins_the_open_mlflow_run_and_leaves_it_open(gpt2, tmp_path, mlflow_store):
+    import mlflow
+
+    client = mlflow_store.client
+    mlflow.set_experiment("plain")
+    opt = torch.optim.AdamW(gpt2.parameters(), lr=LR)
+    with mlflow.start_run() as run:
+        mlflow.log_param("mine", 1)
+        handle = gradloc_track.watch(gpt2, opt, **FAST)  # the only gradloc-track line
+        plain_loop(gpt2, opt, k=2)  # gradient accumulation: 2 micro-batches per step
+        handle.finish()
+        assert mlflow.active_run().info.run_id == run.info.run_id  # still open, still ours
+        assert client.get_run(run.info.run_id).info.status == "RUNNING"
+        mlflow.log_metric("after_finish", 1.0)  # the user's run keeps working
+    (only,) = mlflow_store.new_runs()
+    assert only.info.run_id == run.info.run_id and only.info.status == "FINISHED"
+    assert only.data.params["mine"] == "1"
+    hist = client.get_metric_history(run.info.run_id, "grad_norm/global")
+    assert sorted(m.step for m in hist) == list(range(STEPS))
+    assert any(k.startswith("clip/threshold/") for k in only.data.metrics)
+    rows = tokens_rows(mlflow_table(client, run.info.run_id, tmp_path))
+    assert {r["step"] for r in rows} == {INJECT_AT}
+    assert {(r["micro_batch"], r["sample"], r["position"]) for r in rows} == {
+        (1, CORRUPT, p) for p in corrupted_positions()}
+    html = [a.path for a in client.list_artifacts(run.info.run_id, "spikes/highlight")]
+    assert html == [f"spikes/highlight/step_{INJECT_AT:06d}.html"]
+
+
+def test_watch_joins_an_open_wandb_run_and_leaves_it_open(gpt2, tmp_path):
+    import wandb
+
+    from ..wandb_reader import history
+
+    run = wandb.init(project="watch", dir=str(tmp_path), mode="offline")
+    try:
+        opt = torch.optim.SGD(gpt2.parameters(), lr=0.1)
+        with gradloc_track.watch(gpt2, opt, spikes=False) as handle:
+            plain_loop(gpt2, opt, steps=3)
+        assert wandb.run is run and handle.last.step == 2
+        run.log({"user/after": 1.0})  # still open: the user's own logging keeps working
+    finally:
+        run.finish()
+    rows = history(next(tmp_path.rglob("offline-run-*")))
+    ours = [r for r in rows if "grad_norm/global" in r]
+    assert [r["train/step"] for r in ours] == [0, 1, 2]
+    assert any("user/after" in r for r in rows)
+
+
+def test_bad_options_get_the_hydra_apps_errors(gpt2):
+    from hydra import compose, initialize_config_dir
+
+    from gradloc_track.config import ConfigError, register_configs, to_config
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        app_cfg = compose(config_name="config", overrides=["monitor.log_every=-1"])
+    with pytest.raises(ConfigError) as app_err:
+        to_config(app_cfg)
+    with pytest.raises(ConfigError) as ours:
+        gradloc_track.watch(gpt2, log_every=-1)
+    assert str(ours.value) == str(app_err.value)  # "monitor.log_every=-1 is invalid: use a positive ..."
+    with pytest.raises(ConfigError, match=r"clip\.kind='adagcx' is invalid: use one of"):
+        gradloc_track.watch(gpt2, clip="adagcx")
+    with pytest.raises(Exception, match=r"full_key: clip\.betaa"):
+        gradloc_track.watch(gpt2, clip={"kind": "adagc", "betaa": 0.9})
+    with pytest.raises(TypeError, match=r"unknown option\(s\) \['clipp'\]"):
+        gradloc_track.watch(gpt2, clipp="adagc")
+
+
+def test_options_from_a_hydra_node_build_what_the_app_builds(gpt2):
+    from hydra import compose, initialize_config_dir
+
+    from gradloc_track.clip import AdaGC
+    from gradloc_track.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        cfg = compose(config_name="config", overrides=["clip=adagc", "clip.beta=0.98", "monitor.log_every=2"])
+    handle = gradloc_track.watch(gpt2, cfg=cfg, tracker=MemoryTracker())
+    assert isinstance(handle.monitor.clipper, AdaGC) and handle.monitor.clipper.beta == 0.98
+    assert handle.monitor.config.log_every == 2
+    handle.remove()
+
+
+def test_without_optimizer_step_runs_the_monitor_and_remove_unhooks(gpt2):
+    tracker = MemoryTracker()
+    opt = torch.optim.SGD(gpt2.parameters(), lr=0.1)
+    handle = gradloc_track.watch(gpt2, tracker=tracker, clip={"kind": "global", "max_norm": 1e-3})
+    batch = counting_batch(0)
+    gpt2(**batch).loss.backward()
+    stats = handle.step()
+    assert handle.last is stats and stats.global_norm > 1e-3
+    post = torch.cat([p.grad.flatten() for p in gpt2.parameters()]).norm().item()
+    assert post == pytest.approx(1e-3, rel=1e-4)  # clipped in place, before any optimizer step
+    assert tracker.series("grad_norm/global")[0][0] == 0
+
+    hooked = gradloc_track.watch(gpt2, opt, tracker=tracker)
+    assert gpt2._forward_pre_hooks and opt._optimizer_step_pre_hooks
+    hooked.remove()
+    handle.remove()
+    assert not gpt2._forward_pre_hooks and not opt._optimizer_step_pre_hooks
+    opt.step()
+    assert hooked.steps == 0  # no hook ran
+
+
+def test_captured_batches_localize_like_a_handwritten_loss(gpt2):
+    """The same step localized twice: from the captured HF-style call, and by ``locate()`` with
+    the loss written by hand (inputs x = ids[:, :-1], targets ids[:, 1:], fixed normalizer)."""
+    from gradloc_track.integrations.batches import LMBatch, lm_spike_context
+
+    opt = torch.optim.AdamW(gpt2.parameters(), lr=LR)
+    plain_loop(gpt2, opt, steps=INJECT_AT)  # a model that counts: the garbage stands out
+    batch = counting_batch(999, corrupt_sample=CORRUPT)
+    ctx = lm_spike_context(gpt2, [LMBatch.from_call((), batch)])
+    ours = gradloc_track.locate(gpt2, ctx.loss_fn, ctx.token_mask)
+
+    ids, labels, att = batch["input_ids"], batch["labels"], batch["attention_mask"]
+    x, y = ids[:, :-1], labels[:, 1:]
+    mask = (y != -100).float()
+
+    def loss_fn(keep):
+        logits = gpt2(input_ids=x, attention_mask=att[:, :-1]).logits  # (B, T-1, V)
+        per_tok = F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-100, reduction="none")
+        return (per_tok.view_as(keep) * keep).sum() / mask.sum()
+
+    ref = gradloc_track.locate(gpt2, loss_fn, mask)
+    assert [(c.batch, c.position) for c in ours.tokens] == [(c.batch, c.position) for c in ref.tokens]
+    assert {(c.batch, c.position) for c in ours.tokens} == {(CORRUPT, p) for p in corrupted_positions()}
+    for a, b in zip(ours.tokens, ref.tokens):
+        assert a.grad_norm == pytest.approx(b.grad_norm, abs=1e-5)
+    assert ours.total_norm == pytest.approx(ref.total_norm, abs=1e-5)
+
+
+def test_culprit_text_uses_the_models_local_tokenizer(gpt2, tmp_path):
+    """No tokenizer passed: the one saved at the model's ``config.name_or_path`` decodes the table."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from gradloc_track.integrations.batches import resolve_tokenizer
+
+    vocab = {f"w{i}": i for i in range(64)}
+    PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="w0"))).save_pretrained(
+        tmp_path / "tok")
+    assert resolve_tokenizer(gpt2) is None  # a config from scratch: no path, ids are shown
+    gpt2.config.name_or_path = str(tmp_path / "tok")
+    tracker = MemoryTracker()
+    opt = torch.optim.AdamW(gpt2.parameters(), lr=LR)
+    with gradloc_track.watch(gpt2, opt, tracker=tracker, **FAST):
+        plain_loop(gpt2, opt)
+    table = tracker.tables["spikes/tokens"]
+    rows = [dict(zip(table["columns"], r)) for r in table["rows"]]
+    assert rows and all(r["token"] == f"w{r['token_id']}" for r in rows)
+
+
+def test_import_stays_light():
+    import subprocess
+    import sys
+
+    code = ("import sys, gradloc_track; gradloc_track.watch; import gradloc_track.integrations.watch; "
+            "print(sorted(m for m in ('wandb', 'mlflow', 'transformers', 'lightning') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
