@@ -389,6 +389,9 @@ class GradMonitor:
         if lr is None and groups:
             lr = groups[0].get("lr")
         if weight_decay is None and groups:
+            adamc = getattr(self.optimizer, "adamc_weight_decay", None)
+            if adamc is not None and adamc.corrected_groups:  # AdamC: the schedule-scaled groups' decay
+                groups = [groups[i] for i in adamc.corrected_groups]
             decays = [g.get("weight_decay") for g in groups if g.get("weight_decay") is not None]
             if decays:  # no-decay groups (norms, biases) hold 0: the decayed groups' value is the one
                 weight_decay = max(decays, key=float)

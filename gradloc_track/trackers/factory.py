@@ -56,7 +56,9 @@ def _make(cfg: TrackerConfig, run_dir=None, run_name=None) -> Tracker:
         spec = {"tracking_uri": resolve_tracking_uri(m.tracking_uri), "experiment_name": m.experiment_name,
                 "run_name": name, "tags": dict(m.tags)}
         cancel = threading.Event()
-        trackers.append(_async(cfg, "mlflow", lambda: MlflowTracker(**spec, run_dir=run_dir, cancel=cancel),
+        # spec/cancel bound now: the writer thread calls the factory later, after `spec` is rebound below
+        trackers.append(_async(cfg, "mlflow", lambda spec=spec, cancel=cancel: MlflowTracker(**spec, run_dir=run_dir,
+                                                                                          cancel=cancel),
                                run_dir, spec, cancel))
     if cfg.kind in ("wandb", "both"):
         _require_backend("wandb")
@@ -65,5 +67,5 @@ def _make(cfg: TrackerConfig, run_dir=None, run_name=None) -> Tracker:
         w = cfg.wandb
         spec = {"project": w.project, "entity": w.entity, "tags": list(w.tags), "mode": w.mode, "dir": w.dir,
                 "group": w.group, "run_name": name}
-        trackers.append(_async(cfg, "wandb", lambda: WandbTracker(**spec, run_dir=run_dir), run_dir, spec))
+        trackers.append(_async(cfg, "wandb", lambda spec=spec: WandbTracker(**spec, run_dir=run_dir), run_dir, spec))
     return trackers[0] if len(trackers) == 1 else FanoutTracker(trackers)

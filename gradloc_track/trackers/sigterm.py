@@ -66,13 +66,14 @@ def guard(tracker: Any) -> None:
         return  # signal handlers can only be installed from the main thread
     with _lock:
         _active.append(tracker)
-        if not _installed:
-            try:
-                _previous = signal.getsignal(signal.SIGTERM)
+        try:
+            current = signal.getsignal(signal.SIGTERM)
+            if not _installed or current is not _handler:  # first run, or someone installed over ours:
+                _previous = current  # chain to whatever is there now
                 signal.signal(signal.SIGTERM, _handler)
-            except (ValueError, OSError):  # embedded interpreters without signal support
-                return
-            _installed = True
+        except (ValueError, OSError):  # embedded interpreters without signal support
+            return
+        _installed = True
 
 
 def forget(tracker: Any) -> None:

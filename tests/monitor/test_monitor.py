@@ -99,7 +99,7 @@ def test_lr_and_weight_decay_sources(tiny_gpt):
 
 
 def test_weight_decay_logged_when_it_changes_and_adamc_ratio_only_with_adamc(tiny_gpt):
-    from gradloc_track.adamc import AdamCWeightDecay
+    from gradloc_track.adamc import AdamCWeightDecay, adamc_param_groups
 
     plain = MemoryTracker()
     opt = torch.optim.AdamW(tiny_gpt.parameters(), lr=1e-3, weight_decay=0.1)
@@ -111,9 +111,10 @@ def test_weight_decay_logged_when_it_changes_and_adamc_ratio_only_with_adamc(tin
     assert [("weight_decay" in m) for m in logged] == [True, False, False]
     assert all(m["lr"] == 1e-3 and "adamc/steady_state_ratio" not in m for m in logged)
     adamc = MemoryTracker()
-    opt2 = torch.optim.AdamW(tiny_gpt.parameters(), lr=1e-3, weight_decay=0.1)
+    # AdamC's groups: corrected matrices, embeddings/head decayed at the base rate, no decay for 1-D
+    opt2 = torch.optim.AdamW(adamc_param_groups(tiny_gpt, 0.1), lr=1e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(opt2, lambda s: 1.0 / (s + 1))
-    wd = AdamCWeightDecay(opt2)
+    wd = AdamCWeightDecay(opt2)  # logs the corrected groups' decay, not the embeddings' fixed 0.1
     mon2 = GradMonitor(tiny_gpt, tracker=adamc, optimizer=opt2)
     for step in range(2):
         mon2.after_backward(step)
