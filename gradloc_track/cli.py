@@ -2,7 +2,7 @@
 
 ``gradloc-track report <run dir | W&B run dir | MLflow run id> [--tracking-uri URI] [-o out.html]``
 writes one standalone HTML page with every spike event of a run (no script, nothing loaded from
-outside). The run dir the app prints works whatever the tracker: its ``gradloc_run.json`` names
+outside). The run dir the app prints works whatever the tracker: its ``tracker/<backend>.json`` names
 the MLflow run or the W&B files.
 
 ``gradloc-track replay <run dir> [--tracking-uri URI]`` sends what a tracker outage left in the

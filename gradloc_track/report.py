@@ -127,7 +127,7 @@ def _wandb_files(run_dir: Path) -> Path | None:
 
 
 def resolve_source(source: str | Path, tracking_uri: str | None = None) -> ReportSource:
-    """A run directory (any tracker: follows ``gradloc_run.json``), a W&B run dir, or an MLflow run id."""
+    """A run directory (any tracker: follows ``tracker/<backend>.json``), a W&B run dir, or an MLflow run id."""
     root = Path(source)
     if root.is_dir():
         record = read_run_record(root)

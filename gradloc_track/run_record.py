@@ -1,52 +1,47 @@
-"""Which tracker runs a run directory belongs to: ``<run dir>/gradloc_run.json``.
+"""Which tracker runs a run directory belongs to, as the report and the console read it.
 
 The app prints one run directory; the run itself may live in MLflow (a store or a server) or in
-W&B's offline files. Each backend adapter records where its run is as soon as it exists, so
-``gradloc-track report <run dir>`` and the console can follow the directory to the run:
+W&B's offline files. Each backend adapter records where its run is as soon as it exists, as the
+``view`` of the run directory's tracker record ``<run dir>/tracker/<backend>.json`` -- the same
+record ``gradloc-track replay`` reads (``trackers/run_record.py``: one record per backend run,
+written atomically). So ``gradloc-track report <run dir>`` and the console follow the directory
+to the run:
 
     {"mlflow": {"tracking_uri": ..., "experiment_id": ..., "run_id": ..., "run_name": ...},
      "wandb": {"dir": <the offline-run-* / run-* folder>, "path": "entity/project/run_id", ...}}
 
-Writes are atomic (temp file + rename) and merge per backend, so ``tracker=both`` keeps both.
 Never raises: a run without a record still trains.
 """
 from __future__ import annotations
 
 import json
-import os
-import threading
 import warnings
 from pathlib import Path
 from typing import Any
 
-RECORD_NAME = "gradloc_run.json"
-_lock = threading.Lock()
-
 
 def record_run(run_dir: str | Path | None, backend: str, info: dict[str, Any]) -> None:
-    """Merge ``{backend: info}`` into the run directory's record (no-op without a run dir)."""
+    """Record where ``backend``'s run is (no-op without a run dir)."""
     if run_dir is None:
         return
-    path = Path(run_dir) / RECORD_NAME
-    try:
-        with _lock:
-            record = read_run_record(run_dir)
-            record[backend] = {k: v for k, v in info.items() if v is not None}
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{RECORD_NAME}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(record, indent=2, default=str), encoding="utf-8")
-            os.replace(tmp, path)
-    except OSError as exc:
-        warnings.warn(f"gradloc-track: could not record the {backend} run in {path}: {exc}")
+    from .trackers.run_record import record_path, update_run_record
+
+    if not update_run_record(run_dir, backend, view={k: v for k, v in info.items() if v is not None}):
+        warnings.warn(f"gradloc-track: could not record the {backend} run in {record_path(run_dir, backend)}")
 
 
 def read_run_record(run_dir: str | Path) -> dict[str, Any]:
-    """The record, or ``{}`` when there is none or it cannot be read."""
-    try:
-        data = json.loads((Path(run_dir) / RECORD_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    """``{backend: view}`` for every backend run of ``run_dir``; ``{}`` when there is none."""
+    folder = Path(run_dir) / "tracker"
+    out: dict[str, Any] = {}
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            rec = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("view"), dict):
+            out[path.stem] = rec["view"]
+    return out
 
 
 def mlflow_ui_base(tracking_uri: str) -> str:

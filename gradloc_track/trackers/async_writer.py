@@ -139,6 +139,9 @@ class AsyncTracker(Tracker):
         self._pending: dict[int, tuple[dict[str, float], int]] = {}  # step -> (merged metrics, ts)
         self._inflight: tuple[str, tuple, int] | None = None
         self._inflight_spooled = False
+        # a non-metrics record the writer took off the queue and holds while the metrics queued
+        # before it are written (they may hang): finish() spools it in its place if it gives up
+        self._held: tuple | None = None
         self._abandoned: str | None = None  # why the writer was given up on (finish timed out)
         self._status_handled = False
         self._last_step = 0
@@ -256,8 +259,13 @@ class AsyncTracker(Tracker):
                         self._guard(self._write_metrics)
                         last = time.monotonic()
                 else:  # keep order: metrics queued before this record go first
+                    with self._lock:
+                        self._held = (call, args, ts)
                     self._guard(self._write_metrics)
-                    self._guard(self._handle, call, args, ts)
+                    with self._lock:
+                        held, self._held = self._held, None
+                    if held is not None:  # None: finish() gave up meanwhile and spooled it in order
+                        self._guard(self._handle, call, args, ts)
                 if self._q.qsize() == 0:  # flush() must not return with metrics held back
                     self._guard(self._write_metrics)
             finally:
@@ -448,12 +456,18 @@ class AsyncTracker(Tracker):
             pending, self._pending = self._pending, {}
             inflight = self._inflight
             self._inflight_spooled = inflight is not None
+            held, self._held = self._held, None
         if inflight is not None:
             call, args, ts = inflight
             self._spill(call, args, ts, f"{reason} (in flight: the backend may also have it)")
         for step in sorted(pending):
             self._spill("log_metrics", (pending[step][0], step), pending[step][1], reason)
         saw_finish = False
+        if held is not None and held[0] != "submit":  # queued after those metrics, before the rest
+            saw_finish = held[0] == "finish"
+            self._spill(*held, reason)
+        elif held is not None:
+            self._run_job(held[1][0], _Sink(self._spool_only(reason), held[2]))
         while True:
             try:
                 call, args, ts = self._q.get_nowait()

@@ -1,7 +1,7 @@
 """``gradloc-track report`` on damaged files, missing runs and dead servers: a message, never a traceback.
 
 Also: the run directory the app prints is followed to its MLflow run or W&B offline files
-(``gradloc_run.json``). MLflow's own retry settings are left at their defaults; the waiting is
+(``tracker/<backend>.json``). MLflow's own retry settings are left at their defaults; the waiting is
 bounded in our code (``report.MLFLOW_WAIT_S``).
 """
 from __future__ import annotations
