@@ -434,7 +434,12 @@ class GradMonitor:
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             from .locate.dist_context import gather_culprit_rows  # a collective: culprit rows to rank 0
 
-            shown, shown_ctx = gather_culprit_rows(result, ctx)
+            try:
+                shown, shown_ctx = gather_culprit_rows(result, ctx)
+            except Exception as exc:  # building rank 0's view after the collective: local, never fatal
+                warnings.warn(f"gradloc-track: gathering the culprits' text at step {step} failed: {exc!r}; "
+                              "the artifacts show rank 0's own batch")
+                shown, shown_ctx = (result, ctx) if self.rank == 0 else (None, None)
         stats.locate_view = (shown, shown_ctx) if shown is not None else None
         if self.artifact_writer is not None and self.rank == 0:
             try:

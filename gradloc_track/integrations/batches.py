@@ -23,6 +23,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from ..locate.probe import save_rng
+
 log = logging.getLogger(__name__)
 IGNORE = -100  # the label that carries no loss (HF / PyTorch convention)
 MAX_HELD = 256  # micro-batches kept when nobody takes them (no optimizer step seen)
@@ -158,7 +160,7 @@ class MicroBatchCapture:
         if batch is None:
             return
         if not self.batches:
-            self.rng_state = torch.get_rng_state()
+            self.rng_state = save_rng()  # CPU and CUDA: probes replay the step's dropout
         self.batches.append(batch)
         if len(self.batches) > MAX_HELD:  # nobody takes them: keep the newest only
             del self.batches[0]
@@ -167,7 +169,7 @@ class MicroBatchCapture:
         """Record a batch seen elsewhere (Lightning's ``on_train_batch_start``)."""
         if batch is not None:
             if not self.batches:
-                self.rng_state = torch.get_rng_state()
+                self.rng_state = save_rng()  # CPU and CUDA: probes replay the step's dropout
             self.batches.append(batch)
 
     def take(self) -> tuple[list[LMBatch], Any]:

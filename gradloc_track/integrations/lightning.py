@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._optional import require
+from ..trackers.base import NullTracker
 from .batches import BatchList, LMBatch
 from .options import resolve_options
 
@@ -58,7 +59,9 @@ class GradLocCallback(L.Callback):
         if self.handle is not None and not self.handle.finished:
             return
         opts = self.options
-        tracker = logger_tracker(trainer, opts.tracker) if opts.tracker_auto else None
+        # only global rank 0 logs: other ranks' loggers hold dummy experiments (no run id)
+        tracker = NullTracker() if getattr(trainer, "global_rank", 0) != 0 else (
+            logger_tracker(trainer, opts.tracker) if opts.tracker_auto else None)
         owns = True
         if tracker is None:
             tracker, owns = build_tracker(opts)

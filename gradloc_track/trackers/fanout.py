@@ -1,6 +1,7 @@
 """Fan one stream of calls out to several trackers (``tracker=both``)."""
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 from .base import Tracker
@@ -63,8 +64,12 @@ class FanoutTracker(Tracker):
         from . import sigterm
 
         sigterm.forget(self)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s  # one bound for all children
         for t in self.trackers:
             try:
-                t.finish(status, timeout_s=timeout_s) if timeout_s is not None else t.finish(status)
+                if deadline is not None:
+                    t.finish(status, timeout_s=max(0.0, deadline - time.monotonic()))
+                else:
+                    t.finish(status)
             except TypeError:
                 t.finish(status)

@@ -67,6 +67,30 @@ def test_finish_is_bounded_with_a_hung_backend_and_spools_the_rest(tmp_path):
     assert [s for s, _ in backend.metrics][:3] == [0, 1, 2]
 
 
+def test_fanout_finish_shares_one_bound_between_hung_backends(tmp_path):
+    """tracker=both under SIGTERM: the two backends share the grace period, so the second one
+    still spools its records and status before the handler gives up."""
+    from gradloc_track.trackers.fanout import FanoutTracker
+
+    backends = [Hangs(), Hangs()]
+    children = [AsyncTracker(lambda b=b: b, f"hung{i}", tmp_path, call_timeout_s=30.0, flush_interval_s=0.01)
+                for i, b in enumerate(backends)]
+    both = FanoutTracker(children)
+    for step in range(6):
+        both.log_metrics({"x": float(step)}, step)
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        both.finish("killed", timeout_s=2.0)
+    took = time.perf_counter() - t0
+    for b in backends:
+        b.release.set()
+    assert took < 2.0 + 3.0, f"finish() took {took:.1f} s for a 2 s bound shared by both backends"
+    for i in range(2):
+        recs = read_spool(tmp_path / "spool" / f"hung{i}.jsonl")
+        assert [r["call"] for r in recs][-1] == "finish" and recs[-1]["args"] == ["killed"]
+
+
 class DownThenUp(MemoryTracker):
     def __init__(self):
         super().__init__()
