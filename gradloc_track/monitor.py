@@ -141,23 +141,25 @@ class GradMonitor:
         named = trainable_params(self.model)
         if not named:
             raise ValueError("GradMonitor: the model has no parameters with requires_grad=True")
-        self.names = [n for n, _ in named]
-        self.params = [p for _, p in named]
-        # the requires_grad pattern of every parameter: compared on syncing steps to pick up
-        # parameters unfrozen (or frozen) after the monitor was built
-        self._all_params = list(self.model.parameters())
-        self._trainable_flags = [p.requires_grad for p in self._all_params]
-        self.grouping = LayerGrouping.build(self.names, self.config.group_by, self.config.groups or None)
-        layers = self.grouping.layers
+        names = [n for n, _ in named]
+        grouping = LayerGrouping.build(names, self.config.group_by, self.config.groups or None)
+        layers = grouping.layers
         clash = RESERVED_LAYER_NAMES.intersection(layers)
         if clash:
             raise ValueError(f"GradMonitor: layer name(s) {sorted(clash)} would clash with grad_norm/global or "
                              "grad_norm/nonfinite; rename them with monitor.groups={name: regex}")
+        # every check passed: only now replace the monitored set (a failed rescan changes nothing)
+        self.names, self.params, self.grouping = names, [p for _, p in named], grouping
+        # the requires_grad pattern of every parameter: compared on syncing steps to pick up
+        # parameters unfrozen (or frozen) after the monitor was built
+        self._all_params = list(self.model.parameters())
+        self._trainable_flags = [p.requires_grad for p in self._all_params]
         self._layer_keys = [f"grad_norm/{lay}" for lay in layers]
         self._tensor_keys = [f"grad_norm/tensor/{n}" for n in self.names]
         self._weight_keys = ["weight_norm/global"] + [f"weight_norm/{lay}" for lay in layers]
         self._ratio_keys = [f"grad_weight_ratio/{lay}" for lay in layers]
         self._clip_index = self._clipper_index()
+        self._clip_index_t: torch.Tensor | None = None  # the same index on the gradients' device
         # clip metrics are grouped over the clipper's own tensors when they differ from ours
         self._clip_grouping = self.grouping if self._clip_index is None else LayerGrouping.build(
             list(self.clipper.names), self.config.group_by, self.config.groups or None)
@@ -302,7 +304,10 @@ class GradMonitor:
             return self.clipper.clip(grad_sq)
         if index == "own":
             return self.clipper.clip()
-        return self.clipper.clip(grad_sq[torch.as_tensor(index, device=grad_sq.device)])
+        t = self._clip_index_t
+        if t is None or t.device != grad_sq.device:  # once: a host->device copy waits for the device
+            t = self._clip_index_t = torch.as_tensor(index, device=grad_sq.device)
+        return self.clipper.clip(grad_sq[t])
 
     def _log_before_raise(self, step: int, grad_sq: torch.Tensor, w_sq: torch.Tensor | None, lr: Any,
                           weight_decay: Any) -> None:

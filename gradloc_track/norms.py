@@ -110,6 +110,18 @@ def shard_groups(tensors: Sequence[torch.Tensor | None]) -> list[tuple[Any, list
     return list(out.items())
 
 
+_INDEX: dict[tuple, torch.Tensor] = {}
+
+
+def _device_index(idx: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """``idx`` as a device tensor, made once: a pageable host->device copy waits for the device."""
+    key = (idx, str(device))
+    t = _INDEX.get(key)
+    if t is None:
+        t = _INDEX[key] = torch.tensor(idx, device=device)
+    return t
+
+
 def reduce_over_shards(values: torch.Tensor, tensors: Sequence[torch.Tensor | None]) -> torch.Tensor:
     """Sum per-tensor additive values (squared norms, dot products) of local shards over the
     ranks that shard each tensor: one all-reduce per sharding mesh dimension (ONE for FSDP2 and
@@ -124,7 +136,7 @@ def reduce_over_shards(values: torch.Tensor, tensors: Sequence[torch.Tensor | No
         if len(idx) == len(tensors):  # every tensor sharded along this dim: reduce in place
             dist.all_reduce(values, op=dist.ReduceOp.SUM, group=pg)
             continue
-        index = torch.tensor(idx, device=values.device)  # host->device copy, no sync
+        index = _device_index(tuple(idx), values.device)
         part = values.index_select(0, index)
         dist.all_reduce(part, op=dist.ReduceOp.SUM, group=pg)
         values.index_copy_(0, index, part)
