@@ -1,8 +1,8 @@
 """One standalone HTML page with every spike event of a run, for people on neither W&B nor MLflow.
 
-Reads the shared file layout (``spikes/tokens/step_*.json`` or an older ``spikes/tokens.json``, ``spikes/highlight/step_*.html``,
-``spikes/heatmap/step_*.png``, see ``trackers/base.py``) from a local run directory, or downloads
-it from an MLflow run first. Event pages (whole documents) are embedded as sandboxed
+Reads the shared file layout (``spikes/tokens/step_*.json`` or an older ``spikes/tokens.json``,
+``spikes/highlight/step_*.html``, ``spikes/heatmap/step_*.png``, see ``trackers/base.py``) from a
+local run directory, or downloads it from an MLflow run first. Event pages (whole documents) are embedded as sandboxed
 ``<iframe srcdoc>`` with the document escaped into the attribute; images as base64 data URIs. The
 page has no script and loads nothing from outside.
 """
@@ -14,19 +14,20 @@ import json
 import os
 import re
 import tempfile
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from .artifacts.highlight import visible
 from .artifacts.table_store import merge_tables, table_parts
-from .run_record import mlflow_run_url, read_run_record
+from .trackers.bounded import CallTimeout, bounded_call
+from .trackers.mlflow_links import mlflow_run_url
+from .trackers.run_record import read_run_views
 
 STEP = re.compile(r"step_(\d+)\.(html|png)$")
 CSS = ("body{font-family:system-ui,sans-serif;margin:16px} table{border-collapse:collapse;font-size:12px}"
        "td,th{border:1px solid #ccc;padding:2px 5px} iframe{width:100%;height:480px;border:1px solid #ddd}"
-       "img{max-width:100%} p.note{color:#a40} td.tok{font-family:ui-monospace,Menlo,Consolas,monospace;white-space:pre}")
+       "img{max-width:100%} p.note{color:#a40} "
+       "td.tok{font-family:ui-monospace,Menlo,Consolas,monospace;white-space:pre}")
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 
 
@@ -51,25 +52,13 @@ class ReportSource:
 
 
 def _bounded(fn, what: str, timeout_s: float | None = None):
-    """Run ``fn()`` in a daemon thread; give up after ``timeout_s`` (MLflow's own retries can take minutes)."""
-    box: dict[str, Any] = {}
-
-    def target():
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # handed to the caller's thread
-            box["error"] = exc
-
+    """``fn()`` on a daemon thread; give up after ``timeout_s`` (MLflow's own retries can take minutes)."""
     timeout_s = MLFLOW_WAIT_S if timeout_s is None else timeout_s
-    t = threading.Thread(target=target, daemon=True, name="gradloc-report-mlflow")
-    t.start()
-    t.join(timeout_s)
-    if t.is_alive():
+    try:
+        return bounded_call(fn, timeout_s, name="gradloc-report-mlflow")
+    except CallTimeout:
         raise ReportSourceError(f"{what}: no answer within {timeout_s:.0f} s (server down or unreachable?); "
-                                "check --tracking-uri, or pass the run directory instead")
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
+                                "check --tracking-uri, or pass the run directory instead") from None
 
 
 def _fetch_mlflow(run_id: str, tracking_uri: str | None) -> ReportSource:
@@ -93,7 +82,8 @@ def _fetch_mlflow(run_id: str, tracking_uri: str | None) -> ReportSource:
         run = _bounded(lambda: client.get_run(run_id), f"MLflow at {uri}")
     except MlflowException as exc:
         raise ReportSourceError(
-            f"{run_id!r} is neither a run directory nor a run in the MLflow store {uri} ({exc.message.splitlines()[0]}); "
+            f"{run_id!r} is neither a run directory nor a run in the MLflow store {uri} "
+            f"({exc.message.splitlines()[0]}); "
             "pass a local run directory, or an MLflow run id with --tracking-uri pointing at its store") from exc
     dst = Path(tempfile.mkdtemp(prefix="gradloc-report-"))
     try:
@@ -114,11 +104,12 @@ def _probe(uri: str, timeout_s: float = 5.0) -> None:
     try:
         socket.create_connection((u.hostname, port), timeout=timeout_s).close()
     except OSError as exc:
-        raise ReportSourceError(f"MLflow server {uri} is unreachable ({exc}); start it, or pass the run directory") from exc
+        raise ReportSourceError(f"MLflow server {uri} is unreachable ({exc}); start it, "
+                                "or pass the run directory") from exc
 
 
 def _wandb_files(run_dir: Path) -> Path | None:
-    """The ``files/`` folder of a W&B run dir (``offline-run-*``/``run-*``), or of the ``wandb/`` folder's latest run."""
+    """The ``files/`` folder of a W&B run dir (``offline-run-*``/``run-*``), or of ``wandb/``'s latest run."""
     if (run_dir / "files" / "media").is_dir():
         return run_dir / "files"
     runs = sorted(run_dir.glob("wandb/*run-*/files")) + sorted(run_dir.glob("*run-*/files"))
@@ -130,7 +121,7 @@ def resolve_source(source: str | Path, tracking_uri: str | None = None) -> Repor
     """A run directory (any tracker: follows ``tracker/<backend>.json``), a W&B run dir, or an MLflow run id."""
     root = Path(source)
     if root.is_dir():
-        record = read_run_record(root)
+        record = read_run_views(root)
         if (root / "spikes").is_dir():
             m = record.get("mlflow") or {}
             return ReportSource(root, m.get("run_name") or root.name, mlflow_run_url(m) if m else None)
@@ -187,14 +178,15 @@ def load_table(path: Path, notes: list[str]) -> dict:
         notes.append(f"{path.name} is not valid JSON ({exc}); the culprit table is left out. "
                      "A truncated file usually means the run was killed while writing it")
         return empty
-    if not isinstance(table, dict) or not isinstance(table.get("columns"), list) or not isinstance(table.get("data"), list):
+    if not (isinstance(table, dict) and isinstance(table.get("columns"), list) and isinstance(table.get("data"), list)):
         notes.append(f"{path.name} is not a table (expected an object with \"columns\" and \"data\" lists, "
                      f"got {type(table).__name__}); the culprit table is left out")
         return empty
     cols = table["columns"]
     rows = [r for r in table["data"] if isinstance(r, list) and len(r) == len(cols)]
     if len(rows) != len(table["data"]):
-        notes.append(f"{path.name}: {len(table['data']) - len(rows)} row(s) without exactly {len(cols)} cells were left out")
+        notes.append(f"{path.name}: {len(table['data']) - len(rows)} row(s) without exactly {len(cols)} cells "
+                     "were left out")
     return {"columns": [str(c) for c in cols], "data": rows}
 
 
@@ -268,7 +260,8 @@ def build_report(source: str | Path, tracking_uri: str | None = None, notes: lis
         parts.append(f"<h2 id='step-{step}'>step {step}</h2>")
         if step in pages:
             # a whole document: escaped into srcdoc, sandboxed (no scripts even if one slipped in)
-            parts.append(f"<iframe sandbox title=\"spike at step {step}\" srcdoc=\"{esc(pages[step], quote=True)}\"></iframe>")
+            parts.append(f"<iframe sandbox title=\"spike at step {step}\" "
+                         f"srcdoc=\"{esc(pages[step], quote=True)}\"></iframe>")
         if step in images:
             data = base64.b64encode(images[step]).decode("ascii")
             parts.append(f"<img alt=\"per-layer heatmap, step {step}\" src=\"data:image/png;base64,{data}\">")

@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..run_record import mlflow_run_url, mlflow_ui_command, read_run_record
+from ..trackers.mlflow_links import mlflow_run_url, mlflow_ui_command
+from ..trackers.run_record import read_run_views
 
 
 def _fmt_tokens(tokens: Sequence[str], limit: int = 12) -> str:
@@ -122,7 +123,7 @@ class TrainConsole:
 
 def where_to_look(run_dir: Path, step: int | None = None) -> list[str]:
     """MLflow run link, W&B run, local files: whatever this run has."""
-    record = read_run_record(run_dir)
+    record = read_run_views(run_dir)
     out = []
     page = f"spikes/highlight/step_{step:06d}.html" if step is not None else "spikes/"
     if "mlflow" in record:
@@ -144,7 +145,7 @@ def where_to_look(run_dir: Path, step: int | None = None) -> list[str]:
 
 def view_commands(run_dir: Path) -> list[str]:
     """The exact commands to look at the results."""
-    record = read_run_record(run_dir)
+    record = read_run_views(run_dir)
     out = []
     if "mlflow" in record:
         m = record["mlflow"]

@@ -26,7 +26,7 @@ LIGHTNING_WANDB_STEP = "trainer/global_step"  # the step metric WandbLogger defi
 
 def logger_tracker(trainer: Any, cfg: Any) -> Any:
     """A tracker into the runs of the Trainer's MLflow / W&B loggers, or None when it has neither."""
-    from ..trackers.fanout import FanoutTracker
+    from ..trackers.fanout import as_one_tracker
     from .runs import mlflow_run_tracker, wandb_run_tracker
 
     trackers = []
@@ -37,9 +37,7 @@ def logger_tracker(trainer: Any, cfg: Any) -> Any:
             trackers.append(mlflow_run_tracker(lg.run_id, client.tracking_uri, cfg))
         elif kind == "WandbLogger":
             trackers.append(wandb_run_tracker(lg.experiment, LIGHTNING_WANDB_STEP, cfg))
-    if not trackers:
-        return None
-    return trackers[0] if len(trackers) == 1 else FanoutTracker(trackers)
+    return as_one_tracker(trackers)
 
 
 class GradLocCallback(L.Callback):

@@ -14,28 +14,26 @@ from pathlib import Path
 from typing import Any
 
 from ..config import TrackerConfig
+from ..trackers.async_writer import AsyncTracker
 from ..trackers.base import Tracker
-from ..trackers.fanout import FanoutTracker
-
-
-def _async(factory, name: str, cfg: TrackerConfig, run_dir: Path, spec: dict) -> Tracker:
-    """The same background writer (bounded calls, spool, replay) as for the runs we open."""
-    from ..trackers.factory import _async as background
-
-    return background(cfg, name, factory, run_dir, spec)
+from ..trackers.fanout import as_one_tracker
 
 
 def _run_dir(run_dir: Any) -> Path:
     return Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="gradloc-track-"))
 
 
-def mlflow_run_tracker(run_id: str, tracking_uri: str, cfg: TrackerConfig | None = None, run_dir: Any = None) -> Tracker:
-    """Log into the MLflow run ``run_id`` (explicit id through ``MlflowClient``; left open)."""
+def mlflow_run_tracker(run_id: str, tracking_uri: str, cfg: TrackerConfig | None = None,
+                       run_dir: Any = None) -> Tracker:
+    """Log into the MLflow run ``run_id`` (explicit id through ``MlflowClient``; left open).
+
+    Through the same background writer (bounded calls, spool, replay) as the runs we open."""
     from ..trackers.mlflow_tracker import MlflowTracker
 
     run_dir = _run_dir(run_dir)
-    return _async(lambda: MlflowTracker(tracking_uri, run_dir=run_dir, run_id=run_id), "mlflow",
-                  cfg or TrackerConfig(), run_dir, {"tracking_uri": tracking_uri, "run_id": run_id})
+    return AsyncTracker.from_config(cfg or TrackerConfig(), "mlflow",
+                                    lambda: MlflowTracker(tracking_uri, run_dir=run_dir, run_id=run_id), run_dir,
+                                    {"tracking_uri": tracking_uri, "run_id": run_id})
 
 
 def wandb_run_tracker(run: Any, step_key: str = "train/step", cfg: TrackerConfig | None = None,
@@ -45,8 +43,8 @@ def wandb_run_tracker(run: Any, step_key: str = "train/step", cfg: TrackerConfig
 
     run_dir = _run_dir(run_dir)
     tracker = WandbTracker(run=run, step_key=step_key, run_dir=run_dir)  # define_metric now, in order
-    return _async(lambda: tracker, "wandb", cfg or TrackerConfig(), run_dir, 
-                  {"project": getattr(run, "project", None), "entity": getattr(run, "entity", None)})
+    return AsyncTracker.from_config(cfg or TrackerConfig(), "wandb", lambda: tracker, run_dir,
+                                    {"project": getattr(run, "project", None), "entity": getattr(run, "entity", None)})
 
 
 def open_runs() -> dict[str, Any]:
@@ -72,6 +70,4 @@ def open_run_tracker(cfg: TrackerConfig | None = None, run_dir: Any = None,
         trackers.append(mlflow_run_tracker(*runs["mlflow"], cfg=cfg, run_dir=run_dir))
     if "wandb" in runs:
         trackers.append(wandb_run_tracker(runs["wandb"], wandb_step_key, cfg=cfg, run_dir=run_dir))
-    if not trackers:
-        return None
-    return trackers[0] if len(trackers) == 1 else FanoutTracker(trackers)
+    return as_one_tracker(trackers)

@@ -24,8 +24,13 @@ class Tracker:
     - ``set_tags(tags)``: string run tags (e.g. ``spike_count``).
     - ``submit(job)``: run ``job(tracker)`` (slow work such as rendering an artifact) after the
       calls made before it; trackers with ``runs_jobs_off_thread`` do it on their own thread.
-    - ``finish(status)``: flush and close; ``status`` is ``"success"``, ``"failed"`` or ``"killed"``.
-      Never raises into the training loop and returns within the tracker's bound.
+    - ``flush(timeout_s=None)``: wait until what was logged so far is written (or spooled); at most
+      ``timeout_s`` (``None``: the tracker's own bound).
+    - ``finish(status, timeout_s=None)``: flush and close; ``status`` is ``"success"``, ``"failed"``
+      or ``"killed"``. Never raises into the training loop and returns within ``timeout_s`` (``None``:
+      the tracker's own bound). A tracker that calls its backend on the caller's thread (the bare
+      W&B/MLflow adapters) cannot cut a call short: ``AsyncTracker`` is what bounds them.
+    Every implementation takes these same arguments, so callers never probe the signature.
 
     File layout (MLflow artifacts and the local run directory use the same relative paths, so
     ``gradloc-track report`` reads either):
@@ -74,10 +79,10 @@ class Tracker:
         """Run ``job(self)``; here at once, on the calling thread."""
         job(self)
 
-    def flush(self) -> None:
+    def flush(self, timeout_s: float | None = None) -> None:
         pass
 
-    def finish(self, status: str = "success") -> None:
+    def finish(self, status: str = "success", timeout_s: float | None = None) -> None:
         pass
 
     # context-manager sugar: a run that raises is finished as "failed"

@@ -10,7 +10,7 @@ from ..config.tracker import TRACKER_KINDS
 from . import sigterm
 from .async_writer import AsyncTracker
 from .base import NullTracker, Tracker
-from .fanout import FanoutTracker
+from .fanout import as_one_tracker
 from .local_tracker import LocalTracker
 from .memory import MemoryTracker
 
@@ -20,14 +20,6 @@ def _require_backend(kind: str) -> None:
     from .._optional import require
 
     require(kind, kind)
-
-
-def _async(cfg: TrackerConfig, name: str, factory, run_dir: Path, spec: dict, cancel=None) -> AsyncTracker:
-    return AsyncTracker(factory, name, run_dir, queue_size=cfg.queue_size,
-                        flush_interval_s=cfg.flush_interval_s, retries=cfg.retries,
-                        retry_backoff_s=cfg.retry_backoff_s, call_timeout_s=cfg.call_timeout_s,
-                        finish_timeout_s=cfg.finish_timeout_s, probe_interval_s=cfg.probe_interval_s,
-                        open_timeout_s=cfg.open_timeout_s, spec=spec, cancel=cancel)
 
 
 def make_tracker(cfg: TrackerConfig, run_dir=None, run_name=None) -> Tracker:
@@ -49,23 +41,29 @@ def _make(cfg: TrackerConfig, run_dir=None, run_name=None) -> Tracker:
     run_dir = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="gradloc-track-"))
     trackers: list[Tracker] = []
     if cfg.kind in ("mlflow", "both"):
-        _require_backend("mlflow")
-        from .mlflow_tracker import MlflowTracker, resolve_tracking_uri
-
-        m = cfg.mlflow
-        spec = {"tracking_uri": resolve_tracking_uri(m.tracking_uri), "experiment_name": m.experiment_name,
-                "run_name": name, "tags": dict(m.tags)}
-        cancel = threading.Event()
-        # spec/cancel bound now: the writer thread calls the factory later, after `spec` is rebound below
-        trackers.append(_async(cfg, "mlflow", lambda spec=spec, cancel=cancel: MlflowTracker(**spec, run_dir=run_dir,
-                                                                                          cancel=cancel),
-                               run_dir, spec, cancel))
+        trackers.append(_mlflow(cfg, run_dir, name))
     if cfg.kind in ("wandb", "both"):
-        _require_backend("wandb")
-        from .wandb_tracker import WandbTracker
+        trackers.append(_wandb(cfg, run_dir, name))
+    return as_one_tracker(trackers)
 
-        w = cfg.wandb
-        spec = {"project": w.project, "entity": w.entity, "tags": list(w.tags), "mode": w.mode, "dir": w.dir,
-                "group": w.group, "run_name": name}
-        trackers.append(_async(cfg, "wandb", lambda spec=spec: WandbTracker(**spec, run_dir=run_dir), run_dir, spec))
-    return trackers[0] if len(trackers) == 1 else FanoutTracker(trackers)
+
+def _mlflow(cfg: TrackerConfig, run_dir: Path, name: str | None) -> AsyncTracker:
+    _require_backend("mlflow")
+    from .mlflow_tracker import MlflowTracker, resolve_tracking_uri
+
+    m = cfg.mlflow
+    spec = {"tracking_uri": resolve_tracking_uri(m.tracking_uri), "experiment_name": m.experiment_name,
+            "run_name": name, "tags": dict(m.tags)}
+    cancel = threading.Event()
+    return AsyncTracker.from_config(cfg, "mlflow", lambda: MlflowTracker(**spec, run_dir=run_dir, cancel=cancel),
+                                    run_dir, spec, cancel)
+
+
+def _wandb(cfg: TrackerConfig, run_dir: Path, name: str | None) -> AsyncTracker:
+    _require_backend("wandb")
+    from .wandb_tracker import WandbTracker
+
+    w = cfg.wandb
+    spec = {"project": w.project, "entity": w.entity, "tags": list(w.tags), "mode": w.mode, "dir": w.dir,
+            "group": w.group, "run_name": name}
+    return AsyncTracker.from_config(cfg, "wandb", lambda: WandbTracker(**spec, run_dir=run_dir), run_dir, spec)

@@ -57,19 +57,26 @@ class FanoutTracker(Tracker):
         # each child runs the job against itself; jobs memoize their rendering, so it happens once
         self._each("submit", job)
 
-    def flush(self):
-        self._each("flush")
+    def flush(self, timeout_s=None):
+        for t, left in self._shared(timeout_s):
+            t.flush(timeout_s=left)
 
     def finish(self, status="success", timeout_s=None):
         from . import sigterm
 
         sigterm.forget(self)
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s  # one bound for all children
+        for t, left in self._shared(timeout_s):
+            t.finish(status, timeout_s=left)
+
+    def _shared(self, timeout_s: float | None):
+        """Each child with the time left of ONE bound for all (``None``: each child's own bound)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         for t in self.trackers:
-            try:
-                if deadline is not None:
-                    t.finish(status, timeout_s=max(0.0, deadline - time.monotonic()))
-                else:
-                    t.finish(status)
-            except TypeError:
-                t.finish(status)
+            yield t, None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+def as_one_tracker(trackers: Sequence[Tracker]) -> Tracker | None:
+    """The tracker itself when there is one, a ``FanoutTracker`` over several, ``None`` for none."""
+    if not trackers:
+        return None
+    return trackers[0] if len(trackers) == 1 else FanoutTracker(trackers)

@@ -1,10 +1,13 @@
-"""Metric/param key and value normalisation shared by backends."""
+"""Metric/param key names and value normalisation shared by trackers."""
 from __future__ import annotations
 
 import math
 import re
 
 _MLFLOW_BAD = re.compile(r"[^\w\-. /]")
+
+#: metric logged once a tracker can write again: how many records it LOST for good until then
+DROPPED_KEY = "tracker/dropped"
 
 
 def mlflow_key(key: str) -> str:

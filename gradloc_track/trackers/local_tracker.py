@@ -17,11 +17,9 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from .base import Tracker
 from . import files
-from .keys import step_path, table_part_path
-
-DROPPED_KEY = "tracker/dropped"
+from .base import Tracker
+from .keys import DROPPED_KEY, step_path, table_part_path
 
 
 class LocalTracker(Tracker):

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 from .base import Tracker
 
@@ -50,7 +50,7 @@ class MemoryTracker(Tracker):
     def set_tags(self, tags: Mapping[str, str]) -> None:
         self.tags.update({k: str(v) for k, v in tags.items()})
 
-    def finish(self, status: str = "success") -> None:
+    def finish(self, status: str = "success", timeout_s: float | None = None) -> None:
         self.finished = status
 
     # convenience for tests

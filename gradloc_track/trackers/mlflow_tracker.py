@@ -24,6 +24,7 @@ from typing import Any, Mapping
 from .._optional import require
 from .base import Tracker
 from .keys import mlflow_key, step_path, table_part_path, truncate
+from .run_record import record_run
 
 MAX_METRICS_PER_BATCH = 1000  # MLflow's log_batch limit
 MAX_PARAMS_PER_BATCH = 100
@@ -117,8 +118,6 @@ class MlflowTracker(Tracker):
                                                                       **dict(tags or {})})
         self.run_id = run.info.run_id
         self.experiment_id = exp_id
-        from ..run_record import record_run
-
         record_run(self.run_dir, "mlflow", {"tracking_uri": self.tracking_uri, "experiment_id": exp_id,
                                             "run_id": self.run_id, "run_name": run.info.run_name})
         self.log_metrics({"spike_count": 0.0}, 0)
@@ -206,7 +205,8 @@ class MlflowTracker(Tracker):
                 pass
         self.client.log_batch(self.run_id, metrics=metrics, tags=items, synchronous=True)
 
-    def finish(self, status: str = "success") -> None:
+    def finish(self, status: str = "success", timeout_s: float | None = None) -> None:
+        """End the run we opened (not one we joined). One blocking call: ``AsyncTracker`` bounds it."""
         if self.attached:  # never end a run we did not open
             return
         self.client.set_terminated(self.run_id, STATUS.get(status, "FAILED"))

@@ -21,7 +21,7 @@ from typing import Any
 
 from .base import Tracker
 from .files import atomic_write_json
-from .run_record import read_run_record, update_run_record
+from .run_record import read_backend_record, update_run_record
 from .spool import read_spool
 
 
@@ -76,7 +76,7 @@ def _batches(records: list[dict[str, Any]], tracker: Tracker, size: int = 100):
 
 def open_backend(run_dir: Path, backend: str, tracking_uri: str | None = None) -> tuple[Tracker, dict[str, Any]]:
     """The original backend run of ``run_dir`` (created from the recorded spec if it never existed)."""
-    rec = read_run_record(run_dir, backend)
+    rec = read_backend_record(run_dir, backend)
     run, spec = dict(rec.get("run") or {}), dict(rec.get("spec") or {})
     if backend == "mlflow":
         from .mlflow_tracker import MlflowTracker
@@ -120,7 +120,7 @@ def _replay_one(run_dir: Path, spool_file: Path, tracking_uri: str | None) -> Re
     todo = [r for r in records if r["line"] not in done]
     result = ReplayResult(backend, already=len(records) - len(todo))
     if not todo:
-        result.run = dict(read_run_record(run_dir, backend).get("run") or {})
+        result.run = dict(read_backend_record(run_dir, backend).get("run") or {})
         return result
     tracker, result.run = open_backend(run_dir, backend, tracking_uri)
     # the final status goes last, whatever its place in the spool (records spooled after it are

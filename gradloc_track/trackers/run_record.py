@@ -1,13 +1,24 @@
-"""``<run dir>/tracker/<backend>.json``: which backend run this run directory belongs to.
+"""``<run dir>/tracker/<backend>.json``: which backend run a run directory belongs to.
 
-Written when the tracker is built (how to open the run: ``spec``), updated once the backend run
-exists (``run``: e.g. the MLflow run id) and when its final status is known. ``replay`` reads it
-to continue the ORIGINAL run instead of opening a new one.
+One record per backend run, rewritten atomically, read by ``replay``, the report and the console:
+
+- ``spec``: how to open the run, written when the tracker is built;
+- ``run``: how to find it again (e.g. the MLflow run id), once it exists (``replay`` continues the
+  ORIGINAL run instead of opening a new one);
+- ``status``: its final status, once delivered;
+- ``view``: where a person finds it, written by the adapter as soon as the run exists, so
+  ``gradloc-track report <run dir>`` and the console follow the directory to the run::
+
+    {"mlflow": {"tracking_uri": ..., "experiment_id": ..., "run_id": ..., "run_name": ...},
+     "wandb": {"dir": <the offline-run-* / run-* folder>, "path": "entity/project/run_id", ...}}
+
+Never raises into training: a run without a record still trains.
 """
 from __future__ import annotations
 
 import json
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +32,8 @@ def record_path(run_dir: str | Path, backend: str) -> Path:
     return Path(run_dir) / "tracker" / f"{backend}.json"
 
 
-def read_run_record(run_dir: str | Path, backend: str) -> dict[str, Any]:
+def read_backend_record(run_dir: str | Path, backend: str) -> dict[str, Any]:
+    """The whole record of ``backend``'s run (``spec``, ``run``, ``status``, ``view``); ``{}`` when none."""
     path = record_path(run_dir, backend)
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -32,7 +44,7 @@ def read_run_record(run_dir: str | Path, backend: str) -> dict[str, Any]:
 def update_run_record(run_dir: str | Path, backend: str, **fields: Any) -> bool:
     """Merge ``fields`` into the record (atomic rewrite); ``False`` when the run dir is not writable."""
     with _lock:
-        rec = read_run_record(run_dir, backend)
+        rec = read_backend_record(run_dir, backend)
         rec.update(encode(fields))
         rec["backend"] = backend
         try:
@@ -40,3 +52,25 @@ def update_run_record(run_dir: str | Path, backend: str, **fields: Any) -> bool:
         except OSError:
             return False
         return True
+
+
+def record_run(run_dir: str | Path | None, backend: str, info: dict[str, Any]) -> None:
+    """Record where ``backend``'s run is, as its ``view`` (no-op without a run dir)."""
+    if run_dir is None:
+        return
+    if not update_run_record(run_dir, backend, view={k: v for k, v in info.items() if v is not None}):
+        warnings.warn(f"gradloc-track: could not record the {backend} run in {record_path(run_dir, backend)}")
+
+
+def read_run_views(run_dir: str | Path) -> dict[str, Any]:
+    """``{backend: view}`` (where each backend run of ``run_dir`` is); ``{}`` when there is none."""
+    folder = Path(run_dir) / "tracker"
+    out: dict[str, Any] = {}
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            rec = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("view"), dict):
+            out[path.stem] = rec["view"]
+    return out

@@ -3,12 +3,12 @@
 While at least one run opened by ``make_tracker`` is active, a handler is installed in the MAIN
 thread only (Python delivers signals there; ``signal.signal`` elsewhere raises). On SIGTERM it
 finishes every active run with status ``"killed"`` (queued records flushed, the rest spooled,
-within ``GRACE_S`` = 20 s, under the usual 30 s before a scheduler's SIGKILL), then chains to the handler that was installed
-before: a Python handler is called; the default action is restored and the signal re-raised, so
-the process still dies of SIGTERM; an ignored SIGTERM stays ignored (and the runs are left open,
-since the process keeps training). When the last run finishes, the previous handler is restored
-(unless someone replaced ours meanwhile). Records logged after the handler ran (a previous
-handler that lets training go on) go to the spool.
+within ``GRACE_S`` = 20 s, under the usual 30 s before a scheduler's SIGKILL), then chains to the
+handler that was installed before: a Python handler is called; the default action is restored
+and the signal re-raised, so the process still dies of SIGTERM; an ignored SIGTERM stays ignored
+(and the runs are left open, since the process keeps training). When the last run finishes, the
+previous handler is restored (unless someone replaced ours meanwhile). Records logged after the
+handler ran (a previous handler that lets training go on) go to the spool.
 """
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ import logging
 import signal
 import threading
 from typing import Any
+
+from .bounded import bounded_call
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +38,7 @@ def _handler(signum, frame) -> None:
     runs = list(_active)
     log.warning("SIGTERM: ending %d tracker run(s) as KILLED", len(runs))
     for tracker in runs:
-        # the handler runs in the main thread between two bytecodes, possibly while the training
-        # code holds a queue lock: finish in a helper thread and wait a bounded time for it
-        t = threading.Thread(target=_finish_killed, args=(tracker,), daemon=True)
-        t.start()
-        t.join(GRACE_S + 5.0)
+        _finish_killed(tracker)
     _uninstall()
     if callable(prev):
         prev(signum, frame)
@@ -50,11 +48,11 @@ def _handler(signum, frame) -> None:
 
 
 def _finish_killed(tracker: Any) -> None:
+    # the handler runs in the main thread between two bytecodes, possibly while the training code
+    # holds a queue lock: finish on a helper thread and wait a bounded time for it
     try:
-        try:
-            tracker.finish("killed", timeout_s=GRACE_S)
-        except TypeError:  # a finish() without a timeout
-            tracker.finish("killed")
+        bounded_call(lambda: tracker.finish("killed", timeout_s=GRACE_S), GRACE_S + 5.0,
+                     name="gradloc-track-sigterm", what="finish on SIGTERM")
     except Exception as exc:  # noqa: BLE001 - a dying process must still reach the previous handler
         log.warning("SIGTERM: finishing %r failed: %r", tracker, exc)
 

@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 
 from .._optional import require
 from .base import Tracker
+from .run_record import record_run
 
 STEP_KEY = "train/step"
 RESERVED_FILES = {"config.yaml", "wandb-metadata.json", "wandb-summary.json", "requirements.txt", "output.log",
@@ -77,9 +78,6 @@ class WandbTracker(Tracker):
         self._step = -1  # the W&B step of the last log call
         self._tables: dict[str, tuple[list[str], list[list[Any]]]] = {}
         self._init_args = {k: init.get(k) for k in ("project", "entity", "mode")} | {"dir": wdir}
-
-        from ..run_record import record_run
-
         record_run(self.run_dir, "wandb", {"dir": str(Path(self.run.dir).parent), "path": self.run.path,
                                            "url": self.run.url, "run_name": self.run.name,
                                            "offline": bool(self.run.offline)})
@@ -138,7 +136,8 @@ class WandbTracker(Tracker):
                                      ({"spikes"} if "spike_count" in tags and str(tags["spike_count"]) != "0"
                                       else set())))
 
-    def finish(self, status: str = "success") -> None:
+    def finish(self, status: str = "success", timeout_s: float | None = None) -> None:
+        """Log the cumulative tables, then end the run we opened (not one we joined); ``AsyncTracker`` bounds it."""
         for key, (cols, rows) in self._tables.items():
             if rows:  # the whole table once, logged with the last step
                 self._log({f"{key}_all": self.wandb.Table(columns=cols, data=rows)}, max(self._step, 0))

@@ -10,7 +10,7 @@ import torch
 from gradloc_track.demo.console import TrainConsole, culprit_spans, view_commands, where_to_look
 from gradloc_track.demo.inject import inject
 from gradloc_track.locate.result import CulpritToken, LocateResult
-from gradloc_track.run_record import read_run_record, record_run
+from gradloc_track.trackers.run_record import read_run_views, record_run
 from gradloc_track.spikes.event import SpikeEvent
 
 from ..conftest import ROOT
@@ -65,7 +65,7 @@ def test_spike_block_names_text_and_where_to_look(tmp_path):
     record_run(tmp_path, "mlflow", {"tracking_uri": "sqlite:////data/mlflow.db", "experiment_id": "3",
                                     "run_id": "a" * 32, "run_name": "spike_demo"})
     record_run(tmp_path, "wandb", {"dir": "/w/offline-run-1", "path": "me/proj/xyz", "offline": True})
-    assert set(read_run_record(tmp_path)) == {"mlflow", "wandb"}  # merged, not overwritten
+    assert set(read_run_views(tmp_path)) == {"mlflow", "wandb"}  # merged, not overwritten
     ids = torch.zeros(4, 10, dtype=torch.long)
     ids[1, 4:7] = torch.tensor([1, 2, 3])
     toks = [CulpritToken(1, p, grad_norm=1.0, score=1.0, share=0.3, layer_norms={}) for p in (4, 5, 6)]

@@ -16,7 +16,7 @@ from gradloc_track import report
 from gradloc_track.artifacts import SpikeArtifactWriter
 from gradloc_track.cli import main
 from gradloc_track.config import TrackerConfig
-from gradloc_track.run_record import read_run_record
+from gradloc_track.trackers.run_record import read_run_views
 from gradloc_track.trackers import make_tracker
 
 from ..artifacts.test_render import make_case
@@ -127,7 +127,7 @@ def test_run_dir_of_an_mlflow_run_is_followed_to_the_run(tmp_path, sqlite_uri, c
     tracker = make_tracker(cfg, run_dir=run_dir)
     SpikeArtifactWriter(tracker, run_dir, window=8).write(12, events, result, ctx)
     tracker.finish()
-    rec = read_run_record(run_dir)["mlflow"]
+    rec = read_run_views(run_dir)["mlflow"]
     assert not (run_dir / "spikes").exists()  # the artifacts live in MLflow only
     out = tmp_path / "r.html"
     assert main(["report", str(run_dir), "-o", str(out)]) == 0
@@ -149,7 +149,7 @@ def test_wandb_offline_run_dir_is_reported(tmp_path, capsys):
     tracker = make_tracker(cfg, run_dir=run_dir)
     SpikeArtifactWriter(tracker, run_dir, window=8).write(9, events, result, ctx)
     tracker.finish()
-    wdir = read_run_record(run_dir)["wandb"]["dir"]
+    wdir = read_run_views(run_dir)["wandb"]["dir"]
     for source in (run_dir, wdir):  # the app's run dir, and W&B's own run dir
         page = report.build_report(source)
         assert "1 spike event(s) (steps 9)" in page and "<iframe sandbox" in page

@@ -26,7 +26,7 @@ from gradloc_track.cli import main as cli
 from gradloc_track.config import TrackerConfig
 from gradloc_track.trackers import MemoryTracker, files, make_tracker, read_spool
 from gradloc_track.trackers.async_writer import AsyncTracker
-from gradloc_track.trackers.run_record import read_run_record
+from gradloc_track.trackers.run_record import read_backend_record
 
 from ..conftest import ROOT, _free_port, running_mlflow_server
 
@@ -137,11 +137,11 @@ def test_server_dead_from_the_start(server, tmp_path, capsys):
     assert dead_s < 2 * baseline_s + 3.0, "a dead server must not slow training down (a wait would be >= 30 s)"
     assert finish_s < cfg.finish_timeout_s + 5.0, f"finish() took {finish_s:.1f} s, bound {cfg.finish_timeout_s} s"
     assert sorted(spooled_steps(tmp_path)) == list(range(STEPS))  # every step, once
-    assert "run" not in read_run_record(tmp_path, "mlflow")  # the server never answered: no run yet
+    assert "run" not in read_backend_record(tmp_path, "mlflow")  # the server never answered: no run yet
 
     server.up()
     out = replay(tmp_path, capsys)
-    run_id = read_run_record(tmp_path, "mlflow")["run"]["run_id"]
+    run_id = read_backend_record(tmp_path, "mlflow")["run"]["run_id"]
     assert f"mlflow run {run_id}: replayed" in out and "final status success" in out
     run = server.client().get_run(run_id)
     assert run.info.status == "FINISHED"
@@ -172,7 +172,7 @@ def test_server_killed_mid_run_and_never_restarted(server, tmp_path, capsys):
               f"finish() {finish_s:.2f} s")
     assert finish_s < cfg.finish_timeout_s + 5.0, f"finish() took {finish_s:.1f} s, bound {cfg.finish_timeout_s} s"
     assert run_s < 2 * baseline_s + 3.0, "the killed server must not slow training down"
-    run_id = read_run_record(tmp_path, "mlflow")["run"]["run_id"]
+    run_id = read_backend_record(tmp_path, "mlflow")["run"]["run_id"]
     spooled = spooled_steps(tmp_path)
     assert [r["args"] for r in read_spool(tmp_path / "spool" / "mlflow.jsonl") if r["call"] == "finish"] == [["success"]]
 
@@ -233,7 +233,7 @@ def test_sigterm_ends_the_run_killed_with_every_step(server, tmp_path):
                           text=True, timeout=300)
     assert proc.returncode == -signal.SIGTERM, proc.stderr[-3000:]  # still dies of SIGTERM (chained)
     assert "not reached" not in proc.stdout
-    run_id = read_run_record(tmp_path / "run", "mlflow")["run"]["run_id"]
+    run_id = read_backend_record(tmp_path / "run", "mlflow")["run"]["run_id"]
     assert server.client().get_run(run_id).info.status == "KILLED"
     assert backend_steps(server, run_id) == list(range(80))
     assert not (tmp_path / "run" / "spool").exists(), "the server was up: nothing spooled"

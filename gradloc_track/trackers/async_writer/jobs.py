@@ -1,0 +1,46 @@
+"""Submitted jobs (artifact rendering) on the writer thread: what they log goes through a sink.
+
+A job runs after everything queued before it; each call it makes is one record, delivered (or
+spooled) like any other. A job that fails is reported and skipped: the writer keeps running.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable
+
+from ..base import Tracker
+
+#: where a sink's calls go: ``deliver(call, args, ts)``
+Deliver = Callable[[str, tuple, int], Any]
+
+
+class JobSink(Tracker):
+    """What a submitted job logs through: each call goes to ``deliver(call, args, ts)`` in order."""
+
+    def __init__(self, deliver: Deliver, ts: int) -> None:
+        self._deliver, self._ts = deliver, ts
+
+    def log_metrics(self, metrics, step):
+        self._deliver("log_metrics", (dict(metrics), int(step)), self._ts)
+
+    def log_table(self, key, columns, rows, step=None):
+        self._deliver("log_table", (key, list(columns), [list(r) for r in rows], step), self._ts)
+
+    def log_html(self, key, html, step=None):
+        self._deliver("log_html", (key, html, step), self._ts)
+
+    def log_image(self, key, path, step=None):
+        self._deliver("log_image", (key, str(path), step), self._ts)
+
+    def log_artifact(self, path, artifact_path=None):
+        self._deliver("log_artifact", (str(path), artifact_path), self._ts)
+
+    def set_tags(self, tags):
+        self._deliver("set_tags", (dict(tags),), self._ts)
+
+
+def run_job(job: Callable[[Tracker], None], sink: Tracker, name: str) -> None:
+    try:
+        job(sink)
+    except Exception as exc:  # rendering an artifact failed: report, never crash the writer
+        warnings.warn(f"gradloc-track: a background {name} job failed: {exc!r}", RuntimeWarning)

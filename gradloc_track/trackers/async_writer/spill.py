@@ -1,0 +1,39 @@
+"""Records the backend did not take go to the spool, with one warning per kind of trouble.
+
+The spool file holds every record; the warnings only say where it is and how to replay it.
+"""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Callable
+
+from ..base import Tracker
+from ..spool import Spool
+from .jobs import JobSink, run_job
+
+
+class Spill:
+    def __init__(self, spool: Spool, name: str, run_dir: Path) -> None:
+        self.spool, self.name, self.run_dir = spool, name, run_dir
+        self._warned: set[str] = set()
+
+    def __call__(self, call: str, args: tuple, ts: int, error: str) -> None:
+        self.spool.write(call, args, error, ts=ts)
+        self.warn_down(error)
+
+    def warn_down(self, error: str) -> None:
+        self.warn_once("down", f"gradloc-track: the {self.name} tracker failed ({error}); records are kept in "
+                       f"{self.spool.path} (replay with `gradloc-track replay {self.run_dir}`)")
+
+    def run_job(self, job: Callable[[Tracker], None], reason: str, ts: int) -> None:
+        """Run ``job`` here with every record it logs going to the spool (``reason``: why not the backend)."""
+        def deliver(call: str, args: tuple, ts: int) -> bool:
+            self(call, args, ts, reason)
+            return False
+        run_job(job, JobSink(deliver, ts), self.name)
+
+    def warn_once(self, what: str, message: str) -> None:
+        if what not in self._warned:  # once per kind; the spool file holds every record
+            self._warned.add(what)
+            warnings.warn(message, RuntimeWarning, stacklevel=3)

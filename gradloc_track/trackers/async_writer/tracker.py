@@ -1,0 +1,162 @@
+"""``AsyncTracker``: the training thread's side of the background writer (see the package doc).
+
+Every ``log_*`` call only enqueues, waiting at most ``put_timeout_s``; a full queue (a backend
+too slow) or a call after ``finish()`` (e.g. a step logged after SIGTERM finished the run) sends
+the record to the spool instead. Nothing here raises into the training loop.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from ..base import Tracker
+from ..run_record import update_run_record
+from ..spool import Spool
+from .handover import hand_over
+from .pending import STOP, PendingRecords, now_ms
+from .spill import Spill
+from .writer import WriterLoop
+
+if TYPE_CHECKING:
+    from ...config import TrackerConfig
+
+
+class AsyncTracker(Tracker):
+    """Wraps a backend ``factory`` (built on the writer thread) with a queue, timeouts and a spool.
+
+    ``spec`` (optional) is what ``replay`` needs to reopen the backend run; it is recorded in
+    ``<run_dir>/tracker/<name>.json`` together with the backend's run id once it exists.
+    ``cancel`` (optional) is set when ``finish`` gives up before the backend was ever opened: a
+    factory that checks it does not create a run nobody will finish (``replay`` creates it).
+    """
+
+    #: submitted jobs (artifact rendering) run on the writer thread, in queue order
+    runs_jobs_off_thread = True
+
+    def __init__(self, factory: Callable[[], Tracker], name: str, run_dir: str | Path,
+                 queue_size: int = 10000, flush_interval_s: float = 1.0, retries: int = 3,
+                 retry_backoff_s: float = 0.5, put_timeout_s: float = 0.05, call_timeout_s: float = 10.0,
+                 finish_timeout_s: float = 120.0, probe_interval_s: float = 30.0, open_timeout_s: float = 120.0,
+                 spec: Mapping[str, Any] | None = None, cancel: threading.Event | None = None) -> None:
+        self.name = name
+        self.run_dir = Path(run_dir)
+        self.spool = Spool(self.run_dir / "spool" / f"{name}.jsonl", name)
+        self.call_timeout_s, self.finish_timeout_s = call_timeout_s, finish_timeout_s
+        self.probe_interval_s, self.open_timeout_s = probe_interval_s, open_timeout_s
+        self._q: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._put_timeout = put_timeout_s
+        self._finished = False
+        self._pending = PendingRecords()
+        self._spill = Spill(self.spool, name, self.run_dir)
+        self._writer = WriterLoop(factory, name, self.run_dir, self._q, self._pending, self._spill,
+                                  flush_interval_s=flush_interval_s, retries=retries, retry_backoff_s=retry_backoff_s,
+                                  call_timeout_s=call_timeout_s, probe_interval_s=probe_interval_s,
+                                  open_timeout_s=open_timeout_s, cancel=cancel)
+        if spec is not None:
+            update_run_record(self.run_dir, name, spec=dict(spec), status=None)
+        self._thread = threading.Thread(target=self._writer.run, name=f"gradloc-track-{name}", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_config(cls, cfg: "TrackerConfig", name: str, factory: Callable[[], Tracker], run_dir: str | Path,
+                    spec: Mapping[str, Any] | None = None, cancel: threading.Event | None = None) -> "AsyncTracker":
+        """The background writer with the bounds a ``TrackerConfig`` sets (runs we open and runs we join)."""
+        return cls(factory, name, run_dir, queue_size=cfg.queue_size, flush_interval_s=cfg.flush_interval_s,
+                   retries=cfg.retries, retry_backoff_s=cfg.retry_backoff_s, call_timeout_s=cfg.call_timeout_s,
+                   finish_timeout_s=cfg.finish_timeout_s, probe_interval_s=cfg.probe_interval_s,
+                   open_timeout_s=cfg.open_timeout_s, spec=spec, cancel=cancel)
+
+    @property
+    def dropped(self) -> int:
+        """Records lost for good: neither the backend nor the spool could take them."""
+        return self.spool.dropped
+
+    @property
+    def healthy(self) -> bool:
+        return self._writer.health.healthy
+
+    # -- producer side (training thread): never blocks longer than put_timeout_s, never raises ----
+    def _put(self, call: str, *args: Any) -> None:
+        ts = now_ms()
+        if self._finished:  # e.g. a step logged after a SIGTERM finished the run: keep it
+            self._spill(call, args, ts, "logged after finish()")
+            return
+        try:
+            self._q.put((call, args, ts), timeout=self._put_timeout)
+        except queue.Full:  # never block training: keep the record in the spool instead
+            self._spill(call, args, ts, "queue full (backend too slow)")
+
+    def log_metrics(self, metrics, step):
+        self._put("log_metrics", dict(metrics), int(step))
+
+    def log_params(self, params):
+        self._put("log_params", dict(params))
+
+    def log_table(self, key, columns, rows, step=None):
+        self._put("log_table", key, list(columns), [list(r) for r in rows], step)
+
+    def log_html(self, key, html, step=None):
+        self._put("log_html", key, html, step)
+
+    def log_image(self, key, path, step=None):
+        self._put("log_image", key, str(path), step)
+
+    def log_artifact(self, path, artifact_path=None):
+        self._put("log_artifact", str(path), artifact_path)
+
+    def set_tags(self, tags):
+        self._put("set_tags", dict(tags))
+
+    def submit(self, job: Callable[[Tracker], None]) -> None:
+        """Run ``job(tracker)`` on the writer thread, after everything queued before it."""
+        if self._finished:
+            self._spill.run_job(job, "logged after finish()", now_ms())
+            return
+        try:
+            self._q.put(("submit", (job,), now_ms()), timeout=self._put_timeout)
+        except queue.Full:
+            self._spill.run_job(job, "queue full (backend too slow)", now_ms())
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Wait until everything queued so far is written or spooled (at most ``finish_timeout_s``)."""
+        if self._finished:
+            return
+        limit = self.finish_timeout_s if timeout_s is None else timeout_s
+        with self._q.all_tasks_done:
+            self._q.all_tasks_done.wait_for(lambda: self._q.unfinished_tasks == 0, limit)
+
+    def finish(self, status: str = "success", timeout_s: float | None = None) -> None:
+        """Deliver what is queued and the final ``status``; after ``timeout_s`` spool the rest. Always returns."""
+        if self._finished:
+            return
+        self._finished = True
+        from .. import sigterm
+
+        sigterm.forget(self)
+        limit = self.finish_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + limit
+        try:
+            self._q.put(("finish", (status,), now_ms()), timeout=max(0.0, deadline - time.monotonic()))
+            self._q.put((STOP, (), 0), timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Full:
+            pass
+        self._thread.join(max(0.0, deadline - time.monotonic()))
+        if self._thread.is_alive():
+            self._abandon(status, f"finish() waited {limit:.0f} s")
+        if self.dropped:
+            warnings.warn(f"gradloc-track: {self.dropped} {self.name} record(s) were LOST (the backend and the "
+                          f"spool {self.spool.path} both failed: {self.spool.error}); see the tracker/dropped metric",
+                          RuntimeWarning, stacklevel=2)
+
+    def _abandon(self, status: str, why: str) -> None:
+        """finish() ran out of time: spool everything still pending, in flight or queued, and the status."""
+        reason = f"{why} for the {self.name} backend"
+        self._writer.backend.cancel_if_unopened()
+        if not hand_over(self._q, self._pending, self._spill, reason) and not self._writer.status_handled:
+            self._spill("finish", (status,), now_ms(), reason)
+        self._spill.warn_once("abandon", f"gradloc-track: the {self.name} writer did not finish within the bound "
+                              f"({why}); what was left is in {self.spool.path} (`gradloc-track replay {self.run_dir}`)")
