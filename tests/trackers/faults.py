@@ -1,0 +1,109 @@
+"""Fault injection for the tracker tests: backends that hang, fail or recover, and a tiny training loop.
+
+A tracker is mocked only to inject a fault; everything else is real (the writer thread, the spool
+on disk, a real model and optimizer).
+"""
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+
+import torch
+
+from gradloc_track import GradMonitor
+from gradloc_track.trackers import MemoryTracker, Tracker
+
+
+class Hangs(MemoryTracker):
+    """log_metrics of step >= 3 never returns (until the test ends)."""
+
+    def __init__(self):
+        super().__init__()
+        self.release = threading.Event()
+
+    def log_metrics(self, metrics, step):
+        if step >= 3:
+            self.release.wait(60)
+        super().log_metrics(metrics, step)
+
+
+class DownThenUp(MemoryTracker):
+    """log_metrics raises until the test sets ``down = False``."""
+
+    def __init__(self):
+        super().__init__()
+        self.down = True
+
+    def log_metrics(self, metrics, step):
+        if self.down:
+            raise ConnectionError("down")
+        super().log_metrics(metrics, step)
+
+
+class AlwaysFails(Tracker):
+    """Every call raises."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def log_metrics(self, metrics, step):
+        self.calls += 1
+        raise ConnectionError("backend down")
+
+    log_table = log_html = log_params = set_tags = log_metrics
+
+    def finish(self, status="success", timeout_s=None):
+        raise ConnectionError("backend down")
+
+
+class RecoversAtStep(MemoryTracker):
+    """Every call fails until a metric of step >= ``step`` arrives."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__()
+        self.recover_at, self.up = step, False
+
+    def _check(self):
+        if not self.up:
+            raise ConnectionError("backend down")
+
+    def log_metrics(self, metrics, step):
+        self.up = self.up or step >= self.recover_at
+        self._check()
+        super().log_metrics(metrics, step)
+
+    def log_params(self, params):
+        self._check()
+        super().log_params(params)
+
+
+def train(tracker, steps: int, at_step=None) -> float:
+    """A real (tiny) training loop logging every step; returns the loop's wall time (without ``at_step``)."""
+    from gradloc_track.demo.model import TinyGPT
+
+    torch.manual_seed(0)
+    model = TinyGPT(vocab_size=64, n_layer=2, n_head=2, d_model=32, max_seq_len=16)
+    monitor = GradMonitor(model, tracker=tracker, log_every=1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    t0 = time.perf_counter()
+    for step in range(steps):
+        if at_step is not None:
+            t_hook = time.perf_counter()
+            at_step(step)
+            t0 += time.perf_counter() - t_hook
+        opt.zero_grad()
+        model(x).mean().backward()
+        monitor.after_backward(step)
+        opt.step()
+    return time.perf_counter() - t0
+
+
+def timed_finish(tracker, status="success") -> float:
+    """Seconds ``tracker.finish(status)`` took (its warnings silenced)."""
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tracker.finish(status)
+    return time.perf_counter() - t0

@@ -1,0 +1,152 @@
+"""The background writer (``trackers/async_writer``): a backend that hangs, fails, is slow or comes
+back never blocks training, and every record ends in the backend or the spool (or is counted)."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from gradloc_track import GradMonitor
+from gradloc_track.trackers import MemoryTracker, read_spool, replay_spool
+from gradloc_track.trackers.async_writer import AsyncTracker
+
+from .faults import AlwaysFails, DownThenUp, Hangs, RecoversAtStep, timed_finish, train
+
+
+def test_finish_is_bounded_with_a_hung_backend_and_spools_the_rest(tmp_path):
+    backend = Hangs()
+    tracker = AsyncTracker(lambda: backend, "hung", tmp_path, call_timeout_s=30.0, finish_timeout_s=1.0,
+                           flush_interval_s=0.01)
+    for step in range(3):
+        tracker.log_metrics({"x": float(step)}, step)
+    tracker.flush()
+    for step in range(3, 10):
+        tracker.log_metrics({"x": float(step)}, step)
+    tracker.set_tags({"spike_count": "1"})
+    t0 = time.perf_counter()
+    with pytest.warns(RuntimeWarning, match="did not finish within the bound"):
+        tracker.finish("success")
+    took = time.perf_counter() - t0
+    backend.release.set()
+    assert took < 1.0 + 5.0, f"finish() took {took:.1f} s with a 1 s bound (the hung call waits 60 s)"
+    recs = read_spool(tmp_path / "spool" / "hung.jsonl")
+    assert sorted(r["args"][1] for r in recs if r["call"] == "log_metrics") == list(range(3, 10))
+    assert any("in flight" in r["error"] for r in recs)  # step 3: maybe in the backend too (replay dedups)
+    assert [r["call"] for r in recs][-1] == "finish" and recs[-1]["args"] == ["success"]
+    assert [s for s, _ in backend.metrics][:3] == [0, 1, 2]
+
+
+def test_down_backend_is_skipped_then_probed_back(tmp_path):
+    backend = DownThenUp()
+    tracker = AsyncTracker(lambda: backend, "probe", tmp_path, retries=0, probe_interval_s=2.0, flush_interval_s=0.01)
+    with pytest.warns(RuntimeWarning, match="probe"):
+        tracker.log_metrics({"x": 0.0}, 0)
+        tracker.flush()
+        assert not tracker.healthy
+        backend.down = False
+        tracker.log_metrics({"x": 1.0}, 1)  # within the probe interval: straight to the spool
+        tracker.flush()
+        time.sleep(2.1)
+        tracker.log_metrics({"x": 2.0}, 2)  # the probe
+        tracker.flush()
+    assert tracker.healthy
+    tracker.finish()
+    assert [s for s, _ in backend.metrics] == [2] and backend.finished == "success"
+    assert [r["args"][1] for r in read_spool(tmp_path / "spool" / "probe.jsonl")] == [0, 1]
+
+
+def test_backend_raising_on_every_call_spools_everything(tmp_path, tiny_gpt):
+    backend = AlwaysFails()
+    tracker = AsyncTracker(lambda: backend, "flaky", tmp_path, retries=2, retry_backoff_s=0.001,
+                           flush_interval_s=0.05)
+    mon = GradMonitor(tiny_gpt, tracker=tracker)
+    opt = torch.optim.SGD(tiny_gpt.parameters(), lr=0.01)
+    with pytest.warns(RuntimeWarning, match="flaky"):
+        for step in range(20):
+            opt.zero_grad()
+            tiny_gpt(torch.randint(0, 64, (2, 8))).mean().backward()
+            mon.after_backward(step)
+            opt.step()
+        tracker.log_table("spikes/tokens", ["a"], [[1]], 3)
+        tracker.finish("success")
+    recs = read_spool(tmp_path / "spool" / "flaky.jsonl")
+    steps = sorted(r["args"][1] for r in recs if r["call"] == "log_metrics")
+    assert steps == list(range(20))
+    assert any(r["call"] == "log_table" for r in recs)
+    assert backend.calls > 0
+    replayed = MemoryTracker()
+    replay_spool(tmp_path / "spool" / "flaky.jsonl", replayed)
+    assert [s for s, _ in replayed.metrics] == list(range(20))
+    assert "grad_norm/global" in replayed.metrics[0][1]
+
+
+def test_full_queue_spills_instead_of_blocking(tmp_path):
+    gate = threading.Event()
+
+    class Slow(MemoryTracker):
+        def log_metrics(self, metrics, step):
+            gate.wait(5)
+            super().log_metrics(metrics, step)
+
+    inner = Slow()
+    tracker = AsyncTracker(lambda: inner, "slow", tmp_path, queue_size=2, put_timeout_s=0.001)
+    with pytest.warns(RuntimeWarning, match="queue full"):
+        for step in range(30):
+            tracker.log_metrics({"x": float(step)}, step)
+    gate.set()
+    tracker.finish()
+    spooled = {r["args"][1] for r in read_spool(tmp_path / "spool" / "slow.jsonl")}
+    written = {s for s, _ in inner.metrics}
+    assert spooled | written == set(range(30))
+
+
+def test_artifacts_render_off_the_training_thread_in_order(tmp_path, monkeypatch):
+    from gradloc_track.artifacts import SpikeArtifactWriter, writer
+    from gradloc_track.locate.result import CulpritToken, LocateResult
+    from gradloc_track.spikes import SpikeContext, SpikeEvent
+
+    threads = []
+    real = writer.render_highlight_html
+
+    def spy(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(writer, "render_highlight_html", spy)
+    ids = torch.full((2, 8), ord("a"))
+    ids[1, 3] = ord("Z")
+    ctx = SpikeContext(loss_fn=lambda m: m.sum(), token_mask=torch.ones(2, 8), input_ids=ids, tokenizer=None)
+    result = LocateResult(tokens=[CulpritToken(1, 3, 5.0, {"h.0": 5.0}, share=0.9)], probes=3, method="auto",
+                          threshold=1.0, total_norm=5.0, layer_names=["h.0"])
+    backend = MemoryTracker()
+    tracker = AsyncTracker(lambda: backend, "mem", tmp_path)
+    SpikeArtifactWriter(tracker, tmp_path, images=False).write(7, [SpikeEvent(7, "global", 5, 1, 9, 5)], result, ctx)
+    ids.fill_(0)  # the training loop reuses its buffer: the artifact shows the batch as it was
+    tracker.finish()
+    assert threads and "MainThread" not in threads
+    assert [(k, s) for k, s, _ in backend.html] == [("spikes/highlight", 7)]
+    assert backend.table_calls[0][:2] == ("spikes/tokens", 7)
+    assert backend.tags["spike_count"] == "1"
+
+
+@pytest.mark.parametrize("where", ["run dir is a file", "spool on a full disk"])
+def test_unwritable_spool_counts_what_was_lost(where, tmp_path, full_disk):
+    disk, _ = full_disk
+    if where == "run dir is a file":
+        (tmp_path / "not_a_dir").write_text("x")
+        run_dir = tmp_path / "not_a_dir" / "run"
+    else:
+        run_dir = disk / "run"
+    backend = RecoversAtStep(20)
+    tracker = AsyncTracker(lambda: backend, "flaky", run_dir, retries=0, call_timeout_s=2.0, finish_timeout_s=5.0,
+                           probe_interval_s=0.0, flush_interval_s=0.01)
+    with pytest.warns(RuntimeWarning) as caught:
+        train(tracker, steps=40, at_step=lambda s: tracker.flush())
+        t_finish = timed_finish(tracker)
+    assert t_finish < tracker.finish_timeout_s + 5.0
+    messages = " ".join(str(w.message) for w in caught)
+    assert "LOST" in messages and "tracker/dropped" in messages
+    assert tracker.dropped == 20  # steps 0-19: neither the backend nor the spool took them
+    assert [s for s, _ in backend.metrics if "grad_norm/global" in _] == list(range(20, 40))
+    assert backend.series("tracker/dropped")[0] == (20, 20.0)  # reported with the first step that got through

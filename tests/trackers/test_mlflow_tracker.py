@@ -1,0 +1,92 @@
+"""The MLflow adapter (``trackers/mlflow_tracker.py``) against a real SQLite store and a real
+``mlflow server``, read back from what it wrote."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gradloc_track.artifacts import read_table
+from gradloc_track.config import TrackerConfig
+from gradloc_track.trackers import make_tracker
+
+from .calls import HTML, exercise
+
+
+def test_mlflow_sqlite_store_read_back(tmp_path, sqlite_uri):
+    from mlflow.tracking import MlflowClient
+
+    cfg = TrackerConfig(kind="mlflow")
+    cfg.mlflow.tracking_uri = sqlite_uri
+    tracker = make_tracker(cfg, run_dir=tmp_path / "run", run_name="mlflow-test")
+    exercise(tracker, tmp_path)
+    client = MlflowClient(sqlite_uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("gradloc-track").experiment_id])
+    assert run.info.status == "FINISHED" and run.info.run_name == "mlflow-test"
+    hist = client.get_metric_history(run.info.run_id, "grad_norm/global")
+    assert sorted((m.step, m.value) for m in hist) == [(s, 1.0 + s) for s in range(5)]
+    params = run.data.params
+    assert params["lr"] == "0.001" and params["bad key_"] == "1"
+    assert len(params["long"]) <= 6000 and params["long"].endswith("[truncated]")
+    assert "unset" not in params and "None" not in params.values()
+    tags = run.data.tags
+    assert tags["spike_count"] == "3" and run.data.metrics["spike_count"] == 3.0  # sortable in the runs table
+    assert tags["mlflow.source.name"] and tags["mlflow.user"] and "spikes/" in tags["mlflow.note.content"]
+    dl = Path(client.download_artifacts(run.info.run_id, "spikes", str(tmp_path / "dl")))
+    table = read_table(dl.parent, "spikes/tokens")
+    assert table["columns"] == ["step", "token", "grad_norm"] and len(table["data"]) == 6
+    assert sorted(p.name for p in (dl / "tokens").iterdir()) == [f"step_0000{10 + e}.json" for e in range(3)]
+    assert (dl / "highlight" / "step_000012.html").read_text() == HTML
+    assert (dl / "heatmap" / "step_000012.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_mlflow_table_is_appended_never_downloaded(tmp_path, sqlite_uri, capfd):
+    from mlflow.tracking import MlflowClient
+
+    cfg = TrackerConfig(kind="mlflow")
+    cfg.mlflow.tracking_uri = sqlite_uri
+    tracker = make_tracker(cfg, run_dir=tmp_path / "run")
+    for e in range(100):
+        tracker.log_table("spikes/tokens", ["step", "token"], [[e, f"tok{e}"]], e)
+    tracker.log_table("spikes/tokens", ["step", "token"], [[99, "again"]], 99)  # same event: same part
+    tracker.finish("success")
+    out = capfd.readouterr()
+    assert "Downloading artifacts" not in out.err + out.out, "no download (and no progress bar) per event"
+    client = MlflowClient(sqlite_uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("gradloc-track").experiment_id])
+    assert "mlflow.loggedArtifacts" not in run.data.tags  # MlflowClient.log_table (download+rewrite) unused
+    parts = client.list_artifacts(run.info.run_id, "spikes/tokens")
+    assert len(parts) == 100 and max(p.file_size for p in parts) < 200  # one small part per event
+    dl = client.download_artifacts(run.info.run_id, "spikes", str(tmp_path / "dl"))
+    data = read_table(Path(dl).parent, "spikes/tokens")["data"]
+    assert data == [[e, f"tok{e}"] for e in range(100)] + [[99, "again"]]
+
+
+def test_mlflow_through_a_real_server(tmp_path, mlflow_server):
+    from mlflow.tracking import MlflowClient
+
+    cfg = TrackerConfig(kind="mlflow")
+    cfg.mlflow.tracking_uri = mlflow_server
+    cfg.mlflow.experiment_name = "server-test"
+    tracker = make_tracker(cfg, run_dir=tmp_path / "run")
+    exercise(tracker, tmp_path, events=1)
+    client = MlflowClient(mlflow_server)
+    (run,) = client.search_runs([client.get_experiment_by_name("server-test").experiment_id])
+    assert len(client.get_metric_history(run.info.run_id, "grad_norm/h.0")) == 5
+    assert [a.path for a in client.list_artifacts(run.info.run_id, "spikes")] == \
+        ["spikes/heatmap", "spikes/highlight", "spikes/tokens"]
+    assert not (tmp_path / "run" / "spool").exists()
+
+
+def test_failed_run_is_marked_failed(tmp_path, sqlite_uri):
+    from mlflow.tracking import MlflowClient
+
+    cfg = TrackerConfig(kind="mlflow")
+    cfg.mlflow.tracking_uri = sqlite_uri
+    with pytest.raises(ZeroDivisionError):
+        with make_tracker(cfg, run_dir=tmp_path / "run") as tracker:
+            tracker.log_metrics({"a": 1.0}, 0)
+            1 / 0
+    client = MlflowClient(sqlite_uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("gradloc-track").experiment_id])
+    assert run.info.status == "FAILED"
