@@ -27,7 +27,8 @@ def mlflow_run_tracker(run_id: str, tracking_uri: str, cfg: TrackerConfig | None
                        run_dir: Any = None) -> Tracker:
     """Log into the MLflow run ``run_id`` (explicit id through ``MlflowClient``; left open).
 
-    Through the same background writer (bounded calls, spool, replay) as the runs we open."""
+    Through the same background writer (bounded calls, spool, replay) as the runs we open.
+    """
     from ..trackers.mlflow_tracker import MlflowTracker
 
     run_dir = _run_dir(run_dir)

@@ -1,4 +1,16 @@
-"""Tracker destinations. Backends (wandb, mlflow) are imported only when built."""
+"""Tracker destinations. Backends (wandb, mlflow) are imported only when built.
+
+- ``base``: the interface, a destination whose methods do nothing by default; ``NullTracker``
+- ``memory``, ``local_tracker``: in lists (tests, notebooks); in the run directory (``tracker=none``)
+- ``mlflow_tracker``, ``wandb_tracker``: the backend adapters (open a run, or join one); ``mlflow_links``
+- ``fanout``: one stream of calls to several trackers; ``as_one_tracker``
+- ``async_writer``: the background writer every backend runs behind (queue, bounded calls, spool)
+- ``bounded``: a call on a thread with a deadline (the writer, the report, the SIGTERM handler)
+- ``spool``, ``replay``: what a backend did not take, and sending it to the original run later
+- ``run_record``: ``<run dir>/tracker/<backend>.json``, which backend run a run directory belongs to
+- ``sigterm``: runs end as KILLED on preemption; ``factory``: ``make_tracker`` from a ``TrackerConfig``
+- ``files``, ``keys``: atomic file writes; metric key names and cleaning
+"""
 from .base import NullTracker, Tracker
 from .fanout import FanoutTracker, as_one_tracker
 from .local_tracker import LocalTracker
