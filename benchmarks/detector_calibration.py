@@ -15,21 +15,35 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from gradloc_track.config import RootConfig, SpikeConfig, TrainConfig
+from gradloc_track.config import SpikeConfig
+from gradloc_track.demo.config import DemoConfig, TrainConfig
 from gradloc_track.spikes import SpikeDetector
 
 DEFAULT_CACHE = Path(tempfile.gettempdir()) / "gradloc-track-detector-streams"
 
 
+def _example_app():
+    """``examples/train_lm.py``, the demo's training loop, as a module."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "train_lm.py"
+    spec = importlib.util.spec_from_file_location("example_train_lm", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses resolve their annotations through it
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def record(b: int, t: int, steps: int, cache: Path, threads: int | None) -> dict:
     """Train the demo cleanly with the default detector; return counts and save the streams."""
-    from gradloc_track.demo.train import train_lm
+    train_lm = _example_app().train_lm
 
-    cfg = RootConfig(train=TrainConfig(steps=steps, batch_size=b, seq_len=t, num_threads=threads))
+    cfg = DemoConfig(train=TrainConfig(steps=steps, batch_size=b, seq_len=t, num_threads=threads))
     run_dir = Path(tempfile.mkdtemp(prefix=f"detcal-{b}x{t}-"))
     t0 = time.perf_counter()
     train_lm(cfg, run_dir)

@@ -15,14 +15,16 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-from gradloc_track.config import register_configs, to_config
-from gradloc_track.demo.train import train_lm
+from gradloc_track.config import ConfigError, check_overrides, to_config
+from gradloc_track.demo.config import register_configs
+from train_lm import train_lm  # the example app's loop, next to this file
 
 METHODS = ["none", "global", "zclip", "adagc", "layerclip"]
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 def run_all(overrides: list[str], out: Path) -> dict[str, dict[str, float]]:
+    check_overrides(overrides)
     register_configs()
     results = {}
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
@@ -35,8 +37,8 @@ def run_all(overrides: list[str], out: Path) -> dict[str, dict[str, float]]:
 
 
 def table(results: dict[str, dict[str, float]]) -> str:
-    lines = ["| clip | grad spike score (post-clip) | loss spike score | max post-clip grad norm (after warm-up) | final loss |",
-             "|---|---|---|---|---|"]
+    lines = ["| clip | grad spike score (post-clip) | loss spike score | max post-clip grad norm (after warm-up) "
+             "| final loss |", "|---|---|---|---|---|"]
     for m, r in results.items():
         lines.append(f"| {m} | {r['post_clip_grad_spike_score']:.4f} | {r['loss_spike_score']:.4f} | "
                      f"{r['max_post_clip_grad_norm']:.3f} | {r['final_loss']:.4f} |")
@@ -44,4 +46,8 @@ def table(results: dict[str, dict[str, float]]) -> str:
 
 
 if __name__ == "__main__":
-    print(table(run_all(sys.argv[1:], Path(tempfile.mkdtemp(prefix="clip-compare-")))))
+    try:
+        results = run_all(sys.argv[1:], Path(tempfile.mkdtemp(prefix="clip-compare-")))
+    except ConfigError as exc:
+        sys.exit(f"error: {exc}")
+    print(table(results))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import random
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -69,7 +70,7 @@ def reward(answer: str, a: int, b: int) -> float:
     return 1.0 if answer.strip().startswith(str(a + b)) and answer.strip()[: len(str(a + b))] == str(a + b) else 0.0
 
 
-def main(argv: list[str] | None = None) -> dict:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=80)
     ap.add_argument("--inject-step", type=int, default=50)
@@ -80,7 +81,103 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out-dir", default="runs/rl_grpo")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None)
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+@dataclass
+class Rollout:
+    """One step's sampled responses, scored."""
+
+    seq: torch.Tensor  # (B, P+R) prompt + sampled response
+    old_logp: torch.Tensor  # (B, R) behaviour log-probs of the sampled tokens
+    answers: list[str]
+    rewards: torch.Tensor  # (B,)
+    adv: torch.Tensor  # (B,) group-normalised advantages
+
+
+def rollout(policy: TinyGPT, args: argparse.Namespace, rng: random.Random, gen: torch.Generator) -> Rollout:
+    """``--group`` responses to each of ``--prompts`` "a+b=" prompts, rewarded and group-normalised (GRPO)."""
+    pairs = [(rng.randrange(10), rng.randrange(10)) for _ in range(args.prompts)]
+    prompts = torch.tensor([encode(f"{a}+{b}=") for a, b in pairs for _ in range(args.group)])
+    seq, old_logp = sample(policy, prompts, gen)  # (B, 7), (B, 3)
+    answers = [TOK.decode(r.tolist()) for r in seq[:, PROMPT_LEN:]]
+    rewards = torch.tensor([reward(ans, *pairs[i // args.group]) for i, ans in enumerate(answers)])
+    grouped = rewards.view(args.prompts, args.group)
+    adv = ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-4)).view(-1)  # (B,)
+    return Rollout(seq, old_logp, answers, rewards, adv)
+
+
+def loss_terms(r: Rollout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inputs, targets, the response-token mask and the behaviour log-probs, all (B, P+R-1)."""
+    B, L = r.seq.shape
+    x, y = r.seq[:, :-1], r.seq[:, 1:]  # (B, 6): targets at index >= PROMPT_LEN-1 are the response
+    mask = torch.zeros(B, L - 1)
+    mask[:, PROMPT_LEN - 1:] = 1.0
+    behaviour = torch.zeros(B, L - 1)
+    behaviour[:, PROMPT_LEN - 1:] = r.old_logp
+    return x, y, mask, behaviour
+
+
+def inject_stale_logprobs(r: Rollout, behaviour: torch.Tensor, step: int) -> dict:
+    """The bug: one response's behaviour log-probs are stale, so its importance ratio is ~e^6."""
+    k = int(r.adv.abs().argmax())  # a response whose advantage is not zero
+    behaviour[k, PROMPT_LEN - 1:] -= 6.0
+    injected = {"step": step, "sample": k, "positions": list(range(PROMPT_LEN - 1, behaviour.shape[1]))}
+    print(f"step {step}: stale log-probs injected into response {k} ({r.answers[k]!r}), "
+          f"positions {injected['positions']}")
+    return injected
+
+
+def grpo_loss(policy: TinyGPT, x, y, mask, behaviour, adv_bt, cache: dict[str, torch.Tensor]):
+    """``loss_fn(keep)``: the importance-weighted surrogate over the kept tokens, FIXED normaliser."""
+    n_tokens = float(mask.sum())
+
+    def loss_fn(keep: torch.Tensor) -> torch.Tensor:
+        logp = policy(x).float().log_softmax(-1).gather(2, y[..., None]).squeeze(-1)  # (B, 6)
+        ratio = (logp - behaviour).exp() * mask
+        cache["logp"], cache["ratio"] = logp.detach(), ratio.detach()
+        return -(ratio * adv_bt * keep).sum() / n_tokens  # fixed normaliser
+
+    return loss_fn
+
+
+@dataclass
+class Results:
+    events_at: list[int] = field(default_factory=list)
+    localized: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    rewards_seen: list[float] = field(default_factory=list)
+    injected: dict = field(default_factory=dict)
+
+
+def train(args, policy: TinyGPT, opt, monitor: GradMonitor, tracker, rng, gen) -> Results:
+    res = Results()
+    for step in range(args.steps):
+        r = rollout(policy, args, rng, gen)
+        res.rewards_seen.append(float(r.rewards.mean()))
+        x, y, mask, behaviour = loss_terms(r)
+        if step == args.inject_step:
+            res.injected = inject_stale_logprobs(r, behaviour, step)
+        adv_bt = r.adv[:, None].expand_as(mask) * mask  # (B, 6)
+        rng_state = torch.get_rng_state()
+        cache: dict[str, torch.Tensor] = {}
+        loss_fn = grpo_loss(policy, x, y, mask, behaviour, adv_bt, cache)
+        opt.zero_grad(set_to_none=True)
+        loss_fn(mask).backward()
+        ctx = SpikeContext(loss_fn, mask, input_ids=y, tokenizer=TOK, rng_state=rng_state,
+                           extra_columns={"advantage": adv_bt, "ratio": cache["ratio"], "logprob": cache["logp"]},
+                           sample_columns={"reward": r.rewards})
+        stats = monitor.after_backward(step, spike_context=ctx)
+        opt.step()
+        tracker.log_metrics({"rl/reward": res.rewards_seen[-1]}, step)
+        if stats.events:
+            res.events_at.append(step)
+        if stats.locate is not None:
+            res.localized[step] = [(c.batch, c.position) for c in stats.locate.tokens]
+    return res
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -94,63 +191,18 @@ def main(argv: list[str] | None = None) -> dict:
     tracker = make_tracker(TrackerConfig(kind=args.tracker), run_dir=out, run_name="rl_grpo")
     monitor = GradMonitor(policy, tracker=tracker, detector=SpikeDetector(warmup_steps=10),
                           locate_config=LocateConfig(), artifact_writer=SpikeArtifactWriter(tracker, run_dir=out))
-    events_at, localized, rewards_seen, injected = [], {}, [], {}
     status = "failed"
     try:
-        for step in range(args.steps):
-            pairs = [(rng.randrange(10), rng.randrange(10)) for _ in range(args.prompts)]
-            prompts = torch.tensor([encode(f"{a}+{b}=") for a, b in pairs for _ in range(args.group)])
-            seq, old_logp = sample(policy, prompts, gen)  # (B, 7), (B, 3)
-            answers = [TOK.decode(r.tolist()) for r in seq[:, PROMPT_LEN:]]
-            rewards = torch.tensor([reward(ans, *pairs[i // args.group]) for i, ans in enumerate(answers)])
-            grouped = rewards.view(args.prompts, args.group)
-            adv = ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-4)).view(-1)  # (B,)
-            rewards_seen.append(float(rewards.mean()))
-
-            B, L = seq.shape
-            x, y = seq[:, :-1], seq[:, 1:]  # (B, 6): targets at index >= PROMPT_LEN-1 are the response
-            mask = torch.zeros(B, L - 1)
-            mask[:, PROMPT_LEN - 1:] = 1.0
-            behaviour = torch.zeros(B, L - 1)
-            behaviour[:, PROMPT_LEN - 1:] = old_logp
-            if step == args.inject_step:
-                k = int(adv.abs().argmax())  # a response whose advantage is not zero
-                behaviour[k, PROMPT_LEN - 1:] -= 6.0  # stale-logprob bug: ratio ~ e^6 on its tokens
-                injected = {"step": step, "sample": k, "positions": list(range(PROMPT_LEN - 1, L - 1))}
-                print(f"step {step}: stale log-probs injected into response {k} ({answers[k]!r}), "
-                      f"positions {injected['positions']}")
-            adv_bt = adv[:, None].expand(B, L - 1) * mask
-            n_tokens = float(mask.sum())
-            rng_state = torch.get_rng_state()
-            cache: dict[str, torch.Tensor] = {}
-
-            def loss_fn(keep: torch.Tensor) -> torch.Tensor:
-                logp = policy(x).float().log_softmax(-1).gather(2, y[..., None]).squeeze(-1)  # (B, 6)
-                ratio = (logp - behaviour).exp() * mask
-                cache["logp"], cache["ratio"] = logp.detach(), ratio.detach()
-                return -(ratio * adv_bt * keep).sum() / n_tokens  # fixed normaliser
-
-            opt.zero_grad(set_to_none=True)
-            loss_fn(mask).backward()
-            ctx = SpikeContext(loss_fn, mask, input_ids=y, tokenizer=TOK, rng_state=rng_state,
-                               extra_columns={"advantage": adv_bt, "ratio": cache["ratio"], "logprob": cache["logp"]},
-                               sample_columns={"reward": rewards})
-            stats = monitor.after_backward(step, spike_context=ctx)
-            opt.step()
-            tracker.log_metrics({"rl/reward": rewards_seen[-1]}, step)
-            if stats.events:
-                events_at.append(step)
-            if stats.locate is not None:
-                localized[step] = [(c.batch, c.position) for c in stats.locate.tokens]
+        res = train(args, policy, opt, monitor, tracker, rng, gen)
         status = "success"
     finally:
         tracker.finish(status)
-    summary = {"events_at": events_at, "localized": localized, "injected": injected,
-               "mean_reward": sum(rewards_seen[-10:]) / max(1, len(rewards_seen[-10:]))}
-    print(f"spike events at steps {events_at}")
-    if injected:
-        print(f"injected: response {injected['sample']} positions {injected['positions']}; "
-              f"localized at step {injected['step']}: {localized.get(injected['step'])}")
+    summary = {"events_at": res.events_at, "localized": res.localized, "injected": res.injected,
+               "mean_reward": sum(res.rewards_seen[-10:]) / max(1, len(res.rewards_seen[-10:]))}
+    print(f"spike events at steps {res.events_at}")
+    if res.injected:
+        print(f"injected: response {res.injected['sample']} positions {res.injected['positions']}; "
+              f"localized at step {res.injected['step']}: {res.localized.get(res.injected['step'])}")
     return summary
 
 

@@ -4,22 +4,305 @@
     python examples/train_lm.py experiment=spike_demo        # inject a spike, localize it
     python examples/train_lm.py tracker=wandb clip=adagc clip.beta=0.98 train.steps=50
     python examples/train_lm.py -m clip=none,global,zclip,adagc,layerclip experiment=spike_demo
+    torchrun --nproc_per_node 2 examples/train_lm.py train.inject.step=100 train.inject.rank=1
 
-Every override is a field of gradloc_track.config.RootConfig (see conf/).
+Every override is a field of gradloc_track.demo.config.DemoConfig (see conf/). Read it top to
+bottom: the loss, the set-up, the training loop (batch, backward, the monitor, the optimizer
+step), the summary, then the Hydra entry point. The reusable parts (model, data, tokenizer,
+injected outliers, console) are in gradloc_track.demo.
 """
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import sys
+import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any, Mapping
 
 import hydra
+import torch
+import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
-from gradloc_track.config import ConfigError, register_configs, to_config
-from gradloc_track.demo.train import train_lm
+from gradloc_track import GradMonitor
+from gradloc_track.artifacts import SpikeArtifactWriter
+from gradloc_track.clip import build_clipper
+from gradloc_track.config import ConfigError, check_overrides, to_config
+from gradloc_track.demo.config import DemoConfig, register_configs
+from gradloc_track.demo.console import TrainConsole, summary_lines
+from gradloc_track.demo.data import TextBatches, load_corpus
+from gradloc_track.demo.inject import PAD_ID, inject
+from gradloc_track.demo.model import build_model
+from gradloc_track.demo.optim import make_optimizer, make_schedule
+from gradloc_track.demo.tokenizer import make_tokenizer
+from gradloc_track.spikes import SpikeContext, SpikeDetector, spike_score
+from gradloc_track.trackers import NullTracker, Tracker, make_tracker
 
 register_configs()
+
+
+# -- the loss -------------------------------------------------------------------------------------
+
+def masked_lm_loss(model, x, y, mask, loss_norm: str):
+    """A ``loss_fn(keep)`` for the batch with a FIXED normalizer (computed from the full mask).
+
+    token: sum of kept terms / number of loss tokens in the batch.
+    sample: mean over samples of (sum of kept terms / that sample's loss-token count).
+    The localizer calls it with parts of the mask to find which terms made a spike.
+    """
+    B, T = x.shape
+    if loss_norm == "token":
+        weights = mask / mask.sum().clamp(min=1.0)  # (B, T)
+    else:
+        weights = mask / mask.sum(dim=1, keepdim=True).clamp(min=1.0) / B  # (B, T)
+
+    def loss_fn(keep: torch.Tensor) -> torch.Tensor:
+        logits = model(x)  # (B, T, V)
+        per_tok = F.cross_entropy(logits.reshape(B * T, -1), y.reshape(-1), reduction="none").view(B, T)
+        return (per_tok * weights * keep).sum()
+
+    return loss_fn
+
+
+# -- set-up ---------------------------------------------------------------------------------------
+
+@dataclass
+class Setup:
+    """What the loop uses, built once per run."""
+
+    device: torch.device
+    rank: int
+    world: int
+    started: bool  # we started the process group, so we tear it down
+    tokenizer: Any
+    junk_ids: list[int] | None  # the injected text's tokens (garbled_span)
+    data: TextBatches
+    model: torch.nn.Module
+    net: torch.nn.Module  # what the loss runs: DDP under torchrun (each rank its own batches)
+    opt: torch.optim.Optimizer
+    sched: torch.optim.lr_scheduler.LRScheduler
+    adamc: Any  # AdamCWeightDecay with optim=adamc, else None
+    console: TrainConsole
+
+
+def init_distributed(device: torch.device) -> tuple[int, int, bool]:
+    """(rank, world size, whether we started the group) under torchrun (``WORLD_SIZE`` > 1)."""
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return 0, 1, False
+    started = not dist.is_initialized()
+    if started:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return dist.get_rank(), dist.get_world_size(), started
+
+
+def close_distributed(started: bool, success: bool) -> None:
+    if not started:
+        return
+    import torch.distributed as dist
+
+    if success:
+        dist.barrier()  # nobody tears gloo down while a peer still talks to it
+    dist.destroy_process_group()
+
+
+def setup(cfg: DemoConfig, console: TrainConsole) -> Setup:
+    """Seed, tokenizer, process group, model, optimizer, schedule and data, in that order."""
+    tc = cfg.train
+    if tc.num_threads:
+        torch.set_num_threads(tc.num_threads)
+    torch.manual_seed(tc.seed)
+    device = torch.device(tc.device)
+    corpus = load_corpus(tc.corpus)
+    tokenizer = make_tokenizer(tc.tokenizer, cfg.model.vocab_size, corpus, tc.cache_dir)
+    rank, world, started = init_distributed(device)
+    if rank != 0:  # one console: rank 0 speaks for the run (it also gathers every culprit's text)
+        console = TrainConsole(stream=open(os.devnull, "w"), rich=False)
+    model = build_model(cfg.model).to(device)
+    net = model
+    if world > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        net = DistributedDataParallel(model)
+    opt = make_optimizer(model, cfg.optim)
+    sched = make_schedule(opt, cfg.optim, tc.steps)
+    adamc = None
+    if cfg.optim.adamc:
+        from gradloc_track.adamc import AdamCWeightDecay
+
+        adamc = AdamCWeightDecay.from_config(opt, cfg.optim, scheduler=sched, model=model)
+    data = TextBatches(corpus, tc.seq_len, tc.batch_size, tc.seed + 7919 * rank, tokenizer)
+    junk_ids = tokenizer.encode(tc.inject.text) if tc.inject.kind == "garbled_span" else None
+    return Setup(device, rank, world, started, tokenizer, junk_ids, data, model, net, opt, sched, adamc, console)
+
+
+def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mapping -> flat ``a.b.c`` keys (the form trackers show params in)."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def log_config(tracker: Tracker, cfg: DemoConfig, model: torch.nn.Module, run_dir: Path,
+               resolved_yaml: str | None) -> None:
+    """The resolved config as params (None is noise in a params table) and as ``config.yaml``."""
+    params = {k: v for k, v in flatten(asdict(cfg)).items() if v is not None}
+    params["model.n_params"] = sum(p.numel() for p in model.parameters())
+    tracker.log_params(params)
+    if resolved_yaml is not None:
+        cfg_path = run_dir / "config.yaml"
+        cfg_path.write_text(resolved_yaml)
+        tracker.log_artifact(cfg_path)
+
+
+def build_monitor(cfg: DemoConfig, s: Setup, tracker: Tracker, run_dir: Path) -> GradMonitor:
+    """The clipper, the spike detector and the artifact writer, behind one monitor."""
+    clipper = build_clipper(cfg.clip, s.model)
+    detector = SpikeDetector(cfg.spikes) if cfg.spikes.enabled else None
+    writer = SpikeArtifactWriter(tracker, run_dir=run_dir)
+    return GradMonitor(s.model, tracker=tracker, clipper=clipper, config=cfg.monitor, optimizer=s.opt,
+                       detector=detector, locate_config=cfg.locate, artifact_writer=writer)
+
+
+# -- the training loop ----------------------------------------------------------------------------
+
+@dataclass
+class History:
+    """What the summary is made of (logging steps only)."""
+
+    losses: list[float] = field(default_factory=list)
+    norms: list[float] = field(default_factory=list)
+    post_norms: list[float] = field(default_factory=list)  # what the optimizer saw (after clipping)
+    events_at: list[int] = field(default_factory=list)
+    culprit_text: dict[int, list[str]] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def get_batch(cfg: DemoConfig, s: Setup, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inputs, targets and loss mask of ``step``; the configured outlier injected on its step and rank."""
+    batch = s.data.batch(step).to(s.device)  # (B, T+1)
+    x, y = batch[:, :-1].clone(), batch[:, 1:].clone()  # (B, T)
+    mask = torch.ones_like(x, dtype=torch.float32)  # (B, T) 1 = a loss term
+    inj = cfg.train.inject
+    if inj.at(step) and s.rank == inj.rank % s.world:
+        positions = inject(inj.kind, x, y, mask, inj.sample, inj.span, seed=1234 + step, junk_ids=s.junk_ids,
+                           pad_id=getattr(s.tokenizer, "pad_id", PAD_ID))
+        s.console.print(f"step {step}: injected {inj.kind} into sample {inj.sample} "
+                        f"(loss positions {positions[0]}-{positions[-1]}: "
+                        f"{s.tokenizer.decode(y[inj.sample, positions].tolist())!r})")
+    return x, y, mask
+
+
+def train(cfg: DemoConfig, s: Setup, monitor: GradMonitor, tracker: Tracker, run_dir: Path) -> History:
+    h = History()
+    t0 = time.perf_counter()
+    s.console.start(cfg.train.steps)
+    for step in range(cfg.train.steps):
+        x, y, mask = get_batch(cfg, s, step)
+        loss_fn = masked_lm_loss(s.net, x, y, mask, cfg.train.loss_norm)
+        s.opt.zero_grad(set_to_none=True)
+        loss = loss_fn(mask)
+        loss.backward()
+        # norms, clipping, spike detection and (on a spike) localization: before the optimizer step
+        ctx = SpikeContext(loss_fn=loss_fn, token_mask=mask, input_ids=y, tokenizer=s.tokenizer)
+        stats = monitor.after_backward(step, spike_context=ctx)
+        s.opt.step()
+        s.sched.step()
+        if s.adamc is not None:
+            s.adamc.step()
+        log_step(cfg, s, tracker, h, step, loss, stats)
+        if stats.events:
+            show_spike(s, h, step, stats, y, run_dir)
+    h.seconds = time.perf_counter() - t0
+    return h
+
+
+def log_step(cfg: DemoConfig, s: Setup, tracker: Tracker, h: History, step: int, loss: torch.Tensor,
+             stats: Any) -> None:
+    """The loss next to the monitor's metrics, and the progress line."""
+    loss_val = None
+    if stats.logged:  # host sync: the loss is printed/logged on logging steps only
+        loss_val = loss.item()
+        h.losses.append(loss_val)
+        h.norms.append(stats.global_norm)
+        h.post_norms.append(stats.metrics.get("clip/total_norm_post", stats.global_norm))
+        extra = {"train/loss": loss_val}
+        if cfg.clip.kind == "none":  # so a clip=none run overlays the clipped runs' curves
+            extra["clip/total_norm_pre"] = extra["clip/total_norm_post"] = stats.global_norm
+        tracker.log_metrics(extra, step)
+    s.console.step(step, loss_val, stats.global_norm if stats.logged else None)
+
+
+def show_spike(s: Setup, h: History, step: int, stats: Any, y: torch.Tensor, run_dir: Path) -> None:
+    """One console block per spike: the culprit text and where the artifacts are."""
+    h.events_at.append(step)
+    # the artifacts' view: under DDP rank 0 holds every culprit's sample (gathered ids)
+    shown, shown_ctx = stats.locate_view or (stats.locate, None)
+    ids = shown_ctx.input_ids if shown_ctx is not None and shown_ctx.input_ids is not None else y
+    s.console.spike(step, stats.events, shown, s.tokenizer, ids, run_dir)
+    if shown is not None:
+        h.culprit_text[step] = [s.tokenizer.decode([int(ids[c.batch, c.position])]) for c in
+                                sorted(shown.tokens, key=lambda c: (c.batch, c.position))]
+
+
+# -- the summary ----------------------------------------------------------------------------------
+
+def summarize(cfg: DemoConfig, h: History) -> dict[str, float]:
+    """Final loss, spike count, OLMo-style spike scores, and the largest norm the optimizer saw."""
+    settled = max(cfg.spikes.warmup_steps, cfg.optim.warmup_steps)  # skip the start-up transient
+    return {
+        "final_loss": float(sum(h.losses[-10:]) / max(1, len(h.losses[-10:]))),
+        "spike_events": float(len(h.events_at)),
+        "loss_spike_score": float(spike_score(h.losses)),
+        "grad_spike_score": float(spike_score(h.norms)),
+        "post_clip_grad_spike_score": float(spike_score(h.post_norms)),
+        "max_post_clip_grad_norm": float(max(h.post_norms[settled // cfg.monitor.log_every:], default=0.0)),
+        "seconds": h.seconds,
+    }
+
+
+def train_lm(cfg: DemoConfig, run_dir: str | Path, resolved_yaml: str | None = None,
+             console: TrainConsole | None = None) -> dict[str, float]:
+    """Train, monitor and log one run. Returns a summary (final loss, spikes, spike score...).
+
+    ``console`` shows progress, spikes and the closing summary (default: a ``TrainConsole`` on
+    stderr: a progress bar on a terminal, a plain line every tenth of the run otherwise).
+    """
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    s = setup(cfg, console or TrainConsole())
+    # one run per training run: rank 0 logs; the monitor gathers culprits from every rank to it
+    tracker = make_tracker(cfg.tracker, run_dir=run_dir, run_name=cfg.run_name) if s.rank == 0 else NullTracker()
+    status = "failed"
+    try:
+        log_config(tracker, cfg, s.model, run_dir, resolved_yaml)
+        monitor = build_monitor(cfg, s, tracker, run_dir)
+        h = train(cfg, s, monitor, tracker, run_dir)
+        summary = summarize(cfg, h)
+        # at the last training step: a metric at step N+1 would stretch every chart's x axis
+        tracker.log_metrics({f"summary/{k}": v for k, v in summary.items()}, cfg.train.steps - 1)
+        if s.rank == 0:
+            (run_dir / "summary.json").write_text(json.dumps({**summary, "events_at": h.events_at}, indent=2))
+        status = "success"
+    finally:
+        s.console.close()
+        tracker.finish(status)
+        close_distributed(s.started, status == "success")
+    s.console.summary(summary_lines(cfg.train.steps, cfg.clip.kind, summary, h.events_at, h.culprit_text, run_dir))
+    return summary
+
+
+# -- the Hydra entry point ------------------------------------------------------------------------
+
 HYDRA_ONLY = {".hydra", "train_lm.log"}  # what Hydra itself puts in a run dir before main() runs
 
 
@@ -69,4 +352,8 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
+    try:
+        check_overrides(sys.argv[1:])  # a renamed key (clip.layer_alpha) fails naming the new one
+    except ConfigError as exc:
+        sys.exit(f"error: {exc}")
     main()

@@ -5,6 +5,7 @@ coefficients can be logged; the monitor passes the norms it already computed (``
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -19,21 +20,23 @@ from .zclip import ZClip
 __all__ = ["AdaGC", "ZClip", "LayerClip", "GlobalClip", "NoClip", "Clipper", "ClipResult", "SkipStepGuard",
            "build_clipper"]
 
+# clip option -> its clipper; each option's schema fields are the clipper's keyword arguments
+CLIPPERS: dict[str, type[Clipper]] = {"global": GlobalClip, "adagc": AdaGC, "zclip": ZClip, "layerclip": LayerClip}
 
-def build_clipper(cfg, model: torch.nn.Module, process_group: Any = None) -> Clipper | None:
-    """The clipper a ``ClipConfig`` names; ``None`` for ``clip=none`` (nothing to do)."""
-    common = {"on_nonfinite": cfg.on_nonfinite, "process_group": process_group}
+
+def build_clipper(cfg: Any, model: torch.nn.Module, process_group: Any = None) -> Clipper | None:
+    """The clipper a clip schema names (``AdaGCConfig``, ``ZClipConfig``, ..., or a composed
+    ``clip`` node); ``None`` for ``clip=none`` (nothing to do)."""
+    if not dataclasses.is_dataclass(cfg):  # a Hydra node: build its schema (runs its checks)
+        from omegaconf import OmegaConf
+
+        cfg = OmegaConf.to_object(cfg) if OmegaConf.is_config(cfg) else cfg
+    if not dataclasses.is_dataclass(cfg):
+        raise TypeError(f"build_clipper(cfg=...) takes a clip schema such as gradloc_track.config.AdaGCConfig, "
+                        f"got {type(cfg).__name__}")
     if cfg.kind == "none":
         return None
-    if cfg.kind == "global":
-        return GlobalClip(model, cfg.max_norm, **common)
-    if cfg.kind == "adagc":
-        return AdaGC(model, cfg.lambda_rel, cfg.beta, cfg.warmup_steps, cfg.lambda_abs, cfg.eps,
-                     mode=cfg.adagc_mode, **common)
-    if cfg.kind == "zclip":
-        return ZClip(model, cfg.alpha, cfg.z_thresh, cfg.zclip_warmup_steps, cfg.mode, cfg.clip_option,
-                     cfg.eps, clip_factor=cfg.clip_factor, max_grad_norm=cfg.max_grad_norm,
-                     skip_update_on_spike=cfg.skip_update_on_spike, **common)
-    if cfg.kind == "layerclip":
-        return LayerClip(model, cfg.layer_z_thresh, cfg.layer_alpha, cfg.layer_warmup_steps, cfg.eps, **common)
-    raise ValueError(f"clip.kind={cfg.kind!r} is unknown: use none, global, adagc, zclip or layerclip")
+    if cfg.kind not in CLIPPERS:
+        raise ValueError(f"clip.kind={cfg.kind!r} is unknown: use none, global, adagc, zclip or layerclip")
+    args = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name != "kind"}
+    return CLIPPERS[cfg.kind](model, **args, process_group=process_group)

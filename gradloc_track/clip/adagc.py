@@ -33,9 +33,10 @@ from typing import Any
 
 import torch
 
-from ..config._validate import check, one_of
+# the argument checks are the config schema's own (clip.beta there, beta here)
+from ..config._validate import check, in_unit_interval, integer, non_negative, one_of, positive
 from ..norms import all_reduce_sq_norms, sq_norms
-from .base import Clipper, in_unit_interval, integer, non_negative, positive
+from .base import Clipper
 
 ADAGC_MODES = ("tensor", "shard", "global")
 

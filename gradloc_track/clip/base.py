@@ -6,14 +6,13 @@ one exception: raising needs to know).
 """
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ..config._validate import check, one_of
+from ..config._validate import one_of
 from ..norms import global_sq_norms, trainable_params
 
 NONFINITE_MODES = ("skip", "zero", "raise")
@@ -208,33 +207,3 @@ def _take(values: torch.Tensor, idx: list[int], n: int, device: torch.device) ->
     if len(idx) == n:  # every tensor in one group, in order
         return values.to(device)
     return values[torch.tensor(idx, device=values.device)].to(device)
-
-
-def positive(name: str, value: float, example: str) -> None:
-    number(name, value, example)
-    check(math.isfinite(value) and value > 0, name, value, f"use a positive finite value (e.g. {example})")
-
-
-def non_negative(name: str, value: float, example: str) -> None:
-    number(name, value, example)
-    check(math.isfinite(value) and value >= 0, name, value, f"use a finite value >= 0 (e.g. {example})")
-
-
-def in_unit_interval(name: str, value: float, example: str = "0.99") -> None:
-    number(name, value, example)
-    check(0.0 < value < 1.0, name, value, "use a value strictly between 0 and 1")
-
-
-def number(name: str, value: Any, example: str) -> None:
-    """A real number (bool and strings rejected: ``AdaGC(lambda_rel="1.04")`` fails here)."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    check(ok, name, value, f"use a number (e.g. {example}), not {type(value).__name__}")
-
-
-def integer(name: str, value: Any, minimum: int, example: str) -> None:
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= minimum
-    check(ok, name, value, f"use a whole number >= {minimum} (e.g. {example})")
-
-
-def finite(name: str, value: float) -> None:
-    check(math.isfinite(value), name, value, "use a finite value")

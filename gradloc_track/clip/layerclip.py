@@ -23,12 +23,13 @@ from typing import Any, Mapping
 
 import torch
 
+from ..config._validate import in_unit_interval, integer, non_negative, positive
 from ..grouping import LayerGrouping
-from .base import Clipper, in_unit_interval, integer, non_negative, positive
-from .running_stats import WarmupEma
+from .base import Clipper
+from .running_stats import WarmupEma, WarmupEmaState
 
 
-class LayerClip(Clipper):
+class LayerClip(WarmupEmaState, Clipper):
     kind = "layerclip"
 
     def __init__(self, model: torch.nn.Module, z_thresh: float = 3.0, alpha: float = 0.97,
@@ -65,10 +66,3 @@ class LayerClip(Clipper):
 
     def _update(self, norms, thresholds, coefs, finite_t, all_finite) -> None:
         self.stats.add(self._tau, all_finite)  # the clipped layer norm (= the norm when not clipped)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"steps": self.steps, "stats": self.stats.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.steps = int(state["steps"])
-        self.stats.load_state_dict(state["stats"])

@@ -49,3 +49,18 @@ class WarmupEma:
         self.n = int(state["n"])
         dev = self.buffer.device
         self.buffer, self.mean, self.var = (state[k].to(dev).clone() for k in ("buffer", "mean", "var"))
+
+
+class WarmupEmaState:
+    """``state_dict``/``load_state_dict`` of a clipper whose running state is one ``WarmupEma``
+    (``self.stats``) plus the step count (ZClip, LayerClip). Listed before ``Clipper`` in the bases."""
+
+    steps: int
+    stats: WarmupEma
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps, "stats": self.stats.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.steps = int(state["steps"])
+        self.stats.load_state_dict(state["stats"])

@@ -5,7 +5,8 @@ from typing import Any
 
 import torch
 
-from .base import Clipper, finite, positive
+from ..config._validate import finite, positive
+from .base import Clipper
 
 
 class GlobalClip(Clipper):

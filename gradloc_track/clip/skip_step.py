@@ -63,7 +63,8 @@ def _bits(t: torch.Tensor) -> torch.Tensor | None:
 class SkipStepGuard:
     def __init__(self, optimizer: torch.optim.Optimizer, flag: Any, mode: str = "restore") -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"SkipStepGuard(optimizer=...) needs a torch.optim.Optimizer, got {type(optimizer).__name__}")
+            raise TypeError("SkipStepGuard(optimizer=...) needs a torch.optim.Optimizer, "
+                            f"got {type(optimizer).__name__}")
         one_of("mode", mode, ("restore", "sync"))
         self.optimizer, self.mode = optimizer, mode
         self._flag = _flag_source(flag)

@@ -22,12 +22,12 @@ from typing import Any
 
 import torch
 
-from ..config._validate import one_of
-from .base import Clipper, in_unit_interval, integer, non_negative, positive
-from .running_stats import WarmupEma
+from ..config._validate import in_unit_interval, integer, non_negative, one_of, positive
+from .base import Clipper
+from .running_stats import WarmupEma, WarmupEmaState
 
 
-class ZClip(Clipper):
+class ZClip(WarmupEmaState, Clipper):
     kind = "zclip"
 
     def __init__(self, model: torch.nn.Module, alpha: float = 0.97, z_thresh: float = 2.5,
@@ -107,10 +107,3 @@ class ZClip(Clipper):
             return
         ok = all_finite & ~self._hit if self.skip_update_on_spike else all_finite
         self.stats.add(self._threshold, ok)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"steps": self.steps, "stats": self.stats.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.steps = int(state["steps"])
-        self.stats.load_state_dict(state["stats"])

@@ -5,7 +5,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from ._validate import check, one_of
+from ._validate import check, check_types, one_of
 
 METHODS = ("auto", "ghost", "bisect", "gradloc")
 
@@ -24,7 +24,8 @@ class LocateConfig:
     top_layers: int = 3
 
     def __post_init__(self) -> None:
-        check(isinstance(self.enabled, bool), "locate.enabled", self.enabled, "use true or false")
+        # the numbers' own checks below say what a valid value means (probes, events, layers)
+        check_types(self, "locate", skip=("budget", "threshold", "max_events", "top_layers"))
         one_of("locate.method", self.method, METHODS)
         check(_whole(self.budget) and self.budget >= 1, "locate.budget", self.budget,
               "use a positive whole number of probes (e.g. 128)")

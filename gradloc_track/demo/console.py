@@ -132,7 +132,8 @@ def where_to_look(run_dir: Path, step: int | None = None) -> list[str]:
         out.append(f"MLflow run {m.get('run_name', '')} ({m.get('run_id')}): {url}")
     if "wandb" in record:
         w = record["wandb"]
-        out.append(f"W&B run {w.get('path')}" + (f" (offline: {w.get('dir')})" if w.get("offline") else f": {w.get('url')}"))
+        where = f" (offline: {w.get('dir')})" if w.get("offline") else f": {w.get('url')}"
+        out.append(f"W&B run {w.get('path')}{where}")
     local = run_dir / "spikes"
     if local.is_dir():
         out.append(f"local files: {local}")
@@ -157,3 +158,24 @@ def view_commands(run_dir: Path) -> list[str]:
         out.append(f"  wandb sync {record['wandb'].get('dir')}    # upload the offline W&B run")
     out.append(f"  gradloc-track report {run_dir} -o spike_report.html    # one HTML page, no server needed")
     return out
+
+
+def summary_lines(steps: int, clip_kind: str, summary: dict[str, float], events_at: list[int],
+                  culprit_text: dict[int, list[str]], run_dir: Path) -> list[str]:
+    """The few lines a person reads at the end: what happened, and how to look at it."""
+    lines = [f"done: {steps} steps in {summary['seconds']:.0f} s, final loss {summary['final_loss']:.3f}"]
+    if not events_at:
+        lines.append("no gradient spike detected")
+    else:
+        shown = ", ".join(map(str, events_at[:10])) + (" ..." if len(events_at) > 10 else "")
+        lines.append(f"{len(events_at)} gradient spike(s) detected, at step {shown}")
+        for step, toks in list(culprit_text.items())[:3]:
+            text = "".join(toks[:16]) + ("…" if len(toks) > 16 else "")
+            lines.append(f"  step {step}: {len(toks)} culprit token(s) {text!r}")
+    if clip_kind != "none":
+        lines.append(f"clip={clip_kind}: largest grad norm the optimizer saw after warm-up "
+                     f"{summary['max_post_clip_grad_norm']:.3g}")
+    lines.append(f"run dir: {run_dir}")
+    lines.append("look at the results:")
+    lines += view_commands(run_dir)
+    return lines

@@ -3,8 +3,9 @@
 Subword tokens make the spike artifacts read like text (" function", " returns") instead of
 bytes. Characters, not bytes, are the base alphabet (SentencePiece-style ``▁`` for spaces), so
 every token decodes to readable text on its own — mojibake such as ``â€™`` stays visible as the
-characters a reader recognises; characters never seen in the corpus map to ``<unk>``. Training 2k merges on the ~1 MB corpus takes a couple of seconds with Hugging Face
-``tokenizers``; the result is cached as ``bpe-<vocab>-<corpus hash>.json`` in the cache dir.
+characters a reader recognises; characters never seen in the corpus map to ``<unk>``. Training
+2k merges on the ~1 MB corpus takes a couple of seconds with Hugging Face ``tokenizers``; the
+result is cached as ``bpe-<vocab>-<corpus hash>.json`` in the cache dir.
 """
 from __future__ import annotations
 
@@ -79,3 +80,18 @@ class BpeTokenizer:
     def token_text(self, token_id: int) -> str:
         """One token as it reads in the text (``▁returns`` -> `` returns``)."""
         return (self._tok.id_to_token(int(token_id)) or "").replace(SPACE, " ")
+
+
+def make_tokenizer(kind: str, vocab_size: int, corpus: str, cache_dir: str | Path | None = None):
+    """``train.tokenizer``: the byte tokenizer, or a BPE of ``model.vocab_size`` tokens trained on
+    (and cached for) the corpus."""
+    if kind == "byte":
+        from .data import ByteTokenizer
+
+        if vocab_size < 256:
+            raise ValueError(f"model.vocab_size={vocab_size} is too small for train.tokenizer=byte: use 256 or more")
+        return ByteTokenizer()
+    tok = BpeTokenizer.train_or_load(corpus, vocab_size, cache_dir)
+    if tok.vocab_size > vocab_size:  # pragma: no cover - BPE never exceeds its target
+        raise ValueError(f"model.vocab_size={vocab_size} < the BPE's {tok.vocab_size} tokens")
+    return tok

@@ -2,10 +2,11 @@
 
 Options use the Hydra config's names: a group (``tracker``, ``monitor``, ``clip``, ``spikes``,
 ``locate``) given as its choice name (``clip="adagc"``, ``tracker="mlflow"``), a mapping of its
-fields (``clip={"kind": "adagc", "beta": 0.98}``), a config dataclass, or (``spikes``/``locate``)
-a bool; the monitor's fields directly (``log_every=10``); or ``cfg=`` a Hydra node / ``RootConfig``
-holding any of those groups. Everything goes through the same structured-config schema and
-``to_config`` as the Hydra app, so a wrong name or value gets the same error.
+fields (``clip={"kind": "adagc", "beta": 0.98}``), a config dataclass (``AdaGCConfig(beta=0.98)``),
+or (``spikes``/``locate``) a bool; the monitor's fields directly (``log_every=10``); or ``cfg=`` a
+Hydra node / ``RootConfig`` holding any of those groups. Everything goes through the same
+structured-config schemas and ``to_config`` as the Hydra app (for ``clip``: the schema of the
+option its ``kind`` names), so a wrong name or value gets the same error.
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..config import ClipConfig, LocateConfig, MonitorConfig, SpikeConfig, TrackerConfig, to_config
+from ..config import (CLIP_SCHEMAS, ClipConfig, LocateConfig, MonitorConfig, SpikeConfig, TrackerConfig,
+                      check_renamed, to_config)
 from ..trackers.base import Tracker
 
 GROUPS: dict[str, type] = {
@@ -49,9 +51,11 @@ class WatchOptions:
 
 def _group_node(group: str, value: Any) -> Any:
     """One group's option value as something ``OmegaConf.merge`` takes onto its schema."""
+    from omegaconf import OmegaConf
+
     cls = GROUPS[group]
-    if isinstance(value, cls):
-        return dataclasses.asdict(value)
+    if isinstance(value, cls):  # a clip schema keeps its type: AdaGCConfig's fields are not ClipConfig's
+        return OmegaConf.structured(value) if group == "clip" else dataclasses.asdict(value)
     if isinstance(value, bool) and group in ("spikes", "locate"):
         return {"enabled": value}
     if isinstance(value, str):
@@ -89,6 +93,25 @@ def _from_cfg(cfg: Any) -> dict[str, Any]:
     return {k: cfg[k] for k in cfg if k in GROUPS or k in MONITOR_FIELDS or k in RUNTIME}
 
 
+def _schema(given: dict[str, Any]) -> Any:
+    """Every group's schema; ``clip``'s is the one of the option its ``kind`` names (an unknown
+    kind keeps ``ClipConfig``, whose check then names ``clip.kind`` and the choices)."""
+    from omegaconf import OmegaConf
+
+    schemas = dict(GROUPS)
+    if "clip" in given:
+        clip = given["clip"]
+        kind = clip.get("kind", "none") if isinstance(clip, Mapping) or _is_dictconfig(clip) else "none"
+        schemas["clip"] = CLIP_SCHEMAS.get(kind, ClipConfig) if isinstance(kind, str) else ClipConfig
+    return OmegaConf.create({g: OmegaConf.structured(cls) for g, cls in schemas.items()})
+
+
+def _check_renamed(given: dict[str, Any]) -> None:
+    """A key that changed name (``clip={"kind": "layerclip", "layer_alpha": 0.9}``) names the new one."""
+    check_renamed(f"{g}.{k}" for g, node in given.items()
+                  if isinstance(node, Mapping) or _is_dictconfig(node) for k in node)
+
+
 def resolve_options(cfg: Any = None, **options: Any) -> WatchOptions:
     """Validate the options exactly as the Hydra app validates its config; see the module doc."""
     from omegaconf import OmegaConf
@@ -111,11 +134,11 @@ def resolve_options(cfg: Any = None, **options: Any) -> WatchOptions:
     for name in RUNTIME:
         setattr(out, name, merged.pop(name, None))
     shortcuts = {k: merged.pop(k) for k in list(merged) if k in MONITOR_FIELDS}
-    schema = OmegaConf.create({g: OmegaConf.structured(cls) for g, cls in GROUPS.items()})
     given = {g: _group_node(g, v) for g, v in merged.items()}
     if shortcuts:
         given["monitor"] = OmegaConf.merge(OmegaConf.create(given.get("monitor", {})), shortcuts)
-    node = OmegaConf.merge(schema, given)  # types and names: OmegaConf's errors, as under Hydra
+    _check_renamed(given)
+    node = OmegaConf.merge(_schema(given), given)  # types and names: OmegaConf's errors, as under Hydra
     built = to_config(node)  # ranges: each __post_init__ (ConfigError naming the field), as under Hydra
     for g in GROUPS:
         if g == "tracker" and out.tracker_auto:

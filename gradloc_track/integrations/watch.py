@@ -168,8 +168,9 @@ def watch(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None
 
     ``options`` are the Hydra config's names: ``tracker`` ("mlflow", "wandb", "both", "none", a
     ``Tracker``; default: the run already open, ``wandb.run`` / ``mlflow.active_run()``), ``clip``
-    ("adagc", "zclip", ..., or a ``ClipConfig``), ``spikes``, ``locate``, ``monitor`` and the
-    monitor's fields (``log_every=10``), or ``cfg=`` a Hydra node holding those groups; plus
+    ("adagc", "zclip", ..., ``{"kind": "adagc", "beta": 0.98}`` or a schema such as
+    ``AdaGCConfig``), ``spikes``, ``locate``, ``monitor`` and the monitor's fields
+    (``log_every=10``), or ``cfg=`` a Hydra node holding those groups; plus
     ``tokenizer`` (decoded culprit text), ``run_dir``, ``run_name``. Bad values raise the errors the
     Hydra app raises. With ``optimizer`` an optimizer step pre-hook runs everything; without it,
     call ``handle.step()`` after ``backward()``.

@@ -31,9 +31,13 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.skipif(not (CHR
 def demo_store(tmp_path_factory):
     from hydra import compose, initialize_config_dir
 
-    from gradloc_track.config import register_configs, to_config
+    from gradloc_track.config import to_config
+    from gradloc_track.demo.config import register_configs
     from gradloc_track.demo.console import TrainConsole
-    from gradloc_track.demo.train import train_lm
+
+    from ..examples.load import load_example
+
+    train_lm = load_example("train_lm").train_lm  # the example app's loop
 
     root = tmp_path_factory.mktemp("demo-store")
     uri = f"sqlite:///{root / 'mlflow.db'}"
@@ -86,7 +90,8 @@ def test_artifact_page_shows_highlighted_culprits_and_compare_page_shows_both_ru
     exp = client.get_experiment_by_name("gradloc-track")
     runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
     run = runs["spike_demo[clip=adagc]"]
-    table = read_table(Path(client.download_artifacts(run.info.run_id, "spikes", str(tmp_path))).parent, "spikes/tokens")
+    local = Path(client.download_artifacts(run.info.run_id, "spikes", str(tmp_path)))
+    table = read_table(local.parent, "spikes/tokens")
     tokens = {row[table["columns"].index("token")] for row in table["data"]}
     assert tokens
     # the link the demo printed (for `mlflow ui` on port 5000), pointed at this test's server

@@ -49,7 +49,8 @@ def test_fsdp2_tensor_mode_equals_one_process_and_shard_mode_needs_no_collective
         for p in procs:
             if p.poll() is None:
                 p.kill()  # a deadlock fails the test instead of hanging it
-    report = "\n".join(f"--- rank {r} exited {p.returncode} ---\n{log[-2000:]}" for r, (p, log) in enumerate(zip(procs, logs)))
+    report = "\n".join(f"--- rank {r} exited {p.returncode} ---\n{log[-2000:]}"
+                       for r, (p, log) in enumerate(zip(procs, logs)))
     assert all(p.returncode == 0 for p in procs), report
     ranks = [json.loads((tmp_path / f"result.{r}").read_text()) for r in range(2)]
     ref = single_process_post_norms()
@@ -58,7 +59,8 @@ def test_fsdp2_tensor_mode_equals_one_process_and_shard_mode_needs_no_collective
             assert got == pytest.approx(want, rel=1e-4, abs=1e-9), step
     total0 = sum(v * v for r in ranks for v in r["shard_pre"][0]) ** 0.5  # FSDP2 shards partition the tensors
     for r in ranks:
-        assert r["shard_coefs"][0] == pytest.approx([min(1.0, 0.5 / (total0 + 1e-6))] * len(r["shard_coefs"][0]), rel=1e-5)
+        want = [min(1.0, 0.5 / (total0 + 1e-6))] * len(r["shard_coefs"][0])
+        assert r["shard_coefs"][0] == pytest.approx(want, rel=1e-5)
         assert r["shard_collectives"] == [1] + [0] * (worker.STEPS - 1)  # warm-up's global norm only
         for step in range(1, worker.STEPS):  # the official rule on this rank's own shard norms
             for i, c in enumerate(r["shard_coefs"][step]):

@@ -28,7 +28,8 @@ def test_weight_decay_follows_the_schedule():
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
     decay = [model[0].weight]
     no_decay = [model[0].bias, *model[1].parameters()]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}], lr=1e-2)
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=1e-2)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=10, eta_min=1e-4)
     adamc = AdamCWeightDecay(opt, model=model)
     assert adamc.corrected_groups == [0]
@@ -129,7 +130,8 @@ def test_bad_lr_max(lr_max):
 
 
 def test_optim_config_lr_max_is_validated():
-    from gradloc_track.config import ConfigError, OptimConfig
+    from gradloc_track.config import ConfigError
+    from gradloc_track.demo.config import OptimConfig
 
     assert OptimConfig(adamc=True, adamc_lr_max=3e-4).adamc_lr_max == 3e-4
     with pytest.raises(ConfigError, match="optim.adamc_lr_max"):
@@ -139,9 +141,10 @@ def test_optim_config_lr_max_is_validated():
 def test_the_example_app_passes_the_configured_peak_and_splits_the_groups():
     from hydra import compose, initialize_config_dir
 
-    from gradloc_track.config import register_configs, to_config
+    from gradloc_track.config import to_config
+    from gradloc_track.demo.config import register_configs
     from gradloc_track.demo.model import build_model
-    from gradloc_track.demo.train import make_optimizer, make_schedule
+    from gradloc_track.demo.optim import make_optimizer, make_schedule
 
     from ..conftest import CONF_DIR
 

@@ -137,7 +137,8 @@ def test_bad_hyperparameters_name_the_argument(kwargs, field):
     (ZClip, {"warmup_steps": 2.5}, "warmup_steps"), (ZClip, {"alpha": 1.0}, "alpha"),
     (ZClip, {"max_grad_norm": 0.0}, "max_grad_norm"), (ZClip, {"clip_factor": "x"}, "clip_factor"),
     (ZClip, {"skip_update_on_spike": "yes"}, "skip_update_on_spike"), (ZClip, {"eps": -1e-6}, "eps"),
-    (LayerClip, {"alpha": 2}, "alpha"), (LayerClip, {"eps": -1}, "eps"), (LayerClip, {"warmup_steps": 0}, "warmup_steps"),
+    (LayerClip, {"alpha": 2}, "alpha"), (LayerClip, {"eps": -1}, "eps"),
+    (LayerClip, {"warmup_steps": 0}, "warmup_steps"),
     (GlobalClip, {"max_norm": float("inf")}, "max_norm"), (GlobalClip, {"max_norm": True}, "max_norm"),
 ])
 def test_every_constructor_names_the_bad_argument(cls, kwargs, field):

@@ -1,16 +1,25 @@
-"""Every config group composes with Hydra and instantiates; bad values fail naming the field."""
+"""Every config group composes with Hydra and instantiates; bad values fail naming the field.
+
+``conf/config.yaml`` is the demo app's: it composes from ``DemoConfig`` (the library's
+``RootConfig`` plus model, optim, train), and each clip option from its own schema.
+"""
 from __future__ import annotations
 
 import re
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
-from gradloc_track.config import ConfigError, RootConfig, register_configs, to_config
+from gradloc_track.config import CLIP_SCHEMAS, ConfigError, RootConfig, to_config
+from gradloc_track.demo.config import DemoConfig, register_configs
 
 from ..conftest import CONF_DIR
 
-GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir())
+# experiment bundles and their per-clipper parts are not nodes of the config
+GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and not p.name.startswith("experiment"))
+EXPERIMENT_CLIP = sorted(p.relative_to(CONF_DIR / "experiment_clip").with_suffix("")
+                         for p in (CONF_DIR / "experiment_clip").glob("*/*.yaml"))
 
 
 def _options(group: str) -> list[str]:
@@ -24,23 +33,54 @@ def composer():
         yield lambda overrides=(): compose("config", overrides=list(overrides))
 
 
-def test_every_group_is_a_field_of_the_root_config():
-    assert set(GROUPS) - {"experiment"} <= set(RootConfig.__dataclass_fields__)
+def test_every_group_is_a_field_of_the_app_config_and_the_library_keeps_its_own():
+    assert set(GROUPS) <= set(DemoConfig.__dataclass_fields__)
+    library = {"tracker", "monitor", "clip", "spikes", "locate"}
+    assert library <= set(RootConfig.__dataclass_fields__)
+    assert not {"model", "optim", "train"} & set(RootConfig.__dataclass_fields__)  # the app's, not the library's
 
 
-@pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in _options(g)])
+@pytest.mark.parametrize("group,option", [(g, o) for g in [*GROUPS, "experiment"] for o in _options(g)])
 def test_every_option_composes_and_validates(composer, group, option):
     cfg = to_config(composer([f"{group}={option}"]))
-    assert isinstance(cfg, RootConfig)
+    assert isinstance(cfg, DemoConfig)
     if group == "tracker":
         assert cfg.tracker.kind == option
     if group == "clip":
-        assert cfg.clip.kind == option
+        assert cfg.clip.kind == option and type(cfg.clip) is CLIP_SCHEMAS[option]  # the option's own schema
+
+
+@pytest.mark.parametrize("part", EXPERIMENT_CLIP, ids=str)
+def test_an_experiments_clipper_settings_apply_with_that_clipper_only(composer, part):
+    from omegaconf import OmegaConf
+
+    experiment, clip = part.parts
+    values = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "experiment_clip" / f"{part}.yaml"))
+    cfg = to_config(composer([f"experiment={experiment}", f"clip={clip}"]))
+    assert {k: getattr(cfg.clip, k) for k in values} == values
+    for other in set(_options("clip")) - {clip}:  # another clipper composes with its own defaults
+        cfg = to_config(composer([f"experiment={experiment}", f"clip={other}"]))
+        assert cfg.clip == CLIP_SCHEMAS[other](**_experiment_clip(experiment, other))
+
+
+def _experiment_clip(experiment: str, clip: str) -> dict:
+    from omegaconf import OmegaConf
+
+    path = CONF_DIR / "experiment_clip" / experiment / f"{clip}.yaml"
+    return OmegaConf.to_container(OmegaConf.load(path)) if path.exists() else {}
+
+
+def test_the_spike_demo_keeps_its_adagc_warmup():
+    assert _experiment_clip("spike_demo", "adagc") == {"warmup_steps": 50}
 
 
 def test_every_group_instantiates(composer, tmp_path):
+    """model, clip, optim, monitor, spikes, locate and tracker=none built from their options (the
+    other trackers are built by the example app's smoke runs in tests/examples)."""
+    from gradloc_track import GradMonitor, MemoryTracker
     from gradloc_track.clip import build_clipper
     from gradloc_track.demo.model import build_model
+    from gradloc_track.demo.optim import make_optimizer, make_schedule
     from gradloc_track.spikes import SpikeDetector
     from gradloc_track.trackers import make_tracker
 
@@ -54,10 +94,35 @@ def test_every_group_instantiates(composer, tmp_path):
             assert (clipper is None) == (clip == "none")
             if clipper is not None:
                 assert clipper.kind == clip
-    det = SpikeDetector(to_config(composer()).spikes)
+    for optim in _options("optim"):
+        cfg = to_config(composer([f"optim={optim}"]))
+        opt = make_optimizer(m, cfg.optim)
+        assert make_schedule(opt, cfg.optim, steps=10).get_last_lr()[0] > 0
+    cfg = to_config(composer(["clip=adagc"]))
+    det = SpikeDetector(cfg.spikes)
     assert det.update(0, 1.0, {"h.0": 1.0}) == []
+    monitor = GradMonitor(m, tracker=MemoryTracker(), clipper=build_clipper(cfg.clip, m), config=cfg.monitor,
+                          detector=SpikeDetector(cfg.spikes), locate_config=cfg.locate)
+    m(torch.zeros(2, 8, dtype=torch.long)).sum().backward()
+    assert monitor.after_backward(0).global_norm > 0
     tracker = make_tracker(to_config(composer(["tracker=none"])).tracker, run_dir=tmp_path)
     tracker.finish("success")
+
+
+def test_every_clip_schema_holds_its_clippers_arguments():
+    """``build_clipper`` passes a schema's fields as the clipper's keyword arguments: same names."""
+    import dataclasses
+    import inspect
+
+    from gradloc_track.clip import CLIPPERS, NoClip
+
+    for option, schema in CLIP_SCHEMAS.items():
+        clipper = CLIPPERS.get(option, NoClip)
+        args = set(inspect.signature(clipper.__init__).parameters) - {"self", "model", "process_group"}
+        fields = {f.name for f in dataclasses.fields(schema)} - {"kind"}
+        assert fields <= args, (option, fields - args)
+        defaults = {k: v.default for k, v in inspect.signature(clipper.__init__).parameters.items()}
+        assert {f: getattr(schema(), f) for f in fields} == {f: defaults[f] for f in fields}, option
 
 
 def test_command_line_style_overrides(composer):
@@ -71,8 +136,14 @@ def test_command_line_style_overrides(composer):
 @pytest.mark.parametrize("override,field", [
     ("monitor.log_every=-1", "monitor.log_every"),
     ("monitor.log_every=0", "monitor.log_every"),
-    ("clip.beta=1.5", "clip.beta"),
-    ("clip.lambda_rel=0", "clip.lambda_rel"),
+    ("clip=adagc clip.beta=1.5", "clip.beta"),
+    ("clip=adagc clip.lambda_rel=0", "clip.lambda_rel"),
+    ("clip=adagc clip.mode=AdaGC-Shard", "clip.mode"),
+    ("clip=zclip clip.warmup_steps=0", "clip.warmup_steps"),
+    ("clip=layerclip clip.alpha=2", "clip.alpha"),
+    ("clip=global clip.max_norm=0", "clip.max_norm"),
+    ("clip.on_nonfinite=ignore", "clip.on_nonfinite"),
+    ("clip.kind=adagc", "clip=adagc"),  # the clipper is chosen by its option, which brings its schema
     ("locate.method=magic", "locate.method"),
     ("locate.budget=0", "locate.budget"),
     ("model.d_model=30", "model.d_model"),
@@ -103,7 +174,38 @@ def test_command_line_style_overrides(composer):
 ])
 def test_bad_values_name_the_field(composer, override, field):
     with pytest.raises(ConfigError, match=re.escape(field)):
-        to_config(composer([override]))
+        to_config(composer(override.split()))
+
+
+def test_another_clippers_key_fails_at_composition(composer):
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException, match="clip.alpha") as info:
+        composer(["clip=adagc", "clip.alpha=0.9"])
+    assert "AdaGCConfig" in str(info.value.__cause__)
+
+
+@pytest.mark.parametrize("old,new,option", [
+    ("clip.zclip_warmup_steps", "clip.warmup_steps", "zclip"),
+    ("clip.layer_z_thresh", "clip.z_thresh", "layerclip"),
+    ("clip.layer_alpha", "clip.alpha", "layerclip"),
+    ("clip.layer_warmup_steps", "clip.warmup_steps", "layerclip"),
+    ("clip.adagc_mode", "clip.mode", "adagc"),
+])
+def test_a_renamed_key_names_the_new_one(composer, old, new, option):
+    """On the command line (checked before Hydra), as a ``+`` override, and through ``watch()``."""
+    import gradloc_track
+    from gradloc_track.config import check_overrides
+
+    hint = f"{old} (renamed: use {new} with clip={option})"
+    with pytest.raises(ConfigError) as cli:
+        check_overrides([f"clip={option}", f"{old}=1"])
+    with pytest.raises(ConfigError) as plus:
+        to_config(composer([f"clip={option}", f"+{old}=1"]))
+    with pytest.raises(ConfigError) as watch:
+        gradloc_track.watch(torch.nn.Linear(2, 2), clip={"kind": option, old.split(".")[1]: 1})
+    assert hint in str(cli.value) and hint in str(plus.value) and hint in str(watch.value)
+    check_overrides([f"clip={option}", f"{new}=1", "-m", "train.steps=3"])  # the new key passes
 
 
 def test_unknown_tracker_lists_the_choices(composer):
@@ -149,11 +251,28 @@ def test_schema_is_not_a_choice(composer, group):
 
 
 def test_python_callers_get_type_errors_naming_the_field():
-    from gradloc_track.config import ModelConfig, MonitorConfig, TrackerConfig, TrainConfig
+    from gradloc_track.config import (AdaGCConfig, AdamCConfig, LocateConfig, MonitorConfig, TrackerConfig,
+                                      ZClipConfig)
+    from gradloc_track.demo.config import ModelConfig, TrainConfig
 
     for build, field in [(lambda: TrackerConfig(queue_size="10"), "tracker.queue_size"),
                          (lambda: TrainConfig(steps=2.5), "train.steps"),
                          (lambda: ModelConfig(n_head=None), "model.n_head"),
-                         (lambda: MonitorConfig(per_tensor="yes"), "monitor.per_tensor")]:
+                         (lambda: MonitorConfig(per_tensor="yes"), "monitor.per_tensor"),
+                         (lambda: LocateConfig(method=3), "locate.method"),
+                         (lambda: AdaGCConfig(beta="0.9"), "clip.beta"),
+                         (lambda: ZClipConfig(max_grad_norm="1"), "clip.max_grad_norm"),
+                         (lambda: AdamCConfig(enabled="yes"), "adamc.enabled")]:
         with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
             build()
+
+
+def test_a_clip_schema_is_its_own_option_only():
+    from gradloc_track.config import AdaGCConfig, ClipConfig, clip_schema
+
+    with pytest.raises(ConfigError, match=r"clip\.kind='zclip' is invalid: AdaGCConfig is the schema of clip=adagc"):
+        AdaGCConfig(kind="zclip")
+    with pytest.raises(ConfigError, match=r"clip\.kind='adagcx' is invalid: use one of 'none'"):
+        clip_schema("adagcx")
+    assert clip_schema("adagc") is AdaGCConfig and ClipConfig().kind == "none"  # the base alone = clip=none
+    assert RootConfig().clip == ClipConfig()

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import io
 import json
-import sys
 
 import torch
 
@@ -13,7 +12,7 @@ from gradloc_track.locate.result import CulpritToken, LocateResult
 from gradloc_track.trackers.run_record import read_run_views, record_run
 from gradloc_track.spikes.event import SpikeEvent
 
-from ..conftest import ROOT
+from .load import load_example
 
 TEXT = "\n\n".join(f"The function number {i} returns a value and raises an error when it cannot." for i in range(300))
 
@@ -50,11 +49,7 @@ def test_garbled_span_is_a_prompt_of_prose_and_a_garbled_answer():
 
 
 def test_swept_run_name_keeps_only_swept_overrides():
-    sys.path.insert(0, str(ROOT / "examples"))
-    try:
-        from train_lm import swept_run_name
-    finally:
-        sys.path.pop(0)
+    swept_run_name = load_example("train_lm").swept_run_name
     argv = ["-m", "experiment=spike_demo", "clip=none,adagc", "train.steps=4", "out_dir=/tmp/x"]
     job = ["experiment=spike_demo", "clip=adagc", "train.steps=4", "out_dir=/tmp/x"]
     assert swept_run_name("spike_demo", job, argv) == "spike_demo[clip=adagc]"

@@ -1,21 +1,13 @@
 """Smoke runs of examples/hf_trainer.py and examples/lightning_lm.py: a few steps, local files."""
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 
-from ..conftest import ROOT
+from .load import load_example as load
 
 SMALL = ["--steps", "3", "--inject-at", "2", "--micro", "2", "--seq", "16", "--span", "4"]
-
-
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(f"example_{name}", ROOT / "examples" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def steps_logged(out) -> list[int]:

@@ -1,22 +1,13 @@
 """The RL example: the stale-logprob response is detected and its tokens are named."""
 from __future__ import annotations
 
-import importlib.util
-
 from gradloc_track.artifacts import read_table
 
-from ..conftest import ROOT
-
-
-def load_example():
-    spec = importlib.util.spec_from_file_location("rl_grpo", ROOT / "examples" / "rl_grpo.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from .load import load_example
 
 
 def test_stale_logprob_response_is_detected_and_localized(tmp_path):
-    out = load_example().main(["--steps", "45", "--inject-step", "40", "--tracker", "none",
+    out = load_example("rl_grpo").main(["--steps", "45", "--inject-step", "40", "--tracker", "none",
                                "--out-dir", str(tmp_path), "--threads", "1"])
     inj = out["injected"]
     assert inj["step"] == 40 and 40 in out["events_at"]

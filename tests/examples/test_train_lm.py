@@ -103,6 +103,13 @@ def test_bad_override_fails_with_a_clear_message_once_and_leaves_no_run_dir(tmp_
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
+def test_a_renamed_clip_key_fails_naming_the_new_one_and_leaves_no_run_dir(tmp_path):
+    proc = run_example(tmp_path, "clip=layerclip", "clip.layer_alpha=0.9", *SMALL, check=False)
+    assert proc.returncode != 0
+    assert "clip.layer_alpha (renamed: use clip.alpha with clip=layerclip)" in proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
 def test_multirun_gives_one_tracker_run_per_job(tmp_path):
     run_example(tmp_path, "-m", "tracker=mlflow", "clip=none,adagc", *SMALL)
     _, runs = mlflow_runs(tmp_path)

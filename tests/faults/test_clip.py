@@ -10,7 +10,7 @@ import torch
 
 from gradloc_track import GradMonitor, MemoryTracker
 from gradloc_track.clip import AdaGC, GlobalClip, LayerClip, NoClip, SkipStepGuard, ZClip
-from gradloc_track.config import ClipConfig, ConfigError
+from gradloc_track.config import AdaGCConfig, ConfigError, GlobalClipConfig, LayerClipConfig, ZClipConfig
 from gradloc_track.norms import sq_norms
 
 from ..monitor.test_host_sync import SyncSpy
@@ -250,31 +250,36 @@ def test_layerclip_logs_the_threshold_it_applies(tiny_gpt):
         for n, p in tiny_gpt.named_parameters():
             p.grad = torch.randn(p.shape, generator=g) * (40.0 if step == 5 and n.startswith("h.1.") else 1.0)
         mon.after_backward(step)
-    layer_after = math.sqrt(sum(p.grad.norm().item() ** 2 for n, p in tiny_gpt.named_parameters() if n.startswith("h.1.")))
+    layer_after = math.sqrt(sum(p.grad.norm().item() ** 2 for n, p in tiny_gpt.named_parameters()
+                                if n.startswith("h.1.")))
     logged = dict(tracker.metrics[-1][1])["clip/threshold/h.1"]
     assert logged == pytest.approx(layer_after, rel=1e-4)  # was sqrt(#tensors) too large
 
 
-@pytest.mark.parametrize("field,value", [("layer_alpha", 2), ("eps", -1.0), ("alpha", 0.0), ("beta", "0.9"),
-                                         ("warmup_steps", -1), ("zclip_warmup_steps", 0), ("clip_factor", 0.0),
-                                         ("max_grad_norm", -1.0), ("layer_z_thresh", float("inf")),
-                                         ("adagc_mode", "AdaGC-Shard"), ("skip_update_on_spike", "yes")])
-def test_bad_clip_config_names_the_field(field, value):
+@pytest.mark.parametrize("schema,field,value", [
+    (LayerClipConfig, "alpha", 2), (AdaGCConfig, "eps", -1.0), (ZClipConfig, "alpha", 0.0),
+    (AdaGCConfig, "beta", "0.9"), (AdaGCConfig, "warmup_steps", -1), (ZClipConfig, "warmup_steps", 0),
+    (ZClipConfig, "clip_factor", 0.0), (ZClipConfig, "max_grad_norm", -1.0),
+    (LayerClipConfig, "z_thresh", float("inf")), (AdaGCConfig, "mode", "AdaGC-Shard"),
+    (ZClipConfig, "skip_update_on_spike", "yes"), (GlobalClipConfig, "max_norm", float("nan")),
+    (LayerClipConfig, "on_nonfinite", "ignore")])
+def test_bad_clip_config_names_the_field(schema, field, value):
     with pytest.raises(ConfigError, match=rf"clip\.{field}="):
-        ClipConfig(kind="adagc", **{field: value})
+        schema(**{field: value})
 
 
 def test_bad_clip_override_fails_at_composition_naming_the_field():
     from hydra import compose, initialize_config_dir
 
-    from gradloc_track.config import register_configs, to_config
+    from gradloc_track.config import to_config
+    from gradloc_track.demo.config import register_configs
 
     from ..conftest import CONF_DIR
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        with pytest.raises(ConfigError, match=r"clip\.layer_alpha=2"):
-            to_config(compose("config", overrides=["clip=layerclip", "clip.layer_alpha=2"]))
+        with pytest.raises(ConfigError, match=r"clip\.alpha=2"):
+            to_config(compose("config", overrides=["clip=layerclip", "clip.alpha=2"]))
         cfg = to_config(compose("config", overrides=["clip=zclip", "clip.max_grad_norm=1.0",
                                                      "clip.skip_update_on_spike=true", "clip.clip_factor=0.8"]))
     assert (cfg.clip.max_grad_norm, cfg.clip.skip_update_on_spike, cfg.clip.clip_factor) == (1.0, True, 0.8)

@@ -180,7 +180,8 @@ def test_locate_config_names_the_field_and_the_fix(field, value, fix):
 def test_locate_config_gradloc_needs_a_threshold_through_hydra():
     from hydra import compose, initialize_config_dir
 
-    from gradloc_track.config import register_configs, to_config
+    from gradloc_track.config import to_config
+    from gradloc_track.demo.config import register_configs
 
     from ..conftest import CONF_DIR
 

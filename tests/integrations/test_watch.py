@@ -1,8 +1,6 @@
 """``gradloc_track.watch``: one call in a plain loop, joining the user's open run."""
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -70,7 +68,8 @@ def test_watch_joins_an_open_wandb_run_and_leaves_it_open(gpt2, tmp_path):
 def test_bad_options_get_the_hydra_apps_errors(gpt2):
     from hydra import compose, initialize_config_dir
 
-    from gradloc_track.config import ConfigError, register_configs, to_config
+    from gradloc_track.config import ConfigError, to_config
+    from gradloc_track.demo.config import register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
@@ -92,7 +91,7 @@ def test_options_from_a_hydra_node_build_what_the_app_builds(gpt2):
     from hydra import compose, initialize_config_dir
 
     from gradloc_track.clip import AdaGC
-    from gradloc_track.config import register_configs
+    from gradloc_track.demo.config import register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
@@ -101,6 +100,22 @@ def test_options_from_a_hydra_node_build_what_the_app_builds(gpt2):
     assert isinstance(handle.monitor.clipper, AdaGC) and handle.monitor.clipper.beta == 0.98
     assert handle.monitor.config.log_every == 2
     handle.remove()
+
+
+def test_clip_options_go_through_the_options_own_schema(gpt2):
+    from gradloc_track.clip import AdaGC, ZClip
+    from gradloc_track.config import AdaGCConfig
+
+    for clip, cls, want in [("zclip", ZClip, {"warmup_steps": 25, "mode": "zscore"}),
+                            ({"kind": "zclip", "warmup_steps": 5, "mode": "percentile"}, ZClip,
+                             {"warmup_steps": 5, "mode": "percentile"}),
+                            (AdaGCConfig(beta=0.98, mode="global"), AdaGC, {"beta": 0.98, "mode": "global"})]:
+        handle = gradloc_track.watch(gpt2, clip=clip, tracker=MemoryTracker())
+        clipper = handle.monitor.clipper
+        handle.remove()
+        assert isinstance(clipper, cls) and {k: getattr(clipper, k) for k in want} == want
+    with pytest.raises(Exception, match=r"full_key: clip\.alpha"):  # ZClip's key, not AdaGC's
+        gradloc_track.watch(gpt2, clip={"kind": "adagc", "alpha": 0.9})
 
 
 def test_without_optimizer_step_runs_the_monitor_and_remove_unhooks(gpt2):

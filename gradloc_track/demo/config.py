@@ -1,10 +1,16 @@
-"""Model, optimizer and training-loop configs for the example apps (groups ``model``, ``optim``)."""
+"""The demo app's configs: model, optimizer, training loop (groups ``model``, ``optim``, key ``train``).
+
+``DemoConfig`` is the root ``conf/config.yaml`` composes from (stored as ``demo_schema``): the
+library's ``RootConfig`` (tracker, monitor, clip, spikes, locate) plus these. They belong to the
+example app, not to the library: a user's own training script has its own.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ._validate import check, check_types, one_of
+from ..config import RootConfig
+from ..config._validate import check, check_types, one_of
 
 
 @dataclass
@@ -62,12 +68,6 @@ class SpikeInjectionConfig:
     The sample and the garbage bytes vary with the step (seeded), so repeated injections differ.
     """
 
-    def at(self, step: int) -> bool:
-        if self.step is None or step < self.step:
-            return False
-        return step == self.step or (self.every is not None and (step - self.step) % self.every == 0)
-
-
     step: Optional[int] = None  # None = no injection
     every: Optional[int] = None  # repeat every N steps after ``step`` (None = once)
     sample: int = 0  # which sequence of the batch is corrupted
@@ -89,6 +89,12 @@ class SpikeInjectionConfig:
         check(self.sample >= 0, "train.inject.sample", self.sample, "use a sample index >= 0 (< train.batch_size)")
         check(self.span >= 1, "train.inject.span", self.span, "use 1 or more loss tokens")
         check(0 < self.scale < float("inf"), "train.inject.scale", self.scale, "use a positive, finite number")
+
+    def at(self, step: int) -> bool:
+        """Whether the batch of ``step`` is corrupted."""
+        if self.step is None or step < self.step:
+            return False
+        return step == self.step or (self.every is not None and (step - self.step) % self.every == 0)
 
 
 @dataclass
@@ -127,3 +133,27 @@ class TrainConfig:
             check(Path(self.corpus).is_file(), "train.corpus", self.corpus,
                   "use the path of an existing UTF-8 text file, or null for the built-in corpus")
         one_of("train.tokenizer", self.tokenizer, ("byte", "bpe"))
+
+
+@dataclass
+class DemoConfig(RootConfig):
+    """The demo app's root: the library's groups plus ``model``, ``optim`` and ``train``."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(self.train.seq_len <= self.model.max_seq_len, "train.seq_len", self.train.seq_len,
+              f"use at most model.max_seq_len={self.model.max_seq_len}, or raise model.max_seq_len")
+
+
+def register_configs() -> None:
+    """Register the library's schemas and the demo's root (``demo_schema``) with Hydra (idempotent)."""
+    from hydra.core.config_store import ConfigStore
+
+    from ..config import register_configs as register_library_configs
+
+    register_library_configs()
+    ConfigStore.instance().store(name="demo_schema", node=DemoConfig)
