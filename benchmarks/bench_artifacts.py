@@ -22,7 +22,7 @@ import torch
 
 from gradloc_track.artifacts import SpikeArtifactWriter
 from gradloc_track.demo.data import ByteTokenizer
-from gradloc_track.locate.result import CulpritToken, LocateResult
+from gradloc_track.localizer.result import CulpritToken, LocateResult
 from gradloc_track.spikes import SpikeContext, SpikeEvent
 from gradloc_track.trackers import LocalTracker, MemoryTracker
 from gradloc_track.trackers.async_writer import AsyncTracker

@@ -13,8 +13,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "GradMonitor": "gradloc_track.monitor",
     "GradStats": "gradloc_track.monitor",
-    "LocateResult": "gradloc_track.locate.result",
-    "CulpritToken": "gradloc_track.locate.result",
+    "LocateResult": "gradloc_track.localizer.result",
+    "CulpritToken": "gradloc_track.localizer.result",
     "SpikeDetector": "gradloc_track.spikes",
     "SpikeEvent": "gradloc_track.spikes.event",
     "Tracker": "gradloc_track.trackers",
@@ -25,13 +25,13 @@ _EXPORTS = {
     "watch": "gradloc_track.integrations.watch",
     "WatchHandle": "gradloc_track.integrations.watch",
 }
-_SUBMODULES = ("clip", "spikes", "trackers", "config", "artifacts", "norms", "grouping")
+_SUBMODULES = ("clip", "spikes", "trackers", "config", "artifacts", "norms", "grouping", "localizer", "monitor",
+               "integrations")
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES)
 
-# ``gradloc_track.locate`` is both a subpackage and the public function; bind the function
-# eagerly so the name always means the function (``gradloc_track.locate(model, ...)``).
-from .locate import locate  # noqa: E402
+# the public function ``gradloc_track.locate(model, ...)``; its package is ``gradloc_track.localizer``
+from .localizer import locate  # noqa: E402
 
 
 def __getattr__(name: str) -> Any:

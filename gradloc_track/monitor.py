@@ -423,7 +423,7 @@ class GradMonitor:
             return {}
         if step < self._retry_step:  # the detector keeps firing on batches without a culprit: back off
             return {}
-        from .locate import locate  # imported here: the localizer is only needed on a spike
+        from .localizer import locate  # imported here: the localizer is only needed on a spike
 
         try:
             with torch.enable_grad():
@@ -437,7 +437,7 @@ class GradMonitor:
         stats.locate = result
         shown, shown_ctx = result, ctx
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            from .locate.dist_context import gather_culprit_rows  # a collective: culprit rows to rank 0
+            from .localizer.dist_context import gather_culprit_rows  # a collective: culprit rows to rank 0
 
             try:
                 shown, shown_ctx = gather_culprit_rows(result, ctx)

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ..locate.result import LocateResult
+from ..localizer.result import LocateResult
 from .highlight import context_windows
 from .table import decode_token
 

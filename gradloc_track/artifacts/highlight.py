@@ -12,7 +12,7 @@ import math
 import unicodedata
 from typing import Any, Sequence
 
-from ..locate.result import CulpritToken, LocateResult
+from ..localizer.result import CulpritToken, LocateResult
 from ..spikes.event import SpikeEvent
 from .table import decode_token, format_top_layers
 

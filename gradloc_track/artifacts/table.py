@@ -5,7 +5,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ..locate.result import LocateResult
+from ..localizer.result import LocateResult
 from ..spikes.event import SpikeEvent
 
 # what a reader scans first: when, which text, how much of the spike it carries; then where

@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from ..locate.result import LocateResult
+from ..localizer.result import LocateResult
 from ..spikes.event import SpikeEvent
 from ..trackers.base import Tracker
 from .heatmap import render_layer_heatmap

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from ..locate.probe import save_rng
+from ..localizer.probe import save_rng
 
 log = logging.getLogger(__name__)
 IGNORE = -100  # the label that carries no loss (HF / PyTorch convention)

@@ -7,7 +7,7 @@ import torch
 
 from gradloc_track.artifacts.heatmap import heatmap_grid, render_layer_heatmap
 from gradloc_track.artifacts.highlight import CSS, MAX_SAMPLES, MAX_TOKEN_CHARS, render_highlight_html
-from gradloc_track.locate.result import CulpritToken, LocateResult
+from gradloc_track.localizer.result import CulpritToken, LocateResult
 from gradloc_track.spikes.context import SpikeContext
 from gradloc_track.spikes.event import SpikeEvent
 

@@ -12,7 +12,7 @@ import torch
 from gradloc_track.artifacts import attribution_table, render_highlight_html, render_layer_heatmap
 from gradloc_track.artifacts import heatmap as heatmap_mod
 from gradloc_track.demo.data import ByteTokenizer
-from gradloc_track.locate.result import CulpritToken, LocateResult
+from gradloc_track.localizer.result import CulpritToken, LocateResult
 from gradloc_track.spikes import SpikeContext, SpikeEvent
 
 LAYERS = ["wte", "h.0", "h.1", "lm_head"]

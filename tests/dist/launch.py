@@ -35,7 +35,7 @@ def fork_ranks(target, world: int, args: tuple, timeout: float = 240.0) -> None:
     import time
 
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "gradloc_track.locate", "tests.dist.launch"])
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "gradloc_track.localizer", "tests.dist.launch"])
     port = free_port()
     procs = [ctx.Process(target=_forked_main, args=(target, r, world, port, args)) for r in range(world)]
     for p in procs:

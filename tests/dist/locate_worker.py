@@ -92,7 +92,7 @@ def run(scn: dict, rank: int, world: int) -> dict:
     res = locate(model, fns if K > 1 else fns[0], masks if K > 1 else masks[0], method=scn.get("method", "auto"),
                  threshold=scn.get("threshold"))
     from gradloc_track.artifacts.table import attribution_table
-    from gradloc_track.locate.dist_context import gather_culprit_rows
+    from gradloc_track.localizer.dist_context import gather_culprit_rows
     from gradloc_track.spikes.context import SpikeContext
 
     ctx = SpikeContext(loss_fn=fns if K > 1 else fns[0], token_mask=masks if K > 1 else masks[0],

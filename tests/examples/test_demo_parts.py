@@ -8,7 +8,7 @@ import torch
 
 from gradloc_track.demo.console import TrainConsole, culprit_spans, view_commands, where_to_look
 from gradloc_track.demo.inject import inject
-from gradloc_track.locate.result import CulpritToken, LocateResult
+from gradloc_track.localizer.result import CulpritToken, LocateResult
 from gradloc_track.trackers.run_record import read_run_views, record_run
 from gradloc_track.spikes.event import SpikeEvent
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import gradloc_track
 from gradloc_track.config import ConfigError, LocateConfig
-from gradloc_track.locate.memory import TensorMemoryMeter
+from gradloc_track.localizer.memory import TensorMemoryMeter
 
 V, B, T = 64, 4, 24
 

@@ -104,7 +104,7 @@ def test_full_queue_spills_instead_of_blocking(tmp_path):
 
 def test_artifacts_render_off_the_training_thread_in_order(tmp_path, monkeypatch):
     from gradloc_track.artifacts import SpikeArtifactWriter, writer
-    from gradloc_track.locate.result import CulpritToken, LocateResult
+    from gradloc_track.localizer.result import CulpritToken, LocateResult
     from gradloc_track.spikes import SpikeContext, SpikeEvent
 
     threads = []

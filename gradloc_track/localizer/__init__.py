@@ -154,11 +154,11 @@ def locate(model: torch.nn.Module, loss_fn: LossFn | Sequence[LossFn], token_mas
     state is restored afterwards.
 
     Under ``torch.distributed`` (more than one rank) it is a collective: call it on every rank
-    with that rank's own ``loss_fn``/``token_mask``; see ``locate/distributed.py``.
+    with that rank's own ``loss_fn``/``token_mask``; see ``localizer/distributed.py``.
     """
     from .distributed import is_distributed, locate_distributed
 
-    if is_distributed():  # a collective: every rank calls it (see locate/distributed.py)
+    if is_distributed():  # a collective: every rank calls it (see localizer/distributed.py)
         return locate_distributed(model, loss_fn, token_mask, method, budget, threshold, group_by=group_by,
                                   rng_state=rng_state)
     loss_fns, masks, labelled = _micro_batches(loss_fn, token_mask)
