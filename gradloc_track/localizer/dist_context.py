@@ -27,6 +27,11 @@ def _part(x: Any, k: int | None):
     return x
 
 
+def _row_columns(columns: Any, k: int | None, b: int) -> dict:
+    """Sample ``b`` of micro-batch ``k`` of each named per-sample/per-token column, on the CPU."""
+    return {n: _part(v, k)[b].detach().cpu() for n, v in (columns or {}).items()}
+
+
 def _rows(result: LocateResult, ctx: Any, rank: int) -> list[dict] | None:
     """This rank's culprit samples as plain CPU tensors (None if they cannot be read)."""
     try:
@@ -42,8 +47,8 @@ def _rows(result: LocateResult, ctx: Any, rank: int) -> list[dict] | None:
                 "mask": None if mask is None else mask[b].detach().float().cpu(),
                 "ghost": result.ghost_map[b] if first and result.ghost_map is not None else None,
                 "layers": result.layer_map[:, b] if first and result.layer_map is not None else None,
-                "extra": {n: _part(v, k)[b].detach().cpu() for n, v in (getattr(ctx, "extra_columns", None) or {}).items()},
-                "sample": {n: _part(v, k)[b].detach().cpu() for n, v in (getattr(ctx, "sample_columns", None) or {}).items()},
+                "extra": _row_columns(getattr(ctx, "extra_columns", None), k, b),
+                "sample": _row_columns(getattr(ctx, "sample_columns", None), k, b),
             })
         return out
     except Exception as exc:  # never raise before the collective: the other ranks would wait
@@ -98,6 +103,6 @@ def gather_culprit_rows(result: LocateResult, ctx: Any, group=None) -> tuple[Loc
         loss_fn=_not_probed, token_mask=_pad([x["mask"] for x in flat], length, 0.0, torch.float32),
         input_ids=_pad([x["ids"] for x in flat], length, 0, torch.long) if has_ids else None,
         tokenizer=getattr(ctx, "tokenizer", None), extra_columns=extras, sample_columns=samples)
-    view = dataclasses.replace(result, tokens=tokens, ghost_map=_pad([x["ghost"] for x in flat], length, 0.0, torch.float32),
-                               layer_map=layer_map)
+    ghost_map = _pad([x["ghost"] for x in flat], length, 0.0, torch.float32)
+    view = dataclasses.replace(result, tokens=tokens, ghost_map=ghost_map, layer_map=layer_map)
     return view, view_ctx

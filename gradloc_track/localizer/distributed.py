@@ -47,6 +47,7 @@ from ..norms import trainable_params
 from .dist_probe import DistProber, DistSnapshot, DistTerm, GlobalHits, GlobalView
 from .ghost import GhostMap, adaptive_threshold
 from .gradloc import token_stage
+from .inputs import as_micro_batches, check_inputs, rng_states
 from .probe import Grads, Prober, restore_rng
 from .result import LocateResult
 from .search import auto, bisect, prune_level, term_scores
@@ -59,29 +60,17 @@ def is_distributed(group=None) -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
 
 
-def _local_problem(model, fns, masks, method, budget, threshold) -> str:
-    """This rank's input errors as one message ('' when fine); checked before any collective."""
+def _local_problem(model, loss_fn, token_mask, method, budget, threshold) -> tuple[str, list, list, bool]:
+    """This rank's input errors as one message ('' when fine), checked before any collective, and
+    its micro-batches (empty lists when the inputs could not be read)."""
     if method not in METHODS:
-        return f"method={method!r} is unknown under torch.distributed: use one of {METHODS}"
-    if not isinstance(budget, int) or budget < 1:
-        return f"budget={budget!r} must be a positive number of probes (e.g. 128)"
-    if threshold is not None and not (isinstance(threshold, (int, float)) and 0 < threshold < math.inf):
-        return f"threshold={threshold!r} must be a positive finite number, or None for an adaptive threshold"
-    if method == "gradloc" and threshold is None:
-        return ("method='gradloc' needs an explicit threshold (GradLoc's per-token knob, as a per-term gradient "
-                "norm in this rank's loss_fn units); or use method='auto' for an adaptive threshold")
-    if len(fns) != len(masks) or not fns:
-        return (f"loss_fn and token_mask must pair up: got {len(fns)} loss function(s) and {len(masks)} "
-                "mask(s) (one of each per micro-batch)")
-    for k, (fn, m) in enumerate(zip(fns, masks)):
-        if not callable(fn):
-            return f"loss_fn[{k}] must be callable: loss_fn(mask) -> scalar loss over the kept loss terms"
-        if not isinstance(m, torch.Tensor) or m.dim() != 2 or not m.is_floating_point():
-            got = f"{tuple(m.shape)} {m.dtype}" if isinstance(m, torch.Tensor) else type(m).__name__
-            return f"token_mask[{k}] must be a 2-D (batch, position) floating-point tensor; got {got}"
-    if not trainable_params(model):
-        return "the model has no parameters with requires_grad=True: nothing to localize"
-    return ""
+        return f"method={method!r} is not available under torch.distributed: use one of {METHODS}", [], [], False
+    try:
+        fns, masks, labelled = as_micro_batches(loss_fn, token_mask)
+        check_inputs(model, masks, method, budget, threshold)
+    except (TypeError, ValueError) as exc:
+        return str(exc), [], [], False
+    return "", fns, masks, labelled
 
 
 def _gather(obj, group) -> list:
@@ -90,10 +79,10 @@ def _gather(obj, group) -> list:
     return out
 
 
-def _check_collectively(model, fns, masks, method, budget, threshold, group) -> None:
+def _check_collectively(model, loss_fn, token_mask, method, budget, threshold, group) -> tuple[list, list, bool]:
     """Every rank raises the same error, or none does (one all_gather, before any probe)."""
-    mine = (_local_problem(model, fns, masks, method, budget, threshold), len(fns),
-            sum(int((m != 0).sum()) for m in masks) if all(isinstance(m, torch.Tensor) for m in masks) else 0)
+    problem, fns, masks, labelled = _local_problem(model, loss_fn, token_mask, method, budget, threshold)
+    mine = (problem, len(fns), sum(int((m != 0).sum()) for m in masks))
     every = _gather(mine, group)
     errors = [f"rank {r}: {e}" for r, (e, _, _) in enumerate(every) if e]
     if errors:
@@ -104,17 +93,7 @@ def _check_collectively(model, fns, masks, method, budget, threshold, group) -> 
                          "per rank): a DDP/FSDP2 step runs one backward per micro-batch on every rank")
     if sum(n for _, _, n in every) == 0:
         raise ValueError("token_mask selects no loss terms on any rank (all zeros): pass the batch's loss mask")
-
-
-def _rng_states(rng_state, k: int, now: dict) -> list[dict]:
-    if rng_state is None:
-        return [now] * k
-    if isinstance(rng_state, (torch.Tensor, dict)):
-        return [{"cpu": rng_state} if isinstance(rng_state, torch.Tensor) else rng_state] * k
-    states = list(rng_state)
-    if len(states) != k:
-        raise ValueError(f"rng_state: pass one state, or one per micro-batch ({k}); got {len(states)}")
-    return [{"cpu": s} if isinstance(s, torch.Tensor) else s for s in states]
+    return fns, masks, labelled
 
 
 def _ghost_pass(prober: DistProber, model, group_by: str, world: int):
@@ -193,14 +172,6 @@ def _gradloc(prober: DistProber, view: GlobalView, terms: list[DistTerm], tau: f
     return total, hits, token_stage(view, 0, mine, tau, budget, hits)
 
 
-def _as_lists(loss_fn, token_mask) -> tuple[list, list, bool]:
-    if callable(loss_fn) and isinstance(token_mask, torch.Tensor):
-        return [loss_fn], [token_mask], False
-    fns = [loss_fn] if callable(loss_fn) else list(loss_fn)
-    masks = [token_mask] if isinstance(token_mask, torch.Tensor) else list(token_mask)
-    return fns, masks, True
-
-
 def locate_distributed(model: torch.nn.Module, loss_fn: Callable | Sequence[Callable],
                        token_mask: torch.Tensor | Sequence[torch.Tensor], method: str = "auto",
                        budget: int = 128, threshold: float | None = None, *, group_by: str = "block",
@@ -211,15 +182,14 @@ def locate_distributed(model: torch.nn.Module, loss_fn: Callable | Sequence[Call
     per-rank part of the result; ``dist_context.gather_culprit_rows`` brings the rows the
     artifacts show to rank 0.
     """
-    fns, masks, labelled = _as_lists(loss_fn, token_mask)
-    _check_collectively(model, fns, masks, method, budget, threshold, group)
+    fns, masks, labelled = _check_collectively(model, loss_fn, token_mask, method, budget, threshold, group)
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     t0 = time.perf_counter()
     snap = DistSnapshot(model)
     try:
         named = trainable_params(model)
         grouping = LayerGrouping.build([n for n, _ in named], group_by)
-        rngs = _rng_states(rng_state, len(fns), snap.rng)
+        rngs = rng_states(rng_state, len(fns), snap.rng)
         # gradloc: its micro-batch and rank stages come on top of the token stage's budget
         extra = len(fns) + 2 * world if method == "gradloc" else 0
         prober = DistProber([p for _, p in named], fns, masks, rngs, budget + extra, grouping, rank, group)

@@ -60,10 +60,10 @@ def token_stage(prober: Prober, i: int, terms: list[tuple[int, int]], tau: float
     while used + 2 <= budget:
         if not stack:
             return False
-        l, r = stack.pop()
-        mid = (l + r) // 2
+        left, right = stack.pop()
+        mid = (left + right) // 2
         segments = []
-        for lo, hi in ((l, mid), (mid + 1, r)):
+        for lo, hi in ((left, mid), (mid + 1, right)):
             try:
                 g = prober.probe_terms(i, terms[lo: hi + 1])
             except BudgetExhausted:  # only when a wrapper gave the prober a smaller budget

@@ -153,21 +153,9 @@ def auto(prober: Prober, hits: Hits, all_terms: list[tuple[int, int, int]], tau:
        rule are searched).
     Returns (budget_exhausted, notes).
     """
-    found_sum: Grads | None = None  # running sum of the culprits' gradients: ONE buffer
-    for key in sorted(all_terms, key=lambda k: -hits.scores[k]):
-        if hits.scores[key] < tau / 4:
-            break
-        i, term = key[0], key[1:]
-        try:
-            g = prober.probe_terms(i, [term])
-        except BudgetExhausted:
-            return True, []
-        n = prober.norm(g)
-        if n <= tau:
-            break
-        hits.add(i, term, g, n)
-        found_sum = g if found_sum is None else prober.add_(found_sum, g)
-        del g
+    exhausted, found_sum = _confirm_candidates(prober, hits, all_terms, tau)
+    if exhausted:
+        return True, []
     rest = [k for k in all_terms if k not in hits.terms]
     if not rest:
         return False, []
@@ -183,6 +171,35 @@ def auto(prober: Prober, hits: Hits, all_terms: list[tuple[int, int, int]], tau:
         return bisect(prober, 0, [k[1:] for k in rest], tau, hits, known=g_rest, two_probes=False,
                       tau_prune=tau_prune), notes
     del g_rest
+    return _search_remainders(prober, hits, rest, tau, tau_prune), notes
+
+
+def _confirm_candidates(prober: Prober, hits: Hits, all_terms: list[tuple[int, int, int]],
+                        tau: float) -> tuple[bool, Grads | None]:
+    """Exact single-term probes in score order, until the first miss or scores below ``tau / 4``.
+    Returns (budget_exhausted, the running sum of the confirmed culprits' gradients: ONE buffer)."""
+    found_sum: Grads | None = None
+    for key in sorted(all_terms, key=lambda k: -hits.scores[k]):
+        if hits.scores[key] < tau / 4:
+            break
+        i, term = key[0], key[1:]
+        try:
+            g = prober.probe_terms(i, [term])
+        except BudgetExhausted:
+            return True, found_sum
+        n = prober.norm(g)
+        if n <= tau:
+            break
+        hits.add(i, term, g, n)
+        found_sum = g if found_sum is None else prober.add_(found_sum, g)
+        del g
+    return False, found_sum
+
+
+def _search_remainders(prober: Prober, hits: Hits, rest: list[tuple[int, int, int]], tau: float,
+                       tau_prune: float) -> bool:
+    """Several micro-batches: one probe per micro-batch's remainder, bisecting those above the
+    rule. True if the budget ran out."""
     for i in range(prober.k):
         rest_i = [k[1:] for k in rest if k[0] == i]
         if not rest_i:
@@ -190,12 +207,12 @@ def auto(prober: Prober, hits: Hits, all_terms: list[tuple[int, int, int]], tau:
         try:
             g = prober.probe_terms(i, rest_i)
         except BudgetExhausted:
-            return True, notes
+            return True
         if prober.norm(g) > tau_prune * math.sqrt(len(rest_i)):
             if bisect(prober, i, rest_i, tau, hits, known=g, two_probes=False, tau_prune=tau_prune):
-                return True, notes
+                return True
         del g
-    return False, notes
+    return False
 
 
 def micro_batch_order(norms: list[float]) -> list[int]:
