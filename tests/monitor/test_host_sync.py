@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import gradloc_track.monitor as monitor_mod
+import gradloc_track.monitor.grad_monitor as monitor_mod
 from gradloc_track import GradMonitor, MemoryTracker
 from gradloc_track.clip import AdaGC
 from gradloc_track.spikes import SpikeContext, SpikeDetector

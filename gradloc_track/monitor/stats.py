@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .grouping import LayerGrouping
+from ..grouping import LayerGrouping
 
 
 class GradStats:

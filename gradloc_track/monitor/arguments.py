@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .config import LocateConfig, SpikeConfig
+from ..config import LocateConfig, SpikeConfig
 
 
 def _kind(value: Any) -> str:
@@ -55,7 +55,7 @@ def check_arguments(model: Any, tracker: Any, clipper: Any, optimizer: Any, dete
 def as_detector(detector: Any) -> Any:
     """A ``SpikeConfig`` becomes its ``SpikeDetector`` (or None when ``enabled=False``)."""
     if isinstance(detector, SpikeConfig):
-        from .spikes import SpikeDetector
+        from ..spikes import SpikeDetector
 
         return SpikeDetector(detector) if detector.enabled else None
     return detector
@@ -80,3 +80,23 @@ def as_locate_config(value: Any) -> LocateConfig:
         return LocateConfig(**{str(k): v for k, v in value.items()})
     raise TypeError(f"GradMonitor(locate_config=...): got {_kind(value)}; pass a "
                     "gradloc_track.config.LocateConfig (or a dict of its fields), or None for the defaults")
+
+
+def as_monitor_config(config: Any, overrides: dict[str, Any]) -> Any:
+    """``config=MonitorConfig(...)`` or option keywords (``log_every=10``), never both."""
+    from ..config import MonitorConfig
+
+    if config is None:
+        known = {f.name for f in fields(MonitorConfig)}
+        unknown = set(overrides) - known
+        if unknown:
+            raise TypeError(f"GradMonitor got unknown option(s) {sorted(unknown)}; "
+                            f"valid options are the MonitorConfig fields {sorted(known)}")
+        config = MonitorConfig(**overrides)
+    elif overrides:
+        raise TypeError("GradMonitor: pass either config=MonitorConfig(...) or option keywords "
+                        f"({sorted(overrides)}), not both")
+    if not isinstance(config, MonitorConfig):
+        raise TypeError(f"GradMonitor: config must be a gradloc_track.config.MonitorConfig, "
+                        f"got {type(config).__name__}")
+    return config

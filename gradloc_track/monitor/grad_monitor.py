@@ -1,0 +1,248 @@
+"""GradMonitor: per-layer gradient observability, called after ``backward()``.
+
+One fused pass computes every per-tensor squared norm (gradients, and weights on logging
+steps); sharded (FSDP2/DTensor) norms are reduced with ONE all-reduce; everything that is logged
+is stacked into ONE device tensor and moved to the host once per logging step. Steps that do not
+log do no host sync (unless a spike detector is armed with a batch to localize, see
+``after_backward``).
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..config import LocateConfig, MonitorConfig
+from ..norms import all_reduce_sq_norms, sq_norms
+from ..trackers.base import NullTracker, Tracker
+from .arguments import as_detector, as_locate_config, as_monitor_config, check_arguments
+from .optimizer_metrics import OptimizerMetrics
+from .packing import LR, N_TOKENS, WD, HostPack, add_norms, loggable
+from .param_set import ParamSet
+from .spike_response import SpikeResponse
+from .stats import GradStats
+
+
+class GradMonitor:
+    """Logs gradient health after ``loss.backward()`` and before ``optimizer.step()``.
+
+    ```python
+    monitor = GradMonitor(model, tracker=tracker, clipper=clipper, optimizer=opt, log_every=10)
+    loss.backward()
+    stats = monitor.after_backward(step)   # norms, clipping, spike detection, localization
+    optimizer.step()
+    ```
+
+    Metric keys (``<layer>`` per ``group_by``: block -> ``h.3``, module -> ``h.3.attn.qkv``,
+    tensor -> the parameter name; or the names of custom ``groups``):
+
+    - ``grad_norm/global``: L2 norm of all gradients (before clipping)
+    - ``grad_norm/<layer>``: L2 norm of the layer's gradients
+    - ``grad_norm/tensor/<param>``: per-tensor norms (``per_tensor=True``)
+    - ``grad_norm/nonfinite``: number of tensors whose gradient norm is NaN/Inf (logged, never
+      raised: the clipper's ``on_nonfinite`` decides what happens to the step)
+    - ``weight_norm/global``, ``weight_norm/<layer>``: parameter norms (``weight_norms=True``)
+    - ``grad_weight_ratio/<layer>``: ``||g|| / ||w||`` of the layer (``weight_norms=True``)
+    - ``lr``, ``weight_decay``: when known (arguments, else ``optimizer.param_groups``: ``lr`` of
+      group 0, the largest ``weight_decay`` of any group, since no-decay groups hold 0); ``lr``
+      is the one applied at this step, ``weight_decay`` is logged only when it changes
+    - ``adamc/steady_state_ratio`` (``adamc_ratio=True``, or automatically when
+      ``AdamCWeightDecay`` drives the optimizer): ``sqrt(2 * weight_decay / lr)``, the ratio ``||g||/||w||``
+      that decoupled weight decay drives normalized layers to (Defazio, arXiv 2506.02285); a
+      ``grad_weight_ratio`` tracking it as ``lr -> 0`` is schedule-driven norm growth, not a spike
+    - ``clip/threshold/<layer>`` (or ``clip/threshold/global``), ``clip/coef/<layer>``,
+      ``clip/clipped_fraction``, ``clip/total_norm_pre``, ``clip/total_norm_post``,
+      ``clip/nonfinite``: from the clipper (see ``gradloc_track.clip.metrics``)
+    - ``spike/detected`` (1 on a step the detector fired), ``spike/detected_total``,
+      ``spike/threshold`` (the global norm that would fire this step: plot it with
+      ``grad_norm/global``), ``spike/ratio`` (global norm / its running baseline),
+      ``spike/zscore``, ``spike/zscore_max_layer``, ``spike/olmo_score`` (OLMo-core's 6-sigma
+      spike score, for comparison): from the detector's ``metrics()`` (``SpikeDetector`` documents them)
+    - ``locate/probes``, ``locate/culprits``, ``locate/threshold``, ``locate/seconds`` when a
+      spike was localized; ``locate/failed`` when localizing raised (a warning, never a crash)
+
+    Only global rank 0 logs (other ranks get a ``NullTracker``). A spike on a non-logging step
+    is logged at its own step (its norms, spike and locate keys).
+
+    Parameters unfrozen (or frozen) after construction are picked up on the next step that syncs
+    (a logging step, or any step while a detector is armed): the check is one pass over the
+    ``requires_grad`` flags there, nothing on other steps. A clipper built before the unfreezing
+    does not clip the new tensors (a warning says so). ``after_backward`` must be called once per
+    optimizer step with an increasing step: a repeated step is ignored with a warning (clip and
+    detector state advance once), a step that goes backwards is processed with a warning.
+    A localization that finds no culprit token does not use up ``locate.max_events``.
+    """
+
+    def __init__(self, model: torch.nn.Module, tracker: Tracker | None = None, clipper: Any = None,
+                 config: MonitorConfig | None = None, *, optimizer: torch.optim.Optimizer | None = None,
+                 process_group: Any = None, detector: Any = None, locate_config: LocateConfig | None = None,
+                 artifact_writer: Any = None, **overrides: Any) -> None:
+        config = as_monitor_config(config, overrides)
+        check_arguments(model, tracker, clipper, optimizer, detector, artifact_writer)
+        self.config, self.model, self.optimizer, self.clipper = config, model, optimizer, clipper
+        self.process_group = process_group
+        self.detector = as_detector(detector)
+        self.locate_config = as_locate_config(locate_config)
+        self.artifact_writer = artifact_writer
+        self.rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        # only rank 0 logs; the others get the do-nothing tracker (no branching at call sites)
+        self.tracker: Tracker = (tracker or NullTracker()) if self.rank == 0 else NullTracker()
+        self._warned: set[str] = set()
+        self._last_step: int | None = None
+        self.param_set = ParamSet(model, config, clipper, self._warn_once)
+        self.optimizer_metrics = OptimizerMetrics(optimizer, config.adamc_ratio)
+        self.spike_response = SpikeResponse(model, self.locate_config, config.group_by, artifact_writer,
+                                            self.rank, process_group, self._warn_once)
+
+    # -- public --------------------------------------------------------------------------
+    @property
+    def names(self) -> list[str]:
+        return self.param_set.names
+
+    @property
+    def params(self) -> list[torch.nn.Parameter]:
+        return self.param_set.params
+
+    @property
+    def grouping(self):
+        return self.param_set.grouping
+
+    @property
+    def events_localized(self) -> int:
+        """Localizations that named a culprit (these use up ``locate.max_events``)."""
+        return self.spike_response.events_localized
+
+    @property
+    def events_unconfirmed(self) -> int:
+        """Localizations that found nothing (the localizer backs off after ``max_events`` of them)."""
+        return self.spike_response.events_unconfirmed
+
+    def should_log(self, step: int) -> bool:
+        return step % self.config.log_every == 0
+
+    @torch.no_grad()
+    def after_backward(self, step: int, *, lr: float | None = None, weight_decay: float | None = None,
+                       spike_context: Any = None) -> GradStats:
+        """Compute norms, clip, detect and localize spikes, and log. Returns ``GradStats``.
+
+        Host syncs: one transfer on logging steps; none on other steps, except when a detector
+        AND a ``spike_context`` are given: then every step makes that one transfer (global,
+        per-layer and per-tensor norms, clip metrics, the token count: a few KB; the cost is the
+        wait for the device to finish backward, not the bytes) so a spike on any step can be
+        detected and localized. With a detector but no ``spike_context`` the detector only sees
+        logging steps. Weight norms are computed on logging steps only.
+        Collectives: at most one all-reduce per step (sharded/DTensor gradients only; grad and
+        weight norms share it), plus the global token count on armed steps of a ``fixed``-mode
+        detector. Under torch.distributed every rank sees the same reduced norms, so every rank
+        decides alike and localizes together (``locate`` is then a collective).
+        """
+        if self._repeated_step(step):  # a second call for a step already processed: touch nothing
+            return GradStats(step, self.grouping, self._global_sq_norms(False)[0], logged=False)
+        log_now = self.should_log(step)
+        armed = self.detector is not None and spike_context is not None
+        if (log_now or armed) and self.param_set.changed():
+            self.param_set.rescan(step)
+        grad_sq, w_sq = self._global_sq_norms(log_now and self.config.weight_norms)  # (n,), (n,)|None device
+        clip_result = self._clip(step, grad_sq, w_sq, lr, weight_decay)
+        if not (log_now or armed):  # nothing leaves the device
+            return GradStats(step, self.grouping, grad_sq, logged=False, clip=clip_result)
+        stats, tokens = self._sync(step, grad_sq, w_sq, clip_result, lr, weight_decay,
+                                   spike_context if armed else None, log_now)
+        if self.detector is not None:
+            self._detect(step, stats, spike_context, *tokens)
+        if log_now or stats.events:
+            self.tracker.log_metrics(stats.metrics, step)
+        return stats
+
+    # -- the steps of after_backward ----------------------------------------------------------
+    def _global_sq_norms(self, with_weights: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Per-tensor squared grad (and weight) norms, globally reduced with ONE all-reduce."""
+        params = self.params
+        grads = [p.grad for p in params]
+        g_local = sq_norms(grads)  # (n,) device, local shards
+        if not with_weights:
+            return all_reduce_sq_norms(g_local, grads, self.process_group), None
+        w_local = sq_norms([p.detach() for p in params], device=g_local.device)  # (n,)
+        both = all_reduce_sq_norms(torch.cat([g_local, w_local]), grads + params, self.process_group)
+        n = len(params)
+        return both[:n], both[n:]
+
+    def _clip(self, step: int, grad_sq: torch.Tensor, w_sq: torch.Tensor | None, lr: Any, weight_decay: Any) -> Any:
+        """The clipper, on the norms already computed; on_nonfinite="raise": log this step first."""
+        try:
+            return self.param_set.clip(grad_sq)
+        except FloatingPointError:
+            self._log_before_raise(step, grad_sq, w_sq, lr, weight_decay)
+            raise
+
+    def _sync(self, step: int, grad_sq: torch.Tensor, w_sq: torch.Tensor | None, clip_result: Any, lr: Any,
+              weight_decay: Any, spike_context: Any, log_now: bool) -> tuple[GradStats, tuple]:
+        """Everything this step logs or detects on, moved to the host in ONE transfer.
+        Returns the stats and ``(n_tokens, n_micro_batches)`` of the spike context (None without one)."""
+        pack = HostPack(grad_sq.device)
+        add_norms(pack, self.param_set, grad_sq, w_sq, clip_result)
+        lr, weight_decay = self.optimizer_metrics.read(lr, weight_decay)
+        pack.add_if_tensor(LR, lr)
+        pack.add_if_tensor(WD, weight_decay)
+        n_tokens = n_micro = None
+        if spike_context is not None:
+            n_tokens, n_micro = self.spike_response.count_tokens(pack, spike_context)
+        host = pack.to_host()
+        lr, weight_decay = host.pop(LR, lr), host.pop(WD, weight_decay)
+        if N_TOKENS in host:
+            n_tokens = int(host.pop(N_TOKENS))
+        metrics = loggable(host, self.config.per_tensor)
+        metrics.update(self.optimizer_metrics.metrics(lr, weight_decay))
+        stats = GradStats(step, self.grouping, grad_sq, logged=log_now, metrics=metrics, clip=clip_result,
+                          host={"global": host["grad_norm/global"],
+                                "tensor": [host[k] for k in self.param_set.tensor_keys],
+                                "layer": [host[k] for k in self.param_set.layer_keys]})
+        return stats, (n_tokens, n_micro)
+
+    def _detect(self, step: int, stats: GradStats, spike_context: Any, n_tokens: int | None,
+                n_micro: int | None) -> None:
+        """The detector's verdict on this step; a spike with a batch to localize is localized."""
+        if n_tokens is not None and getattr(getattr(self.detector, "config", None), "mode", None) == "fixed":
+            n_tokens = self.spike_response.global_count(n_tokens, self.params[0].device)
+        extra = {"n_micro_batches": n_micro} if n_micro is not None else {}
+        stats.events = list(self.detector.update(step, stats.global_norm, stats.layer_norms, n_tokens=n_tokens,
+                                                 **extra))
+        stats.metrics.update(self.detector.metrics())
+        if stats.events and spike_context is not None:
+            stats.metrics.update(self.spike_response.respond(step, stats, spike_context))
+
+    # -- step order, the raise path -------------------------------------------------------------
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(f"gradloc-track: {message}", stacklevel=3)
+
+    def _repeated_step(self, step: int) -> bool:
+        """True for a second call with the step just processed (it must change nothing)."""
+        last, self._last_step = self._last_step, step
+        if last is not None and step == last:
+            self._warn_once("repeat", f"GradMonitor.after_backward was called again for step {step}; the repeated "
+                            "call is ignored (no clipping, spike detection or logging: their state advances once "
+                            "per step). Call it once per optimizer step, after the last micro-batch's backward, "
+                            "with a step that increases.")
+            return True
+        if last is not None and step < last:
+            self._warn_once("backwards", f"GradMonitor.after_backward: the step went backwards ({last} -> {step}). "
+                            "Its gradients are clipped and checked as a new step, but trackers keep one value per "
+                            "step (W&B drops steps below its current one): pass a step that increases, e.g. the "
+                            "global optimizer step rather than a per-epoch counter.")
+        return False
+
+    def _log_before_raise(self, step: int, grad_sq: torch.Tensor, w_sq: torch.Tensor | None, lr: Any,
+                          weight_decay: Any) -> None:
+        """The clipper raises on a non-finite gradient (``on_nonfinite="raise"``): log and flush this
+        step's norms first, so the run shows where and in which layers it broke."""
+        try:  # host sync: the error path
+            stats, _ = self._sync(step, grad_sq, w_sq, None, lr, weight_decay, None, True)
+            stats.metrics["clip/nonfinite"] = 1.0
+            self.tracker.log_metrics(stats.metrics, step)
+            self.tracker.flush()
+        except Exception as exc:  # the clipper's error is the one to raise
+            warnings.warn(f"gradloc-track: could not log step {step} before raising: {exc!r}")

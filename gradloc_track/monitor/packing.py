@@ -1,0 +1,61 @@
+"""The one host transfer of a step: every value to log, gathered as named device values.
+
+One ``torch.cat(...).tolist()`` moves them all, so a logging step waits for the device once.
+Internal slots (the learning rate when it is a tensor, the spike context's token count) start
+with ``\\0`` and are popped before logging.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+N_TOKENS = "\0n_tokens"  # internal pack slots, never logged
+LR, WD = "\0lr", "\0weight_decay"
+
+
+class HostPack:
+    """Collects named device values so one ``torch.cat(...).tolist()`` moves them all."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.keys: list[str] = []
+        self.parts: list[torch.Tensor] = []
+
+    def add(self, keys: list[str], values: torch.Tensor) -> None:
+        self.keys += keys
+        self.parts.append(values.detach().reshape(-1).to(self.device, torch.float32))
+
+    def add_if_tensor(self, key: str, value: Any) -> None:
+        """A value known only on the device (a capturable optimizer's tensor lr) rides along."""
+        if isinstance(value, torch.Tensor):
+            self.add([key], value)
+
+    def to_host(self) -> dict[str, float]:
+        values = torch.cat(self.parts).tolist()  # THE host sync of this step (one transfer)
+        return dict(zip(self.keys, values))
+
+
+def add_norms(pack: HostPack, params: Any, grad_sq: torch.Tensor, w_sq: torch.Tensor | None,
+              clip_result: Any) -> None:
+    """Global, per-layer and per-tensor grad norms; weight norms and ratios; the clip metrics."""
+    layer_norm = params.grouping.sum_by_layer(grad_sq).sqrt()  # (L,)
+    pack.add(["grad_norm/global"], grad_sq.sum().sqrt())
+    pack.add(["grad_norm/nonfinite"], (~torch.isfinite(grad_sq)).sum())
+    pack.add(params.layer_keys, layer_norm)
+    # per-tensor norms always travel (n floats): GradStats.grad_norms then needs no 2nd sync
+    pack.add(params.tensor_keys, grad_sq.sqrt())
+    if w_sq is not None:
+        w_layer = params.grouping.sum_by_layer(w_sq).sqrt()  # (L,)
+        pack.add(params.weight_keys, torch.cat([w_sq.sum().sqrt().reshape(1), w_layer]))
+        pack.add(params.ratio_keys, layer_norm / w_layer.clamp_min(1e-12))
+    if clip_result is not None:
+        from ..clip.metrics import clip_metrics
+
+        cm = clip_metrics(clip_result, params.clip_grouping)  # {key: 0-d device tensor}
+        pack.add(list(cm), torch.stack([v.to(grad_sq.device, torch.float32).reshape(()) for v in cm.values()]))
+
+
+def loggable(host: dict[str, float], per_tensor: bool) -> dict[str, float]:
+    """The host values that are metrics (per-tensor norms only when asked for)."""
+    return {k: v for k, v in host.items() if per_tensor or not k.startswith("grad_norm/tensor/")}

@@ -1,0 +1,122 @@
+"""What the monitor does when the detector fires: localize, back off, gather to rank 0, render.
+
+Also owns what the detector needs from the spike context: the step's loss-token count (GradLoc's
+fixed trigger divides by it), counted on the device so it rides along in the step's one transfer.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from .packing import N_TOKENS, HostPack
+
+
+class SpikeResponse:
+    """Localization of detected spikes, with ``locate.max_events`` and the back-off after empty results.
+
+    Only a localization that names a culprit uses up ``locate.max_events``. Ones that find nothing
+    are free up to ``max_events``; beyond that the localizer backs off (it skips 1, 3, 7, ... steps
+    after each further empty result: O(log steps) attempts), so a detector firing on noise neither
+    runs the localizer on every step nor stops a later, real spike from being localized.
+    """
+
+    def __init__(self, model: torch.nn.Module, locate_config: Any, group_by: str, artifact_writer: Any,
+                 rank: int, process_group: Any, warn_once: Callable[[str, str], None]) -> None:
+        self.model, self.config, self.group_by = model, locate_config, group_by
+        self.artifact_writer, self.rank, self.process_group = artifact_writer, rank, process_group
+        self._warn_once = warn_once
+        self.events_localized = 0  # localizations that found a culprit (these use up locate.max_events)
+        self.events_unconfirmed = 0  # localizations that found nothing (they back off instead)
+        self._retry_step = -(2 ** 62)  # no localization before this step (back-off after empty results)
+
+    # -- the token count the fixed detector needs ------------------------------------------
+    @staticmethod
+    def count_tokens(pack: HostPack, ctx: Any) -> tuple[int | None, int | None]:
+        """(host token count or None when it rides in ``pack``, number of micro-batches or None)."""
+        masks = ctx.token_mask
+        n_micro = None
+        if not isinstance(masks, torch.Tensor):  # one mask per micro-batch (gradient accumulation)
+            masks = list(masks)
+            n_micro = len(masks)
+        else:
+            masks = [masks]
+        if all(m.device == pack.device for m in masks):
+            pack.add([N_TOKENS], torch.stack([m.sum() for m in masks]).sum())  # rides along in the one transfer
+            return None, n_micro
+        # host-side masks with device gradients: summing them on the host waits for nothing
+        return int(sum(float(m.sum()) for m in masks)), n_micro
+
+    def global_count(self, n: int, device: torch.device) -> int:
+        """The global batch's loss-token count: every rank must reach the same spike decision,
+        since localizing is a collective."""
+        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size(self.process_group) > 1):
+            return n
+        t = torch.tensor([float(n)], device=device)
+        dist.all_reduce(t, group=self.process_group)  # only on armed steps of the fixed detector
+        return int(t.item())  # host sync: the detector needs the count now
+
+    # -- the response ------------------------------------------------------------------------
+    def respond(self, step: int, stats: Any, ctx: Any) -> dict[str, float]:
+        """Run the localizer on the spiking batch and hand the result to the artifact writer."""
+        cfg = self.config
+        if not cfg.enabled or self.events_localized >= cfg.max_events:
+            return {}
+        if step < self._retry_step:  # the detector keeps firing on batches without a culprit: back off
+            return {}
+        result = self._localize(step, ctx)
+        if result is None:
+            return {"locate/failed": 1.0}
+        self._count(step, bool(result.tokens))
+        stats.locate = result
+        stats.locate_view = self._view(step, result, ctx)
+        if self.artifact_writer is not None and self.rank == 0:
+            try:
+                shown, shown_ctx = stats.locate_view or (None, None)
+                self.artifact_writer.write(step, stats.events, shown, shown_ctx)
+            except Exception as exc:
+                warnings.warn(f"gradloc-track: writing spike artifacts at step {step} failed: {exc!r}")
+        return {"locate/probes": float(result.probes), "locate/culprits": float(len(result.tokens)),
+                "locate/threshold": float(result.threshold), "locate/seconds": float(result.wall_time_s)}
+
+    def _localize(self, step: int, ctx: Any) -> Any:
+        from .. import localizer  # imported here: the localizer is only needed on a spike
+
+        cfg = self.config
+        try:
+            with torch.enable_grad():
+                return localizer.locate(self.model, ctx.loss_fn, ctx.token_mask, method=cfg.method,
+                                        budget=cfg.budget, threshold=cfg.threshold, group_by=self.group_by,
+                                        rng_state=getattr(ctx, "rng_state", None))
+        except Exception as exc:  # forensics must never kill training
+            warnings.warn(f"gradloc-track: localizing the spike at step {step} failed: {exc!r}")
+            return None
+
+    def _view(self, step: int, result: Any, ctx: Any) -> tuple | None:
+        """(result, context) as the artifacts show them: under torch.distributed, rank 0's view
+        with every culprit's sample gathered from its rank (a collective)."""
+        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+            return result, ctx
+        from ..localizer.dist_context import gather_culprit_rows  # a collective: culprit rows to rank 0
+
+        try:
+            shown, shown_ctx = gather_culprit_rows(result, ctx)
+            return (shown, shown_ctx) if shown is not None else None
+        except Exception as exc:  # building rank 0's view after the collective: local, never fatal
+            warnings.warn(f"gradloc-track: gathering the culprits' text at step {step} failed: {exc!r}; "
+                          "the artifacts show rank 0's own batch")
+            return (result, ctx) if self.rank == 0 else None
+
+    def _count(self, step: int, found: bool) -> None:
+        if found:
+            self.events_localized += 1
+            return
+        self.events_unconfirmed += 1
+        over = self.events_unconfirmed - self.config.max_events
+        if over >= 0:
+            self._retry_step = step + 2 ** min(over, 30)
+            self._warn_once("unconfirmed", f"{self.events_unconfirmed} detected spikes (the last at step {step}) "
+                            "had no culprit token; further spikes without one are localized with growing gaps. "
+                            "The detector fires on noise here: raise spikes.z_thresh or spikes.warmup_steps.")
