@@ -5,9 +5,15 @@ already imported that SDK: we never import a backend to look) and returns a trac
 into it and leaves it open at ``finish()``. The adapters do the attaching
 (``MlflowTracker(run_id=...)``, ``WandbTracker(run=...)``); the background writer keeps a slow
 server from stalling the step, as for runs we open.
+
+Our files for a joined run (the run record, rendered heatmaps, the spool) need a directory; when
+the user gave none, a ``ScratchDir`` holds them and is removed once the handle is finished: the
+run itself lives in the user's W&B/MLflow run, not there.
 """
 from __future__ import annotations
 
+import logging
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -17,6 +23,40 @@ from ..config import TrackerConfig
 from ..trackers.async_writer import AsyncTracker
 from ..trackers.base import Tracker
 from ..trackers.fanout import as_one_tracker
+
+
+log = logging.getLogger(__name__)
+
+
+class ScratchDir:
+    """A temporary directory made on first use and removed by ``remove()``, unless records the
+    backend did not take are spooled in it (then it is kept, and named, for ``gradloc-track replay``)."""
+
+    def __init__(self) -> None:
+        self._path: Path | None = None
+
+    @property
+    def path(self) -> Path:
+        if self._path is None:
+            self._path = Path(tempfile.mkdtemp(prefix="gradloc-track-"))
+        return self._path
+
+    def spooled(self) -> list[Path]:
+        """Spool files holding records (what ``gradloc-track replay`` would send)."""
+        if self._path is None:
+            return []
+        return [p for p in (self._path / "spool").glob("*.jsonl") if p.is_file() and p.stat().st_size > 0]
+
+    def remove(self) -> None:
+        if self._path is None or not self._path.exists():
+            return
+        spooled = self.spooled()
+        if spooled:
+            log.warning("gradloc-track: keeping %s: %d spool file(s) hold records the backend did not take; "
+                        "send them with `gradloc-track replay %s`", self._path, len(spooled), self._path)
+            return
+        shutil.rmtree(self._path, ignore_errors=True)
+        self._path = None
 
 
 def _run_dir(run_dir: Any) -> Path:

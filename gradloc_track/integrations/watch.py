@@ -13,6 +13,12 @@ The handle is a thin adapter over ``GradMonitor``: it builds what the Hydra app 
 (tracker, clipper, detector, artifact writer, monitor) from Hydra-named options, installs an
 optimizer step pre-hook (so ``step()`` uses the clipped gradient) and a forward pre-hook that
 captures the step's token ids, and rebuilds the per-term loss on a spike.
+
+A wrapped optimizer (Accelerate's ``AcceleratedOptimizer``, whose ``step()`` runs the real one
+only when ``accelerator.sync_gradients``) is hooked on the optimizer inside it, so the hook fires
+once per real step under ``accelerator.accumulate``. A run joined without ``run_dir`` keeps its
+files in a temporary directory that ``finish()`` removes (kept, and named, only if records the
+backend did not take are spooled there for ``gradloc-track replay``).
 """
 from __future__ import annotations
 
@@ -23,16 +29,33 @@ from typing import Any, Callable
 import torch
 
 from .batches import MicroBatchCapture, lm_spike_context, resolve_tokenizer
+from .calls import SET_LOSS_FN_HINT
 from .options import WatchOptions, resolve_options
+from .runs import ScratchDir
 from ..trackers.base import Tracker
 
 __all__ = ["watch", "WatchHandle"]
 log = logging.getLogger(__name__)
 
 
-def build_tracker(opts: WatchOptions, wandb_step_key: str = "train/step") -> tuple[Tracker, bool]:
+def hookable_optimizer(optimizer: Any) -> Any:
+    """The torch optimizer whose ``step()`` really runs: a wrapper without torch's hook tables
+    (Accelerate's ``AcceleratedOptimizer``, which skips the inner step on accumulation micro-steps)
+    is unwrapped through its ``optimizer`` attribute."""
+    seen = 0
+    while optimizer is not None and not hasattr(optimizer, "_optimizer_step_pre_hooks") and seen < 4:
+        inner = getattr(optimizer, "optimizer", None)
+        if inner is None or inner is optimizer:
+            break
+        optimizer, seen = inner, seen + 1
+    return optimizer
+
+
+def build_tracker(opts: WatchOptions, wandb_step_key: str = "train/step",
+                  scratch: ScratchDir | None = None) -> tuple[Tracker, bool]:
     """(tracker, whether we own its run): an explicit tracker/config, else the open run, else a new
-    one from the default ``TrackerConfig`` (as the app builds it)."""
+    one from the default ``TrackerConfig`` (as the app builds it). A joined run's files go to
+    ``opts.run_dir``, else to ``scratch`` (removed at ``finish()``)."""
     import torch.distributed as dist
 
     from ..trackers import NullTracker, make_tracker
@@ -44,7 +67,8 @@ def build_tracker(opts: WatchOptions, wandb_step_key: str = "train/step") -> tup
     if opts.tracker_auto:
         from .runs import open_run_tracker
 
-        joined = open_run_tracker(opts.tracker, opts.run_dir, wandb_step_key)
+        run_dir = opts.run_dir if opts.run_dir is not None or scratch is None else scratch.path
+        joined = open_run_tracker(opts.tracker, run_dir, wandb_step_key)
         if joined is not None:
             return joined, True  # ours to flush; the adapters leave the run itself open
         if opts.tracker.kind == "none" and opts.run_dir is None:
@@ -62,15 +86,17 @@ class WatchHandle:
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, opts: WatchOptions, *,
                  tracker: Tracker | None = None, owns_tracker: bool = True, capture: bool = True,
-                 step_hook: bool = True) -> None:
+                 step_hook: bool = True, scratch: ScratchDir | None = None) -> None:
         from ..artifacts import SpikeArtifactWriter
         from ..clip import build_clipper
         from ..monitor import GradMonitor
         from ..spikes import SpikeDetector
 
+        optimizer = hookable_optimizer(optimizer)
         self.model, self.optimizer, self.options = model, optimizer, opts
+        self.scratch = scratch if scratch is not None else ScratchDir()  # a joined run's files; gone at finish
         if tracker is None:
-            tracker, owns_tracker = build_tracker(opts)
+            tracker, owns_tracker = build_tracker(opts, scratch=self.scratch)
         self.tracker, self._owns_tracker = tracker, owns_tracker
         self.tokenizer = resolve_tokenizer(model, opts.tokenizer)
         detector = SpikeDetector(opts.spikes) if opts.spikes.enabled else None
@@ -84,8 +110,12 @@ class WatchHandle:
         self.steps = 0  # optimizer steps seen; the default step number
         self._user_ctx = None
         self._finished = False
+        self._said_unusable = False
         self._hooks = []
         if optimizer is not None and step_hook:
+            if not hasattr(optimizer, "register_step_pre_hook"):
+                raise TypeError(f"gradloc-track: cannot hook {type(optimizer).__name__}.step(): pass the torch "
+                                "optimizer it wraps, or no optimizer and call handle.step() after backward()")
             self._hooks.append(optimizer.register_step_pre_hook(self._pre_step))
 
     # -- the loop's side -------------------------------------------------------------------
@@ -102,6 +132,16 @@ class WatchHandle:
         self._user_ctx = SpikeContext(loss_fn=loss_fn, token_mask=token_mask, input_ids=input_ids,
                                       tokenizer=context.pop("tokenizer", self.tokenizer), **context)
 
+    def set_sample_info(self, **columns: Any) -> None:
+        """Per-sample columns for the culprit table, for one micro-batch: ``dataset_index=idx,
+        source=["web", ...]`` (each B values: a 1-D tensor or a list). Call it once per micro-batch,
+        before or after its forward; the step pairs the calls with its micro-batches in order.
+        (``set_loss_fn`` takes ``sample_columns=`` instead.)"""
+        if self.capture is None:
+            raise RuntimeError("gradloc-track: set_sample_info needs the batch capture; with your own loss pass "
+                               "sample_columns= to set_loss_fn")
+        self.capture.add_info(columns)
+
     def step(self, step: int | None = None, *, lr: float | None = None, spike_context: Any = None):
         """Monitor (and clip) the gradients now, after ``backward()`` and before ``optimizer.step()``."""
         if self._finished:
@@ -109,8 +149,8 @@ class WatchHandle:
         step = self.steps if step is None else int(step)
         ctx = spike_context or self._user_ctx
         batches, rng = self.capture.take() if self.capture is not None else ([], None)
-        if ctx is None and batches and self.monitor.detector is not None:  # only a detector uses it
-            ctx = lm_spike_context(self.model, batches, self.tokenizer, rng_state=rng)
+        if ctx is None and batches and self.monitor.detector is not None and self._rebuildable(batches):
+            ctx = lm_spike_context(self.model, batches, self.tokenizer, rng_state=rng)  # only a detector uses it
         self._user_ctx = None
         with self._paused():
             self.last = self.monitor.after_backward(step, lr=lr, spike_context=ctx)
@@ -118,6 +158,16 @@ class WatchHandle:
             self.spikes.append(self.last)
         self.steps += 1
         return self.last
+
+    def _rebuildable(self, batches: list) -> bool:
+        """Can the per-term loss be rebuilt from the captured calls? If not, say why once (naming
+        ``set_loss_fn``): spikes are still detected, not localized."""
+        why = next((b.unusable for b in batches if b.unusable), None)
+        if why is not None and not self._said_unusable:
+            self._said_unusable = True
+            warnings.warn(f"gradloc-track: {why}; spikes are detected but not localized. To localize them, "
+                          f"{SET_LOSS_FN_HINT}", UserWarning, stacklevel=4)
+        return why is None
 
     def _paused(self):
         import contextlib
@@ -153,6 +203,7 @@ class WatchHandle:
                 warnings.warn(f"gradloc-track: finishing the tracker failed: {exc!r}")
         else:
             self.tracker.flush()
+        self.scratch.remove()  # a joined run's temporary files (kept if the spool still holds records)
 
     def __enter__(self) -> "WatchHandle":
         return self

@@ -1,0 +1,126 @@
+"""The loops people write, with ``watch()`` as their only change: nanoGPT's ``model(x, y)``,
+Accelerate's prepared optimizer under gradient accumulation, a ``torch.compile``d model."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import gradloc_track
+from gradloc_track import MemoryTracker
+
+from .conftest import CORRUPT, FAST, INJECT_AT, LR, STEPS, corrupted_positions, counting_batch, micro_batches
+from .nanogpt import tiny_gpt
+
+
+def nanogpt_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """nanoGPT's ``get_batch``: x = tokens[:, :-1], y = tokens[:, 1:] (already shifted; -1 = no loss);
+    at INJECT_AT sample CORRUPT is the garbage document."""
+    b = counting_batch(step, corrupt_sample=CORRUPT if step == INJECT_AT else None)
+    y = b["labels"][:, 1:].masked_fill(b["labels"][:, 1:] == -100, -1)
+    return b["input_ids"][:, :-1], y  # (B, T), (B, T)
+
+
+def rows_of(tracker: MemoryTracker) -> list[dict]:
+    table = tracker.tables["spikes/tokens"]
+    return [dict(zip(table["columns"], r)) for r in table["rows"]]
+
+
+def test_nanogpt_loop_localizes_with_positional_targets(tmp_path):
+    """``logits, loss = model(x, y)``: the call is read as ids ``idx`` and targets; probes call
+    ``model(idx=x, targets=y)`` again (without targets the forward keeps the last position only)."""
+    model = tiny_gpt()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    tracker = MemoryTracker()
+    handle = gradloc_track.watch(model, opt, tracker=tracker, run_dir=tmp_path, **FAST)
+    for step in range(STEPS):
+        x, y = nanogpt_batch(step)
+        logits, loss = model(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    handle.finish()
+    assert [s.step for s in handle.spikes] == [INJECT_AT]
+    rows = rows_of(tracker)
+    assert {(r["step"], r["sample"], r["position"]) for r in rows} == {
+        (INJECT_AT, CORRUPT, p) for p in corrupted_positions()}
+    x, y = nanogpt_batch(INJECT_AT)
+    assert {r["token_id"] for r in rows} == {int(t) for t in y[CORRUPT, : len(corrupted_positions())]}
+
+
+def test_last_position_logits_name_set_loss_fn_once():
+    """A loop training on ``model(x)``, whose logits hold the last position only: the loss cannot be
+    rebuilt, and the warning (once) shows ``handle.set_loss_fn``; no localization is attempted."""
+    model = tiny_gpt()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    handle = gradloc_track.watch(model, opt, tracker=MemoryTracker(), spikes={"warmup_steps": 1})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(3):
+            x, y = nanogpt_batch(step)
+            logits, _ = model(x)  # (B, 1, V)
+            F.cross_entropy(logits[:, -1], y[:, -1]).backward()
+            opt.step()
+            opt.zero_grad()
+    handle.finish()
+    said = [str(w.message) for w in caught if "gradloc-track" in str(w.message)]
+    assert len(said) == 1, said
+    assert "logits for 1 of the batch's 15 positions" in said[0] and "handle.set_loss_fn(" in said[0]
+    assert handle.steps == 3
+
+
+def test_accelerate_prepared_optimizer_is_hooked_once_per_real_step(gpt2, tmp_path):
+    accelerate = pytest.importorskip("accelerate")
+    from accelerate.state import AcceleratorState, GradientState
+
+    k = 2
+    accelerator = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=k)
+    try:
+        model, opt = accelerator.prepare(gpt2, torch.optim.AdamW(gpt2.parameters(), lr=LR))
+        assert type(opt).__name__ == "AcceleratedOptimizer"
+        tracker = MemoryTracker()
+        handle = gradloc_track.watch(model, opt, tracker=tracker, run_dir=tmp_path, **FAST)
+        for step in range(STEPS):
+            for mb in micro_batches(step, k):
+                with accelerator.accumulate(model):
+                    accelerator.backward(model(**mb).loss)
+                    opt.step()  # a no-op on the first micro-batch: Accelerate skips it
+                    opt.zero_grad()
+        handle.finish()
+    finally:
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+    assert handle.steps == STEPS and [s for s, _ in tracker.series("grad_norm/global")] == list(range(STEPS))
+    assert [s.step for s in handle.spikes] == [INJECT_AT]
+    assert {(r["micro_batch"], r["sample"], r["position"]) for r in rows_of(tracker)} == {
+        (k - 1, CORRUPT, p) for p in corrupted_positions()}
+
+
+def test_compiled_model_logs_the_eager_models_names():
+    """``torch.compile`` wraps the model (``OptimizedModule``, parameters under ``_orig_mod.``): the
+    monitor, the clippers and ``watch()`` report the eager names. backend="eager": the real
+    dynamo wrapper, without inductor's minutes of code generation on a CPU."""
+    from gradloc_track.clip import AdaGC, LayerClip
+
+    eager = tiny_gpt()
+    compiled = torch.compile(eager, backend="eager")
+    assert type(compiled).__name__ == "OptimizedModule"
+    assert next(n for n, _ in compiled.named_parameters()).startswith("_orig_mod.")
+    names = gradloc_track.GradMonitor(eager).names
+    assert gradloc_track.GradMonitor(compiled).names == names and not any("_orig_mod" in n for n in names)
+    for cls in (AdaGC, LayerClip):
+        assert list(cls(compiled).names) == list(cls(eager).names)
+
+    keys = []
+    for model in (eager, compiled):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        tracker = MemoryTracker()
+        with gradloc_track.watch(model, opt, tracker=tracker, clip="layerclip", per_tensor=True):
+            x, y = nanogpt_batch(0)
+            model(x, y)[1].backward()
+            opt.step()
+        keys.append(sorted(tracker.keys()))
+    assert keys[0] == keys[1] and "grad_norm/transformer.h.0" in keys[0]
+    assert any(k.startswith("clip/threshold/") for k in keys[0])
