@@ -1,4 +1,10 @@
-"""The token-attribution table: one row per culprit loss term of a spike event."""
+"""The token-attribution table: one row per culprit loss term of a spike event.
+
+Every row names its sample by ``sample_id``, the fingerprint of the sample's loss-bearing token
+ids (``identity``: the same text gives the same id in any run; in a packed row with
+``document_ids``, the culprit's document), next to the context's per-sample columns (dataset
+index, source, ...).
+"""
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -6,11 +12,12 @@ from typing import Any, Sequence
 import torch
 
 from ..localizer.result import LocateResult
+from .identity import row_fingerprint
 from ..spikes.event import SpikeEvent
 
 # what a reader scans first: when, which text, how much of the spike it carries; then where
 BASE_COLUMNS = ["step", "token", "share", "grad_norm", "sample", "position", "top_layers", "signal", "z",
-                "token_id"]
+                "token_id", "sample_id"]
 
 
 def decode_token(tokenizer: Any, token_id: int | None) -> str:
@@ -64,6 +71,9 @@ def attribution_table(step: int, events: Sequence[SpikeEvent], result: LocateRes
     lead = events[0] if events else None
     ids_t = getattr(ctx, "input_ids", None)
     ids = _cpu_lists({"ids": ids_t})["ids"] if ids_t is not None else None  # host sync: once per spike event
+    # the loss mask and packed-document map: the rows' sample ids (host sync: once per spike event)
+    where_t = {"mask": getattr(ctx, "token_mask", None), "docs": getattr(ctx, "document_ids", None)}
+    where_l = _cpu_lists({n: t for n, t in where_t.items() if t is not None})
     ev = _cpu_lists({n: ec[n] for n in extras if n in ec})
     sv = _cpu_lists({n: sc[n] for n in samples if n in sc})
     tok = getattr(ctx, "tokenizer", None)
@@ -76,8 +86,9 @@ def attribution_table(step: int, events: Sequence[SpikeEvent], result: LocateRes
             return v[mb] if mb is not None and per_mb else v
 
         token_id = int(at(ids)[c.batch][c.position]) if ids is not None else None
+        sample_id = _sample_id(at(ids), {n: at(v) for n, v in where_l.items()}, c.batch, c.position)
         cells = {"step": step, "micro_batch": getattr(c, "micro_batch", None), "rank": getattr(c, "rank", None),
-                 "sample": c.batch, "position": c.position, "token_id": token_id,
+                 "sample": c.batch, "position": c.position, "token_id": token_id, "sample_id": sample_id,
                  "token": decode_token(tok, token_id), "grad_norm": c.grad_norm, "share": c.share,
                  "top_layers": format_top_layers(c.layer_norms, top_layers),
                  "signal": lead.signal if lead else None, "z": lead.z if lead else None}
@@ -86,3 +97,12 @@ def attribution_table(step: int, events: Sequence[SpikeEvent], result: LocateRes
         row += [at(sv[n])[c.batch] if n in sv else None for n in samples]
         rows.append(row)
     return columns, rows
+
+
+def _sample_id(ids: Any, where: dict[str, Any], row: int, position: int | None) -> str | None:
+    """The fingerprint of the culprit's sample (its document, in a packed row); None without ids."""
+    if ids is None:
+        return None
+    mask, docs = where.get("mask"), where.get("docs")
+    return row_fingerprint(ids[row], None if mask is None else mask[row], None if docs is None else docs[row],
+                           position)
