@@ -76,6 +76,8 @@ def test_accelerate_prepared_optimizer_is_hooked_once_per_real_step(gpt2, tmp_pa
     from accelerate.state import AcceleratorState, GradientState
 
     k = 2
+    AcceleratorState._reset_state(True)  # process-wide singletons: an earlier Trainer's settings must not leak in
+    GradientState._reset_state()
     accelerator = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=k)
     try:
         model, opt = accelerator.prepare(gpt2, torch.optim.AdamW(gpt2.parameters(), lr=LR))

@@ -17,7 +17,7 @@ def tokens_rows(table: dict) -> list[dict]:
     return [dict(zip(cols, r)) for r in table["data"]]
 
 
-def test_plain_loop_joins_the_open_mlflow_run_and_leaves_it_open(gpt2, tmp_path, mlflow_store):
+def test_plain_loop_joins_the_open_mlflow_run_and_leaves_it_open(gpt2, tmp_path, mlflow_store, temp_root):
     import mlflow
 
     client = mlflow_store.client
@@ -27,7 +27,9 @@ def test_plain_loop_joins_the_open_mlflow_run_and_leaves_it_open(gpt2, tmp_path,
         mlflow.log_param("mine", 1)
         handle = gradloc_track.watch(gpt2, opt, **FAST)  # the only gradloc-track line
         plain_loop(gpt2, opt, k=2)  # gradient accumulation: 2 micro-batches per step
+        assert list(temp_root.glob("gradloc-*")) == [handle.scratch.path]  # our files meanwhile
         handle.finish()
+        assert not list(temp_root.glob("gradloc-*"))  # no /tmp/gradloc-track-XXXX left behind
         assert mlflow.active_run().info.run_id == run.info.run_id  # still open, still ours
         assert client.get_run(run.info.run_id).info.status == "RUNNING"
         mlflow.log_metric("after_finish", 1.0)  # the user's run keeps working
@@ -45,7 +47,7 @@ def test_plain_loop_joins_the_open_mlflow_run_and_leaves_it_open(gpt2, tmp_path,
     assert html == [f"spikes/highlight/step_{INJECT_AT:06d}.html"]
 
 
-def test_watch_joins_an_open_wandb_run_and_leaves_it_open(gpt2, tmp_path):
+def test_watch_joins_an_open_wandb_run_and_leaves_it_open(gpt2, tmp_path, temp_root):
     import wandb
 
     from ..wandb_reader import history
@@ -56,6 +58,7 @@ def test_watch_joins_an_open_wandb_run_and_leaves_it_open(gpt2, tmp_path):
         with gradloc_track.watch(gpt2, opt, spikes=False) as handle:
             plain_loop(gpt2, opt, steps=3)
         assert wandb.run is run and handle.last.step == 2
+        assert not list(temp_root.glob("gradloc-*"))  # the joined run's scratch dir went with finish()
         run.log({"user/after": 1.0})  # still open: the user's own logging keeps working
     finally:
         run.finish()
@@ -63,6 +66,20 @@ def test_watch_joins_an_open_wandb_run_and_leaves_it_open(gpt2, tmp_path):
     ours = [r for r in rows if "grad_norm/global" in r]
     assert [r["train/step"] for r in ours] == [0, 1, 2]
     assert any("user/after" in r for r in rows)
+
+
+def test_scratch_dir_is_kept_while_its_spool_holds_records(temp_root, caplog):
+    from gradloc_track.integrations.runs import ScratchDir
+
+    scratch = ScratchDir()
+    spool = scratch.path / "spool" / "mlflow.jsonl"
+    spool.parent.mkdir()
+    spool.write_text('{"seq": 0, "call": "log_metrics"}\n')
+    scratch.remove()
+    assert spool.exists() and "gradloc-track replay" in caplog.text  # the records' only copy: kept, named
+    spool.write_text("")
+    scratch.remove()
+    assert not list(temp_root.glob("gradloc-*"))
 
 
 def test_bad_options_get_the_hydra_apps_errors(gpt2):
