@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None):
     targs = TrainingArguments(
         output_dir=args.out, per_device_train_batch_size=args.micro, gradient_accumulation_steps=args.accum,
         max_steps=args.steps, learning_rate=1e-2, lr_scheduler_type="constant", logging_steps=1,
-        max_grad_norm=0.0,  # clipping is AdaGC's (the callback's); Trainer's would flatten the spike first
+        # Trainer's default max_grad_norm=1.0 stays: the callback takes that clipping over and clips with AdaGC
         report_to=[] if args.report_to == "none" else [args.report_to], save_strategy="no",
         train_sampling_strategy="sequential", use_cpu=True, disable_tqdm=True, seed=0)
     data = samples(args.steps, args.accum, args.micro, args.seq, args.inject_at, args.span)
