@@ -39,6 +39,8 @@ def forward_signature(model: torch.nn.Module) -> inspect.Signature | None:
 def arguments_by_name(sig: inspect.Signature | None, args: tuple, kwargs: dict) -> dict[Any, Any]:
     """The call's arguments keyed by parameter name; positional ones the signature cannot name
     (``forward(*args)``, positional-only) keep their index as key."""
+    if not args:  # keywords only (the HF way): already named, nothing to bind
+        return dict(kwargs)
     if sig is None:
         return {**dict(enumerate(args)), **kwargs}
     try:

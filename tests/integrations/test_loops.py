@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import gradloc_track
 from gradloc_track import MemoryTracker
 
-from .conftest import CORRUPT, FAST, INJECT_AT, LR, STEPS, corrupted_positions, counting_batch, micro_batches
+from .conftest import CORRUPT, FAST, INJECT_AT, LR, STEPS, corrupted_positions, counting_batch, micro_batches, tiny_gpt2
 from .nanogpt import tiny_gpt
 
 
@@ -126,3 +126,30 @@ def test_compiled_model_logs_the_eager_models_names():
         keys.append(sorted(tracker.keys()))
     assert keys[0] == keys[1] and "grad_norm/transformer.h.0" in keys[0]
     assert any(k.startswith("clip/threshold/") for k in keys[0])
+
+
+def test_calls_are_read_by_the_forwards_own_names():
+    """Where the ids and targets are, however the loop passed them; a probe replays the same names."""
+    from gradloc_track.integrations.batches import LMBatch
+    from gradloc_track.integrations.calls import call_model, forward_signature
+
+    x, y = nanogpt_batch(0)
+    model = tiny_gpt()
+    sig = forward_signature(model)
+    for args, kwargs in [((x, y), {}), ((x,), {"targets": y}), ((), {"idx": x, "targets": y})]:
+        b = LMBatch.from_call(args, kwargs, sig)
+        assert (b.style, b.ids_name, b.targets_key) == ("kwargs", "idx", "targets")
+        assert torch.equal(b.input_ids, x) and torch.equal(b.target_ids, y)
+        assert call_model(model, b)[0].shape == (*x.shape, 64)  # replayed with targets: every position
+
+    class Star(torch.nn.Module):  # a forward(*args) wrapper: positions are all there is
+        def forward(self, *args, **kwargs):
+            return model(*args, **kwargs)
+
+    b = LMBatch.from_call((x, y), {}, forward_signature(Star()))
+    assert (b.style, b.targets_key) == ("positional", 1) and torch.equal(b.target_ids, y)
+    tgt, mask, _ = b.targets()
+    assert torch.equal(tgt, y.masked_fill(y < 0, -100)) and torch.equal(mask, (y >= 0).float())
+    hf = LMBatch.from_call((x,), {"attention_mask": torch.ones_like(x)}, forward_signature(tiny_gpt2()))
+    assert (hf.style, hf.ids_name, hf.target_ids) == ("kwargs", "input_ids", None)
+    assert hf.attention_mask is not None
