@@ -12,6 +12,8 @@ import math
 import unicodedata
 from typing import Any, Sequence
 
+import torch
+
 from ..localizer.result import CulpritToken, LocateResult
 from ..spikes.event import SpikeEvent
 from .table import decode_token, format_top_layers
@@ -157,6 +159,50 @@ def _gap(n: int) -> str:
     return f'<span class="gap" title="{n} tokens not shown">\u2026 {n} tokens \u2026</span>'
 
 
+def segment_runs(seg: Sequence[int]) -> list[tuple[int, int, int]]:
+    """(segment id, start, end) of each contiguous run of one id; -1 (not shown) is skipped."""
+    runs: list[list[int]] = []
+    for p, v in enumerate(seg):
+        if v < 0:
+            continue
+        if runs and runs[-1][0] == v and runs[-1][2] == p:
+            runs[-1][2] = p + 1
+        else:
+            runs.append([v, p, p + 1])
+    return [(v, a, b) for v, a, b in runs]
+
+
+def _windowed(s: "_Sample", a: int, b: int, marks: list[int], window: int) -> str:
+    """Positions ``a..b-1``: windows around ``marks`` (all of it up to ``FULL_TEXT_TOKENS`` without marks)."""
+    if not marks:
+        n = min(b - a, FULL_TEXT_TOKENS)
+        return s.spans(a, a + n) + (_gap(b - a - n) if n < b - a else "")
+    out, prev = [], a
+    for lo, hi in s.extend_over_padding([(max(a, x), min(b, y)) for x, y in context_windows(marks, b, window)]):
+        lo, hi = max(a, lo), min(b, hi)
+        if lo > prev:
+            out.append(_gap(lo - prev))
+        out.append(s.spans(lo, hi))
+        prev = hi
+    return "".join(out) + (_gap(b - prev) if prev < b else "")
+
+
+def parts_html(s: "_Sample", seg: Sequence[int], names: Sequence[str] | None, window: int) -> str:
+    """A sample shown part by part (``ctx.segment_ids``): an RL prompt and completion each in its
+    own block; a packed row's documents, those without a culprit as one line each."""
+    blocks = []
+    for v, a, b in segment_runs(seg):
+        name = names[v] if names is not None and 0 <= v < len(names) else f"document {v}"
+        marks = [p for p in s.culprits if a <= p < b]
+        head = f"<div class='meta'><b>{html.escape(name)}</b> · positions {a}\u2013{b - 1}" + \
+            (f" · {len(marks)} culprit token(s)" if marks else "") + "</div>"
+        if not marks and names is None:  # a document without culprits: named, not shown
+            blocks.append(f"<div class='meta'>{html.escape(name)} · {b - a} tokens, no culprit</div>")
+            continue
+        blocks.append(f"{head}<div class='text'>{_windowed(s, a, b, marks, window)}</div>")
+    return "".join(blocks)
+
+
 def render_highlight_html(step: int, events: Sequence[SpikeEvent], result: LocateResult, ctx: Any,
                           window: int = 48) -> str:
     """One HTML page for a spike event: header, legend, and each affected sample's text.
@@ -200,14 +246,11 @@ def render_highlight_html(step: int, events: Sequence[SpikeEvent], result: Locat
         culprits = by_sample[sample]
         s = _Sample(sample, result, ctx, culprits, lo, hi)
         ranges = s.extend_over_padding(context_windows(list(culprits), T, window))
-        shown, prev = [], 0
-        for a, b in ranges:
-            if a > prev:
-                shown.append(_gap(a - prev))
-            shown.append(s.spans(a, b))
-            prev = b
-        if prev < T:
-            shown.append(_gap(T - prev))
+        seg = getattr(ctx, "segment_ids", None)
+        if isinstance(seg, torch.Tensor):  # the sample's parts (prompt / completion, documents), each its block
+            text = parts_html(s, seg[sample].tolist(), getattr(ctx, "segment_names", None), window)  # host sync
+        else:
+            text = f"<div class='text'>{_windowed(s, 0, T, list(culprits), window)}</div>"
         rows = "".join(
             f"<tr><td>{p}</td><td>{s.ids[p]}</td><td>{token_html(decode_token(s.tok, s.ids[p]))}</td>"
             f"<td>{c.grad_norm:.3e}</td><td>{'n/a' if c.share is None else f'{c.share:.3f}'}</td>"
@@ -216,7 +259,7 @@ def render_highlight_html(step: int, events: Sequence[SpikeEvent], result: Locat
         where = ", ".join(f"{a}\u2013{b - 1}" for a, b in ranges)
         section = [f"<h2>sample {sample}</h2>",
                    f"<div class='meta'>positions {where} of {T}</div>",
-                   f"<div class='text'>{''.join(shown)}</div>",
+                   text,
                    "<table><tr><th>position</th><th>token id</th><th>token</th><th>grad norm</th><th>share</th>"
                    f"<th>top layers</th></tr>{rows}</table>"]
         if ranges != [(0, T)] and sample in full_text:
