@@ -19,8 +19,11 @@ def _fmt_tokens(tokens: Sequence[str], limit: int = 12) -> str:
     return repr(text)
 
 
-def culprit_spans(result: Any, decode) -> list[str]:
-    """Culprits grouped into contiguous runs per sample: ``sample 3, positions 24-31: '&nbsp;&nbsp;'``."""
+def culprit_spans(result: Any, decode, describe=None) -> list[str]:
+    """Culprits grouped into contiguous runs per sample: ``sample 3, positions 24-31: '&nbsp;&nbsp;'``.
+
+    ``describe(micro_batch, sample, position)``, when given, names the sample instead (an RL
+    completion's group and reward, a packed row's document)."""
     by_sample: dict[tuple, list] = {}
     for c in sorted(result.tokens, key=lambda c: (getattr(c, "micro_batch", None) or 0, c.batch, c.position)):
         by_sample.setdefault((getattr(c, "micro_batch", None), c.batch), []).append(c)
@@ -33,7 +36,8 @@ def culprit_spans(result: Any, decode) -> list[str]:
             where = f"positions {run[0].position}-{run[-1].position}" if len(run) > 1 else f"position {run[0].position}"
             share = sum(c.share or 0.0 for c in run)
             mb_txt = f"micro-batch {mb}, " if mb is not None else ""
-            lines.append(f"{mb_txt}sample {sample}, {where}: {_fmt_tokens([decode(c) for c in run])}"
+            label = describe(mb, sample, run[0].position) if describe is not None else None
+            lines.append(f"{label or mb_txt + f'sample {sample}'}, {where}: {_fmt_tokens([decode(c) for c in run])}"
                          f"  ({share:.0%} of the batch's squared grad norm)")
     return lines
 
@@ -87,8 +91,8 @@ class TrainConsole:
             self.print(f"step {step + 1:>{len(str(self._total))}}/{self._total}  {stats}")
 
     def spike(self, step: int, events: Sequence[Any], result: Any, tokenizer: Any, input_ids: Any,
-              run_dir: Path) -> None:
-        """One block: when, which signal, which text, where to look."""
+              run_dir: Path, describe=None) -> None:
+        """One block: when, which signal, which text, where to look (``describe``: see ``culprit_spans``)."""
         lines = [f"── spike at step {step} " + "─" * 40]
         for e in events[:3]:
             lines.append(f"  signal     grad_norm/{e.signal} = {e.value:.3g}, {e.ratio:.1f}x its running mean "
@@ -105,7 +109,7 @@ class TrainConsole:
                 tid = int(ids[c.batch, c.position])
                 return tokenizer.decode([tid]) if tokenizer is not None else f"<{tid}>"
 
-            for i, line in enumerate(culprit_spans(result, decode)[:5]):
+            for i, line in enumerate(culprit_spans(result, decode, describe)[:5]):
                 lines.append(("  culprits   " if i == 0 else "             ") + line)
         lines += ["  artifacts  " + w if i == 0 else "             " + w
                   for i, w in enumerate(where_to_look(run_dir, step))]
