@@ -159,6 +159,18 @@ def _gap(n: int) -> str:
     return f'<span class="gap" title="{n} tokens not shown">\u2026 {n} tokens \u2026</span>'
 
 
+def _sample_meta(ctx: Any, sample: int) -> str:
+    """The sample's own columns (an RL completion's reward, group, index), one line; '' without any."""
+    cols = getattr(ctx, "sample_columns", None) or {}
+    cells = []
+    for name, values in cols.items():
+        if isinstance(values, torch.Tensor) and values.dim() == 1 and sample < values.shape[0]:
+            v = values[sample].item()  # host sync: a few values per shown sample
+            cells.append(f"{html.escape(str(name))} <b>{v:.4g}</b>" if isinstance(v, float) else
+                         f"{html.escape(str(name))} <b>{v}</b>")
+    return f"<div class='meta'>{' · '.join(cells)}</div>" if cells else ""
+
+
 def segment_runs(seg: Sequence[int]) -> list[tuple[int, int, int]]:
     """(segment id, start, end) of each contiguous run of one id; -1 (not shown) is skipped."""
     runs: list[list[int]] = []
@@ -257,7 +269,7 @@ def render_highlight_html(step: int, events: Sequence[SpikeEvent], result: Locat
             f"<td>{esc(format_top_layers(c.layer_norms))}</td></tr>"
             for p, c in sorted(culprits.items()))
         where = ", ".join(f"{a}\u2013{b - 1}" for a, b in ranges)
-        section = [f"<h2>sample {sample}</h2>",
+        section = [f"<h2>sample {sample}</h2>", _sample_meta(ctx, sample),
                    f"<div class='meta'>positions {where} of {T}</div>",
                    text,
                    "<table><tr><th>position</th><th>token id</th><th>token</th><th>grad norm</th><th>share</th>"
