@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None):
         learning_rate=1e-3, lr_scheduler_type="constant", logging_steps=1,
         max_grad_norm=0.0,  # TRL's clipping would flatten the spike before the callback sees it
         report_to=[] if args.report_to == "none" else [args.report_to], save_strategy="no", use_cpu=True,
-        disable_tqdm=True, seed=0)
+        disable_tqdm=True, bf16=False, seed=0)  # fp32 on CPU (TRL defaults to bf16 autocast)
     injected: dict = {}
     trainer_cls = stale_logprob_trainer(GRPOTrainer, args.inject_at, injected)
     data = Dataset.from_dict({"prompt": prompts(4 * args.steps)})
