@@ -14,6 +14,8 @@ the pre-clip gradient, then clips it to the same ``max_grad_norm`` exactly as Tr
 (``clip_grad_norm_``'s formula), or with the configured clipper if one is (``clip="adagc"``).
 Said once. Under DeepSpeed or FSDP Trainer's clipping is left alone. ``keep_columns`` and
 ``with_index`` (``hf_columns``) carry a dataset index and metadata to the culprit table.
+Inside TRL's ``GRPOTrainer`` / ``SFTTrainer`` the same class rebuilds the loss TRL computes from the
+batch TRL built, instead of the causal-LM cross-entropy (``integrations/trl``, docs/trl.md).
 """
 from __future__ import annotations
 

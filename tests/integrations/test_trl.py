@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from gradloc_track.localizer.probe import restore_rng
+
 from ..examples.load import load_example
 from .trl_setup import LETTERS, char_tokenizer, gpt2, grpo_trainer, sft_trainer, vowel_reward
 
@@ -73,7 +75,6 @@ IDS = [f"{t}-{'-'.join(a) or 'plain'}" for t, a, _ in VARIANTS]
 @pytest.mark.parametrize("loss_type,attrs,args", VARIANTS, ids=IDS)
 def test_grpo_rebuilt_loss_is_trls(grpo, loss_type, attrs, args):
     from gradloc_track.integrations.trl.grpo import GRPOAdapter
-    from gradloc_track.localizer.probe import restore_rng
 
     trainer, model, inputs = grpo
     saved, saved_args = set_attrs(trainer, {"loss_type": loss_type, **attrs}), set_attrs(trainer.args, args)
@@ -89,15 +90,46 @@ def test_grpo_rebuilt_loss_is_trls(grpo, loss_type, attrs, args):
         adapter.remove()
         set_attrs(trainer, saved), set_attrs(trainer.args, saved_args)
     assert "compute_loss" not in vars(trainer)  # the wrapper is gone
-    assert float(ours) == pytest.approx(float(theirs), rel=1e-5, abs=1e-7)
+    assert float(ours.detach()) == pytest.approx(float(theirs.detach()), rel=1e-5, abs=1e-7)
     assert float((g_ours - g_theirs).norm() / g_theirs.norm()) < 1e-4
+
+
+def test_grpo_rebuilt_loss_under_trls_default_bf16_autocast(tmp_path):
+    """TRL's configs default to bf16=True (CPU included): the rebuilt loss runs under the trainer's autocast.
+    The loss agrees to bf16's rounding; the gradients to bf16's ~2^-8 (TRL's fused head and the model's own
+    LM head round differently in backward)."""
+    from gradloc_track.integrations.trl.grpo import GRPOAdapter
+
+    bpe, tok = char_tokenizer(tmp_path / "tok")
+    model = gpt2(bpe.vocab_size, tok.pad_token_id)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = grpo_trainer(tmp_path, tok, model, bf16=True, loss_type="grpo")
+        model.train()
+        trainer.current_gradient_accumulation_steps = 1
+        adapter = GRPOAdapter(trainer, model)
+        inputs = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+        inputs["advantages"] = inputs["advantages"] + 0.3
+        theirs = trainer.compute_loss(model, inputs)
+    g_theirs = grads(model, theirs)
+    ctx = adapter.context()
+    adapter.remove()
+    restore_rng(ctx.rng_state)
+    ours = ctx.loss_fn(ctx.token_mask)
+    assert float(ours.detach()) == pytest.approx(float(theirs.detach()), rel=1e-3)
+    assert float((grads(model, ours) - g_theirs).norm() / g_theirs.norm()) < 2e-2
+
+
+def test_one_callback_class():
+    from gradloc_track.integrations import hf, trl
+
+    assert trl.GradLocCallback is hf.GradLocCallback and trl.TRL_CHECKED == ("1.16.0",)
 
 
 def test_grpo_loss_fn_adds_up_over_uneven_subsets(grpo):
     """Sum over kept terms with fixed normalisers: two halves that cut rows unevenly add up to the whole,
     loss and gradient (the localizer's contract), for the per-sequence mean of loss_type='grpo'."""
     from gradloc_track.integrations.trl.grpo import GRPOAdapter
-    from gradloc_track.localizer.probe import restore_rng
 
     trainer, model, inputs = grpo
     saved = set_attrs(trainer, {"loss_type": "grpo"})
@@ -116,10 +148,45 @@ def test_grpo_loss_fn_adds_up_over_uneven_subsets(grpo):
     for m in (full, a, full - a):
         restore_rng(ctx.rng_state)
         loss = ctx.loss_fn(m)
-        parts.append((float(loss), grads(model, loss)))
+        parts.append((float(loss.detach()), grads(model, loss)))
     (lf, gf), (la, ga), (lb, gb) = parts
     assert la + lb == pytest.approx(lf, rel=1e-5)
     assert float((ga + gb - gf).norm() / gf.norm()) < 1e-4
+
+
+def test_grpo_two_micro_batches_localize_the_stale_row(grpo):
+    """Gradient accumulation: two micro-batches recorded, the step's context holds both (one RNG state
+    each); their losses sum to TRL's; the localizer names the row whose old log-probs are stale by 6
+    nats, in its micro-batch."""
+    import gradloc_track
+    from gradloc_track.integrations.trl.grpo import GRPOAdapter
+
+    trainer, model, inputs = grpo
+    halves = [{k: v[i * 4:(i + 1) * 4] if isinstance(v, torch.Tensor) and v.dim() > 0 else v for k, v in inputs.items()}
+              for i in range(2)]
+    stale = 1  # a negative advantage: PPO's clip leaves a large ratio alone
+    halves[1]["advantages"] = halves[1]["advantages"].clone()
+    halves[1]["advantages"][stale] = -1.0
+    halves[1]["old_per_token_logps"] = halves[1]["old_per_token_logps"].clone()
+    halves[1]["old_per_token_logps"][stale] -= 6.0
+    saved = set_attrs(trainer, {"loss_type": "dapo"})
+    adapter = GRPOAdapter(trainer, model)
+    try:
+        theirs = sum(float(trainer.compute_loss(model, h).detach()) for h in halves)
+        ctx = adapter.context()
+    finally:
+        adapter.remove()
+        set_attrs(trainer, saved)
+    assert ctx.micro_batches == 2 and len(ctx.rng_state) == 2 and ctx.rng_state[0] is not ctx.rng_state[1]
+    ours = 0.0
+    for fn, m, rng in zip(ctx.loss_fn, ctx.token_mask, ctx.rng_state):
+        restore_rng(rng)
+        ours += float(fn(m).detach())
+    assert ours == pytest.approx(theirs, rel=1e-5)
+    result = gradloc_track.locate(model, ctx.loss_fn, ctx.token_mask, rng_state=ctx.rng_state)
+    P = halves[1]["prompt_ids"].shape[1]
+    terms = (halves[1]["completion_mask"][stale] != 0).nonzero().flatten() + P - 1
+    assert {(c.micro_batch, c.batch, c.position) for c in result.tokens} == {(1, stale, int(t)) for t in terms}
 
 
 def test_grpo_context_layout(grpo):
@@ -239,7 +306,6 @@ def test_sft_packed_loss_is_trls_and_documents_stay_apart(sft):
     """The rebuilt loss of a packed, padding-free micro-batch is SFTTrainer's (position ids replayed: each
     document attends to itself only); the document map follows the position-id restarts."""
     from gradloc_track.integrations.trl.sft import SFTAdapter
-    from gradloc_track.localizer.probe import restore_rng
 
     trainer, model, batch = sft
     assert batch["input_ids"].shape[0] == 1 and (batch["position_ids"][0, 1:] == 0).sum() >= 2  # packed docs
@@ -254,7 +320,7 @@ def test_sft_packed_loss_is_trls_and_documents_stay_apart(sft):
         adapter.remove()
     restore_rng(ctx.rng_state)
     ours = ctx.loss_fn(ctx.token_mask)
-    assert float(ours) == pytest.approx(float(theirs), rel=1e-5)
+    assert float(ours.detach()) == pytest.approx(float(theirs.detach()), rel=1e-5)
     assert float((grads(model, ours) - g_theirs).norm() / g_theirs.norm()) < 1e-4
     starts = (batch["position_ids"][0] == 0).nonzero().flatten().tolist()
     docs = ctx.document_ids[0].tolist()
