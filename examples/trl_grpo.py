@@ -108,7 +108,6 @@ def main(argv: list[str] | None = None):
         output_dir=args.out, per_device_train_batch_size=args.batch, num_generations=args.generations,
         max_completion_length=args.completion_len, num_iterations=2, loss_type=args.loss_type, max_steps=args.steps,
         learning_rate=1e-3, lr_scheduler_type="constant", logging_steps=1,
-        max_grad_norm=0.0,  # TRL's clipping would flatten the spike before the callback sees it
         report_to=[] if args.report_to == "none" else [args.report_to], save_strategy="no", use_cpu=True,
         disable_tqdm=True, bf16=False, seed=0)  # fp32 on CPU (TRL defaults to bf16 autocast)
     injected: dict = {}

@@ -105,7 +105,6 @@ def main(argv: list[str] | None = None):
     config = SFTConfig(
         output_dir=args.out, packing=True, max_length=args.max_length, per_device_train_batch_size=args.rows,
         max_steps=args.steps, learning_rate=1e-2, lr_scheduler_type="constant", logging_steps=1,
-        max_grad_norm=0.0,  # Trainer's clipping would flatten the spike before the callback sees it
         report_to=[] if args.report_to == "none" else [args.report_to], save_strategy="no",
         train_sampling_strategy="sequential", use_cpu=True, disable_tqdm=True, bf16=False, seed=0)
     docs = documents(6 * args.rows * args.steps)
