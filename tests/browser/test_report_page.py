@@ -8,7 +8,7 @@ from gradloc_track.config import TrackerConfig
 from gradloc_track.report import build_report
 from gradloc_track.trackers import make_tracker
 
-from ..artifacts.test_render import make_case
+from ..artifacts.cases import make_case
 from .conftest import CHROMIUM, DRIVER, NO_BROWSER, save_screenshot, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.skipif(not (CHROMIUM and DRIVER), reason=NO_BROWSER)]

@@ -12,6 +12,7 @@ import pytest
 from gradloc_track.artifacts import read_table
 
 from ..conftest import ROOT
+from .load import load_example
 
 SCRIPT = ROOT / "examples" / "train_lm.py"
 SMALL = ["train.steps=4", "train.batch_size=2", "train.seq_len=32", "model.n_layer=1", "model.d_model=32",
@@ -167,3 +168,11 @@ def test_spike_demo_detects_and_localizes_the_injected_answer(tmp_path):
     assert main(["report", str(run_dir), "-o", str(tmp_path / "report.html")]) == 0
     page = (tmp_path / "report.html").read_text(encoding="utf-8")
     assert "<title>spike_demo - gradloc-track spike report</title>" in page and "(steps 100)" in page
+
+
+def test_swept_run_name_keeps_only_swept_overrides():
+    swept_run_name = load_example("train_lm").swept_run_name
+    argv = ["-m", "experiment=spike_demo", "clip=none,adagc", "train.steps=4", "out_dir=/tmp/x"]
+    job = ["experiment=spike_demo", "clip=adagc", "train.steps=4", "out_dir=/tmp/x"]
+    assert swept_run_name("spike_demo", job, argv) == "spike_demo[clip=adagc]"
+    assert swept_run_name(None, job, argv) == "clip=adagc"

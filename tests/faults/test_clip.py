@@ -1,155 +1,18 @@
-"""Fault scenarios for clipping (issues 11 and 13): skip means skip, float64 / mixed-dtype / sparse
-gradients, the LayerClip threshold metric, bad clip config, and the sync contract of the fixes."""
+"""Fault scenarios for clipping (issues 11 and 13): float64, mixed-dtype and sparse gradients through
+the monitor and every clipper. Skip means skip: tests/clip/test_skip_step.py; bad clip config:
+tests/config/test_clip.py."""
 from __future__ import annotations
 
-import copy
 import math
 
 import pytest
 import torch
 
 from gradloc_track import GradMonitor, MemoryTracker
-from gradloc_track.clip import AdaGC, GlobalClip, LayerClip, NoClip, SkipStepGuard, ZClip
-from gradloc_track.config import AdaGCConfig, ConfigError, GlobalClipConfig, LayerClipConfig, ZClipConfig
+from gradloc_track.clip import AdaGC, GlobalClip, LayerClip, NoClip, ZClip
 from gradloc_track.norms import sq_norms
 
-from ..monitor.test_host_sync import SyncSpy
-
-
-def mlp(dtype=torch.float32):
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2)).to(dtype)
-
-
-def backward(model, seed, nan=False):
-    g = torch.Generator().manual_seed(seed)
-    dtype = next(model.parameters()).dtype
-    model.zero_grad(set_to_none=True)
-    model(torch.randn(5, 4, generator=g).to(dtype)).pow(2).mean().backward()
-    if nan:
-        model[0].weight.grad[0, 0] = float("nan")
-
-
-def snapshot(model, opt):
-    return [p.detach().clone() for p in model.parameters()], copy.deepcopy(opt.state_dict()["state"])
-
-
-def assert_bitwise_equal(a, b):
-    (pa, sa), (pb, sb) = a, b
-    assert all(torch.equal(x, y) for x, y in zip(pa, pb))
-    assert sa.keys() == sb.keys()
-    for k in sa:
-        assert sa[k].keys() == sb[k].keys()
-        for name, v in sa[k].items():
-            w = sb[k][name]
-            assert torch.equal(v, w) if isinstance(v, torch.Tensor) else v == w, (k, name)
-
-
-OPTIMIZERS = {
-    "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1),
-    "sgd_momentum": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01),
-}
-
-
-@pytest.mark.parametrize("opt_name", list(OPTIMIZERS))
-@pytest.mark.parametrize("mode", ["restore", "sync"])
-def test_skip_means_skip_parameters_and_optimizer_state_unchanged(opt_name, mode):
-    model = mlp()
-    opt = OPTIMIZERS[opt_name](model.parameters())
-    clipper = AdaGC(model, warmup_steps=2)  # on_nonfinite="skip" by default
-    SkipStepGuard(opt, clipper, mode=mode)
-    clean = copy.deepcopy((model, opt))  # a run that never sees the bad step
-    clean_clip = AdaGC(clean[0], warmup_steps=2)
-    for step in range(3):
-        for m, o, c in ((model, opt, clipper), (clean[0], clean[1], clean_clip)):
-            backward(m, step)
-            c.clip()
-            o.step()
-    before = snapshot(model, opt)
-    backward(model, 99, nan=True)
-    assert clipper.clip().nonfinite
-    opt.step()
-    assert_bitwise_equal(snapshot(model, opt), before)
-    for step in range(3, 5):  # afterwards training goes on exactly as if the step never happened
-        for m, o, c in ((model, opt, clipper), (clean[0], clean[1], clean_clip)):
-            backward(m, step)
-            c.clip()
-            o.step()
-    assert_bitwise_equal(snapshot(model, opt), snapshot(*clean))
-
-
-def test_without_the_guard_adamw_moves_on_a_zeroed_step():
-    """The reason for the guard: zeroed gradients do not stop AdamW (moments, weight decay)."""
-    model = mlp()
-    opt = OPTIMIZERS["adamw"](model.parameters())
-    clipper = AdaGC(model, warmup_steps=2)
-    for step in range(3):
-        backward(model, step)
-        clipper.clip()
-        opt.step()
-    before = [p.detach().clone() for p in model.parameters()]
-    backward(model, 99, nan=True)
-    clipper.clip()
-    opt.step()
-    assert max((p - b).abs().max().item() for p, b in zip(model.parameters(), before)) > 1e-4
-
-
-def test_guard_from_a_monitor_skips_a_first_step_that_would_create_the_state():
-    model = mlp()
-    opt = OPTIMIZERS["adamw"](model.parameters())
-    mon = GradMonitor(model, tracker=MemoryTracker(), clipper=GlobalClip(model), log_every=1)
-    guard = SkipStepGuard(opt, mon)
-    before = snapshot(model, opt)
-    backward(model, 0, nan=True)
-    mon.after_backward(0)
-    opt.step()
-    assert_bitwise_equal(snapshot(model, opt), before)
-    assert opt.state_dict()["state"] == {}
-    backward(model, 1)
-    mon.after_backward(1)
-    opt.step()
-    assert opt.state_dict()["state"] and not torch.equal(model[0].weight, before[0][0])
-    guard.remove()
-    assert not opt._optimizer_step_pre_hooks and not opt._optimizer_step_post_hooks
-
-
-def count_syncs(guarded: bool) -> list[str]:
-    model = mlp()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
-    clipper = AdaGC(model, warmup_steps=1)
-    if guarded:
-        SkipStepGuard(opt, clipper)
-    backward(model, 0)
-    clipper.clip()
-    opt.step()  # creates the state (the guard may read the flag once here)
-    spy = SyncSpy()
-    for step in range(1, 4):
-        backward(model, step, nan=step == 2)
-        with spy:
-            clipper.clip()
-            opt.step()
-    return spy.calls
-
-
-def test_clip_and_the_guard_add_no_host_sync():
-    # AdamW reads its CPU step counter itself (capturable=False); clip() and the guard add nothing
-    assert count_syncs(guarded=True) == count_syncs(guarded=False)
-    model = mlp()
-    clipper = AdaGC(model, warmup_steps=1)
-    spy = SyncSpy()
-    for step in range(3):
-        backward(model, step, nan=step == 1)
-        with spy:
-            clipper.clip()
-    assert spy.calls == []
-
-
-def test_guard_rejects_what_it_cannot_read():
-    with pytest.raises(TypeError, match="clipper"):
-        SkipStepGuard(torch.optim.SGD(mlp().parameters(), lr=0.1), flag=3)
-    with pytest.raises(ConfigError, match="mode"):
-        SkipStepGuard(torch.optim.SGD(mlp().parameters(), lr=0.1), flag=lambda: None, mode="later")
-
+from ..clip.helpers import backward, mlp
 
 CLIPPERS = {
     "none": lambda m: NoClip(m),
@@ -241,45 +104,3 @@ def test_sparse_gradients_are_measured_and_clipped(name):
             torch.testing.assert_close(p.grad.to_dense().double(), d * stats.clip.coefs[n], rtol=1e-6, atol=1e-9)
 
 
-def test_layerclip_logs_the_threshold_it_applies(tiny_gpt):
-    clipper = LayerClip(tiny_gpt, z_thresh=2.0, alpha=0.9, warmup_steps=4)
-    tracker = MemoryTracker()
-    mon = GradMonitor(tiny_gpt, tracker=tracker, clipper=clipper, log_every=1)
-    g = torch.Generator().manual_seed(0)
-    for step in range(6):
-        for n, p in tiny_gpt.named_parameters():
-            p.grad = torch.randn(p.shape, generator=g) * (40.0 if step == 5 and n.startswith("h.1.") else 1.0)
-        mon.after_backward(step)
-    layer_after = math.sqrt(sum(p.grad.norm().item() ** 2 for n, p in tiny_gpt.named_parameters()
-                                if n.startswith("h.1.")))
-    logged = dict(tracker.metrics[-1][1])["clip/threshold/h.1"]
-    assert logged == pytest.approx(layer_after, rel=1e-4)  # was sqrt(#tensors) too large
-
-
-@pytest.mark.parametrize("schema,field,value", [
-    (LayerClipConfig, "alpha", 2), (AdaGCConfig, "eps", -1.0), (ZClipConfig, "alpha", 0.0),
-    (AdaGCConfig, "beta", "0.9"), (AdaGCConfig, "warmup_steps", -1), (ZClipConfig, "warmup_steps", 0),
-    (ZClipConfig, "clip_factor", 0.0), (ZClipConfig, "max_grad_norm", -1.0),
-    (LayerClipConfig, "z_thresh", float("inf")), (AdaGCConfig, "mode", "AdaGC-Shard"),
-    (ZClipConfig, "skip_update_on_spike", "yes"), (GlobalClipConfig, "max_norm", float("nan")),
-    (LayerClipConfig, "on_nonfinite", "ignore")])
-def test_bad_clip_config_names_the_field(schema, field, value):
-    with pytest.raises(ConfigError, match=rf"clip\.{field}="):
-        schema(**{field: value})
-
-
-def test_bad_clip_override_fails_at_composition_naming_the_field():
-    from hydra import compose, initialize_config_dir
-
-    from gradloc_track.config import to_config
-    from gradloc_track.demo.config import register_configs
-
-    from ..conftest import CONF_DIR
-
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        with pytest.raises(ConfigError, match=r"clip\.alpha=2"):
-            to_config(compose("config", overrides=["clip=layerclip", "clip.alpha=2"]))
-        cfg = to_config(compose("config", overrides=["clip=zclip", "clip.max_grad_norm=1.0",
-                                                     "clip.skip_update_on_spike=true", "clip.clip_factor=0.8"]))
-    assert (cfg.clip.max_grad_norm, cfg.clip.skip_update_on_spike, cfg.clip.clip_factor) == (1.0, True, 0.8)

@@ -1,4 +1,6 @@
-"""Localizer faults: non-additive losses, buffers, memory, sparse gradients, bad arguments."""
+"""Localizer faults: non-additive losses, buffers, memory, sparse gradients.
+
+Bad arguments are tested in tests/localizer/test_inputs.py."""
 from __future__ import annotations
 
 import math
@@ -8,45 +10,9 @@ import torch
 import torch.nn.functional as F
 
 import gradloc_track
-from gradloc_track.config import ConfigError, LocateConfig
 from gradloc_track.localizer.memory import TensorMemoryMeter
 
-V, B, T = 64, 4, 24
-
-
-class LM(torch.nn.Module):
-    """Embedding -> Linear -> head, optionally with a BatchNorm or a sparse embedding."""
-
-    def __init__(self, batchnorm: bool = False, sparse: bool = False):
-        super().__init__()
-        torch.manual_seed(0)
-        self.emb = torch.nn.Embedding(V, 64, sparse=sparse)
-        self.mid = torch.nn.Linear(64, 64)
-        self.bn = torch.nn.BatchNorm1d(64) if batchnorm else None
-        self.head = torch.nn.Linear(64, V)
-
-    def forward(self, x):
-        h = torch.tanh(self.mid(torch.tanh(self.emb(x))))  # (B, T, C)
-        if self.bn is not None:
-            h = self.bn(h.transpose(1, 2)).transpose(1, 2)
-        return self.head(h)
-
-
-def data(n_culprits: int = 1, seed: int = 1):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randint(0, V, (B, T), generator=g)
-    y = torch.randint(0, V, (B, T), generator=g)
-    w = torch.ones(B, T)
-    flat = torch.randperm(B * T, generator=g)[:n_culprits]
-    w.view(-1)[flat] = 60.0
-    return x, y, w, {(int(i) // T, int(i) % T) for i in flat}
-
-
-def sum_loss(model, x, y, w):
-    def loss_fn(mask):
-        per = F.cross_entropy(model(x).reshape(-1, V), y.reshape(-1), reduction="none").view(B, T)
-        return (per * w * mask).sum() / (B * T)  # fixed normalizer: additive over the mask
-    return loss_fn
+from ..localizer.helpers import LM, B, T, V, data, sum_loss
 
 
 def test_a_mask_mean_loss_is_rejected_with_the_fix():
@@ -130,66 +96,3 @@ def test_sparse_embedding_gradients_are_localized_and_kept():
     assert model.emb.weight.grad is grad and grad.is_sparse  # the step's sparse gradient is put back
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    ({"budget": True}, r"budget=True must be a positive int"),
-    ({"budget": 0}, r"budget=0 must be a positive int"),
-    ({"budget": 2.5}, r"budget=2.5 must be a positive int"),
-    ({"threshold": -1.0}, r"threshold=-1.0 must be a positive finite number"),
-    ({"threshold": float("nan")}, r"threshold=nan must be a positive finite number"),
-    ({"threshold": float("inf")}, r"threshold=inf must be a positive finite number"),
-    ({"threshold": "0.5"}, r"threshold='0.5' must be a positive finite number"),
-    ({"threshold": True}, r"threshold=True must be a positive finite number"),
-    ({"method": "gradloc"}, r"method='gradloc' needs an explicit threshold"),
-    ({"rng_state": [torch.get_rng_state()] * 3}, r"rng_state: pass one state, or one per micro-batch"),
-])
-def test_bad_arguments_name_the_argument_and_the_fix(kwargs, match):
-    model = LM()
-    x, y, w, _ = data()
-    with pytest.raises(ValueError, match=match):
-        gradloc_track.locate(model, [sum_loss(model, x, y, w)] * 2, [torch.ones(B, T)] * 2, **kwargs)
-
-
-def test_a_loss_fn_returning_a_python_float_or_a_vector_says_what_to_return():
-    model = LM()
-    x, y, w, _ = data()
-    loss_fn = sum_loss(model, x, y, w)
-    with pytest.raises(TypeError, match=r"returned float; it must return a scalar torch.Tensor .*\.item\(\)"):
-        gradloc_track.locate(model, lambda m: float(loss_fn(m)), torch.ones(B, T))
-    with pytest.raises(TypeError, match=r"returned a tensor of shape \(4,\); it must return a scalar"):
-        gradloc_track.locate(model, lambda m: loss_fn(m) * torch.ones(4), torch.ones(B, T))
-    grads = [p.grad for p in model.parameters()]
-    assert all(g is None for g in grads)  # nothing left behind by the failed calls
-
-
-@pytest.mark.parametrize("field,value,fix", [
-    ("max_events", -1, r"use 0 \(never localize\) or a positive whole number"),
-    ("max_events", 2.5, "whole number"),
-    ("budget", 0, "positive whole number of probes"),
-    ("budget", True, "positive whole number of probes"),
-    ("threshold", -0.1, "positive per-term gradient norm"),
-    ("threshold", float("inf"), "positive per-term gradient norm"),
-    ("top_layers", 0, "positive whole number of layers"),
-    ("method", "magic", "'gradloc'"),
-    ("enabled", "yes", "true or false"),
-])
-def test_locate_config_names_the_field_and_the_fix(field, value, fix):
-    with pytest.raises(ConfigError, match=rf"locate\.{field}=.* is invalid: .*{fix}"):
-        LocateConfig(**{field: value})
-
-
-def test_locate_config_gradloc_needs_a_threshold_through_hydra():
-    from hydra import compose, initialize_config_dir
-
-    from gradloc_track.config import to_config
-    from gradloc_track.demo.config import register_configs
-
-    from ..conftest import CONF_DIR
-
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        with pytest.raises(ConfigError, match=r"locate\.threshold=None is invalid: locate\.method=gradloc needs"):
-            to_config(compose("config", overrides=["locate.method=gradloc"]))
-        with pytest.raises(ConfigError, match=r"locate\.max_events=-1"):
-            to_config(compose("config", overrides=["locate.max_events=-1"]))
-        cfg = to_config(compose("config", overrides=["locate.method=gradloc", "locate.threshold=0.5"]))
-    assert (cfg.locate.method, cfg.locate.threshold) == ("gradloc", 0.5)

@@ -19,7 +19,7 @@ from gradloc_track.config import TrackerConfig
 from gradloc_track.trackers.run_record import read_run_views
 from gradloc_track.trackers import make_tracker
 
-from ..artifacts.test_render import make_case
+from ..artifacts.cases import make_case
 
 PAGE = "<!DOCTYPE html><html><head><title>spike at step 7</title></head><body>ok</body></html>"
 

@@ -1,4 +1,4 @@
-"""Spike detector and spike score against independent references."""
+"""The spike detector against independent references: the EMA equations, real small-batch noise, resume."""
 from __future__ import annotations
 
 import math
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gradloc_track.config import ConfigError
-from gradloc_track.spikes import SpikeDetector, spike_score
+from gradloc_track.spikes import SpikeDetector
 
 
 def real_layer_norms(model, steps):
@@ -137,28 +137,6 @@ def test_fixed_mode_is_gradlocs_knob():
         det.update(2, 1.0)
 
 
-def brute_force_score(values, window=128, n_sigma=6.0, min_history=16):
-    spikes = seen = 0
-    for i, v in enumerate(values):
-        prev = values[max(0, i - window):i]
-        if len(prev) < min_history:
-            continue
-        seen += 1
-        mean = sum(prev) / len(prev)
-        std = (sum((p - mean) ** 2 for p in prev) / len(prev)) ** 0.5
-        spikes += v > mean + n_sigma * std
-    return spikes / seen
-
-
-def test_spike_score_matches_brute_force():
-    rng = random.Random(1)
-    values = [1 + rng.random() * 0.1 for _ in range(400)]
-    for i in (150, 151, 300):
-        values[i] = 5.0
-    assert spike_score(values) == pytest.approx(brute_force_score(values))
-    assert spike_score(values) > 0
-
-
 def test_resume_equivalence():
     rng = random.Random(2)
     xs = [1 + rng.random() for _ in range(80)] + [30.0] + [1 + rng.random() for _ in range(10)]
@@ -172,13 +150,6 @@ def test_resume_equivalence():
     ev_b = [e for s, x in enumerate(xs[40:], start=40) for e in b.update(s, x, {"h.0": x / 2})]
     assert ev_b == [e for e in ev_full if e.step >= 40] and ev_b
     assert b.metrics() == full.metrics()
-
-
-def test_config_errors_name_the_field():
-    with pytest.raises(ConfigError, match="spikes.alpha"):
-        SpikeDetector(alpha=1.0)
-    with pytest.raises(ConfigError, match="spikes.per_token_threshold"):
-        SpikeDetector(mode="fixed")
 
 
 # -- calibration on a real model (issue 13): clean small-batch training must not fire ------------
@@ -313,24 +284,3 @@ def test_metric_names_say_what_they_are():
     assert m["spike/olmo_score"] > 0  # OLMo's 6-sigma rule agrees on a 50x jump
 
 
-@pytest.mark.parametrize("kwargs,field", [
-    ({"ratio_thresh": -1.0}, "spikes.ratio_thresh"),
-    ({"ratio_thresh": 1.0}, "spikes.ratio_thresh"),
-    ({"score_window": 0}, "spikes.score_window"),
-    ({"z_thresh": 0}, "spikes.z_thresh"),
-    ({"z_thresh": float("nan")}, "spikes.z_thresh"),
-    ({"z_thresh": "6"}, "spikes.z_thresh"),
-    ({"min_ratio": 0.5}, "spikes.min_ratio"),
-    ({"warmup_steps": -1}, "spikes.warmup_steps"),
-    ({"warmup_steps": 2.5}, "spikes.warmup_steps"),
-    ({"per_layer": "yes"}, "spikes.per_layer"),
-    ({"mode": "zscore"}, "spikes.mode"),
-    ({"per_token_threshold": -5.0}, "spikes.per_token_threshold"),
-    ({"tail_correction": 1}, "spikes.tail_correction"),
-    ({"baseline_alpha": 1.0}, "spikes.baseline_alpha"),
-])
-def test_bad_spike_config_values_name_the_field(kwargs, field):
-    from gradloc_track.config import SpikeConfig
-
-    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
-        SpikeConfig(**kwargs)

@@ -7,8 +7,6 @@ import sys
 
 import pytest
 
-from gradloc_track.config import TrackerConfig
-
 
 def test_import_needs_neither_backend():
     code = "import sys, gradloc_track, gradloc_track.trackers, gradloc_track.monitor; " \
@@ -28,10 +26,3 @@ def test_missing_backend_names_the_extra(kind):
     assert f"pip install 'gradloc-track[{kind}]'" in proc.stderr
 
 
-def test_config_errors_name_the_field():
-    from gradloc_track.config import ConfigError
-
-    with pytest.raises(ConfigError, match="tracker.kind"):
-        TrackerConfig(kind="neptune")
-    with pytest.raises(ConfigError, match="tracker.queue_size"):
-        TrackerConfig(queue_size=0)

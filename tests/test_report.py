@@ -11,7 +11,12 @@ from gradloc_track.cli import main
 from gradloc_track.config import TrackerConfig
 from gradloc_track.trackers import make_tracker
 
-from .test_render import make_case
+from .artifacts.cases import make_case, real_spike
+
+
+@pytest.fixture(scope="module")
+def spike():
+    return real_spike()
 
 
 def srcdocs(page: str) -> list[str]:
@@ -101,3 +106,16 @@ def outer_tags(page: str) -> list[tuple[str, dict]]:
 
     P().feed(page)
     return found
+
+
+def test_cli_report_writes_one_page(spike, tmp_path):
+    import subprocess
+    import sys
+
+    events, result, ctx = spike
+    tracker = make_tracker(TrackerConfig(kind="none"), run_dir=tmp_path / "run")
+    SpikeArtifactWriter(tracker, tmp_path / "run").write(7, events, result, ctx)
+    out = tmp_path / "report.html"
+    subprocess.run([sys.executable, "-m", "gradloc_track.cli", "report", str(tmp_path / "run"), "-o", str(out)],
+                   check=True, capture_output=True, text=True)
+    assert "Gradient spike at step 7" in out.read_text()

@@ -1,43 +1,18 @@
-"""Renderers on constructed localization results: windows, padding, escaping, heatmap size."""
+"""The highlight page: windows around culprits, padding, escaping, a bounded page at any batch size."""
 from __future__ import annotations
 
 import html
 import re
-import struct
-import warnings
 
 import pytest
 import torch
 
-from gradloc_track.artifacts import attribution_table, render_highlight_html, render_layer_heatmap
-from gradloc_track.artifacts import heatmap as heatmap_mod
-from gradloc_track.demo.data import ByteTokenizer
+from gradloc_track.artifacts import attribution_table, render_highlight_html
+from gradloc_track.artifacts.highlight import CSS, MAX_SAMPLES, MAX_TOKEN_CHARS
 from gradloc_track.localizer.result import CulpritToken, LocateResult
 from gradloc_track.spikes import SpikeContext, SpikeEvent
 
-LAYERS = ["wte", "h.0", "h.1", "lm_head"]
-
-
-def make_case(T=600, culprits=((1, 40), (1, 520)), pad_from=560):
-    """Two samples of text; sample 1 has two culprits far apart and trailing padding (id 0, no loss)."""
-    text = ("The quick brown fox jumps over the lazy dog. " * 20).encode()
-    ids = torch.tensor([list(text[:T]), list(text[7:7 + T])])  # (B, T)
-    mask = torch.ones(2, T)
-    ids[1, pad_from:] = 0
-    mask[1, pad_from:] = 0.0
-    ghost = torch.full((2, T), 1e-3)  # (B, T)
-    layer_map = torch.full((len(LAYERS), 2, T), 1e-4)  # (L, B, T)
-    toks = []
-    for k, (b, p) in enumerate(culprits):
-        ghost[b, p] = 10.0 ** (1 - k)
-        layer_map[:, b, p] = torch.tensor([0.1, 2.0, 0.5, 3.0]) / (k + 1)
-        toks.append(CulpritToken(b, p, grad_norm=5.0 / (k + 1), score=float(ghost[b, p]), share=0.6 - 0.2 * k,
-                                 layer_norms=dict(zip(LAYERS, layer_map[:, b, p].tolist()))))
-    result = LocateResult(toks, probes=9, method="auto", threshold=0.25, total_norm=6.0, layer_names=LAYERS,
-                          ghost_map=ghost, layer_map=layer_map)
-    ctx = SpikeContext(lambda m: m.sum(), mask, input_ids=ids, tokenizer=ByteTokenizer())
-    events = [SpikeEvent(12, "global", 6.0, 1.2, 8.0, 5.0)]
-    return events, result, ctx
+from .cases import make_case
 
 
 def visible_text_div(page: str, sample: int) -> str:
@@ -97,75 +72,12 @@ def test_invisible_and_bidi_characters_are_shown_as_escapes():
         assert shown in page
 
 
-def test_without_tokenizer_ids_are_shown_escaped():
-    events, result, ctx = make_case(T=40, culprits=((0, 3),), pad_from=40)
-    ctx.tokenizer = None
-    cols, rows = attribution_table(12, events, result, ctx)
-    tid = int(ctx.input_ids[0, 3])
-    assert dict(zip(cols, rows[0]))["token"] == f"<{tid}>"
-    assert f"&lt;{tid}&gt;" in render_highlight_html(12, events, result, ctx)
-
-
 def test_bad_arguments_name_the_fix():
     events, result, ctx = make_case(T=40, culprits=((0, 3),), pad_from=40)
     with pytest.raises(ValueError, match="input_ids"):
         render_highlight_html(12, events, result, SpikeContext(ctx.loss_fn, ctx.token_mask))
     with pytest.raises(ValueError, match="window=-1"):
         render_highlight_html(12, events, result, ctx, window=-1)
-
-
-def png_size(path) -> tuple[int, int]:
-    head = path.read_bytes()[:24]
-    assert head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR"
-    return struct.unpack(">II", head[16:24])
-
-
-def expected_columns(window: int, culprits=(40, 520), T=600, max_tokens=128) -> int:
-    """Independent count: windows around each culprit, halved until they fit, one gap column between."""
-    while True:
-        n = sum(min(T, p + window + 1) - max(0, p - window) for p in culprits)  # windows do not overlap here
-        if n <= max_tokens:
-            return n + len(culprits) - 1
-        window //= 2
-
-
-@pytest.mark.parametrize("window", [3, 60])
-def test_heatmap_png_has_one_column_per_token_in_window(tmp_path, window):
-    import matplotlib.image
-
-    events, result, ctx = make_case()
-    out = render_layer_heatmap(result, 1, tmp_path / "h" / "map.png", ctx=ctx, window=window)
-    n_cols = expected_columns(window)
-    assert n_cols == (15 if window == 3 else 123)  # 7+gap+7; 60 -> 30 after one halving: 61+gap+61
-    assert png_size(out) == heatmap_mod.heatmap_size_px(n_cols, len(LAYERS))
-    pixels = matplotlib.image.imread(out)  # decodes: a valid PNG
-    assert pixels.shape[:2] == heatmap_mod.heatmap_size_px(n_cols, len(LAYERS))[::-1]
-    assert pixels[..., :3].std() > 0.05  # a picture, not a blank canvas
-
-
-def test_heatmap_columns_are_the_context_windows_with_gaps():
-    cols = heatmap_mod.heatmap_columns([40, 520], 600, 3)
-    assert cols == list(range(37, 44)) + [None] + list(range(517, 524))
-    assert heatmap_mod.heatmap_columns([2, 5], 8, 2) == list(range(0, 8))  # overlapping windows merge
-
-
-def test_heatmap_size_grows_with_tokens_and_layers():
-    w1, h1 = heatmap_mod.heatmap_size_px(100, 4)
-    w2, h2 = heatmap_mod.heatmap_size_px(200, 8)
-    assert w2 == 2 * w1 and h2 > h1
-
-
-def test_heatmap_without_matplotlib_warns_and_skips(tmp_path, monkeypatch):
-    import gradloc_track._optional as optional
-
-    def missing(module, extra):  # fault injection: the extra is not installed
-        raise ImportError(f"{module!r} is not installed; pip install 'gradloc-track[{extra}]'")
-
-    monkeypatch.setattr(optional, "require", missing)
-    events, result, ctx = make_case(T=40, culprits=((0, 3),), pad_from=40)
-    with pytest.warns(UserWarning, match=r"gradloc-track\[plots\]"):
-        assert render_layer_heatmap(result, 0, tmp_path / "x.png") is None
-    assert not (tmp_path / "x.png").exists()
 
 
 def test_a_window_ending_in_padding_runs_to_the_end_of_the_padding():
@@ -178,19 +90,60 @@ def test_a_window_ending_in_padding_runs_to_the_end_of_the_padding():
     assert "positions 545\u2013599 of 600" in page
 
 
-def test_heatmap_cuts_long_token_labels_so_the_layout_fits(tmp_path):
-    class Tok:
-        def decode(self, ids):
-            return "<img src=x onerror=alert(1)>" * 3 if ids[0] == 999 else chr(ids[0])
+class HugeTokens:
+    """Token 7 decodes to 10k characters (a minified blob), token 8 to a script tag; the rest to 'w'."""
 
-    events, result, ctx = make_case()
-    ctx.input_ids[1, 520] = 999
-    ctx.tokenizer = Tok()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # e.g. matplotlib's "Tight layout not applied"
-        out = render_layer_heatmap(result, 1, tmp_path / "m.png", ctx=ctx, window=4)
-    assert png_size(out) == heatmap_mod.heatmap_size_px(9 + 1 + 9, len(LAYERS))
-    assert heatmap_mod._label("<img src=x onerror=alert(1)>") == "<img\u2423src=\u2026"
+    def decode(self, ids):
+        i = int(ids[0])
+        return "A" * 10_000 if i == 7 else ("<script>alert(1)</script>" if i == 8 else f"w{i % 10} ")
+
+
+def test_page_at_b32_t2048_with_10k_char_tokens_is_bounded_and_escaped():
+    B, T = 32, 2048
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 100, (B, T), generator=g)
+    ids[:, ::50] = 7
+    ids[:, 3::50] = 8
+    ghost = torch.rand(B, T, generator=g)
+    toks = [CulpritToken(b, (37 * b) % T, grad_norm=1.0 + b, score=1.0, share=0.01, layer_norms={"h.0": 1.0})
+            for b in range(B)]
+    result = LocateResult(toks, probes=40, method="bisect", threshold=0.5, total_norm=3.0, layer_names=["h.0"],
+                          ghost_map=ghost, layer_map=ghost[None])
+    ctx = SpikeContext(lambda m: m.sum(), torch.ones(B, T), input_ids=ids, tokenizer=HugeTokens())
+    page = render_highlight_html(5, [SpikeEvent(5, "global", 3.0, 1.0, 9.0, 3.0)], result, ctx, window=48)
+    assert len(page.encode()) < 2 * 2**20, f"{len(page.encode()) / 2**20:.1f} MiB"
+    assert "A" * (MAX_TOKEN_CHARS + 1) not in page and f"[+{10_000 - MAX_TOKEN_CHARS} chars]" in page
+    assert "<script" not in page.lower() and "&lt;script&gt;" in page
+    assert len(re.findall(r"<h2>sample (\d+)</h2>", page)) == MAX_SAMPLES
+    # the samples shown are those with the largest culprits
+    assert {int(s) for s in re.findall(r"<h2>sample (\d+)</h2>", page)} == set(range(B - MAX_SAMPLES, B))
+    assert f"{B - MAX_SAMPLES} more sample(s) with culprits" in page
+
+
+def test_adjacent_culprit_outlines_take_layout_space():
+    """A border (not an outline) cannot overlap the neighbouring token or clip its glyph."""
+    rule = re.search(r"\.c\{([^}]*)\}", CSS).group(1)
+    assert "outline" not in rule and "border:2px" in rule and "margin:0 1px" in rule
+
+
+def test_html_highlights_the_culprit_and_runs_nothing(spike):
+    events, result, ctx = spike
+    page = render_highlight_html(7, events, result, ctx, window=8)
+    assert "<script" not in page.lower() and "javascript:" not in page.lower()
+    assert not re.search(r"(href|src)\s*=", page), "no external links or resources"
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;&quot;&#x27;&amp;" in page
+    culprit = re.findall(r'<span class="t c"[^>]*title="([^"]*)"[^>]*>([^<]*)</span>', page)
+    assert culprit and all("CULPRIT" in t and "position 30" in t for t, _ in culprit)
+    assert culprit[0][1].startswith("&lt;script&gt;")
+    assert "step 7" in page and "h.1" in page and "9.50" in page
+    assert "<details>" in page  # the window is short: the full text is collapsible
+
+
+def test_newlines_are_visible_not_swallowed(spike):
+    events, result, ctx = spike
+    page = render_highlight_html(7, events, result, ctx, window=60)
+    assert "\u21b5" in page  # the newline token is shown, not swallowed
+    assert "sample 2" in page and "sample 0" not in page
 
 
 def test_segments_show_each_part_in_its_own_block_with_sample_columns():

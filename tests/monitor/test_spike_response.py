@@ -1,4 +1,5 @@
-"""The monitor wires detector -> localizer -> artifact writer, on a real model and real batches."""
+"""The monitor's response to a spike: detector -> localizer -> artifact writer on a real model and real
+batches, the max_events cap, and faults that only warn."""
 from __future__ import annotations
 
 import pytest
@@ -11,10 +12,66 @@ from gradloc_track.config import LocateConfig
 from gradloc_track.demo.data import ByteTokenizer
 from gradloc_track.spikes import SpikeContext, SpikeDetector
 
-B, T = 4, 16
+B, T = 2, 8
+
+
+def train(model, steps, writer_of, max_events=2):
+    """Every step spikes (fixed mode, a tiny per-token threshold) and holds a culprit term: the cap
+    decides what is localized."""
+    tracker = MemoryTracker()
+    mon = GradMonitor(model, tracker=tracker, log_every=100,
+                      detector=SpikeDetector(mode="fixed", per_token_threshold=1e-6, warmup_steps=0),
+                      locate_config=LocateConfig(method="bisect", budget=16, max_events=max_events),
+                      artifact_writer=writer_of(tracker))
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for step in range(1, steps + 1):
+        x, y = torch.randint(0, 64, (B, T), generator=g), torch.randint(0, 64, (B, T), generator=g)
+
+        w = torch.ones(B, T)
+        w[step % B, step % T] = 500.0  # one culprit term per batch: every localization finds it
+
+        def loss_fn(mask, x=x, y=y, w=w):
+            per = F.cross_entropy(model(x).reshape(-1, 64), y.reshape(-1), reduction="none").view(B, T)
+            return (per * w * mask).sum() / (B * T)  # fixed normaliser
+
+        mask = torch.ones(B, T)
+        model.zero_grad(set_to_none=True)
+        loss_fn(mask).backward()
+        out.append(mon.after_backward(step, spike_context=SpikeContext(loss_fn, mask, input_ids=y)))
+    return tracker, out
+
+
+def test_localization_is_capped_by_max_events(tiny_gpt):
+    tracker, stats = train(tiny_gpt, 3, lambda t: SpikeArtifactWriter(t, images=False))
+    assert all(s.events for s in stats) and not any(s.logged for s in stats)
+    assert [s.locate is not None for s in stats] == [True, True, False]
+    mine = [(step, m) for step, m in tracker.metrics if "grad_norm/global" in m]  # the writer logs too
+    assert [step for step, _ in mine] == [1, 2, 3]  # spike steps log at their own step
+    assert [("locate/probes" in m) for _, m in mine] == [True, True, False]
+    for s, (_, m) in zip(stats[:2], mine):
+        assert m["locate/probes"] == s.locate.probes <= 16
+        assert m["locate/culprits"] == len(s.locate.tokens) >= 1
+    assert [step for _, step, _ in tracker.html] == [1, 2]  # the writer got exactly the localized ones
+
+
+def test_a_failing_artifact_writer_warns_and_training_goes_on(tiny_gpt):
+    class BrokenWriter:  # fault injection: a writer that raises
+        def __init__(self, tracker):
+            self.calls = 0
+
+        def write(self, step, events, result, ctx):
+            self.calls += 1
+            raise OSError("disk full")
+
+    with pytest.warns(UserWarning, match="disk full"):
+        tracker, stats = train(tiny_gpt, 2, BrokenWriter, max_events=5)
+    assert all(s.locate is not None for s in stats) and len(tracker.metrics) == 2
 
 
 def run(model, locate_enabled=True, steps=16, spike_at=14):
+    """A real batch per step; one loss term blows up at ``spike_at``."""
+    B, T = 4, 16
     tracker = MemoryTracker()
     monitor = GradMonitor(model, tracker=tracker, log_every=4, detector=SpikeDetector(warmup_steps=6),
                           locate_config=LocateConfig(enabled=locate_enabled),

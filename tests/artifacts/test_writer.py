@@ -1,94 +1,19 @@
-"""Spike artifacts: rendered from real localizer output, read back from every backend."""
+"""The artifact writer: real localizer output rendered and logged, read back from every backend."""
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-import gradloc_track
-from gradloc_track.artifacts import SpikeArtifactWriter, attribution_table, read_table, render_highlight_html
+from gradloc_track.artifacts import SpikeArtifactWriter, read_table
 from gradloc_track.config import TrackerConfig
-from gradloc_track.spikes import SpikeContext, SpikeEvent
+from gradloc_track.spikes import SpikeContext
 from gradloc_track.trackers import MemoryTracker, make_tracker
 
 from ..wandb_reader import history
-
-B, T, V = 3, 40, 256
-HOSTILE = "<script>alert(1)</script>\"'&"
-
-
-class HostileTokenizer:
-    """Token 200 decodes to markup; everything else to a letter."""
-
-    def decode(self, ids):
-        return "".join(HOSTILE if i == 200 else ("\n" if i == 10 else chr(97 + i % 26)) for i in ids)
-
-
-@pytest.fixture(scope="module")
-def spike():
-    from gradloc_track.demo.model import TinyGPT
-
-    torch.manual_seed(0)
-    model = TinyGPT(vocab_size=V, n_layer=2, n_head=2, d_model=32, max_seq_len=T)
-    g = torch.Generator().manual_seed(1)
-    x = torch.randint(0, V, (B, T), generator=g)
-    y = torch.randint(97, 123, (B, T), generator=g)
-    y[2, 30] = 200
-    y[2, 28] = 10  # a newline next to the culprit
-    w = torch.ones(B, T)
-    w[2, 30] = 80.0  # the culprit, whose text is hostile markup
-
-    def loss_fn(mask):
-        per = F.cross_entropy(model(x).reshape(-1, V), y.reshape(-1), reduction="none").view(B, T)
-        return (per * w * mask).sum() / (B * T)
-
-    mask = torch.ones(B, T)
-    result = gradloc_track.locate(model, loss_fn, mask)
-    ctx = SpikeContext(loss_fn, mask, input_ids=y, tokenizer=HostileTokenizer(),
-                       extra_columns={"advantage": torch.arange(B * T, dtype=torch.float).view(B, T)},
-                       sample_columns={"reward": torch.tensor([0.0, 1.0, 0.5])})
-    events = [SpikeEvent(7, "global", 5.0, 1.0, 9.5, 5.0), SpikeEvent(7, "h.1", 3.0, 0.5, 7.0, 6.0)]
-    return events, result, ctx
-
-
-def test_table_rows_describe_the_culprits(spike):
-    events, result, ctx = spike
-    cols, rows = attribution_table(7, events, result, ctx)
-    assert cols[:10] == ["step", "token", "share", "grad_norm", "sample", "position", "top_layers", "signal", "z",
-                         "token_id"]  # the most useful first
-    assert cols[-2:] == ["advantage", "reward"]
-    (row,) = rows
-    r = dict(zip(cols, row))
-    assert (r["step"], r["sample"], r["position"], r["token_id"], r["token"]) == (7, 2, 30, 200, HOSTILE)
-    assert r["grad_norm"] == pytest.approx(result.tokens[0].grad_norm)
-    assert 0.5 < r["share"] <= 1.0
-    assert r["advantage"] == 2 * T + 30 and r["reward"] == 0.5
-    assert r["signal"] == "global" and r["z"] == 9.5
-    assert r["top_layers"].count(":") == 3
-
-
-def test_html_highlights_the_culprit_and_runs_nothing(spike):
-    events, result, ctx = spike
-    page = render_highlight_html(7, events, result, ctx, window=8)
-    assert "<script" not in page.lower() and "javascript:" not in page.lower()
-    assert not re.search(r"(href|src)\s*=", page), "no external links or resources"
-    assert "&lt;script&gt;alert(1)&lt;/script&gt;&quot;&#x27;&amp;" in page
-    culprit = re.findall(r'<span class="t c"[^>]*title="([^"]*)"[^>]*>([^<]*)</span>', page)
-    assert culprit and all("CULPRIT" in t and "position 30" in t for t, _ in culprit)
-    assert culprit[0][1].startswith("&lt;script&gt;")
-    assert "step 7" in page and "h.1" in page and "9.50" in page
-    assert "<details>" in page  # the window is short: the full text is collapsible
-
-
-def test_newlines_are_visible_not_swallowed(spike):
-    events, result, ctx = spike
-    page = render_highlight_html(7, events, result, ctx, window=60)
-    assert "\u21b5" in page  # the newline token is shown, not swallowed
-    assert "sample 2" in page and "sample 0" not in page
+from .cases import HOSTILE, B, T
 
 
 def test_writer_with_memory_tracker_keeps_columns_stable(spike, tmp_path):
@@ -148,19 +73,6 @@ def test_local_run_dir_and_report(spike, tmp_path):
     assert "&lt;script&gt;alert(1)" in page and "step 7" in page
 
 
-def test_cli_report_writes_one_page(spike, tmp_path):
-    import subprocess
-    import sys
-
-    events, result, ctx = spike
-    tracker = make_tracker(TrackerConfig(kind="none"), run_dir=tmp_path / "run")
-    SpikeArtifactWriter(tracker, tmp_path / "run").write(7, events, result, ctx)
-    out = tmp_path / "report.html"
-    subprocess.run([sys.executable, "-m", "gradloc_track.cli", "report", str(tmp_path / "run"), "-o", str(out)],
-                   check=True, capture_output=True, text=True)
-    assert "Gradient spike at step 7" in out.read_text()
-
-
 def test_wandb_offline_media_read_back(spike, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     events, result, ctx = spike
@@ -171,7 +83,8 @@ def test_wandb_offline_media_read_back(spike, tmp_path, monkeypatch):
     tracker.finish()
     (run,) = (tmp_path / "wandb").glob("offline-run-*")
     tables = sorted((run / "files" / "media" / "table").rglob("*.table.json"))
-    cumulative = max((json.loads(p.read_text()) for p in tables if "tokens_all" in p.name), key=lambda t: len(t["data"]))
+    cumulative = max((json.loads(p.read_text()) for p in tables if "tokens_all" in p.name),
+                     key=lambda t: len(t["data"]))
     assert [r[0] for r in cumulative["data"]] == [7, 8, 9]
     token_col = cumulative["columns"].index("token")
     assert cumulative["data"][0][token_col] == HOSTILE

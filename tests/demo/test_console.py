@@ -1,4 +1,4 @@
-"""The spike demo's pieces, fast: BPE tokenizer, the injected document, run names, console lines."""
+"""The demo's console: the spike block names the text and where to look; a plain log when not a tty."""
 from __future__ import annotations
 
 import io
@@ -7,53 +7,9 @@ import json
 import torch
 
 from gradloc_track.demo.console import TrainConsole, culprit_spans, view_commands, where_to_look
-from gradloc_track.demo.inject import inject
 from gradloc_track.localizer.result import CulpritToken, LocateResult
-from gradloc_track.trackers.run_record import read_run_views, record_run
 from gradloc_track.spikes.event import SpikeEvent
-
-from .load import load_example
-
-TEXT = "\n\n".join(f"The function number {i} returns a value and raises an error when it cannot." for i in range(300))
-
-
-def test_bpe_is_trained_once_cached_and_decodes_each_token_as_text(tmp_path):
-    from gradloc_track.demo.tokenizer import BpeTokenizer
-
-    tok = BpeTokenizer.train_or_load(TEXT, 300, tmp_path)
-    (cached,) = tmp_path.glob("bpe-300-*.json")
-    again = BpeTokenizer.train_or_load(TEXT, 300, tmp_path)
-    assert list(tmp_path.iterdir()) == [cached]
-    ids = tok.encode("The function returns a value.")
-    assert again.encode("The function returns a value.") == ids
-    assert tok.decode(ids) == "The function returns a value."
-    assert "".join(tok.convert_ids_to_tokens(ids)) == "The function returns a value."
-    assert any(t.startswith(" ") and len(t) > 2 for t in tok.convert_ids_to_tokens(ids))  # subwords, not bytes
-    junk = tok.encode("\u00e2\u20ac\u2122")  # mojibake of a curly apostrophe: readable token by token
-    assert tok.convert_ids_to_tokens(junk) == ["\u00e2", "\u20ac", "\u2122"]
-    assert tok.pad_id == 0 and tok.vocab_size <= 300
-
-
-def test_garbled_span_is_a_prompt_of_prose_and_a_garbled_answer():
-    B, T = 4, 64
-    x = torch.arange(B * T).view(B, T) % 50 + 10  # (B, T) "prose"
-    y = x + 1
-    mask = torch.ones(B, T)
-    prose = x[2, :40].clone()
-    pos = inject("garbled_span", x, y, mask, sample=2, span=6, junk_ids=[3, 4, 5], pad_id=0)
-    assert pos == list(range(40, 46))
-    assert torch.equal(x[2, :40], prose) and y[2, 39] == x[2, 40]  # prose stays, shifted targets line up
-    assert y[2, 40:46].tolist() == [3, 4, 5, 3, 4, 5] and y[2, 46:].eq(0).all()
-    assert mask[2].nonzero().flatten().tolist() == pos  # loss only on the garbled answer
-    assert mask[[0, 1, 3]].eq(1).all()
-
-
-def test_swept_run_name_keeps_only_swept_overrides():
-    swept_run_name = load_example("train_lm").swept_run_name
-    argv = ["-m", "experiment=spike_demo", "clip=none,adagc", "train.steps=4", "out_dir=/tmp/x"]
-    job = ["experiment=spike_demo", "clip=adagc", "train.steps=4", "out_dir=/tmp/x"]
-    assert swept_run_name("spike_demo", job, argv) == "spike_demo[clip=adagc]"
-    assert swept_run_name(None, job, argv) == "clip=adagc"
+from gradloc_track.trackers.run_record import read_run_views, record_run
 
 
 def test_spike_block_names_text_and_where_to_look(tmp_path):

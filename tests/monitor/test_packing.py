@@ -19,7 +19,7 @@ from gradloc_track import GradMonitor, MemoryTracker
 from gradloc_track.clip import AdaGC
 from gradloc_track.spikes import SpikeContext, SpikeDetector
 
-from .test_monitor import backward, reference
+from .helpers import backward, reference
 
 SYNC_OPS = {"aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::is_nonzero",
             "aten::_unique2", "aten::equal", "aten::item"}

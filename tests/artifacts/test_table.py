@@ -1,0 +1,33 @@
+"""The attribution table: one row per culprit, the most useful columns first, ids when there is no tokenizer."""
+from __future__ import annotations
+
+import pytest
+
+from gradloc_track.artifacts import attribution_table, render_highlight_html
+
+from .cases import HOSTILE, T, make_case
+
+
+def test_table_rows_describe_the_culprits(spike):
+    events, result, ctx = spike
+    cols, rows = attribution_table(7, events, result, ctx)
+    assert cols[:10] == ["step", "token", "share", "grad_norm", "sample", "position", "top_layers", "signal", "z",
+                         "token_id"]  # the most useful first
+    assert cols[-2:] == ["advantage", "reward"]
+    (row,) = rows
+    r = dict(zip(cols, row))
+    assert (r["step"], r["sample"], r["position"], r["token_id"], r["token"]) == (7, 2, 30, 200, HOSTILE)
+    assert r["grad_norm"] == pytest.approx(result.tokens[0].grad_norm)
+    assert 0.5 < r["share"] <= 1.0
+    assert r["advantage"] == 2 * T + 30 and r["reward"] == 0.5
+    assert r["signal"] == "global" and r["z"] == 9.5
+    assert r["top_layers"].count(":") == 3
+
+
+def test_without_tokenizer_ids_are_shown_escaped():
+    events, result, ctx = make_case(T=40, culprits=((0, 3),), pad_from=40)
+    ctx.tokenizer = None
+    cols, rows = attribution_table(12, events, result, ctx)
+    tid = int(ctx.input_ids[0, 3])
+    assert dict(zip(cols, rows[0]))["token"] == f"<{tid}>"
+    assert f"&lt;{tid}&gt;" in render_highlight_html(12, events, result, ctx)

@@ -1,0 +1,38 @@
+"""Small models and gradient streams shared by the clipper tests."""
+from __future__ import annotations
+
+import torch
+
+
+def small_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+
+
+def grad_stream(model, steps, spike_at=(), seed=0):
+    """Per step, a list of gradient tensors (one per parameter); spikes scale one step by 50x."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for t in range(steps):
+        scale = 50.0 if t in spike_at else 1.0
+        out.append([torch.randn(p.shape, generator=g) * scale * (0.5 + i) for i, p in enumerate(model.parameters())])
+    return out
+
+
+def set_grads(model, grads):
+    for p, gr in zip(model.parameters(), grads):
+        p.grad = gr.clone()
+
+
+def mlp(dtype=torch.float32):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2)).to(dtype)
+
+
+def backward(model, seed, nan=False):
+    g = torch.Generator().manual_seed(seed)
+    dtype = next(model.parameters()).dtype
+    model.zero_grad(set_to_none=True)
+    model(torch.randn(5, 4, generator=g).to(dtype)).pow(2).mean().backward()
+    if nan:
+        model[0].weight.grad[0, 0] = float("nan")
