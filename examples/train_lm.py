@@ -184,6 +184,7 @@ class History:
     post_norms: list[float] = field(default_factory=list)  # what the optimizer saw (after clipping)
     events_at: list[int] = field(default_factory=list)
     culprit_text: dict[int, list[str]] = field(default_factory=dict)
+    not_localized: dict[int, str] = field(default_factory=dict)  # step -> why (locate.enabled=false, ...)
     seconds: float = 0.0
 
 
@@ -248,7 +249,9 @@ def show_spike(s: Setup, h: History, step: int, stats: Any, y: torch.Tensor, run
     # the artifacts' view: under DDP rank 0 holds every culprit's sample (gathered ids)
     shown, shown_ctx = stats.locate_view or (stats.locate, None)
     ids = shown_ctx.input_ids if shown_ctx is not None and shown_ctx.input_ids is not None else y
-    s.console.spike(step, stats.events, shown, s.tokenizer, ids, run_dir)
+    s.console.spike(step, stats.events, shown, s.tokenizer, ids, run_dir, not_localized=stats.not_localized)
+    if stats.not_localized:
+        h.not_localized[step] = stats.not_localized
     if shown is not None:
         h.culprit_text[step] = [s.tokenizer.decode([int(ids[c.batch, c.position])]) for c in
                                 sorted(shown.tokens, key=lambda c: (c.batch, c.position))]
@@ -297,7 +300,8 @@ def train_lm(cfg: DemoConfig, run_dir: str | Path, resolved_yaml: str | None = N
         s.console.close()
         tracker.finish(status)
         close_distributed(s.started, status == "success")
-    s.console.summary(summary_lines(cfg.train.steps, cfg.clip.kind, summary, h.events_at, h.culprit_text, run_dir))
+    s.console.summary(summary_lines(cfg.train.steps, cfg.clip.kind, summary, h.events_at, h.culprit_text, run_dir,
+                                    h.not_localized))
     return summary
 
 

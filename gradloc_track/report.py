@@ -1,6 +1,7 @@
 """One standalone HTML page with every spike event of a run, for people on neither W&B nor MLflow.
 
-Reads the shared file layout (``spikes/tokens/step_*.json`` or an older ``spikes/tokens.json``,
+Reads the shared file layout (``spikes/events/step_*.json``: every detected spike, localized or
+not; ``spikes/tokens/step_*.json`` or an older ``spikes/tokens.json``,
 ``spikes/highlight/step_*.html``, ``spikes/heatmap/step_*.png``, see ``trackers/base.py``) from a
 local run directory, or downloads it from an MLflow run first. Event pages (whole documents) are embedded as sandboxed
 ``<iframe srcdoc>`` with the document escaped into the attribute; images as base64 data URIs. The
@@ -196,6 +197,7 @@ def _events(src: ReportSource) -> tuple[dict, dict[int, str], dict[int, bytes]]:
     if src.layout == "wandb":
         media = src.root / "media"
         tables = sorted((media / "table").rglob("*.table.json"))
+        tables = [t for t in tables if "events" not in t.name]
         tables = [t for t in tables if "tokens" in t.name] or tables
         loaded = [load_table(t, notes) for t in tables]
         table = max(loaded, key=lambda t: len(t["data"]), default={"columns": [], "data": []})  # the cumulative one
@@ -219,7 +221,26 @@ def _events(src: ReportSource) -> tuple[dict, dict[int, str], dict[int, bytes]]:
     return table, pages, images
 
 
-def _table(table: dict) -> str:
+def _event_table(src: ReportSource) -> dict:
+    """Table ``spikes/events``: one row per detected spike (``artifacts.events``), localized or not."""
+    notes = src.notes
+    if src.layout == "wandb":
+        tables = [load_table(t, notes) for t in sorted((src.root / "media" / "table").rglob("*.table.json"))
+                  if "events" in t.name]
+        return max(tables, key=lambda t: len(t["data"]), default={"columns": [], "data": []})  # the cumulative
+    return merge_tables(load_table(p, notes) for p in table_parts(src.root, "spikes/events"))
+
+
+def _event_notes(events: dict) -> dict[int, str]:
+    """step -> why it was not localized, for the detected spikes that were not."""
+    cols, data = events.get("columns", []), events.get("data", [])
+    if "step" not in cols or "localization" not in cols:
+        return {}
+    step, why = cols.index("step"), cols.index("localization")
+    return {int(r[step]): str(r[why]) for r in data if r[why] not in ("localized", "no culprit found")}
+
+
+def _table(table: dict, title: str = "All culprit tokens") -> str:
     cols, data = table.get("columns", []), table.get("data", [])
     if not cols:
         return ""
@@ -228,10 +249,10 @@ def _table(table: dict) -> str:
     head = "".join(f"<th>{esc(str(c))}</th>" for c in cols)
     body = "".join(
         "<tr>" + "".join(f"<td class='tok'>{visible(str(v))}</td>" if i == tok else
-                         f"<td>{esc(f'{v:.4g}' if isinstance(v, float) else str(v))}</td>"
+                         f"<td>{esc(f'{v:.4g}' if isinstance(v, float) else '' if v is None else str(v))}</td>"
                          for i, v in enumerate(r)) + "</tr>"
         for r in data)
-    return f"<h2>All culprit tokens</h2><table><tr>{head}</tr>{body}</table>"
+    return f"<h2>{esc(title)}</h2><table><tr>{head}</tr>{body}</table>"
 
 
 def build_report(source: str | Path, tracking_uri: str | None = None, notes: list[str] | None = None) -> str:
@@ -245,9 +266,12 @@ def build_report(source: str | Path, tracking_uri: str | None = None, notes: lis
         raise ReportSourceError(f"{source}: no spikes/ folder in this run directory; it logged no spike events "
                                 "(or pass the run directory the tracker wrote, the one holding spikes/)")
     table, pages, images = _events(src)
+    events = _event_table(src)
+    not_localized = _event_notes(events)
     if notes is not None:
         notes.extend(src.notes)
-    steps = sorted(set(pages) | set(images))
+    ev_steps = {int(r[0]) for r in events["data"] if events["columns"][:1] == ["step"]}
+    steps = sorted(set(pages) | set(images) | ev_steps)
     esc = html.escape
     link = (f"<p>Run: <a href=\"{esc(src.link, quote=True)}\">{esc(src.link)}</a></p>"
             if src.link and src.link.startswith(("http://", "https://")) else "")
@@ -255,9 +279,12 @@ def build_report(source: str | Path, tracking_uri: str | None = None, notes: lis
              f"<p>{len(steps)} spike event(s) (steps {esc(', '.join(map(str, steps))) or 'none'}), "
              f"{len(table.get('data', []))} culprit token(s).</p>"]
     parts += [f"<p class='note'>{esc(n)}</p>" for n in src.notes]
+    parts.append(_table(events, "Detected spikes"))
     parts.append(_table(table))
     for step in steps:
         parts.append(f"<h2 id='step-{step}'>step {step}</h2>")
+        if step in not_localized:
+            parts.append(f"<p>Not localized: {esc(not_localized[step])}.</p>")
         if step in pages:
             # a whole document: escaped into srcdoc, sandboxed (no scripts even if one slipped in)
             parts.append(f"<iframe sandbox title=\"spike at step {step}\" "

@@ -75,7 +75,8 @@ def test_report_handles_a_run_dir_with_table_only(tmp_path):
     SpikeArtifactWriter(tracker, tmp_path).write(5, events, result, ctx)
     tracker.finish()
     page = build_report(tmp_path)
-    assert "0 spike event(s)" in page and "1 culprit token(s)" in page and "<iframe" not in page
+    # the event is listed (its spikes/events row) though it has no page to show
+    assert "1 spike event(s) (steps 5)" in page and "1 culprit token(s)" in page and "<iframe" not in page
 
 
 @pytest.mark.parametrize("hostile", ["</iframe><script>alert(1)</script>", "\"' onload=alert(1) x=\""])
@@ -119,3 +120,19 @@ def test_cli_report_writes_one_page(spike, tmp_path):
     subprocess.run([sys.executable, "-m", "gradloc_track.cli", "report", str(tmp_path / "run"), "-o", str(out)],
                    check=True, capture_output=True, text=True)
     assert "Gradient spike at step 7" in out.read_text()
+
+
+def test_a_run_that_only_detected_lists_each_event_and_why_it_was_not_localized(tmp_path, capsys):
+    from gradloc_track.spikes import SpikeEvent
+
+    tracker = make_tracker(TrackerConfig(kind="none"), run_dir=tmp_path / "run")
+    writer = SpikeArtifactWriter(tracker, tmp_path / "run")
+    writer.write_detection(100, [SpikeEvent(100, "wpe", 1.02, 0.28, 6.7, 3.6)], "locate.enabled=false")
+    writer.write_detection(140, [SpikeEvent(140, "global", 2.0, 1.0, 8.0, 2.0)], "locate.max_events=1 reached")
+    tracker.finish()
+    assert main(["report", str(tmp_path / "run"), "-o", str(tmp_path / "r.html")]) == 0
+    page = (tmp_path / "r.html").read_text(encoding="utf-8")
+    assert "2 spike event(s) (steps 100, 140)" in page and "<h2>Detected spikes</h2>" in page
+    assert "<td>wpe</td>" in page and "<td>6.7</td>" in page and "<td>locate.enabled=false</td>" in page
+    assert "<p>Not localized: locate.enabled=false.</p>" in page
+    assert "<p>Not localized: locate.max_events=1 reached.</p>" in page and "<iframe" not in page

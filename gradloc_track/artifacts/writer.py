@@ -1,4 +1,4 @@
-"""Send a localized spike to the tracker: table rows, highlighted HTML, heatmap, tags, metrics.
+"""Send a spike to the tracker: its event row; when localized, table rows, highlighted HTML, heatmap.
 
 The training thread does only the cheap part (tags, metrics, the table rows, and CPU copies of
 the tensors the renderers read); rendering the HTML and the heatmap, and writing them, is a job
@@ -20,6 +20,7 @@ import torch
 from ..localizer.result import LocateResult
 from ..spikes.event import SpikeEvent
 from ..trackers.base import Tracker
+from .events import EVENT_COLUMNS, EVENTS_KEY, event_row
 from .heatmap import render_layer_heatmap
 from .highlight import render_highlight_html
 from .table import attribution_table
@@ -30,15 +31,19 @@ IMAGE_KEY = "spikes/heatmap"
 
 
 class SpikeArtifactWriter:
-    """``write(step, events, result, ctx)`` for each localized spike; never raises into training.
+    """``write(step, events, result, ctx)`` for each localized spike, ``write_detection(step, events,
+    why)`` for one detected but not localized; neither raises into training.
 
-    Per event it logs, with the tracker's file layout (see ``trackers/base.py``):
+    Every detected spike: a row of table ``spikes/events`` (``artifacts.events``: step, signal, z,
+    the other layers that fired, whether it was localized or why not) and tag ``spike_count``
+    (detected spikes, localized or not). Per localized event it also logs, with the tracker's file
+    layout (see ``trackers/base.py``):
     - table ``spikes/tokens``: one row per culprit, appended as one part per event (never
       rewritten; ``read_table`` joins the parts);
     - html ``spikes/highlight`` at ``step``: the highlighted text (``render_highlight_html``);
     - image ``spikes/heatmap`` at ``step``: tokens x layers of the first affected sample
       (PNG rendered under ``run_dir/rendered/``; skipped without matplotlib or ``images=False``);
-    - tag ``spike_count``; metrics ``spike/culprits``, ``spike/culprit_share`` (summed share of
+    - metrics ``spike/culprits``, ``spike/culprit_share`` (summed share of
       the batch's squared gradient norm), ``spike/culprit_max_norm``.
     The table's columns are fixed at the first event (context columns absent later are None),
     so the growing table keeps one valid schema.
@@ -67,13 +72,28 @@ class SpikeArtifactWriter:
         except Exception as exc:  # forensics must never kill the training run
             warnings.warn(f"gradloc-track: could not write spike artifacts for step {step}: {exc!r}")
 
+    def write_detection(self, step: int, events: Sequence[SpikeEvent], why_not_localized: str,
+                        result: Any = None) -> None:
+        """A detected spike that was not localized (``why_not_localized``: ``"locate.enabled=false"``,
+        ...): its ``spikes/events`` row and the ``spike_count`` tag, nothing rendered."""
+        try:
+            self._record_event(int(step), events, why_not_localized, result)
+        except Exception as exc:  # forensics must never kill the training run
+            warnings.warn(f"gradloc-track: could not record the spike at step {step}: {exc!r}")
+
+    def _record_event(self, step: int, events: Sequence[SpikeEvent], localization: str, result: Any) -> None:
+        self.events += 1
+        self.tracker.set_tags({"spike_count": str(self.events)})
+        if events:
+            self.tracker.log_table(EVENTS_KEY, EVENT_COLUMNS, [event_row(step, events, localization, result)], step)
+
     def _write(self, step: int, events: Sequence[SpikeEvent], result: LocateResult, ctx: Any) -> None:
         if self._extra is None:
             self._extra = list(getattr(ctx, "extra_columns", None) or {})
             self._sample = list(getattr(ctx, "sample_columns", None) or {})
-        self.events += 1
         tracker = self.tracker
-        tracker.set_tags({"spike_count": str(self.events)})
+        found = bool(getattr(result, "culprits", None) or result.tokens)  # a culprit at any level
+        self._record_event(step, events, "localized" if found else "no culprit found", result)
         tracker.log_metrics({
             "spike/culprits": float(len(result.tokens)),
             "spike/culprit_share": float(sum(c.share or 0.0 for c in result.tokens)),

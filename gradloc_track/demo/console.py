@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..trackers.mlflow_links import mlflow_run_url, mlflow_ui_command
+from ..trackers.mlflow_links import mlflow_charts_url, mlflow_run_url, mlflow_ui_command
 from ..trackers.run_record import read_run_views
 
 
@@ -91,8 +91,9 @@ class TrainConsole:
             self.print(f"step {step + 1:>{len(str(self._total))}}/{self._total}  {stats}")
 
     def spike(self, step: int, events: Sequence[Any], result: Any, tokenizer: Any, input_ids: Any,
-              run_dir: Path, describe=None) -> None:
-        """One block: when, which signal, which text, where to look (``describe``: see ``culprit_spans``)."""
+              run_dir: Path, describe=None, not_localized: str | None = None) -> None:
+        """One block: when, which signal, which text, where to look (``describe``: see ``culprit_spans``;
+        ``not_localized``: why there is no ``result``, ``GradStats.not_localized``)."""
         lines = [f"── spike at step {step} " + "─" * 40]
         for e in events[:3]:
             lines.append(f"  signal     grad_norm/{e.signal} = {e.value:.3g}, {e.ratio:.1f}x its running mean "
@@ -100,7 +101,7 @@ class TrainConsole:
         if len(events) > 3:
             lines.append(f"             ... and {len(events) - 3} more layer(s)")
         if result is None:
-            lines.append("  culprits   not localized (locate.enabled=false or locate.max_events reached)")
+            lines.append(f"  culprits   not localized: {not_localized or 'no localization ran'}")
         elif not result.tokens:
             lines.append("  culprits   none found: no token stands out (the spike is spread over the batch)")
         else:
@@ -111,8 +112,10 @@ class TrainConsole:
 
             for i, line in enumerate(culprit_spans(result, decode, describe)[:5]):
                 lines.append(("  culprits   " if i == 0 else "             ") + line)
+        # a localized spike has its highlight page; any detected one its row of spikes/events
+        page = highlight_page(step) if result is not None and input_ids is not None else event_page(step)
         lines += ["  artifacts  " + w if i == 0 else "             " + w
-                  for i, w in enumerate(where_to_look(run_dir, step))]
+                  for i, w in enumerate(where_to_look(run_dir, step, page))]
         self.print("\n".join(lines))
 
     def summary(self, lines: Sequence[str]) -> None:
@@ -125,14 +128,25 @@ class TrainConsole:
             self._progress = None
 
 
-def where_to_look(run_dir: Path, step: int | None = None) -> list[str]:
-    """MLflow run link, W&B run, local files: whatever this run has."""
+def highlight_page(step: int) -> str:
+    return f"spikes/highlight/step_{step:06d}.html"
+
+
+def event_page(step: int) -> str:
+    """The spike's row of ``spikes/events`` as MLflow's UI shows it (a table; see ``trackers.csv_view``)."""
+    return f"spikes/events/step_{step:06d}.csv"
+
+
+def where_to_look(run_dir: Path, step: int | None = None, page: str | None = None) -> list[str]:
+    """MLflow run link (to artifact ``page`` of the run; default: the step's highlight page), W&B run,
+    local files: whatever this run has."""
     record = read_run_views(run_dir)
     out = []
-    page = f"spikes/highlight/step_{step:06d}.html" if step is not None else "spikes/"
+    if step is not None and page is None:
+        page = highlight_page(step)
     if "mlflow" in record:
         m = record["mlflow"]
-        url = mlflow_run_url(m, f"artifacts/{page}" if step is not None else "")
+        url = mlflow_run_url(m, f"artifacts/{page}" if page else "")
         out.append(f"MLflow run {m.get('run_name', '')} ({m.get('run_id')}): {url}")
     if "wandb" in record:
         w = record["wandb"]
@@ -158,6 +172,7 @@ def view_commands(run_dir: Path) -> list[str]:
         if cmd:
             out.append(f"  {cmd}    # the UI takes ~30-60 s to start; then open")
         out.append(f"  {mlflow_run_url(m)}")
+        out.append(f"  {mlflow_charts_url(m)}    # every run of the experiment, charts overlaid")
     if "wandb" in record and record["wandb"].get("offline"):
         out.append(f"  wandb sync {record['wandb'].get('dir')}    # upload the offline W&B run")
     out.append(f"  gradloc-track report {run_dir} -o spike_report.html    # one HTML page, no server needed")
@@ -165,15 +180,21 @@ def view_commands(run_dir: Path) -> list[str]:
 
 
 def summary_lines(steps: int, clip_kind: str, summary: dict[str, float], events_at: list[int],
-                  culprit_text: dict[int, list[str]], run_dir: Path) -> list[str]:
-    """The few lines a person reads at the end: what happened, and how to look at it."""
+                  culprit_text: dict[int, list[str]], run_dir: Path,
+                  not_localized: dict[int, str] | None = None) -> list[str]:
+    """The few lines a person reads at the end: what happened, and how to look at it
+    (``not_localized``: step -> why a detected spike was not localized)."""
     lines = [f"done: {steps} steps in {summary['seconds']:.0f} s, final loss {summary['final_loss']:.3f}"]
     if not events_at:
         lines.append("no gradient spike detected")
     else:
         shown = ", ".join(map(str, events_at[:10])) + (" ..." if len(events_at) > 10 else "")
         lines.append(f"{len(events_at)} gradient spike(s) detected, at step {shown}")
-        for step, toks in list(culprit_text.items())[:3]:
+        for step in [s for s in events_at if s in culprit_text or s in (not_localized or {})][:3]:
+            toks = culprit_text.get(step)
+            if toks is None:
+                lines.append(f"  step {step}: not localized ({not_localized[step]})")
+                continue
             text = "".join(toks[:16]) + ("…" if len(toks) > 16 else "")
             lines.append(f"  step {step}: {len(toks)} culprit token(s) {text!r}")
     if clip_kind != "none":

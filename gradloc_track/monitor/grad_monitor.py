@@ -210,7 +210,7 @@ class GradMonitor:
         stats.events = list(self.detector.update(step, stats.global_norm, stats.layer_norms, n_tokens=n_tokens,
                                                  **extra))
         stats.metrics.update(self.detector.metrics())
-        if stats.events and spike_context is not None:
+        if stats.events:  # localized, or recorded with the reason it was not
             stats.metrics.update(self.spike_response.respond(step, stats, spike_context))
 
     # -- step order, the raise path -------------------------------------------------------------

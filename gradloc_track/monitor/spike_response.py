@@ -60,15 +60,14 @@ class SpikeResponse:
 
     # -- the response ------------------------------------------------------------------------
     def respond(self, step: int, stats: Any, ctx: Any) -> dict[str, float]:
-        """Run the localizer on the spiking batch and hand the result to the artifact writer."""
-        cfg = self.config
-        if not cfg.enabled or self.events_localized >= cfg.max_events:
-            return {}
-        if step < self._retry_step:  # the detector keeps firing on batches without a culprit: back off
-            return {}
-        result = self._localize(step, ctx)
+        """Run the localizer on the spiking batch and hand the result to the artifact writer; a spike
+        that is not localized is recorded with the reason (``stats.not_localized``)."""
+        why_not = self.why_not_localized(step, ctx)
+        result = self._localize(step, ctx) if why_not is None else None
         if result is None:
-            return {"locate/failed": 1.0}
+            stats.not_localized = why_not or "localizing failed (see the warning)"
+            self._record_detection(step, stats)
+            return {} if why_not else {"locate/failed": 1.0}
         self._count(step, bool(result.tokens))
         stats.locate = result
         stats.locate_view = self._view(step, result, ctx)
@@ -80,6 +79,31 @@ class SpikeResponse:
                 warnings.warn(f"gradloc-track: writing spike artifacts at step {step} failed: {exc!r}")
         return {"locate/probes": float(result.probes), "locate/culprits": float(len(result.tokens)),
                 "locate/threshold": float(result.threshold), "locate/seconds": float(result.wall_time_s)}
+
+    def why_not_localized(self, step: int, ctx: Any) -> str | None:
+        """Which setting keeps this spike from being localized (None: it is localized)."""
+        cfg = self.config
+        if not cfg.enabled:
+            return "locate.enabled=false"
+        if self.events_localized >= cfg.max_events:
+            return ("locate.max_events=0" if cfg.max_events == 0 else
+                    f"locate.max_events={cfg.max_events} reached (raise it to localize more spikes)")
+        if step < self._retry_step:  # the detector keeps firing on batches without a culprit: back off
+            return (f"backing off after {self.events_unconfirmed} spikes without a culprit "
+                    f"(next try at step {self._retry_step})")
+        if ctx is None:
+            return "no spike_context passed to after_backward"
+        return None
+
+    def _record_detection(self, step: int, stats: Any) -> None:
+        """The detected spike's record (spikes/events row, spike_count) for a writer that keeps one."""
+        record = getattr(self.artifact_writer, "write_detection", None)
+        if self.rank != 0 or not callable(record):
+            return
+        try:
+            record(step, stats.events, stats.not_localized)
+        except Exception as exc:  # forensics must never kill training
+            warnings.warn(f"gradloc-track: recording the spike at step {step} failed: {exc!r}")
 
     def _localize(self, step: int, ctx: Any) -> Any:
         from .. import localizer  # imported here: the localizer is only needed on a spike

@@ -30,6 +30,16 @@ def mlflow_run_url(info: dict[str, Any], page: str = "") -> str | None:
     return f"{base}/#/experiments/{info['experiment_id']}/runs/{info['run_id']}{tail}?{MODEL_TRAINING_VIEW}"
 
 
+def mlflow_charts_url(info: dict[str, Any]) -> str | None:
+    """The experiment's runs as charts (``compareRunsMode=CHART``): one chart per metric with every
+    run overlaid, the view for comparing runs (MLflow's compare-runs page opens on a
+    parallel-coordinates plot of params instead)."""
+    if not info.get("experiment_id"):
+        return None
+    base = mlflow_ui_base(str(info.get("tracking_uri", "")))
+    return f"{base}/#/experiments/{info['experiment_id']}/runs?compareRunsMode=CHART&{MODEL_TRAINING_VIEW}"
+
+
 def mlflow_ui_command(tracking_uri: str) -> str | None:
     """The command that serves a local store (None for a server, which is already up)."""
     if tracking_uri.startswith(("http://", "https://")):

@@ -23,6 +23,7 @@ from typing import Any, Mapping
 
 from .._optional import require
 from .base import Tracker
+from .csv_view import csv_text
 from .keys import mlflow_key, step_path, table_part_path, truncate
 from .run_record import record_run
 
@@ -33,7 +34,8 @@ MAX_TAG_VALUE = 5000
 STATUS = {"success": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
 DESCRIPTION = ("gradloc-track run. Gradient norms: metrics `grad_norm/*`, clipping `clip/*`, spikes `spike/*`. "
                "Localized spikes are under the artifacts' `spikes/` folder: `spikes/highlight/step_*.html` "
-               "(the culprit tokens in their text), `spikes/tokens/step_*.json` (one table part per event), "
+               "(the culprit tokens in their text), `spikes/tokens/step_*.csv` (the culprits: one table part per "
+               "event, `.json` the same part for programs), `spikes/events/step_*.csv` (every detected spike), "
                "`spikes/heatmap/step_*.png`. `gradloc-track report <run id>` puts them on one page.")
 # the experiment tag MLflow 3's UI reads to pick the experiment's view (mlflow/server/js:
 # ExperimentKind); "custom_model_development" is the "Model training" view with runs and charts
@@ -179,6 +181,8 @@ class MlflowTracker(Tracker):
         self._last_part = (key, step, rows)
         part = json.dumps({"columns": list(columns), "data": rows}, default=str)
         self.client.log_text(self.run_id, part, table_part_path(key, step))
+        # the same part as CSV, which MLflow's artifact viewer shows as a table (JSON it shows raw)
+        self.client.log_text(self.run_id, csv_text(columns, rows), step_path(key, step, "csv"))
 
     def log_html(self, key, html, step=None) -> None:
         self.client.log_text(self.run_id, html, step_path(key, step, "html"))

@@ -6,7 +6,7 @@ import json
 
 import torch
 
-from gradloc_track.demo.console import TrainConsole, culprit_spans, view_commands, where_to_look
+from gradloc_track.demo.console import TrainConsole, culprit_spans, summary_lines, view_commands, where_to_look
 from gradloc_track.localizer.result import CulpritToken, LocateResult
 from gradloc_track.spikes.event import SpikeEvent
 from gradloc_track.trackers.run_record import read_run_views, record_run
@@ -52,3 +52,25 @@ def test_plain_console_prints_a_tenth_of_the_steps_when_not_a_tty():
     lines = out.getvalue().splitlines()
     assert len(lines) == 11 and lines[-1] == "step 100/100  loss 2.000  grad norm 0.5"
     json.dumps(lines)
+
+
+def test_a_spike_that_was_not_localized_says_which_limit_and_links_no_page_that_does_not_exist(tmp_path):
+    record_run(tmp_path, "mlflow", {"tracking_uri": "sqlite:////data/mlflow.db", "experiment_id": "3",
+                                    "run_id": "b" * 32, "run_name": "spike_demo"})
+    ids = torch.zeros(4, 10, dtype=torch.long)
+    for why in ("locate.enabled=false", "locate.max_events=1 reached (raise it to localize more spikes)"):
+        out = io.StringIO()
+        TrainConsole(stream=out).spike(100, [SpikeEvent(100, "global", 2.2, 0.7, 40.0, 3.2)], None, None, ids,
+                                       tmp_path, not_localized=why)
+        text = out.getvalue()
+        assert f"culprits   not localized: {why}" in text
+        assert "highlight" not in text  # nothing was rendered: no link to a page that does not exist
+        assert (f"/#/experiments/3/runs/{'b' * 32}/artifacts/spikes/events/step_000100.csv"
+                "?workflowType=machine_learning") in text  # the event's row, a table in MLflow's UI
+    lines = summary_lines(130, "adagc", {"seconds": 3.0, "final_loss": 4.5, "max_post_clip_grad_norm": 0.2}, [100],
+                          {}, tmp_path, {100: "locate.enabled=false"})
+    assert "1 gradient spike(s) detected, at step 100" in lines
+    assert "  step 100: not localized (locate.enabled=false)" in lines
+    # comparing runs: the experiment's charts (every run overlaid), not the compare-runs page
+    assert "  http://127.0.0.1:5000/#/experiments/3/runs?compareRunsMode=CHART&workflowType=machine_learning" \
+        "    # every run of the experiment, charts overlaid" in lines

@@ -170,6 +170,27 @@ def test_spike_demo_detects_and_localizes_the_injected_answer(tmp_path):
     assert "<title>spike_demo - gradloc-track spike report</title>" in page and "(steps 100)" in page
 
 
+def test_detection_without_localization_is_counted_shown_and_reported(tmp_path):
+    """locate.enabled=false: the spike is the run's spike_count, the block says why it was not localized
+    and links no page that does not exist, and the report lists it (a small model: the same spike fires)."""
+    proc = run_example(tmp_path, "experiment=spike_demo", "locate.enabled=false", "tracker=mlflow", "train.steps=101",
+                       "model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.num_threads=1")
+    (run_dir,) = run_dirs(tmp_path)
+    assert json.loads((run_dir / "summary.json").read_text())["events_at"] == [100]
+    client, (run,) = mlflow_runs(tmp_path)
+    assert run.data.tags["spike_count"] == "1" and run.data.metrics["spike_count"] == 1.0
+    out = proc.stdout + proc.stderr
+    assert "not localized: locate.enabled=false" in out and "highlight/" not in out
+    assert f"runs/{run.info.run_id}/artifacts/spikes/events/step_000100.csv" in out
+    names = {p.path for p in client.list_artifacts(run.info.run_id, "spikes/events")}
+    assert names == {"spikes/events/step_000100.csv", "spikes/events/step_000100.json"}  # the link is alive
+    from gradloc_track.cli import main
+
+    assert main(["report", str(run_dir), "-o", str(tmp_path / "report.html")]) == 0
+    page = (tmp_path / "report.html").read_text(encoding="utf-8")
+    assert "1 spike event(s) (steps 100)" in page and "Not localized: locate.enabled=false" in page
+
+
 def test_swept_run_name_keeps_only_swept_overrides():
     swept_run_name = load_example("train_lm").swept_run_name
     argv = ["-m", "experiment=spike_demo", "clip=none,adagc", "train.steps=4", "out_dir=/tmp/x"]

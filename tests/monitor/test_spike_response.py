@@ -53,6 +53,12 @@ def test_localization_is_capped_by_max_events(tiny_gpt):
         assert m["locate/probes"] == s.locate.probes <= 16
         assert m["locate/culprits"] == len(s.locate.tokens) >= 1
     assert [step for _, step, _ in tracker.html] == [1, 2]  # the writer got exactly the localized ones
+    # the third spike is detected, recorded and counted, and says which limit stopped its localization
+    assert stats[2].not_localized == "locate.max_events=2 reached (raise it to localize more spikes)"
+    events = tracker.tables["spikes/events"]
+    assert [dict(zip(events["columns"], r))["localization"] for r in events["rows"]] == [
+        "localized", "localized", stats[2].not_localized]
+    assert tracker.tags["spike_count"] == "3"
 
 
 def test_a_failing_artifact_writer_warns_and_training_goes_on(tiny_gpt):
@@ -119,6 +125,13 @@ def test_locate_disabled_still_detects(tiny_gpt):
     tracker, seen = run(tiny_gpt, locate_enabled=False)
     assert seen[14].events and seen[14].locate is None
     assert "spikes/tokens" not in tracker.tables
+    # detection alone is a first-class result: counted, recorded with the reason, nothing rendered
+    assert seen[14].not_localized == "locate.enabled=false" and not tracker.html
+    assert tracker.tags["spike_count"] == "1"
+    events = tracker.tables["spikes/events"]
+    (row,) = [dict(zip(events["columns"], r)) for r in events["rows"]]
+    assert (row["step"], row["localization"]) == (14, "locate.enabled=false")
+    assert row["z"] == pytest.approx(max(e.z for e in seen[14].events if e.signal == row["signal"]))
 
 
 def test_a_failing_localizer_warns_and_training_goes_on(tiny_gpt, monkeypatch):
@@ -131,3 +144,20 @@ def test_a_failing_localizer_warns_and_training_goes_on(tiny_gpt, monkeypatch):
     with pytest.warns(UserWarning, match="probe exploded"):
         tracker, seen = run(tiny_gpt)
     assert dict(tracker.metrics)[14]["locate/failed"] == 1.0 and 15 in seen
+    assert seen[14].not_localized == "localizing failed (see the warning)" and tracker.tags["spike_count"] == "1"
+
+
+def test_a_spike_without_a_spike_context_is_recorded_as_not_localized(tiny_gpt):
+    tracker = MemoryTracker()
+    mon = GradMonitor(tiny_gpt, tracker=tracker, log_every=1, detector=SpikeDetector(warmup_steps=6),
+                      artifact_writer=SpikeArtifactWriter(tracker, images=False))
+    g = torch.Generator().manual_seed(0)
+    seen = {}
+    for step in range(16):
+        x = torch.randint(0, 64, (4, 16), generator=g)
+        tiny_gpt.zero_grad(set_to_none=True)
+        (tiny_gpt(x).logsumexp(-1).mean() * (40.0 if step == 14 else 1.0)).backward()
+        seen[step] = mon.after_backward(step)  # no spike_context: the detector sees logging steps only
+    assert [s for s, st in seen.items() if st.events] == [14]
+    assert seen[14].not_localized == "no spike_context passed to after_backward"
+    assert tracker.tags["spike_count"] == "1" and len(tracker.tables["spikes/events"]["rows"]) == 1

@@ -35,7 +35,11 @@ def test_mlflow_sqlite_store_read_back(tmp_path, sqlite_uri):
     dl = Path(client.download_artifacts(run.info.run_id, "spikes", str(tmp_path / "dl")))
     table = read_table(dl.parent, "spikes/tokens")
     assert table["columns"] == ["step", "token", "grad_norm"] and len(table["data"]) == 6
-    assert sorted(p.name for p in (dl / "tokens").iterdir()) == [f"step_0000{10 + e}.json" for e in range(3)]
+    assert sorted(p.name for p in (dl / "tokens").iterdir() if p.suffix == ".json") == [
+        f"step_0000{10 + e}.json" for e in range(3)]
+    # each part also as CSV, which MLflow's artifact viewer shows as a table (it shows JSON raw)
+    assert sorted(p.name for p in (dl / "tokens").iterdir() if p.suffix == ".csv") == [
+        f"step_0000{10 + e}.csv" for e in range(3)]
     assert (dl / "highlight" / "step_000012.html").read_text() == HTML
     assert (dl / "heatmap" / "step_000012.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -55,11 +59,14 @@ def test_mlflow_table_is_appended_never_downloaded(tmp_path, sqlite_uri, capfd):
     client = MlflowClient(sqlite_uri)
     (run,) = client.search_runs([client.get_experiment_by_name("gradloc-track").experiment_id])
     assert "mlflow.loggedArtifacts" not in run.data.tags  # MlflowClient.log_table (download+rewrite) unused
-    parts = client.list_artifacts(run.info.run_id, "spikes/tokens")
+    parts = [p for p in client.list_artifacts(run.info.run_id, "spikes/tokens") if p.path.endswith(".json")]
     assert len(parts) == 100 and max(p.file_size for p in parts) < 200  # one small part per event
+    views = [p for p in client.list_artifacts(run.info.run_id, "spikes/tokens") if p.path.endswith(".csv")]
+    assert len(views) == 100 and max(p.file_size for p in views) < 100  # and its CSV view
     dl = client.download_artifacts(run.info.run_id, "spikes", str(tmp_path / "dl"))
     data = read_table(Path(dl).parent, "spikes/tokens")["data"]
     assert data == [[e, f"tok{e}"] for e in range(100)] + [[99, "again"]]
+    assert (Path(dl) / "tokens" / "step_000099.csv").read_text() == "step,token\n99,tok99\n99,again\n"
 
 
 def test_mlflow_through_a_real_server(tmp_path, mlflow_server):
