@@ -3,18 +3,17 @@
 The spike-demo run (clip=adagc) and a short clip=none run are logged to an SQLite store, ``mlflow server``
 serves it on 127.0.0.1, and headless Chromium (Debian's chromium + chromium-driver) opens the
 run through the link the demo printed (no switch to the "Model training" view), then its
-highlight artifact, and the compare-runs page. Screenshots go to the test's tmp dir, and to
+highlight artifact, the culprit table (rendered as a table), and the experiment's chart view
+the summary links for comparing runs. Screenshots go to the test's tmp dir, and to
 docs/img/ when GRADLOC_UPDATE_SCREENSHOTS=1 (that is how the README's pictures are made).
 """
 from __future__ import annotations
 
 import io
-import json
 import os
 import re
 import shutil
 import time
-import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -47,7 +46,7 @@ def demo_store(tmp_path_factory):
     printed = {}
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-            # the spike run, and a short clip=none run so the compare page has two runs to show
+            # the spike run, and a short clip=none run so the chart view has two runs to overlay
             for clip, steps in (("adagc", 104), ("none", 10)):
                 cfg = to_config(compose("config", overrides=[
                     "experiment=spike_demo", f"train.steps={steps}", f"clip={clip}", "tracker=mlflow",
@@ -81,7 +80,8 @@ def save(driver, tmp_path: Path, name: str) -> Path:
     return out
 
 
-def test_artifact_page_shows_highlighted_culprits_and_compare_page_shows_both_runs(demo_store, browser, tmp_path):
+def test_artifact_pages_show_highlighted_culprits_and_the_table_and_charts_overlay_both_runs(demo_store, browser,
+                                                                                              tmp_path):
     from mlflow.tracking import MlflowClient
     from selenium.webdriver.common.by import By
 
@@ -132,10 +132,28 @@ def test_artifact_page_shows_highlighted_culprits_and_compare_page_shows_both_ru
         shot = save(browser, tmp_path, "mlflow_highlight.png")
         assert shot.stat().st_size > 10_000
 
-        ids = urllib.parse.quote(json.dumps([r.info.run_id for r in runs.values()]))
-        browser.get(f"{server}/#/compare-runs?runs={ids}&experiments={urllib.parse.quote(json.dumps([exp.experiment_id]))}")
+        # the culprit table: MLflow's viewer shows the part's CSV view as a table (JSON it shows raw)
+        browser.get(server + f"{run_path}/artifacts/spikes/tokens/step_000100.csv?workflowType=machine_learning")
+
+        def table_cells():
+            heads = [h.text for h in browser.find_elements(By.CSS_SELECTOR, "table th") if h.text]
+            cells = [c.text for c in browser.find_elements(By.CSS_SELECTOR, "table td")]
+            return (heads, cells) if heads[:3] == ["step", "token", "share"] and cells else None
+
+        heads, cells = wait_for(browser, table_cells, what="the culprit table rendered as a table")
+        assert tokens <= set(cells) and "100" in cells  # one row per culprit token, its text in a cell
+        close_assistant_panel(browser)
+        save(browser, tmp_path, "mlflow_table.png")
+
+        # comparing runs: the experiment's chart view the summary links (every metric, runs overlaid)
+        charts = re.findall(r"http://127\.0\.0\.1:5000(/#/experiments/\S+compareRunsMode=CHART\S*)", printed["adagc"])
+        assert charts == [f"/#/experiments/{exp.experiment_id}/runs?compareRunsMode=CHART&"
+                          "workflowType=machine_learning"]
+        browser.get(server + charts[0])
         body = wait_for(browser, lambda: (t := browser.find_element(By.TAG_NAME, "body").text)
-                        and "spike_demo[clip=adagc]" in t and "spike_demo[clip=none]" in t and t,
-                        what="the compare-runs page")
-        assert "spike_demo[clip=none]" in body and "clip.kind" in body
-        save(browser, tmp_path, "mlflow_compare.png")
+                        and "spike_demo[clip=none] (clip/total_norm_post)" in t
+                        and "spike_demo[clip=adagc] (clip/total_norm_post)" in t and t,
+                        what="the chart view with both runs overlaid")
+        assert "grad_norm" in body and "Sessions" not in body
+        close_assistant_panel(browser)
+        save(browser, tmp_path, "mlflow_charts.png")
