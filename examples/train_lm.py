@@ -40,6 +40,7 @@ from gradloc_track.demo.optim import make_optimizer, make_schedule
 from gradloc_track.demo.tokenizer import make_tokenizer
 from gradloc_track.spikes import SpikeContext, SpikeDetector, spike_score
 from gradloc_track.trackers import NullTracker, Tracker, make_tracker
+from gradloc_track.trackers.quiet import quiet_backend_noise
 
 register_configs()
 
@@ -356,4 +357,5 @@ if __name__ == "__main__":
         check_overrides(sys.argv[1:])  # a renamed key (clip.layer_alpha) fails naming the new one
     except ConfigError as exc:
         sys.exit(f"error: {exc}")
+    quiet_backend_noise()  # our command: no "Creating initial MLflow database tables" lines
     main()

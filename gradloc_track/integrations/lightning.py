@@ -84,5 +84,7 @@ class GradLocCallback(L.Callback):
             self.handle.finish()
 
     def on_exception(self, trainer, pl_module, exception) -> None:
+        from ..trackers.base import exit_status
+
         if self.handle is not None:
-            self.handle.finish("failed")
+            self.handle.finish(exit_status(type(exception)))  # Ctrl-C (KeyboardInterrupt): "killed"

@@ -23,6 +23,7 @@ backend did not take are spooled there for ``gradloc-track replay``).
 from __future__ import annotations
 
 import logging
+import sys
 import warnings
 from typing import Any, Callable
 
@@ -51,11 +52,19 @@ def hookable_optimizer(optimizer: Any) -> Any:
     return optimizer
 
 
-def build_tracker(opts: WatchOptions, wandb_step_key: str = "train/step",
+def say_where(backend: Tracker) -> None:
+    """Once per run ``watch()`` opened itself: where it went (the user did not name a place)."""
+    where = getattr(backend, "where", None)
+    if callable(where):
+        print(f"gradloc-track: watch() opened {where()}", file=sys.stderr, flush=True)
+
+
+def build_tracker(opts: WatchOptions, wandb_step_key: str | None = None,
                   scratch: ScratchDir | None = None) -> tuple[Tracker, bool]:
     """(tracker, whether we own its run): an explicit tracker/config, else the open run, else a new
     one from the default ``TrackerConfig`` (as the app builds it). A joined run's files go to
-    ``opts.run_dir``, else to ``scratch`` (removed at ``finish()``)."""
+    ``opts.run_dir``, else to ``scratch`` (removed at ``finish()``). ``wandb_step_key``: the step
+    metric of the framework whose W&B run is joined (``None``: the user's own run)."""
     import torch.distributed as dist
 
     from ..trackers import NullTracker, make_tracker
@@ -74,7 +83,7 @@ def build_tracker(opts: WatchOptions, wandb_step_key: str = "train/step",
         if opts.tracker.kind == "none" and opts.run_dir is None:
             log.info("gradloc-track: no open W&B/MLflow run and tracker='none': metrics stay in handle.last; "
                      "pass tracker='mlflow'|'wandb' or open a run first")
-    return make_tracker(opts.tracker, run_dir=opts.run_dir, run_name=opts.run_name), True
+    return make_tracker(opts.tracker, run_dir=opts.run_dir, run_name=opts.run_name, on_open=say_where), True
 
 
 class WatchHandle:
@@ -209,8 +218,10 @@ class WatchHandle:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        from ..trackers.base import exit_status
+
         self.remove()
-        self.finish("failed" if exc_type is not None else "success")
+        self.finish(exit_status(exc_type))  # Ctrl-C: "killed"
 
 
 def watch(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *, cfg: Any = None,
