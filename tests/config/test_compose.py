@@ -278,13 +278,11 @@ def test_a_clip_schema_is_its_own_option_only():
     assert RootConfig().clip == ClipConfig()
 
 
-def test_two_jobs_started_in_the_same_second_get_their_own_run_dir():
+def test_two_jobs_started_in_the_same_second_get_their_own_run_dir(composer):
     """One run per run dir: Hydra's default run dir goes down to the microsecond."""
     from omegaconf import OmegaConf
 
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        dirs = [OmegaConf.select(compose("config", return_hydra_config=True), key)
-                for key in ("hydra.run.dir", "hydra.run.dir", "hydra.sweep.dir")]
+    dirs = [OmegaConf.select(compose("config", return_hydra_config=True), key)  # (inside composer's Hydra)
+            for key in ("hydra.run.dir", "hydra.run.dir", "hydra.sweep.dir")]
     assert dirs[0] != dirs[1]  # composed one after the other, well inside one second
     assert all(re.fullmatch(r"runs/(multirun/)?\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d_\d{6}", d) for d in dirs), dirs

@@ -109,7 +109,8 @@ class WriterLoop:
         while len(self.pending):
             inner = self.backend.inner  # (None until opened: the first step opens it)
             if inner is not None and callable(getattr(inner, "log_metric_records", None)):
-                record = self.pending.pop_batch(getattr(inner, "max_metrics_per_request", MAX_METRICS_PER_REQUEST))
+                limit = getattr(inner, "max_metrics_per_request", MAX_METRICS_PER_REQUEST)
+                record = self.pending.pop_batch(limit - 1)  # (room for tracker/dropped: still one request)
             else:
                 record = self.pending.pop_first()
             if record is not None:
