@@ -27,16 +27,18 @@ LIGHTNING_WANDB_STEP = "trainer/global_step"  # the step metric WandbLogger defi
 def logger_tracker(trainer: Any, cfg: Any, run_dir: Any = None) -> Any:
     """A tracker into the runs of the Trainer's MLflow / W&B loggers, or None when it has neither."""
     from ..trackers.fanout import as_one_tracker
+    from ..trackers.run_lock import RunOwner
     from .runs import mlflow_run_tracker, wandb_run_tracker
 
     trackers = []
+    owner = RunOwner()  # both loggers' runs are one run of ours: their writers share run_dir
     for lg in getattr(trainer, "loggers", None) or []:
         kind = type(lg).__name__
         if kind == "MLFlowLogger":
             client = lg.experiment  # creates the logger's run if it is not there yet
-            trackers.append(mlflow_run_tracker(lg.run_id, client.tracking_uri, cfg, run_dir))
+            trackers.append(mlflow_run_tracker(lg.run_id, client.tracking_uri, cfg, run_dir, owner))
         elif kind == "WandbLogger":
-            trackers.append(wandb_run_tracker(lg.experiment, LIGHTNING_WANDB_STEP, cfg, run_dir))
+            trackers.append(wandb_run_tracker(lg.experiment, LIGHTNING_WANDB_STEP, cfg, run_dir, owner))
     return as_one_tracker(trackers)
 
 
