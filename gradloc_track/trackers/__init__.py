@@ -3,6 +3,7 @@
 - ``base``: the interface, a destination whose methods do nothing by default; ``NullTracker``
 - ``memory``, ``local_tracker``: in lists (tests, notebooks); in the run directory (``tracker=none``)
 - ``mlflow_tracker``, ``wandb_tracker``: the backend adapters (open a run, or join one); ``mlflow_links``
+- ``wandb_shared``: the user's own W&B run joined: our records in their rows, W&B's step left to them
 - ``fanout``: one stream of calls to several trackers; ``as_one_tracker``
 - ``async_writer``: the background writer every backend runs behind (queue, bounded calls, spool)
 - ``bounded``: a call on a thread with a deadline (the writer, the report, the SIGTERM handler)
@@ -10,7 +11,8 @@
 - ``run_record``: ``<run dir>/tracker/<backend>.json``, which backend run a run directory belongs to
 - ``run_lock``: one run per run directory (``RunDirInUse``); a run whose process died is told apart
 - ``sigterm``: runs end as KILLED on preemption; ``factory``: ``make_tracker`` from a ``TrackerConfig``
-- ``files``, ``keys``: atomic file writes; metric key names and cleaning
+- ``files``, ``keys``: atomic file writes, whole-record appends; metric key names and cleaning
+- ``quiet``: MLflow's store-creation lines and download bars off in our own commands
 """
 from .base import NullTracker, Tracker
 from .fanout import FanoutTracker, as_one_tracker
