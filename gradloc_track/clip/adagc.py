@@ -25,7 +25,12 @@ Modes (the patch's ``AdaGC``, ``AdaGC-Shard``, ``AdaGC-Global``):
   ``min(||g||, lambda_abs)``; afterwards the whole gradient is clipped when ``||g|| > lambda_rel *
   gamma`` and ``gamma`` follows the EMA of the clipped global norm.
 
-State stays on the device (no host sync). Non-finite tensors never update ``gamma``.
+State stays on the device (no host sync). Degenerate gradients never update ``gamma``: a
+non-finite tensor, and a tensor whose gradient is exactly zero (``mode="global"``: a zero total),
+which is treated like a missing one. The official code would take a zero into the warm-up's
+running minimum (``gamma = 0``: after warm-up every gradient of that tensor is scaled to exactly 0,
+for good) or decay ``gamma`` towards 0 after warm-up; on every stream without exact zeros the two
+are equal (``tests/clip/test_adagc.py``).
 """
 from __future__ import annotations
 
@@ -34,7 +39,7 @@ from typing import Any
 import torch
 
 # the argument checks are the config schema's own (clip.beta there, beta here)
-from ..config._validate import check, in_unit_interval, integer, non_negative, one_of, positive
+from ..config._validate import check, in_unit_interval, integer, one_of, positive
 from ..norms import all_reduce_sq_norms, sq_norms
 from .base import Clipper
 
@@ -51,7 +56,7 @@ class AdaGC(Clipper):
         positive("lambda_abs", lambda_abs, "1.0")
         in_unit_interval("beta", beta, "0.99")
         integer("warmup_steps", warmup_steps, 0, "100")
-        non_negative("eps", eps, "1e-6")
+        positive("eps", eps, "1e-6")  # the official code rejects eps <= 0 (a zero norm would divide by 0)
         one_of("mode", mode, ADAGC_MODES)
         super().__init__(model, on_nonfinite, process_group)
         self.lambda_rel, self.beta, self.warmup_steps = float(lambda_rel), float(beta), warmup_steps
@@ -94,24 +99,29 @@ class AdaGC(Clipper):
             self._total_clipped = total.clamp(max=self.lambda_abs)
             return torch.full_like(norms, self.lambda_abs), coef
         if self.mode == "global":
+            usable = total > 0  # () a zero (or non-finite: zeroed upstream) total is no sample
             g0 = torch.where(self.seen, self.gamma, total)  # lazy initialisation
             thr = self.lambda_rel * g0
             hit = total > thr
             self._clipped = torch.where(hit, thr, total)
             self._g0 = g0
             coef = torch.where(hit, thr / (total + self.eps), torch.ones_like(total))
-            return thr.expand_as(norms), coef
+            reported = torch.where(self.seen | usable, thr, torch.full_like(thr, float("inf")))
+            return reported.expand_as(norms), coef
         g0 = torch.where(self.seen, self.gamma, norms)  # (n,) a tensor's first gradient starts its state
         thr = self.lambda_rel * g0
         hit = norms > thr  # strictly above: nothing is scaled inside the eps band
         self._clipped = torch.where(hit, thr, norms)
         self._g0 = g0
         coef = torch.where(hit, thr / (norms + self.eps), torch.ones_like(norms))
-        reported = torch.where(self.seen | self.present, thr, torch.full_like(thr, float("inf")))
+        reported = torch.where(self.seen | (norms > 0), thr, torch.full_like(thr, float("inf")))
         return reported, coef
 
     def _update(self, norms, thresholds, coefs, finite_t, all_finite) -> None:
-        ok = finite_t & self.present & self._warm_ok  # (n,) tensors with a usable gradient this step
+        # tensors with a usable gradient this step: present, finite, and non-zero. A zero gradient
+        # (an all-masked batch, loss * 0, a dead unit) is treated like a missing one: it would set
+        # the warm-up's running minimum to 0 for good (every later gradient scaled to exactly 0)
+        ok = finite_t & self.present & self._warm_ok & (norms > 0)  # (n,)
         if self.mode == "global":
             ok = ok.any()
             if self.in_warmup:

@@ -78,7 +78,7 @@ class AdaGCConfig(ClipConfig):
         in_unit_interval("clip.beta", self.beta, "0.99")
         integer("clip.warmup_steps", self.warmup_steps, 0, "100 (0 = no warm-up)")
         positive("clip.lambda_abs", self.lambda_abs, "1.0")
-        non_negative("clip.eps", self.eps, "1e-6")
+        positive("clip.eps", self.eps, "1e-6; the official AdaGC code rejects 0")
         one_of("clip.mode", self.mode, ("tensor", "shard", "global"))
 
 

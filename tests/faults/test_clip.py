@@ -257,7 +257,7 @@ def test_layerclip_logs_the_threshold_it_applies(tiny_gpt):
 
 
 @pytest.mark.parametrize("schema,field,value", [
-    (LayerClipConfig, "alpha", 2), (AdaGCConfig, "eps", -1.0), (ZClipConfig, "alpha", 0.0),
+    (LayerClipConfig, "alpha", 2), (AdaGCConfig, "eps", -1.0), (AdaGCConfig, "eps", 0.0), (ZClipConfig, "alpha", 0.0),
     (AdaGCConfig, "beta", "0.9"), (AdaGCConfig, "warmup_steps", -1), (ZClipConfig, "warmup_steps", 0),
     (ZClipConfig, "clip_factor", 0.0), (ZClipConfig, "max_grad_norm", -1.0),
     (LayerClipConfig, "z_thresh", float("inf")), (AdaGCConfig, "mode", "AdaGC-Shard"),
