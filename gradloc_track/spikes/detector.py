@@ -20,9 +20,16 @@ differences, so the early-training trend is not counted as noise. Measured on 20
 steps (``benchmarks/detector_calibration.py``): 4x32: 40 events before (0.1: a 3x ratio rule,
 one ``alpha=0.98`` for mean and variance), 1 after; 16x128: 3 before, 0 after.
 
-A firing value is absorbed *clipped* to ``exp(m + z_eff * sqrt(v))``, so one spike does not raise
-the baseline but a genuine level shift is still followed. Non-finite values always fire and are
-never absorbed. ``mode="fixed"`` is GradLoc's trigger exactly: fire when the global norm exceeds
+A firing value moves the baseline only *clipped* to ``exp(m + z_eff * sqrt(v))`` and is kept
+out of the variance and fourth moment, so the spike the detector caught does not raise its
+threshold (0.2 let it in: one spike inflated the kurtosis estimate and doubled the threshold for
+~100 steps), while a genuine level shift is still followed by the baseline over a few steps. A
+value far below the baseline is absorbed clipped to ``exp(m - z_eff * sqrt(v))``. Non-finite values
+always fire and are never absorbed; a zero norm (no gradient: an all-masked batch, ``loss * 0``, a
+layer unused this step) neither fires nor enters (0.2 took ``log(1e-30)`` in: the variance
+exploded, the threshold went to 1e32 and the baseline's fall made the next ~8 normal steps fire).
+
+``mode="fixed"`` is GradLoc's trigger exactly: fire when the global norm exceeds
 ``per_token_threshold / sqrt(n_tokens) * n_micro_batches`` (``n_tokens``: loss tokens of the whole
 step; Tencent-Hunyuan/GradLoc ``patches/gradloc.patch``); unlike GradLoc it also fires on NaN/Inf.
 """
@@ -66,7 +73,8 @@ class _Signal:
     def baseline(self) -> float:
         return math.exp(self.mean)
 
-    def absorb(self, x: float, alpha: float, baseline_alpha: float, warmup: int) -> None:
+    def absorb(self, x: float, alpha: float, baseline_alpha: float, warmup: int, moments: bool = True) -> None:
+        """Take log-value ``x`` in; ``moments=False`` moves the baseline only (a value that fired)."""
         self.n += 1
         if self.n == 1:
             self.mean = x
@@ -82,8 +90,9 @@ class _Signal:
         else:
             d = x - self.mean
             self.mean += (1 - baseline_alpha) * d
-            self.var = alpha * self.var + (1 - alpha) * d * d
-            self.m4 = alpha * self.m4 + (1 - alpha) * d ** 4
+            if moments:
+                self.var = alpha * self.var + (1 - alpha) * d * d
+                self.m4 = alpha * self.m4 + (1 - alpha) * d ** 4
         self.prev = x
 
 
@@ -170,24 +179,31 @@ class SpikeDetector:
     def _check(self, name: str, step: int, x: float) -> SpikeEvent | None:
         cfg = self.config
         sig = self.signals.setdefault(name, _Signal())
-        if not math.isfinite(x):
+        if not math.isfinite(x):  # always fires, never enters the statistics
             self._z[name] = math.inf
             return SpikeEvent(step, name, x, sig.baseline if sig.n else 0.0, math.inf, math.inf)
-        fired = None
-        lx = math.log(max(x, 1e-30))
-        if sig.n >= max(1, cfg.warmup_steps):
-            z, ratio = sig.z_ratio(lx)
-            self._z[name] = z
-            z_eff = cfg.z_thresh * (sig.tail_factor() if cfg.tail_correction else 1.0)
-            sd = math.sqrt(sig.var)
-            if name == "global":
-                self._last["spike/zscore"], self._last["spike/ratio"] = z, ratio
-                self._last["spike/threshold"] = math.exp(sig.mean + max(z_eff * sd, math.log(cfg.min_ratio)))
-            if (z > z_eff and ratio > cfg.min_ratio) or (cfg.ratio_thresh is not None and ratio > cfg.ratio_thresh):
-                fired = SpikeEvent(step, name, x, sig.baseline, z, ratio)
-                lx = min(lx, sig.mean + z_eff * sd)  # absorb clipped
-        sig.absorb(lx, cfg.alpha, cfg.baseline_alpha, cfg.warmup_steps)
-        return fired
+        if x <= 0.0:  # no gradient (an all-masked batch, loss * 0, an unused layer): no spike, no sample
+            return None
+        lx = math.log(x)
+        if sig.n < max(1, cfg.warmup_steps):
+            sig.absorb(lx, cfg.alpha, cfg.baseline_alpha, cfg.warmup_steps)
+            return None
+        z, ratio = sig.z_ratio(lx)
+        self._z[name] = z
+        z_eff = cfg.z_thresh * (sig.tail_factor() if cfg.tail_correction else 1.0)
+        band = z_eff * math.sqrt(sig.var)
+        if name == "global":
+            self._last["spike/zscore"], self._last["spike/ratio"] = z, ratio
+            self._last["spike/threshold"] = math.exp(sig.mean + max(band, math.log(cfg.min_ratio)))
+        if (z > z_eff and ratio > cfg.min_ratio) or (cfg.ratio_thresh is not None and ratio > cfg.ratio_thresh):
+            # the baseline takes the value clipped to the threshold (a real level shift is followed
+            # over a few steps); the noise estimate does not see it, so the spike raises no threshold
+            event = SpikeEvent(step, name, x, sig.baseline, z, ratio)
+            sig.absorb(min(lx, sig.mean + band), cfg.alpha, cfg.baseline_alpha, cfg.warmup_steps, moments=False)
+            return event
+        # a value far BELOW the baseline (a near-empty batch) is clipped the same way
+        sig.absorb(max(lx, sig.mean - band), cfg.alpha, cfg.baseline_alpha, cfg.warmup_steps)
+        return None
 
     def _fixed(self, step: int, g: float, n_tokens: int | None, n_micro_batches: int) -> list[SpikeEvent]:
         """GradLoc's trigger: ``g > T / sqrt(max(1, n_tokens)) * n_micro_batches`` (strict)."""
@@ -208,7 +224,7 @@ class SpikeDetector:
         if len(self._history) >= min(16, self.config.score_window):
             self._score_seen += 1
             self._score_hits += (not math.isfinite(g)) or is_spike(self._history, g)
-        if math.isfinite(g):
+        if math.isfinite(g) and g > 0:  # a zero-gradient step is no sample of the norm
             self._history.append(g)
 
     def state_dict(self) -> dict[str, Any]:
