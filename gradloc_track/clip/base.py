@@ -3,12 +3,22 @@
 Every clipper keeps its state (thresholds, EMAs) on the gradients' device and decides with
 ``torch.where``/``clamp``, so ``clip()`` never syncs to the host (``on_nonfinite="raise"`` is the
 one exception: raising needs to know).
+
+Memory traffic (what norms and clipping cost on an accelerator; ``gradloc_track.traffic``): given
+the norms (the monitor's pass), ``clip()`` makes ONE fused read+write pass over the gradients, the
+scaling. A non-finite step costs nothing more when the optimizer really skips it
+(``SkipStepGuard``, which ``GradMonitor(optimizer=...)``, ``watch()`` and the callbacks install):
+its gradients are never used, so they are not touched. Only where no guard makes the skip real,
+and with ``on_nonfinite="zero"``, a second pass zeroes the non-finite values (integer views:
+``NaN * 0`` is NaN in floating point).
 """
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
+
+import warnings
 
 import torch
 
@@ -76,6 +86,13 @@ class Clipper:
         self.process_group = process_group
         self.steps = 0  # python int: warm-up bookkeeping needs no device value
         self.last_nonfinite: torch.Tensor | None = None  # () bool of the last clip(), for SkipStepGuard
+        self.last_nonfinite_host: bool | None = None  # the same, when a caller already has it on the host
+        # set by a SkipStepGuard: the optimizer skips a non-finite step for real, so its gradients
+        # need no zeroing (one pass less); a fused guard also gets ``~all_finite`` written into
+        # ``found_inf`` (the optimizer's own skip flag) by every clip()
+        self.skip_exact = False
+        self.found_inf: torch.Tensor | None = None
+        self._warned_skip = False
         self._present_key: tuple[bool, ...] | None = None
         self._present_t: torch.Tensor | None = None
 
@@ -118,13 +135,31 @@ class Clipper:
         update_ok = finite_t & all_finite if self.on_nonfinite == "skip" else finite_t
         self._update(safe, thresholds, coefs, update_ok, all_finite)
         self.steps += 1
-        # raise: every gradient is finite here (else it raised), nothing to zero
-        scale_grads(grads, coefs, None if self.on_nonfinite == "raise" else keep)
+        scale_grads(grads, coefs, self._zero_mask(keep))
         coef_n = coefs.expand_as(norms) if coefs.dim() == 0 else coefs  # (n,)
         post = torch.where(finite_t, safe * coef_n, torch.zeros_like(safe))
-        self.last_nonfinite = ~all_finite
+        self.last_nonfinite, self.last_nonfinite_host = ~all_finite, None
+        if self.found_inf is not None:  # a fused optimizer's skip flag (SkipStepGuard mode="fused")
+            self.found_inf.copy_(self.last_nonfinite)
         return ClipResult(self.names, thresholds.expand_as(norms), coef_n, sq_norms, total_pre,
                           post.pow(2).sum().sqrt(), ~all_finite, self.kind)
+
+    def _zero_mask(self, keep: torch.Tensor) -> torch.Tensor | None:
+        """Which gradients must be zeroed in place (None: none, the scale pass alone).
+
+        raise: every gradient is finite (else it raised); skip with a guard: the optimizer never
+        uses a non-finite step's gradients. Otherwise zero them, and say once that zeroing is not
+        skipping for optimizers that move without a gradient."""
+        if self.on_nonfinite == "raise" or (self.on_nonfinite == "skip" and self.skip_exact):
+            return None
+        if self.on_nonfinite == "skip" and not self._warned_skip:
+            self._warned_skip = True
+            warnings.warn(f"gradloc-track: {type(self).__name__}(on_nonfinite='skip') does not know the optimizer, so "
+                          "a non-finite step only zeroes the gradients: AdamW (moments, weight decay) and momentum "
+                          "SGD still move the weights. Make the skip exact with gradloc_track.clip.SkipStepGuard("
+                          "optimizer, clipper), or pass optimizer= to GradMonitor (watch() and the HF/Lightning "
+                          "callbacks do it for you).", UserWarning, stacklevel=3)
+        return keep
 
     # -- to implement --------------------------------------------------------------------
     def _coefs(self, norms: torch.Tensor, finite: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,10 +192,11 @@ def scale_grads(grads: list[torch.Tensor | None], coefs: torch.Tensor, keep: tor
     """``g_i <- keep_i ? coef_i * g_i : 0`` for every gradient, with fused kernels, no host sync.
 
     ``coefs``: 0-d (one fp32 multiplier for all) or ``(n,)``; ``keep``: 0-d or ``(n,)`` bool, or
-    None when every gradient is known to be finite. One ``_foreach_mul_`` per (device, dtype)
-    group applies the fp32 coefficient to each tensor in its own dtype (computed in fp32, rounded
-    once). Zeroing multiplies each tensor's integer view by 0/1 (so NaN/Inf become exact zeros,
-    which no floating-point op does) in one more fused call: no per-tensor kernels.
+    None when no gradient needs zeroing (all finite, or the step is skipped anyway). One
+    ``_foreach_mul_`` per (device, dtype) group applies the fp32 coefficient to each tensor in its
+    own dtype (computed in fp32, rounded once). Zeroing multiplies each tensor's integer view by
+    0/1 (so NaN/Inf become exact zeros, which no floating-point op does) in one more fused call:
+    no per-tensor kernels.
     """
     idx_all = [i for i, g in enumerate(grads) if g is not None]
     if not idx_all:

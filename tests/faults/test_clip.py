@@ -118,7 +118,7 @@ def count_syncs(guarded: bool) -> list[str]:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
     clipper = AdaGC(model, warmup_steps=1)
     if guarded:
-        SkipStepGuard(opt, clipper)
+        SkipStepGuard(opt, clipper, mode="restore")
     backward(model, 0)
     clipper.clip()
     opt.step()  # creates the state (the guard may read the flag once here)
@@ -131,7 +131,7 @@ def count_syncs(guarded: bool) -> list[str]:
     return spy.calls
 
 
-def test_clip_and_the_guard_add_no_host_sync():
+def test_clip_and_the_restoring_guard_add_no_host_sync():
     # AdamW reads its CPU step counter itself (capturable=False); clip() and the guard add nothing
     assert count_syncs(guarded=True) == count_syncs(guarded=False)
     model = mlp()
