@@ -72,6 +72,7 @@ class Clipper:
     """
 
     kind = "none"
+    scales = True  # False: coefficients are always 1 (NoClip), no scale pass
 
     def __init__(self, model: torch.nn.Module, on_nonfinite: str = "skip", process_group: Any = None) -> None:
         if not isinstance(model, torch.nn.Module):
@@ -135,7 +136,9 @@ class Clipper:
         update_ok = finite_t & all_finite if self.on_nonfinite == "skip" else finite_t
         self._update(safe, thresholds, coefs, update_ok, all_finite)
         self.steps += 1
-        scale_grads(grads, coefs, self._zero_mask(keep))
+        zero = self._zero_mask(keep)
+        if self.scales or zero is not None:  # NoClip with a guard: no pass over the gradients at all
+            scale_grads(grads, coefs if self.scales else None, zero)
         coef_n = coefs.expand_as(norms) if coefs.dim() == 0 else coefs  # (n,)
         post = torch.where(finite_t, safe * coef_n, torch.zeros_like(safe))
         self.last_nonfinite, self.last_nonfinite_host = ~all_finite, None
@@ -188,10 +191,10 @@ def _scalable(g: torch.Tensor) -> torch.Tensor:
     return g._values() if g.layout == torch.sparse_coo else g
 
 
-def scale_grads(grads: list[torch.Tensor | None], coefs: torch.Tensor, keep: torch.Tensor | None) -> None:
+def scale_grads(grads: list[torch.Tensor | None], coefs: torch.Tensor | None, keep: torch.Tensor | None) -> None:
     """``g_i <- keep_i ? coef_i * g_i : 0`` for every gradient, with fused kernels, no host sync.
 
-    ``coefs``: 0-d (one fp32 multiplier for all) or ``(n,)``; ``keep``: 0-d or ``(n,)`` bool, or
+    ``coefs``: 0-d (one fp32 multiplier for all) or ``(n,)``, or None (zero only); ``keep``: 0-d or ``(n,)`` bool, or
     None when no gradient needs zeroing (all finite, or the step is skipped anyway). One
     ``_foreach_mul_`` per (device, dtype) group applies the fp32 coefficient to each tensor in its
     own dtype (computed in fp32, rounded once). Zeroing multiplies each tensor's integer view by
@@ -213,21 +216,27 @@ def scale_grads(grads: list[torch.Tensor | None], coefs: torch.Tensor, keep: tor
     n = len(grads)
     for (dev, dtype), (idx, ts) in groups.items():
         if keep is not None:
-            bits = _BITS.get(dtype)
-            if bits is None:  # exotic dtype: per-tensor clean-up
-                for t in ts:
-                    torch.nan_to_num_(t, nan=0.0, posinf=0.0, neginf=0.0)
+            _zero_group(ts, keep if keep.dim() == 0 else _take(keep, idx, n, dev), dev, dtype)
+        if coefs is not None:
+            scale_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+            if coefs.dim() == 0:
+                torch._foreach_mul_(ts, coefs.to(device=dev, dtype=scale_dtype))
             else:
-                views = [t.view(bits) for t in ts]
-                if keep.dim() == 0:
-                    torch._foreach_mul_(views, keep.to(device=dev, dtype=bits))
-                else:
-                    torch._foreach_mul_(views, list(_take(keep, idx, n, dev).to(bits).unbind()))
-        scale_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-        if coefs.dim() == 0:
-            torch._foreach_mul_(ts, coefs.to(device=dev, dtype=scale_dtype))
-        else:
-            torch._foreach_mul_(ts, list(_take(coefs, idx, n, dev).to(scale_dtype).unbind()))
+                torch._foreach_mul_(ts, list(_take(coefs, idx, n, dev).to(scale_dtype).unbind()))
+
+
+def _zero_group(ts: list[torch.Tensor], keep: torch.Tensor, dev: torch.device, dtype: torch.dtype) -> None:
+    """Zero the tensors of one (device, dtype) group where ``keep`` (0-d or one per tensor) is False."""
+    bits = _BITS.get(dtype)
+    if bits is None:  # exotic dtype: per-tensor clean-up
+        for t in ts:
+            torch.nan_to_num_(t, nan=0.0, posinf=0.0, neginf=0.0)
+        return
+    views = [t.view(bits) for t in ts]
+    if keep.dim() == 0:
+        torch._foreach_mul_(views, keep.to(device=dev, dtype=bits))
+    else:
+        torch._foreach_mul_(views, list(keep.to(bits).unbind()))
 
 
 def _plain_groups(idx_all: list[int], ts_all: list[torch.Tensor]) -> dict | None:

@@ -28,6 +28,8 @@ class GlobalClip(Clipper):
 
 
 class NoClip(Clipper):
-    """Measures, never scales (non-finite gradients are still handled per ``on_nonfinite``)."""
+    """Measures, never scales (non-finite gradients are still handled per ``on_nonfinite``): with a
+    ``SkipStepGuard`` it makes no pass over the gradients at all."""
 
     kind = "none"
+    scales = False

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gradloc_track import GradMonitor, MemoryTracker
-from gradloc_track.clip import AdaGC, GlobalClip, LayerClip, SkipStepGuard, ZClip
+from gradloc_track.clip import AdaGC, GlobalClip, LayerClip, NoClip, SkipStepGuard, ZClip
 from gradloc_track.traffic import TrafficCounter
 
 CLIPPERS = {
@@ -76,6 +76,15 @@ def test_monitor_and_clipper_make_one_norm_pass_and_one_scale_pass(name, nan):
     backward(model, 4, nan=nan)
     grads, weights = traffic(model, lambda: mon.after_backward(4))  # logging: + the weight norms
     assert grads["total"] == 3.0 and weights == {"read": 1.0, "write": 0.0, "total": 1.0}
+
+
+def test_noclip_with_a_guard_touches_no_gradient():
+    model = mlp8()
+    clipper = NoClip(model)
+    SkipStepGuard(torch.optim.SGD(model.parameters(), lr=0.1), clipper)
+    mon = GradMonitor(model, tracker=MemoryTracker(), clipper=clipper, log_every=4)
+    backward(model, 1, nan=True)
+    assert traffic(model, lambda: mon.after_backward(1))[0] == {"read": 1.0, "write": 0.0, "total": 1.0}
 
 
 @pytest.mark.parametrize("on_nonfinite,guarded,expected", [("skip", False, 5.0), ("zero", True, 5.0),
