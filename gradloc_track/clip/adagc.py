@@ -86,42 +86,55 @@ class AdaGC(Clipper):
         return local  # per-shard state: no communication
 
     def _coefs(self, norms, finite):
-        total = norms.pow(2).sum().sqrt()  # () global norm of the present, finite gradients
-        self._warm_ok = torch.ones((), dtype=torch.bool, device=norms.device)
+        # (n,) a usable gradient: present, finite (non-finite norms arrive as 0) and non-zero
+        self._usable = norms > 0
+        self._warm_ok = None
         if self.in_warmup:
-            if self.mode == "shard":  # clip by the global norm, keep each shard's own post-clip norm
-                total = self._global_sq.sqrt()
-                self._warm_ok = torch.isfinite(total)  # a non-finite gradient on another rank
-                total = torch.where(self._warm_ok, total, torch.zeros_like(total))
-            coef = (self.lambda_abs / (total + self.eps)).clamp(max=1.0)  # ()
-            coef = torch.where(self._warm_ok, coef, torch.zeros_like(coef))
-            self._post = norms * coef  # (n,) post-clip norms
-            self._total_clipped = total.clamp(max=self.lambda_abs)
-            return torch.full_like(norms, self.lambda_abs), coef
+            return self._warmup_coefs(norms)
         if self.mode == "global":
-            usable = total > 0  # () a zero (or non-finite: zeroed upstream) total is no sample
-            g0 = torch.where(self.seen, self.gamma, total)  # lazy initialisation
-            thr = self.lambda_rel * g0
-            hit = total > thr
-            self._clipped = torch.where(hit, thr, total)
-            self._g0 = g0
-            coef = torch.where(hit, thr / (total + self.eps), torch.ones_like(total))
-            reported = torch.where(self.seen | usable, thr, torch.full_like(thr, float("inf")))
-            return reported.expand_as(norms), coef
+            return self._global_coefs(norms)
         g0 = torch.where(self.seen, self.gamma, norms)  # (n,) a tensor's first gradient starts its state
         thr = self.lambda_rel * g0
         hit = norms > thr  # strictly above: nothing is scaled inside the eps band
         self._clipped = torch.where(hit, thr, norms)
         self._g0 = g0
-        coef = torch.where(hit, thr / (norms + self.eps), torch.ones_like(norms))
-        reported = torch.where(self.seen | (norms > 0), thr, torch.full_like(thr, float("inf")))
-        return reported, coef
+        coef = torch.where(hit, thr / (norms + self.eps), 1.0)
+        return torch.where(self.seen | self._usable, thr, float("inf")), coef
+
+    def _warmup_coefs(self, norms):
+        """Warm-up: global clipping at ``lambda_abs``; remember each tensor's post-clip norm."""
+        if self.mode == "shard":  # clip by the global norm, keep each shard's own post-clip norm
+            total = self._global_sq.sqrt()
+            self._warm_ok = torch.isfinite(total)  # a non-finite gradient on another rank
+            total = torch.where(self._warm_ok, total, 0.0)
+        else:
+            total = norms.pow(2).sum().sqrt()  # () global norm of the present, finite gradients
+        coef = (self.lambda_abs / (total + self.eps)).clamp(max=1.0)  # ()
+        if self._warm_ok is not None:
+            coef = torch.where(self._warm_ok, coef, 0.0)
+        self._post = norms * coef  # (n,) post-clip norms
+        self._total_clipped = total.clamp(max=self.lambda_abs)
+        return torch.full_like(norms, self.lambda_abs), coef
+
+    def _global_coefs(self, norms):
+        """AdaGC-Global after warm-up: one gamma for the global norm."""
+        total = norms.pow(2).sum().sqrt()  # ()
+        g0 = torch.where(self.seen, self.gamma, total)  # lazy initialisation
+        thr = self.lambda_rel * g0
+        hit = total > thr
+        self._clipped = torch.where(hit, thr, total)
+        self._g0 = g0
+        coef = torch.where(hit, thr / (total + self.eps), 1.0)
+        reported = torch.where(self.seen | (total > 0), thr, float("inf"))  # a zero total is no sample
+        return reported.expand_as(norms), coef
 
     def _update(self, norms, thresholds, coefs, finite_t, all_finite) -> None:
-        # tensors with a usable gradient this step: present, finite, and non-zero. A zero gradient
-        # (an all-masked batch, loss * 0, a dead unit) is treated like a missing one: it would set
-        # the warm-up's running minimum to 0 for good (every later gradient scaled to exactly 0)
-        ok = finite_t & self.present & self._warm_ok & (norms > 0)  # (n,)
+        # tensors with a usable gradient this step (``finite_t`` also carries the skip rule). A zero
+        # gradient (an all-masked batch, loss * 0, a dead unit) is treated like a missing one: it
+        # would set the warm-up's running minimum to 0 for good (every later gradient scaled to 0)
+        ok = self._usable & finite_t  # (n,)
+        if self._warm_ok is not None:
+            ok = ok & self._warm_ok
         if self.mode == "global":
             ok = ok.any()
             if self.in_warmup:
