@@ -72,6 +72,8 @@ class AdaGC(Clipper):
     def in_warmup(self) -> bool:
         return self.steps < self.warmup_steps
 
+    warming_up = in_warmup
+
     def clip(self, sq_norms: torch.Tensor | None = None):
         if self.mode == "shard":
             sq_norms = None  # the shard rule needs local norms, whatever the caller measured
@@ -114,7 +116,9 @@ class AdaGC(Clipper):
             coef = torch.where(self._warm_ok, coef, 0.0)
         self._post = norms * coef  # (n,) post-clip norms
         self._total_clipped = total.clamp(max=self.lambda_abs)
-        return torch.full_like(norms, self.lambda_abs), coef
+        thr = torch.full_like(norms, self.lambda_abs)
+        self._global_threshold = thr[0]  # a global clip is in force (the metrics show it as such)
+        return thr, coef
 
     def _global_coefs(self, norms):
         """AdaGC-Global after warm-up: one gamma for the global norm."""
@@ -150,7 +154,7 @@ class AdaGC(Clipper):
 
     def state_dict(self) -> dict[str, Any]:
         return {"steps": self.steps, "gamma": self.gamma.detach().clone(), "seen": self.seen.clone(),
-                "names": list(self.names), "mode": self.mode}
+                "names": list(self.names), "mode": self.mode, "saturation": self.saturation.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("names", self.names) != self.names:
@@ -158,6 +162,7 @@ class AdaGC(Clipper):
         check(state.get("mode", "tensor") == self.mode, "AdaGC.mode", self.mode,
               f"the checkpoint was written with mode={state.get('mode', 'tensor')!r}: build AdaGC with that mode")
         self.steps = int(state["steps"])
+        self.saturation.load_state_dict(state.get("saturation"))
         gamma = state["gamma"].to(self.gamma.device).clone()
         # checkpoints before 0.2 marked "no value yet" with inf and had no ``seen``
         seen = state["seen"].to(self.gamma.device).clone() if "seen" in state else torch.isfinite(gamma)

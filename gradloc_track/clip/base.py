@@ -23,6 +23,7 @@ import torch
 
 from ..config._validate import one_of
 from ..norms import global_sq_norms, trainable_params
+from .saturation import ClipSaturation
 
 NONFINITE_MODES = ("skip", "zero", "raise")
 
@@ -39,6 +40,9 @@ class ClipResult:
         self.pre_sq_t = pre_sq_t  # (n,) squared norms before clipping
         self.nonfinite_t = nonfinite_t  # () bool: a non-finite gradient was seen this step
         self.kind = kind
+        self.saturation_t: torch.Tensor | None = None  # (2,) the clipper's running clipped fraction, mean coef
+        # () set when one global threshold is in force for a per-tensor clipper (AdaGC's warm-up)
+        self.global_threshold_t: torch.Tensor | None = None
         self._pre: torch.Tensor | None = None
         self._post: torch.Tensor | None = None
 
@@ -112,6 +116,12 @@ class Clipper:
         self.found_inf: torch.Tensor | None = None
         self._warned_skip = False
         self._coef_views: dict = {}  # scale_grads' reused per-tensor coefficient buffers
+        self.saturation = ClipSaturation(self.params[0].device)  # how often / how hard it scales
+
+    @property
+    def warming_up(self) -> bool:
+        """Host-side: still in the warm-up (its scaling then is not what the method does in steady state)."""
+        return False
 
     def _sq_norms(self, grads: list[torch.Tensor | None]) -> torch.Tensor:
         return global_sq_norms(grads, self.process_group)  # (n,) device
@@ -131,6 +141,8 @@ class Clipper:
             raise FloatingPointError(f"non-finite gradient in {bad[:10]}{' ...' if len(bad) > 10 else ''}; "
                                      "set on_nonfinite='skip' or 'zero' to keep training")
         safe = torch.nan_to_num(norms, nan=0.0, posinf=0.0)  # (n,) never NaN downstream
+        self._global_threshold = None
+        steady = self.scales and not self.warming_up  # decided before this step advances any warm-up
         thresholds, coefs = self._coefs(safe, all_finite)
         # skip: every coefficient 0 on a bad step; zero/raise: only the non-finite tensors'
         keep = all_finite if self.on_nonfinite == "skip" else finite_t
@@ -146,8 +158,13 @@ class Clipper:
         self.last_nonfinite, self.last_nonfinite_host = nonfinite, None
         if self.found_inf is not None:  # a fused optimizer's skip flag (SkipStepGuard mode="fused")
             self.found_inf.copy_(nonfinite)
-        return ClipResult(self.names, thresholds.expand_as(norms), coefs.expand_as(norms), sq_norms, nonfinite,
-                          self.kind)
+        result = ClipResult(self.names, thresholds.expand_as(norms), coefs.expand_as(norms), sq_norms, nonfinite,
+                            self.kind)
+        result.global_threshold_t = self._global_threshold
+        if steady:
+            self.saturation.add(safe * safe, coefs, all_finite)
+            result.saturation_t = self.saturation.values()
+        return result
 
     def _zero_mask(self, keep: torch.Tensor) -> torch.Tensor | None:
         """Which gradients must be zeroed in place (None: none, the scale pass alone).
@@ -175,10 +192,11 @@ class Clipper:
         pass
 
     def state_dict(self) -> dict[str, Any]:
-        return {"steps": self.steps}
+        return {"steps": self.steps, "saturation": self.saturation.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.steps = int(state["steps"])
+        self.saturation.load_state_dict(state.get("saturation"))
 
 
 # float dtype -> same-width integer dtype: multiplying the bit pattern by 0/1 zeroes or keeps a

@@ -81,10 +81,16 @@ class WarmupEmaState:
 
     steps: int
     stats: WarmupEma
+    saturation: Any
+
+    @property
+    def warming_up(self) -> bool:
+        return not self.stats.maybe_ready
 
     def state_dict(self) -> dict[str, Any]:
-        return {"steps": self.steps, "stats": self.stats.state_dict()}
+        return {"steps": self.steps, "stats": self.stats.state_dict(), "saturation": self.saturation.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.steps = int(state["steps"])
         self.stats.load_state_dict(state["stats"])
+        self.saturation.load_state_dict(state.get("saturation"))

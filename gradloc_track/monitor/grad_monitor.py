@@ -52,8 +52,11 @@ class GradMonitor:
       ``AdamCWeightDecay`` drives the optimizer): ``sqrt(2 * weight_decay / lr)``, the ratio ``||g||/||w||``
       that decoupled weight decay drives normalized layers to (Defazio, arXiv 2506.02285); a
       ``grad_weight_ratio`` tracking it as ``lr -> 0`` is schedule-driven norm growth, not a spike
-    - ``clip/threshold/<layer>`` (or ``clip/threshold/global``), ``clip/coef/<layer>``,
-      ``clip/clipped_fraction``, ``clip/total_norm_pre``, ``clip/total_norm_post``,
+    - ``clip/threshold/global``, ``clip/threshold/<layer>`` (the thresholds in force; left out
+      while none is), ``clip/coef/<layer>``, ``clip/clipped_fraction``,
+      ``clip/saturation/clipped_fraction``, ``clip/saturation/mean_coef`` (after the clipper's
+      warm-up: share of recent steps scaled and their mean coefficient; a warning when clipping
+      has become a learning-rate cut), ``clip/total_norm_pre``, ``clip/total_norm_post``,
       ``clip/nonfinite``: from the clipper (see ``gradloc_track.clip.metrics``)
     - ``spike/detected`` (1 on a step the detector fired), ``spike/detected_total``,
       ``spike/threshold`` (the global norm that would fire this step: plot it with
