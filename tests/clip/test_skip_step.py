@@ -167,3 +167,40 @@ def test_with_a_guard_a_bad_steps_gradients_are_left_alone():
         backward(model, 0, nan=True)
         clipper.clip()
     assert all(torch.isfinite(p.grad).all() and not p.grad.any() for p in model.parameters())  # zeroed
+
+
+def _step_reads(mode: str | None, fused: bool, host_flag: bool = False) -> list[int]:
+    """Host reads inside each opt.step() after the first, with the guard in ``mode`` (None: no guard)."""
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=fused)
+    clipper = GlobalClip(model, max_norm=0.5)
+    if mode:
+        SkipStepGuard(opt, clipper, mode=mode)
+    train(model, opt, clipper, [0])  # the first step creates the state
+    spy, out = SyncSpy(), []
+    for s in (1, 99, 2):
+        backward(model, s, nan=s == 99)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            clipper.clip()
+        if host_flag:  # the monitor moved its values to the host this step: the guard uses them
+            clipper.last_nonfinite_host = s == 99
+        with spy:
+            opt.step()
+        out.append(len(spy.calls))
+        spy.calls.clear()
+    return out
+
+
+@pytest.mark.parametrize("mode,fused", [("fused", True), ("restore", False), ("sync", False)])
+def test_host_reads_the_guard_adds_per_step(mode, fused):
+    """fused and restore never read the flag on the host (after the first step, which may create
+    state); sync reads it once per step, unless a caller already put it on the host. (AdamW on
+    CPU reads its own step counters; that is counted in both runs.)"""
+    base = _step_reads(None, fused)
+    if mode != "sync":
+        assert _step_reads(mode, fused) == base
+        return
+    # the skipped step (99) runs no optimizer at all: the guard's one read is all there is
+    assert _step_reads(mode, fused) == [base[0] + 1, 1, base[2] + 1]
+    assert _step_reads(mode, fused, host_flag=True) == [base[0], 0, base[2]]
