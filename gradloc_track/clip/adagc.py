@@ -51,14 +51,15 @@ class AdaGC(Clipper):
 
     def __init__(self, model: torch.nn.Module, lambda_rel: float = 1.04, beta: float = 0.99,
                  warmup_steps: int = 100, lambda_abs: float = 1.0, eps: float = 1e-6,
-                 on_nonfinite: str = "skip", process_group: Any = None, mode: str = "tensor") -> None:
+                 on_nonfinite: str = "skip", process_group: Any = None, mode: str = "tensor",
+                 skip_step: str = "auto") -> None:
         positive("lambda_rel", lambda_rel, "1.04")
         positive("lambda_abs", lambda_abs, "1.0")
         in_unit_interval("beta", beta, "0.99")
         integer("warmup_steps", warmup_steps, 0, "100")
         positive("eps", eps, "1e-6")  # the official code rejects eps <= 0 (a zero norm would divide by 0)
         one_of("mode", mode, ADAGC_MODES)
-        super().__init__(model, on_nonfinite, process_group)
+        super().__init__(model, on_nonfinite, process_group, skip_step)
         self.lambda_rel, self.beta, self.warmup_steps = float(lambda_rel), float(beta), warmup_steps
         self.lambda_abs, self.eps, self.mode = float(lambda_abs), float(eps), mode
         if mode == "global":

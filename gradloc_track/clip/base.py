@@ -26,6 +26,7 @@ from ..norms import global_sq_norms, trainable_params
 from .saturation import ClipSaturation
 
 NONFINITE_MODES = ("skip", "zero", "raise")
+SKIP_STEP_MODES = ("auto", "fused", "sync", "restore", "off")
 
 
 class ClipResult:
@@ -95,16 +96,21 @@ class Clipper:
     kind = "none"
     scales = True  # False: coefficients are always 1 (NoClip), no scale pass
 
-    def __init__(self, model: torch.nn.Module, on_nonfinite: str = "skip", process_group: Any = None) -> None:
+    def __init__(self, model: torch.nn.Module, on_nonfinite: str = "skip", process_group: Any = None,
+                 skip_step: str = "auto") -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"{type(self).__name__}(model=...) needs a torch.nn.Module, got {type(model).__name__}")
         one_of("on_nonfinite", on_nonfinite, NONFINITE_MODES)
+        one_of("skip_step", skip_step, SKIP_STEP_MODES)
         named = trainable_params(model)
         if not named:
             raise ValueError(f"{type(self).__name__}: the model has no parameters with requires_grad=True")
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]
         self.on_nonfinite = on_nonfinite
+        # how GradMonitor(optimizer=...) makes on_nonfinite="skip" exact (SkipStepGuard's mode; "off": zero only)
+        self.skip_step = skip_step
+        self.skip_guard: Any = None  # the SkipStepGuard bound to this clipper, if any
         self.process_group = process_group
         self.steps = 0  # python int: warm-up bookkeeping needs no device value
         self.last_nonfinite: torch.Tensor | None = None  # () bool of the last clip(), for SkipStepGuard
@@ -171,10 +177,10 @@ class Clipper:
 
         raise: every gradient is finite (else it raised); skip with a guard: the optimizer never
         uses a non-finite step's gradients. Otherwise zero them, and say once that zeroing is not
-        skipping for optimizers that move without a gradient."""
+        skipping for optimizers that move without a gradient (unless ``skip_step="off"`` chose that)."""
         if self.on_nonfinite == "raise" or (self.on_nonfinite == "skip" and self.skip_exact):
             return None
-        if self.on_nonfinite == "skip" and not self._warned_skip:
+        if self.on_nonfinite == "skip" and self.skip_step != "off" and not self._warned_skip:
             self._warned_skip = True
             warnings.warn(f"gradloc-track: {type(self).__name__}(on_nonfinite='skip') does not know the optimizer, so "
                           "a non-finite step only zeroes the gradients: AdamW (moments, weight decay) and momentum "

@@ -40,12 +40,12 @@ class LayerClip(WarmupEmaState, Clipper):
     def __init__(self, model: torch.nn.Module, z_thresh: float = 3.0, alpha: float = 0.97,
                  warmup_steps: int = 25, eps: float = 1e-6, group_by: str = "block",
                  groups: Mapping[str, str] | None = None, on_nonfinite: str = "skip",
-                 process_group: Any = None) -> None:
+                 process_group: Any = None, skip_step: str = "auto") -> None:
         positive("z_thresh", z_thresh, "3.0")
         in_unit_interval("alpha", alpha, "0.97")
         integer("warmup_steps", warmup_steps, 1, "25")
         non_negative("eps", eps, "1e-6")
-        super().__init__(model, on_nonfinite, process_group)
+        super().__init__(model, on_nonfinite, process_group, skip_step)
         self.grouping = LayerGrouping.build(self.names, group_by, groups)
         self.z_thresh, self.alpha, self.warmup_steps, self.eps = z_thresh, alpha, warmup_steps, eps
         dev = self.params[0].device

@@ -11,7 +11,8 @@ gradient does nothing, bitwise:
     loss.backward(); clipper.clip(); opt.step()    # no-op when clip() saw a non-finite gradient
 
 ``GradMonitor(optimizer=...)``, ``watch()`` and the HF/Lightning callbacks install one for you
-(``clip.skip_step``; ``"off"`` opts out). Modes:
+(``clip.skip_step``, a clipper's ``skip_step=``; ``"off"`` opts out and keeps 0.2's zeroing). One
+guard per clipper: a new one replaces the old. Modes:
 
 - ``"fused"``: the optimizer's own skip flag ``found_inf`` (``fused=True`` Adam/AdamW/SGD/
   Adagrad, as ``GradScaler`` uses it): no host sync, no memory, no extra pass. Works beside
@@ -64,6 +65,31 @@ def _flag_source(source: Any, clipper: Any) -> Callable[[], Any]:
                     f"returning a 0-d bool tensor (True = skip this step); got {type(source).__name__}")
 
 
+def inner_optimizer(optimizer: Any) -> Any:
+    """The torch optimizer behind a wrapper (accelerate's ``AcceleratedOptimizer``, which HF Trainer
+    hands to callbacks: its ``step()`` calls the inner one, where hooks and ``found_inf`` act)."""
+    seen = 0
+    while type(optimizer).__name__ == "AcceleratedOptimizer" and hasattr(optimizer, "optimizer") and seen < 4:
+        optimizer, seen = optimizer.optimizer, seen + 1
+    return optimizer
+
+
+def guard_for(optimizer: Any, clipper: Any) -> "SkipStepGuard | None":
+    """The guard ``GradMonitor(optimizer=...)`` (and so ``watch()`` and the callbacks) installs:
+    a clipper with ``on_nonfinite="skip"`` and ``skip_step`` other than ``"off"``, on a torch
+    optimizer. None otherwise (the clipper then zeroes a bad step's gradients and says so once)."""
+    if optimizer is None or clipper is None or getattr(clipper, "on_nonfinite", None) != "skip":
+        return None
+    mode = getattr(clipper, "skip_step", "auto")
+    optimizer = inner_optimizer(optimizer)
+    if mode == "off" or not isinstance(optimizer, torch.optim.Optimizer) or not hasattr(clipper, "last_nonfinite"):
+        return None
+    existing = clipper.skip_guard
+    if existing is not None and existing.optimizer is optimizer:
+        return existing
+    return SkipStepGuard(optimizer, clipper, mode=mode)
+
+
 def resolve_mode(optimizer: torch.optim.Optimizer, mode: str) -> str:
     one_of("mode", mode, SKIP_MODES)
     fused = supports_found_inf(optimizer)
@@ -102,6 +128,10 @@ class SkipStepGuard:
             self._handles = [optimizer.register_step_pre_hook(self._fused.before),
                              optimizer.register_step_post_hook(self._fused.after)]
         if self.clipper is not None:
+            previous = self.clipper.skip_guard
+            if previous is not None:  # one guard per clipper: two would each hold the param groups
+                previous.remove()
+            self.clipper.skip_guard = self
             self.clipper.skip_exact = True  # the optimizer skips: no need to zero a bad step's gradients
 
     # -- sync mode -------------------------------------------------------------------------
@@ -154,5 +184,6 @@ class SkipStepGuard:
             self._orig_step = None
         if self._fused is not None:
             self._fused.remove()
-        if self.clipper is not None:
+        if self.clipper is not None and self.clipper.skip_guard is self:
             self.clipper.skip_exact = False
+            self.clipper.skip_guard = None

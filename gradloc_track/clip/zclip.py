@@ -36,7 +36,7 @@ class ZClip(WarmupEmaState, Clipper):
                  warmup_steps: int = 25, mode: str = "zscore", clip_option: str = "adaptive_scaling",
                  eps: float = 1e-6, clip_factor: float = 1.0, on_nonfinite: str = "skip",
                  process_group: Any = None, max_grad_norm: float | None = None,
-                 skip_update_on_spike: bool = False) -> None:
+                 skip_update_on_spike: bool = False, skip_step: str = "auto") -> None:
         in_unit_interval("alpha", alpha, "0.97")
         positive("z_thresh", z_thresh, "2.5")
         integer("warmup_steps", warmup_steps, 1, "25")
@@ -47,7 +47,7 @@ class ZClip(WarmupEmaState, Clipper):
         if max_grad_norm is not None:
             positive("max_grad_norm", max_grad_norm, "1.0, or None for no fixed cap")
         one_of("skip_update_on_spike", skip_update_on_spike, (True, False))
-        super().__init__(model, on_nonfinite, process_group)
+        super().__init__(model, on_nonfinite, process_group, skip_step)
         self.alpha, self.z_thresh, self.warmup_steps = alpha, z_thresh, warmup_steps
         self.mode, self.clip_option, self.eps, self.clip_factor = mode, clip_option, eps, clip_factor
         self.max_grad_norm, self.skip_update_on_spike = max_grad_norm, bool(skip_update_on_spike)

@@ -16,6 +16,7 @@ from ._validate import (check, check_types, in_unit_interval, integer, non_negat
 
 CLIP_KINDS = ("none", "global", "adagc", "zclip", "layerclip")
 NONFINITE = ("skip", "zero", "raise")
+SKIP_STEP = ("auto", "fused", "sync", "restore", "off")
 
 
 @dataclass
@@ -26,6 +27,9 @@ class ClipConfig:
 
     kind: str = "none"
     on_nonfinite: str = "skip"  # skip | zero | raise
+    # how a skip is made exact where the optimizer is known (watch(), callbacks, GradMonitor(optimizer=)):
+    # auto (fused found_inf when the optimizer is fused, else sync) | fused | sync | restore | off (zero only)
+    skip_step: str = "auto"
 
     def __post_init__(self) -> None:
         check_types(self, "clip")
@@ -35,6 +39,7 @@ class ClipConfig:
               f"clip={self.kind} (Hydra), clip={{'kind': {self.kind!r}, ...}} (watch) or "
               f"{CLIP_SCHEMAS[self.kind].__name__}(...)")
         one_of("clip.on_nonfinite", self.on_nonfinite, NONFINITE)
+        one_of("clip.skip_step", self.skip_step, SKIP_STEP)
         self._check_fields()
 
     def _check_fields(self) -> None:

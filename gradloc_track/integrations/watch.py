@@ -69,24 +69,31 @@ class WatchHandle:
         from ..spikes import SpikeDetector
 
         self.model, self.optimizer, self.options = model, optimizer, opts
-        if tracker is None:
-            tracker, owns_tracker = build_tracker(opts)
-        self.tracker, self._owns_tracker = tracker, owns_tracker
-        self.tokenizer = resolve_tokenizer(model, opts.tokenizer)
-        detector = SpikeDetector(opts.spikes) if opts.spikes.enabled else None
-        writer = SpikeArtifactWriter(tracker, run_dir=opts.run_dir, top_layers=opts.locate.top_layers)
-        self.monitor = GradMonitor(model, tracker=tracker, clipper=build_clipper(opts.clip, model),
-                                   config=opts.monitor, optimizer=optimizer, detector=detector,
-                                   locate_config=opts.locate, artifact_writer=writer)
+        self._hooks = []
+        if optimizer is not None and step_hook:
+            # registered BEFORE the monitor installs its skip guard: the guard's step hooks must see
+            # this step's clip (a sync-mode guard reads the flag in its own pre-hook)
+            self._hooks.append(optimizer.register_step_pre_hook(self._pre_step))
+        try:
+            if tracker is None:
+                tracker, owns_tracker = build_tracker(opts)
+            self.tracker, self._owns_tracker = tracker, owns_tracker
+            self.tokenizer = resolve_tokenizer(model, opts.tokenizer)
+            detector = SpikeDetector(opts.spikes) if opts.spikes.enabled else None
+            writer = SpikeArtifactWriter(tracker, run_dir=opts.run_dir, top_layers=opts.locate.top_layers)
+            self.monitor = GradMonitor(model, tracker=tracker, clipper=build_clipper(opts.clip, model),
+                                       config=opts.monitor, optimizer=optimizer, detector=detector,
+                                       locate_config=opts.locate, artifact_writer=writer)
+        except BaseException:
+            for h in self._hooks:
+                h.remove()
+            raise
         self.capture = MicroBatchCapture(model) if capture else None
         self.last = None
         self.spikes: list = []  # GradStats of every step whose spike fired (with .locate when localized)
         self.steps = 0  # optimizer steps seen; the default step number
         self._user_ctx = None
         self._finished = False
-        self._hooks = []
-        if optimizer is not None and step_hook:
-            self._hooks.append(optimizer.register_step_pre_hook(self._pre_step))
 
     # -- the loop's side -------------------------------------------------------------------
     def _pre_step(self, optimizer, args, kwargs) -> None:
@@ -126,10 +133,12 @@ class WatchHandle:
 
     # -- cleanup ---------------------------------------------------------------------------
     def remove(self) -> None:
-        """Take every hook off (the optimizer's and the model's); logging state is kept."""
+        """Take every hook off (the optimizer's, the skip guard's and the model's); logging state is kept."""
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
+        if self.monitor.skip_guard is not None:
+            self.monitor.skip_guard.remove()
         if self.capture is not None:
             self.capture.remove()
 

@@ -18,6 +18,7 @@ from ..config import LocateConfig, MonitorConfig
 from ..norms import all_reduce_sq_norms, sq_norms
 from ..trackers.base import NullTracker, Tracker
 from .arguments import as_detector, as_locate_config, as_monitor_config, check_arguments
+from .clip_feedback import after_transfer, install_guard
 from .optimizer_metrics import OptimizerMetrics
 from .packing import LR, N_TOKENS, WD, HostPack, add_norms, loggable
 from .param_set import ParamSet
@@ -98,6 +99,8 @@ class GradMonitor:
         self.optimizer_metrics = OptimizerMetrics(optimizer, config.adamc_ratio)
         self.spike_response = SpikeResponse(model, self.locate_config, config.group_by, artifact_writer,
                                             self.rank, process_group, self._warn_once)
+        # on_nonfinite="skip" made exact by the optimizer (clip.skip_step; see monitor.clip_feedback)
+        self.skip_guard = install_guard(optimizer, clipper)
 
     # -- public --------------------------------------------------------------------------
     @property
@@ -193,6 +196,7 @@ class GradMonitor:
         if spike_context is not None:
             n_tokens, n_micro = self.spike_response.count_tokens(pack, spike_context)
         host = pack.to_host()
+        after_transfer(self.clipper, host, self._warn_once)
         lr, weight_decay = host.pop(LR, lr), host.pop(WD, weight_decay)
         if N_TOKENS in host:
             n_tokens = int(host.pop(N_TOKENS))

@@ -141,6 +141,7 @@ def test_bad_hyperparameters_name_the_argument(kwargs, field):
     (LayerClip, {"alpha": 2}, "alpha"), (LayerClip, {"eps": -1}, "eps"),
     (LayerClip, {"warmup_steps": 0}, "warmup_steps"),
     (GlobalClip, {"max_norm": float("inf")}, "max_norm"), (GlobalClip, {"max_norm": True}, "max_norm"),
+    (AdaGC, {"skip_step": "always"}, "skip_step"),
 ])
 def test_every_constructor_names_the_bad_argument(cls, kwargs, field):
     with pytest.raises(ConfigError, match=field):
