@@ -16,6 +16,7 @@ captures the step's token ids, and rebuilds the per-term loss on a spike.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import warnings
 from typing import Any, Callable
@@ -117,7 +118,8 @@ class WatchHandle:
         ctx = spike_context or self._user_ctx
         batches, rng = self.capture.take() if self.capture is not None else ([], None)
         if ctx is None and batches and self.monitor.detector is not None:  # only a detector uses it
-            ctx = lm_spike_context(self.model, batches, self.tokenizer, rng_state=rng)
+            # built only if a spike fires: no per-step tensor work for the no-spike steps
+            ctx = functools.partial(lm_spike_context, self.model, batches, self.tokenizer, rng_state=rng)
         self._user_ctx = None
         with self._paused():
             self.last = self.monitor.after_backward(step, lr=lr, spike_context=ctx)

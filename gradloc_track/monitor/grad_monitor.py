@@ -101,6 +101,9 @@ class GradMonitor:
                                             self.rank, process_group, self._warn_once)
         # on_nonfinite="skip" made exact by the optimizer (clip.skip_step; see monitor.clip_feedback)
         self.skip_guard = install_guard(optimizer, clipper)
+        # only GradLoc's fixed trigger reads the step's token count (an adaptive SpikeDetector does not)
+        self._detector_counts_tokens = self.detector is not None and getattr(
+            getattr(self.detector, "config", None), "mode", "fixed") == "fixed"
 
     # -- public --------------------------------------------------------------------------
     @property
@@ -138,7 +141,9 @@ class GradMonitor:
         per-layer and per-tensor norms, clip metrics, the token count: a few KB; the cost is the
         wait for the device to finish backward, not the bytes) so a spike on any step can be
         detected and localized. With a detector but no ``spike_context`` the detector only sees
-        logging steps. Weight norms are computed on logging steps only.
+        logging steps. Weight norms are computed on logging steps only. ``spike_context`` may be a
+        zero-argument callable returning the ``SpikeContext``: it is called only when a spike fires
+        (or every armed step for a ``fixed``-mode detector, which needs the token count).
         Collectives: at most one all-reduce per step (sharded/DTensor gradients only; grad and
         weight norms share it), plus the global token count on armed steps of a ``fixed``-mode
         detector. Under torch.distributed every rank sees the same reduced norms, so every rank
@@ -193,7 +198,7 @@ class GradMonitor:
         pack.add_if_tensor(LR, lr)
         pack.add_if_tensor(WD, weight_decay)
         n_tokens = n_micro = None
-        if spike_context is not None:
+        if spike_context is not None and self._detector_counts_tokens:
             n_tokens, n_micro = self.spike_response.count_tokens(pack, spike_context)
         host = pack.to_host()
         after_transfer(self.clipper, host, self._warn_once)

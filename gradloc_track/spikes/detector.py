@@ -37,14 +37,13 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections import deque
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from ..config import SpikeConfig
 from ..config._validate import ConfigError
 from .event import SpikeEvent
-from .score import is_spike
+from .score import RunningWindow
 
 EPS = 1e-12
 MAX_TAIL_FACTOR = 2.0  # z_eff never exceeds 2 * z_thresh, however wild the kurtosis estimate
@@ -129,7 +128,7 @@ class SpikeDetector:
         self.config = config
         self.signals: dict[str, _Signal] = {}
         self.count = 0
-        self._history: deque[float] = deque(maxlen=config.score_window)
+        self._history = RunningWindow(config.score_window)
         self._score_hits = 0
         self._score_seen = 0
         self._last: dict[str, float] = {}
@@ -223,7 +222,7 @@ class SpikeDetector:
     def _score(self, g: float) -> None:
         if len(self._history) >= min(16, self.config.score_window):
             self._score_seen += 1
-            self._score_hits += (not math.isfinite(g)) or is_spike(self._history, g)
+            self._score_hits += (not math.isfinite(g)) or self._history.is_spike(g)
         if math.isfinite(g) and g > 0:  # a zero-gradient step is no sample of the norm
             self._history.append(g)
 
@@ -236,6 +235,6 @@ class SpikeDetector:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.signals = {k: _Signal(*v) for k, v in state["signals"].items()}  # 3-tuples (0.1): m4 = 0
         self.count = int(state["count"])
-        self._history = deque(state["history"], maxlen=self.config.score_window)
+        self._history = RunningWindow(self.config.score_window, state["history"])
         self._score_hits, self._score_seen = state["score"]
         self._last_step = state.get("last_step")

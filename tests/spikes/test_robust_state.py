@@ -68,3 +68,15 @@ def test_one_caught_spike_leaves_the_threshold_within_noise():
     assert abs(math.log(thr[spike_at] / clean_thr[spike_at])) < 0.2
     for s in range(spike_at + 10, 160):
         assert abs(math.log(thr[s] / clean_thr[s])) < wobble, s
+
+
+def test_the_running_window_decides_as_the_two_pass_spike_rule():
+    from gradloc_track.spikes.score import RunningWindow, is_spike
+
+    rng = random.Random(3)
+    win = RunningWindow(32)
+    for i in range(2000):
+        v = math.exp(rng.gauss(0, 0.3)) * (rng.choice([1, 1, 1, 8]) if i % 50 == 0 else 1)
+        assert win.is_spike(v) == is_spike(win.values, v)
+        assert win.is_spike(v * 1.3) == is_spike(win.values, v * 1.3)
+        win.append(v)
