@@ -20,8 +20,8 @@ guard per clipper: a new one replaces the old. Modes:
 - ``"sync"``: a step pre-hook reads the flag (one bool per step: a host sync on an accelerator,
   free on CPU and on steps where ``GradMonitor`` already moved its values to the host) and, when
   it is set, hands the optimizer empty param groups for that step (nothing updated, no state
-  created). No memory. A closure (Lightning) is run before the step, so the flag is fresh; a hook
-  that runs the monitor inside ``step()`` must be registered before the guard.
+  created). No memory. A closure (Lightning) is run by that hook, so the flag is this step's; a
+  hook that runs the monitor inside ``step()`` must be registered before the guard.
 - ``"restore"``: no host sync; a snapshot of the parameters and every optimizer state tensor is
   taken before each step and selected back, bit for bit, when the flag is set. Costs one copy of
   parameters + optimizer state (AdamW: 3x the parameter size) and ~4 fused passes over it per
@@ -112,13 +112,11 @@ class SkipStepGuard:
         self.optimizer, self.mode = optimizer, resolve_mode(optimizer, mode)
         self.skipped = 0  # python count of steps known on the host to have been skipped (sync mode)
         self._handles: list[Any] = []
-        self._orig_step = None
         self._fused: FoundInfSkip | None = None
         if self.mode == "sync":
             self._held: list[tuple[dict, list]] = []
             self._handles = [optimizer.register_step_pre_hook(self._decide),
                              optimizer.register_step_post_hook(self._release)]
-            self._wrap_closure()
         elif self.mode == "restore":
             self._snapshot = StateSnapshot(optimizer)
             self._handles = [optimizer.register_step_pre_hook(lambda *a: self._snapshot.take()),
@@ -135,36 +133,41 @@ class SkipStepGuard:
             self.clipper.skip_exact = True  # the optimizer skips: no need to zero a bad step's gradients
 
     # -- sync mode -------------------------------------------------------------------------
-    def _decide(self, optimizer, args, kwargs) -> None:
+    def _decide(self, optimizer, args, kwargs) -> tuple | None:
         """A step pre-hook (after any hook registered before the guard, e.g. ``watch()``'s monitor):
         read the flag; on a bad step hand the optimizer empty param groups, so it updates nothing
-        and creates no state."""
+        and creates no state. A closure (Lightning: backward and clipping run inside it) is run
+        here first, so the flag is this step's; the optimizer then gets the closure's result."""
+        out = self._run_closure(args, kwargs)
         flag = self._flag()
         if flag is not None and bool(flag):  # host sync: one bool per step (free if already on the host)
             self.skipped += 1
             self._held = [(group, group["params"]) for group in optimizer.param_groups]
             for group in optimizer.param_groups:
                 group["params"] = []
+        return out
+
+    def _run_closure(self, args: tuple, kwargs: dict) -> tuple | None:
+        """(args, kwargs) with the closure already run and replaced by its result; None without one.
+        ``args`` are ``step``'s own, the optimizer first: ``(optimizer, closure?)``."""
+        positional = len(args) > 1 and callable(args[1])
+        closure = args[1] if positional else kwargs.get("closure")
+        if closure is None or isinstance(self.optimizer, torch.optim.LBFGS):  # LBFGS calls it many times
+            return None
+        with torch.enable_grad():
+            loss = closure()
+
+        def done():
+            return loss
+
+        if positional:
+            return (args[0], done, *args[2:]), kwargs
+        return args, {**kwargs, "closure": done}
 
     def _release(self, optimizer, args, kwargs) -> None:
         for group, params in self._held:
             group["params"] = params
         self._held = []
-
-    def _wrap_closure(self) -> None:
-        """Lightning runs backward and clipping inside ``step(closure)``, after the pre-hooks: run
-        the closure first, then the step, so the flag is the fresh one (LBFGS keeps its closure)."""
-        orig = self._orig_step = self.optimizer.step
-
-        def step(closure=None, *args, **kwargs):
-            if closure is None or isinstance(self.optimizer, torch.optim.LBFGS):
-                return orig(*args, **kwargs) if closure is None else orig(closure, *args, **kwargs)
-            with torch.enable_grad():
-                loss = closure()
-            orig(*args, **kwargs)
-            return loss
-
-        self.optimizer.step = step
 
     @torch.no_grad()
     def _restore(self, optimizer, args, kwargs) -> None:
@@ -179,9 +182,6 @@ class SkipStepGuard:
         for h in self._handles:
             h.remove()
         self._handles = []
-        if self._orig_step is not None:
-            self.optimizer.step = self._orig_step
-            self._orig_step = None
         if self._fused is not None:
             self._fused.remove()
         if self.clipper is not None and self.clipper.skip_guard is self:

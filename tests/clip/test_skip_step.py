@@ -204,3 +204,22 @@ def test_host_reads_the_guard_adds_per_step(mode, fused):
     # the skipped step (99) runs no optimizer at all: the guard's one read is all there is
     assert _step_reads(mode, fused) == [base[0] + 1, 1, base[2] + 1]
     assert _step_reads(mode, fused, host_flag=True) == [base[0], 0, base[2]]
+
+
+@pytest.mark.parametrize("scheduler_first", [True, False])
+def test_lr_schedulers_see_an_untouched_optimizer_step(scheduler_first):
+    """The guard only adds hooks: a scheduler made before or after it neither warns nor breaks."""
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    clipper = GlobalClip(model)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5) if scheduler_first else None
+    SkipStepGuard(opt, clipper, mode="sync")
+    sched = sched or torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for s in (0, 99, 1):
+            backward(model, s, nan=s == 99)
+            clipper.clip()
+            opt.step()
+            sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(1e-2 / 8)
