@@ -265,7 +265,7 @@ def summarize(cfg: DemoConfig, h: History, clipper: Any = None) -> dict[str, flo
         sat = clipper.saturation.summary()  # host sync: once, at the end
         clip = {"clip_steps_after_warmup": float(sat["steps"]), "clip_clipped_fraction": sat["clipped_fraction"],
                 "clip_mean_coef": sat["mean_coef"]}
-    return {**clip, 
+    return {**clip,
         "final_loss": float(sum(h.losses[-10:]) / max(1, len(h.losses[-10:]))),
         "spike_events": float(len(h.events_at)),
         "loss_spike_score": float(spike_score(h.losses)),

@@ -48,7 +48,7 @@ def test_a_saturated_adagc_is_reported_and_a_healthy_one_is_not():
     assert ok["clipped_fraction"] > 0.9 and 0.6 < ok["mean_coef"] < 0.9
     sat_ema, ok_ema = saturated.saturation.values().tolist(), healthy.saturation.values().tolist()
     msg = saturation_warning("adagc", saturated.saturation.steps, *sat_ema)
-    assert msg is not None and "clip.lambda_rel" in msg and "learning-rate cut" in msg
+    assert msg is not None and "clip.lambda_rel" in msg and "clip.beta" in msg and "learning-rate cut" in msg
     assert saturation_warning("adagc", healthy.saturation.steps, *ok_ema) is None
     assert "learning-rate cut" in saturation_line("adagc", sat)
     assert "learning-rate cut" not in saturation_line("adagc", ok)
@@ -57,9 +57,9 @@ def test_a_saturated_adagc_is_reported_and_a_healthy_one_is_not():
 def test_a_short_stretch_does_not_warn_and_global_clip_counts_its_coefficient():
     model = mlp()
     clipper = GlobalClip(model, max_norm=0.5)
-    feed(clipper, model, 50, lambda t: 1.0)
+    feed(clipper, model, 40, lambda t: 1.0)
     s = clipper.saturation
-    assert saturation_warning("global", s.steps, *s.values().tolist()) is None  # 50 < the 100-step window
+    assert saturation_warning("global", s.steps, *s.values().tolist()) is None  # 40 steps: shorter than the window
     summary = s.summary()
     assert summary["clipped_fraction"] == 1.0 and summary["mean_coef"] == pytest.approx(0.5, rel=0.25)
 
@@ -107,3 +107,42 @@ def test_no_threshold_in_force_is_left_out_rather_than_drawn_as_minus_one():
     model = mlp()
     rows = logged_thresholds(ZClip(model, warmup_steps=3), model, 5)
     assert ["clip/threshold/global" in m for m, _ in rows] == [False, False, False, True, True]
+
+
+def monitored(scale_of, steps=90):
+    """AdaGC behind a monitor (logging every 10th step), gradients whose norm follows ``scale_of``."""
+    model = mlp()
+    clipper = AdaGC(model, warmup_steps=20)
+    mon = GradMonitor(model, tracker=MemoryTracker(), clipper=clipper, optimizer=torch.optim.SGD(
+        model.parameters(), lr=0.1), log_every=10)
+    step = [0]
+
+    class Stepper:
+        def clip(self):
+            mon.after_backward(step[0])
+            step[0] += 1
+
+    feed(Stepper(), model, steps, scale_of)
+    return clipper
+
+
+def test_the_monitor_warns_once_on_a_saturated_stream_and_never_on_a_healthy_one():
+    with pytest.warns(UserWarning, match="learning-rate cut") as caught:
+        monitored(lambda t: 0.25 if t < 20 else 1.0)
+    assert sum("learning-rate cut" in str(w.message) for w in caught) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        monitored(lambda t: 1.0)
+
+
+def test_the_console_summary_reports_the_clip_after_warmup():
+    from gradloc_track.demo.console import summary_lines
+
+    base = {"seconds": 1.0, "final_loss": 2.0, "max_post_clip_grad_norm": 0.2}
+    sat = {**base, "clip_steps_after_warmup": 80.0, "clip_clipped_fraction": 1.0, "clip_mean_coef": 0.29}
+    ok = {**base, "clip_steps_after_warmup": 80.0, "clip_clipped_fraction": 0.3, "clip_mean_coef": 0.9}
+    lines = summary_lines(130, "adagc", sat, [100], {}, "/tmp/run")
+    assert "clip=adagc after warm-up: 100% of 80 steps clipped, mean coefficient 0.29 — a 3.4x learning-rate cut, " \
+           "not a spike guard" in lines
+    assert "clip=adagc after warm-up: 30% of 80 steps clipped, mean coefficient 0.90" in summary_lines(
+        130, "adagc", ok, [], {}, "/tmp/run")
