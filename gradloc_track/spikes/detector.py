@@ -20,10 +20,12 @@ differences, so the early-training trend is not counted as noise. Measured on 20
 steps (``benchmarks/detector_calibration.py``): 4x32: 40 events before (0.1: a 3x ratio rule,
 one ``alpha=0.98`` for mean and variance), 1 after; 16x128: 3 before, 0 after.
 
-A firing value moves the baseline only *clipped* to ``exp(m + z_eff * sqrt(v))`` and is kept
-out of the variance and fourth moment, so the spike the detector caught does not raise its
-threshold (0.2 let it in: one spike inflated the kurtosis estimate and doubled the threshold for
-~100 steps), while a genuine level shift is still followed by the baseline over a few steps. A
+On a step the detector caught (any signal fired: a spike caught on a layer is in the global norm
+too), every signal moves its baseline by its value clipped to ``exp(m +- z_eff * sqrt(v))`` and
+keeps the step out of its variance and fourth moment, so the spike does not raise the threshold
+(0.2 let it in: in the spike demo one spike, caught on a layer while the global norm stayed just
+below its own threshold, inflated the global kurtosis estimate and took ``spike/threshold`` from
+2.4 to 4.6 for good), while a genuine level shift is still followed by the baseline over a few steps. A
 value far below the baseline is absorbed clipped to ``exp(m - z_eff * sqrt(v))``. Non-finite values
 always fire and are never absorbed; a zero norm (no gradient: an all-masked batch, ``loss * 0``, a
 layer unused this step) neither fires nor enters (0.2 took ``log(1e-30)`` in: the variance
@@ -149,21 +151,7 @@ class SpikeDetector:
         if cfg.mode == "fixed":
             events = self._fixed(step, global_norm, n_tokens, n_micro_batches)
         else:
-            events = []
-            ev = self._check("global", step, global_norm)
-            if ev:
-                events.append(ev)
-            if cfg.per_layer and layer_norms:
-                zmax = -math.inf
-                layer_events = []
-                for name, x in layer_norms.items():
-                    ev = self._check(name, step, x)
-                    zmax = max(zmax, self._z.get(name, -math.inf))
-                    if ev:
-                        layer_events.append(ev)
-                events += sorted(layer_events, key=lambda e: -e.z)
-                if zmax > -math.inf:
-                    self._last["spike/zscore_max_layer"] = zmax if math.isfinite(zmax) else 0.0
+            events = self._adaptive(step, global_norm, layer_norms)
         self.count += len(events) > 0
         self._last["spike/detected"] = float(len(events) > 0)
         self._last["spike/detected_total"] = float(self.count)
@@ -175,7 +163,41 @@ class SpikeDetector:
         return out
 
     # -- internals ---------------------------------------------------------------------
-    def _check(self, name: str, step: int, x: float) -> SpikeEvent | None:
+    def _adaptive(self, step: int, global_norm: float, layer_norms: Mapping[str, float] | None) -> list[SpikeEvent]:
+        """Check every signal first, absorb afterwards: whether the step fired decides how."""
+        pending: list[tuple[_Signal, float, float]] = []
+        events = []
+        ev = self._check("global", step, global_norm, pending)
+        if ev:
+            events.append(ev)
+        if self.config.per_layer and layer_norms:
+            zmax = -math.inf
+            layer_events = []
+            for name, x in layer_norms.items():
+                ev = self._check(name, step, x, pending)
+                zmax = max(zmax, self._z.get(name, -math.inf))
+                if ev:
+                    layer_events.append(ev)
+            events += sorted(layer_events, key=lambda e: -e.z)
+            if zmax > -math.inf:
+                self._last["spike/zscore_max_layer"] = zmax if math.isfinite(zmax) else 0.0
+        self._absorb(pending, fired=bool(events))
+        return events
+
+    def _absorb(self, pending: list[tuple[_Signal, float, float]], fired: bool) -> None:
+        """A step the detector caught (on any signal: a layer's spike is the global norm's too) moves
+        each baseline by its value clipped to the band and leaves the variance and tails alone, so
+        the spike raises no threshold; other steps are absorbed whole, a value far below the
+        baseline (a near-empty batch) clipped to the band."""
+        cfg = self.config
+        for sig, lx, band in pending:
+            lx = max(lx, sig.mean - band)
+            if fired:
+                lx = min(lx, sig.mean + band)
+            sig.absorb(lx, cfg.alpha, cfg.baseline_alpha, cfg.warmup_steps, moments=not fired)
+
+    def _check(self, name: str, step: int, x: float, pending: list) -> SpikeEvent | None:
+        """Does ``x`` fire on signal ``name``? A post-warm-up value joins ``pending`` for ``_absorb``."""
         cfg = self.config
         sig = self.signals.setdefault(name, _Signal())
         if not math.isfinite(x):  # always fires, never enters the statistics
@@ -191,17 +213,12 @@ class SpikeDetector:
         self._z[name] = z
         z_eff = cfg.z_thresh * (sig.tail_factor() if cfg.tail_correction else 1.0)
         band = z_eff * math.sqrt(sig.var)
+        pending.append((sig, lx, band))
         if name == "global":
             self._last["spike/zscore"], self._last["spike/ratio"] = z, ratio
             self._last["spike/threshold"] = math.exp(sig.mean + max(band, math.log(cfg.min_ratio)))
         if (z > z_eff and ratio > cfg.min_ratio) or (cfg.ratio_thresh is not None and ratio > cfg.ratio_thresh):
-            # the baseline takes the value clipped to the threshold (a real level shift is followed
-            # over a few steps); the noise estimate does not see it, so the spike raises no threshold
-            event = SpikeEvent(step, name, x, sig.baseline, z, ratio)
-            sig.absorb(min(lx, sig.mean + band), cfg.alpha, cfg.baseline_alpha, cfg.warmup_steps, moments=False)
-            return event
-        # a value far BELOW the baseline (a near-empty batch) is clipped the same way
-        sig.absorb(max(lx, sig.mean - band), cfg.alpha, cfg.baseline_alpha, cfg.warmup_steps)
+            return SpikeEvent(step, name, x, sig.baseline, z, ratio)
         return None
 
     def _fixed(self, step: int, g: float, n_tokens: int | None, n_micro_batches: int) -> list[SpikeEvent]:
