@@ -6,6 +6,8 @@ micro-batches captured from the model's forward calls (gradient accumulation inc
 into the run Trainer's ``report_to`` opened (MLflow's active run, ``wandb.run``) at Trainer's
 ``global_step`` (the step number Trainer logs this update's ``loss`` and ``grad_norm`` under) and
 never ends it. Trainer's own ``max_grad_norm`` clipping runs BEFORE this hook: we say so once.
+The clipper's skip guard goes on Trainer's optimizer (its default fused AdamW skips a non-finite
+step through ``found_inf``: no sync, no memory).
 """
 from __future__ import annotations
 

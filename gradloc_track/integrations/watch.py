@@ -11,8 +11,10 @@ handle.finish()                      # flushes; leaves a run it did not open ope
 
 The handle is a thin adapter over ``GradMonitor``: it builds what the Hydra app builds
 (tracker, clipper, detector, artifact writer, monitor) from Hydra-named options, installs an
-optimizer step pre-hook (so ``step()`` uses the clipped gradient) and a forward pre-hook that
-captures the step's token ids, and rebuilds the per-term loss on a spike.
+optimizer step pre-hook (so ``step()`` uses the clipped gradient), the clipper's skip guard (a
+non-finite step leaves weights and optimizer state bitwise unchanged; ``clip.skip_step``) and a
+forward pre-hook that captures the step's token ids, and rebuilds the per-term loss on a spike
+(only then: the spike context costs nothing on other steps).
 """
 from __future__ import annotations
 

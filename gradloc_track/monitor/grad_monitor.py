@@ -67,6 +67,12 @@ class GradMonitor:
     - ``locate/probes``, ``locate/culprits``, ``locate/threshold``, ``locate/seconds`` when a
       spike was localized; ``locate/failed`` when localizing raised (a warning, never a crash)
 
+    With ``optimizer=`` a clipper with ``on_nonfinite="skip"`` gets a ``SkipStepGuard`` on it
+    (``skip_guard``; ``clip.skip_step``, ``"off"`` to opt out): a step with a non-finite gradient
+    leaves parameters and optimizer state bitwise unchanged, free for fused optimizers, one bool
+    read per step otherwise (none on steps this monitor already synced), and the clipper makes
+    one pass less over the gradients (see ``gradloc_track.clip.skip_step``).
+
     Only global rank 0 logs (other ranks get a ``NullTracker``). A spike on a non-logging step
     is logged at its own step (its norms, spike and locate keys).
 
