@@ -14,10 +14,9 @@ and with ``on_nonfinite="zero"``, a second pass zeroes the non-finite values (in
 """
 from __future__ import annotations
 
+import warnings
 from collections import defaultdict
 from typing import Any
-
-import warnings
 
 import torch
 
