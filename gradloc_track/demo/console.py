@@ -164,6 +164,17 @@ def view_commands(run_dir: Path) -> list[str]:
     return out
 
 
+def clip_saturation_line(clip_kind: str, summary: dict[str, float]) -> str | None:
+    """How often and how hard the clipper scaled after its warm-up (``summarize``'s clip_* keys)."""
+    from ..clip.saturation import saturation_line
+
+    if "clip_steps_after_warmup" not in summary:
+        return None
+    return saturation_line(clip_kind, {"steps": int(summary["clip_steps_after_warmup"]),
+                                       "clipped_fraction": summary["clip_clipped_fraction"],
+                                       "mean_coef": summary["clip_mean_coef"]})
+
+
 def summary_lines(steps: int, clip_kind: str, summary: dict[str, float], events_at: list[int],
                   culprit_text: dict[int, list[str]], run_dir: Path) -> list[str]:
     """The few lines a person reads at the end: what happened, and how to look at it."""
@@ -179,6 +190,9 @@ def summary_lines(steps: int, clip_kind: str, summary: dict[str, float], events_
     if clip_kind != "none":
         lines.append(f"clip={clip_kind}: largest grad norm the optimizer saw after warm-up "
                      f"{summary['max_post_clip_grad_norm']:.3g}")
+        line = clip_saturation_line(clip_kind, summary)
+        if line:
+            lines.append(line)
     lines.append(f"run dir: {run_dir}")
     lines.append("look at the results:")
     lines += view_commands(run_dir)

@@ -8,7 +8,8 @@ LightningModule the way an HF model is called: ``pl_module(input_ids=..., attent
 (or ``pl_module(input_ids)`` for a tuple/tensor batch) must return logits (B, T, V) or an output
 with ``.logits``; for anything else use ``handle.set_loss_fn`` in ``training_step``. Logs through
 the Trainer's ``MLFlowLogger`` (its ``run_id``) / ``WandbLogger`` (its ``experiment``), at
-``trainer.global_step``; the loggers' runs stay theirs to end.
+``trainer.global_step``; the loggers' runs stay theirs to end. The clipper's skip guard goes on the
+Trainer's optimizer and runs Lightning's closure itself, so a non-finite step is skipped exactly.
 """
 from __future__ import annotations
 

@@ -19,9 +19,12 @@ only when ``accelerator.sync_gradients``) is hooked on the optimizer inside it, 
 once per real step under ``accelerator.accumulate``. A run joined without ``run_dir`` keeps its
 files in a temporary directory that ``finish()`` removes (kept, and named, only if records the
 backend did not take are spooled there for ``gradloc-track replay``).
+The clipper's skip guard goes on the optimizer: a non-finite step leaves weights and optimizer
+state bitwise unchanged (``clip.skip_step``). The spike context is built only when a spike fires.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import warnings
@@ -104,15 +107,28 @@ class WatchHandle:
         optimizer = hookable_optimizer(optimizer)
         self.model, self.optimizer, self.options = model, optimizer, opts
         self.scratch = scratch if scratch is not None else ScratchDir()  # a joined run's files; gone at finish
-        if tracker is None:
-            tracker, owns_tracker = build_tracker(opts, scratch=self.scratch)
-        self.tracker, self._owns_tracker = tracker, owns_tracker
-        self.tokenizer = resolve_tokenizer(model, opts.tokenizer)
-        detector = SpikeDetector(opts.spikes) if opts.spikes.enabled else None
-        writer = SpikeArtifactWriter(tracker, run_dir=opts.run_dir, top_layers=opts.locate.top_layers)
-        self.monitor = GradMonitor(model, tracker=tracker, clipper=build_clipper(opts.clip, model),
-                                   config=opts.monitor, optimizer=optimizer, detector=detector,
-                                   locate_config=opts.locate, artifact_writer=writer)
+        self._hooks = []
+        if optimizer is not None and step_hook:
+            if not hasattr(optimizer, "register_step_pre_hook"):
+                raise TypeError(f"gradloc-track: cannot hook {type(optimizer).__name__}.step(): pass the torch "
+                                "optimizer it wraps, or no optimizer and call handle.step() after backward()")
+            # registered BEFORE the monitor installs its skip guard: the guard's step hooks must see
+            # this step's clip (a sync-mode guard reads the flag in its own pre-hook)
+            self._hooks.append(optimizer.register_step_pre_hook(self._pre_step))
+        try:
+            if tracker is None:
+                tracker, owns_tracker = build_tracker(opts, scratch=self.scratch)
+            self.tracker, self._owns_tracker = tracker, owns_tracker
+            self.tokenizer = resolve_tokenizer(model, opts.tokenizer)
+            detector = SpikeDetector(opts.spikes) if opts.spikes.enabled else None
+            writer = SpikeArtifactWriter(tracker, run_dir=opts.run_dir, top_layers=opts.locate.top_layers)
+            self.monitor = GradMonitor(model, tracker=tracker, clipper=build_clipper(opts.clip, model),
+                                       config=opts.monitor, optimizer=optimizer, detector=detector,
+                                       locate_config=opts.locate, artifact_writer=writer)
+        except BaseException:
+            for h in self._hooks:
+                h.remove()
+            raise
         self.capture = MicroBatchCapture(model) if capture else None
         self.last = None
         self.spikes: list = []  # GradStats of every step whose spike fired (with .locate when localized)
@@ -120,12 +136,6 @@ class WatchHandle:
         self._user_ctx = None
         self._finished = False
         self._said_unusable = False
-        self._hooks = []
-        if optimizer is not None and step_hook:
-            if not hasattr(optimizer, "register_step_pre_hook"):
-                raise TypeError(f"gradloc-track: cannot hook {type(optimizer).__name__}.step(): pass the torch "
-                                "optimizer it wraps, or no optimizer and call handle.step() after backward()")
-            self._hooks.append(optimizer.register_step_pre_hook(self._pre_step))
 
     # -- the loop's side -------------------------------------------------------------------
     def _pre_step(self, optimizer, args, kwargs) -> None:
@@ -159,7 +169,8 @@ class WatchHandle:
         ctx = spike_context or self._user_ctx
         batches, rng = self.capture.take() if self.capture is not None else ([], None)
         if ctx is None and batches and self.monitor.detector is not None and self._rebuildable(batches):
-            ctx = lm_spike_context(self.model, batches, self.tokenizer, rng_state=rng)  # only a detector uses it
+            # built only if a spike fires: no per-step tensor work for the no-spike steps
+            ctx = functools.partial(lm_spike_context, self.model, batches, self.tokenizer, rng_state=rng)
         self._user_ctx = None
         with self._paused():
             self.last = self.monitor.after_backward(step, lr=lr, spike_context=ctx)
@@ -185,10 +196,12 @@ class WatchHandle:
 
     # -- cleanup ---------------------------------------------------------------------------
     def remove(self) -> None:
-        """Take every hook off (the optimizer's and the model's); logging state is kept."""
+        """Take every hook off (the optimizer's, the skip guard's and the model's); logging state is kept."""
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
+        if self.monitor.skip_guard is not None:
+            self.monitor.skip_guard.remove()
         if self.capture is not None:
             self.capture.remove()
 
