@@ -9,6 +9,8 @@ SAMPLE, shown with its text; the rare token's terms are TOKENS. Also with gradie
 """
 from __future__ import annotations
 
+import html
+import re
 import warnings
 
 import pytest
@@ -121,4 +123,9 @@ def test_a_garbage_document_is_a_sample_and_a_rare_token_is_tokens(counting_mode
     text = CharTokenizer().decode(garbage_document())
     assert text[1:] in sample_row["token"]  # the document's text (its loss terms: positions 1..T-1)
     ((_, _, page),) = tracker.html
-    assert "micro-batch 3" in page and "sample 1" in page and text[1:] in page
+    section = re.search(r"<h2>micro-batch 3 · sample 1</h2><div class='meta'>([^<]*)</div>"
+                        r"<div class='text'>(.*?)</div>", page)
+    assert section and "culprit whole sample" in section.group(1)
+    assert '<span class="u" title="CULPRIT sample' in section.group(2)  # outlined as a whole
+    assert text[1:] in html.unescape(re.sub(r"<[^>]+>", "", section.group(2)))  # its text, in order
+    assert re.search(r"<h2>micro-batch 1 · sample 0</h2>", page) and '<span class="t c"' in page
