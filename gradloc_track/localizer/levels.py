@@ -6,9 +6,9 @@ norm over the hooked layers at no extra backward (``segments.py``):
 1. candidate samples: a sample's per-term intensity ``||g_s|| / sqrt(n_s)`` is an outlier of
    the other samples' (``outlier_split``: above ``SAMPLE_FACTOR`` x their median; at most half
    the samples can be candidates);
-2. a candidate whose ghost mass sits in a few terms above the token threshold (at most
-   ``FEW`` of its terms holding ``CARRY`` of its mass) is left to the token search: its tokens
-   are the finer answer, and no probe is spent on the sample;
+2. a candidate whose ghost mass sits in a few terms above the token threshold (the fewest
+   terms holding ``CARRY`` of its mass are at most ``FEW`` of its terms), or in one term, is
+   left to the token search: its tokens are the finer answer; no probe is spent on the sample;
 3. any other candidate is probed (1 probe: its terms' mask) and confirmed when its exact
    intensity is still above the limit. The shortest contiguous window holding ``SPAN_MASS`` of
    its ghost mass (grown over equally hot neighbours), if at most ``SPAN_MAX`` of its terms, is
@@ -67,11 +67,14 @@ def candidates(segments: list[Segments | None]) -> tuple[list[tuple[Segment, flo
 
 
 def carried_by_tokens(seg: Segment, scores: dict[Key, float], tau: float) -> bool:
-    """A few of the sample's terms above the token threshold hold most of its ghost mass."""
-    vals = [scores.get((seg.micro_batch, b, t), 0.0) for b, t in seg.terms]
-    few = [v for v in vals if v > tau]
-    return bool(few) and len(few) <= max(1.0, FEW * len(vals)) and \
-        sum(v * v for v in few) >= CARRY * sum(v * v for v in vals)
+    """The fewest of the sample's terms that hold ``CARRY`` of its ghost mass are at most ``FEW``
+    of its terms, each above the token threshold."""
+    vals = sorted((scores.get((seg.micro_batch, b, t), 0.0) for b, t in seg.terms), reverse=True)
+    need, acc, m = CARRY * sum(v * v for v in vals), 0.0, 0
+    while m < len(vals) and acc < need:
+        acc += vals[m] ** 2
+        m += 1
+    return 0 < m <= max(1.0, FEW * len(vals)) and vals[m - 1] > tau
 
 
 def find_units(prober: Prober, hits: Hits, cands: list[tuple[Segment, float]], limit: float,
@@ -79,10 +82,11 @@ def find_units(prober: Prober, hits: Hits, cands: list[tuple[Segment, float]], l
     """Steps 2-3 of the module doc, strongest candidate first."""
     units = Units()
     for seg, ghost in cands:
-        if carried_by_tokens(seg, scores, tau):
-            continue
+        window = _window(seg, scores)
+        if carried_by_tokens(seg, scores, tau) or (window is not None and len(window) == 1):
+            continue  # one term is a token: the token search names it
         try:
-            unit, g = _confirm(prober, hits, seg, ghost, limit, scores, labelled)
+            unit, g = _confirm(prober, hits, seg, ghost, limit, window, labelled)
         except BudgetExhausted:
             units.exhausted = True
             break
@@ -95,8 +99,8 @@ def find_units(prober: Prober, hits: Hits, cands: list[tuple[Segment, float]], l
     return units
 
 
-def _confirm(prober: Prober, hits: Hits, seg: Segment, ghost: float, limit: float, scores: dict[Key, float],
-             labelled: bool) -> tuple[Culprit | None, Grads | None]:
+def _confirm(prober: Prober, hits: Hits, seg: Segment, ghost: float, limit: float,
+             window: list[tuple[int, int]] | None, labelled: bool) -> tuple[Culprit | None, Grads | None]:
     i = seg.micro_batch
     g = prober.probe_terms(i, seg.terms)
     n = prober.norm(g)
@@ -106,7 +110,6 @@ def _confirm(prober: Prober, hits: Hits, seg: Segment, ghost: float, limit: floa
     where = {"micro_batch": i if labelled else None, "batch": seg.batch, "document": seg.document}
     unit = Culprit("sample", n, share, start=seg.start, end=seg.end, n_terms=len(seg.terms),
                    layer_norms=prober.layer_norms(g), score=ghost, **where)
-    window = _window(seg, scores)
     if window is not None and share is not None and share > 0:
         try:
             g_w = prober.probe_terms(i, window)
