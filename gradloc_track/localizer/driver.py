@@ -55,7 +55,7 @@ def search(prober: Prober, model: torch.nn.Module, terms: list[list], method: st
     check = replay.step_check(prober, stage.total, reference)
     replay.report(check, notes)
     cands, limit = levels.candidates(segs) if with_units else ([], math.inf)
-    tau = threshold if threshold is not None else adaptive_tau(_ordinary(stage.term_score, cands))
+    tau = threshold if threshold is not None else adaptive_tau(levels.ordinary(stage.term_score, _inside(cands)))
     hits = Hits(prober, stage.total, stage.total_sq, stage.term_score, label=labelled)
     units = levels.find_units(prober, hits, cands, limit, stage.term_score, tau, labelled)
     score = {k: v for k, v in stage.term_score.items() if k not in units.excluded}
@@ -74,13 +74,8 @@ def search(prober: Prober, model: torch.nn.Module, terms: list[list], method: st
                    labelled)
 
 
-def _ordinary(term_score: dict, cands: list) -> dict:
-    """The terms the threshold is taken from: all but those of candidate samples (when those are
-    a minority), so a bad document's many terms do not set the token threshold."""
-    inside = {(seg.micro_batch, b, t) for seg, _ in cands for b, t in seg.terms}
-    if not inside or 2 * len(inside) >= len(term_score):
-        return term_score
-    return {k: v for k, v in term_score.items() if k not in inside}
+def _inside(cands: list) -> set:
+    return {(seg.micro_batch, b, t) for seg, _ in cands for b, t in seg.terms}
 
 
 def _base(prober: Prober, stage: MicroBatchStage, units: levels.Units) -> Grads | None:

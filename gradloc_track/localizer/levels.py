@@ -58,12 +58,29 @@ def candidates(segments: list[Segments | None]) -> tuple[list[tuple[Segment, flo
     for segs in segments:
         norms = segs.norms() if segs is not None else None
         if norms is not None:
-            rows += [(s, n) for s, n in zip(segs.items, norms) if s.terms]
+            rows += [(s, n, len(s.terms)) for s, n in zip(segs.items, norms) if s.terms]
+    picked, limit = outliers(rows)
+    return [(s, n) for s, n, _ in picked], limit
+
+
+def outliers(rows: list[tuple[Any, float, int]]) -> tuple[list[tuple[Any, float, int]], float]:
+    """``rows`` of (sample, ghost norm, loss terms) whose intensity ``norm / sqrt(terms)`` is an
+    outlier of the others' (strongest first), and the intensity limit. Shared with the
+    distributed localizer, whose rows are every rank's samples."""
+    rows = [r for r in rows if r[2] > 0]
     if len(rows) < 2:
         return [], math.inf
-    rows.sort(key=lambda r: -r[1] / math.sqrt(len(r[0].terms)))
-    k, limit = outlier_split(torch.tensor([n / math.sqrt(len(s.terms)) for s, n in rows]), SAMPLE_FACTOR, 0.5)
+    rows.sort(key=lambda r: -r[1] / math.sqrt(r[2]))
+    k, limit = outlier_split(torch.tensor([n / math.sqrt(m) for _, n, m in rows]), SAMPLE_FACTOR, 0.5)
     return rows[:k], limit
+
+
+def ordinary(term_score: dict, inside: set) -> dict:
+    """The terms a token threshold is taken from: all but ``inside`` (the terms of candidate
+    samples) when those are a minority, so a bad document's many terms do not set it."""
+    if not inside or 2 * len(inside) >= len(term_score):
+        return term_score
+    return {k: v for k, v in term_score.items() if k not in inside}
 
 
 def carried_by_tokens(seg: Segment, scores: dict[Key, float], tau: float) -> bool:

@@ -89,6 +89,9 @@ def test_the_fixed_normaliser_forms_are_accepted_and_exact():
 
 def test_a_per_sample_mean_over_micro_batches_is_caught_in_the_micro_batch_it_is_in():
     model, x, y, per_tok, full = setup()
-    fixed = (lambda m: (per_tok() * m).sum() / full.sum())
+
+    def fixed(m):
+        return (per_tok() * m).sum() / full.sum()
+
     with pytest.raises(ValueError, match=r"not additive.*micro-batch 1"):
         gradloc_track.locate(model, [fixed, per_sample_mean_clamped(per_tok, full)], [full, full])
