@@ -156,3 +156,32 @@ def test_a_spike_no_sample_explains_says_so_with_the_per_sample_shares():
     for b in range(B):  # the shares are the samples' (exact probes on the largest ones)
         want = exact(model, loss_fn, (B, T), [(b, t) for t in range(T)], total)[1]
         assert shares[(None, b)] == pytest.approx(want, abs=0.05)
+
+
+def test_per_sample_ghost_norms_are_exact_for_the_hooked_layers():
+    """The Gram form of the one ghost backward against a backward per sample (linear and embedding
+    parameters, the layers the hooks see; layer norms and the position table are not hooked)."""
+    from gradloc_track.localizer.ghost import GhostMap
+    from gradloc_track.localizer.segments import Segments
+
+    B, T = 4, 12
+    model, loss_fn = weighted(B, T, {(2, 5): 30.0})
+    segs = Segments(0, torch.ones(B, T))
+    with GhostMap(model, "block", (B, T), segments=segs):
+        model.zero_grad(set_to_none=True)
+        loss_fn(torch.ones(B, T)).backward()
+    hooked = [p for n, p in model.named_parameters() if "ln" not in n and "wpe" not in n]
+    for seg, got in zip(segs.items, segs.norms()):
+        mask = term_mask((B, T), [(seg.batch, t) for t in range(T)])
+        want = norm(torch.autograd.grad(loss_fn(mask), hooked))
+        assert got == pytest.approx(want, rel=1e-5)
+    model.zero_grad(set_to_none=True)
+
+
+def test_document_ids_must_match_the_mask():
+    B, T = 2, 8
+    model, loss_fn = weighted(B, T, {})
+    with pytest.raises(ValueError, match=r"document_ids must be an integer tensor of the token mask's shape"):
+        gradloc_track.locate(model, loss_fn, torch.ones(B, T), document_ids=torch.zeros(B, T + 1, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"one \(B, T\) tensor per micro-batch \(2\)"):
+        gradloc_track.locate(model, [loss_fn, loss_fn], [torch.ones(B, T)] * 2, document_ids=[None])

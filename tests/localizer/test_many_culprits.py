@@ -95,3 +95,29 @@ def test_a_few_heavy_terms_still_use_the_ordinary_threshold():
     res = gradloc_track.locate(model, loss_fn, torch.ones(B, T))
     assert {(c.batch, c.position) for c in res.tokens} == cells
     assert res.probes <= len(cells) + 2
+
+
+def brute_split(values: torch.Tensor, factor: float, quantile: float) -> tuple[int, float]:
+    """The rule of ``outlier_split`` written out: try every k, recompute the quantile each time."""
+    desc = values.double().sort(descending=True).values
+    n, best = len(desc), None
+    for k in range(n // 2 + 1):
+        limit = factor * float(torch.quantile(desc[k:], quantile))
+        if (k == 0 or desc[k - 1] > limit) and (k >= n or desc[k] <= limit):
+            best = (k, limit)
+    return best if best is not None else (0, factor * float(torch.quantile(desc, quantile)))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_outlier_split_matches_its_brute_force_definition(seed):
+    from gradloc_track.localizer.threshold import outlier_split
+
+    g = torch.Generator().manual_seed(seed)
+    n = int(torch.randint(1, 80, (1,), generator=g))
+    values = torch.rand(n, generator=g).pow(6) + 1e-3  # heavy-tailed, sometimes with clusters
+    if seed % 3 == 0:
+        values[: n // 4] *= 50  # a cluster of outliers, up to a quarter of the values
+    for factor, q in ((10.0, 0.9), (4.0, 0.5)):
+        k, limit = outlier_split(values, factor, q)
+        want_k, want_limit = brute_split(values, factor, q)
+        assert k == want_k and limit == pytest.approx(want_limit, rel=1e-9)

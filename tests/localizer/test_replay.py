@@ -122,3 +122,28 @@ def test_lm_batch_keeps_num_items_in_batch():
     ids = torch.zeros(2, 4, dtype=torch.long)
     b = LMBatch.from_call((), {"input_ids": ids, "labels": ids, "num_items_in_batch": torch.tensor(6)})
     assert int(b.num_items) == 6
+
+
+def test_a_gradient_clipped_in_place_is_the_step_rescaled_not_another_step():
+    """Clippers rescale .grad before the localizer runs (the monitor clips first): globally or per
+    tensor, the probes still reproduce the step; the ratio is said in a note."""
+    model = gpt2(0.1)
+    batches, rng = train_step(model, micro_batches())
+    ctx = lm_spike_context(model, batches, rng_state=rng)
+    params = [p for p in model.parameters() if p.grad is not None]
+    torch.nn.utils.clip_grad_norm_(params, 0.5 * step_norm(model))  # global clipping to half
+    res = gradloc_track.locate(model, ctx.loss_fn, ctx.token_mask, rng_state=ctx.rng_state)
+    assert res.step_check.replayed and res.step_check.norm_ratio == pytest.approx(0.5, rel=1e-4)
+    assert any("0.5x the probes' sum" in n for n in res.notes)
+    for j, p in enumerate(params):  # per-tensor factors (AdaGC-like): still the same step
+        p.grad.mul_(0.1 + 0.05 * (j % 7))
+    res = gradloc_track.locate(model, ctx.loss_fn, ctx.token_mask, rng_state=ctx.rng_state)
+    assert res.step_check.replayed and res.step_check.residual < 1e-5
+
+
+def test_packed_rows_become_documents_from_position_ids():
+    ids = torch.arange(12).view(2, 6)
+    pos = torch.tensor([[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 4, 5]])
+    b = LMBatch.from_call((), {"input_ids": ids, "position_ids": pos})
+    assert b.document_ids().tolist() == [[0, 0, 0, 1, 1, 2], [0, 0, 0, 0, 0, 0]]
+    assert LMBatch.from_call((), {"input_ids": ids, "position_ids": pos[1:].expand(2, 6)}).document_ids() is None
