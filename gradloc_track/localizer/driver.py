@@ -50,6 +50,8 @@ def search(prober: Prober, model: torch.nn.Module, terms: list[list], method: st
     with_units = method in ("auto", "bisect")
     docs = document_ids or [None] * prober.k
     segs = [Segments(i, prober.masks[i], docs[i]) if with_units and terms[i] else None for i in range(prober.k)]
+    if sum(len(s) for s in segs if s is not None) < 2:  # one sample: nothing to compare it with
+        segs = [None] * prober.k
     stage = micro_batch_stage(prober, model, terms, group_by, segs)
     notes: list[str] = []
     check = replay.step_check(prober, stage.total, reference)

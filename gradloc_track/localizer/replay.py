@@ -36,18 +36,38 @@ def step_check(prober: Prober, total: Grads, reference: list[torch.Tensor | None
 
 
 def _compare(total: Grads, reference: list[torch.Tensor | None]) -> tuple[float, float]:
-    """(residual after the best per-tensor scale, ||reference|| / ||total||), in float64."""
-    rows = []
-    for t, r in zip(total, reference):
-        t64 = t.detach().double()
-        r64 = torch.zeros_like(t64) if r is None else r.detach().to(t64.device, torch.float64).to_dense()
-        rows.append(torch.stack([(t64 * r64).sum(), t64.pow(2).sum(), r64.pow(2).sum()]))
-    a, tt, rr = torch.stack(rows).T.tolist()  # host sync: once per localization
-    left = sum(max(0.0, x - d * d / y) if y > 0 else x for d, x, y in zip(a, tt, rr))
-    t_sq, r_sq = sum(tt), sum(rr)
+    """(relative residual, ||reference|| / ||total||). The residual is ``||total - ref|| / ||total||``
+    when that is already small (no rescaling), else the one left after the best scale per tensor.
+    Differences are formed elementwise (no cancellation in the norms); one tensor-sized temporary
+    at a time."""
+    pairs = [(t.detach(), _dense_like(r, t)) for t, r in zip(total, reference)]
+    t_sq = sum(_sq(t) for t, _ in pairs)
+    r_sq = sum(_sq(r) for _, r in pairs)
     if t_sq == 0:
         return (0.0 if r_sq == 0 else math.inf), (1.0 if r_sq == 0 else math.inf)
-    return math.sqrt(left / t_sq), math.sqrt(r_sq / t_sq)
+    ratio = math.sqrt(r_sq / t_sq)
+    raw = math.sqrt(sum(_sq(t - r) for t, r in pairs) / t_sq)
+    if raw <= 1e-3:
+        return raw, ratio
+    left = 0.0
+    for t, r in pairs:
+        rr = _sq(r)
+        scale = Prober.dot([t], [r]) / rr if rr > 0 else 0.0
+        left += _sq(t - scale * r)
+    return math.sqrt(left / t_sq), ratio
+
+
+def _dense_like(r: torch.Tensor | None, t: torch.Tensor) -> torch.Tensor:
+    if r is None:
+        return torch.zeros_like(t)
+    r = r.detach().to(t.device)
+    return (r.to_dense() if r.is_sparse else r).to(t.dtype)
+
+
+def _sq(x: torch.Tensor) -> float:
+    """Squared norm in float64 (half precision upcast one tensor at a time)."""
+    x = x if x.dtype in (torch.float32, torch.float64) else x.float()
+    return float(torch.linalg.vector_norm(x)) ** 2  # host sync per tensor: once per localization
 
 
 def _why(prober: Prober) -> str:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-CHUNK = 1 << 24  # elements of one (rows, T, T) Gram block: bounds the extra memory on long rows
+CHUNK = 1 << 22  # elements of one (rows, T, T) Gram block: two live at once (32 MiB), whatever the model
 
 
 @dataclass
@@ -65,13 +65,14 @@ class Segments:
             gr = g[r].float()
             gram = gr @ gr.transpose(1, 2)  # (b, T, T): g_t . g_t'
             if kind == "embedding":
-                gram = gram * (x[r][:, :, None] == x[r][:, None, :])  # rows of the same token id add up
+                gram.mul_(x[r][:, :, None] == x[r][:, None, :])  # rows of the same token id add up
             else:
                 xr = x[r].float()
                 xx = xr @ xr.transpose(1, 2)  # (b, T, T): x_t . x_t'
-                gram = gram * (xx + 1.0 if has_bias else xx)
+                gram.mul_(xx.add_(1.0) if has_bias else xx)
+                del xx
             if same is not None:
-                gram = gram * same[r]
+                gram.mul_(same[r])
             self.sq.index_add_(0, ids[r].reshape(-1), gram.sum(-1).reshape(-1).double())
 
     def norms(self) -> list[float] | None:

@@ -138,7 +138,7 @@ def test_a_gradient_clipped_in_place_is_the_step_rescaled_not_another_step():
     for j, p in enumerate(params):  # per-tensor factors (AdaGC-like): still the same step
         p.grad.mul_(0.1 + 0.05 * (j % 7))
     res = gradloc_track.locate(model, ctx.loss_fn, ctx.token_mask, rng_state=ctx.rng_state)
-    assert res.step_check.replayed and res.step_check.residual < 1e-5
+    assert res.step_check.replayed and res.step_check.residual < 1e-4
 
 
 def test_packed_rows_become_documents_from_position_ids():
