@@ -107,6 +107,29 @@ class LocateResult:
         if self.culprits is None:
             self.culprits = list(self.tokens)
 
+    def culprit_masks(self, token_mask: torch.Tensor | list[torch.Tensor],
+                      document_ids: torch.Tensor | list | None = None) -> list[torch.Tensor]:
+        """Every culprit's loss terms as masks, one per micro-batch (``token_mask``'s weights where
+        a culprit row covers a term, 0 elsewhere): one probe of each gives the culprits' exact
+        gradient, e.g. to remove it from the step's. ``document_ids`` as given to ``locate``."""
+        masks = [token_mask] if isinstance(token_mask, torch.Tensor) else list(token_mask)
+        docs = [document_ids] if isinstance(document_ids, torch.Tensor) or document_ids is None \
+            else list(document_ids)
+        keep = [torch.zeros_like(m, dtype=torch.bool) for m in masks]
+        for c in self.culprits:
+            k = c.micro_batch or 0
+            if c.level == "micro_batch":
+                keep[k][:] = True
+                continue
+            row = keep[k][c.batch]
+            inside = torch.zeros_like(row)
+            inside[c.start:c.end] = True
+            d = docs[k] if k < len(docs) else None
+            if c.document is not None and d is not None:
+                inside &= d[c.batch].to(row.device) == c.document
+            row |= inside
+        return [torch.where(kp, m, torch.zeros_like(m)) for kp, m in zip(keep, masks)]
+
     def for_micro_batch(self, k: int) -> "LocateResult":
         """This result seen as a one-micro-batch result for micro-batch ``k`` (its culprits and maps),
         so single-batch consumers (highlighting, heatmaps) can render one micro-batch at a time."""

@@ -185,3 +185,21 @@ def test_document_ids_must_match_the_mask():
         gradloc_track.locate(model, loss_fn, torch.ones(B, T), document_ids=torch.zeros(B, T + 1, dtype=torch.long))
     with pytest.raises(ValueError, match=r"one \(B, T\) tensor per micro-batch \(2\)"):
         gradloc_track.locate(model, [loss_fn, loss_fn], [torch.ones(B, T)] * 2, document_ids=[None])
+
+
+def test_culprit_masks_hold_exactly_the_culprits_terms():
+    """One probe of the culprits' masks is their exact gradient: the sum of their rows' shares."""
+    B, T, row = 4, 32, 1
+    docs = torch.zeros(B, T, dtype=torch.long)
+    docs[row, 10:22], docs[row, 22:] = 1, 2
+    heavy = {(row, t): 25.0 for t in range(10, 22)}
+    heavy[(3, 7)] = 400.0  # and a token elsewhere
+    model, loss_fn = weighted(B, T, heavy)
+    total = step_grad(model, loss_fn, (B, T))
+    tau = 1.5 * max_term_norm(model, loss_fn, (B, T), [(row, t) for t in range(10, 22)])
+    res = gradloc_track.locate(model, loss_fn, torch.ones(B, T), threshold=tau, document_ids=docs)
+    assert {(c.level, c.batch) for c in res.culprits} == {("sample", row), ("token", 3)}
+    (mask,) = res.culprit_masks(torch.ones(B, T), docs)
+    assert {tuple(x) for x in mask.nonzero().tolist()} == {(row, t) for t in range(10, 22)} | {(3, 7)}
+    g = grads_of(model, loss_fn(mask))
+    assert dot(g, total) / dot(total, total) == pytest.approx(sum(c.share for c in res.culprits), rel=1e-4)
