@@ -56,10 +56,10 @@ def search(prober: Prober, model: torch.nn.Module, terms: list[list], method: st
     notes: list[str] = []
     check = replay.step_check(prober, stage.total, reference)
     replay.report(check, notes)
-    cands, limit = levels.candidates(segs) if with_units else ([], math.inf)
+    cands, limit, n_samples = levels.candidates(segs) if with_units else ([], math.inf, 0)
     tau = threshold if threshold is not None else adaptive_tau(levels.ordinary(stage.term_score, _inside(cands)))
     hits = Hits(prober, stage.total, stage.total_sq, stage.term_score, label=labelled)
-    units = levels.find_units(prober, hits, cands, limit, stage.term_score, tau, labelled)
+    units = levels.find_units(prober, hits, cands, limit, stage.term_score, tau, labelled, n_samples)
     score = {k: v for k, v in stage.term_score.items() if k not in units.excluded}
     exhausted, found_notes = units.exhausted, []
     if not exhausted:

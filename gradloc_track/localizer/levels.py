@@ -5,18 +5,20 @@ norm over the hooked layers at no extra backward (``segments.py``):
 
 1. candidate samples: a sample's per-term intensity ``||g_s|| / sqrt(n_s)`` is an outlier of
    the other samples' (``outlier_split``: above ``SAMPLE_FACTOR`` x their median; at most half
-   the samples can be candidates);
-2. a candidate whose ghost mass sits in a few terms above the token threshold (the fewest
-   terms holding ``CARRY`` of its mass are at most ``FEW`` of its terms), or in one term, is
-   left to the token search: its tokens are the finer answer; no probe is spent on the sample;
+   the samples can be candidates) and its squared norm above ``MIN_PART`` of a fair part (1/n);
+2. a candidate whose terms above the token threshold hold ``CARRY`` of its ghost mass and are a
+   few (at most ``FEW`` of its terms, or ``FEW_MIN``), or whose mass sits in one term, is left to
+   the token search: its tokens are culprits themselves, the finer answer; no probe is spent on
+   the sample. A document whose terms are each below the threshold is a culprit SAMPLE;
 3. any other candidate is probed (1 probe: its terms' mask) and confirmed when its exact
-   intensity is still above the limit. The shortest contiguous window holding ``SPAN_MASS`` of
-   its ghost mass (grown over equally hot neighbours), if at most ``SPAN_MAX`` of its terms, is
-   probed too (1 probe) and reported
+   intensity is still above the limit and it carries that part of the step's squared norm.
+   The shortest contiguous window holding ``SPAN_MASS`` of its ghost mass (grown over equally
+   hot neighbours), if at most ``SPAN_MAX`` of its terms, is probed too (1 probe) and reported
    as a SPAN when it carries ``SPAN_SHARE`` of the sample's share; else the SAMPLE is reported.
    Either way the sample's terms leave the token search (its gradient leaves the remainder);
-4. after the token search, a micro-batch whose intensity is an outlier of the others' and
-   that holds no culprit is reported as a MICRO-BATCH (1 probe, for its share);
+4. after the token search, a micro-batch whose intensity is an outlier of the others', that
+   carries that part (of 1/K) of the step's squared norm and holds no culprit is reported as a
+   MICRO-BATCH (1 probe, for its share);
 5. nothing found at any level: each sample's exact share (1 probe each, largest ghost norm
    first, at most ``MAX_SHARE_PROBES`` and what the budget leaves) goes to ``sample_shares``.
 """
@@ -35,8 +37,9 @@ from .segments import Segment, Segments
 from .threshold import outlier_split
 
 SAMPLE_FACTOR = 4.0  # a sample's per-term gradient this many times the other samples' median
-FEW, CARRY = 0.25, 0.5  # tokens carry a sample: at most a quarter of its terms, half its mass
+FEW, FEW_MIN, CARRY = 0.25, 8, 0.5  # tokens carry a sample: a quarter of its terms (or 8), half its mass
 SPAN_MASS, SPAN_MAX, SPAN_SHARE = 0.8, 0.5, 0.6
+MIN_PART = 0.1  # a culprit sample (micro-batch) carries at least a tenth of a fair part (1/n) of the step
 MAX_SHARE_PROBES = 32
 Key = tuple[int, int, int]  # (micro_batch, b, t)
 
@@ -52,27 +55,31 @@ class Units:
     exhausted: bool = False
 
 
-def candidates(segments: list[Segments | None]) -> tuple[list[tuple[Segment, float]], float]:
-    """(candidate samples with their ghost norm, strongest first; the intensity limit)."""
+def candidates(segments: list[Segments | None]) -> tuple[list[tuple[Segment, float]], float, int]:
+    """(candidate samples with their ghost norm, strongest first; the intensity limit; the number
+    of samples with loss terms)."""
     rows = []
     for segs in segments:
         norms = segs.norms() if segs is not None else None
         if norms is not None:
             rows += [(s, n, len(s.terms)) for s, n in zip(segs.items, norms) if s.terms]
     picked, limit = outliers(rows)
-    return [(s, n) for s, n, _ in picked], limit
+    return [(s, n) for s, n, _ in picked], limit, len(rows)
 
 
 def outliers(rows: list[tuple[Any, float, int]]) -> tuple[list[tuple[Any, float, int]], float]:
     """``rows`` of (sample, ghost norm, loss terms) whose intensity ``norm / sqrt(terms)`` is an
-    outlier of the others' (strongest first), and the intensity limit. Shared with the
-    distributed localizer, whose rows are every rank's samples."""
+    outlier of the others' and whose squared norm is more than ``MIN_PART`` of a fair part (1/n)
+    of the samples' (strongest first), and the intensity limit. Shared with the distributed
+    localizer, whose rows are every rank's samples. The part keeps out samples that stand out
+    only because most others carry ~no gradient (RL groups whose rewards are all equal)."""
     rows = [r for r in rows if r[2] > 0]
     if len(rows) < 2:
         return [], math.inf
     rows.sort(key=lambda r: -r[1] / math.sqrt(r[2]))
-    k, limit = outlier_split(torch.tensor([n / math.sqrt(m) for _, n, m in rows]), SAMPLE_FACTOR, 0.5)
-    return rows[:k], limit
+    k, limit = outlier_split(torch.tensor([n / math.sqrt(m) for _, n, m in rows]), SAMPLE_FACTOR, 0.5, most=0.5)
+    part = MIN_PART * sum(n * n for _, n, _ in rows) / len(rows)
+    return [r for r in rows[:k] if r[1] ** 2 > part], limit
 
 
 def ordinary(term_score: dict, inside: set) -> dict:
@@ -84,26 +91,26 @@ def ordinary(term_score: dict, inside: set) -> dict:
 
 
 def carried_by_tokens(seg: Segment, scores: dict[Key, float], tau: float) -> bool:
-    """The fewest of the sample's terms that hold ``CARRY`` of its ghost mass are at most ``FEW``
-    of its terms, each above the token threshold."""
-    vals = sorted((scores.get((seg.micro_batch, b, t), 0.0) for b, t in seg.terms), reverse=True)
-    need, acc, m = CARRY * sum(v * v for v in vals), 0.0, 0
-    while m < len(vals) and acc < need:
-        acc += vals[m] ** 2
-        m += 1
-    return 0 < m <= max(1.0, FEW * len(vals)) and vals[m - 1] > tau
+    """The sample's terms above the token threshold hold ``CARRY`` of its ghost mass and are a
+    few (at most ``FEW`` of its terms, or ``FEW_MIN``): then they are culprits themselves."""
+    vals = [scores.get((seg.micro_batch, b, t), 0.0) for b, t in seg.terms]
+    above = [v for v in vals if v > tau]
+    return 0 < len(above) <= max(FEW_MIN, FEW * len(vals)) and \
+        sum(v * v for v in above) >= CARRY * sum(v * v for v in vals)
 
 
 def find_units(prober: Prober, hits: Hits, cands: list[tuple[Segment, float]], limit: float,
-               scores: dict[Key, float], tau: float, labelled: bool) -> Units:
-    """Steps 2-3 of the module doc, strongest candidate first."""
+               scores: dict[Key, float], tau: float, labelled: bool, n_samples: int = 1) -> Units:
+    """Steps 2-3 of the module doc, strongest candidate first; a sample must also carry more than
+    ``MIN_PART`` of a fair part (``1 / n_samples``) of the step's squared gradient norm."""
     units = Units()
     for seg, ghost in cands:
         window = _window(seg, scores)
         if carried_by_tokens(seg, scores, tau) or (window is not None and len(window) == 1):
             continue  # one term is a token: the token search names it
         try:
-            unit, g = _confirm(prober, hits, seg, ghost, limit, window, labelled)
+            unit, g = _confirm(prober, hits, seg, ghost, (limit, MIN_PART * hits.total_sq / max(1, n_samples)),
+                               window, labelled)
         except BudgetExhausted:
             units.exhausted = True
             break
@@ -116,12 +123,12 @@ def find_units(prober: Prober, hits: Hits, cands: list[tuple[Segment, float]], l
     return units
 
 
-def _confirm(prober: Prober, hits: Hits, seg: Segment, ghost: float, limit: float,
+def _confirm(prober: Prober, hits: Hits, seg: Segment, ghost: float, limits: tuple[float, float],
              window: list[tuple[int, int]] | None, labelled: bool) -> tuple[Culprit | None, Grads | None]:
     i = seg.micro_batch
     g = prober.probe_terms(i, seg.terms)
     n = prober.norm(g)
-    if n / math.sqrt(len(seg.terms)) <= limit:
+    if n / math.sqrt(len(seg.terms)) <= limits[0] or n * n <= limits[1]:
         return None, None
     share = hits.share(g)
     where = {"micro_batch": i if labelled else None, "batch": seg.batch, "document": seg.document}
@@ -174,10 +181,10 @@ def micro_batch_units(prober: Prober, hits: Hits, norms: list[float], terms: lis
     if len(idx) < 2:
         return []
     vals = [norms[i] / math.sqrt(len(terms[i])) for i in idx]
-    k, _ = outlier_split(torch.tensor(vals), SAMPLE_FACTOR, 0.5)
+    k, _ = outlier_split(torch.tensor(vals), SAMPLE_FACTOR, 0.5, most=0.5)
     out = []
     for i in sorted(idx, key=lambda j: -vals[idx.index(j)])[:k]:
-        if i in holding:
+        if i in holding or norms[i] ** 2 <= MIN_PART * hits.total_sq / len(idx):  # a part of the step
             continue
         try:
             g = prober.probe(i, prober.masks[i])

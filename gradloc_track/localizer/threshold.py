@@ -4,10 +4,12 @@
 culprits themselves once they are more than 10% of the terms: 32 heavy terms among 256 put the
 percentile on a culprit and nothing is above 10x of it. ``outlier_split`` asks instead which
 values are outliers of the REST: sorted largest first, ``k`` top values are outliers when the
-``k``-th is above ``factor`` x the ``quantile`` of the values below it and the ``k+1``-th is not;
-the largest such ``k`` (at most half the values) wins. With few outliers this is the old rule
-(removing them barely moves the percentile); with many it is the rule applied to the ordinary
-values alone. A smooth heavy tail has no such split, so it flags what the old rule flagged.
+``k``-th is above ``factor`` x the ``quantile`` of the values below it and the ``k+1``-th is not
+(a gap). The smallest such ``k >= 1`` (for terms at most a quarter of them) wins, else ``k = 0``
+(the old rule). With a few outliers this is the old rule's split; with many it is the rule applied
+to the ordinary values alone. A smooth heavy tail has no such gap, so it flags what the old rule
+flagged; the smallest gap is taken so that the ordinary values' own tail, in a small and
+heavy-tailed batch (RL terms), is not cut off below the outliers.
 """
 from __future__ import annotations
 
@@ -16,15 +18,16 @@ import math
 import torch
 
 
-def outlier_split(values: torch.Tensor, factor: float, quantile: float) -> tuple[int, float]:
+def outlier_split(values: torch.Tensor, factor: float, quantile: float, most: float = 0.25) -> tuple[int, float]:
     """``(k, threshold)``: the ``k`` largest values are above ``threshold`` = ``factor`` x the
-    ``quantile`` of the others (linear interpolation, as ``torch.quantile``). ``values`` > 0."""
+    ``quantile`` of the others (linear interpolation, as ``torch.quantile``); ``k`` is at most
+    ``most`` of the values. ``values`` > 0."""
     desc = values.double().sort(descending=True).values  # (N,)
     n = desc.numel()
     if n == 0:
         return 0, math.inf
     asc = desc.flip(0)
-    ks = torch.arange(0, n // 2 + 1)  # candidate numbers of outliers
+    ks = torch.arange(0, int(n * most) + 1)  # candidate numbers of outliers
     rest = n - ks  # ordinary values left for each k (the lowest ``rest`` values)
     pos = quantile * (rest - 1).double()
     lo = pos.floor().long()
@@ -35,8 +38,8 @@ def outlier_split(values: torch.Tensor, factor: float, quantile: float) -> tuple
     above[1:] = desc[ks[1:] - 1] > limit[1:]  # the k-th largest is an outlier of the rest
     below = desc[torch.clamp(ks, max=n - 1)] <= limit  # ...and the (k+1)-th is not
     below[ks >= n] = True
-    ok = (above & below).nonzero().flatten()
-    k = int(ok.max()) if ok.numel() else 0  # host sync: only on a spike
+    ok = (above & below)[1:].nonzero().flatten() + 1  # gaps below the k-th value, k >= 1
+    k = int(ok.min()) if ok.numel() else 0  # host sync: only on a spike
     return k, float(limit[k])
 
 
@@ -47,7 +50,7 @@ def adaptive_threshold(scores: torch.Tensor, factor: float = 10.0, quantile: flo
     Zero scores are left out (terms with no gradient, e.g. RL groups with equal rewards).
     Percentiles, unlike a mean/std or a log-space MAD, stay put when many terms carry ~zero
     gradient and when a few carry huge ones; the split (``outlier_split``) keeps the culprits
-    out of the percentile, so up to half the terms may be culprits.
+    out of the percentile, so up to a quarter of the terms may be culprits.
     """
     s = scores[scores > 0].double()
     if s.numel() == 0:

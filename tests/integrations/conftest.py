@@ -66,22 +66,6 @@ def corrupted_positions() -> list[int]:
     return list(range(SPAN))
 
 
-def garbage_targets() -> list[int]:
-    """The corrupted document's loss targets in order (what its terms predict: tokens 1..SPAN)."""
-    return ((torch.arange(SPAN + 1) * 29 + 7) % VOCAB)[1:].tolist()
-
-
-def check_document_row(rows: list[dict], micro_batch: int | None, decode=None) -> None:
-    """The whole garbage document is ONE culprit row at the sample level (its terms together
-    carry the spike; a document is named whole rather than as its every token), with its text."""
-    (row,) = rows
-    assert (row["level"], row.get("micro_batch"), row["sample"], row["position"]) == \
-        ("sample", micro_batch, CORRUPT, 0)
-    ids = garbage_targets()
-    assert row["token"] == (decode(ids) if decode else "".join(f"<{i}>" for i in ids))
-    assert row["share"] > 0.5
-
-
 def plain_loop(model, opt, k: int = 1, steps: int = STEPS) -> None:
     """A user's loop with gradient accumulation: nothing of gradloc-track in it."""
     for step in range(steps):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from .conftest import BATCH, FAST, INJECT_AT, LOG_EVERY, LR, STEPS, check_document_row, mlflow_table
+from .conftest import BATCH, CORRUPT, FAST, INJECT_AT, LOG_EVERY, LR, STEPS, corrupted_positions, mlflow_table
 from .test_hf import hf_dataset
 
 L = pytest.importorskip("lightning.pytorch")
@@ -58,7 +58,8 @@ def test_lightning_mlflow_logger_run_holds_its_metrics_and_ours(gpt2, tmp_path, 
     table = mlflow_table(client, run.info.run_id, tmp_path)
     rows = [dict(zip(table["columns"], r)) for r in table["data"]]
     assert {r["step"] for r in rows} == {INJECT_AT}
-    check_document_row(rows, K - 1)
+    assert {(r["micro_batch"], r["sample"], r["position"]) for r in rows} == {
+        (K - 1, CORRUPT, p) for p in corrupted_positions()}
 
 
 def test_lightning_wandb_logger_run_gets_our_metrics_and_stays_open(gpt2, tmp_path):

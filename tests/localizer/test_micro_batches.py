@@ -157,7 +157,7 @@ def test_auto_searches_each_micro_batch_remainder_when_the_ranking_misses(monkey
     fns, masks = [loss_of(slice(0, 2)), loss_of(slice(2, 4))], [torch.ones(2, T), torch.ones(2, T)]
     blind = lambda layer_map, mask: torch.full(mask.shape, 0.15) * (mask != 0)  # noqa: E731
     monkeypatch.setattr(sys.modules["gradloc_track.localizer.driver"], "term_scores", blind)
-    monkeypatch.setattr(sys.modules["gradloc_track.localizer.levels"], "candidates", lambda segs: ([], math.inf))
+    monkeypatch.setattr(sys.modules["gradloc_track.localizer.levels"], "candidates", lambda segs: ([], math.inf, 0))
     res = gradloc_track.locate(model, fns, masks, method="auto", threshold=1.0)
     assert {(c.micro_batch, c.batch, c.position) for c in res.tokens} == {(0, 1, 5), (1, 0, 17)}
     assert any("remainder" in n for n in res.notes)
