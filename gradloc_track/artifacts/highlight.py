@@ -19,6 +19,8 @@ import math
 import unicodedata
 from typing import Any, Sequence
 
+import torch
+
 from ..localizer.result import Culprit, CulpritToken, LocateResult
 from ..spikes.event import SpikeEvent
 from .table import decode_token, format_top_layers
@@ -167,6 +169,62 @@ def _gap(n: int) -> str:
     return f'<span class="gap" title="{n} tokens not shown">\u2026 {n} tokens \u2026</span>'
 
 
+def _sample_meta(ctx: Any, sample: int) -> str:
+    """The sample's own columns (an RL completion's reward, group, index), one line; '' without any."""
+    cols = getattr(ctx, "sample_columns", None) or {}
+    cells = []
+    for name, values in cols.items():
+        if isinstance(values, torch.Tensor) and values.dim() == 1 and sample < values.shape[0]:
+            v = values[sample].item()  # host sync: a few values per shown sample
+            cells.append(f"{html.escape(str(name))} <b>{v:.4g}</b>" if isinstance(v, float) else
+                         f"{html.escape(str(name))} <b>{v}</b>")
+    return f"<div class='meta'>{' · '.join(cells)}</div>" if cells else ""
+
+
+def segment_runs(seg: Sequence[int]) -> list[tuple[int, int, int]]:
+    """(segment id, start, end) of each contiguous run of one id; -1 (not shown) is skipped."""
+    runs: list[list[int]] = []
+    for p, v in enumerate(seg):
+        if v < 0:
+            continue
+        if runs and runs[-1][0] == v and runs[-1][2] == p:
+            runs[-1][2] = p + 1
+        else:
+            runs.append([v, p, p + 1])
+    return [(v, a, b) for v, a, b in runs]
+
+
+def _windowed(s: "_Sample", a: int, b: int, marks: list[int], window: int) -> str:
+    """Positions ``a..b-1``: windows around ``marks`` (all of it up to ``FULL_TEXT_TOKENS`` without marks)."""
+    if not marks:
+        n = min(b - a, FULL_TEXT_TOKENS)
+        return s.spans(a, a + n) + (_gap(b - a - n) if n < b - a else "")
+    out, prev = [], a
+    for lo, hi in s.extend_over_padding([(max(a, x), min(b, y)) for x, y in context_windows(marks, b, window)]):
+        lo, hi = max(a, lo), min(b, hi)
+        if lo > prev:
+            out.append(_gap(lo - prev))
+        out.append(s.spans(lo, hi))
+        prev = hi
+    return "".join(out) + (_gap(b - prev) if prev < b else "")
+
+
+def parts_html(s: "_Sample", seg: Sequence[int], names: Sequence[str] | None, window: int) -> str:
+    """A sample shown part by part (``ctx.segment_ids``): an RL prompt and completion each in its
+    own block; a packed row's documents, those without a culprit as one line each."""
+    blocks = []
+    for v, a, b in segment_runs(seg):
+        name = names[v] if names is not None and 0 <= v < len(names) else f"document {v}"
+        marks = [p for p in s.culprits if a <= p < b]
+        head = f"<div class='meta'><b>{html.escape(name)}</b> · positions {a}\u2013{b - 1}" + \
+            (f" · {len(marks)} culprit token(s)" if marks else "") + "</div>"
+        if not marks and names is None:  # a document without culprits: named, not shown
+            blocks.append(f"<div class='meta'>{html.escape(name)} · {b - a} tokens, no culprit</div>")
+            continue
+        blocks.append(f"{head}<div class='text'>{_windowed(s, a, b, marks, window)}</div>")
+    return "".join(blocks)
+
+
 def render_highlight_html(step: int, events: Sequence[SpikeEvent], result: LocateResult, ctx: Any,
                           window: int = 48) -> str:
     """One HTML page for a spike event: header, notes, legend, and each culprit sample's text.
@@ -290,8 +348,13 @@ def _section(mb: int | None, sample: int, culprits: list, result: LocateResult, 
     where = ", ".join(f"{a}\u2013{b - 1}" for a, b in ranges)
     meta = " · ".join([_unit_text(u, T) for u in units] + [f"positions {where} of {T}"])
     doc = units[0].document if units else None
-    section = [f"<h2>{_name(mb, sample, doc)}</h2>", f"<div class='meta'>{esc(meta)}</div>",
-               f"<div class='text'>{''.join(shown)}</div>",
+    seg = getattr(ctx, "segment_ids", None)
+    if isinstance(seg, torch.Tensor):  # the sample's parts (prompt / completion, documents), each its block
+        text = parts_html(s, seg[sample].tolist(), getattr(ctx, "segment_names", None), window)  # host sync
+    else:
+        text = f"<div class='text'>{''.join(shown)}</div>"
+    section = [f"<h2>{_name(mb, sample, doc)}</h2>", _sample_meta(ctx, sample), f"<div class='meta'>{esc(meta)}</div>",
+               text,
                "<table><tr><th>position</th><th>token id</th><th>token</th><th>grad norm</th><th>share</th>"
                f"<th>top layers</th></tr>{rows}</table>"]
     if ranges != [(0, T)] and full_text:

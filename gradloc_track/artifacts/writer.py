@@ -109,7 +109,7 @@ def _cpu(x: Any) -> Any:
 def cpu_snapshot(ctx: Any) -> Any:
     """A shallow copy of the spike context whose tensors are CPU copies (what the renderers read)."""
     snap = copy.copy(ctx)
-    for name in ("input_ids", "token_mask", "extra_columns", "sample_columns"):
+    for name in ("input_ids", "token_mask", "extra_columns", "sample_columns", "segment_ids", "document_ids"):
         if hasattr(snap, name):
             try:
                 setattr(snap, name, _cpu(getattr(ctx, name)))

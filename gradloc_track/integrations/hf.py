@@ -14,10 +14,15 @@ the pre-clip gradient, then clips it to the same ``max_grad_norm`` exactly as Tr
 (``clip_grad_norm_``'s formula), or with the configured clipper if one is (``clip="adagc"``).
 Said once. Under DeepSpeed or FSDP Trainer's clipping is left alone. ``keep_columns`` and
 ``with_index`` (``hf_columns``) carry a dataset index and metadata to the culprit table.
+Inside TRL's ``GRPOTrainer`` / ``SFTTrainer`` the same class rebuilds the loss TRL computes from the
+batch TRL built, instead of the causal-LM cross-entropy (``integrations/trl``, docs/trl.md).
+The clipper's skip guard goes on Trainer's optimizer (its default fused AdamW skips a non-finite
+step through ``found_inf``: no sync, no memory).
 """
 from __future__ import annotations
 
 import dataclasses
+import sys
 import warnings
 from typing import Any
 
@@ -45,6 +50,7 @@ class GradLocCallback(TrainerCallback):
     def __init__(self, cfg: Any = None, **options: Any) -> None:
         self.options = resolve_options(cfg, **options)  # bad options fail here, not mid-training
         self.handle = None
+        self.adapter = None  # TRL trainers: records the batches TRL builds (integrations/trl)
         self._warned_clip = False
         self._trainer_max_norm: float | None = None  # Trainer's max_grad_norm while we hold its clipping
 
@@ -62,10 +68,15 @@ class GradLocCallback(TrainerCallback):
             from ..config import GlobalClipConfig
 
             opts = dataclasses.replace(opts, clip=GlobalClipConfig(max_norm=self._trainer_max_norm))
+        trainer, kind = _trl_trainer(self)  # TRL's GRPO/SFT trainers: the loss they compute, not cross-entropy
         scratch = ScratchDir()  # the joined run's files (no run_dir given); removed at finish
         tracker, owns = build_tracker(opts, wandb_step_key=HF_WANDB_STEP, scratch=scratch)  # joins report_to's run
         self.handle = WatchHandle(model, optimizer, opts, tracker=tracker, owns_tracker=owns, step_hook=False,
-                                  scratch=scratch)
+                                  scratch=scratch, capture=kind is None)
+        if kind is not None:
+            from .trl.adapters import make_adapter
+
+            self.adapter = make_adapter(trainer, kind, model, self.handle.tokenizer)
 
     def _take_over_clipping(self, args) -> None:
         """Trainer skips its ``max_grad_norm`` clipping during ``train()``; the monitor clips after it
@@ -95,8 +106,11 @@ class GradLocCallback(TrainerCallback):
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         if self.handle is not None:
+            ctx = self.adapter.context() if self.adapter is not None else None
             # Trainer increments global_step after optimizer.step(); it logs this update at +1
-            self.handle.step(state.global_step + 1)
+            stats = self.handle.step(state.global_step + 1, spike_context=ctx)
+            if self.adapter is not None:
+                self.adapter.report(stats, ctx, self.handle.monitor.artifact_writer.run_dir)
 
     def on_step_end(self, args, state, control, **kwargs):
         # the report_to callbacks run first at train end (MLflow ends its run there): flush before
@@ -106,6 +120,18 @@ class GradLocCallback(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         if self._trainer_max_norm is not None:  # the user's TrainingArguments read as they wrote them again
             args.max_grad_norm, self._trainer_max_norm = self._trainer_max_norm, None
+        if self.adapter is not None:
+            self.adapter.remove()
+            self.adapter = None
         if self.handle is not None:
             self.handle.remove()
             self.handle.finish()
+
+
+def _trl_trainer(callback: GradLocCallback) -> tuple[Any, str | None]:
+    """(TRL trainer, its kind) when this callback runs inside one (TRL already imported), else (None, None)."""
+    if "trl" not in sys.modules:  # a TRL trainer means TRL is imported: never import it to look
+        return None, None
+    from .trl.adapters import detect
+
+    return detect(callback)

@@ -14,6 +14,12 @@ import torch.distributed as dist
 from .packing import N_TOKENS, HostPack
 
 
+def resolve(ctx: Any) -> Any:
+    """The ``SpikeContext``: ``spike_context`` may also be a zero-argument callable that builds it
+    (``watch()`` passes one: the step's targets and masks are built only when a spike needs them)."""
+    return ctx() if callable(ctx) else ctx
+
+
 class SpikeResponse:
     """Localization of detected spikes, with ``locate.max_events`` and the back-off after empty results.
 
@@ -36,7 +42,7 @@ class SpikeResponse:
     @staticmethod
     def count_tokens(pack: HostPack, ctx: Any) -> tuple[int | None, int | None]:
         """(host token count or None when it rides in ``pack``, number of micro-batches or None)."""
-        masks = ctx.token_mask
+        masks = resolve(ctx).token_mask
         n_micro = None
         if not isinstance(masks, torch.Tensor):  # one mask per micro-batch (gradient accumulation)
             masks = list(masks)
@@ -66,6 +72,7 @@ class SpikeResponse:
             return {}
         if step < self._retry_step:  # the detector keeps firing on batches without a culprit: back off
             return {}
+        ctx = resolve(ctx)
         result = self._localize(step, ctx)
         if result is None:
             return {"locate/failed": 1.0}
