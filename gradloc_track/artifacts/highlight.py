@@ -209,19 +209,28 @@ def _windowed(s: "_Sample", a: int, b: int, marks: list[int], window: int) -> st
     return "".join(out) + (_gap(b - prev) if prev < b else "")
 
 
-def parts_html(s: "_Sample", seg: Sequence[int], names: Sequence[str] | None, window: int) -> str:
+def parts_html(s: "_Sample", seg: Sequence[int], names: Sequence[str] | None, window: int,
+               units: Sequence[Any] = ()) -> str:
     """A sample shown part by part (``ctx.segment_ids``): an RL prompt and completion each in its
-    own block; a packed row's documents, those without a culprit as one line each."""
+    own block; a packed row's documents, those without a culprit as one line each. A part a
+    culprit unit (span, document, sample) covers is shown whole (up to ``FULL_TEXT_TOKENS``), outlined."""
     blocks = []
     for v, a, b in segment_runs(seg):
         name = names[v] if names is not None and 0 <= v < len(names) else f"document {v}"
         marks = [p for p in s.culprits if a <= p < b]
+        inside = [u for u in units if u.start < b and u.end > a]
         head = f"<div class='meta'><b>{html.escape(name)}</b> · positions {a}\u2013{b - 1}" + \
-            (f" · {len(marks)} culprit token(s)" if marks else "") + "</div>"
-        if not marks and names is None:  # a document without culprits: named, not shown
+            (f" · {len(marks)} culprit token(s)" if marks else "") + \
+            "".join(f" · culprit {html.escape(u.level)}" for u in inside) + "</div>"
+        if not marks and not inside and names is None:  # a document without culprits: named, not shown
             blocks.append(f"<div class='meta'>{html.escape(name)} · {b - a} tokens, no culprit</div>")
             continue
-        blocks.append(f"{head}<div class='text'>{_windowed(s, a, b, marks, window)}</div>")
+        if inside:
+            end = min(b, a + FULL_TEXT_TOKENS)
+            text = _outlined(s, a, end, list(inside)) + (_gap(b - end) if end < b else "")
+        else:
+            text = _windowed(s, a, b, marks, window)
+        blocks.append(f"{head}<div class='text'>{text}</div>")
     return "".join(blocks)
 
 
@@ -350,7 +359,7 @@ def _section(mb: int | None, sample: int, culprits: list, result: LocateResult, 
     doc = units[0].document if units else None
     seg = getattr(ctx, "segment_ids", None)
     if isinstance(seg, torch.Tensor):  # the sample's parts (prompt / completion, documents), each its block
-        text = parts_html(s, seg[sample].tolist(), getattr(ctx, "segment_names", None), window)  # host sync
+        text = parts_html(s, seg[sample].tolist(), getattr(ctx, "segment_names", None), window, units)  # host sync
     else:
         text = f"<div class='text'>{''.join(shown)}</div>"
     section = [f"<h2>{_name(mb, sample, doc)}</h2>", _sample_meta(ctx, sample), f"<div class='meta'>{esc(meta)}</div>",

@@ -84,6 +84,9 @@ def attribution_table(step: int, events: Sequence[SpikeEvent], result: LocateRes
     extras = list(extra_columns if extra_columns is not None else ec)
     samples = list(sample_columns if sample_columns is not None else sc)
     where = list(where if where is not None else where_columns(result, ctx))
+    taken = set(BASE_COLUMNS) | set(where)  # a context column named like ours (TRL's ``document``) is ours
+    extras = [n for n in extras if n not in taken]
+    samples = [n for n in samples if n not in taken and n not in extras]
     columns = BASE_COLUMNS[:2] + where + BASE_COLUMNS[2:] + extras + samples
     if not result.culprits:
         return columns, []
@@ -92,7 +95,7 @@ def attribution_table(step: int, events: Sequence[SpikeEvent], result: LocateRes
     rows = []
     for c in result.culprits:
         cells = {"step": step, "level": c.level, "micro_batch": c.micro_batch, "rank": getattr(c, "rank", None),
-                 "document": c.document, "sample": c.batch, "position": c.start, "end": c.end,
+                 "document": view.document(c), "sample": c.batch, "position": c.start, "end": c.end,
                  "grad_norm": c.grad_norm, "share": c.share, "top_layers": format_top_layers(c.layer_norms, top_layers),
                  "signal": lead.signal if lead else None, "z": lead.z if lead else None,
                  "sample_id": view.sample_id(c), **view.text(c)}
@@ -132,6 +135,12 @@ class _View:
         return row_fingerprint(self.at(self.ids, c.micro_batch)[c.batch], None if mask is None else mask[c.batch],
                                None if docs is None else docs[c.batch], c.start)
 
+    def document(self, c: Any) -> int | None:
+        """The culprit's packed document: the localizer's for a unit, the map's at a token."""
+        if c.document is not None or c.level != "token" or self.docs is None or c.batch is None:
+            return c.document
+        return int(self.at(self.docs, c.micro_batch)[c.batch][c.position])
+
     def text(self, c: Any) -> dict[str, Any]:
         """``token``/``token_id`` cells: the token, or a unit's loss-term text (cut at MAX_UNIT_CHARS)."""
         if self.ids is None or c.batch is None:
@@ -145,14 +154,27 @@ class _View:
         return {"token": cut_text(decode_tokens(self.tok, ids)), "token_id": None}
 
     def columns(self, c: Any) -> list[Any]:
-        """Per-token context columns (token rows only) and per-sample ones (rows with a sample)."""
+        """Per-token context columns (a token's value; a span's or sample's mean over its loss terms,
+        e.g. an RL completion's advantage and mean ratio) and per-sample ones (rows with a sample)."""
         out = []
         for n in self.extras:
-            ok = n in self.ev and c.level == "token"
-            out.append(self.at(self.ev[n], c.micro_batch)[c.batch][c.position] if ok else None)
+            if n not in self.ev or c.batch is None:
+                out.append(None)
+                continue
+            row = self.at(self.ev[n], c.micro_batch)[c.batch]
+            out.append(row[c.position] if c.level == "token" else self._unit_mean(c, row))
         for n in self.samples:
             out.append(self.at(self.sv[n], c.micro_batch)[c.batch] if n in self.sv and c.batch is not None else None)
         return out
+
+
+    def _unit_mean(self, c: Any, row: list) -> float | None:
+        """The mean of a per-token column over the unit's loss terms; None if not numeric or no term."""
+        keep = self.at(self.mask, c.micro_batch)[c.batch] if self.mask is not None else [1] * len(row)
+        vals = [row[p] for p in range(c.start, min(c.end, len(row))) if keep[p]]
+        if not vals or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
+            return None
+        return sum(float(v) for v in vals) / len(vals)
 
 
 def decode_tokens(tokenizer: Any, ids: list[int]) -> str:

@@ -60,8 +60,8 @@ def test_highlight_page_names_and_outlines_the_sample_across_micro_batches():
     events, result, ctx = case()
     page = render_highlight_html(12, events, result, ctx, window=4)
     assert "<script" not in page.lower() and "<b>garbage" not in page  # the document's markup stays text
-    sec = re.search(r"<h2>micro-batch 1 · sample 1</h2><div class='meta'>([^<]*)</div><div class='text'>(.*?)</div>",
-                    page)
+    sec = re.search(r"<h2>micro-batch 1 · sample 1</h2><div class='meta'>reward <b>1</b></div>"
+                    r"<div class='meta'>([^<]*)</div><div class='text'>(.*?)</div>", page)  # its columns, then units
     assert sec and "culprit whole sample: positions 0\u201323 of 24" in html.unescape(sec.group(1))
     unit = re.search(r'<span class="u" title="CULPRIT sample[^"]*">', sec.group(2))
     inside = sec.group(2)[unit.end():]
