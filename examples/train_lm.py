@@ -38,6 +38,7 @@ from gradloc_track.demo.inject import PAD_ID, inject
 from gradloc_track.demo.model import build_model
 from gradloc_track.demo.optim import make_optimizer, make_schedule
 from gradloc_track.demo.tokenizer import make_tokenizer
+from gradloc_track.localizer import save_rng
 from gradloc_track.spikes import SpikeContext, SpikeDetector, spike_score
 from gradloc_track.trackers import NullTracker, Tracker, make_tracker
 from gradloc_track.trackers.quiet import quiet_backend_noise
@@ -211,10 +212,11 @@ def train(cfg: DemoConfig, s: Setup, monitor: GradMonitor, tracker: Tracker, run
         x, y, mask = get_batch(cfg, s, step)
         loss_fn = masked_lm_loss(s.net, x, y, mask, cfg.train.loss_norm)
         s.opt.zero_grad(set_to_none=True)
+        rng = save_rng()  # right before the forward: the localizer's probes replay its dropout
         loss = loss_fn(mask)
         loss.backward()
         # norms, clipping, spike detection and (on a spike) localization: before the optimizer step
-        ctx = SpikeContext(loss_fn=loss_fn, token_mask=mask, input_ids=y, tokenizer=s.tokenizer)
+        ctx = SpikeContext(loss_fn=loss_fn, token_mask=mask, input_ids=y, tokenizer=s.tokenizer, rng_state=rng)
         stats = monitor.after_backward(step, spike_context=ctx)
         s.opt.step()
         s.sched.step()

@@ -235,7 +235,20 @@ def _table(table: dict) -> str:
                          f"<td>{esc(f'{v:.4g}' if isinstance(v, float) else str(v))}</td>"
                          for i, v in enumerate(r)) + "</tr>"
         for r in data)
-    return f"<h2>All culprit tokens</h2><table><tr>{head}</tr>{body}</table>"
+    return f"<h2>All culprits</h2><table><tr>{head}</tr>{body}</table>"
+
+
+def culprit_counts(table: dict) -> str:
+    """``"3 culprit token(s), 1 culprit sample(s)"``: rows by level (a table from before levels
+    has token rows only)."""
+    cols, data = table.get("columns", []), table.get("data", [])
+    lvl = cols.index("level") if "level" in cols else -1
+    counts: dict[str, int] = {}
+    for r in data:
+        name = str(r[lvl]).replace("_", "-") if lvl >= 0 else "token"
+        counts[name] = counts.get(name, 0) + 1
+    counts.setdefault("token", 0)
+    return ", ".join(f"{n} culprit {name}(s)" for name, n in counts.items())
 
 
 def build_report(source: str | Path, tracking_uri: str | None = None, notes: list[str] | None = None) -> str:
@@ -261,7 +274,7 @@ def build_report(source: str | Path, tracking_uri: str | None = None, notes: lis
             if src.link and src.link.startswith(("http://", "https://")) else "")
     parts = [f"<h1>Spike report: {esc(src.title)}</h1>", link,
              f"<p>{len(steps)} spike event(s) (steps {esc(', '.join(map(str, steps))) or 'none'}), "
-             f"{len(table.get('data', []))} culprit token(s).</p>"]
+             f"{culprit_counts(table)}.</p>"]
     parts += [f"<p class='note'>{esc(n)}</p>" for n in src.notes]
     parts.append(_table(table))
     for step in steps:

@@ -82,7 +82,7 @@ class GradMonitor:
     does not clip the new tensors (a warning says so). ``after_backward`` must be called once per
     optimizer step with an increasing step: a repeated step is ignored with a warning (clip and
     detector state advance once), a step that goes backwards is processed with a warning.
-    A localization that finds no culprit token does not use up ``locate.max_events``.
+    A localization that finds no culprit (at any level) does not use up ``locate.max_events``.
     """
 
     def __init__(self, model: torch.nn.Module, tracker: Tracker | None = None, clipper: Any = None,

@@ -51,7 +51,8 @@ def test_report_from_mlflow_run_id_embeds_every_event(tmp_path, sqlite_uri, caps
     assert srcdocs(page) == logged
     assert page.count("src=\"data:image/png;base64,") == 2
     # the culprit table lists both events' rows
-    assert re.findall(r"<tr><td>(\d+)</td><td class='tok'>[^<]*</td>(?:<td>[^<]*</td>){2}<td>1</td><td>(\d+)</td>",
+    assert re.findall(r"<tr><td>(\d+)</td><td>token</td><td class='tok'>[^<]*</td>(?:<td>[^<]*</td>){2}<td>1</td>"
+                      r"<td>(\d+)</td>",
                       page) == \
         [("12", "10"), ("12", "60"), ("30", "10"), ("30", "60")]
 
