@@ -121,8 +121,8 @@ def main(argv: list[str] | None = None):
         print(f"injected: step {injected['step']}, sample {injected['sample']} (advantage "
               f"{injected['advantage']:.3f}): {bpe.decode(injected['tokens'])!r}")
     for stats in callback.handle.spikes:
-        found = [(c.micro_batch, c.batch, c.position) for c in (stats.locate.tokens if stats.locate else [])]
-        print(f"spike at step {stats.step}: culprits (micro_batch, sample, position): {found}")
+        found = [(c.level, c.micro_batch, c.batch, c.start) for c in (stats.locate.culprits if stats.locate else [])]
+        print(f"spike at step {stats.step}: culprits (level, micro_batch, sample, position): {found}")
     return callback, injected
 
 

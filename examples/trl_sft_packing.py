@@ -119,10 +119,11 @@ def main(argv: list[str] | None = None):
     for stats in callback.handle.spikes:
         ctx = stats.locate_view[1] if stats.locate_view else None
         docs_at = ctx.document_ids if ctx is not None else None
-        found = sorted({int(docs_at[c.batch, c.position]) for c in stats.locate.tokens}) \
+        found = sorted({int(docs_at[c.batch, c.start]) for c in stats.locate.culprits if c.batch is not None}) \
             if stats.locate and docs_at is not None else []
-        print(f"spike at step {stats.step}: culprit document(s) {found}, "
-              f"{len(stats.locate.tokens) if stats.locate else 0} culprit token(s)")
+        levels = [c.level for c in stats.locate.culprits] if stats.locate else []
+        print(f"spike at step {stats.step}: culprit document(s) {found}, culprits by level "
+              f"{ {lvl: levels.count(lvl) for lvl in sorted(set(levels))} }")
     return callback, injected
 
 

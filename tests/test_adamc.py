@@ -122,10 +122,8 @@ def test_lr_above_the_peak_warns_with_the_fix():
         AdamCWeightDecay(opt, lr_max=1.0, model=model).step()
 
 
-@pytest.mark.parametrize("lr_max", [0.0, -1.0, "1e-3", True])
+@pytest.mark.parametrize("lr_max", [0.0, -1.0, "1e-3", True, float("inf"), float("nan")])
 def test_bad_lr_max(lr_max):
     opt = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters(), lr=1e-3)
     with pytest.raises(ValueError, match="lr_max"):
         AdamCWeightDecay(opt, lr_max=lr_max)
-
-

@@ -47,7 +47,7 @@ def event_row(step: int, events: Sequence[SpikeEvent], localization: str, result
     ``localization``: ``"localized"``, or why not (``"locate.enabled=false"``, ...); ``result``:
     the ``LocateResult`` when the localizer ran (its culprit count and the norms it measured)."""
     lead = lead_event(events)
-    culprits = None if result is None else len(getattr(result, "culprits", None) or result.tokens)
+    culprits = None if result is None else len(result.culprits)
     mb_norms, shares = known_norms(result)
     return [int(step), lead.signal, float(lead.value), float(lead.baseline), float(lead.ratio), float(lead.z),
             other_layers(events, lead), localization, culprits, mb_norms, shares]

@@ -74,6 +74,8 @@ def call_model(model: torch.nn.Module, batch: Any) -> Any:
         args.append(batch.input_ids)
     if batch.attention_mask is not None:
         kw["attention_mask"] = batch.attention_mask
+    if getattr(batch, "position_ids", None) is not None:  # packed rows: each document's positions restart
+        kw["position_ids"] = batch.position_ids
     if batch.target_ids is not None:
         if isinstance(batch.targets_key, int):
             args.append(batch.target_ids)  # position 1, right after the ids (the only positional form read)

@@ -16,6 +16,8 @@ Said once. Under DeepSpeed or FSDP Trainer's clipping is left alone. ``keep_colu
 ``with_index`` (``hf_columns``) carry a dataset index and metadata to the culprit table.
 Inside TRL's ``GRPOTrainer`` / ``SFTTrainer`` the same class rebuilds the loss TRL computes from the
 batch TRL built, instead of the causal-LM cross-entropy (``integrations/trl``, docs/trl.md).
+The clipper's skip guard goes on Trainer's optimizer (its default fused AdamW skips a non-finite
+step through ``found_inf``: no sync, no memory).
 """
 from __future__ import annotations
 

@@ -8,7 +8,8 @@ LightningModule the way an HF model is called: ``pl_module(input_ids=..., attent
 (or ``pl_module(input_ids)`` for a tuple/tensor batch) must return logits (B, T, V) or an output
 with ``.logits``; for anything else use ``handle.set_loss_fn`` in ``training_step``. Logs through
 the Trainer's ``MLFlowLogger`` (its ``run_id``) / ``WandbLogger`` (its ``experiment``), at
-``trainer.global_step``; the loggers' runs stay theirs to end.
+``trainer.global_step``; the loggers' runs stay theirs to end. The clipper's skip guard goes on the
+Trainer's optimizer and runs Lightning's closure itself, so a non-finite step is skipped exactly.
 """
 from __future__ import annotations
 
@@ -27,16 +28,18 @@ LIGHTNING_WANDB_STEP = "trainer/global_step"  # the step metric WandbLogger defi
 def logger_tracker(trainer: Any, cfg: Any, run_dir: Any = None) -> Any:
     """A tracker into the runs of the Trainer's MLflow / W&B loggers, or None when it has neither."""
     from ..trackers.fanout import as_one_tracker
+    from ..trackers.run_lock import RunOwner
     from .runs import mlflow_run_tracker, wandb_run_tracker
 
     trackers = []
+    owner = RunOwner()  # both loggers' runs are one run of ours: their writers share run_dir
     for lg in getattr(trainer, "loggers", None) or []:
         kind = type(lg).__name__
         if kind == "MLFlowLogger":
             client = lg.experiment  # creates the logger's run if it is not there yet
-            trackers.append(mlflow_run_tracker(lg.run_id, client.tracking_uri, cfg, run_dir))
+            trackers.append(mlflow_run_tracker(lg.run_id, client.tracking_uri, cfg, run_dir, owner))
         elif kind == "WandbLogger":
-            trackers.append(wandb_run_tracker(lg.experiment, LIGHTNING_WANDB_STEP, cfg, run_dir))
+            trackers.append(wandb_run_tracker(lg.experiment, LIGHTNING_WANDB_STEP, cfg, run_dir, owner))
     return as_one_tracker(trackers)
 
 
@@ -84,5 +87,7 @@ class GradLocCallback(L.Callback):
             self.handle.finish()
 
     def on_exception(self, trainer, pl_module, exception) -> None:
+        from ..trackers.base import exit_status
+
         if self.handle is not None:
-            self.handle.finish("failed")
+            self.handle.finish(exit_status(type(exception)))  # Ctrl-C (KeyboardInterrupt): "killed"

@@ -19,10 +19,14 @@ only when ``accelerator.sync_gradients``) is hooked on the optimizer inside it, 
 once per real step under ``accelerator.accumulate``. A run joined without ``run_dir`` keeps its
 files in a temporary directory that ``finish()`` removes (kept, and named, only if records the
 backend did not take are spooled there for ``gradloc-track replay``).
+The clipper's skip guard goes on the optimizer: a non-finite step leaves weights and optimizer
+state bitwise unchanged (``clip.skip_step``). The spike context is built only when a spike fires.
 """
 from __future__ import annotations
 
+import functools
 import logging
+import sys
 import warnings
 from typing import Any, Callable
 
@@ -51,11 +55,19 @@ def hookable_optimizer(optimizer: Any) -> Any:
     return optimizer
 
 
-def build_tracker(opts: WatchOptions, wandb_step_key: str = "train/step",
+def say_where(backend: Tracker) -> None:
+    """Once per run ``watch()`` opened itself: where it went (the user did not name a place)."""
+    where = getattr(backend, "where", None)
+    if callable(where):
+        print(f"gradloc-track: watch() opened {where()}", file=sys.stderr, flush=True)
+
+
+def build_tracker(opts: WatchOptions, wandb_step_key: str | None = None,
                   scratch: ScratchDir | None = None) -> tuple[Tracker, bool]:
     """(tracker, whether we own its run): an explicit tracker/config, else the open run, else a new
     one from the default ``TrackerConfig`` (as the app builds it). A joined run's files go to
-    ``opts.run_dir``, else to ``scratch`` (removed at ``finish()``)."""
+    ``opts.run_dir``, else to ``scratch`` (removed at ``finish()``). ``wandb_step_key``: the step
+    metric of the framework whose W&B run is joined (``None``: the user's own run)."""
     import torch.distributed as dist
 
     from ..trackers import NullTracker, make_tracker
@@ -74,7 +86,7 @@ def build_tracker(opts: WatchOptions, wandb_step_key: str = "train/step",
         if opts.tracker.kind == "none" and opts.run_dir is None:
             log.info("gradloc-track: no open W&B/MLflow run and tracker='none': metrics stay in handle.last; "
                      "pass tracker='mlflow'|'wandb' or open a run first")
-    return make_tracker(opts.tracker, run_dir=opts.run_dir, run_name=opts.run_name), True
+    return make_tracker(opts.tracker, run_dir=opts.run_dir, run_name=opts.run_name, on_open=say_where), True
 
 
 class WatchHandle:
@@ -95,15 +107,28 @@ class WatchHandle:
         optimizer = hookable_optimizer(optimizer)
         self.model, self.optimizer, self.options = model, optimizer, opts
         self.scratch = scratch if scratch is not None else ScratchDir()  # a joined run's files; gone at finish
-        if tracker is None:
-            tracker, owns_tracker = build_tracker(opts, scratch=self.scratch)
-        self.tracker, self._owns_tracker = tracker, owns_tracker
-        self.tokenizer = resolve_tokenizer(model, opts.tokenizer)
-        detector = SpikeDetector(opts.spikes) if opts.spikes.enabled else None
-        writer = SpikeArtifactWriter(tracker, run_dir=opts.run_dir, top_layers=opts.locate.top_layers)
-        self.monitor = GradMonitor(model, tracker=tracker, clipper=build_clipper(opts.clip, model),
-                                   config=opts.monitor, optimizer=optimizer, detector=detector,
-                                   locate_config=opts.locate, artifact_writer=writer)
+        self._hooks = []
+        if optimizer is not None and step_hook:
+            if not hasattr(optimizer, "register_step_pre_hook"):
+                raise TypeError(f"gradloc-track: cannot hook {type(optimizer).__name__}.step(): pass the torch "
+                                "optimizer it wraps, or no optimizer and call handle.step() after backward()")
+            # registered BEFORE the monitor installs its skip guard: the guard's step hooks must see
+            # this step's clip (a sync-mode guard reads the flag in its own pre-hook)
+            self._hooks.append(optimizer.register_step_pre_hook(self._pre_step))
+        try:
+            if tracker is None:
+                tracker, owns_tracker = build_tracker(opts, scratch=self.scratch)
+            self.tracker, self._owns_tracker = tracker, owns_tracker
+            self.tokenizer = resolve_tokenizer(model, opts.tokenizer)
+            detector = SpikeDetector(opts.spikes) if opts.spikes.enabled else None
+            writer = SpikeArtifactWriter(tracker, run_dir=opts.run_dir, top_layers=opts.locate.top_layers)
+            self.monitor = GradMonitor(model, tracker=tracker, clipper=build_clipper(opts.clip, model),
+                                       config=opts.monitor, optimizer=optimizer, detector=detector,
+                                       locate_config=opts.locate, artifact_writer=writer)
+        except BaseException:
+            for h in self._hooks:
+                h.remove()
+            raise
         self.capture = MicroBatchCapture(model) if capture else None
         self.last = None
         self.spikes: list = []  # GradStats of every step whose spike fired (with .locate when localized)
@@ -111,12 +136,6 @@ class WatchHandle:
         self._user_ctx = None
         self._finished = False
         self._said_unusable = False
-        self._hooks = []
-        if optimizer is not None and step_hook:
-            if not hasattr(optimizer, "register_step_pre_hook"):
-                raise TypeError(f"gradloc-track: cannot hook {type(optimizer).__name__}.step(): pass the torch "
-                                "optimizer it wraps, or no optimizer and call handle.step() after backward()")
-            self._hooks.append(optimizer.register_step_pre_hook(self._pre_step))
 
     # -- the loop's side -------------------------------------------------------------------
     def _pre_step(self, optimizer, args, kwargs) -> None:
@@ -150,7 +169,8 @@ class WatchHandle:
         ctx = spike_context or self._user_ctx
         batches, rng = self.capture.take() if self.capture is not None else ([], None)
         if ctx is None and batches and self.monitor.detector is not None and self._rebuildable(batches):
-            ctx = lm_spike_context(self.model, batches, self.tokenizer, rng_state=rng)  # only a detector uses it
+            # built only if a spike fires: no per-step tensor work for the no-spike steps
+            ctx = functools.partial(lm_spike_context, self.model, batches, self.tokenizer, rng_state=rng)
         self._user_ctx = None
         with self._paused():
             self.last = self.monitor.after_backward(step, lr=lr, spike_context=ctx)
@@ -176,10 +196,12 @@ class WatchHandle:
 
     # -- cleanup ---------------------------------------------------------------------------
     def remove(self) -> None:
-        """Take every hook off (the optimizer's and the model's); logging state is kept."""
+        """Take every hook off (the optimizer's, the skip guard's and the model's); logging state is kept."""
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
+        if self.monitor.skip_guard is not None:
+            self.monitor.skip_guard.remove()
         if self.capture is not None:
             self.capture.remove()
 
@@ -209,8 +231,10 @@ class WatchHandle:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        from ..trackers.base import exit_status
+
         self.remove()
-        self.finish("failed" if exc_type is not None else "success")
+        self.finish(exit_status(exc_type))  # Ctrl-C: "killed"
 
 
 def watch(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *, cfg: Any = None,

@@ -113,5 +113,5 @@ def gather_culprit_rows(result: LocateResult, ctx: Any, group=None) -> tuple[Loc
         input_ids=_pad([x["ids"] for x in flat], length, 0, torch.long) if has_ids else None,
         tokenizer=getattr(ctx, "tokenizer", None), extra_columns=extras, sample_columns=samples)
     ghost_map = _pad([x["ghost"] for x in flat], length, 0.0, torch.float32)
-    view = dataclasses.replace(result, tokens=tokens, ghost_map=ghost_map, layer_map=layer_map)
+    view = dataclasses.replace(result, tokens=tokens, culprits=None, ghost_map=ghost_map, layer_map=layer_map)
     return view, view_ctx

@@ -33,8 +33,9 @@ class SpikeContext:
     extra_columns: Mapping[str, Any] = field(default_factory=dict)
     # per-sample extra columns, each (B,): reward, ... (with micro-batches: K (B_k,) tensors)
     sample_columns: Mapping[str, Any] = field(default_factory=dict)
-    # torch.get_rng_state() from before the training forward: probes replay its dropout masks
-    # (with micro-batches: one state for all, or a sequence of K)
+    # the RNG state saved right before the training forward (``save_rng()``'s dict or
+    # torch.get_rng_state()): probes replay its dropout masks. With micro-batches: a sequence of
+    # K, each saved right before ITS forward (the RNG moves on between micro-batches)
     rng_state: Any = None
     # (B, T) integer id of the document each position belongs to, for rows that pack several
     # documents: the localizer then names the document, not the row (with micro-batches: K)

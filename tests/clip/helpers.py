@@ -1,6 +1,8 @@
 """Small models and gradient streams shared by the clipper tests."""
 from __future__ import annotations
 
+import copy
+
 import torch
 
 
@@ -36,3 +38,19 @@ def backward(model, seed, nan=False):
     model(torch.randn(5, 4, generator=g).to(dtype)).pow(2).mean().backward()
     if nan:
         model[0].weight.grad[0, 0] = float("nan")
+
+
+def snapshot(model, opt):
+    """Parameters and optimizer state, copied (to compare bitwise after a skipped step)."""
+    return [p.detach().clone() for p in model.parameters()], copy.deepcopy(opt.state_dict()["state"])
+
+
+def assert_bitwise_equal(a, b):
+    (pa, sa), (pb, sb) = a, b
+    assert all(torch.equal(x, y) for x, y in zip(pa, pb))
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert sa[k].keys() == sb[k].keys()
+        for name, v in sa[k].items():
+            w = sb[k][name]
+            assert torch.equal(v, w) if isinstance(v, torch.Tensor) else v == w, (k, name)

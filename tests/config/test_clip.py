@@ -7,12 +7,12 @@ from gradloc_track.config import AdaGCConfig, ConfigError, GlobalClipConfig, Lay
 
 
 @pytest.mark.parametrize("schema,field,value", [
-    (LayerClipConfig, "alpha", 2), (AdaGCConfig, "eps", -1.0), (ZClipConfig, "alpha", 0.0),
+    (LayerClipConfig, "alpha", 2), (AdaGCConfig, "eps", -1.0), (AdaGCConfig, "eps", 0.0), (ZClipConfig, "alpha", 0.0),
     (AdaGCConfig, "beta", "0.9"), (AdaGCConfig, "warmup_steps", -1), (ZClipConfig, "warmup_steps", 0),
     (ZClipConfig, "clip_factor", 0.0), (ZClipConfig, "max_grad_norm", -1.0),
     (LayerClipConfig, "z_thresh", float("inf")), (AdaGCConfig, "mode", "AdaGC-Shard"),
     (ZClipConfig, "skip_update_on_spike", "yes"), (GlobalClipConfig, "max_norm", float("nan")),
-    (LayerClipConfig, "on_nonfinite", "ignore")])
+    (LayerClipConfig, "on_nonfinite", "ignore"), (GlobalClipConfig, "skip_step", "maybe")])
 def test_bad_clip_config_names_the_field(schema, field, value):
     with pytest.raises(ConfigError, match=rf"clip\.{field}="):
         schema(**{field: value})

@@ -240,6 +240,12 @@ def test_grpo_moe_aux_loss_is_not_localized(grpo):
         set_attrs(trainer, saved)
 
 
+def table_columns(out: Path) -> list[str]:
+    from gradloc_track.artifacts import read_table
+
+    return read_table(out, "spikes/tokens")["columns"]
+
+
 def rows(out: Path) -> list[dict]:
     from gradloc_track.artifacts import read_table
 
@@ -248,19 +254,19 @@ def rows(out: Path) -> list[dict]:
 
 
 def test_grpo_example_names_the_stale_completion(tmp_path, monkeypatch):
-    """examples/trl_grpo.py (loss_type='dapo', TRL's default): the injected completion's tokens are the
-    culprits, with their advantage (negative), ratio (~e^6), reward, group and index."""
+    """examples/trl_grpo.py (loss_type='dapo', TRL's default): the injected completion is the culprit (a
+    sample row: all its tokens are stale), with its advantage (negative), mean ratio (~e^6), reward, group, index."""
     monkeypatch.chdir(tmp_path)
     callback, injected = load_example("trl_grpo").main(
         ["--steps", "24", "--inject-at", "20", "--report-to", "none", "--out", str(tmp_path / "run")])
     assert callback.handle.finished and [s.step for s in callback.handle.spikes] == [20]
-    found = rows(tmp_path / "run")
-    assert {r["sample"] for r in found} == {injected["sample"]}
-    assert [r["token_id"] for r in sorted(found, key=lambda r: r["position"])] == injected["tokens"]
-    for r in found:
-        assert r["step"] == 20 and r["advantage"] == pytest.approx(injected["advantage"], rel=1e-5)
-        assert 100 < r["ratio"] < 1000 and r["old_logprob"] < r["logprob"] - 5  # stale by 6 nats
-        assert r["reward"] is not None and r["group"] is not None and r["index"] is not None
+    (r,) = rows(tmp_path / "run")  # every token of the completion is stale: the culprit is the whole completion
+    assert (r["step"], r["level"], r["sample"], r["token_id"]) == (20, "sample", injected["sample"], None)
+    assert r["share"] > 0.9 and r["token"] and r["sample_id"]
+    # per-token columns on a sample row: the mean over its loss terms (one advantage per completion)
+    assert r["advantage"] == pytest.approx(injected["advantage"], rel=1e-5)
+    assert 100 < r["ratio"] < 1000 and r["old_logprob"] < r["logprob"] - 5  # stale by 6 nats
+    assert r["reward"] is not None and r["group"] is not None and r["index"] is not None
     page = (tmp_path / "run" / "spikes" / "highlight" / "step_000020.html").read_text()
     assert "<b>prompt</b>" in page and "<b>completion</b>" in page and "reward <b>" in page
 
@@ -281,8 +287,7 @@ def test_grpo_example_one_mlflow_run_holds_trls_metrics_and_ours(tmp_path, mlflo
     assert {"grad_norm/global", "spike/culprits"} <= set(metrics)  # ours
     table = mlflow_table(mlflow_store.client, run.info.run_id, tmp_path)
     found = [dict(zip(table["columns"], r)) for r in table["data"]]
-    assert {(r["step"], r["sample"]) for r in found} == {(20, injected["sample"])}
-    assert sorted(r["token_id"] for r in found) == sorted(injected["tokens"])
+    assert [(r["step"], r["level"], r["sample"]) for r in found] == [(20, "sample", injected["sample"])]
     assert all(r["advantage"] < 0 and r["ratio"] > 100 for r in found)
 
 
@@ -354,7 +359,10 @@ def test_sft_packing_example_names_the_corrupted_document(tmp_path, monkeypatch)
         share[r["document"]] = share.get(r["document"], 0.0) + r["share"]
     top = max(share, key=share.get)
     assert top == injected["document"] and share[top] > 0.3 and share[top] >= 0.8 * sum(share.values())
-    assert all(injected["start"] <= r["position"] < injected["end"] for r in found if r["document"] == top)
+    # the document's rows lie inside it (a document row spans its terms: the term before its first token included)
+    assert all(injected["start"] - 1 <= r["position"] < r["end"] <= injected["end"]
+               for r in found if r["document"] == top)
+    assert len([c for c in table_columns(tmp_path / "r") if c == "document"]) == 1  # TRL's column is ours
     page = (tmp_path / "r" / "spikes" / "highlight" / f"step_{injected['step']:06d}.html").read_text()
     assert f"<b>document {top}</b>" in page
     assert json.loads((tmp_path / "r" / "tags.json").read_text()).get("spike_count") == "1"
