@@ -1,4 +1,5 @@
-"""The offline report: one page from an MLflow run id or a run dir, nested documents intact."""
+"""The offline report: one page from an MLflow run id or a run dir, nested documents intact, culprits
+counted by level."""
 from __future__ import annotations
 
 import html
@@ -9,6 +10,7 @@ import pytest
 from gradloc_track.artifacts import SpikeArtifactWriter
 from gradloc_track.cli import main
 from gradloc_track.config import TrackerConfig
+from gradloc_track.report import culprit_counts
 from gradloc_track.trackers import make_tracker
 
 from .artifacts.cases import make_case, real_spike
@@ -142,3 +144,9 @@ def test_a_run_that_only_detected_lists_each_event_and_why_it_was_not_localized(
     assert "<td>wpe</td>" in page and "<td>6.7</td>" in page and "<td>locate.enabled=false</td>" in page
     assert "<p>Not localized: locate.enabled=false.</p>" in page
     assert "<p>Not localized: locate.max_events=1 reached.</p>" in page and "<iframe" not in page
+
+
+def test_report_counts_culprits_by_level():
+    table = {"columns": ["step", "level", "token"], "data": [[1, "sample", "x"], [1, "token", "y"], [2, "token", "z"]]}
+    assert culprit_counts(table) == "1 culprit sample(s), 2 culprit token(s)"
+    assert culprit_counts({"columns": ["step", "token"], "data": [[1, "y"]]}) == "1 culprit token(s)"  # 0.2 tables

@@ -1,5 +1,6 @@
-"""Localization results the artifact tests render: a constructed two-sample case (``make_case``) and a
-real localization of one culprit token whose text is hostile markup (``real_spike``)."""
+"""Localization results the artifact tests render: a constructed two-sample case (``make_case``), a
+real localization of one culprit token whose text is hostile markup (``real_spike``), and culprits
+at every level over two micro-batches (``levels_case``)."""
 from __future__ import annotations
 
 import torch
@@ -7,7 +8,7 @@ import torch.nn.functional as F
 
 import gradloc_track
 from gradloc_track.demo.data import ByteTokenizer
-from gradloc_track.localizer.result import CulpritToken, LocateResult
+from gradloc_track.localizer.result import Culprit, CulpritToken, LocateResult
 from gradloc_track.spikes import SpikeContext, SpikeEvent
 
 LAYERS = ["wte", "h.0", "h.1", "lm_head"]
@@ -72,3 +73,33 @@ def real_spike():
                        sample_columns={"reward": torch.tensor([0.0, 1.0, 0.5])})
     events = [SpikeEvent(7, "global", 5.0, 1.0, 9.5, 5.0), SpikeEvent(7, "h.1", 3.0, 0.5, 7.0, 6.0)]
     return events, result, ctx
+
+
+T_LEVELS = 24
+
+
+DOC = b"<b>garbage & more</b>..."[:T_LEVELS]  # hostile markup: must come out escaped
+
+
+TEXT = b"the quick brown fox jumps over the lazy dog"
+
+
+def levels_case():
+    """Culprits at every level over two micro-batches of byte text (``T_LEVELS`` positions a row):
+    a whole document (a SAMPLE, hostile markup), TOKENS, a MICRO-BATCH."""
+    T = T_LEVELS
+    ids = [torch.tensor([list(TEXT[:T]), list(TEXT[5:5 + T])]), torch.tensor([list(TEXT[9:9 + T]), list(DOC)])]
+    masks = [torch.ones(2, T), torch.ones(2, T)]
+    masks[1][1, -1] = 0.0  # the document's last position has no loss term
+    doc = Culprit("sample", 2.0, 0.6, micro_batch=1, batch=1, start=0, end=T, n_terms=T - 1,
+                  layer_norms={"h.0": 1.5, "lm_head": 1.0})
+    mb = Culprit("micro_batch", 0.5, 0.1, micro_batch=2, n_terms=48)
+    toks = [CulpritToken(0, p, grad_norm=1.0, share=0.1, layer_norms={"h.0": 0.5}, micro_batch=0) for p in (4, 5)]
+    ghost = [torch.full((2, T), 1e-3), torch.full((2, T), 1e-3), None]
+    result = LocateResult(toks, probes=9, method="auto", threshold=0.3, total_norm=3.0, layer_names=["h.0"],
+                          micro_batch_norms=[1.0, 2.0, 0.5], ghost_maps=ghost, layer_maps=[None] * 3,
+                          culprits=[doc, mb] + toks, notes=["a note from the localizer"])
+    ctx = SpikeContext(loss_fn=[lambda m: m.sum()] * 3, token_mask=masks + [torch.ones(2, T)],
+                       input_ids=ids + [ids[0]], tokenizer=ByteTokenizer(),
+                       sample_columns={"reward": [torch.tensor([0.0, 1.0])] * 3})
+    return [SpikeEvent(12, "global", 6.0, 1.2, 8.0, 5.0)], result, ctx

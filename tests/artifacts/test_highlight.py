@@ -1,4 +1,5 @@
-"""The highlight page: windows around culprits, padding, escaping, a bounded page at any batch size."""
+"""The highlight page: windows around culprits, padding, escaping, a bounded page at any batch size;
+a culprit sample named and outlined across micro-batches."""
 from __future__ import annotations
 
 import html
@@ -12,7 +13,7 @@ from gradloc_track.artifacts.highlight import CSS, MAX_SAMPLES, MAX_TOKEN_CHARS
 from gradloc_track.localizer.result import CulpritToken, LocateResult
 from gradloc_track.spikes import SpikeContext, SpikeEvent
 
-from .cases import make_case
+from .cases import DOC, T_LEVELS, levels_case, make_case
 
 
 def visible_text_div(page: str, sample: int) -> str:
@@ -175,3 +176,19 @@ def test_documents_without_culprits_are_named_not_shown():
     assert "<b>document 2</b> · positions 35\u201359 · 1 culprit token(s)" in sample1
     shown = [int(t) for t in re.findall(r'title="position (\d+) \|', sample1.split("<table>")[0])]
     assert shown == list(range(37, 44))
+
+
+def test_highlight_page_names_and_outlines_the_sample_across_micro_batches():
+    events, result, ctx = levels_case()
+    page = render_highlight_html(12, events, result, ctx, window=4)
+    assert "<script" not in page.lower() and "<b>garbage" not in page  # the document's markup stays text
+    sec = re.search(r"<h2>micro-batch 1 · sample 1</h2><div class='meta'>reward <b>1</b></div>"
+                    r"<div class='meta'>([^<]*)</div><div class='text'>(.*?)</div>", page)  # its columns, then units
+    assert sec and "culprit whole sample: positions 0\u201323 of 24" in html.unescape(sec.group(1))
+    unit = re.search(r'<span class="u" title="CULPRIT sample[^"]*">', sec.group(2))
+    inside = sec.group(2)[unit.end():]
+    assert DOC[: T_LEVELS - 1].decode() in html.unescape(re.sub(r"<[^>]+>", "", inside))  # its text, in the outline
+    assert re.search(r"<h2>micro-batch 0 · sample 0</h2>", page) and '<span class="t c"' in page
+    assert "<h2>micro-batch 2</h2>" in page and "culprit micro-batch" in page
+    assert "a note from the localizer" in page
+    assert "culprits: 1 sample, 1 micro-batch, 2 tokens" in page

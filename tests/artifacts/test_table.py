@@ -1,11 +1,12 @@
-"""The attribution table: one row per culprit, the most useful columns first, ids when there is no tokenizer."""
+"""The attribution table: one row per culprit at its level (token, span, sample, micro-batch) with the
+unit's text, the most useful columns first, ids when there is no tokenizer."""
 from __future__ import annotations
 
 import pytest
 
 from gradloc_track.artifacts import attribution_table, render_highlight_html
 
-from .cases import HOSTILE, T, make_case
+from .cases import DOC, HOSTILE, T_LEVELS, TEXT, T, levels_case, make_case
 
 
 def test_table_rows_describe_the_culprits(spike):
@@ -31,3 +32,18 @@ def test_without_tokenizer_ids_are_shown_escaped():
     tid = int(ctx.input_ids[0, 3])
     assert dict(zip(cols, rows[0]))["token"] == f"<{tid}>"
     assert f"&lt;{tid}&gt;" in render_highlight_html(12, events, result, ctx)
+
+
+def test_table_has_a_row_per_culprit_at_its_level_with_the_units_text():
+    events, result, ctx = levels_case()
+    cols, rows = attribution_table(12, events, result, ctx)
+    assert cols[:3] == ["step", "level", "micro_batch"] and "end" in cols and cols[-1] == "reward"
+    got = [dict(zip(cols, r)) for r in rows]
+    assert [(r["level"], r["micro_batch"], r["sample"], r["position"], r["end"]) for r in got] == [
+        ("sample", 1, 1, 0, T_LEVELS), ("micro_batch", 2, None, None, None), ("token", 0, 0, 4, 5),
+        ("token", 0, 0, 5, 6)]
+    doc, mb, tok = got[0], got[1], got[2]
+    assert doc["token"] == DOC[: T_LEVELS - 1].decode() and doc["token_id"] is None  # its loss terms' text
+    assert doc["share"] == 0.6 and doc["reward"] == 1.0 and doc["top_layers"].startswith("h.0:")
+    assert mb["token"] == "" and mb["reward"] is None
+    assert tok["token"] == chr(TEXT[4]) and tok["token_id"] == TEXT[4] and tok["reward"] == 0.0

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import copy
+import math
+import random
 
 import torch
 
@@ -9,6 +11,10 @@ import torch
 def small_model():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+
+
+def global_norm(model) -> float:
+    return math.sqrt(sum(p.grad.double().norm().item() ** 2 for p in model.parameters() if p.grad is not None))
 
 
 def grad_stream(model, steps, spike_at=(), seed=0):
@@ -54,3 +60,23 @@ def assert_bitwise_equal(a, b):
         for name, v in sa[k].items():
             w = sb[k][name]
             assert torch.equal(v, w) if isinstance(v, torch.Tensor) else v == w, (k, name)
+
+
+def tanh_mlp():
+    """The saturation tests' model (8 -> 8 -> 4)."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4))
+
+
+def feed(clipper, model, steps, scale_of, seed=0):
+    """Gradients of random direction whose global norm is ``scale_of(t)`` (times log-normal noise)."""
+    gen = torch.Generator().manual_seed(seed)
+    rnd = random.Random(seed)
+    params = list(model.parameters())
+    for t in range(steps):
+        grads = [torch.randn(p.shape, generator=gen) for p in params]
+        total = math.sqrt(sum(g.pow(2).sum().item() for g in grads))
+        s = scale_of(t) * math.exp(rnd.gauss(0, 0.2)) / total
+        for p, g in zip(params, grads):
+            p.grad = g * s
+        clipper.clip()

@@ -11,6 +11,8 @@ import torch
 
 from gradloc_track.clip import AdaGC
 
+from .helpers import global_norm, small_model
+
 
 def model4():
     torch.manual_seed(0)
@@ -160,3 +162,37 @@ def test_mode_mismatch_on_resume_names_the_fix():
     state = AdaGC(model4(), mode="global").state_dict()
     with pytest.raises(ConfigError, match="mode='global'"):
         AdaGC(model4()).load_state_dict(state)
+
+
+@pytest.mark.parametrize("mode", ["tensor", "shard", "global"])
+def test_adagc_zero_gradient_step_in_warmup_does_not_zero_training(mode):
+    """0.2: global norm 2.56 -> 0 ... 1.62 -> 0 for every step after warm-up."""
+    model = small_model()
+    clipper = AdaGC(model, warmup_steps=5, mode=mode)
+    g = torch.Generator().manual_seed(0)
+    post = []
+    for t in range(12):
+        model.zero_grad()
+        (model(torch.randn(8, 6, generator=g)).pow(2).mean() * (0.0 if t == 2 else 1.0)).backward()
+        pre = global_norm(model)
+        res = clipper.clip()
+        post.append(global_norm(model))
+        if t == 2:
+            assert pre == 0.0 and post[-1] == 0.0  # the step itself: nothing to scale
+    assert min(post[5:]) > 0.1  # was exactly 0 after warm-up
+    assert torch.isfinite(res.threshold_t).all() and (res.threshold_t > 0).all()
+
+
+def test_adagc_zero_gradient_tensor_is_treated_like_a_missing_one():
+    model = small_model()
+    clipper = AdaGC(model, warmup_steps=0, beta=0.9)
+    g = torch.Generator().manual_seed(1)
+    for t in range(5):
+        model.zero_grad()
+        model(torch.randn(8, 6, generator=g)).pow(2).mean().backward()
+        if t == 4:
+            model[0].weight.grad.zero_()  # one tensor all zeros (a masked slice, a dead unit)
+            gamma = clipper.gamma.clone()
+        clipper.clip()
+    assert clipper.gamma[0] == gamma[0]  # untouched, as for a missing gradient (no beta decay towards 0)
+    assert not torch.equal(clipper.gamma[1:], gamma[1:])

@@ -44,3 +44,24 @@ def test_layerclip_logs_the_threshold_it_applies(tiny_gpt):
                                 if n.startswith("h.1.")))
     logged = dict(tracker.metrics[-1][1])["clip/threshold/h.1"]
     assert logged == pytest.approx(layer_after, rel=1e-4)  # was sqrt(#tensors) too large
+
+
+def test_layerclip_layer_without_gradient_in_warmup_is_not_zeroed_forever():
+    """0.2: the layer that first gets a gradient after warm-up went 0.607 -> 0 for every step."""
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict({"a": torch.nn.Linear(4, 4), "b": torch.nn.Linear(4, 4)})
+    clipper = LayerClip(model, warmup_steps=5)
+    g = torch.Generator().manual_seed(0)
+    ratios = []
+    for t in range(16):
+        model.zero_grad(set_to_none=True)
+        x = torch.randn(8, 4, generator=g)
+        (model["a"](x) + (model["b"](x) if t >= 6 else 0)).pow(2).mean().backward()
+        pre = None if model["b"].weight.grad is None else model["b"].weight.grad.norm().item()
+        clipper.clip()
+        if pre is not None:
+            ratios.append(model["b"].weight.grad.norm().item() / pre)
+    # the late layer warms up on its own first gradients (no clipping meanwhile), then is clipped
+    # only like any layer: never scaled to 0
+    assert min(ratios) > 0.1, ratios
+    assert ratios[:5] == [1.0] * 5

@@ -1,4 +1,5 @@
-"""Per-layer clip metrics against the norms measured before and after clipping."""
+"""Per-layer clip metrics against the norms measured before and after clipping; the thresholds
+they show are the ones in force, on a readable scale (issue 22)."""
 from __future__ import annotations
 
 import math
@@ -6,7 +7,10 @@ import math
 import pytest
 import torch
 
-from gradloc_track.clip import AdaGC
+from gradloc_track import GradMonitor, MemoryTracker
+from gradloc_track.clip import AdaGC, ZClip
+
+from .helpers import tanh_mlp
 
 
 def test_clip_metrics_per_layer(tiny_gpt):
@@ -31,3 +35,36 @@ def test_clip_metrics_per_layer(tiny_gpt):
     assert m["clip/total_norm_pre"] == pytest.approx(math.sqrt(sum(v * v for v in pre.values())), rel=1e-5)
     assert m["clip/total_norm_post"] == pytest.approx(math.sqrt(sum(v * v for v in post.values())), rel=1e-5)
     assert m["clip/clipped_fraction"] == pytest.approx(sum(c < 1 for c in res.coefs.values()) / len(pre))
+
+
+def logged_thresholds(clipper, model, steps, scale=1.0):
+    tracker = MemoryTracker()
+    mon = GradMonitor(model, tracker=tracker, clipper=clipper, log_every=1)
+    gen = torch.Generator().manual_seed(0)
+    norms = []
+    for step in range(steps):
+        for p in model.parameters():
+            p.grad = torch.randn(p.shape, generator=gen) * scale
+        norms.append(mon.after_backward(step).layer_norms)
+    return [(dict(m), n) for (_, m), n in zip(tracker.metrics, norms)]
+
+
+def test_adagc_warmup_thresholds_are_the_global_clip_in_force_on_the_layers_scale():
+    """0.2: sqrt(#tensors) x lambda_abs per layer in warm-up (3.46 for a block), 0.02-0.05 after."""
+    model = tanh_mlp()
+    rows = logged_thresholds(AdaGC(model, warmup_steps=3, lambda_abs=1.0), model, 6, scale=0.1)
+    for step, (m, layers) in enumerate(rows):
+        total = math.sqrt(sum(v * v for v in layers.values()))
+        for lay, norm in layers.items():
+            thr = m[f"clip/threshold/{lay}"]
+            if step < 3:  # the global clip, as each layer's share of it
+                assert m["clip/threshold/global"] == 1.0
+                assert thr == pytest.approx(norm / total, rel=1e-5)
+            assert 0.3 * norm < thr < 3 * norm  # on the layer's own scale, warm-up and after
+    assert all(v == v and v != -1.0 for m, _ in rows for k, v in m.items() if k.startswith("clip/threshold/"))
+
+
+def test_no_threshold_in_force_is_left_out_rather_than_drawn_as_minus_one():
+    model = tanh_mlp()
+    rows = logged_thresholds(ZClip(model, warmup_steps=3), model, 5)
+    assert ["clip/threshold/global" in m for m, _ in rows] == [False, False, False, True, True]

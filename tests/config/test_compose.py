@@ -251,8 +251,7 @@ def test_schema_is_not_a_choice(composer, group):
 
 
 def test_python_callers_get_type_errors_naming_the_field():
-    from gradloc_track.config import (AdaGCConfig, AdamCConfig, LocateConfig, MonitorConfig, TrackerConfig,
-                                      ZClipConfig)
+    from gradloc_track.config import AdaGCConfig, AdamCConfig, LocateConfig, MonitorConfig, TrackerConfig, ZClipConfig
     from gradloc_track.demo.config import ModelConfig, TrainConfig
 
     for build, field in [(lambda: TrackerConfig(queue_size="10"), "tracker.queue_size"),

@@ -1,4 +1,5 @@
-"""The demo's console: the spike block names the text and where to look; a plain log when not a tty."""
+"""The demo's console: the spike block names the text (at every culprit level) and where to look; the
+summary; a plain log when not a tty."""
 from __future__ import annotations
 
 import io
@@ -7,9 +8,12 @@ import json
 import torch
 
 from gradloc_track.demo.console import TrainConsole, culprit_spans, summary_lines, view_commands, where_to_look
+from gradloc_track.demo.data import ByteTokenizer
 from gradloc_track.localizer.result import CulpritToken, LocateResult
 from gradloc_track.spikes.event import SpikeEvent
 from gradloc_track.trackers.run_record import read_run_views, record_run
+
+from ..artifacts.cases import T_LEVELS, levels_case
 
 
 def test_spike_block_names_text_and_where_to_look(tmp_path):
@@ -74,3 +78,36 @@ def test_a_spike_that_was_not_localized_says_which_limit_and_links_no_page_that_
     # comparing runs: the experiment's charts (every run overlaid), not the compare-runs page
     assert "  http://127.0.0.1:5000/#/experiments/3/runs?compareRunsMode=CHART&workflowType=machine_learning" \
         "    # every run of the experiment, charts overlaid" in lines
+
+
+def test_the_console_summary_reports_the_clip_after_warmup():
+    from gradloc_track.demo.console import summary_lines
+
+    base = {"seconds": 1.0, "final_loss": 2.0, "max_post_clip_grad_norm": 0.2}
+    sat = {**base, "clip_steps_after_warmup": 80.0, "clip_clipped_fraction": 1.0, "clip_mean_coef": 0.29}
+    ok = {**base, "clip_steps_after_warmup": 80.0, "clip_clipped_fraction": 0.3, "clip_mean_coef": 0.9}
+    lines = summary_lines(130, "adagc", sat, [100], {}, "/tmp/run")
+    assert "clip=adagc after warm-up: 100% of 80 steps clipped, mean coefficient 0.29 — a 3.4x learning-rate cut, " \
+           "not a spike guard" in lines
+    assert "clip=adagc after warm-up: 30% of 80 steps clipped, mean coefficient 0.90" in summary_lines(
+        130, "adagc", ok, [], {}, "/tmp/run")
+
+
+def test_console_block_names_the_sample_and_the_micro_batch(tmp_path):
+    events, result, ctx = levels_case()
+    out = io.StringIO()
+    TrainConsole(stream=out).spike(12, events, result, ByteTokenizer(), ctx.input_ids, tmp_path)
+    text = out.getvalue()
+    assert "micro-batch 1, sample 1, the whole sample: '<b>garbage & more</b>" in text and "(60% of" in text
+    assert "micro-batch 2: the whole micro-batch (no sample or token in it stands out)" in text
+    assert "micro-batch 0, sample 0, positions 4-5" in text
+
+
+def test_console_block_without_culprits_gives_the_per_sample_shares(tmp_path):
+    result = LocateResult([], probes=6, method="auto", threshold=0.3, total_norm=3.0,
+                          sample_shares=[{"micro_batch": None, "sample": 3, "document": None, "share": 0.21,
+                                          "grad_norm": 1.0}])
+    out = io.StringIO()
+    TrainConsole(stream=out).spike(12, [], result, None, torch.zeros(4, T_LEVELS, dtype=torch.long), tmp_path)
+    assert "none found: no sample, span or token stands out" in out.getvalue()
+    assert "largest per-sample shares: sample 3 21%" in out.getvalue()

@@ -16,8 +16,8 @@ from gradloc_track import report
 from gradloc_track.artifacts import SpikeArtifactWriter
 from gradloc_track.cli import main
 from gradloc_track.config import TrackerConfig
-from gradloc_track.trackers.run_record import read_run_views
 from gradloc_track.trackers import make_tracker
+from gradloc_track.trackers.run_record import read_run_views
 
 from ..artifacts.cases import make_case
 

@@ -31,8 +31,8 @@ from gradloc_track.trackers.run_record import read_backend_record
 
 from ..conftest import ROOT, _free_port, running_mlflow_server
 from ..trackers.faults import timed_finish
-from .slow_proxy import SlowProxy
 from ..trackers.faults import train as train_steps
+from .slow_proxy import SlowProxy
 
 STEPS = 120
 assert not any(k.startswith("MLFLOW_HTTP_REQUEST") for k in os.environ), "tests must use MLflow's defaults"

@@ -1,15 +1,42 @@
-"""A real ``transformers.Trainer`` run with ``GradLocCallback``: one run, Trainer's and ours."""
+"""A real ``transformers.Trainer`` run with ``GradLocCallback``: one run, Trainer's and ours; a
+non-finite step skipped bitwise with Trainer's default (fused) optimizer."""
 from __future__ import annotations
 
+import html
 import json
-from pathlib import Path
+import re
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
 
-from .conftest import (BATCH, CORRUPT, FAST, INJECT_AT, LOG_EVERY, LR, SEQ, STEPS, VOCAB, corrupted_positions,
-                       counting_batch, micro_batches, mlflow_table)
+from .conftest import (
+    BATCH,
+    CORRUPT,
+    FAST,
+    INJECT_AT,
+    LOG_EVERY,
+    LR,
+    SEQ,
+    STEPS,
+    VOCAB,
+    corrupted_positions,
+    counting_batch,
+    micro_batches,
+    mlflow_table,
+)
+from .counting_case import (
+    DOC,
+    RARE,
+    RARE_AT,
+    CharTokenizer,
+    counting_model_state,
+    garbage_document,
+    run_trainer,
+)
+from .counting_case import STEPS as COUNTING_STEPS
+from .nonfinite import BAD, QUIET, assert_same, poison, snapshot
 
 pytest.importorskip("transformers")
 K = 2  # gradient_accumulation_steps
@@ -187,3 +214,70 @@ def test_default_max_grad_norm_spike_is_detected_localized_and_clipped_as_traine
     for got, want in zip(after.grads, expected):
         torch.testing.assert_close(got, want.grad, rtol=1e-6, atol=1e-9)
     assert torch.linalg.vector_norm(torch.stack([g.norm() for g in after.grads])).item() == pytest.approx(1.0, 1e-5)
+
+
+def test_hf_trainer_default_optimizer_skips_bitwise(gpt2, tmp_path):
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from gradloc_track.integrations.hf import GradLocCallback
+
+    seen = {}
+
+    class Poison(TrainerCallback):  # runs before GradLocCallback's on_pre_optimizer_step
+        def on_pre_optimizer_step(self, args, state, control, model=None, optimizer=None, **kw):
+            if state.global_step == BAD:
+                poison(model)
+                seen["before"] = snapshot(list(model.parameters()), optimizer)
+
+        def on_optimizer_step(self, args, state, control, model=None, optimizer=None, **kw):
+            if state.global_step == BAD:
+                seen["after"] = snapshot(list(model.parameters()), optimizer)
+
+    gradloc = GradLocCallback(**QUIET)
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=BATCH, max_steps=6,
+                             learning_rate=LR, report_to=[], save_strategy="no", max_grad_norm=0.0, use_cpu=True,
+                             disable_tqdm=True, dataloader_num_workers=0, seed=0)
+    Trainer(model=gpt2, args=args, train_dataset=hf_dataset(1), callbacks=[Poison(), gradloc]).train()
+    assert gradloc.handle.monitor.skip_guard.mode == "fused"  # Trainer's default: adamw_torch_fused
+    assert_same(seen["after"], seen["before"])
+    assert all(torch.isfinite(p).all() for p in gpt2.parameters())
+
+
+@pytest.fixture(scope="module")
+def counting_weights():
+    return counting_model_state()
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "gradient-checkpointing"])
+def test_a_garbage_document_is_a_sample_and_a_rare_token_is_tokens(counting_weights, tmp_path, checkpointing):
+    handle, tracker = run_trainer(counting_weights, tmp_path, checkpointing)
+    (stats,) = handle.spikes
+    assert stats.step == COUNTING_STEPS  # Trainer logs update s at global_step s + 1
+    res = stats.locate
+    assert res.step_check.replayed and res.step_check.residual < 1e-4  # the probes ARE the step
+    by_level = {}
+    for c in res.culprits:
+        by_level.setdefault(c.level, set()).add((c.micro_batch, c.batch) if c.level != "token"
+                                                else (c.micro_batch, c.batch, c.position))
+    assert by_level.get("sample") == {DOC}  # the document, by micro-batch and sample
+    tokens = by_level.get("token", set())
+    rare_inputs = {(*RARE, p) for p in RARE_AT}  # terms whose input is the rare token
+    assert rare_inputs <= tokens <= rare_inputs | {(*RARE, p - 1) for p in RARE_AT}  # ...and those predicting it
+    doc = next(c for c in res.culprits if c.level == "sample")
+    assert doc.share > 0.3
+
+    table = tracker.tables["spikes/tokens"]  # (spikes/events holds the detected step)
+    cols = table["columns"]
+    assert "level" in cols
+    rows = [dict(zip(cols, r)) for r in table["rows"]]
+    (sample_row,) = [r for r in rows if r["level"] == "sample"]
+    assert (sample_row["micro_batch"], sample_row["sample"]) == DOC
+    text = CharTokenizer().decode(garbage_document())
+    assert text[1:] in sample_row["token"]  # the document's text (its loss terms: positions 1..T-1)
+    ((_, _, page),) = tracker.html
+    section = re.search(r"<h2>micro-batch 3 · sample 1</h2><div class='meta'>([^<]*)</div>"
+                        r"<div class='text'>(.*?)</div>", page)
+    assert section and "culprit whole sample" in section.group(1)
+    assert '<span class="u" title="CULPRIT sample' in section.group(2)  # outlined as a whole
+    assert text[1:] in html.unescape(re.sub(r"<[^>]+>", "", section.group(2)))  # its text, in order
+    assert re.search(r"<h2>micro-batch 1 · sample 0</h2>", page) and '<span class="t c"' in page

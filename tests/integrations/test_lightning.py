@@ -1,10 +1,12 @@
-"""A real Lightning Trainer with ``MLFlowLogger`` and ``GradLocCallback``: one run, the logger's."""
+"""A real Lightning Trainer with ``MLFlowLogger`` and ``GradLocCallback``: one run, the logger's; a
+non-finite step skipped bitwise inside Lightning's closure."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from .conftest import BATCH, CORRUPT, FAST, INJECT_AT, LOG_EVERY, LR, STEPS, corrupted_positions, mlflow_table
+from .nonfinite import BAD, QUIET, assert_same, poison, snapshot
 from .test_hf import hf_dataset
 
 L = pytest.importorskip("lightning.pytorch")
@@ -84,3 +86,35 @@ def test_lightning_wandb_logger_run_gets_our_metrics_and_stays_open(gpt2, tmp_pa
     ours = [r for r in rows if "grad_norm/global" in r]
     assert sorted(r["trainer/global_step"] for r in ours) == list(range(steps))  # the logger's step metric
     assert any("train_loss" in r for r in rows)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_lightning_skips_bitwise_inside_its_closure(gpt2, tmp_path, fused):
+    from torch.utils.data import DataLoader
+
+    from gradloc_track.integrations.lightning import GradLocCallback
+
+    class Module(CausalLM):
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=LR, weight_decay=0.1, fused=fused)
+
+    seen = {}
+
+    class Poison(L.Callback):  # inside Lightning's closure, before GradLocCallback's hook
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+            if trainer.global_step == BAD:
+                poison(pl_module)
+                seen["before"] = snapshot(list(pl_module.parameters()), optimizer)
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if batch_idx == BAD:
+                seen["after"] = snapshot(list(pl_module.parameters()), trainer.optimizers[0])
+
+    gradloc = GradLocCallback(**QUIET)
+    trainer = L.Trainer(max_steps=6, logger=False, callbacks=[Poison(), gradloc], accelerator="cpu", devices=1,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=str(tmp_path))
+    trainer.fit(Module(gpt2), DataLoader(hf_dataset(1), batch_size=BATCH, shuffle=False))
+    assert gradloc.handle.monitor.skip_guard.mode == ("fused" if fused else "sync")
+    assert_same(seen["after"], seen["before"])
+    assert all(torch.isfinite(p).all() for p in gpt2.parameters())

@@ -1,5 +1,8 @@
-"""``gradloc_track.watch``: one call in a plain loop, joining the user's open run."""
+"""``gradloc_track.watch``: one call in a plain loop, joining the user's open run; a non-finite step
+skipped bitwise when it knows the optimizer, a warning naming the guard when it does not."""
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
@@ -9,7 +12,19 @@ import gradloc_track
 from gradloc_track import MemoryTracker
 
 from ..conftest import CONF_DIR
-from .conftest import CORRUPT, FAST, INJECT_AT, LR, STEPS, corrupted_positions, counting_batch, plain_loop, mlflow_table
+from .conftest import (
+    CORRUPT,
+    FAST,
+    INJECT_AT,
+    LR,
+    STEPS,
+    corrupted_positions,
+    counting_batch,
+    micro_batches,
+    mlflow_table,
+    plain_loop,
+)
+from .nonfinite import BAD, QUIET, assert_same, poison, snapshot
 
 
 def tokens_rows(table: dict) -> list[dict]:
@@ -268,3 +283,40 @@ def test_watch_says_once_where_the_run_it_opened_went(tiny_gpt, mlflow_store, ca
     line = next(line for line in err.splitlines() if "watch() opened" in line)
     assert run.info.run_name in line and f"/runs/{run.info.run_id}" in line and mlflow_store.uri in line
     assert not handle.tracker.run_dir.exists()  # the temporary run directory is gone
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_watch_skips_a_non_finite_step_bitwise(gpt2, fused):
+    opt = torch.optim.AdamW(gpt2.parameters(), lr=LR, weight_decay=0.1, fused=fused)
+    clean = copy.deepcopy(gpt2)
+    clean_opt = torch.optim.AdamW(clean.parameters(), lr=LR, weight_decay=0.1, fused=fused)
+    handle = gradloc_track.watch(gpt2, opt, **QUIET)
+    clean_handle = gradloc_track.watch(clean, clean_opt, **QUIET)
+    assert handle.monitor.skip_guard.mode == ("fused" if fused else "sync")
+    for step in range(6):
+        (mb,) = micro_batches(step, 1)
+        gpt2(**mb).loss.backward()
+        if step == BAD:
+            poison(gpt2)
+            before = snapshot(list(gpt2.parameters()), opt)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if step == BAD:
+            assert_same(snapshot(list(gpt2.parameters()), opt), before)
+            continue
+        clean(**mb).loss.backward()  # the twin never sees the bad step
+        clean_opt.step()
+        clean_opt.zero_grad(set_to_none=True)
+    assert_same(snapshot(list(gpt2.parameters()), opt), snapshot(list(clean.parameters()), clean_opt))
+    handle.remove()
+    assert handle.monitor.skip_guard.clipper.skip_guard is None  # the guard's hooks went with the rest
+    clean_handle.remove()
+
+
+def test_unknown_optimizer_warns_once_naming_the_guard(gpt2):
+    handle = gradloc_track.watch(gpt2, None, tracker=MemoryTracker(), clip="global", spikes=False, locate=False)
+    (mb,) = micro_batches(0, 1)
+    gpt2(**mb).loss.backward()
+    with pytest.warns(UserWarning, match="SkipStepGuard"):
+        handle.step()
+    assert handle.monitor.skip_guard is None

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import gradloc_track
-from gradloc_track.integrations.batches import LMBatch, MicroBatchCapture, lm_spike_context
+from gradloc_track.integrations.batches import MicroBatchCapture, lm_spike_context
 
 from .oracles import norm
 
@@ -54,7 +54,6 @@ def train_step(model, mbs, **kw):
 
 def step_norm(model) -> float:
     return norm([p.grad for p in model.parameters() if p.grad is not None])
-
 
 
 def test_capture_keeps_one_rng_state_per_micro_batch():
@@ -118,12 +117,6 @@ def test_the_rebuilt_loss_uses_the_steps_own_normaliser():
         assert rebuilt == pytest.approx(own, rel=1e-5), kw
 
 
-def test_lm_batch_keeps_num_items_in_batch():
-    ids = torch.zeros(2, 4, dtype=torch.long)
-    b = LMBatch.from_call((), {"input_ids": ids, "labels": ids, "num_items_in_batch": torch.tensor(6)})
-    assert int(b.num_items) == 6
-
-
 def test_a_gradient_clipped_in_place_is_the_step_rescaled_not_another_step():
     """Clippers rescale .grad before the localizer runs (the monitor clips first): globally or per
     tensor, the probes still reproduce the step; the ratio is said in a note."""
@@ -139,11 +132,3 @@ def test_a_gradient_clipped_in_place_is_the_step_rescaled_not_another_step():
         p.grad.mul_(0.1 + 0.05 * (j % 7))
     res = gradloc_track.locate(model, ctx.loss_fn, ctx.token_mask, rng_state=ctx.rng_state)
     assert res.step_check.replayed and res.step_check.residual < 1e-4
-
-
-def test_packed_rows_become_documents_from_position_ids():
-    ids = torch.arange(12).view(2, 6)
-    pos = torch.tensor([[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 4, 5]])
-    b = LMBatch.from_call((), {"input_ids": ids, "position_ids": pos})
-    assert b.document_ids().tolist() == [[0, 0, 0, 1, 1, 2], [0, 0, 0, 0, 0, 0]]
-    assert LMBatch.from_call((), {"input_ids": ids, "position_ids": pos[1:].expand(2, 6)}).document_ids() is None

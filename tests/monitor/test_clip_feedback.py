@@ -1,5 +1,6 @@
 """The monitor installs a SkipStepGuard when it knows the optimizer (``monitor.clip_feedback``):
-skip is exact by default; ``clip.skip_step="off"`` keeps 0.2's zeroing and says nothing."""
+skip is exact by default; ``clip.skip_step="off"`` keeps 0.2's zeroing and says nothing. It
+also warns, once, when clipping has turned into a learning-rate cut (issue 22)."""
 from __future__ import annotations
 
 import warnings
@@ -8,9 +9,9 @@ import pytest
 import torch
 
 from gradloc_track import GradMonitor, MemoryTracker
-from gradloc_track.clip import GlobalClip
+from gradloc_track.clip import AdaGC, GlobalClip
 
-from ..clip.helpers import assert_bitwise_equal, backward, mlp, snapshot
+from ..clip.helpers import assert_bitwise_equal, backward, feed, mlp, snapshot, tanh_mlp
 
 MONITOR_OPTIMIZERS = {
     "adamw": (lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1), "sync"),
@@ -59,3 +60,29 @@ def test_skip_step_off_keeps_the_zeroing_and_says_nothing():
     assert all(not p.grad.any() for p in model.parameters())  # zeroed, as in 0.2
     opt.step()
     assert max((p - b).abs().max().item() for p, b in zip(model.parameters(), before)) > 1e-4  # AdamW moves
+
+
+def monitored(scale_of, steps=90):
+    """AdaGC behind a monitor (logging every 10th step), gradients whose norm follows ``scale_of``."""
+    model = tanh_mlp()
+    clipper = AdaGC(model, warmup_steps=20)
+    mon = GradMonitor(model, tracker=MemoryTracker(), clipper=clipper, optimizer=torch.optim.SGD(
+        model.parameters(), lr=0.1), log_every=10)
+    step = [0]
+
+    class Stepper:
+        def clip(self):
+            mon.after_backward(step[0])
+            step[0] += 1
+
+    feed(Stepper(), model, steps, scale_of)
+    return clipper
+
+
+def test_the_monitor_warns_once_on_a_saturated_stream_and_never_on_a_healthy_one():
+    with pytest.warns(UserWarning, match="learning-rate cut") as caught:
+        monitored(lambda t: 0.25 if t < 20 else 1.0)
+    assert sum("learning-rate cut" in str(w.message) for w in caught) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        monitored(lambda t: 1.0)

@@ -1,4 +1,4 @@
-"""Many culprits: the threshold must not be set by the culprits themselves (issue 16, item 3).
+"""The adaptive threshold (``localizer/threshold.py``): many culprits must not set it themselves (issue 16, item 3).
 
 Heavy terms (loss weight 60, an importance ratio gone wild) scattered over the batch: 32 among
 256 terms and 10 among 64. A threshold from the batch's own 90th percentile sits on a culprit
