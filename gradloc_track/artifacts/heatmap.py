@@ -1,7 +1,10 @@
-"""Per-layer picture of a spike: tokens (around the culprits) x layers, log colour scale.
+"""Per-layer picture of a spike: loss positions (around the culprits) x layers, log colour scale.
 
 Shows the "layerwise heterogeneity" GradLoc reports: a culprit token can hit a few layers hard
-while others stay calm. Rendered with matplotlib's Agg backend (no display needed).
+while others stay calm. A cell is the gradient norm, in that layer, of the loss term at that
+position. Positions without a loss term (an SFT prompt, masked tokens) have no such gradient:
+they are drawn hatched grey, never in the colour scale, and do not set it; padding is left out.
+Rendered with matplotlib's Agg backend (no display needed).
 """
 from __future__ import annotations
 
@@ -19,7 +22,9 @@ DPI = 100
 CELL_W_IN = 0.28  # inches per token column
 ROW_H_IN = 0.45  # inches per layer row
 MIN_W_IN = 6.0  # narrow windows still leave room for the title and colour bar
-MARGIN_H_IN = 1.6  # title + token labels
+MARGIN_H_IN = 1.8  # title + token labels + the axis label
+NO_LOSS_COLOUR = "#d9d9d9"  # hatched grey: no loss term at the position (not a colour-scale value)
+COLOURBAR_LABEL = "gradient norm of the position's loss term (log)"
 
 
 def heatmap_columns(positions: list[int], length: int, window: int, max_tokens: int = 128) -> list[int | None]:
@@ -62,6 +67,14 @@ def padding_positions(ctx: Any, sample: int) -> set[int]:
     return {p for p, (k, t) in enumerate(zip(keep, ids)) if not k and t == pad}
 
 
+def loss_free_positions(ctx: Any, sample: int) -> set[int]:
+    """Positions of ``sample`` without a loss term (``token_mask`` 0): nothing of theirs to draw."""
+    mask = getattr(ctx, "token_mask", None)
+    if mask is None or isinstance(mask, (list, tuple)):
+        return set()
+    return {p for p, k in enumerate(mask[sample].tolist()) if not k}  # host sync: once per heatmap
+
+
 def heatmap_size_px(n_tokens: int, n_layers: int) -> tuple[int, int]:
     """(width, height) in pixels of the PNG for ``n_tokens`` columns and ``n_layers`` rows."""
     return round(max(MIN_W_IN, CELL_W_IN * n_tokens) * DPI), round((ROW_H_IN * n_layers + MARGIN_H_IN) * DPI)
@@ -101,7 +114,7 @@ def heatmap_grid(result: LocateResult, sample: int, ctx: Any = None, window: int
 
     Columns: positions around the culprits, padding dropped, ``None`` = a break. Rows: the
     per-position layers, then every other layer the table lists for the culprits (exact norms at
-    the culprits' columns only, NaN elsewhere).
+    the culprits' columns only, NaN elsewhere). Columns of positions without a loss term are NaN.
     """
     T = result.layer_map.shape[2]
     mine = [c for c in result.tokens if c.batch == sample]  # one micro-batch's result (for_micro_batch)
@@ -116,6 +129,8 @@ def heatmap_grid(result: LocateResult, sample: int, ctx: Any = None, window: int
     cols = [p for i, p in enumerate(cols) if p is not None or cols[i - 1] is not None]  # one gap marker per break
     idx = torch.tensor([p if p is not None else 0 for p in cols])
     data = result.layer_map[:, sample].index_select(1, idx).float().nan_to_num(0.0, 0.0, 0.0)  # (L, C)
+    free = loss_free_positions(ctx, sample)
+    data[:, [i for i, p in enumerate(cols) if p in free]] = float("nan")  # no loss term: no value, no scale
     # layers the table lists that the per-position pass does not cover (embeddings, norms): their
     # exact norms are known at the culprits only; other cells stay blank
     names = list(result.layer_names)
@@ -132,8 +147,20 @@ def heatmap_grid(result: LocateResult, sample: int, ctx: Any = None, window: int
         names += [f"{n} (culprits only)" for n in extra]
     finite = data[torch.isfinite(data)]
     vmax = float(finite.max()) if finite.numel() and float(finite.max()) > 0 else 1.0
-    data = data.clamp_min(vmax * 1e-6).numpy()  # log scale: zero contributions sit at the ramp's bottom
+    data = data.clamp_min(vmax * 1e-6).numpy()  # log scale: zero contributions sit at the ramp's bottom (NaN stays)
     return cols, names, data, mine
+
+
+def _mark_columns(ax: Any, cols: list[int | None], culprits: set[int], loss_free: set[int]) -> None:
+    """Dashed lines at the culprits; hatched grey over positions without a loss term (and the axis says so)."""
+    for i, p in enumerate(cols):
+        if p in culprits:
+            ax.axvline(i, color="cyan", lw=0.8, ls="--")
+        elif p in loss_free:
+            ax.axvspan(i - 0.5, i + 0.5, facecolor=NO_LOSS_COLOUR, edgecolor="#9a9a9a", hatch="///", lw=0)
+    shown = "token at each position" + ("; hatched grey: no loss term there (prompt or masked), nothing to draw"
+                                        if any(p in loss_free for p in cols) else "")
+    ax.set_xlabel(shown, fontsize=8)
 
 
 def render_layer_heatmap(result: LocateResult, sample: int, path: str | Path, ctx: Any = None,
@@ -179,12 +206,10 @@ def render_layer_heatmap(result: LocateResult, sample: int, path: str | Path, ct
                        interpolation="nearest")
         ax.set_yticks(range(L), names, fontsize=8)
         ax.set_xticks(range(len(cols)), labels, fontsize=7, rotation=90, family="monospace")
-        culprits = {c.position for c in mine}
-        for i, p in enumerate(cols):
-            if p in culprits:
-                ax.axvline(i, color="cyan", lw=0.8, ls="--")
-        ax.set_title(f"per-layer gradient contribution, sample {sample} (positions {where})", fontsize=9)
-        fig.colorbar(im, ax=ax, fraction=0.025, label="gradient norm from this token's loss (log)")
+        _mark_columns(ax, cols, {c.position for c in mine}, loss_free_positions(ctx, sample))
+        ax.set_title(f"per-layer gradient norm of each position's loss term, sample {sample} (positions {where})",
+                     fontsize=9)
+        fig.colorbar(im, ax=ax, fraction=0.025, label=COLOURBAR_LABEL)
         fig.tight_layout()
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)

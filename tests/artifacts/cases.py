@@ -35,9 +35,8 @@ def make_case(T=600, culprits=((1, 40), (1, 520)), pad_from=560):
     events = [SpikeEvent(12, "global", 6.0, 1.2, 8.0, 5.0)]
     return events, result, ctx
 
+
 B, T, V = 3, 40, 256
-
-
 HOSTILE = "<script>alert(1)</script>\"'&"
 
 

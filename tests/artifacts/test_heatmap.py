@@ -1,10 +1,11 @@
 """The layer x token heatmap: one column per token in the culprits' windows, no padding, every table
-layer, a bounded size."""
+layer, a bounded size; positions without a loss term marked as such, labels that say what is drawn."""
 from __future__ import annotations
 
 import struct
 import warnings
 
+import numpy as np
 import pytest
 
 from gradloc_track.artifacts import heatmap as heatmap_mod
@@ -95,3 +96,50 @@ def test_heatmap_drops_padding_and_adds_every_table_layer(tmp_path):
     assert row[cols.index(60)] == row[cols.index(61)] == 0.7
     assert all(v != v for i, v in enumerate(row) if cols[i] not in (60, 61))  # NaN: not estimated
     assert render_layer_heatmap(result, 1, tmp_path / "h.png", ctx=ctx).stat().st_size > 1000
+
+
+def prompt_case(loss_free=range(36, 47)):
+    """A sample whose positions 36-46 have no loss term (a prompt) that the per-position pass coloured."""
+    events, result, ctx = make_case(T=80, culprits=((1, 60), (1, 48)), pad_from=76)
+    ctx.token_mask[1, list(loss_free)] = 0.0
+    result.layer_map[:, 1, list(loss_free)] = 50.0  # larger than any culprit: must neither show nor set the scale
+    return result, ctx
+
+
+def drawn_figure(monkeypatch, result, ctx, path):
+    """Render, keeping the figure matplotlib would close (to read what its labels say)."""
+    import matplotlib.pyplot as plt
+
+    kept, close = [], plt.close
+    monkeypatch.setattr(plt, "close", lambda fig: kept.append(fig))
+    render_layer_heatmap(result, 1, path, ctx=ctx)
+    monkeypatch.setattr(plt, "close", close)
+    (fig,) = kept
+    close(fig)
+    return fig
+
+
+def test_positions_without_a_loss_term_are_left_out_of_the_colours_and_the_scale():
+    result, ctx = prompt_case()
+    cols, names, data, _ = heatmap_grid(result, 1, ctx, window=24)
+    free = [i for i, p in enumerate(cols) if p is not None and 36 <= p <= 46]
+    assert len(free) == 11  # the prompt is shown (context for a reader), as no value
+    assert all(v != v for v in data[:, free].ravel())  # NaN: not a colour-scale value
+    assert float(np.nanmax(data)) == pytest.approx(3.0)  # the culprit's largest layer norm sets the scale, not 50
+
+
+def test_the_picture_marks_loss_free_positions_and_says_what_is_drawn(tmp_path, monkeypatch):
+    import matplotlib.image
+
+    result, ctx = prompt_case()
+    fig = drawn_figure(monkeypatch, result, ctx, tmp_path / "p.png")
+    ax, bar = fig.axes
+    assert "loss term" in ax.get_title() and "loss term" in bar.get_ylabel()  # not "this token's loss"
+    assert "no loss term" in ax.get_xlabel()
+    grey = (np.abs(matplotlib.image.imread(tmp_path / "p.png")[..., :3] - 0xD9 / 255) < 2 / 255).all(-1)
+    assert grey.sum(0).max() > 150  # a pixel column of the hatched grey band (not anti-aliased text)
+    result, ctx = prompt_case(loss_free=[])
+    fig = drawn_figure(monkeypatch, result, ctx, tmp_path / "q.png")
+    assert "no loss term" not in fig.axes[0].get_xlabel()
+    grey = (np.abs(matplotlib.image.imread(tmp_path / "q.png")[..., :3] - 0xD9 / 255) < 2 / 255).all(-1)
+    assert grey.sum(0).max() < 50  # every position has a loss term: no band
