@@ -132,13 +132,23 @@ def test_artifact_pages_show_highlighted_culprits_and_the_table_and_charts_overl
         shot = save(browser, tmp_path, "mlflow_highlight.png")
         assert shot.stat().st_size > 10_000
 
-        # the culprit table: MLflow's viewer shows the part's CSV view as a table (JSON it shows raw)
-        browser.get(server + f"{run_path}/artifacts/spikes/tokens/step_000100.csv?workflowType=machine_learning")
+        # the culprit table, opened as a person does (the tree: tokens/ -> the step's .csv): MLflow's
+        # viewer shows the part's CSV view as a table (the JSON part it shows raw)
+        def click_node(name):
+            css = f"[data-testid='artifact-tree-node'][artifact-name='{name}']"
+            nodes = browser.find_elements(By.CSS_SELECTOR, css)
+            if nodes and nodes[0].is_displayed():
+                nodes[0].click()
+                return True
+            return None
+
+        wait_for(browser, lambda: click_node("tokens"), what="the tokens/ folder in the artifact tree")
+        wait_for(browser, lambda: click_node("step_000100.csv"), what="the table part's CSV view in the tree")
 
         def table_cells():
             heads = [h.text for h in browser.find_elements(By.CSS_SELECTOR, "table th") if h.text]
             cells = [c.text for c in browser.find_elements(By.CSS_SELECTOR, "table td")]
-            return (heads, cells) if heads[:3] == ["step", "token", "share"] and cells else None
+            return (heads, cells) if heads[:4] == ["step", "level", "token", "share"] and cells else None
 
         heads, cells = wait_for(browser, table_cells, what="the culprit table rendered as a table")
         assert tokens <= set(cells) and "100" in cells  # one row per culprit token, its text in a cell
