@@ -1,0 +1,110 @@
+"""Your own training loop with gradloc-track: per-layer gradient norms, AdaGC clipping, spike
+detection, and the text that caused a spike, logged and printed.
+
+    python examples/custom_loop.py                    # files under runs/custom_loop/ (no server)
+    python examples/custom_loop.py --tracker mlflow   # ./mlflow.db; the run dir says how to open it
+
+A small GPT (bytes as tokens, dropout on) learns to complete 8 lines from their prompt (the first
+8 positions, no loss term there). At step 100 the answer of sample 3 is garbled text:
+the detector fires on that step, the localizer names the garbled tokens, and the spike block is
+printed. The lines between the two ``# ---`` markers are the README's "Use it in
+your loop"; everything else is the set-up any loop has (model, optimizer, batches).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import gradloc_track
+from gradloc_track.artifacts import SpikeArtifactWriter
+from gradloc_track.clip import ZClip
+from gradloc_track.config import LocateConfig, TrackerConfig
+from gradloc_track.demo.console import TrainConsole
+from gradloc_track.demo.data import ByteTokenizer
+from gradloc_track.demo.model import TinyGPT
+from gradloc_track.localizer import save_rng
+from gradloc_track.spikes import SpikeContext, SpikeDetector
+
+LINES = [  # prompt (8 characters, no loss term) -> answer: the model learns to complete each line
+    "Q: cat? A: The cat sat on the warm mat all day.  ",
+    "Q: dog? A: The dog lay on the rug by the door.   ",
+    "Q: owl? A: An owl sang in the old oak at night.  ",
+    "Q: sun? A: The sun rose over the quiet hills.    ",
+    "Q: sea? A: Waves broke on the grey stone shore.  ",
+    "Q: tea? A: She poured tea into two blue cups.    ",
+    "Q: map? A: The old map showed a hidden river.    ",
+    "Q: bus? A: The night bus was late again today.   ",
+]
+GARBLED = "zX#q@~!vK%^j&*QwpL0$|Rb}8Tg?yN=+dU_Ck{7s"  # 40 bytes no line has: the whole answer
+B, T, PROMPT = len(LINES), len(LINES[0]) - 1, 8  # batch, positions, prompt positions (no loss term)
+
+
+def get_batch(step: int, tokenizer: ByteTokenizer, inject_at: int) -> tuple[torch.Tensor, ...]:
+    """(inputs, targets, loss mask), each (B, T): every line once, in a new order each step; at
+    ``inject_at`` the last 16 targets of sample 3 are garbled text."""
+    order = torch.randperm(B, generator=torch.Generator().manual_seed(step)).tolist()
+    rows = torch.tensor([tokenizer.encode(LINES[i]) for i in order])  # (B, T+1)
+    x, y = rows[:, :-1].clone(), rows[:, 1:].clone()  # (B, T) next-token targets
+    mask = torch.ones(B, T)  # (B, T) 1.0 = a loss term
+    mask[:, :PROMPT] = 0.0  # the prompt: context, no loss
+    if step == inject_at:
+        y[3, -len(GARBLED):] = torch.tensor(tokenizer.encode(GARBLED))
+    return x, y, mask
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=120)
+    ap.add_argument("--inject-at", type=int, default=100, help="the step with garbled targets (-1: none)")
+    ap.add_argument("--tracker", default="none", choices=["none", "mlflow", "wandb"],
+                    help="none: files in the run dir; mlflow: ./mlflow.db; wandb: W&B's own mode (WANDB_MODE)")
+    ap.add_argument("--out", default="runs/custom_loop", help="the run dir (artifacts, spool, run record)")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> list[int]:
+    """Train; the steps the detector fired on."""
+    args = parse_args(argv)
+    torch.manual_seed(0)
+    tokenizer = ByteTokenizer()
+    model = TinyGPT(vocab_size=256, n_layer=2, n_head=2, d_model=64, max_seq_len=T, dropout=0.1)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    run_dir = Path(args.out)
+    console = TrainConsole(stream=sys.stdout, rich=False)  # the demo's spike block, printed
+    spikes = []
+    # ---
+    tracker = gradloc_track.make_tracker(TrackerConfig(kind=args.tracker), run_dir=run_dir)
+    monitor = gradloc_track.GradMonitor(
+        model, tracker=tracker, clipper=ZClip(model), optimizer=opt,  # or AdaGC, LayerClip, GlobalClip
+        detector=SpikeDetector(), locate_config=LocateConfig(),
+        artifact_writer=SpikeArtifactWriter(tracker, run_dir))
+    for step in range(args.steps):
+        x, y, mask = get_batch(step, tokenizer, args.inject_at)  # (B, T) each
+        n_tokens = mask.sum()  # the FIXED normaliser: the whole batch's loss-term count
+
+        def loss_fn(keep):  # the loss over the terms ``keep`` selects; the localizer passes parts of mask
+            per_token = F.cross_entropy(model(x).flatten(0, 1), y.flatten(), reduction="none").view(B, T)
+            return (per_token * keep).sum() / n_tokens
+
+        rng = save_rng()  # right before the forward: the localizer's probes replay its dropout
+        loss_fn(mask).backward()
+        stats = monitor.after_backward(step, spike_context=SpikeContext(
+            loss_fn, mask, input_ids=y, tokenizer=tokenizer, rng_state=rng))
+        opt.step()  # ZClip clipped the gradients in after_backward
+        opt.zero_grad(set_to_none=True)
+        if stats.events:  # a spike: the signal, the culprit text, where the artifacts are
+            console.spike(step, stats.events, stats.locate, tokenizer, y, run_dir, not_localized=stats.not_localized)
+            spikes.append(step)
+    tracker.finish()
+    # ---
+    print(f"done: {args.steps} steps, spikes at {spikes or 'none'}; run dir {run_dir}\n"
+          f"  gradloc-track report {run_dir} -o spike_report.html    # one page with every spike")
+    return spikes
+
+
+if __name__ == "__main__":
+    main()
