@@ -16,7 +16,8 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 from gradloc_track.config import ConfigError, check_overrides, to_config
-from gradloc_track.demo.config import register_configs
+from gradloc_track.demo.config import DemoConfig, register_configs
+from gradloc_track.trackers.quiet import quiet_backend_noise
 from train_lm import train_lm  # the example app's loop, next to this file
 
 METHODS = ["none", "global", "zclip", "adagc", "layerclip"]
@@ -24,7 +25,7 @@ CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 def run_all(overrides: list[str], out: Path) -> dict[str, dict[str, float]]:
-    check_overrides(overrides)
+    check_overrides(overrides, DemoConfig, CONF)
     register_configs()
     results = {}
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
@@ -46,6 +47,7 @@ def table(results: dict[str, dict[str, float]]) -> str:
 
 
 if __name__ == "__main__":
+    quiet_backend_noise()  # our command: no MLflow store-creation lines or download bars
     try:
         results = run_all(sys.argv[1:], Path(tempfile.mkdtemp(prefix="clip-compare-")))
     except ConfigError as exc:

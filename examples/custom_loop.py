@@ -28,6 +28,7 @@ from gradloc_track.demo.data import ByteTokenizer
 from gradloc_track.demo.model import TinyGPT
 from gradloc_track.localizer import save_rng
 from gradloc_track.spikes import SpikeContext, SpikeDetector
+from gradloc_track.trackers.quiet import quiet_backend_noise
 
 LINES = [  # prompt (8 characters, no loss term) -> answer: the model learns to complete each line
     "Q: cat? A: The cat sat on the warm mat all day.  ",
@@ -107,4 +108,5 @@ def main(argv: list[str] | None = None) -> list[int]:
 
 
 if __name__ == "__main__":
+    quiet_backend_noise()  # our command: no MLflow store-creation lines or download bars
     main()

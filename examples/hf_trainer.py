@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from gradloc_track.demo.data import ByteTokenizer
+from gradloc_track.trackers.quiet import quiet_backend_noise
 
 PAD = 0  # byte 0 never occurs in the corpus
 
@@ -92,4 +93,5 @@ def main(argv: list[str] | None = None):
 
 
 if __name__ == "__main__":
+    quiet_backend_noise()  # our command: no MLflow store-creation lines or download bars
     main()

@@ -19,6 +19,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hf_trainer import samples  # noqa: E402  (the same data and injected document)
 
+from gradloc_track.trackers.quiet import quiet_backend_noise
+
 
 def main(argv: list[str] | None = None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -89,4 +91,5 @@ def main(argv: list[str] | None = None):
 
 
 if __name__ == "__main__":
+    quiet_backend_noise()  # our command: no MLflow store-creation lines or download bars
     main()

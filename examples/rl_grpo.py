@@ -29,6 +29,7 @@ from gradloc_track.demo.data import ByteTokenizer
 from gradloc_track.demo.model import TinyGPT
 from gradloc_track.spikes import SpikeContext, SpikeDetector
 from gradloc_track.trackers import make_tracker
+from gradloc_track.trackers.quiet import quiet_backend_noise
 
 PROMPT_LEN, RESP_LEN = 4, 3  # "a+b=" and up to 3 answer bytes
 TOK = ByteTokenizer()
@@ -207,4 +208,5 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
+    quiet_backend_noise()  # our command: no MLflow store-creation lines or download bars
     main()

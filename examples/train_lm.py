@@ -366,7 +366,8 @@ def main(cfg: DictConfig) -> float:
 
 if __name__ == "__main__":
     try:
-        check_overrides(sys.argv[1:])  # a renamed key (clip.layer_alpha) fails naming the new one
+        # a renamed key (clip.layer_alpha) names the new one, a typo (monitor.log_evry) the closest field
+        check_overrides(sys.argv[1:], DemoConfig, Path(__file__).resolve().parents[1] / "conf")
     except ConfigError as exc:
         sys.exit(f"error: {exc}")
     quiet_backend_noise()  # our command: no "Creating initial MLflow database tables" lines

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from gradloc_track.trackers.quiet import quiet_backend_noise
+
 STALE = 6.0  # nats: the injected completion's ratio is ~e^6 (~400)
 
 
@@ -127,4 +129,5 @@ def main(argv: list[str] | None = None):
 
 
 if __name__ == "__main__":
+    quiet_backend_noise()  # our command: no MLflow store-creation lines or download bars
     main()

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from gradloc_track.trackers.quiet import quiet_backend_noise
+
 MOJIBAKE = "â€™" * 4  # 12 characters the model never saw, in a document of its own
 
 
@@ -128,4 +130,5 @@ def main(argv: list[str] | None = None):
 
 
 if __name__ == "__main__":
+    quiet_backend_noise()  # our command: no MLflow store-creation lines or download bars
     main()

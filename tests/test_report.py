@@ -44,8 +44,12 @@ def test_report_from_mlflow_run_id_embeds_every_event(tmp_path, sqlite_uri, caps
     out = tmp_path / "out" / "report.html"
     (tmp_path / "tmp").mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    monkeypatch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "unset")  # (restored to its state after the test)
+    monkeypatch.delenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")  # MLflow's default: a bar per download
     assert main(["report", run.info.run_id, "--tracking-uri", sqlite_uri, "-o", str(out)]) == 0
-    assert str(out) in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert str(out) in printed.out
+    assert "Downloading artifacts" not in printed.err  # our command: no progress bars
     assert not list((tmp_path / "tmp").iterdir()), "the download is removed once the page is built"
     page = out.read_text()
     assert "<script" not in page.lower() and not re.search(r"src=\"(https?:|//)", page)

@@ -9,6 +9,7 @@ new key too.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterable
 
 from ._validate import ConfigError
@@ -45,6 +46,14 @@ def override_keys(overrides: Iterable[str]) -> list[str]:
     return [o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o and not o.startswith("-")]
 
 
-def check_overrides(overrides: Iterable[str]) -> None:
-    """``check_renamed`` on a Hydra command line, before Hydra's own "Key ... is not in struct"."""
+def check_overrides(overrides: Iterable[str], schema: type | None = None,
+                    conf_dir: str | Path | None = None) -> None:
+    """``check_renamed`` on a Hydra command line, before Hydra's own "Key ... is not in struct";
+    with the app's root ``schema`` (and its ``conf_dir``, for the group names), also every key typo
+    without ``+`` (``override_keys.check_override_keys``: "did you mean ...")."""
+    overrides = list(overrides)
     check_renamed(override_keys(overrides))
+    if schema is not None:
+        from .override_keys import check_override_keys
+
+        check_override_keys(overrides, schema, conf_dir)

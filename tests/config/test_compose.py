@@ -9,10 +9,10 @@ import re
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
+from hydra import compose
 
 from gradloc_track.config import CLIP_SCHEMAS, ConfigError, RootConfig, to_config
-from gradloc_track.demo.config import DemoConfig, register_configs
+from gradloc_track.demo.config import DemoConfig
 
 from ..conftest import CONF_DIR
 
@@ -25,12 +25,6 @@ EXPERIMENT_CLIP = sorted(p.relative_to(CONF_DIR / "experiment_clip").with_suffix
 def _options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
 
-
-@pytest.fixture(scope="module")
-def composer():
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        yield lambda overrides=(): compose("config", overrides=list(overrides))
 
 
 def test_every_group_is_a_field_of_the_app_config_and_the_library_keeps_its_own():

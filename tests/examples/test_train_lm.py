@@ -112,6 +112,14 @@ def test_a_renamed_clip_key_fails_naming_the_new_one_and_leaves_no_run_dir(tmp_p
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_key_typo_without_plus_gets_did_you_mean_and_leaves_no_run_dir(tmp_path):
+    proc = run_example(tmp_path, "monitor.log_evry=5", *SMALL, check=False)
+    assert proc.returncode != 0
+    assert "monitor.log_evry (did you mean monitor.log_every?)" in proc.stderr
+    assert "Could not override" not in proc.stderr  # ours, before Hydra's (which has no suggestion)
+    assert not (tmp_path / "runs").exists()
+
+
 def test_multirun_gives_one_tracker_run_per_job(tmp_path):
     run_example(tmp_path, "-m", "tracker=mlflow", "clip=none,adagc", *SMALL)
     _, runs = mlflow_runs(tmp_path)

@@ -1,0 +1,87 @@
+"""A key typo on the command line fails naming the closest field, with or without ``+``.
+
+``+monitor.log_evry=5`` reaches composition and ``to_config`` names the key (``unknown_keys``);
+without the ``+``, Hydra stops first with "Could not override 'monitor.log_evry' ... Key
+'log_evry' not in 'MonitorConfig'" and no suggestion. So the app checks its command line against
+the schema before Hydra runs: a key no schema could hold fails with our "did you mean".
+
+Only what is certain is reported. A group node (``clip``) accepts the fields of its declared
+schema and of every option schema under it (``clip.beta`` is AdaGC's): a key that one of them
+has is left to Hydra, which knows the option actually selected. A field that is not a dataclass
+(a dict, a list) takes any sub-key.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from pathlib import Path
+from typing import Any, Iterable
+
+from ._validate import ConfigError, _unknown_key_hint
+
+
+def _schemas(tp: Any) -> list[type]:
+    """The dataclasses a node of type ``tp`` can be: it, and its subclasses (a group's options)."""
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    if typing.get_origin(tp) is typing.Union and len(args) == 1:  # Optional[X]
+        tp = args[0]
+    if not (isinstance(tp, type) and dataclasses.is_dataclass(tp)):
+        return []
+    out, todo = [], [tp]
+    while todo:
+        cls = todo.pop()
+        out.append(cls)
+        todo += cls.__subclasses__()
+    return out
+
+
+def _fields(schemas: list[type]) -> dict[str, list[type]]:
+    """field name -> the dataclasses its value can be, over every schema a node can be."""
+    out: dict[str, list[type]] = {}
+    for schema in schemas:
+        hints = typing.get_type_hints(schema)
+        for f in dataclasses.fields(schema):
+            kinds = _schemas(hints.get(f.name, Any))
+            out.setdefault(f.name, [])
+            out[f.name] += [k for k in kinds if k not in out[f.name]]
+            if not kinds:
+                out[f.name].append(object)  # a plain value, dict or list: any sub-key is its own business
+    return out
+
+
+def unknown_override_key(key: str, schema: type) -> str | None:
+    """``"monitor.log_evry (did you mean monitor.log_every?)"`` when no schema reachable along the
+    dotted ``key`` has its next segment, else None."""
+    nodes, path = [schema], ""
+    for part in key.split("."):
+        fields = _fields(nodes)
+        if part not in fields:
+            return f"{path}{part} ({_unknown_key_hint(path, part, sorted(fields))})"
+        nodes = [k for k in fields[part] if k is not object]
+        if object in fields[part] or not nodes:
+            return None
+        path += part + "."
+    return None
+
+
+def check_override_keys(overrides: Iterable[str], schema: type, conf_dir: str | Path | None = None) -> None:
+    """Raise ``ConfigError`` for every ``key=value`` override whose key ``schema`` cannot hold.
+
+    Skipped: ``+``/``++``/``~`` overrides (``to_config`` checks what ``+`` adds), ``hydra.*`` and
+    ``hydra/...``, and a bare name that is a config group in ``conf_dir`` (``experiment=spike_demo``).
+    """
+    groups = {p.name for p in Path(conf_dir).iterdir() if p.is_dir()} if conf_dir is not None else set()
+    bad = []
+    for o in overrides:
+        if "=" not in o or o.startswith(("-", "+", "~")):
+            continue
+        key = o.split("=", 1)[0]
+        if key.split(".")[0] == "hydra" or "/" in key or ("." not in key and key in groups):
+            continue
+        found = unknown_override_key(key, schema)
+        if found:
+            bad.append(found)
+    if bad:
+        name = f"{schema.__module__}.{schema.__qualname__}"
+        raise ConfigError(f"unknown config key(s): {'; '.join(bad)}. Every key must be a field of {name} "
+                          "(see conf/); fix the key")

@@ -1,0 +1,62 @@
+"""A key typo on the command line without ``+`` (``config/override_keys.py``): the same "did you
+mean" as with ``+``, before Hydra's own error; every key Hydra composes passes; what only the
+selected option decides is left to Hydra."""
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+from gradloc_track.config import ConfigError, check_overrides, to_config
+from gradloc_track.config.override_keys import check_override_keys
+from gradloc_track.demo.config import DemoConfig
+
+from ..conftest import CONF_DIR
+
+
+@pytest.mark.parametrize("key,named", [
+    ("monitor.log_evry", "monitor.log_evry (did you mean monitor.log_every?)"),
+    ("train.inject.stpe", "train.inject.stpe (did you mean train.inject.step?)"),
+    ("spikes.z_threshold", "spikes.z_threshold (did you mean spikes.z_thresh?)"),
+    ("tracker.mlflow.trackng_uri", "tracker.mlflow.trackng_uri (did you mean tracker.mlflow.tracking_uri?)"),
+    ("run_nam", "run_nam (did you mean run_name?)"),
+])
+def test_a_typo_without_plus_gets_the_same_hint_as_with_it(composer, key, named):
+    with pytest.raises(ConfigError, match="unknown config key") as plain:
+        check_overrides([f"{key}=5"], DemoConfig, CONF_DIR)
+    with pytest.raises(ConfigError, match="unknown config key") as plus:
+        to_config(composer([f"+{key}=5"]))
+    assert named in str(plain.value) and named in str(plus.value)
+
+
+def test_a_clip_key_no_option_has_names_the_closest_of_all_options():
+    with pytest.raises(ConfigError, match=r"clip\.bta \(did you mean clip\.beta\?\)"):
+        check_overrides(["clip=adagc", "clip.bta=0.9"], DemoConfig, CONF_DIR)
+
+
+@pytest.mark.parametrize("choices", [["clip=adagc"], ["clip=zclip"], ["clip=layerclip", "model=small"],
+                                     ["experiment=spike_demo", "tracker=both"]])
+def test_every_key_hydra_composes_passes(composer, choices):
+    """The oracle is Hydra: every leaf key of a composed config, overridden without ``+``."""
+    cfg = OmegaConf.to_container(composer(choices), resolve=False)
+
+    def leaves(node, path=""):
+        for k, v in node.items():
+            if isinstance(v, dict) and v:
+                yield from leaves(v, f"{path}{k}.")
+            else:
+                yield f"{path}{k}"
+
+    keys = list(leaves(cfg))
+    assert len(keys) > 40 and "clip.kind" in keys and "tracker.mlflow.tracking_uri" in keys
+    check_override_keys(choices + [f"{k}=1" for k in keys], DemoConfig, CONF_DIR)
+
+
+def test_what_hydra_or_to_config_decide_is_left_to_them():
+    check_override_keys([
+        "clip=zclip", "clip.beta=0.9",  # AdaGC's field: Hydra names the option that lacks it
+        "monitor.groups.attn=h.*.attn",  # a mapping takes any key
+        "+monitor.log_evry=5", "++x=1", "~spikes",  # to_config checks what + adds
+        "hydra.run.dir=/tmp/x", "hydra/launcher=basic", "-m", "--cfg", "experiment=spike_demo",
+        "clip.beta=0.9,0.99",  # a sweep
+    ], DemoConfig, CONF_DIR)
+    check_overrides(["monitor.log_evry=5"])  # no schema given: renamed keys only (the old behaviour)
