@@ -75,9 +75,9 @@ def main(argv: list[str] | None = None) -> list[int]:
     model = TinyGPT(vocab_size=256, n_layer=2, n_head=2, d_model=64, max_seq_len=T, dropout=0.1)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     run_dir = Path(args.out)
-    console = TrainConsole(stream=sys.stdout, rich=False)  # the demo's spike block, printed
     spikes = []
     # ---
+    console = TrainConsole(stream=sys.stdout)  # prints the spike block
     tracker = gradloc_track.make_tracker(TrackerConfig(kind=args.tracker), run_dir=run_dir)
     monitor = gradloc_track.GradMonitor(
         model, tracker=tracker, clipper=ZClip(model), optimizer=opt,  # or AdaGC, LayerClip, GlobalClip
