@@ -2,7 +2,7 @@
 detection, and the text that caused a spike, logged and printed.
 
     python examples/custom_loop.py                    # files under runs/custom_loop/ (no server)
-    python examples/custom_loop.py --tracker mlflow   # ./mlflow.db; the run dir says how to open it
+    python examples/custom_loop.py --tracker mlflow   # ./mlflow.db; prints how to open the run
 
 A small GPT (bytes as tokens, dropout on) learns to complete 8 lines from their prompt (the first
 8 positions, no loss term there). At step 100 the answer of sample 3 is garbled text:
@@ -23,7 +23,7 @@ import gradloc_track
 from gradloc_track.artifacts import SpikeArtifactWriter
 from gradloc_track.clip import ZClip
 from gradloc_track.config import LocateConfig, TrackerConfig
-from gradloc_track.demo.console import TrainConsole
+from gradloc_track.demo.console import TrainConsole, view_commands
 from gradloc_track.demo.data import ByteTokenizer
 from gradloc_track.demo.model import TinyGPT
 from gradloc_track.localizer import save_rng
@@ -102,8 +102,8 @@ def main(argv: list[str] | None = None) -> list[int]:
             spikes.append(step)
     tracker.finish()
     # ---
-    print(f"done: {args.steps} steps, spikes at {spikes or 'none'}; run dir {run_dir}\n"
-          f"  gradloc-track report {run_dir} -o spike_report.html    # one page with every spike")
+    print(f"done: {args.steps} steps, spikes at {spikes or 'none'}; run dir {run_dir}; look at the results:")
+    print("\n".join(view_commands(run_dir)))  # the MLflow UI and links, W&B sync, the report
     return spikes
 
 
