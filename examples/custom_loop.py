@@ -1,4 +1,4 @@
-"""Your own training loop with gradloc-track: per-layer gradient norms, AdaGC clipping, spike
+"""Your own training loop with gradloc-track: per-layer gradient norms, clipping (ZClip), spike
 detection, and the text that caused a spike, logged and printed.
 
     python examples/custom_loop.py                    # files under runs/custom_loop/ (no server)
