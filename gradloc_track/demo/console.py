@@ -196,6 +196,14 @@ def where_to_look(run_dir: Path, step: int | None = None, page: str | None = Non
     return out
 
 
+def spike_link(run_dir: Path, step: int, localized: bool) -> str | None:
+    """The MLflow link to a spike's page: its highlight when localized, else its ``spikes/events`` row."""
+    m = read_run_views(run_dir).get("mlflow")
+    if m is None:
+        return None
+    return mlflow_run_url(m, f"artifacts/{highlight_page(step) if localized else event_page(step)}")
+
+
 def view_commands(run_dir: Path) -> list[str]:
     """The exact commands to look at the results."""
     record = read_run_views(run_dir)
@@ -239,9 +247,12 @@ def summary_lines(steps: int, clip_kind: str, summary: dict[str, float], events_
             toks = culprit_text.get(step)
             if toks is None:
                 lines.append(f"  step {step}: not localized ({not_localized[step]})")
-                continue
-            text = "".join(toks[:16]) + ("…" if len(toks) > 16 else "")
-            lines.append(f"  step {step}: {len(toks)} culprit token(s) {text!r}")
+            else:
+                text = "".join(toks[:16]) + ("…" if len(toks) > 16 else "")
+                lines.append(f"  step {step}: {len(toks)} culprit token(s) {text!r}")
+            link = spike_link(run_dir, step, localized=toks is not None)
+            if link:  # the run is open by now (a spike block printed before it was has no link)
+                lines.append(f"    {link}")
     if clip_kind != "none":
         lines.append(f"clip={clip_kind}: largest grad norm the optimizer saw after warm-up "
                      f"{summary['max_post_clip_grad_norm']:.3g}")

@@ -75,6 +75,10 @@ def test_a_spike_that_was_not_localized_says_which_limit_and_links_no_page_that_
                           {}, tmp_path, {100: "locate.enabled=false"})
     assert "1 gradient spike(s) detected, at step 100" in lines
     assert "  step 100: not localized (locate.enabled=false)" in lines
+    # the event's row again, once the run is surely open (a block printed before it opened has no link)
+    assert lines[lines.index("  step 100: not localized (locate.enabled=false)") + 1] == \
+        f"    http://127.0.0.1:5000/#/experiments/3/runs/{'b' * 32}/artifacts/spikes/events/step_000100.csv" \
+        "?workflowType=machine_learning"
     # comparing runs: the experiment's charts (every run overlaid), not the compare-runs page
     assert "  http://127.0.0.1:5000/#/experiments/3/runs?compareRunsMode=CHART&workflowType=machine_learning" \
         "    # every run of the experiment, charts overlaid" in lines
