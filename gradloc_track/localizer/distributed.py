@@ -135,41 +135,56 @@ def _gather_terms(prober: DistProber, maps: list[torch.Tensor] | None) -> dict[D
     return out
 
 
-def _gradloc(prober: DistProber, view: GlobalView, terms: list[DistTerm], tau: float, budget: int, labelled: bool):
-    """GradLoc's path: micro-batch stage, single-path binary search over ranks, token stage.
+def _gradloc(prober: DistProber, view: GlobalView, terms: list[DistTerm], threshold: float, budget: int,
+             labelled: bool):
+    """GradLoc's path (the official ``_micro_batch_search`` -> ``_bisect_rank_search`` ->
+    ``_bisect_process``): micro-batch stage, single-path binary search over ranks, token stage.
 
-    Micro-batch stage: each micro-batch probed with every rank's full mask; the largest token-mean
-    norm above ``tau * sqrt(K / N)`` is kept (``gradloc.micro_batch_stage``'s rule, ``N`` the
-    global term count). Rank stage: ranks ``[l, r]`` split at ``(l + r) // 2`` (the left half
-    takes the extra rank), both halves probed, the larger token-mean norm kept, down to one
-    rank. Token stage: ``gradloc.token_stage`` over that rank's terms (pruning at the threshold
-    itself, ``budget`` probes). Returns (total gradient, hits, budget_exhausted).
+    ``T = threshold * N / (K * W)`` is GradLoc's per-token knob (``N`` the global term count) and
+    ``unit = T * sqrt(K / N) / sqrt(W)``. Micro-batch stage: each micro-batch probed with every
+    rank's full mask; the largest RAW norm above ``unit * sqrt(W)`` is kept (ties: the first).
+    Rank stage over ranks ``[0, W-1]``: split at ``(l + r) // 2``, both halves probed, the larger
+    raw norm kept (ties: the right half), giving up when it is below ``unit * sqrt(its rank
+    count)``. Token stage: ``gradloc.token_stage`` over that rank's ``n`` terms at
+    ``T / (W * n)`` (GradLoc's ``T / sqrt(s) / W`` on the range's token-mean, in the rank's sum
+    units). Returns (total gradient, hits, budget_exhausted).
     """
-    K, n_total = prober.k, len(terms)
+    K, W, N = prober.k, dist.get_world_size(prober.group), len(terms)
+    T = threshold * N / (K * W)
+    unit = T * math.sqrt(K / N) / math.sqrt(W)
     total, target, best = None, -1, 0.0
     for k in range(K):
-        tk = [t for t in terms if t[1] == k]
-        if not tk:
+        if not any(t[1] == k for t in terms):
             continue
         g = prober.run({k: prober.masks[k]})
-        mean = prober.norm(g) / len(tk)
+        v = prober.norm(g)
         total = g if total is None else Prober.add_(total, g)
-        if mean > tau * math.sqrt(K / n_total) and mean > best:
-            best, target = mean, k
+        if v > unit * math.sqrt(W) and v > best:
+            best, target = v, k
     total_sq = _check_synchronized(prober, total)
     hits = GlobalHits(view, total, total_sq, {}, labelled)
     if target < 0:
         return total, hits, False
-    ranks = sorted({t[0] for t in terms if t[1] == target})
-    while len(ranks) > 1:
-        mid = (len(ranks) - 1) // 2
-        halves = []
-        for side in (ranks[: mid + 1], ranks[mid + 1:]):
-            st = [t for t in terms if t[1] == target and t[0] in side]
-            halves.append((prober.norm(prober.probe_global(st)) / len(st), side))
-        ranks = halves[0][1] if halves[0][0] >= halves[1][0] else halves[1][1]
-    mine = [t for t in terms if t[1] == target and t[0] == ranks[0]]
-    return total, hits, token_stage(view, 0, mine, tau, budget, hits)
+    rank = _gradloc_rank_search(prober, [t for t in terms if t[1] == target], W, unit)
+    if rank < 0:
+        return total, hits, False
+    mine = [t for t in terms if t[1] == target and t[0] == rank]
+    return total, hits, token_stage(view, 0, mine, T / (W * len(mine)), budget, hits)
+
+
+def _gradloc_rank_search(prober: DistProber, terms: list[DistTerm], world: int, unit: float) -> int:
+    """The rank holding the spike by GradLoc's single-path halving over ``[0, world-1]``, or -1
+    when the larger half is below ``unit * sqrt(its rank count)`` (raw norms: each rank's loss is
+    its own token-mean, so the ranks' norms compare as GradLoc's do; ties go right)."""
+    lo, hi = 0, world - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        left = prober.norm(prober.probe_global([t for t in terms if lo <= t[0] <= mid]))
+        right = prober.norm(prober.probe_global([t for t in terms if mid < t[0] <= hi]))
+        value, size, (lo, hi) = (left, mid - lo + 1, (lo, mid)) if left > right else (right, hi - mid, (mid + 1, hi))
+        if value < unit * math.sqrt(size):
+            return -1
+    return lo
 
 
 def locate_distributed(model: torch.nn.Module, loss_fn: Callable | Sequence[Callable],
@@ -199,7 +214,7 @@ def locate_distributed(model: torch.nn.Module, loss_fn: Callable | Sequence[Call
         maps, names = None, grouping.layers
         if method == "gradloc":
             terms = sorted(_gather_terms(prober, None))
-            total, hits, exhausted = _gradloc(prober, view, terms, tau, budget, labelled)
+            total, hits, exhausted = _gradloc(prober, view, terms, threshold, budget, labelled)
             total_sq = hits.total_sq
         else:
             total, maps, names = _ghost_pass(prober, model, group_by, world)

@@ -147,6 +147,15 @@ def run_monitor(scn: dict, rank: int, world: int) -> dict:
             "table": [dict(zip(table["columns"], r)) for r in table["rows"]], "html": len(tracker.html)}
 
 
+def _port(scn: dict, rank: int, world: int) -> dict:
+    from .gradloc_port import run_case
+
+    return run_case(scn, rank, world)
+
+
+RUNNERS = {"locate": run, "error": run, "monitor": run_monitor, "port": _port}
+
+
 def main(rank: int, world: int, port: str, out_dir: str, scenarios: str) -> None:
     t0 = time.perf_counter()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
@@ -154,7 +163,7 @@ def main(rank: int, world: int, port: str, out_dir: str, scenarios: str) -> None
     torch.set_num_threads(1)
     for scn in json.loads(scenarios):
         t0 = time.perf_counter()
-        result = run_monitor(scn, rank, world) if scn.get("monitor") else run(scn, rank, world)
+        result = RUNNERS[scn.get("kind", "locate")](scn, rank, world)
         result["seconds"] = time.perf_counter() - t0
         Path(out_dir, f"{scn['name']}.rank{rank}.json").write_text(json.dumps(result))
     print(f"rank {rank}: {time.perf_counter() - t0:.1f} s in the group", flush=True)

@@ -1,0 +1,45 @@
+"""Every scenario the distributed tests run, by world size: one process group per world size
+runs them all (``conftest.dist_results``), since a launch costs seconds and tests share it."""
+from __future__ import annotations
+
+from . import gradloc_port
+
+PORT_CASES = 12  # GradLoc port cases per world size (each a handful of probes)
+
+
+def locate_scenarios(world: int) -> list[dict]:
+    """locate() against the brute-force oracle and one process (test_locate_dist)."""
+    last = world - 1
+    two = [[0, 1, 5], [last, 0, 2]]
+    cases = [
+        {"name": "ddp_rank1", "wrap": "ddp", "culprits": [[1, 0, 3]]},
+        {"name": "fsdp2_rank1", "wrap": "fsdp2", "culprits": [[1, 0, 3]]},
+        {"name": "ddp_first_last", "wrap": "ddp", "culprits": two},
+        {"name": "fsdp2_first_last", "wrap": "fsdp2", "culprits": two},
+        {"name": "ddp_bisect", "wrap": "ddp", "culprits": two, "method": "bisect"},
+        {"name": "fsdp2_gradloc", "wrap": "fsdp2", "culprits": [[1, 0, 3]], "method": "gradloc",
+         "threshold": 3.0},
+        {"name": "ddp_micro", "wrap": "ddp", "culprits": [[1, 1, 0, 3], [0, 0, 1, 6]], "micro": 2},
+        {"name": "ddp_explicit", "wrap": "ddp", "culprits": [[1, 0, 3]], "threshold": 20.0},
+    ]
+    if world > 2:  # the method/micro-batch/threshold variants do not depend on the world size
+        cases = [c for c in cases if c["name"] not in ("ddp_bisect", "ddp_micro", "ddp_explicit")]
+    else:
+        cases += [{"name": "ddp_empty_rank0", "wrap": "ddp", "culprits": [[1, 1, 6]], "empty": [0]}]
+    return cases
+
+
+ERRORS = [{"name": "fsdp2_bad_rank1", "wrap": "fsdp2", "culprits": [[1, 0, 3]], "bad_rank": 1, "kind": "error"}]
+MONITOR = [{"name": "ddp_monitor", "wrap": "ddp", "culprits": [[1, 0, 3]], "kind": "monitor"}]
+
+
+def port_cases(world: int) -> list[dict]:
+    """GradLoc's rank search against the port (test_gradloc_dist), thresholds set here."""
+    return [{**gradloc_port.with_threshold(c, world), "kind": "port"}
+            for c in gradloc_port.make_cases(world, PORT_CASES)]
+
+
+def all_scenarios(world: int) -> list[dict]:
+    if world == 3:  # only GradLoc's uneven rank split needs 3 processes
+        return port_cases(world)
+    return (locate_scenarios(world) + ERRORS + (MONITOR if world == 2 else []) + port_cases(world))
