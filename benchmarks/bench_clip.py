@@ -1,16 +1,23 @@
 """Cost of each clipper against ``torch.nn.utils.clip_grad_norm_(foreach=True)``, 6.2M-param GPT, CPU.
 
-Three tables from one run, each measured interleaved: the clip call alone on the same gradients,
-the clip call on 5000 small tensors (per-tensor overhead: no Python loop over tensors may show),
-and a full training step (fwd+bwd+clip+AdamW), including "GradMonitor + AdaGC logging every step".
+Three tables from one run, each measured interleaved: the clip call alone on the same gradients
+(including ``GradMonitor`` + AdaGC on a non-logging step: the monitor's norm pass is the one the
+clipper uses), the clip call on 5000 small tensors (per-tensor overhead: no Python loop over
+tensors may show), and a full training step (fwd+bwd+clip+AdamW), including "GradMonitor + AdaGC
+logging every step". Clippers are bound to an optimizer with ``SkipStepGuard`` (as
+``GradMonitor(optimizer=...)``, ``watch()`` and the callbacks do), so a non-finite step is skipped
+by the optimizer and the clip is one norm pass + one scale pass; rows marked "no guard" zero a bad
+step's gradients themselves (one pass more). Every call restores the gradients first; "net" ratios
+subtract that copy (the "(copying the gradients only)" row) from both sides.
 
-    python benchmarks/bench_clip.py [--rounds 15] [--only small]
+    python benchmarks/bench_clip.py [--rounds 15] [--only small] [--threads 1]
 """
 from __future__ import annotations
 
 import argparse
 import copy
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -20,15 +27,41 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _timing import interleaved, report  # noqa: E402
 
 from gradloc_track import GradMonitor, MemoryTracker  # noqa: E402
-from gradloc_track.clip import AdaGC, GlobalClip, LayerClip, ZClip  # noqa: E402
+from gradloc_track.clip import AdaGC, GlobalClip, LayerClip, SkipStepGuard, ZClip  # noqa: E402
 from gradloc_track.demo.model import TinyGPT  # noqa: E402
 
 BASE = "clip_grad_norm_(foreach=True)"
 
 
+COPY = "(copying the gradients only)"
+
+
+def guarded(model, clipper):
+    """Bound to an optimizer: a non-finite step is skipped by it, no zeroing pass in clip()."""
+    SkipStepGuard(torch.optim.SGD(model.parameters(), lr=0.1), clipper)
+    return clipper
+
+
 def clippers(model):
-    return {"GlobalClip": GlobalClip(model, 1.0), "AdaGC": AdaGC(model, warmup_steps=5),
-            "ZClip": ZClip(model, warmup_steps=5), "LayerClip": LayerClip(model, warmup_steps=5)}
+    return {"GlobalClip": guarded(model, GlobalClip(model, 1.0)), "AdaGC": guarded(model, AdaGC(model, warmup_steps=5)),
+            "ZClip": guarded(model, ZClip(model, warmup_steps=5)),
+            "LayerClip": guarded(model, LayerClip(model, warmup_steps=5)),
+            "GlobalClip, no guard": GlobalClip(model, 1.0)}
+
+
+def monitor_call(model, clipper):
+    """``GradMonitor.after_backward`` on non-logging steps (its norms feed the clipper)."""
+    mon = GradMonitor(model, tracker=MemoryTracker(), clipper=clipper, log_every=10 ** 9)
+    return lambda i: mon.after_backward(i + 1)
+
+
+def report_net(title, medians):
+    report(title, medians, BASE)
+    copy, base = medians[COPY], medians[BASE]
+    print(f"net of the gradient copy (ratio to {BASE}):")
+    for name, t in medians.items():
+        if name not in (BASE, COPY):
+            print(f"  {name:<52}{(t - copy) / (base - copy):>8.3f}")
 
 
 def global_clip_v01(params, max_norm: float) -> None:
@@ -60,20 +93,26 @@ def small_tensors(rounds: int, n: int = 5000) -> None:
 
     variants = {BASE: with_fresh_grads(lambda: torch.nn.utils.clip_grad_norm_(flat, 1.0, foreach=True))}
     variants |= {name: with_fresh_grads(c.clip) for name, c in clippers(model).items()}
-    variants["AdaGC(mode='global')"] = with_fresh_grads(AdaGC(model, warmup_steps=5, mode="global").clip)
+    ada_global = guarded(model, AdaGC(model, warmup_steps=5, mode="global"))
+    variants["AdaGC(mode='global')"] = with_fresh_grads(ada_global.clip)
     variants["GlobalClip as in 0.1 (nan_to_num_ per tensor)"] = with_fresh_grads(lambda: global_clip_v01(flat, 1.0))
-    variants["(copying the gradients only)"] = with_fresh_grads(lambda: None)
-    report(f"clip call alone, {n} tensors of 64 values (gradient copy included in every row)",
-           interleaved(variants, rounds), BASE)
+    variants[COPY] = with_fresh_grads(lambda: None)
+    report_net(f"clip call alone, {n} tensors of 64 values (gradient copy included in every row)",
+               interleaved(variants, rounds))
 
 
 def main() -> None:
+    warnings.simplefilter("ignore")  # the "no guard" rows' one-time advice
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=256)
-    ap.add_argument("--only", choices=["small"], default=None, help="run only the 5000-small-tensor table")
+    ap.add_argument("--only", choices=["small", "alone"], default=None,
+                    help="run only the 5000-small-tensor table, or only the two clip-call tables")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (the issue's figures: 1)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     small_tensors(args.rounds * 4)
     if args.only == "small":
         return
@@ -87,18 +126,27 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     grads = [torch.randn(p.shape, generator=g) * 0.01 for p in model.parameters()]
 
+    params = list(model.parameters())
+    for p, gr in zip(params, grads):
+        p.grad = gr.clone()
+
     def with_fresh_grads(fn):
         def run(i):
-            for p, gr in zip(model.parameters(), grads):
-                p.grad.copy_(gr) if p.grad is not None else setattr(p, "grad", gr.clone())
-            fn()
+            torch._foreach_copy_([p.grad for p in params], grads)
+            fn(i)
         return run
 
     cl = clippers(model)
-    alone = {BASE: with_fresh_grads(lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True))}
-    alone |= {name: with_fresh_grads(c.clip) for name, c in cl.items()}
-    alone["(copying the gradients only)"] = with_fresh_grads(lambda: None)
-    report("clip call alone (gradient copy included in every row)", interleaved(alone, args.rounds * 4), BASE)
+    alone = {BASE: with_fresh_grads(lambda i: torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True))}
+    alone |= {name: with_fresh_grads(lambda i, c=c: c.clip()) for name, c in cl.items()}
+    # the monitor hooks nothing: its rows share the model (a copy differs by a few % from memory placement)
+    alone["GradMonitor + AdaGC, non-logging step"] = with_fresh_grads(
+        monitor_call(model, guarded(model, AdaGC(model, warmup_steps=5))))
+    alone["GradMonitor + AdaGC, no guard"] = with_fresh_grads(monitor_call(model, AdaGC(model, warmup_steps=5)))
+    alone[COPY] = with_fresh_grads(lambda i: None)
+    report_net("clip call alone (gradient copy included in every row)", interleaved(alone, args.rounds * 4))
+    if args.only == "alone":
+        return
 
     # 2) full training steps
     batch = torch.randint(0, 256, (args.batch, args.seq + 1))

@@ -9,7 +9,13 @@ land in the timing), against a twin copy's plain step.
 Reported: medians and the median of per-pair ratios (each variant step timed right next to its
 plain step), then the extra call alone (the figure that survives a busy machine).
 
+A second table puts ``watch()``'s fixed per-step cost where it shows: small models (a 2-layer
+d=64 and a 4-layer d=256 GPT), ``watch()`` with its defaults (logging every step, detector armed,
+localizer on) on random batches that hold no spike (the events column says so), against a twin's
+plain step; and the ``watch()`` step alone.
+
     python benchmarks/bench_monitor.py [--rounds 20] [--batch 4] [--seq 256] [--threads N] [--no-wandb]
+    python benchmarks/bench_monitor.py --only small [--rounds 40]
 """
 from __future__ import annotations
 
@@ -56,9 +62,13 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--no-wandb", action="store_true")
+    ap.add_argument("--only", choices=["small"], default=None, help="only the small-model watch() table")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    small_models(args)
+    if args.only == "small":
+        return
     torch.manual_seed(0)
     proto = TinyGPT(vocab_size=256, n_layer=6, n_head=6, d_model=288, max_seq_len=args.seq)
     n_params = sum(p.numel() for p in proto.parameters())
@@ -127,6 +137,45 @@ def main() -> None:
         print(f"{name} call alone: {t * 1e3:.2f} ms = {t / base:.2%} of the plain step")
     if run is not None:
         run.finish()
+
+
+def small_models(args) -> None:
+    """watch() with no spike against a twin's plain step, on models where a fixed cost shows."""
+    gen = torch.Generator().manual_seed(1)
+    pool = [torch.randint(0, 256, (args.batch, args.seq + 1), generator=gen) for _ in range(16)]
+
+    def rotating_step(model, opt):
+        def step(i: int) -> None:
+            batch = pool[i % len(pool)]  # random tokens: no spike to find
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(model(batch[:, :-1]).reshape(-1, 256), batch[:, 1:].reshape(-1)).backward()
+            opt.step()
+        return step
+
+    print(f"\nwatch() with its defaults (logging every step, detector armed) vs a twin's plain step, batch "
+          f"{args.batch}x{args.seq}, rounds {args.rounds * 2}")
+    print(f"{'model':<28}{'plain ms':>9}{'watch ms':>10}{'ratio':>8}{'step alone ms':>15}{'events':>8}")
+    for n_layer, d_model, n_head in ((2, 64, 2), (4, 256, 4)):
+        torch.manual_seed(0)
+        proto = TinyGPT(vocab_size=256, n_layer=n_layer, n_head=n_head, d_model=d_model, max_seq_len=args.seq)
+        model, twin = copy.deepcopy(proto), copy.deepcopy(proto)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        handle = gradloc_track.watch(model, opt, tracker=MemoryTracker())
+        res = paired({"watch": (rotating_step(model, opt), "twin")},
+                     {"twin": rotating_step(twin, torch.optim.AdamW(twin.parameters(), lr=1e-4))}, args.rounds * 2)
+        tb, tv, ratio = res["watch"]
+        alone = []
+        for i in range(30):  # the watch() step alone, on a fresh forward + backward each time
+            batch = pool[i % len(pool)]
+            model.zero_grad(set_to_none=True)
+            F.cross_entropy(model(batch[:, :-1]).reshape(-1, 256), batch[:, 1:].reshape(-1)).backward()
+            t0 = time.perf_counter()
+            handle.step()
+            alone.append(time.perf_counter() - t0)
+        name = f"{n_layer}-layer d={d_model} ({sum(p.numel() for p in proto.parameters()) / 1e6:.2f}M)"
+        print(f"{name:<28}{tb * 1e3:>9.1f}{tv * 1e3:>10.1f}{ratio:>8.3f}{statistics.median(alone) * 1e3:>15.2f}"
+              f"{len(handle.spikes):>8}")
+        handle.remove()
 
 
 def paired(pairs, bases, rounds: int, warmup: int = 2) -> dict[str, tuple[float, float, float]]:

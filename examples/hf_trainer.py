@@ -79,15 +79,15 @@ def main(argv: list[str] | None = None):
     targs = TrainingArguments(
         output_dir=args.out, per_device_train_batch_size=args.micro, gradient_accumulation_steps=args.accum,
         max_steps=args.steps, learning_rate=1e-2, lr_scheduler_type="constant", logging_steps=1,
-        max_grad_norm=0.0,  # clipping is AdaGC's (the callback's); Trainer's would flatten the spike first
+        # Trainer's default max_grad_norm=1.0 stays: the callback takes that clipping over and clips with AdaGC
         report_to=[] if args.report_to == "none" else [args.report_to], save_strategy="no",
         train_sampling_strategy="sequential", use_cpu=True, disable_tqdm=True, seed=0)
     data = samples(args.steps, args.accum, args.micro, args.seq, args.inject_at, args.span)
     Trainer(model=model, args=targs, train_dataset=data, callbacks=[callback]).train()
     for stats in callback.handle.spikes:
-        found = [(c.micro_batch, c.batch, c.position) for c in (stats.locate.tokens if stats.locate else [])]
+        found = [(c.level, c.micro_batch, c.batch, c.start) for c in (stats.locate.culprits if stats.locate else [])]
         print(f"spike at step {stats.step}: {[e.signal for e in stats.events]}, culprits "
-              f"(micro_batch, sample, position): {found}")
+              f"(level, micro_batch, sample, position): {found}")
     return callback
 
 

@@ -82,9 +82,9 @@ def main(argv: list[str] | None = None):
     data = samples(args.steps, args.accum, args.micro, args.seq, args.inject_at, args.span)
     trainer.fit(CausalLM(model), DataLoader(data, batch_size=args.micro, shuffle=False))
     for stats in callback.handle.spikes:
-        found = [(c.micro_batch, c.batch, c.position) for c in (stats.locate.tokens if stats.locate else [])]
+        found = [(c.level, c.micro_batch, c.batch, c.start) for c in (stats.locate.culprits if stats.locate else [])]
         print(f"spike at step {stats.step}: {[e.signal for e in stats.events]}, culprits "
-              f"(micro_batch, sample, position): {found}")
+              f"(level, micro_batch, sample, position): {found}")
     return callback
 
 

@@ -38,8 +38,10 @@ from gradloc_track.demo.inject import PAD_ID, inject
 from gradloc_track.demo.model import build_model
 from gradloc_track.demo.optim import make_optimizer, make_schedule
 from gradloc_track.demo.tokenizer import make_tokenizer
+from gradloc_track.localizer import save_rng
 from gradloc_track.spikes import SpikeContext, SpikeDetector, spike_score
 from gradloc_track.trackers import NullTracker, Tracker, make_tracker
+from gradloc_track.trackers.quiet import quiet_backend_noise
 
 register_configs()
 
@@ -210,10 +212,11 @@ def train(cfg: DemoConfig, s: Setup, monitor: GradMonitor, tracker: Tracker, run
         x, y, mask = get_batch(cfg, s, step)
         loss_fn = masked_lm_loss(s.net, x, y, mask, cfg.train.loss_norm)
         s.opt.zero_grad(set_to_none=True)
+        rng = save_rng()  # right before the forward: the localizer's probes replay its dropout
         loss = loss_fn(mask)
         loss.backward()
         # norms, clipping, spike detection and (on a spike) localization: before the optimizer step
-        ctx = SpikeContext(loss_fn=loss_fn, token_mask=mask, input_ids=y, tokenizer=s.tokenizer)
+        ctx = SpikeContext(loss_fn=loss_fn, token_mask=mask, input_ids=y, tokenizer=s.tokenizer, rng_state=rng)
         stats = monitor.after_backward(step, spike_context=ctx)
         s.opt.step()
         s.sched.step()
@@ -256,10 +259,16 @@ def show_spike(s: Setup, h: History, step: int, stats: Any, y: torch.Tensor, run
 
 # -- the summary ----------------------------------------------------------------------------------
 
-def summarize(cfg: DemoConfig, h: History) -> dict[str, float]:
-    """Final loss, spike count, OLMo-style spike scores, and the largest norm the optimizer saw."""
+def summarize(cfg: DemoConfig, h: History, clipper: Any = None) -> dict[str, float]:
+    """Final loss, spike count, OLMo-style spike scores, the largest norm the optimizer saw, and
+    how often / how hard the clipper scaled after its warm-up (a learning-rate cut shows there)."""
     settled = max(cfg.spikes.warmup_steps, cfg.optim.warmup_steps)  # skip the start-up transient
-    return {
+    clip = {}
+    if clipper is not None and getattr(clipper, "saturation", None) is not None:
+        sat = clipper.saturation.summary()  # host sync: once, at the end
+        clip = {"clip_steps_after_warmup": float(sat["steps"]), "clip_clipped_fraction": sat["clipped_fraction"],
+                "clip_mean_coef": sat["mean_coef"]}
+    return {**clip,
         "final_loss": float(sum(h.losses[-10:]) / max(1, len(h.losses[-10:]))),
         "spike_events": float(len(h.events_at)),
         "loss_spike_score": float(spike_score(h.losses)),
@@ -287,7 +296,7 @@ def train_lm(cfg: DemoConfig, run_dir: str | Path, resolved_yaml: str | None = N
         log_config(tracker, cfg, s.model, run_dir, resolved_yaml)
         monitor = build_monitor(cfg, s, tracker, run_dir)
         h = train(cfg, s, monitor, tracker, run_dir)
-        summary = summarize(cfg, h)
+        summary = summarize(cfg, h, monitor.clipper)
         # at the last training step: a metric at step N+1 would stretch every chart's x axis
         tracker.log_metrics({f"summary/{k}": v for k, v in summary.items()}, cfg.train.steps - 1)
         if s.rank == 0:
@@ -356,4 +365,5 @@ if __name__ == "__main__":
         check_overrides(sys.argv[1:])  # a renamed key (clip.layer_alpha) fails naming the new one
     except ConfigError as exc:
         sys.exit(f"error: {exc}")
+    quiet_backend_noise()  # our command: no "Creating initial MLflow database tables" lines
     main()

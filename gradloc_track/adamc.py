@@ -31,6 +31,7 @@ custom scheduler), a warning names the fix: pass ``lr_max=``.
 """
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any, Iterable
 
@@ -101,17 +102,19 @@ class AdamCWeightDecay:
     def __init__(self, optimizer: torch.optim.Optimizer, lr_max: float | Iterable[float] | None = None,
                  scheduler: Any = None, model: torch.nn.Module | None = None) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"AdamCWeightDecay(optimizer=...) needs a torch.optim.Optimizer, got {type(optimizer).__name__}")
+            raise TypeError("AdamCWeightDecay(optimizer=...) needs a torch.optim.Optimizer, "
+                            f"got {type(optimizer).__name__}")
         n = len(optimizer.param_groups)
         if lr_max is None:
             peaks = _peak_lrs(optimizer, scheduler)
         else:
             peaks = list(lr_max) if isinstance(lr_max, (list, tuple)) else [lr_max] * n
             if len(peaks) != n:
-                raise ValueError(f"lr_max has {len(peaks)} values for {n} param groups: pass one number or one per group")
-        for v in peaks:
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-                raise ValueError(f"lr_max={v!r} is invalid: use the schedule's positive peak learning rate "
+                raise ValueError(f"lr_max has {len(peaks)} values for {n} param groups: pass one number or one "
+                                 "per group")
+        for v in peaks:  # inf would silently turn the decay off (wd * lr / inf = 0)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
+                raise ValueError(f"lr_max={v!r} is invalid: use the schedule's positive, finite peak learning rate "
                                  "(None = read it from the scheduler / the groups' initial_lr)")
         self.optimizer = optimizer
         corrected = self._select(optimizer, model)

@@ -6,7 +6,8 @@ outside). The run dir the app prints works whatever the tracker: its ``tracker/<
 the MLflow run or the W&B files.
 
 ``gradloc-track replay <run dir> [--tracking-uri URI]`` sends what a tracker outage left in the
-run directory's spool to the ORIGINAL run, with its final status; running it again sends nothing.
+run directory's spool to the ORIGINAL run, with its final status, and ends a run whose process died
+(``kill -9``) as KILLED; running it again does nothing.
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _add_replay(sub) -> None:
-    rp = sub.add_parser("replay", help="send a run directory's spooled records (a tracker outage) to the original run")
+    rp = sub.add_parser("replay", help="send a run directory's spooled records (a tracker outage) to the original "
+                                       "run; end a run whose process died as KILLED")
     rp.add_argument("run_dir", help="the run directory training wrote (holding spool/ and tracker/)")
     rp.add_argument("--tracking-uri", default=None,
                     help="MLflow tracking URI, if the server moved (default: the one the run was logged to)")
@@ -37,22 +39,27 @@ def _add_replay(sub) -> None:
 
 def _replay(args) -> int:
     from .trackers.replay import replay_run_dir
+    from .trackers.run_lock import RunDirInUse
 
     try:
         results = replay_run_dir(args.run_dir, args.tracking_uri)
-    except (FileNotFoundError, ValueError, ImportError) as exc:
+    except (FileNotFoundError, ValueError, ImportError, RunDirInUse) as exc:
         print(f"gradloc-track replay: {exc}", file=sys.stderr)
         return 2
     for r in results:
         run = r.run.get("run_id", "?")
         status = f", final status {r.status}" if r.status else ""
+        ended = f"; ended as {r.ended.upper()} (its process is gone: it never finished)" if r.ended else ""
         print(f"{r.backend} run {run}: replayed {r.sent} record(s){status}"
-              + (f" ({r.already} replayed before)" if r.already else ""))
+              + (f" ({r.already} replayed before)" if r.already else "") + ended)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .trackers.quiet import quiet_backend_noise
+
     args = _parser().parse_args(argv)
+    quiet_backend_noise()  # our command: MLflow's store-creation lines and download bars off
     if args.command == "replay":
         return _replay(args)
     from .report import build_report

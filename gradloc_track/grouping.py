@@ -3,6 +3,8 @@
 Default rule (``block``): a parameter belongs to the prefix up to and including the first
 purely numeric component, e.g. ``transformer.h.3.attn.c_attn.weight -> transformer.h.3``;
 parameters outside a numbered container belong to their module (``lm_head.weight -> lm_head``).
+Names are the model's own: the component a wrapper adds (``torch.compile``'s ``_orig_mod.``) is
+dropped (``unwrapped_name``), so a compiled and an eager run log the same metric keys.
 """
 from __future__ import annotations
 
@@ -13,10 +15,20 @@ from typing import Mapping, Sequence
 import torch
 
 GROUP_MODES = ("block", "module", "tensor")
+# name components a wrapper module inserts without changing the model: torch.compile's
+# OptimizedModule holds the model as ``_orig_mod`` (also a compiled submodule, ``h.0._orig_mod.attn``)
+WRAPPER_PARTS = frozenset({"_orig_mod"})
+
+
+def unwrapped_name(name: str) -> str:
+    """``_orig_mod.h.0.attn.weight -> h.0.attn.weight``: the name the eager model gives the tensor."""
+    parts = name.split(".")
+    return name if WRAPPER_PARTS.isdisjoint(parts) else ".".join(p for p in parts if p not in WRAPPER_PARTS)
 
 
 def layer_of(name: str, mode: str = "block", patterns: Mapping[str, str] | None = None) -> str:
     """The layer name a parameter is reported under."""
+    name = unwrapped_name(name)
     if patterns:
         for layer, pattern in patterns.items():
             if re.search(pattern, name):

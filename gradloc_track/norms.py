@@ -11,6 +11,8 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
+from .grouping import unwrapped_name
+
 
 def _is_dtensor(t: torch.Tensor) -> bool:
     return type(t).__name__ == "DTensor" and hasattr(t, "to_local")
@@ -29,8 +31,9 @@ def is_replicated(t: torch.Tensor) -> bool:
 
 
 def trainable_params(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
-    """The (name, parameter) pairs every component iterates over, in one agreed order."""
-    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    """The (name, parameter) pairs every component iterates over, in one agreed order. Names are
+    the eager model's (``torch.compile``'s ``_orig_mod.`` dropped): metric keys match across runs."""
+    return [(unwrapped_name(n), p) for n, p in model.named_parameters() if p.requires_grad]
 
 
 def _foreach_norm_fp32(tensors: list[torch.Tensor]) -> list[torch.Tensor]:

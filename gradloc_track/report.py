@@ -13,11 +13,12 @@ import html
 import json
 import os
 import re
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .artifacts.highlight import visible
+from .artifacts.highlight import token_html
 from .artifacts.table_store import merge_tables, table_parts
 from .trackers.bounded import CallTimeout, bounded_call
 from .trackers.mlflow_links import mlflow_run_url
@@ -27,7 +28,7 @@ STEP = re.compile(r"step_(\d+)\.(html|png)$")
 CSS = ("body{font-family:system-ui,sans-serif;margin:16px} table{border-collapse:collapse;font-size:12px}"
        "td,th{border:1px solid #ccc;padding:2px 5px} iframe{width:100%;height:480px;border:1px solid #ddd}"
        "img{max-width:100%} p.note{color:#a40} "
-       "td.tok{font-family:ui-monospace,Menlo,Consolas,monospace;white-space:pre}")
+       "td.tok{font-family:ui-monospace,Menlo,Consolas,monospace;white-space:pre} .cut{color:#888}")
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 
 
@@ -49,6 +50,7 @@ class ReportSource:
     link: str | None = None
     layout: str = "files"  # files (spikes/...) | wandb (files/media/...)
     notes: list[str] = field(default_factory=list)
+    temporary: bool = False  # ``root`` is a download of ours: removed once the page is built
 
 
 def _bounded(fn, what: str, timeout_s: float | None = None):
@@ -89,9 +91,10 @@ def _fetch_mlflow(run_id: str, tracking_uri: str | None) -> ReportSource:
     try:
         _bounded(lambda: client.download_artifacts(run_id, "spikes", str(dst)), f"MLflow at {uri}", 120.0)
     except (MlflowException, OSError) as exc:
+        shutil.rmtree(dst, ignore_errors=True)
         raise ReportSourceError(f"MLflow run {run_id} has no spikes/ artifacts: it logged no spike events") from exc
     info = {"tracking_uri": uri, "experiment_id": run.info.experiment_id, "run_id": run_id}
-    return ReportSource(dst, run.info.run_name or run_id, mlflow_run_url(info))
+    return ReportSource(dst, run.info.run_name or run_id, mlflow_run_url(info), temporary=True)
 
 
 def _probe(uri: str, timeout_s: float = 5.0) -> None:
@@ -227,11 +230,25 @@ def _table(table: dict) -> str:
     esc = html.escape
     head = "".join(f"<th>{esc(str(c))}</th>" for c in cols)
     body = "".join(
-        "<tr>" + "".join(f"<td class='tok'>{visible(str(v))}</td>" if i == tok else
+        # a token is cut as on the highlight page: a 10k-character one would push every column off-screen
+        "<tr>" + "".join(f"<td class='tok'>{token_html(str(v))}</td>" if i == tok else
                          f"<td>{esc(f'{v:.4g}' if isinstance(v, float) else str(v))}</td>"
                          for i, v in enumerate(r)) + "</tr>"
         for r in data)
-    return f"<h2>All culprit tokens</h2><table><tr>{head}</tr>{body}</table>"
+    return f"<h2>All culprits</h2><table><tr>{head}</tr>{body}</table>"
+
+
+def culprit_counts(table: dict) -> str:
+    """``"3 culprit token(s), 1 culprit sample(s)"``: rows by level (a table from before levels
+    has token rows only)."""
+    cols, data = table.get("columns", []), table.get("data", [])
+    lvl = cols.index("level") if "level" in cols else -1
+    counts: dict[str, int] = {}
+    for r in data:
+        name = str(r[lvl]).replace("_", "-") if lvl >= 0 else "token"
+        counts[name] = counts.get(name, 0) + 1
+    counts.setdefault("token", 0)
+    return ", ".join(f"{n} culprit {name}(s)" for name, n in counts.items())
 
 
 def build_report(source: str | Path, tracking_uri: str | None = None, notes: list[str] | None = None) -> str:
@@ -244,7 +261,11 @@ def build_report(source: str | Path, tracking_uri: str | None = None, notes: lis
     if src.layout == "files" and not (src.root / "spikes").is_dir():
         raise ReportSourceError(f"{source}: no spikes/ folder in this run directory; it logged no spike events "
                                 "(or pass the run directory the tracker wrote, the one holding spikes/)")
-    table, pages, images = _events(src)
+    try:
+        table, pages, images = _events(src)
+    finally:
+        if src.temporary:  # everything is in memory now: no download left behind in /tmp
+            shutil.rmtree(src.root, ignore_errors=True)
     if notes is not None:
         notes.extend(src.notes)
     steps = sorted(set(pages) | set(images))
@@ -253,7 +274,7 @@ def build_report(source: str | Path, tracking_uri: str | None = None, notes: lis
             if src.link and src.link.startswith(("http://", "https://")) else "")
     parts = [f"<h1>Spike report: {esc(src.title)}</h1>", link,
              f"<p>{len(steps)} spike event(s) (steps {esc(', '.join(map(str, steps))) or 'none'}), "
-             f"{len(table.get('data', []))} culprit token(s).</p>"]
+             f"{culprit_counts(table)}.</p>"]
     parts += [f"<p class='note'>{esc(n)}</p>" for n in src.notes]
     parts.append(_table(table))
     for step in steps:

@@ -104,8 +104,9 @@ def heatmap_grid(result: LocateResult, sample: int, ctx: Any = None, window: int
     the culprits' columns only, NaN elsewhere).
     """
     T = result.layer_map.shape[2]
-    mine = [c for c in result.tokens if c.batch == sample and getattr(c, "micro_batch", None) in (None, 0)]
-    culprit_pos = [c.position for c in mine] or [0]
+    mine = [c for c in result.tokens if c.batch == sample]  # one micro-batch's result (for_micro_batch)
+    units = [c for c in result.culprits if c.level != "token" and c.batch == sample and c.start is not None]
+    culprit_pos = [c.position for c in mine] or [p for u in units for p in range(u.start, u.end)] or [0]
     pads = padding_positions(ctx, sample) - set(culprit_pos)
     cols = [p for p in heatmap_columns(culprit_pos, T, window, max_tokens) if p not in pads]
     while cols and cols[0] is None:

@@ -1,5 +1,12 @@
 """Highlighted text: every token coloured by its gradient contribution, culprits outlined.
 
+One section per sample that holds a culprit, across the step's micro-batches, named by
+micro-batch and sample (and document): culprit tokens are outlined in red; a culprit span or
+sample (a cause no few tokens carry) is outlined as a whole, in blue, with its share; a
+micro-batch that carries the spike while nothing finer does gets a line of its own. The
+localizer's notes (a step it could not replay exactly, the per-sample shares when nothing stood
+out) are shown under the header.
+
 A pure function returning one self-contained HTML document (inline CSS, no script, no external
 URL; a Content-Security-Policy meta tag forbids both anyway). All token text is escaped, and
 whitespace, control and format characters (including bidi overrides) are shown visibly, so what
@@ -12,7 +19,9 @@ import math
 import unicodedata
 from typing import Any, Sequence
 
-from ..localizer.result import CulpritToken, LocateResult
+import torch
+
+from ..localizer.result import Culprit, CulpritToken, LocateResult
 from ..spikes.event import SpikeEvent
 from .table import decode_token, format_top_layers
 
@@ -23,7 +32,10 @@ h1{font-size:18px;margin:0 0 6px} h2{font-size:15px;margin:18px 0 6px}
 .text{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:14px;line-height:1.9;
  white-space:pre-wrap;word-break:break-all;border:1px solid #ddd;border-radius:6px;padding:10px}
 .t{border-radius:3px;padding:1px 0}
-.c{border:2px solid #d00000;margin:0 1px;padding:0 1px;font-weight:bold;box-decoration-break:clone;-webkit-box-decoration-break:clone}
+.c{border:2px solid #d00000;margin:0 1px;padding:0 1px;font-weight:bold;box-decoration-break:clone;
+ -webkit-box-decoration-break:clone}
+.u{outline:2px dashed #0050d0;outline-offset:2px;border-radius:3px}
+.unit{color:#0050d0;font-weight:bold} .note{color:#7a4a00}
 .cut{color:#a40;font-style:italic;font-weight:normal}
 .ws{color:#999} .pad{color:#aaa;font-style:italic} .gap{color:#777;background:#eee;border-radius:3px;padding:0 4px}
 .legend{display:flex;align-items:center;gap:6px;font-size:12px;margin:8px 0}
@@ -157,80 +169,234 @@ def _gap(n: int) -> str:
     return f'<span class="gap" title="{n} tokens not shown">\u2026 {n} tokens \u2026</span>'
 
 
+def _sample_meta(ctx: Any, sample: int) -> str:
+    """The sample's own columns (an RL completion's reward, group, index), one line; '' without any."""
+    cols = getattr(ctx, "sample_columns", None) or {}
+    cells = []
+    for name, values in cols.items():
+        if isinstance(values, torch.Tensor) and values.dim() == 1 and sample < values.shape[0]:
+            v = values[sample].item()  # host sync: a few values per shown sample
+            cells.append(f"{html.escape(str(name))} <b>{v:.4g}</b>" if isinstance(v, float) else
+                         f"{html.escape(str(name))} <b>{v}</b>")
+    return f"<div class='meta'>{' · '.join(cells)}</div>" if cells else ""
+
+
+def segment_runs(seg: Sequence[int]) -> list[tuple[int, int, int]]:
+    """(segment id, start, end) of each contiguous run of one id; -1 (not shown) is skipped."""
+    runs: list[list[int]] = []
+    for p, v in enumerate(seg):
+        if v < 0:
+            continue
+        if runs and runs[-1][0] == v and runs[-1][2] == p:
+            runs[-1][2] = p + 1
+        else:
+            runs.append([v, p, p + 1])
+    return [(v, a, b) for v, a, b in runs]
+
+
+def _windowed(s: "_Sample", a: int, b: int, marks: list[int], window: int) -> str:
+    """Positions ``a..b-1``: windows around ``marks`` (all of it up to ``FULL_TEXT_TOKENS`` without marks)."""
+    if not marks:
+        n = min(b - a, FULL_TEXT_TOKENS)
+        return s.spans(a, a + n) + (_gap(b - a - n) if n < b - a else "")
+    out, prev = [], a
+    for lo, hi in s.extend_over_padding([(max(a, x), min(b, y)) for x, y in context_windows(marks, b, window)]):
+        lo, hi = max(a, lo), min(b, hi)
+        if lo > prev:
+            out.append(_gap(lo - prev))
+        out.append(s.spans(lo, hi))
+        prev = hi
+    return "".join(out) + (_gap(b - prev) if prev < b else "")
+
+
+def parts_html(s: "_Sample", seg: Sequence[int], names: Sequence[str] | None, window: int,
+               units: Sequence[Any] = ()) -> str:
+    """A sample shown part by part (``ctx.segment_ids``): an RL prompt and completion each in its
+    own block; a packed row's documents, those without a culprit as one line each. A part a
+    culprit unit (span, document, sample) covers is shown whole (up to ``FULL_TEXT_TOKENS``), outlined."""
+    blocks = []
+    for v, a, b in segment_runs(seg):
+        name = names[v] if names is not None and 0 <= v < len(names) else f"document {v}"
+        marks = [p for p in s.culprits if a <= p < b]
+        inside = [u for u in units if u.start < b and u.end > a]
+        head = f"<div class='meta'><b>{html.escape(name)}</b> · positions {a}\u2013{b - 1}" + \
+            (f" · {len(marks)} culprit token(s)" if marks else "") + \
+            "".join(f" · culprit {html.escape(u.level)}" for u in inside) + "</div>"
+        if not marks and not inside and names is None:  # a document without culprits: named, not shown
+            blocks.append(f"<div class='meta'>{html.escape(name)} · {b - a} tokens, no culprit</div>")
+            continue
+        if inside:
+            end = min(b, a + FULL_TEXT_TOKENS)
+            text = _outlined(s, a, end, list(inside)) + (_gap(b - end) if end < b else "")
+        else:
+            text = _windowed(s, a, b, marks, window)
+        blocks.append(f"{head}<div class='text'>{text}</div>")
+    return "".join(blocks)
+
+
 def render_highlight_html(step: int, events: Sequence[SpikeEvent], result: LocateResult, ctx: Any,
                           window: int = 48) -> str:
-    """One HTML page for a spike event: header, legend, and each affected sample's text.
+    """One HTML page for a spike event: header, notes, legend, and each culprit sample's text.
 
-    ``window`` tokens either side of each culprit are shown; the rest of a sample is elided and
-    its full text sits in a collapsed ``<details>`` block.
+    ``ctx``/``result`` may hold K micro-batches (sections then name the micro-batch). ``window``
+    tokens either side of each culprit token are shown (a culprit span or sample in full, up to
+    ``FULL_TEXT_TOKENS``); the rest of a sample is elided and its full text sits in a collapsed
+    ``<details>`` block.
     """
     if ctx is None or getattr(ctx, "input_ids", None) is None:
         raise ValueError("render_highlight_html needs ctx.input_ids (the (B, T) token ids of the spiking "
                          "batch): pass them in the SpikeContext")
     if window < 0:
         raise ValueError(f"window={window} must be >= 0 (tokens shown either side of a culprit)")
-    ev = events[0] if events else None
-    ghost = result.ghost_map
-    positive = ghost[(ghost > 0) & ghost.isfinite()] if ghost is not None else None
-    if positive is not None and positive.numel():
-        lo, hi = math.log(float(positive.min())), math.log(float(positive.max()))
-    else:
-        lo, hi = 0.0, 0.0
-    by_sample: dict[int, dict[int, CulpritToken]] = {}
-    for c in result.tokens:
-        by_sample.setdefault(c.batch, {})[c.position] = c
+    lo, hi = _colour_range(result)
+    groups: dict[tuple, list] = {}
+    for c in result.culprits:
+        if c.batch is not None:
+            groups.setdefault((c.micro_batch, c.batch), []).append(c)
+    ranked = sorted(groups, key=lambda g: -max(c.grad_norm for c in groups[g]))
+    shown = sorted(ranked[:MAX_SAMPLES], key=lambda g: (g[0] or 0, g[1]))
+    per_mb = getattr(ctx, "micro_batches", None) is not None
+    body = []
+    for key in shown:
+        mb, sample = key
+        view_ctx, view = (ctx.micro_batch_view(mb), result.for_micro_batch(mb)) if per_mb and mb is not None \
+            else (ctx, result)
+        full = key in ranked[:FULL_TEXT_SAMPLES]
+        body.append(_section(mb, sample, groups[key], view, view_ctx, lo, hi, window, full))
+    if len(ranked) > MAX_SAMPLES:
+        body.append(f"<p class='meta'>{len(ranked) - MAX_SAMPLES} more sample(s) with culprits are not shown here: "
+                    "every culprit is listed in the spikes/tokens table</p>")
+    body += [_micro_batch_line(c) for c in result.culprits if c.level == "micro_batch"]
+    if not body:
+        body.append("<p>No sample, span or loss term stood out: the spike is spread over the batch.</p>")
+    return ("<!DOCTYPE html><html><head><meta charset='utf-8'>"
+            f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}\">"
+            f"<title>spike at step {int(step)}</title><style>{CSS}</style></head><body>{_header(step, events, result)}"
+            + LEGEND + "".join(body) + "</body></html>")
+
+
+LEGEND = ("<div class='legend'>low <span class='ramp'></span> high gradient contribution (log scale, ghost norm"
+          " per position); <span class='t c'>outlined</span> = culprit token confirmed by an exact probe;"
+          " <span class='u'>dashed</span> = culprit span or sample (no few tokens carry it);"
+          " grey = no loss term; hover a token for its numbers</div>")
+
+
+def _colour_range(result: LocateResult) -> tuple[float, float]:
+    """Log of the smallest and largest positive ghost score over every micro-batch's map."""
+    maps = [m for m in ([result.ghost_map] + list(result.ghost_maps)) if m is not None]
+    vals = [m[(m > 0) & m.isfinite()] for m in maps]
+    vals = [v for v in vals if v.numel()]
+    if not vals:
+        return 0.0, 0.0
+    return math.log(min(float(v.min()) for v in vals)), math.log(max(float(v.max()) for v in vals))
+
+
+def _header(step: int, events: Sequence[SpikeEvent], result: LocateResult) -> str:
     esc = html.escape
-    head = (f"<h1>Gradient spike at step {int(step)}</h1><div class='meta'>"
+    ev = events[0] if events else None
+    levels = {}
+    for c in result.culprits:
+        levels[c.level] = levels.get(c.level, 0) + 1
+    found = ", ".join(f"{n} {lvl.replace('_', '-')}{'s' if n > 1 else ''}" for lvl, n in levels.items()) or "none"
+    return (f"<h1>Gradient spike at step {int(step)}</h1><div class='meta'>"
             + (f"signal <b>{esc(str(ev.signal))}</b> · value <b>{ev.value:.4g}</b> · baseline <b>{ev.baseline:.4g}</b>"
                f" · z <b>{ev.z:.2f}</b> · ratio <b>{ev.ratio:.2f}</b><br>" if ev else "")
             + f"localizer <b>{esc(str(result.method))}</b> · {result.probes} probes · threshold {result.threshold:.3e}"
             + f" · batch gradient norm {result.total_norm:.4g} · {len(result.tokens)} culprit token(s)"
+            + f" · culprits: {esc(found)}"
             + (" · probe budget exhausted" if getattr(result, "budget_exhausted", False) else "") + "</div>"
             + ("<div class='meta'>other signals: " + esc(", ".join(f"{e.signal} (z {e.z:.1f})" for e in events[1:]))
-               + "</div>" if len(events) > 1 else ""))
-    legend = ("<div class='legend'>low <span class='ramp'></span> high gradient contribution (log scale, ghost norm"
-              " per position); <span class='t c'>outlined</span> = culprit confirmed by an exact probe;"
-              " grey = no loss term; hover a token for its numbers</div>")
-    body = []
-    T = ctx.input_ids.shape[1]
-    ranked = sorted(by_sample, key=lambda b: -max(c.grad_norm for c in by_sample[b].values()))
-    shown_samples = sorted(ranked[:MAX_SAMPLES])
-    full_text = set(ranked[:FULL_TEXT_SAMPLES])
-    for sample in shown_samples:
-        culprits = by_sample[sample]
-        s = _Sample(sample, result, ctx, culprits, lo, hi)
-        ranges = s.extend_over_padding(context_windows(list(culprits), T, window))
-        shown, prev = [], 0
-        for a, b in ranges:
-            if a > prev:
-                shown.append(_gap(a - prev))
-            shown.append(s.spans(a, b))
-            prev = b
-        if prev < T:
-            shown.append(_gap(T - prev))
-        rows = "".join(
-            f"<tr><td>{p}</td><td>{s.ids[p]}</td><td>{token_html(decode_token(s.tok, s.ids[p]))}</td>"
-            f"<td>{c.grad_norm:.3e}</td><td>{'n/a' if c.share is None else f'{c.share:.3f}'}</td>"
-            f"<td>{esc(format_top_layers(c.layer_norms))}</td></tr>"
-            for p, c in sorted(culprits.items()))
-        where = ", ".join(f"{a}\u2013{b - 1}" for a, b in ranges)
-        section = [f"<h2>sample {sample}</h2>",
-                   f"<div class='meta'>positions {where} of {T}</div>",
-                   f"<div class='text'>{''.join(shown)}</div>",
-                   "<table><tr><th>position</th><th>token id</th><th>token</th><th>grad norm</th><th>share</th>"
-                   f"<th>top layers</th></tr>{rows}</table>"]
-        if ranges != [(0, T)] and sample in full_text:
-            n = min(T, FULL_TEXT_TOKENS)
-            more = f", first {n} shown" if n < T else ""
-            section.append(f"<details><summary>full text ({T} tokens{more})</summary><div class='text'>"
-                           f"{s.spans(0, n)}{_gap(T - n) if n < T else ''}</div></details>")
-        body.append("".join(section))
-    if len(ranked) > MAX_SAMPLES:
-        body.append(f"<p class='meta'>{len(ranked) - MAX_SAMPLES} more sample(s) with culprits are not shown here: "
-                    "every culprit is listed in the spikes/tokens table</p>")
-    if not body:
-        body.append("<p>No single loss term was above the threshold: the spike is spread over many tokens.</p>")
-    return ("<!DOCTYPE html><html><head><meta charset='utf-8'>"
-            f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}\">"
-            f"<title>spike at step {int(step)}</title><style>{CSS}</style></head><body>{head}{legend}"
-            + "".join(body) + "</body></html>")
+               + "</div>" if len(events) > 1 else "")
+            + "".join(f"<div class='meta note'>{esc(n)}</div>" for n in result.notes))
+
+
+def _name(mb: int | None, sample: int, document: int | None = None) -> str:
+    return (f"micro-batch {mb} · " if mb is not None else "") + f"sample {sample}" + \
+        (f" · document {document}" if document is not None else "")
+
+
+def _unit_text(u: Culprit, T: int) -> str:
+    share = "n/a" if u.share is None else f"{u.share:.3f}"
+    what = "whole sample" if u.level == "sample" and u.document is None else \
+        ("document" if u.level == "sample" else u.level)
+    return (f"culprit {what}: positions {u.start}\u2013{u.end - 1} of {T} · {u.n_terms} loss terms · share {share}"
+            f" · grad norm {u.grad_norm:.3e} · top layers {format_top_layers(u.layer_norms)}")
+
+
+def _micro_batch_line(c: Culprit) -> str:
+    share = "n/a" if c.share is None else f"{c.share:.3f}"
+    return (f"<h2>micro-batch {c.micro_batch}</h2><div class='meta unit'>culprit micro-batch: no sample, span or "
+            f"token in it stands out · {c.n_terms} loss terms · share {share} · grad norm {c.grad_norm:.3e}</div>")
+
+
+def _section(mb: int | None, sample: int, culprits: list, result: LocateResult, ctx: Any, lo: float, hi: float,
+             window: int, full_text: bool) -> str:
+    """One sample: its name, the culprit units' lines, the text around the culprits, the token table."""
+    esc = html.escape
+    tokens = {c.position: c for c in culprits if c.level == "token"}
+    units = [c for c in culprits if c.level != "token"]
+    s = _Sample(sample, result, ctx, tokens, lo, hi)
+    T = len(s.ids)
+    ranges = context_windows(list(tokens), T, window)
+    for u in units:  # a unit is shown whole (up to FULL_TEXT_TOKENS), with a little context
+        ranges = _merge(ranges + [(max(0, u.start - min(window, 8)), min(T, u.start + FULL_TEXT_TOKENS, u.end + 8))])
+    ranges = s.extend_over_padding(ranges)
+    shown, prev = [], 0
+    for a, b in ranges:
+        if a > prev:
+            shown.append(_gap(a - prev))
+        shown.append(_outlined(s, a, b, units))
+        prev = b
+    if prev < T:
+        shown.append(_gap(T - prev))
+    rows = "".join(
+        f"<tr><td>{p}</td><td>{s.ids[p]}</td><td>{token_html(decode_token(s.tok, s.ids[p]))}</td>"
+        f"<td>{c.grad_norm:.3e}</td><td>{'n/a' if c.share is None else f'{c.share:.3f}'}</td>"
+        f"<td>{esc(format_top_layers(c.layer_norms))}</td></tr>"
+        for p, c in sorted(tokens.items()))
+    where = ", ".join(f"{a}\u2013{b - 1}" for a, b in ranges)
+    meta = " · ".join([_unit_text(u, T) for u in units] + [f"positions {where} of {T}"])
+    doc = units[0].document if units else None
+    seg = getattr(ctx, "segment_ids", None)
+    if isinstance(seg, torch.Tensor):  # the sample's parts (prompt / completion, documents), each its block
+        text = parts_html(s, seg[sample].tolist(), getattr(ctx, "segment_names", None), window, units)  # host sync
+    else:
+        text = f"<div class='text'>{''.join(shown)}</div>"
+    section = [f"<h2>{_name(mb, sample, doc)}</h2>", _sample_meta(ctx, sample), f"<div class='meta'>{esc(meta)}</div>",
+               text,
+               "<table><tr><th>position</th><th>token id</th><th>token</th><th>grad norm</th><th>share</th>"
+               f"<th>top layers</th></tr>{rows}</table>"]
+    if ranges != [(0, T)] and full_text:
+        n = min(T, FULL_TEXT_TOKENS)
+        more = f", first {n} shown" if n < T else ""
+        section.append(f"<details><summary>full text ({T} tokens{more})</summary><div class='text'>"
+                       f"{s.spans(0, n)}{_gap(T - n) if n < T else ''}</div></details>")
+    return "".join(section)
+
+
+def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(ranges):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(b, out[-1][1]))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _outlined(s: "_Sample", a: int, b: int, units: list) -> str:
+    """Tokens ``a..b-1``, each culprit unit's part wrapped in one dashed outline."""
+    parts, p = [], a
+    for u in sorted(units, key=lambda u: u.start):
+        lo, hi = max(p, u.start), min(b, u.end)
+        if lo >= hi:
+            continue
+        if lo > p:
+            parts.append(s.spans(p, lo))
+        title = html.escape(f"CULPRIT {u.level}: positions {u.start}-{u.end - 1}, share "
+                            f"{'n/a' if u.share is None else f'{u.share:.3f}'}", quote=True)
+        parts.append(f'<span class="u" title="{title}">{s.spans(lo, hi)}</span>')
+        p = hi
+    if p < b:
+        parts.append(s.spans(p, b))
+    return "".join(parts)

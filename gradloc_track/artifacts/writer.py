@@ -22,7 +22,7 @@ from ..spikes.event import SpikeEvent
 from ..trackers.base import Tracker
 from .heatmap import render_layer_heatmap
 from .highlight import render_highlight_html
-from .table import attribution_table
+from .table import attribution_table, where_columns
 
 TABLE_KEY = "spikes/tokens"
 HTML_KEY = "spikes/highlight"
@@ -33,13 +33,15 @@ class SpikeArtifactWriter:
     """``write(step, events, result, ctx)`` for each localized spike; never raises into training.
 
     Per event it logs, with the tracker's file layout (see ``trackers/base.py``):
-    - table ``spikes/tokens``: one row per culprit, appended as one part per event (never
-      rewritten; ``read_table`` joins the parts);
-    - html ``spikes/highlight`` at ``step``: the highlighted text (``render_highlight_html``);
-    - image ``spikes/heatmap`` at ``step``: tokens x layers of the first affected sample
+    - table ``spikes/tokens``: one row per culprit at its level (token, span, sample,
+      micro-batch), appended as one part per event (never rewritten; ``read_table`` joins them);
+    - html ``spikes/highlight`` at ``step``: the highlighted text of every culprit sample, across
+      micro-batches (``render_highlight_html``);
+    - image ``spikes/heatmap`` at ``step``: tokens x layers of the first culprit's sample
       (PNG rendered under ``run_dir/rendered/``; skipped without matplotlib or ``images=False``);
-    - tag ``spike_count``; metrics ``spike/culprits``, ``spike/culprit_share`` (summed share of
-      the batch's squared gradient norm), ``spike/culprit_max_norm``.
+    - tag ``spike_count``; metrics ``spike/culprits`` (rows of every level),
+      ``spike/culprit_share`` (their summed share of the batch's squared gradient norm),
+      ``spike/culprit_max_norm``.
     The table's columns are fixed at the first event (context columns absent later are None),
     so the growing table keeps one valid schema.
     """
@@ -52,6 +54,7 @@ class SpikeArtifactWriter:
         self.events = 0
         self._extra: list[str] | None = None
         self._sample: list[str] | None = None
+        self._where: list[str] | None = None
 
     @property
     def run_dir(self) -> Path:
@@ -71,22 +74,21 @@ class SpikeArtifactWriter:
         if self._extra is None:
             self._extra = list(getattr(ctx, "extra_columns", None) or {})
             self._sample = list(getattr(ctx, "sample_columns", None) or {})
+            self._where = where_columns(result, ctx)
         self.events += 1
         tracker = self.tracker
         tracker.set_tags({"spike_count": str(self.events)})
         tracker.log_metrics({
-            "spike/culprits": float(len(result.tokens)),
-            "spike/culprit_share": float(sum(c.share or 0.0 for c in result.tokens)),
-            "spike/culprit_max_norm": float(max((c.grad_norm for c in result.tokens), default=0.0)),
+            "spike/culprits": float(len(result.culprits)),
+            "spike/culprit_share": float(sum(c.share or 0.0 for c in result.culprits)),
+            "spike/culprit_max_norm": float(max((c.grad_norm for c in result.culprits), default=0.0)),
         }, step)
-        columns, rows = attribution_table(step, events, result, ctx, self.top_layers, self._extra, self._sample)
+        columns, rows = attribution_table(step, events, result, ctx, self.top_layers, self._extra, self._sample,
+                                          self._where)
         if rows:
             tracker.log_table(TABLE_KEY, columns, rows, step)
         if getattr(ctx, "input_ids", None) is None:
             return  # no token ids: nothing to show as text
-        if getattr(ctx, "micro_batches", None):  # a step of K micro-batches: show the top culprit's
-            k = result.tokens[0].micro_batch if result.tokens else 0
-            ctx, result = ctx.micro_batch_view(k), result.for_micro_batch(k)
         png = self.run_dir / "rendered" / f"heatmap_step_{step:06d}.png" if self.images else None
         job = _RenderJob(step, list(events), result, cpu_snapshot(ctx), self.window, png)
         submit = getattr(tracker, "submit", None)
@@ -107,7 +109,7 @@ def _cpu(x: Any) -> Any:
 def cpu_snapshot(ctx: Any) -> Any:
     """A shallow copy of the spike context whose tensors are CPU copies (what the renderers read)."""
     snap = copy.copy(ctx)
-    for name in ("input_ids", "token_mask", "extra_columns", "sample_columns"):
+    for name in ("input_ids", "token_mask", "extra_columns", "sample_columns", "segment_ids", "document_ids"):
         if hasattr(snap, name):
             try:
                 setattr(snap, name, _cpu(getattr(ctx, name)))
@@ -133,9 +135,13 @@ class _RenderJob:
                 return
             self._done = True
             self._html = render_highlight_html(self.step, self.events, self.result, self.ctx, window=self.window)
-            samples = sorted({c.batch for c in self.result.tokens})
-            if samples and self.png_path is not None:
-                self._png = render_layer_heatmap(self.result, samples[0], self.png_path, ctx=self.ctx)
+            first = next((c for c in self.result.culprits if c.batch is not None), None)
+            if first is not None and self.png_path is not None:
+                result, ctx = self.result, self.ctx
+                if getattr(ctx, "micro_batches", None):  # K micro-batches: the first culprit's
+                    k = first.micro_batch or 0
+                    ctx, result = ctx.micro_batch_view(k), result.for_micro_batch(k)
+                self._png = render_layer_heatmap(result, first.batch, self.png_path, ctx=ctx)
 
     def __call__(self, tracker: Tracker) -> None:
         self._render()

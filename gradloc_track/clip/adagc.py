@@ -25,7 +25,12 @@ Modes (the patch's ``AdaGC``, ``AdaGC-Shard``, ``AdaGC-Global``):
   ``min(||g||, lambda_abs)``; afterwards the whole gradient is clipped when ``||g|| > lambda_rel *
   gamma`` and ``gamma`` follows the EMA of the clipped global norm.
 
-State stays on the device (no host sync). Non-finite tensors never update ``gamma``.
+State stays on the device (no host sync). Degenerate gradients never update ``gamma``: a
+non-finite tensor, and a tensor whose gradient is exactly zero (``mode="global"``: a zero total),
+which is treated like a missing one. The official code would take a zero into the warm-up's
+running minimum (``gamma = 0``: after warm-up every gradient of that tensor is scaled to exactly 0,
+for good) or decay ``gamma`` towards 0 after warm-up; on every stream without exact zeros the two
+are equal (``tests/clip/test_adagc.py``).
 """
 from __future__ import annotations
 
@@ -34,7 +39,7 @@ from typing import Any
 import torch
 
 # the argument checks are the config schema's own (clip.beta there, beta here)
-from ..config._validate import check, in_unit_interval, integer, non_negative, one_of, positive
+from ..config._validate import check, in_unit_interval, integer, one_of, positive
 from ..norms import all_reduce_sq_norms, sq_norms
 from .base import Clipper
 
@@ -46,14 +51,15 @@ class AdaGC(Clipper):
 
     def __init__(self, model: torch.nn.Module, lambda_rel: float = 1.04, beta: float = 0.99,
                  warmup_steps: int = 100, lambda_abs: float = 1.0, eps: float = 1e-6,
-                 on_nonfinite: str = "skip", process_group: Any = None, mode: str = "tensor") -> None:
+                 on_nonfinite: str = "skip", process_group: Any = None, mode: str = "tensor",
+                 skip_step: str = "auto") -> None:
         positive("lambda_rel", lambda_rel, "1.04")
         positive("lambda_abs", lambda_abs, "1.0")
         in_unit_interval("beta", beta, "0.99")
         integer("warmup_steps", warmup_steps, 0, "100")
-        non_negative("eps", eps, "1e-6")
+        positive("eps", eps, "1e-6")  # the official code rejects eps <= 0 (a zero norm would divide by 0)
         one_of("mode", mode, ADAGC_MODES)
-        super().__init__(model, on_nonfinite, process_group)
+        super().__init__(model, on_nonfinite, process_group, skip_step)
         self.lambda_rel, self.beta, self.warmup_steps = float(lambda_rel), float(beta), warmup_steps
         self.lambda_abs, self.eps, self.mode = float(lambda_abs), float(eps), mode
         if mode == "global":
@@ -66,6 +72,8 @@ class AdaGC(Clipper):
     @property
     def in_warmup(self) -> bool:
         return self.steps < self.warmup_steps
+
+    warming_up = in_warmup
 
     def clip(self, sq_norms: torch.Tensor | None = None):
         if self.mode == "shard":
@@ -81,37 +89,57 @@ class AdaGC(Clipper):
         return local  # per-shard state: no communication
 
     def _coefs(self, norms, finite):
-        total = norms.pow(2).sum().sqrt()  # () global norm of the present, finite gradients
-        self._warm_ok = torch.ones((), dtype=torch.bool, device=norms.device)
+        # (n,) a usable gradient: present, finite (non-finite norms arrive as 0) and non-zero
+        self._usable = norms > 0
+        self._warm_ok = None
         if self.in_warmup:
-            if self.mode == "shard":  # clip by the global norm, keep each shard's own post-clip norm
-                total = self._global_sq.sqrt()
-                self._warm_ok = torch.isfinite(total)  # a non-finite gradient on another rank
-                total = torch.where(self._warm_ok, total, torch.zeros_like(total))
-            coef = (self.lambda_abs / (total + self.eps)).clamp(max=1.0)  # ()
-            coef = torch.where(self._warm_ok, coef, torch.zeros_like(coef))
-            self._post = norms * coef  # (n,) post-clip norms
-            self._total_clipped = total.clamp(max=self.lambda_abs)
-            return torch.full_like(norms, self.lambda_abs), coef
+            return self._warmup_coefs(norms)
         if self.mode == "global":
-            g0 = torch.where(self.seen, self.gamma, total)  # lazy initialisation
-            thr = self.lambda_rel * g0
-            hit = total > thr
-            self._clipped = torch.where(hit, thr, total)
-            self._g0 = g0
-            coef = torch.where(hit, thr / (total + self.eps), torch.ones_like(total))
-            return thr.expand_as(norms), coef
+            return self._global_coefs(norms)
         g0 = torch.where(self.seen, self.gamma, norms)  # (n,) a tensor's first gradient starts its state
         thr = self.lambda_rel * g0
         hit = norms > thr  # strictly above: nothing is scaled inside the eps band
         self._clipped = torch.where(hit, thr, norms)
         self._g0 = g0
-        coef = torch.where(hit, thr / (norms + self.eps), torch.ones_like(norms))
-        reported = torch.where(self.seen | self.present, thr, torch.full_like(thr, float("inf")))
-        return reported, coef
+        coef = torch.where(hit, thr / (norms + self.eps), 1.0)
+        return torch.where(self.seen | self._usable, thr, float("inf")), coef
+
+    def _warmup_coefs(self, norms):
+        """Warm-up: global clipping at ``lambda_abs``; remember each tensor's post-clip norm."""
+        if self.mode == "shard":  # clip by the global norm, keep each shard's own post-clip norm
+            total = self._global_sq.sqrt()
+            self._warm_ok = torch.isfinite(total)  # a non-finite gradient on another rank
+            total = torch.where(self._warm_ok, total, 0.0)
+        else:
+            total = norms.pow(2).sum().sqrt()  # () global norm of the present, finite gradients
+        coef = (self.lambda_abs / (total + self.eps)).clamp(max=1.0)  # ()
+        if self._warm_ok is not None:
+            coef = torch.where(self._warm_ok, coef, 0.0)
+        self._post = norms * coef  # (n,) post-clip norms
+        self._total_clipped = total.clamp(max=self.lambda_abs)
+        thr = torch.full_like(norms, self.lambda_abs)
+        self._global_threshold = thr[0]  # a global clip is in force (the metrics show it as such)
+        return thr, coef
+
+    def _global_coefs(self, norms):
+        """AdaGC-Global after warm-up: one gamma for the global norm."""
+        total = norms.pow(2).sum().sqrt()  # ()
+        g0 = torch.where(self.seen, self.gamma, total)  # lazy initialisation
+        thr = self.lambda_rel * g0
+        hit = total > thr
+        self._clipped = torch.where(hit, thr, total)
+        self._g0 = g0
+        coef = torch.where(hit, thr / (total + self.eps), 1.0)
+        reported = torch.where(self.seen | (total > 0), thr, float("inf"))  # a zero total is no sample
+        return reported.expand_as(norms), coef
 
     def _update(self, norms, thresholds, coefs, finite_t, all_finite) -> None:
-        ok = finite_t & self.present & self._warm_ok  # (n,) tensors with a usable gradient this step
+        # tensors with a usable gradient this step (``finite_t`` also carries the skip rule). A zero
+        # gradient (an all-masked batch, loss * 0, a dead unit) is treated like a missing one: it
+        # would set the warm-up's running minimum to 0 for good (every later gradient scaled to 0)
+        ok = self._usable & finite_t  # (n,)
+        if self._warm_ok is not None:
+            ok = ok & self._warm_ok
         if self.mode == "global":
             ok = ok.any()
             if self.in_warmup:
@@ -127,7 +155,7 @@ class AdaGC(Clipper):
 
     def state_dict(self) -> dict[str, Any]:
         return {"steps": self.steps, "gamma": self.gamma.detach().clone(), "seen": self.seen.clone(),
-                "names": list(self.names), "mode": self.mode}
+                "names": list(self.names), "mode": self.mode, "saturation": self.saturation.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("names", self.names) != self.names:
@@ -135,6 +163,7 @@ class AdaGC(Clipper):
         check(state.get("mode", "tensor") == self.mode, "AdaGC.mode", self.mode,
               f"the checkpoint was written with mode={state.get('mode', 'tensor')!r}: build AdaGC with that mode")
         self.steps = int(state["steps"])
+        self.saturation.load_state_dict(state.get("saturation"))
         gamma = state["gamma"].to(self.gamma.device).clone()
         # checkpoints before 0.2 marked "no value yet" with inf and had no ``seen``
         seen = state["seen"].to(self.gamma.device).clone() if "seen" in state else torch.isfinite(gamma)

@@ -3,33 +3,64 @@
 Every clipper keeps its state (thresholds, EMAs) on the gradients' device and decides with
 ``torch.where``/``clamp``, so ``clip()`` never syncs to the host (``on_nonfinite="raise"`` is the
 one exception: raising needs to know).
+
+Memory traffic (what norms and clipping cost on an accelerator; ``gradloc_track.traffic``): given
+the norms (the monitor's pass), ``clip()`` makes ONE fused read+write pass over the gradients, the
+scaling. A non-finite step costs nothing more when the optimizer really skips it
+(``SkipStepGuard``, which ``GradMonitor(optimizer=...)``, ``watch()`` and the callbacks install):
+its gradients are never used, so they are not touched. Only where no guard makes the skip real,
+and with ``on_nonfinite="zero"``, a second pass zeroes the non-finite values (integer views:
+``NaN * 0`` is NaN in floating point).
 """
 from __future__ import annotations
 
+import warnings
 from collections import defaultdict
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..config._validate import one_of
 from ..norms import global_sq_norms, trainable_params
+from .saturation import ClipSaturation
 
 NONFINITE_MODES = ("skip", "zero", "raise")
+SKIP_STEP_MODES = ("auto", "fused", "sync", "restore", "off")
 
 
-@dataclass
 class ClipResult:
-    """What one ``clip()`` did. Tensors stay on device; the mapping/float views sync lazily."""
+    """What one ``clip()`` did. Tensors stay on device; the mapping/float views sync lazily, and
+    the global norms are computed only when read (a non-logging step never needs them)."""
 
-    names: list[str]
-    threshold_t: torch.Tensor  # (n,) per-tensor threshold applied (global clippers: the global one)
-    coef_t: torch.Tensor  # (n,) per-tensor multiplier applied
-    pre_sq_t: torch.Tensor  # (n,) squared norms before clipping
-    total_norm_pre_t: torch.Tensor  # () global norm before clipping
-    total_norm_post_t: torch.Tensor  # () global norm after clipping
-    nonfinite_t: torch.Tensor  # () bool: a non-finite gradient was seen this step
-    kind: str = "none"
+    def __init__(self, names: list[str], threshold_t: torch.Tensor, coef_t: torch.Tensor, pre_sq_t: torch.Tensor,
+                 nonfinite_t: torch.Tensor, kind: str = "none") -> None:
+        self.names = names
+        self.threshold_t = threshold_t  # (n,) threshold in force per tensor (inf: none; global clippers: global)
+        self.coef_t = coef_t  # (n,) per-tensor multiplier applied
+        self.pre_sq_t = pre_sq_t  # (n,) squared norms before clipping
+        self.nonfinite_t = nonfinite_t  # () bool: a non-finite gradient was seen this step
+        self.kind = kind
+        self.saturation_t: torch.Tensor | None = None  # (2,) the clipper's running clipped fraction, mean coef
+        # () set when one global threshold is in force for a per-tensor clipper (AdaGC's warm-up)
+        self.global_threshold_t: torch.Tensor | None = None
+        self._pre: torch.Tensor | None = None
+        self._post: torch.Tensor | None = None
+
+    @property
+    def total_norm_pre_t(self) -> torch.Tensor:
+        """() global norm before clipping (NaN/Inf on a non-finite step)."""
+        if self._pre is None:
+            self._pre = self.pre_sq_t.sum().sqrt()
+        return self._pre
+
+    @property
+    def total_norm_post_t(self) -> torch.Tensor:
+        """() global norm after clipping (non-finite tensors count as zeroed)."""
+        if self._post is None:
+            norms = self.pre_sq_t.sqrt()
+            post = torch.where(torch.isfinite(norms), norms * self.coef_t, 0.0)
+            self._post = post.pow(2).sum().sqrt()
+        return self._post
 
     @property
     def thresholds(self) -> dict[str, float]:
@@ -58,34 +89,44 @@ class Clipper:
     Subclasses implement ``_coefs(norms, finite) -> (thresholds, coefs)`` on device tensors and
     ``_update(...)`` for their running state; ``clip()`` does the rest. ``coefs`` may be 0-d
     (one coefficient for every tensor: applied with a single fused multiply) or ``(n,)``.
-    ``self.present`` (``(n,)`` bool, device) says which parameters have a gradient this step.
+    A missing gradient arrives as norm 0 (as does an all-zero one): neither is a sample of the norm.
     """
 
     kind = "none"
+    scales = True  # False: coefficients are always 1 (NoClip), no scale pass
 
-    def __init__(self, model: torch.nn.Module, on_nonfinite: str = "skip", process_group: Any = None) -> None:
+    def __init__(self, model: torch.nn.Module, on_nonfinite: str = "skip", process_group: Any = None,
+                 skip_step: str = "auto") -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"{type(self).__name__}(model=...) needs a torch.nn.Module, got {type(model).__name__}")
         one_of("on_nonfinite", on_nonfinite, NONFINITE_MODES)
+        one_of("skip_step", skip_step, SKIP_STEP_MODES)
         named = trainable_params(model)
         if not named:
             raise ValueError(f"{type(self).__name__}: the model has no parameters with requires_grad=True")
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]
         self.on_nonfinite = on_nonfinite
+        # how GradMonitor(optimizer=...) makes on_nonfinite="skip" exact (SkipStepGuard's mode; "off": zero only)
+        self.skip_step = skip_step
+        self.skip_guard: Any = None  # the SkipStepGuard bound to this clipper, if any
         self.process_group = process_group
         self.steps = 0  # python int: warm-up bookkeeping needs no device value
         self.last_nonfinite: torch.Tensor | None = None  # () bool of the last clip(), for SkipStepGuard
-        self._present_key: tuple[bool, ...] | None = None
-        self._present_t: torch.Tensor | None = None
+        self.last_nonfinite_host: bool | None = None  # the same, when a caller already has it on the host
+        # set by a SkipStepGuard: the optimizer skips a non-finite step for real, so its gradients
+        # need no zeroing (one pass less); a fused guard also gets ``~all_finite`` written into
+        # ``found_inf`` (the optimizer's own skip flag) by every clip()
+        self.skip_exact = False
+        self.found_inf: torch.Tensor | None = None
+        self._warned_skip = False
+        self._coef_views: dict = {}  # scale_grads' reused per-tensor coefficient buffers
+        self.saturation = ClipSaturation(self.params[0].device)  # how often / how hard it scales
 
-    def _present(self, grads: list[torch.Tensor | None], device: torch.device) -> torch.Tensor:
-        """(n,) bool: which tensors have a gradient. Cached: a host->device copy only when it changes."""
-        key = tuple(g is not None for g in grads)
-        if key != self._present_key or self._present_t is None or self._present_t.device != device:
-            self._present_key = key
-            self._present_t = torch.tensor(key, dtype=torch.bool, device=device)
-        return self._present_t
+    @property
+    def warming_up(self) -> bool:
+        """Host-side: still in the warm-up (its scaling then is not what the method does in steady state)."""
+        return False
 
     def _sq_norms(self, grads: list[torch.Tensor | None]) -> torch.Tensor:
         return global_sq_norms(grads, self.process_group)  # (n,) device
@@ -97,34 +138,55 @@ class Clipper:
         if sq_norms is None:
             sq_norms = self._sq_norms(grads)  # (n,) device
         sq_norms = sq_norms.float()
-        self.present = self._present(grads, sq_norms.device)
-        norms = sq_norms.sqrt()  # (n,)
-        finite_t = torch.isfinite(norms)  # (n,) per tensor
+        norms = sq_norms.sqrt()  # (n,) 0 for a missing gradient
+        finite_t = norms < float("inf")  # (n,) per tensor: norms are >= 0, so this is isfinite in one op
         all_finite = finite_t.all()
         if self.on_nonfinite == "raise" and not bool(all_finite):  # host sync: the error path needs it
             bad = [n for n, ok in zip(self.names, finite_t.tolist()) if not ok]
             raise FloatingPointError(f"non-finite gradient in {bad[:10]}{' ...' if len(bad) > 10 else ''}; "
                                      "set on_nonfinite='skip' or 'zero' to keep training")
-        safe = torch.where(finite_t, norms, torch.zeros_like(norms))  # (n,) never NaN downstream
-        total_pre = sq_norms.sum().sqrt()
+        safe = torch.nan_to_num(norms, nan=0.0, posinf=0.0)  # (n,) never NaN downstream
+        self._global_threshold = None
+        steady = self.scales and not self.warming_up  # decided before this step advances any warm-up
         thresholds, coefs = self._coefs(safe, all_finite)
-        if self.on_nonfinite == "skip":  # zero everything: the optimizer step becomes a no-op
-            keep = all_finite  # ()
-            coefs = torch.where(keep, coefs, torch.zeros_like(coefs))
-        else:  # zero only the non-finite tensors
-            keep = finite_t  # (n,)
-            coefs = torch.where(keep, coefs, torch.zeros_like(keep, dtype=coefs.dtype))
+        # skip: every coefficient 0 on a bad step; zero/raise: only the non-finite tensors'
+        keep = all_finite if self.on_nonfinite == "skip" else finite_t
+        coefs = torch.where(keep, coefs, 0.0)
         # skip: a step with any non-finite gradient teaches the running state nothing
         update_ok = finite_t & all_finite if self.on_nonfinite == "skip" else finite_t
         self._update(safe, thresholds, coefs, update_ok, all_finite)
         self.steps += 1
-        # raise: every gradient is finite here (else it raised), nothing to zero
-        scale_grads(grads, coefs, None if self.on_nonfinite == "raise" else keep)
-        coef_n = coefs.expand_as(norms) if coefs.dim() == 0 else coefs  # (n,)
-        post = torch.where(finite_t, safe * coef_n, torch.zeros_like(safe))
-        self.last_nonfinite = ~all_finite
-        return ClipResult(self.names, thresholds.expand_as(norms), coef_n, sq_norms, total_pre,
-                          post.pow(2).sum().sqrt(), ~all_finite, self.kind)
+        zero = self._zero_mask(keep)
+        if self.scales or zero is not None:  # NoClip with a guard: no pass over the gradients at all
+            scale_grads(grads, coefs if self.scales else None, zero, self._coef_views)
+        nonfinite = ~all_finite
+        self.last_nonfinite, self.last_nonfinite_host = nonfinite, None
+        if self.found_inf is not None:  # a fused optimizer's skip flag (SkipStepGuard mode="fused")
+            self.found_inf.copy_(nonfinite)
+        result = ClipResult(self.names, thresholds.expand_as(norms), coefs.expand_as(norms), sq_norms, nonfinite,
+                            self.kind)
+        result.global_threshold_t = self._global_threshold
+        if steady:
+            self.saturation.add(safe * safe, coefs, all_finite)
+            result.saturation_t = self.saturation.values()
+        return result
+
+    def _zero_mask(self, keep: torch.Tensor) -> torch.Tensor | None:
+        """Which gradients must be zeroed in place (None: none, the scale pass alone).
+
+        raise: every gradient is finite (else it raised); skip with a guard: the optimizer never
+        uses a non-finite step's gradients. Otherwise zero them, and say once that zeroing is not
+        skipping for optimizers that move without a gradient (unless ``skip_step="off"`` chose that)."""
+        if self.on_nonfinite == "raise" or (self.on_nonfinite == "skip" and self.skip_exact):
+            return None
+        if self.on_nonfinite == "skip" and self.skip_step != "off" and not self._warned_skip:
+            self._warned_skip = True
+            warnings.warn(f"gradloc-track: {type(self).__name__}(on_nonfinite='skip') does not know the optimizer, so "
+                          "a non-finite step only zeroes the gradients: AdamW (moments, weight decay) and momentum "
+                          "SGD still move the weights. Make the skip exact with gradloc_track.clip.SkipStepGuard("
+                          "optimizer, clipper), or pass optimizer= to GradMonitor (watch() and the HF/Lightning "
+                          "callbacks do it for you).", UserWarning, stacklevel=3)
+        return keep
 
     # -- to implement --------------------------------------------------------------------
     def _coefs(self, norms: torch.Tensor, finite: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,10 +197,11 @@ class Clipper:
         pass
 
     def state_dict(self) -> dict[str, Any]:
-        return {"steps": self.steps}
+        return {"steps": self.steps, "saturation": self.saturation.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.steps = int(state["steps"])
+        self.saturation.load_state_dict(state.get("saturation"))
 
 
 # float dtype -> same-width integer dtype: multiplying the bit pattern by 0/1 zeroes or keeps a
@@ -153,14 +216,17 @@ def _scalable(g: torch.Tensor) -> torch.Tensor:
     return g._values() if g.layout == torch.sparse_coo else g
 
 
-def scale_grads(grads: list[torch.Tensor | None], coefs: torch.Tensor, keep: torch.Tensor | None) -> None:
+def scale_grads(grads: list[torch.Tensor | None], coefs: torch.Tensor | None, keep: torch.Tensor | None,
+                cache: dict | None = None) -> None:
     """``g_i <- keep_i ? coef_i * g_i : 0`` for every gradient, with fused kernels, no host sync.
 
-    ``coefs``: 0-d (one fp32 multiplier for all) or ``(n,)``; ``keep``: 0-d or ``(n,)`` bool, or
-    None when every gradient is known to be finite. One ``_foreach_mul_`` per (device, dtype)
-    group applies the fp32 coefficient to each tensor in its own dtype (computed in fp32, rounded
-    once). Zeroing multiplies each tensor's integer view by 0/1 (so NaN/Inf become exact zeros,
-    which no floating-point op does) in one more fused call: no per-tensor kernels.
+    ``coefs``: 0-d (one fp32 multiplier for all) or ``(n,)``, or None (zero only); ``keep``: 0-d or ``(n,)`` bool, or
+    None when no gradient needs zeroing (all finite, or the step is skipped anyway). One
+    ``_foreach_mul_`` per (device, dtype) group applies the fp32 coefficient to each tensor in its
+    own dtype (computed in fp32, rounded once). Zeroing multiplies each tensor's integer view by
+    0/1 (so NaN/Inf become exact zeros, which no floating-point op does) in one more fused call:
+    no per-tensor kernels. ``cache`` (a dict kept by the caller) reuses one buffer and its
+    per-tensor views for ``(n,)`` coefficients, instead of splitting a new tensor every step.
     """
     idx_all = [i for i, g in enumerate(grads) if g is not None]
     if not idx_all:
@@ -177,21 +243,40 @@ def scale_grads(grads: list[torch.Tensor | None], coefs: torch.Tensor, keep: tor
     n = len(grads)
     for (dev, dtype), (idx, ts) in groups.items():
         if keep is not None:
-            bits = _BITS.get(dtype)
-            if bits is None:  # exotic dtype: per-tensor clean-up
-                for t in ts:
-                    torch.nan_to_num_(t, nan=0.0, posinf=0.0, neginf=0.0)
+            _zero_group(ts, keep if keep.dim() == 0 else _take(keep, idx, n, dev), dev, dtype)
+        if coefs is not None:
+            scale_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+            if coefs.dim() == 0:
+                torch._foreach_mul_(ts, coefs.to(device=dev, dtype=scale_dtype))
             else:
-                views = [t.view(bits) for t in ts]
-                if keep.dim() == 0:
-                    torch._foreach_mul_(views, keep.to(device=dev, dtype=bits))
-                else:
-                    torch._foreach_mul_(views, list(_take(keep, idx, n, dev).to(bits).unbind()))
-        scale_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-        if coefs.dim() == 0:
-            torch._foreach_mul_(ts, coefs.to(device=dev, dtype=scale_dtype))
-        else:
-            torch._foreach_mul_(ts, list(_take(coefs, idx, n, dev).to(scale_dtype).unbind()))
+                torch._foreach_mul_(ts, _per_tensor(_take(coefs, idx, n, dev).to(scale_dtype), cache))
+
+
+def _per_tensor(values: torch.Tensor, cache: dict | None) -> list[torch.Tensor]:
+    """``values`` (k,) as k 0-d tensors: views of a reused buffer (one small copy per step)."""
+    if cache is None:
+        return list(values.unbind())
+    key = (values.device, values.dtype, values.numel())
+    entry = cache.get(key)
+    if entry is None:
+        buf = torch.empty_like(values)
+        entry = cache[key] = (buf, list(buf.unbind()))
+    entry[0].copy_(values)
+    return entry[1]
+
+
+def _zero_group(ts: list[torch.Tensor], keep: torch.Tensor, dev: torch.device, dtype: torch.dtype) -> None:
+    """Zero the tensors of one (device, dtype) group where ``keep`` (0-d or one per tensor) is False."""
+    bits = _BITS.get(dtype)
+    if bits is None:  # exotic dtype: per-tensor clean-up
+        for t in ts:
+            torch.nan_to_num_(t, nan=0.0, posinf=0.0, neginf=0.0)
+        return
+    views = [t.view(bits) for t in ts]
+    if keep.dim() == 0:
+        torch._foreach_mul_(views, keep.to(device=dev, dtype=bits))
+    else:
+        torch._foreach_mul_(views, list(keep.to(bits).unbind()))
 
 
 def _plain_groups(idx_all: list[int], ts_all: list[torch.Tensor]) -> dict | None:

@@ -10,12 +10,17 @@ formula was published; ours is ZClip's z-score rule applied to every layer separ
 - ``z_l = (n_l - mu_l) / (sigma_l + eps)``; if ``z_l > z_thresh`` the layer is scaled to
   ``tau_l = mu_l + z_thresh * sigma_l / (z_l / z_thresh)`` (larger outliers clipped harder),
   else left alone (``tau_l = n_l``);
-- the EMA is updated with ``tau_l`` (the clipped value), so one spike does not raise the bar.
+- the EMA is updated with ``tau_l`` (the clipped value), so one spike does not raise the bar;
+- a layer without a usable gradient this step (none, all zeros, non-finite) leaves its statistics
+  alone, and each layer warms up on its own first ``warmup_steps`` gradients: a branch unused for
+  the first thousand steps is not judged against zeros when it wakes up.
 
 Every tensor of a layer gets the layer's coefficient ``tau_l / n_l``, so the direction inside a
 layer is kept while one exploding layer can no longer dominate the update. A tensor's reported
-threshold is its share of the layer's, ``tau_l * n_i / n_l`` (the norm it is clipped to), so the
-per-layer metric ``sqrt(sum_i thr_i^2)`` is exactly the applied ``tau_l``.
+threshold is its share of the layer's limit, ``limit_l * n_i / n_l`` (the norm it is, or would
+be, scaled to; ``limit_l`` is ``tau_l`` on a clipped step, else the trigger ``mu_l + z_thresh *
+sigma_l``), so the per-layer metric ``sqrt(sum_i thr_i^2)`` is exactly ``limit_l``; infinite (no
+limit) while the layer warms up.
 """
 from __future__ import annotations
 
@@ -35,12 +40,12 @@ class LayerClip(WarmupEmaState, Clipper):
     def __init__(self, model: torch.nn.Module, z_thresh: float = 3.0, alpha: float = 0.97,
                  warmup_steps: int = 25, eps: float = 1e-6, group_by: str = "block",
                  groups: Mapping[str, str] | None = None, on_nonfinite: str = "skip",
-                 process_group: Any = None) -> None:
+                 process_group: Any = None, skip_step: str = "auto") -> None:
         positive("z_thresh", z_thresh, "3.0")
         in_unit_interval("alpha", alpha, "0.97")
         integer("warmup_steps", warmup_steps, 1, "25")
         non_negative("eps", eps, "1e-6")
-        super().__init__(model, on_nonfinite, process_group)
+        super().__init__(model, on_nonfinite, process_group, skip_step)
         self.grouping = LayerGrouping.build(self.names, group_by, groups)
         self.z_thresh, self.alpha, self.warmup_steps, self.eps = z_thresh, alpha, warmup_steps, eps
         dev = self.params[0].device
@@ -50,19 +55,25 @@ class LayerClip(WarmupEmaState, Clipper):
     def _coefs(self, norms, finite):
         layer = self.grouping.sum_by_layer(norms.pow(2)).sqrt()  # (L,)
         self._layer = layer
-        if not self.stats.ready:
+        if not self.stats.maybe_ready:  # host-known: every layer is still warming up, nothing clipped
             self._tau = layer
             return torch.full_like(norms, float("inf")), torch.ones((), device=norms.device)
+        ready = self.stats.ready  # (L,) per layer: its own warm-up is over
         mean, std = self.stats.mean, self.stats.std
         z = (layer - mean) / (std + self.eps)
-        tau = torch.where(z > self.z_thresh, mean + self.z_thresh * std / (z / self.z_thresh), layer)
+        hit = (z > self.z_thresh) & ready
+        tau = torch.where(hit, mean + self.z_thresh * std / (z / self.z_thresh), layer)
         self._tau = tau
         coef_l = torch.where(layer > tau, tau / (layer + 1e-6), torch.ones_like(layer))  # (L,)
-        hit = z > self.z_thresh
-        # per tensor: its share of the layer threshold (the norm it is scaled to)
-        share = tau[self._index] * norms / layer[self._index].clamp_min(1e-30)  # (n,)
-        thr = torch.where(hit[self._index], share, torch.full_like(share, float("inf")))
-        return thr, coef_l[self._index]
+        # reported per layer: the clip target on a clipped step, else the trigger mu + z*sigma;
+        # per tensor: its share of that (the norm it is, or would be, scaled to)
+        limit = torch.where(hit, tau, mean + self.z_thresh * std)
+        limit = torch.where(ready, limit, torch.full_like(limit, float("inf")))  # (L,)
+        share = limit[self._index] * norms / layer[self._index].clamp_min(1e-30)  # (n,)
+        return torch.where(norms > 0, share, torch.full_like(share, float("inf"))), coef_l[self._index]
 
     def _update(self, norms, thresholds, coefs, finite_t, all_finite) -> None:
-        self.stats.add(self._tau, all_finite)  # the clipped layer norm (= the norm when not clipped)
+        # the clipped layer norm (= the norm when not clipped) of each layer with a usable gradient:
+        # finite, non-zero (a layer without gradient this step is not a sample of its norm)
+        bad = self.grouping.sum_by_layer((~finite_t).float()) > 0  # (L,)
+        self.stats.add(self._tau, ~bad & (self._layer > 0))

@@ -1,24 +1,48 @@
-"""Per-layer clip metrics for the monitor, as 0-d device tensors (stacked with the rest).
+"""Clip metrics for the monitor, as 0-d device tensors (stacked with the rest, one transfer).
 
-- ``clip/threshold/<layer>``: ``sqrt(sum_i tau_i^2)`` over the layer's tensors — the layer norm
-  if every tensor sat exactly at its threshold (per-tensor clippers: AdaGC; per-layer: LayerClip;
-  global clippers (GlobalClip, ZClip, AdaGC mode="global") log the global threshold once as
-  ``clip/threshold/global`` instead). LayerClip reports per-tensor shares of its layer threshold,
-  so with the same grouping this is the applied layer threshold.
-  Infinite (no limit yet: warm-up / not clipped) thresholds are logged as -1.
+- ``clip/threshold/global``: the global threshold in force. Global clippers (GlobalClip, ZClip,
+  AdaGC ``mode="global"``): theirs; per-tensor/per-layer clippers (AdaGC, LayerClip):
+  ``sqrt(sum_i tau_i^2)`` over the tensors that have a threshold, the global norm if every tensor
+  sat at its threshold; during AdaGC's warm-up, the global clip in force, ``lambda_abs``.
+- ``clip/threshold/<layer>`` (per-tensor/per-layer clippers): ``sqrt(sum_i tau_i^2)`` over the
+  layer's tensors that have one, ``tau_i`` being the norm the tensor is (or would be) scaled to.
+  During AdaGC's warm-up, the layer's share of the global clip, ``lambda_abs * ||g_l|| / ||g||``:
+  the values sit on the scale of the layer's own norm, warm-up and after alike (0.2 logged
+  ``sqrt(#tensors) * lambda_abs`` in warm-up, which set the chart's y-axis and flattened the real
+  thresholds to a line at 0).
+- No threshold in force (a warm-up without clipping, a layer never seen): NaN, which the monitor
+  leaves out of what it logs (no point on the chart, rather than a sentinel that skews it).
 - ``clip/coef/<layer>``: ``||g_layer after|| / ||g_layer before||`` (1 = untouched).
-- ``clip/clipped_fraction``: fraction of tensors whose coefficient is below 1.
+- ``clip/clipped_fraction``: fraction of tensors whose coefficient is below 1 this step.
+- ``clip/saturation/clipped_fraction``, ``clip/saturation/mean_coef``: share of recent steps
+  (after warm-up) that were scaled and their mean coefficient (``gradloc_track.clip.saturation``).
 - ``clip/total_norm_pre``, ``clip/total_norm_post``: global norm before / after.
 - ``clip/nonfinite``: 1 when a non-finite gradient was seen (and handled) this step.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..grouping import LayerGrouping
 from .base import ClipResult
+from .saturation import KEYS as SATURATION_KEYS
 
 GLOBAL_KINDS = ("global", "zclip", "none", "adagc_global")
+THRESHOLD_PREFIX = "clip/threshold/"
+
+
+def _root_sum_sq(thr: torch.Tensor, grouping: LayerGrouping | None) -> torch.Tensor:
+    """sqrt of the sum of squares of the finite thresholds (per layer, or over all); NaN where none."""
+    finite = torch.isfinite(thr)
+    sq = torch.where(finite, thr * thr, 0.0)
+    count = finite.float()
+    if grouping is not None:
+        sq, count = grouping.sum_by_layer(sq), grouping.sum_by_layer(count)
+    else:
+        sq, count = sq.sum(), count.sum()
+    return torch.where(count > 0, sq.sqrt(), math.nan)
 
 
 def clip_metrics(result: ClipResult, grouping: LayerGrouping) -> dict[str, torch.Tensor]:
@@ -30,19 +54,30 @@ def clip_metrics(result: ClipResult, grouping: LayerGrouping) -> dict[str, torch
     coef_l = torch.where(pre_l > 0, (post_l / pre_l.clamp_min(1e-30)).sqrt(), torch.ones_like(pre_l))
     if result.kind in GLOBAL_KINDS:
         thr = result.threshold_t[0]
-        out["clip/threshold/global"] = torch.where(torch.isfinite(thr), thr, torch.full_like(thr, -1.0))
+        out[THRESHOLD_PREFIX + "global"] = torch.where(torch.isfinite(thr), thr, math.nan)
+    elif result.global_threshold_t is not None:  # a global clip in force (AdaGC's warm-up)
+        g = result.global_threshold_t
+        out[THRESHOLD_PREFIX + "global"] = g
+        # each layer's share: the norm it is (or would be) scaled to, g * ||g_layer|| / ||g||
+        share = pre_l.sqrt() * (g / pre_sq.sum().sqrt().clamp_min(1e-30))
+        for lay, v in zip(grouping.layers, torch.where(pre_l > 0, share, math.nan).unbind()):
+            out[THRESHOLD_PREFIX + lay] = v
     else:
-        finite = torch.isfinite(result.threshold_t)
-        thr_sq = torch.where(finite, result.threshold_t.pow(2), torch.zeros_like(result.threshold_t))
-        any_inf = grouping.sum_by_layer((~finite).float()) > 0
-        thr_l = grouping.sum_by_layer(thr_sq).sqrt()
-        thr_l = torch.where(any_inf, torch.full_like(thr_l, -1.0), thr_l)
-        for lay, v in zip(grouping.layers, thr_l.unbind()):
-            out[f"clip/threshold/{lay}"] = v
+        out[THRESHOLD_PREFIX + "global"] = _root_sum_sq(result.threshold_t, None)
+        for lay, v in zip(grouping.layers, _root_sum_sq(result.threshold_t, grouping).unbind()):
+            out[THRESHOLD_PREFIX + lay] = v
     for lay, v in zip(grouping.layers, coef_l.unbind()):
         out[f"clip/coef/{lay}"] = v
     out["clip/clipped_fraction"] = (result.coef_t < 1.0).float().mean()
+    if result.saturation_t is not None:
+        for key, v in zip(SATURATION_KEYS, result.saturation_t.unbind()):
+            out[key] = v
     out["clip/total_norm_pre"] = result.total_norm_pre_t
     out["clip/total_norm_post"] = result.total_norm_post_t
     out["clip/nonfinite"] = result.nonfinite_t.float()
     return out
+
+
+def without_unset_thresholds(metrics: dict[str, float]) -> dict[str, float]:
+    """Host-side, after the one transfer: drop the thresholds that are not in force (NaN)."""
+    return {k: v for k, v in metrics.items() if not (k.startswith(THRESHOLD_PREFIX) and v != v)}

@@ -15,10 +15,10 @@ class GlobalClip(Clipper):
     kind = "global"
 
     def __init__(self, model: torch.nn.Module, max_norm: float = 1.0, on_nonfinite: str = "skip",
-                 process_group: Any = None) -> None:
+                 process_group: Any = None, skip_step: str = "auto") -> None:
         positive("max_norm", max_norm, "1.0")
         finite("max_norm", max_norm)
-        super().__init__(model, on_nonfinite, process_group)
+        super().__init__(model, on_nonfinite, process_group, skip_step)
         self.max_norm = max_norm
 
     def _coefs(self, norms, finite):
@@ -28,6 +28,8 @@ class GlobalClip(Clipper):
 
 
 class NoClip(Clipper):
-    """Measures, never scales (non-finite gradients are still handled per ``on_nonfinite``)."""
+    """Measures, never scales (non-finite gradients are still handled per ``on_nonfinite``): with a
+    ``SkipStepGuard`` it makes no pass over the gradients at all."""
 
     kind = "none"
+    scales = False

@@ -1,163 +1,189 @@
 """Skip means skip: an optimizer step on non-finite gradients leaves parameters AND state unchanged.
 
-A clipper with ``on_nonfinite="skip"`` zeroes every gradient on such a step, which is enough for
-plain SGD but not for optimizers that move weights without a gradient (AdamW's moments and weight
-decay, SGD's momentum buffer): a "skipped" AdamW step still moved weights by up to 0.0086 in the
-fault test. ``SkipStepGuard`` wraps any ``torch.optim.Optimizer``:
+Zeroing the gradients of a bad step is enough for plain SGD but not for optimizers that move
+weights without a gradient (AdamW's moments and weight decay, SGD's momentum buffer): a
+"skipped" AdamW step still moved weights by up to 0.0086 in the fault test. ``SkipStepGuard``
+wraps any ``torch.optim.Optimizer`` so that the step after a ``clip()`` that saw a non-finite
+gradient does nothing, bitwise:
 
     clipper = AdaGC(model)                         # or GradMonitor(..., clipper=...)
-    guard = SkipStepGuard(opt, clipper)            # mode="restore" (default) or "sync"
+    guard = SkipStepGuard(opt, clipper)            # mode="auto"
     loss.backward(); clipper.clip(); opt.step()    # no-op when clip() saw a non-finite gradient
 
-- ``mode="restore"`` (no host sync): a step pre-hook copies the parameters and every optimizer
-  state tensor into a scratch buffer (fused ``_foreach_copy_``); the step runs; a post-hook
-  selects, on the device, the snapshot when the flag is set. The selection is done on the
-  tensors' integer bit patterns (``x*(1-b) + snapshot*b``), so NaN/Inf produced by the step are
-  replaced exactly: the result is bitwise the pre-step value. Cost: extra memory of one copy of
-  the parameters plus the optimizer state (AdamW: 3x the parameter size) and about four fused
-  passes over that memory per step. State tensors that live on the CPU while the flag is on an
-  accelerator (AdamW's default ``step`` counter; use ``capturable=True`` or ``fused=True`` to keep
-  it on the device) and state created by the step itself (the first step) need the flag on the
-  host: one bool read, only then.
-- ``mode="sync"``: ``optimizer.step`` reads the flag once (one host sync per step on an
-  accelerator; free on CPU) and does not run at all when it is set. No extra memory.
+``GradMonitor(optimizer=...)``, ``watch()`` and the HF/Lightning callbacks install one for you
+(``clip.skip_step``, a clipper's ``skip_step=``; ``"off"`` opts out and keeps 0.2's zeroing). One
+guard per clipper: a new one replaces the old. Modes:
 
-The learning-rate schedule still advances on a skipped step (call it as usual). ``remove()``
-undoes the guard.
+- ``"fused"``: the optimizer's own skip flag ``found_inf`` (``fused=True`` Adam/AdamW/SGD/
+  Adagrad, as ``GradScaler`` uses it): no host sync, no memory, no extra pass. Works beside
+  ``GradScaler`` (flags combined).
+- ``"sync"``: a step pre-hook reads the flag (one bool per step: a host sync on an accelerator,
+  free on CPU and on steps where ``GradMonitor`` already moved its values to the host) and, when
+  it is set, hands the optimizer empty param groups for that step (nothing updated, no state
+  created). No memory. A closure (Lightning) is run by that hook, so the flag is this step's; a
+  hook that runs the monitor inside ``step()`` must be registered before the guard.
+- ``"restore"``: no host sync; a snapshot of the parameters and every optimizer state tensor is
+  taken before each step and selected back, bit for bit, when the flag is set. Costs one copy of
+  parameters + optimizer state (AdamW: 3x the parameter size) and ~4 fused passes over it per
+  step. State created by the step itself (the first step), state kept as python numbers and
+  CPU-side state with the flag on an accelerator need one bool read, only then.
+- ``"auto"`` (default): ``"fused"`` when every param group is fused, else ``"sync"``.
+
+With a guard on, the clipper no longer zeroes a non-finite step's gradients (the step does not
+use them): one pass over the gradients less. The learning-rate schedule still advances on a
+skipped step (call it as usual). ``skipped`` counts skips known on the host (sync mode).
+``remove()`` undoes the guard.
 """
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any, Callable
 
 import torch
 
 from ..config._validate import one_of
+from .skip_fused import FoundInfSkip, supports_found_inf
+from .skip_restore import StateSnapshot
 
-_BITS = {torch.float32: torch.int32, torch.float64: torch.int64, torch.bfloat16: torch.int16,
-         torch.float16: torch.int16}
+SKIP_MODES = ("auto", "fused", "sync", "restore")
 
 
-def _flag_source(source: Any) -> Callable[[], torch.Tensor | None]:
-    """A callable returning the skip flag (0-d bool tensor, True = skip) or None (never clipped)."""
-    if hasattr(source, "last_nonfinite"):  # a Clipper
-        return lambda: source.last_nonfinite
-    clipper = getattr(source, "clipper", None)  # a GradMonitor
-    if clipper is not None and hasattr(clipper, "last_nonfinite"):
-        return lambda: clipper.last_nonfinite
+def _clipper_of(source: Any) -> Any:
+    """The clipper behind a flag source (a clipper, or a GradMonitor with one), else None."""
+    if hasattr(source, "last_nonfinite"):
+        return source
+    clipper = getattr(source, "clipper", None)
+    return clipper if clipper is not None and hasattr(clipper, "last_nonfinite") else None
+
+
+def _flag_source(source: Any, clipper: Any) -> Callable[[], Any]:
+    """A callable returning the skip flag (0-d bool tensor or python bool, True = skip) or None."""
+    if clipper is not None:  # the host copy when a caller already moved it (no sync), else the tensor
+        return lambda: clipper.last_nonfinite if clipper.last_nonfinite_host is None else clipper.last_nonfinite_host
     if callable(source):
         return source
     raise TypeError(f"SkipStepGuard(flag=...) needs a clipper, a GradMonitor with a clipper, or a callable "
                     f"returning a 0-d bool tensor (True = skip this step); got {type(source).__name__}")
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor | None:
-    """An integer view with the same bytes (or the tensor itself for integer dtypes)."""
-    if t.dtype in _BITS:
-        return t.view(_BITS[t.dtype])
-    if not t.dtype.is_floating_point and not t.dtype.is_complex and t.dtype != torch.bool:
-        return t
-    return None
+def inner_optimizer(optimizer: Any) -> Any:
+    """The torch optimizer behind a wrapper (accelerate's ``AcceleratedOptimizer``, which HF Trainer
+    hands to callbacks: its ``step()`` calls the inner one, where hooks and ``found_inf`` act)."""
+    seen = 0
+    while type(optimizer).__name__ == "AcceleratedOptimizer" and hasattr(optimizer, "optimizer") and seen < 4:
+        optimizer, seen = optimizer.optimizer, seen + 1
+    return optimizer
+
+
+def guard_for(optimizer: Any, clipper: Any) -> "SkipStepGuard | None":
+    """The guard ``GradMonitor(optimizer=...)`` (and so ``watch()`` and the callbacks) installs:
+    a clipper with ``on_nonfinite="skip"`` and ``skip_step`` other than ``"off"``, on a torch
+    optimizer. None otherwise (the clipper then zeroes a bad step's gradients and says so once)."""
+    if optimizer is None or clipper is None or getattr(clipper, "on_nonfinite", None) != "skip":
+        return None
+    mode = getattr(clipper, "skip_step", "auto")
+    optimizer = inner_optimizer(optimizer)
+    if mode == "off" or not isinstance(optimizer, torch.optim.Optimizer) or not hasattr(clipper, "last_nonfinite"):
+        return None
+    existing = clipper.skip_guard
+    if existing is not None and existing.optimizer is optimizer:
+        return existing
+    return SkipStepGuard(optimizer, clipper, mode=mode)
+
+
+def resolve_mode(optimizer: torch.optim.Optimizer, mode: str) -> str:
+    one_of("mode", mode, SKIP_MODES)
+    fused = supports_found_inf(optimizer)
+    if mode == "fused" and not fused:
+        raise ValueError(f"SkipStepGuard(mode='fused'): {type(optimizer).__name__} does not run a fused kernel that "
+                         "reads found_inf in every param group; build it with fused=True (Adam, AdamW, SGD, "
+                         "Adagrad), or use mode='auto'")
+    if mode == "auto":
+        return "fused" if fused else "sync"
+    return mode
 
 
 class SkipStepGuard:
-    def __init__(self, optimizer: torch.optim.Optimizer, flag: Any, mode: str = "restore") -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, flag: Any, mode: str = "auto") -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError("SkipStepGuard(optimizer=...) needs a torch.optim.Optimizer, "
                             f"got {type(optimizer).__name__}")
-        one_of("mode", mode, ("restore", "sync"))
-        self.optimizer, self.mode = optimizer, mode
-        self._flag = _flag_source(flag)
+        self.clipper = _clipper_of(flag)
+        self._flag = _flag_source(flag, self.clipper)
+        self.optimizer, self.mode = optimizer, resolve_mode(optimizer, mode)
         self.skipped = 0  # python count of steps known on the host to have been skipped (sync mode)
         self._handles: list[Any] = []
-        self._orig_step = None
-        if mode == "sync":
-            self._orig_step = optimizer.step
-
-            def step(*args, **kwargs):
-                flag = self._flag()
-                if flag is not None and bool(flag):  # host sync: one bool per step
-                    self.skipped += 1
-                    return None
-                return self._orig_step(*args, **kwargs)
-
-            optimizer.step = step
-        else:
-            self._handles = [optimizer.register_step_pre_hook(self._snapshot),
+        self._fused: FoundInfSkip | None = None
+        if self.mode == "sync":
+            self._held: list[tuple[dict, list]] = []
+            self._handles = [optimizer.register_step_pre_hook(self._decide),
+                             optimizer.register_step_post_hook(self._release)]
+        elif self.mode == "restore":
+            self._snapshot = StateSnapshot(optimizer)
+            self._handles = [optimizer.register_step_pre_hook(lambda *a: self._snapshot.take()),
                              optimizer.register_step_post_hook(self._restore)]
-        self._pairs: list[tuple[torch.Tensor, torch.Tensor]] = []  # (live tensor, snapshot buffer)
-        self._buffers: dict[int, torch.Tensor] = {}  # id(parameter or state tensor) -> reused scratch buffer
-        self._fresh: list[torch.Tensor] = []  # params whose state the step will create
-        self._python_state: list[tuple[dict, str, Any]] = []
+        else:
+            self._fused = FoundInfSkip(optimizer, self.clipper, self._flag)
+            self._handles = [optimizer.register_step_pre_hook(self._fused.before),
+                             optimizer.register_step_post_hook(self._fused.after)]
+        if self.clipper is not None:
+            previous = self.clipper.skip_guard
+            if previous is not None:  # one guard per clipper: two would each hold the param groups
+                previous.remove()
+            self.clipper.skip_guard = self
+            self.clipper.skip_exact = True  # the optimizer skips: no need to zero a bad step's gradients
 
-    def remove(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-        if self._orig_step is not None:
-            self.optimizer.step = self._orig_step
-            self._orig_step = None
-
-    # -- restore mode ---------------------------------------------------------------------
-    def _live(self) -> list[tuple[int, torch.Tensor]]:
-        """(stable key, tensor) for every parameter and optimizer state tensor."""
-        out = []
-        self._fresh, self._python_state = [], []
-        for group in self.optimizer.param_groups:
-            for p in group["params"]:
-                out.append((id(p), p.data))  # p.data is a new alias each time: key by the Parameter
-                state = self.optimizer.state.get(p)
-                if not state:
-                    self._fresh.append(p)
-                    continue
-                for k, v in state.items():
-                    if isinstance(v, torch.Tensor):
-                        out.append((id(v), v))
-                    else:
-                        self._python_state.append((state, k, v))
+    # -- sync mode -------------------------------------------------------------------------
+    def _decide(self, optimizer, args, kwargs) -> tuple | None:
+        """A step pre-hook (after any hook registered before the guard, e.g. ``watch()``'s monitor):
+        read the flag; on a bad step hand the optimizer empty param groups, so it updates nothing
+        and creates no state. A closure (Lightning: backward and clipping run inside it) is run
+        here first, so the flag is this step's; the optimizer then gets the closure's result."""
+        out = self._run_closure(args, kwargs)
+        flag = self._flag()
+        if flag is not None and bool(flag):  # host sync: one bool per step (free if already on the host)
+            self.skipped += 1
+            self._held = [(group, group["params"]) for group in optimizer.param_groups]
+            for group in optimizer.param_groups:
+                group["params"] = []
         return out
 
-    @torch.no_grad()
-    def _snapshot(self, optimizer, args, kwargs) -> None:
-        self._pairs = []
-        live = self._live()
-        by_key: dict[tuple, tuple[list, list]] = defaultdict(lambda: ([], []))
-        for key, t in live:
-            buf = self._buffers.get(key)
-            if buf is None or buf.shape != t.shape or buf.dtype != t.dtype or buf.device != t.device:
-                buf = self._buffers[key] = torch.empty_like(t, memory_format=torch.preserve_format)
-            self._pairs.append((t, buf))
-            dst, src = by_key[(t.device, t.dtype)]
-            dst.append(buf)
-            src.append(t)
-        for dst, src in by_key.values():
-            torch._foreach_copy_(dst, src)  # fused, one call per (device, dtype)
-        live_ids = {key for key, _ in live}
-        self._buffers = {k: v for k, v in self._buffers.items() if k in live_ids}
+    def _run_closure(self, args: tuple, kwargs: dict) -> tuple | None:
+        """(args, kwargs) with the closure already run and replaced by its result; None without one.
+        ``args`` are ``step``'s own, the optimizer first: ``(optimizer, closure?)``."""
+        positional = len(args) > 1 and callable(args[1])
+        closure = args[1] if positional else kwargs.get("closure")
+        if closure is None or isinstance(self.optimizer, torch.optim.LBFGS):  # LBFGS calls it many times
+            return None
+        with torch.enable_grad():
+            loss = closure()
+
+        def done():
+            return loss
+
+        if positional:
+            return (args[0], done, *args[2:]), kwargs
+        return args, {**kwargs, "closure": done}
+
+    def _release(self, optimizer, args, kwargs) -> None:
+        for group, params in self._held:
+            group["params"] = params
+        self._held = []
 
     @torch.no_grad()
     def _restore(self, optimizer, args, kwargs) -> None:
         flag = self._flag()
         if flag is None:
             return
-        if self._fresh:  # state created by this step: drop it if skipped (one bool read, rare)
-            if bool(flag):  # host sync: only on steps that create optimizer state
-                for p in self._fresh:
-                    self.optimizer.state.pop(p, None)
-        if self._python_state and bool(flag):  # host sync: only optimizers keeping python numbers in state
-            for state, k, v in self._python_state:
-                state[k] = v
-        groups: dict[tuple, tuple[list, list]] = defaultdict(lambda: ([], []))
-        for live, snap in self._pairs:
-            lb, sb = _bits(live), _bits(snap)
-            if lb is None:  # bool/complex state: rare, per tensor
-                live.copy_(torch.where(flag.to(live.device), snap, live))
-                continue
-            dl, ds = groups[(live.device, lb.dtype)]
-            dl.append(lb)
-            ds.append(sb)
-        for (dev, dtype), (dl, ds) in groups.items():
-            b = flag.to(device=dev, dtype=dtype)  # a CPU tensor with the flag on a GPU: a sync
-            torch._foreach_mul_(dl, 1 - b)  # live * (1 - b): kept or exact zero bits
-            torch._foreach_mul_(ds, b)  # snapshot * b
-            torch._foreach_add_(dl, ds)  # exactly one of the two, bit for bit
+        if not isinstance(flag, torch.Tensor):
+            flag = torch.tensor(bool(flag))
+        self._snapshot.select(flag)
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        if self._fused is not None:
+            self._fused.remove()
+        if self.clipper is not None and self.clipper.skip_guard is self:
+            self.clipper.skip_exact = False
+            self.clipper.skip_guard = None

@@ -14,7 +14,9 @@ the package's default is ``max_grad_norm=1.0``, which silently adds global clipp
 pass ``max_grad_norm=1.0`` to reproduce the package exactly.
 
 Unlike the package, state lives on the device (no host sync) and the threshold is returned so
-it can be logged.
+it can be logged. Degenerate steps (a non-finite or zero global norm: a NaN, an all-masked
+batch) never enter the statistics; the package would count a zero norm (its warm-up would end one
+step earlier and its mean/variance would carry the 0). On every other stream the two are equal.
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ class ZClip(WarmupEmaState, Clipper):
                  warmup_steps: int = 25, mode: str = "zscore", clip_option: str = "adaptive_scaling",
                  eps: float = 1e-6, clip_factor: float = 1.0, on_nonfinite: str = "skip",
                  process_group: Any = None, max_grad_norm: float | None = None,
-                 skip_update_on_spike: bool = False) -> None:
+                 skip_update_on_spike: bool = False, skip_step: str = "auto") -> None:
         in_unit_interval("alpha", alpha, "0.97")
         positive("z_thresh", z_thresh, "2.5")
         integer("warmup_steps", warmup_steps, 1, "25")
@@ -45,7 +47,7 @@ class ZClip(WarmupEmaState, Clipper):
         if max_grad_norm is not None:
             positive("max_grad_norm", max_grad_norm, "1.0, or None for no fixed cap")
         one_of("skip_update_on_spike", skip_update_on_spike, (True, False))
-        super().__init__(model, on_nonfinite, process_group)
+        super().__init__(model, on_nonfinite, process_group, skip_step)
         self.alpha, self.z_thresh, self.warmup_steps = alpha, z_thresh, warmup_steps
         self.mode, self.clip_option, self.eps, self.clip_factor = mode, clip_option, eps, clip_factor
         self.max_grad_norm, self.skip_update_on_spike = max_grad_norm, bool(skip_update_on_spike)
@@ -55,7 +57,8 @@ class ZClip(WarmupEmaState, Clipper):
 
     @property
     def initialized(self) -> bool:
-        return self.stats.ready
+        """The warm-up is over (reads a device value: a host sync; ``clip()`` never calls it)."""
+        return self.stats.maybe_ready and bool(self.stats.ready)
 
     @property
     def mean(self) -> torch.Tensor:
@@ -84,13 +87,15 @@ class ZClip(WarmupEmaState, Clipper):
         g = norms.pow(2).sum().sqrt()
         self._g = g
         cap = self.max_grad_norm
-        if not self.initialized:
-            if cap is None:
-                return torch.full_like(norms, float("inf")), torch.ones((), device=norms.device)
-            # the package's warm-up: clip_grad_norm_(max_grad_norm)
-            return torch.full_like(norms, cap), (cap / (g + 1e-6)).clamp(max=1.0)
+        # the package's warm-up: no clipping, or clip_grad_norm_(max_grad_norm)
+        warm_thr = torch.full_like(g, float("inf")) if cap is None else torch.full_like(g, cap)
+        warm_coef = torch.ones_like(g) if cap is None else (cap / (g + 1e-6)).clamp(max=1.0)
+        if not self.stats.maybe_ready:  # host-known: still warming up, no device value needed
+            self._hit = torch.zeros((), dtype=torch.bool, device=g.device)
+            return warm_thr.expand_as(norms), warm_coef
+        ready = self.stats.ready  # () device bool: the warm-up has seen enough usable norms
         thr, hit = self._threshold_for(g)
-        self._threshold, self._hit = thr, hit
+        self._threshold, self._hit = thr, hit & ready
         target = thr if cap is None else thr.clamp(max=cap)  # the cap never enters the EMA
         coef = torch.where(g > target, target / (g + 1e-6), torch.ones_like(g))
         # reported threshold: the clip target on a clipped step, else the trigger mu + z*sigma
@@ -98,12 +103,16 @@ class ZClip(WarmupEmaState, Clipper):
         reported = torch.where(hit, thr, trigger)
         if cap is not None:
             reported = reported.clamp(max=cap)
-        return reported.expand_as(norms), coef
+        return torch.where(ready, reported, warm_thr).expand_as(norms), torch.where(ready, coef, warm_coef)
 
     def _update(self, norms, thresholds, coefs, finite_t, all_finite) -> None:
-        # warm-up collects g; afterwards the EMA sees the threshold on a clipped step, else g
-        if not self.initialized:
-            self.stats.add(self._g, all_finite)
+        # warm-up collects g; afterwards the EMA sees the threshold on a clipped step, else g. A step
+        # with a non-finite or zero global norm is not a sample of the norm's distribution: it never
+        # enters (the zclip package would add a zero norm; see the class docstring)
+        ok = all_finite & (self._g > 0)
+        if not self.stats.maybe_ready:
+            self.stats.add(self._g, ok)
             return
-        ok = all_finite & ~self._hit if self.skip_update_on_spike else all_finite
-        self.stats.add(self._threshold, ok)
+        if self.skip_update_on_spike:
+            ok = ok & ~self._hit
+        self.stats.add(torch.where(self.stats.ready, self._threshold, self._g), ok)

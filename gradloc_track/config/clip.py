@@ -16,6 +16,7 @@ from ._validate import (check, check_types, in_unit_interval, integer, non_negat
 
 CLIP_KINDS = ("none", "global", "adagc", "zclip", "layerclip")
 NONFINITE = ("skip", "zero", "raise")
+SKIP_STEP = ("auto", "fused", "sync", "restore", "off")
 
 
 @dataclass
@@ -26,6 +27,9 @@ class ClipConfig:
 
     kind: str = "none"
     on_nonfinite: str = "skip"  # skip | zero | raise
+    # how a skip is made exact where the optimizer is known (watch(), callbacks, GradMonitor(optimizer=)):
+    # auto (fused found_inf when the optimizer is fused, else sync) | fused | sync | restore | off (zero only)
+    skip_step: str = "auto"
 
     def __post_init__(self) -> None:
         check_types(self, "clip")
@@ -35,6 +39,7 @@ class ClipConfig:
               f"clip={self.kind} (Hydra), clip={{'kind': {self.kind!r}, ...}} (watch) or "
               f"{CLIP_SCHEMAS[self.kind].__name__}(...)")
         one_of("clip.on_nonfinite", self.on_nonfinite, NONFINITE)
+        one_of("clip.skip_step", self.skip_step, SKIP_STEP)
         self._check_fields()
 
     def _check_fields(self) -> None:
@@ -78,7 +83,7 @@ class AdaGCConfig(ClipConfig):
         in_unit_interval("clip.beta", self.beta, "0.99")
         integer("clip.warmup_steps", self.warmup_steps, 0, "100 (0 = no warm-up)")
         positive("clip.lambda_abs", self.lambda_abs, "1.0")
-        non_negative("clip.eps", self.eps, "1e-6")
+        positive("clip.eps", self.eps, "1e-6; the official AdaGC code rejects 0")
         one_of("clip.mode", self.mode, ("tensor", "shard", "global"))
 
 

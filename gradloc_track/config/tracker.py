@@ -1,12 +1,22 @@
 """Tracker configs (group ``tracker``)."""
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Optional
 
 from ._validate import check, check_types, one_of
 
 TRACKER_KINDS = ("none", "wandb", "mlflow", "both", "memory")
+#: the longest wait the platform's locks can make (~9.2e9 s on 64-bit Linux); longer raises OverflowError
+MAX_WAIT_S = threading.TIMEOUT_MAX
+
+
+def _seconds(name: str, value, zero_ok: bool = False) -> None:
+    low = "0 or more" if zero_ok else "a positive number of"
+    ok = isinstance(value, (int, float)) and (0 <= value if zero_ok else 0 < value) and value <= MAX_WAIT_S
+    check(ok, f"tracker.{name}", value, f"use {low} seconds, at most {MAX_WAIT_S:g} (threading.TIMEOUT_MAX, the "
+          "longest wait this platform can make; ~292 years)")
 
 
 @dataclass
@@ -65,10 +75,7 @@ class TrackerConfig:
         one_of("tracker.kind", self.kind, TRACKER_KINDS)
         check(self.queue_size > 0, "tracker.queue_size", self.queue_size, "use a positive integer")
         check(self.retries >= 0, "tracker.retries", self.retries, "use 0 or more")
-        check(0 <= self.retry_backoff_s < float("inf"), "tracker.retry_backoff_s", self.retry_backoff_s,
-              "use 0 or more seconds")
+        _seconds("retry_backoff_s", self.retry_backoff_s, zero_ok=True)
         for name in ("flush_interval_s", "call_timeout_s", "open_timeout_s", "probe_interval_s",
                      "finish_timeout_s"):
-            value = getattr(self, name)
-            check(isinstance(value, (int, float)) and 0 < value < float("inf"), f"tracker.{name}", value,
-                  "use a positive, finite number of seconds")
+            _seconds(name, getattr(self, name))

@@ -57,8 +57,9 @@ class OptimConfig:
         for i, b in enumerate(self.betas):
             check(0.0 <= b < 1.0, f"optim.betas[{i}]", b, "use a value in [0, 1), e.g. betas=[0.9,0.95]")
         if self.adamc_lr_max is not None:
-            check(self.adamc_lr_max > 0, "optim.adamc_lr_max", self.adamc_lr_max,
-                  "use the schedule's positive peak learning rate, or null to read it from the scheduler")
+            check(0 < self.adamc_lr_max < float("inf"), "optim.adamc_lr_max", self.adamc_lr_max,
+                  "use the schedule's positive, finite peak learning rate (inf would turn the decay off), or null "
+                  "to read it from the scheduler")
 
 
 @dataclass

@@ -19,8 +19,11 @@ def _fmt_tokens(tokens: Sequence[str], limit: int = 12) -> str:
     return repr(text)
 
 
-def culprit_spans(result: Any, decode) -> list[str]:
-    """Culprits grouped into contiguous runs per sample: ``sample 3, positions 24-31: '&nbsp;&nbsp;'``."""
+def culprit_spans(result: Any, decode, describe=None) -> list[str]:
+    """Culprits grouped into contiguous runs per sample: ``sample 3, positions 24-31: '&nbsp;&nbsp;'``.
+
+    ``describe(micro_batch, sample, position)``, when given, names the sample instead (an RL
+    completion's group and reward, a packed row's document)."""
     by_sample: dict[tuple, list] = {}
     for c in sorted(result.tokens, key=lambda c: (getattr(c, "micro_batch", None) or 0, c.batch, c.position)):
         by_sample.setdefault((getattr(c, "micro_batch", None), c.batch), []).append(c)
@@ -33,8 +36,30 @@ def culprit_spans(result: Any, decode) -> list[str]:
             where = f"positions {run[0].position}-{run[-1].position}" if len(run) > 1 else f"position {run[0].position}"
             share = sum(c.share or 0.0 for c in run)
             mb_txt = f"micro-batch {mb}, " if mb is not None else ""
-            lines.append(f"{mb_txt}sample {sample}, {where}: {_fmt_tokens([decode(c) for c in run])}"
+            label = describe(mb, sample, run[0].position) if describe is not None else None
+            lines.append(f"{label or mb_txt + f'sample {sample}'}, {where}: {_fmt_tokens([decode(c) for c in run])}"
                          f"  ({share:.0%} of the batch's squared grad norm)")
+    return lines
+
+
+def unit_lines(result: Any, text_of) -> list[str]:
+    """Culprit spans, samples (documents) and micro-batches: where, their text, their share.
+    ``text_of(c)`` gives a unit's text (its tokens ``c.start..c.end-1``)."""
+    lines = []
+    for c in result.culprits:
+        if c.level == "token":
+            continue
+        share = f"  ({c.share:.0%} of the batch's squared grad norm)" if c.share is not None else ""
+        mb_txt = f"micro-batch {c.micro_batch}" if c.micro_batch is not None else ""
+        if c.level == "micro_batch":
+            lines.append(f"{mb_txt}: the whole micro-batch (no sample or token in it stands out){share}")
+            continue
+        doc = f", document {c.document}" if c.document is not None else ""
+        what = f"positions {c.start}-{c.end - 1}" if c.level == "span" else \
+            ("the whole document" if c.document is not None else "the whole sample")
+        text = text_of(c)
+        text = repr(text[:40] + ("…" if len(text) > 40 else ""))
+        lines.append(f"{mb_txt + ', ' if mb_txt else ''}sample {c.batch}{doc}, {what}: {text}{share}")
     return lines
 
 
@@ -87,8 +112,8 @@ class TrainConsole:
             self.print(f"step {step + 1:>{len(str(self._total))}}/{self._total}  {stats}")
 
     def spike(self, step: int, events: Sequence[Any], result: Any, tokenizer: Any, input_ids: Any,
-              run_dir: Path) -> None:
-        """One block: when, which signal, which text, where to look."""
+              run_dir: Path, describe=None) -> None:
+        """One block: when, which signal, which text, where to look (``describe``: see ``culprit_spans``)."""
         lines = [f"── spike at step {step} " + "─" * 40]
         for e in events[:3]:
             lines.append(f"  signal     grad_norm/{e.signal} = {e.value:.3g}, {e.ratio:.1f}x its running mean "
@@ -97,15 +122,28 @@ class TrainConsole:
             lines.append(f"             ... and {len(events) - 3} more layer(s)")
         if result is None:
             lines.append("  culprits   not localized (locate.enabled=false or locate.max_events reached)")
-        elif not result.tokens:
-            lines.append("  culprits   none found: no token stands out (the spike is spread over the batch)")
+        elif not result.culprits:
+            lines.append("  culprits   none found: no sample, span or token stands out (the spike is spread over "
+                         "the batch)")
+            top = [r for r in getattr(result, "sample_shares", [])[:3] if r.get("share") is not None]
+            if top:
+                lines.append("             largest per-sample shares: " + ", ".join(
+                    (f"micro-batch {r['micro_batch']}, " if r["micro_batch"] is not None else "")
+                    + f"sample {r['sample']} {r['share']:.0%}" for r in top))
         else:
+            def row_ids(c):
+                return input_ids[c.micro_batch] if getattr(c, "micro_batch", None) is not None else input_ids
+
             def decode(c):
-                ids = input_ids[c.micro_batch] if getattr(c, "micro_batch", None) is not None else input_ids
-                tid = int(ids[c.batch, c.position])
+                tid = int(row_ids(c)[c.batch, c.position])
                 return tokenizer.decode([tid]) if tokenizer is not None else f"<{tid}>"
 
-            for i, line in enumerate(culprit_spans(result, decode)[:5]):
+            def text_of(c):
+                ids = [int(i) for i in row_ids(c)[c.batch, c.start:c.end]]
+                return tokenizer.decode(ids) if tokenizer is not None else "".join(f"<{i}>" for i in ids)
+
+            found = unit_lines(result, text_of) + culprit_spans(result, decode, describe)
+            for i, line in enumerate(found[:6]):
                 lines.append(("  culprits   " if i == 0 else "             ") + line)
         lines += ["  artifacts  " + w if i == 0 else "             " + w
                   for i, w in enumerate(where_to_look(run_dir, step))]
@@ -160,6 +198,17 @@ def view_commands(run_dir: Path) -> list[str]:
     return out
 
 
+def clip_saturation_line(clip_kind: str, summary: dict[str, float]) -> str | None:
+    """How often and how hard the clipper scaled after its warm-up (``summarize``'s clip_* keys)."""
+    from ..clip.saturation import saturation_line
+
+    if "clip_steps_after_warmup" not in summary:
+        return None
+    return saturation_line(clip_kind, {"steps": int(summary["clip_steps_after_warmup"]),
+                                       "clipped_fraction": summary["clip_clipped_fraction"],
+                                       "mean_coef": summary["clip_mean_coef"]})
+
+
 def summary_lines(steps: int, clip_kind: str, summary: dict[str, float], events_at: list[int],
                   culprit_text: dict[int, list[str]], run_dir: Path) -> list[str]:
     """The few lines a person reads at the end: what happened, and how to look at it."""
@@ -175,6 +224,9 @@ def summary_lines(steps: int, clip_kind: str, summary: dict[str, float], events_
     if clip_kind != "none":
         lines.append(f"clip={clip_kind}: largest grad norm the optimizer saw after warm-up "
                      f"{summary['max_post_clip_grad_norm']:.3g}")
+        line = clip_saturation_line(clip_kind, summary)
+        if line:
+            lines.append(line)
     lines.append(f"run dir: {run_dir}")
     lines.append("look at the results:")
     lines += view_commands(run_dir)

@@ -81,6 +81,16 @@ class BpeTokenizer:
         """One token as it reads in the text (``▁returns`` -> `` returns``)."""
         return (self._tok.id_to_token(int(token_id)) or "").replace(SPACE, " ")
 
+    def to_transformers(self):
+        """The same vocabulary as a ``transformers`` fast tokenizer (what TRL's trainers take as
+        ``processing_class``); ``<pad>`` doubles as end-of-sequence."""
+        from .._optional import require
+
+        require("transformers", "hf")
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast(tokenizer_object=self._tok, pad_token=PAD, unk_token=UNK, eos_token=PAD)
+
 
 def make_tokenizer(kind: str, vocab_size: int, corpus: str, cache_dir: str | Path | None = None):
     """``train.tokenizer``: the byte tokenizer, or a BPE of ``model.vocab_size`` tokens trained on

@@ -6,11 +6,20 @@ write it: ``MicroBatchCapture`` records each training forward's ``input_ids`` / 
 (``-100`` = no loss) / ``attention_mask`` (token ids only, on the device they came on, no copy
 of activations), and ``lm_spike_context`` rebuilds, per micro-batch ``k``,
 
-    loss_k(mask) = sum_{b,t} CE(logits_k[b, t], target_k[b, t]) * mask[b, t] / N
+    loss_k(mask) = sum_{b,t} CE(logits_k[b, t], target_k[b, t]) * mask[b, t] / N_k
 
 where ``target[:, t] = labels[:, t + 1]`` (or ``input_ids[:, t + 1]`` where ``attention_mask`` is 1
-when no labels were given; the last position has no term) and ``N`` = the step's loss terms over all its micro-batches. The K losses
-sum to the step's loss, so their gradients sum to the step's gradient (gradient accumulation).
+when no labels were given; the last position has no term), and ``N_k`` is the user's own
+normaliser, counted once from the full batch: the ``num_items_in_batch`` the call passed (HF
+Trainer's count of the step's labels), else, when labels or targets were passed (the model's own
+loss, a mean over its micro-batch's terms, divided by K for accumulation as Trainer, Lightning and
+``loss / k`` loops do), ``K x`` micro-batch ``k``'s term count, else the step's term count. The K
+losses sum to the step's loss, so their gradients sum to the step's gradient; the localizer checks
+it against ``.grad``. Each micro-batch keeps the RNG state saved right before its own forward, so
+probes replay its dropout exactly (the RNG has moved on between micro-batches).
+The call is read by argument name (``calls``): nanoGPT's ``model(x, y)`` gives ids ``x`` and
+already-shifted ``targets`` ``y`` (``-1`` = no loss), and a probe calls ``model(idx=x, targets=y)``
+again. Per-sample columns (``sample_info``) ride along with each micro-batch.
 """
 from __future__ import annotations
 
@@ -24,6 +33,9 @@ import torch
 import torch.nn.functional as F
 
 from ..localizer.probe import save_rng
+from . import sample_info
+from .calls import IDS_NAMES, TARGET_NAMES, arguments_by_name, find_key, forward_signature, logits_of_call
+from .calls import unusable_output
 
 log = logging.getLogger(__name__)
 IGNORE = -100  # the label that carries no loss (HF / PyTorch convention)
@@ -32,25 +44,41 @@ MAX_HELD = 256  # micro-batches kept when nobody takes them (no optimizer step s
 
 @dataclass
 class LMBatch:
-    """One micro-batch as the model was called: ``style`` "kwargs" (``model(input_ids=...)``) or
-    "positional" (``model(input_ids)``)."""
+    """One micro-batch as the model was called: ``style`` "kwargs" (``model(input_ids=...)``, the
+    keyword ``ids_name``) or "positional" (``model(input_ids)``)."""
 
     input_ids: torch.Tensor  # (B, T) integer
     labels: torch.Tensor | None = None  # (B, T), IGNORE where no loss
     attention_mask: torch.Tensor | None = None  # (B, T)
     style: str = "kwargs"
+    target_ids: torch.Tensor | None = None  # (B, T) already shifted (nanoGPT): the term at t is targets[:, t]
+    ids_name: str = "input_ids"  # the forward's name for the ids (nanoGPT: idx)
+    targets_key: str | int | None = None  # how the targets were passed: their keyword, or position 1
+    info: dict[str, Any] | None = None  # per-sample columns, each B values (sample_info)
+    unusable: str | None = None  # why the training forward's output cannot rebuild the loss (None: it can)
+    num_items: Any = None  # the call's num_items_in_batch (HF Trainer): the loss's normaliser
+    position_ids: torch.Tensor | None = None  # (B, T); restarts at 0 mark packed documents
 
     @classmethod
-    def from_call(cls, args: tuple, kwargs: dict) -> "LMBatch | None":
-        """From a forward call's arguments; None when it is not a token-id call we understand."""
-        ids, style = kwargs.get("input_ids"), "kwargs"
-        if ids is None and args:
-            ids, style = args[0], "positional"
+    def from_call(cls, args: tuple, kwargs: dict, signature: Any = None) -> "LMBatch | None":
+        """From a forward call's arguments (bound to ``signature``, the forward's, when given); None
+        when it is not a token-id call we understand."""
+        named = arguments_by_name(signature, args, kwargs)
+        ids_name = find_key(named, IDS_NAMES, _is_ids)
+        ids = named.get(ids_name) if ids_name is not None else named.get(0)
         if not _is_ids(ids):
             return None
-        labels, mask = kwargs.get("labels"), kwargs.get("attention_mask")
+        labels, mask = named.get("labels"), named.get("attention_mask")
+        tkey = find_key(named, TARGET_NAMES, lambda t: _is_ids(t) and t.shape == ids.shape)
+        if tkey is None and ids_name is None and _is_ids(named.get(1)) and named[1].shape == ids.shape:
+            tkey = 1  # model(x, y) with a forward(*args): nanoGPT's order
+        n, pos = named.get("num_items_in_batch"), named.get("position_ids")
         return cls(ids.detach(), labels.detach() if _is_ids(labels) else None,
-                   mask.detach() if isinstance(mask, torch.Tensor) and mask.shape == ids.shape else None, style)
+                   mask.detach() if isinstance(mask, torch.Tensor) and mask.shape == ids.shape else None,
+                   "kwargs" if ids_name is not None else "positional",
+                   named[tkey].detach() if tkey is not None else None, ids_name or "input_ids", tkey,
+                   num_items=n.detach() if isinstance(n, torch.Tensor) else n,
+                   position_ids=pos.detach() if isinstance(pos, torch.Tensor) and pos.shape == ids.shape else None)
 
     @classmethod
     def from_batch(cls, batch: Any) -> "LMBatch | None":
@@ -62,8 +90,8 @@ class LMBatch:
             return cls.from_call((), {k: batch[k] for k in ("input_ids", "labels", "attention_mask") if k in batch})
         if isinstance(batch, (tuple, list)) and batch:
             ids = batch[0]
-            labels = batch[1] if len(batch) > 1 and _is_ids(batch[1]) and batch[1].shape == getattr(ids, "shape", None) \
-                else None
+            pair = len(batch) > 1 and _is_ids(batch[1]) and batch[1].shape == getattr(ids, "shape", None)
+            labels = batch[1] if pair else None
             return cls(ids.detach(), None if labels is None else labels.detach(), None, "positional") \
                 if _is_ids(ids) else None
         return cls(batch.detach(), None, None, "positional") if _is_ids(batch) else None
@@ -79,6 +107,8 @@ class LMBatch:
         nxt = torch.cat([ids[:, 1:], ids[:, -1:]], dim=1)  # (B, T): the next token; last repeats
         if self.labels is not None:
             tgt = torch.cat([self.labels[:, 1:], torch.full_like(ids[:, :1], IGNORE)], dim=1)
+        elif self.target_ids is not None:  # already shifted; nanoGPT marks "no loss" with -1
+            tgt = self.target_ids.masked_fill(self.target_ids < 0, IGNORE)
         else:
             tgt = nxt.clone()
             tgt[:, -1] = IGNORE
@@ -88,93 +118,130 @@ class LMBatch:
         valid = tgt != IGNORE
         return tgt, valid.float(), torch.where(valid, tgt, nxt)
 
+    def document_ids(self) -> torch.Tensor | None:
+        """(B, T) document index per position when ``position_ids`` restart inside a row (packed
+        sequences, e.g. TRL's packing); None otherwise."""
+        pos = self.position_ids
+        if pos is None or not bool((pos[:, 1:] == 0).any()):  # host sync: once per spike
+            return None
+        return (pos == 0).long().cumsum(1) - (pos[:, :1] == 0).long()
+
 
 def _is_ids(x: Any) -> bool:
     return isinstance(x, torch.Tensor) and x.dim() == 2 and not x.is_floating_point() and x.shape[1] >= 2
 
 
 def logits_of(model: torch.nn.Module, batch: LMBatch) -> torch.Tensor:
-    """The model's logits for the batch, called the way training called it (no labels: no own loss)."""
-    if batch.style == "kwargs":
-        kw = {"input_ids": batch.input_ids}
-        if batch.attention_mask is not None:
-            kw["attention_mask"] = batch.attention_mask
-        out = model(**kw)
-    else:
-        out = model(batch.input_ids)
-    if hasattr(out, "logits"):
-        return out.logits
-    if isinstance(out, (tuple, list)):
-        out = out[0]
-    if not (isinstance(out, torch.Tensor) and out.dim() == 3):
-        raise TypeError(f"the model returned {type(out).__name__}, not logits (B, T, V) or an output with "
-                        ".logits: pass loss_fn(mask) yourself (handle.set_loss_fn) for this model")
-    return out
+    """The model's logits (B, T, V) for the batch, called the way training called it (HF labels
+    left out: no own loss; nanoGPT's targets kept: its forward returns every position only then)."""
+    return logits_of_call(model, batch)
+
+
+def normalisers(batches: list[LMBatch], masks: list[torch.Tensor]) -> list[Any]:
+    """Each micro-batch's loss normaliser as the training step had it (see the module doc), from
+    the full masks only: device scalars, no host sync."""
+    if all(b.num_items is not None for b in batches):
+        return [b.num_items for b in batches]
+    if all(b.labels is not None or b.target_ids is not None for b in batches):
+        return [m.sum().clamp(min=1.0) * len(batches) for m in masks]
+    n_total = sum(m.sum() for m in masks).clamp(min=1.0)
+    return [n_total] * len(batches)
 
 
 def lm_loss_fns(model: torch.nn.Module, batches: list[LMBatch]) -> tuple[list[Callable], list[torch.Tensor],
                                                                          list[torch.Tensor]]:
     """Per micro-batch ``loss_fn(mask)``, loss-term mask (B, T) and display ids (B, T)."""
     parts = [b.targets() for b in batches]
-    n_total = sum(m.sum() for _, m, _ in parts).clamp(min=1.0)  # device scalar: no host sync
+    norms = normalisers(batches, [m for _, m, _ in parts])
 
-    def make(batch: LMBatch, tgt: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    def make(batch: LMBatch, tgt: torch.Tensor, n_norm: Any) -> Callable[[torch.Tensor], torch.Tensor]:
         def loss_fn(keep: torch.Tensor) -> torch.Tensor:
             logits = logits_of(model, batch)  # (B, T, V); position t predicts tgt[:, t]
             B, T, V = logits.shape
             per_tok = F.cross_entropy(logits.reshape(B * T, V).float(), tgt.reshape(-1),
                                       ignore_index=IGNORE, reduction="none").view(B, T)
-            return (per_tok * keep.to(per_tok.dtype)).sum() / n_total
+            return (per_tok * keep.to(per_tok.dtype)).sum() / n_norm
 
         return loss_fn
 
-    return [make(b, t) for b, (t, _, _) in zip(batches, parts)], [m for _, m, _ in parts], [i for _, _, i in parts]
+    fns = [make(b, t, n) for b, (t, _, _), n in zip(batches, parts, norms)]
+    return fns, [m for _, m, _ in parts], [i for _, _, i in parts]
 
 
 def lm_spike_context(model: torch.nn.Module, batches: list[LMBatch], tokenizer: Any = None,
                      rng_state: Any = None):
-    """A ``SpikeContext`` for the step: one micro-batch as plain tensors, several as sequences."""
+    """A ``SpikeContext`` for the step: one micro-batch as plain tensors, several as sequences.
+    ``rng_state``: one state per micro-batch (``MicroBatchCapture.take()``'s), or one for all."""
     from ..spikes.context import SpikeContext
 
     fns, masks, ids = lm_loss_fns(model, batches)
+    columns = sample_info.sample_columns(batches)  # dataset index, source, ...: B values per micro-batch
+    docs = [b.document_ids() for b in batches]
+    docs = None if all(d is None for d in docs) else docs
     if len(batches) == 1:
+        rng = rng_state[0] if isinstance(rng_state, list) else rng_state
         return SpikeContext(loss_fn=fns[0], token_mask=masks[0], input_ids=ids[0], tokenizer=tokenizer,
-                            rng_state=rng_state)
-    return SpikeContext(loss_fn=fns, token_mask=masks, input_ids=ids, tokenizer=tokenizer, rng_state=rng_state)
+                            rng_state=rng, sample_columns=columns, document_ids=None if docs is None else docs[0])
+    return SpikeContext(loss_fn=fns, token_mask=masks, input_ids=ids, tokenizer=tokenizer, rng_state=rng_state,
+                        sample_columns=columns, document_ids=docs)
 
 
 class MicroBatchCapture:
-    """A forward pre-hook that records each training forward's token ids (not during eval, under
-    ``no_grad``, or while ``paused()``: the localizer's own probes call the model too)."""
+    """Forward hooks that record each training forward's token ids (not during eval, under
+    ``no_grad``, or while ``paused()``: the localizer's own probes call the model too), and take the
+    collated sample columns (``sample_info.SAMPLE_INFO_KEY``) out of every call.
+
+    The pre-hook runs first (``prepend``), so the columns are ours before any other hook or the
+    forward sees them; the forward hook checks that the output has logits for every position."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.batches: list[LMBatch] = []
-        self.rng_state: Any = None  # CPU RNG before the step's first forward: probes replay its dropout
+        # the RNG state (CPU and CUDA) right before each batch's forward: probes replay its dropout
+        self.rng_states: list[dict] = []
         self._paused = 0
-        self._handle = model.register_forward_pre_hook(self._hook, with_kwargs=True)
+        self._infos: list[dict[str, Any]] = []  # set_sample_info calls of this step, one per micro-batch
+        self._open: LMBatch | None = None  # the batch whose forward is running
+        self._signature = forward_signature(model)
+        self._handles = [model.register_forward_pre_hook(self._hook, with_kwargs=True, prepend=True),
+                         model.register_forward_hook(self._check_output)]
+        self._handle = self._handles[0]
 
-    def _hook(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-        if self._paused or not module.training or not torch.is_grad_enabled():
-            return
-        batch = LMBatch.from_call(args, kwargs)
-        if batch is None:
-            return
-        if not self.batches:
-            self.rng_state = save_rng()  # CPU and CUDA: probes replay the step's dropout
-        self.batches.append(batch)
-        if len(self.batches) > MAX_HELD:  # nobody takes them: keep the newest only
-            del self.batches[0]
+    def _hook(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
+        info = sample_info.pop_sample_info(kwargs)  # always: the model must never see it
+        if not (self._paused or not module.training or not torch.is_grad_enabled()):
+            batch = LMBatch.from_call(args, kwargs, self._signature)
+            if batch is not None:
+                batch.info = info
+                self.add(batch)
+                self._open = batch
+        return (args, kwargs) if info is not None else None
+
+    def _check_output(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
+        batch, self._open = self._open, None
+        if batch is not None:
+            batch.unusable = unusable_output(output, batch.input_ids)
 
     def add(self, batch: LMBatch | None) -> None:
-        """Record a batch seen elsewhere (Lightning's ``on_train_batch_start``)."""
-        if batch is not None:
-            if not self.batches:
-                self.rng_state = save_rng()  # CPU and CUDA: probes replay the step's dropout
-            self.batches.append(batch)
+        """Record a batch (and the RNG state now, just before its forward); Lightning's
+        ``on_train_batch_start`` calls it for batches seen there."""
+        if batch is None:
+            return
+        self.batches.append(batch)
+        # each micro-batch's own state: micro-batch k ran with the RNG advanced by 0..k-1
+        self.rng_states.append(save_rng())
+        if len(self.batches) > MAX_HELD:  # nobody takes them: keep the newest only
+            del self.batches[0], self.rng_states[0]
 
-    def take(self) -> tuple[list[LMBatch], Any]:
-        out, rng = self.batches, self.rng_state
-        self.batches, self.rng_state = [], None
+    def add_info(self, columns: dict[str, Any]) -> None:
+        """Per-sample columns for one micro-batch of this step (``handle.set_sample_info``)."""
+        self._infos.append(sample_info.check_columns(columns))
+
+    def take(self) -> tuple[list[LMBatch], list[dict]]:
+        """The step's batches and their RNG states (one each); both lists start empty again."""
+        out, rng = self.batches, self.rng_states
+        infos, self._infos = self._infos, []
+        self.batches, self.rng_states = [], []
+        sample_info.attach(out, infos)
         return out, rng
 
     @contextlib.contextmanager
@@ -186,16 +253,17 @@ class MicroBatchCapture:
             self._paused -= 1
 
     def remove(self) -> None:
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None
+        for h in self._handles:
+            h.remove()
+        self._handles, self._handle = [], None
 
 
 class BatchList(MicroBatchCapture):
     """The same interface without a hook: batches arrive through ``add()``."""
 
     def __init__(self) -> None:  # noqa: D401 - no model hook
-        self.batches, self.rng_state, self._paused, self._handle = [], None, 0, None
+        self.batches, self.rng_states, self._paused, self._handle, self._handles = [], [], 0, None, []
+        self._infos, self._open = [], None
 
 
 def resolve_tokenizer(model: torch.nn.Module, tokenizer: Any = None) -> Any:

@@ -5,10 +5,24 @@ Runs the monitor in ``on_pre_optimizer_step`` (after the step's last backward, b
 micro-batches captured from the model's forward calls (gradient accumulation included). Logs
 into the run Trainer's ``report_to`` opened (MLflow's active run, ``wandb.run``) at Trainer's
 ``global_step`` (the step number Trainer logs this update's ``loss`` and ``grad_norm`` under) and
-never ends it. Trainer's own ``max_grad_norm`` clipping runs BEFORE this hook: we say so once.
+never ends it.
+
+Trainer clips to ``max_grad_norm`` (1.0 by default) BEFORE this hook, which would hide every
+spike. The callback takes that clipping over: Trainer skips its own (``max_grad_norm`` reads 0
+during ``train()``; Trainer still computes and logs the pre-clip ``grad_norm``), the monitor sees
+the pre-clip gradient, then clips it to the same ``max_grad_norm`` exactly as Trainer would
+(``clip_grad_norm_``'s formula), or with the configured clipper if one is (``clip="adagc"``).
+Said once. Under DeepSpeed or FSDP Trainer's clipping is left alone. ``keep_columns`` and
+``with_index`` (``hf_columns``) carry a dataset index and metadata to the culprit table.
+Inside TRL's ``GRPOTrainer`` / ``SFTTrainer`` the same class rebuilds the loss TRL computes from the
+batch TRL built, instead of the causal-LM cross-entropy (``integrations/trl``, docs/trl.md).
+The clipper's skip guard goes on Trainer's optimizer (its default fused AdamW skips a non-finite
+step through ``found_inf``: no sync, no memory).
 """
 from __future__ import annotations
 
+import dataclasses
+import sys
 import warnings
 from typing import Any
 
@@ -17,6 +31,10 @@ from .options import resolve_options
 
 require("transformers", "hf")
 from transformers import TrainerCallback  # noqa: E402
+
+from .hf_columns import keep_columns, with_index  # noqa: E402
+
+__all__ = ["GradLocCallback", "keep_columns", "with_index"]
 
 HF_WANDB_STEP = "train/global_step"  # the step metric Trainer's WandbCallback defines
 
@@ -32,30 +50,67 @@ class GradLocCallback(TrainerCallback):
     def __init__(self, cfg: Any = None, **options: Any) -> None:
         self.options = resolve_options(cfg, **options)  # bad options fail here, not mid-training
         self.handle = None
+        self.adapter = None  # TRL trainers: records the batches TRL builds (integrations/trl)
         self._warned_clip = False
+        self._trainer_max_norm: float | None = None  # Trainer's max_grad_norm while we hold its clipping
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, processing_class=None, **kwargs):
+        from .runs import ScratchDir
         from .watch import WatchHandle, build_tracker
 
-        if args.max_grad_norm and args.max_grad_norm > 0 and not self._warned_clip:
-            self._warned_clip = True
-            warnings.warn(
-                f"gradloc-track: Trainer clips gradients itself (max_grad_norm={args.max_grad_norm}) before "
-                "GradLocCallback sees them, so grad_norm/* are post-clip norms and spikes look flattened. "
-                "To hand clipping to AdaGC, pass TrainingArguments(max_grad_norm=0) and "
-                "GradLocCallback(clip='adagc').", UserWarning, stacklevel=2)
+        self._take_over_clipping(args)
         if self.handle is not None and not self.handle.finished:
             return
         opts = self.options
         if opts.tokenizer is None and processing_class is not None and hasattr(processing_class, "decode"):
             opts.tokenizer = processing_class
-        tracker, owns = build_tracker(opts, wandb_step_key=HF_WANDB_STEP)  # joins report_to's run
-        self.handle = WatchHandle(model, optimizer, opts, tracker=tracker, owns_tracker=owns, step_hook=False)
+        if self._trainer_max_norm is not None and opts.clip.kind == "none":  # Trainer's clipping, applied by us
+            from ..config import GlobalClipConfig
+
+            opts = dataclasses.replace(opts, clip=GlobalClipConfig(max_norm=self._trainer_max_norm))
+        trainer, kind = _trl_trainer(self)  # TRL's GRPO/SFT trainers: the loss they compute, not cross-entropy
+        scratch = ScratchDir()  # the joined run's files (no run_dir given); removed at finish
+        tracker, owns = build_tracker(opts, wandb_step_key=HF_WANDB_STEP, scratch=scratch)  # joins report_to's run
+        self.handle = WatchHandle(model, optimizer, opts, tracker=tracker, owns_tracker=owns, step_hook=False,
+                                  scratch=scratch, capture=kind is None)
+        if kind is not None:
+            from .trl.adapters import make_adapter
+
+            self.adapter = make_adapter(trainer, kind, model, self.handle.tokenizer)
+
+    def _take_over_clipping(self, args) -> None:
+        """Trainer skips its ``max_grad_norm`` clipping during ``train()``; the monitor clips after it
+        has seen the pre-clip gradient (DeepSpeed and FSDP clip inside their engines: left alone)."""
+        norm = args.max_grad_norm
+        if not norm or norm <= 0:
+            return
+        engine = getattr(args, "deepspeed", None) or getattr(args, "fsdp", None)
+        if engine:
+            self._say_once(f"gradloc-track: Trainer clips gradients itself (max_grad_norm={norm}) under DeepSpeed/"
+                           "FSDP before GradLocCallback sees them, so grad_norm/* are post-clip norms and spikes "
+                           "look flattened. To hand clipping to AdaGC, pass TrainingArguments(max_grad_norm=0) and "
+                           "GradLocCallback(clip='adagc').")
+            return
+        self._trainer_max_norm, args.max_grad_norm = float(norm), 0.0
+        kind = self.options.clip.kind
+        then = (f"clips it to {norm} exactly as Trainer would (clip/total_norm_pre, clip/total_norm_post)"
+                if kind == "none" else f"clips it with the configured clipper (clip={kind!r}) instead")
+        self._say_once(f"gradloc-track: GradLocCallback takes over Trainer's gradient clipping (max_grad_norm={norm}):"
+                       " Trainer skips its own, the callback sees the pre-clip gradient (Trainer still logs it as "
+                       f"grad_norm), then {then}.")
+
+    def _say_once(self, message: str) -> None:
+        if not self._warned_clip:
+            self._warned_clip = True
+            warnings.warn(message, UserWarning, stacklevel=3)
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         if self.handle is not None:
+            ctx = self.adapter.context() if self.adapter is not None else None
             # Trainer increments global_step after optimizer.step(); it logs this update at +1
-            self.handle.step(state.global_step + 1)
+            stats = self.handle.step(state.global_step + 1, spike_context=ctx)
+            if self.adapter is not None:
+                self.adapter.report(stats, ctx, self.handle.monitor.artifact_writer.run_dir)
 
     def on_step_end(self, args, state, control, **kwargs):
         # the report_to callbacks run first at train end (MLflow ends its run there): flush before
@@ -63,6 +118,20 @@ class GradLocCallback(TrainerCallback):
             self.handle.flush()
 
     def on_train_end(self, args, state, control, **kwargs):
+        if self._trainer_max_norm is not None:  # the user's TrainingArguments read as they wrote them again
+            args.max_grad_norm, self._trainer_max_norm = self._trainer_max_norm, None
+        if self.adapter is not None:
+            self.adapter.remove()
+            self.adapter = None
         if self.handle is not None:
             self.handle.remove()
             self.handle.finish()
+
+
+def _trl_trainer(callback: GradLocCallback) -> tuple[Any, str | None]:
+    """(TRL trainer, its kind) when this callback runs inside one (TRL already imported), else (None, None)."""
+    if "trl" not in sys.modules:  # a TRL trainer means TRL is imported: never import it to look
+        return None, None
+    from .trl.adapters import detect
+
+    return detect(callback)

@@ -1,4 +1,5 @@
-"""Localize a gradient spike to the loss terms (tokens) that caused it.
+"""Localize a gradient spike to what caused it: loss terms (tokens), a span, a sample (or a
+document of a packed row), a micro-batch — the finest level that carries it (``levels.py``).
 
 ``locate(model, loss_fn, token_mask)`` runs exact forward+backward probes of the loss restricted
 to subsets of loss terms (``loss_fn(mask)`` with a FIXED normalizer, so subset gradients add up):
@@ -18,19 +19,25 @@ its full mask (the ghost pass for ``auto``/``bisect``/``ghost``); their sum is t
 and tokens are searched only inside micro-batches that can hold a culprit. Culprits then carry
 ``micro_batch``.
 
-It leaves no trace: gradients, module buffers, RNG state, train/eval modes and requires_grad
-flags are restored.
+Samples that stand out of the others (their exact norms come free with the ghost pass) and are
+not carried by a few tokens are confirmed and reported whole, or as a span; the token threshold is
+a statistic of the ordinary terms (``threshold.py``); the probes' sum is checked against the
+step's ``.grad`` (``replay.py``). It leaves no trace: gradients, module buffers, RNG state,
+train/eval modes and requires_grad flags are restored.
 
 Rooms: ``entry`` (``locate()``), ``inputs`` (argument checks shared with the distributed entry),
-``additivity`` (the fixed-normaliser check), ``driver`` (one process's stages), ``search`` (our
+``additivity`` (the fixed-normaliser check), ``driver`` (one process's stages), ``levels``
+(samples, spans, micro-batches), ``threshold`` (outliers of the ordinary values), ``search`` (our
 bisection, ``auto``), ``gradloc`` (GradLoc's procedure), ``ghost`` (the one-backward ranking),
-``probe`` (the only place probes run the model), ``snapshot`` (leave no trace), ``result``,
-``memory``; under ``torch.distributed``: ``distributed``, ``dist_probe``, ``dist_context``.
+``segments`` (exact per-sample norms from it), ``probe`` (the only place probes run the model),
+``replay`` (the probes against the step), ``snapshot`` (leave no trace), ``result``, ``memory``;
+under ``torch.distributed``: ``distributed``, ``dist_probe``, ``dist_context``.
 """
 from __future__ import annotations
 
 from .entry import locate
 from .inputs import METHODS
-from .result import CulpritToken, LocateResult
+from .probe import save_rng
+from .result import LEVELS, Culprit, CulpritToken, LocateResult, StepCheck
 
-__all__ = ["locate", "LocateResult", "CulpritToken", "METHODS"]
+__all__ = ["locate", "LocateResult", "CulpritToken", "Culprit", "StepCheck", "LEVELS", "METHODS", "save_rng"]

@@ -27,15 +27,21 @@ def _part(x: Any, k: int | None):
     return x
 
 
-def _row_columns(columns: Any, k: int | None, b: int) -> dict:
-    """Sample ``b`` of micro-batch ``k`` of each named per-sample/per-token column, on the CPU."""
-    return {n: _part(v, k)[b].detach().cpu() for n, v in (columns or {}).items()}
+def _row_columns(columns: Any, k: int | None, b: int, per_mb: bool) -> dict:
+    """Sample ``b`` of micro-batch ``k`` of each named per-sample/per-token column, on the CPU.
+    A column may be a list of python values (a source name per sample): with one micro-batch that
+    list is the column itself, not a sequence of micro-batches (``per_mb`` says which)."""
+    def cell(v: Any) -> Any:
+        return v.detach().cpu() if isinstance(v, torch.Tensor) else v
+
+    return {n: cell((v[k or 0] if per_mb else v)[b]) for n, v in (columns or {}).items()}
 
 
 def _rows(result: LocateResult, ctx: Any, rank: int) -> list[dict] | None:
     """This rank's culprit samples as plain CPU tensors (None if they cannot be read)."""
     try:
         keys = sorted({(c.micro_batch, c.batch) for c in result.tokens if c.rank == rank})
+        per_mb = not isinstance(getattr(ctx, "token_mask", None), torch.Tensor)  # ctx holds K micro-batches
         out = []
         for k, b in keys:
             ids = _part(getattr(ctx, "input_ids", None), k)
@@ -47,8 +53,8 @@ def _rows(result: LocateResult, ctx: Any, rank: int) -> list[dict] | None:
                 "mask": None if mask is None else mask[b].detach().float().cpu(),
                 "ghost": result.ghost_map[b] if first and result.ghost_map is not None else None,
                 "layers": result.layer_map[:, b] if first and result.layer_map is not None else None,
-                "extra": _row_columns(getattr(ctx, "extra_columns", None), k, b),
-                "sample": _row_columns(getattr(ctx, "sample_columns", None), k, b),
+                "extra": _row_columns(getattr(ctx, "extra_columns", None), k, b, per_mb),
+                "sample": _row_columns(getattr(ctx, "sample_columns", None), k, b, per_mb),
             })
         return out
     except Exception as exc:  # never raise before the collective: the other ranks would wait
@@ -92,10 +98,13 @@ def gather_culprit_rows(result: LocateResult, ctx: Any, group=None) -> tuple[Loc
     for i, lr in enumerate(layer_rows):
         layer_map[: lr.shape[0], i, : lr.shape[-1]] = lr
     # the table's rank / micro_batch columns come from the culprits; the row's own sample index
-    samples: dict[str, torch.Tensor] = {"rank_sample": torch.tensor([x["batch"] for x in flat])}
+    samples: dict[str, Any] = {"rank_sample": torch.tensor([x["batch"] for x in flat])}
     for name in (getattr(ctx, "sample_columns", None) or {}):
-        samples[name] = torch.stack([x["sample"][name] if name in x["sample"] else torch.tensor(float("nan"))
-                                     for x in flat]) if flat else torch.zeros(0)
+        cells = [x["sample"].get(name) for x in flat]
+        if all(isinstance(c, torch.Tensor) for c in cells):
+            samples[name] = torch.stack(cells) if flat else torch.zeros(0)
+        else:  # python values (strings, ints): one per gathered row, None where a rank had none
+            samples[name] = [c.item() if isinstance(c, torch.Tensor) else c for c in cells]
     extras = {name: _pad([x["extra"].get(name) for x in flat], length, float("nan"), torch.float64)
               for name in (getattr(ctx, "extra_columns", None) or {})}
     has_ids = any(x["ids"] is not None for x in flat)
@@ -104,5 +113,5 @@ def gather_culprit_rows(result: LocateResult, ctx: Any, group=None) -> tuple[Loc
         input_ids=_pad([x["ids"] for x in flat], length, 0, torch.long) if has_ids else None,
         tokenizer=getattr(ctx, "tokenizer", None), extra_columns=extras, sample_columns=samples)
     ghost_map = _pad([x["ghost"] for x in flat], length, 0.0, torch.float32)
-    view = dataclasses.replace(result, tokens=tokens, ghost_map=ghost_map, layer_map=layer_map)
+    view = dataclasses.replace(result, tokens=tokens, culprits=None, ghost_map=ghost_map, layer_map=layer_map)
     return view, view_ctx

@@ -45,12 +45,14 @@ import torch.distributed as dist
 from ..grouping import LayerGrouping
 from ..norms import trainable_params
 from .dist_probe import DistProber, DistSnapshot, DistTerm, GlobalHits, GlobalView
+from . import levels
 from .ghost import GhostMap, adaptive_threshold
 from .gradloc import token_stage
 from .inputs import as_micro_batches, check_inputs, rng_states
 from .probe import Grads, Prober, restore_rng
 from .result import LocateResult
 from .search import auto, bisect, prune_level, term_scores
+from .segments import Segments
 
 METHODS = ("auto", "bisect", "gradloc")
 
@@ -98,14 +100,16 @@ def _check_collectively(model, loss_fn, token_mask, method, budget, threshold, g
 
 def _ghost_pass(prober: DistProber, model, group_by: str, world: int):
     """Probe 1, all terms of every rank, with ghost hooks: the total gradient and, per
-    micro-batch, THIS rank's (L, B, T) layer map in the optimizer's units (divided by W)."""
-    ghosts = {k: GhostMap(model, group_by, tuple(m.shape)) for k, m in enumerate(prober.masks)}
+    micro-batch, THIS rank's (L, B, T) layer map in the optimizer's units (divided by W) and its
+    samples with their exact ghost norms (``segments.py``)."""
+    segs = [Segments(k, m) for k, m in enumerate(prober.masks)]
+    ghosts = {k: GhostMap(model, group_by, tuple(m.shape), segments=segs[k]) for k, m in enumerate(prober.masks)}
     total = prober.run(dict(enumerate(prober.masks)), ghosts=ghosts)
     maps, names = [], prober.grouping.layers
     for g in ghosts.values():
         lm, names = g.result(prober.grouping.layers)
         maps.append(lm / world)
-    return total, maps, names
+    return total, maps, names, segs
 
 
 def _check_synchronized(prober: DistProber, total: Grads) -> float:
@@ -120,19 +124,34 @@ def _check_synchronized(prober: DistProber, total: Grads) -> float:
     return sq
 
 
-def _gather_terms(prober: DistProber, maps: list[torch.Tensor] | None) -> dict[DistTerm, float]:
-    """Every rank's loss terms with their ghost scores (0 without maps), in one all_gather."""
+def _gather_terms(prober: DistProber, maps: list[torch.Tensor] | None,
+                  segs: list[Segments] | None = None) -> tuple[dict[DistTerm, float], list]:
+    """Every rank's loss terms with their ghost scores (0 without maps), and every rank's samples
+    as ``((rank, micro_batch, batch), ghost norm, loss terms)``, in one all_gather."""
+    world = dist.get_world_size(prober.group)
     local = []
     for k, mask in enumerate(prober.masks):
         idx = (mask != 0).nonzero().cpu()  # (n, 2)
         scores = term_scores(maps[k], mask) if maps is not None else torch.zeros(mask.shape)  # (B, T)
-        local.append((k, idx, scores[idx[:, 0], idx[:, 1]] if len(idx) else torch.zeros(0)))
+        norms = segs[k].norms() if segs is not None else None
+        samples = [(s.batch, n / world, len(s.terms)) for s, n in zip(segs[k].items, norms)] if norms else []
+        local.append((k, idx, scores[idx[:, 0], idx[:, 1]] if len(idx) else torch.zeros(0), samples))
     out: dict[DistTerm, float] = {}
+    rows = []
     for r, parts in enumerate(_gather(local, prober.group)):
-        for k, idx, vals in parts:
+        for k, idx, vals, samples in parts:
             for (b, t), v in zip(idx.tolist(), vals.tolist()):
                 out[(r, k, b, t)] = v
-    return out
+            rows += [((r, k, b), n, m) for b, n, m in samples]
+    return out, rows
+
+
+def _adaptive(score: dict[DistTerm, float], samples: list) -> float:
+    """The single-process rule over every rank's terms: candidate samples' terms do not set it."""
+    picked = {key for key, _, _ in levels.outliers(samples)[0]}
+    inside = {t for t in score if t[:3] in picked}
+    pool = levels.ordinary(score, inside)
+    return adaptive_threshold(torch.tensor([pool[t] for t in sorted(pool)], dtype=torch.float64))
 
 
 def _gradloc(prober: DistProber, view: GlobalView, terms: list[DistTerm], threshold: float, budget: int,
@@ -213,16 +232,16 @@ def locate_distributed(model: torch.nn.Module, loss_fn: Callable | Sequence[Call
         notes: list[str] = []
         maps, names = None, grouping.layers
         if method == "gradloc":
-            terms = sorted(_gather_terms(prober, None))
+            terms = sorted(_gather_terms(prober, None)[0])
             total, hits, exhausted = _gradloc(prober, view, terms, threshold, budget, labelled)
             total_sq = hits.total_sq
         else:
-            total, maps, names = _ghost_pass(prober, model, group_by, world)
+            total, maps, names, segs = _ghost_pass(prober, model, group_by, world)
             total_sq = _check_synchronized(prober, total)
-            score = _gather_terms(prober, maps)
+            score, samples = _gather_terms(prober, maps, segs)
             terms = sorted(score)  # global order: rank, micro-batch, batch, position
             if tau is None:
-                tau = adaptive_threshold(torch.tensor([score[t] for t in terms], dtype=torch.float64))
+                tau = _adaptive(score, samples)
             hits = GlobalHits(view, total, total_sq, score, labelled)
             if method == "auto":
                 exhausted, notes = auto(view, hits, [(0, *t) for t in terms], tau, prune_level(score, tau))

@@ -10,7 +10,7 @@ from ..grouping import LayerGrouping
 from ..norms import trainable_params
 from .additivity import check_additive
 from .driver import search
-from .inputs import as_micro_batches, check_inputs, rng_states
+from .inputs import as_document_ids, as_micro_batches, check_inputs, rng_states
 from .probe import Prober
 from .result import LocateResult
 from .snapshot import Snapshot
@@ -20,8 +20,15 @@ LossFn = Callable[[torch.Tensor], torch.Tensor]
 
 def locate(model: torch.nn.Module, loss_fn: LossFn | Sequence[LossFn],
            token_mask: torch.Tensor | Sequence[torch.Tensor], method: str = "auto", budget: int = 128,
-           threshold: float | None = None, *, group_by: str = "block", rng_state=None) -> LocateResult:
-    """Find the loss terms whose own gradient is above ``threshold`` (adaptive when None).
+           threshold: float | None = None, *, group_by: str = "block", rng_state=None,
+           document_ids=None) -> LocateResult:
+    """Explain the step's gradient: the samples, spans and loss terms that carry it.
+
+    Culprit tokens are the terms whose own gradient is above ``threshold`` (per term; adaptive
+    when None, from the ordinary terms); samples (rows, or the documents ``document_ids`` marks
+    inside packed rows: a (B, T) integer id per position, K of them for K micro-batches), spans
+    and micro-batches are named when they stand out and no few terms inside carry them
+    (``result.culprits``, each with its ``level``; ``result.tokens`` the token rows).
 
     ``loss_fn(mask) -> scalar``: the loss restricted to the terms kept by ``mask`` (same shape as
     ``token_mask``) with a fixed normalizer. For K micro-batches pass K callables and K masks.
@@ -30,10 +37,12 @@ def locate(model: torch.nn.Module, loss_fn: LossFn | Sequence[LossFn],
     ``method="gradloc"`` it caps the token stage, as GradLoc's ``bisect_budget_steps`` does, and
     the micro-batch stage's one probe per micro-batch comes on top (``result.probes`` counts all).
 
-    Every probe replays one RNG state so dropout masks agree across probes: ``rng_state`` (a
-    ``torch.get_rng_state()`` taken before the training forward reproduces that step's masks
-    exactly; one per micro-batch may be given), else the state at call time. The caller's RNG
-    state is restored afterwards.
+    Every probe replays one RNG state so dropout masks agree across probes: ``rng_state`` (the
+    state saved right before each micro-batch's training forward, one per micro-batch, replays
+    that step's dropout exactly; one state for all is accepted), else the state at call time.
+    The caller's RNG state is restored afterwards. When the model holds the step's gradient in
+    ``.grad``, the probes' sum is checked against it (``result.step_check``; a warning and a
+    note say why when they differ).
 
     Under ``torch.distributed`` (more than one rank) it is a collective: call it on every rank
     with that rank's own ``loss_fn``/``token_mask``; see ``localizer/distributed.py``.
@@ -45,6 +54,7 @@ def locate(model: torch.nn.Module, loss_fn: LossFn | Sequence[LossFn],
                                   rng_state=rng_state)
     loss_fns, masks, labelled = as_micro_batches(loss_fn, token_mask)
     check_inputs(model, masks, method, budget, threshold)
+    docs = as_document_ids(document_ids, masks)
     t0 = time.perf_counter()
     snap = Snapshot(model)
     try:
@@ -60,7 +70,8 @@ def locate(model: torch.nn.Module, loss_fn: LossFn | Sequence[LossFn],
         for i in range(prober.k):
             if terms[i]:
                 check_additive(prober, i, terms[i], prober.rng_states[i])
-        result = search(prober, model, terms, method, threshold, group_by, labelled)
+        result = search(prober, model, terms, method, threshold, group_by, labelled, document_ids=docs,
+                        reference=snap.grads_for(prober.params))
         result.wall_time_s = time.perf_counter() - t0
         return result
     finally:

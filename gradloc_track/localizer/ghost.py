@@ -6,16 +6,18 @@ bias's is ``||g_s||``. Embeddings: ``||g_s||``. Capturing ``||x_s||`` in a forwa
 ``||g_s||`` from a hook on the output gives the map without per-example gradients. For the
 output head it is exact per loss term; for inner layers it is per *position* (a position also
 carries gradient from later terms through attention), which is why ``auto`` confirms candidates
-with exact probes.
+with exact probes. Per SEGMENT (a sample, or a document of a packed row) the same backward gives
+exact norms (``segments.py``): positions of other rows never feed a row's terms.
 """
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 import torch
 
 from ..grouping import layer_of
+from .segments import Segments
+from .threshold import adaptive_threshold  # noqa: F401  (its home before threshold.py)
 
 
 def _is_linear_like(m: torch.nn.Module) -> str | None:
@@ -32,8 +34,9 @@ class GhostMap:
     """Context manager that records per-position contribution norms during one backward."""
 
     def __init__(self, model: torch.nn.Module, group_by: str = "block",
-                 shape: tuple[int, int] | None = None) -> None:
+                 shape: tuple[int, int] | None = None, segments: Segments | None = None) -> None:
         self.model = model
+        self.segments = segments  # per-segment squared norms go to ``segments.sq`` when given
         self.expected = tuple(shape) if shape is not None else None
         self.group_by = group_by
         self.handles: list = []
@@ -61,11 +64,8 @@ class GhostMap:
                 return
             if output.dim() < 2:
                 return
-            if kind == "embedding":
-                x_norm = None
-            else:
-                x = inputs[0].detach()
-                x_norm = x.float().norm(dim=-1)  # (B, T)
+            x = inputs[0].detach()  # (B, T, C_in), or the (B, T) ids of an embedding
+            x_norm = None if kind == "embedding" else x.float().norm(dim=-1)  # (B, T)
 
             def grad_hook(g: torch.Tensor) -> None:
                 g_norm = g.detach().float().norm(dim=-1)  # (B, T)
@@ -80,6 +80,8 @@ class GhostMap:
                 self.shape = tuple(contrib.shape)
                 prev = self.sq.get(layer)
                 self.sq[layer] = contrib if prev is None else prev + contrib
+                if self.segments is not None:
+                    self.segments.add(g.detach(), x, kind, has_bias)
 
             output.register_hook(grad_hook)
 
@@ -89,17 +91,3 @@ class GhostMap:
         """(L, B, T) per-layer norms, rows in ``layer_order`` (layers with no hooked module dropped)."""
         names = [lay for lay in layer_order if lay in self.sq] + [lay for lay in self.sq if lay not in layer_order]
         return torch.stack([self.sq[n].sqrt().cpu() for n in names]), names
-
-
-def adaptive_threshold(scores: torch.Tensor, factor: float = 10.0, quantile: float = 0.9) -> float:
-    """Per-term threshold from the batch's own per-term scores: ``factor`` x their 90th percentile.
-
-    A culprit is a term whose gradient is an order of magnitude above what 90% of the batch stays
-    under. Percentiles, unlike a mean/std or a log-space MAD, stay put when many terms carry ~zero
-    gradient (RL groups with equal rewards have zero advantage) and when a few carry huge ones.
-    Assumes culprits are under 10% of the terms; pass an explicit threshold otherwise.
-    """
-    s = scores[scores > 0].double()
-    if s.numel() == 0:
-        return math.inf
-    return float(factor * torch.quantile(s, quantile))

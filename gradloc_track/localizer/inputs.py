@@ -75,3 +75,23 @@ def rng_states(rng_state: Any, k: int, now: dict) -> list[dict]:
     if len(states) != k:
         raise ValueError(f"rng_state: pass one state, or one per micro-batch ({k}); got {len(states)}")
     return [{"cpu": s} if isinstance(s, torch.Tensor) else s for s in states]
+
+
+def as_document_ids(document_ids: Any, masks: list) -> list[torch.Tensor | None] | None:
+    """Per micro-batch ``(B, T)`` integer ids of the documents packed in each row, or None.
+
+    One tensor for one micro-batch, K (or None entries) for K; each must have its mask's shape."""
+    if document_ids is None:
+        return None
+    given = [document_ids] if isinstance(document_ids, torch.Tensor) else list(document_ids)
+    if len(given) != len(masks):
+        raise ValueError(f"document_ids: pass one (B, T) tensor per micro-batch ({len(masks)}); got {len(given)}")
+    for i, (d, m) in enumerate(zip(given, masks)):
+        name = "document_ids" if len(masks) == 1 else f"document_ids[{i}]"
+        if d is None:
+            continue
+        if not isinstance(d, torch.Tensor) or d.shape != m.shape or d.is_floating_point():
+            got = f"{d.dtype} {tuple(d.shape)}" if isinstance(d, torch.Tensor) else type(d).__name__
+            raise ValueError(f"{name} must be an integer tensor of the token mask's shape {tuple(m.shape)} "
+                             f"(the id of the document each position belongs to); got {got}")
+    return given

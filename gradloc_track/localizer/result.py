@@ -1,16 +1,27 @@
-"""Result types of the localizer, shared by the monitor and the artifact writers."""
+"""Result types of the localizer, shared by the monitor and the artifact writers.
+
+A spike is explained at the level its cause lives (``LEVELS``, finest first): a few loss terms
+(``CulpritToken``), a contiguous span of one sample, a whole sample (a sequence, or a document
+inside a packed row), or a micro-batch when nothing finer carries it (``Culprit``). Every row
+carries its exact gradient norm and its additive share ``<g_x, g> / ||g||^2`` of the step's
+squared gradient norm; rows never overlap, so their shares add up.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
+
+LEVELS = ("token", "span", "sample", "micro_batch")
 
 
 @dataclass
 class CulpritToken:
     """One loss term whose own gradient is above the threshold."""
 
+    level: ClassVar[str] = "token"
+    document: ClassVar[int | None] = None
     batch: int
     position: int
     grad_norm: float  # exact L2 norm of this term's gradient (from a single-term probe)
@@ -21,10 +32,52 @@ class CulpritToken:
     micro_batch: int | None = None  # which micro-batch of the step (None: the step had one)
     rank: int | None = None  # which process's batch (None: not a distributed localization)
 
+    @property
+    def start(self) -> int:
+        return self.position
+
+    @property
+    def end(self) -> int:
+        return self.position + 1
+
+
+@dataclass
+class Culprit:
+    """A span, a sample (or a packed document) or a micro-batch that carries the spike while no
+    few of its terms do (each may sit below the token threshold)."""
+
+    level: str  # "span" | "sample" | "micro_batch"
+    grad_norm: float  # exact L2 norm of the unit's gradient (one probe of its terms)
+    share: float | None = None  # <g_unit, g_total> / ||g_total||^2
+    micro_batch: int | None = None  # None: the step had one micro-batch
+    batch: int | None = None  # the sample (row) inside its micro-batch; None for a micro-batch
+    start: int | None = None  # positions [start, end) of the unit in its row
+    end: int | None = None
+    document: int | None = None  # the document id inside a packed row (document_ids given)
+    n_terms: int = 0  # loss terms inside the unit
+    layer_norms: dict[str, float] = field(default_factory=dict)
+    score: float | None = None  # the ghost estimate that made it a candidate
+    rank: int | None = None
+
+
+@dataclass
+class StepCheck:
+    """Do the probes reproduce the step? The sum of the micro-batches' full-mask probes against
+    the gradient the step's own backward left in ``.grad``.
+
+    ``residual``: ``||sum - s * grad|| / ||sum||`` with ``s`` the best scale per tensor (so a
+    clipper's rescaling is not a difference; dropout replayed wrong is); ``norm_ratio``:
+    ``||grad|| / ||sum||`` (1 unless clipped or the loss was normalised differently)."""
+
+    residual: float
+    norm_ratio: float
+    replayed: bool
+    reason: str = ""
+
 
 @dataclass
 class LocateResult:
-    tokens: list[CulpritToken]  # culprits, largest grad_norm first
+    tokens: list[CulpritToken]  # culprit tokens, largest grad_norm first
     probes: int  # forward+backward passes used
     method: str
     threshold: float  # per-term threshold actually used
@@ -43,6 +96,39 @@ class LocateResult:
     micro_batch_norms: list[float] = field(default_factory=list)
     ghost_maps: list[torch.Tensor | None] = field(default_factory=list)
     layer_maps: list[torch.Tensor | None] = field(default_factory=list)
+    # every culprit at its level (sample/span/micro-batch rows first, then tokens); None = the tokens
+    culprits: list[Culprit | CulpritToken] | None = None
+    step_check: StepCheck | None = None  # None: no gradient in .grad to compare with
+    # when no culprit was found: {"micro_batch", "sample", "document", "share", "grad_norm"} per
+    # sample (exact probes, largest share first), as far as the budget allowed
+    sample_shares: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.culprits is None:
+            self.culprits = list(self.tokens)
+
+    def culprit_masks(self, token_mask: torch.Tensor | list[torch.Tensor],
+                      document_ids: torch.Tensor | list | None = None) -> list[torch.Tensor]:
+        """Every culprit's loss terms as masks, one per micro-batch (``token_mask``'s weights where
+        a culprit row covers a term, 0 elsewhere): one probe of each gives the culprits' exact
+        gradient, e.g. to remove it from the step's. ``document_ids`` as given to ``locate``."""
+        masks = [token_mask] if isinstance(token_mask, torch.Tensor) else list(token_mask)
+        docs = [document_ids] if isinstance(document_ids, torch.Tensor) or document_ids is None \
+            else list(document_ids)
+        keep = [torch.zeros_like(m, dtype=torch.bool) for m in masks]
+        for c in self.culprits:
+            k = c.micro_batch or 0
+            if c.level == "micro_batch":
+                keep[k][:] = True
+                continue
+            row = keep[k][c.batch]
+            inside = torch.zeros_like(row)
+            inside[c.start:c.end] = True
+            d = docs[k] if k < len(docs) else None
+            if c.document is not None and d is not None:
+                inside &= d[c.batch].to(row.device) == c.document
+            row |= inside
+        return [torch.where(kp, m, torch.zeros_like(m)) for kp, m in zip(keep, masks)]
 
     def for_micro_batch(self, k: int) -> "LocateResult":
         """This result seen as a one-micro-batch result for micro-batch ``k`` (its culprits and maps),
@@ -50,6 +136,7 @@ class LocateResult:
         if not self.micro_batch_norms:
             return self
         return replace(self, tokens=[t for t in self.tokens if t.micro_batch == k],
+                       culprits=[c for c in self.culprits if c.micro_batch == k],
                        ghost_map=self.ghost_maps[k], layer_map=self.layer_maps[k])
 
     def as_dict(self) -> dict[str, Any]:
@@ -64,4 +151,11 @@ class LocateResult:
                  "layer_norms": t.layer_norms, "score": t.score, "micro_batch": t.micro_batch, "rank": t.rank}
                 for t in self.tokens
             ],
+            "culprits": [
+                {"level": c.level, "micro_batch": c.micro_batch, "batch": c.batch, "start": c.start, "end": c.end,
+                 "document": c.document, "grad_norm": c.grad_norm, "share": c.share, "rank": c.rank}
+                for c in self.culprits
+            ],
+            "step_check": None if self.step_check is None else vars(self.step_check),
+            "notes": list(self.notes),
         }

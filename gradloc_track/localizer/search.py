@@ -16,6 +16,7 @@ import torch
 from .ghost import GhostMap, adaptive_threshold
 from .probe import BudgetExhausted, Grads, Prober
 from .result import CulpritToken
+from .segments import Segments
 
 Term = tuple[int, int]  # (b, t) inside one micro-batch
 
@@ -33,9 +34,13 @@ class Hits:
         self.tokens: list[CulpritToken] = []
         self.terms: set[tuple[int, int, int]] = set()
 
+    def share(self, g: Grads) -> float | None:
+        """``<g, g_total> / ||g_total||^2``: additive over disjoint sets of terms."""
+        return self.prober.dot(g, self.total) / self.total_sq if self.total_sq > 0 else None
+
     def add(self, i: int, term: Term, g: Grads, grad_norm: float | None = None) -> None:
         p = self.prober
-        share = p.dot(g, self.total) / self.total_sq if self.total_sq > 0 else None
+        share = self.share(g)
         self.tokens.append(CulpritToken(
             batch=int(term[0]), position=int(term[1]), grad_norm=p.norm(g) if grad_norm is None else grad_norm,
             layer_norms=p.layer_norms(g), score=self.scores.get((i, *term)), share=share,
@@ -110,10 +115,12 @@ def _judge(prober: Prober, i: int, X: list[Term], g: Grads, tau: float, tau_prun
     return n, g
 
 
-def ghost_pass(prober: Prober, i: int, model: torch.nn.Module, group_by: str) -> tuple[Grads, torch.Tensor, list[str]]:
-    """One full-mask probe of micro-batch ``i`` with hooks: (its gradient, (L, B, T) layer map, layer names)."""
+def ghost_pass(prober: Prober, i: int, model: torch.nn.Module, group_by: str,
+               segments: Segments | None = None) -> tuple[Grads, torch.Tensor, list[str]]:
+    """One full-mask probe of micro-batch ``i`` with hooks: (its gradient, (L, B, T) layer map, layer
+    names); ``segments`` also get their exact per-sample norms from the same backward."""
     mask = prober.masks[i]
-    with GhostMap(model, group_by, tuple(mask.shape)) as gm:
+    with GhostMap(model, group_by, tuple(mask.shape), segments=segments) as gm:
         g = prober.probe(i, mask)
     layer_map, names = gm.result(prober.grouping.layers)
     return g, layer_map, names
@@ -140,7 +147,7 @@ def prune_level(term_score: dict, tau: float) -> float:
 
 
 def auto(prober: Prober, hits: Hits, all_terms: list[tuple[int, int, int]], tau: float, tau_prune: float,
-         ) -> tuple[bool, list[str]]:
+         base: Grads | None = None) -> tuple[bool, list[str]]:
     """Exact confirmation of the ghost ranking's candidates, then a remainder check.
 
     The ghost pass (one probe per micro-batch) has already ranked every term into ``hits.scores``.
@@ -151,6 +158,8 @@ def auto(prober: Prober, hits: Hits, all_terms: list[tuple[int, int, int]], tau:
        subtraction-bisection searches the remainder within the budget (with several
        micro-batches: one probe per micro-batch's remainder first, and only those above the
        rule are searched).
+    ``base``: the gradient of ``all_terms`` when they are not the whole step (units already
+    reported, e.g. a culprit sample, are left out); default the step's total.
     Returns (budget_exhausted, notes).
     """
     exhausted, found_sum = _confirm_candidates(prober, hits, all_terms, tau)
@@ -159,11 +168,12 @@ def auto(prober: Prober, hits: Hits, all_terms: list[tuple[int, int, int]], tau:
     rest = [k for k in all_terms if k not in hits.terms]
     if not rest:
         return False, []
+    base = hits.total if base is None else base
     if found_sum is None:
-        g_rest = [t.clone() for t in hits.total]  # bisect subtracts in place: never into the total
+        g_rest = [t.clone() for t in base]  # bisect subtracts in place: never into the total
     else:
         torch._foreach_neg_(found_sum)
-        g_rest = prober.add_(found_sum, hits.total)  # total - culprits, in the running sum's buffer
+        g_rest = prober.add_(found_sum, base)  # base - culprits, in the running sum's buffer
     if prober.norm(g_rest) <= tau_prune * math.sqrt(len(rest)):
         return False, []
     notes = ["ranking left a remainder above the bisection bound; searched it by bisection"]

@@ -28,6 +28,13 @@ class Snapshot:
                         for m in model.modules() for n, b in m._buffers.items() if b is not None]
         self.rng = save_rng()
 
+    def grads_for(self, params: list[torch.nn.Parameter]) -> list[torch.Tensor | None] | None:
+        """The saved ``.grad`` of each of ``params`` (the step's gradient, before localizing);
+        None when the model held no gradient at all."""
+        by_id = {id(p): g for p, g in zip(self.params, self.grads)}
+        out = [by_id.get(id(p)) for p in params]
+        return None if all(g is None for g in out) else out
+
     def restore(self) -> None:
         for p, g, rg in zip(self.params, self.grads, self.requires_grad):
             p.grad = g

@@ -18,6 +18,7 @@ from ..config import LocateConfig, MonitorConfig
 from ..norms import all_reduce_sq_norms, sq_norms
 from ..trackers.base import NullTracker, Tracker
 from .arguments import as_detector, as_locate_config, as_monitor_config, check_arguments
+from .clip_feedback import after_transfer, install_guard
 from .optimizer_metrics import OptimizerMetrics
 from .packing import LR, N_TOKENS, WD, HostPack, add_norms, loggable
 from .param_set import ParamSet
@@ -52,8 +53,11 @@ class GradMonitor:
       ``AdamCWeightDecay`` drives the optimizer): ``sqrt(2 * weight_decay / lr)``, the ratio ``||g||/||w||``
       that decoupled weight decay drives normalized layers to (Defazio, arXiv 2506.02285); a
       ``grad_weight_ratio`` tracking it as ``lr -> 0`` is schedule-driven norm growth, not a spike
-    - ``clip/threshold/<layer>`` (or ``clip/threshold/global``), ``clip/coef/<layer>``,
-      ``clip/clipped_fraction``, ``clip/total_norm_pre``, ``clip/total_norm_post``,
+    - ``clip/threshold/global``, ``clip/threshold/<layer>`` (the thresholds in force; left out
+      while none is), ``clip/coef/<layer>``, ``clip/clipped_fraction``,
+      ``clip/saturation/clipped_fraction``, ``clip/saturation/mean_coef`` (after the clipper's
+      warm-up: share of recent steps scaled and their mean coefficient; a warning when clipping
+      has become a learning-rate cut), ``clip/total_norm_pre``, ``clip/total_norm_post``,
       ``clip/nonfinite``: from the clipper (see ``gradloc_track.clip.metrics``)
     - ``spike/detected`` (1 on a step the detector fired), ``spike/detected_total``,
       ``spike/threshold`` (the global norm that would fire this step: plot it with
@@ -62,6 +66,12 @@ class GradMonitor:
       spike score, for comparison): from the detector's ``metrics()`` (``SpikeDetector`` documents them)
     - ``locate/probes``, ``locate/culprits``, ``locate/threshold``, ``locate/seconds`` when a
       spike was localized; ``locate/failed`` when localizing raised (a warning, never a crash)
+
+    With ``optimizer=`` a clipper with ``on_nonfinite="skip"`` gets a ``SkipStepGuard`` on it
+    (``skip_guard``; ``clip.skip_step``, ``"off"`` to opt out): a step with a non-finite gradient
+    leaves parameters and optimizer state bitwise unchanged, free for fused optimizers, one bool
+    read per step otherwise (none on steps this monitor already synced), and the clipper makes
+    one pass less over the gradients (see ``gradloc_track.clip.skip_step``).
 
     Only global rank 0 logs (other ranks get a ``NullTracker``). A spike on a non-logging step
     is logged at its own step (its norms, spike and locate keys).
@@ -72,7 +82,7 @@ class GradMonitor:
     does not clip the new tensors (a warning says so). ``after_backward`` must be called once per
     optimizer step with an increasing step: a repeated step is ignored with a warning (clip and
     detector state advance once), a step that goes backwards is processed with a warning.
-    A localization that finds no culprit token does not use up ``locate.max_events``.
+    A localization that finds no culprit (at any level) does not use up ``locate.max_events``.
     """
 
     def __init__(self, model: torch.nn.Module, tracker: Tracker | None = None, clipper: Any = None,
@@ -95,6 +105,11 @@ class GradMonitor:
         self.optimizer_metrics = OptimizerMetrics(optimizer, config.adamc_ratio)
         self.spike_response = SpikeResponse(model, self.locate_config, config.group_by, artifact_writer,
                                             self.rank, process_group, self._warn_once)
+        # on_nonfinite="skip" made exact by the optimizer (clip.skip_step; see monitor.clip_feedback)
+        self.skip_guard = install_guard(optimizer, clipper)
+        # only GradLoc's fixed trigger reads the step's token count (an adaptive SpikeDetector does not)
+        self._detector_counts_tokens = self.detector is not None and getattr(
+            getattr(self.detector, "config", None), "mode", "fixed") == "fixed"
 
     # -- public --------------------------------------------------------------------------
     @property
@@ -132,7 +147,9 @@ class GradMonitor:
         per-layer and per-tensor norms, clip metrics, the token count: a few KB; the cost is the
         wait for the device to finish backward, not the bytes) so a spike on any step can be
         detected and localized. With a detector but no ``spike_context`` the detector only sees
-        logging steps. Weight norms are computed on logging steps only.
+        logging steps. Weight norms are computed on logging steps only. ``spike_context`` may be a
+        zero-argument callable returning the ``SpikeContext``: it is called only when a spike fires
+        (or every armed step for a ``fixed``-mode detector, which needs the token count).
         Collectives: at most one all-reduce per step (sharded/DTensor gradients only; grad and
         weight norms share it), plus the global token count on armed steps of a ``fixed``-mode
         detector. Under torch.distributed every rank sees the same reduced norms, so every rank
@@ -187,9 +204,10 @@ class GradMonitor:
         pack.add_if_tensor(LR, lr)
         pack.add_if_tensor(WD, weight_decay)
         n_tokens = n_micro = None
-        if spike_context is not None:
+        if spike_context is not None and self._detector_counts_tokens:
             n_tokens, n_micro = self.spike_response.count_tokens(pack, spike_context)
         host = pack.to_host()
+        after_transfer(self.clipper, host, self._warn_once)
         lr, weight_decay = host.pop(LR, lr), host.pop(WD, weight_decay)
         if N_TOKENS in host:
             n_tokens = int(host.pop(N_TOKENS))

@@ -57,5 +57,9 @@ def add_norms(pack: HostPack, params: Any, grad_sq: torch.Tensor, w_sq: torch.Te
 
 
 def loggable(host: dict[str, float], per_tensor: bool) -> dict[str, float]:
-    """The host values that are metrics (per-tensor norms only when asked for)."""
-    return {k: v for k, v in host.items() if per_tensor or not k.startswith("grad_norm/tensor/")}
+    """The host values that are metrics (per-tensor norms only when asked for; a clip threshold
+    that is not in force, NaN, is left out rather than drawn)."""
+    from ..clip.metrics import THRESHOLD_PREFIX
+
+    return {k: v for k, v in host.items() if (per_tensor or not k.startswith("grad_norm/tensor/"))
+            and not (v != v and k.startswith(THRESHOLD_PREFIX))}

@@ -14,6 +14,12 @@ import torch.distributed as dist
 from .packing import N_TOKENS, HostPack
 
 
+def resolve(ctx: Any) -> Any:
+    """The ``SpikeContext``: ``spike_context`` may also be a zero-argument callable that builds it
+    (``watch()`` passes one: the step's targets and masks are built only when a spike needs them)."""
+    return ctx() if callable(ctx) else ctx
+
+
 class SpikeResponse:
     """Localization of detected spikes, with ``locate.max_events`` and the back-off after empty results.
 
@@ -36,7 +42,7 @@ class SpikeResponse:
     @staticmethod
     def count_tokens(pack: HostPack, ctx: Any) -> tuple[int | None, int | None]:
         """(host token count or None when it rides in ``pack``, number of micro-batches or None)."""
-        masks = ctx.token_mask
+        masks = resolve(ctx).token_mask
         n_micro = None
         if not isinstance(masks, torch.Tensor):  # one mask per micro-batch (gradient accumulation)
             masks = list(masks)
@@ -66,10 +72,11 @@ class SpikeResponse:
             return {}
         if step < self._retry_step:  # the detector keeps firing on batches without a culprit: back off
             return {}
+        ctx = resolve(ctx)
         result = self._localize(step, ctx)
         if result is None:
             return {"locate/failed": 1.0}
-        self._count(step, bool(result.tokens))
+        self._count(step, bool(result.culprits))  # a culprit at any level: token, span, sample, micro-batch
         stats.locate = result
         stats.locate_view = self._view(step, result, ctx)
         if self.artifact_writer is not None and self.rank == 0:
@@ -78,7 +85,7 @@ class SpikeResponse:
                 self.artifact_writer.write(step, stats.events, shown, shown_ctx)
             except Exception as exc:
                 warnings.warn(f"gradloc-track: writing spike artifacts at step {step} failed: {exc!r}")
-        return {"locate/probes": float(result.probes), "locate/culprits": float(len(result.tokens)),
+        return {"locate/probes": float(result.probes), "locate/culprits": float(len(result.culprits)),
                 "locate/threshold": float(result.threshold), "locate/seconds": float(result.wall_time_s)}
 
     def _localize(self, step: int, ctx: Any) -> Any:
@@ -89,7 +96,8 @@ class SpikeResponse:
             with torch.enable_grad():
                 return localizer.locate(self.model, ctx.loss_fn, ctx.token_mask, method=cfg.method,
                                         budget=cfg.budget, threshold=cfg.threshold, group_by=self.group_by,
-                                        rng_state=getattr(ctx, "rng_state", None))
+                                        rng_state=getattr(ctx, "rng_state", None),
+                                        document_ids=getattr(ctx, "document_ids", None))
         except Exception as exc:  # forensics must never kill training
             warnings.warn(f"gradloc-track: localizing the spike at step {step} failed: {exc!r}")
             return None
@@ -118,5 +126,5 @@ class SpikeResponse:
         if over >= 0:
             self._retry_step = step + 2 ** min(over, 30)
             self._warn_once("unconfirmed", f"{self.events_unconfirmed} detected spikes (the last at step {step}) "
-                            "had no culprit token; further spikes without one are localized with growing gaps. "
+                            "had no culprit; further spikes without one are localized with growing gaps. "
                             "The detector fires on noise here: raise spikes.z_thresh or spikes.warmup_steps.")

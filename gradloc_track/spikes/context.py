@@ -33,9 +33,18 @@ class SpikeContext:
     extra_columns: Mapping[str, Any] = field(default_factory=dict)
     # per-sample extra columns, each (B,): reward, ... (with micro-batches: K (B_k,) tensors)
     sample_columns: Mapping[str, Any] = field(default_factory=dict)
-    # torch.get_rng_state() from before the training forward: probes replay its dropout masks
-    # (with micro-batches: one state for all, or a sequence of K)
+    # the RNG state saved right before the training forward (``save_rng()``'s dict or
+    # torch.get_rng_state()): probes replay its dropout masks. With micro-batches: a sequence of
+    # K, each saved right before ITS forward (the RNG moves on between micro-batches)
     rng_state: Any = None
+    # (B, T) integer id of the document each position belongs to, for rows that pack several
+    # documents: the localizer then names the document, not the row (with micro-batches: K)
+    document_ids: torch.Tensor | Sequence[torch.Tensor | None] | None = None
+    # (B, T) integer part of the sample each position shows, -1 = not shown (padding), named by
+    # ``segment_names[id]``: an RL sample's prompt and completion, a packed row's documents. The
+    # highlight page shows each part as its own block (with micro-batches: K)
+    segment_ids: torch.Tensor | Sequence[torch.Tensor] | None = None
+    segment_names: Sequence[str] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.token_mask, torch.Tensor) != callable(self.loss_fn):
@@ -43,7 +52,7 @@ class SpikeContext:
                             "sequences of K (one per micro-batch)")
         if self.micro_batches is not None:
             k = len(self.token_mask)
-            for name in ("loss_fn", "input_ids"):
+            for name in ("loss_fn", "input_ids", "document_ids", "segment_ids"):
                 val = getattr(self, name)
                 if val is not None and (isinstance(val, torch.Tensor) or callable(val) or len(val) != k):
                     raise ValueError(f"SpikeContext.{name}: with {k} micro-batch masks pass a sequence of {k} "
@@ -73,4 +82,5 @@ class SpikeContext:
                             tokenizer=self.tokenizer,
                             extra_columns={n: pick(v) for n, v in self.extra_columns.items()},
                             sample_columns={n: pick(v) for n, v in self.sample_columns.items()},
-                            rng_state=pick(self.rng_state))
+                            rng_state=pick(self.rng_state), document_ids=pick(self.document_ids),
+                            segment_ids=pick(self.segment_ids), segment_names=self.segment_names)

@@ -20,9 +20,18 @@ differences, so the early-training trend is not counted as noise. Measured on 20
 steps (``benchmarks/detector_calibration.py``): 4x32: 40 events before (0.1: a 3x ratio rule,
 one ``alpha=0.98`` for mean and variance), 1 after; 16x128: 3 before, 0 after.
 
-A firing value is absorbed *clipped* to ``exp(m + z_eff * sqrt(v))``, so one spike does not raise
-the baseline but a genuine level shift is still followed. Non-finite values always fire and are
-never absorbed. ``mode="fixed"`` is GradLoc's trigger exactly: fire when the global norm exceeds
+On a step the detector caught (any signal fired: a spike caught on a layer is in the global norm
+too), every signal moves its baseline by its value clipped to ``exp(m +- z_eff * sqrt(v))`` and
+keeps the step out of its variance and fourth moment, so the spike does not raise the threshold
+(0.2 let it in: in the spike demo one spike, caught on a layer while the global norm stayed just
+below its own threshold, inflated the global kurtosis estimate and took ``spike/threshold`` from
+2.4 to 4.6 for good), while a genuine level shift is still followed by the baseline over a few steps. A
+value far below the baseline is absorbed clipped to ``exp(m - z_eff * sqrt(v))``. Non-finite values
+always fire and are never absorbed; a zero norm (no gradient: an all-masked batch, ``loss * 0``, a
+layer unused this step) neither fires nor enters (0.2 took ``log(1e-30)`` in: the variance
+exploded, the threshold went to 1e32 and the baseline's fall made the next ~8 normal steps fire).
+
+``mode="fixed"`` is GradLoc's trigger exactly: fire when the global norm exceeds
 ``per_token_threshold / sqrt(n_tokens) * n_micro_batches`` (``n_tokens``: loss tokens of the whole
 step; Tencent-Hunyuan/GradLoc ``patches/gradloc.patch``); unlike GradLoc it also fires on NaN/Inf.
 """
@@ -30,14 +39,13 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections import deque
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from ..config import SpikeConfig
 from ..config._validate import ConfigError
 from .event import SpikeEvent
-from .score import is_spike
+from .score import RunningWindow
 
 EPS = 1e-12
 MAX_TAIL_FACTOR = 2.0  # z_eff never exceeds 2 * z_thresh, however wild the kurtosis estimate
@@ -66,7 +74,8 @@ class _Signal:
     def baseline(self) -> float:
         return math.exp(self.mean)
 
-    def absorb(self, x: float, alpha: float, baseline_alpha: float, warmup: int) -> None:
+    def absorb(self, x: float, alpha: float, baseline_alpha: float, warmup: int, moments: bool = True) -> None:
+        """Take log-value ``x`` in; ``moments=False`` moves the baseline only (a value that fired)."""
         self.n += 1
         if self.n == 1:
             self.mean = x
@@ -82,8 +91,9 @@ class _Signal:
         else:
             d = x - self.mean
             self.mean += (1 - baseline_alpha) * d
-            self.var = alpha * self.var + (1 - alpha) * d * d
-            self.m4 = alpha * self.m4 + (1 - alpha) * d ** 4
+            if moments:
+                self.var = alpha * self.var + (1 - alpha) * d * d
+                self.m4 = alpha * self.m4 + (1 - alpha) * d ** 4
         self.prev = x
 
 
@@ -120,7 +130,7 @@ class SpikeDetector:
         self.config = config
         self.signals: dict[str, _Signal] = {}
         self.count = 0
-        self._history: deque[float] = deque(maxlen=config.score_window)
+        self._history = RunningWindow(config.score_window)
         self._score_hits = 0
         self._score_seen = 0
         self._last: dict[str, float] = {}
@@ -141,21 +151,7 @@ class SpikeDetector:
         if cfg.mode == "fixed":
             events = self._fixed(step, global_norm, n_tokens, n_micro_batches)
         else:
-            events = []
-            ev = self._check("global", step, global_norm)
-            if ev:
-                events.append(ev)
-            if cfg.per_layer and layer_norms:
-                zmax = -math.inf
-                layer_events = []
-                for name, x in layer_norms.items():
-                    ev = self._check(name, step, x)
-                    zmax = max(zmax, self._z.get(name, -math.inf))
-                    if ev:
-                        layer_events.append(ev)
-                events += sorted(layer_events, key=lambda e: -e.z)
-                if zmax > -math.inf:
-                    self._last["spike/zscore_max_layer"] = zmax if math.isfinite(zmax) else 0.0
+            events = self._adaptive(step, global_norm, layer_norms)
         self.count += len(events) > 0
         self._last["spike/detected"] = float(len(events) > 0)
         self._last["spike/detected_total"] = float(self.count)
@@ -167,27 +163,63 @@ class SpikeDetector:
         return out
 
     # -- internals ---------------------------------------------------------------------
-    def _check(self, name: str, step: int, x: float) -> SpikeEvent | None:
+    def _adaptive(self, step: int, global_norm: float, layer_norms: Mapping[str, float] | None) -> list[SpikeEvent]:
+        """Check every signal first, absorb afterwards: whether the step fired decides how."""
+        pending: list[tuple[_Signal, float, float]] = []
+        events = []
+        ev = self._check("global", step, global_norm, pending)
+        if ev:
+            events.append(ev)
+        if self.config.per_layer and layer_norms:
+            zmax = -math.inf
+            layer_events = []
+            for name, x in layer_norms.items():
+                ev = self._check(name, step, x, pending)
+                zmax = max(zmax, self._z.get(name, -math.inf))
+                if ev:
+                    layer_events.append(ev)
+            events += sorted(layer_events, key=lambda e: -e.z)
+            if zmax > -math.inf:
+                self._last["spike/zscore_max_layer"] = zmax if math.isfinite(zmax) else 0.0
+        self._absorb(pending, fired=bool(events))
+        return events
+
+    def _absorb(self, pending: list[tuple[_Signal, float, float]], fired: bool) -> None:
+        """A step the detector caught (on any signal: a layer's spike is the global norm's too) moves
+        each baseline by its value clipped to the band and leaves the variance and tails alone, so
+        the spike raises no threshold; other steps are absorbed whole, a value far below the
+        baseline (a near-empty batch) clipped to the band."""
+        cfg = self.config
+        for sig, lx, band in pending:
+            lx = max(lx, sig.mean - band)
+            if fired:
+                lx = min(lx, sig.mean + band)
+            sig.absorb(lx, cfg.alpha, cfg.baseline_alpha, cfg.warmup_steps, moments=not fired)
+
+    def _check(self, name: str, step: int, x: float, pending: list) -> SpikeEvent | None:
+        """Does ``x`` fire on signal ``name``? A post-warm-up value joins ``pending`` for ``_absorb``."""
         cfg = self.config
         sig = self.signals.setdefault(name, _Signal())
-        if not math.isfinite(x):
+        if not math.isfinite(x):  # always fires, never enters the statistics
             self._z[name] = math.inf
             return SpikeEvent(step, name, x, sig.baseline if sig.n else 0.0, math.inf, math.inf)
-        fired = None
-        lx = math.log(max(x, 1e-30))
-        if sig.n >= max(1, cfg.warmup_steps):
-            z, ratio = sig.z_ratio(lx)
-            self._z[name] = z
-            z_eff = cfg.z_thresh * (sig.tail_factor() if cfg.tail_correction else 1.0)
-            sd = math.sqrt(sig.var)
-            if name == "global":
-                self._last["spike/zscore"], self._last["spike/ratio"] = z, ratio
-                self._last["spike/threshold"] = math.exp(sig.mean + max(z_eff * sd, math.log(cfg.min_ratio)))
-            if (z > z_eff and ratio > cfg.min_ratio) or (cfg.ratio_thresh is not None and ratio > cfg.ratio_thresh):
-                fired = SpikeEvent(step, name, x, sig.baseline, z, ratio)
-                lx = min(lx, sig.mean + z_eff * sd)  # absorb clipped
-        sig.absorb(lx, cfg.alpha, cfg.baseline_alpha, cfg.warmup_steps)
-        return fired
+        if x <= 0.0:  # no gradient (an all-masked batch, loss * 0, an unused layer): no spike, no sample
+            return None
+        lx = math.log(x)
+        if sig.n < max(1, cfg.warmup_steps):
+            sig.absorb(lx, cfg.alpha, cfg.baseline_alpha, cfg.warmup_steps)
+            return None
+        z, ratio = sig.z_ratio(lx)
+        self._z[name] = z
+        z_eff = cfg.z_thresh * (sig.tail_factor() if cfg.tail_correction else 1.0)
+        band = z_eff * math.sqrt(sig.var)
+        pending.append((sig, lx, band))
+        if name == "global":
+            self._last["spike/zscore"], self._last["spike/ratio"] = z, ratio
+            self._last["spike/threshold"] = math.exp(sig.mean + max(band, math.log(cfg.min_ratio)))
+        if (z > z_eff and ratio > cfg.min_ratio) or (cfg.ratio_thresh is not None and ratio > cfg.ratio_thresh):
+            return SpikeEvent(step, name, x, sig.baseline, z, ratio)
+        return None
 
     def _fixed(self, step: int, g: float, n_tokens: int | None, n_micro_batches: int) -> list[SpikeEvent]:
         """GradLoc's trigger: ``g > T / sqrt(max(1, n_tokens)) * n_micro_batches`` (strict)."""
@@ -207,8 +239,8 @@ class SpikeDetector:
     def _score(self, g: float) -> None:
         if len(self._history) >= min(16, self.config.score_window):
             self._score_seen += 1
-            self._score_hits += (not math.isfinite(g)) or is_spike(self._history, g)
-        if math.isfinite(g):
+            self._score_hits += (not math.isfinite(g)) or self._history.is_spike(g)
+        if math.isfinite(g) and g > 0:  # a zero-gradient step is no sample of the norm
             self._history.append(g)
 
     def state_dict(self) -> dict[str, Any]:
@@ -220,6 +252,6 @@ class SpikeDetector:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.signals = {k: _Signal(*v) for k, v in state["signals"].items()}  # 3-tuples (0.1): m4 = 0
         self.count = int(state["count"])
-        self._history = deque(state["history"], maxlen=self.config.score_window)
+        self._history = RunningWindow(self.config.score_window, state["history"])
         self._score_hits, self._score_seen = state["score"]
         self._last_step = state.get("last_step")

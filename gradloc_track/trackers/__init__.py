@@ -3,13 +3,16 @@
 - ``base``: the interface, a destination whose methods do nothing by default; ``NullTracker``
 - ``memory``, ``local_tracker``: in lists (tests, notebooks); in the run directory (``tracker=none``)
 - ``mlflow_tracker``, ``wandb_tracker``: the backend adapters (open a run, or join one); ``mlflow_links``
+- ``wandb_shared``: the user's own W&B run joined: our records in their rows, W&B's step left to them
 - ``fanout``: one stream of calls to several trackers; ``as_one_tracker``
 - ``async_writer``: the background writer every backend runs behind (queue, bounded calls, spool)
 - ``bounded``: a call on a thread with a deadline (the writer, the report, the SIGTERM handler)
 - ``spool``, ``replay``: what a backend did not take, and sending it to the original run later
 - ``run_record``: ``<run dir>/tracker/<backend>.json``, which backend run a run directory belongs to
+- ``run_lock``: one run per run directory (``RunDirInUse``); a run whose process died is told apart
 - ``sigterm``: runs end as KILLED on preemption; ``factory``: ``make_tracker`` from a ``TrackerConfig``
-- ``files``, ``keys``: atomic file writes; metric key names and cleaning
+- ``files``, ``keys``: atomic file writes, whole-record appends; metric key names and cleaning
+- ``quiet``: MLflow's store-creation lines and download bars off in our own commands
 """
 from .base import NullTracker, Tracker
 from .fanout import FanoutTracker, as_one_tracker
@@ -22,8 +25,9 @@ __all__ = ["Tracker", "NullTracker", "MemoryTracker", "FanoutTracker", "LocalTra
            "as_one_tracker", "replay_spool", "replay_run_dir", "read_spool"]
 
 
-def make_tracker(cfg, run_dir=None, run_name=None) -> Tracker:
-    """Build the tracker a ``TrackerConfig`` describes (lazy: imports the backend here)."""
+def make_tracker(cfg, run_dir=None, run_name=None, on_open=None) -> Tracker:
+    """Build the tracker a ``TrackerConfig`` describes (lazy: imports the backend here).
+    ``on_open(backend)``: called once each backend run exists (e.g. to say where it is)."""
     from .factory import make_tracker as _make
 
-    return _make(cfg, run_dir=run_dir, run_name=run_name)
+    return _make(cfg, run_dir=run_dir, run_name=run_name, on_open=on_open)

@@ -6,8 +6,25 @@ the one non-zero ranks get.
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
+
+
+def exit_status(exc_type: type[BaseException] | None) -> str:
+    """The final status of a run ended by ``exc_type``: Ctrl-C (``KeyboardInterrupt``) is "killed"
+    (the user stopped it, as SIGTERM does), any other exception "failed", none "success"."""
+    if exc_type is None:
+        return "success"
+    return "killed" if issubclass(exc_type, KeyboardInterrupt) else "failed"
+
+
+def final_status(status: str) -> str:
+    """``status``, except that ``"failed"`` while a ``KeyboardInterrupt`` is in flight (``finish("failed")``
+    in an ``except``/``finally`` of a Ctrl-C'd loop) is ``"killed"``."""
+    if status == "failed" and exit_status(sys.exc_info()[0]) == "killed":
+        return "killed"
+    return status
 
 
 class Tracker:
@@ -27,8 +44,9 @@ class Tracker:
     - ``flush(timeout_s=None)``: wait until what was logged so far is written (or spooled); at most
       ``timeout_s`` (``None``: the tracker's own bound).
     - ``finish(status, timeout_s=None)``: flush and close; ``status`` is ``"success"``, ``"failed"``
-      or ``"killed"``. Never raises into the training loop and returns within ``timeout_s`` (``None``:
-      the tracker's own bound). A tracker that calls its backend on the caller's thread (the bare
+      or ``"killed"`` (``"failed"`` while a Ctrl-C is in flight counts as ``"killed"``: ``final_status``).
+      Never raises into the training loop and returns within ``timeout_s`` (``None``: the tracker's own
+      bound). A tracker that calls its backend on the caller's thread (the bare
       W&B/MLflow adapters) cannot cut a call short: ``AsyncTracker`` is what bounds them.
     Every implementation takes these same arguments, so callers never probe the signature.
 
@@ -85,12 +103,12 @@ class Tracker:
     def finish(self, status: str = "success", timeout_s: float | None = None) -> None:
         pass
 
-    # context-manager sugar: a run that raises is finished as "failed"
+    # context-manager sugar: a run that raises is finished as "failed" (Ctrl-C: "killed")
     def __enter__(self) -> "Tracker":
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.finish("failed" if exc_type is not None else "success")
+        self.finish(exit_status(exc_type))
 
 
 class NullTracker(Tracker):

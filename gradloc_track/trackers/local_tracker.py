@@ -6,7 +6,8 @@ atomically (temp file + ``os.replace``): a kill mid-write leaves the old file or
 attribution table is one part per event (``<key>/step_<step>.json``), never rewritten.
 A full disk or an unwritable run dir never raises into training: the record is counted in
 ``dropped`` (reported once in a warning, and as ``tracker/dropped`` in the next metrics line
-that can be written).
+that can be written); a line cut short by the full disk is taken back, so every line is a whole
+record (``read_metrics``). The run directory is held for this run until ``finish()`` (``run_lock``).
 """
 from __future__ import annotations
 
@@ -17,9 +18,23 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from . import files
-from .base import Tracker
+from . import files, run_lock
+from .base import Tracker, final_status
+from .bounded import clamp_wait
 from .keys import DROPPED_KEY, step_path, table_part_path
+
+
+def read_metrics(run_dir: str | Path, name: str = "metrics.jsonl") -> list[dict[str, Any]]:
+    """Every whole ``{"step": s, "metrics": {...}}`` record of a run directory (a torn line is skipped)."""
+    out = []
+    for line in (Path(run_dir) / name).read_text(encoding="utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and "step" in rec:
+            out.append(rec)
+    return out
 
 
 class LocalTracker(Tracker):
@@ -27,9 +42,12 @@ class LocalTracker(Tracker):
     #: submitted jobs (artifact rendering) run on one background thread
     runs_jobs_off_thread = True
 
-    def __init__(self, run_dir: str | Path, finish_timeout_s: float = 120.0) -> None:
+    def __init__(self, run_dir: str | Path, finish_timeout_s: float = 120.0,
+                 owner: run_lock.RunOwner | None = None) -> None:
         self.run_dir = Path(run_dir)
-        self.finish_timeout_s = finish_timeout_s
+        self._owner = owner or run_lock.RunOwner()
+        run_lock.acquire(self.run_dir, self._owner)  # RunDirInUse: another run writes this directory
+        self.finish_timeout_s = clamp_wait(finish_timeout_s)
         self.dropped = 0
         self._reported = 0
         self._error: str | None = None
@@ -132,20 +150,23 @@ class LocalTracker(Tracker):
     def flush(self, timeout_s: float | None = None) -> None:
         if self._jobs is not None:
             with self._jobs.all_tasks_done:
-                self._jobs.all_tasks_done.wait_for(lambda: self._jobs.unfinished_tasks == 0,
-                                                   self.finish_timeout_s if timeout_s is None else timeout_s)
+                self._jobs.all_tasks_done.wait_for(
+                    lambda: self._jobs.unfinished_tasks == 0,
+                    clamp_wait(self.finish_timeout_s if timeout_s is None else timeout_s, self.finish_timeout_s))
 
     def finish(self, status: str = "success", timeout_s: float | None = None) -> None:
         if self._finished:
             return
         from . import sigterm
 
+        status = final_status(status)  # finish("failed") during a Ctrl-C: the run was killed
         sigterm.forget(self)
         self.flush(timeout_s)
         self._finished = True
         if self._jobs is not None:
             self._jobs.put(None)
         self.set_tags({"status": status})
+        run_lock.release(self.run_dir, self._owner)
         if self.dropped:
             warnings.warn(f"gradloc-track: {self.dropped} record(s) could not be written to {self.run_dir} "
                           f"({self._error}) and are LOST", RuntimeWarning, stacklevel=2)

@@ -16,7 +16,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -78,9 +77,12 @@ def source_tags() -> dict[str, str]:
     return tags
 
 
-def _check(cancel: threading.Event | None) -> None:
+CANCELLED = "opening the MLflow run was cancelled: finish() gave up waiting for the server"
+
+
+def _check(cancel: Any) -> None:
     if cancel is not None and cancel.is_set():
-        raise RuntimeError("opening the MLflow run was cancelled: finish() gave up waiting for the server")
+        raise RuntimeError(CANCELLED)
 
 
 class MlflowTracker(Tracker):
@@ -88,13 +90,19 @@ class MlflowTracker(Tracker):
     #: log_metrics takes ``timestamp_ms``: a record replayed with its original timestamp is the
     #: same row to MLflow's store, which drops exact duplicates
     accepts_timestamp = True
+    #: ``log_metric_records`` sends this many values in one ``log_batch`` request (the writer's batches)
+    max_metrics_per_request = MAX_METRICS_PER_BATCH
 
     def __init__(self, tracking_uri: str | None = None, experiment_name: str = "gradloc-track",
                  run_name: str | None = None, tags: Mapping[str, str] | None = None,
-                 run_dir: str | Path | None = None, cancel: threading.Event | None = None,
+                 run_dir: str | Path | None = None, cancel: Any = None,
                  run_id: str | None = None) -> None:
         """``run_id`` attaches to a run someone else opened (HF Trainer, Lightning, the user): log
-        into it and leave it open at ``finish()``; without it a new run is created and owned."""
+        into it and leave it open at ``finish()``; without it a new run is created and owned.
+
+        ``cancel``: an ``OpenGate`` (``is_set()`` before each step; ``claim()`` once the run exists). A
+        run whose creation was answered after ``finish()`` gave up is ended as KILLED, deleted, and
+        never recorded in the run directory: ``replay`` made (or will make) the run that is."""
         self._connect(tracking_uri, run_dir)
         if run_id is not None:
             self.attached = True
@@ -116,11 +124,22 @@ class MlflowTracker(Tracker):
         _check(cancel)
         run = self.client.create_run(exp_id, run_name=run_name, tags={**source_tags(), "spike_count": "0",
                                                                       **dict(tags or {})})
-        self.run_id = run.info.run_id
+        self.run_id, self.run_name = run.info.run_id, run.info.run_name
         self.experiment_id = exp_id
+        if cancel is not None and not cancel.claim():
+            self._end_late_run()
+            raise RuntimeError(CANCELLED + f"; its late run {self.run_id} was ended and deleted")
         record_run(self.run_dir, "mlflow", {"tracking_uri": self.tracking_uri, "experiment_id": exp_id,
                                             "run_id": self.run_id, "run_name": run.info.run_name})
         self.log_metrics({"spike_count": 0.0}, 0)
+
+    def _end_late_run(self) -> None:
+        """A run nobody will log to (its creation outlived ``finish()``): KILLED, then deleted."""
+        try:
+            self.client.set_terminated(self.run_id, "KILLED")
+            self.client.delete_run(self.run_id)
+        except Exception:  # noqa: BLE001 - best effort: the run dir never points at it either way
+            pass
 
     @classmethod
     def resume(cls, run_id: str, tracking_uri: str | None = None, run_dir: str | Path | None = None) -> "MlflowTracker":
@@ -140,6 +159,15 @@ class MlflowTracker(Tracker):
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
         self.attached = False  # True: logging into a run someone else opened (never ended here)
         self._last_part: tuple[str, int | None, list[list[Any]]] | None = None
+
+    def where(self) -> str:
+        """One line saying where this run is: its name, id, store and link."""
+        from .mlflow_links import mlflow_run_url, mlflow_ui_command
+
+        info = {"tracking_uri": self.tracking_uri, "experiment_id": self.experiment_id, "run_id": self.run_id}
+        serve = mlflow_ui_command(self.tracking_uri)
+        return (f"MLflow run {getattr(self, 'run_name', None) or self.run_id!r} (id {self.run_id}) in "
+                f"{self.tracking_uri}: {mlflow_run_url(info)}" + (f" (serve the store: {serve})" if serve else ""))
 
     def run_ref(self) -> dict[str, str]:
         """What ``replay`` needs to find this run again."""
@@ -210,3 +238,10 @@ class MlflowTracker(Tracker):
         if self.attached:  # never end a run we did not open
             return
         self.client.set_terminated(self.run_id, STATUS.get(status, "FAILED"))
+
+    def end_if_running(self, status: str = "killed") -> bool:
+        """End the run as ``status`` if it is still RUNNING (its process died); ``False`` when it had ended."""
+        if self.client.get_run(self.run_id).info.status != "RUNNING":
+            return False
+        self.client.set_terminated(self.run_id, STATUS.get(status, "FAILED"))
+        return True

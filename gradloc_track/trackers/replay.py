@@ -10,7 +10,14 @@
   MLflow's store); the spooled final status last (FINISHED / FAILED / KILLED);
 - records what it sent in ``<run dir>/spool/<backend>.replayed.json`` (line numbers of the
   spool), after every record: a second replay, or one after an interrupted replay, sends only
-  what is left.
+  what is left;
+- ends a run whose process died (``kill -9``, a crash: the run directory's lock is free and no
+  final status was recorded or spooled) as KILLED, if the backend still shows it RUNNING; once
+  ended, the status is recorded and a second replay does nothing. A run we joined (someone
+  else's) is never ended. W&B marks a run whose process died as crashed by itself.
+
+It holds the run directory's lock while it works: a run still writing there (``RunDirInUse``) is
+left alone.
 """
 from __future__ import annotations
 
@@ -19,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import run_lock
 from .base import Tracker
 from .files import atomic_write_json
 from .run_record import read_backend_record, update_run_record
@@ -32,6 +40,7 @@ class ReplayResult:
     sent: int = 0
     already: int = 0  # records an earlier replay sent
     status: str | None = None  # the final status replayed, if any
+    ended: str | None = None  # the status a run whose process died was ended with here
 
 
 def _ledger_path(spool_file: Path) -> Path:
@@ -78,6 +87,7 @@ def open_backend(run_dir: Path, backend: str, tracking_uri: str | None = None) -
     """The original backend run of ``run_dir`` (created from the recorded spec if it never existed)."""
     rec = read_backend_record(run_dir, backend)
     run, spec = dict(rec.get("run") or {}), dict(rec.get("spec") or {})
+    spec.pop("joined", None)  # (a run someone else opened: its spec names it, e.g. by run_id)
     if backend == "mlflow":
         from .mlflow_tracker import MlflowTracker
 
@@ -104,13 +114,40 @@ def open_backend(run_dir: Path, backend: str, tracking_uri: str | None = None) -
 
 
 def replay_run_dir(run_dir: str | Path, tracking_uri: str | None = None) -> list[ReplayResult]:
-    """Replay every backend's spool of ``run_dir`` into its original run (see the module doc)."""
+    """Replay every backend's spool of ``run_dir`` into its original run, and end a run whose
+    process died (see the module doc). ``RunDirInUse`` while a run still writes there."""
     run_dir = Path(run_dir)
-    spools = sorted((run_dir / "spool").glob("*.jsonl"))
-    if not spools:
-        raise FileNotFoundError(f"{run_dir}: no spool/*.jsonl here, so nothing to replay (pass the run directory "
-                                "the training printed, the one holding spool/ and tracker/)")
-    return [_replay_one(run_dir, path, tracking_uri) for path in spools]
+    spools = {p.stem: p for p in sorted((run_dir / "spool").glob("*.jsonl"))}
+    backends = sorted(set(spools) | {p.stem for p in (run_dir / "tracker").glob("*.json")})
+    if not backends:
+        raise FileNotFoundError(f"{run_dir}: no spool/*.jsonl and no tracker/*.json here, so nothing to replay "
+                                "(pass the run directory the training printed, the one holding spool/ and tracker/)")
+    owner = run_lock.RunOwner()
+    run_lock.acquire(run_dir, owner)  # the run's own process is gone (or finished): ours to complete
+    try:
+        results = []
+        for backend in backends:
+            result = _replay_one(run_dir, spools[backend], tracking_uri) if backend in spools else \
+                ReplayResult(backend, run=dict(read_backend_record(run_dir, backend).get("run") or {}))
+            result.ended = _end_if_orphaned(run_dir, backend, tracking_uri)
+            results.append(result)
+        return results
+    finally:
+        run_lock.release(run_dir, owner)
+
+
+def _end_if_orphaned(run_dir: Path, backend: str, tracking_uri: str | None) -> str | None:
+    """End the backend run as KILLED when no final status reached it (its process died); the status ended with."""
+    rec = read_backend_record(run_dir, backend)
+    run, spec = rec.get("run") or {}, rec.get("spec") or {}
+    if rec.get("status") or not run.get("run_id") or spec.get("joined") or spec.get("run_id"):
+        return None  # finished (or replayed) already, never created, or a run someone else owns
+    if backend != "mlflow":
+        return None  # W&B marks a run whose process died as crashed by itself
+    tracker, _ = open_backend(run_dir, backend, tracking_uri)
+    ended = tracker.end_if_running("killed")
+    update_run_record(run_dir, backend, status="killed" if ended else "ended")
+    return "killed" if ended else None
 
 
 def _replay_one(run_dir: Path, spool_file: Path, tracking_uri: str | None) -> ReplayResult:

@@ -1,10 +1,14 @@
 """Weights & Biases adapter, following W&B's own conventions.
 
 ``WANDB_MODE``/``WANDB_DIR`` are respected when the config leaves ``mode``/``dir`` unset.
-Steps: every ``run.log`` passes ``step=`` our training step, so W&B's own step (what the media
-panels' step slider shows) IS the training step; ``define_metric`` also plots every chart
-against ``train/step``. A record for an older step (W&B only appends) is logged at the latest
+Steps, in a run we open: every ``run.log`` passes ``step=`` our training step, so W&B's own step
+(what the media panels' step slider shows) IS the training step; ``define_metric`` also plots every
+chart against ``train/step``. A record for an older step (W&B only appends) is logged at the latest
 step rather than dropped.
+Steps, in a run we join (``run=``): a framework's run (HF Trainer, Lightning) gets rows of its own
+carrying the framework's step metric (``step_key``); the user's own ``wandb.run``
+(``shared_rows=True``) gets our records in the user's rows, W&B's step left to the user
+(``wandb_shared``).
 Tables: one small table per event at its step; the cumulative ``<key>_all`` table is logged
 ONCE, at ``finish`` (re-logging it per event grows the run quadratically).
 Files: names W&B reserves for itself in a run's files (``config.yaml``, ...) are saved under
@@ -22,6 +26,7 @@ from .base import Tracker
 from .run_record import record_run
 
 STEP_KEY = "train/step"
+SHARED_STEP_KEY = "gradloc/step"  # our x-axis in the user's own run: never a key of theirs
 RESERVED_FILES = {"config.yaml", "wandb-metadata.json", "wandb-summary.json", "requirements.txt", "output.log",
                   "diff.patch", "conda-environment.yaml"}
 EXIT_CODE = {"success": 0, "failed": 1, "killed": 143}  # 143 = 128 + SIGTERM
@@ -34,28 +39,33 @@ class WandbTracker(Tracker):
     def __init__(self, project: str = "gradloc-track", entity: str | None = None, tags: Sequence[str] = (),
                  mode: str | None = None, dir: str | None = None, group: str | None = None,
                  run_name: str | None = None, run_dir: str | Path | None = None, run: Any = None,
-                 step_key: str = STEP_KEY) -> None:
+                 step_key: str = STEP_KEY, shared_rows: bool = False, cancel: Any = None) -> None:
         """``run`` attaches to a run someone else opened (``wandb.run``, Trainer's, Lightning's):
-        log into it at ``step_key`` (their step metric) and leave it open at ``finish()``."""
+        log into it at ``step_key`` and leave it open at ``finish()``; ``shared_rows``: in the
+        owner's rows at ``gradloc/step``, never moving W&B's step (``wandb_shared``). ``cancel``: an
+        ``OpenGate``; a run whose creation outlived ``finish()`` is ended and not recorded."""
         if run is not None:
-            self._attach(run, run_dir, step_key)
+            self._attach(run, run_dir, SHARED_STEP_KEY if shared_rows else step_key, shared_rows)
             return
-        self._init(dir, run_dir, project=project, entity=entity, tags=list(tags) or None, mode=mode, group=group,
-                   name=run_name, reinit="create_new")
+        self._init(dir, run_dir, cancel, project=project, entity=entity, tags=list(tags) or None, mode=mode,
+                   group=group, name=run_name, reinit="create_new")
 
     @classmethod
     def resume(cls, run_id: str, project: str = "gradloc-track", entity: str | None = None, mode: str | None = None,
                dir: str | None = None, run_dir: str | Path | None = None, **_: Any) -> "WandbTracker":
         """Continue an existing run (``gradloc-track replay``)."""
         self = cls.__new__(cls)
-        self._init(dir, run_dir, project=project, entity=entity, mode=mode, id=run_id, resume="allow",
+        self._init(dir, run_dir, None, project=project, entity=entity, mode=mode, id=run_id, resume="allow",
                    reinit="create_new")
         return self
 
-    def _attach(self, run: Any, run_dir: str | Path | None, step_key: str) -> None:
+    def _attach(self, run: Any, run_dir: str | Path | None, step_key: str, shared_rows: bool) -> None:
+        from .wandb_shared import SharedRows
+
         self.wandb = require("wandb", "wandb")
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.run, self.step_key, self.attached = run, step_key, True
+        self.shared = SharedRows(run, step_key) if shared_rows else None
         # only our own key prefixes: the owner's define_metric("*") setup stays as it is
         self.run.define_metric(step_key)
         for prefix in OWN_PREFIXES:
@@ -65,14 +75,17 @@ class WandbTracker(Tracker):
         self._init_args = {"project": getattr(run, "project", None), "entity": getattr(run, "entity", None),
                            "mode": None, "dir": None}
 
-    def _init(self, dir: str | None, run_dir: str | Path | None, **init: Any) -> None:
+    def _init(self, dir: str | None, run_dir: str | Path | None, cancel: Any, **init: Any) -> None:
         self.wandb = require("wandb", "wandb")
         self.run_dir = Path(run_dir) if run_dir is not None else None
-        self.step_key, self.attached = STEP_KEY, False
+        self.step_key, self.attached, self.shared = STEP_KEY, False, None
         wdir = dir or os.environ.get("WANDB_DIR") or (str(self.run_dir) if self.run_dir else None)
         if wdir:
             Path(wdir).mkdir(parents=True, exist_ok=True)
         self.run = self.wandb.init(dir=wdir, **init)
+        if cancel is not None and not cancel.claim():  # created after finish() gave up: nobody will log here
+            self.run.finish(exit_code=EXIT_CODE["killed"])
+            raise RuntimeError("opening the W&B run was cancelled: finish() gave up waiting for it")
         self.run.define_metric(STEP_KEY)
         self.run.define_metric("*", step_metric=STEP_KEY)
         self._step = -1  # the W&B step of the last log call
@@ -82,11 +95,22 @@ class WandbTracker(Tracker):
                                            "url": self.run.url, "run_name": self.run.name,
                                            "offline": bool(self.run.offline)})
 
+    def where(self) -> str:
+        """One line saying where this run is: its name and link (offline: its files and how to upload them)."""
+        if getattr(self.run, "offline", False):
+            folder = Path(self.run.dir).parent
+            return f"W&B offline run {self.run.name!r} in {folder} (upload: wandb sync {folder})"
+        return f"W&B run {self.run.name!r}: {self.run.url}"
+
     def run_ref(self) -> dict[str, Any]:
         """What ``replay`` needs to find this run again."""
         return {"run_id": self.run.id, **self._init_args}
 
     def _log(self, data: dict[str, Any], step: int | None) -> None:
+        if self.shared is not None:  # the user's own run: their rows, their step
+            self._step = max(self._step, -1 if step is None else int(step))
+            self.shared.log(data, None if step is None else int(step))
+            return
         if step is None:
             self.run.log(data)
             return
@@ -141,6 +165,8 @@ class WandbTracker(Tracker):
         for key, (cols, rows) in self._tables.items():
             if rows:  # the whole table once, logged with the last step
                 self._log({f"{key}_all": self.wandb.Table(columns=cols, data=rows)}, max(self._step, 0))
+        if self.shared is not None:
+            self.shared.finish()
         if self.attached:  # never finish a run we did not open
             return
         self.run.finish(exit_code=EXIT_CODE.get(status, 1))

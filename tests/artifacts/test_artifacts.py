@@ -58,8 +58,8 @@ def spike():
 def test_table_rows_describe_the_culprits(spike):
     events, result, ctx = spike
     cols, rows = attribution_table(7, events, result, ctx)
-    assert cols[:10] == ["step", "token", "share", "grad_norm", "sample", "position", "top_layers", "signal", "z",
-                         "token_id"]  # the most useful first
+    assert cols[:12] == ["step", "level", "token", "share", "grad_norm", "sample", "position", "end", "top_layers",
+                         "signal", "z", "token_id"]  # the most useful first
     assert cols[-2:] == ["advantage", "reward"]
     (row,) = rows
     r = dict(zip(cols, row))

@@ -191,3 +191,34 @@ def test_heatmap_cuts_long_token_labels_so_the_layout_fits(tmp_path):
         out = render_layer_heatmap(result, 1, tmp_path / "m.png", ctx=ctx, window=4)
     assert png_size(out) == heatmap_mod.heatmap_size_px(9 + 1 + 9, len(LAYERS))
     assert heatmap_mod._label("<img src=x onerror=alert(1)>") == "<img\u2423src=\u2026"
+
+
+def test_segments_show_each_part_in_its_own_block_with_sample_columns():
+    """``segment_ids``: an RL sample's prompt and completion as blocks of their own (names escaped), the
+    sample's own columns (reward, group) under its heading; -1 positions (padding) are not shown."""
+    events, result, ctx = make_case(T=60, culprits=((1, 40),), pad_from=58)
+    seg = torch.zeros(2, 60, dtype=torch.long)
+    seg[:, 30:] = 1
+    seg[:, :5] = -1  # left padding
+    ctx.segment_ids, ctx.segment_names = seg, ("prompt <p>", "completion")
+    ctx.sample_columns = {"reward": torch.tensor([0.5, -0.25]), "group": torch.tensor([0, 3])}
+    page = render_highlight_html(12, events, result, ctx, window=4)
+    sample1 = page.split("<h2>sample 1</h2>")[1]
+    assert "reward <b>-0.25</b> · group <b>3</b>" in sample1
+    prompt, completion = sample1.split("<b>completion</b>")
+    assert "<b>prompt &lt;p&gt;</b> · positions 5\u201329" in prompt and "prompt <p>" not in page
+    assert [int(t) for t in re.findall(r'title="position (\d+) \|', prompt)] == list(range(5, 30))  # whole prompt
+    shown = [int(t) for t in re.findall(r'title="position (\d+) \|', completion)]
+    assert shown[:9] == list(range(36, 45)) and "1 culprit token(s)" in completion  # a window around 40
+
+
+def test_documents_without_culprits_are_named_not_shown():
+    events, result, ctx = make_case(T=60, culprits=((1, 40),), pad_from=60)
+    docs = torch.tensor([0] * 20 + [1] * 15 + [2] * 25).expand(2, 60).clone()
+    ctx.segment_ids = docs  # no names: packed documents
+    page = render_highlight_html(12, events, result, ctx, window=3)
+    sample1 = page.split("<h2>sample 1</h2>")[1]
+    assert "document 0 · 20 tokens, no culprit" in sample1 and "document 1 · 15 tokens, no culprit" in sample1
+    assert "<b>document 2</b> · positions 35\u201359 · 1 culprit token(s)" in sample1
+    shown = [int(t) for t in re.findall(r'title="position (\d+) \|', sample1.split("<table>")[0])]
+    assert shown == list(range(37, 44))

@@ -18,7 +18,9 @@ def srcdocs(page: str) -> list[str]:
     return [html.unescape(d) for d in re.findall(r'<iframe sandbox [^>]*srcdoc="([^"]*)"></iframe>', page)]
 
 
-def test_report_from_mlflow_run_id_embeds_every_event(tmp_path, sqlite_uri, capsys):
+def test_report_from_mlflow_run_id_embeds_every_event(tmp_path, sqlite_uri, capsys, monkeypatch):
+    import tempfile
+
     from mlflow.tracking import MlflowClient
 
     events, result, ctx = make_case(T=80, culprits=((1, 10), (1, 60)), pad_from=70)
@@ -33,8 +35,11 @@ def test_report_from_mlflow_run_id_embeds_every_event(tmp_path, sqlite_uri, caps
     (run,) = client.search_runs([client.get_experiment_by_name("gradloc-track").experiment_id])
 
     out = tmp_path / "out" / "report.html"
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     assert main(["report", run.info.run_id, "--tracking-uri", sqlite_uri, "-o", str(out)]) == 0
     assert str(out) in capsys.readouterr().out
+    assert not list((tmp_path / "tmp").iterdir()), "the download is removed once the page is built"
     page = out.read_text()
     assert "<script" not in page.lower() and not re.search(r"src=\"(https?:|//)", page)
     # the one outside address is the link back to the run (a link loads nothing)
@@ -46,7 +51,8 @@ def test_report_from_mlflow_run_id_embeds_every_event(tmp_path, sqlite_uri, caps
     assert srcdocs(page) == logged
     assert page.count("src=\"data:image/png;base64,") == 2
     # the culprit table lists both events' rows
-    assert re.findall(r"<tr><td>(\d+)</td><td class='tok'>[^<]*</td>(?:<td>[^<]*</td>){2}<td>1</td><td>(\d+)</td>",
+    assert re.findall(r"<tr><td>(\d+)</td><td>token</td><td class='tok'>[^<]*</td>(?:<td>[^<]*</td>){2}<td>1</td>"
+                      r"<td>(\d+)</td>",
                       page) == \
         [("12", "10"), ("12", "60"), ("30", "10"), ("30", "60")]
 

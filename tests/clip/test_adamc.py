@@ -122,7 +122,7 @@ def test_lr_above_the_peak_warns_with_the_fix():
         AdamCWeightDecay(opt, lr_max=1.0, model=model).step()
 
 
-@pytest.mark.parametrize("lr_max", [0.0, -1.0, "1e-3", True])
+@pytest.mark.parametrize("lr_max", [0.0, -1.0, "1e-3", True, float("inf"), float("nan")])
 def test_bad_lr_max(lr_max):
     opt = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters(), lr=1e-3)
     with pytest.raises(ValueError, match="lr_max"):
@@ -134,8 +134,9 @@ def test_optim_config_lr_max_is_validated():
     from gradloc_track.demo.config import OptimConfig
 
     assert OptimConfig(adamc=True, adamc_lr_max=3e-4).adamc_lr_max == 3e-4
-    with pytest.raises(ConfigError, match="optim.adamc_lr_max"):
-        OptimConfig(adamc=True, adamc_lr_max=0.0)
+    for bad in (0.0, float("inf"), float("nan")):  # inf silently turned the decay off (wd * lr / inf = 0)
+        with pytest.raises(ConfigError, match="optim.adamc_lr_max"):
+            OptimConfig(adamc=True, adamc_lr_max=bad)
 
 
 def test_the_example_app_passes_the_configured_peak_and_splits_the_groups():

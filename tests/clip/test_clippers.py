@@ -126,7 +126,8 @@ def test_resume_clips_exactly_as_the_uninterrupted_run(cls, kwargs):
                                            ({"warmup_steps": -1}, "warmup_steps"),
                                            ({"warmup_steps": 2.5}, "warmup_steps"),
                                            ({"lambda_rel": "1.04"}, "lambda_rel"),
-                                           ({"eps": -1.0}, "eps"), ({"mode": "shards"}, "mode"),
+                                           ({"eps": -1.0}, "eps"), ({"eps": 0.0}, "eps"),
+                                           ({"mode": "shards"}, "mode"),
                                            ({"lambda_abs": float("nan")}, "lambda_abs")])
 def test_bad_hyperparameters_name_the_argument(kwargs, field):
     with pytest.raises(ConfigError, match=field):
@@ -140,6 +141,7 @@ def test_bad_hyperparameters_name_the_argument(kwargs, field):
     (LayerClip, {"alpha": 2}, "alpha"), (LayerClip, {"eps": -1}, "eps"),
     (LayerClip, {"warmup_steps": 0}, "warmup_steps"),
     (GlobalClip, {"max_norm": float("inf")}, "max_norm"), (GlobalClip, {"max_norm": True}, "max_norm"),
+    (AdaGC, {"skip_step": "always"}, "skip_step"),
 ])
 def test_every_constructor_names_the_bad_argument(cls, kwargs, field):
     with pytest.raises(ConfigError, match=field):

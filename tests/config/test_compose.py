@@ -276,3 +276,13 @@ def test_a_clip_schema_is_its_own_option_only():
         clip_schema("adagcx")
     assert clip_schema("adagc") is AdaGCConfig and ClipConfig().kind == "none"  # the base alone = clip=none
     assert RootConfig().clip == ClipConfig()
+
+
+def test_two_jobs_started_in_the_same_second_get_their_own_run_dir(composer):
+    """One run per run dir: Hydra's default run dir goes down to the microsecond."""
+    from omegaconf import OmegaConf
+
+    dirs = [OmegaConf.select(compose("config", return_hydra_config=True), key)  # (inside composer's Hydra)
+            for key in ("hydra.run.dir", "hydra.run.dir", "hydra.sweep.dir")]
+    assert dirs[0] != dirs[1]  # composed one after the other, well inside one second
+    assert all(re.fullmatch(r"runs/(multirun/)?\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d_\d{6}", d) for d in dirs), dirs

@@ -138,7 +138,10 @@ def run_monitor(scn: dict, rank: int, world: int) -> dict:
     detector = SpikeDetector(SpikeConfig(mode="fixed", per_token_threshold=thr, warmup_steps=0))
     monitor = GradMonitor(model, tracker=tracker, detector=detector, log_every=1000,
                           artifact_writer=SpikeArtifactWriter(tracker, images=False))
-    ctx = SpikeContext(loss_fn=fn, token_mask=mask, input_ids=x[0, rows])
+    # per-sample columns as users hand them over: a tensor and a list of python strings
+    ctx = SpikeContext(loss_fn=fn, token_mask=mask, input_ids=x[0, rows],
+                       sample_columns={"dataset_index": torch.arange(B) + rank * B,
+                                       "source": [f"rank{rank}-sample{b}" for b in range(B)]})
     stats = monitor.after_backward(1, spike_context=ctx)
     table = tracker.tables.get("spikes/tokens", {"columns": [], "rows": []})
     return {"events": len(stats.events),

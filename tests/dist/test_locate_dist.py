@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import gradloc_track
+from gradloc_track.artifacts.identity import sample_fingerprint
 from gradloc_track.grouping import layer_of
 
 from . import locate_worker as W
@@ -116,6 +117,9 @@ def test_monitor_localizes_on_every_rank_and_rank0_writes(runs):
     x, _, _ = W.global_batch(world, [[1, 0, 3]])
     (row,) = per_rank[0]["table"]
     assert (row["rank"], row["rank_sample"], row["position"], row["token_id"]) == (1, 0, 3, int(x[0, W.B, 3]))
+    # the culprit's own sample columns and identity, gathered from rank 1 (strings included)
+    assert (row["dataset_index"], row["source"]) == (W.B, "rank1-sample0")
+    assert row["sample_id"] == sample_fingerprint(x[0, W.B].tolist())
     assert per_rank[0]["html"] == 1 and per_rank[1]["table"] == [] and per_rank[1]["html"] == 0
 
 

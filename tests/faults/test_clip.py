@@ -118,7 +118,7 @@ def count_syncs(guarded: bool) -> list[str]:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
     clipper = AdaGC(model, warmup_steps=1)
     if guarded:
-        SkipStepGuard(opt, clipper)
+        SkipStepGuard(opt, clipper, mode="restore")
     backward(model, 0)
     clipper.clip()
     opt.step()  # creates the state (the guard may read the flag once here)
@@ -131,7 +131,7 @@ def count_syncs(guarded: bool) -> list[str]:
     return spy.calls
 
 
-def test_clip_and_the_guard_add_no_host_sync():
+def test_clip_and_the_restoring_guard_add_no_host_sync():
     # AdamW reads its CPU step counter itself (capturable=False); clip() and the guard add nothing
     assert count_syncs(guarded=True) == count_syncs(guarded=False)
     model = mlp()
@@ -257,12 +257,12 @@ def test_layerclip_logs_the_threshold_it_applies(tiny_gpt):
 
 
 @pytest.mark.parametrize("schema,field,value", [
-    (LayerClipConfig, "alpha", 2), (AdaGCConfig, "eps", -1.0), (ZClipConfig, "alpha", 0.0),
+    (LayerClipConfig, "alpha", 2), (AdaGCConfig, "eps", -1.0), (AdaGCConfig, "eps", 0.0), (ZClipConfig, "alpha", 0.0),
     (AdaGCConfig, "beta", "0.9"), (AdaGCConfig, "warmup_steps", -1), (ZClipConfig, "warmup_steps", 0),
     (ZClipConfig, "clip_factor", 0.0), (ZClipConfig, "max_grad_norm", -1.0),
     (LayerClipConfig, "z_thresh", float("inf")), (AdaGCConfig, "mode", "AdaGC-Shard"),
     (ZClipConfig, "skip_update_on_spike", "yes"), (GlobalClipConfig, "max_norm", float("nan")),
-    (LayerClipConfig, "on_nonfinite", "ignore")])
+    (LayerClipConfig, "on_nonfinite", "ignore"), (GlobalClipConfig, "skip_step", "maybe")])
 def test_bad_clip_config_names_the_field(schema, field, value):
     with pytest.raises(ConfigError, match=rf"clip\.{field}="):
         schema(**{field: value})
@@ -283,3 +283,54 @@ def test_bad_clip_override_fails_at_composition_naming_the_field():
         cfg = to_config(compose("config", overrides=["clip=zclip", "clip.max_grad_norm=1.0",
                                                      "clip.skip_update_on_spike=true", "clip.clip_factor=0.8"]))
     assert (cfg.clip.max_grad_norm, cfg.clip.skip_update_on_spike, cfg.clip.clip_factor) == (1.0, True, 0.8)
+
+
+MONITOR_OPTIMIZERS = {
+    "adamw": (lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1), "sync"),
+    "adamw_fused": (lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1, fused=True), "fused"),
+    "sgd_momentum": (lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01), "sync"),
+}
+
+
+@pytest.mark.parametrize("name", list(MONITOR_OPTIMIZERS))
+def test_skip_is_exact_by_default_when_the_monitor_knows_the_optimizer(name):
+    """0.2: GradMonitor(optimizer=AdamW, clipper=GlobalClip(on_nonfinite="skip")) still moved the
+    weights on a NaN step (decay, moments); only an explicit SkipStepGuard made it exact."""
+    make, mode = MONITOR_OPTIMIZERS[name]
+    runs = []
+    for seeds in ((0, 1, 99, 2, 3), (0, 1, 2, 3)):  # the second run never sees the bad step
+        model = mlp()
+        opt = make(model.parameters())
+        mon = GradMonitor(model, tracker=MemoryTracker(), clipper=GlobalClip(model, max_norm=0.5), optimizer=opt,
+                          log_every=2)
+        assert mon.skip_guard.mode == mode
+        for step, seed in enumerate(seeds):
+            backward(model, seed, nan=seed == 99)
+            before = snapshot(model, opt)
+            mon.after_backward(step)
+            opt.step()
+            if seed == 99:
+                assert_bitwise_equal(snapshot(model, opt), before)
+        runs.append(snapshot(model, opt))
+    assert_bitwise_equal(*runs)
+
+
+def test_skip_step_off_keeps_the_zeroing_and_says_nothing():
+    import warnings
+
+    model = mlp()
+    opt = OPTIMIZERS["adamw"](model.parameters())
+    clipper = GlobalClip(model, skip_step="off")
+    mon = GradMonitor(model, tracker=MemoryTracker(), clipper=clipper, optimizer=opt)
+    assert mon.skip_guard is None
+    backward(model, 0)
+    mon.after_backward(0)
+    opt.step()
+    before = [p.detach().clone() for p in model.parameters()]
+    backward(model, 99, nan=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the user chose it: no advice
+        mon.after_backward(1)
+    assert all(not p.grad.any() for p in model.parameters())  # zeroed, as in 0.2
+    opt.step()
+    assert max((p - b).abs().max().item() for p, b in zip(model.parameters(), before)) > 1e-4  # AdamW moves

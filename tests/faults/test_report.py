@@ -154,3 +154,15 @@ def test_wandb_offline_run_dir_is_reported(tmp_path, capsys):
         page = report.build_report(source)
         assert "1 spike event(s) (steps 9)" in page and "<iframe sandbox" in page
         assert "1 culprit token(s)" in page
+
+
+def test_a_10k_character_token_is_cut_in_the_table_as_on_the_highlight_page(tmp_path):
+    from gradloc_track.artifacts.highlight import MAX_TOKEN_CHARS
+
+    long = "A" * 10_000
+    table = {"columns": ["step", "sample", "position", "token", "grad_norm"], "data": [[7, 0, 3, long, 2.5]]}
+    page = report.build_report(run_dir_with(tmp_path, json.dumps(table).encode()))
+    cell = page.split("<td class='tok'>", 1)[1].split("</td>", 1)[0]
+    assert cell.startswith("A" * MAX_TOKEN_CHARS) and "A" * (MAX_TOKEN_CHARS + 1) not in cell
+    assert f"+{10_000 - MAX_TOKEN_CHARS} chars" in cell  # says how much was left out
+    assert "<td>2.5</td>" in page  # the columns after it stay on the page

@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -30,6 +31,7 @@ from gradloc_track.trackers.run_record import read_backend_record
 
 from ..conftest import ROOT, _free_port, running_mlflow_server
 from ..trackers.faults import timed_finish
+from .slow_proxy import SlowProxy
 from ..trackers.faults import train as train_steps
 
 STEPS = 120
@@ -243,3 +245,120 @@ def test_sigterm_ends_the_run_killed_with_every_step(server, tmp_path):
     assert server.client().get_run(run_id).info.status == "KILLED"
     assert backend_steps(server, run_id) == list(range(80))
     assert not (tmp_path / "run" / "spool").exists(), "the server was up: nothing spooled"
+
+
+def test_a_slow_server_receives_every_step_while_training_runs(server, tmp_path, capsys):
+    """Each request held 0.5 s, a step every ~0.05 s: one request carries many steps, in order."""
+    proxy = SlowProxy(server.up(), delay_s=0.5)
+    cfg = tracker_config(proxy.uri, "slow-server")
+    cfg.call_timeout_s, cfg.finish_timeout_s = 10.0, 10.0
+    tracker = make_tracker(cfg, run_dir=tmp_path)
+    try:
+        train(tracker, steps=100, at_step=lambda step: time.sleep(0.05))
+        run_id = read_backend_record(tmp_path, "mlflow").get("run", {}).get("run_id")
+        during = len(backend_steps(server, run_id)) if run_id else 0
+        finish_s = timed_finish(tracker)
+    finally:
+        proxy.close()
+    run_id = read_backend_record(tmp_path, "mlflow")["run"]["run_id"]
+    with capsys.disabled():
+        print(f"\nslow server (0.5 s a request): {during}/100 steps there when training ended, finish() "
+              f"{finish_s:.2f} s, {proxy.batches()} log-batch requests")
+    assert not (tmp_path / "spool").exists(), "nothing left for replay"
+    assert backend_steps(server, run_id) == list(range(100))
+    assert proxy.batches() < 50, "many steps per request"
+    assert server.client().get_run(run_id).info.status == "FINISHED"
+
+
+def test_a_run_created_after_finish_gave_up_is_ended_and_never_recorded(server, tmp_path, monkeypatch):
+    """The server answers the run creation only after finish() gave up and replay made the run: that
+    late run is ended (and deleted), the run dir keeps pointing at the replayed one."""
+    from mlflow.tracking import MlflowClient
+
+    from gradloc_track.report import build_report
+
+    server.up()
+    real, release, calls, late = MlflowClient.create_run, threading.Event(), [], []
+
+    def answers_late(self, *args, **kwargs):  # the first creation: no answer until released
+        calls.append(1)
+        if len(calls) == 1:
+            release.wait(60)
+            run = real(self, *args, **kwargs)
+            late.append(run.info.run_id)
+            return run
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(MlflowClient, "create_run", answers_late)
+    cfg = tracker_config(server.uri, "late-run")
+    cfg.open_timeout_s, cfg.finish_timeout_s = 1.0, 2.0
+    tracker = make_tracker(cfg, run_dir=tmp_path)
+    train(tracker, steps=10)
+    tracker.log_table("spikes/tokens", ["step", "token"], [[5, "bad"]], 5)
+    tracker.log_html("spikes/highlight", "<html><title>spike at step 5</title></html>", 5)
+    finish_s = timed_finish(tracker)
+    assert finish_s < cfg.finish_timeout_s + 5.0
+    assert cli(["replay", str(tmp_path)]) == 0  # the server is back: the run is made from the spool
+    replayed = read_backend_record(tmp_path, "mlflow")["run"]["run_id"]
+    release.set()  # ...and only now the stuck creation gets its answer
+    deadline = time.time() + 60
+    while not late or server.client().get_run(late[0]).info.lifecycle_stage != "deleted":
+        assert time.time() < deadline, "the late run was never ended"
+        time.sleep(0.2)
+    assert server.client().get_run(late[0]).info.status == "KILLED"
+    exp = server.client().get_experiment_by_name("late-run")
+    assert [r.info.run_id for r in server.client().search_runs([exp.experiment_id])] == [replayed]
+    record = read_backend_record(tmp_path, "mlflow")
+    assert record["run"]["run_id"] == record["view"]["run_id"] == replayed
+    assert backend_steps(server, replayed) == list(range(10))
+    assert replayed in build_report(tmp_path)  # `gradloc-track report <run dir>` opens the replayed run
+
+
+KILL9_SCRIPT = """
+import os, signal, sys
+sys.path.insert(0, {root!r})
+from gradloc_track.config import TrackerConfig
+from gradloc_track.trackers import make_tracker
+
+cfg = TrackerConfig(kind="mlflow")
+cfg.mlflow.tracking_uri, cfg.mlflow.experiment_name = sys.argv[1], "kill9"
+tracker = make_tracker(cfg, run_dir=sys.argv[2])
+for step in range(30):
+    tracker.log_metrics({{"loss": float(step)}}, step)
+tracker.flush()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_replay_ends_a_run_whose_process_was_killed(server, tmp_path, capsys):
+    uri = server.up()
+    script = tmp_path / "train.py"
+    script.write_text(KILL9_SCRIPT.format(root=str(ROOT)))
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, str(script), uri, str(run_dir)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    run_id = read_backend_record(run_dir, "mlflow")["run"]["run_id"]
+    assert server.client().get_run(run_id).info.status == "RUNNING"  # nothing in the process could end it
+    out = replay(run_dir, capsys)
+    assert f"mlflow run {run_id}" in out and "ended as KILLED" in out
+    run = server.client().get_run(run_id)
+    assert run.info.status == "KILLED" and len(server.client().get_metric_history(run_id, "loss")) == 30
+    out = replay(run_dir, capsys)  # idempotent
+    assert "ended" not in out and server.client().get_run(run_id).info.status == "KILLED"
+
+
+def test_ctrl_c_ends_the_run_killed(server, tmp_path):
+    cfg = tracker_config(server.up(), "ctrl-c")
+    with pytest.raises(KeyboardInterrupt):
+        with make_tracker(cfg, run_dir=tmp_path / "with") as in_with:  # the context manager
+            train(in_with, steps=3)
+            raise KeyboardInterrupt
+    tracker = make_tracker(cfg, run_dir=tmp_path / "except")
+    try:  # the usual loop: finish("failed") on any exception
+        train(tracker, steps=3)
+        raise KeyboardInterrupt
+    except BaseException:
+        tracker.finish("failed")
+    for run_dir in ("with", "except"):
+        run_id = read_backend_record(tmp_path / run_dir, "mlflow")["run"]["run_id"]
+        assert server.client().get_run(run_id).info.status == "KILLED", run_dir

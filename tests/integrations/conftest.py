@@ -113,3 +113,14 @@ def mlflow_table(client, run_id: str, dest) -> dict:
     from gradloc_track.artifacts import read_table
 
     return read_table(Path(client.download_artifacts(run_id, "spikes", str(dest))).parent, "spikes/tokens")
+
+
+@pytest.fixture
+def temp_root(tmp_path, monkeypatch):
+    """Where ``tempfile`` makes directories during the test (what a joined run must not leave behind)."""
+    import tempfile
+
+    root = tmp_path / "tmp"
+    root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(root))
+    return root

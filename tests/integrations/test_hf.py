@@ -6,8 +6,10 @@ from pathlib import Path
 import warnings
 
 import pytest
+import torch
 
-from .conftest import BATCH, CORRUPT, FAST, INJECT_AT, LOG_EVERY, LR, STEPS, corrupted_positions, micro_batches, mlflow_table
+from .conftest import (BATCH, CORRUPT, FAST, INJECT_AT, LOG_EVERY, LR, SEQ, STEPS, VOCAB, corrupted_positions,
+                       counting_batch, micro_batches, mlflow_table)
 
 pytest.importorskip("transformers")
 K = 2  # gradient_accumulation_steps
@@ -87,7 +89,7 @@ def test_trainer_wandb_offline_run_holds_our_metrics_and_table(gpt2, tmp_path, m
     check_rows([dict(zip(table["columns"], r)) for r in table["data"]])
 
 
-def test_trainer_clipping_too_is_said_once(gpt2, tmp_path):
+def test_taking_over_trainers_clipping_is_said_once(gpt2, tmp_path):
     from gradloc_track.integrations.hf import GradLocCallback
 
     callback = GradLocCallback(clip="adagc", spikes=False)
@@ -101,6 +103,87 @@ def test_trainer_clipping_too_is_said_once(gpt2, tmp_path):
         trainer = Trainer(model=gpt2, args=args, train_dataset=hf_dataset(1)[:4], callbacks=[callback])
         trainer.train()
         trainer.train()  # a second train() does not say it again
-    said = [w for w in caught if "max_grad_norm=0" in str(w.message)]
-    assert len(said) == 1 and "max_grad_norm=1.0" in str(said[0].message)
+    said = [w for w in caught if "takes over Trainer's gradient clipping" in str(w.message)]
+    assert len(said) == 1 and "max_grad_norm=1.0" in str(said[0].message) and "clip='adagc'" in str(said[0].message)
     assert callback.handle.last.step == 2
+    assert args.max_grad_norm == 1.0  # the user's arguments read as written once train() is over
+
+
+def grad_snapshot(step: int):
+    """A callback (a class of its own: Trainer keeps one callback per class) that copies the
+    gradients at ``on_pre_optimizer_step`` of update ``step``."""
+    from transformers import TrainerCallback
+
+    class GradSnapshot(TrainerCallback):
+        grads = None
+
+        def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+            if state.global_step + 1 == step:
+                self.grads = [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
+
+    return GradSnapshot()
+
+
+LONG = 10  # loss terms of this test's garbage document: 8.7% of its step's terms
+
+
+def long_garbage_dataset() -> list[dict]:
+    """The usual micro-batches, but the garbage document has LONG loss terms."""
+    def batch(step: int, i: int) -> dict:
+        b = counting_batch(step * K + i, BATCH // K)
+        if (step, i) == (INJECT_AT, K - 1):
+            garbage = (torch.arange(LONG + 1) * 29 + 7) % VOCAB  # jumps of 29: never "count up by one"
+            b["input_ids"][CORRUPT], b["labels"][CORRUPT], b["attention_mask"][CORRUPT] = 0, -100, 0
+            b["input_ids"][CORRUPT, : LONG + 1] = b["labels"][CORRUPT, : LONG + 1] = garbage
+            b["attention_mask"][CORRUPT, : LONG + 1] = 1
+        return b
+
+    return [{key: v[j] for key, v in batch(step, i).items()}
+            for step in range(STEPS) for i in range(K) for j in range(BATCH // K)]
+
+
+def test_default_max_grad_norm_spike_is_detected_localized_and_clipped_as_trainer_would(tmp_path):
+    """TrainingArguments' default max_grad_norm=1.0: the monitor sees the pre-clip gradient (the
+    spike, 1.3 against ~0.1 before it, is detected and localized), Trainer's logged grad_norm is
+    that pre-clip norm, and the optimizer gets the gradient ``clip_grad_norm_(..., 1.0)`` would
+    have given it. (GPT-2 with n_embd=64: at n_embd=32 a spike of under 10% of the terms stays
+    below 1.0, and Trainer's clipping would hide nothing.)"""
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    from gradloc_track import MemoryTracker
+    from gradloc_track.integrations.hf import GradLocCallback
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=64, n_layer=2, n_head=2,
+                                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    tracker = MemoryTracker()
+    ours = GradLocCallback(spikes=FAST["spikes"], tracker=tracker, run_dir=tmp_path / "run")
+    spike = INJECT_AT + 1  # Trainer's step of the injected update
+    before, after = grad_snapshot(spike), grad_snapshot(spike)
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=BATCH // K, gradient_accumulation_steps=K,
+        max_steps=STEPS, learning_rate=LR, lr_scheduler_type="constant", weight_decay=0.0, logging_steps=1,
+        report_to=[], save_strategy="no", train_sampling_strategy="sequential", use_cpu=True, disable_tqdm=True,
+        seed=0)
+    assert args.max_grad_norm == 1.0  # Trainer's default, left as it is
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = Trainer(model=model, args=args, train_dataset=long_garbage_dataset(),
+                          callbacks=[before, ours, after])
+        trainer.train()
+    assert spike in [s.step for s in ours.handle.spikes]
+    table = tracker.tables["spikes/tokens"]
+    rows = [dict(zip(table["columns"], r)) for r in table["rows"]]
+    # the long garbage document is one culprit: a whole-sample row (no few tokens carry it)
+    assert [(r["level"], r["micro_batch"], r["sample"], r["position"], r["end"]) for r in rows
+            if r["step"] == spike] == [("sample", K - 1, CORRUPT, 0, SEQ)]
+    trainers = {e["step"]: e["grad_norm"] for e in trainer.state.log_history if "grad_norm" in e}
+    assert trainers[spike] == pytest.approx(dict(tracker.series("grad_norm/global"))[spike], rel=1e-5)
+    assert trainers[spike] > 1.0
+    expected = [torch.nn.Parameter(torch.zeros_like(g)) for g in before.grads]
+    for p, g in zip(expected, before.grads):
+        p.grad = g.clone()
+    torch.nn.utils.clip_grad_norm_(expected, 1.0)  # what Trainer (accelerator.clip_grad_norm_) would have done
+    for got, want in zip(after.grads, expected):
+        torch.testing.assert_close(got, want.grad, rtol=1e-6, atol=1e-9)
+    assert torch.linalg.vector_norm(torch.stack([g.norm() for g in after.grads])).item() == pytest.approx(1.0, 1e-5)

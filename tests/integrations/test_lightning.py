@@ -1,8 +1,6 @@
 """A real Lightning Trainer with ``MLFlowLogger`` and ``GradLocCallback``: one run, the logger's."""
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
@@ -32,7 +30,7 @@ class CausalLM(L.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=LR)
 
 
-def test_lightning_mlflow_logger_run_holds_its_metrics_and_ours(gpt2, tmp_path, mlflow_store):
+def test_lightning_mlflow_logger_run_holds_its_metrics_and_ours(gpt2, tmp_path, mlflow_store, temp_root):
     from lightning.pytorch.loggers import MLFlowLogger
     from torch.utils.data import DataLoader
 
@@ -44,6 +42,7 @@ def test_lightning_mlflow_logger_run_holds_its_metrics_and_ours(gpt2, tmp_path, 
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         default_root_dir=str(tmp_path))
     trainer.fit(CausalLM(gpt2), DataLoader(hf_dataset(K), batch_size=BATCH // K, shuffle=False))
+    assert not list(temp_root.glob("gradloc-*"))  # the joined run's scratch dir went with on_fit_end
 
     client = mlflow_store.client
     (run,) = mlflow_store.new_runs()  # the logger's run, and no second one

@@ -17,7 +17,7 @@ def tokens_rows(table: dict) -> list[dict]:
     return [dict(zip(cols, r)) for r in table["data"]]
 
 
-def test_plain_loop_joins_the_open_mlflow_run_and_leaves_it_open(gpt2, tmp_path, mlflow_store):
+def test_plain_loop_joins_the_open_mlflow_run_and_leaves_it_open(gpt2, tmp_path, mlflow_store, temp_root):
     import mlflow
 
     client = mlflow_store.client
@@ -27,7 +27,9 @@ def test_plain_loop_joins_the_open_mlflow_run_and_leaves_it_open(gpt2, tmp_path,
         mlflow.log_param("mine", 1)
         handle = gradloc_track.watch(gpt2, opt, **FAST)  # the only gradloc-track line
         plain_loop(gpt2, opt, k=2)  # gradient accumulation: 2 micro-batches per step
+        assert list(temp_root.glob("gradloc-*")) == [handle.scratch.path]  # our files meanwhile
         handle.finish()
+        assert not list(temp_root.glob("gradloc-*"))  # no /tmp/gradloc-track-XXXX left behind
         assert mlflow.active_run().info.run_id == run.info.run_id  # still open, still ours
         assert client.get_run(run.info.run_id).info.status == "RUNNING"
         mlflow.log_metric("after_finish", 1.0)  # the user's run keeps working
@@ -45,7 +47,7 @@ def test_plain_loop_joins_the_open_mlflow_run_and_leaves_it_open(gpt2, tmp_path,
     assert html == [f"spikes/highlight/step_{INJECT_AT:06d}.html"]
 
 
-def test_watch_joins_an_open_wandb_run_and_leaves_it_open(gpt2, tmp_path):
+def test_watch_joins_an_open_wandb_run_and_leaves_it_open(gpt2, tmp_path, temp_root):
     import wandb
 
     from ..wandb_reader import history
@@ -53,16 +55,68 @@ def test_watch_joins_an_open_wandb_run_and_leaves_it_open(gpt2, tmp_path):
     run = wandb.init(project="watch", dir=str(tmp_path), mode="offline")
     try:
         opt = torch.optim.SGD(gpt2.parameters(), lr=0.1)
-        with gradloc_track.watch(gpt2, opt, spikes=False) as handle:
-            plain_loop(gpt2, opt, steps=3)
+        # the user logs nothing per step: our records get rows of their own, said once
+        with pytest.warns(RuntimeWarning, match=r"no row of its own since watch\(\) joined it"):
+            with gradloc_track.watch(gpt2, opt, spikes=False) as handle:
+                plain_loop(gpt2, opt, steps=3)
         assert wandb.run is run and handle.last.step == 2
+        assert not list(temp_root.glob("gradloc-*"))  # the joined run's scratch dir went with finish()
         run.log({"user/after": 1.0})  # still open: the user's own logging keeps working
     finally:
         run.finish()
     rows = history(next(tmp_path.rglob("offline-run-*")))
     ours = [r for r in rows if "grad_norm/global" in r]
-    assert [r["train/step"] for r in ours] == [0, 1, 2]
+    assert [r["gradloc/step"] for r in ours] == [0, 1, 2]
     assert any("user/after" in r for r in rows)
+
+
+def test_scratch_dir_is_kept_while_its_spool_holds_records(temp_root, caplog):
+    from gradloc_track.integrations.runs import ScratchDir
+
+    scratch = ScratchDir()
+    spool = scratch.path / "spool" / "mlflow.jsonl"
+    spool.parent.mkdir()
+    spool.write_text('{"seq": 0, "call": "log_metrics"}\n')
+    scratch.remove()
+    assert spool.exists() and "gradloc-track replay" in caplog.text  # the records' only copy: kept, named
+    spool.write_text("")
+    scratch.remove()
+    assert not list(temp_root.glob("gradloc-*"))
+
+
+@pytest.mark.parametrize("user_step", [True, False], ids=["step=it", "no step"])
+def test_a_joined_wandb_run_keeps_every_point_the_user_logs(tiny_gpt, tmp_path, user_step, capsys, temp_root):
+    """Our metrics ride in the user's rows (``commit=False``) at our own x-axis ``gradloc/step``:
+    W&B's step stays the user's, so ``wandb.log(..., step=it)`` is never "less than the current step"."""
+    import wandb
+
+    from ..wandb_reader import history
+
+    run = wandb.init(project="user-steps", dir=str(tmp_path), mode="offline")
+    try:
+        opt = torch.optim.SGD(tiny_gpt.parameters(), lr=0.01)
+        handle = gradloc_track.watch(tiny_gpt, opt, spikes=False)  # logs every step
+        x = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+        for it in range(150):
+            loss = tiny_gpt(x).float().logsumexp(-1).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            if user_step:
+                wandb.log({"train/loss": loss.item()}, step=it)
+            else:
+                wandb.log({"train/loss": loss.item()})
+        handle.finish()
+    finally:
+        run.finish()
+    rows = history(next(tmp_path.rglob("offline-run-*")))
+    user = [r["train/loss"] for r in rows if "train/loss" in r]
+    ours = [r["gradloc/step"] for r in rows if "grad_norm/global" in r]
+    with capsys.disabled():
+        print(f"\nuser's W&B points ({'step=it' if user_step else 'no step'}): {len(user)}/150; ours {len(ours)}/150")
+    assert len(user) == 150
+    assert ours == sorted(set(ours)) and len(ours) == 150  # each of ours in a row of its own, in order
+    assert not list(temp_root.glob("gradloc-*")), "no temporary directory left after finish()"
 
 
 def test_bad_options_get_the_hydra_apps_errors(gpt2):
@@ -196,3 +250,21 @@ def test_import_stays_light():
             "print(sorted(m for m in ('wandb', 'mlflow', 'transformers', 'lightning') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_watch_says_once_where_the_run_it_opened_went(tiny_gpt, mlflow_store, capsys):
+    """No run open and ``tracker="mlflow"``: the run watch() creates is named, with its link, once."""
+    opt = torch.optim.SGD(tiny_gpt.parameters(), lr=0.01)
+    handle = gradloc_track.watch(tiny_gpt, opt, tracker="mlflow", spikes=False)
+    x = torch.randint(0, 64, (2, 16))
+    for _ in range(3):
+        tiny_gpt(x).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    handle.finish()
+    (run,) = mlflow_store.new_runs()
+    err = capsys.readouterr().err
+    assert err.count("gradloc-track: watch() opened") == 1, err
+    line = next(line for line in err.splitlines() if "watch() opened" in line)
+    assert run.info.run_name in line and f"/runs/{run.info.run_id}" in line and mlflow_store.uri in line
+    assert not handle.tracker.run_dir.exists()  # the temporary run directory is gone

@@ -56,7 +56,9 @@ def grad_norm(model, loss):
     """Plain per-parameter loop, float64."""
     model.zero_grad(set_to_none=True)
     loss.backward()
-    return math.sqrt(sum(p.grad.double().pow(2).sum().item() for p in model.parameters() if p.grad is not None))
+    out = math.sqrt(sum(p.grad.double().pow(2).sum().item() for p in model.parameters() if p.grad is not None))
+    model.zero_grad(set_to_none=True)  # no stale gradient for a later locate() to check its probes against
+    return out
 
 
 def reference_gradloc(model, mbs, T, budget):

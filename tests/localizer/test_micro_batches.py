@@ -142,18 +142,22 @@ def test_micro_batches_of_different_shapes_against_single_term_backward():
             fns[c.micro_batch](m).backward()
             ref = sum(float(p.grad.double().pow(2).sum()) for p in model.parameters() if p.grad is not None) ** 0.5
             assert c.grad_norm == pytest.approx(ref, rel=1e-5)
-    model.zero_grad(set_to_none=True)
+        model.zero_grad(set_to_none=True)
 
 
 def test_auto_searches_each_micro_batch_remainder_when_the_ranking_misses(monkeypatch):
     """A ranking that names no candidate: the remainder check probes each micro-batch's
-    remainder once and bisects only those above the rule, still finding every culprit."""
+    remainder once and bisects only those above the rule, still finding every culprit. (The
+    sample stage is blinded too: it would name the culprits' samples, which a blind ranking
+    cannot tell from whole bad documents.)"""
+    import math
     import sys
 
     model, x, y, loss_of = setup()
     fns, masks = [loss_of(slice(0, 2)), loss_of(slice(2, 4))], [torch.ones(2, T), torch.ones(2, T)]
     blind = lambda layer_map, mask: torch.full(mask.shape, 0.15) * (mask != 0)  # noqa: E731
     monkeypatch.setattr(sys.modules["gradloc_track.localizer.driver"], "term_scores", blind)
+    monkeypatch.setattr(sys.modules["gradloc_track.localizer.levels"], "candidates", lambda segs: ([], math.inf, 0))
     res = gradloc_track.locate(model, fns, masks, method="auto", threshold=1.0)
     assert {(c.micro_batch, c.batch, c.position) for c in res.tokens} == {(0, 1, 5), (1, 0, 17)}
     assert any("remainder" in n for n in res.notes)

@@ -141,3 +141,41 @@ def test_the_detector_gets_host_floats_and_the_token_count(tiny_gpt):
     # fixed mode: ratio = ||g|| / (per_token_threshold / sqrt(n_tokens))
     assert det.metrics()["spike/ratio"] == pytest.approx(total * math.sqrt(18) / 1e6, rel=1e-5)
     assert stats.events == [] and stats.metrics["spike/detected"] == 0.0
+
+
+def step_transfers(model, opt, mon, steps, spy, spike_context=None) -> list[int]:
+    """Host reads of each whole step: after_backward + optimizer.step."""
+    out = []
+    for step in steps:
+        backward(model, seed=step)
+        spy.calls.clear()
+        with spy:
+            mon.after_backward(step, spike_context=spike_context)
+            opt.step()
+        out.append(len(spy.calls))
+    return out
+
+
+SKIP_CONFIGS = {  # optimizer, the guard mode auto picks, transfers on a non-logging / a logging step
+    "fused AdamW (found_inf)": (lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=True), "fused", 0, 1),
+    "SGD momentum (one bool read)": (lambda ps: torch.optim.SGD(ps, lr=1e-3, momentum=0.9), "sync", 1, 1),
+}
+
+
+@pytest.mark.parametrize("name", list(SKIP_CONFIGS))
+def test_transfers_per_step_with_the_skip_guard(tiny_gpt, spy, name):
+    """The documented table: fused optimizers skip with no transfer; others read one bool per step,
+    which a logging step (or an armed detector's step) already has on the host."""
+    make, mode, quiet, logging = SKIP_CONFIGS[name]
+    opt = make(tiny_gpt.parameters())
+    clipper = AdaGC(tiny_gpt, warmup_steps=1)
+    mon = GradMonitor(tiny_gpt, tracker=MemoryTracker(), clipper=clipper, optimizer=opt, log_every=4)
+    assert mon.skip_guard.mode == mode
+    step_transfers(tiny_gpt, opt, mon, [1], spy)  # the first step creates the optimizer state
+    assert step_transfers(tiny_gpt, opt, mon, [2, 3, 4, 5], spy) == [quiet, quiet, logging, quiet]
+    # armed detector: one transfer every step, and the guard reads nothing more
+    armed = GradMonitor(tiny_gpt, tracker=MemoryTracker(), clipper=clipper, optimizer=opt, log_every=4,
+                        detector=SpikeDetector(warmup_steps=50))
+    assert armed.skip_guard is mon.skip_guard  # one guard per clipper and optimizer
+    ctx = SpikeContext(lambda m: tiny_gpt.wte.weight.sum() * m.sum(), torch.ones(2, 16))
+    assert step_transfers(tiny_gpt, opt, armed, [6, 7], spy, spike_context=ctx) == [1, 1]

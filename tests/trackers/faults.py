@@ -107,3 +107,27 @@ def timed_finish(tracker, status="success") -> float:
         warnings.simplefilter("ignore")
         tracker.finish(status)
     return time.perf_counter() - t0
+
+
+class CustomBase(BaseException):
+    """A BaseException of the user's or an SDK's own (not an Exception)."""
+
+
+class RaisesOnce(MemoryTracker):
+    """The ``at``-th ``log_metrics`` call raises ``exc`` (any BaseException), then the backend works again;
+    ``finish_exc``: its ``finish`` raises that instead of ending the run."""
+
+    def __init__(self, exc: type[BaseException], at: int = 5, finish_exc: type[BaseException] | None = None):
+        super().__init__()
+        self.exc, self.at, self.finish_exc, self.calls = exc, at, finish_exc, 0
+
+    def log_metrics(self, metrics, step):
+        self.calls += 1
+        if self.calls == self.at:
+            raise self.exc("injected in a backend call")
+        super().log_metrics(metrics, step)
+
+    def finish(self, status="success", timeout_s=None):
+        if self.finish_exc is not None:
+            raise self.finish_exc("injected in the backend's finish")
+        super().finish(status, timeout_s)

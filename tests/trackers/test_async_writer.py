@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 
 import pytest
 import torch
@@ -11,8 +12,9 @@ import torch
 from gradloc_track import GradMonitor
 from gradloc_track.trackers import MemoryTracker, read_spool, replay_spool
 from gradloc_track.trackers.async_writer import AsyncTracker
+from gradloc_track.trackers.async_writer.writer import WriterLoop
 
-from .faults import AlwaysFails, DownThenUp, Hangs, RecoversAtStep, timed_finish, train
+from .faults import AlwaysFails, CustomBase, DownThenUp, Hangs, RaisesOnce, RecoversAtStep, timed_finish, train
 
 
 def test_finish_is_bounded_with_a_hung_backend_and_spools_the_rest(tmp_path):
@@ -150,3 +152,73 @@ def test_unwritable_spool_counts_what_was_lost(where, tmp_path, full_disk):
     assert tracker.dropped == 20  # steps 0-19: neither the backend nor the spool took them
     assert [s for s, _ in backend.metrics if "grad_norm/global" in _] == list(range(20, 40))
     assert backend.series("tracker/dropped")[0] == (20, 20.0)  # reported with the first step that got through
+
+
+@pytest.mark.parametrize("exc", [SystemExit, KeyboardInterrupt, GeneratorExit, CustomBase], ids=lambda e: e.__name__)
+def test_the_writer_outlives_any_base_exception_a_backend_raises(exc, tmp_path, capsys):
+    """SystemExit & co. raised inside an SDK call on our writer thread are the backend failing, not the
+    user stopping training: the record is spooled, the writer goes on, nothing reaches the main thread."""
+    backend = RaisesOnce(exc, at=5, finish_exc=exc)
+    tracker = AsyncTracker(lambda: backend, "raising", tmp_path, retries=0, probe_interval_s=0.0,
+                           flush_interval_s=0.01, finish_timeout_s=3.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(250):
+            tracker.log_metrics({"x": float(step)}, step)
+        t0 = time.perf_counter()
+        tracker.flush()
+        flush_s = time.perf_counter() - t0
+        for step in range(250, 500):
+            tracker.log_metrics({"x": float(step)}, step)
+        finish_s = timed_finish(tracker)
+    recs = read_spool(tmp_path / "spool" / "raising.jsonl")
+    delivered = [s for s, _ in backend.metrics]
+    spooled = [r["args"][1] for r in recs if r["call"] == "log_metrics"]
+    with capsys.disabled():
+        print(f"\n{exc.__name__}: {len(delivered)} delivered + {len(spooled)} spooled of 500; "
+              f"flush() {flush_s:.2f} s, finish() {finish_s:.2f} s")
+    assert sorted(delivered + spooled) == list(range(500))  # every record once: the backend or the spool
+    assert len(spooled) == 1 and exc.__name__ in recs[0]["error"]
+    assert [r["args"] for r in recs if r["call"] == "finish"] == [["success"]]  # its finish raised too
+    assert flush_s < 3.0 and finish_s < 3.0 + 5.0
+    assert any(exc.__name__ in str(w.message) for w in caught)  # said once, not swallowed
+
+
+def test_a_writer_that_is_gone_never_blocks_and_spools_everything(tmp_path, monkeypatch):
+    def dies(self):
+        raise CustomBase("the writer thread is gone")
+    monkeypatch.setattr(WriterLoop, "run", dies)
+    backend = MemoryTracker()
+    tracker = AsyncTracker(lambda: backend, "gone", tmp_path, queue_size=10, put_timeout_s=0.1,
+                           finish_timeout_s=30.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        t0 = time.perf_counter()
+        for step in range(300):
+            tracker.log_metrics({"x": float(step)}, step)
+        log_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        tracker.flush()
+        flush_s = time.perf_counter() - t0
+        finish_s = timed_finish(tracker)
+    # a dead writer never took a record off the queue: 290 puts of 0.1 s (29 s), then flush() 30 s
+    assert log_s < 10.0 and flush_s < 5.0 and finish_s < 5.0, (log_s, flush_s, finish_s)
+    recs = read_spool(tmp_path / "spool" / "gone.jsonl")
+    assert [r["args"][1] for r in recs if r["call"] == "log_metrics"] == list(range(300))
+    assert [r["args"] for r in recs if r["call"] == "finish"] == [["success"]]
+    assert any("CustomBase" in str(w.message) for w in caught)
+
+
+def test_timeouts_beyond_the_platform_wait_never_break_the_writer(tmp_path):
+    """``threading.TIMEOUT_MAX`` (~9.2e9 s) is the longest wait a lock takes: a longer one is clamped."""
+    backend = MemoryTracker()
+    huge = 1e30
+    tracker = AsyncTracker(lambda: backend, "huge", tmp_path, flush_interval_s=huge, call_timeout_s=huge,
+                           open_timeout_s=huge, finish_timeout_s=huge, probe_interval_s=huge, put_timeout_s=huge)
+    for step in range(100):
+        tracker.log_metrics({"x": float(step)}, step)
+    tracker.flush(timeout_s=huge)
+    assert [s for s, _ in backend.metrics] == list(range(100))
+    tracker.finish("success", timeout_s=float("inf"))
+    assert backend.finished == "success"
+    assert not (tmp_path / "spool").exists()

@@ -23,7 +23,7 @@ def test_local_files_are_replaced_atomically(tmp_path, monkeypatch):
     with pytest.warns(RuntimeWarning, match="cannot write"):
         tracker.set_tags({"b": "2"})  # never raises into training
     assert json.loads((tmp_path / "tags.json").read_text()) == {"a": "1"}  # the old file, whole
-    assert [p.name for p in tmp_path.iterdir()] == ["tags.json"]  # no temp file left behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tags.json", "tracker"]  # no temp file left behind
     assert tracker.dropped == 1
 
 

@@ -1,10 +1,12 @@
 """Submitted jobs (artifact rendering) on the writer thread: what they log goes through a sink.
 
 A job runs after everything queued before it; each call it makes is one record, delivered (or
-spooled) like any other. A job that fails is reported and skipped: the writer keeps running.
+spooled) like any other. A job that fails is reported and skipped: the writer keeps running, even
+when the job raised a ``BaseException`` (a ``SystemExit`` deep in a plotting library).
 """
 from __future__ import annotations
 
+import threading
 import warnings
 from typing import Any, Callable
 
@@ -43,4 +45,8 @@ def run_job(job: Callable[[Tracker], None], sink: Tracker, name: str) -> None:
     try:
         job(sink)
     except Exception as exc:  # rendering an artifact failed: report, never crash the writer
+        warnings.warn(f"gradloc-track: a background {name} job failed: {exc!r}", RuntimeWarning)
+    except BaseException as exc:  # noqa: BLE001
+        if threading.current_thread() is threading.main_thread():
+            raise  # a job run in the caller's thread (after finish): Ctrl-C there is the user's
         warnings.warn(f"gradloc-track: a background {name} job failed: {exc!r}", RuntimeWarning)

@@ -2,9 +2,15 @@
 
 An unreachable server cannot stall start-up: the factory runs on first use, bounded like every
 call. An open that timed out may still succeed later: that run is ours, adopted on the next try
-rather than a second one created. ``cancel`` (optional) is set when ``finish()`` gives up before
-the backend was ever opened: a factory that checks it does not create a run nobody will finish
-(``replay`` creates it instead). Once open, the run's reference goes into the run record.
+rather than a second one created.
+
+One run per run directory, even when the server answers late: when ``finish()`` gives up before
+the backend was ever opened it cancels the ``OpenGate``. A factory that checks the gate does not
+create a run nobody will finish; one whose creation was already on its way claims the gate once the
+run exists, and a late run (the claim refused) is ended by the adapter and never recorded:
+``replay`` creates the run from the spool instead. The run's reference goes into the run record
+on the call thread, as soon as the run exists, so ``replay`` finds it even if the writer was
+abandoned meanwhile.
 """
 from __future__ import annotations
 
@@ -18,12 +24,39 @@ from ..bounded import CallThread, CallTimeout, bounded_call
 from ..run_record import update_run_record
 
 
+class OpenGate:
+    """Decides, once, whether a run being created is ours (``claim``) or abandoned (``cancel``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._state: str | None = None  # None | "claimed" | "cancelled"
+
+    def is_set(self) -> bool:
+        """True once cancelled: a factory checks this before each step of creating the run."""
+        return self._state == "cancelled"
+
+    def claim(self) -> bool:
+        """The run now exists: ``True`` when it is ours to use, ``False`` when ``finish()`` gave up on it."""
+        with self._lock:
+            if self._state is None:
+                self._state = "claimed"
+            return self._state == "claimed"
+
+    def cancel(self) -> bool:
+        """``finish()`` gives up: ``True`` when no run was claimed (a late one will be ended)."""
+        with self._lock:
+            if self._state is None:
+                self._state = "cancelled"
+            return self._state == "cancelled"
+
+
 class LazyBackend:
     def __init__(self, factory: Callable[[], Tracker], name: str, run_dir: Path, open_timeout_s: float,
-                 calls: CallThread, retries: int, backoff_s: float, cancel: threading.Event | None) -> None:
+                 calls: CallThread, retries: int, backoff_s: float, gate: OpenGate | None,
+                 on_open: Callable[[Tracker], None] | None = None) -> None:
         self._factory, self.name, self.run_dir = factory, name, run_dir
         self.open_timeout_s, self._calls, self._retries, self._backoff = open_timeout_s, calls, retries, backoff_s
-        self._cancel = cancel
+        self._gate, self._on_open = gate, on_open
         self.inner: Tracker | None = None
         self._opening: Future | None = None  # a factory call that timed out but may still succeed
 
@@ -36,21 +69,31 @@ class LazyBackend:
             if fut.done() and fut.exception() is None:
                 return self._opened(fut.result())
         try:
-            inner = bounded_call(self._factory, self.open_timeout_s, thread=self._calls, retries=self._retries,
+            inner = bounded_call(self._build, self.open_timeout_s, thread=self._calls, retries=self._retries,
                                  backoff_s=self._backoff, what="tracker.open_timeout_s")
         except CallTimeout as exc:
             self._opening = exc.future  # keep it: a late success is still our run
             raise
         return self._opened(inner)
 
-    def _opened(self, inner: Tracker) -> Tracker:
-        self.inner = inner
+    def _build(self) -> Tracker:
+        """On the call thread: the factory, then the run's reference in the run record at once."""
+        inner = self._factory()
         ref = getattr(inner, "run_ref", None)
         if callable(ref):
             update_run_record(self.run_dir, self.name, run=ref())
         return inner
 
+    def _opened(self, inner: Tracker) -> Tracker:
+        self.inner = inner
+        if self._on_open is not None:
+            try:
+                self._on_open(inner)
+            except Exception:  # noqa: BLE001 - a message about the run must not stop its logging
+                pass
+        return inner
+
     def cancel_if_unopened(self) -> None:
-        """``finish()`` gave up: a still-running open must not create a run nobody finishes."""
-        if self.inner is None and self._cancel is not None:
-            self._cancel.set()
+        """``finish()`` is done with the backend: a run still being created must not outlive it."""
+        if self.inner is None and self._gate is not None:
+            self._gate.cancel()

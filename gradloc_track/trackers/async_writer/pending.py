@@ -1,6 +1,7 @@
 """What the writer thread holds between the queue and the backend, where ``finish()`` can take it over.
 
-- metrics merged per step (many ``log_metrics`` calls for one step become one backend call);
+- metrics merged per step (many ``log_metrics`` calls for one step become one record), taken off
+  one step at a time or, for a backend that takes many steps per request, as a batch of steps;
 - the record in flight (a backend call running now; it may hang);
 - the held record: a non-metrics record taken off the queue while the metrics queued before it
   are written (they may hang too).
@@ -63,6 +64,20 @@ class PendingRecords:
             step = min(self._metrics)
             metrics, ts = self._metrics.pop(step)
         return "log_metrics", (metrics, step), ts
+
+    def pop_batch(self, max_metrics: int) -> Record | None:
+        """The lowest pending steps, in order, as one ``log_metric_records`` record of
+        ``(metrics, step, ts)`` entries: as many steps as fit in ``max_metrics`` values (at least one)."""
+        with self._lock:
+            batch, size = [], 0
+            for step in sorted(self._metrics):
+                metrics, ts = self._metrics[step]
+                if batch and size + len(metrics) > max_metrics:
+                    break
+                batch.append((metrics, step, ts))
+                size += len(metrics)
+                del self._metrics[step]
+        return ("log_metric_records", (batch,), batch[0][2]) if batch else None
 
     def hold(self, record: Record) -> None:
         with self._lock:

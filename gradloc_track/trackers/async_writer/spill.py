@@ -19,7 +19,11 @@ class Spill:
         self._warned: set[str] = set()
 
     def __call__(self, call: str, args: tuple, ts: int, error: str) -> None:
-        self.spool.write(call, args, error, ts=ts)
+        if call == "log_metric_records":  # a batch of steps: one spool line per step, with its own time
+            for metrics, step, step_ts in args[0]:
+                self.spool.write("log_metrics", (metrics, step), error, ts=step_ts)
+        else:
+            self.spool.write(call, args, error, ts=ts)
         self.warn_down(error)
 
     def warn_down(self, error: str) -> None:

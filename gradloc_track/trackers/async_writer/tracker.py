@@ -3,6 +3,10 @@
 Every ``log_*`` call only enqueues, waiting at most ``put_timeout_s``; a full queue (a backend
 too slow) or a call after ``finish()`` (e.g. a step logged after SIGTERM finished the run) sends
 the record to the spool instead. Nothing here raises into the training loop.
+
+If the writer thread is ever gone (whatever killed it), ``log``/``flush``/``finish`` never wait
+for it: records go straight to the spool, with the final status. The run directory is held for
+this run (``run_lock``) from construction to ``finish()``.
 """
 from __future__ import annotations
 
@@ -13,10 +17,13 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from ..base import Tracker
+from .. import run_lock
+from ..base import Tracker, final_status
+from ..bounded import clamp_wait
 from ..run_record import update_run_record
 from ..spool import Spool
 from .handover import hand_over
+from .opener import OpenGate
 from .pending import STOP, PendingRecords, now_ms
 from .spill import Spill
 from .writer import WriterLoop
@@ -30,8 +37,11 @@ class AsyncTracker(Tracker):
 
     ``spec`` (optional) is what ``replay`` needs to reopen the backend run; it is recorded in
     ``<run_dir>/tracker/<name>.json`` together with the backend's run id once it exists.
-    ``cancel`` (optional) is set when ``finish`` gives up before the backend was ever opened: a
-    factory that checks it does not create a run nobody will finish (``replay`` creates it).
+    ``gate`` (optional) is cancelled when ``finish`` is done before the backend was ever opened: a
+    factory that checks it does not create (or ends) a run nobody will finish (``replay`` creates it).
+    ``owner``: the run this writer belongs to (trackers of one run share the run directory's lock);
+    ``on_open(backend)`` is called once the backend run exists (e.g. to say where it is).
+    Timeouts past ``threading.TIMEOUT_MAX`` are clamped to it.
     """
 
     #: submitted jobs (artifact rendering) run on the writer thread, in queue order
@@ -41,34 +51,41 @@ class AsyncTracker(Tracker):
                  queue_size: int = 10000, flush_interval_s: float = 1.0, retries: int = 3,
                  retry_backoff_s: float = 0.5, put_timeout_s: float = 0.05, call_timeout_s: float = 10.0,
                  finish_timeout_s: float = 120.0, probe_interval_s: float = 30.0, open_timeout_s: float = 120.0,
-                 spec: Mapping[str, Any] | None = None, cancel: threading.Event | None = None) -> None:
+                 spec: Mapping[str, Any] | None = None, gate: OpenGate | None = None,
+                 owner: run_lock.RunOwner | None = None,
+                 on_open: Callable[[Tracker], None] | None = None) -> None:
         self.name = name
         self.run_dir = Path(run_dir)
+        self._owner = owner or run_lock.RunOwner()
+        run_lock.acquire(self.run_dir, self._owner)  # RunDirInUse: before anything is written here
         self.spool = Spool(self.run_dir / "spool" / f"{name}.jsonl", name)
-        self.call_timeout_s, self.finish_timeout_s = call_timeout_s, finish_timeout_s
-        self.probe_interval_s, self.open_timeout_s = probe_interval_s, open_timeout_s
+        self.call_timeout_s, self.finish_timeout_s = clamp_wait(call_timeout_s), clamp_wait(finish_timeout_s)
+        self.probe_interval_s, self.open_timeout_s = clamp_wait(probe_interval_s), clamp_wait(open_timeout_s)
         self._q: queue.Queue = queue.Queue(maxsize=queue_size)
-        self._put_timeout = put_timeout_s
+        self._put_timeout = clamp_wait(put_timeout_s)
         self._finished = False
+        self._gone: str | None = None  # why the writer thread ended early, if it did
         self._pending = PendingRecords()
         self._spill = Spill(self.spool, name, self.run_dir)
         self._writer = WriterLoop(factory, name, self.run_dir, self._q, self._pending, self._spill,
                                   flush_interval_s=flush_interval_s, retries=retries, retry_backoff_s=retry_backoff_s,
-                                  call_timeout_s=call_timeout_s, probe_interval_s=probe_interval_s,
-                                  open_timeout_s=open_timeout_s, cancel=cancel)
+                                  call_timeout_s=call_timeout_s, probe_interval_s=self.probe_interval_s,
+                                  open_timeout_s=self.open_timeout_s, gate=gate, on_open=on_open)
         if spec is not None:
             update_run_record(self.run_dir, name, spec=dict(spec), status=None)
-        self._thread = threading.Thread(target=self._writer.run, name=f"gradloc-track-{name}", daemon=True)
+        self._thread = threading.Thread(target=self._run_writer, name=f"gradloc-track-{name}", daemon=True)
         self._thread.start()
 
     @classmethod
     def from_config(cls, cfg: "TrackerConfig", name: str, factory: Callable[[], Tracker], run_dir: str | Path,
-                    spec: Mapping[str, Any] | None = None, cancel: threading.Event | None = None) -> "AsyncTracker":
+                    spec: Mapping[str, Any] | None = None, gate: OpenGate | None = None,
+                    owner: run_lock.RunOwner | None = None,
+                    on_open: Callable[[Tracker], None] | None = None) -> "AsyncTracker":
         """The background writer with the bounds a ``TrackerConfig`` sets (runs we open and runs we join)."""
         return cls(factory, name, run_dir, queue_size=cfg.queue_size, flush_interval_s=cfg.flush_interval_s,
                    retries=cfg.retries, retry_backoff_s=cfg.retry_backoff_s, call_timeout_s=cfg.call_timeout_s,
                    finish_timeout_s=cfg.finish_timeout_s, probe_interval_s=cfg.probe_interval_s,
-                   open_timeout_s=cfg.open_timeout_s, spec=spec, cancel=cancel)
+                   open_timeout_s=cfg.open_timeout_s, spec=spec, gate=gate, owner=owner, on_open=on_open)
 
     @property
     def dropped(self) -> int:
@@ -77,18 +94,34 @@ class AsyncTracker(Tracker):
 
     @property
     def healthy(self) -> bool:
-        return self._writer.health.healthy
+        return self._writer.health.healthy and self._gone is None
+
+    # -- the writer thread -----------------------------------------------------------------------
+    def _run_writer(self) -> None:
+        try:
+            self._writer.run()
+        except BaseException as exc:  # noqa: BLE001 - whatever ended it, nothing queued is lost
+            self._gone = f"the {self.name} writer thread is gone ({exc!r})"
+            self._spill.warn_once("gone", f"gradloc-track: {self._gone}; every record goes to {self.spool.path} "
+                                  f"from now on (`gradloc-track replay {self.run_dir}`)")
+            hand_over(self._q, self._pending, self._spill, self._gone)
+        finally:
+            with self._q.all_tasks_done:  # wake a flush() waiting on this thread
+                self._q.all_tasks_done.notify_all()
 
     # -- producer side (training thread): never blocks longer than put_timeout_s, never raises ----
     def _put(self, call: str, *args: Any) -> None:
         ts = now_ms()
-        if self._finished:  # e.g. a step logged after a SIGTERM finished the run: keep it
-            self._spill(call, args, ts, "logged after finish()")
+        if self._finished or self._gone is not None:  # e.g. a step logged after a SIGTERM finished the run
+            self._spill(call, args, ts, self._gone or "logged after finish()")
             return
         try:
             self._q.put((call, args, ts), timeout=self._put_timeout)
         except queue.Full:  # never block training: keep the record in the spool instead
             self._spill(call, args, ts, "queue full (backend too slow)")
+            return
+        if self._gone is not None:  # it died just now: nobody will take what was queued
+            hand_over(self._q, self._pending, self._spill, self._gone)
 
     def log_metrics(self, metrics, step):
         self._put("log_metrics", dict(metrics), int(step))
@@ -113,8 +146,8 @@ class AsyncTracker(Tracker):
 
     def submit(self, job: Callable[[Tracker], None]) -> None:
         """Run ``job(tracker)`` on the writer thread, after everything queued before it."""
-        if self._finished:
-            self._spill.run_job(job, "logged after finish()", now_ms())
+        if self._finished or self._gone is not None:
+            self._spill.run_job(job, self._gone or "logged after finish()", now_ms())
             return
         try:
             self._q.put(("submit", (job,), now_ms()), timeout=self._put_timeout)
@@ -125,38 +158,49 @@ class AsyncTracker(Tracker):
         """Wait until everything queued so far is written or spooled (at most ``finish_timeout_s``)."""
         if self._finished:
             return
-        limit = self.finish_timeout_s if timeout_s is None else timeout_s
+        limit = clamp_wait(self.finish_timeout_s if timeout_s is None else timeout_s, self.finish_timeout_s)
         with self._q.all_tasks_done:
-            self._q.all_tasks_done.wait_for(lambda: self._q.unfinished_tasks == 0, limit)
+            self._q.all_tasks_done.wait_for(lambda: self._q.unfinished_tasks == 0 or self._gone is not None, limit)
 
     def finish(self, status: str = "success", timeout_s: float | None = None) -> None:
         """Deliver what is queued and the final ``status``; after ``timeout_s`` spool the rest. Always returns."""
         if self._finished:
             return
         self._finished = True
+        status = final_status(status)  # finish("failed") during a Ctrl-C: the run was killed
         from .. import sigterm
 
         sigterm.forget(self)
-        limit = self.finish_timeout_s if timeout_s is None else timeout_s
+        limit = clamp_wait(self.finish_timeout_s if timeout_s is None else timeout_s, self.finish_timeout_s)
         deadline = time.monotonic() + limit
-        try:
-            self._q.put(("finish", (status,), now_ms()), timeout=max(0.0, deadline - time.monotonic()))
-            self._q.put((STOP, (), 0), timeout=max(0.0, deadline - time.monotonic()))
-        except queue.Full:
-            pass
-        self._thread.join(max(0.0, deadline - time.monotonic()))
-        if self._thread.is_alive():
+        if self._gone is None:
+            self._enqueue_final(status, deadline)
+            self._thread.join(max(0.0, deadline - time.monotonic()))
+        if self._gone is not None:
+            self._abandon(status, self._gone)
+        elif self._thread.is_alive():
             self._abandon(status, f"finish() waited {limit:.0f} s")
+        self._writer.backend.cancel_if_unopened()  # a run still being created must not outlive this run
+        run_lock.release(self.run_dir, self._owner)
         if self.dropped:
             warnings.warn(f"gradloc-track: {self.dropped} {self.name} record(s) were LOST (the backend and the "
                           f"spool {self.spool.path} both failed: {self.spool.error}); see the tracker/dropped metric",
                           RuntimeWarning, stacklevel=2)
 
+    def _enqueue_final(self, status: str, deadline: float) -> None:
+        try:
+            self._q.put(("finish", (status,), now_ms()), timeout=max(0.0, deadline - time.monotonic()))
+            self._q.put((STOP, (), 0), timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Full:
+            pass
+
     def _abandon(self, status: str, why: str) -> None:
         """finish() ran out of time: spool everything still pending, in flight or queued, and the status."""
-        reason = f"{why} for the {self.name} backend"
-        self._writer.backend.cancel_if_unopened()
+        gone = why == self._gone  # (already said, when it died)
+        reason = why if gone else f"{why} for the {self.name} backend"
         if not hand_over(self._q, self._pending, self._spill, reason) and not self._writer.status_handled:
             self._spill("finish", (status,), now_ms(), reason)
-        self._spill.warn_once("abandon", f"gradloc-track: the {self.name} writer did not finish within the bound "
-                              f"({why}); what was left is in {self.spool.path} (`gradloc-track replay {self.run_dir}`)")
+        if not gone:
+            self._spill.warn_once("abandon", f"gradloc-track: the {self.name} writer did not finish within the "
+                                  f"bound ({why}); what was left is in {self.spool.path} "
+                                  f"(`gradloc-track replay {self.run_dir}`)")

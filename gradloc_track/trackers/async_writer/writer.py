@@ -4,40 +4,49 @@ delivered through the call thread within ``call_timeout_s``, or spooled.
 Order is kept: a non-metrics record waits (held) until the metrics queued before it are written.
 Metrics are written at least every ``flush_interval_s``, when 256 steps are pending, and whenever
 the queue runs empty (so ``flush()`` never returns with metrics held back).
+
+Batches across steps: a backend with ``log_metric_records`` (MLflow's ``log_batch`` takes many
+metrics, each with its step) gets every pending step in ONE request, in step order, up to its
+``max_metrics_per_request``. While a slow request is in flight the next steps pile up in pending
+and go together in the next one, so a server slower than training still receives every step
+while training runs. Backends without it (W&B: its ``log`` is local) get one call per step.
+
+Nothing a backend raises kills this thread: ``BaseException``s come back from the call thread
+as ``CallAborted`` (a failed call: down, spooled), and the loop guards the rest.
 """
 from __future__ import annotations
 
 import queue
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 from ..base import Tracker
-from ..bounded import CallThread, bounded_call
+from ..bounded import CallThread, bounded_call, clamp_wait
 from ..keys import DROPPED_KEY
 from ..run_record import update_run_record
 from .health import BackendHealth
 from .jobs import JobSink, run_job
-from .opener import LazyBackend
+from .opener import LazyBackend, OpenGate
 from .pending import STOP, PendingRecords
 from .spill import Spill
 
 MAX_PENDING_STEPS = 256  # merged steps held before they are written regardless of the interval
+MAX_METRICS_PER_REQUEST = 1000  # a batch's size when the backend names none
 
 
 class WriterLoop:
     def __init__(self, factory: Callable[[], Tracker], name: str, run_dir: Path, q: queue.Queue,
                  pending: PendingRecords, spill: Spill, *, flush_interval_s: float, retries: int,
                  retry_backoff_s: float, call_timeout_s: float, probe_interval_s: float, open_timeout_s: float,
-                 cancel: threading.Event | None) -> None:
+                 gate: OpenGate | None, on_open: Callable[[Tracker], None] | None = None) -> None:
         self.name, self.run_dir, self.q, self.pending, self.spill = name, run_dir, q, pending, spill
-        self.flush_interval_s, self.call_timeout_s = flush_interval_s, call_timeout_s
+        self.flush_interval_s, self.call_timeout_s = clamp_wait(flush_interval_s), clamp_wait(call_timeout_s)
         self.retries, self.retry_backoff_s = retries, retry_backoff_s
         self.calls = CallThread(f"gradloc-track-{name}-call")
         self.health = BackendHealth(name, probe_interval_s, spill.spool.path)
         self.backend = LazyBackend(factory, name, run_dir, open_timeout_s, self.calls, retries, retry_backoff_s,
-                                   cancel)
+                                   gate, on_open)
         self.status_handled = False  # the final status reached the backend or the spool
         self._last_step = 0
         self._reported_dropped = 0
@@ -83,10 +92,10 @@ class WriterLoop:
         return last
 
     def _guard(self, fn: Callable, *args: Any) -> None:
-        """The writer thread never dies: an unexpected error is reported once and skipped."""
+        """The writer thread never dies: an unexpected error (any ``BaseException``) is reported once and skipped."""
         try:
             fn(*args)
-        except Exception as exc:  # noqa: BLE001
+        except BaseException as exc:  # noqa: BLE001 - not even SystemExit: this thread is ours, not the user's
             self.spill.warn_once("writer", f"gradloc-track: the {self.name} writer hit an unexpected error "
                                  f"({exc!r}); it keeps running")
 
@@ -96,9 +105,16 @@ class WriterLoop:
             self.spill("log_metrics", args, ts, self.pending.abandoned)
 
     def _write_metrics(self) -> None:
-        # one step at a time: what is not yet in flight stays visible to finish()'s hand-over
-        while (record := self.pending.pop_first()) is not None:
-            self.deliver(*record)
+        # what is not yet in flight stays visible to finish()'s hand-over
+        while len(self.pending):
+            inner = self.backend.inner  # (None until opened: the first step opens it)
+            if inner is not None and callable(getattr(inner, "log_metric_records", None)):
+                limit = getattr(inner, "max_metrics_per_request", MAX_METRICS_PER_REQUEST)
+                record = self.pending.pop_batch(limit - 1)  # (room for tracker/dropped: still one request)
+            else:
+                record = self.pending.pop_first()
+            if record is not None:
+                self.deliver(*record)
 
     def _handle(self, call: str, args: tuple, ts: int) -> None:
         if call == "submit":
@@ -121,6 +137,8 @@ class WriterLoop:
         """Send one record to the backend; spool it when that fails. True when the backend took it."""
         if call == "log_metrics":
             self._last_step = max(self._last_step, int(args[1]))
+        elif call == "log_metric_records":
+            self._last_step = max(self._last_step, int(args[0][-1][1]))
         abandoned = self.pending.take_off((call, args, ts))  # from here finish() can hand it to the spool
         if abandoned is not None:
             self.spill(call, args, ts, abandoned)
@@ -130,8 +148,9 @@ class WriterLoop:
         finally:
             already = self.pending.land()
         if error is None:
-            if call == "log_metrics" and DROPPED_KEY in args[0]:
-                self._reported_dropped = int(args[0][DROPPED_KEY])
+            reported = _dropped_in(call, args)
+            if reported is not None:
+                self._reported_dropped = reported
             self.health.up()
             return True
         if not already:
@@ -143,8 +162,8 @@ class WriterLoop:
         inner = self._backend()
         if inner is None:
             return args, self.health.reason or "backend unavailable"
-        if call == "log_metrics" and self.dropped > self._reported_dropped:
-            args = ({**args[0], DROPPED_KEY: float(self.dropped)}, args[1])
+        if self.dropped > self._reported_dropped:
+            args = _with_dropped(call, args, float(self.dropped))
         try:
             bounded_call(lambda: _invoke(inner, call, args, ts), self.call_timeout_s, thread=self.calls,
                          retries=self.retries, backoff_s=self.retry_backoff_s, what="tracker.call_timeout_s")
@@ -170,6 +189,25 @@ class WriterLoop:
     def _down(self, exc: BaseException) -> None:
         self.health.down(exc)
         self.spill.warn_down(repr(exc))
+
+
+def _with_dropped(call: str, args: tuple, dropped: float) -> tuple:
+    """``args`` with the ``tracker/dropped`` count added (to the last step of a batch)."""
+    if call == "log_metrics":
+        return {**args[0], DROPPED_KEY: dropped}, args[1]
+    if call == "log_metric_records":
+        *head, (metrics, step, ts) = args[0]
+        return ([*head, ({**metrics, DROPPED_KEY: dropped}, step, ts)],)
+    return args
+
+
+def _dropped_in(call: str, args: tuple) -> int | None:
+    """The ``tracker/dropped`` count a delivered record carried, if any."""
+    if call == "log_metrics" and DROPPED_KEY in args[0]:
+        return int(args[0][DROPPED_KEY])
+    if call == "log_metric_records" and DROPPED_KEY in args[0][-1][0]:
+        return int(args[0][-1][0][DROPPED_KEY])
+    return None
 
 
 def _invoke(inner: Tracker, call: str, args: tuple, ts: int) -> Any:

@@ -1,0 +1,151 @@
+"""What the localizer's levels cost and find (issue 16): many culprits, levels, replay with dropout.
+
+1. Many culprits: heavy terms (loss weight 60) scattered among N terms of a tiny GPT; recall, false
+   positives and probes of ``auto`` (budget 128) and ``bisect`` (budget 4N), over seeds. The
+   threshold of 0.2 (10x the batch's own 90th percentile) is printed beside ours.
+2. Levels: probes spent and what is named for a whole bad document (each term below the token
+   threshold), a bad stretch in a long sample, a few heavy tokens, a document in a packed row, a
+   step no sample explains.
+3. Replay: a step of 4 micro-batches of a tiny HF GPT-2 (dropout 0.1 and 0): the sum of the
+   full-mask probes against the step's gradient, replaying one RNG state for every micro-batch
+   (0.2) and one per micro-batch (0.3).
+
+``python benchmarks/bench_levels.py`` (about a minute on 2 CPU cores).
+"""
+from __future__ import annotations
+
+import math
+import time
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+import gradloc_track
+from gradloc_track.demo.model import TinyGPT
+from gradloc_track.localizer.ghost import GhostMap
+
+V = 64
+
+
+def tiny(T: int) -> TinyGPT:
+    torch.manual_seed(0)
+    return TinyGPT(vocab_size=V, n_layer=2, n_head=2, d_model=32, max_seq_len=T, dropout=0.0)
+
+
+def weighted_loss(model, B: int, T: int, w: torch.Tensor, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.randint(0, V, (B, T), generator=g), torch.randint(0, V, (B, T), generator=g)
+
+    def loss_fn(mask):
+        per = F.cross_entropy(model(x).reshape(-1, V), y.reshape(-1), reduction="none").view(B, T)
+        return (per * w * mask).sum() / (B * T)
+    return loss_fn
+
+
+def old_threshold(model, loss_fn, shape) -> float:
+    """0.2's rule: 10x the 90th percentile of the ghost term scores."""
+    with GhostMap(model, "block", shape) as gm:
+        model.zero_grad(set_to_none=True)
+        loss_fn(torch.ones(shape)).backward()
+    layer_map, _ = gm.result([])
+    model.zero_grad(set_to_none=True)
+    return float(10 * torch.quantile(layer_map.pow(2).sum(0).sqrt().flatten().double(), 0.9))
+
+
+def many_culprits(seeds: int = 3) -> None:
+    print("\n1. many culprits (weight 60): found / FP / probes, mean over seeds")
+    print("| N | m | 0.2 threshold / ours | auto found | auto FP | auto probes | bisect found | bisect FP | "
+          "bisect probes |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for B, T, m in ((4, 16, 10), (8, 32, 32), (16, 64, 100)):
+        rows = []
+        for seed in range(seeds):
+            g = torch.Generator().manual_seed(100 + seed)
+            cells = {(i // T, i % T) for i in torch.randperm(B * T, generator=g)[:m].tolist()}
+            w = torch.ones(B, T)
+            for c in cells:
+                w[c] = 60.0
+            model = tiny(T)
+            fn = weighted_loss(model, B, T, w, seed)
+            row = [old_threshold(model, fn, (B, T))]
+            for method, budget in (("auto", 128), ("bisect", 4 * B * T)):
+                r = gradloc_track.locate(model, fn, torch.ones(B, T), method=method, budget=budget)
+                found = {(c.batch, c.position) for c in r.tokens}
+                row += [len(found & cells), len(found - cells), r.probes, r.threshold]
+            rows.append(row)
+        mean = [sum(r[j] for r in rows) / len(rows) for j in range(len(rows[0]))]
+        print(f"| {B * T} | {m} | {mean[0]:.3g} / {mean[4]:.3g} | {mean[1]:.1f} | {mean[2]:.1f} | {mean[3]:.1f} | "
+              f"{mean[5]:.1f} | {mean[6]:.1f} | {mean[7]:.1f} |")
+
+
+def level_cases() -> None:
+    print("\n2. levels: probes and what is named (tiny GPT, B=8, T=32 unless said)")
+    print("| case | probes | culprits (level: micro_batch/sample/positions) | seconds |")
+    print("|---|---|---|---|")
+    B, T = 8, 32
+
+    def run(name, w, threshold=None, docs=None, shape=(B, T)):
+        model = tiny(shape[1])
+        fn = weighted_loss(model, *shape, w)
+        model.zero_grad(set_to_none=True)
+        fn(torch.ones(shape)).backward()  # the step's gradient in .grad, as in training
+        t0 = time.perf_counter()
+        r = gradloc_track.locate(model, fn, torch.ones(shape), threshold=threshold, document_ids=docs)
+        dt = time.perf_counter() - t0
+        named = ", ".join(f"{c.level}: {c.batch}/{c.start}-{c.end - 1}" if c.level != "token"
+                          else f"token {c.batch}/{c.position}" for c in r.culprits) or "none (shares noted)"
+        print(f"| {name} | {r.probes} | {named} | {dt:.2f} |")
+
+    w = torch.ones(B, T)
+    w[5] = 20.0
+    run("whole document, adaptive threshold", w)
+    run("whole document, explicit threshold=5", w, threshold=5.0)
+    w = torch.ones(4, 64)
+    w[2, 20:28] = 25.0
+    run("bad stretch of 8 in a 64-long sample, threshold=5", w, threshold=5.0, shape=(4, 64))
+    w = torch.ones(B, T)
+    w[3, 4] = w[3, 15] = 60.0
+    run("two heavy tokens in one sample", w)
+    w = torch.ones(B, T)
+    w[1, 10:22] = 25.0
+    docs = torch.zeros(B, T, dtype=torch.long)
+    docs[1, 10:22], docs[1, 22:] = 1, 2
+    run("document 1 of a packed row, threshold=5", w, threshold=5.0, docs=docs)
+    run("nothing stands out", torch.ones(B, T))
+
+
+def replay() -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from gradloc_track.integrations.batches import MicroBatchCapture, lm_spike_context
+
+    print("\n3. replay: 4 micro-batches x (2, 16), HF GPT-2; sum of full-mask probes vs the step's .grad")
+    print("| dropout | RNG replayed | step norm | probes' sum norm | residual |")
+    print("|---|---|---|---|---|")
+    for p in (0.1, 0.0):
+        torch.manual_seed(0)
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=V, n_positions=16, n_embd=32, n_layer=2, n_head=2,
+                                           resid_pdrop=p, embd_pdrop=p, attn_pdrop=p))
+        g = torch.Generator().manual_seed(0)
+        mbs = [torch.randint(0, V, (2, 16), generator=g) for _ in range(4)]
+        cap = MicroBatchCapture(model)
+        model.train()
+        for x in mbs:
+            (model(input_ids=x, labels=x).loss / 4).backward()
+        batches, rng = cap.take()
+        cap.remove()
+        step = math.sqrt(sum(float(q.grad.double().pow(2).sum()) for q in model.parameters()))
+        for label, states in (("one state (0.2)", [rng[0]] * 4), ("one per micro-batch", rng)):
+            ctx = lm_spike_context(model, batches, rng_state=states)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                r = gradloc_track.locate(model, ctx.loss_fn, ctx.token_mask, rng_state=ctx.rng_state)
+            print(f"| {p} | {label} | {step:.5f} | {r.total_norm:.5f} | {r.step_check.residual:.2e} |")
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    many_culprits()
+    level_cases()
+    replay()

@@ -1,0 +1,167 @@
+"""Memory traffic per step over gradient and weight storage, in multiples of their sizes.
+
+On an accelerator, norms and clipping are bound by memory traffic, not arithmetic. This counts,
+with ``gradloc_track.traffic.TrafficCounter`` (a TorchDispatchMode adding up the bytes each ATen
+op reads and writes over the watched storages; views left out), what one call costs, for every
+configuration, next to ``clip_grad_norm_(foreach=True)``. Hardware-independent: it holds for GPU
+runs we cannot time here. Three tables:
+
+1. the monitor/clipper call (``GradMonitor.after_backward``, ``clip()``, ``watch()``'s step),
+   non-logging and logging steps, finite and with a NaN;
+2. the same without an optimizer guard (the clipper must zero a bad step's gradients itself);
+3. what the skip costs inside ``optimizer.step()`` over parameters + optimizer state, per mode.
+
+    python benchmarks/bench_traffic.py
+"""
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import gradloc_track  # noqa: E402
+from gradloc_track import GradMonitor, MemoryTracker  # noqa: E402
+from gradloc_track.clip import AdaGC, GlobalClip, LayerClip, NoClip, SkipStepGuard, ZClip  # noqa: E402
+from gradloc_track.demo.model import TinyGPT  # noqa: E402
+from gradloc_track.traffic import TrafficCounter  # noqa: E402
+
+VOCAB, SEQ = 256, 32
+CLIPPERS: dict[str, Callable] = {
+    "GlobalClip": lambda m: GlobalClip(m, max_norm=0.5),
+    "AdaGC": lambda m: AdaGC(m, warmup_steps=1),
+    "AdaGC(mode='global')": lambda m: AdaGC(m, warmup_steps=1, mode="global"),
+    "ZClip": lambda m: ZClip(m, warmup_steps=2),
+    "LayerClip": lambda m: LayerClip(m, warmup_steps=2),
+}
+
+
+def make_model() -> TinyGPT:
+    torch.manual_seed(0)
+    return TinyGPT(vocab_size=VOCAB, n_layer=4, n_head=4, d_model=128, max_seq_len=SEQ)
+
+
+def backward(model, seed: int, nan: bool = False) -> None:
+    g = torch.Generator().manual_seed(seed)
+    batch = torch.randint(0, VOCAB, (4, SEQ + 1), generator=g)
+    model(batch[:, :-1])  # a forward that watch()'s batch capture sees
+    model.zero_grad(set_to_none=True)
+    F.cross_entropy(model(batch[:, :-1]).reshape(-1, VOCAB), batch[:, 1:].reshape(-1)).backward()
+    if nan:
+        next(model.parameters()).grad.view(-1)[0] = float("nan")
+
+
+def count(model, fn: Callable[[], object], extra: dict | None = None) -> TrafficCounter:
+    counter = TrafficCounter(grads=[p.grad for p in model.parameters()], weights=list(model.parameters()),
+                             **(extra or {}))
+    with counter:
+        fn()
+    return counter
+
+
+def row(name: str, model, call: Callable[[int], object], warm: int = 3) -> tuple:
+    """(name, grads non-logging, grads with a NaN, grads logging, weights logging)."""
+    for s in range(1, warm + 1):  # odd steps: past every warm-up, none logging (log_every=2)
+        backward(model, s)
+        call(2 * s + 1)
+    out = []
+    for step, nan in ((2 * warm + 3, False), (2 * warm + 5, True), (2 * warm + 6, False)):
+        backward(model, step, nan=nan)
+        out.append(count(model, lambda: call(step)))
+    return (name, out[0].multiples("grads")["total"], out[1].multiples("grads")["total"],
+            out[2].multiples("grads")["total"], out[2].multiples("weights")["total"])
+
+
+def monitor_call(model, clipper, guard: bool):
+    mon = GradMonitor(model, tracker=MemoryTracker(), clipper=clipper, log_every=2)
+    if guard and clipper is not None:
+        SkipStepGuard(torch.optim.AdamW(model.parameters(), lr=1e-3), clipper)
+    return mon.after_backward
+
+
+def watch_call(model, clip: str | None):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    handle = gradloc_track.watch(model, opt, tracker=MemoryTracker(), log_every=2, locate=False,
+                                 **({"clip": clip} if clip else {}))
+    return lambda step: handle.step(step)
+
+
+def call_table(guard: bool) -> list[tuple]:
+    rows = []
+    base = make_model()
+    rows.append(row("clip_grad_norm_(foreach=True)", base,
+                    lambda s: torch.nn.utils.clip_grad_norm_(base.parameters(), 0.5, foreach=True)))
+    m = make_model()
+    rows.append(row("GradMonitor alone", m, monitor_call(m, None, guard)))
+    for name, make in CLIPPERS.items():
+        m = make_model()
+        rows.append(row(f"GradMonitor + {name}", m, monitor_call(m, make(m), guard)))
+    m = make_model()
+    rows.append(row("GradMonitor + NoClip (measures, handles NaN)", m, monitor_call(m, NoClip(m), guard)))
+    for name in ("GlobalClip", "AdaGC"):
+        m = make_model()
+        clipper = CLIPPERS[name](m)
+        if guard:
+            SkipStepGuard(torch.optim.AdamW(m.parameters(), lr=1e-3), clipper)
+        rows.append(row(f"{name}.clip() alone", m, lambda s, c=clipper: c.clip()))
+    if guard:
+        for clip in (None, "adagc"):
+            m = make_model()
+            rows.append(row(f"watch(), detector armed{', clip=' + clip if clip else ''}", m, watch_call(m, clip)))
+    return rows
+
+
+def print_calls(title: str, rows: list[tuple]) -> None:
+    print(f"\n{title}")
+    print(f"{'configuration':<50}{'non-logging':>12}{'with NaN':>10}{'logging':>9}{'+ weights':>11}")
+    for name, a, b, c, w in rows:
+        print(f"{name:<50}{a:>12.2f}{b:>10.2f}{c:>9.2f}{w:>11.2f}")
+
+
+def skip_table() -> None:
+    """Traffic of optimizer.step() over parameters + optimizer state, by skip mode (finite step)."""
+    print("\noptimizer.step() with AdamW, over parameters + optimizer state (multiples of the parameter size)")
+    print(f"{'skip mode':<42}{'finite step':>12}   extra memory")
+    for label, fused, mode in (("no guard (AdamW foreach)", False, None), ("sync (AdamW foreach)", False, "sync"),
+                               ("restore (AdamW foreach)", False, "restore"), ("no guard (AdamW fused)", True, None),
+                               ("fused found_inf (AdamW fused)", True, "fused")):
+        model = make_model()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=fused)
+        clipper = GlobalClip(model, max_norm=0.5)
+        if mode:
+            SkipStepGuard(opt, clipper, mode=mode)
+        for s in range(2):
+            backward(model, s)
+            clipper.clip()
+            opt.step()
+        backward(model, 2)
+        clipper.clip()
+        params = list(model.parameters())
+        state = [v for p in params for v in opt.state[p].values() if isinstance(v, torch.Tensor) and v.dim() > 0]
+        counter = TrafficCounter(params=params, state=state)
+        with counter:
+            opt.step()
+        size = counter.size["params"]
+        total = sum(counter.bytes[g]["read"] + counter.bytes[g]["write"] for g in ("params", "state")) / size
+        extra = {"restore": "1x params + state"}.get(mode or "", "none")
+        print(f"{label:<42}{total:>12.2f}   {extra}")
+
+
+def main() -> None:
+    warnings.simplefilter("ignore")  # the unguarded skip's one-time advice (table 2 is about it)
+    n = sum(p.numel() for p in make_model().parameters())
+    print(f"model: TinyGPT 4x128, {n / 1e6:.2f}M parameters; gradient traffic per call in gradient sizes "
+          "(read + write); 'logging' = a step that logs (log_every=2), '+ weights' = its weight-norm reads")
+    print_calls("the call, with the optimizer's skip guard (GradMonitor(optimizer=...), watch(), callbacks)",
+                call_table(guard=True))
+    print_calls("the call, no guard (the optimizer is unknown: a bad step's gradients are zeroed)",
+                call_table(guard=False))
+    skip_table()
+
+
+if __name__ == "__main__":
+    main()

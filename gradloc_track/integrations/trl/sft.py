@@ -1,0 +1,157 @@
+"""SFTTrainer adapter: the loss TRL 1.16 computes, packed documents named, not rows.
+
+``SFTTrainer(packing=True)`` (BFD, padding-free) flattens a micro-batch into one row of several
+documents, restarting ``position_ids`` at 0 where each begins (labels there are -100). Its loss
+is ``-sum(log p(label)) / num_items_in_batch`` (``loss_type="dft"`` weighs each term by its
+detached probability), ``num_items_in_batch`` being Trainer's count of the step's labels, a
+fixed normaliser already. The rebuild calls the model's own forward with every key TRL passed
+but the labels (``position_ids`` keeps documents apart, as in training), so
+
+    loss(keep) = sum_{b,t} keep[b,t] * w[b,t] * -log p(label[b, t+1]) / num_items_in_batch
+
+and the (B, T) document map (``SpikeContext.document_ids``, and a ``document`` table column)
+comes from the position-id restarts: term ``t`` belongs to the document of the token it scores.
+
+Not rebuilt (the run is then monitored, spikes detected, not localized, and the callback says
+why): ``compute_loss_func``, label smoothing, a mixture-of-experts load-balancing loss, sequence
+parallelism, multimodal inputs.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from ...localizer.probe import save_rng
+from ..batches import IGNORE, LMBatch
+from .trainer import MethodPatch
+
+NOT_FORWARDED = ("labels", "shift_labels", "num_items_in_batch", "fused_lm_head")
+
+
+def unsupported(tr: Any, inputs: dict | None = None) -> str | None:
+    """Why this SFTTrainer's loss cannot be rebuilt per token, or None."""
+    args = tr.args
+    if getattr(tr, "compute_loss_func", None) is not None:
+        return "a custom compute_loss_func computes the loss"
+    if getattr(tr, "label_smoother", None) is not None:
+        return "label smoothing mixes every vocabulary entry into each term's normaliser"
+    if getattr(args, "loss_type", "nll") not in ("nll", "dft"):
+        return f"loss_type={args.loss_type!r} is not one gradloc-track rebuilds (nll, dft)"
+    if getattr(tr, "aux_loss_enabled", False):
+        return "the model adds a mixture-of-experts load-balancing loss, not a sum over tokens"
+    pc = getattr(tr.accelerator, "parallelism_config", None)
+    if pc is not None and (getattr(pc, "sp_enabled", False) or getattr(pc, "cp_enabled", False)):
+        return "sequence/context parallelism shards each row across ranks"
+    if inputs is not None and (inputs.get("pixel_values") is not None or inputs.get("shift_labels") is not None):
+        return "multimodal or pre-shifted inputs are not replayed by the rebuilt loss"
+    return None
+
+
+def document_map(position_ids: torch.Tensor) -> torch.Tensor:
+    """(B, T) document index of the token each position's term scores (position t scores t+1)."""
+    start = (position_ids == 0).long()
+    start[:, 0] = 1
+    doc = start.cumsum(1) - 1  # (B, T) the document of each token
+    return torch.cat([doc[:, 1:], doc[:, -1:]], 1)
+
+
+@dataclass
+class SFTMicroBatch:
+    batch: LMBatch
+    forward: dict  # the model's keyword arguments as training passed them, labels left out
+    num_items: Any  # the step's normaliser (Trainer's num_items_in_batch), or None: this batch's count
+    scale: float  # x processes when tokens are averaged across devices (as TRL does)
+    dft: bool
+    rng: dict
+
+    @classmethod
+    def record(cls, tr: Any, inputs: dict, num_items: Any) -> "SFTMicroBatch":
+        det = {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+        batch = LMBatch(det["input_ids"], det.get("labels"), det.get("attention_mask"))
+        scale = 1.0
+        if getattr(tr.args, "average_tokens_across_devices", False) and num_items is not None:
+            scale = float(tr.accelerator.num_processes // max(1, getattr(tr, "get_tp_size", lambda: 1)()))
+        forward = {k: v for k, v in det.items() if k not in NOT_FORWARDED}
+        forward["use_cache"] = False  # as TRL's compute_loss sets it
+        return cls(batch, forward, num_items, scale,
+                   getattr(tr.args, "loss_type", "nll") == "dft", save_rng())
+
+    def documents(self) -> torch.Tensor | None:
+        pos = self.forward.get("position_ids")
+        return document_map(pos) if isinstance(pos, torch.Tensor) and pos.shape == self.batch.input_ids.shape \
+            else None
+
+
+def make_loss_fn(model: torch.nn.Module, mb: SFTMicroBatch) -> Callable[[torch.Tensor], torch.Tensor]:
+    tgt, mask, _ = mb.batch.targets()
+    n = mb.num_items if mb.num_items is not None else mask.sum()
+    norm = torch.as_tensor(n, dtype=torch.float32, device=mask.device).clamp(min=1.0) / mb.scale
+
+    def loss_fn(keep: torch.Tensor) -> torch.Tensor:
+        logits = model(**mb.forward).logits  # (B, T, V): position t scores tgt[:, t]
+        B, T, V = logits.shape
+        nll = F.cross_entropy(logits.reshape(B * T, V).float(), tgt.reshape(-1), ignore_index=IGNORE,
+                              reduction="none").view(B, T)
+        if mb.dft:
+            nll = nll * torch.exp(-nll).detach()
+        return (nll * keep.to(nll.dtype)).sum() / norm
+
+    return loss_fn
+
+
+class SFTAdapter:
+    """Records each micro-batch SFTTrainer trains on; ``context()`` after the step's last backward."""
+
+    def __init__(self, trainer: Any, model: torch.nn.Module, tokenizer: Any = None) -> None:
+        self.trainer, self.model, self.tokenizer = trainer, model, tokenizer
+        self.batches: list[SFTMicroBatch] = []
+        self.skipped = unsupported(trainer)
+        if self.skipped:
+            warnings.warn(f"gradloc-track: SFT spikes are detected but not localized: {self.skipped}", UserWarning,
+                          stacklevel=3)
+        self._patch = MethodPatch(trainer, "compute_loss", self._wrap)
+
+    def _wrap(self, original):
+        def compute_loss(model, inputs, return_outputs=False, num_items_in_batch=None, **kwargs):
+            if self.trainer.model.training and torch.is_grad_enabled() and not self.skipped:
+                why = unsupported(self.trainer, inputs)
+                if why is None:
+                    self.batches.append(SFTMicroBatch.record(self.trainer, inputs, num_items_in_batch))
+                else:
+                    self.skipped = why
+                    warnings.warn(f"gradloc-track: SFT spikes are detected but not localized: {why}", UserWarning,
+                                  stacklevel=2)
+            return original(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch,
+                            **kwargs)
+
+        return compute_loss
+
+    def context(self) -> Any:
+        from ...spikes.context import SpikeContext
+
+        batches, self.batches = self.batches, []
+        if not batches or self.skipped:
+            return None
+        one = len(batches) == 1
+
+        def pick(xs):
+            return xs[0] if one else xs
+
+        parts = [mb.batch.targets() for mb in batches]
+        docs = [mb.documents() for mb in batches]
+        packed = all(d is not None for d in docs)
+        return SpikeContext(
+            loss_fn=pick([make_loss_fn(self.model, mb) for mb in batches]), token_mask=pick([m for _, m, _ in parts]),
+            input_ids=pick([i for _, _, i in parts]), tokenizer=self.tokenizer,
+            rng_state=pick([mb.rng for mb in batches]),
+            extra_columns={"document": pick(docs)} if packed else {},
+            document_ids=pick(docs) if packed else None,
+            segment_ids=pick(docs) if packed else None)
+
+    def remove(self) -> None:
+        self._patch.remove()
+        self.batches.clear()

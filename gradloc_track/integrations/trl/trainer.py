@@ -1,0 +1,70 @@
+"""Find the TRL trainer a callback belongs to, and wrap its methods for the run's duration.
+
+A ``TrainerCallback`` is never handed its trainer, and TRL's losses need what only the trainer
+has (the batch it built: advantages, old log-probs, packed position ids). The callback's
+``on_train_begin`` runs inside ``Trainer._inner_training_loop``; walking up the caller frames
+finds the ``Trainer`` whose callback handler holds this callback (checked by identity, so a
+trainer running inside another trainer's callback is never mistaken). The wrappers are
+instance attributes over the bound methods (``trainer.compute_loss = wrapped``), which
+``training_step`` looks up on each call; ``remove()`` deletes them, leaving the class untouched.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+MAX_FRAMES = 64  # Trainer.train -> _inner_training_loop -> CallbackHandler.call_event -> us: a few frames
+
+
+def find_trainer(callback: Any) -> Any | None:
+    """The ``transformers.Trainer`` whose callbacks include ``callback``, from the caller frames."""
+    frame = inspect.currentframe()
+    try:
+        for _ in range(MAX_FRAMES):
+            frame = frame.f_back if frame is not None else None
+            if frame is None:
+                return None
+            obj = frame.f_locals.get("self")
+            handler = getattr(obj, "callback_handler", None)
+            if handler is not None and any(cb is callback for cb in getattr(handler, "callbacks", ())):
+                return obj
+        return None
+    finally:
+        del frame  # frames reference their locals: do not keep the cycle alive
+
+
+def trl_kind(trainer: Any) -> str | None:
+    """"grpo" / "sft" when ``trainer`` is (a subclass of) TRL's GRPOTrainer / SFTTrainer; else None.
+
+    By class name and module along the MRO, so nothing imports ``trl`` to ask."""
+    for cls in type(trainer).__mro__:
+        if not cls.__module__.startswith("trl."):
+            continue
+        if cls.__name__ == "GRPOTrainer":
+            return "grpo"
+        if cls.__name__ == "SFTTrainer":
+            return "sft"
+    return None
+
+
+def is_trl(trainer: Any) -> bool:
+    return any(cls.__module__.startswith("trl.") for cls in type(trainer).__mro__)
+
+
+class MethodPatch:
+    """``trainer.<name>`` replaced by ``make(original)`` until ``remove()``."""
+
+    def __init__(self, obj: Any, name: str, make: Callable[[Callable], Callable]) -> None:
+        self.obj, self.name = obj, name
+        self.had_own = name in vars(obj)  # an instance attribute someone else set: restore it
+        self.previous = vars(obj).get(name)
+        setattr(obj, name, make(getattr(obj, name)))
+
+    def remove(self) -> None:
+        if self.obj is None:
+            return
+        if self.had_own:
+            setattr(self.obj, self.name, self.previous)
+        else:
+            vars(self.obj).pop(self.name, None)
+        self.obj = None

@@ -1,0 +1,105 @@
+"""Memory traffic over the gradients per step, pinned (issue 21): norms and clipping at the limit
+the math sets. ``clip_grad_norm_(foreach=True)`` is 3.0 gradient sizes (norm read 1, scale
+read+write 2); the monitor alone 1.0; the monitor and any clipper 3.0 on a non-logging step, with
+non-finite values too; a logging step adds one read of the weights and nothing over the gradients."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from gradloc_track import GradMonitor, MemoryTracker
+from gradloc_track.clip import AdaGC, GlobalClip, LayerClip, NoClip, SkipStepGuard, ZClip
+from gradloc_track.traffic import TrafficCounter
+
+CLIPPERS = {
+    "GlobalClip": lambda m: GlobalClip(m, max_norm=0.1),
+    "AdaGC": lambda m: AdaGC(m, warmup_steps=1),
+    "AdaGC(mode=global)": lambda m: AdaGC(m, warmup_steps=1, mode="global"),
+    "ZClip": lambda m: ZClip(m, warmup_steps=2),
+    "LayerClip": lambda m: LayerClip(m, warmup_steps=2),
+}
+
+
+def mlp8():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Linear(32, 32) for _ in range(8)])
+
+
+def backward(model, seed, nan=False):
+    g = torch.Generator().manual_seed(seed)
+    model.zero_grad(set_to_none=True)
+    model(torch.randn(4, 32, generator=g)).pow(2).mean().backward()
+    if nan:
+        model[3].weight.grad[0, 0] = float("nan")
+
+
+def traffic(model, fn) -> tuple[dict, dict]:
+    """(gradient, weight) traffic of ``fn()`` in multiples of their sizes."""
+    counter = TrafficCounter(grads=[p.grad for p in model.parameters()], weights=list(model.parameters()))
+    with counter:
+        fn()
+    return counter.multiples("grads"), counter.multiples("weights")
+
+
+def test_the_counter_reads_clip_grad_norm_as_three_gradient_sizes():
+    model = mlp8()
+    backward(model, 0)
+    grads, weights = traffic(model, lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1, foreach=True))
+    assert grads == {"read": 2.0, "write": 1.0, "total": 3.0} and weights["total"] == 0.0
+
+
+def test_monitor_alone_reads_the_gradients_once_and_the_weights_on_logging_steps():
+    model = mlp8()
+    mon = GradMonitor(model, tracker=MemoryTracker(), log_every=2)
+    backward(model, 0)
+    assert traffic(model, lambda: mon.after_backward(1)) == ({"read": 1.0, "write": 0.0, "total": 1.0},
+                                                             {"read": 0.0, "write": 0.0, "total": 0.0})
+    assert traffic(model, lambda: mon.after_backward(2)) == ({"read": 1.0, "write": 0.0, "total": 1.0},
+                                                             {"read": 1.0, "write": 0.0, "total": 1.0})
+
+
+@pytest.mark.parametrize("nan", [False, True])
+@pytest.mark.parametrize("name", list(CLIPPERS))
+def test_monitor_and_clipper_make_one_norm_pass_and_one_scale_pass(name, nan):
+    model = mlp8()
+    clipper = CLIPPERS[name](model)
+    SkipStepGuard(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), clipper)  # the optimizer skips
+    mon = GradMonitor(model, tracker=MemoryTracker(), clipper=clipper, log_every=4)
+    for step in range(3):  # past every warm-up
+        backward(model, step)
+        mon.after_backward(step)
+    backward(model, 3, nan=nan)
+    grads, weights = traffic(model, lambda: mon.after_backward(3))
+    assert grads == {"read": 2.0, "write": 1.0, "total": 3.0} and weights["total"] == 0.0
+    backward(model, 4, nan=nan)
+    grads, weights = traffic(model, lambda: mon.after_backward(4))  # logging: + the weight norms
+    assert grads["total"] == 3.0 and weights == {"read": 1.0, "write": 0.0, "total": 1.0}
+
+
+def test_noclip_with_a_guard_touches_no_gradient():
+    model = mlp8()
+    clipper = NoClip(model)
+    SkipStepGuard(torch.optim.SGD(model.parameters(), lr=0.1), clipper)
+    mon = GradMonitor(model, tracker=MemoryTracker(), clipper=clipper, log_every=4)
+    backward(model, 1, nan=True)
+    assert traffic(model, lambda: mon.after_backward(1))[0] == {"read": 1.0, "write": 0.0, "total": 1.0}
+
+
+@pytest.mark.parametrize("on_nonfinite,guarded,expected", [("skip", False, 5.0), ("zero", True, 5.0),
+                                                           ("raise", False, 3.0)])
+def test_zeroing_non_finite_values_is_the_one_extra_pass(on_nonfinite, guarded, expected):
+    """Only where the optimizer would use a bad step's gradients are they zeroed (one more
+    read+write of integer views): skip with no guard, and zero (which keeps training on the rest)."""
+    model = mlp8()
+    clipper = AdaGC(model, warmup_steps=1, on_nonfinite=on_nonfinite)
+    if guarded:
+        SkipStepGuard(torch.optim.SGD(model.parameters(), lr=0.1), clipper)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the unguarded skip's one-time advice
+        backward(model, 0)
+        clipper.clip()
+        backward(model, 1)
+        grads, _ = traffic(model, clipper.clip)
+    assert grads["total"] == expected

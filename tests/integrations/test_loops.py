@@ -1,0 +1,156 @@
+"""The loops people write, with ``watch()`` as their only change: nanoGPT's ``model(x, y)``,
+Accelerate's prepared optimizer under gradient accumulation, a ``torch.compile``d model."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import gradloc_track
+from gradloc_track import MemoryTracker
+
+from .conftest import CORRUPT, FAST, INJECT_AT, LR, STEPS, corrupted_positions, counting_batch, micro_batches, tiny_gpt2
+from .nanogpt import tiny_gpt
+
+
+def nanogpt_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """nanoGPT's ``get_batch``: x = tokens[:, :-1], y = tokens[:, 1:] (already shifted; -1 = no loss);
+    at INJECT_AT sample CORRUPT is the garbage document."""
+    b = counting_batch(step, corrupt_sample=CORRUPT if step == INJECT_AT else None)
+    y = b["labels"][:, 1:].masked_fill(b["labels"][:, 1:] == -100, -1)
+    return b["input_ids"][:, :-1], y  # (B, T), (B, T)
+
+
+def rows_of(tracker: MemoryTracker) -> list[dict]:
+    table = tracker.tables["spikes/tokens"]
+    return [dict(zip(table["columns"], r)) for r in table["rows"]]
+
+
+def test_nanogpt_loop_localizes_with_positional_targets(tmp_path):
+    """``logits, loss = model(x, y)``: the call is read as ids ``idx`` and targets; probes call
+    ``model(idx=x, targets=y)`` again (without targets the forward keeps the last position only)."""
+    model = tiny_gpt()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    tracker = MemoryTracker()
+    handle = gradloc_track.watch(model, opt, tracker=tracker, run_dir=tmp_path, **FAST)
+    for step in range(STEPS):
+        x, y = nanogpt_batch(step)
+        logits, loss = model(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    handle.finish()
+    assert [s.step for s in handle.spikes] == [INJECT_AT]
+    rows = rows_of(tracker)
+    assert {(r["step"], r["sample"], r["position"]) for r in rows} == {
+        (INJECT_AT, CORRUPT, p) for p in corrupted_positions()}
+    x, y = nanogpt_batch(INJECT_AT)
+    assert {r["token_id"] for r in rows} == {int(t) for t in y[CORRUPT, : len(corrupted_positions())]}
+
+
+def test_last_position_logits_name_set_loss_fn_once():
+    """A loop training on ``model(x)``, whose logits hold the last position only: the loss cannot be
+    rebuilt, and the warning (once) shows ``handle.set_loss_fn``; no localization is attempted."""
+    model = tiny_gpt()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    handle = gradloc_track.watch(model, opt, tracker=MemoryTracker(), spikes={"warmup_steps": 1})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(3):
+            x, y = nanogpt_batch(step)
+            logits, _ = model(x)  # (B, 1, V)
+            F.cross_entropy(logits[:, -1], y[:, -1]).backward()
+            opt.step()
+            opt.zero_grad()
+    handle.finish()
+    said = [str(w.message) for w in caught if "gradloc-track" in str(w.message)]
+    assert len(said) == 1, said
+    assert "logits for 1 of the batch's 15 positions" in said[0] and "handle.set_loss_fn(" in said[0]
+    assert handle.steps == 3
+
+
+def test_accelerate_prepared_optimizer_is_hooked_once_per_real_step(gpt2, tmp_path):
+    accelerate = pytest.importorskip("accelerate")
+    from accelerate.state import AcceleratorState, GradientState
+
+    k = 2
+    AcceleratorState._reset_state(True)  # process-wide singletons: an earlier Trainer's settings must not leak in
+    GradientState._reset_state()
+    accelerator = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=k)
+    try:
+        model, opt = accelerator.prepare(gpt2, torch.optim.AdamW(gpt2.parameters(), lr=LR))
+        assert type(opt).__name__ == "AcceleratedOptimizer"
+        tracker = MemoryTracker()
+        handle = gradloc_track.watch(model, opt, tracker=tracker, run_dir=tmp_path, **FAST)
+        for step in range(STEPS):
+            for mb in micro_batches(step, k):
+                with accelerator.accumulate(model):
+                    accelerator.backward(model(**mb).loss)
+                    opt.step()  # a no-op on the first micro-batch: Accelerate skips it
+                    opt.zero_grad()
+        handle.finish()
+    finally:
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+    assert handle.steps == STEPS and [s for s, _ in tracker.series("grad_norm/global")] == list(range(STEPS))
+    assert [s.step for s in handle.spikes] == [INJECT_AT]
+    assert {(r["micro_batch"], r["sample"], r["position"]) for r in rows_of(tracker)} == {
+        (k - 1, CORRUPT, p) for p in corrupted_positions()}
+
+
+def test_compiled_model_logs_the_eager_models_names():
+    """``torch.compile`` wraps the model (``OptimizedModule``, parameters under ``_orig_mod.``): the
+    monitor, the clippers and ``watch()`` report the eager names. backend="eager": the real
+    dynamo wrapper, without inductor's minutes of code generation on a CPU."""
+    from gradloc_track.clip import AdaGC, LayerClip
+
+    eager = tiny_gpt()
+    compiled = torch.compile(eager, backend="eager")
+    assert type(compiled).__name__ == "OptimizedModule"
+    assert next(n for n, _ in compiled.named_parameters()).startswith("_orig_mod.")
+    names = gradloc_track.GradMonitor(eager).names
+    assert gradloc_track.GradMonitor(compiled).names == names and not any("_orig_mod" in n for n in names)
+    for cls in (AdaGC, LayerClip):
+        assert list(cls(compiled).names) == list(cls(eager).names)
+
+    keys = []
+    for model in (eager, compiled):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        tracker = MemoryTracker()
+        with gradloc_track.watch(model, opt, tracker=tracker, clip="layerclip", per_tensor=True):
+            x, y = nanogpt_batch(0)
+            model(x, y)[1].backward()
+            opt.step()
+        keys.append(sorted(tracker.keys()))
+    assert keys[0] == keys[1] and "grad_norm/transformer.h.0" in keys[0]
+    # a layer in warm-up has no threshold in force (not logged); its coefficient is, under the eager name
+    assert "clip/coef/transformer.h.0" in keys[0]
+
+
+def test_calls_are_read_by_the_forwards_own_names():
+    """Where the ids and targets are, however the loop passed them; a probe replays the same names."""
+    from gradloc_track.integrations.batches import LMBatch
+    from gradloc_track.integrations.calls import call_model, forward_signature
+
+    x, y = nanogpt_batch(0)
+    model = tiny_gpt()
+    sig = forward_signature(model)
+    for args, kwargs in [((x, y), {}), ((x,), {"targets": y}), ((), {"idx": x, "targets": y})]:
+        b = LMBatch.from_call(args, kwargs, sig)
+        assert (b.style, b.ids_name, b.targets_key) == ("kwargs", "idx", "targets")
+        assert torch.equal(b.input_ids, x) and torch.equal(b.target_ids, y)
+        assert call_model(model, b)[0].shape == (*x.shape, 64)  # replayed with targets: every position
+
+    class Star(torch.nn.Module):  # a forward(*args) wrapper: positions are all there is
+        def forward(self, *args, **kwargs):
+            return model(*args, **kwargs)
+
+    b = LMBatch.from_call((x, y), {}, forward_signature(Star()))
+    assert (b.style, b.targets_key) == ("positional", 1) and torch.equal(b.target_ids, y)
+    tgt, mask, _ = b.targets()
+    assert torch.equal(tgt, y.masked_fill(y < 0, -100)) and torch.equal(mask, (y >= 0).float())
+    hf = LMBatch.from_call((x,), {"attention_mask": torch.ones_like(x)}, forward_signature(tiny_gpt2()))
+    assert (hf.style, hf.ids_name, hf.target_ids) == ("kwargs", "input_ids", None)
+    assert hf.attention_mask is not None

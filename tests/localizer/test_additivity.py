@@ -1,0 +1,97 @@
+"""The additivity check catches every mask-dependent normaliser (issue 16, item 4).
+
+A subset probe is meaningful only when ``loss_fn(mask)`` is a SUM over the kept terms with a
+FIXED normaliser. Splitting the terms into a first and a second half keeps whole samples
+together, so a per-sample mean passed; masks that change the per-sample counts unevenly
+(interleaved within each sample) catch it. Each rejection shows the fixed-normaliser form for
+that case; the fixed forms are accepted and localize the culprit at its true norm.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import gradloc_track
+
+from .oracles import grads_of, norm, term_mask, tiny_gpt
+
+V, B, T = 64, 4, 16
+CULPRIT = (1, 5)
+
+
+def setup():
+    model = tiny_gpt(V, T)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, V, (B, T), generator=g)
+    y = torch.randint(0, V, (B, T), generator=g)
+    w = torch.ones(B, T)
+    w[CULPRIT] = 60.0
+    full = torch.ones(B, T)
+    full[2, 10:] = 0.0  # uneven per-sample counts: padding in sample 2
+    full[3, 12:] = 0.0
+
+    def per_tok():
+        return F.cross_entropy(model(x).reshape(-1, V), y.reshape(-1), reduction="none").view(B, T) * w
+
+    return model, x, y, per_tok, full
+
+
+def per_sample_mean(per_tok, full):
+    return lambda m: ((per_tok() * m).sum(1) / m.sum(1)).mean()
+
+
+def per_sample_mean_clamped(per_tok, full):
+    return lambda m: ((per_tok() * m).sum(1) / m.sum(1).clamp(min=1)).mean()
+
+
+def token_mean(per_tok, full):
+    return lambda m: (per_tok() * m).sum() / m.sum()
+
+
+MEANS = {"per-sample mean": (per_sample_mean, "full_counts = token_mask.sum(1)"),
+         "per-sample mean, clamped": (per_sample_mean_clamped, "full_counts = token_mask.sum(1)"),
+         "batch token mean": (token_mean, "n_tokens = token_mask.sum()")}
+
+
+@pytest.mark.parametrize("name", list(MEANS))
+def test_mask_dependent_normalisers_are_rejected_with_their_fix(name):
+    model, x, y, per_tok, full = setup()
+    make, fix = MEANS[name]
+    with pytest.raises(ValueError, match="not additive") as err:
+        gradloc_track.locate(model, make(per_tok, full), full)
+    assert fix in str(err.value), str(err.value)
+
+
+def test_cross_entropy_ignore_index_mean_is_rejected_with_its_fix():
+    model, x, y, per_tok, full = setup()
+
+    def loss_fn(m):  # the usual HF/PyTorch way: masked targets become -100, then the default mean
+        return F.cross_entropy(model(x).reshape(-1, V), y.masked_fill(m == 0, -100).reshape(-1), ignore_index=-100)
+
+    with pytest.raises(ValueError, match="not additive") as err:
+        gradloc_track.locate(model, loss_fn, full)
+    assert "reduction='none'" in str(err.value) and "n_tokens = token_mask.sum()" in str(err.value)
+
+
+def test_the_fixed_normaliser_forms_are_accepted_and_exact():
+    model, x, y, per_tok, full = setup()
+    full_counts = full.sum(1)  # computed ONCE from the full mask
+    n_tokens = full.sum()
+    fixed = {"per-sample": lambda m: ((per_tok() * m).sum(1) / full_counts).mean(),
+             "token": lambda m: (per_tok() * m).sum() / n_tokens}
+    for name, loss_fn in fixed.items():
+        res = gradloc_track.locate(model, loss_fn, full)
+        assert [(c.batch, c.position) for c in res.tokens] == [CULPRIT], name
+        want = norm(grads_of(model, loss_fn(term_mask((B, T), [CULPRIT]))))
+        assert res.tokens[0].grad_norm == pytest.approx(want, rel=1e-5), name
+
+
+def test_a_per_sample_mean_over_micro_batches_is_caught_in_the_micro_batch_it_is_in():
+    model, x, y, per_tok, full = setup()
+
+    def fixed(m):
+        return (per_tok() * m).sum() / full.sum()
+
+    with pytest.raises(ValueError, match=r"not additive.*micro-batch 1"):
+        gradloc_track.locate(model, [fixed, per_sample_mean_clamped(per_tok, full)], [full, full])

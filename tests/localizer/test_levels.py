@@ -1,0 +1,205 @@
+"""An answer at the level the cause lives (issue 16, item 2): micro-batch -> sample (or a
+document inside a packed row) -> contiguous span -> token, each with its additive share.
+
+A whole bad document whose terms are each below the token threshold is a culprit SAMPLE; a few
+heavy terms are TOKENS (the sample is not named on its own); a bad stretch inside a long sample
+is a SPAN; a spike no sample explains says so, with the per-sample shares. Norms and shares are
+checked against plain backward passes of the unit's mask.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import gradloc_track
+
+from .oracles import dot, grads_of, norm, term_mask, tiny_gpt
+
+V = 64
+
+
+def weighted(B: int, T: int, heavy: dict[tuple[int, int], float], seed: int = 0):
+    """A model and ``loss_fn(mask)`` over random tokens, with per-term loss weights ``heavy``."""
+    model = tiny_gpt(V, T)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, V, (B, T), generator=g)
+    y = torch.randint(0, V, (B, T), generator=g)
+    w = torch.ones(B, T)
+    for cell, v in heavy.items():
+        w[cell] = v
+
+    def loss_fn(mask):
+        per = F.cross_entropy(model(x).reshape(-1, V), y.reshape(-1), reduction="none").view(B, T)
+        return (per * w * mask).sum() / (B * T)  # fixed normalizer
+
+    return model, loss_fn
+
+
+def step_grad(model, loss_fn, shape):
+    """The training step's backward: ``.grad`` holds the step's gradient, as in a real loop."""
+    model.zero_grad(set_to_none=True)
+    loss_fn(torch.ones(shape)).backward()
+    return [p.grad.detach().clone() for p in model.parameters()]
+
+
+def exact(model, loss_fn, shape, cells, total):
+    g = grads_of(model, loss_fn(term_mask(shape, cells)))
+    return norm(g), dot(g, total) / dot(total, total)
+
+
+def max_term_norm(model, loss_fn, shape, cells) -> float:
+    return max(norm(grads_of(model, loss_fn(term_mask(shape, [c])))) for c in cells)
+
+
+def rows(res, level):
+    return [c for c in res.culprits if c.level == level]
+
+
+def test_a_whole_bad_document_below_the_token_threshold_is_a_culprit_sample():
+    B, T, bad = 8, 24, 5
+    cells = [(bad, t) for t in range(T)]
+    model, loss_fn = weighted(B, T, {c: 20.0 for c in cells})
+    total = step_grad(model, loss_fn, (B, T))
+    tau = 1.5 * max_term_norm(model, loss_fn, (B, T), [(b, t) for b in range(B) for t in range(T)])
+    res = gradloc_track.locate(model, loss_fn, torch.ones(B, T), threshold=tau)
+    assert res.tokens == []  # no single term is above the token threshold...
+    (s,) = res.culprits  # ...yet the document carries the spike
+    assert (s.level, s.micro_batch, s.batch) == ("sample", None, bad)
+    want_norm, want_share = exact(model, loss_fn, (B, T), cells, total)
+    assert s.grad_norm == pytest.approx(want_norm, rel=1e-4)
+    assert s.share == pytest.approx(want_share, rel=1e-4) and s.share > 0.5
+    assert res.as_dict()["culprits"][0]["level"] == "sample"
+
+
+def test_a_whole_bad_document_with_the_adaptive_threshold_is_one_sample_row():
+    B, T, bad = 8, 24, 5
+    model, loss_fn = weighted(B, T, {(bad, t): 20.0 for t in range(T)})
+    step_grad(model, loss_fn, (B, T))
+    res = gradloc_track.locate(model, loss_fn, torch.ones(B, T))
+    assert [(c.level, c.batch) for c in res.culprits if c.level != "token"] == [("sample", bad)]
+    assert all(c.batch == bad for c in res.tokens)
+
+
+def test_a_few_heavy_terms_are_tokens_not_their_sample():
+    B, T = 8, 24
+    heavy = {(3, 4): 60.0, (3, 15): 60.0}
+    model, loss_fn = weighted(B, T, heavy)
+    step_grad(model, loss_fn, (B, T))
+    res = gradloc_track.locate(model, loss_fn, torch.ones(B, T))
+    assert {(c.level, c.batch, c.position) for c in res.culprits} == {("token", 3, 4), ("token", 3, 15)}
+    assert res.tokens == [c for c in res.culprits if c.level == "token"]
+
+
+def test_a_bad_stretch_inside_a_long_sample_is_a_span():
+    B, T, bad, lo, hi = 4, 48, 2, 20, 28
+    cells = [(bad, t) for t in range(lo, hi)]
+    model, loss_fn = weighted(B, T, {c: 25.0 for c in cells})
+    total = step_grad(model, loss_fn, (B, T))
+    tau = 1.5 * max_term_norm(model, loss_fn, (B, T), cells)
+    res = gradloc_track.locate(model, loss_fn, torch.ones(B, T), threshold=tau)
+    (s,) = res.culprits
+    assert (s.level, s.batch, s.start, s.end) == ("span", bad, lo, hi)  # half-open [start, end)
+    want_norm, want_share = exact(model, loss_fn, (B, T), cells, total)
+    assert s.grad_norm == pytest.approx(want_norm, rel=1e-4) and s.share == pytest.approx(want_share, rel=1e-4)
+
+
+def test_a_document_inside_a_packed_row_is_named_by_its_document_id():
+    B, T, row = 4, 32, 1
+    docs = torch.zeros(B, T, dtype=torch.long)
+    docs[row, 10:22], docs[row, 22:] = 1, 2  # row 1 packs three documents: [0, 10), [10, 22), [22, 32)
+    cells = [(row, t) for t in range(10, 22)]
+    model, loss_fn = weighted(B, T, {c: 25.0 for c in cells})
+    total = step_grad(model, loss_fn, (B, T))
+    tau = 1.5 * max_term_norm(model, loss_fn, (B, T), cells)
+    res = gradloc_track.locate(model, loss_fn, torch.ones(B, T), threshold=tau, document_ids=docs)
+    (s,) = res.culprits
+    assert (s.level, s.batch, s.document, s.start, s.end) == ("sample", row, 1, 10, 22)
+    assert s.share == pytest.approx(exact(model, loss_fn, (B, T), cells, total)[1], rel=1e-4)
+
+
+def test_micro_batches_name_the_micro_batch_of_the_bad_sample():
+    B, T = 4, 24
+    model = tiny_gpt(V, T)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, V, (2 * B, T), generator=g)
+    y = torch.randint(0, V, (2 * B, T), generator=g)
+    w = torch.ones(2 * B, T)
+    w[B + 2] = 20.0  # the whole of micro-batch 1's sample 2
+
+    def part(rows):  # one micro-batch's loss, with ONE fixed normalizer for the whole step
+        def fn(mask):
+            per = F.cross_entropy(model(x[rows]).reshape(-1, V), y[rows].reshape(-1), reduction="none")
+            return (per.view(mask.shape) * w[rows] * mask).sum() / (2 * B * T)
+        return fn
+
+    fns = [part(slice(0, B)), part(slice(B, 2 * B))]
+    model.zero_grad(set_to_none=True)
+    for fn in fns:
+        fn(torch.ones(B, T)).backward()  # gradient accumulation
+    res = gradloc_track.locate(model, fns, [torch.ones(B, T)] * 2)
+    assert [(c.micro_batch, c.batch) for c in rows(res, "sample")] == [(1, 2)]
+    assert len(res.micro_batch_norms) == 2 and res.micro_batch_norms[1] > 3 * res.micro_batch_norms[0]
+    assert res.step_check is not None and res.step_check.replayed
+
+
+def test_a_spike_no_sample_explains_says_so_with_the_per_sample_shares():
+    B, T = 8, 16
+    model, loss_fn = weighted(B, T, {})
+    total = step_grad(model, loss_fn, (B, T))
+    res = gradloc_track.locate(model, loss_fn, torch.ones(B, T))
+    assert res.culprits == [] and res.tokens == []
+    assert any("no sample" in n for n in res.notes), res.notes
+    shares = {(s["micro_batch"], s["sample"]): s["share"] for s in res.sample_shares}
+    assert set(shares) == {(None, b) for b in range(B)}
+    assert sum(shares.values()) == pytest.approx(1.0, abs=0.05)
+    for b in range(B):  # the shares are the samples' (exact probes on the largest ones)
+        want = exact(model, loss_fn, (B, T), [(b, t) for t in range(T)], total)[1]
+        assert shares[(None, b)] == pytest.approx(want, abs=0.05)
+
+
+def test_per_sample_ghost_norms_are_exact_for_the_hooked_layers():
+    """The Gram form of the one ghost backward against a backward per sample (linear and embedding
+    parameters, the layers the hooks see; layer norms and the position table are not hooked)."""
+    from gradloc_track.localizer.ghost import GhostMap
+    from gradloc_track.localizer.segments import Segments
+
+    B, T = 4, 12
+    model, loss_fn = weighted(B, T, {(2, 5): 30.0})
+    segs = Segments(0, torch.ones(B, T))
+    with GhostMap(model, "block", (B, T), segments=segs):
+        model.zero_grad(set_to_none=True)
+        loss_fn(torch.ones(B, T)).backward()
+    hooked = [p for n, p in model.named_parameters() if "ln" not in n and "wpe" not in n]
+    for seg, got in zip(segs.items, segs.norms()):
+        mask = term_mask((B, T), [(seg.batch, t) for t in range(T)])
+        want = norm(torch.autograd.grad(loss_fn(mask), hooked))
+        assert got == pytest.approx(want, rel=1e-5)
+    model.zero_grad(set_to_none=True)
+
+
+def test_document_ids_must_match_the_mask():
+    B, T = 2, 8
+    model, loss_fn = weighted(B, T, {})
+    with pytest.raises(ValueError, match=r"document_ids must be an integer tensor of the token mask's shape"):
+        gradloc_track.locate(model, loss_fn, torch.ones(B, T), document_ids=torch.zeros(B, T + 1, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"one \(B, T\) tensor per micro-batch \(2\)"):
+        gradloc_track.locate(model, [loss_fn, loss_fn], [torch.ones(B, T)] * 2, document_ids=[None])
+
+
+def test_culprit_masks_hold_exactly_the_culprits_terms():
+    """One probe of the culprits' masks is their exact gradient: the sum of their rows' shares."""
+    B, T, row = 4, 32, 1
+    docs = torch.zeros(B, T, dtype=torch.long)
+    docs[row, 10:22], docs[row, 22:] = 1, 2
+    heavy = {(row, t): 25.0 for t in range(10, 22)}
+    heavy[(3, 7)] = 400.0  # and a token elsewhere
+    model, loss_fn = weighted(B, T, heavy)
+    total = step_grad(model, loss_fn, (B, T))
+    tau = 1.5 * max_term_norm(model, loss_fn, (B, T), [(row, t) for t in range(10, 22)])
+    res = gradloc_track.locate(model, loss_fn, torch.ones(B, T), threshold=tau, document_ids=docs)
+    assert {(c.level, c.batch) for c in res.culprits} == {("sample", row), ("token", 3)}
+    (mask,) = res.culprit_masks(torch.ones(B, T), docs)
+    assert {tuple(x) for x in mask.nonzero().tolist()} == {(row, t) for t in range(10, 22)} | {(3, 7)}
+    g = grads_of(model, loss_fn(mask))
+    assert dot(g, total) / dot(total, total) == pytest.approx(sum(c.share for c in res.culprits), rel=1e-4)

@@ -1,0 +1,149 @@
+"""Probes that reproduce the step exactly, with dropout (issue 16, item 1).
+
+The training loop runs K micro-batches with dropout; micro-batch k runs with the RNG advanced
+by micro-batches 0..k-1. Probes must replay each micro-batch's own RNG state, so the sum of the
+K full-mask probes equals the step's gradient (what backward left in ``.grad``). Where it cannot
+(randomness restoring the RNG does not replay), the result says why instead of going silent.
+"""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import gradloc_track
+from gradloc_track.integrations.batches import LMBatch, MicroBatchCapture, lm_spike_context
+
+from .oracles import norm
+
+pytest.importorskip("transformers")
+
+V, T, B, K = 64, 16, 2, 4
+
+
+def gpt2(dropout: float = 0.1):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(vocab_size=V, n_positions=T, n_embd=32, n_layer=2, n_head=2,
+                                      resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout))
+
+
+def micro_batches(seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(K):
+        ids = torch.randint(0, V, (B, T), generator=g)
+        out.append({"input_ids": ids, "labels": ids.clone(), "attention_mask": torch.ones_like(ids)})
+    out[2]["labels"][1, 9:] = -100  # uneven loss-term counts across micro-batches
+    return out
+
+
+def train_step(model, mbs, **kw):
+    """A user's accumulation loop (HF-style calls); returns the captured batches and RNG states."""
+    capture = MicroBatchCapture(model)
+    model.train()
+    model.zero_grad(set_to_none=True)
+    for mb in mbs:
+        (model(**mb, **kw).loss / (1 if kw else len(mbs))).backward()
+    batches, rng = capture.take()
+    capture.remove()
+    return batches, rng
+
+
+def step_norm(model) -> float:
+    return norm([p.grad for p in model.parameters() if p.grad is not None])
+
+
+
+def test_capture_keeps_one_rng_state_per_micro_batch():
+    model = gpt2()
+    batches, rng = train_step(model, micro_batches())
+    assert len(batches) == K and isinstance(rng, list) and len(rng) == K
+    assert not torch.equal(rng[0]["cpu"], rng[1]["cpu"])  # the RNG moved on between micro-batches
+
+
+@pytest.mark.parametrize("dropout", [0.1, 0.0])
+def test_micro_batch_probes_sum_to_the_steps_gradient_with_dropout(dropout):
+    model = gpt2(dropout)
+    batches, rng = train_step(model, micro_batches())
+    ctx = lm_spike_context(model, batches, rng_state=rng)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an exact replay warns about nothing
+        res = gradloc_track.locate(model, ctx.loss_fn, ctx.token_mask, rng_state=ctx.rng_state)
+    assert res.step_check.replayed and res.step_check.residual < 1e-5
+    assert res.total_norm == pytest.approx(step_norm(model), rel=1e-5)
+
+
+def test_a_step_replayed_with_the_wrong_randomness_warns_and_still_answers():
+    model = gpt2(0.1)
+    batches, rng = train_step(model, micro_batches())
+    ctx = lm_spike_context(model, batches, rng_state=[rng[0]] * K)  # 0.2's one state for every micro-batch
+    with pytest.warns(UserWarning, match="do not reproduce the step"):
+        res = gradloc_track.locate(model, ctx.loss_fn, ctx.token_mask, rng_state=ctx.rng_state)
+    assert not res.step_check.replayed and res.step_check.residual > 1e-2
+    assert any("do not reproduce the step" in n for n in res.notes)
+    assert len(res.micro_batch_norms) == K  # the coarse answer is still there
+
+
+def test_randomness_the_rng_cannot_replay_is_named():
+    model = gpt2(0.0)
+    private = torch.Generator().manual_seed(1)
+
+    def noisy(module, args, output):  # a module drawing from its own generator: not replayable
+        return output + 1e-2 * torch.randn(output.shape, generator=private)
+
+    model.transformer.h[0].mlp.register_forward_hook(noisy)
+    batches, rng = train_step(model, micro_batches())
+    ctx = lm_spike_context(model, batches, rng_state=rng)
+    with pytest.warns(UserWarning, match="randomness"):
+        res = gradloc_track.locate(model, ctx.loss_fn, ctx.token_mask, rng_state=ctx.rng_state)
+    assert not res.step_check.replayed and "randomness" in res.step_check.reason
+
+
+def test_the_rebuilt_loss_uses_the_steps_own_normaliser():
+    """HF Trainer passes ``num_items_in_batch`` (its count of the step's labels); without it, an HF
+    model's loss is its micro-batch's token mean and the loop divides by K."""
+    mbs = micro_batches()
+    for kw in ({"num_items_in_batch": torch.tensor(123)}, {}):
+        model = gpt2(0.0)
+        batches, rng = train_step(model, mbs, **kw)
+        ctx = lm_spike_context(model, batches, rng_state=rng)
+        res = gradloc_track.locate(model, ctx.loss_fn, ctx.token_mask, rng_state=ctx.rng_state)
+        assert res.step_check.replayed and res.step_check.norm_ratio == pytest.approx(1.0, abs=1e-5), kw
+        with torch.no_grad():
+            rebuilt = sum(float(f(m)) for f, m in zip(ctx.loss_fn, ctx.token_mask))
+            own = sum(float(model(**mb, **kw).loss) / (1 if kw else K) for mb in mbs)
+        assert rebuilt == pytest.approx(own, rel=1e-5), kw
+
+
+def test_lm_batch_keeps_num_items_in_batch():
+    ids = torch.zeros(2, 4, dtype=torch.long)
+    b = LMBatch.from_call((), {"input_ids": ids, "labels": ids, "num_items_in_batch": torch.tensor(6)})
+    assert int(b.num_items) == 6
+
+
+def test_a_gradient_clipped_in_place_is_the_step_rescaled_not_another_step():
+    """Clippers rescale .grad before the localizer runs (the monitor clips first): globally or per
+    tensor, the probes still reproduce the step; the ratio is said in a note."""
+    model = gpt2(0.1)
+    batches, rng = train_step(model, micro_batches())
+    ctx = lm_spike_context(model, batches, rng_state=rng)
+    params = [p for p in model.parameters() if p.grad is not None]
+    torch.nn.utils.clip_grad_norm_(params, 0.5 * step_norm(model))  # global clipping to half
+    res = gradloc_track.locate(model, ctx.loss_fn, ctx.token_mask, rng_state=ctx.rng_state)
+    assert res.step_check.replayed and res.step_check.norm_ratio == pytest.approx(0.5, rel=1e-4)
+    assert any("0.5x the probes' sum" in n for n in res.notes)
+    for j, p in enumerate(params):  # per-tensor factors (AdaGC-like): still the same step
+        p.grad.mul_(0.1 + 0.05 * (j % 7))
+    res = gradloc_track.locate(model, ctx.loss_fn, ctx.token_mask, rng_state=ctx.rng_state)
+    assert res.step_check.replayed and res.step_check.residual < 1e-4
+
+
+def test_packed_rows_become_documents_from_position_ids():
+    ids = torch.arange(12).view(2, 6)
+    pos = torch.tensor([[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 4, 5]])
+    b = LMBatch.from_call((), {"input_ids": ids, "position_ids": pos})
+    assert b.document_ids().tolist() == [[0, 0, 0, 1, 1, 2], [0, 0, 0, 0, 0, 0]]
+    assert LMBatch.from_call((), {"input_ids": ids, "position_ids": pos[1:].expand(2, 6)}).document_ids() is None
