@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 import time
+from functools import partial
 from typing import Callable, Sequence
 
 import torch
@@ -44,6 +45,7 @@ import torch.distributed as dist
 
 from ..grouping import LayerGrouping
 from ..norms import trainable_params
+from .dist_failure import aborted, attempt, describe
 from .dist_probe import DistProber, DistSnapshot, DistTerm, GlobalHits, GlobalView
 from . import levels
 from .ghost import GhostMap, adaptive_threshold
@@ -81,19 +83,24 @@ def _gather(obj, group) -> list:
     return out
 
 
-def _check_collectively(model, loss_fn, token_mask, method, budget, threshold, group) -> tuple[list, list, bool]:
-    """Every rank raises the same error, or none does (one all_gather, before any probe)."""
+def _check_collectively(model, loss_fn, token_mask, method, budget, threshold, group,
+                        failure: Exception | None = None) -> tuple[list, list, bool]:
+    """Every rank raises the same error, or none does (one all_gather, before any probe).
+    ``failure``: what this rank could not do before (saving its gradients): ``LocateAborted``."""
     problem, fns, masks, labelled = _local_problem(model, loss_fn, token_mask, method, budget, threshold)
-    mine = (problem, len(fns), sum(int((m != 0).sum()) for m in masks))
+    mine = (problem, len(fns), sum(int((m != 0).sum()) for m in masks), describe(failure) if failure else "")
     every = _gather(mine, group)
-    errors = [f"rank {r}: {e}" for r, (e, _, _) in enumerate(every) if e]
+    failed = [f"rank {r}: {f}" for r, (_, _, _, f) in enumerate(every) if f]
+    if failed:
+        raise aborted("saving the gradients", failed) from failure
+    errors = [f"rank {r}: {e}" for r, (e, _, _, _) in enumerate(every) if e]
     if errors:
         raise ValueError("; ".join(errors))
-    ks = {k for _, k, _ in every}
+    ks = {k for _, k, _, _ in every}
     if len(ks) > 1:
-        raise ValueError(f"every rank must pass the same number of micro-batches (got {[k for _, k, _ in every]} "
+        raise ValueError(f"every rank must pass the same number of micro-batches (got {[e[1] for e in every]} "
                          "per rank): a DDP/FSDP2 step runs one backward per micro-batch on every rank")
-    if sum(n for _, _, n in every) == 0:
+    if sum(e[2] for e in every) == 0:
         raise ValueError("token_mask selects no loss terms on any rank (all zeros): pass the batch's loss mask")
     return fns, masks, labelled
 
@@ -214,50 +221,61 @@ def locate_distributed(model: torch.nn.Module, loss_fn: Callable | Sequence[Call
 
     ``ghost_map``/``layer_map`` in the result are THIS rank's (its first micro-batch's), the one
     per-rank part of the result; ``dist_context.gather_culprit_rows`` brings the rows the
-    artifacts show to rank 0.
+    artifacts show to rank 0. A failure on one rank (saving its gradients, a probe's ``loss_fn``)
+    stops the search on every rank together: all raise ``LocateAborted``, everything restored.
     """
-    fns, masks, labelled = _check_collectively(model, loss_fn, token_mask, method, budget, threshold, group)
-    rank, world = dist.get_rank(group), dist.get_world_size(group)
     t0 = time.perf_counter()
-    snap = DistSnapshot(model)
+    snap, failure = attempt(partial(DistSnapshot, model))  # its copies may not fit: agreed on below
+    fns, masks, labelled = _check_collectively(model, loss_fn, token_mask, method, budget, threshold, group, failure)
     try:
-        named = trainable_params(model)
-        grouping = LayerGrouping.build([n for n, _ in named], group_by)
-        rngs = rng_states(rng_state, len(fns), snap.rng)
-        # gradloc: its micro-batch and rank stages come on top of the token stage's budget
-        extra = len(fns) + 2 * world if method == "gradloc" else 0
-        prober = DistProber([p for _, p in named], fns, masks, rngs, budget + extra, grouping, rank, group)
-        view = GlobalView(prober)
-        tau = threshold / world if threshold is not None else None
-        notes: list[str] = []
-        maps, names = None, grouping.layers
-        if method == "gradloc":
-            terms = sorted(_gather_terms(prober, None)[0])
-            total, hits, exhausted = _gradloc(prober, view, terms, threshold, budget, labelled)
-            total_sq = hits.total_sq
-        else:
-            total, maps, names, segs = _ghost_pass(prober, model, group_by, world)
-            total_sq = _check_synchronized(prober, total)
-            score, samples = _gather_terms(prober, maps, segs)
-            terms = sorted(score)  # global order: rank, micro-batch, batch, position
-            if tau is None:
-                tau = _adaptive(score, samples)
-            hits = GlobalHits(view, total, total_sq, score, labelled)
-            if method == "auto":
-                exhausted, notes = auto(view, hits, [(0, *t) for t in terms], tau, prune_level(score, tau))
-            else:
-                exhausted = bisect(view, 0, terms, tau, hits, two_probes=True, tau_prune=prune_level(score, tau))
-        if not math.isfinite(total_sq):
-            raise FloatingPointError("the batch's gradient is not finite (NaN/Inf): localization needs finite "
-                                     "gradients; skip this step or find the bad sample by its loss first")
-        tokens = sorted(hits.tokens, key=lambda c: (-c.grad_norm, c.rank, c.micro_batch or 0, c.batch, c.position))
-        restore_rng(snap.rng)
-        return LocateResult(tokens=tokens, probes=prober.count, method=method, threshold=float(tau),
-                            total_norm=total_sq ** 0.5, layer_names=names,
-                            ghost_map=term_scores(maps[0], masks[0]).float() if maps else None,
-                            layer_map=maps[0].float() if maps else None,
-                            budget_exhausted=exhausted, wall_time_s=time.perf_counter() - t0,
-                            notes=notes + [f"distributed over {world} ranks; norms in the optimizer's units "
-                                           "(averaged over ranks)"])
+        result = _search(model, fns, masks, labelled, method, budget, threshold, group_by, rng_state, group, snap)
+    except BaseException:
+        snap.recover_fsdp()  # every rank left a forward without its backward: FSDP2 reshards
+        raise
     finally:
         snap.restore()
+    result.wall_time_s = time.perf_counter() - t0
+    return result
+
+
+def _search(model, fns, masks, labelled: bool, method: str, budget: int, threshold: float | None, group_by: str,
+            rng_state, group, snap: DistSnapshot) -> LocateResult:
+    """The search itself, in lockstep on every rank (``locate_distributed`` restores afterwards)."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    named = trainable_params(model)
+    grouping = LayerGrouping.build([n for n, _ in named], group_by)
+    rngs = rng_states(rng_state, len(fns), snap.rng)
+    # gradloc: its micro-batch and rank stages come on top of the token stage's budget
+    extra = len(fns) + 2 * world if method == "gradloc" else 0
+    prober = DistProber([p for _, p in named], fns, masks, rngs, budget + extra, grouping, rank, group)
+    view = GlobalView(prober)
+    tau = threshold / world if threshold is not None else None
+    notes: list[str] = []
+    maps, names = None, grouping.layers
+    if method == "gradloc":
+        terms = sorted(_gather_terms(prober, None)[0])
+        total, hits, exhausted = _gradloc(prober, view, terms, threshold, budget, labelled)
+        total_sq = hits.total_sq
+    else:
+        total, maps, names, segs = _ghost_pass(prober, model, group_by, world)
+        total_sq = _check_synchronized(prober, total)
+        score, samples = _gather_terms(prober, maps, segs)
+        terms = sorted(score)  # global order: rank, micro-batch, batch, position
+        if tau is None:
+            tau = _adaptive(score, samples)
+        hits = GlobalHits(view, total, total_sq, score, labelled)
+        if method == "auto":
+            exhausted, notes = auto(view, hits, [(0, *t) for t in terms], tau, prune_level(score, tau))
+        else:
+            exhausted = bisect(view, 0, terms, tau, hits, two_probes=True, tau_prune=prune_level(score, tau))
+    if not math.isfinite(total_sq):
+        raise FloatingPointError("the batch's gradient is not finite (NaN/Inf): localization needs finite "
+                                 "gradients; skip this step or find the bad sample by its loss first")
+    tokens = sorted(hits.tokens, key=lambda c: (-c.grad_norm, c.rank, c.micro_batch or 0, c.batch, c.position))
+    restore_rng(snap.rng)
+    return LocateResult(tokens=tokens, probes=prober.count, method=method, threshold=float(tau),
+                        total_norm=total_sq ** 0.5, layer_names=names,
+                        ghost_map=term_scores(maps[0], masks[0]).float() if maps else None,
+                        layer_map=maps[0].float() if maps else None, budget_exhausted=exhausted, wall_time_s=0.0,
+                        notes=notes + [f"distributed over {world} ranks; norms in the optimizer's units "
+                                       "(averaged over ranks)"])

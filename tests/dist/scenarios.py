@@ -33,6 +33,36 @@ ERRORS = [{"name": "fsdp2_bad_rank1", "wrap": "fsdp2", "culprits": [[1, 0, 3]], 
 MONITOR = [{"name": "ddp_monitor", "wrap": "ddp", "culprits": [[1, 0, 3]], "kind": "monitor"}]
 
 
+def failure_scenarios(world: int) -> list[dict]:
+    """One rank fails during a localization (test_failure_dist): every method, both wrappings,
+    each place a failure can be agreed on; the world-independent variants on 2 processes only."""
+    last, two = world - 1, [[0, 1, 5], [world - 1, 0, 2]]
+    cases = [
+        {"name": "fail_ddp_auto_model", "wrap": "ddp", "culprits": two, "fail_rank": 1, "fail_at": 3,
+         "where": "model"},
+        {"name": "fail_ddp_bisect_loss", "wrap": "ddp", "culprits": two, "method": "bisect", "fail_rank": last,
+         "fail_at": 3, "where": "loss"},
+        {"name": "fail_fsdp2_gradloc_after", "wrap": "fsdp2", "culprits": [[1, 0, 3]], "method": "gradloc",
+         "threshold": 3.0, "fail_rank": 1, "fail_at": 3, "where": "after"},
+        {"name": "fail_fsdp2_auto_ghost", "wrap": "fsdp2", "culprits": two, "fail_rank": 0, "fail_at": 1,
+         "where": "after"},
+    ]
+    if world == 2:
+        cases += [
+            {"name": "fail_ddp_micro1", "wrap": "ddp", "culprits": [[1, 1, 0, 3]], "micro": 2, "fail_rank": 0,
+             "fail_at": 2, "where": "model"},
+            {"name": "fail_ddp_gradloc_copy", "wrap": "ddp", "culprits": [[1, 0, 3]], "method": "gradloc",
+             "threshold": 3.0, "fail_rank": 1, "fail_at": 3, "where": "copy"},
+            {"name": "fail_fsdp2_snapshot", "wrap": "fsdp2", "culprits": [[1, 0, 3]], "fail_rank": 1,
+             "where": "snapshot"},
+        ]
+    return [{**c, "kind": "failure"} for c in cases]
+
+
+FAILURE_MONITOR = [{"name": "fail_monitor", "wrap": "ddp", "culprits": [[1, 0, 3]], "fail_rank": 1, "fail_at": 2,
+                    "where": "loss", "kind": "failure_monitor"}]
+
+
 def port_cases(world: int) -> list[dict]:
     """GradLoc's rank search against the port (test_gradloc_dist), thresholds set here."""
     return [{**gradloc_port.with_threshold(c, world), "kind": "port"}
@@ -42,4 +72,5 @@ def port_cases(world: int) -> list[dict]:
 def all_scenarios(world: int) -> list[dict]:
     if world == 3:  # only GradLoc's uneven rank split needs 3 processes
         return port_cases(world)
-    return (locate_scenarios(world) + ERRORS + (MONITOR if world == 2 else []) + port_cases(world))
+    return (locate_scenarios(world) + ERRORS + (MONITOR if world == 2 else []) + port_cases(world)
+            + failure_scenarios(world) + (FAILURE_MONITOR if world == 2 else []))
