@@ -12,8 +12,8 @@ one the optimizer would see. Methods:
   About ``m + 2`` probes for ``m`` culprits, independent of the world size.
 - ``bisect``: our halving (``search.bisect``) over the global term list (ranks in order).
 - ``gradloc``: GradLoc's own path (Tencent-Hunyuan/GradLoc): its micro-batch stage, a
-  single-path binary search over ranks (2 probes per split, the larger token-mean half kept),
-  then its token bisection (``gradloc.token_stage``) inside that one rank. About
+  single-path binary search over ranks (2 probes per split, the larger raw-norm half kept, ties
+  right, giving up below its threshold), then its token bisection (``gradloc.token_stage``) inside that one rank. About
   ``K + 2 log2(world) + 2 m log2(N)`` probes; it finds the culprits of one rank only, which is
   why ``auto`` gathers candidates from every rank instead. Needs an explicit ``threshold``.
 
@@ -28,7 +28,13 @@ the optimizer's gradient is its own-loss gradient divided by ``W``. Every norm i
 the numbers one process would report for the global batch with a global-mean loss. An explicit
 ``threshold`` is in the units of one rank's own ``loss_fn`` (what single-process ``locate``
 would use with that ``loss_fn``) and is divided by ``W`` here, as GradLoc divides its token
-threshold by the world size. The adaptive threshold (``None``) is taken over every rank's terms.
+threshold by the world size (``gradloc``: GradLoc's ``T = threshold * N / (K * W)``, ``N`` the
+global term count, the same for equal counts per rank; see ``_gradloc``). The adaptive
+threshold (``None``) is taken over every rank's terms.
+
+Failures. A rank-local failure during the search (``loss_fn`` raising, an OOM copying a probe's
+gradient or saving the gradients) is agreed on before the next collective (``dist_failure``):
+every rank raises ``LocateAborted`` together, restored, in step with its peers.
 
 The result is identical on every rank; ``CulpritToken.rank`` names the rank whose batch holds
 the culprit, ``micro_batch`` its micro-batch when the step had several.

@@ -3,9 +3,10 @@
 A scenario names the rank (``fail_rank``), the probe (``fail_at``: the rank's n-th ``loss_fn``
 call under grad) and where the failure happens: ``loss`` (in loss_fn, before the model runs),
 ``model`` (inside the model's forward, a block's pre-hook), ``after`` (after the model's forward,
-in the loss), ``copy`` (copying the probe's gradient) or ``snapshot`` (saving the gradients before
-any probe). Faults are injected by wrapping the rank's loss_fn or, for ``copy``/``snapshot``,
-by replacing one localizer function on that rank only (fault injection is the one mock we use).
+in the loss), ``float`` (loss_fn returns a python float: an input error, ``ValueError``),
+``copy`` (copying the probe's gradient) or ``snapshot`` (saving the gradients before any probe).
+Faults are injected by wrapping the rank's loss_fn or, for ``copy``/``snapshot``, by replacing
+one localizer function on that rank only (fault injection is the one mock we use).
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ class Injector:
 
     def wrap(self, fn):
         def loss_fn(mask):
-            if not (self.active and torch.is_grad_enabled() and self.where in ("loss", "model", "after")):
+            if not (self.active and torch.is_grad_enabled() and self.where in ("loss", "model", "after", "float")):
                 return fn(mask)
             self.calls += 1
             now = self.calls == self.fail_at
@@ -48,6 +49,9 @@ class Injector:
             loss = fn(mask)
             if now and self.where == "after":
                 raise self.error()
+            if now and self.where == "float":  # a bad loss, not an exception: every rank raises ValueError
+                self.t_fail = time.time()
+                return float(loss.detach())
             return loss
         return loss_fn
 
@@ -118,8 +122,8 @@ def run_failure(scn: dict, rank: int, world: int) -> dict:
     try:
         locate(model, probed[0] if one else probed, masks[0] if one else masks, method=scn.get("method", "auto"),
                threshold=scn.get("threshold"))
-    except LocateAborted as exc:
-        error, cause = str(exc), type(exc.__cause__).__name__ if exc.__cause__ is not None else None
+    except (LocateAborted, ValueError) as exc:
+        error, cause = f"{type(exc).__name__}: {exc}", type(exc.__cause__).__name__ if exc.__cause__ else None
     finally:
         t_return = time.time()
         if patch:

@@ -50,11 +50,13 @@ def failure_scenarios(world: int) -> list[dict]:
     if world == 2:
         cases += [
             {"name": "fail_ddp_micro1", "wrap": "ddp", "culprits": [[1, 1, 0, 3]], "micro": 2, "fail_rank": 0,
-             "fail_at": 2, "where": "model"},
+             "fail_at": 2, "where": "model", "stops_at": "probe 1, micro-batch 1"},  # the ghost pass's 2nd
             {"name": "fail_ddp_gradloc_copy", "wrap": "ddp", "culprits": [[1, 0, 3]], "method": "gradloc",
              "threshold": 3.0, "fail_rank": 1, "fail_at": 3, "where": "copy"},
             {"name": "fail_fsdp2_snapshot", "wrap": "fsdp2", "culprits": [[1, 0, 3]], "fail_rank": 1,
              "where": "snapshot"},
+            {"name": "bad_loss_fsdp2", "wrap": "fsdp2", "culprits": [[1, 0, 3]], "method": "bisect", "fail_rank": 1,
+             "fail_at": 2, "where": "float"},
         ]
     return [{**c, "kind": "failure"} for c in cases]
 

@@ -2,7 +2,8 @@
 
 On 2 and 4 gloo processes (``failure_worker.py``), one rank raises an out-of-memory error at probe
 k: in its loss_fn, inside the model's forward, after it, while copying the probe's gradient, or
-while saving the gradients. Every rank raises ``LocateAborted`` naming that rank and its error,
+while saving the gradients (or its loss_fn returns a float: ``ValueError`` on every rank, as for
+inputs checked before any probe). Every rank raises ``LocateAborted`` naming that rank and its error,
 returns within 60 s of the failure (the launch is bounded too: a hang fails the test), restores
 its gradients bitwise, and training goes on: the next all_reduce pairs with the peers' and two
 optimizer steps give exactly the parameters of a run without the localization. Through the
@@ -24,17 +25,26 @@ def failures(request, dist_results):
     return world, {s["name"]: (s, every[s["name"]][1]) for s in failure_scenarios(world)}
 
 
+def expected_error(scn: dict) -> str:
+    """The head of the message every rank must raise: the error type and where the search stopped."""
+    rank, k = scn["fail_rank"], scn.get("fail_at", 1)
+    where = scn.get("stops_at", {"snapshot": "saving the gradients", "copy": f"probe {k}, copying its gradient"}
+                    .get(scn["where"], f"probe {k}, micro-batch 0"))
+    if scn["where"] == "float":  # an input error found at a probe: ValueError, as before any probe
+        return f"ValueError: {where}: rank {rank}: loss_fn(mask) returned float"
+    return f"LocateAborted: localization aborted on every rank ({where}): "
+
+
 def test_every_rank_raises_the_same_error_naming_the_failed_rank(failures):
     world, runs = failures
     for name, (scn, per_rank) in runs.items():
-        where = "saving the gradients" if scn["where"] == "snapshot" else f"probe {scn['fail_at']}"
-        first = per_rank[0]["error"]
-        assert first is not None and where in first, (name, first)
-        assert f"rank {scn['fail_rank']}: OutOfMemoryError: injected out of memory on rank {scn['fail_rank']}" \
-               in first, (name, first)
+        first, rank = per_rank[0]["error"], scn["fail_rank"]
+        assert first is not None and first.startswith(expected_error(scn)), (name, first)
+        if scn["where"] != "float":
+            assert f"rank {rank}: OutOfMemoryError: injected out of memory on rank {rank}" in first, (name, first)
         assert all(r["error"] == first for r in per_rank), name  # the same message everywhere
-        for rank, res in enumerate(per_rank):  # the original error is the failed rank's cause
-            assert res["cause"] == ("OutOfMemoryError" if rank == scn["fail_rank"] else None), (name, rank)
+        for r, res in enumerate(per_rank):  # the original error is the failed rank's cause
+            assert res["cause"] == ("OutOfMemoryError" if r == rank and scn["where"] != "float" else None), (name, r)
 
 
 def test_every_rank_returns_within_60_s_of_the_failure(failures):

@@ -113,7 +113,8 @@ def test_monitor_localizes_on_every_rank_and_rank0_writes(runs):
         pytest.skip("run on 2 processes")
     per_rank = extra["ddp_monitor"]
     assert all(r["events"] == 1 for r in per_rank), per_rank
-    assert per_rank[0]["tokens"] == per_rank[1]["tokens"] and [t[:4] for t in per_rank[0]["tokens"]] == [[1, None, 0, 3]]
+    assert per_rank[0]["tokens"] == per_rank[1]["tokens"]
+    assert [t[:4] for t in per_rank[0]["tokens"]] == [[1, None, 0, 3]]
     x, _, _ = W.global_batch(world, [[1, 0, 3]])
     (row,) = per_rank[0]["table"]
     assert (row["rank"], row["rank_sample"], row["position"], row["token_id"]) == (1, 0, 3, int(x[0, W.B, 3]))
