@@ -9,9 +9,9 @@ from .gradloc_port import Reference
 from .scenarios import port_cases
 
 
-def compare(case: dict, per_rank: list[dict], world: int) -> list[str]:
-    """What differs between the distributed run and the reference ('' entries: none)."""
-    ref = Reference(case, world).run(case["T"], case["budget"])
+def compare(case: dict, per_rank: list[dict], world: int, ref: dict | None = None) -> list[str]:
+    """What differs between the distributed run and the reference (empty: nothing)."""
+    ref = ref or Reference(case, world).run(case["T"], case["budget"])
     assert ref["margin"] > 1e-4, f"{case['name']}: a decision sits {ref['margin']:.1e} from its threshold"
     got = per_rank[0]
     diffs = []
@@ -33,9 +33,16 @@ def compare(case: dict, per_rank: list[dict], world: int) -> list[str]:
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_gradloc_follows_the_official_rank_search(world, dist_results):
     results = dist_results(world)
-    cases = [c for c in port_cases(world)]
-    failures = {c["name"]: d for c in cases if (d := compare(c, results[c["name"]][1], world))}
+    cases = port_cases(world)
+    refs = {c["name"]: Reference(c, world).run(c["T"], c["budget"]) for c in cases}
+    failures = {c["name"]: d for c in cases if (d := compare(c, results[c["name"]][1], world, refs[c["name"]]))}
     for c in cases:
         per_rank = results[c["name"]][1]
         assert all(p["hits"] == per_rank[0]["hits"] and p["probes"] == per_rank[0]["probes"] for p in per_rank)
     assert not failures, f"{len(failures)}/{len(cases)} cases differ from the official rules: {failures}"
+    # the cases reach every rule: the give-up, an exact tie through the rank search, two
+    # micro-batches, a token stage stopped by its budget, and unequal token counts
+    assert any(refs[c["name"]]["micro_batch"] >= 0 and refs[c["name"]]["rank"] < 0 for c in cases)
+    assert any(c["tie"] and refs[c["name"]]["micro_batch"] >= 0 for c in cases)
+    assert any(c["K"] == 2 for c in cases) and any(r["exhausted"] for r in refs.values())
+    assert all(len(set(c["density"])) == world for c in cases)
