@@ -28,7 +28,7 @@ _EXPORTS = {
 _SUBMODULES = ("clip", "spikes", "trackers", "config", "artifacts", "norms", "grouping", "localizer", "monitor",
                "integrations")
 
-__all__ = sorted(_EXPORTS) + list(_SUBMODULES)
+__all__ = sorted(_EXPORTS) + list(_SUBMODULES) + ["locate"]
 
 # the public function ``gradloc_track.locate(model, ...)``; its package is ``gradloc_track.localizer``
 from .localizer import locate  # noqa: E402

@@ -171,7 +171,8 @@ def test_wandb_offline_media_read_back(spike, tmp_path, monkeypatch):
     tracker.finish()
     (run,) = (tmp_path / "wandb").glob("offline-run-*")
     tables = sorted((run / "files" / "media" / "table").rglob("*.table.json"))
-    cumulative = max((json.loads(p.read_text()) for p in tables if "tokens_all" in p.name), key=lambda t: len(t["data"]))
+    cumulative = max((json.loads(p.read_text()) for p in tables if "tokens_all" in p.name),
+                     key=lambda t: len(t["data"]))
     assert [r[0] for r in cumulative["data"]] == [7, 8, 9]
     token_col = cumulative["columns"].index("token")
     assert cumulative["data"][0][token_col] == HOSTILE

@@ -360,7 +360,8 @@ def test_sft_packing_example_names_the_corrupted_document(tmp_path, monkeypatch)
     top = max(share, key=share.get)
     assert top == injected["document"] and share[top] > 0.3 and share[top] >= 0.8 * sum(share.values())
     # the document's rows lie inside it (a document row spans its terms: the term before its first token included)
-    assert all(injected["start"] - 1 <= r["position"] < r["end"] <= injected["end"] for r in found if r["document"] == top)
+    assert all(injected["start"] - 1 <= r["position"] < r["end"] <= injected["end"]
+               for r in found if r["document"] == top)
     assert len([c for c in table_columns(tmp_path / "r") if c == "document"]) == 1  # TRL's column is ours
     page = (tmp_path / "r" / "spikes" / "highlight" / f"step_{injected['step']:06d}.html").read_text()
     assert f"<b>document {top}</b>" in page

@@ -95,9 +95,9 @@ def reference_gradloc(model, mbs, T, budget):
         return set(), probes, False, margin[0]
     terms, hits, stack, used = idx[target], set(), [(0, len(idx[target]) - 1)], 0
     while used + 2 <= budget and stack:
-        l, r = stack.pop()
-        mid = (l + r) // 2
-        segs = [(probe(target, terms[lo: hi + 1]), lo, hi) for lo, hi in ((l, mid), (mid + 1, r))]
+        left, r = stack.pop()
+        mid = (left + r) // 2
+        segs = [(probe(target, terms[lo: hi + 1]), lo, hi) for lo, hi in ((left, mid), (mid + 1, r))]
         used += 2
         push = []
         for v, lo, hi in sorted(segs, key=lambda s: s[0]):

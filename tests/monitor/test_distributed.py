@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from gradloc_track.grouping import layer_of
 
@@ -47,7 +46,8 @@ def test_two_process_norms_match_single_process(mode, tmp_path):
     procs = [subprocess.Popen([sys.executable, str(WORKER), str(r), "2", port, mode, str(out)], cwd=root,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
     logs = [p.communicate(timeout=240)[0] for p in procs]
-    report = "\n".join(f"--- rank {r} exited {p.returncode} ---\n{log[-2000:]}" for r, (p, log) in enumerate(zip(procs, logs)))
+    report = "\n".join(f"--- rank {r} exited {p.returncode} ---\n{log[-2000:]}"
+                       for r, (p, log) in enumerate(zip(procs, logs)))
     assert all(p.returncode == 0 for p in procs), report
     got = json.loads(out.read_text())
     pre, post, layers = reference()
