@@ -31,13 +31,16 @@ Rooms: ``entry`` (``locate()``), ``inputs`` (argument checks shared with the dis
 bisection, ``auto``), ``gradloc`` (GradLoc's procedure), ``ghost`` (the one-backward ranking),
 ``segments`` (exact per-sample norms from it), ``probe`` (the only place probes run the model),
 ``replay`` (the probes against the step), ``snapshot`` (leave no trace), ``result``, ``memory``;
-under ``torch.distributed``: ``distributed``, ``dist_probe``, ``dist_context``.
+under ``torch.distributed``: ``distributed``, ``dist_probe``, ``dist_failure`` (one rank's failure
+stops every rank together: ``LocateAborted``), ``dist_context``.
 """
 from __future__ import annotations
 
+from .dist_failure import LocateAborted
 from .entry import locate
 from .inputs import METHODS
 from .probe import save_rng
 from .result import LEVELS, Culprit, CulpritToken, LocateResult, StepCheck
 
-__all__ = ["locate", "LocateResult", "CulpritToken", "Culprit", "StepCheck", "LEVELS", "METHODS", "save_rng"]
+__all__ = ["locate", "LocateAborted", "LocateResult", "CulpritToken", "Culprit", "StepCheck", "LEVELS", "METHODS",
+           "save_rng"]

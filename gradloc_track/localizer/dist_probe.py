@@ -11,16 +11,20 @@ data-parallel ranks, so a term's gradient is its own-loss gradient divided by th
 Norms are taken over the full gradient: sharded (DTensor) parts are summed over exactly the mesh
 dims that shard them (``norms.reduce_over_shards``), so every rank computes the same numbers in
 the same order and takes the same branch of the search.
+
+A rank-local failure inside a probe (``loss_fn`` raising, an OOM copying the gradient) is agreed
+on before the next collective, so every rank leaves the search together (``dist_failure``).
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable, Sequence
 
 import torch
-import torch.distributed as dist
 
 from ..grouping import LayerGrouping
 from ..norms import local_part, reduce_over_shards
+from .dist_failure import agree, attempt
 from .probe import BudgetExhausted, Grads, Prober, check_loss, restore_rng, save_rng
 from .result import CulpritToken
 
@@ -40,7 +44,8 @@ class DistProber(Prober):
                  rank: int, group=None) -> None:
         super().__init__(params, loss_fns, masks, rng_states, budget, grouping)
         self.rank, self.group = rank, group
-        self.checked = False  # the first probe agrees, across ranks, that every loss is usable
+        # where the failure flag lives: the backend's device (NCCL reduces CUDA tensors only)
+        self.device = local_part(self.params[0]).device if self.params else torch.device("cpu")
 
     def global_mask_of(self, k: int, terms: Sequence[DistTerm]) -> torch.Tensor:
         """This rank's mask of micro-batch ``k`` for a global subset (zeros where it owns none)."""
@@ -54,6 +59,8 @@ class DistProber(Prober):
         """The summed gradient of micro-batches ``masks`` (k -> this rank's mask), in lockstep.
 
         ``ghosts``: k -> a ``GhostMap`` entered around that micro-batch's forward+backward.
+        A rank-local failure (``loss_fn`` raising, an unusable loss, the gradient copy) is agreed
+        on before the next collective (``dist_failure``): every rank raises together.
         """
         if self.count >= self.budget:  # the count is the same on every rank: all stop together
             raise BudgetExhausted
@@ -66,35 +73,25 @@ class DistProber(Prober):
             if ghost is not None:
                 ghost.__enter__()
             try:
-                loss = self.loss_fns[k](mask)
-                if not self.checked:
-                    self._agree_loss_is_usable(loss, k)
+                loss, failure = attempt(partial(self.loss_fns[k], mask))
+                problem = "" if failure is not None else _loss_problem(loss)
+                # before backward's collectives (DDP all-reduce, FSDP2 reduce-scatter)
+                agree(f"probe {self.count}, micro-batch {k}", self.device, self.group, failure, problem)
                 loss.backward()
             finally:
                 if ghost is not None:
                     ghost.__exit__(None, None, None)
-        self.checked = True
+        out, failure = attempt(self._take_grads)
+        agree(f"probe {self.count}, copying its gradient", self.device, self.group, failure)
+        return out
+
+    def _take_grads(self) -> Grads:
         # copies: DDP's bucket-view grads are overwritten in place by the next probe
         out = [local_part(p.grad).detach().clone() if p.grad is not None else torch.zeros_like(local_part(p))
                for p in self.params]
         for p in self.params:
             p.grad = None
         return out
-
-    def _agree_loss_is_usable(self, loss, k: int) -> None:
-        """Every rank learns whether any rank's loss cannot be back-propagated, BEFORE anyone
-        enters backward's collectives: one rank raising alone would leave the others waiting."""
-        try:
-            check_loss(loss)
-            bad = "" if loss.requires_grad else ("loss_fn(mask) returned a loss that does not require grad "
-                                                 "(also needed for an all-zero mask)")
-        except TypeError as exc:
-            bad = str(exc)
-        flags = [None] * dist.get_world_size(self.group)
-        dist.all_gather_object(flags, bad, group=self.group)
-        errors = [f"rank {r}: {m}" for r, m in enumerate(flags) if m]
-        if errors:
-            raise ValueError(f"micro-batch {k}: " + "; ".join(errors))
 
     # -- full-gradient vector helpers: local parts, reduced over the ranks that shard them ------
     def sq_per_tensor(self, g: Grads) -> torch.Tensor:  # type: ignore[override]
@@ -103,6 +100,16 @@ class DistProber(Prober):
     def dot(self, a: Grads, b: Grads) -> float:  # type: ignore[override]
         local = torch.stack([torch.dot(x.reshape(-1).double(), y.reshape(-1).double()) for x, y in zip(a, b)])
         return float(reduce_over_shards(local, self.params).sum())
+
+
+def _loss_problem(loss) -> str:
+    """Why ``loss`` cannot be back-propagated ('' when it can); checked on the host, no sync."""
+    try:
+        check_loss(loss)
+    except TypeError as exc:
+        return str(exc)
+    return "" if loss.requires_grad else ("loss_fn(mask) returned a loss that does not require grad (also "
+                                          "needed for an all-zero mask)")
 
 
 class GlobalView:
@@ -186,3 +193,34 @@ class DistSnapshot:
         for m, training in self.modes.items():
             m.training = training
         restore_rng(self.rng)
+
+    def recover_fsdp(self) -> None:
+        """After an aborted search: FSDP2 modules back to their sharded parameters.
+
+        A forward whose backward never ran (the probe every rank left together) leaves FSDP2's
+        root holding its gathered parameters; the optimizer then steps the shards and the next
+        forward would compute with the stale gathered values. ``reset_iter_state`` (torch 2.13,
+        on the outermost FSDP modules) also clears a forward stopped midway; ``reshard`` (local,
+        no collective) covers older torch."""
+        fsdp = _fsdp_modules(self.modes)
+        nested = {id(c) for m in fsdp for c in m.modules() if c is not m}
+        for m in fsdp:
+            reset = getattr(m, "reset_iter_state", None)
+            if reset is not None and id(m) not in nested:
+                try:
+                    reset()
+                except RuntimeError:  # not FSDP's root (the model handed to locate sits inside it)
+                    pass
+        for m in fsdp:
+            m.reshard()
+
+
+def _fsdp_modules(modules) -> list:
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # torch < 2.6: FSDP2 lived under _composable (or not at all)
+        try:
+            from torch.distributed._composable.fsdp import FSDPModule
+        except ImportError:
+            return []
+    return [m for m in modules if isinstance(m, FSDPModule)]

@@ -99,7 +99,8 @@ def run(scn: dict, rank: int, world: int) -> dict:
                        input_ids=[x[k, rows] for k in range(K)] if K > 1 else x[0, rows])
     view, view_ctx = gather_culprit_rows(res, ctx)  # a collective: the culprits' token ids to rank 0
     table = attribution_table(0, [], view, view_ctx) if rank == 0 else ([], [])
-    same_grads = all(p.grad is g and torch.equal(local_part(g), b) for p, g, b in zip(model.parameters(), grads, before))
+    same_grads = all(p.grad is g and torch.equal(local_part(g), b)
+                     for p, g, b in zip(model.parameters(), grads, before))
     return {
         "tokens": [[c.rank, c.micro_batch, c.batch, c.position, c.grad_norm, c.layer_norms, c.share]
                    for c in res.tokens],
@@ -150,6 +151,28 @@ def run_monitor(scn: dict, rank: int, world: int) -> dict:
             "table": [dict(zip(table["columns"], r)) for r in table["rows"]], "html": len(tracker.html)}
 
 
+def _port(scn: dict, rank: int, world: int) -> dict:
+    from .gradloc_port import run_case
+
+    return run_case(scn, rank, world)
+
+
+def _failure(scn: dict, rank: int, world: int) -> dict:
+    from .failure_worker import run_failure
+
+    return run_failure(scn, rank, world)
+
+
+def _failure_monitor(scn: dict, rank: int, world: int) -> dict:
+    from .failure_worker import run_failure_monitor
+
+    return run_failure_monitor(scn, rank, world)
+
+
+RUNNERS = {"locate": run, "error": run, "monitor": run_monitor, "port": _port, "failure": _failure,
+           "failure_monitor": _failure_monitor}
+
+
 def main(rank: int, world: int, port: str, out_dir: str, scenarios: str) -> None:
     t0 = time.perf_counter()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
@@ -157,7 +180,7 @@ def main(rank: int, world: int, port: str, out_dir: str, scenarios: str) -> None
     torch.set_num_threads(1)
     for scn in json.loads(scenarios):
         t0 = time.perf_counter()
-        result = run_monitor(scn, rank, world) if scn.get("monitor") else run(scn, rank, world)
+        result = RUNNERS[scn.get("kind", "locate")](scn, rank, world)
         result["seconds"] = time.perf_counter() - t0
         Path(out_dir, f"{scn['name']}.rank{rank}.json").write_text(json.dumps(result))
     print(f"rank {rank}: {time.perf_counter() - t0:.1f} s in the group", flush=True)

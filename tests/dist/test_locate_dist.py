@@ -1,9 +1,7 @@
 """locate() on 2 and 4 gloo processes (DDP, FSDP2) against a brute-force per-token oracle and
 against single-process locate on the global batch. One process group per world size runs every
-scenario (``locate_worker.py``); every launch is bounded, so a deadlock fails the test."""
+scenario (``scenarios.py``, ``locate_worker.py``); every launch is bounded, so a deadlock fails the test."""
 from __future__ import annotations
-
-import json
 
 import pytest
 import torch
@@ -13,46 +11,18 @@ from gradloc_track.artifacts.identity import sample_fingerprint
 from gradloc_track.grouping import layer_of
 
 from . import locate_worker as W
-from .launch import fork_ranks
-
-
-def scenarios(world: int) -> list[dict]:
-    last = world - 1
-    two = [[0, 1, 5], [last, 0, 2]]
-    cases = [
-        {"name": "ddp_rank1", "wrap": "ddp", "culprits": [[1, 0, 3]]},
-        {"name": "fsdp2_rank1", "wrap": "fsdp2", "culprits": [[1, 0, 3]]},
-        {"name": "ddp_first_last", "wrap": "ddp", "culprits": two},
-        {"name": "fsdp2_first_last", "wrap": "fsdp2", "culprits": two},
-        {"name": "ddp_bisect", "wrap": "ddp", "culprits": two, "method": "bisect"},
-        {"name": "fsdp2_gradloc", "wrap": "fsdp2", "culprits": [[1, 0, 3]], "method": "gradloc",
-         "threshold": 3.0},
-        {"name": "ddp_micro", "wrap": "ddp", "culprits": [[1, 1, 0, 3], [0, 0, 1, 6]], "micro": 2},
-        {"name": "ddp_explicit", "wrap": "ddp", "culprits": [[1, 0, 3]], "threshold": 20.0},
-    ]
-    if world > 2:  # the method/micro-batch/threshold variants do not depend on the world size
-        cases = [c for c in cases if c["name"] not in ("ddp_bisect", "ddp_micro", "ddp_explicit")]
-    else:
-        cases += [{"name": "ddp_empty_rank0", "wrap": "ddp", "culprits": [[1, 1, 6]], "empty": [0]}]
-    return cases
-
-
-ERRORS = [{"name": "fsdp2_bad_rank1", "wrap": "fsdp2", "culprits": [[1, 0, 3]], "bad_rank": 1}]
-MONITOR = [{"name": "ddp_monitor", "wrap": "ddp", "culprits": [[1, 0, 3]], "monitor": True}]
+from .scenarios import ERRORS, MONITOR, locate_scenarios
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["world2", "world4"])
-def runs(request, tmp_path_factory):
+def runs(request, dist_results):
+    """(world, {name: scenario}, {name: per-rank results}, {name: per-rank results of the error
+    and monitor scenarios}) from the world's shared launch (``conftest.dist_results``)."""
     world = request.param
-    out = tmp_path_factory.mktemp(f"locate_world{world}")
-    scns = scenarios(world)
-    extra = ERRORS + (MONITOR if world == 2 else [])
-    fork_ranks(W.main, world, (str(out), json.dumps(scns + extra)), timeout=300)
-    errors = {s["name"]: [json.loads((out / f"{s['name']}.rank{r}.json").read_text()) for r in range(world)]
-              for s in extra}
-    results = {s["name"]: [json.loads((out / f"{s['name']}.rank{r}.json").read_text()) for r in range(world)]
-               for s in scns}
-    return world, {s["name"]: s for s in scns}, results, errors
+    every = dist_results(world)
+    scns = {s["name"]: s for s in locate_scenarios(world)}
+    extra = {s["name"] for s in ERRORS + (MONITOR if world == 2 else [])}
+    return world, scns, {n: every[n][1] for n in scns}, {n: every[n][1] for n in extra}
 
 
 def _global_fns(model, world, scn):
@@ -143,7 +113,8 @@ def test_monitor_localizes_on_every_rank_and_rank0_writes(runs):
         pytest.skip("run on 2 processes")
     per_rank = extra["ddp_monitor"]
     assert all(r["events"] == 1 for r in per_rank), per_rank
-    assert per_rank[0]["tokens"] == per_rank[1]["tokens"] and [t[:4] for t in per_rank[0]["tokens"]] == [[1, None, 0, 3]]
+    assert per_rank[0]["tokens"] == per_rank[1]["tokens"]
+    assert [t[:4] for t in per_rank[0]["tokens"]] == [[1, None, 0, 3]]
     x, _, _ = W.global_batch(world, [[1, 0, 3]])
     (row,) = per_rank[0]["table"]
     assert (row["rank"], row["rank_sample"], row["position"], row["token_id"]) == (1, 0, 3, int(x[0, W.B, 3]))

@@ -71,7 +71,9 @@ def dataset() -> list[dict]:
     return data
 
 
-def run_trainer(state, tmp_path, checkpointing: bool):
+def run_trainer(state, tmp_path, checkpointing: bool, report_to: list[str] | None = None):
+    """``report_to`` None: into a MemoryTracker, Trainer's clipping off; else into Trainer's own run,
+    with Trainer's defaults (``max_grad_norm=1.0``, taken over by the callback)."""
     from transformers import Trainer, TrainingArguments
 
     from gradloc_track.integrations.hf import GradLocCallback
@@ -79,14 +81,15 @@ def run_trainer(state, tmp_path, checkpointing: bool):
 
     model = dropout_gpt2()
     model.load_state_dict(state)
-    tracker = MemoryTracker()
+    tracker = MemoryTracker() if report_to is None else None
     callback = GradLocCallback(spikes={"warmup_steps": STEPS - 2, "ratio_thresh": 2.0, "alpha": 0.9},
                                tracker=tracker, tokenizer=CharTokenizer(), log_every=1000)
+    defaults = {} if report_to is not None else {"max_grad_norm": 0.0}
     args = TrainingArguments(
         output_dir=str(tmp_path / "out"), per_device_train_batch_size=B // K, gradient_accumulation_steps=K,
-        max_steps=STEPS, learning_rate=1e-2, lr_scheduler_type="constant", report_to=[], save_strategy="no",
-        max_grad_norm=0.0, use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, seed=0,
-        gradient_checkpointing=checkpointing, train_sampling_strategy="sequential", logging_steps=1000)
+        max_steps=STEPS, learning_rate=1e-2, lr_scheduler_type="constant", report_to=report_to or [],
+        save_strategy="no", use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, seed=0,
+        gradient_checkpointing=checkpointing, train_sampling_strategy="sequential", logging_steps=1000, **defaults)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         Trainer(model=model, args=args, train_dataset=dataset(), callbacks=[callback]).train()

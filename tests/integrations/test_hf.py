@@ -281,3 +281,42 @@ def test_a_garbage_document_is_a_sample_and_a_rare_token_is_tokens(counting_weig
     assert '<span class="u" title="CULPRIT sample' in section.group(2)  # outlined as a whole
     assert text[1:] in html.unescape(re.sub(r"<[^>]+>", "", section.group(2)))  # its text, in order
     assert re.search(r"<h2>micro-batch 1 · sample 0</h2>", page) and '<span class="t c"' in page
+
+
+def sample_rows(rows: list[dict]) -> list[tuple]:
+    return [(r["level"], r["micro_batch"], r["sample"]) for r in rows if r["level"] != "token"]
+
+
+def test_in_trainers_mlflow_run_with_its_defaults(counting_weights, tmp_path, mlflow_store, monkeypatch):
+    """Trainer's own MLflow run, ``max_grad_norm=1.0`` left as it is: the document's sample row and
+    the rare token's rows are in the run's table."""
+    from .conftest import mlflow_table
+
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "hf-dropout")
+    handle, _ = run_trainer(counting_weights, tmp_path, False, report_to=["mlflow"])
+    assert [s.step for s in handle.spikes] == [COUNTING_STEPS]
+    (run,) = mlflow_store.new_runs()
+    table = mlflow_table(mlflow_store.client, run.info.run_id, tmp_path)
+    rows = [dict(zip(table["columns"], r)) for r in table["data"]]
+    assert sample_rows(rows) == [("sample", *DOC)]
+    assert {(r["micro_batch"], r["sample"]) for r in rows if r["level"] == "token"} == {RARE}
+
+
+def test_in_trainers_wandb_offline_run_with_its_defaults(counting_weights, tmp_path, monkeypatch):
+    """The same through Trainer's W&B run (offline): the table in the run's files."""
+    import json
+    from pathlib import Path
+
+    import wandb
+
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_PROJECT", "hf-dropout")
+    handle, _ = run_trainer(counting_weights, tmp_path, False, report_to=["wandb"])
+    assert [s.step for s in handle.spikes] == [COUNTING_STEPS]
+    run_dir = Path(wandb.run.dir).parent
+    wandb.run.finish()
+    tables = [json.loads(p.read_text()) for p in (run_dir / "files" / "media" / "table").rglob("*.table.json")]
+    (table,) = [t for t in tables if t["data"] and "level" in t["columns"]][:1]
+    rows = [dict(zip(table["columns"], r)) for r in table["data"]]
+    assert sample_rows(rows) == [("sample", *DOC)]
+    assert {(r["micro_batch"], r["sample"]) for r in rows if r["level"] == "token"} == {RARE}

@@ -1,0 +1,28 @@
+"""One gloo process group per world size runs every scenario of ``scenarios.all_scenarios``
+(a launch costs seconds); the results are shared by the test modules of tests/dist."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def dist_results(tmp_path_factory):
+    """``get(world) -> {scenario name: (scenario, [per-rank result])}``, launched once per world."""
+    from . import locate_worker
+    from .launch import fork_ranks
+    from .scenarios import all_scenarios
+
+    runs: dict[int, dict] = {}
+
+    def get(world: int) -> dict:
+        if world not in runs:
+            out = tmp_path_factory.mktemp(f"dist_world{world}")
+            scns = all_scenarios(world)
+            fork_ranks(locate_worker.main, world, (str(out), json.dumps(scns)), timeout=300)
+            runs[world] = {s["name"]: (s, [json.loads((out / f"{s['name']}.rank{r}.json").read_text())
+                                            for r in range(world)]) for s in scns}
+        return runs[world]
+
+    return get

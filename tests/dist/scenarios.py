@@ -1,0 +1,78 @@
+"""Every scenario the distributed tests run, by world size: one process group per world size
+runs them all (``conftest.dist_results``), since a launch costs seconds and tests share it."""
+from __future__ import annotations
+
+from . import gradloc_port
+
+PORT_CASES = 12  # GradLoc port cases per world size (each a handful of probes)
+
+
+def locate_scenarios(world: int) -> list[dict]:
+    """locate() against the brute-force oracle and one process (test_locate_dist)."""
+    last = world - 1
+    two = [[0, 1, 5], [last, 0, 2]]
+    cases = [
+        {"name": "ddp_rank1", "wrap": "ddp", "culprits": [[1, 0, 3]]},
+        {"name": "fsdp2_rank1", "wrap": "fsdp2", "culprits": [[1, 0, 3]]},
+        {"name": "ddp_first_last", "wrap": "ddp", "culprits": two},
+        {"name": "fsdp2_first_last", "wrap": "fsdp2", "culprits": two},
+        {"name": "ddp_bisect", "wrap": "ddp", "culprits": two, "method": "bisect"},
+        {"name": "fsdp2_gradloc", "wrap": "fsdp2", "culprits": [[1, 0, 3]], "method": "gradloc",
+         "threshold": 3.0},
+        {"name": "ddp_micro", "wrap": "ddp", "culprits": [[1, 1, 0, 3], [0, 0, 1, 6]], "micro": 2},
+        {"name": "ddp_explicit", "wrap": "ddp", "culprits": [[1, 0, 3]], "threshold": 20.0},
+    ]
+    if world > 2:  # the method/micro-batch/threshold variants do not depend on the world size
+        cases = [c for c in cases if c["name"] not in ("ddp_bisect", "ddp_micro", "ddp_explicit")]
+    else:
+        cases += [{"name": "ddp_empty_rank0", "wrap": "ddp", "culprits": [[1, 1, 6]], "empty": [0]}]
+    return cases
+
+
+ERRORS = [{"name": "fsdp2_bad_rank1", "wrap": "fsdp2", "culprits": [[1, 0, 3]], "bad_rank": 1, "kind": "error"}]
+MONITOR = [{"name": "ddp_monitor", "wrap": "ddp", "culprits": [[1, 0, 3]], "kind": "monitor"}]
+
+
+def failure_scenarios(world: int) -> list[dict]:
+    """One rank fails during a localization (test_failure_dist): every method, both wrappings,
+    each place a failure can be agreed on; the world-independent variants on 2 processes only."""
+    last, two = world - 1, [[0, 1, 5], [world - 1, 0, 2]]
+    cases = [
+        {"name": "fail_ddp_auto_model", "wrap": "ddp", "culprits": two, "fail_rank": 1, "fail_at": 3,
+         "where": "model"},
+        {"name": "fail_ddp_bisect_loss", "wrap": "ddp", "culprits": two, "method": "bisect", "fail_rank": last,
+         "fail_at": 3, "where": "loss"},
+        {"name": "fail_fsdp2_gradloc_after", "wrap": "fsdp2", "culprits": [[1, 0, 3]], "method": "gradloc",
+         "threshold": 3.0, "fail_rank": 1, "fail_at": 3, "where": "after"},
+        {"name": "fail_fsdp2_auto_ghost", "wrap": "fsdp2", "culprits": two, "fail_rank": 0, "fail_at": 1,
+         "where": "after"},
+    ]
+    if world == 2:
+        cases += [
+            {"name": "fail_ddp_micro1", "wrap": "ddp", "culprits": [[1, 1, 0, 3]], "micro": 2, "fail_rank": 0,
+             "fail_at": 2, "where": "model", "stops_at": "probe 1, micro-batch 1"},  # the ghost pass's 2nd
+            {"name": "fail_ddp_gradloc_copy", "wrap": "ddp", "culprits": [[1, 0, 3]], "method": "gradloc",
+             "threshold": 3.0, "fail_rank": 1, "fail_at": 3, "where": "copy"},
+            {"name": "fail_fsdp2_snapshot", "wrap": "fsdp2", "culprits": [[1, 0, 3]], "fail_rank": 1,
+             "where": "snapshot"},
+            {"name": "bad_loss_fsdp2", "wrap": "fsdp2", "culprits": [[1, 0, 3]], "method": "bisect", "fail_rank": 1,
+             "fail_at": 2, "where": "float"},
+        ]
+    return [{**c, "kind": "failure"} for c in cases]
+
+
+FAILURE_MONITOR = [{"name": "fail_monitor", "wrap": "ddp", "culprits": [[1, 0, 3]], "fail_rank": 1, "fail_at": 2,
+                    "where": "loss", "kind": "failure_monitor"}]
+
+
+def port_cases(world: int) -> list[dict]:
+    """GradLoc's rank search against the port (test_gradloc_dist), thresholds set here."""
+    return [{**gradloc_port.with_threshold(c, world), "kind": "port"}
+            for c in gradloc_port.make_cases(world, PORT_CASES)]
+
+
+def all_scenarios(world: int) -> list[dict]:
+    if world == 3:  # only GradLoc's uneven rank split needs 3 processes
+        return port_cases(world)
+    return (locate_scenarios(world) + ERRORS + (MONITOR if world == 2 else []) + port_cases(world)
+            + failure_scenarios(world) + (FAILURE_MONITOR if world == 2 else []))
