@@ -43,9 +43,9 @@ import torch
 import torch.distributed as dist
 
 from ..grouping import LayerGrouping
-from ..norms import trainable_params
+from ..norms import reduce_over_shards, trainable_params
 from .dist_probe import DistProber, DistSnapshot, DistTerm, GlobalHits, GlobalView
-from . import levels
+from . import levels, replay
 from .ghost import GhostMap, adaptive_threshold
 from .gradloc import token_stage
 from .inputs import as_micro_batches, check_inputs, rng_states
@@ -191,6 +191,15 @@ def _gradloc(prober: DistProber, view: GlobalView, terms: list[DistTerm], tau: f
     return total, hits, token_stage(view, 0, mine, tau, budget, hits)
 
 
+def _step_check(prober: DistProber, total: Grads, snap: DistSnapshot, notes: list[str]):
+    """The probes' sum against the step's ``.grad`` (as in one process, ``replay.py``), with
+    per-tensor values summed over the ranks that shard them: the same verdict on every rank."""
+    check = replay.step_check(prober, total, snap.grads_for(prober.params),
+                              reduce=lambda v: reduce_over_shards(v, prober.params), explain=False)
+    replay.report(check, notes)
+    return check
+
+
 def locate_distributed(model: torch.nn.Module, loss_fn: Callable | Sequence[Callable],
                        token_mask: torch.Tensor | Sequence[torch.Tensor], method: str = "auto",
                        budget: int = 128, threshold: float | None = None, *, group_by: str = "block",
@@ -235,6 +244,7 @@ def locate_distributed(model: torch.nn.Module, loss_fn: Callable | Sequence[Call
         if not math.isfinite(total_sq):
             raise FloatingPointError("the batch's gradient is not finite (NaN/Inf): localization needs finite "
                                      "gradients; skip this step or find the bad sample by its loss first")
+        check = _step_check(prober, total, snap, notes)
         tokens = sorted(hits.tokens, key=lambda c: (-c.grad_norm, c.rank, c.micro_batch or 0, c.batch, c.position))
         restore_rng(snap.rng)
         return LocateResult(tokens=tokens, probes=prober.count, method=method, threshold=float(tau),
@@ -243,6 +253,6 @@ def locate_distributed(model: torch.nn.Module, loss_fn: Callable | Sequence[Call
                             layer_map=maps[0].float() if maps else None,
                             budget_exhausted=exhausted, wall_time_s=time.perf_counter() - t0,
                             notes=notes + [f"distributed over {world} ranks; norms in the optimizer's units "
-                                           "(averaged over ranks)"])
+                                           "(averaged over ranks)"], step_check=check)
     finally:
         snap.restore()

@@ -23,7 +23,8 @@ class GradStats:
     ``events``: ``SpikeEvent``s fired this step; ``locate``: the ``LocateResult`` or None.
     ``locate_view``: ``(result, context)`` as the artifacts show them: under torch.distributed,
     rank 0's view with every culprit's sample gathered (``batch`` indexes ``context.input_ids``);
-    in one process, ``(locate, the SpikeContext)``.
+    in one process, ``(locate, the SpikeContext)``. ``surgery``: with ``spikes.response=surgery``,
+    what surgery did to this step's gradient (a ``SurgeryResult``, with ``reason`` when nothing).
     """
 
     def __init__(self, step: int, grouping: LayerGrouping, grad_sq: torch.Tensor, *, logged: bool,
@@ -36,6 +37,7 @@ class GradStats:
         self.events: list = []
         self.locate = None
         self.locate_view = None
+        self.surgery = None  # spikes.response=surgery: the SurgeryResult of this step's spike
         self._grouping = grouping
         self._grad_sq = grad_sq  # (n_tensors,) device, globally reduced
         # host copies: {"global": float, "tensor": [n floats], "layer": [L floats]} once synced
