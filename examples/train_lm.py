@@ -251,7 +251,7 @@ def show_spike(s: Setup, h: History, step: int, stats: Any, y: torch.Tensor, run
     # the artifacts' view: under DDP rank 0 holds every culprit's sample (gathered ids)
     shown, shown_ctx = stats.locate_view or (stats.locate, None)
     ids = shown_ctx.input_ids if shown_ctx is not None and shown_ctx.input_ids is not None else y
-    s.console.spike(step, stats.events, shown, s.tokenizer, ids, run_dir)
+    s.console.spike(step, stats.events, shown, s.tokenizer, ids, run_dir, surgery=stats.surgery)
     if shown is not None:
         h.culprit_text[step] = [s.tokenizer.decode([int(ids[c.batch, c.position])]) for c in
                                 sorted(shown.tokens, key=lambda c: (c.batch, c.position))]

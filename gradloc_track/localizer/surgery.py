@@ -74,8 +74,7 @@ def remove_culprits(model: torch.nn.Module, loss_fn: Callable | Sequence[Callabl
     right after ``locate``, before the gradient is clipped or stepped on.
     """
     if not result.culprits:
-        return SurgeryResult(False, "no culprit found at any level (token, span, sample, micro-batch): "
-                                    "the step is left as it is")
+        return SurgeryResult(False, "no culprit found at any level (token, span, sample, micro-batch)")
     scale, why = units(result.step_check)
     if scale is None:
         return SurgeryResult(False, why, culprits=len(result.culprits))

@@ -62,9 +62,10 @@ def as_detector(detector: Any) -> Any:
 
 
 def spike_response(detector: Any, locate_config: LocateConfig) -> str:
-    """The detector's ``spikes.response`` (``none`` for a detector without one), checked against
-    the localizer's config: surgery removes what the localizer names."""
-    spikes = getattr(detector, "config", None)
+    """The ``spikes.response`` of ``detector`` (a ``SpikeDetector`` or the ``SpikeConfig`` given for
+    one; ``none`` without one), checked against the localizer's config: surgery removes what the
+    localizer names."""
+    spikes = detector if isinstance(detector, SpikeConfig) else getattr(detector, "config", None)
     if not isinstance(spikes, SpikeConfig):
         return "none"
     from ..config.spikes import check_response

@@ -112,7 +112,7 @@ class GradMonitor:
         self._last_step: int | None = None
         self.param_set = ParamSet(model, config, clipper, self._warn_once)
         self.optimizer_metrics = OptimizerMetrics(optimizer, config.adamc_ratio)
-        surgery = spike_response(self.detector, self.locate_config) == "surgery"
+        surgery = spike_response(detector, self.locate_config) == "surgery"
         self.spike_response = SpikeResponse(model, self.locate_config, config.group_by, artifact_writer,
                                             self.rank, process_group, self._warn_once, surgery=surgery)
         # on_nonfinite="skip" made exact by the optimizer (clip.skip_step; see monitor.clip_feedback)

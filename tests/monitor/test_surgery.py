@@ -177,6 +177,8 @@ def test_surgery_needs_the_detector_and_the_localizer():
     with pytest.raises(ConfigError, match=r"locate.enabled=False is invalid"):
         GradMonitor(model, detector=SpikeDetector(SpikeConfig(response="surgery")),
                     locate_config=LocateConfig(enabled=False))
+    with pytest.raises(ConfigError, match=r"spikes.enabled=False is invalid"):
+        GradMonitor(model, detector=SpikeConfig(enabled=False, response="surgery"))
 
 
 def test_hydra_composes_the_response():
