@@ -252,7 +252,8 @@ def show_spike(s: Setup, h: History, step: int, stats: Any, y: torch.Tensor, run
     # the artifacts' view: under DDP rank 0 holds every culprit's sample (gathered ids)
     shown, shown_ctx = stats.locate_view or (stats.locate, None)
     ids = shown_ctx.input_ids if shown_ctx is not None and shown_ctx.input_ids is not None else y
-    s.console.spike(step, stats.events, shown, s.tokenizer, ids, run_dir, not_localized=stats.not_localized)
+    s.console.spike(step, stats.events, shown, s.tokenizer, ids, run_dir, not_localized=stats.not_localized,
+                    surgery=stats.surgery)
     if stats.not_localized:
         h.not_localized[step] = stats.not_localized
     if shown is not None:

@@ -12,7 +12,7 @@ from ._validate import check, check_types
 from .clip import ClipConfig
 from .locate import LocateConfig
 from .monitor import MonitorConfig
-from .spikes import SpikeConfig
+from .spikes import SpikeConfig, check_response
 from .tracker import TrackerConfig
 
 
@@ -29,4 +29,5 @@ class RootConfig:
 
     def __post_init__(self) -> None:
         check_types(self, "")  # the groups are dataclasses that checked themselves
+        check_response(self.spikes, self.locate.enabled)
         check(self.out_dir.strip() != "", "out_dir", self.out_dir, "use a directory for per-run files (e.g. runs)")

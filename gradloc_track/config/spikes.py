@@ -6,6 +6,8 @@ from typing import Optional
 
 from ._validate import check, check_types, one_of
 
+RESPONSES = ("none", "surgery")
+
 
 @dataclass
 class SpikeConfig:
@@ -29,10 +31,15 @@ class SpikeConfig:
     # fixed mode: GradLoc's trigger, global norm > per_token_threshold / sqrt(n_tokens) * n_micro_batches
     per_token_threshold: Optional[float] = None
     score_window: int = 128  # OLMo-style spike score window (mean + 6 sigma of the last N values)
+    # what a detected, localized spike does to the step: none (report it; the clipper, if any, treats
+    # the step) | surgery (the culprits' exact gradient is removed from the step's before the
+    # clipper runs; gradloc_track.localizer.surgery)
+    response: str = "none"
 
     def __post_init__(self) -> None:
         check_types(self, "spikes")
         one_of("spikes.mode", self.mode, ("adaptive", "fixed"))
+        one_of("spikes.response", self.response, RESPONSES)
         check(0.0 < self.alpha < 1.0, "spikes.alpha", self.alpha, "use a value strictly between 0 and 1")
         check(0.0 < self.baseline_alpha < 1.0, "spikes.baseline_alpha", self.baseline_alpha,
               "use a value strictly between 0 and 1")
@@ -53,6 +60,17 @@ class SpikeConfig:
         if self.mode == "fixed":
             check(self.per_token_threshold is not None, "spikes.per_token_threshold", self.per_token_threshold,
                   "spikes.mode=fixed needs a positive per-token threshold (GradLoc: 100 default, 640 in their run)")
+
+
+def check_response(spikes: SpikeConfig, locate_enabled: bool) -> None:
+    """``spikes.response=surgery`` acts on what the detector fires on and the localizer names."""
+    if spikes.response != "surgery":
+        return
+    check(spikes.enabled, "spikes.enabled", spikes.enabled,
+          "spikes.response=surgery needs the detector: set spikes.enabled=true (or spikes.response=none)")
+    check(locate_enabled, "locate.enabled", locate_enabled,
+          "spikes.response=surgery removes the culprits the localizer names: set locate.enabled=true "
+          "(or spikes.response=none)")
 
 
 from .locate import LocateConfig  # noqa: E402,F401  (moved to config/locate.py; kept importable here)

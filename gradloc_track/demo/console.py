@@ -63,6 +63,14 @@ def unit_lines(result: Any, text_of) -> list[str]:
     return lines
 
 
+def surgery_line(op: Any) -> str:
+    """What ``spikes.response=surgery`` did to the step (a ``SurgeryResult``)."""
+    if not op.applied:
+        return f"  surgery    nothing removed: {op.reason}"
+    return (f"  surgery    removed {op.removed_share:.0%} of the step's squared grad norm ({op.culprits} culprit "
+            f"row(s), one probe): grad norm {op.grad_norm_pre:.3g} -> {op.grad_norm_post:.3g}, then to the clipper")
+
+
 class TrainConsole:
     """``start(total)``, ``step(step, loss, grad_norm)``, ``spike(...)``, ``summary(...)``, ``close()``."""
 
@@ -112,9 +120,10 @@ class TrainConsole:
             self.print(f"step {step + 1:>{len(str(self._total))}}/{self._total}  {stats}")
 
     def spike(self, step: int, events: Sequence[Any], result: Any, tokenizer: Any, input_ids: Any,
-              run_dir: Path, describe=None, not_localized: str | None = None) -> None:
-        """One block: when, which signal, which text, where to look (``describe``: see ``culprit_spans``;
-        ``not_localized``: why there is no ``result``, ``GradStats.not_localized``)."""
+              run_dir: Path, describe=None, not_localized: str | None = None, surgery: Any = None) -> None:
+        """One block: when, which signal, which text, what surgery removed (``spikes.response=surgery``),
+        where to look (``describe``: see ``culprit_spans``; ``not_localized``: why there is no
+        ``result``, ``GradStats.not_localized``)."""
         lines = [f"── spike at step {step} " + "─" * 40]
         for e in events[:3]:
             lines.append(f"  signal     grad_norm/{e.signal} = {e.value:.3g}, {e.ratio:.1f}x its running mean "
@@ -146,6 +155,8 @@ class TrainConsole:
             found = unit_lines(result, text_of) + culprit_spans(result, decode, describe)
             for i, line in enumerate(found[:6]):
                 lines.append(("  culprits   " if i == 0 else "             ") + line)
+        if surgery is not None:
+            lines.append(surgery_line(surgery))
         # a localized spike has its highlight page; any detected one its row of spikes/events
         page = highlight_page(step) if result is not None and input_ids is not None else event_page(step)
         lines += ["  artifacts  " + w if i == 0 else "             " + w

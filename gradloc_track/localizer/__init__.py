@@ -23,14 +23,16 @@ Samples that stand out of the others (their exact norms come free with the ghost
 not carried by a few tokens are confirmed and reported whole, or as a span; the token threshold is
 a statistic of the ordinary terms (``threshold.py``); the probes' sum is checked against the
 step's ``.grad`` (``replay.py``). It leaves no trace: gradients, module buffers, RNG state,
-train/eval modes and requires_grad flags are restored.
+train/eval modes and requires_grad flags are restored. ``remove_culprits`` (``surgery``) then takes
+the culprits' exact gradient out of the step's (``spikes.response=surgery``).
 
 Rooms: ``entry`` (``locate()``), ``inputs`` (argument checks shared with the distributed entry),
 ``additivity`` (the fixed-normaliser check), ``driver`` (one process's stages), ``levels``
 (samples, spans, micro-batches), ``threshold`` (outliers of the ordinary values), ``search`` (our
 bisection, ``auto``), ``gradloc`` (GradLoc's procedure), ``ghost`` (the one-backward ranking),
 ``segments`` (exact per-sample norms from it), ``probe`` (the only place probes run the model),
-``replay`` (the probes against the step), ``snapshot`` (leave no trace), ``result``, ``memory``;
+``replay`` (the probes against the step), ``snapshot`` (leave no trace), ``result``, ``memory``,
+``surgery`` (remove the culprits' gradient);
 under ``torch.distributed``: ``distributed``, ``dist_probe``, ``dist_failure`` (one rank's failure
 stops every rank together: ``LocateAborted``), ``dist_context``.
 """
@@ -41,6 +43,7 @@ from .entry import locate
 from .inputs import METHODS
 from .probe import save_rng
 from .result import LEVELS, Culprit, CulpritToken, LocateResult, StepCheck
+from .surgery import SurgeryResult, remove_culprits
 
 __all__ = ["locate", "LocateAborted", "LocateResult", "CulpritToken", "Culprit", "StepCheck", "LEVELS", "METHODS",
-           "save_rng"]
+           "save_rng", "remove_culprits", "SurgeryResult"]

@@ -181,6 +181,12 @@ class DistSnapshot:
         self.modes = {m: m.training for m in model.modules()}
         self.rng = save_rng()
 
+    def grads_for(self, params: list[torch.nn.Parameter]) -> list[torch.Tensor | None] | None:
+        """This rank's saved ``.grad`` (local parts) of each of ``params``; None when there was none."""
+        by_id = {id(p): g for p, g in zip(self.params, self.saved)}
+        out = [by_id.get(id(p)) for p in params]
+        return None if all(g is None for g in out) else out
+
     @torch.no_grad()
     def restore(self) -> None:
         for p, g, saved, rg in zip(self.params, self.grads, self.saved, self.requires_grad):

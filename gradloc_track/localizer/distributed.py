@@ -50,10 +50,10 @@ import torch
 import torch.distributed as dist
 
 from ..grouping import LayerGrouping
-from ..norms import trainable_params
+from ..norms import reduce_over_shards, trainable_params
 from .dist_failure import aborted, attempt, describe
 from .dist_probe import DistProber, DistSnapshot, DistTerm, GlobalHits, GlobalView
-from . import levels
+from . import levels, replay
 from .ghost import GhostMap, adaptive_threshold
 from .gradloc import token_stage
 from .inputs import as_micro_batches, check_inputs, rng_states
@@ -219,6 +219,15 @@ def _gradloc_rank_search(prober: DistProber, terms: list[DistTerm], world: int, 
     return lo
 
 
+def _step_check(prober: DistProber, total: Grads, snap: DistSnapshot, notes: list[str]):
+    """The probes' sum against the step's ``.grad`` (as in one process, ``replay.py``), with
+    per-tensor values summed over the ranks that shard them: the same verdict on every rank."""
+    check = replay.step_check(prober, total, snap.grads_for(prober.params),
+                              reduce=lambda v: reduce_over_shards(v, prober.params), explain=False)
+    replay.report(check, notes)
+    return check
+
+
 def locate_distributed(model: torch.nn.Module, loss_fn: Callable | Sequence[Callable],
                        token_mask: torch.Tensor | Sequence[torch.Tensor], method: str = "auto",
                        budget: int = 128, threshold: float | None = None, *, group_by: str = "block",
@@ -277,6 +286,7 @@ def _search(model, fns, masks, labelled: bool, method: str, budget: int, thresho
     if not math.isfinite(total_sq):
         raise FloatingPointError("the batch's gradient is not finite (NaN/Inf): localization needs finite "
                                  "gradients; skip this step or find the bad sample by its loss first")
+    check = _step_check(prober, total, snap, notes)
     tokens = sorted(hits.tokens, key=lambda c: (-c.grad_norm, c.rank, c.micro_batch or 0, c.batch, c.position))
     restore_rng(snap.rng)
     return LocateResult(tokens=tokens, probes=prober.count, method=method, threshold=float(tau),
@@ -284,4 +294,4 @@ def _search(model, fns, masks, labelled: bool, method: str, budget: int, thresho
                         ghost_map=term_scores(maps[0], masks[0]).float() if maps else None,
                         layer_map=maps[0].float() if maps else None, budget_exhausted=exhausted, wall_time_s=0.0,
                         notes=notes + [f"distributed over {world} ranks; norms in the optimizer's units "
-                                       "(averaged over ranks)"])
+                                       "(averaged over ranks)"], step_check=check)

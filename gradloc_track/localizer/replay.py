@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from typing import Callable
 
 import torch
 
@@ -21,40 +22,60 @@ from .result import StepCheck
 HALF = (torch.float16, torch.bfloat16)
 
 
-def step_check(prober: Prober, total: Grads, reference: list[torch.Tensor | None] | None) -> StepCheck | None:
+def step_check(prober: Prober, total: Grads, reference: list[torch.Tensor | None] | None,
+               reduce: Callable[[torch.Tensor], torch.Tensor] | None = None, explain: bool = True) -> StepCheck | None:
     """Compare ``total`` (the probes' sum) with ``reference`` (the step's ``.grad``); None when
-    the step left no gradient to compare with."""
+    the step left no gradient to compare with. ``reduce``: sums per-tensor values of local shards
+    over the ranks that shard them (``torch.distributed``); ``explain=False`` gives a generic
+    reason instead of running the model again (a collective under DDP)."""
     if reference is None or all(r is None for r in reference):
         return None
-    residual, ratio = _compare(total, reference)
+    residual, ratio, scale = _compare(total, reference, reduce or (lambda v: v))
     if ratio == 0:
         return None  # zeroed gradients (zero_grad(set_to_none=False)): nothing to compare with
     tol = 3e-2 if any(t.dtype in HALF for t in total) else 1e-3
     if residual <= tol:
-        return StepCheck(residual, ratio, True)
-    return StepCheck(residual, ratio, False, _why(prober))
+        fits = scale is not None and scale[1] <= tol  # one scale explains .grad (no per-tensor clipping)
+        return StepCheck(residual, ratio, True, scale=scale[0] if fits else None)
+    return StepCheck(residual, ratio, False, _why(prober) if explain else UNEXPLAINED)
 
 
-def _compare(total: Grads, reference: list[torch.Tensor | None]) -> tuple[float, float]:
-    """(relative residual, ||reference|| / ||total||). The residual is ``||total - ref|| / ||total||``
-    when that is already small (no rescaling), else the one left after the best scale per tensor.
-    Differences are formed elementwise (no cancellation in the norms); one tensor-sized temporary
-    at a time."""
-    pairs = [(t.detach(), _dense_like(r, t)) for t, r in zip(total, reference)]
-    t_sq = sum(_sq(t) for t, _ in pairs)
-    r_sq = sum(_sq(r) for _, r in pairs)
+UNEXPLAINED = ("the probes do not add up to the step's gradient: other randomness (pass the RNG state saved right "
+               "before each micro-batch's forward), a model changed since backward, or a loss_fn that is not the "
+               "training loss")
+
+
+def _compare(total: Grads, reference: list[torch.Tensor | None],
+             reduce: Callable[[torch.Tensor], torch.Tensor]) -> tuple[float, float, tuple[float, float] | None]:
+    """(relative residual, ||reference|| / ||total||, (scale, its residual) or None).
+
+    The residual is ``||total - ref|| / ||total||`` when that is already small (no rescaling), else
+    the one left after the best scale per tensor. ``scale`` is the ONE number with ``ref = scale *
+    total`` (least squares), with ``||ref - scale * total|| / ||ref||``: what a caller that works in
+    ``.grad``'s units (spike surgery) needs. Per-tensor values in float64 (``||t||^2``, ``||r||^2``,
+    ``||t - r||^2`` formed elementwise, ``<t, r>``), one tensor-sized temporary at a time, reduced
+    over shards, moved to the host once."""
+    rows = []
+    for t, r in zip(total, reference):
+        t64, r64 = t.detach().double(), _dense_like(r, t).double()
+        rows.append(torch.stack([t64.square().sum(), r64.square().sum(), (t64 - r64).square().sum(),
+                                 (t64 * r64).sum()]))
+    per = reduce(torch.stack(rows))  # (n, 4)
+    t_sq, r_sq, d_sq, dot = per.sum(0).tolist()  # host sync: once per localization
     if t_sq == 0:
-        return (0.0 if r_sq == 0 else math.inf), (1.0 if r_sq == 0 else math.inf)
+        return (0.0 if r_sq == 0 else math.inf), (1.0 if r_sq == 0 else math.inf), None
     ratio = math.sqrt(r_sq / t_sq)
-    raw = math.sqrt(sum(_sq(t - r) for t, r in pairs) / t_sq)
+    scale = None
+    if r_sq > 0:
+        s = dot / t_sq
+        scale = (s, math.sqrt(max(0.0, r_sq - s * dot) / r_sq))  # ||r - s t||^2 = ||r||^2 - s <t, r>
+    raw = math.sqrt(d_sq / t_sq)
     if raw <= 1e-3:
-        return raw, ratio
-    left = 0.0
-    for t, r in pairs:
-        rr = _sq(r)
-        scale = Prober.dot([t], [r]) / rr if rr > 0 else 0.0
-        left += _sq(t - scale * r)
-    return math.sqrt(left / t_sq), ratio
+        return raw, ratio, scale
+    ts, rs, ds = per[:, 0], per[:, 1], per[:, 3]
+    # per tensor, ||t - a r||^2 with the best a = <t, r> / ||r||^2 is ||t||^2 - <t, r>^2 / ||r||^2
+    left = torch.where(rs > 0, ts - ds.square() / rs.clamp_min(1e-300), ts).clamp_min(0.0)
+    return math.sqrt(float(left.sum()) / t_sq), ratio, scale
 
 
 def _dense_like(r: torch.Tensor | None, t: torch.Tensor) -> torch.Tensor:
@@ -62,12 +83,6 @@ def _dense_like(r: torch.Tensor | None, t: torch.Tensor) -> torch.Tensor:
         return torch.zeros_like(t)
     r = r.detach().to(t.device)
     return (r.to_dense() if r.is_sparse else r).to(t.dtype)
-
-
-def _sq(x: torch.Tensor) -> float:
-    """Squared norm in float64 (half precision upcast one tensor at a time)."""
-    x = x if x.dtype in (torch.float32, torch.float64) else x.float()
-    return float(torch.linalg.vector_norm(x)) ** 2  # host sync per tensor: once per localization
 
 
 def _why(prober: Prober) -> str:

@@ -67,12 +67,16 @@ class StepCheck:
 
     ``residual``: ``||sum - s * grad|| / ||sum||`` with ``s`` the best scale per tensor (so a
     clipper's rescaling is not a difference; dropout replayed wrong is); ``norm_ratio``:
-    ``||grad|| / ||sum||`` (1 unless clipped or the loss was normalised differently)."""
+    ``||grad|| / ||sum||`` (1 unless clipped or the loss was normalised differently); ``scale``:
+    the one number with ``grad = scale * sum`` (least squares, float64) when it fits within the
+    tolerance, None when it does not (per-tensor rescaling) or the probes do not replay the step:
+    the factor that puts a probe's gradient in ``.grad``'s units (spike surgery uses it)."""
 
     residual: float
     norm_ratio: float
     replayed: bool
     reason: str = ""
+    scale: float | None = None
 
 
 @dataclass
@@ -108,15 +112,19 @@ class LocateResult:
             self.culprits = list(self.tokens)
 
     def culprit_masks(self, token_mask: torch.Tensor | list[torch.Tensor],
-                      document_ids: torch.Tensor | list | None = None) -> list[torch.Tensor]:
+                      document_ids: torch.Tensor | list | None = None, rank: int | None = None) -> list[torch.Tensor]:
         """Every culprit's loss terms as masks, one per micro-batch (``token_mask``'s weights where
         a culprit row covers a term, 0 elsewhere): one probe of each gives the culprits' exact
-        gradient, e.g. to remove it from the step's. ``document_ids`` as given to ``locate``."""
+        gradient, e.g. to remove it from the step's (``localizer.surgery``). ``document_ids`` as
+        given to ``locate``; ``rank``: under torch.distributed, this rank's part (``token_mask`` is
+        this rank's; culprits of other ranks leave it zeros)."""
         masks = [token_mask] if isinstance(token_mask, torch.Tensor) else list(token_mask)
         docs = [document_ids] if isinstance(document_ids, torch.Tensor) or document_ids is None \
             else list(document_ids)
         keep = [torch.zeros_like(m, dtype=torch.bool) for m in masks]
         for c in self.culprits:
+            if rank is not None and c.rank is not None and c.rank != rank:
+                continue
             k = c.micro_batch or 0
             if c.level == "micro_batch":
                 keep[k][:] = True

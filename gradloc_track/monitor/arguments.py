@@ -61,6 +61,19 @@ def as_detector(detector: Any) -> Any:
     return detector
 
 
+def spike_response(detector: Any, locate_config: LocateConfig) -> str:
+    """The ``spikes.response`` of ``detector`` (a ``SpikeDetector`` or the ``SpikeConfig`` given for
+    one; ``none`` without one), checked against the localizer's config: surgery removes what the
+    localizer names."""
+    spikes = detector if isinstance(detector, SpikeConfig) else getattr(detector, "config", None)
+    if not isinstance(spikes, SpikeConfig):
+        return "none"
+    from ..config.spikes import check_response
+
+    check_response(spikes, locate_config.enabled)
+    return spikes.response
+
+
 def as_locate_config(value: Any) -> LocateConfig:
     """``None`` -> defaults; a mapping (dict, OmegaConf DictConfig) -> ``LocateConfig(**value)``.
 

@@ -17,10 +17,10 @@ import torch.distributed as dist
 from ..config import LocateConfig, MonitorConfig
 from ..norms import all_reduce_sq_norms, sq_norms
 from ..trackers.base import NullTracker, Tracker
-from .arguments import as_detector, as_locate_config, as_monitor_config, check_arguments
+from .arguments import as_detector, as_locate_config, as_monitor_config, check_arguments, spike_response
 from .clip_feedback import after_transfer, install_guard
 from .optimizer_metrics import OptimizerMetrics
-from .packing import LR, N_TOKENS, WD, HostPack, add_norms, loggable
+from .packing import LR, N_TOKENS, WD, HostPack, add_clip, add_norms, loggable
 from .param_set import ParamSet
 from .spike_response import SpikeResponse
 from .stats import GradStats
@@ -66,6 +66,15 @@ class GradMonitor:
       spike score, for comparison): from the detector's ``metrics()`` (``SpikeDetector`` documents them)
     - ``locate/probes``, ``locate/culprits``, ``locate/threshold``, ``locate/seconds`` when a
       spike was localized; ``locate/failed`` when localizing raised (a warning, never a crash)
+    - ``surgery/applied`` (1: the culprits' gradient was removed, 0: nothing was, ``stats.surgery.reason``
+      says why), ``surgery/removed_share`` (the share of the step's squared gradient norm removed),
+      ``surgery/grad_norm_post`` (the norm the clipper then sees): on spikes, with ``spikes.response=surgery``
+
+    With ``spikes.response=surgery`` (and a detector armed with a spike context) the clipper runs
+    after the detector's verdict: on a localized spike the culprits' exact gradient is removed from
+    ``.grad`` first (``gradloc_track.localizer.surgery``) and the clipper clips what is left
+    (``clip/total_norm_pre`` is then the operated norm; the grad norms stay the step's own). The clip
+    metrics then take a second, small host transfer on logging steps.
 
     With ``optimizer=`` a clipper with ``on_nonfinite="skip"`` gets a ``SkipStepGuard`` on it
     (``skip_guard``; ``clip.skip_step``, ``"off"`` to opt out): a step with a non-finite gradient
@@ -103,8 +112,9 @@ class GradMonitor:
         self._last_step: int | None = None
         self.param_set = ParamSet(model, config, clipper, self._warn_once)
         self.optimizer_metrics = OptimizerMetrics(optimizer, config.adamc_ratio)
+        surgery = spike_response(detector, self.locate_config) == "surgery"
         self.spike_response = SpikeResponse(model, self.locate_config, config.group_by, artifact_writer,
-                                            self.rank, process_group, self._warn_once)
+                                            self.rank, process_group, self._warn_once, surgery=surgery)
         # on_nonfinite="skip" made exact by the optimizer (clip.skip_step; see monitor.clip_feedback)
         self.skip_guard = install_guard(optimizer, clipper)
         # only GradLoc's fixed trigger reads the step's token count (an adaptive SpikeDetector does not)
@@ -140,7 +150,8 @@ class GradMonitor:
     @torch.no_grad()
     def after_backward(self, step: int, *, lr: float | None = None, weight_decay: float | None = None,
                        spike_context: Any = None) -> GradStats:
-        """Compute norms, clip, detect and localize spikes, and log. Returns ``GradStats``.
+        """Compute norms, clip, detect and localize spikes (and operate on them with
+        ``spikes.response=surgery``, before clipping), and log. Returns ``GradStats``.
 
         Host syncs: one transfer on logging steps; none on other steps, except when a detector
         AND a ``spike_context`` are given: then every step makes that one transfer (global,
@@ -162,13 +173,17 @@ class GradMonitor:
         if (log_now or armed) and self.param_set.changed():
             self.param_set.rescan(step)
         grad_sq, w_sq = self._global_sq_norms(log_now and self.config.weight_norms)  # (n,), (n,)|None device
-        clip_result = self._clip(step, grad_sq, w_sq, lr, weight_decay)
+        # spike surgery operates on the gradient as backward left it: the clipper waits for the verdict
+        clip_later = armed and self.spike_response.surgery
+        clip_result = None if clip_later else self._clip(step, grad_sq, w_sq, lr, weight_decay)
         if not (log_now or armed):  # nothing leaves the device
             return GradStats(step, self.grouping, grad_sq, logged=False, clip=clip_result)
         stats, tokens = self._sync(step, grad_sq, w_sq, clip_result, lr, weight_decay,
                                    spike_context if armed else None, log_now)
         if self.detector is not None:
             self._detect(step, stats, spike_context, *tokens)
+        if clip_later:
+            self._clip_operated(step, stats, grad_sq, w_sq, lr, weight_decay, log_now)
         if log_now or stats.events:
             self.tracker.log_metrics(stats.metrics, step)
         return stats
@@ -193,6 +208,22 @@ class GradMonitor:
         except FloatingPointError:
             self._log_before_raise(step, grad_sq, w_sq, lr, weight_decay)
             raise
+
+    def _clip_operated(self, step: int, stats: GradStats, grad_sq: torch.Tensor, w_sq: torch.Tensor | None, lr: Any,
+                       weight_decay: Any, log_now: bool) -> None:
+        """``spikes.response=surgery``: the clipper runs after the detector's verdict, on the gradient
+        surgery left (its norms taken again only when surgery removed something); its metrics come
+        in a second, small transfer on steps that log."""
+        if stats.surgery is not None and stats.surgery.applied:
+            grad_sq = self._global_sq_norms(False)[0]  # (n,) device: the operated gradient
+        stats.clip = self._clip(step, grad_sq, w_sq, lr, weight_decay)
+        if stats.clip is None or not (log_now or stats.events):
+            return
+        pack = HostPack(grad_sq.device)
+        add_clip(pack, self.param_set, stats.clip)
+        host = pack.to_host()  # host sync: the clip metrics, known only after the verdict
+        after_transfer(self.clipper, host, self._warn_once)
+        stats.metrics.update(loggable(host, self.config.per_tensor))
 
     def _sync(self, step: int, grad_sq: torch.Tensor, w_sq: torch.Tensor | None, clip_result: Any, lr: Any,
               weight_decay: Any, spike_context: Any, log_now: bool) -> tuple[GradStats, tuple]:

@@ -50,10 +50,15 @@ def add_norms(pack: HostPack, params: Any, grad_sq: torch.Tensor, w_sq: torch.Te
         pack.add(params.weight_keys, torch.cat([w_sq.sum().sqrt().reshape(1), w_layer]))
         pack.add(params.ratio_keys, layer_norm / w_layer.clamp_min(1e-12))
     if clip_result is not None:
-        from ..clip.metrics import clip_metrics
+        add_clip(pack, params, clip_result)
 
-        cm = clip_metrics(clip_result, params.clip_grouping)  # {key: 0-d device tensor}
-        pack.add(list(cm), torch.stack([v.to(grad_sq.device, torch.float32).reshape(()) for v in cm.values()]))
+
+def add_clip(pack: HostPack, params: Any, clip_result: Any) -> None:
+    """The clipper's metrics (thresholds, coefficients, pre/post norms, saturation)."""
+    from ..clip.metrics import clip_metrics
+
+    cm = clip_metrics(clip_result, params.clip_grouping)  # {key: 0-d device tensor}
+    pack.add(list(cm), torch.stack([v.to(pack.device, torch.float32).reshape(()) for v in cm.values()]))
 
 
 def loggable(host: dict[str, float], per_tensor: bool) -> dict[str, float]:

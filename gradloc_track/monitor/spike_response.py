@@ -1,10 +1,12 @@
-"""What the monitor does when the detector fires: localize, back off, gather to rank 0, render.
+"""What the monitor does when the detector fires: localize, back off, gather to rank 0, render,
+and (``spikes.response=surgery``) take the culprits' gradient out of the step.
 
 Also owns what the detector needs from the spike context: the step's loss-token count (GradLoc's
 fixed trigger divides by it), counted on the device so it rides along in the step's one transfer.
 """
 from __future__ import annotations
 
+import logging
 import warnings
 from typing import Any, Callable
 
@@ -12,6 +14,8 @@ import torch
 import torch.distributed as dist
 
 from .packing import N_TOKENS, HostPack
+
+log = logging.getLogger(__name__)
 
 
 def resolve(ctx: Any) -> Any:
@@ -30,8 +34,9 @@ class SpikeResponse:
     """
 
     def __init__(self, model: torch.nn.Module, locate_config: Any, group_by: str, artifact_writer: Any,
-                 rank: int, process_group: Any, warn_once: Callable[[str, str], None]) -> None:
+                 rank: int, process_group: Any, warn_once: Callable[[str, str], None], surgery: bool = False) -> None:
         self.model, self.config, self.group_by = model, locate_config, group_by
+        self.surgery = surgery  # spikes.response=surgery: the monitor clips after respond()
         self.artifact_writer, self.rank, self.process_group = artifact_writer, rank, process_group
         self._warn_once = warn_once
         self.events_localized = 0  # localizations that found a culprit (these use up locate.max_events)
@@ -67,15 +72,26 @@ class SpikeResponse:
     # -- the response ------------------------------------------------------------------------
     def respond(self, step: int, stats: Any, ctx: Any) -> dict[str, float]:
         """Run the localizer on the spiking batch and hand the result to the artifact writer; a spike
-        that is not localized is recorded with the reason (``stats.not_localized``)."""
+        that is not localized is recorded with the reason (``stats.not_localized``); with
+        ``spikes.response=surgery``, then take the culprits' gradient out of the step's."""
         why_not = self.why_not_localized(step, ctx)
         if why_not is None:
             ctx = resolve(ctx)
-        result = self._localize(step, ctx) if why_not is None else None
-        if result is None:
+        metrics, why = self._locate(step, stats, ctx) if why_not is None else ({}, None)
+        if stats.locate is None:
             stats.not_localized = why_not or "localizing failed (see the warning)"
             self._record_detection(step, stats)
-            return {} if why_not else {"locate/failed": 1.0}
+        if self.surgery:
+            stats.surgery = self._operate(step, stats.locate, ctx, f"not localized ({stats.not_localized})"
+                                          if stats.locate is None else why)
+            metrics.update(stats.surgery.metrics())
+        return metrics
+
+    def _locate(self, step: int, stats: Any, ctx: Any) -> tuple[dict[str, float], str]:
+        """(metrics, '') after localizing, or ({...}, why it failed)."""
+        result = self._localize(step, ctx)
+        if result is None:
+            return {"locate/failed": 1.0}, "localizing failed"
         self._count(step, bool(result.culprits))  # a culprit at any level: token, span, sample, micro-batch
         stats.locate = result
         stats.locate_view = self._view(step, result, ctx)
@@ -86,7 +102,25 @@ class SpikeResponse:
             except Exception as exc:
                 warnings.warn(f"gradloc-track: writing spike artifacts at step {step} failed: {exc!r}")
         return {"locate/probes": float(result.probes), "locate/culprits": float(len(result.culprits)),
-                "locate/threshold": float(result.threshold), "locate/seconds": float(result.wall_time_s)}
+                "locate/threshold": float(result.threshold), "locate/seconds": float(result.wall_time_s)}, ""
+
+    def _operate(self, step: int, result: Any, ctx: Any, why: str) -> Any:
+        """Spike surgery on this step's ``.grad`` (a collective under torch.distributed, like locating)."""
+        from ..localizer.surgery import SurgeryResult, remove_culprits
+
+        if result is None:
+            out = SurgeryResult(False, why)
+        else:
+            try:
+                out = remove_culprits(self.model, ctx.loss_fn, ctx.token_mask, result,
+                                      rng_state=getattr(ctx, "rng_state", None),
+                                      document_ids=getattr(ctx, "document_ids", None))
+            except Exception as exc:  # the step goes on as the clipper leaves it: never kill training
+                warnings.warn(f"gradloc-track: spike surgery at step {step} failed: {exc!r}; the step is not operated")
+                out = SurgeryResult(False, f"surgery failed: {exc!r}")
+        if not out.applied:
+            log.info("gradloc-track: step %d: spike surgery removed nothing: %s", step, out.reason)
+        return out
 
     def why_not_localized(self, step: int, ctx: Any) -> str | None:
         """Which setting keeps this spike from being localized (None: it is localized)."""

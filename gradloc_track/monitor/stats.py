@@ -25,6 +25,8 @@ class GradStats:
     rank 0's view with every culprit's sample gathered (``batch`` indexes ``context.input_ids``);
     in one process, ``(locate, the SpikeContext)``. ``not_localized``: on a step with events but
     no localization, why (``"locate.enabled=false"``, ``"locate.max_events=1 reached ..."``, ...).
+    ``surgery``: with ``spikes.response=surgery``, what surgery did to this step's gradient (a
+    ``SurgeryResult``, with ``reason`` when nothing).
     """
 
     def __init__(self, step: int, grouping: LayerGrouping, grad_sq: torch.Tensor, *, logged: bool,
@@ -38,6 +40,7 @@ class GradStats:
         self.locate = None
         self.locate_view = None
         self.not_localized: str | None = None
+        self.surgery = None  # spikes.response=surgery: the SurgeryResult of this step's spike
         self._grouping = grouping
         self._grad_sq = grad_sq  # (n_tensors,) device, globally reduced
         # host copies: {"global": float, "tensor": [n floats], "layer": [L floats]} once synced

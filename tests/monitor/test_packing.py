@@ -103,6 +103,26 @@ def test_an_armed_detector_syncs_once_every_step(tiny_gpt, spy):
     assert spy.calls == []
 
 
+def test_surgery_mode_clips_after_the_verdict_with_one_more_transfer_on_logging_steps(tiny_gpt, spy):
+    """``spikes.response=surgery``: the clipper waits for the detector, so its metrics travel in a
+    second transfer on logging steps; steps that do not log still make one."""
+    from gradloc_track.config import SpikeConfig
+
+    mon = GradMonitor(tiny_gpt, tracker=MemoryTracker(), clipper=AdaGC(tiny_gpt, warmup_steps=2), log_every=2,
+                      detector=SpikeDetector(SpikeConfig(warmup_steps=2, response="surgery")))
+    ctx = SpikeContext(lambda m: tiny_gpt.wte.weight.sum() * m.sum(), torch.ones(2, 16))
+    seen = {}
+    for step in range(1, 5):
+        backward(tiny_gpt, seed=step)
+        spy.calls.clear()
+        with spy:
+            stats = mon.after_backward(step, spike_context=ctx)
+        seen[step] = list(spy.calls)
+        assert stats.events == [] and stats.clip is not None
+    assert seen == {1: ["tolist"], 2: ["tolist", "tolist"], 3: ["tolist"], 4: ["tolist", "tolist"]}
+    assert "clip/total_norm_post" in stats.metrics
+
+
 def test_the_clipper_gets_the_monitors_norms_computed_once(tiny_gpt, monkeypatch):
     passes = []
     real = monitor_mod.sq_norms
