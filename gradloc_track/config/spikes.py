@@ -29,6 +29,9 @@ class SpikeConfig:
     # fixed mode: GradLoc's trigger, global norm > per_token_threshold / sqrt(n_tokens) * n_micro_batches
     per_token_threshold: Optional[float] = None
     score_window: int = 128  # OLMo-style spike score window (mean + 6 sigma of the last N values)
+    # skip, within a run, a sample already blamed for a spike when it comes again (next epoch, a
+    # replay buffer): the data path asks ``gradloc_track.data.Quarantine`` (the demo does; docs/ledger.md)
+    quarantine: bool = False
 
     def __post_init__(self) -> None:
         check_types(self, "spikes")
