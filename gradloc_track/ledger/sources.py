@@ -6,6 +6,7 @@ expanded into its runs. The same run named twice (its run dir and its experiment
 """
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from dataclasses import dataclass
@@ -105,7 +106,8 @@ def read_runs(sources: Iterable[str], tracking_uri: str | None = None,
     out: list[RunTable] = []
     for source in sources:
         text = str(source)
-        is_run = Path(text).is_dir() or RUN_ID.match(text)
+        # a path (even one that is not there: the report says so) or a run id is one run; else an experiment
+        is_run = Path(text).is_dir() or RUN_ID.match(text) or os.sep in text or text.startswith(".")
         for run in ([text] if is_run else experiment_runs(text, tracking_uri)):
             got = read_run(run, tracking_uri, notes)
             if got is not None and all(got.run_id != r.run_id for r in out):
