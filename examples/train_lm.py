@@ -238,7 +238,8 @@ def train(cfg: DemoConfig, s: Setup, monitor: GradMonitor, tracker: Tracker, run
                            sample_columns=columns)
         stats = monitor.after_backward(step, spike_context=ctx)
         if s.gate.quarantine is not None and stats.events:  # this step's culprits: skipped when they come again
-            s.gate.quarantine.blame(step, *(stats.locate_view or (stats.locate, ctx)))
+            view, rank = (stats.locate_view, None) if stats.locate_view else ((stats.locate, ctx), s.rank)
+            s.gate.quarantine.blame(step, *view, rank=rank)
         s.opt.step()
         s.sched.step()
         if s.adamc is not None:

@@ -35,9 +35,11 @@ class Quarantine:
         self.skipped = 0
         self.on_skip = on_skip
 
-    def blame(self, step: int, result: Any, ctx: Any) -> list[str]:
-        """Record the culprit samples of one localized spike (``result`` with its ``ctx``: under DDP
-        the gathered view, ``stats.locate_view``); returns their fingerprints."""
+    def blame(self, step: int, result: Any, ctx: Any, rank: int | None = None) -> list[str]:
+        """Record the culprit samples of one localized spike (``result`` with its ``ctx``); returns
+        their fingerprints. Under torch.distributed pass rank 0's gathered view (``stats.locate_view``,
+        every rank's culprits) as it is, or on another rank ``(stats.locate, ctx)`` with ``rank``: its
+        result lists every rank's culprits but ``ctx`` holds this rank's batch only."""
         if result is None or ctx is None or getattr(ctx, "input_ids", None) is None:
             return []
         per_mb = isinstance(ctx.input_ids, (list, tuple))  # K micro-batches of (B, T), as the table reads them
@@ -45,7 +47,7 @@ class Quarantine:
         docs = _lists(getattr(ctx, "document_ids", None))
         found = []
         for c in result.culprits:
-            if c.batch is None:
+            if c.batch is None or (rank is not None and getattr(c, "rank", None) not in (None, rank)):
                 continue
             pick = (lambda v: v[c.micro_batch]) if per_mb and c.micro_batch is not None else (lambda v: v)
             fp = row_fingerprint(pick(ids)[c.batch], None if mask is None else pick(mask)[c.batch],

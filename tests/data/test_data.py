@@ -102,6 +102,11 @@ def test_quarantine_blames_the_samples_the_table_names_with_micro_batches():
     assert sorted({r[cols.index("sample_id")] for r in rows}) == found  # what the ledger will list
     assert q.blamed == {fp: 7 for fp in found}
     assert q.blame(8, None, ctx) == [] and len(q) == 2
+    # another rank's culprit indexes that rank's batch: a rank's own context blames only its own
+    other = LocateResult(tokens=[CulpritToken(batch=0, position=1, grad_norm=1.0, micro_batch=0, rank=1),
+                                 CulpritToken(batch=1, position=2, grad_norm=1.0, micro_batch=0, rank=0)],
+                         threshold=1.0, probes=0, method="ghost", total_norm=1.0)
+    assert Quarantine().blame(3, other, ctx, rank=0) == [sample_fingerprint([2, 3, 4])]
 
 
 @pytest.mark.parametrize("content, says", [
