@@ -71,3 +71,20 @@ class Quarantine:
 
     def __len__(self) -> int:
         return len(self.blamed)
+
+
+def logging_quarantine(tracker: Any = None) -> Quarantine:
+    """A quarantine that logs each skip: a warning, and ``data/quarantine_skipped`` (the running
+    count) to ``tracker`` at the step the data path named (``watch(..., spikes={"quarantine": True})``)."""
+    import warnings
+
+    q = Quarantine()
+
+    def on_skip(fp: str, step: int | None, blamed_at: int) -> None:
+        warnings.warn(f"gradloc-track: quarantine: skipped sample {fp} (blamed for the spike at step {blamed_at})"
+                      + (f" at step {step}" if step is not None else ""), RuntimeWarning)
+        if tracker is not None and step is not None:
+            tracker.log_metrics({"data/quarantine_skipped": float(q.skipped)}, step)
+
+    q.on_skip = on_skip
+    return q
