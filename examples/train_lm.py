@@ -34,6 +34,7 @@ from gradloc_track.config import ConfigError, check_overrides, to_config
 from gradloc_track.demo.config import DemoConfig, register_configs
 from gradloc_track.demo.console import TrainConsole, summary_lines
 from gradloc_track.demo.data import TextBatches, load_corpus
+from gradloc_track.demo.gate import SampleGate, sample_columns
 from gradloc_track.demo.inject import PAD_ID, inject
 from gradloc_track.demo.model import build_model
 from gradloc_track.demo.optim import make_optimizer, make_schedule
@@ -88,6 +89,7 @@ class Setup:
     sched: torch.optim.lr_scheduler.LRScheduler
     adamc: Any  # AdamCWeightDecay with optim=adamc, else None
     console: TrainConsole
+    gate: SampleGate  # leaves out the samples of data.blocklist and, with spikes.quarantine, this run's culprits
 
 
 def init_distributed(device: torch.device) -> tuple[int, int, bool]:
@@ -139,7 +141,18 @@ def setup(cfg: DemoConfig, console: TrainConsole) -> Setup:
         adamc = AdamCWeightDecay.from_config(opt, cfg.optim, scheduler=sched, model=model)
     data = TextBatches(corpus, tc.seq_len, tc.batch_size, tc.seed + 7919 * rank, tokenizer)
     junk_ids = tokenizer.encode(tc.inject.text) if tc.inject.kind == "garbled_span" else None
-    return Setup(device, rank, world, started, tokenizer, junk_ids, data, model, net, opt, sched, adamc, console)
+    return Setup(device, rank, world, started, tokenizer, junk_ids, data, model, net, opt, sched, adamc, console,
+                 make_gate(cfg, console))
+
+
+def make_gate(cfg: DemoConfig, console: TrainConsole) -> SampleGate:
+    """``data.blocklist`` (samples blamed in earlier runs) and ``spikes.quarantine`` (blamed in this one)."""
+    from gradloc_track.data import Quarantine, load_blocklist
+
+    blocklist = load_blocklist(cfg.data.blocklist, "data.blocklist") if cfg.data.blocklist else None
+    if blocklist is not None:
+        console.print(f"data.blocklist: {len(blocklist)} sample(s) listed in {cfg.data.blocklist} will be left out")
+    return SampleGate(blocklist, Quarantine() if cfg.spikes.quarantine else None)
 
 
 def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -190,19 +203,24 @@ class History:
     seconds: float = 0.0
 
 
-def get_batch(cfg: DemoConfig, s: Setup, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Inputs, targets and loss mask of ``step``; the configured outlier injected on its step and rank."""
+def get_batch(cfg: DemoConfig, s: Setup, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+    """Inputs, targets, loss mask and per-sample columns of ``step``: the configured outlier injected on
+    its step and rank, then samples of the blocklist / quarantine left out (replaced by fresh windows)."""
     batch = s.data.batch(step).to(s.device)  # (B, T+1)
     x, y = batch[:, :-1].clone(), batch[:, 1:].clone()  # (B, T)
     mask = torch.ones_like(x, dtype=torch.float32)  # (B, T) 1 = a loss term
+    source = ["corpus"] * x.shape[0]
     inj = cfg.train.inject
     if inj.at(step) and s.rank == inj.rank % s.world:
         positions = inject(inj.kind, x, y, mask, inj.sample, inj.span, seed=1234 + step, junk_ids=s.junk_ids,
                            pad_id=getattr(s.tokenizer, "pad_id", PAD_ID))
+        source[inj.sample] = f"injected:{inj.kind}"
         s.console.print(f"step {step}: injected {inj.kind} into sample {inj.sample} "
                         f"(loss positions {positions[0]}-{positions[-1]}: "
                         f"{s.tokenizer.decode(y[inj.sample, positions].tolist())!r})")
-    return x, y, mask
+    for row, fp, why in s.gate.apply(step, x, y, mask, source, lambda b, k: s.data.replacement(step, b, k)):
+        s.console.print(f"step {step}: left out sample {row} ({why}: sample_id {fp}); a fresh window trains instead")
+    return x, y, mask, sample_columns(step, s.rank, s.world, x.shape[0], source)
 
 
 def train(cfg: DemoConfig, s: Setup, monitor: GradMonitor, tracker: Tracker, run_dir: Path) -> History:
@@ -210,20 +228,25 @@ def train(cfg: DemoConfig, s: Setup, monitor: GradMonitor, tracker: Tracker, run
     t0 = time.perf_counter()
     s.console.start(cfg.train.steps)
     for step in range(cfg.train.steps):
-        x, y, mask = get_batch(cfg, s, step)
+        x, y, mask, columns = get_batch(cfg, s, step)
         loss_fn = masked_lm_loss(s.net, x, y, mask, cfg.train.loss_norm)
         s.opt.zero_grad(set_to_none=True)
         rng = save_rng()  # right before the forward: the localizer's probes replay its dropout
         loss = loss_fn(mask)
         loss.backward()
         # norms, clipping, spike detection and (on a spike) localization: before the optimizer step
-        ctx = SpikeContext(loss_fn=loss_fn, token_mask=mask, input_ids=y, tokenizer=s.tokenizer, rng_state=rng)
+        ctx = SpikeContext(loss_fn=loss_fn, token_mask=mask, input_ids=y, tokenizer=s.tokenizer, rng_state=rng,
+                           sample_columns=columns)
         stats = monitor.after_backward(step, spike_context=ctx)
+        if s.gate.quarantine is not None and stats.events:  # this step's culprits: skipped when they come again
+            view, rank = (stats.locate_view, None) if stats.locate_view else ((stats.locate, ctx), s.rank)
+            s.gate.quarantine.blame(step, *view, rank=rank)
         s.opt.step()
         s.sched.step()
         if s.adamc is not None:
             s.adamc.step()
         log_step(cfg, s, tracker, h, step, loss, stats)
+        log_left_out(s, tracker, step)
         if stats.events:
             show_spike(s, h, step, stats, y, run_dir)
     h.seconds = time.perf_counter() - t0
@@ -244,6 +267,13 @@ def log_step(cfg: DemoConfig, s: Setup, tracker: Tracker, h: History, step: int,
             extra["clip/total_norm_pre"] = extra["clip/total_norm_post"] = stats.global_norm
         tracker.log_metrics(extra, step)
     s.console.step(step, loss_val, stats.global_norm if stats.logged else None)
+
+
+def log_left_out(s: Setup, tracker: Tracker, step: int) -> None:
+    """``data/blocklist_dropped`` / ``data/quarantine_skipped`` (running counts) at the steps they grow."""
+    metrics = s.gate.metrics()
+    if metrics and (step == 0 or any(st == step for st, *_ in s.gate.left_out)):
+        tracker.log_metrics(metrics, step)
 
 
 def show_spike(s: Setup, h: History, step: int, stats: Any, y: torch.Tensor, run_dir: Path) -> None:
@@ -301,10 +331,13 @@ def train_lm(cfg: DemoConfig, run_dir: str | Path, resolved_yaml: str | None = N
         monitor = build_monitor(cfg, s, tracker, run_dir)
         h = train(cfg, s, monitor, tracker, run_dir)
         summary = summarize(cfg, h, monitor.clipper)
+        summary.update({k.split("/", 1)[1]: v for k, v in s.gate.metrics().items()})  # samples left out
         # at the last training step: a metric at step N+1 would stretch every chart's x axis
         tracker.log_metrics({f"summary/{k}": v for k, v in summary.items()}, cfg.train.steps - 1)
         if s.rank == 0:
-            (run_dir / "summary.json").write_text(json.dumps({**summary, "events_at": h.events_at}, indent=2))
+            left_out = [{"step": st, "sample": b, "sample_id": fp, "why": why} for st, b, fp, why in s.gate.left_out]
+            (run_dir / "summary.json").write_text(json.dumps({**summary, "events_at": h.events_at,
+                                                              "left_out": left_out}, indent=2))
         status = "success"
     finally:
         s.console.close()

@@ -26,7 +26,7 @@ _EXPORTS = {
     "WatchHandle": "gradloc_track.integrations.watch",
 }
 _SUBMODULES = ("clip", "spikes", "trackers", "config", "artifacts", "norms", "grouping", "localizer", "monitor",
-               "integrations")
+               "integrations", "data", "ledger")
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES) + ["locate"]
 

@@ -5,6 +5,10 @@ writes one standalone HTML page with every spike event of a run (no script, noth
 outside). The run dir the app prints works whatever the tracker: its ``tracker/<backend>.json`` names
 the MLflow run or the W&B files.
 
+``gradloc-track culprits <MLflow experiment | run ids | run dirs | W&B run dirs>... [--by COLUMN]
+[--export-blocklist FILE] [--log-to mlflow|wandb]`` aggregates every spike event of those runs into
+one table per culprit sample (CSV, JSON, HTML; see ``ledger``).
+
 ``gradloc-track replay <run dir> [--tracking-uri URI]`` sends what a tracker outage left in the
 run directory's spool to the ORIGINAL run, with its final status, and ends a run whose process died
 (``kill -9``) as KILLED; running it again does nothing.
@@ -26,6 +30,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="MLflow tracking URI for a run id (default: $MLFLOW_TRACKING_URI, else ./mlflow.db)")
     rep.add_argument("-o", "--output", default="spike_report.html", help="output file (default: %(default)s)")
     _add_replay(sub)
+    from .ledger.command import add_parser
+
+    add_parser(sub)
     return parser
 
 
@@ -62,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     quiet_backend_noise()  # our command: MLflow's store-creation lines and download bars off
     if args.command == "replay":
         return _replay(args)
+    if args.command == "culprits":
+        from .ledger.command import run
+
+        return run(args)
     from .report import build_report
 
     try:

@@ -35,6 +35,9 @@ class SpikeConfig:
     # the step) | surgery (the culprits' exact gradient is removed from the step's before the
     # clipper runs; gradloc_track.localizer.surgery)
     response: str = "none"
+    # skip, within a run, a sample already blamed for a spike when it comes again (next epoch, a
+    # replay buffer): the data path asks ``gradloc_track.data.Quarantine`` (the demo does; docs/ledger.md)
+    quarantine: bool = False
 
     def __post_init__(self) -> None:
         check_types(self, "spikes")

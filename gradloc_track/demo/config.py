@@ -1,4 +1,4 @@
-"""The demo app's configs: model, optimizer, training loop (groups ``model``, ``optim``, key ``train``).
+"""The demo app's configs: model, optimizer, training loop, data (groups ``model``, ``optim``; ``train``, ``data``).
 
 ``DemoConfig`` is the root ``conf/config.yaml`` composes from (stored as ``demo_schema``): the
 library's ``RootConfig`` (tracker, monitor, clip, spikes, locate) plus these. They belong to the
@@ -137,12 +137,36 @@ class TrainConfig:
 
 
 @dataclass
+class DataConfig:
+    """What the demo leaves out of its data."""
+
+    # a blocklist file from ``gradloc-track culprits ... --export-blocklist FILE``: its samples
+    # (matched by fingerprint) are left out of every batch and replaced by fresh windows
+    blocklist: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        check_types(self, "data")
+        if self.blocklist is not None:
+            from pathlib import Path
+
+            from ..data import BlocklistError, load_blocklist
+
+            check(Path(self.blocklist).is_file(), "data.blocklist", self.blocklist,
+                  "use the path of a file written by 'gradloc-track culprits ... --export-blocklist FILE', or null")
+            try:
+                load_blocklist(self.blocklist, "data.blocklist")
+            except BlocklistError as exc:
+                check(False, "data.blocklist", self.blocklist, str(exc).split(": ", 1)[-1])
+
+
+@dataclass
 class DemoConfig(RootConfig):
-    """The demo app's root: the library's groups plus ``model``, ``optim`` and ``train``."""
+    """The demo app's root: the library's groups plus ``model``, ``optim``, ``train`` and ``data``."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
 
     def __post_init__(self) -> None:
         super().__post_init__()

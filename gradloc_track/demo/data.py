@@ -51,3 +51,10 @@ class TextBatches:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
         starts = torch.randint(0, len(self.data) - self.seq_len - 1, (self.batch_size,), generator=g)
         return torch.stack([self.data[s: s + self.seq_len + 1] for s in starts.tolist()])  # (B, T+1)
+
+    def replacement(self, step: int, row: int, attempt: int = 0) -> torch.Tensor:
+        """A fresh window for sample ``row`` of ``step`` when the data path leaves its own out
+        (a blocklist, the quarantine): deterministic, independent of ``batch(step)``. (T+1,)"""
+        g = torch.Generator().manual_seed(((self.seed * 1_000_003 + step) * 4099 + row) * 131 + attempt + 1)
+        start = int(torch.randint(0, len(self.data) - self.seq_len - 1, (1,), generator=g))
+        return self.data[start: start + self.seq_len + 1]

@@ -89,12 +89,20 @@ def build_tracker(opts: WatchOptions, wandb_step_key: str | None = None,
     return make_tracker(opts.tracker, run_dir=opts.run_dir, run_name=opts.run_name, on_open=say_where), True
 
 
+def _quarantine(tracker: Tracker) -> Any:
+    from ..data.quarantine import logging_quarantine
+
+    return logging_quarantine(tracker)
+
+
 class WatchHandle:
     """What ``watch()`` returns. ``step()`` runs the monitor on the current gradients (called for
     you by the optimizer hook); ``last`` is the last ``GradStats``, ``spikes`` those of the steps
     where a spike fired; ``finish()`` flushes (and ends a run only if ``watch`` opened it);
     ``remove()`` takes every hook off. A context manager (exit = ``remove()`` + ``finish()``).
-    A ``Tracker`` object passed as ``tracker=`` stays the caller's to finish."""
+    A ``Tracker`` object passed as ``tracker=`` stays the caller's to finish. With
+    ``spikes={"quarantine": True}``, ``quarantine`` holds this run's culprit samples: the data path
+    asks ``handle.quarantine.admit(fingerprint, step)`` (each skip is warned and logged)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, opts: WatchOptions, *,
                  tracker: Tracker | None = None, owns_tracker: bool = True, capture: bool = True,
@@ -130,6 +138,8 @@ class WatchHandle:
                 h.remove()
             raise
         self.capture = MicroBatchCapture(model) if capture else None
+        # spikes.quarantine: this run's culprit samples, for the data path to skip (docs/ledger.md)
+        self.quarantine = _quarantine(self.tracker) if getattr(opts.spikes, "quarantine", False) else None
         self.last = None
         self.spikes: list = []  # GradStats of every step whose spike fired (with .locate when localized)
         self.steps = 0  # optimizer steps seen; the default step number
@@ -176,6 +186,8 @@ class WatchHandle:
             self.last = self.monitor.after_backward(step, lr=lr, spike_context=ctx)
         if self.last.events:
             self.spikes.append(self.last)
+            if self.quarantine is not None and self.last.locate_view:  # rank 0's view under torch.distributed
+                self.quarantine.blame(step, *self.last.locate_view)
         self.steps += 1
         return self.last
 

@@ -116,8 +116,9 @@ def test_artifact_pages_show_highlighted_culprits_and_the_table_and_charts_overl
             for frame in frames:
                 browser.switch_to.frame(frame)
                 try:
-                    # culprits in the visible context window (the collapsed full text has copies)
-                    spans = browser.find_elements(By.CSS_SELECTOR, "h2 + div.meta + div.text > span.c")
+                    # culprits in the visible context window (the collapsed full text has copies); the
+                    # sample may have a line of its own columns (dataset_index) above its meta line
+                    spans = browser.find_elements(By.CSS_SELECTOR, "h2 ~ div.text > span.c")
                     texts = [s.text for s in spans if s.text]
                 finally:
                     browser.switch_to.default_content()

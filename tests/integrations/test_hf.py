@@ -320,3 +320,9 @@ def test_in_trainers_wandb_offline_run_with_its_defaults(counting_weights, tmp_p
     rows = [dict(zip(table["columns"], r)) for r in table["data"]]
     assert sample_rows(rows) == [("sample", *DOC)]
     assert {(r["micro_batch"], r["sample"]) for r in rows if r["level"] == "token"} == {RARE}
+    # the culprit ledger reads the W&B offline run dir: the document's sample, blamed once
+    from gradloc_track.ledger import by_sample, collect, read_runs
+
+    ledger = {e["sample_id"]: e for e in by_sample(collect(read_runs([str(run_dir)])))}
+    (doc_id,) = {r["sample_id"] for r in rows if r["level"] == "sample"}
+    assert ledger[doc_id]["blamed"] == 1 and ledger[doc_id]["steps"][0].endswith(f"@{COUNTING_STEPS}")

@@ -1,0 +1,142 @@
+"""The ledger's two views of every culprit row of every run: per sample, and per group (``--by``).
+
+A spike event is one (run, step). Rows of one event never overlap (``artifacts.table``), so a
+sample's share of an event is the sum of its rows' shares; its ``max_share`` is the largest such
+sum over the events that blamed it. Rows without a ``sample_id`` (micro-batch rows, tables from
+before sample identity) count in the groups, not in the per-sample table.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from ..artifacts.table import BASE_COLUMNS, WHERE_COLUMNS, cut_text
+from .sources import RunTable
+
+OURS = set(BASE_COLUMNS) | set(WHERE_COLUMNS)  # every other column is the user's metadata
+EXCERPT_CHARS = 200
+UNIT_RANK = {"sample": 0, "document": 1, "span": 2}  # whose text stands for the sample (the widest first)
+BUCKETED = ("length", "position")  # --by values computed from the rows, not read from a column
+MAX_VALUES = 5  # distinct metadata values listed per sample
+
+
+@dataclass
+class Ledger:
+    """Rows of every run, their metadata columns, and the number of spike events that blamed anything."""
+
+    rows: list[dict[str, Any]]
+    metadata: list[str]
+    runs: list[str]
+    events: int
+    notes: list[str] = field(default_factory=list)
+
+
+def collect(runs: Iterable[RunTable], notes: list[str] | None = None) -> Ledger:
+    """Every culprit row as a dict with its ``run``; the user's columns in first-seen order."""
+    rows, metadata, names = [], [], []
+    for run in runs:
+        names.append(run.name)
+        cols = run.table.get("columns", [])
+        metadata += [c for c in cols if c not in OURS and c not in metadata]
+        rows += [{**dict(zip(cols, r)), "run": run.name} for r in run.table.get("data", [])]
+    events = len({(r["run"], r.get("step")) for r in rows})
+    return Ledger(rows, metadata, names, events, list(notes or []))
+
+
+def _event_shares(rows: list[dict]) -> dict[tuple, float]:
+    """(run, step) -> the summed share of ``rows`` in that event."""
+    out: dict[tuple, float] = {}
+    for r in rows:
+        key = (r["run"], r.get("step"))
+        out[key] = out.get(key, 0.0) + float(r.get("share") or 0.0)
+    return out
+
+
+def excerpt(rows: list[dict]) -> str:
+    """The sample's text: its widest unit row's text, else its culprit tokens in position order."""
+    units = [r for r in rows if r.get("level") in UNIT_RANK]
+    if units:
+        best = min(units, key=lambda r: (UNIT_RANK[r["level"]], -float(r.get("share") or 0)))
+        return cut_text(str(best.get("token") or ""), EXCERPT_CHARS)
+    first = min((r["run"], r.get("step")) for r in rows)  # one event's tokens, not every run's copies
+    toks = sorted((r for r in rows if (r["run"], r.get("step")) == first), key=lambda r: r.get("position") or 0)
+    return cut_text("".join(str(r.get("token") or "") for r in toks), EXCERPT_CHARS)
+
+
+def _value(values: list[Any]) -> Any:
+    """One metadata cell: the value, or the distinct values joined (e.g. another index in another run)."""
+    distinct = []
+    for v in values:
+        if v is not None and v not in distinct:
+            distinct.append(v)
+    if len(distinct) <= 1:
+        return distinct[0] if distinct else None
+    more = f" (+{len(distinct) - MAX_VALUES})" if len(distinct) > MAX_VALUES else ""
+    return " | ".join(map(str, distinct[:MAX_VALUES])) + more
+
+
+def by_sample(ledger: Ledger) -> list[dict[str, Any]]:
+    """One entry per ``sample_id``: how often, where and how hard it was blamed, its text and metadata;
+    the most blamed first."""
+    groups: dict[str, list[dict]] = {}
+    for r in ledger.rows:
+        if r.get("sample_id"):
+            groups.setdefault(str(r["sample_id"]), []).append(r)
+    out = []
+    for sid, rows in groups.items():
+        shares = _event_shares(rows)
+        runs = list(dict.fromkeys(run for run, _ in shares))
+        out.append({"sample_id": sid, "blamed": len(shares), "runs": runs,
+                    "steps": [f"{run}@{step}" for run, step in shares],
+                    "max_share": max(shares.values()), "text": excerpt(rows),
+                    **{c: _value([r.get(c) for r in rows]) for c in ledger.metadata}})
+    return sorted(out, key=lambda e: (-e["blamed"], -len(e["runs"]), -e["max_share"], e["sample_id"]))
+
+
+def bucket(n: Any) -> str | None:
+    """Power-of-two buckets: ``0``, ``1``, ``2-3``, ``4-7``, ``8-15``..."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        return None
+    if n < 2:
+        return str(n)
+    lo = 1 << (n.bit_length() - 1)
+    return f"{lo}-{2 * lo - 1}"
+
+
+def group_key(row: dict, by: str) -> Any:
+    """The row's group for ``--by``: a column's value, the token (token rows only), a length or position bucket."""
+    if by == "token":
+        return row.get("token") if row.get("level", "token") == "token" else None
+    if by == "length":  # the culprit's length in positions: 1 for a token, a unit's [position, end)
+        start, end = row.get("position"), row.get("end")
+        return bucket(end - start) if isinstance(start, int) and isinstance(end, int) else None
+    if by == "position":
+        return bucket(row.get("position"))
+    return row.get(by)
+
+
+def check_by(ledger: Ledger, by: str) -> None:
+    """A clear error for a ``--by`` that no run has."""
+    known = {k for r in ledger.rows for k in r} | {"token", *BUCKETED}
+    if by not in known:
+        raise KeyError(f"--by {by!r}: no run's culprit table has that column; use one of "
+                       f"{', '.join(sorted(known - {'run'}))}")
+
+
+def by_group(ledger: Ledger, by: str) -> list[dict[str, Any]]:
+    """One entry per value of ``by``: how many of the ledger's spike events it caused, the most first."""
+    check_by(ledger, by)
+    groups: dict[Any, list[dict]] = {}
+    for r in ledger.rows:
+        key = group_key(r, by)
+        if key is not None:
+            groups.setdefault(str(key) if isinstance(key, (list, dict)) else key, []).append(r)
+    out = []
+    for key, rows in groups.items():
+        shares = _event_shares(rows)
+        n = len(shares)
+        out.append({by: key, "spikes": n, "of_spikes": ledger.events,
+                    "samples": len({r["sample_id"] for r in rows if r.get("sample_id")}),
+                    "runs": len({run for run, _ in shares}), "rows": len(rows), "max_share": max(shares.values()),
+                    "summary": f"{by} {key} caused {n} of {ledger.events} spike(s)"})
+    return sorted(out, key=lambda e: (-e["spikes"], -e["max_share"], str(e[by])))

@@ -1,0 +1,85 @@
+"""The ledger's arithmetic and its page, on hand-made culprit tables checked against brute force."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gradloc_track.ledger import RunTable, by_group, by_sample, collect
+from gradloc_track.ledger.aggregate import bucket
+from gradloc_track.ledger.render import to_html, write_files
+
+COLS = ["step", "level", "token", "share", "sample", "position", "end", "sample_id", "dataset_index", "source"]
+A, B = "aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb"
+
+
+def tables() -> list[RunTable]:
+    run1 = [[5, "token", "x", 0.3, 0, 4, 5, A, 7, "forum"], [5, "token", "y", 0.2, 0, 3, 4, A, 7, "forum"],
+            [5, "sample", "whole b", 0.1, 1, 0, 40, B, 8, "web"],
+            [9, "token", "x", 0.6, 2, 4, 5, A, 7, "forum"],
+            [9, "micro_batch", "", 0.2, None, None, None, None, None, None]]
+    run2 = [[5, "span", "<script>alert(1)</script>", 0.9, 3, 2, 6, A, 12, "forum<img src=x onerror=y>"]]
+    return [RunTable("r1", "id1", {"columns": COLS, "data": run1}),
+            RunTable("r2", "id2", {"columns": COLS, "data": run2})]
+
+
+def test_per_sample_counts_events_and_sums_shares_per_event():
+    led = collect(tables())
+    assert led.metadata == ["dataset_index", "source"] and led.events == 3  # r1@5, r1@9, r2@5
+    a, b = by_sample(led)
+    assert (a["sample_id"], a["blamed"], a["runs"], a["steps"]) == (A, 3, ["r1", "r2"], ["r1@5", "r1@9", "r2@5"])
+    # brute force: the largest per-event sum of A's shares
+    events = {}
+    for run in tables():
+        for r in run.table["data"]:
+            if r[7] == A:
+                events[(run.name, r[0])] = events.get((run.name, r[0]), 0) + r[3]
+    assert a["max_share"] == pytest.approx(max(events.values())) == pytest.approx(0.9)
+    assert a["text"] == "<script>alert(1)</script>"  # a unit row's text stands for the sample
+    assert a["dataset_index"] == "7 | 12" and a["source"] == "forum | forum<img src=x onerror=y>"
+    assert (b["sample_id"], b["blamed"], b["text"], b["dataset_index"]) == (B, 1, "whole b", 8)
+
+
+def test_groups_by_column_token_length_and_position():
+    led = collect(tables())
+    src = {g["source"]: g for g in by_group(led, "source")}
+    assert (src["forum"]["spikes"], src["forum"]["of_spikes"], src["web"]["spikes"]) == (2, 3, 1)
+    assert src["forum"]["summary"] == "source forum caused 2 of 3 spike(s)"
+    tok = {g["token"]: g for g in by_group(led, "token")}
+    assert set(tok) == {"x", "y"} and tok["x"]["spikes"] == 2 and tok["x"]["max_share"] == pytest.approx(0.6)
+    length = {g["length"]: g["rows"] for g in by_group(led, "length")}
+    assert length == {"1": 3, "32-63": 1, "4-7": 1}
+    pos = {g["position"]: g["rows"] for g in by_group(led, "position")}
+    assert pos == {"4-7": 2, "2-3": 2, "0": 1}
+    with pytest.raises(KeyError, match="no run's culprit table has that column; use one of .*source"):
+        by_group(led, "domain")
+
+
+def test_bucket_is_the_power_of_two_range_holding_n():
+    for n in range(0, 300):
+        b = bucket(n)
+        lo, hi = (int(b), int(b)) if "-" not in b else map(int, b.split("-"))
+        assert lo <= n <= hi and (n < 2 or (lo & (lo - 1) == 0 and hi == 2 * lo - 1))
+    assert bucket(None) is None and bucket(-1) is None
+
+
+def test_page_escapes_every_cell_and_runs_no_script(tmp_path):
+    led = collect(tables())
+    samples, groups = by_sample(led), by_group(led, "source")
+    page = to_html(led, samples, groups, "source")
+    assert "<script" not in page.lower() and "<img" not in page.lower()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "forum&lt;img src=x onerror=y&gt;" in page
+    assert "default-src 'none'" in page
+    files = write_files(tmp_path, led, samples, groups, "source")
+    assert sorted(p.name for p in files) == ["culprits.csv", "culprits.html", "culprits.json", "culprits_by_source.csv"]
+    doc = json.loads((tmp_path / "culprits.json").read_text())
+    assert doc["spike_events"] == 3 and [s["sample_id"] for s in doc["samples"]] == [A, B]
+
+
+def test_cli_names_a_source_it_cannot_find(tmp_path, capsys):
+    from gradloc_track.cli import main
+
+    rc = main(["culprits", "no-such-experiment", "--tracking-uri", f"sqlite:///{tmp_path / 'none.db'}"])
+    assert rc == 2 and "no MLflow store at" in capsys.readouterr().err
+    assert main(["culprits", str(tmp_path / "missing" / "run"), "-o", str(tmp_path / "o")]) == 2
+    assert "no such run directory" in capsys.readouterr().err
