@@ -5,6 +5,46 @@ steps); sharded (FSDP2/DTensor) norms are reduced with ONE all-reduce; everythin
 is stacked into ONE device tensor and moved to the host once per logging step. Steps that do not
 log do no host sync (unless a spike detector is armed with a batch to localize, see
 ``after_backward``).
+
+Metric keys (``<layer>`` per ``group_by``: block -> ``h.3``, module -> ``h.3.attn.qkv``,
+tensor -> the parameter name; or the names of custom ``groups``):
+
+- ``grad_norm/global``: L2 norm of all gradients (before clipping)
+- ``grad_norm/<layer>``: L2 norm of the layer's gradients
+- ``grad_norm/tensor/<param>``: per-tensor norms (``per_tensor=True``)
+- ``grad_norm/nonfinite``: number of tensors whose gradient norm is NaN/Inf (logged, never
+  raised: the clipper's ``on_nonfinite`` decides what happens to the step)
+- ``weight_norm/global``, ``weight_norm/<layer>``: parameter norms (``weight_norms=True``)
+- ``grad_weight_ratio/<layer>``: ``||g|| / ||w||`` of the layer (``weight_norms=True``)
+- ``lr``, ``weight_decay``: when known (arguments, else ``optimizer.param_groups``: ``lr`` of
+  group 0, the largest ``weight_decay`` of any group, since no-decay groups hold 0); ``lr``
+  is the one applied at this step, ``weight_decay`` is logged only when it changes
+- ``adamc/steady_state_ratio`` (``adamc_ratio=True``, or automatically when
+  ``AdamCWeightDecay`` drives the optimizer): ``sqrt(2 * weight_decay / lr)``, the ratio ``||g||/||w||``
+  that decoupled weight decay drives normalized layers to (Defazio, arXiv 2506.02285); a
+  ``grad_weight_ratio`` tracking it as ``lr -> 0`` is schedule-driven norm growth, not a spike
+- ``clip/threshold/global``, ``clip/threshold/<layer>`` (the thresholds in force; left out
+  while none is), ``clip/coef/<layer>``, ``clip/clipped_fraction``,
+  ``clip/saturation/clipped_fraction``, ``clip/saturation/mean_coef`` (after the clipper's
+  warm-up: share of recent steps scaled and their mean coefficient; a warning when clipping
+  has become a learning-rate cut), ``clip/total_norm_pre``, ``clip/total_norm_post``,
+  ``clip/nonfinite``: from the clipper (see ``gradloc_track.clip.metrics``)
+- ``spike/detected`` (1 on a step the detector fired), ``spike/detected_total``,
+  ``spike/threshold`` (the global norm that would fire this step: plot it with
+  ``grad_norm/global``), ``spike/ratio`` (global norm / its running baseline),
+  ``spike/zscore``, ``spike/zscore_max_layer``, ``spike/olmo_score`` (OLMo-core's 6-sigma
+  spike score, for comparison): from the detector's ``metrics()`` (``SpikeDetector`` documents them)
+- ``locate/probes``, ``locate/culprits``, ``locate/threshold``, ``locate/seconds`` when a
+  spike was localized; ``locate/failed`` when localizing raised (a warning, never a crash)
+- ``surgery/applied`` (1: the culprits' gradient was removed, 0: nothing was, ``stats.surgery.reason``
+  says why), ``surgery/removed_share`` (the share of the step's squared gradient norm removed),
+  ``surgery/grad_norm_post`` (the norm the clipper then sees): on spikes, with ``spikes.response=surgery``
+
+With ``spikes.response=surgery`` (and a detector armed with a spike context) the clipper runs
+after the detector's verdict: on a localized spike the culprits' exact gradient is removed from
+``.grad`` first (``gradloc_track.localizer.surgery``) and the clipper clips what is left
+(``clip/total_norm_pre`` is then the operated norm; the grad norms stay the step's own). The clip
+metrics then take a second, small host transfer on logging steps.
 """
 from __future__ import annotations
 
@@ -36,45 +76,7 @@ class GradMonitor:
     optimizer.step()
     ```
 
-    Metric keys (``<layer>`` per ``group_by``: block -> ``h.3``, module -> ``h.3.attn.qkv``,
-    tensor -> the parameter name; or the names of custom ``groups``):
-
-    - ``grad_norm/global``: L2 norm of all gradients (before clipping)
-    - ``grad_norm/<layer>``: L2 norm of the layer's gradients
-    - ``grad_norm/tensor/<param>``: per-tensor norms (``per_tensor=True``)
-    - ``grad_norm/nonfinite``: number of tensors whose gradient norm is NaN/Inf (logged, never
-      raised: the clipper's ``on_nonfinite`` decides what happens to the step)
-    - ``weight_norm/global``, ``weight_norm/<layer>``: parameter norms (``weight_norms=True``)
-    - ``grad_weight_ratio/<layer>``: ``||g|| / ||w||`` of the layer (``weight_norms=True``)
-    - ``lr``, ``weight_decay``: when known (arguments, else ``optimizer.param_groups``: ``lr`` of
-      group 0, the largest ``weight_decay`` of any group, since no-decay groups hold 0); ``lr``
-      is the one applied at this step, ``weight_decay`` is logged only when it changes
-    - ``adamc/steady_state_ratio`` (``adamc_ratio=True``, or automatically when
-      ``AdamCWeightDecay`` drives the optimizer): ``sqrt(2 * weight_decay / lr)``, the ratio ``||g||/||w||``
-      that decoupled weight decay drives normalized layers to (Defazio, arXiv 2506.02285); a
-      ``grad_weight_ratio`` tracking it as ``lr -> 0`` is schedule-driven norm growth, not a spike
-    - ``clip/threshold/global``, ``clip/threshold/<layer>`` (the thresholds in force; left out
-      while none is), ``clip/coef/<layer>``, ``clip/clipped_fraction``,
-      ``clip/saturation/clipped_fraction``, ``clip/saturation/mean_coef`` (after the clipper's
-      warm-up: share of recent steps scaled and their mean coefficient; a warning when clipping
-      has become a learning-rate cut), ``clip/total_norm_pre``, ``clip/total_norm_post``,
-      ``clip/nonfinite``: from the clipper (see ``gradloc_track.clip.metrics``)
-    - ``spike/detected`` (1 on a step the detector fired), ``spike/detected_total``,
-      ``spike/threshold`` (the global norm that would fire this step: plot it with
-      ``grad_norm/global``), ``spike/ratio`` (global norm / its running baseline),
-      ``spike/zscore``, ``spike/zscore_max_layer``, ``spike/olmo_score`` (OLMo-core's 6-sigma
-      spike score, for comparison): from the detector's ``metrics()`` (``SpikeDetector`` documents them)
-    - ``locate/probes``, ``locate/culprits``, ``locate/threshold``, ``locate/seconds`` when a
-      spike was localized; ``locate/failed`` when localizing raised (a warning, never a crash)
-    - ``surgery/applied`` (1: the culprits' gradient was removed, 0: nothing was, ``stats.surgery.reason``
-      says why), ``surgery/removed_share`` (the share of the step's squared gradient norm removed),
-      ``surgery/grad_norm_post`` (the norm the clipper then sees): on spikes, with ``spikes.response=surgery``
-
-    With ``spikes.response=surgery`` (and a detector armed with a spike context) the clipper runs
-    after the detector's verdict: on a localized spike the culprits' exact gradient is removed from
-    ``.grad`` first (``gradloc_track.localizer.surgery``) and the clipper clips what is left
-    (``clip/total_norm_pre`` is then the operated norm; the grad norms stay the step's own). The clip
-    metrics then take a second, small host transfer on logging steps.
+    The metric keys it logs are listed in this module's docstring (and docs/metrics.md).
 
     With ``optimizer=`` a clipper with ``on_nonfinite="skip"`` gets a ``SkipStepGuard`` on it
     (``skip_guard``; ``clip.skip_step``, ``"off"`` to opt out): a step with a non-finite gradient

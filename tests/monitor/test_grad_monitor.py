@@ -54,8 +54,10 @@ def test_weight_norms_ratios_and_adamc_ratio(tiny_gpt):
 
 
 def documented_patterns() -> list[re.Pattern]:
-    """Every ``key`` in the docstring's bullet list, with <layer>/<param> as wildcards."""
-    doc = GradMonitor.__doc__.split("Metric keys", 1)[1]
+    """Every ``key`` in the monitor module docstring's bullet list, with <layer>/<param> as wildcards."""
+    from gradloc_track.monitor import grad_monitor
+
+    doc = grad_monitor.__doc__.split("Metric keys", 1)[1]
     keys = set(re.findall(r"``([a-z_]+(?:/[^`\s]*)?)``", doc))
     keys = {k for k in keys if "/" in k or k in {"lr", "weight_decay"}}
     pats = []
