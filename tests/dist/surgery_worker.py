@@ -17,6 +17,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from .locate_worker import wrap  # DDP with bucket-view gradients, or FSDP2 per block
+
 B, T, V = 2, 8, 64  # per rank and micro-batch
 SPIKE_AT, STEPS = 6, 8
 WEIGHT = 40.0  # the culprit term's loss weight
@@ -49,21 +51,6 @@ def make_loss_fn(net, x, y, w, n_micro: int):
         return (per * w * mask).sum() / (B * T * n_micro)
 
     return loss_fn
-
-
-def wrap(model, kind: str, world: int):
-    """DDP (gradients as bucket views: probes overwrite them in place), or FSDP2 (sharded DTensor grads)."""
-    if kind == "ddp":
-        from torch.nn.parallel import DistributedDataParallel
-
-        return DistributedDataParallel(model, gradient_as_bucket_view=True)
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    mesh = init_device_mesh("cpu", (world,))
-    for block in model.h:
-        fully_shard(block, mesh=mesh)
-    return fully_shard(model, mesh=mesh)
 
 
 def full(t: torch.Tensor) -> torch.Tensor:
