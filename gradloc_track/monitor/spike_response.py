@@ -77,21 +77,20 @@ class SpikeResponse:
         why_not = self.why_not_localized(step, ctx)
         if why_not is None:
             ctx = resolve(ctx)
-        metrics, why = self._locate(step, stats, ctx) if why_not is None else ({}, None)
+        metrics = self._locate(step, stats, ctx) if why_not is None else {}
         if stats.locate is None:
             stats.not_localized = why_not or "localizing failed (see the warning)"
             self._record_detection(step, stats)
         if self.surgery:
-            stats.surgery = self._operate(step, stats.locate, ctx, f"not localized ({stats.not_localized})"
-                                          if stats.locate is None else why)
+            stats.surgery = self._operate(step, stats.locate, ctx, f"not localized ({stats.not_localized})")
             metrics.update(stats.surgery.metrics())
         return metrics
 
-    def _locate(self, step: int, stats: Any, ctx: Any) -> tuple[dict[str, float], str]:
-        """(metrics, '') after localizing, or ({...}, why it failed)."""
+    def _locate(self, step: int, stats: Any, ctx: Any) -> dict[str, float]:
+        """The locate/* metrics; ``stats.locate`` stays None when localizing failed."""
         result = self._localize(step, ctx)
         if result is None:
-            return {"locate/failed": 1.0}, "localizing failed"
+            return {"locate/failed": 1.0}
         self._count(step, bool(result.culprits))  # a culprit at any level: token, span, sample, micro-batch
         stats.locate = result
         stats.locate_view = self._view(step, result, ctx)
@@ -102,10 +101,11 @@ class SpikeResponse:
             except Exception as exc:
                 warnings.warn(f"gradloc-track: writing spike artifacts at step {step} failed: {exc!r}")
         return {"locate/probes": float(result.probes), "locate/culprits": float(len(result.culprits)),
-                "locate/threshold": float(result.threshold), "locate/seconds": float(result.wall_time_s)}, ""
+                "locate/threshold": float(result.threshold), "locate/seconds": float(result.wall_time_s)}
 
     def _operate(self, step: int, result: Any, ctx: Any, why: str) -> Any:
-        """Spike surgery on this step's ``.grad`` (a collective under torch.distributed, like locating)."""
+        """Spike surgery on this step's ``.grad`` (a collective under torch.distributed, like locating);
+        ``why``: the reason nothing is removed when ``result`` is None."""
         from ..localizer.surgery import SurgeryResult, remove_culprits
 
         if result is None:
