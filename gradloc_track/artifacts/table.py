@@ -149,8 +149,7 @@ class _View:
         if c.level == "token":
             tid = int(row[c.position])
             return {"token": decode_token(self.tok, tid), "token_id": tid}
-        keep = self.at(self.mask, c.micro_batch)[c.batch] if self.mask is not None else [1] * len(row)
-        ids = [int(row[p]) for p in range(c.start, c.end) if keep[p]]
+        ids = [int(row[p]) for p in self._terms(c, len(row))]
         return {"token": cut_text(decode_tokens(self.tok, ids)), "token_id": None}
 
     def columns(self, c: Any) -> list[Any]:
@@ -168,10 +167,14 @@ class _View:
         return out
 
 
+    def _terms(self, c: Any, width: int) -> list[int]:
+        """The positions of a unit's loss terms (every position without a mask)."""
+        keep = self.at(self.mask, c.micro_batch)[c.batch] if self.mask is not None else [1] * width
+        return [p for p in range(c.start, min(c.end, width)) if keep[p]]
+
     def _unit_mean(self, c: Any, row: list) -> float | None:
         """The mean of a per-token column over the unit's loss terms; None if not numeric or no term."""
-        keep = self.at(self.mask, c.micro_batch)[c.batch] if self.mask is not None else [1] * len(row)
-        vals = [row[p] for p in range(c.start, min(c.end, len(row))) if keep[p]]
+        vals = [row[p] for p in self._terms(c, len(row))]
         if not vals or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
             return None
         return sum(float(v) for v in vals) / len(vals)
