@@ -341,14 +341,6 @@ def _section(mb: int | None, sample: int, culprits: list, result: LocateResult, 
     for u in units:  # a unit is shown whole (up to FULL_TEXT_TOKENS), with a little context
         ranges = _merge(ranges + [(max(0, u.start - min(window, 8)), min(T, u.start + FULL_TEXT_TOKENS, u.end + 8))])
     ranges = s.extend_over_padding(ranges)
-    shown, prev = [], 0
-    for a, b in ranges:
-        if a > prev:
-            shown.append(_gap(a - prev))
-        shown.append(_outlined(s, a, b, units))
-        prev = b
-    if prev < T:
-        shown.append(_gap(T - prev))
     rows = "".join(
         f"<tr><td>{p}</td><td>{s.ids[p]}</td><td>{token_html(decode_token(s.tok, s.ids[p]))}</td>"
         f"<td>{c.grad_norm:.3e}</td><td>{'n/a' if c.share is None else f'{c.share:.3f}'}</td>"
@@ -361,7 +353,7 @@ def _section(mb: int | None, sample: int, culprits: list, result: LocateResult, 
     if isinstance(seg, torch.Tensor):  # the sample's parts (prompt / completion, documents), each its block
         text = parts_html(s, seg[sample].tolist(), getattr(ctx, "segment_names", None), window, units)  # host sync
     else:
-        text = f"<div class='text'>{''.join(shown)}</div>"
+        text = f"<div class='text'>{_shown(s, ranges, units)}</div>"
     section = [f"<h2>{_name(mb, sample, doc)}</h2>", _sample_meta(ctx, sample), f"<div class='meta'>{esc(meta)}</div>",
                text,
                "<table><tr><th>position</th><th>token id</th><th>token</th><th>grad norm</th><th>share</th>"
@@ -372,6 +364,19 @@ def _section(mb: int | None, sample: int, culprits: list, result: LocateResult, 
         section.append(f"<details><summary>full text ({T} tokens{more})</summary><div class='text'>"
                        f"{s.spans(0, n)}{_gap(T - n) if n < T else ''}</div></details>")
     return "".join(section)
+
+
+def _shown(s: "_Sample", ranges: list[tuple[int, int]], units: list) -> str:
+    """The sample's text over ``ranges`` (units outlined), a gap marker for each stretch left out."""
+    shown, prev, T = [], 0, len(s.ids)
+    for a, b in ranges:
+        if a > prev:
+            shown.append(_gap(a - prev))
+        shown.append(_outlined(s, a, b, units))
+        prev = b
+    if prev < T:
+        shown.append(_gap(T - prev))
+    return "".join(shown)
 
 
 def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
