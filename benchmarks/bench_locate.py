@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 import gradloc_track
 from gradloc_track.demo.model import TinyGPT
-from gradloc_track.localizer.memory import TensorMemoryMeter
+from gradloc_track.tensor_memory import TensorMemoryMeter
 
 V = 64
 METHODS = ("gradloc", "bisect", "auto")

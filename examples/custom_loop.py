@@ -23,7 +23,7 @@ import gradloc_track
 from gradloc_track.artifacts import SpikeArtifactWriter
 from gradloc_track.clip import ZClip
 from gradloc_track.config import LocateConfig, TrackerConfig
-from gradloc_track.demo.console import TrainConsole, view_commands
+from gradloc_track.console import TrainConsole, view_commands
 from gradloc_track.demo.data import ByteTokenizer
 from gradloc_track.demo.model import TinyGPT
 from gradloc_track.localizer import save_rng

@@ -32,7 +32,7 @@ from gradloc_track.artifacts import SpikeArtifactWriter
 from gradloc_track.clip import build_clipper
 from gradloc_track.config import ConfigError, check_overrides, to_config
 from gradloc_track.demo.config import DemoConfig, register_configs
-from gradloc_track.demo.console import TrainConsole, summary_lines
+from gradloc_track.console import TrainConsole, summary_lines
 from gradloc_track.demo.data import TextBatches, load_corpus
 from gradloc_track.demo.gate import SampleGate, sample_columns
 from gradloc_track.demo.inject import PAD_ID, inject

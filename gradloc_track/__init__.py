@@ -32,6 +32,9 @@ __all__ = sorted(_EXPORTS) + list(_SUBMODULES) + ["locate"]
 
 # the public function ``gradloc_track.locate(model, ...)``; its package is ``gradloc_track.localizer``
 from .localizer import locate  # noqa: E402
+from ._moved import install as _install_moved  # noqa: E402
+
+_install_moved()  # 0.3's module paths, with a DeprecationWarning (see _moved.py)
 
 
 def __getattr__(name: str) -> Any:

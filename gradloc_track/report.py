@@ -2,7 +2,7 @@
 
 Reads the shared file layout (``spikes/events/step_*.json``: every detected spike, localized or
 not; ``spikes/tokens/step_*.json`` or an older ``spikes/tokens.json``,
-``spikes/highlight/step_*.html``, ``spikes/heatmap/step_*.png``, see ``trackers/base.py``) from a
+``spikes/highlight/step_*.html``, ``spikes/heatmap/step_*.png``, see ``trackers/interface.py``) from a
 local run directory, or downloads it from an MLflow run first. Event pages (whole documents) are embedded as sandboxed
 ``<iframe srcdoc>`` with the document escaped into the attribute; images as base64 data URIs. The
 page has no script and loads nothing from outside.

@@ -2,7 +2,7 @@
 
 Missing, zero, NaN and Inf gradients (single tensors or whole steps) at random steps, step 0 and the
 warm-up included, then a clean stretch, then one real spike. After the clean stretch every clipper
-must clip like a healthy one (tests/clip/test_base.py) and the detector must stay quiet and catch
+must clip like a healthy one (tests/clip/test_clipper.py) and the detector must stay quiet and catch
 the spike (tests/spikes/test_detector.py)."""
 from __future__ import annotations
 

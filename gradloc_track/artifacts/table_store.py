@@ -1,7 +1,7 @@
 """Read an attribution table back from the files a tracker wrote (local run dir or MLflow download).
 
 Trackers append a table as one part per event, ``<key>/step_<step:06d>.json`` (never rewritten,
-see ``trackers/base.py``); runs from before that hold one ``<key>.json``. ``read_table`` joins
+see ``trackers/interface.py``); runs from before that hold one ``<key>.json``. ``read_table`` joins
 both, in step order, and skips (with a warning) a part it cannot read instead of failing.
 """
 from __future__ import annotations

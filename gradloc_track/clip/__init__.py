@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from .adagc import AdaGC
-from .base import Clipper, ClipResult
+from .clipper import Clipper, ClipResult
 from .layerclip import LayerClip
 from .simple import GlobalClip, NoClip
 from .skip_step import SkipStepGuard

@@ -41,7 +41,7 @@ import torch
 # the argument checks are the config schema's own (clip.beta there, beta here)
 from ..config._validate import check, in_unit_interval, integer, one_of, positive
 from ..norms import all_reduce_sq_norms, sq_norms
-from .base import Clipper
+from .clipper import Clipper
 
 ADAGC_MODES = ("tensor", "shard", "global")
 

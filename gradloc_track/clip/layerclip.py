@@ -30,7 +30,7 @@ import torch
 
 from ..config._validate import in_unit_interval, integer, non_negative, positive
 from ..grouping import LayerGrouping
-from .base import Clipper
+from .clipper import Clipper
 from .running_stats import WarmupEma, WarmupEmaState
 
 

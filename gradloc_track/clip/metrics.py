@@ -26,7 +26,7 @@ import math
 import torch
 
 from ..grouping import LayerGrouping
-from .base import ClipResult
+from .clipper import ClipResult
 from .saturation import KEYS as SATURATION_KEYS
 
 GLOBAL_KINDS = ("global", "zclip", "none", "adagc_global")

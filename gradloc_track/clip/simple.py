@@ -6,7 +6,7 @@ from typing import Any
 import torch
 
 from ..config._validate import finite, positive
-from .base import Clipper
+from .clipper import Clipper
 
 
 class GlobalClip(Clipper):

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from ..config._validate import in_unit_interval, integer, non_negative, one_of, positive
-from .base import Clipper
+from .clipper import Clipper
 from .running_stats import WarmupEma, WarmupEmaState
 
 

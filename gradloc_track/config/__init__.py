@@ -19,7 +19,8 @@ from .clip import (CLIP_SCHEMAS, AdaGCConfig, ClipConfig, GlobalClipConfig, Laye
                    ZClipConfig, clip_schema)
 from .locate import LocateConfig
 from .monitor import MonitorConfig
-from .renamed import check_overrides, check_renamed
+from .override_keys import check_overrides
+from .renamed import check_renamed
 from .root import RootConfig
 from .spikes import SpikeConfig
 from .tracker import MlflowConfig, TrackerConfig, WandbConfig

@@ -12,9 +12,8 @@ import typing
 from collections.abc import Mapping
 from typing import Any, Iterable
 
-
-class ConfigError(ValueError):
-    """A config value is out of range; the message names the field and what to set instead."""
+from .errors import ConfigError
+from .renamed import RENAMED_KEYS
 
 
 def check(cond: bool, field: str, value: Any, fix: str) -> None:
@@ -148,8 +147,6 @@ def node_schema(node: Any, declared: type) -> type:
 
 
 def _unknown_key_hint(path: str, key: str, names: list[str]) -> str:
-    from .renamed import RENAMED_KEYS
-
     if f"{path}{key}" in RENAMED_KEYS:
         return RENAMED_KEYS[f"{path}{key}"].hint()
     close = difflib.get_close_matches(key, names, n=1)

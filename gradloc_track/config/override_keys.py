@@ -17,7 +17,9 @@ import typing
 from pathlib import Path
 from typing import Any, Iterable
 
-from ._validate import ConfigError, _unknown_key_hint
+from ._validate import _unknown_key_hint
+from .errors import ConfigError
+from .renamed import check_renamed
 
 
 def _schemas(tp: Any) -> list[type]:
@@ -85,3 +87,19 @@ def check_override_keys(overrides: Iterable[str], schema: type, conf_dir: str | 
         name = f"{schema.__module__}.{schema.__qualname__}"
         raise ConfigError(f"unknown config key(s): {'; '.join(bad)}. Every key must be a field of {name} "
                           "(see conf/); fix the key")
+
+
+def override_keys(overrides: Iterable[str]) -> list[str]:
+    """The dotted keys of Hydra command-line overrides (``+clip.alpha=0.9`` -> ``clip.alpha``)."""
+    return [o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o and not o.startswith("-")]
+
+
+def check_overrides(overrides: Iterable[str], schema: type | None = None,
+                    conf_dir: str | Path | None = None) -> None:
+    """``check_renamed`` on a Hydra command line, before Hydra's own "Key ... is not in struct";
+    with the app's root ``schema`` (and its ``conf_dir``, for the group names), also every key typo
+    without ``+`` (``check_override_keys``: "did you mean ...")."""
+    overrides = list(overrides)
+    check_renamed(override_keys(overrides))
+    if schema is not None:
+        check_override_keys(overrides, schema, conf_dir)

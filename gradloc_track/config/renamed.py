@@ -3,16 +3,15 @@
 0.2's ``ClipConfig`` held every clipper's fields in one flat schema, prefixed where two clippers
 shared a name. Each clip option now has its own schema with the clipper's own argument names
 (``clip=zclip clip.warmup_steps=25``). Hydra rejects an unknown key before the app runs, so the
-app checks its command line first (``check_overrides``); ``to_config`` and ``watch()`` name the
+app checks its command line first (``override_keys.check_overrides``); ``to_config`` and ``watch()`` name the
 new key too.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterable
 
-from ._validate import ConfigError
+from .errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -39,21 +38,3 @@ def check_renamed(keys: Iterable[str]) -> None:
     if found:
         raise ConfigError(f"renamed config key(s): {'; '.join(found)}. Each clip option has its own schema "
                           "with the clipper's argument names (see conf/clip/)")
-
-
-def override_keys(overrides: Iterable[str]) -> list[str]:
-    """The dotted keys of Hydra command-line overrides (``+clip.alpha=0.9`` -> ``clip.alpha``)."""
-    return [o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o and not o.startswith("-")]
-
-
-def check_overrides(overrides: Iterable[str], schema: type | None = None,
-                    conf_dir: str | Path | None = None) -> None:
-    """``check_renamed`` on a Hydra command line, before Hydra's own "Key ... is not in struct";
-    with the app's root ``schema`` (and its ``conf_dir``, for the group names), also every key typo
-    without ``+`` (``override_keys.check_override_keys``: "did you mean ...")."""
-    overrides = list(overrides)
-    check_renamed(override_keys(overrides))
-    if schema is not None:
-        from .override_keys import check_override_keys
-
-        check_override_keys(overrides, schema, conf_dir)

@@ -8,7 +8,7 @@ See docs/ledger.md.
 """
 from .blocklist import Blocklist, BlocklistError, load_blocklist, write_blocklist
 from .filters import BlockedDataset, BlockedIterableDataset, filter_dataset
-from .keys import record_fingerprint
+from .fingerprint import record_fingerprint
 from .quarantine import Quarantine, logging_quarantine
 
 __all__ = ["Blocklist", "BlocklistError", "BlockedDataset", "BlockedIterableDataset", "Quarantine",

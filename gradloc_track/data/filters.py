@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 
 from .blocklist import Blocklist
-from .keys import record_fingerprint
+from .fingerprint import record_fingerprint
 
 Key = Callable[[Any], str]
 

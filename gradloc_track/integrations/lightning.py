@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._optional import require
-from ..trackers.base import NullTracker
+from ..trackers.interface import NullTracker
 from .batches import BatchList, LMBatch
 from .options import resolve_options
 
@@ -87,7 +87,7 @@ class GradLocCallback(L.Callback):
             self.handle.finish()
 
     def on_exception(self, trainer, pl_module, exception) -> None:
-        from ..trackers.base import exit_status
+        from ..trackers.interface import exit_status
 
         if self.handle is not None:
             self.handle.finish(exit_status(type(exception)))  # Ctrl-C (KeyboardInterrupt): "killed"

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..config import (CLIP_SCHEMAS, ClipConfig, LocateConfig, MonitorConfig, SpikeConfig, TrackerConfig,
                       check_renamed, to_config)
-from ..trackers.base import Tracker
+from ..trackers.interface import Tracker
 
 GROUPS: dict[str, type] = {
     "tracker": TrackerConfig,

@@ -26,7 +26,7 @@ from typing import Any
 
 from ..config import TrackerConfig
 from ..trackers.async_writer import AsyncTracker
-from ..trackers.base import Tracker
+from ..trackers.interface import Tracker
 from ..trackers.factory import temporary_run_dir
 from ..trackers.fanout import as_one_tracker
 from ..trackers.run_lock import RunOwner

@@ -36,7 +36,7 @@ from .batches import MicroBatchCapture, lm_spike_context, resolve_tokenizer
 from .calls import SET_LOSS_FN_HINT
 from .options import WatchOptions, resolve_options
 from .runs import ScratchDir
-from ..trackers.base import Tracker
+from ..trackers.interface import Tracker
 
 __all__ = ["watch", "WatchHandle"]
 log = logging.getLogger(__name__)
@@ -243,7 +243,7 @@ class WatchHandle:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        from ..trackers.base import exit_status
+        from ..trackers.interface import exit_status
 
         self.remove()
         self.finish(exit_status(exc_type))  # Ctrl-C: "killed"

@@ -22,7 +22,7 @@ and tokens are searched only inside micro-batches that can hold a culprit. Culpr
 Samples that stand out of the others (their exact norms come free with the ghost pass) and are
 not carried by a few tokens are confirmed and reported whole, or as a span; the token threshold is
 a statistic of the ordinary terms (``threshold.py``); the probes' sum is checked against the
-step's ``.grad`` (``replay.py``). It leaves no trace: gradients, module buffers, RNG state,
+step's ``.grad`` (``step_check.py``). It leaves no trace: gradients, module buffers, RNG state,
 train/eval modes and requires_grad flags are restored. ``remove_culprits`` (``surgery``) then takes
 the culprits' exact gradient out of the step's (``spikes.response=surgery``).
 
@@ -31,7 +31,7 @@ Rooms: ``entry`` (``locate()``), ``inputs`` (argument checks shared with the dis
 (samples, spans, micro-batches), ``threshold`` (outliers of the ordinary values), ``search`` (our
 bisection, ``auto``), ``gradloc`` (GradLoc's procedure), ``ghost`` (the one-backward ranking),
 ``segments`` (exact per-sample norms from it), ``probe`` (the only place probes run the model),
-``replay`` (the probes against the step), ``snapshot`` (leave no trace), ``result``, ``memory``,
+``step_check`` (the probes against the step), ``snapshot`` (leave no trace), ``result``,
 ``surgery`` (remove the culprits' gradient);
 under ``torch.distributed``: ``distributed``, ``dist_probe``, ``dist_failure`` (one rank's failure
 stops every rank together: ``LocateAborted``), ``dist_context``.

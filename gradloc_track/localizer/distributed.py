@@ -53,7 +53,7 @@ from ..grouping import LayerGrouping
 from ..norms import reduce_over_shards, trainable_params
 from .dist_failure import aborted, attempt, describe
 from .dist_probe import DistProber, DistSnapshot, DistTerm, GlobalHits, GlobalView
-from . import levels, replay
+from . import levels, step_check
 from .ghost import GhostMap, adaptive_threshold
 from .gradloc import token_stage
 from .inputs import as_micro_batches, check_inputs, rng_states
@@ -220,11 +220,11 @@ def _gradloc_rank_search(prober: DistProber, terms: list[DistTerm], world: int, 
 
 
 def _step_check(prober: DistProber, total: Grads, snap: DistSnapshot, notes: list[str]):
-    """The probes' sum against the step's ``.grad`` (as in one process, ``replay.py``), with
+    """The probes' sum against the step's ``.grad`` (as in one process, ``step_check.py``), with
     per-tensor values summed over the ranks that shard them: the same verdict on every rank."""
-    check = replay.step_check(prober, total, snap.grads_for(prober.params),
+    check = step_check.check_step(prober, total, snap.grads_for(prober.params),
                               reduce=lambda v: reduce_over_shards(v, prober.params), explain=False)
-    replay.report(check, notes)
+    step_check.report(check, notes)
     return check
 
 

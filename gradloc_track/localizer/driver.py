@@ -2,7 +2,7 @@
 
 1. the micro-batch stage: one full-mask probe per micro-batch (with ghost hooks for ``auto``,
    ``bisect`` and ``ghost``): their sum is the step's gradient, checked against ``.grad``
-   (``replay.py``); the hooks rank every term and give every sample's exact norm;
+   (``step_check.py``); the hooks rank every term and give every sample's exact norm;
 2. samples, spans (``levels.py``; ``auto`` and ``bisect``): samples that stand out of the others
    and are not carried by a few tokens are confirmed with exact probes;
 3. the method's token search over the other terms (``search.auto``, ``search.bisect``, the
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import gradloc, levels, replay
+from . import gradloc, levels, step_check
 from .probe import Grads, Prober
 from .result import CulpritToken, LocateResult
 from .search import Hits, adaptive_tau, auto, bisect, ghost_pass, micro_batch_order, prune_level, term_scores
@@ -39,7 +39,7 @@ class MicroBatchStage:
     segments: list[Segments | None]  # per micro-batch samples with their exact ghost norms
 
 
-def search(prober: Prober, model: torch.nn.Module, terms: list[list], method: str, threshold: float | None,
+def find_culprits(prober: Prober, model: torch.nn.Module, terms: list[list], method: str, threshold: float | None,
            group_by: str, labelled: bool, document_ids: list | None = None,
            reference: list | None = None) -> LocateResult:
     """Run ``method`` over the step's terms; ``labelled``: culprits carry ``micro_batch``;
@@ -54,8 +54,8 @@ def search(prober: Prober, model: torch.nn.Module, terms: list[list], method: st
         segs = [None] * prober.k
     stage = micro_batch_stage(prober, model, terms, group_by, segs)
     notes: list[str] = []
-    check = replay.step_check(prober, stage.total, reference)
-    replay.report(check, notes)
+    check = step_check.check_step(prober, stage.total, reference)
+    step_check.report(check, notes)
     cands, limit, n_samples = levels.candidates(segs) if with_units else ([], math.inf, 0)
     tau = threshold if threshold is not None else adaptive_tau(levels.ordinary(stage.term_score, _inside(cands)))
     hits = Hits(prober, stage.total, stage.total_sq, stage.term_score, label=labelled)
@@ -170,8 +170,8 @@ def gradloc_search(prober: Prober, terms: list[list], tau: float, labelled: bool
     total_sq = prober.norm(total) ** 2
     check_finite(total_sq)
     notes: list[str] = []
-    check = replay.step_check(prober, total, reference)
-    replay.report(check, notes)
+    check = step_check.check_step(prober, total, reference)
+    step_check.report(check, notes)
     hits = Hits(prober, total, total_sq, label=labelled)
     exhausted = False
     if target < 0:

@@ -9,7 +9,7 @@ import torch
 from ..grouping import LayerGrouping
 from ..norms import trainable_params
 from .additivity import check_additive
-from .driver import search
+from .driver import find_culprits
 from .inputs import as_document_ids, as_micro_batches, check_inputs, rng_states
 from .probe import Prober
 from .result import LocateResult
@@ -70,7 +70,7 @@ def locate(model: torch.nn.Module, loss_fn: LossFn | Sequence[LossFn],
         for i in range(prober.k):
             if terms[i]:
                 check_additive(prober, i, terms[i], prober.rng_states[i])
-        result = search(prober, model, terms, method, threshold, group_by, labelled, document_ids=docs,
+        result = find_culprits(prober, model, terms, method, threshold, group_by, labelled, document_ids=docs,
                         reference=snap.grads_for(prober.params))
         result.wall_time_s = time.perf_counter() - t0
         return result

@@ -50,6 +50,7 @@ def check_arguments(model: Any, tracker: Any, clipper: Any, optimizer: Any, dete
             raise TypeError(f"GradMonitor(detector=...): got {_kind(detector)}, which has no metrics(); pass a "
                             "gradloc_track.SpikeDetector or a SpikeConfig")
     _needs("artifact_writer", artifact_writer, "write", "SpikeArtifactWriter(tracker)")
+    _needs("artifact_writer", artifact_writer, "write_detection", "SpikeArtifactWriter(tracker)")
 
 
 def as_detector(detector: Any) -> Any:
@@ -61,7 +62,13 @@ def as_detector(detector: Any) -> Any:
     return detector
 
 
-def spike_response(detector: Any, locate_config: LocateConfig) -> str:
+def needs_token_count(detector: Any) -> bool:
+    """Does the detector read the step's loss-token count (``DetectorLike.needs_token_count``)? Read
+    once, at construction; a detector without the attribute reads none."""
+    return detector is not None and bool(getattr(detector, "needs_token_count", False))
+
+
+def response_mode(detector: Any, locate_config: LocateConfig) -> str:
     """The ``spikes.response`` of ``detector`` (a ``SpikeDetector`` or the ``SpikeConfig`` given for
     one; ``none`` without one), checked against the localizer's config: surgery removes what the
     localizer names."""

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ..clip.clipper import Clipper
 from ..clip.saturation import KEYS as SATURATION_KEYS
 from ..clip.saturation import saturation_warning
 from ..clip.skip_step import guard_for
+from ..protocols import ClipperLike
 
 
 def install_guard(optimizer: Any, clipper: Any) -> Any:
@@ -25,14 +27,14 @@ def install_guard(optimizer: Any, clipper: Any) -> Any:
     return guard_for(optimizer, clipper)
 
 
-def after_transfer(clipper: Any, host: dict[str, float], warn_once: Callable[[str, str], None]) -> None:
-    """Hand the host values of this step back to the clipper; warn once about saturation."""
-    if clipper is None:
+def after_transfer(clipper: ClipperLike | None, host: dict[str, float], warn_once: Callable[[str, str], None]) -> None:
+    """Hand the host values of this step back to the clipper; warn once about saturation. Only the
+    library's ``Clipper`` keeps a host flag and saturation statistics; another ``ClipperLike`` gets nothing."""
+    if not isinstance(clipper, Clipper):
         return
-    if "clip/nonfinite" in host and hasattr(clipper, "last_nonfinite_host"):
+    if "clip/nonfinite" in host:
         clipper.last_nonfinite_host = host["clip/nonfinite"] > 0  # a sync-mode guard needs no device read
-    saturation = getattr(clipper, "saturation", None)
-    if saturation is not None and all(k in host for k in SATURATION_KEYS):
-        msg = saturation_warning(clipper.kind, saturation.steps, *(host[k] for k in SATURATION_KEYS))
+    if all(k in host for k in SATURATION_KEYS):
+        msg = saturation_warning(clipper.kind, clipper.saturation.steps, *(host[k] for k in SATURATION_KEYS))
         if msg is not None:
             warn_once("saturation", msg)

@@ -54,15 +54,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..config import LocateConfig, MonitorConfig
+from ..config import LocateConfig, MonitorConfig, SpikeConfig
 from ..norms import all_reduce_sq_norms, sq_norms
-from ..trackers.base import NullTracker, Tracker
-from .arguments import as_detector, as_locate_config, as_monitor_config, check_arguments, spike_response
+from ..protocols import ArtifactWriterLike, ClipperLike, DetectorLike
+from ..trackers.interface import NullTracker, Tracker
+from .arguments import (as_detector, as_locate_config, as_monitor_config, check_arguments, needs_token_count,
+                        response_mode)
 from .clip_feedback import after_transfer, install_guard
 from .optimizer_metrics import OptimizerMetrics
 from .packing import LR, N_TOKENS, WD, HostPack, add_clip, add_norms, loggable
 from .param_set import ParamSet
-from .spike_response import SpikeResponse
+from .responder import SpikeResponder
 from .stats import GradStats
 
 
@@ -96,15 +98,16 @@ class GradMonitor:
     A localization that finds no culprit (at any level) does not use up ``locate.max_events``.
     """
 
-    def __init__(self, model: torch.nn.Module, tracker: Tracker | None = None, clipper: Any = None,
+    def __init__(self, model: torch.nn.Module, tracker: Tracker | None = None, clipper: ClipperLike | None = None,
                  config: MonitorConfig | None = None, *, optimizer: torch.optim.Optimizer | None = None,
-                 process_group: Any = None, detector: Any = None, locate_config: LocateConfig | None = None,
-                 artifact_writer: Any = None, **overrides: Any) -> None:
+                 process_group: Any = None, detector: DetectorLike | SpikeConfig | None = None,
+                 locate_config: LocateConfig | None = None, artifact_writer: ArtifactWriterLike | None = None,
+                 **overrides: Any) -> None:
         config = as_monitor_config(config, overrides)
         check_arguments(model, tracker, clipper, optimizer, detector, artifact_writer)
         self.config, self.model, self.optimizer, self.clipper = config, model, optimizer, clipper
         self.process_group = process_group
-        self.detector = as_detector(detector)
+        self.detector: DetectorLike | None = as_detector(detector)
         self.locate_config = as_locate_config(locate_config)
         self.artifact_writer = artifact_writer
         self.rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
@@ -114,14 +117,13 @@ class GradMonitor:
         self._last_step: int | None = None
         self.param_set = ParamSet(model, config, clipper, self._warn_once)
         self.optimizer_metrics = OptimizerMetrics(optimizer, config.adamc_ratio)
-        surgery = spike_response(detector, self.locate_config) == "surgery"
-        self.spike_response = SpikeResponse(model, self.locate_config, config.group_by, artifact_writer,
+        surgery = response_mode(detector, self.locate_config) == "surgery"
+        self.responder = SpikeResponder(model, self.locate_config, config.group_by, artifact_writer,
                                             self.rank, process_group, self._warn_once, surgery=surgery)
         # on_nonfinite="skip" made exact by the optimizer (clip.skip_step; see monitor.clip_feedback)
         self.skip_guard = install_guard(optimizer, clipper)
         # only GradLoc's fixed trigger reads the step's token count (an adaptive SpikeDetector does not)
-        self._detector_counts_tokens = self.detector is not None and getattr(
-            getattr(self.detector, "config", None), "mode", "fixed") == "fixed"
+        self._detector_counts_tokens = needs_token_count(self.detector)
 
     # -- public --------------------------------------------------------------------------
     @property
@@ -139,12 +141,12 @@ class GradMonitor:
     @property
     def events_localized(self) -> int:
         """Localizations that named a culprit (these use up ``locate.max_events``)."""
-        return self.spike_response.events_localized
+        return self.responder.events_localized
 
     @property
     def events_unconfirmed(self) -> int:
         """Localizations that found nothing (the localizer backs off after ``max_events`` of them)."""
-        return self.spike_response.events_unconfirmed
+        return self.responder.events_unconfirmed
 
     def should_log(self, step: int) -> bool:
         return step % self.config.log_every == 0
@@ -176,7 +178,7 @@ class GradMonitor:
             self.param_set.rescan(step)
         grad_sq, w_sq = self._global_sq_norms(log_now and self.config.weight_norms)  # (n,), (n,)|None device
         # spike surgery operates on the gradient as backward left it: the clipper waits for the verdict
-        clip_later = armed and self.spike_response.surgery
+        clip_later = armed and self.responder.surgery
         clip_result = None if clip_later else self._clip(step, grad_sq, w_sq, lr, weight_decay)
         if not (log_now or armed):  # nothing leaves the device
             return GradStats(step, self.grouping, grad_sq, logged=False, clip=clip_result)
@@ -238,7 +240,7 @@ class GradMonitor:
         pack.add_if_tensor(WD, weight_decay)
         n_tokens = n_micro = None
         if spike_context is not None and self._detector_counts_tokens:
-            n_tokens, n_micro = self.spike_response.count_tokens(pack, spike_context)
+            n_tokens, n_micro = self.responder.count_tokens(pack, spike_context)
         host = pack.to_host()
         after_transfer(self.clipper, host, self._warn_once)
         lr, weight_decay = host.pop(LR, lr), host.pop(WD, weight_decay)
@@ -255,14 +257,14 @@ class GradMonitor:
     def _detect(self, step: int, stats: GradStats, spike_context: Any, n_tokens: int | None,
                 n_micro: int | None) -> None:
         """The detector's verdict on this step; a spike with a batch to localize is localized."""
-        if n_tokens is not None and getattr(getattr(self.detector, "config", None), "mode", None) == "fixed":
-            n_tokens = self.spike_response.global_count(n_tokens, self.params[0].device)
+        if n_tokens is not None and self._detector_counts_tokens:
+            n_tokens = self.responder.global_count(n_tokens, self.params[0].device)
         extra = {"n_micro_batches": n_micro} if n_micro is not None else {}
         stats.events = list(self.detector.update(step, stats.global_norm, stats.layer_norms, n_tokens=n_tokens,
                                                  **extra))
         stats.metrics.update(self.detector.metrics())
         if stats.events:  # localized, or recorded with the reason it was not
-            stats.metrics.update(self.spike_response.respond(step, stats, spike_context))
+            stats.metrics.update(self.responder.respond(step, stats, spike_context))
 
     # -- step order, the raise path -------------------------------------------------------------
     def _warn_once(self, key: str, message: str) -> None:

@@ -77,8 +77,8 @@ class ParamSet:
         of indices: the clipper holds a subset (it was built while some parameters were frozen);
         ``"own"``: it holds tensors the monitor does not (it computes its own norms).
         """
-        names = getattr(self.clipper, "names", None)
-        if self.clipper is None or names is None or list(names) == self.names:
+        names = self.clipper.names if self.clipper is not None else None
+        if names is None or list(names) == self.names:
             return None
         unclipped = sorted(set(self.names) - set(names))
         if unclipped:

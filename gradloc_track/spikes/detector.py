@@ -137,6 +137,11 @@ class SpikeDetector:
         self._z: dict[str, float] = {}  # latest z per signal
         self._last_step: int | None = None
 
+    @property
+    def needs_token_count(self) -> bool:
+        """GradLoc's fixed trigger (``mode="fixed"``) divides by the step's loss-token count."""
+        return self.config.mode == "fixed"
+
     def update(self, step: int, global_norm: float, layer_norms: Mapping[str, float] | None = None,
                n_tokens: int | None = None, n_micro_batches: int = 1) -> list[SpikeEvent]:
         """Feed one step's norms. ``n_tokens`` (loss tokens of the whole step) and

@@ -14,10 +14,10 @@
 - ``files``, ``keys``: atomic file writes, whole-record appends; metric key names and cleaning
 - ``quiet``: MLflow's store-creation lines and download bars off in our own commands
 """
-from .base import NullTracker, Tracker
+from .interface import NullTracker, Tracker
 from .fanout import FanoutTracker, as_one_tracker
 from .local_tracker import LocalTracker
-from .memory import MemoryTracker
+from .memory_tracker import MemoryTracker
 from .replay import replay_run_dir, replay_spool
 from .spool import read_spool
 

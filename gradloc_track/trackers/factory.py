@@ -10,10 +10,10 @@ from ..config.tracker import TRACKER_KINDS
 from . import sigterm
 from .async_writer import AsyncTracker
 from .async_writer.opener import OpenGate
-from .base import NullTracker, Tracker
+from .interface import NullTracker, Tracker
 from .fanout import as_one_tracker
 from .local_tracker import LocalTracker
-from .memory import MemoryTracker
+from .memory_tracker import MemoryTracker
 from .run_lock import RunOwner
 
 #: called once per backend when its run exists (``watch()`` says where the run went)

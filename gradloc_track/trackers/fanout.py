@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from typing import Sequence
 
-from .base import Tracker
+from .interface import Tracker
 
 
 class FanoutTracker(Tracker):

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from . import files, run_lock
-from .base import Tracker, final_status
+from .interface import Tracker, final_status
 from .bounded import clamp_wait
-from .keys import DROPPED_KEY, step_path, table_part_path
+from .naming import DROPPED_KEY, step_path, table_part_path
 
 
 def read_metrics(run_dir: str | Path, name: str = "metrics.jsonl") -> list[dict[str, Any]]:

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .._optional import require
-from .base import Tracker
+from .interface import Tracker
 from .csv_view import csv_text
-from .keys import mlflow_key, step_path, table_part_path, truncate
+from .naming import mlflow_key, step_path, table_part_path, truncate
 from .run_record import record_run
 
 MAX_METRICS_PER_BATCH = 1000  # MLflow's log_batch limit

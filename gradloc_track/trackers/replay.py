@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from . import run_lock
-from .base import Tracker
+from .interface import Tracker
 from .files import atomic_write_json
 from .run_record import read_backend_record, update_run_record
 from .spool import read_spool

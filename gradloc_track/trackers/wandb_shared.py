@@ -30,7 +30,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
-from .base import Tracker
+from .interface import Tracker
 
 MAX_HELD = 8  # our records waiting for the user's next rows before one shares a row
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .._optional import require
-from .base import Tracker
+from .interface import Tracker
 from .run_record import record_run
 
 STEP_KEY = "train/step"

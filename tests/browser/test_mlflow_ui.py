@@ -32,7 +32,7 @@ def demo_store(tmp_path_factory):
 
     from gradloc_track.config import to_config
     from gradloc_track.demo.config import register_configs
-    from gradloc_track.demo.console import TrainConsole
+    from gradloc_track.console import TrainConsole
 
     from ..examples.load import load_example
 

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import gradloc_track
-from gradloc_track.localizer.memory import TensorMemoryMeter
+from gradloc_track.tensor_memory import TensorMemoryMeter
 
 from ..localizer.helpers import LM, B, T, V, data, sum_loss
 

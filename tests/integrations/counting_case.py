@@ -77,7 +77,7 @@ def run_trainer(state, tmp_path, checkpointing: bool, report_to: list[str] | Non
     from transformers import Trainer, TrainingArguments
 
     from gradloc_track.integrations.hf import GradLocCallback
-    from gradloc_track.trackers.memory import MemoryTracker
+    from gradloc_track.trackers.memory_tracker import MemoryTracker
 
     model = dropout_gpt2()
     model.load_state_dict(state)

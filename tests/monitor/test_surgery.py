@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from gradloc_track import GradMonitor, MemoryTracker
 from gradloc_track.clip import GlobalClip
 from gradloc_track.config import ConfigError, LocateConfig, RootConfig, SpikeConfig
-from gradloc_track.demo.console import TrainConsole
+from gradloc_track.console import TrainConsole
 from gradloc_track.demo.data import ByteTokenizer
 from gradloc_track.localizer import save_rng
 from gradloc_track.localizer.probe import restore_rng

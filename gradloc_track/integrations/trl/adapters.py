@@ -36,7 +36,7 @@ class _Adapter:
         """One console block per localized spike: which completion / document, which tokens."""
         if stats is None or not stats.events or stats.locate is None or ctx is None:
             return
-        from ...demo.console import TrainConsole
+        from ...console import TrainConsole
 
         result, shown = stats.locate_view or (stats.locate, ctx)
         try:

@@ -18,7 +18,7 @@ counted in ``dropped``, reported once in a warning and logged as ``tracker/dropp
 backend takes data again. Nothing here raises into the training loop.
 """
 from ..bounded import CallTimeout
-from ..keys import DROPPED_KEY
-from .tracker import AsyncTracker
+from ..naming import DROPPED_KEY
+from .async_tracker import AsyncTracker
 
 __all__ = ["AsyncTracker", "CallTimeout", "DROPPED_KEY"]

@@ -10,7 +10,7 @@ import threading
 import warnings
 from typing import Any, Callable
 
-from ..base import Tracker
+from ..interface import Tracker
 
 #: where a sink's calls go: ``deliver(call, args, ts)``
 Deliver = Callable[[str, tuple, int], Any]

@@ -19,7 +19,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Callable
 
-from ..base import Tracker
+from ..interface import Tracker
 from ..bounded import CallThread, CallTimeout, bounded_call
 from ..run_record import update_run_record
 

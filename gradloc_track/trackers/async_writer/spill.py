@@ -8,7 +8,7 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
-from ..base import Tracker
+from ..interface import Tracker
 from ..spool import Spool
 from .jobs import JobSink, run_job
 

@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ..base import Tracker
+from ..interface import Tracker
 from ..bounded import CallThread, bounded_call, clamp_wait
-from ..keys import DROPPED_KEY
+from ..naming import DROPPED_KEY
 from ..run_record import update_run_record
 from .health import BackendHealth
 from .jobs import JobSink, run_job

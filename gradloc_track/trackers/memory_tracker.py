@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from .base import Tracker
+from .interface import Tracker
 
 
 class MemoryTracker(Tracker):

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..trackers.mlflow_links import mlflow_charts_url, mlflow_run_url, mlflow_ui_command
-from ..trackers.run_record import read_run_views
+from .trackers.mlflow_links import mlflow_charts_url, mlflow_run_url, mlflow_ui_command
+from .trackers.run_record import read_run_views
 
 
 def _fmt_tokens(tokens: Sequence[str], limit: int = 12) -> str:
@@ -234,7 +234,7 @@ def view_commands(run_dir: Path) -> list[str]:
 
 def clip_saturation_line(clip_kind: str, summary: dict[str, float]) -> str | None:
     """How often and how hard the clipper scaled after its warm-up (``summarize``'s clip_* keys)."""
-    from ..clip.saturation import saturation_line
+    from .clip.saturation import saturation_line
 
     if "clip_steps_after_warmup" not in summary:
         return None

@@ -1,4 +1,4 @@
-"""The tracker interface (``trackers/base.py``): do-nothing defaults, and every implementation takes
+"""The tracker interface (``trackers/interface.py``): do-nothing defaults, and every implementation takes
 the same ``flush``/``finish`` arguments, so no caller has to probe a signature."""
 from __future__ import annotations
 

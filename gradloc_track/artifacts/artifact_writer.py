@@ -19,7 +19,7 @@ import torch
 
 from ..localizer.result import LocateResult
 from ..spikes.event import SpikeEvent
-from ..trackers.base import Tracker
+from ..trackers.interface import Tracker
 from .events import EVENT_COLUMNS, EVENTS_KEY, event_row
 from .heatmap import render_layer_heatmap
 from .highlight import render_highlight_html
@@ -37,7 +37,7 @@ class SpikeArtifactWriter:
     Every detected spike: a row of table ``spikes/events`` (``artifacts.events``: step, signal, z,
     the other layers that fired, whether it was localized or why not) and tag ``spike_count``
     (detected spikes, localized or not). Per localized event it also logs, with the tracker's file
-    layout (see ``trackers/base.py``):
+    layout (see ``trackers/interface.py``):
     - table ``spikes/tokens``: one row per culprit at its level (token, span, sample,
       micro-batch), appended as one part per event (never rewritten; ``read_table`` joins them);
     - html ``spikes/highlight`` at ``step``: the highlighted text of every culprit sample, across

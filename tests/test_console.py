@@ -7,7 +7,7 @@ import json
 
 import torch
 
-from gradloc_track.demo.console import TrainConsole, culprit_spans, summary_lines, view_commands, where_to_look
+from gradloc_track.console import TrainConsole, culprit_spans, summary_lines, view_commands, where_to_look
 from gradloc_track.demo.data import ByteTokenizer
 from gradloc_track.localizer.result import CulpritToken, LocateResult
 from gradloc_track.spikes.event import SpikeEvent
@@ -85,7 +85,7 @@ def test_a_spike_that_was_not_localized_says_which_limit_and_links_no_page_that_
 
 
 def test_the_console_summary_reports_the_clip_after_warmup():
-    from gradloc_track.demo.console import summary_lines
+    from gradloc_track.console import summary_lines
 
     base = {"seconds": 1.0, "final_loss": 2.0, "max_post_clip_grad_norm": 0.2}
     sat = {**base, "clip_steps_after_warmup": 80.0, "clip_clipped_fraction": 1.0, "clip_mean_coef": 0.29}

@@ -24,7 +24,7 @@ def resolve(ctx: Any) -> Any:
     return ctx() if callable(ctx) else ctx
 
 
-class SpikeResponse:
+class SpikeResponder:
     """Localization of detected spikes, with ``locate.max_events`` and the back-off after empty results.
 
     Only a localization that names a culprit uses up ``locate.max_events``. Ones that find nothing
@@ -139,11 +139,10 @@ class SpikeResponse:
 
     def _record_detection(self, step: int, stats: Any) -> None:
         """The detected spike's record (spikes/events row, spike_count) for a writer that keeps one."""
-        record = getattr(self.artifact_writer, "write_detection", None)
-        if self.rank != 0 or not callable(record):
+        if self.rank != 0 or self.artifact_writer is None:
             return
         try:
-            record(step, stats.events, stats.not_localized)
+            self.artifact_writer.write_detection(step, stats.events, stats.not_localized)
         except Exception as exc:  # forensics must never kill training
             warnings.warn(f"gradloc-track: recording the spike at step {step} failed: {exc!r}")
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from .. import run_lock
-from ..base import Tracker, final_status
+from ..interface import Tracker, final_status
 from ..bounded import clamp_wait
 from ..run_record import update_run_record
 from ..spool import Spool

@@ -70,6 +70,9 @@ def test_a_failing_artifact_writer_warns_and_training_goes_on(tiny_gpt):
             self.calls += 1
             raise OSError("disk full")
 
+        def write_detection(self, step, events, why_not_localized):
+            raise OSError("disk full")
+
     with pytest.warns(UserWarning, match="disk full"):
         tracker, stats = train(tiny_gpt, 2, BrokenWriter, max_events=5)
     assert all(s.locate is not None for s in stats) and len(tracker.metrics) == 2

@@ -22,7 +22,7 @@ from .result import StepCheck
 HALF = (torch.float16, torch.bfloat16)
 
 
-def step_check(prober: Prober, total: Grads, reference: list[torch.Tensor | None] | None,
+def check_step(prober: Prober, total: Grads, reference: list[torch.Tensor | None] | None,
                reduce: Callable[[torch.Tensor], torch.Tensor] | None = None, explain: bool = True) -> StepCheck | None:
     """Compare ``total`` (the probes' sum) with ``reference`` (the step's ``.grad``); None when
     the step left no gradient to compare with. ``reduce``: sums per-tensor values of local shards
