@@ -13,7 +13,7 @@ from gradloc_track.localizer.result import CulpritToken, LocateResult
 from gradloc_track.spikes.event import SpikeEvent
 from gradloc_track.trackers.run_record import read_run_views, record_run
 
-from ..artifacts.cases import T_LEVELS, levels_case
+from tests.artifacts.cases import T_LEVELS, levels_case
 
 
 def test_spike_block_names_text_and_where_to_look(tmp_path):
