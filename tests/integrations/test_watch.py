@@ -42,7 +42,7 @@ def test_plain_loop_joins_the_open_mlflow_run_and_leaves_it_open(gpt2, tmp_path,
         mlflow.log_param("mine", 1)
         handle = gradloc_track.watch(gpt2, opt, **FAST)  # the only gradloc-track line
         plain_loop(gpt2, opt, k=2)  # gradient accumulation: 2 micro-batches per step
-        assert list(temp_root.glob("gradloc-*")) == [handle.scratch.path]  # our files meanwhile
+        assert list(temp_root.glob("gradloc-*")) == [handle.run_dir]  # our files meanwhile
         handle.finish()
         assert not list(temp_root.glob("gradloc-*"))  # no /tmp/gradloc-track-XXXX left behind
         assert mlflow.active_run().info.run_id == run.info.run_id  # still open, still ours
@@ -86,9 +86,9 @@ def test_watch_joins_an_open_wandb_run_and_leaves_it_open(gpt2, tmp_path, temp_r
 
 
 def test_scratch_dir_is_kept_while_its_spool_holds_records(temp_root, caplog):
-    from gradloc_track.integrations.runs import ScratchDir
+    from gradloc_track.trackers.join import RunDir
 
-    scratch = ScratchDir()
+    scratch = RunDir()
     spool = scratch.path / "spool" / "mlflow.jsonl"
     spool.parent.mkdir()
     spool.write_text('{"seq": 0, "call": "log_metrics"}\n')
