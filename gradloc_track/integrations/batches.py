@@ -17,6 +17,9 @@ loss, a mean over its micro-batch's terms, divided by K for accumulation as Trai
 losses sum to the step's loss, so their gradients sum to the step's gradient; the localizer checks
 it against ``.grad``. Each micro-batch keeps the RNG state saved right before its own forward, so
 probes replay its dropout exactly (the RNG has moved on between micro-batches).
+The capture interface the handle takes is ``BatchList`` (``add`` / ``add_info`` / ``take`` /
+``paused`` / ``remove``): fed by a framework (Lightning's ``on_train_batch_start``), or by the
+model's forward hooks (``MicroBatchCapture``, ``watch()`` and HF Trainer).
 The call is read by argument name (``calls``): nanoGPT's ``model(x, y)`` gives ids ``x`` and
 already-shifted ``targets`` ``y`` (``-1`` = no loss), and a probe calls ``model(idx=x, targets=y)``
 again. Per-sample columns (``sample_info``) ride along with each micro-batch.

@@ -135,8 +135,14 @@ def _require_backend(kind: str) -> None:
 
 def open_run(cfg: TrackerConfig, place: RunDir, run_name: str | None = None, on_open: OnOpen | None = None
              ) -> Tracker:
-    """A new run as ``cfg`` describes it; one that has a backend run is finished as KILLED on SIGTERM."""
-    name = run_name or cfg.run_name
+    """A new run as ``cfg`` describes it, finished as KILLED on SIGTERM (one that writes somewhere)."""
+    tracker = _open(cfg, place, run_name or cfg.run_name, on_open)
+    if not isinstance(tracker, (NullTracker, MemoryTracker)):
+        sigterm.guard(tracker)
+    return tracker
+
+
+def _open(cfg: TrackerConfig, place: RunDir, name: str | None, on_open: OnOpen | None) -> Tracker:
     if cfg.kind == "none":
         return LocalTracker(place.kept, finish_timeout_s=cfg.finish_timeout_s) if place.given else NullTracker()
     if cfg.kind == "memory":
@@ -151,9 +157,7 @@ def open_run(cfg: TrackerConfig, place: RunDir, run_name: str | None = None, on_
         trackers.append(_open_mlflow(cfg, place, name, on_open))
     if cfg.kind in ("wandb", "both"):
         trackers.append(_open_wandb(cfg, place, name, on_open))
-    tracker = as_one_tracker(trackers)
-    sigterm.guard(tracker)
-    return tracker
+    return as_one_tracker(trackers)
 
 
 def _open_mlflow(cfg: TrackerConfig, place: RunDir, name: str | None, on_open: OnOpen | None) -> AsyncTracker:
