@@ -197,6 +197,10 @@ def where_to_look(run_dir: Path, step: int | None = None, page: str | None = Non
         w = record["wandb"]
         where = f" (offline: {w.get('dir')})" if w.get("offline") else f": {w.get('url')}"
         out.append(f"W&B run {w.get('path')}{where}")
+    from .trackers.join import is_scratch
+
+    if is_scratch(run_dir):  # removed when the run ends: never shown as a place to look
+        return out or ["no run dir: pass run_dir= to keep this run's files"]
     local = run_dir / "spikes"
     if local.is_dir():
         out.append(f"local files: {local}")

@@ -55,8 +55,8 @@ class GradLocCallback(TrainerCallback):
         self._trainer_max_norm: float | None = None  # Trainer's max_grad_norm while we hold its clipping
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, processing_class=None, **kwargs):
-        from .runs import ScratchDir
-        from .watch import WatchHandle, build_tracker
+        from .batches import MicroBatchCapture
+        from .handle import Door, open_handle
 
         self._take_over_clipping(args)
         if self.handle is not None and not self.handle.finished:
@@ -69,10 +69,9 @@ class GradLocCallback(TrainerCallback):
 
             opts = dataclasses.replace(opts, clip=GlobalClipConfig(max_norm=self._trainer_max_norm))
         trainer, kind = _trl_trainer(self)  # TRL's GRPO/SFT trainers: the loss they compute, not cross-entropy
-        scratch = ScratchDir()  # the joined run's files (no run_dir given); removed at finish
-        tracker, owns = build_tracker(opts, wandb_step_key=HF_WANDB_STEP, scratch=scratch)  # joins report_to's run
-        self.handle = WatchHandle(model, optimizer, opts, tracker=tracker, owns_tracker=owns, step_hook=False,
-                                  scratch=scratch, capture=kind is None)
+        door = Door("GradLocCallback (TRL)" if kind is not None else "GradLocCallback", hook_optimizer=False,
+                    wandb_step_key=HF_WANDB_STEP)  # joins report_to's run; Trainer calls step() through us
+        self.handle = open_handle(model, optimizer, opts, door, MicroBatchCapture(model) if kind is None else None)
         if kind is not None:
             from .trl.adapters import make_adapter
 
@@ -110,7 +109,7 @@ class GradLocCallback(TrainerCallback):
             # Trainer increments global_step after optimizer.step(); it logs this update at +1
             stats = self.handle.step(state.global_step + 1, spike_context=ctx)
             if self.adapter is not None:
-                self.adapter.report(stats, ctx, self.handle.monitor.artifact_writer.run_dir)
+                self.adapter.report(stats, ctx, self.handle.run_dir)
 
     def on_step_end(self, args, state, control, **kwargs):
         # the report_to callbacks run first at train end (MLflow ends its run there): flush before
@@ -124,8 +123,7 @@ class GradLocCallback(TrainerCallback):
             self.adapter.remove()
             self.adapter = None
         if self.handle is not None:
-            self.handle.remove()
-            self.handle.finish()
+            self.handle.close()  # every hook off; Trainer's run stays open for its owner
 
 
 def _trl_trainer(callback: GradLocCallback) -> tuple[Any, str | None]:
