@@ -58,7 +58,7 @@ class LazyColumns(Mapping):
 
 
 def _at(value: Any, mb: int | None) -> Any:
-    return value[mb] if mb is not None and isinstance(value, (list, tuple)) else value
+    return value[mb] if mb is not None else value
 
 
 def describer(ctx: Any, noun: str = "completion") -> Callable[[int | None, int, int], str | None]:
@@ -66,17 +66,21 @@ def describer(ctx: Any, noun: str = "completion") -> Callable[[int | None, int, 
     index and reward), a packed document, else None (the console's default)."""
     sc = getattr(ctx, "sample_columns", None) or {}
     docs = getattr(ctx, "document_ids", None)
+    # columns hold K micro-batches only in a step's own context; a gathered view (torch.distributed)
+    # is one flat batch whose culprits still name their micro-batch
+    per_mb = isinstance(getattr(ctx, "token_mask", None), (list, tuple))
 
     def describe(mb: int | None, sample: int, position: int) -> str | None:
-        own = int(_at(sc["rank_sample"], mb)[sample]) if "rank_sample" in sc else sample  # index in its rank
+        at = mb if per_mb else None
+        own = int(_at(sc["rank_sample"], at)[sample]) if "rank_sample" in sc else sample  # index in its rank
         where = (f"micro-batch {mb}, " if mb is not None else "") + f"sample {own}"
-        if "rank" in sc:  # a gathered view (torch.distributed): the rank the sample lives on
-            where = f"rank {int(_at(sc['rank'], mb)[sample])}, " + where
+        if "rank" in sc:  # torch.distributed: the rank the sample lives on
+            where = f"rank {int(_at(sc['rank'], at)[sample])}, " + where
         if "group" in sc and "index" in sc:
-            g, i = _at(sc["group"], mb)[sample], int(_at(sc["index"], mb)[sample])
-            reward = f", reward {float(_at(sc['reward'], mb)[sample]):.4g}" if "reward" in sc else ""
+            g, i = _at(sc["group"], at)[sample], int(_at(sc["index"], at)[sample])
+            reward = f", reward {float(_at(sc['reward'], at)[sample]):.4g}" if "reward" in sc else ""
             return f"{noun} {i} of group {g}{reward} ({where})"
-        d = _at(docs, mb)
+        d = _at(docs, at)
         if d is not None:
             return f"document {int(d[sample, position])} ({where})"
         return None

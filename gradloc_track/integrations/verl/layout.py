@@ -134,6 +134,15 @@ class MicroBatch:
         flat = torch.repeat_interleave(torch.arange(g.lengths.numel()), g.lengths.cpu())
         return g.grid_of_flat(flat.long(), -1)
 
+    def response_token(self, row: int, position: int) -> tuple[int, int]:
+        """(sample, j): the response token whose loss term sits at grid (``row``, ``position``)."""
+        g = self.geo
+        hit = ((g.term_at == row * g.shape[1] + position) & g.real).nonzero()
+        if hit.numel() == 0:
+            raise ValueError(f"no loss term at ({row}, {position})")
+        b, j = hit[0].tolist()  # host sync: one culprit
+        return b, j
+
     def narrowed(self, keep: torch.Tensor) -> Any:
         """The micro-batch with its loss masks cut to the kept terms (``keep``: the grid)."""
         g = self.geo
