@@ -40,7 +40,7 @@ def uids(data: Any) -> list | None:
     value = data["uid"] if not hasattr(data, "get_non_tensor") else data.get_non_tensor("uid", None)
     if value is None:
         return None
-    return list(value.tolist() if hasattr(value, "tolist") else value)
+    return list(value.tolist() if hasattr(value, "tolist") else value)  # python strings: no device transfer
 
 
 def _response_outputs(mb: MicroBatch, name: str) -> torch.Tensor | None:

@@ -61,7 +61,7 @@ class Geometry:
         out = torch.full(self.shape, fill, dtype=flat.dtype, device=flat.device)
         view = out.view(-1)
         offsets = torch.cat([self.lengths.new_zeros(1), self.lengths.cumsum(0)])
-        for b in range(self.lengths.numel()):  # B rows, on spikes only
+        for b in range(self.lengths.numel()):  # B rows, on spikes only: a few host reads of offsets
             view[self.starts[b]:self.starts[b] + self.lengths[b]] = flat[offsets[b]:offsets[b + 1]]
         return out
 
@@ -82,12 +82,13 @@ class MicroBatch:
         data = self.data
         ids, P = data["input_ids"], data["prompts"].shape[1]
         B, R = data["responses"].shape
-        lengths = ids.offsets().diff().to(torch.long)  # host: shapes of the model call
+        # on spikes only (the context is built then): the model call's shapes, read on the host
+        lengths = ids.offsets().diff().to(torch.long)
         rlen = data["attention_mask"][:, P:].sum(-1).to(lengths.device)
         plen = lengths - rlen
         packed = tu.get_non_tensor_data(data=data, key="use_remove_padding", default=True)
         if packed:
-            starts, shape = ids.offsets()[:-1].to(torch.long), (1, int(lengths.sum()))
+            starts, shape = ids.offsets()[:-1].to(torch.long), (1, int(lengths.sum()))  # host sync: the width
         else:
             width = int(lengths.max())  # host sync: the grid's width
             starts, shape = torch.arange(B, device=lengths.device) * width, (B, width)

@@ -117,7 +117,7 @@ class GradLocSession:
 
     def _tag_groups(self, data: Any) -> None:
         """Each row's index in its group (``uid``), as a (B,) tensor verl splits with the batch."""
-        ids = uids(data) if INDEX_KEY not in data.keys() else None
+        ids = uids(data) if INDEX_KEY not in data.keys() else None  # python strings: no device transfer
         if ids is not None:
             data[INDEX_KEY] = group_index(ids)
 
@@ -136,7 +136,7 @@ class GradLocSession:
             return self.engine.optimizer_step()
         grad_norm = stats.sq_norms.sum().sqrt()  # the pre-clip global norm, on the device
         optimizer = self.engine.optimizer
-        if not torch.isfinite(grad_norm):  # host sync: verl's own rule reads it every step
+        if not torch.isfinite(grad_norm):  # host sync: verl's own rule reads it every step (verl's step does too)
             print(f"WARN: grad_norm is not finite: {grad_norm}")
             optimizer.zero_grad()
         else:

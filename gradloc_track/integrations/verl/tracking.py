@@ -28,7 +28,7 @@ class VerlMetrics(Tracker):
         self.pending: dict[str, float] = {}
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        self.pending.update({k: float(v) for k, v in metrics.items()})
+        self.pending.update({k: float(v) for k, v in metrics.items()})  # host floats already (the monitor's one sync)
 
     def take(self) -> dict[str, float]:
         out, self.pending = self.pending, {}
