@@ -13,6 +13,7 @@ runs as it is, on the gradient the monitor saw. The step's metrics join verl's o
 """
 from __future__ import annotations
 
+import atexit
 import functools
 import sys
 import warnings
@@ -85,6 +86,8 @@ class GradLocSession:
         self.steps = 0
         self.last = None  # the last GradStats
         self._skipped: str | None = None
+        self._finished = False
+        atexit.register(self.finish)  # verl's workers never say goodbye: flush what the run has not taken
 
     @property
     def ours_clip(self) -> bool:
@@ -110,6 +113,7 @@ class GradLocSession:
             metrics["grad_norm"] = grad_norm
             metrics.update({k: [v] for k, v in self.handle.tracker.take().items() if k not in metrics})
         if _rank()[0] == 0 and stats.events:
+            self.handle.flush()  # the spike's artifacts reach verl's run before verl may end it
             print_spike(stats, stats.locate_view[1] if stats.locate_view else None,
                         self.handle.monitor.artifact_writer.run_dir, self.stream or sys.stdout, noun="response")
         self.steps += 1
@@ -144,6 +148,11 @@ class GradLocSession:
         return grad_norm.item()  # host sync: verl returns the pre-clip norm as a float
 
     def finish(self, status: str = "success") -> None:
+        """Unhook and flush (a joined run stays open for verl); once."""
+        if self._finished:
+            return
+        self._finished = True
+        atexit.unregister(self.finish)
         self.handle.remove()
         self.handle.finish(status)
 
