@@ -141,8 +141,9 @@ class TrainConsole:
                     (f"micro-batch {r['micro_batch']}, " if r["micro_batch"] is not None else "")
                     + f"sample {r['sample']} {r['share']:.0%}" for r in top))
         else:
-            def row_ids(c):
-                return input_ids[c.micro_batch] if getattr(c, "micro_batch", None) is not None else input_ids
+            def row_ids(c):  # K micro-batches' ids, or one batch (a gathered view keeps micro_batch)
+                per_mb = isinstance(input_ids, (list, tuple)) and getattr(c, "micro_batch", None) is not None
+                return input_ids[c.micro_batch] if per_mb else input_ids
 
             def decode(c):
                 tid = int(row_ids(c)[c.batch, c.position])

@@ -20,7 +20,7 @@ import torch
 from .grpo_batch import (SEGMENT_NAMES, TAG_GROUP, TAG_INDEX, TAG_REWARD, GRPOMicroBatch, make_loss_fn,
                          rl_columns)
 from .grpo_loss import unsupported
-from .lazy import LazyColumns
+from ..rl_columns import LazyColumns
 from .trainer import MethodPatch
 
 RL_COLUMNS = ("advantage", "logprob", "old_logprob", "ratio", "entropy")
