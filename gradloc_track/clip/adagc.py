@@ -76,6 +76,12 @@ class AdaGC(Clipper):
 
     warming_up = in_warmup
 
+    @property
+    def single_coef(self) -> bool:
+        """One coefficient for every tensor in the next clip(): the global mode, and every warm-up
+        (a global clip); a fused optimizer then applies it (``clip.handoff``)."""
+        return self.mode == "global" or self.in_warmup
+
     def clip(self, sq_norms: torch.Tensor | None = None):
         if self.mode == "shard":
             sq_norms = None  # the shard rule needs local norms, whatever the caller measured

@@ -53,6 +53,12 @@ class LayerClip(WarmupEmaState, Clipper):
         self._index = torch.as_tensor(self.grouping.index, device=dev)  # (n,) tensor -> layer
         self.stats = WarmupEma(warmup_steps, alpha, (len(self.grouping.layers),), dev)
 
+    @property
+    def single_coef(self) -> bool:
+        """Every layer still warming up: the next clip() scales by one coefficient (1), which a fused
+        optimizer applies in its own pass (``clip.handoff``); afterwards one per layer."""
+        return not self.stats.maybe_ready
+
     def _coefs(self, norms, finite):
         layer = self.grouping.sum_by_layer(norms.pow(2)).sqrt()  # (L,)
         self._layer = layer

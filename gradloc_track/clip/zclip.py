@@ -32,6 +32,7 @@ from .running_stats import WarmupEma, WarmupEmaState
 
 class ZClip(WarmupEmaState, Clipper):
     kind = "zclip"
+    single_coef = True  # it scales the global norm: one coefficient, which a fused optimizer applies
 
     def __init__(self, model: torch.nn.Module, alpha: float = 0.97, z_thresh: float = 2.5,
                  warmup_steps: int = 25, mode: str = "zscore", clip_option: str = "adaptive_scaling",
