@@ -116,7 +116,8 @@ def gather_culprit_rows(result: LocateResult, ctx: Any, group=None) -> tuple[Loc
     extras = {name: _pad([x["extra"].get(name) for x in flat], length, float("nan"), torch.float64)
               for name in (getattr(ctx, "extra_columns", None) or {})}
     has_ids = any(x["ids"] is not None for x in flat)
-    has_docs = getattr(ctx, "document_ids", None) is not None
+    # packed documents on any rank (rank 0's own batch may pack none)
+    has_docs = getattr(ctx, "document_ids", None) is not None or any(x["docs"] is not None for x in flat)
     view_ctx = SpikeContext(
         loss_fn=_not_probed, token_mask=_pad([x["mask"] for x in flat], length, 0.0, torch.float32),
         input_ids=_pad([x["ids"] for x in flat], length, 0, torch.long) if has_ids else None,

@@ -12,9 +12,10 @@ every rank, in lockstep:
   and a sample (a row, or one packed document of it) is a ``Segment`` of that micro-batch;
 - a PIECE is one rank's part of one micro-batch, ``(rank, micro_batch)``, in that order: what one
   forward on one rank computed, the unit of the micro-batch level (with one micro-batch per step,
-  a rank's whole batch). Its norm for the outlier rule is ``sqrt`` of the sum of its samples'
-  squared ghost norms (exact per sample over the hooked layers; an exact norm per piece would
-  cost one probe each, W*K of them); a reported piece's norm and share come from its own probe;
+  a rank's whole batch). Its norm for the outlier rule is its gradient's norm over the hooked
+  layers, exact, from the same ghost backward (``PieceNorm``: its samples' gradients added
+  coherently, as the micro-batch level needs; a probe per piece would cost W*K of them); a
+  reported piece's norm and share come from its own probe;
 - culprit rows found in these terms are ``place``d back: ``rank``, ``micro_batch`` (None when
   the step had one) and ``batch`` the rank's own row.
 
@@ -34,6 +35,33 @@ from .segments import Segment, Segments
 
 Row = tuple[int, int, int]  # (rank, micro_batch, batch)
 DistTerm = tuple[int, int, int, int]  # (rank, micro_batch, batch, position)
+
+
+class PieceNorm:
+    """One rank's part of one micro-batch: the squared norm of its gradient over the layers the
+    ghost hooks see (linear: ``||G^T X||^2`` plus the bias's ``||sum G||^2``; embedding: the rows
+    of equal ids summed), exact, local (no collective), from the ghost pass's own backward.
+    ``GhostMap`` takes it in place of the micro-batch's ``Segments``, which it feeds too."""
+
+    def __init__(self, segments: Segments) -> None:
+        self.segments = segments
+        self.sq: torch.Tensor | None = None  # () float64 on the gradients' device
+
+    def add(self, g: torch.Tensor, x: torch.Tensor, kind: str, has_bias: bool) -> None:
+        self.segments.add(g, x, kind, has_bias)
+        g2 = g.reshape(-1, g.shape[-1]).float()  # (B*T, C_out)
+        if kind == "embedding":
+            ids, inv = torch.unique(x.reshape(-1), return_inverse=True)  # a device sync on CUDA: ghost pass only
+            rows = torch.zeros(len(ids), g2.shape[1], device=g2.device)
+            sq = rows.index_add_(0, inv.to(g2.device), g2).square().sum()
+        else:
+            sq = (g2.T @ x.reshape(-1, x.shape[-1]).float()).square().sum()  # one weight-sized temporary
+            if has_bias:
+                sq = sq + g2.sum(0).square().sum()
+        self.sq = sq.double() if self.sq is None else self.sq + sq.double()
+
+    def norm(self) -> float | None:
+        return None if self.sq is None else math.sqrt(float(self.sq))  # host sync: once per localization
 
 
 class GlobalSegments:
@@ -66,11 +94,13 @@ class GlobalTerms:
         self.segments = GlobalSegments()
         self.pieces = [(r, kk) for r in range(world) for kk in range(k)]
         self.piece_terms: list[list[tuple[int, int]]] = [[] for _ in self.pieces]
+        self.piece_norms: list[float] = [0.0] * len(self.pieces)  # over the hooked layers (PieceNorm)
 
     # -- building, from every rank's part ------------------------------------------------------
     def add_rank(self, r: int, parts: list) -> None:
-        for k, idx, vals, samples in parts:
+        for k, idx, vals, samples, piece_norm in parts:
             piece = self.piece_terms[r * self.k + k]
+            self.piece_norms[r * self.k + k] = piece_norm or 0.0
             for (b, t), v in zip(idx.tolist(), vals.tolist()):
                 row = self.row_of.get((r, k, b))
                 if row is None:  # terms come row-major per micro-batch: rows are numbered in order
@@ -113,28 +143,23 @@ class GlobalTerms:
     def piece_of(self, c: Any) -> int:
         return c.rank * self.k + (c.micro_batch or 0)
 
-    def piece_norms(self) -> list[float]:
-        """Each piece's norm for the outlier rule: its samples' ghost norms, summed in squares."""
-        sq = [0.0] * len(self.pieces)
-        for seg, n in zip(self.segments.items, self.segments.values):
-            r, k, _ = self.rows[seg.batch]
-            sq[r * self.k + k] += (n or 0.0) ** 2
-        return [math.sqrt(v) for v in sq]
 
-
-def gather_terms(prober: Any, maps: list[torch.Tensor] | None, segs: list[Segments] | None) -> GlobalTerms:
-    """Every rank's loss terms (with their ghost scores; 0 without ``maps``) and samples (with
-    their ghost norms, in the optimizer's units) in one ``all_gather_object``."""
+def gather_terms(prober: Any, maps: list[torch.Tensor] | None, pieces: list[PieceNorm] | None) -> GlobalTerms:
+    """Every rank's loss terms (with their ghost scores; 0 without ``maps``), samples and pieces
+    (with their ghost norms, in the optimizer's units) in one ``all_gather_object``."""
     world = dist.get_world_size(prober.group)
     local = []
     for k, mask in enumerate(prober.masks):
         idx = (mask != 0).nonzero().cpu()  # (n, 2); host sync: once per localization
         scores = term_scores(maps[k], mask) if maps is not None else torch.zeros(mask.shape)  # (B, T)
-        norms = segs[k].norms() if segs is not None else None
+        segs = pieces[k].segments if pieces is not None else None
+        norms = segs.norms() if segs is not None else None
         samples = [] if segs is None else [
             (s.batch, s.document, s.start, s.end, None if norms is None else norms[j] / world, [t for _, t in s.terms])
-            for j, s in enumerate(segs[k].items) if s.terms]
-        local.append((k, idx, scores[idx[:, 0], idx[:, 1]] if len(idx) else torch.zeros(0), samples))
+            for j, s in enumerate(segs.items) if s.terms]
+        piece = pieces[k].norm() if pieces is not None else None
+        local.append((k, idx, scores[idx[:, 0], idx[:, 1]] if len(idx) else torch.zeros(0), samples,
+                      None if piece is None else piece / world))
     every: list = [None] * world
     dist.all_gather_object(every, local, group=prober.group)
     out = GlobalTerms(world, prober.k)

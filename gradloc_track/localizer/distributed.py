@@ -20,7 +20,9 @@ numbering (``dist_probe.GlobalView``):
    independent of the world size) or ``search.bisect`` (our halving over the global term list);
    the threshold is the single-process one over every rank's ordinary terms;
 3. micro-batches: ``levels.micro_batch_units`` over the PIECES (one rank's part of one
-   micro-batch: what one forward computed; with one micro-batch, a rank's whole batch);
+   micro-batch: what one forward computed; with one micro-batch, a rank's whole batch), ranked
+   by their gradients' norms over the hooked layers, exact, from the same ghost backward
+   (``dist_terms.PieceNorm``: one probe per piece would cost W*K); a reported piece is probed;
 4. nothing found: ``levels.sample_shares`` over every rank's samples.
 
 Rows are placed back on the rank that holds them: every culprit row names its ``rank``, and
@@ -66,7 +68,7 @@ from ..norms import reduce_over_shards, trainable_params
 from . import levels, step_check
 from .dist_failure import aborted, attempt, describe
 from .dist_probe import DistProber, DistSnapshot, GlobalHits, GlobalView, PieceView
-from .dist_terms import GlobalTerms, gather_terms
+from .dist_terms import GlobalTerms, PieceNorm, gather_terms
 from .ghost import GhostMap
 from .gradloc import token_stage
 from .inputs import SearchOptions, check_inputs
@@ -160,18 +162,19 @@ def _check_collectively(model, step: LocateStep, options: SearchOptions, group,
 
 def _ghost_pass(prober: DistProber, model, group_by: str, docs: list | None):
     """Probe 1, all terms of every rank, with ghost hooks: the total gradient and, per
-    micro-batch, THIS rank's (L, B, T) layer map in the optimizer's units (divided by W) and its
-    samples (rows, or packed documents) with their exact ghost norms (``segments.py``)."""
+    micro-batch, THIS rank's (L, B, T) layer map in the optimizer's units (divided by W), its
+    samples (rows, or packed documents) with their exact ghost norms (``segments.py``) and its
+    piece's (``dist_terms.PieceNorm``)."""
     world = dist.get_world_size(prober.group)
     docs = docs or [None] * prober.k
-    segs = [Segments(k, m, docs[k]) for k, m in enumerate(prober.masks)]
-    ghosts = {k: GhostMap(model, group_by, tuple(m.shape), segments=segs[k]) for k, m in enumerate(prober.masks)}
+    pieces = [PieceNorm(Segments(k, m, docs[k])) for k, m in enumerate(prober.masks)]
+    ghosts = {k: GhostMap(model, group_by, tuple(m.shape), segments=pieces[k]) for k, m in enumerate(prober.masks)}
     total = prober.run(dict(enumerate(prober.masks)), ghosts=ghosts)
     maps, names = [], prober.grouping.layers
     for g in ghosts.values():
         lm, names = g.result(prober.grouping.layers)
         maps.append(lm / world)
-    return total, maps, names, segs
+    return total, maps, names, pieces
 
 
 def _check_synchronized(prober: DistProber, total: Grads) -> float:
@@ -194,9 +197,9 @@ def _levels(prober: DistProber, model, inp: _Inputs, options: SearchOptions) -> 
     """``auto`` / ``bisect``: samples and spans, tokens, micro-batch pieces, or the per-sample
     shares, by the single-process rules over every rank's terms (module doc, steps 1-4)."""
     world = dist.get_world_size(prober.group)
-    total, maps, names, segs = _ghost_pass(prober, model, options.group_by, inp.docs)
+    total, maps, names, pieces = _ghost_pass(prober, model, options.group_by, inp.docs)
     total_sq = _check_synchronized(prober, total)
-    glob = gather_terms(prober, maps, segs)
+    glob = gather_terms(prober, maps, pieces)
     view = GlobalView(prober, glob)
     segments = glob.segments if len(glob.segments) >= 2 else None  # one sample: nothing to compare it with
     cands, limit, n_samples = levels.candidates([segments])
@@ -211,7 +214,7 @@ def _levels(prober: DistProber, model, inp: _Inputs, options: SearchOptions) -> 
         found.exhausted, found.notes = _tokens(view, hits, glob, units, options.method, tau)
     if not found.exhausted:
         holding = {glob.piece_of(c) for c in found.coarse + hits.tokens}
-        pieces = levels.micro_batch_units(PieceView(prober, glob), hits, glob.piece_norms(), glob.piece_terms,
+        pieces = levels.micro_batch_units(PieceView(prober, glob), hits, glob.piece_norms, glob.piece_terms,
                                           holding, True)
         found.coarse += [glob.place_piece(c) for c in pieces]
     if not found.coarse and not hits.tokens:

@@ -169,8 +169,14 @@ def _failure_monitor(scn: dict, rank: int, world: int) -> dict:
     return run_failure_monitor(scn, rank, world)
 
 
-RUNNERS = {"locate": run, "error": run, "monitor": run_monitor, "port": _port, "failure": _failure,
-           "failure_monitor": _failure_monitor}
+def _levels(scn: dict, rank: int, world: int) -> dict:
+    from .levels_case import run_levels
+
+    return run_levels(scn, rank, world)
+
+
+RUNNERS = {"locate": run, "error": run, "monitor": run_monitor, "levels": _levels, "port": _port,
+           "failure": _failure, "failure_monitor": _failure_monitor}
 
 
 def main(rank: int, world: int, port: str, out_dir: str, scenarios: str) -> None:

@@ -2,6 +2,8 @@
 runs them all (``conftest.dist_results``), since a launch costs seconds and tests share it."""
 from __future__ import annotations
 
+from functools import lru_cache
+
 from . import gradloc_port
 
 PORT_CASES = 12  # GradLoc port cases per world size (each a handful of probes)
@@ -65,6 +67,21 @@ FAILURE_MONITOR = [{"name": "fail_monitor", "wrap": "ddp", "culprits": [[1, 0, 3
                     "where": "loss", "kind": "failure_monitor"}]
 
 
+@lru_cache(maxsize=None)
+def _unit_threshold(case: str) -> float | None:
+    from .levels_case import unit_threshold
+
+    return unit_threshold(case)
+
+
+def levels_scenarios(world: int) -> list[dict]:
+    """The single-process level scenarios on the shared global batch (test_levels_dist), DDP and FSDP2."""
+    from .levels_case import CASES
+
+    return [{"name": f"lv_{case}_{wrap}", "kind": "levels", "wrap": wrap, "case": case,
+             "threshold": _unit_threshold(case)} for case in CASES for wrap in ("ddp", "fsdp2")]
+
+
 def port_cases(world: int) -> list[dict]:
     """GradLoc's rank search against the port (test_gradloc_dist), thresholds set here."""
     return [{**gradloc_port.with_threshold(c, world), "kind": "port"}
@@ -74,5 +91,5 @@ def port_cases(world: int) -> list[dict]:
 def all_scenarios(world: int) -> list[dict]:
     if world == 3:  # only GradLoc's uneven rank split needs 3 processes
         return port_cases(world)
-    return (locate_scenarios(world) + ERRORS + (MONITOR if world == 2 else []) + port_cases(world)
-            + failure_scenarios(world) + (FAILURE_MONITOR if world == 2 else []))
+    return (locate_scenarios(world) + ERRORS + (MONITOR if world == 2 else []) + levels_scenarios(world)
+            + port_cases(world) + failure_scenarios(world) + (FAILURE_MONITOR if world == 2 else []))
