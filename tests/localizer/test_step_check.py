@@ -132,3 +132,135 @@ def test_a_gradient_clipped_in_place_is_the_step_rescaled_not_another_step():
         p.grad.mul_(0.1 + 0.05 * (j % 7))
     res = gradloc_track.locate(model, ctx.loss_fn, ctx.token_mask, rng_state=ctx.rng_state)
     assert res.step_check.replayed and res.step_check.residual < 1e-4
+
+
+def test_a_step_clipped_with_known_coefficients_is_the_step():
+    """``grad_scale`` (what the clipper multiplied each tensor by) makes the reference the probes'
+    sum times it: globally or per tensor, the clipped step is reproduced at ratio 1, with no note;
+    the culprits, computed from fresh probes, are the unclipped step's."""
+    from gradloc_track.localizer import LocateStep
+
+    model = gpt2(0.1)
+    batches, rng = train_step(model, micro_batches())
+    ctx = lm_spike_context(model, batches, rng_state=rng)
+    step = LocateStep.from_context(ctx)
+    plain = gradloc_track.locate(model, step)
+    params = [p for p in model.parameters() if p.grad is not None]
+    assert len(params) == len(list(model.parameters()))  # coefficients follow trainable_params order
+    for coef in (torch.tensor(0.25), torch.linspace(0.1, 1.0, len(params))):
+        with torch.no_grad():
+            saved = [p.grad.clone() for p in params]
+            for j, p in enumerate(params):
+                p.grad.mul_(coef if coef.dim() == 0 else coef[j])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            res = gradloc_track.locate(model, step.but(grad_scale=coef))
+        check = res.step_check
+        assert check.replayed and check.norm_ratio == pytest.approx(1.0, abs=1e-5) and check.residual < 1e-5
+        assert check.scale == pytest.approx(1.0, abs=1e-5)
+        assert not any("probes' sum" in n for n in res.notes), res.notes
+        assert [(c.level, c.micro_batch, c.batch, c.position if c.level == "token" else c.start, c.share)
+                for c in res.culprits] == [(c.level, c.micro_batch, c.batch, c.position if c.level == "token"
+                                            else c.start, c.share) for c in plain.culprits]
+        with torch.no_grad():
+            for p, g in zip(params, saved):
+                p.grad.copy_(g)
+
+
+def test_the_monitor_localizes_the_pre_clip_step_adagc():
+    """GradMonitor clips before it localizes (AdaGC, per-tensor coefficients after its warm-up): it
+    hands the clipper's coefficients to the localizer, whose step check then agrees (no note) and
+    whose culprits are those of ``locate`` on the step before clipping."""
+    import torch.nn.functional as F
+
+    from gradloc_track import GradMonitor
+    from gradloc_track.clip import AdaGC
+    from gradloc_track.config.spikes import SpikeConfig
+    from gradloc_track.spikes import SpikeDetector
+    from gradloc_track.spikes.context import SpikeContext
+
+    from .oracles import tiny_gpt
+
+    model = tiny_gpt(V, T)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    monitor = GradMonitor(model, clipper=AdaGC(model, warmup_steps=2), optimizer=opt, log_every=1000,
+                          detector=SpikeDetector(SpikeConfig(warmup_steps=4, ratio_thresh=3.0, alpha=0.9)))
+    g = torch.Generator().manual_seed(3)
+    for s in range(7):
+        x, y = torch.randint(0, V, (B, T), generator=g), torch.randint(0, V, (B, T), generator=g)
+        w = torch.ones(B, T)
+        if s == 6:
+            w[1, 5] = 400.0  # an importance weight gone wild
+
+        def loss_fn(mask, x=x, y=y, w=w):
+            per = F.cross_entropy(model(x).reshape(-1, V), y.reshape(-1), reduction="none").view(B, T)
+            return (per * w * mask).sum() / (B * T)
+
+        ctx = SpikeContext(loss_fn=loss_fn, token_mask=torch.ones(B, T))
+        loss_fn(ctx.token_mask).backward()
+        if s == 6:
+            before = gradloc_track.locate(model, loss_fn, ctx.token_mask)  # the pre-clip step, left as it was
+        stats = monitor.after_backward(s, spike_context=ctx)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    assert [e.step for e in stats.events][:1] == [6] and stats.locate is not None
+    assert min(stats.clip.coefs.values()) < 0.5 and len(set(stats.clip.coefs.values())) > 1  # per tensor
+    check = stats.locate.step_check
+    assert check.replayed and check.norm_ratio == pytest.approx(1.0, abs=1e-5), check
+    assert not any("clipped in place" in n for n in stats.locate.notes), stats.locate.notes
+    assert [(c.level, c.batch, c.position, c.share) for c in stats.locate.tokens] == \
+        [(c.level, c.batch, c.position, c.share) for c in before.tokens] and before.tokens
+
+
+@pytest.fixture(scope="module")
+def counting_weights():
+    from tests.integrations.counting_case import counting_model_state
+
+    return counting_model_state()
+
+
+def run_counting(state, tmp_path, max_grad_norm: float | None):
+    """The counting case (tests/integrations/counting_case.py) in a MemoryTracker, with Trainer's
+    ``max_grad_norm`` (None: its default, 1.0, taken over by the callback and applied with GlobalClip)."""
+    from transformers import Trainer, TrainingArguments
+
+    from gradloc_track.integrations.hf import GradLocCallback
+    from gradloc_track.trackers.memory_tracker import MemoryTracker
+    from tests.integrations import counting_case as C
+
+    model = C.dropout_gpt2()
+    model.load_state_dict(state)
+    callback = GradLocCallback(spikes={"warmup_steps": C.STEPS - 2, "ratio_thresh": 2.0, "alpha": 0.9},
+                               tracker=MemoryTracker(), tokenizer=C.CharTokenizer(), log_every=1000)
+    clip = {} if max_grad_norm is None else {"max_grad_norm": max_grad_norm}
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=C.B // C.K, gradient_accumulation_steps=C.K,
+        max_steps=C.STEPS, learning_rate=1e-2, lr_scheduler_type="constant", report_to=[], save_strategy="no",
+        use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, seed=0, train_sampling_strategy="sequential",
+        logging_steps=1000, **clip)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        Trainer(model=model, args=args, train_dataset=C.dataset(), callbacks=[callback]).train()
+    (spike,) = callback.handle.spikes
+    return spike
+
+
+def test_hf_trainer_clipping_localizes_the_pre_clip_gradient(counting_weights, tmp_path):
+    """Trainer's clipping (``max_grad_norm``, taken over by the callback and applied with GlobalClip
+    before the localizer runs; 0.5 here, where the counting case's spike of 0.86 is clipped, which
+    Trainer's default of 1.0 does not do; tests/integrations/test_hf.py checks the default on a
+    larger spike): the step check compares with the clipped ``.grad`` through the clip coefficient
+    and agrees (no "clipped in place" note); the culprits are still the garbage document's sample row
+    and the rare token's rows (tests/integrations/test_hf.py; clipping at 0.5 also scaled earlier
+    steps, so the weights at the spike are not the unclipped run's)."""
+    from tests.integrations import counting_case as C
+
+    spike = run_counting(counting_weights, tmp_path, 0.5)
+    assert spike.clip.total_norm > 0.5 and spike.clip.total_norm_post == pytest.approx(0.5, rel=1e-5)  # it clipped
+    check = spike.locate.step_check
+    assert check.replayed and check.norm_ratio == pytest.approx(1.0, abs=1e-4), check
+    assert not any("clipped in place" in n or "probes' sum" in n for n in spike.locate.notes), spike.locate.notes
+    by_level: dict = {}
+    for c in spike.locate.culprits:
+        by_level.setdefault(c.level, set()).add((c.micro_batch, c.batch))
+    assert by_level["sample"] == {C.DOC} and C.RARE in by_level["token"], by_level
