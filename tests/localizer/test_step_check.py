@@ -167,10 +167,12 @@ def test_a_step_clipped_with_known_coefficients_is_the_step():
                 p.grad.copy_(g)
 
 
-def test_the_monitor_localizes_the_pre_clip_step_adagc():
+@pytest.mark.parametrize("subset", [False, True], ids=["all-tensors", "clipper-built-before-unfreezing"])
+def test_the_monitor_localizes_the_pre_clip_step_adagc(subset):
     """GradMonitor clips before it localizes (AdaGC, per-tensor coefficients after its warm-up): it
     hands the clipper's coefficients to the localizer, whose step check then agrees (no note) and
-    whose culprits are those of ``locate`` on the step before clipping."""
+    whose culprits are those of ``locate`` on the step before clipping. A clipper built while the
+    embedding was frozen holds a subset of the tensors: theirs are mapped by name, 1 elsewhere."""
     import torch.nn.functional as F
 
     from gradloc_track import GradMonitor
@@ -183,8 +185,14 @@ def test_the_monitor_localizes_the_pre_clip_step_adagc():
 
     model = tiny_gpt(V, T)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    monitor = GradMonitor(model, clipper=AdaGC(model, warmup_steps=2), optimizer=opt, log_every=1000,
-                          detector=SpikeDetector(SpikeConfig(warmup_steps=4, ratio_thresh=3.0, alpha=0.9)))
+    model.wte.weight.requires_grad_(not subset)
+    clipper = AdaGC(model, warmup_steps=2)
+    model.wte.weight.requires_grad_(True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # subset: "monitored but not clipped", said once
+        monitor = GradMonitor(model, clipper=clipper, optimizer=opt, log_every=1000,
+                              detector=SpikeDetector(SpikeConfig(warmup_steps=4, ratio_thresh=3.0, alpha=0.9)))
+    assert (monitor.param_set.clip_index is not None) == subset
     g = torch.Generator().manual_seed(3)
     for s in range(7):
         x, y = torch.randint(0, V, (B, T), generator=g), torch.randint(0, V, (B, T), generator=g)
