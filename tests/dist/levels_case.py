@@ -138,7 +138,14 @@ def run_levels(scn: dict, rank: int, world: int) -> dict:
     step = step_of(wrapped, scn["case"], [rank * k + i for i in range(k)], k * B * T)
     grads = [p.grad for p in model.parameters()]
     before = [local_part(g).clone() for g in grads]
-    rng = torch.get_rng_state()
+    rng, modes = torch.get_rng_state(), [m.training for m in model.modules()]
+
+    def restored() -> bool:
+        same = all(p.grad is g and torch.equal(local_part(g), b) for p, g, b in zip(model.parameters(), grads, before))
+        return same and torch.equal(rng, torch.get_rng_state()) and modes == [m.training for m in model.modules()]
+
+    if "fail_rank" in scn:  # one rank fails in a level's probe: every rank raises together, restored
+        return _fail(scn, rank, model, step, restored)
     thr = scn.get("threshold")
     res = locate(model, step, threshold=None if thr is None else thr * world)  # in one rank's loss units
     x = global_batch(scn["case"])[0][rank * k: rank * k + k]
@@ -147,8 +154,23 @@ def run_levels(scn: dict, rank: int, world: int) -> dict:
     view, view_ctx = gather_culprit_rows(res, ctx)
     table = attribution_table(0, [], view, view_ctx) if rank == 0 else ([], [])
     out = rows(res, world)
-    out.update(table=[dict(zip(table[0], r)) for r in table[1]],
-               restored=all(p.grad is g and torch.equal(local_part(g), b)
-                            for p, g, b in zip(model.parameters(), grads, before))
-               and torch.equal(rng, torch.get_rng_state()))
+    out.update(table=[dict(zip(table[0], r)) for r in table[1]], restored=restored())
     return out
+
+
+def _fail(scn: dict, rank: int, model, step, restored) -> dict:
+    """The rank's ``fail_at``-th loss_fn call raises an out-of-memory error (``failure_worker.Injector``)."""
+    from gradloc_track import locate
+    from gradloc_track.localizer import LocateAborted
+
+    from .failure_worker import Injector
+
+    inj = Injector(scn, rank, model)
+    fns = step.loss_fn if isinstance(step.loss_fn, list) else [step.loss_fn]
+    wrapped = [inj.wrap(f) for f in fns]
+    try:
+        locate(model, step.but(loss_fn=wrapped if len(wrapped) > 1 else wrapped[0]))
+        error = None
+    except LocateAborted as exc:
+        error = f"LocateAborted: {exc}"
+    return {"error": error, "restored": restored()}

@@ -83,9 +83,13 @@ def levels_scenarios(world: int) -> list[dict]:
     (``FSDP2_ON_4``: the rules never see the wrapper, only the probes do; the suite stays short)."""
     from .levels_case import CASES
 
-    return [{"name": f"lv_{case}_{wrap}", "kind": "levels", "wrap": wrap, "case": case,
-             "threshold": _unit_threshold(case)} for case in CASES for wrap in ("ddp", "fsdp2")
-            if wrap == "ddp" or world == 2 or case in FSDP2_ON_4]
+    cases = [{"name": f"lv_{case}_{wrap}", "kind": "levels", "wrap": wrap, "case": case,
+              "threshold": _unit_threshold(case)} for case in CASES for wrap in ("ddp", "fsdp2")
+             if wrap == "ddp" or world == 2 or case in FSDP2_ON_4]
+    # rank 0 fails in the bad sample's confirmation (its loss_fn's call after the K of the ghost pass)
+    return cases + [{"name": "lv_fail_sample_fsdp2", "kind": "levels", "wrap": "fsdp2", "case": "bad_sample",
+                     "threshold": _unit_threshold("bad_sample"), "fail_rank": 0, "fail_at": 4 // world + 1,
+                     "where": "after"}]  # after the forward: FSDP2's all-gathers ran on every rank
 
 
 def port_cases(world: int) -> list[dict]:

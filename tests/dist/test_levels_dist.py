@@ -24,7 +24,7 @@ def reference(case: str) -> dict:
 def levels(request, dist_results):
     world = request.param
     every = dist_results(world)
-    return world, {s["name"]: (s, every[s["name"]][1]) for s in levels_scenarios(world)}
+    return world, {s["name"]: (s, every[s["name"]][1]) for s in levels_scenarios(world) if "fail_rank" not in s}
 
 
 def same_rows(got: dict, want: dict, what: str) -> None:
@@ -84,3 +84,16 @@ def test_rank0_table_names_the_rank_and_document_of_every_row(levels):
             assert (doc["micro_batch"] if k > 1 else 0) == mb
         for r in range(1, world):
             assert per_rank[r]["table"] == [], name
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_a_failure_in_a_levels_probe_stops_every_rank_together(dist_results, world):
+    """Rank 0's loss_fn raises in the bad sample's confirmation probe (probe 2): every rank raises
+    ``LocateAborted`` naming it, restored (FSDP2)."""
+    (scn,) = [s for s in levels_scenarios(world) if "fail_rank" in s]
+    per_rank = dist_results(world)[scn["name"]][1]
+    for r, res in enumerate(per_rank):
+        assert res["error"] is not None and res["error"].startswith(
+            "LocateAborted: localization aborted on every rank (probe 2, micro-batch 0): rank 0: OutOfMemoryError"), \
+            (r, res["error"])
+        assert res["error"] == per_rank[0]["error"] and res["restored"], r
