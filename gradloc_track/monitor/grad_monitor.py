@@ -265,7 +265,25 @@ class GradMonitor:
                                                  **extra))
         stats.metrics.update(self.detector.metrics())
         if stats.events:  # localized, or recorded with the reason it was not
-            stats.metrics.update(self.responder.respond(step, stats, spike_context))
+            stats.metrics.update(self.responder.respond(step, stats, spike_context, self._clip_scale(stats.clip)))
+
+    def _clip_scale(self, clip: Any) -> torch.Tensor | None:
+        """What the clipper did to ``.grad`` before the localizer runs: its per-tensor coefficients
+        (``ClipResult.coef_t``, a device tensor) in the monitored tensors' order, which is the
+        localizer's (``trainable_params(model)``); 1 for tensors the clipper does not hold. None when
+        nothing clipped yet (no clipper; ``spikes.response=surgery`` clips after the verdict)."""
+        if clip is None:
+            return None
+        index = self.param_set.clip_index
+        if index is None:  # the clipper holds the monitored tensors, in their order
+            return clip.coef_t
+        pos = {n: i for i, n in enumerate(clip.names)}
+        pairs = [(i, pos[n]) for i, n in enumerate(self.param_set.names) if n in pos]
+        out = torch.ones(len(self.param_set.names), dtype=clip.coef_t.dtype, device=clip.coef_t.device)
+        if pairs:  # host->device index copies: on a spike step only
+            ours, theirs = (torch.tensor(x, device=out.device) for x in zip(*pairs))
+            out[ours] = clip.coef_t[theirs]
+        return out
 
     # -- step order, the raise path -------------------------------------------------------------
     def _warn_once(self, key: str, message: str) -> None:

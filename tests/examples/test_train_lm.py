@@ -150,6 +150,7 @@ def test_spike_demo_detects_and_localizes_the_injected_answer(tmp_path):
     for r in rows:
         assert r["token"] in html
     assert "<script" not in html.lower()
+    assert "clipped in place" not in html  # AdaGC clipped before the localizer ran; its step check knew by how much
     # AdaGC clipped the spike: the optimizer saw a norm below the pre-clip one; thresholds were logged
     pre = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "clip/total_norm_pre")}
     post = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "clip/total_norm_post")}

@@ -213,6 +213,10 @@ def test_default_max_grad_norm_spike_is_detected_localized_and_clipped_as_traine
     # the long garbage document is one culprit: a whole-sample row (no few tokens carry it)
     assert [(r["level"], r["micro_batch"], r["sample"], r["position"], r["end"]) for r in rows
             if r["step"] == spike] == [("sample", K - 1, CORRUPT, 0, SEQ)]
+    # the localizer ran after the clip: its step check takes the clip coefficient, so the step is reproduced
+    (located,) = [s.locate for s in ours.handle.spikes if s.step == spike]
+    assert located.step_check.replayed and located.step_check.norm_ratio == pytest.approx(1.0, abs=1e-4)
+    assert not any("probes' sum" in n for n in located.notes), located.notes
     trainers = {e["step"]: e["grad_norm"] for e in trainer.state.log_history if "grad_norm" in e}
     assert trainers[spike] == pytest.approx(dict(tracker.series("grad_norm/global"))[spike], rel=1e-5)
     assert trainers[spike] > 1.0
