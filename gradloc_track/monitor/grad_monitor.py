@@ -271,8 +271,9 @@ class GradMonitor:
         """What the clipper did to ``.grad`` before the localizer runs: its per-tensor coefficients
         (``ClipResult.coef_t``, a device tensor) in the monitored tensors' order, which is the
         localizer's (``trainable_params(model)``); 1 for tensors the clipper does not hold. None when
-        nothing clipped yet (no clipper; ``spikes.response=surgery`` clips after the verdict)."""
-        if clip is None:
+        nothing clipped yet (no clipper; ``spikes.response=surgery`` clips after the verdict; a clip
+        handed to a fused optimizer's ``grad_scale``, which applies it inside ``step()``)."""
+        if clip is None or clip.deferred:
             return None
         index = self.param_set.clip_index
         if index is None:  # the clipper holds the monitored tensors, in their order

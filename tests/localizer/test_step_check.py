@@ -218,3 +218,45 @@ def test_the_monitor_localizes_the_pre_clip_step_adagc(subset):
     assert not any("clipped in place" in n for n in stats.locate.notes), stats.locate.notes
     assert [(c.level, c.batch, c.position, c.share) for c in stats.locate.tokens] == \
         [(c.level, c.batch, c.position, c.share) for c in before.tokens] and before.tokens
+
+
+def test_the_monitor_localizes_the_pre_clip_step_when_a_fused_optimizer_applies_the_clip():
+    """A global clip handed to fused AdamW (``grad_scale``, ``ClipResult.deferred``) leaves ``.grad``
+    unclipped until ``step()``: the localizer's reference is then the gradient as it is, scale 1, and
+    the step check agrees (a scale of the clip's coefficient would call it clipped)."""
+    import torch.nn.functional as F
+
+    from gradloc_track import GradMonitor
+    from gradloc_track.clip import GlobalClip
+    from gradloc_track.config.spikes import SpikeConfig
+    from gradloc_track.spikes import SpikeDetector
+    from gradloc_track.spikes.context import SpikeContext
+
+    from .oracles import tiny_gpt
+
+    model = tiny_gpt(V, T)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    monitor = GradMonitor(model, clipper=GlobalClip(model, max_norm=1e-3), optimizer=opt, log_every=1000,
+                          detector=SpikeDetector(SpikeConfig(warmup_steps=4, ratio_thresh=3.0, alpha=0.9)))
+    g = torch.Generator().manual_seed(5)
+    for s in range(7):
+        x, y = torch.randint(0, V, (B, T), generator=g), torch.randint(0, V, (B, T), generator=g)
+        w = torch.ones(B, T)
+        if s == 6:
+            w[1, 3] = 400.0
+
+        def loss_fn(mask, x=x, y=y, w=w):
+            per = F.cross_entropy(model(x).reshape(-1, V), y.reshape(-1), reduction="none").view(B, T)
+            return (per * w * mask).sum() / (B * T)
+
+        ctx = SpikeContext(loss_fn=loss_fn, token_mask=torch.ones(B, T))
+        loss_fn(ctx.token_mask).backward()
+        stats = monitor.after_backward(s, spike_context=ctx)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    assert [e.step for e in stats.events][:1] == [6] and stats.locate is not None
+    assert stats.clip.deferred and max(stats.clip.coefs.values()) < 0.5  # clipped, by the kernel
+    check = stats.locate.step_check
+    assert check.replayed and check.norm_ratio == pytest.approx(1.0, abs=1e-5), check
+    assert not any("clipped in place" in n for n in stats.locate.notes), stats.locate.notes
+    assert [(c.batch, c.position) for c in stats.locate.tokens][:1] == [(1, 3)]
