@@ -24,6 +24,7 @@ from typing import Callable, Sequence
 import torch
 
 from ..grouping import LayerGrouping
+from ..norms import local_part
 
 Grads = list[torch.Tensor]  # one tensor per trainable parameter (zeros where no gradient)
 LossFn = Callable[[torch.Tensor], torch.Tensor]
@@ -77,7 +78,7 @@ class Prober:
             raise ValueError("loss_fn(mask) returned a loss that does not require grad: it must be computed "
                              "from the model's forward pass inside loss_fn")
         loss.backward()
-        out = [_dense(p.grad) if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        out = [_dense(p.grad) if p.grad is not None else torch.zeros_like(local_part(p)) for p in self.params]
         for p in self.params:
             p.grad = None  # the caller owns the buffers now; nothing else keeps them alive
         return out
@@ -126,8 +127,10 @@ class Prober:
 
 
 def _dense(g: torch.Tensor) -> torch.Tensor:
-    """Sparse gradients (``nn.Embedding(sparse=True)``) become dense: norms and sums need it."""
-    return g.detach().to_dense() if g.is_sparse else g.detach()
+    """Sparse gradients (``nn.Embedding(sparse=True)``) become dense: norms and sums need it. A
+    DTensor (FSDP2 on one process: a 1-rank mesh) gives its local tensor, which is all of it."""
+    g = local_part(g.detach())
+    return g.to_dense() if g.is_sparse else g
 
 
 def check_loss(loss) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from ..norms import local_part
 from .probe import restore_rng, save_rng
 
 
@@ -30,8 +31,9 @@ class Snapshot:
 
     def grads_for(self, params: list[torch.nn.Parameter]) -> list[torch.Tensor | None] | None:
         """The saved ``.grad`` of each of ``params`` (the step's gradient, before localizing);
-        None when the model held no gradient at all."""
-        by_id = {id(p): g for p, g in zip(self.params, self.grads)}
+        None when the model held no gradient at all. A DTensor (FSDP2 on one process) gives its local
+        tensor, as the probes do (``probe._dense``)."""
+        by_id = {id(p): None if g is None else local_part(g) for p, g in zip(self.params, self.grads)}
         out = [by_id.get(id(p)) for p in params]
         return None if all(g is None for g in out) else out
 
