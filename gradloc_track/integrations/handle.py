@@ -1,5 +1,5 @@
 """``WatchHandle``: the one handle every front door builds (``watch()``, the HF / TRL and Lightning
-callbacks), through ``open_handle``.
+callbacks, verl's engine session), through ``open_handle``.
 
 ``open_handle(model, optimizer, opts, door, capture)`` asks ``trackers.join`` for the run (join
 the open one, else open one: the one place that does) and builds the handle around it with the
@@ -59,13 +59,16 @@ class Door:
     runs ``step()`` (``watch()``); a callback calls ``step()`` itself. ``wandb_step_key``: the step
     metric of the framework whose W&B run may be open (HF Trainer's); None: the user's own run.
     ``runs``: the framework's own runs to join (Lightning's loggers), else those open in this
-    process. ``logs``: None: rank 0 of ``torch.distributed`` logs; a framework's rank otherwise."""
+    process. ``logs``: None: rank 0 of ``torch.distributed`` logs; a framework's rank otherwise.
+    ``wrap_tracker``: wraps the run's tracker before the monitor is built (verl: the monitor's
+    metrics are held for verl's own logger, the rest goes to the run)."""
 
     name: str = "watch()"
     hook_optimizer: bool = True
     wandb_step_key: str | None = None
     runs: OpenRuns | None = None
     logs: bool | None = None
+    wrap_tracker: Callable[[Tracker], Tracker] | None = None
 
 
 def _rank0() -> bool:
@@ -103,6 +106,8 @@ def open_handle(model: torch.nn.Module, optimizer: Any, opts: WatchOptions, door
     try:
         hookable_optimizer(optimizer, door.hook_optimizer)  # a bad optimizer fails before any run is opened
         run = start(run_request(opts, door))
+        if door.wrap_tracker is not None:
+            run.tracker = door.wrap_tracker(run.tracker)
         return WatchHandle(model, optimizer, opts, run, capture, hook_optimizer=door.hook_optimizer)
     except BaseException:
         if capture is not None:

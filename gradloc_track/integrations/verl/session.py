@@ -22,12 +22,15 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from ...localizer.step import LocateStep
 from ..options import WatchOptions
 from ..rl_columns import print_spike
 from .columns import INDEX_KEY, group_index, sample_columns, token_columns, uids
 from .layout import SEGMENT_NAMES, MicroBatch, unsupported
-from .probe_loss import make_loss_fn
+from .probe_loss import agg_mode, make_loss_fn
 from .recorder import StepRecorder
+
+NORMALISERS = {"token-mean": "batch_num_tokens", "seq-mean-token-sum": "global_batch_size"}
 
 
 def _rank() -> tuple[int, int]:
@@ -36,40 +39,59 @@ def _rank() -> tuple[int, int]:
     return 0, 1
 
 
+def normaliser(batches: list[MicroBatch], loss_function: Callable) -> int | None:
+    """What verl's loss divides by, global over the data-parallel ranks: ``batch_num_tokens``
+    (``token-mean``) or ``global_batch_size`` (``seq-mean-token-sum``); None for the others."""
+    from verl.utils import tensordict_utils as tu
+
+    key = NORMALISERS.get(agg_mode(loss_function))
+    value = None if key is None else tu.get_non_tensor_data(data=batches[0].data, key=key, default=None)
+    return value if isinstance(value, (int, float)) and value > 0 else None
+
+
+def _per_batch(batches: list) -> Callable[[list], Any]:
+    """K values as the step takes them: the value itself for one micro-batch, else the K of them."""
+    return (lambda xs: xs[0]) if len(batches) == 1 else (lambda xs: xs)
+
+
+def locate_step(engine: Any, batches: list[MicroBatch], loss_function: Callable) -> LocateStep:
+    """The step as every localizer takes it: per micro-batch (verl's own split) the probe loss,
+    the loss-term mask, the RNG state, the packed documents (``use_remove_padding=True``: each
+    response a document of the one packed row), the RL sample columns and verl's normaliser."""
+    rank, world = _rank()
+    pick, packed = _per_batch(batches), batches[0].geo.packed
+    # a packed micro-batch is ONE row: per-row columns would name its first response only
+    samples = [{} if packed else sample_columns(mb, rank if world > 1 else None) for mb in batches]
+    return LocateStep(loss_fn=pick([make_loss_fn(engine, mb, loss_function) for mb in batches]),
+                      token_mask=pick([mb.token_mask() for mb in batches]), rng_state=pick([mb.rng for mb in batches]),
+                      document_ids=pick([mb.document_ids() for mb in batches]) if packed else None,
+                      sample_columns={k: pick([s[k] for s in samples]) for k in samples[0]},
+                      normaliser=normaliser(batches, loss_function))
+
+
 def spike_context(engine: Any, batches: list[MicroBatch], loss_function: Callable, tokenizer: Any) -> Any:
-    """The step as the localizer takes it: one loss function, mask, RNG state, ids and columns per
-    micro-batch. The one place the step is built (``localizer.step.LocateStep`` takes it over)."""
+    """The step (``locate_step``: the one place it is built) with what the artifacts show: the
+    token each position scores, the prompt/response segments, the RL token columns. The monitor
+    hands the step's fields on to the localizer (``LocateStep.from_context``)."""
     from ...spikes.context import SpikeContext
 
-    rank, world = _rank()
-    one = len(batches) == 1
-
-    def pick(xs):
-        return xs[0] if one else xs
-
+    step, pick = locate_step(engine, batches, loss_function), _per_batch(batches)
     tokens = [token_columns(mb) for mb in batches]
-    packed = batches[0].geo.packed  # one packed row per micro-batch: each sample is a document of it
-    samples = [{} if packed else sample_columns(mb, rank if world > 1 else None) for mb in batches]
     return SpikeContext(
-        loss_fn=pick([make_loss_fn(engine, mb, loss_function) for mb in batches]),
-        token_mask=pick([mb.token_mask() for mb in batches]), input_ids=pick([mb.display_ids() for mb in batches]),
-        tokenizer=tokenizer, extra_columns={k: pick([t[k] for t in tokens]) for k in tokens[0]},
-        sample_columns={k: pick([s[k] for s in samples]) for k in samples[0]},
-        rng_state=pick([mb.rng for mb in batches]), segment_ids=pick([mb.segment_ids() for mb in batches]),
-        segment_names=SEGMENT_NAMES, document_ids=pick([mb.document_ids() for mb in batches]) if packed else None)
+        loss_fn=step.loss_fn, token_mask=step.token_mask, rng_state=step.rng_state, document_ids=step.document_ids,
+        sample_columns=step.sample_columns, normaliser=step.normaliser, tokenizer=tokenizer,
+        input_ids=pick([mb.display_ids() for mb in batches]), segment_ids=pick([mb.segment_ids() for mb in batches]),
+        extra_columns={k: pick([t[k] for t in tokens]) for k in tokens[0]}, segment_names=SEGMENT_NAMES)
 
 
 def build_handle(engine: Any, opts: WatchOptions) -> Any:
-    """The ``WatchHandle`` on the engine's module and optimizer, metrics held for verl's output,
-    artifacts into verl's run (``tracking.join_verl_run``)."""
-    from ..runs import ScratchDir
-    from ..watch import WatchHandle
-    from .tracking import VerlMetrics, join_verl_run
+    """The ``WatchHandle`` on the engine's module and optimizer, through the one handle and the one
+    join (``handle.open_handle`` with ``tracking.verl_door``): metrics held for verl's output,
+    artifacts into verl's run, the run recorded in the run dir."""
+    from ..handle import open_handle
+    from .tracking import verl_door
 
-    scratch = ScratchDir()
-    inner, owns = join_verl_run(opts, _rank()[0], scratch.path)
-    return WatchHandle(engine.module, engine.optimizer, opts, tracker=VerlMetrics(inner), owns_tracker=owns,
-                       capture=False, step_hook=False, scratch=scratch)
+    return open_handle(engine.module, engine.optimizer, opts, verl_door(opts, _rank()[0]))
 
 
 class GradLocSession:
@@ -114,8 +136,8 @@ class GradLocSession:
             metrics.update({k: [v] for k, v in self.handle.tracker.take().items() if k not in metrics})
         if _rank()[0] == 0 and stats.events:
             self.handle.flush()  # the spike's artifacts reach verl's run before verl may end it
-            print_spike(stats, stats.locate_view[1] if stats.locate_view else None,
-                        self.handle.monitor.artifact_writer.run_dir, self.stream or sys.stdout, noun="response")
+            print_spike(stats, stats.locate_view[1] if stats.locate_view else None, self.handle.run_dir,
+                        self.stream or sys.stdout, noun="response")
         self.steps += 1
         return outputs
 
@@ -148,13 +170,12 @@ class GradLocSession:
         return grad_norm.item()  # host sync: verl returns the pre-clip norm as a float
 
     def finish(self, status: str = "success") -> None:
-        """Unhook and flush (a joined run stays open for verl); once."""
+        """Every hook off, the run closed (a joined run stays open for verl); once."""
         if self._finished:
             return
         self._finished = True
         atexit.unregister(self.finish)
-        self.handle.remove()
-        self.handle.finish(status)
+        self.handle.close(status)
 
 
 def attach(engine: Any, cfg: Any = None, **options: Any) -> GradLocSession:

@@ -5,19 +5,29 @@ the session puts them into the engine's ``train_batch`` output, so verl's worker
 over data-parallel ranks and its trainer logs them through ``verl.utils.tracking.Tracking`` with
 its own ``actor/*`` metrics (``actor/grad_norm/global``, ``actor/clip/...``, ``actor/spike/...``),
 at verl's step, into its one W&B/MLflow run. Artifacts (the culprit table, highlight page,
-events) are uploaded by rank 0 into that same run, joined by ``join_verl_run``: the run open in
-this process (``mlflow.active_run()``, ``wandb.run``: ``Tracking`` opened it here), else the
-MLflow run ``MLFLOW_RUN_ID`` names (verl's ``Tracking`` joins that id too, so setting it for the
-driver and the Ray workers puts both in one run), else the tracker the node configures.
+events) are uploaded by rank 0 into that same run.
+
+Which run: ``verl_door`` names it and ``trackers.join`` (the one place a run is opened or joined)
+joins it and records it in the run dir: the run open in this process (``mlflow.active_run()``,
+``wandb.run``: ``Tracking`` opened it here), else the MLflow run ``MLFLOW_RUN_ID`` names (verl's
+``Tracking`` joins that id too, so setting it for the driver and the Ray workers puts both in one
+run), else what the node's ``tracker`` configures.
 """
 from __future__ import annotations
 
 import os
 import warnings
-from typing import Any, Mapping
+from typing import Mapping
 
-from ...trackers.interface import NullTracker, Tracker
+from ...trackers.interface import Tracker
+from ...trackers.join import OpenRuns, open_in_process
+from ..handle import Door
 from ..options import WatchOptions
+
+VERL_MLFLOW_URI = "sqlite:////tmp/mlruns.db"  # verl Tracking's MLflow store when MLFLOW_TRACKING_URI is unset
+NO_RUN = ("gradloc-track: no W&B/MLflow run is open in this process and MLFLOW_RUN_ID is not set: metrics go "
+          "through verl's Tracking, spike artifacts are not uploaded (set MLFLOW_RUN_ID for verl's driver and "
+          "workers, or gradloc.tracker=mlflow|wandb, or gradloc.run_dir=DIR for local files)")
 
 
 class VerlMetrics(Tracker):
@@ -63,27 +73,19 @@ class VerlMetrics(Tracker):
         self.inner.finish(status, timeout_s)
 
 
-def join_verl_run(opts: WatchOptions, rank: int, run_dir: Any) -> tuple[Tracker, bool]:
-    """(tracker for the artifacts, whether we own it). The one place this adapter joins a run
-    (``gradloc_track/trackers/join.py`` takes this over when it lands)."""
-    from ..runs import mlflow_run_tracker, open_run_tracker
+def verl_runs() -> OpenRuns:
+    """verl's run: the one ``Tracking`` opened in this process, else the MLflow run ``MLFLOW_RUN_ID``
+    names in ``MLFLOW_TRACKING_URI`` (verl's default store when unset). Names it; joins nothing."""
+    runs = open_in_process()
+    if runs.backends or not os.environ.get("MLFLOW_RUN_ID"):
+        return runs
+    return OpenRuns(mlflow=(os.environ["MLFLOW_RUN_ID"], os.environ.get("MLFLOW_TRACKING_URI", VERL_MLFLOW_URI)))
 
-    if rank != 0:
-        return NullTracker(), True  # only rank 0 writes artifacts
-    if isinstance(opts.tracker, Tracker):
-        return opts.tracker, False
-    run_dir = opts.run_dir if opts.run_dir is not None else run_dir
-    if opts.tracker_auto:
-        joined = open_run_tracker(opts.tracker, run_dir)
-        if joined is None and os.environ.get("MLFLOW_RUN_ID"):
-            uri = os.environ.get("MLFLOW_TRACKING_URI", "sqlite:////tmp/mlruns.db")  # verl Tracking's default
-            joined = mlflow_run_tracker(os.environ["MLFLOW_RUN_ID"], uri, opts.tracker, run_dir)
-        if joined is not None:
-            return joined, True
-        warnings.warn("gradloc-track: no W&B/MLflow run is open in this process and MLFLOW_RUN_ID is not set: metrics "
-                      "go through verl's Tracking, spike artifacts are not uploaded (set MLFLOW_RUN_ID for verl's "
-                      "driver and workers, or gradloc.tracker=mlflow|wandb)", UserWarning, stacklevel=3)
-        return NullTracker(), True
-    from ...trackers import make_tracker
 
-    return make_tracker(opts.tracker, run_dir=opts.run_dir, run_name=opts.run_name), True
+def verl_door(opts: WatchOptions, rank: int) -> Door:
+    """The engine session's front door: ``step()`` called by the session, metrics held for verl's
+    output (``VerlMetrics``, every rank), artifacts from rank 0 into verl's run (``verl_runs``)."""
+    runs = verl_runs() if opts.tracker_auto and rank == 0 else None
+    if runs is not None and not runs.backends and opts.run_dir is None and getattr(opts.tracker, "kind", "") == "none":
+        warnings.warn(NO_RUN, UserWarning, stacklevel=3)
+    return Door("verl's engine session", hook_optimizer=False, runs=runs, logs=rank == 0, wrap_tracker=VerlMetrics)
