@@ -56,8 +56,10 @@ def write_model(path: str) -> str:
     return path
 
 
-def build_engine(model_dir: str, clip_grad: float = 1.0, lr: float = 1e-5):
-    """verl's ``FSDPEngineWithLMHead`` (FSDP2, fp32) on the CPU platform, initialized."""
+def build_engine(model_dir: str, clip_grad: float = 1.0, lr: float = 1e-5, packed: bool = False):
+    """verl's ``FSDPEngineWithLMHead`` (FSDP2, fp32) on the CPU platform, initialized. ``packed``:
+    ``use_remove_padding=True`` (one packed row per micro-batch; on CPU transformers keeps the
+    samples apart from the restarting position ids, where GPUs use flash-attention's varlen kernel)."""
     from gradloc_track.integrations.verl import use_cpu_platform
 
     use_cpu_platform()
@@ -65,7 +67,7 @@ def build_engine(model_dir: str, clip_grad: float = 1.0, lr: float = 1e-5):
     from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 
-    mc = HFModelConfig(path=model_dir, use_remove_padding=False, enable_gradient_checkpointing=False,
+    mc = HFModelConfig(path=model_dir, use_remove_padding=packed, enable_gradient_checkpointing=False,
                        override_config={"attn_implementation": "eager"})
     ec = FSDPEngineConfig(strategy="fsdp2", forward_only=False, use_torch_compile=False, use_dynamic_bsz=False,
                           micro_batch_size_per_gpu=2,
@@ -119,8 +121,9 @@ def _rollout(step: int, rank: int):
     return prompts, responses, pm, rm, scores, uid
 
 
-def make_batch(engine, step: int, rank: int, inject: Inject | None = None):
-    """The TensorDict verl's trainer hands ``update_actor`` (padding removed, as ``_update_actor`` does)."""
+def make_batch(engine, step: int, rank: int, inject: Inject | None = None, packed: bool = False):
+    """The TensorDict verl's trainer hands ``update_actor`` (padding removed, as ``_update_actor`` does);
+    ``packed``: the model called on one packed row per micro-batch (``use_remove_padding``)."""
     from verl import DataProto
     from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
     from verl.utils import tensordict_utils as tu
@@ -137,7 +140,7 @@ def make_batch(engine, step: int, rank: int, inject: Inject | None = None):
             "attention_mask": att, "position_ids": compute_position_id_with_mask(att), "response_mask": rm}
     dp = DataProto.from_single_dict(dict(base), meta_info={"temperature": 1.0})
     td = left_right_2_no_padding(dp.to_tensordict())
-    tu.assign_non_tensor(td, use_remove_padding=False, use_dynamic_bsz=False, micro_batch_size_per_gpu=2,
+    tu.assign_non_tensor(td, use_remove_padding=packed, use_dynamic_bsz=False, micro_batch_size_per_gpu=2,
                          calculate_entropy=True, use_fused_kernels=False)
     with torch.no_grad():
         out = engine.infer_batch(td)
@@ -151,7 +154,7 @@ def make_batch(engine, step: int, rank: int, inject: Inject | None = None):
     dp = DataProto.from_single_dict(batch, meta_info={"temperature": 1.0})
     dp.non_tensor_batch["uid"] = uid
     td = left_right_2_no_padding(dp.to_tensordict())
-    tu.assign_non_tensor(td, use_remove_padding=False, use_dynamic_bsz=False, micro_batch_size_per_gpu=2,
+    tu.assign_non_tensor(td, use_remove_padding=packed, use_dynamic_bsz=False, micro_batch_size_per_gpu=2,
                          calculate_entropy=True, use_fused_kernels=False, global_batch_size=B * _world())
     return td
 

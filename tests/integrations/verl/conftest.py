@@ -1,14 +1,14 @@
 """verl's tests run where the ``[verl]`` extra is installed (its own venv: docs/verl.md); elsewhere
-they skip with the line that installs it."""
+each module skips with the line that installs it (``requires``).
+
+One launch per world size (1, 2, 4), forked from this process (``launch``: verl imported once),
+each building ONE engine and running all its scenarios (``scenarios``); world 1 also runs the
+one-process checks (``unit_worker``). One MLflow store is made once and copied for each user."""
 from __future__ import annotations
 
-import importlib.util
+import shutil
 
 import pytest
-
-if importlib.util.find_spec("verl") is None:
-    pytest.skip("verl is not installed: pip install 'gradloc-track[verl]' (its own venv, see docs/verl.md)",
-                allow_module_level=True)
 
 
 @pytest.fixture(scope="session")
@@ -20,7 +20,25 @@ def verl_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def verl_runs(tmp_path_factory, verl_model):
+def mlflow_template(tmp_path_factory):
+    """An MLflow sqlite store with its tables made (the migrations take seconds): copy it, don't remake it."""
+    from mlflow.tracking import MlflowClient
+
+    path = tmp_path_factory.mktemp("mlflow_template") / "mlflow.db"
+    MlflowClient(f"sqlite:///{path}").search_experiments()
+    return path
+
+
+@pytest.fixture
+def mlflow_db(tmp_path, mlflow_template):
+    """A fresh MLflow store for one test: ``sqlite:///...`` URI."""
+    path = tmp_path / "mlflow.db"
+    shutil.copy(mlflow_template, path)
+    return f"sqlite:///{path}"
+
+
+@pytest.fixture(scope="session")
+def verl_runs(tmp_path_factory, verl_model, mlflow_template):
     """``get(world) -> (per-rank results, out dir)``: one launch per world size runs its scenarios."""
     import json
 
@@ -33,7 +51,9 @@ def verl_runs(tmp_path_factory, verl_model):
     def get(world: int):
         if world not in runs:
             out = tmp_path_factory.mktemp(f"verl_world{world}")
-            fork_ranks(worker.main, world, (str(out), json.dumps(scenarios(world)), verl_model), timeout=480)
+            shutil.copy(mlflow_template, out / "mlflow.db")
+            fork_ranks(worker.main, world, (str(out), json.dumps(scenarios(world)), verl_model,
+                                            str(out / "mlflow.db")), timeout=300)
             runs[world] = ([json.loads((out / f"rank{r}.json").read_text()) for r in range(world)], out)
         return runs[world]
 
@@ -41,13 +61,6 @@ def verl_runs(tmp_path_factory, verl_model):
 
 
 @pytest.fixture(scope="session")
-def verl_unit(tmp_path_factory, verl_model):
-    """The one-process checks of ``unit_worker`` (layout, probe loss, columns), run once."""
-    import json
-
-    from . import unit_worker
-    from .launch import fork_ranks
-
-    out = tmp_path_factory.mktemp("verl_unit")
-    fork_ranks(unit_worker.main, 1, (str(out), verl_model), timeout=300)
-    return json.loads((out / "unit.json").read_text())
+def verl_unit(verl_runs):
+    """The one-process checks of ``unit_worker`` (layout, probe loss, columns), run by the world-1 launch."""
+    return verl_runs(1)[0][0]["_unit"]

@@ -1,22 +1,34 @@
-"""``tests/dist/launch.fork_ranks`` with verl preloaded in the forkserver: each rank forks with verl's
-engine already imported (about 10 s of imports paid once, not once per rank)."""
+"""``tests/dist/launch``'s ranks, FORKED from this process with verl already imported here.
+
+``import verl`` costs 10-60 s on this machine (Ray, every engine it finds). A forkserver is a new
+interpreter that imports it again; forking this process (which imported it for the in-process
+tests anyway) pays it once for the whole run. Safe here: this process has started no thread and
+no process group when it forks (``preload`` runs first), and each rank ends in ``os._exit``.
+"""
 from __future__ import annotations
 
+import importlib
 import time
 
 from tests.dist.launch import _forked_main, free_port
 
-PRELOAD = ["torch", "torch.distributed", "gradloc_track.localizer", "tests.dist.launch", "verl",
-           "verl.workers.engine.fsdp.transformer_impl", "verl.workers.utils.losses", "gradloc_track.integrations.verl",
-           "tests.integrations.verl.worker"]
+PRELOAD = ["torch", "torch.distributed", "verl", "verl.workers.engine.fsdp.transformer_impl",
+           "verl.workers.utils.losses", "verl.utils.tracking", "verl.trainer.ppo.core_algos", "mlflow",
+           "gradloc_track.localizer", "gradloc_track.integrations.verl.session", "tests.integrations.verl.worker"]
+
+
+def preload() -> None:
+    for name in PRELOAD:
+        importlib.import_module(name)
 
 
 def fork_ranks(target, world: int, args: tuple, timeout: float = 300.0) -> None:
-    """Run ``target(rank, world, port, *args)`` on ``world`` ranks; raise if one fails or hangs past ``timeout``."""
+    """Run ``target(rank, world, port, *args)`` on ``world`` forked ranks; raise if one fails or
+    hangs past ``timeout``."""
     import multiprocessing as mp
 
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
+    preload()
+    ctx = mp.get_context("fork")
     port = free_port()
     procs = [ctx.Process(target=_forked_main, args=(target, r, world, port, args)) for r in range(world)]
     for p in procs:

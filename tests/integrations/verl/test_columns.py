@@ -1,6 +1,8 @@
 """``integrations/verl/columns.py``: the RL columns are verl's own tensors, at each term's position."""
 from __future__ import annotations
 
+from .requires import verl  # noqa: F401  (first: the module is skipped where verl is missing)
+
 import pytest
 
 

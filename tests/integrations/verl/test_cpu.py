@@ -1,6 +1,8 @@
 """``integrations/verl/cpu.py``: verl resolves its device to the CPU platform (gloo)."""
 from __future__ import annotations
 
+from .requires import verl  # noqa: F401  (first: the module is skipped where verl is missing)
+
 
 def test_verl_sees_the_cpu_platform():
     from verl.plugin.platform import platform_manager

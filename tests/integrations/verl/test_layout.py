@@ -1,6 +1,8 @@
 """``integrations/verl/layout.py``: the localizer's grid is verl's model call, checked against verl."""
 from __future__ import annotations
 
+from .requires import verl  # noqa: F401  (first: the module is skipped where verl is missing)
+
 import pytest
 
 
@@ -19,3 +21,9 @@ def test_the_grid_is_the_model_call(verl_unit):
     assert rows["shape"][0] == 2 and packed["shape"][0] == 1  # (B, L) padded rows | one packed row
     assert rows["logprob_at_term"]  # the padded call's log-probs, at the terms, are verl's sliced ones
     assert rows["docs"] is None and packed["docs"] == packed["rows"]  # packed: each sample a document
+
+
+def test_the_packed_call_is_the_padded_one(verl_unit):
+    """On CPU transformers keeps packed samples apart by their restarting position ids (GPUs: flash-
+    attention's varlen kernel): the packed scenarios train the same model call as the padded ones."""
+    assert verl_unit["packed_call"] < 1e-5

@@ -1,6 +1,8 @@
 """``integrations/verl/options.py``: the ``gradloc`` node -> validated options, the app's errors."""
 from __future__ import annotations
 
+from .requires import verl  # noqa: F401  (first: the module is skipped where verl is missing)
+
 from functools import partial
 from types import SimpleNamespace
 

@@ -1,13 +1,15 @@
 """``integrations/verl/plugin.py``: switched on from verl's own Hydra config, inert without the node."""
 from __future__ import annotations
 
+from .requires import verl  # noqa: F401  (first: the module is skipped where verl is missing)
+
 import warnings
 
 import pytest
 
 
 def test_verl_loads_the_plugin_on_import():
-    import verl  # noqa: F401  (loads the verl.plugins entry points)
+    assert verl.__version__  # imported (``requires``): verl loaded its verl.plugins entry points then
     from verl.workers.engine.base import BaseEngine
 
     from gradloc_track.integrations.verl.plugin import PATCHED

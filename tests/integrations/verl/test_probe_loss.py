@@ -3,6 +3,8 @@ over the kept terms under every ``loss_agg_mode`` (values and gradients), and th
 exactly verl's micro-batch loss."""
 from __future__ import annotations
 
+from .requires import verl  # noqa: F401  (first: the module is skipped where verl is missing)
+
 import pytest
 
 from .unit_worker import AGGS

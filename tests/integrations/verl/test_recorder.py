@@ -2,6 +2,8 @@
 per-token outputs of its training forward."""
 from __future__ import annotations
 
+from .requires import verl  # noqa: F401  (first: the module is skipped where verl is missing)
+
 
 def test_the_recorder_keeps_verls_micro_batches(verl_unit):
     r = verl_unit["additivity"]["token-mean"]

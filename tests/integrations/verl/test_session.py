@@ -1,22 +1,30 @@
 """verl's FSDP actor engine on 1, 2 and 4 gloo processes, a fixed rollout batch with one injected
-response: the session (``integrations/verl/session.py``) names it, identically on every rank, with
-RL columns equal to verl's own tensors, gradients restored bitwise, the probes reproducing the
-step's gradient, and one MLflow run (verl's ``Tracking``) holding verl's metrics and ours.
-One launch per world size (``conftest.verl_runs``); each is bounded (a hang fails)."""
+response: the session (``integrations/verl/session.py``) names it (rank, micro-batch, sample; a
+packed response as its document), identically on every rank, with RL columns equal to verl's own
+tensors, gradients restored bitwise, the probes reproducing the step's gradient, verl's normaliser
+on the step, and one MLflow run (verl's ``Tracking``) holding verl's metrics and ours.
+One launch per world size (``conftest.verl_runs``, scenarios in ``scenarios.py``); each is
+bounded (a hang fails)."""
 from __future__ import annotations
+
+from .requires import verl  # noqa: F401  (first: the module is skipped where verl is missing)
 
 import math
 
 import pytest
 
-from .engine_setup import R
+from .engine_setup import B, R
+
+STALE = [(2, "stale", 0), (2, "stale_seq-mean-token-sum", 1), (2, "stale_seq-mean-token-mean", 1), (4, "stale", 3)]
 
 
-def _samples(res: dict) -> dict:
-    """{(rank, micro_batch, sample): summed squared norm of its culprit tokens}."""
+def _named(ranks: list, name: str) -> dict:
+    """{(rank, micro_batch, response): share of the spike}: the responses the culprits name, each
+    mapped by the rank that holds it (its own layout), summed over their culprit rows."""
     out: dict = {}
-    for rank, mb, b, _pos, norm in res["tokens"]:
-        out[(rank, mb, b)] = out.get((rank, mb, b), 0.0) + norm ** 2
+    for r, res in enumerate(ranks):
+        for _level, k, response, share in res[name].get("mine", []):
+            out[(r, k, response)] = out.get((r, k, response), 0.0) + share
     return out
 
 
@@ -24,45 +32,54 @@ def _where(scn_rank: int, row: int) -> tuple[int, int, int]:
     return scn_rank, row // 2, row % 2  # 2 rows per micro-batch, no dynamic batch sizes
 
 
+def _top(ranks: list, name: str) -> tuple[int, int, int]:
+    named = _named(ranks, name)
+    assert named, ranks[0][name]
+    return max(named, key=named.get)
+
+
 @pytest.fixture(scope="module")
 def world2(verl_runs):
     return verl_runs(2)
 
 
-def test_every_rank_gets_the_same_answer_and_its_gradient_back(world2):
-    ranks, _ = world2
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_every_rank_gets_the_same_answer_and_its_gradient_back(verl_runs, world):
+    ranks, _ = verl_runs(world)
     for name, res in ranks[0].items():
         if name.startswith("_"):
             continue
+        assert res["localized"] and res["events"] > 0, (name, res)
         for r, other in enumerate(ranks):
-            assert other[name]["tokens"] == res["tokens"], (name, r)
+            assert other[name]["culprits"] == res["culprits"], (name, r)
             assert other[name]["probes"] == res["probes"], (name, r)
             assert other[name]["grads_equal"], (name, r)  # bitwise: the localizer left no trace
         assert res["step_check"][0] and res["step_check"][1] < 1e-5, (name, res["step_check"])
 
 
-@pytest.mark.parametrize("name", ["reward", "reward_seq-mean-token-sum", "reward_seq-mean-token-mean"])
-def test_a_reward_outlier_is_named_under_every_loss_aggregation(world2, name):
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_reward_outlier_is_named(verl_runs, world):
     """Dr.GRPO advantages (mean-centred, no std): the outlier's +30 also gives its 3 group mates -10
-    (they may be culprits too: verl's estimator moves them); the outlier carries the largest share,
-    every token of it found."""
-    ranks, _ = world2
+    (they may be culprits too: verl's estimator moves them); the outlier carries the largest share.
+    One process: FSDP2 on a 1-rank mesh (verl's single-GPU engine), DTensor gradients."""
+    ranks, _ = verl_runs(world)
+    where = _where(world - 1, 6)
+    assert _top(ranks, "reward") == where
+    if world == 2:  # named token by token: every token of it found
+        assert len([1 for r_, m, s, *_ in ranks[0]["reward"]["tokens"] if (r_, m, s) == where]) == R
+
+
+@pytest.mark.parametrize("world, name, rank", STALE)
+def test_stale_old_logprobs_name_the_response_token_by_token(verl_runs, world, name, rank):
+    """ratio ~e^2.2 on one response of 4 real tokens, advantage negative (the dual clip at 10 does
+    not bind), under each loss aggregation and on 4 processes: its 4 tokens, nothing else, with
+    the RL columns of verl's own tensors."""
+    ranks, _ = verl_runs(world)
     res = ranks[0][name]
-    assert res["localized"] and res["events"] > 0, res
-    rank, mb, b = _where(1, 4 if name != "reward" else 6)
-    shares = _samples(res)
-    assert max(shares, key=shares.get) == (rank, mb, b), shares
-    assert len([1 for r_, m, s, *_ in res["tokens"] if (r_, m, s) == (rank, mb, b)]) == R  # all its tokens
-
-
-def test_stale_old_logprobs_name_the_response_token_by_token(world2):
-    """ratio ~e^2.2 on one response of 4 real tokens, advantage negative (the dual clip at 10 does not bind)."""
-    ranks, _ = world2
-    res = ranks[0]["stale"]
-    rank, mb, b = _where(0, 1)
-    assert {(r_, m, s) for r_, m, s, *_ in res["tokens"]} == {(rank, mb, b)}
-    assert len(res["tokens"]) == 4  # every real token of that response, nothing else
-    rows = ranks[rank]["stale"]["rows"]  # the culprit rank's own view of its rows
+    where = _where(rank, 1)
+    assert {(r_, m, s) for r_, m, s, *_ in res["tokens"]} == {where}
+    assert len(res["tokens"]) == 4 and _top(ranks, name) == where
+    rows = ranks[rank][name]["rows"]  # the culprit rank's own view of its rows
     assert len(rows) == 4
     for row in rows:
         for k in ("advantage", "old_logprob", "ref_logprob"):
@@ -73,11 +90,37 @@ def test_stale_old_logprobs_name_the_response_token_by_token(world2):
         assert row["cols"]["advantage"] < 0
 
 
+@pytest.mark.parametrize("world, rank, row", [(1, 0, 5), (2, 1, 3)])
+def test_a_packed_response_is_named_as_its_document(verl_runs, world, rank, row):
+    """``use_remove_padding=True``: one packed row per micro-batch, each response a document of it
+    (``document_ids``, carried across ranks); the culprits sit in that one row, and name the
+    injected response through its document (a sample row's ``document``, a token's position)."""
+    ranks, _ = verl_runs(world)
+    res = ranks[0]["packed"]
+    assert res["documents"]
+    assert _top(ranks, "packed") == _where(rank, row)
+    rows = [c for c in res["culprits"] if c[0] != "micro_batch"]
+    assert rows and all(c[3] == 0 for c in rows)  # the one packed row of its micro-batch
+    samples = [c for c in rows if c[0] == "sample"]
+    assert all(c[4] is not None for c in samples)
+    if world == 1:  # named as a whole document: the injected one first
+        assert samples[0][2:5] == [row // 2, 0, row % 2]
+
+
+def test_the_step_carries_verls_normaliser(world2):
+    ranks, _ = world2
+    tokens = 2 * (B * R - 2)  # B rows of R tokens per rank, one response 2 shorter
+    assert ranks[0]["stale"]["normaliser"] == tokens  # token-mean: batch_num_tokens, global
+    assert ranks[0]["stale_seq-mean-token-sum"]["normaliser"] == 2 * B  # global_batch_size
+    assert ranks[0]["stale_seq-mean-token-mean"]["normaliser"] is None  # per-row means: no one number
+
+
 def test_the_spike_block_names_the_response(world2):
     ranks, _ = world2
     block = ranks[0]["stale"]["block"]
     assert "── spike at step" in block and "response" in block
     assert "rank 0, micro-batch 0, sample 1" in block, block
+    assert "MLflow run" in block and ranks[0]["_run_id"] in block  # its link: the run verl's Tracking opened
 
 
 def test_one_mlflow_run_holds_verls_metrics_and_ours(world2):
@@ -94,20 +137,3 @@ def test_one_mlflow_run_holds_verls_metrics_and_ours(world2):
     assert len(runs) == 1  # no second run
     arts = [a.path for a in client.list_artifacts(run.info.run_id, "spikes")]
     assert any("tokens" in a for a in arts) and any("highlight" in a for a in arts), arts
-
-
-def test_four_processes(verl_runs):
-    ranks, _ = verl_runs(4)
-    res = ranks[0]["reward"]
-    assert res["localized"], res
-    shares = _samples(res)
-    assert max(shares, key=shares.get) == _where(3, 6)
-    for other in ranks[1:]:
-        assert other["reward"]["tokens"] == res["tokens"] and other["reward"]["grads_equal"]
-
-
-@pytest.mark.xfail(strict=True, reason="localizer: one process with FSDP2 (verl's single-GPU engine) gives DTensor "
-                   "gradients the single-process path does not take (step_check, grouping); request in the report")
-def test_one_process(verl_runs):
-    ranks, _ = verl_runs(1)
-    assert ranks[0]["reward"]["localized"], ranks[0]["reward"]["not_localized"]

@@ -1,16 +1,14 @@
-"""One process (world 1, gloo) checking the adapter's parts on verl's real engine and batch, each
-against an independent reference: the layout against verl's own ``no_padding_2_padding`` and the
-ids, the probe loss against verl's own ``forward_step`` and additivity (values and gradients) under
-every ``loss_agg_mode``, the recorder against verl's micro-batch split, the RL columns against the
-batch's tensors. Results go to JSON for the tests (``test_layout.py`` etc.)."""
+"""The one-process checks of the adapter's parts on verl's real engine and batch, each against an
+independent reference: the layout against verl's own ``no_padding_2_padding`` and the ids (padded
+and packed), the packed model call against the padded one, the probe loss against verl's own
+``forward_step`` and additivity (values and gradients) under every ``loss_agg_mode``, the
+recorder against verl's micro-batch split, the RL columns against the batch's tensors. Run by
+the world-1 launch (``worker.main``) on its engine; the tests (``test_layout.py`` etc.) read the JSON."""
 from __future__ import annotations
 
-import json
 import math
-import os
 
 import torch
-import torch.distributed as dist
 
 from . import engine_setup as S
 
@@ -137,22 +135,33 @@ def route(engine, td) -> dict:
     return res
 
 
-def main(rank: int, world: int, port: str, out_dir: str, model_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    try:
-        engine = S.build_engine(model_dir)
-        td = S.make_batch(engine, 7, 0, S.Inject("reward", 0, 6))
-        from gradloc_track.integrations.verl.columns import INDEX_KEY, group_index, uids
+def packed_call(engine, td) -> float:
+    """The packed model call (``use_remove_padding=True``: one row, position ids restarting per
+    sample) against the padded one: the largest log-prob difference over the responses. On CPU
+    transformers builds the block-diagonal mask from the position ids (flash-attention's varlen
+    kernel on GPUs), so the packed scenarios train the same model call."""
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.padding import no_padding_2_padding
 
-        td[INDEX_KEY] = group_index(uids(td))  # what the session adds before verl's split
-        rec, _ = _record(engine, td, S.ppo_loss_fn(S.actor_config()))
-        res = {"route": route(engine, td),
-               "layout": {str(p): layout_checks(rec.batches[0], p) for p in (False, True)},
-               "additivity": {agg: additivity(engine, td, agg) for agg in AGGS},
-               "columns": columns(engine, td)}
-        with open(os.path.join(out_dir, "unit.json"), "w") as f:
-            json.dump(res, f)
-    finally:
-        dist.destroy_process_group()
+    out = {}
+    for packed in (False, True):
+        data = td.clone()
+        tu.assign_non_tensor(data, use_remove_padding=packed)
+        with torch.no_grad():
+            lp = engine.infer_batch(data)["model_output"]["log_probs"]
+        out[packed] = no_padding_2_padding(lp, data) * data["response_mask"]
+    return float((out[True] - out[False]).abs().max())
+
+
+def unit_checks(engine) -> dict:
+    """Every one-process check, on the launch's engine (world 1)."""
+    from gradloc_track.integrations.verl.columns import INDEX_KEY, group_index, uids
+
+    td = S.make_batch(engine, 7, 0, S.Inject("reward", 0, 6))
+    td[INDEX_KEY] = group_index(uids(td))  # what the session adds before verl's split
+    rec, _ = _record(engine, td, S.ppo_loss_fn(S.actor_config()))
+    return {"route": route(engine, td),
+            "layout": {str(p): layout_checks(rec.batches[0], p) for p in (False, True)},
+            "packed_call": packed_call(engine, td),
+            "additivity": {agg: additivity(engine, td, agg) for agg in AGGS},
+            "columns": columns(engine, td)}

@@ -1,17 +1,20 @@
-"""One rank of the verl tests: the engine, a session per scenario, verl's metric path, JSON out.
+"""One rank of the verl tests: ONE engine per launch, every scenario of its world size, JSON out.
 
-Each scenario trains ``warmup + 1`` steps through ``engine.train_batch`` (the session's), the last
-with one injected response; the worker records what the tests check: the culprits (identical on
-every rank?), the RL columns at the culprit against verl's own tensors, the gradients before and
-after the monitor (bitwise), the probes and seconds, and on rank 0 the metrics verl's path logs
-through ``verl.utils.tracking.Tracking`` (one MLflow run) and the spike block printed. The engine,
-the batches and verl's metric path are the example's (``engine_setup``).
+A scenario attaches a session to the engine and trains ``warmup + 1`` steps through
+``engine.train_batch`` (the session's), the last with one injected response; the worker records
+what the tests check: the culprits (identical on every rank?), the responses they name on this
+rank (``mine``: mapped through this rank's own layout), the RL columns at the culprit against
+verl's own tensors, the gradients before and after the monitor (bitwise), the probes and seconds,
+and on rank 0 the metrics verl's path logs through ``verl.utils.tracking.Tracking`` (one MLflow
+run) and the spike block printed. World 1 also runs ``unit_worker``'s checks on the same engine.
+The engine, the batches and verl's metric path are the example's (``engine_setup``).
 """
 from __future__ import annotations
 
 import io
 import json
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -28,21 +31,33 @@ def _grads(engine) -> list[torch.Tensor]:
     return out
 
 
-def _culprit_rows(res, captured, batches, rank) -> list:
+def _mine(res, batches, rank: int) -> list:
+    """This rank's culprits as the responses they name: [level, micro_batch, response, share]."""
+    out = []
+    for c in res.culprits:
+        if c.rank not in (None, rank) or c.batch is None:
+            continue
+        k = c.micro_batch or 0
+        mb = batches[k]
+        if c.level == "token":
+            response = mb.response_token(c.batch, c.position)[0]
+        else:
+            response = c.document if mb.geo.packed else c.batch
+        out.append([c.level, k, response, c.share])
+    return out
+
+
+def _culprit_rows(res, ctx, batches, rank) -> list:
     """For each culprit token on this rank: its RL columns and verl's tensors at that place."""
     out = []
-    ctx = captured.get("ctx")
-    if ctx is None:
-        return out
     for c in res.tokens:
         if c.rank not in (None, rank):
             continue
         k = c.micro_batch or 0
         mb = batches[k]
-        row, pos = mb.response_token(c.batch, c.position)
+        row, j = mb.response_token(c.batch, c.position)
         col = {n: float((v[k] if isinstance(v, (list, tuple)) else v)[c.batch, c.position])
                for n, v in ctx.extra_columns.items()}
-        j = pos
         ref = {n: float(mb.data[key][row, j]) for n, key in
                (("advantage", "advantages"), ("old_logprob", "old_log_probs"), ("ref_logprob", "ref_log_prob"))}
         out.append({"mb": k, "row": row, "j": j, "cols": col, "verl": ref,
@@ -50,40 +65,55 @@ def _culprit_rows(res, captured, batches, rank) -> list:
     return out
 
 
-def run_scenario(engine, scn: dict, rank: int, out_dir: str, tracking) -> dict:
-    import gradloc_track.integrations.verl.session as session_mod
+class Spy:
+    """The session's step context and gradients around its monitor, for the checks."""
+
+    def __init__(self, sess, engine) -> None:
+        import gradloc_track.integrations.verl.session as session_mod
+
+        self.mod, self.real_ctx, self.engine = session_mod, session_mod.spike_context, engine
+        self.captured: dict = {}
+        self.grads: dict = {}
+        real_step = sess.handle.step
+
+        def step(*a, **k):
+            self.grads["before"] = _grads(engine)
+            stats = real_step(*a, **k)
+            self.grads["after"] = _grads(engine)
+            return stats
+
+        sess.handle.step = step
+        session_mod.spike_context = self.capturing
+
+    def capturing(self, *a, **k):
+        self.captured["batches"] = a[1]
+        self.captured["ctx"] = self.real_ctx(*a, **k)
+        return self.captured["ctx"]
+
+    def close(self) -> None:
+        self.mod.spike_context = self.real_ctx
+
+
+def _options(scn: dict) -> dict:
+    """Adaptive detection after ``warmup`` clean steps; with none, GradLoc's fixed trigger set to fire."""
+    warmup = scn.get("warmup", 0)
+    spikes = {"warmup_steps": warmup} if warmup else {"mode": "fixed", "per_token_threshold": 1e-6}
+    return {"spikes": spikes, "tracker": "auto", "locate": {"budget": 64}}
+
+
+def run_scenario(engine, scn: dict, rank: int, tracking) -> dict:
     from gradloc_track.integrations.verl import attach
 
-    sess = attach(engine, {"spikes": {"warmup_steps": scn.get("warmup", 2)}, "tracker": "auto",
-                           "locate": {"budget": 64}})
+    sess = attach(engine, _options(scn))
     sess.stream = io.StringIO()
-    captured: dict = {}
-    real_ctx = session_mod.spike_context
-
-    def capturing(*a, **k):
-        captured["batches"] = a[1]
-        captured["ctx"] = real_ctx(*a, **k)
-        return captured["ctx"]
-
-    session_mod.spike_context = capturing
-    real_step = sess.handle.step
-    grads: dict = {}
-
-    def step(*a, **k):
-        grads["before"] = _grads(engine)
-        stats = real_step(*a, **k)
-        grads["after"] = _grads(engine)
-        return stats
-
-    sess.handle.step = step
+    spy = Spy(sess, engine)
     loss_fn = S.ppo_loss_fn(S.actor_config(scn["agg"]))
-    world = dist.get_world_size()
-    inject_at = scn.get("warmup", 2) + 1
+    world, inject_at = dist.get_world_size(), scn.get("warmup", 0)
     logged = []
     try:
         for t in range(inject_at + 1):
             inj = S.Inject(scn["kind"], scn["rank"] % world, scn["row"]) if t == inject_at else None
-            td = S.make_batch(engine, 100 * scn["seed"] + t, rank, inj)
+            td = S.make_batch(engine, 100 * scn["seed"] + t, rank, inj, packed=scn.get("packed", False))
             with engine.train_mode():
                 outputs = engine.train_batch(td, loss_function=loss_fn)
             metrics = S.step_metrics(outputs)  # verl's worker + trainer path
@@ -91,46 +121,60 @@ def run_scenario(engine, scn: dict, rank: int, out_dir: str, tracking) -> dict:
                 tracking.log(data=metrics, step=scn["step0"] + t)
             logged.append(sorted(metrics))
     finally:
-        session_mod.spike_context = real_ctx
+        spy.close()
         sess.finish()
-    st = sess.last
+    st, ctx, batches = sess.last, spy.captured.get("ctx"), spy.captured.get("batches")
     res = st.locate
-    same = all(torch.equal(a, b) for a, b in zip(grads["before"], grads["after"]) if a is not None)
+    same = all(torch.equal(a, b) for a, b in zip(spy.grads["before"], spy.grads["after"]) if a is not None)
     out = {"events": len(st.events), "localized": res is not None, "not_localized": st.not_localized,
-           "grads_equal": same, "metric_keys": logged[-1], "block": sess.stream.getvalue()}
+           "grads_equal": same, "metric_keys": logged[-1], "block": sess.stream.getvalue(),
+           "documents": ctx is not None and ctx.document_ids is not None,
+           "normaliser": None if ctx is None else ctx.normaliser}
     if res is not None:
         out.update(tokens=[[c.rank, c.micro_batch, c.batch, c.position, c.grad_norm] for c in res.tokens],
-                   culprits=[[c.level, c.rank, c.micro_batch, c.batch, c.start, c.end] for c in res.culprits],
-                   probes=res.probes, seconds=res.wall_time_s,
+                   culprits=[[c.level, c.rank, c.micro_batch, c.batch, c.document, c.start, c.end]
+                             for c in res.culprits],
+                   mine=_mine(res, batches, rank), probes=res.probes, seconds=res.wall_time_s,
                    step_check=None if res.step_check is None else
                    [res.step_check.replayed, res.step_check.residual, res.step_check.norm_ratio],
-                   rows=_culprit_rows(res, captured, captured.get("batches"), rank))
+                   rows=_culprit_rows(res, ctx, batches, rank))
     return out
 
 
-def main(rank: int, world: int, port: str, out_dir: str, scenarios: str, model_dir: str) -> None:
+def _tracking(world: int):
+    from verl.utils.tracking import Tracking
+
+    return Tracking(project_name="gradloc-verl-test", experiment_name=f"world{world}", default_backend=["mlflow"])
+
+
+def main(rank: int, world: int, port: str, out_dir: str, scenarios: str, model_dir: str, mlflow_db: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank), WANDB_MODE="offline",
-                      MLFLOW_TRACKING_URI=f"sqlite:///{out_dir}/mlflow.db")
+                      LOCAL_RANK=str(rank), WANDB_MODE="offline", MLFLOW_TRACKING_URI=f"sqlite:///{mlflow_db}")
+    os.environ.pop("MLFLOW_RUN_ID", None)
     torch.set_num_threads(1)  # one thread per rank: the ranks share 2 cores
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
+        t0 = time.perf_counter()
         engine = S.build_engine(model_dir)
-        tracking = None
-        if rank == 0:
-            from verl.utils.tracking import Tracking
+        results: dict = {"_timing": {"build": time.perf_counter() - t0}}
+        if world == 1:
+            from .unit_worker import unit_checks
 
-            tracking = Tracking(project_name="gradloc-verl-test", experiment_name=f"world{world}",
-                                default_backend=["mlflow"])
-        results = {}
+            t = time.perf_counter()
+            results["_unit"] = unit_checks(engine)
+            results["_timing"]["unit"] = time.perf_counter() - t
         for i, scn in enumerate(json.loads(scenarios)):
             scn["step0"] = 10 * i
-            results[scn["name"]] = run_scenario(engine, scn, rank, out_dir, tracking)
-        if tracking is not None:
-            import mlflow
+            t = time.perf_counter()
+            tracking = _tracking(world) if rank == 0 and scn.get("tracking") else None  # verl's run, for this one
+            results[scn["name"]] = run_scenario(engine, scn, rank, tracking)
+            if tracking is not None:
+                import mlflow
 
-            results["_run_id"] = mlflow.active_run().info.run_id
-            tracking.finish()
+                results["_run_id"] = mlflow.active_run().info.run_id
+                tracking.finish()
+            results["_timing"][scn["name"]] = time.perf_counter() - t
+        results["_timing"]["cpu"] = time.process_time()  # this rank's CPU seconds since the fork
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(results, f)
     finally:
