@@ -10,13 +10,16 @@ Qwen2: no Ray and no rollout server, as verl's own engine tests do. Each step a 
 turned into Dr.GRPO advantages by verl's own ``compute_grpo_outcome_advantage``, ``old_log_probs``
 by the engine's ``infer_batch``, and trained by ``engine.train_batch`` with verl's ``ppo_loss``
 bound to the actor config composed from verl's ``ppo_trainer.yaml`` plus
-``+actor_rollout_ref.actor.gradloc.spikes.warmup_steps=3``: the node our ``verl.plugins`` entry
-point lets verl's config carry, and the only gradloc-track line. At ``--inject-at`` ONE response
-(on the last rank) gets a reward outlier (``--inject reward``) or old log-probs stale by 2.2 nats
-with a negative advantage (``--inject stale``, ratio ~9, under the dual clip of 10). Rank 0 logs
-verl's metrics through ``verl.utils.tracking.Tracking`` into ONE MLflow run (``MLFLOW_TRACKING_URI``,
-default ./mlflow.db); ours ride in it (``actor/grad_norm/*``, ``actor/spike/*``), the culprit table
-and highlight page land in its artifacts, and the spike block naming the response is printed.
+``+actor_rollout_ref.actor.gradloc.spikes.warmup_steps=3`` and
+``...gradloc.run_dir=runs/verl_grpo``: the node our ``verl.plugins`` entry point lets verl's config
+carry, and the only gradloc-track lines. At ``--inject-at`` ONE response (on the last rank) gets a
+reward outlier (``--inject reward``) or old log-probs stale by 2.2 nats with a negative advantage
+(``--inject stale``, ratio ~9, under the dual clip of 10). Rank 0 logs verl's metrics through
+``verl.utils.tracking.Tracking`` into ONE MLflow run (``MLFLOW_TRACKING_URI``, default
+./mlflow.db); ours ride in it (``actor/grad_norm/*``, ``actor/spike/*``), the culprit table and
+highlight page land in its artifacts, and the spike block naming the response is printed with the
+run's link. The run dir records that run: ``gradloc-track report runs/verl_grpo`` and
+``gradloc-track culprits runs/verl_grpo`` follow it.
 The tests (tests/integrations/verl) build the same engine and batches from this file.
 """
 from __future__ import annotations
@@ -194,7 +197,8 @@ def run_rank(rank: int, world: int, port: str, args: argparse.Namespace) -> None
     try:
         engine = build_engine(write_model(args.model_dir))
         config = hydra_actor_config([f"actor_rollout_ref.actor.loss_agg_mode={args.loss_agg_mode}",
-                                     "+actor_rollout_ref.actor.gradloc.spikes.warmup_steps=3"])
+                                     "+actor_rollout_ref.actor.gradloc.spikes.warmup_steps=3",
+                                     f"+actor_rollout_ref.actor.gradloc.run_dir={args.run_dir}"])
         loss_fn = ppo_loss_fn(config)  # verl's worker binds its loss exactly so
         tracking = None
         if rank == 0:
@@ -211,18 +215,21 @@ def run_rank(rank: int, world: int, port: str, args: argparse.Namespace) -> None
             if tracking is not None:
                 tracking.log(data=metrics, step=step)
                 print(f"step {step}: actor/grad_norm {metrics['actor/grad_norm']:.3g}", flush=True)
+        session = engine.__dict__.get("_gradloc_session")
+        if session:
+            session.finish()  # every hook off; verl's run stays open for its Tracking to end
         if tracking is not None:
-            import mlflow
-
-            run = mlflow.active_run().info
-            session = engine.__dict__.get("_gradloc_session")
-            if session:
-                session.finish()
             tracking.finish()
-            print(f"MLflow run {run.run_id} in {os.environ['MLFLOW_TRACKING_URI']}\n"
-                  f"  mlflow ui --backend-store-uri {os.environ['MLFLOW_TRACKING_URI']}", flush=True)
+            _say_where(args.run_dir)
     finally:
         dist.destroy_process_group()
+
+
+def _say_where(run_dir: str) -> None:
+    from gradloc_track.console import view_commands
+
+    print("\n".join([f"run dir {run_dir} (the MLflow run it joined is recorded there):", *view_commands(Path(run_dir)),
+                     f"  gradloc-track culprits {run_dir}    # the culprit table, across runs"]), flush=True)
 
 
 def step_metrics(outputs: dict) -> dict:
@@ -266,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--loss-agg-mode", default="token-mean",
                    choices=["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
     p.add_argument("--model-dir", default=str(Path("runs") / "verl_tiny_qwen2"))
+    p.add_argument("--run-dir", default=str(Path("runs") / "verl_grpo"),
+                   help="gradloc.run_dir: where rank 0 records verl's run (for gradloc-track report / culprits)")
     args = p.parse_args(argv)
     uri = os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{Path('mlflow.db').resolve()}")
     os.environ.setdefault("WANDB_MODE", "offline")

@@ -136,3 +136,33 @@ def test_every_front_door_builds_the_one_handle_joins_the_run_and_leaves_no_hook
     assert hooks(model, optimizer) == (0, 0, 0, 0)  # the pre-hook, the skip guard, the capture: all off
     said = capsys.readouterr().err
     assert "joined MLflow run" in said and run_id in said  # the run's link, said once it is joined
+
+
+def test_a_door_can_wrap_the_runs_tracker_before_the_monitor_is_built():
+    """``Door.wrap_tracker`` (verl's door holds the monitor's metrics for verl's own logger): the
+    monitor logs through the wrapper, and closing the handle finishes the run through it."""
+    from gradloc_track.integrations.handle import Door, open_handle
+    from gradloc_track.integrations.options import resolve_options
+    from gradloc_track.trackers.interface import Tracker
+    from gradloc_track.trackers.memory_tracker import MemoryTracker
+
+    class Held(Tracker):
+        def __init__(self, wrapped):
+            self.wrapped, self.metrics = wrapped, {}
+
+        def log_metrics(self, metrics, step):
+            self.metrics.update(metrics)
+
+        def finish(self, status="success", timeout_s=None):
+            self.wrapped.finish(status, timeout_s)
+
+    model = torch.nn.Linear(4, 4)
+    opts = resolve_options(tracker="memory", spikes=False)  # a run of ours: close() finishes it
+    handle = open_handle(model, None, opts, Door("test", hook_optimizer=False, wrap_tracker=Held))
+    model(torch.randn(2, 4)).square().sum().backward()
+    handle.step()
+    inner = handle.tracker.wrapped
+    assert isinstance(handle.tracker, Held) and isinstance(inner, MemoryTracker)
+    assert "grad_norm/global" in handle.tracker.metrics and not inner.keys()  # held by the wrapper
+    handle.close()
+    assert inner.finished == "success"

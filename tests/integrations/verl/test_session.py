@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from .requires import verl  # noqa: F401  (first: the module is skipped where verl is missing)
 
+import html
+import json
 import math
 
 import pytest
@@ -137,3 +139,21 @@ def test_one_mlflow_run_holds_verls_metrics_and_ours(world2):
     assert len(runs) == 1  # no second run
     arts = [a.path for a in client.list_artifacts(run.info.run_id, "spikes")]
     assert any("tokens" in a for a in arts) and any("highlight" in a for a in arts), arts
+
+
+def test_the_run_dir_leads_report_and_culprits_to_verls_run(world2, tmp_path):
+    """The joined run is recorded like every front door's (``trackers.join``): ``gradloc-track report``
+    and ``culprits`` follow ``gradloc.run_dir`` to verl's MLflow run and its spike."""
+    from gradloc_track.cli import main
+
+    ranks, out = world2
+    record = json.loads((out / "run" / "tracker" / "mlflow.json").read_text())
+    assert record["spec"]["joined"] is True and record["view"]["run_id"] == ranks[0]["_run_id"]
+    assert main(["report", str(out / "run"), "-o", str(tmp_path / "report.html")]) == 0
+    assert main(["culprits", str(out / "run"), "-o", str(tmp_path / "ledger")]) == 0
+    (sample,) = json.loads((tmp_path / "ledger" / "culprits.json").read_text())["samples"]
+    stale = ranks[0]["stale"]["rows"][0]  # rank 0 holds it: its group (verl's uid) and place
+    assert (sample["group"], sample["index"], sample["rank_sample"]) == (stale["uid"], 1, 1)
+    assert sample["max_share"] > .5
+    page = (tmp_path / "report.html").read_text()  # the culprit table: its group and each of its tokens
+    assert stale["uid"] in page and all(f"<td class='tok'>{html.escape(c)}</td>" in page for c in sample["text"])

@@ -94,17 +94,19 @@ class Spy:
         self.mod.spike_context = self.real_ctx
 
 
-def _options(scn: dict) -> dict:
-    """Adaptive detection after ``warmup`` clean steps; with none, GradLoc's fixed trigger set to fire."""
+def _options(scn: dict, out_dir: str) -> dict:
+    """Adaptive detection after ``warmup`` clean steps; with none, GradLoc's fixed trigger set to fire.
+    A tracked scenario records verl's run in ``OUT/run`` (``gradloc.run_dir``), for report/culprits."""
     warmup = scn.get("warmup", 0)
     spikes = {"warmup_steps": warmup} if warmup else {"mode": "fixed", "per_token_threshold": 1e-6}
-    return {"spikes": spikes, "tracker": "auto", "locate": {"budget": 64}}
+    run_dir = os.path.join(out_dir, "run") if scn.get("tracking") else None
+    return {"spikes": spikes, "tracker": "auto", "locate": {"budget": 64}, "run_dir": run_dir}
 
 
-def run_scenario(engine, scn: dict, rank: int, tracking) -> dict:
+def run_scenario(engine, scn: dict, rank: int, tracking, out_dir: str) -> dict:
     from gradloc_track.integrations.verl import attach
 
-    sess = attach(engine, _options(scn))
+    sess = attach(engine, _options(scn, out_dir))
     sess.stream = io.StringIO()
     spy = Spy(sess, engine)
     loss_fn = S.ppo_loss_fn(S.actor_config(scn["agg"]))
@@ -167,7 +169,7 @@ def main(rank: int, world: int, port: str, out_dir: str, scenarios: str, model_d
             scn["step0"] = 10 * i
             t = time.perf_counter()
             tracking = _tracking(world) if rank == 0 and scn.get("tracking") else None  # verl's run, for this one
-            results[scn["name"]] = run_scenario(engine, scn, rank, tracking)
+            results[scn["name"]] = run_scenario(engine, scn, rank, tracking, out_dir)
             if tracking is not None:
                 import mlflow
 
