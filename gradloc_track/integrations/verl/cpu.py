@@ -4,8 +4,10 @@ verl 0.9 resolves its device through ``verl.plugin.platform``: CUDA, NPU and ROC
 and a machine without an accelerator falls back to ``nvidia``, where ``init_device_mesh("cuda")``
 fails. ``use_cpu_platform()`` registers ``cpu`` and makes it current: device ``"cpu"``,
 collectives on gloo, no-op memory statistics. verl's own model code is unchanged; on CPU use
-``attn_implementation="eager"`` (or ``sdpa``) and ``use_remove_padding=False`` (flash-attention's
-packed sequences do not exist there) and ``use_torch_compile=False``.
+``attn_implementation="eager"`` (or ``sdpa``) and ``use_torch_compile=False``. Packed micro-batches
+(``use_remove_padding=True``) run too: without flash-attention's varlen kernel, transformers (5.x)
+keeps the samples of the packed row apart by their restarting position ids (checked against the
+padded call in the tests).
 """
 from __future__ import annotations
 

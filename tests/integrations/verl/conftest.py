@@ -2,13 +2,16 @@
 each module skips with the line that installs it (``requires``).
 
 One launch per world size (1, 2, 4), forked from this process (``launch``: verl imported once),
-each building ONE engine and running all its scenarios (``scenarios``); world 1 also runs the
-one-process checks (``unit_worker``). One MLflow store is made once and copied for each user."""
+all three side by side, each building ONE engine and running all its scenarios (``scenarios``);
+world 1 also runs the one-process checks (``unit_worker``). One MLflow store is made once and
+copied for each user."""
 from __future__ import annotations
 
 import shutil
 
 import pytest
+
+WORLDS = (4, 2, 1)  # the launches, largest first: they run side by side
 
 
 @pytest.fixture(scope="session")
@@ -39,25 +42,36 @@ def mlflow_db(tmp_path, mlflow_template):
 
 @pytest.fixture(scope="session")
 def verl_runs(tmp_path_factory, verl_model, mlflow_template):
-    """``get(world) -> (per-rank results, out dir)``: one launch per world size runs its scenarios."""
+    """``get(world) -> (per-rank results, out dir)``: the first call starts the launches of every
+    world size side by side (one each: 7 ranks), each call waits for its own."""
     import json
 
     from . import worker
-    from .launch import fork_ranks
+    from .launch import Ranks
     from .scenarios import scenarios
 
+    started: dict = {}
     runs: dict = {}
 
-    def get(world: int):
-        if world not in runs:
+    def start() -> None:
+        for world in WORLDS:
             out = tmp_path_factory.mktemp(f"verl_world{world}")
             shutil.copy(mlflow_template, out / "mlflow.db")
-            fork_ranks(worker.main, world, (str(out), json.dumps(scenarios(world)), verl_model,
-                                            str(out / "mlflow.db")), timeout=300)
+            args = (str(out), json.dumps(scenarios(world)), verl_model, str(out / "mlflow.db"))
+            started[world] = (Ranks(worker.main, world, args, timeout=420), out)
+
+    def get(world: int):
+        if not started:
+            start()
+        if world not in runs:
+            ranks, out = started[world]
+            ranks.wait()
             runs[world] = ([json.loads((out / f"rank{r}.json").read_text()) for r in range(world)], out)
         return runs[world]
 
-    return get
+    yield get
+    for ranks, _ in started.values():
+        ranks.kill()  # a run that stopped early leaves no rank behind
 
 
 @pytest.fixture(scope="session")

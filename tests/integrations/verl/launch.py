@@ -4,6 +4,7 @@
 interpreter that imports it again; forking this process (which imported it for the in-process
 tests anyway) pays it once for the whole run. Safe here: this process has started no thread and
 no process group when it forks (``preload`` runs first), and each rank ends in ``os._exit``.
+``Ranks`` starts a launch and returns at once, so the world sizes run side by side.
 """
 from __future__ import annotations
 
@@ -22,26 +23,36 @@ def preload() -> None:
         importlib.import_module(name)
 
 
-def fork_ranks(target, world: int, args: tuple, timeout: float = 300.0) -> None:
-    """Run ``target(rank, world, port, *args)`` on ``world`` forked ranks; raise if one fails or
-    hangs past ``timeout``."""
-    import multiprocessing as mp
+class Ranks:
+    """``target(rank, world, port, *args)`` on ``world`` forked ranks, started now; ``wait`` raises
+    if one fails or is still running ``timeout`` seconds after the start (a hang: killed)."""
 
-    preload()
-    ctx = mp.get_context("fork")
-    port = free_port()
-    procs = [ctx.Process(target=_forked_main, args=(target, r, world, port, args)) for r in range(world)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + timeout
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-    hung = [r for r, p in enumerate(procs) if p.is_alive()]
-    for r in hung:
-        procs[r].kill()  # our own children, by handle
-        procs[r].join()
-    if hung:
-        raise AssertionError(f"ranks {hung} did not finish within {timeout} s (deadlock?)")
-    bad = {r: p.exitcode for r, p in enumerate(procs) if p.exitcode != 0}
-    if bad:
-        raise AssertionError(f"ranks failed with exit codes {bad} (their tracebacks are in the captured stderr)")
+    def __init__(self, target, world: int, args: tuple, timeout: float = 300.0) -> None:
+        import multiprocessing as mp
+
+        preload()
+        ctx = mp.get_context("fork")
+        port = free_port()
+        self.deadline = time.monotonic() + timeout
+        self.timeout = timeout
+        self.procs = [ctx.Process(target=_forked_main, args=(target, r, world, port, args)) for r in range(world)]
+        for p in self.procs:
+            p.start()
+
+    def wait(self) -> None:
+        for p in self.procs:
+            p.join(max(0.0, self.deadline - time.monotonic()))
+        hung = [r for r, p in enumerate(self.procs) if p.is_alive()]
+        self.kill()
+        if hung:
+            raise AssertionError(f"ranks {hung} did not finish within {self.timeout} s (deadlock?)")
+        bad = {r: p.exitcode for r, p in enumerate(self.procs) if p.exitcode != 0}
+        if bad:
+            raise AssertionError(f"ranks failed with exit codes {bad} (their tracebacks are in the captured stderr)")
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()  # our own children, by handle
+                p.join()
+
