@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .artifacts.highlight import token_html
+from .text import token_html
 from .artifacts.table_store import merge_tables, table_parts
 from .trackers.bounded import CallTimeout, bounded_call
 from .trackers.mlflow_links import mlflow_run_url

@@ -128,6 +128,7 @@ def test_cli_report_writes_one_page(spike, tmp_path):
     events, result, ctx = spike
     tracker = make_tracker(TrackerConfig(kind="none"), run_dir=tmp_path / "run")
     SpikeArtifactWriter(tracker, tmp_path / "run").write(7, events, result, ctx)
+    tracker.finish()  # the page is rendered off the training thread: done once the run is finished
     out = tmp_path / "report.html"
     subprocess.run([sys.executable, "-m", "gradloc_track.cli", "report", str(tmp_path / "run"), "-o", str(out)],
                    check=True, capture_output=True, text=True)
