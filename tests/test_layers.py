@@ -23,8 +23,8 @@ FLOORS: dict[str, int] = {
     "clip": 2, "spikes": 2, "trackers": 2, "adamc": 2,
     # 3: the localizer (reads a SpikeContext)
     "localizer": 3,
-    # 4: what a spike leaves behind
-    "artifacts": 4,
+    # 4: what a spike leaves behind; what a run dir is
+    "artifacts": 4, "run_dirs": 4,
     # 5: the monitor that runs them all; readers of what they wrote; the console
     "monitor": 5, "data": 5, "report": 5, "console": 5,
     # 6: the front doors and the ledger across runs
