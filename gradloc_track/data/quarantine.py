@@ -83,10 +83,9 @@ def logging_quarantine(tracker: Any = None) -> Quarantine:
     q = Quarantine()
 
     def on_skip(fp: str, step: int | None, blamed_at: int) -> None:
-        if q.skipped == 1:
+        if q.skipped == 1:  # the later skips are counted in the metric, not said
             warnings.warn(f"gradloc-track: quarantine: skipped sample {fp} (blamed for the spike at step {blamed_at})"
-                          + (f" at step {step}" if step is not None else "") + "; this is said once, every skip "
-                          "is counted in data/quarantine_skipped", RuntimeWarning)
+                          + (f" at step {step}" if step is not None else ""), RuntimeWarning)
         if tracker is not None and step is not None:
             tracker.log_metrics({"data/quarantine_skipped": float(q.skipped)}, step)
 

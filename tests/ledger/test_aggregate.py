@@ -6,7 +6,7 @@ import json
 import pytest
 
 from gradloc_track.ledger import RunTable, by_group, by_sample, collect
-from gradloc_track.ledger.aggregate import bucket
+from gradloc_track.ledger.aggregate import bucket, views
 from gradloc_track.ledger.render import to_html, write_files
 
 COLS = ["step", "level", "token", "share", "sample", "position", "end", "sample_id", "dataset_index", "source"]
@@ -64,13 +64,12 @@ def test_bucket_is_the_power_of_two_range_holding_n():
 
 
 def test_page_escapes_every_cell_and_runs_no_script(tmp_path):
-    led = collect(tables())
-    samples, groups = by_sample(led), by_group(led, "source")
-    page = to_html(led, samples, groups, "source")
+    v = views(collect(tables()), "source")
+    page = to_html(v)
     assert "<script" not in page.lower() and "<img" not in page.lower()
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "forum&lt;img src=x onerror=y&gt;" in page
     assert "default-src 'none'" in page
-    files = write_files(tmp_path, led, samples, groups, "source")
+    files = write_files(tmp_path, v)
     assert sorted(p.name for p in files) == ["culprits.csv", "culprits.html", "culprits.json", "culprits_by_source.csv"]
     doc = json.loads((tmp_path / "culprits.json").read_text())
     assert doc["spike_events"] == 3 and [s["sample_id"] for s in doc["samples"]] == [A, B]
