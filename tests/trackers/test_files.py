@@ -90,3 +90,26 @@ def test_a_rewrite_is_synced_before_the_rename_and_an_error_leaves_the_old_file(
             f.write("half")
             raise RuntimeError("killed mid-write")
     assert path.read_text() == "new" and [p.name for p in tmp_path.iterdir()] == ["b.json"]
+
+
+# files that write without trackers/files, and why that is not a file of ours being rewritten
+NOT_OURS = {
+    "demo/tokenizer.py": "the tokenizers library saves to a temp file; os.replace puts it in place",
+    "artifacts/heatmap.py": "matplotlib's savefig into rendered/, a staging file copied atomically into spikes/",
+    "trackers/mlflow_tracker.py": "a copy in a TemporaryDirectory, for MLflow to upload",
+    "trackers/wandb_tracker.py": "run.save: W&B copies and uploads the file",
+}
+
+
+def test_every_file_of_ours_is_written_through_the_atomic_helpers():
+    import re
+    from pathlib import Path
+
+    import gradloc_track
+
+    package = Path(gradloc_track.__file__).parent
+    raw = re.compile(r"\.write_text\(|\.write_bytes\(|open\([^)]*['\"][wax]b?['\"]|json\.dump\(|os\.replace\(|"
+                     r"savefig\(|\.save\(")
+    writers = {p.relative_to(package).as_posix() for p in package.rglob("*.py")
+               if p.name != "files.py" and raw.search(p.read_text(encoding="utf-8"))}
+    assert writers == set(NOT_OURS), f"write through gradloc_track.trackers.files: {sorted(writers - set(NOT_OURS))}"
