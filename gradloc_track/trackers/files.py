@@ -26,15 +26,37 @@ def _write_all(path: Path, fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def _temp_beside(path: Path) -> tuple[int, Path]:
-    """A new file next to ``path``, mode 0o666 minus the umask (``mkstemp`` would force 0o600)."""
+def _temp_beside(path: Path, made: list[Path]) -> int:
+    """A new file next to ``path``, mode 0o666 minus the umask (``mkstemp`` would force 0o600); its name
+    goes into ``made`` before it exists, so a SIGTERM at any point leaves a name to clean up."""
     for _ in range(100):
-        tmp = path.with_name(f".{path.name}.{os.urandom(4).hex()}.tmp")
+        made[:] = [path.with_name(f".{path.name}.{os.urandom(4).hex()}.tmp")]
         try:
-            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+            return os.open(made[0], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         except FileExistsError:
-            continue
+            made.clear()  # someone else's
     raise FileExistsError(f"no free temporary name beside {path}")
+
+
+@contextmanager
+def _replacing(path: Path) -> Iterator[tuple[int, Path]]:
+    """``(fd, name)`` of a temp file beside ``path`` for the block to fill and fsync; then renamed over
+    ``path`` and the folder synced. Any exception (``SystemExit`` included) removes the temp file and
+    leaves ``path`` as it was."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    made: list[Path] = []
+    try:
+        fd = _temp_beside(path, made)
+        yield fd, made[0]
+        os.replace(made[0], path)
+    except BaseException:
+        for tmp in made:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        raise
+    _sync_dir(path.parent)
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -44,23 +66,12 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     rename can leave a 0-byte file under the new name (ext4/xfs delayed allocation). Rare writes
     only (a file per spike event, per ledger): a few milliseconds each.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = _temp_beside(path)
-    try:
+    with _replacing(Path(path)) as (fd, tmp):
         try:
             _write_all(tmp, fd, data)
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    _sync_dir(path.parent)
 
 
 def _sync_dir(folder: Path) -> None:
@@ -82,30 +93,19 @@ def atomic_file(path: str | Path, encoding: str = "utf-8") -> Iterator[IO[str]]:
     """A text file to write in pieces (e.g. a 10^6-entry blocklist, never held whole in memory): its
     content replaces ``path`` as ``atomic_write_bytes`` does, once the block ends without an error;
     an error (or a SIGTERM turned into ``SystemExit``) leaves ``path`` as it was and no temp file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = _temp_beside(path)
-    try:
+    with _replacing(Path(path)) as (fd, _):
         with os.fdopen(fd, "w", encoding=encoding, newline="") as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    _sync_dir(path.parent)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def atomic_write_json(path: str | Path, obj: Any, indent: int | None = None) -> None:
-    atomic_write_text(path, json.dumps(obj, default=str, indent=indent))
+def atomic_write_json(path: str | Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, default=str))
 
 
 def append_line(path: str | Path, line: str) -> None:
