@@ -8,7 +8,7 @@ json``). Synthetic run dirs, laid out as the local tracker writes them (``spikes
 
     python benchmarks/bench_ledger.py                    # 1000 runs x 20 events, 10,000 events, 10^6 entries
     python benchmarks/bench_ledger.py --quick            # 100 x 20, 1,000, 10^5
-    PYTHONPATH=<other checkout> python benchmarks/bench_ledger.py   # e.g. the code before
+    python benchmarks/bench_ledger.py --before <other checkout>   # and that code, same data, interleaved
 
 Goals (issue 29 item 4): each command starts in < 0.5 s and < 80 MB; the ledger over 1000 runs x
 20 events in <= 1.5 s; a 10^6-entry blocklist loads in <= 2 s and <= 300 MB.
@@ -100,7 +100,8 @@ PLAIN_JSON = ("import json, sys, pathlib\n"
 
 
 def cases(data: dict, out: Path) -> list[tuple[str, list[str], list[str]]]:
-    """(name, command, its baseline command): python arguments after the interpreter."""
+    """(name, command, its baseline command): python arguments after the interpreter. A name ending in
+    ``*`` is a case the code before cannot run (it is measured on the code under test only)."""
     cli = ["-m", "gradloc_track.cli"]
     start = ["-c", "import argparse, json"]
     many = [str(d) for d in data["many"]]
@@ -111,6 +112,8 @@ def cases(data: dict, out: Path) -> list[tuple[str, list[str], list[str]]]:
         ("start: replay --help", cli + ["replay", "--help"], start),
         (f"ledger: {len(many)} runs x {data['events']} events", cli + ["culprits", *many, "-o", str(out / "a")],
          ["-c", PLAIN_JSON, *many]),
+        (f"ledger: the folder of {len(many)} runs *", cli + ["culprits", str(data["many"][0].parents[1]), "-o",
+                                                             str(out / "f")], ["-c", PLAIN_JSON, *many]),
         (f"ledger: 1 run x {data['long_events']} events", cli + ["culprits", str(data["long"]), "-o", str(out / "b")],
          ["-c", PLAIN_JSON, str(data["long"])]),
         (f"report: 1 run x {data['long_events']} events",
@@ -126,14 +129,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="100 runs, 1,000 events, 10^5 entries")
     ap.add_argument("--repeats", type=int, default=3, help="runs of each command; the median is printed")
+    ap.add_argument("--before", metavar="CHECKOUT", help="also measure the code of another checkout, interleaved")
     ap.add_argument("--build", metavar="DIR", help=argparse.SUPPRESS)  # internal: write the data into DIR
     args = ap.parse_args(argv)
     size = "quick" if args.quick else "full"
     if args.build:
-        return build(Path(args.build), size)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(Path.cwd()))
-                                                        if p)}
-    results = []
+        build(Path(args.build), size)
+        return []
+    path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(Path.cwd())) if p)
+    env = {**os.environ, "PYTHONPATH": path}
+    before = {**os.environ, "PYTHONPATH": args.before} if args.before else None
     with tempfile.TemporaryDirectory(prefix="bench-ledger-") as tmp:
         root = Path(tmp)
         t0 = time.perf_counter()
@@ -141,15 +146,31 @@ def main(argv: list[str] | None = None) -> list[dict]:
                        env=env, check=True)
         data = layout(root, size)
         print(f"built the synthetic runs in {time.perf_counter() - t0:.1f} s; python {sys.version.split()[0]}, "
-              f"{os.cpu_count()} CPU(s)")
-        print(f"\n{'case':<38}{'s':>7}{'MiB':>7}{'base s':>8}{'base MiB':>9}{'x time':>8}{'x RSS':>7}")
-        for name, cmd, base in cases(data, root / "out"):
-            pairs = []
-            for _ in range(args.repeats):  # interleaved: noise hits both alike
-                pairs.append((measure(cmd, env, root / "peak"), measure(base, env, root / "peak")))
-            (wall, rss), (bwall, brss) = _median([p[0] for p in pairs]), _median([p[1] for p in pairs])
-            print(f"{name:<38}{wall:>7.2f}{rss:>7.0f}{bwall:>8.2f}{brss:>9.0f}{wall / bwall:>8.2f}{rss / brss:>7.2f}")
-            results.append({"case": name, "s": wall, "mib": rss, "base_s": bwall, "base_mib": brss})
+              f"{os.cpu_count()} CPU(s), load {os.getloadavg()[0]:.1f}")
+        return _run(cases(data, root / "out"), cases(data, root / "out-before"), env, before, root, args.repeats)
+
+
+def _run(now: list, then: list, env: dict, before: dict | None, root: Path, repeats: int) -> list[dict]:
+    """Each case ``repeats`` times, interleaved with its baseline (and the code before); medians."""
+    print(f"\n{'case':<40}{'s':>7}{'MiB':>6}{'base s':>8}{'MiB':>6}{'x base':>8}"
+          + (f"{'before s':>10}{'MiB':>6}{'x before':>9}" if before else ""))
+    results = []
+    for (name, cmd, base), (_, old, _) in zip(now, then):
+        runs: dict[str, list[tuple[float, float]]] = {"now": [], "base": [], "before": []}
+        for _ in range(repeats):  # interleaved: noise hits them alike
+            runs["now"].append(measure(cmd, env, root / "peak"))
+            runs["base"].append(measure(base, env, root / "peak"))
+            if before is not None and not name.endswith("*"):
+                runs["before"].append(measure(old, before, root / "peak"))
+        (s, mib), (bs, bmib) = _median(runs["now"]), _median(runs["base"])
+        line = f"{name:<40}{s:>7.2f}{mib:>6.0f}{bs:>8.2f}{bmib:>6.0f}{s / bs:>8.2f}"
+        row = {"case": name, "s": s, "mib": mib, "base_s": bs, "base_mib": bmib}
+        if runs["before"]:
+            os_, omib = _median(runs["before"])
+            line += f"{os_:>10.2f}{omib:>6.0f}{s / os_:>9.2f}"
+            row.update(before_s=os_, before_mib=omib)
+        print(line, flush=True)
+        results.append(row)
     return results
 
 

@@ -101,9 +101,9 @@ def _sigterm(signum, frame) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)  # --help ends here, having imported no reader
     from .trackers.quiet import quiet_backend_noise
 
-    args = _parser().parse_args(argv)
     quiet_backend_noise()  # our command: MLflow's store-creation lines and download bars off
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _sigterm) if main_thread else None

@@ -1,12 +1,31 @@
 """The culprit ledger: every spike event of many runs in one table, per sample and per group.
 
 ``gradloc-track culprits <experiment | run dirs | W&B run dirs>...`` (``command``) reads each run's
-culprit table (``sources``), aggregates it (``aggregate``), writes CSV/JSON/HTML (``render``), and
-can export a blocklist (``export``, for ``gradloc_track.data``) and log itself to a tracker
-(``publish``). See docs/ledger.md.
+culprit table (``sources``, its rows checked by ``rows``), aggregates it (``aggregate``), writes
+CSV/JSON/HTML (``render``), and can export a blocklist (``export``, for ``gradloc_track.data``) and
+log itself to a tracker (``publish``). See docs/ledger.md. The names below resolve on first use, so
+``gradloc-track culprits --help`` imports none of the readers.
 """
-from .aggregate import Ledger, by_group, by_sample, collect
-from .export import export_blocklist
-from .sources import RunTable, read_runs
+from __future__ import annotations
 
-__all__ = ["Ledger", "RunTable", "by_group", "by_sample", "collect", "export_blocklist", "read_runs"]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Ledger": "gradloc_track.ledger.aggregate",
+    "Views": "gradloc_track.ledger.aggregate",
+    "by_group": "gradloc_track.ledger.aggregate",
+    "by_sample": "gradloc_track.ledger.aggregate",
+    "collect": "gradloc_track.ledger.aggregate",
+    "views": "gradloc_track.ledger.aggregate",
+    "export_blocklist": "gradloc_track.ledger.export",
+    "RunTable": "gradloc_track.ledger.sources",
+    "read_runs": "gradloc_track.ledger.sources",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'gradloc_track.ledger' has no attribute {name!r}")

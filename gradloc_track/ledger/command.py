@@ -11,9 +11,7 @@ import sys
 from pathlib import Path
 
 from ..text import visible_text
-from .aggregate import collect, views
 from .export import SHARE_FLOOR
-from .sources import read_runs
 
 PROG = "gradloc-track culprits"
 
@@ -73,7 +71,9 @@ def _fail(message: str, code: int = 2) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .aggregate import collect, views
     from .render import write_files
+    from .sources import read_runs
 
     out = Path(args.output_dir)
     if out.exists() and not out.is_dir():

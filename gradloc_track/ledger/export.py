@@ -14,8 +14,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..data.blocklist import write_blocklist
-
 CORE = ("sample_id", "blamed", "runs", "steps", "max_share", "text")
 SHARE_FLOOR = 0.05  # see the module doc
 
@@ -48,5 +46,7 @@ def blocklist_entries(samples: list[dict], index_column: str = "dataset_index", 
 def export_blocklist(path: str | Path, samples: list[dict], index_column: str = "dataset_index",
                      min_blamed: int = 1, min_share: float = SHARE_FLOOR) -> tuple[Path, int]:
     """Write the blocklist (atomically); returns (path, number of samples in it)."""
+    from ..data.blocklist import write_blocklist  # not at import: ``culprits --help`` reads no blocklist
+
     entries = blocklist_entries(samples, index_column, min_blamed, min_share)
     return write_blocklist(path, entries, index_column), len(entries)
