@@ -24,7 +24,7 @@ from ..report import MLFLOW_WAIT_S, RUN_ID, NoSpikeEvents, ReportSource, ReportS
 from ..artifacts.table_store import merge_tables, table_parts
 from ..run_dirs import find_run_dirs, run_dir_of
 from ..trackers.bounded import CallTimeout, bounded_call
-from .rows import checked_rows
+from .rows import checked_rows, rows_ok
 
 
 @dataclass
@@ -36,24 +36,21 @@ class RunTable:
     table: dict[str, Any]
 
 
-def _read_checked(src: ReportSource, path: Path) -> dict[str, Any]:
-    """One table file, its rows checked; its notes name the file."""
-    try:
-        where = str(path.relative_to(src.root))
-    except ValueError:
-        where = path.name
-    return checked_rows(load_table(path, src.notes), where, src.notes)
-
-
 def _table(src: ReportSource) -> dict[str, Any]:
-    """The run's culprit table: its parts (run dir, MLflow download), or a W&B run's cumulative table
-    (the largest ``*tokens*.table.json``)."""
-    if src.layout != "wandb":
-        return merge_tables(_read_checked(src, p) for p in table_parts(src.root, "spikes/tokens"))
-    tables = sorted((src.root / "media" / "table").rglob("*.table.json"))
-    tables = [t for t in tables if "tokens" in t.name] or tables
-    loaded = [_read_checked(src, t) for t in tables]
-    return max(loaded, key=lambda t: len(t["data"]), default={"columns": [], "data": []})
+    """The run's culprit table, its rows checked: its parts (run dir, MLflow download), or a W&B run's
+    cumulative table (the largest ``*tokens*.table.json``)."""
+    if src.layout == "wandb":
+        tables = sorted((src.root / "media" / "table").rglob("*.table.json"))
+        tables = [t for t in tables if "tokens" in t.name] or tables
+        loaded = [checked_rows(load_table(t, src.notes), t.name, src.notes) for t in tables]
+        return max(loaded, key=lambda t: len(t["data"]), default={"columns": [], "data": []})
+    parts = [(p, load_table(p, src.notes)) for p in table_parts(src.root, "spikes/tokens")]
+    merged = merge_tables(t for _, t in parts)
+    if rows_ok(merged):  # the common case: one check per run
+        return merged
+    key = "spikes/tokens"  # else part by part, so each note names its file
+    return merge_tables(checked_rows(t, f"{key}/{p.name}" if p.parent.name == "tokens" else f"{key}.json",
+                                     src.notes) for p, t in parts)
 
 
 def read_run(source: str, tracking_uri: str | None, notes: list[str]) -> RunTable | None:
