@@ -73,6 +73,7 @@ def _replay(args) -> int:
 
 def _report(args) -> int:
     from .report import build_report
+    from .text import visible_text
     from .trackers.files import atomic_write_text
 
     out = Path(args.output)
@@ -82,10 +83,10 @@ def _report(args) -> int:
         notes: list[str] = []
         page = build_report(args.source, args.tracking_uri, notes=notes)
     except (OSError, ImportError) as exc:  # ReportSourceError is a FileNotFoundError
-        print(f"gradloc-track report: {exc}", file=sys.stderr)
+        print(f"gradloc-track report: {visible_text(str(exc))}", file=sys.stderr)
         return 2
     for note in notes:
-        print(f"gradloc-track report: note: {note}", file=sys.stderr)
+        print(f"gradloc-track report: note: {visible_text(note)}", file=sys.stderr)
     try:
         atomic_write_text(out, page)
     except OSError as exc:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .artifacts.table_store import merge_tables, table_parts
-from .run_dirs import WHAT, find_run_dirs, is_wandb_run, run_dir_of, run_key, run_locations, wandb_run_id
+from .run_dirs import WHAT, find_run_dirs, run_dir_of, run_key, run_locations, wandb_run_id
 from .text import token_html, visible_text
 from .trackers.bounded import CallTimeout, bounded_call
 from .trackers.mlflow_links import mlflow_run_url
@@ -141,15 +141,15 @@ def _from_run_dir(run: Path, tracking_uri: str | None) -> ReportSource:
     where = run_locations(run)
     if (run / "spikes").is_dir():
         m = where.get("mlflow") or {}
-        return ReportSource(run, m.get("run_name") or run.name, mlflow_run_url(m) if m else None, run_id=run_key(run))
+        return ReportSource(run, m.get("run_name") or run.name, mlflow_run_url(m) if m else None,
+                            run_id=run_key(run, where))
     if "mlflow" in where:
         m = where["mlflow"]
         return _fetch_mlflow(m["run_id"], tracking_uri or m.get("tracking_uri"))
     w = where.get("wandb", {})
     wid = wandb_run_id(run, w)
-    files = _wandb_files(run) if is_wandb_run(run) else None
-    for folder in ([Path(w["dir"])] if w.get("dir") else []) + [run]:
-        files = files or _wandb_files(folder, wid)
+    folders = ([Path(w["dir"])] if w.get("dir") else []) + [run]  # W&B's folder, else under (or is) the run dir
+    files = next((f for f in (_wandb_files(d, wid) for d in folders) if f is not None), None)
     if files is not None:
         wid = wandb_run_id(files.parent, w)
         url = w.get("url") if not w.get("offline") else None
@@ -192,35 +192,38 @@ def _wandb_step(p: Path) -> int:
     return int(m.group(1)) if m else -1
 
 
-def _read_text(path: Path, notes: list[str]) -> str:
-    data = path.read_bytes()
+def _read_text(path: str | Path, notes: list[str]) -> str:
+    with open(path, "rb") as f:
+        data = f.read()
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        notes.append(f"{path.name} is not valid UTF-8 (byte {exc.start}); undecodable bytes are shown as \ufffd")
+        notes.append(f"{os.path.basename(path)} is not valid UTF-8 (byte {exc.start}); undecodable bytes are shown "
+                     "as \ufffd")
         return data.decode("utf-8", errors="replace")
 
 
-def load_table(path: Path, notes: list[str]) -> dict:
+def load_table(path: str | Path, notes: list[str]) -> dict:
     """``{"columns": [...], "data": [[...], ...]}`` from a table file; a readable note instead of a traceback."""
     empty = {"columns": [], "data": []}
+    name = os.path.basename(path)
     try:
         table = json.loads(_read_text(path, notes))
     except ValueError as exc:  # truncated (a write was cut short) or not JSON at all
-        notes.append(f"{path.name} is not valid JSON ({exc}); the culprit table is left out. "
+        notes.append(f"{name} is not valid JSON ({exc}); the culprit table is left out. "
                      "A truncated file usually means the run was killed while writing it")
         return empty
     except RecursionError:  # e.g. 200k nested lists: no table of ours
-        notes.append(f"{path.name} is nested too deeply to be a table; it is left out")
+        notes.append(f"{name} is nested too deeply to be a table; it is left out")
         return empty
     if not (isinstance(table, dict) and isinstance(table.get("columns"), list) and isinstance(table.get("data"), list)):
-        notes.append(f"{path.name} is not a table (expected an object with \"columns\" and \"data\" lists, "
+        notes.append(f"{name} is not a table (expected an object with \"columns\" and \"data\" lists, "
                      f"got {type(table).__name__}); the culprit table is left out")
         return empty
     cols = table["columns"]
     rows = [r for r in table["data"] if isinstance(r, list) and len(r) == len(cols)]
     if len(rows) != len(table["data"]):
-        notes.append(f"{path.name}: {len(table['data']) - len(rows)} row(s) without exactly {len(cols)} cells "
+        notes.append(f"{name}: {len(table['data']) - len(rows)} row(s) without exactly {len(cols)} cells "
                      "were left out")
     return {"columns": [str(c) for c in cols], "data": rows}
 
@@ -282,6 +285,8 @@ def _is_step(v) -> bool:
 
 def cell_text(v) -> str:
     """A table cell as the pages show it: floats to 4 digits, None empty, text visible and escaped."""
+    if type(v) is int:  # noqa: E721 - the common case; bool is shown as text
+        return str(v)
     return html.escape(f"{v:.4g}" if isinstance(v, float) else "" if v is None else visible_text(str(v)))
 
 

@@ -99,9 +99,9 @@ def wandb_run_id(folder: Path, where: dict[str, Any] | None = None) -> str | Non
     return str(where["path"]).rsplit("/", 1)[-1] if where.get("path") else None
 
 
-def run_key(run_dir: Path) -> str:
-    """The identity of the run a run dir holds (see the module doc)."""
-    where = run_locations(run_dir)
+def run_key(run_dir: Path, where: dict[str, dict[str, Any]] | None = None) -> str:
+    """The identity of the run a run dir holds (see the module doc); ``where``: its ``run_locations``."""
+    where = run_locations(run_dir) if where is None else where
     if where.get("mlflow", {}).get("run_id"):
         return str(where["mlflow"]["run_id"])
     wid = wandb_run_id(run_dir, where.get("wandb"))

@@ -59,6 +59,8 @@ def token_html(text: str, limit: int = MAX_TOKEN_CHARS) -> str:
 def csv_cell(value: Any) -> Any:
     """One CSV cell that a spreadsheet shows and never evaluates: ``None`` -> empty, numbers as they
     are, lists and dicts as JSON, text visible and, if it starts like a formula, after a ``'``."""
+    if isinstance(value, str) and value.isprintable() and not value.startswith(FORMULA_START):
+        return value  # the common case, at once
     if value is None:
         return ""
     if isinstance(value, (bool, int, float)):

@@ -30,17 +30,22 @@ def _load(path: Path) -> dict[str, Any] | None:
     return table
 
 
-def table_parts(root: str | Path, key: str) -> list[Path]:
-    """The part files of table ``key`` under ``root``, in step order (the legacy file first)."""
-    root = Path(root)
-    legacy = root / f"{key}.json"
-    folder = root / key
+def part_files(root: str | Path, key: str) -> list[str]:
+    """``table_parts`` as plain paths: a 1000-run ledger lists 20,000 parts, and a glob or a ``Path``
+    per part was most of its time."""
+    legacy = os.path.join(root, f"{key}.json")
+    folder = os.path.join(root, key)
     try:
-        with os.scandir(folder) as entries:  # a plain listing: a glob per run was most of a 1000-run ledger's time
+        with os.scandir(folder) as entries:
             steps = [(int(m.group(1)), e.name) for e in entries if (m := PART.fullmatch(e.name))]
     except (FileNotFoundError, NotADirectoryError):
         steps = []
-    return ([legacy] if legacy.is_file() else []) + [folder / name for _, name in sorted(steps)]
+    return ([legacy] if os.path.isfile(legacy) else []) + [os.path.join(folder, name) for _, name in sorted(steps)]
+
+
+def table_parts(root: str | Path, key: str) -> list[Path]:
+    """The part files of table ``key`` under ``root``, in step order (the legacy file first)."""
+    return [Path(p) for p in part_files(root, key)]
 
 
 def read_table(root: str | Path, key: str = "spikes/tokens") -> dict[str, Any]:

@@ -58,7 +58,7 @@ def collect(runs: Iterable[RunTable], notes: list[str] | None = None) -> Ledger:
         names[run.run_id] = run.name
         cols = run.table.get("columns", [])
         metadata += [c for c in cols if c not in OURS and c not in metadata]
-        rows += [{**dict(zip(cols, r)), "run": run.run_id} for r in run.table.get("data", [])]
+        rows += [dict(zip(cols, r), run=run.run_id) for r in run.table.get("data", [])]
     events = len({(r["run"], r.get("step")) for r in rows})
     return Ledger(rows, metadata, list(names.values()), events, list(notes or []), names, list(names))
 
@@ -90,10 +90,11 @@ def excerpt(rows: list[dict]) -> str:
 
 def _value(values: list[Any]) -> Any:
     """One metadata cell: the value, or the distinct values joined (e.g. another index in another run)."""
-    distinct = []
+    seen: dict[Any, Any] = {}  # in first-seen order; a list or dict cell by its JSON-ish text
     for v in values:
-        if v is not None and v not in distinct:
-            distinct.append(v)
+        if v is not None:
+            seen.setdefault(v if isinstance(v, (str, int, float)) else repr(v), v)
+    distinct = list(seen.values())
     if len(distinct) <= 1:
         return distinct[0] if distinct else None
     more = f" (+{len(distinct) - MAX_VALUES})" if len(distinct) > MAX_VALUES else ""
@@ -106,17 +107,27 @@ def by_sample(ledger: Ledger) -> list[dict[str, Any]]:
     groups: dict[str, list[dict]] = {}
     for r in ledger.rows:
         if r.get("sample_id"):
-            groups.setdefault(str(r["sample_id"]), []).append(r)
+            groups.setdefault(r["sample_id"], []).append(r)
     out = []
+    name = ledger.names
     for sid, rows in groups.items():
+        if len(rows) == 1:  # the common case, without the per-event bookkeeping (the same entry)
+            out.append(_one_row(sid, rows[0], name[rows[0]["run"]], ledger.metadata))
+            continue
         shares = _event_shares(rows)
-        name = ledger.names.get
-        runs = list(dict.fromkeys(name(run, run) for run, _ in shares))
+        runs = list(dict.fromkeys(name[run] for run, _ in shares))
         out.append({"sample_id": sid, "blamed": len(shares), "runs": runs,
-                    "steps": [f"{name(run, run)}@{step}" for run, step in shares],
+                    "steps": [f"{name[run]}@{step}" for run, step in shares],
                     "max_share": _largest(shares), "text": excerpt(rows),
                     **{c: _value([r.get(c) for r in rows]) for c in ledger.metadata}})
     return sorted(out, key=lambda e: (-e["blamed"], -len(e["runs"]), -e["max_share"], e["sample_id"]))
+
+
+def _one_row(sid: str, r: dict, run: str, metadata: list[str]) -> dict[str, Any]:
+    """``by_sample``'s entry of a sample blamed by one row."""
+    return {"sample_id": sid, "blamed": 1, "runs": [run], "steps": [f"{run}@{r.get('step')}"],
+            "max_share": max(0.0, float(r.get("share") or 0.0)),
+            "text": cut_text(str(r.get("token") or ""), EXCERPT_CHARS), **{c: r.get(c) for c in metadata}}
 
 
 def bucket(n: Any) -> str | None:

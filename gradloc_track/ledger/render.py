@@ -21,6 +21,8 @@ from ..trackers.files import atomic_write_text
 from .aggregate import Views
 
 LIST_SEP = "; "
+MAX_PAGE_ROWS = 1000  # rows of a table on the page (a person reads the top; the CSV and JSON hold every one)
+MAX_PAGE_RUNS = 20  # run names in the page's header
 # text may break anywhere (a 200-character excerpt without a space, a run path, a list of steps),
 # so the table's narrowest layout fits any window and it never grows past it, nor does a line of
 # the header; the text column keeps a readable width
@@ -34,10 +36,8 @@ def _cell(v: Any) -> Any:
 
 
 def columns_of(entries: Sequence[dict]) -> list[str]:
-    cols: list[str] = []
-    for e in entries:
-        cols += [k for k in e if k not in cols]
-    return cols
+    """Every key of the entries, in first-seen order."""
+    return list(dict.fromkeys(k for e in entries for k in e))
 
 
 def as_rows(entries: Sequence[dict]) -> tuple[list[str], list[list[Any]]]:
@@ -65,9 +65,11 @@ def to_json(v: Views) -> str:
 
 
 def _html_table(title: str, entries: Sequence[dict], text_cols: tuple[str, ...] = ("text",)) -> str:
-    cols, rows = as_rows(entries)
+    cols, rows = as_rows(entries[:MAX_PAGE_ROWS])
     if not cols:
         return f"<h2>{html.escape(title)}</h2><p>none</p>"
+    if len(entries) > MAX_PAGE_ROWS:
+        title += f" (the first {MAX_PAGE_ROWS} of {len(entries)}; every one is in the CSV and the JSON)"
     head = "".join(f"<th>{cell_text(c)}</th>" for c in cols)
     body = "".join("<tr>" + "".join(
         f"<td class='text'>{_text_html(v)}</td>" if c in text_cols else f"<td>{cell_text(v)}</td>"
@@ -81,7 +83,8 @@ def _text_html(v: Any) -> str:
 
 def to_html(v: Views) -> str:
     led, esc = v.ledger, html.escape
-    runs = esc(visible_text(", ".join(led.runs))) or "none"
+    more = f" and {len(led.runs) - MAX_PAGE_RUNS} more" if len(led.runs) > MAX_PAGE_RUNS else ""
+    runs = esc(visible_text(", ".join(led.runs[:MAX_PAGE_RUNS]) + more)) or "none"
     parts = ["<h1>Culprit ledger</h1>",
              f"<p>{len(led.runs)} run(s) ({runs}), {led.events} spike event(s) with culprits, "
              f"{len(v.samples)} blamed sample(s).</p>"]

@@ -21,7 +21,7 @@ from typing import Any, Iterable
 
 from ..report import MLFLOW_WAIT_S, RUN_ID, NoSpikeEvents, ReportSource, ReportSourceError, load_table, \
     not_a_run_dir, resolve_source
-from ..artifacts.table_store import merge_tables, table_parts
+from ..artifacts.table_store import merge_tables, part_files
 from ..run_dirs import find_run_dirs, run_dir_of
 from ..trackers.bounded import CallTimeout, bounded_call
 from .rows import checked_rows, rows_ok
@@ -44,13 +44,12 @@ def _table(src: ReportSource) -> dict[str, Any]:
         tables = [t for t in tables if "tokens" in t.name] or tables
         loaded = [checked_rows(load_table(t, src.notes), t.name, src.notes) for t in tables]
         return max(loaded, key=lambda t: len(t["data"]), default={"columns": [], "data": []})
-    parts = [(p, load_table(p, src.notes)) for p in table_parts(src.root, "spikes/tokens")]
+    parts = [(p, load_table(p, src.notes)) for p in part_files(src.root, "spikes/tokens")]
     merged = merge_tables(t for _, t in parts)
     if rows_ok(merged):  # the common case: one check per run
         return merged
-    key = "spikes/tokens"  # else part by part, so each note names its file
-    return merge_tables(checked_rows(t, f"{key}/{p.name}" if p.parent.name == "tokens" else f"{key}.json",
-                                     src.notes) for p, t in parts)
+    # else part by part, so each note names its file
+    return merge_tables(checked_rows(t, os.path.relpath(p, src.root), src.notes) for p, t in parts)
 
 
 def read_run(source: str, tracking_uri: str | None, notes: list[str]) -> RunTable | None:
