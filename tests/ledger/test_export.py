@@ -67,7 +67,7 @@ def _stat(path: Path) -> tuple[int, int, int]:
 
 
 def test_sigterm_while_the_blocklist_is_rewritten_leaves_a_whole_blocklist(tmp_path):
-    n = 6000  # distinct samples: a blocklist of ~1 MB, written in pieces
+    n = 3000  # distinct samples: a blocklist of ~0.5 MB, written in pieces
     run = run_with(tmp_path, [[100, "sample", f"document {i}", 0.5, i, 0, 9, f"{i:016x}", i] for i in range(n)])
     folder = tmp_path / "blocklists"
     block = folder / "b.json"

@@ -109,6 +109,7 @@ def test_output_paths_that_are_files_or_folders(tmp_path, capsys):
     assert "cannot write" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a real W&B offline run: 10-40 s here (run_key's W&B identity is unit-tested in test_run_dirs)
 def test_a_wandb_run_reached_by_its_run_dir_and_its_wandb_folder_is_one_run(tmp_path):
     from gradloc_track.artifacts import SpikeArtifactWriter
     from gradloc_track.config import TrackerConfig
