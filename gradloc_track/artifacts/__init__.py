@@ -5,8 +5,7 @@ resolve on first use and ``import gradloc_track.artifacts.table_store`` stays to
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from .._lazy import lazy_names
 
 _EXPORTS = {
     "attribution_table": "gradloc_track.artifacts.table",
@@ -17,8 +16,4 @@ _EXPORTS = {
 }
 __all__ = list(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'gradloc_track.artifacts' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _EXPORTS)

@@ -9,8 +9,7 @@ needs no torch, the torch wrappers do.
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from .._lazy import lazy_names
 
 _EXPORTS = {
     "Blocklist": "gradloc_track.data.blocklist",
@@ -26,8 +25,4 @@ _EXPORTS = {
 }
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'gradloc_track.data' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _EXPORTS)

@@ -8,8 +8,7 @@ log itself to a tracker (``publish``). See docs/ledger.md. The names below resol
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from .._lazy import lazy_names
 
 _EXPORTS = {
     "Ledger": "gradloc_track.ledger.aggregate",
@@ -24,8 +23,4 @@ _EXPORTS = {
 }
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'gradloc_track.ledger' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _EXPORTS)
