@@ -130,4 +130,4 @@ def test_write_blocklist_round_trips_indices_and_metadata(tmp_path):
     assert (doc["format"], doc["version"]) == ("gradloc-track-blocklist", 1)
     block = load_blocklist(path)
     assert block.blocks(fingerprint="0123456789abcdef") and block.blocks(index=4) and not block.blocks(index=5)
-    assert len(block) == 1 and block.entries[0]["metadata"] == {"source": "forum"}
+    assert len(block) == 1 and block.read_entries()[0]["metadata"] == {"source": "forum"}
