@@ -90,14 +90,15 @@ def test_a_joined_mlflow_runs_dir_is_followed_to_the_run(tmp_path, sqlite_uri, c
     watch() or a callback joins an open run) leads to that run's events."""
     from mlflow.tracking import MlflowClient
 
-    from gradloc_track.integrations.runs import mlflow_run_tracker
+    from gradloc_track.config import TrackerConfig
     from gradloc_track.run_dirs import run_locations
+    from gradloc_track.trackers.join import RunDir, join_mlflow
 
     client = MlflowClient(sqlite_uri)
     exp = client.create_experiment("users-own")
     opened = client.create_run(exp, run_name="users-run").info.run_id  # the user's run, opened by them
     run_dir = tmp_path / "runs" / "joined"
-    tracker = mlflow_run_tracker(opened, sqlite_uri, run_dir=run_dir)
+    tracker = join_mlflow(opened, sqlite_uri, TrackerConfig(), RunDir(run_dir))
     events, result, ctx = make_case(T=40, culprits=((0, 5),), pad_from=30)
     SpikeArtifactWriter(tracker, run_dir, window=8).write(12, events, result, ctx)
     tracker.finish()
