@@ -72,16 +72,16 @@ class Inflate:
                     p.grad.mul_(1e3)
 
 
-def train_grpo(tmp_path, trainer_cls, config_cls, patch=None, steps: int = 3):
-    """``steps`` GRPO steps of a tiny model with the callback, a spike forced at the last one; the stderr
-    console and the callback."""
+def train_grpo(tmp_path, trainer_cls, config_cls, patch=None, steps: int = 3, **spikes):
+    """``steps`` GRPO steps of a tiny model with the callback (``spikes``: more detector options), a spike
+    forced at the last one; the callback and the warnings."""
     from datasets import Dataset
 
     from gradloc_track.integrations.trl import GradLocCallback
 
     bpe, tok = char_tokenizer(tmp_path / "tok")
     model = gpt2(bpe.vocab_size, tok.pad_token_id, dropout=0.0)
-    cb = GradLocCallback(tracker="none", run_dir=tmp_path / "run", spikes={"warmup_steps": 1, "alpha": 0.5})
+    cb = GradLocCallback(tracker="none", run_dir=tmp_path / "run", spikes={"warmup_steps": 1, "alpha": 0.5, **spikes})
     args = config_cls(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=2,
                       max_completion_length=4, max_steps=steps, learning_rate=1e-3, report_to=[], save_strategy="no",
                       use_cpu=True, disable_tqdm=True, bf16=False, seed=0, logging_steps=1)
@@ -124,12 +124,14 @@ def test_a_trainer_whose_loss_is_not_the_rebuilds_is_caught_on_its_first_micro_b
 
 def test_grpotrainers_own_loss_passes_the_check(tmp_path, capsys):
     """GRPOTrainer itself: the first micro-batch's gradients agree, the rebuild stays on (its spike goes to the
-    localizer; whether it finds a culprit in a uniformly inflated step is not this test's business)."""
+    localizer; whether it finds a culprit in a uniformly inflated step is not this test's business), and the
+    block shows what surgery did."""
     from trl import GRPOConfig, GRPOTrainer
 
-    cb, said = train_grpo(tmp_path, GRPOTrainer, GRPOConfig)
+    cb, said = train_grpo(tmp_path, GRPOTrainer, GRPOConfig, response="surgery")
     assert cb.adapter is None  # removed at train end
     assert not any("not the rebuilt" in w or "spikes are detected but not localized" in w for w in said), said
     assert cb.handle.spikes[-1].step == 3
     err = capsys.readouterr().err
     assert "── spike at step 3" in err and "loss is not rebuilt" not in err and "not the rebuilt" not in err
+    assert "  surgery    " in err  # spikes.response=surgery: what it removed, or why nothing
