@@ -17,7 +17,10 @@ Said once. Under DeepSpeed or FSDP Trainer's clipping is left alone. ``keep_colu
 Inside TRL's ``GRPOTrainer`` / ``SFTTrainer`` the same class rebuilds the loss TRL computes from the
 batch TRL built, instead of the causal-LM cross-entropy (``integrations/trl``, docs/trl.md).
 The clipper's skip guard goes on Trainer's optimizer (its default fused AdamW skips a non-finite
-step through ``found_inf``: no sync, no memory).
+step through ``found_inf``: no sync, no memory). Every spike prints its block on rank 0's stderr
+(``gradloc_track.console``; why it is not localized when it is not). A run nobody named
+(``run_name`` unset) is named ``<model type> seed=<seed> <time>`` for Trainer's MLflow/W&B run,
+and ``run_name`` reads unset again after ``train()``.
 """
 from __future__ import annotations
 

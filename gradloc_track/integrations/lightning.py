@@ -11,7 +11,8 @@ the Trainer's ``MLFlowLogger`` (its ``run_id``) / ``WandbLogger`` (its ``experim
 ``trainer.global_step``; the loggers' runs (joined through ``trackers.join``, like every run) stay
 theirs to end. The clipper's skip guard goes on the Trainer's optimizer and runs Lightning's closure
 itself, so a non-finite step is skipped exactly; ``on_fit_end`` closes the handle, which takes every
-hook off the optimizer again.
+hook off the optimizer again. Every spike prints its block on global rank 0's stderr
+(``gradloc_track.console``).
 """
 from __future__ import annotations
 
