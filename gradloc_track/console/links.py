@@ -23,9 +23,9 @@ def where_to_look(run_dir: Path, step: int | None = None, page: str | None = Non
     out = []
     if step is not None and page is None:
         page = highlight_page(step)
-    if "mlflow" in record:
-        m = record["mlflow"]
-        url = mlflow_run_url(m, f"artifacts/{page}" if page else "")
+    m = record.get("mlflow", {})
+    url = mlflow_run_url(m, f"artifacts/{page}" if page else "")
+    if url is not None:  # a view without its run's ids yet has no address to show
         out.append(f"MLflow run {m.get('run_name', '')} ({m.get('run_id')}): {url}")
     if "wandb" in record:
         w = record["wandb"]
@@ -59,11 +59,13 @@ def view_commands(run_dir: Path) -> list[str]:
     out = []
     if "mlflow" in record:
         m = record["mlflow"]
-        cmd = mlflow_ui_command(str(m.get("tracking_uri", "")))
+        cmd = mlflow_ui_command(str(m["tracking_uri"])) if m.get("tracking_uri") else None
         if cmd:
             out.append(f"  {cmd}    # the UI takes ~30-60 s to start; then open")
-        out.append(f"  {mlflow_run_url(m)}")
-        out.append(f"  {mlflow_charts_url(m)}    # every run of the experiment, charts overlaid")
+        for url, note in ((mlflow_run_url(m), ""),
+                          (mlflow_charts_url(m), "    # every run of the experiment, charts overlaid")):
+            if url is not None:  # a view without its run's ids yet has no address to show
+                out.append(f"  {url}{note}")
     if "wandb" in record and record["wandb"].get("offline"):
         out.append(f"  wandb sync {record['wandb'].get('dir')}    # upload the offline W&B run")
     out.append(f"  gradloc-track report {run_dir} -o spike_report.html    # one HTML page, no server needed")

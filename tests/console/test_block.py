@@ -5,8 +5,7 @@ from types import SimpleNamespace
 
 import torch
 
-from gradloc_track.console import (SpikeView, culprit_lines,
-                                   view_commands, where_to_look)
+from gradloc_track.console import SpikeView, culprit_lines
 from gradloc_track.localizer.result import CulpritToken, LocateResult
 from gradloc_track.localizer.surgery import SurgeryResult
 from gradloc_track.spikes import SpikeContext
@@ -26,11 +25,7 @@ def test_spike_block_names_text_and_where_to_look(tmp_path):
     assert "sample 1, tokens 4-6: '\u00e2\u20ac\u2122'  (90% of the batch's squared grad norm)" in text
     assert (f"http://127.0.0.1:5000/#/experiments/3/runs/{'a' * 32}/artifacts/spikes/highlight/step_000100.html"
             "?workflowType=machine_learning") in text  # opens in the model-training view
-    assert "W&B run me/proj/xyz" in text
-    cmds = "\n".join(view_commands(tmp_path))
-    assert "mlflow ui --backend-store-uri sqlite:////data/mlflow.db --port 5000" in cmds
-    assert "wandb sync /w/offline-run-1" in cmds and f"gradloc-track report {tmp_path}" in cmds
-    assert where_to_look(tmp_path / "nothing") == [f"run dir: {tmp_path / 'nothing'}"]
+    assert "W&B run me/proj/xyz" in text  # the commands and the places themselves: tests/console/test_links.py
     assert culprit_lines(SpikeView(1, [], LocateResult([], 1, "bisect", 0.1, 1.0))) == []
 
 

@@ -32,13 +32,6 @@ def blocklist_of(tmp_path, *recs: dict, index: bool = True):
     return load_blocklist(path)
 
 
-def test_record_fingerprint_is_the_tables_sample_id():
-    rec = records()[2]
-    assert record_fingerprint(rec) == sample_fingerprint([5, 6])
-    no_labels = {"input_ids": torch.tensor([9, 5, 6, 0]), "attention_mask": torch.tensor([1, 1, 1, 0])}
-    assert record_fingerprint(no_labels) == sample_fingerprint([5, 6])  # input_ids[1:] without padding
-
-
 def test_hf_dataset_filter_drops_by_fingerprint_or_index_with_a_count(tmp_path):
     from datasets import Dataset
 
