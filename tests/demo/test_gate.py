@@ -3,6 +3,8 @@
 counts them, and the per-sample columns follow the documented ``dataset_index`` formula."""
 from __future__ import annotations
 
+import pytest
+
 import hashlib
 
 import torch
@@ -59,13 +61,24 @@ def test_a_replacement_is_checked_too():
     assert x[0].tolist() == [60, 61, 62, 63] and gate.blocklist_dropped == 2
 
 
-def test_the_gate_gives_up_after_max_tries_replacements():
+def test_the_gate_gives_up_after_max_tries_replacements_and_never_trains_a_listed_sample():
+    """Bounded on a hostile blocklist, and the last replacement is checked too: a listed sample
+    never reaches training (it stops with an error naming the setting instead)."""
     refills = []
     gate = SampleGate(blocklist=Blocklist(fingerprints=frozenset({fp([2, 3, 4, 5])} | {
         fp(range(1 + 10 * k, 5 + 10 * k)) for k in range(20)})))
     x, y, mask, source = batch()
-    gate.apply(0, x, y, mask, source, lambda b, k: refills.append(k) or window(10 * k))
-    assert refills == list(range(MAX_TRIES))  # bounded: never loops for ever on a hostile blocklist
+    with pytest.raises(RuntimeError, match="data.blocklist"):
+        gate.apply(0, x, y, mask, source, lambda b, k: refills.append(k) or window(10 * k))
+    assert refills == list(range(MAX_TRIES))
+
+
+def test_the_last_replacement_is_admitted_when_it_is_clean():
+    listed = {fp([2, 3, 4, 5])} | {fp(range(1 + 10 * k, 5 + 10 * k)) for k in range(MAX_TRIES - 1)}
+    gate = SampleGate(blocklist=Blocklist(fingerprints=frozenset(listed)))
+    x, y, mask, source = batch()
+    out = gate.apply(0, x, y, mask, source, lambda b, k: window(10 * k))
+    assert len(out) == MAX_TRIES and fp(y[0].tolist()) not in listed
 
 
 def test_the_quarantine_skips_a_sample_blamed_earlier_in_the_run():
