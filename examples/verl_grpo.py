@@ -261,10 +261,7 @@ def _forked(rank: int, world: int, port: str, args: argparse.Namespace) -> None:
         os._exit(code)  # skip interpreter teardown (gloo's static destructors)
 
 
-def main(argv: list[str] | None = None) -> int:
-    import multiprocessing as mp
-    import socket
-
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--procs", type=int, default=2)
     p.add_argument("--steps", type=int, default=6)
@@ -275,7 +272,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model-dir", default=str(Path("runs") / "verl_tiny_qwen2"))
     p.add_argument("--run-dir", default=str(Path("runs") / "verl_grpo"),
                    help="gradloc.run_dir: where rank 0 records verl's run (for gradloc-track report / culprits)")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import multiprocessing as mp
+    import socket
+
+    args = parse_args(argv)
     uri = os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{Path('mlflow.db').resolve()}")
     os.environ.setdefault("WANDB_MODE", "offline")
     print(f"verl GRPO on {args.procs} gloo processes (CPU), MLflow store {uri}", flush=True)

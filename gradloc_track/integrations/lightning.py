@@ -11,13 +11,16 @@ the Trainer's ``MLFlowLogger`` (its ``run_id``) / ``WandbLogger`` (its ``experim
 ``trainer.global_step``; the loggers' runs (joined through ``trackers.join``, like every run) stay
 theirs to end. The clipper's skip guard goes on the Trainer's optimizer and runs Lightning's closure
 itself, so a non-finite step is skipped exactly; ``on_fit_end`` closes the handle, which takes every
-hook off the optimizer again.
+hook off the optimizer again. Every spike prints its block on global rank 0's stderr
+(``gradloc_track.console``).
 """
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from .._optional import require
+from ..console import TrainConsole
 from ..trackers.join import OpenRuns
 from .batches import BatchList, LMBatch
 from .options import resolve_options
@@ -50,6 +53,7 @@ class GradLocCallback(L.Callback):
     def __init__(self, cfg: Any = None, **options: Any) -> None:
         self.options = resolve_options(cfg, **options)  # bad options fail here, not mid-training
         self.handle = None
+        self.console = TrainConsole(stream=sys.stderr, rich=False)  # one block per spike
 
     def on_fit_start(self, trainer, pl_module) -> None:
         from .handle import Door, open_handle
@@ -70,7 +74,9 @@ class GradLocCallback(L.Callback):
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         if self.handle is not None:
-            self.handle.step(trainer.global_step)
+            stats = self.handle.step(trainer.global_step)
+            if stats.events and self.handle.monitor.rank == 0:  # the spike block (gradloc_track.console)
+                self.console.spike(stats, self.handle.run_dir)
 
     def on_fit_end(self, trainer, pl_module) -> None:
         if self.handle is not None:

@@ -107,6 +107,22 @@ def make_loss_fn(model: torch.nn.Module, trainer: Any, mb: GRPOMicroBatch,
     return loss_fn
 
 
+def rebuilt_grad(model: torch.nn.Module, trainer: Any, mb: GRPOMicroBatch, param: torch.Tensor,
+                 autocast: Callable = contextlib.nullcontext) -> torch.Tensor:
+    """The gradient of the rebuilt full-mask loss of ``mb`` with respect to ``param`` alone (no ``.grad``
+    touched): one forward replaying the micro-batch's dropout, the caller's RNG left as it was."""
+    now = save_rng()
+    try:
+        restore_rng(mb.rng)
+        with torch.enable_grad():
+            lp, entropy = policy_logps(model, mb, autocast)
+            loss = token_losses(mb.spec, trainer, lp, entropy, mb.policy).sum()
+            (grad,) = torch.autograd.grad(loss, param, allow_unused=True)
+    finally:
+        restore_rng(now)
+    return torch.zeros_like(param) if grad is None else grad
+
+
 def rl_columns(model: torch.nn.Module, mb: GRPOMicroBatch, autocast: Callable = contextlib.nullcontext
                ) -> dict[str, torch.Tensor]:
     """Per-token columns at model positions (B, P+C): advantage, logprob, old_logprob, ratio, entropy
