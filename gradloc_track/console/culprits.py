@@ -48,15 +48,36 @@ class SpikeView:
     def _get(self, name: str, mb: int | None) -> Any:
         return _at(getattr(self.context, name, None), mb)
 
+    def _column(self, cols: dict, name: str, mb: int | None, sample: int) -> Any:
+        """Sample ``sample``'s cell of a ``sample_columns`` column. A step's own context holds one
+        entry per micro-batch (its ``token_mask`` a list); a gathered view (torch.distributed) is
+        one flat batch, whose python-valued columns (verl's ``uid`` strings) are lists too."""
+        per_mb = isinstance(getattr(self.context, "token_mask", None), (list, tuple))
+        value = cols[name][mb] if per_mb and mb is not None else cols[name]
+        cell = value[sample]
+        return cell.item() if hasattr(cell, "item") else cell  # host sync: one cell, on a spike's block only
+
+    def _noun(self) -> str:
+        """What an RL sample's second part is called: ``segment_names`` ("prompt", "response") names
+        verl's, TRL's ("prompt", "completion") and the default."""
+        names = getattr(self.context, "segment_names", None)
+        return str(names[1]) if names is not None and len(names) == 2 else "completion"
+
     def who(self, mb: int | None, sample: int, document: int | None = None) -> tuple[str, str]:
         """(label, unit): ``("completion 2 of group 1, reward 0.25 (sample 9)", "completion")``,
-        ``("document 2 (sample 0)", "document")`` or ``("micro-batch 1, sample 3", "sample")``."""
-        where = (f"micro-batch {mb}, " if mb is not None else "") + f"sample {sample}"
+        ``("document 2 (sample 0)", "document")`` or ``("micro-batch 1, sample 3", "sample")``.
+        A gathered view names the rank and the sample's index there (``rank``, ``rank_sample``):
+        ``rank 1, micro-batch 3, sample 0``."""
         cols = getattr(self.context, "sample_columns", None) or {}
-        if "group" in cols and "index" in cols:  # an RL completion (TRL's GRPO, examples/rl_grpo.py)
-            g, i = int(_at(cols["group"], mb)[sample]), int(_at(cols["index"], mb)[sample])
-            reward = f", reward {float(_at(cols['reward'], mb)[sample]):.4g}" if "reward" in cols else ""
-            return f"completion {i} of group {g}{reward} ({where})", "completion"
+        own = self._column(cols, "rank_sample", mb, sample) if "rank_sample" in cols else sample
+        where = (f"micro-batch {mb}, " if mb is not None else "") + f"sample {own}"
+        if "rank" in cols:  # torch.distributed: the rank the sample lives on
+            where = f"rank {self._column(cols, 'rank', mb, sample)}, {where}"
+        if "group" in cols and "index" in cols:  # an RL completion (TRL's GRPO, verl, examples/rl_grpo.py)
+            g, i = self._column(cols, "group", mb, sample), self._column(cols, "index", mb, sample)
+            reward = f", reward {float(self._column(cols, 'reward', mb, sample)):.4g}" if "reward" in cols else ""
+            noun = self._noun()
+            return f"{noun} {i} of group {g}{reward} ({where})", noun
         if document is not None:
             return f"document {document} ({where})", "document"
         return where, "sample"

@@ -1,16 +1,14 @@
-"""What the RL adapters (TRL's GRPO, verl's actor) share: the prompt/response layout of a sample,
-per-token columns computed only when a spike is written, and the console line naming a completion.
+"""What the RL adapters (TRL's GRPO, verl's actor) share: the prompt/response layout of a sample
+and per-token columns computed only when a spike is written (the console names the completion or
+response from the context's ``sample_columns``: ``gradloc_track.console``).
 
 An RL sample is shown as two parts, the prompt and the sampled response, each a block of its own
 on the highlight page (``SpikeContext.segment_ids`` / ``segment_names``). ``prompt_response_segments``
 builds that map from the two attention masks; ``LazyColumns`` holds the per-token columns that cost
-a forward pass (log-probs, ratios, entropies), computed on first read; ``describer`` names a culprit
-sample by its group, index in the group and reward; ``print_spike`` prints the console block.
+a forward pass (log-probs, ratios, entropies), computed on first read.
 """
 from __future__ import annotations
 
-import sys
-import warnings
 from collections.abc import Mapping
 from typing import Any, Callable, Iterator, Sequence
 
@@ -55,50 +53,3 @@ class LazyColumns(Mapping):
 
     def __len__(self) -> int:
         return len(self._keys)
-
-
-def _at(value: Any, mb: int | None) -> Any:
-    return value[mb] if mb is not None else value
-
-
-def describer(ctx: Any, noun: str = "completion") -> Callable[[int | None, int, int], str | None]:
-    """``describe(micro_batch, sample, position)`` for the console: an RL ``noun`` (its group,
-    index and reward), a packed document, else None (the console's default)."""
-    sc = getattr(ctx, "sample_columns", None) or {}
-    docs = getattr(ctx, "document_ids", None)
-    # columns hold K micro-batches only in a step's own context; a gathered view (torch.distributed)
-    # is one flat batch whose culprits still name their micro-batch
-    per_mb = isinstance(getattr(ctx, "token_mask", None), (list, tuple))
-
-    def describe(mb: int | None, sample: int, position: int) -> str | None:
-        at = mb if per_mb else None
-        own = int(_at(sc["rank_sample"], at)[sample]) if "rank_sample" in sc else sample  # index in its rank
-        where = (f"micro-batch {mb}, " if mb is not None else "") + f"sample {own}"
-        if "rank" in sc:  # torch.distributed: the rank the sample lives on
-            where = f"rank {int(_at(sc['rank'], at)[sample])}, " + where
-        if "group" in sc and "index" in sc:
-            g, i = _at(sc["group"], at)[sample], int(_at(sc["index"], at)[sample])
-            reward = f", reward {float(_at(sc['reward'], at)[sample]):.4g}" if "reward" in sc else ""
-            return f"{noun} {i} of group {g}{reward} ({where})"
-        d = _at(docs, at)
-        if d is not None:
-            return f"document {int(d[sample, position])} ({where})"
-        return None
-
-    return describe
-
-
-def print_spike(stats: Any, ctx: Any, run_dir: Any, stream: Any = None, noun: str = "completion") -> None:
-    """One console block per localized spike: which completion / document, which tokens (``ctx``:
-    the step's context, shown when there is no gathered view)."""
-    if stats is None or not stats.events or stats.locate is None or ctx is None:
-        return
-    from ..console import TrainConsole
-
-    result, shown = stats.locate_view or (stats.locate, ctx)
-    try:
-        TrainConsole(stream=stream or sys.stderr, rich=False).spike(
-            stats.step, stats.events, result, shown.tokenizer, shown.input_ids, run_dir,
-            describe=describer(shown, noun))
-    except Exception as exc:  # printing never kills training
-        warnings.warn(f"gradloc-track: could not print the spike block: {exc!r}")

@@ -122,6 +122,7 @@ def gather_culprit_rows(result: LocateResult, ctx: Any, group=None) -> tuple[Loc
         loss_fn=_not_probed, token_mask=_pad([x["mask"] for x in flat], length, 0.0, torch.float32),
         input_ids=_pad([x["ids"] for x in flat], length, 0, torch.long) if has_ids else None,
         tokenizer=getattr(ctx, "tokenizer", None), extra_columns=extras, sample_columns=samples,
+        segment_names=getattr(ctx, "segment_names", None),  # what the console calls an RL sample's response
         document_ids=_pad([x["docs"] for x in flat], length, -1, torch.long) if has_docs else None)
     ghost_map = _pad([x["ghost"] for x in flat], length, 0.0, torch.float32)
     view = dataclasses.replace(result, tokens=tokens, culprits=culprits, ghost_map=ghost_map, layer_map=layer_map)

@@ -2,6 +2,8 @@
 its completion, a packed document), counted by unit and level."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
 from gradloc_track.console import SpikeView, culprit_count, spike_summary
@@ -57,3 +59,33 @@ def test_a_packed_document_is_named_and_counted(tmp_path):
     assert "culprits   document 1 (sample 0), the whole document: 'ââ'  (95% of" in text
     assert "document 2 (sample 0), token 14: 'u'  (0% of" in text and "-0%" not in text
     assert culprit_count(view) == "2 documents (1 whole, 1 token)"
+
+
+def _who(ctx, *at):
+    return SpikeView(1, [EVENT], None, ctx).who(*at)
+
+
+def test_who_indexes_a_steps_micro_batches():
+    """A step's own context holds one entry per micro-batch (its token_mask a list), python groups too."""
+    ctx = SimpleNamespace(sample_columns={"group": [["a"], ["b", "c"]], "index": [torch.tensor([0]),
+                                                                               torch.tensor([0, 1])]},
+                          token_mask=[torch.ones(1, 4), torch.ones(2, 4)])
+    assert _who(ctx, 1, 1) == ("completion 1 of group c (micro-batch 1, sample 1)", "completion")
+
+
+def test_who_calls_a_response_what_the_context_calls_it():
+    """verl's contexts name their parts ("prompt", "response"), and its groups are uid strings."""
+    ctx = SimpleNamespace(sample_columns={"group": ["g0", "g1"], "index": torch.tensor([0, 3]),
+                                          "reward": torch.tensor([0.5, 40.0])}, token_mask=torch.ones(2, 8),
+                          segment_names=("prompt", "response"))
+    assert _who(ctx, None, 1) == ("response 3 of group g1, reward 40 (sample 1)", "response")
+
+
+def test_who_in_a_gathered_view_names_the_rank_and_the_sample_there():
+    """Under torch.distributed rank 0's view is one flat batch: row 0 is sample 6 of rank 1."""
+    ctx = SimpleNamespace(sample_columns={"rank": torch.tensor([1]), "rank_sample": torch.tensor([6])},
+                          token_mask=torch.ones(1, 8))
+    assert _who(ctx, 2, 0) == ("rank 1, micro-batch 2, sample 6", "sample")
+    assert _who(ctx, 2, 0, 4) == ("document 4 (rank 1, micro-batch 2, sample 6)", "document")
+    ctx.sample_columns.update(group=["u"], index=torch.tensor([2]))
+    assert _who(ctx, 2, 0)[0] == "completion 2 of group u (rank 1, micro-batch 2, sample 6)"

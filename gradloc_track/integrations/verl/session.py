@@ -9,7 +9,8 @@ clip thresholds, spike detection, and on a spike the localizer, whose probes rep
 the monitor and replaces ``clip_grad_norm_``; verl's skip rule is kept exactly (a non-finite
 pre-clip norm zeroes the gradients and skips the update). Without it verl's ``optimizer_step``
 runs as it is, on the gradient the monitor saw. The step's metrics join verl's output
-(``tracking``); rank 0 prints the spike block naming the culprit response.
+(``tracking``); rank 0 prints the spike block (``gradloc_track.console``, as every front door does)
+naming the culprit response, or why the spike was not localized.
 """
 from __future__ import annotations
 
@@ -22,9 +23,9 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from ...console import TrainConsole
 from ...localizer.step import LocateStep
 from ..options import WatchOptions
-from ..rl_columns import print_spike
 from .columns import INDEX_KEY, group_index, sample_columns, token_columns, uids
 from .layout import SEGMENT_NAMES, MicroBatch, unsupported
 from .probe_loss import agg_mode, make_loss_fn
@@ -100,7 +101,8 @@ class GradLocSession:
     def __init__(self, engine: Any, opts: WatchOptions, stream: Any = None) -> None:
         if getattr(engine, "scaler", None) is not None:
             raise ValueError("gradloc-track: verl's fp16 GradScaler is not supported (use bf16 or fp32)")
-        self.engine, self.opts, self.stream = engine, opts, stream
+        self.engine, self.opts = engine, opts
+        self.console = TrainConsole(stream=stream or sys.stdout, rich=False)  # rank 0's spike blocks
         if opts.tokenizer is None:
             opts.tokenizer = getattr(getattr(engine, "model_config", None), "tokenizer", None)
         self.handle = build_handle(engine, opts)
@@ -125,7 +127,8 @@ class GradLocSession:
         with self.recorder.recording():
             outputs = engine.forward_backward_batch(data, loss_function, forward_only=False)
         batches = self.recorder.take()
-        ctx = None if self._why_not(data) else functools.partial(spike_context, engine, batches, loss_function,
+        why = self._why_not(data)
+        ctx = None if why else functools.partial(spike_context, engine, batches, loss_function,
                                                                 self.opts.tokenizer)
         stats = self.last = self.handle.step(self.steps, spike_context=ctx)
         grad_norm = self._optimizer_step(stats)
@@ -136,8 +139,7 @@ class GradLocSession:
             metrics.update({k: [v] for k, v in self.handle.tracker.take().items() if k not in metrics})
         if _rank()[0] == 0 and stats.events:
             self.handle.flush()  # the spike's artifacts reach verl's run before verl may end it
-            print_spike(stats, stats.locate_view[1] if stats.locate_view else None, self.handle.run_dir,
-                        self.stream or sys.stdout, noun="response")
+            self.console.spike(stats, self.handle.run_dir, not_localized=why)  # gradloc_track.console
         self.steps += 1
         return outputs
 

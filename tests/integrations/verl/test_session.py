@@ -12,6 +12,7 @@ from .requires import verl  # noqa: F401  (first: the module is skipped where ve
 import html
 import json
 import math
+import re
 
 import pytest
 
@@ -121,7 +122,8 @@ def test_the_spike_block_names_the_response(world2):
     ranks, _ = world2
     block = ranks[0]["stale"]["block"]
     assert "── spike at step" in block and "response" in block
-    assert "rank 0, micro-batch 0, sample 1" in block, block
+    # through the shared console: the response by its group and reward, where it lives (rank 0's gathered view)
+    assert re.search(r"response \d+ of group \S+, reward \S+ \(rank 0, micro-batch 0, sample 1\)", block), block
     assert "MLflow run" in block and ranks[0]["_run_id"] in block  # its link: the run verl's Tracking opened
 
 

@@ -104,10 +104,11 @@ def _options(scn: dict, out_dir: str) -> dict:
 
 
 def run_scenario(engine, scn: dict, rank: int, tracking, out_dir: str) -> dict:
+    from gradloc_track.console import TrainConsole
     from gradloc_track.integrations.verl import attach
 
     sess = attach(engine, _options(scn, out_dir))
-    sess.stream = io.StringIO()
+    sess.console = TrainConsole(stream=io.StringIO(), rich=False)  # the block rank 0 prints, kept
     spy = Spy(sess, engine)
     loss_fn = S.ppo_loss_fn(S.actor_config(scn["agg"]))
     world, inject_at = dist.get_world_size(), scn.get("warmup", 0)
@@ -129,7 +130,7 @@ def run_scenario(engine, scn: dict, rank: int, tracking, out_dir: str) -> dict:
     res = st.locate
     same = all(torch.equal(a, b) for a, b in zip(spy.grads["before"], spy.grads["after"]) if a is not None)
     out = {"events": len(st.events), "localized": res is not None, "not_localized": st.not_localized,
-           "grads_equal": same, "metric_keys": logged[-1], "block": sess.stream.getvalue(),
+           "grads_equal": same, "metric_keys": logged[-1], "block": sess.console.stream.getvalue(),
            "documents": ctx is not None and ctx.document_ids is not None,
            "normaliser": None if ctx is None else ctx.normaliser}
     if res is not None:
