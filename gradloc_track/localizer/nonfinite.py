@@ -1,0 +1,425 @@
+"""Which samples made the step's gradient (or loss) non-finite: the search ``locate`` runs on a NaN/Inf step.
+
+Contract: ``locate`` calls ``search`` with the ``Prober`` that ran the micro-batch stage when the
+probes' sum is not finite (``NonfiniteStep``, raised by the driver), and ``search_losses`` when
+only a micro-batch's loss is; both return a frozen ``NonfiniteFinding`` (``LocateResult.nonfinite``;
+None on a finite step) and ``culprit_rows`` makes its table rows (``nonfinite=True``, ``share``
+None). Every probe goes through the ``Prober`` and counts against the budget; the caller's
+``Snapshot`` restores ``.grad``, so the step is skipped exactly as its clipper decided.
+
+Per micro-batch whose gradient is non-finite (norms are not compared: a NaN has none):
+1. the term-loss map (``Prober.term_losses``, one probe): samples with an Inf/NaN loss term are
+   named at once, with those terms;
+2. one probe of the other samples' terms: finite, and the search is done. Else one probe with no
+   term kept: non-finite means no mask makes it finite (the backward of a masked-out Inf term is
+   0 x Inf = NaN; NaN weights; an overflow in the forward), said so (``where="all"`` when no
+   sample's loss is non-finite);
+3. otherwise halving on ``isfinite`` of the probe gradient over the samples (rows, or packed
+   documents): both halves of a non-finite set are probed, about ``2 k log2 n`` probes for
+   ``k`` bad samples among ``n``; inside a named sample its terms are halved the same way while
+   at most ``FEW_TERMS`` of them are bad;
+4. a set whose halves are both finite overflows from the SUM (fp16/bf16): ``where="sum"``, with
+   each sample's largest gradient norm and element against the dtype's max. Micro-batches whose
+   gradients are each finite but add up to Inf are that case too, at no probe.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from .probe import BudgetExhausted, Grads, Prober
+from .result import Culprit, CulpritToken, LocateResult
+from .segments import Segment, Segments
+
+WHERE = ("samples", "sum", "all", "norm")
+FEW_TERMS = 8  # a sample's bad terms are named as tokens up to this many (else the sample)
+MAX_SUM_PROBES = 4  # samples of an overflowing sum probed alone for the numbers (beyond those the halving did)
+
+
+@dataclass(frozen=True)
+class NonfiniteSample:
+    """One sample named by the search: where it is, its loss and its gradient as its own probe gives them."""
+
+    batch: int
+    micro_batch: int | None = None
+    document: int | None = None
+    start: int = 0
+    end: int = 0
+    n_terms: int = 0
+    loss: float | None = None  # the sum of its terms' losses in loss_fn's units (None: unknown)
+    grad: str = "NaN"  # its probe's gradient: "NaN", "Inf" or "finite" ("?" when the budget ran out)
+    grad_norm: float = math.nan
+    terms: tuple[int, ...] = ()  # positions of its non-finite terms (empty: not narrowed)
+
+
+@dataclass(frozen=True)
+class NonfiniteFinding:
+    """What made a step non-finite. ``where``: ``"samples"`` (the samples named), ``"sum"`` (every
+    sample's gradient is finite, their sum overflows the gradient's dtype), ``"all"`` (the gradient
+    is non-finite whatever the mask keeps) or ``"norm"`` (every element is finite, only the norm
+    overflows); ``samples``/``terms``: rows and ``(row, position)`` of the named samples and their
+    non-finite terms (``units`` adds micro-batch, document, loss, gradient); ``detail``: one
+    sentence with the numbers; ``probes``: what the search spent."""
+
+    where: str
+    samples: tuple[int, ...] = ()
+    terms: tuple[tuple[int, int], ...] = ()
+    detail: str = ""
+    units: tuple[NonfiniteSample, ...] = ()
+    probes: int = 0
+    budget_exhausted: bool = False
+
+
+class NonfiniteStep(FloatingPointError):
+    """The probes' sum is not finite: the norm search cannot run, ``search`` does instead."""
+
+    def __init__(self, norms: list[float], total: Grads) -> None:
+        super().__init__("the batch's gradient is not finite (NaN/Inf)")
+        self.norms, self.total = norms, total
+
+
+def grad_state(g: Grads) -> str:
+    """``"NaN"`` if any element is NaN, else ``"Inf"`` if any is infinite, else ``"finite"``."""
+    return inspect(g)[0]
+
+
+def inspect(g: Grads) -> tuple[str, float]:
+    """(``grad_state``, the largest finite element's magnitude), in one host transfer."""
+    rows = [torch.stack([t.isnan().any().double(), t.isinf().any().double(),
+                         t.detach().abs().nan_to_num(0.0, 0.0, 0.0).amax().double() if t.numel() else
+                         torch.zeros((), dtype=torch.float64, device=t.device)]) for t in g]
+    nan, inf, amax = torch.stack(rows).amax(0).tolist()  # host sync: once per probe, on a non-finite step only
+    return ("NaN" if nan else "Inf" if inf else "finite"), amax
+
+
+def _value(x: float | None) -> str:
+    if x is None:
+        return "unknown"
+    return "NaN" if math.isnan(x) else ("Inf" if x > 0 else "-Inf") if math.isinf(x) else f"{x:.4g}"
+
+
+@dataclass
+class _MicroBatch:
+    """What the search found in one micro-batch."""
+
+    named: list[NonfiniteSample] = field(default_factory=list)
+    sums: list[list[Segment]] = field(default_factory=list)
+    all_bad: bool = False  # non-finite with no term kept
+
+
+class _Search:
+    def __init__(self, prober: Prober, labelled: bool, documents: list | None) -> None:
+        self.prober, self.labelled = prober, labelled
+        self.docs = documents or [None] * prober.k
+        self.single: dict[tuple, tuple[str, float, float]] = {}  # (i, row, document) -> its own probe's (state, norm,
+        # largest element)
+        self.empty: dict[int, bool] = {}  # micro-batch -> non-finite with no term kept
+        self.exhausted = False
+
+    def state(self, i: int, terms: list[tuple[int, int]]) -> tuple[str, float, float]:
+        """(``grad_state``, norm, largest finite element) of the probe keeping ``terms``."""
+        g = self.prober.probe_terms(i, terms)
+        state, amax = inspect(g)
+        out = state, self.prober.norm(g), amax
+        del g
+        return out
+
+    def units_state(self, i: int, units: list[Segment]) -> str:
+        st = self.state(i, [t for u in units for t in u.terms])
+        if len(units) == 1:
+            self.single[(i, units[0].batch, units[0].document)] = st
+        return st[0]
+
+    def all_bad(self, i: int) -> bool:
+        """The micro-batch's gradient with no term kept is non-finite (cached)."""
+        if i not in self.empty:
+            try:
+                g = self.prober.probe(i, torch.zeros_like(self.prober.masks[i]))
+            except ValueError:  # loss_fn(zeros) holds no graph: nothing reaches the gradient
+                self.empty[i] = False
+            else:
+                self.empty[i] = grad_state(g) != "finite"
+        return self.empty[i]
+
+    def halve(self, i: int, items: list, terms_of, cap: int | None = None) -> tuple[list, list[list], bool]:
+        """(bad items, sets whose halves are both finite, stopped) over ``items`` known non-finite
+        together; ``terms_of(items)`` -> their terms. Stops (True) when a split leaves both halves
+        non-finite and the micro-batch is non-finite with no term kept, or past ``cap`` bad items."""
+        bad, sums, stack = [], [], [list(items)]
+        while stack:
+            S = stack.pop()
+            if len(S) == 1:
+                bad.append(S[0])
+                continue
+            if cap is not None and len(bad) + len(stack) + 1 > cap:
+                return bad, sums, True
+            halves = [S[: len(S) // 2], S[len(S) // 2:]]
+            states = [self.items_state(i, h, terms_of) for h in halves]
+            if all(s != "finite" for s in states) and cap is None and self.all_bad(i):
+                return bad, sums, True
+            if all(s == "finite" for s in states):
+                sums.append(S)
+            stack += [h for h, s in zip(halves[::-1], states[::-1]) if s != "finite"]
+        return bad, sums, False
+
+    def items_state(self, i: int, items: list, terms_of) -> str:
+        if terms_of is None:
+            return self.units_state(i, items)
+        return self.state(i, terms_of(items))[0]
+
+    def sample(self, i: int, u: Segment, losses: torch.Tensor | None, terms: tuple[int, ...]) -> NonfiniteSample:
+        """The named sample, its loss from the term map and its own probe's gradient (one probe when
+        the halving did not probe it alone)."""
+        key = (i, u.batch, u.document)
+        if key not in self.single:
+            try:
+                self.single[key] = self.state(i, u.terms)
+            except BudgetExhausted:
+                self.exhausted = True
+                self.single[key] = ("?", math.nan, math.nan)
+        state, norm, _ = self.single[key]
+        loss = None if losses is None else float(sum(losses[b, t] for b, t in u.terms))  # host sync: per sample
+        return NonfiniteSample(u.batch, i if self.labelled else None, u.document, u.start, u.end, len(u.terms), loss,
+                               state, norm, terms)
+
+
+def _bad_terms(losses: torch.Tensor | None, u: Segment) -> tuple[int, ...]:
+    if losses is None:
+        return ()
+    return tuple(t for b, t in u.terms if not math.isfinite(float(losses[b, t])))  # host sync: one sample's terms
+
+
+def _micro_batch(s: _Search, i: int) -> _MicroBatch:
+    """Steps 1-3 of the module doc in micro-batch ``i`` (its gradient is non-finite)."""
+    out = _MicroBatch()
+    units = [u for u in Segments(i, s.prober.masks[i], s.docs[i]).items if u.terms]
+    losses = s.prober.term_losses(i)
+    lossy = [u for u in units if _bad_terms(losses, u)]
+    rest = [u for u in units if u not in lossy]
+    out.named = [s.sample(i, u, losses, _bad_terms(losses, u)) for u in lossy]
+    if lossy and (not rest or s.units_state(i, rest) == "finite"):
+        return out
+    if lossy and s.all_bad(i):
+        out.all_bad = True
+        return out
+    bad, out.sums, out.all_bad = s.halve(i, rest, None)
+    if out.all_bad:
+        return out
+    for u in bad:
+        out.named.append(s.sample(i, u, losses, _narrow(s, i, u)))
+    return out
+
+
+def _narrow(s: _Search, i: int, u: Segment) -> tuple[int, ...]:
+    """The sample's non-finite terms by halving, when at most ``FEW_TERMS`` (else ``()``)."""
+    if len(u.terms) == 1:
+        return (u.terms[0][1],)
+    try:
+        bad, sums, stopped = s.halve(i, u.terms, lambda ts: list(ts), cap=FEW_TERMS)
+    except BudgetExhausted:
+        s.exhausted = True
+        return ()
+    return () if stopped or sums else tuple(sorted(t for _, t in bad))
+
+
+def search(prober: Prober, step: NonfiniteStep, labelled: bool, documents: list | None,
+           names: list[str]) -> NonfiniteFinding:
+    """The finding for a step whose probes' sum is non-finite (``step``: each micro-batch's norm and
+    the sum); ``names``: the trainable tensors' names, in the prober's order."""
+    start = prober.count
+    s = _Search(prober, labelled, documents)
+    if grad_state(step.total) == "finite":
+        return NonfiniteFinding("norm", detail=_norm_overflow(step.total), probes=0)
+    weights = _bad_weights(prober, names)
+    if weights:  # every probe is NaN, whatever the mask: no sample to name
+        return NonfiniteFinding("all", detail=weights, probes=0)
+    bad_mbs = [i for i, n in enumerate(step.norms) if not math.isfinite(n)]
+    if not bad_mbs:
+        return NonfiniteFinding("sum", detail=_micro_batch_sum(step, names), probes=0)
+    found: list[_MicroBatch] = []
+    try:
+        for i in bad_mbs:
+            found.append(_micro_batch(s, i))
+    except BudgetExhausted:
+        s.exhausted = True
+    sums = [(i, S) for i, mb in zip(bad_mbs, found) for S in mb.sums]
+    sum_text = _sum_detail(s, sums, step.total, names) if sums else ""
+    return _finding(s, found, sum_text, step.total, names, start)
+
+
+def _finding(s: _Search, found: list[_MicroBatch], sum_text: str, total: Grads, names: list[str],
+             start: int) -> NonfiniteFinding:
+    named = [u for mb in found for u in mb.named]
+    all_bad = any(mb.all_bad for mb in found)
+    parts = [sample_sentence(u) for u in named]
+    if all_bad:
+        parts.append(ALL_BAD_NAMED if named else _all_bad_text())
+    if sum_text:
+        parts.append(sum_text)
+    if s.exhausted:
+        parts.append(f"the probe budget ran out ({s.prober.budget} probes) before the search ended: raise "
+                     "locate.budget")
+    where = "samples" if named else "all" if all_bad else "sum" if sum_text else "samples"
+    return NonfiniteFinding(where, tuple(u.batch for u in named),
+                            tuple((u.batch, t) for u in named for t in u.terms), "; ".join(parts) or
+                            "no sample isolated", tuple(named), s.prober.count - start, s.exhausted)
+
+
+def search_losses(prober: Prober, micro_batches: list[int], labelled: bool, documents: list | None) -> NonfiniteFinding:
+    """A step whose gradient is finite but whose loss is not (a ``-inf`` logit under a log-softmax):
+    the samples with non-finite loss terms, from the term-loss map (one probe per micro-batch) and
+    one probe per named sample for its gradient."""
+    start = prober.count
+    s = _Search(prober, labelled, documents)
+    named: list[NonfiniteSample] = []
+    try:
+        for i in micro_batches:
+            losses = prober.term_losses(i)
+            units = [u for u in Segments(i, prober.masks[i], s.docs[i]).items if u.terms]
+            named += [s.sample(i, u, losses, _bad_terms(losses, u)) for u in units if _bad_terms(losses, u)]
+    except BudgetExhausted:
+        s.exhausted = True
+    text = "; ".join(sample_sentence(u) for u in named) or "the loss is non-finite but no loss term is"
+    return NonfiniteFinding("samples", tuple(u.batch for u in named),
+                            tuple((u.batch, t) for u in named for t in u.terms), text, tuple(named),
+                            prober.count - start, s.exhausted)
+
+
+ALL_BAD_NAMED = ("every probe is non-finite, even one that keeps no loss term: the non-finite loss terms reach "
+                 "the gradient through the mask (the backward of 0 x Inf is NaN), so the samples are named by "
+                 "their loss, and the others could not be searched")
+
+
+def label(u: NonfiniteSample) -> str:
+    """``"micro-batch 1, sample 3"``, ``"sample 0 document 2"``."""
+    mb = "" if u.micro_batch is None else f"micro-batch {u.micro_batch}, "
+    doc = "" if u.document is None else f" document {u.document}"
+    return f"{mb}sample {u.batch}{doc}"
+
+
+def sample_sentence(u: NonfiniteSample) -> str:
+    """``"sample 3's loss is Inf (token 17): its gradient is NaN"``."""
+    where = ""
+    if u.terms:
+        shown = ", ".join(map(str, u.terms[:5])) + (f", +{len(u.terms) - 5}" if len(u.terms) > 5 else "")
+        where = f" (token{'s' if len(u.terms) > 1 else ''} {shown})"
+    grad = {"?": "not probed (budget)"}.get(u.grad, u.grad)
+    if u.loss is None or math.isfinite(u.loss):
+        return f"{label(u)}'s gradient is {grad}{where}; its loss is {_value(u.loss)}"
+    return f"{label(u)}'s loss is {_value(u.loss)}{where}: its gradient is {grad}"
+
+
+def _bad_weights(prober: Prober, names: list[str]) -> str:
+    """Which trainable tensors hold NaN/Inf, in words ('' when none)."""
+    flags = torch.stack([torch.isfinite(p.detach()).all() for p in prober.params]).tolist()  # host sync: once
+    bad = [n for n, ok in zip(names, flags) if not ok]
+    if not bad:
+        return ""
+    return (f"the weights hold NaN/Inf ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): every probe is "
+            "non-finite whatever the mask keeps; an earlier step (or a load) broke them")
+
+
+def _all_bad_text() -> str:
+    return ("the gradient is non-finite whatever the mask keeps, even with no loss term: a non-finite value in the "
+            "forward pass (an activation overflow, a NaN input) that loss_fn's mask cannot remove")
+
+
+def _overflow(total: Grads, names: list[str]) -> tuple[str, float, str]:
+    """(the dtype the sum overflows, its max, the tensors that overflowed)."""
+    bad = [(n, t.dtype) for n, t in zip(names, total) if not bool(torch.isfinite(t).all())]  # host sync per tensor
+    dtype = bad[0][1] if bad else total[0].dtype
+    where = ", ".join(n for n, _ in bad[:3]) + (", ..." if len(bad) > 3 else "")
+    return str(dtype).replace("torch.", ""), torch.finfo(dtype).max, where
+
+
+def _sum_detail(s: _Search, sums: list[tuple[int, list[Segment]]], total: Grads, names: list[str]) -> str:
+    """Each sample of an overflowing sum probed alone (at most ``MAX_SUM_PROBES``): the largest norm
+    and element against the dtype's max."""
+    best, probed = (0.0, 0.0, None), 0
+    try:
+        for i, S in sums:
+            for u in S:
+                key = (i, u.batch, u.document)
+                if key not in s.single:
+                    if probed >= MAX_SUM_PROBES:
+                        continue
+                    s.single[key] = s.state(i, u.terms)
+                    probed += 1
+                _, norm, amax = s.single[key]
+                if amax > best[1]:
+                    best = (norm, amax, (i, u))
+    except BudgetExhausted:
+        s.exhausted = True
+    seen = sum(1 for i, S in sums for u in S if (i, u.batch, u.document) in s.single)
+    dtype, top, where = _overflow(total, names)
+    n = sum(len(S) for _, S in sums)
+    sizes = "/".join(map(str, sorted({len(S) for _, S in sums})))
+    alone = ""
+    if best[2] is not None:
+        i, u = best[2]
+        name = label(NonfiniteSample(u.batch, i if s.labelled else None, u.document))
+        alone = f"; the largest of {seen} probed alone: {name}, norm {best[0]:.3g}, largest element {best[1]:.3g}"
+    return (f"the sum overflows, not one sample: {n} samples' gradients add up past {dtype}'s max {top:.5g} in "
+            f"{where} (the step's gradient is Inf) while none is NaN or Inf (the halving ends in sets of {sizes} "
+            f"samples whose halves are each finite{alone})")
+
+
+def _norm_overflow(total: Grads) -> str:
+    dtype = str(total[0].dtype).replace("torch.", "")
+    top = max(float(t.detach().abs().max()) if t.numel() else 0.0 for t in total)  # host sync per tensor
+    return (f"every element of the gradient is finite (the largest {top:.3g}) but its norm overflows {dtype} (a sum "
+            "of squares above its max), so the step's gradient norm reads Inf; no sample's gradient is NaN or Inf")
+
+
+def _micro_batch_sum(step: NonfiniteStep, names: list[str]) -> str:
+    dtype, top, where = _overflow(step.total, names)
+    norms = ", ".join(f"{v:.3g}" for v in step.norms)
+    return (f"each micro-batch's gradient is finite (norms {norms}) but their sum overflows {dtype} (max {top:.5g}) "
+            f"in {where}: the step's gradient is Inf")
+
+
+def culprit_rows(finding: NonfiniteFinding) -> list[Culprit | CulpritToken]:
+    """The finding's table rows: a sample's non-finite terms as tokens when a few (at most
+    ``FEW_TERMS``, or a quarter of its terms), else the sample; ``share`` None, ``nonfinite`` True."""
+    rows: list[Culprit | CulpritToken] = []
+    for u in finding.units:
+        if u.terms and len(u.terms) <= max(FEW_TERMS, u.n_terms // 4):
+            rows += [CulpritToken(batch=u.batch, position=t, grad_norm=math.nan, micro_batch=u.micro_batch,
+                                  nonfinite=True) for t in u.terms]
+        else:
+            rows.append(Culprit("sample", u.grad_norm, None, micro_batch=u.micro_batch, batch=u.batch, start=u.start,
+                                end=u.end, document=u.document, n_terms=u.n_terms, nonfinite=True))
+    return rows
+
+
+def as_result(prober: Prober, step: NonfiniteStep, method: str, labelled: bool, documents: list | None,
+              names: list[str]) -> LocateResult:
+    """The localizer's result on a non-finite step: the finding, its rows, no threshold, no step check
+    (``.grad`` is NaN too); ``probes`` counts the micro-batch stage's and the search's."""
+    finding = search(prober, step, labelled, documents, names)
+    rows = culprit_rows(finding)
+    tokens = [c for c in rows if isinstance(c, CulpritToken)]
+    total = math.sqrt(float(prober.sq_per_tensor(step.total).sum()))  # host sync: once
+    return LocateResult(tokens=tokens, probes=prober.count, method=method, threshold=math.nan, total_norm=total,
+                        layer_names=list(prober.grouping.layers), notes=[f"non-finite step: {finding.detail}"],
+                        micro_batch_norms=list(step.norms) if labelled else [],
+                        ghost_maps=[None] * prober.k if labelled else [],
+                        layer_maps=[None] * prober.k if labelled else [], culprits=rows, nonfinite=finding,
+                        budget_exhausted=finding.budget_exhausted)
+
+
+def attach_losses(result: LocateResult, prober: Prober, micro_batches: list[int], labelled: bool,
+                  documents: list | None) -> None:
+    """A finite gradient with a non-finite loss in ``micro_batches``: the finding and its rows join
+    the norm search's result (nothing when every loss is finite)."""
+    if not micro_batches:
+        return
+    finding = search_losses(prober, micro_batches, labelled, documents)
+    result.nonfinite = finding
+    rows = culprit_rows(finding)
+    result.tokens = list(result.tokens) + [c for c in rows if isinstance(c, CulpritToken)]
+    result.culprits = list(result.culprits) + rows
+    result.probes = prober.count
+    result.notes.append(f"non-finite loss, finite gradient: {finding.detail}")
