@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -84,13 +85,14 @@ def oracle(model, x, y, kind: str, where=()) -> tuple[set[int], set[int]]:
     return bad_grad, bad_loss
 
 
-def test_a_log_of_zero_names_its_sample_and_token_and_says_its_loss_is_inf():
+@pytest.mark.parametrize("method", ["auto", "gradloc"])
+def test_a_log_of_zero_names_its_sample_and_token_and_says_its_loss_is_inf(method):
     model, (x, y) = tiny(), batch()
     bad = [(3, 5)]
     loss_fn = loss_of(model, x, y, "log0", bad)
     loss_fn(torch.ones(B, T)).backward()
     assert not finite(model)
-    r = gradloc_track.locate(model, loss_fn, torch.ones(B, T))
+    r = gradloc_track.locate(model, loss_fn, torch.ones(B, T), method=method, threshold=1.0)
     f = r.nonfinite
     grad_rows, loss_rows = oracle(model, x, y, "log0", bad)
     assert set(f.samples) == grad_rows == loss_rows == {3} and f.terms == ((3, 5),) and f.where == "samples"

@@ -69,6 +69,9 @@ def test_a_nan_step_is_skipped_exactly_and_its_sample_is_named_everywhere(tmp_pa
     assert [(c["level"], c["sample"], c["position"], c["share"], c["nonfinite"]) for c in cells] == [
         ("token", 3, 5, None, True)]
 
+    page = (tmp_path / "run" / "spikes" / "highlight" / "step_000003.html").read_text()
+    assert "non-finite step: sample 3&#x27;s loss is Inf (token 5)" in page  # the localizer's note, escaped
+
     block = "\n".join(spike_block(SpikeView.of(stats), tmp_path / "run"))
     assert "non-finite sample 3's loss is Inf (token 5): its gradient is NaN" in block
     assert "sample 3, token 5:" in block and "(its gradient is non-finite)" in block
