@@ -113,8 +113,8 @@ class _Search:
     def __init__(self, prober: Prober, labelled: bool, documents: list | None) -> None:
         self.prober, self.labelled = prober, labelled
         self.docs = documents or [None] * prober.k
-        self.single: dict[tuple, tuple[str, float, float]] = {}  # (i, row, document) -> its own probe's (state, norm,
-        # largest element)
+        # (i, row, document) -> (state, norm, largest element) of the sample's own probe
+        self.single: dict[tuple, tuple[str, float, float]] = {}
         self.empty: dict[int, bool] = {}  # micro-batch -> non-finite with no term kept
         self.exhausted = False
 
@@ -169,7 +169,7 @@ class _Search:
             return self.units_state(i, items)
         return self.state(i, terms_of(items))[0]
 
-    def sample(self, i: int, u: Segment, losses: torch.Tensor | None, terms: tuple[int, ...]) -> NonfiniteSample:
+    def sample(self, i: int, u: Segment, tmap: TermMap, terms: tuple[int, ...]) -> NonfiniteSample:
         """The named sample, its loss from the term map and its own probe's gradient (one probe when
         the halving did not probe it alone)."""
         key = (i, u.batch, u.document)
@@ -180,25 +180,42 @@ class _Search:
                 self.exhausted = True
                 self.single[key] = ("?", math.nan, math.nan)
         state, norm, _ = self.single[key]
-        loss = None if losses is None else float(sum(losses[b, t] for b, t in u.terms))  # host sync: per sample
-        return NonfiniteSample(u.batch, i if self.labelled else None, u.document, u.start, u.end, len(u.terms), loss,
-                               state, norm, terms)
+        return NonfiniteSample(u.batch, i if self.labelled else None, u.document, u.start, u.end, len(u.terms),
+                               tmap.loss(u), state, norm, terms)
 
 
-def _bad_terms(losses: torch.Tensor | None, u: Segment) -> tuple[int, ...]:
-    if losses is None:
-        return ()
-    return tuple(t for b, t in u.terms if not math.isfinite(float(losses[b, t])))  # host sync: one sample's terms
+class TermMap:
+    """One micro-batch's samples with their losses and non-finite loss terms, from ``Prober.term_losses``
+    (one probe, then two host transfers: every sample's loss, every bad term)."""
+
+    def __init__(self, prober: Prober, i: int, segments: Segments) -> None:
+        self.units = [u for u in segments.items if u.terms]
+        self._index = {id(u): j for j, u in enumerate(segments.items)}
+        self.losses: list[float] | None = None  # per segment, in loss_fn's units (None: no map)
+        self.bad: dict[int, list[int]] = {}  # segment index -> positions of its non-finite terms
+        losses = prober.term_losses(i)
+        if losses is None:
+            return
+        per_unit = torch.zeros(len(segments), dtype=torch.float64, device=losses.device)
+        per_unit.index_add_(0, segments.ids.to(losses.device).reshape(-1), losses.reshape(-1))
+        self.losses = per_unit.tolist()  # host sync: once per micro-batch, on a non-finite step
+        for b, t in (~torch.isfinite(losses)).nonzero().tolist():  # host sync: once per micro-batch
+            self.bad.setdefault(int(segments.ids[b, t]), []).append(t)
+
+    def loss(self, u: Segment) -> float | None:
+        return None if self.losses is None else self.losses[self._index[id(u)]]
+
+    def bad_terms(self, u: Segment) -> tuple[int, ...]:
+        return tuple(sorted(self.bad.get(self._index[id(u)], []))) if self.losses is not None else ()
 
 
 def _micro_batch(s: _Search, i: int) -> _MicroBatch:
     """Steps 1-3 of the module doc in micro-batch ``i`` (its gradient is non-finite)."""
     out = _MicroBatch()
-    units = [u for u in Segments(i, s.prober.masks[i], s.docs[i]).items if u.terms]
-    losses = s.prober.term_losses(i)
-    lossy = [u for u in units if _bad_terms(losses, u)]
-    rest = [u for u in units if u not in lossy]
-    out.named = [s.sample(i, u, losses, _bad_terms(losses, u)) for u in lossy]
+    tmap = TermMap(s.prober, i, Segments(i, s.prober.masks[i], s.docs[i]))
+    lossy = [u for u in tmap.units if tmap.bad_terms(u)]
+    rest = [u for u in tmap.units if not tmap.bad_terms(u)]
+    out.named = [s.sample(i, u, tmap, tmap.bad_terms(u)) for u in lossy]
     if lossy and (not rest or s.units_state(i, rest) == "finite"):
         return out
     if lossy and s.all_bad(i):
@@ -208,7 +225,7 @@ def _micro_batch(s: _Search, i: int) -> _MicroBatch:
     if out.all_bad:
         return out
     for u in bad:
-        out.named.append(s.sample(i, u, losses, _narrow(s, i, u)))
+        out.named.append(s.sample(i, u, tmap, _narrow(s, i, u)))
     return out
 
 
@@ -217,7 +234,7 @@ def _narrow(s: _Search, i: int, u: Segment) -> tuple[int, ...]:
     if len(u.terms) == 1:
         return (u.terms[0][1],)
     try:
-        bad, sums, stopped = s.halve(i, u.terms, lambda ts: list(ts), cap=FEW_TERMS)
+        bad, sums, stopped = s.halve(i, u.terms, list, cap=FEW_TERMS)
     except BudgetExhausted:
         s.exhausted = True
         return ()
@@ -276,9 +293,8 @@ def search_losses(prober: Prober, micro_batches: list[int], labelled: bool, docu
     named: list[NonfiniteSample] = []
     try:
         for i in micro_batches:
-            losses = prober.term_losses(i)
-            units = [u for u in Segments(i, prober.masks[i], s.docs[i]).items if u.terms]
-            named += [s.sample(i, u, losses, _bad_terms(losses, u)) for u in units if _bad_terms(losses, u)]
+            tmap = TermMap(prober, i, Segments(i, prober.masks[i], s.docs[i]))
+            named += [s.sample(i, u, tmap, tmap.bad_terms(u)) for u in tmap.units if tmap.bad_terms(u)]
     except BudgetExhausted:
         s.exhausted = True
     text = "; ".join(sample_sentence(u) for u in named) or "the loss is non-finite but no loss term is"

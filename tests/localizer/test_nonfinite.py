@@ -215,3 +215,14 @@ def test_culprit_rows_are_tokens_when_few_else_the_sample():
     assert [(c.level, c.position, c.nonfinite, c.share) for c in nonfinite.culprit_rows(few)] == [
         ("token", 2, True, None)]
     assert [(c.level, c.batch, c.end, c.nonfinite) for c in nonfinite.culprit_rows(many)] == [("sample", 1, 8, True)]
+
+
+def test_a_packed_document_is_named_not_its_whole_row():
+    model, (x, y) = tiny(), batch(rows=4)
+    docs = torch.zeros(4, T, dtype=torch.long)
+    docs[:, T // 2:] = 1  # two documents per row
+    loss_fn = loss_of(model, x, y, "advantage", [(2, T - 1)])
+    f = gradloc_track.locate(model, loss_fn, torch.ones(4, T), document_ids=docs).nonfinite
+    (u,) = f.units
+    assert (u.batch, u.document, u.start, u.end, u.terms) == (2, 1, T // 2, T, (T - 1,))
+    assert "sample 2 document 1's gradient is" in f.detail
