@@ -101,6 +101,7 @@ def locate_one(model: torch.nn.Module, step: LocateStep, options: SearchOptions)
         else:
             nonfinite.attach_losses(result, prober, [i for i, v in enumerate(losses) if not math.isfinite(v)],
                                     labelled, docs)
+            nonfinite.attach_replay(result, snap.grads_for(prober.params), grouping.names)
         result.wall_time_s = time.perf_counter() - t0
         if normaliser:
             result.notes.append(normaliser)

@@ -33,7 +33,7 @@ from .probe import BudgetExhausted, Grads, Prober
 from .result import Culprit, CulpritToken, LocateResult
 from .segments import Segment, Segments
 
-WHERE = ("samples", "sum", "all", "norm")
+WHERE = ("samples", "sum", "all", "norm", "replay")
 FEW_TERMS = 8  # a sample's bad terms are named as tokens up to this many (else the sample)
 MAX_SUM_PROBES = 4  # samples of an overflowing sum probed alone for the numbers (beyond those the halving did)
 
@@ -59,7 +59,8 @@ class NonfiniteFinding:
     """What made a step non-finite. ``where``: ``"samples"`` (the samples named), ``"sum"`` (every
     sample's gradient is finite, their sum overflows the gradient's dtype), ``"all"`` (the gradient
     is non-finite whatever the mask keeps) or ``"norm"`` (every element is finite, only the norm
-    overflows); ``samples``/``terms``: rows and ``(row, position)`` of the named samples and their
+    overflows) or ``"replay"`` (``.grad`` is non-finite, the replayed probes are not);
+    ``samples``/``terms``: rows and ``(row, position)`` of the named samples and their
     non-finite terms (``units`` adds micro-batch, document, loss, gradient); ``detail``: one
     sentence with the numbers; ``probes``: what the search spent."""
 
@@ -439,3 +440,24 @@ def attach_losses(result: LocateResult, prober: Prober, micro_batches: list[int]
     result.culprits = list(result.culprits) + rows
     result.probes = prober.count
     result.notes.append(f"non-finite loss, finite gradient: {finding.detail}")
+
+
+def attach_replay(result: LocateResult, grads: list[torch.Tensor | None] | None, names: list[str]) -> None:
+    """``.grad`` holds NaN/Inf while the replayed probes are finite: no sample of the batch made it
+    so; the finding says that (the norm search's culprits describe the replayed step)."""
+    if result.nonfinite is not None or not grads:
+        return
+    held = [(n, g) for n, g in zip(names, grads) if g is not None]
+    if not held:
+        return
+    flags = torch.stack([torch.isfinite(g.to_dense() if g.is_sparse else g).all() for _, g in held]).tolist()
+    bad = [n for (n, _), ok in zip(held, flags) if not ok]  # host sync above: once per localization
+    if not bad:
+        return
+    where = ", ".join(bad[:3]) + (", ..." if len(bad) > 3 else "")
+    result.nonfinite = NonfiniteFinding("replay", detail=(
+        f"the step's .grad holds NaN/Inf ({where}) but the replayed probes' gradient is finite (norm "
+        f"{result.total_norm:.3g}): the non-finite value does not come from the batch as loss_fn replays it (a "
+        "corrupted gradient, a hardware fault, or a loss_fn that is not the training loss); the rows describe the "
+        "replayed step"))
+    result.notes.append(f"non-finite .grad, finite replay: {result.nonfinite.detail}")

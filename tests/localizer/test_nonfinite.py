@@ -226,3 +226,18 @@ def test_a_packed_document_is_named_not_its_whole_row():
     (u,) = f.units
     assert (u.batch, u.document, u.start, u.end, u.terms) == (2, 1, T // 2, T, (T - 1,))
     assert "sample 2 document 1's gradient is" in f.detail
+
+
+def test_a_nan_only_in_grad_does_not_replay_and_no_sample_is_blamed_for_it():
+    """A corrupted ``.grad`` (a bit flip): the replayed probes are finite, so the finding says the
+    NaN does not come from the batch."""
+    model, (x, y) = tiny(), batch(rows=4)
+    loss_fn = loss_of(model, x, y, "ok")
+    loss_fn(torch.ones(4, T)).backward()
+    model.h[0].mlp.fc.weight.grad[1, 2] = math.nan
+    with pytest.warns(UserWarning, match="do not reproduce"):
+        r = gradloc_track.locate(model, loss_fn, torch.ones(4, T))
+    assert r.nonfinite.where == "replay" and r.nonfinite.samples == ()
+    assert "the step's .grad holds NaN/Inf (h.0.mlp.fc.weight) but the replayed probes' gradient is finite" \
+        in r.nonfinite.detail
+    assert not any(c.nonfinite for c in r.culprits) and math.isfinite(r.total_norm)
