@@ -147,7 +147,8 @@ class _Search:
     def halve(self, i: int, items: list, terms_of, cap: int | None = None) -> tuple[list, list[list], bool]:
         """(bad items, sets whose halves are both finite, stopped) over ``items`` known non-finite
         together; ``terms_of(items)`` -> their terms. Stops (True) when a split leaves both halves
-        non-finite and the micro-batch is non-finite with no term kept, or past ``cap`` bad items."""
+        non-finite and the micro-batch is non-finite with no term kept, or past ``cap`` bad items. When
+        the budget runs out, what was found so far (``exhausted`` set)."""
         bad, sums, stack = [], [], [list(items)]
         while stack:
             S = stack.pop()
@@ -157,7 +158,11 @@ class _Search:
             if cap is not None and len(bad) + len(stack) + 1 > cap:
                 return bad, sums, True
             halves = [S[: len(S) // 2], S[len(S) // 2:]]
-            states = [self.items_state(i, h, terms_of) for h in halves]
+            try:
+                states = [self.items_state(i, h, terms_of) for h in halves]
+            except BudgetExhausted:
+                self.exhausted = True
+                return bad, sums, False
             if all(s != "finite" for s in states) and cap is None and self.all_bad(i):
                 return bad, sums, True
             if all(s == "finite" for s in states):
@@ -234,12 +239,9 @@ def _narrow(s: _Search, i: int, u: Segment) -> tuple[int, ...]:
     """The sample's non-finite terms by halving, when at most ``FEW_TERMS`` (else ``()``)."""
     if len(u.terms) == 1:
         return (u.terms[0][1],)
-    try:
-        bad, sums, stopped = s.halve(i, u.terms, list, cap=FEW_TERMS)
-    except BudgetExhausted:
-        s.exhausted = True
-        return ()
-    return () if stopped or sums else tuple(sorted(t for _, t in bad))
+    was = s.exhausted
+    bad, sums, stopped = s.halve(i, u.terms, list, cap=FEW_TERMS)
+    return () if stopped or sums or s.exhausted != was else tuple(sorted(t for _, t in bad))
 
 
 def search(prober: Prober, step: NonfiniteStep, labelled: bool, documents: list | None,

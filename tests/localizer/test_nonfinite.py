@@ -241,3 +241,13 @@ def test_a_nan_only_in_grad_does_not_replay_and_no_sample_is_blamed_for_it():
     assert "the step's .grad holds NaN/Inf (h.0.mlp.fc.weight) but the replayed probes' gradient is finite" \
         in r.nonfinite.detail
     assert not any(c.nonfinite for c in r.culprits) and math.isfinite(r.total_norm)
+
+
+def test_a_budget_too_small_says_so_and_keeps_what_it_found():
+    model, (x, y) = tiny(), batch()
+    loss_fn = loss_of(model, x, y, "advantage", [(4, 2), (11, 6)])
+    r = gradloc_track.locate(model, loss_fn, torch.ones(B, T), budget=12)
+    f = r.nonfinite
+    assert r.probes <= 12 and f.budget_exhausted and r.budget_exhausted
+    assert "the probe budget ran out (12 probes) before the search ended: raise locate.budget" in f.detail
+    assert set(f.samples) <= {4, 11} and f.samples  # the halving had named one before it stopped
