@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import nonfinite_words as words
 from .probe import BudgetExhausted, Grads, Prober
 from .result import Culprit, CulpritToken, LocateResult
 from .segments import Segment, Segments
@@ -93,12 +94,6 @@ def inspect(g: Grads) -> tuple[str, float]:
                          torch.zeros((), dtype=torch.float64, device=t.device)]) for t in g]
     nan, inf, amax = torch.stack(rows).amax(0).tolist()  # host sync: once per probe, on a non-finite step only
     return ("NaN" if nan else "Inf" if inf else "finite"), amax
-
-
-def _value(x: float | None) -> str:
-    if x is None:
-        return "unknown"
-    return "NaN" if math.isnan(x) else ("Inf" if x > 0 else "-Inf") if math.isinf(x) else f"{x:.4g}"
 
 
 @dataclass
@@ -273,14 +268,13 @@ def _finding(s: _Search, found: list[_MicroBatch], sum_text: str, total: Grads, 
              start: int) -> NonfiniteFinding:
     named = [u for mb in found for u in mb.named]
     all_bad = any(mb.all_bad for mb in found)
-    parts = [sample_sentence(u) for u in named]
+    parts = [words.sample_sentence(u) for u in named]
     if all_bad:
-        parts.append(ALL_BAD_NAMED if named else _all_bad_text())
+        parts.append(words.ALL_BAD_NAMED if named else words.ALL_BAD)
     if sum_text:
         parts.append(sum_text)
     if s.exhausted:
-        parts.append(f"the probe budget ran out ({s.prober.budget} probes) before the search ended: raise "
-                     "locate.budget")
+        parts.append(words.budget_ran_out(s.prober.budget))
     where = "samples" if named else "all" if all_bad else "sum" if sum_text else "samples"
     return NonfiniteFinding(where, tuple(u.batch for u in named),
                             tuple((u.batch, t) for u in named for t in u.terms), "; ".join(parts) or
@@ -300,57 +294,24 @@ def search_losses(prober: Prober, micro_batches: list[int], labelled: bool, docu
             named += [s.sample(i, u, tmap, tmap.bad_terms(u)) for u in tmap.units if tmap.bad_terms(u)]
     except BudgetExhausted:
         s.exhausted = True
-    text = "; ".join(sample_sentence(u) for u in named) or "the loss is non-finite but no loss term is"
+    text = "; ".join(words.sample_sentence(u) for u in named) or "the loss is non-finite but no loss term is"
     return NonfiniteFinding("samples", tuple(u.batch for u in named),
                             tuple((u.batch, t) for u in named for t in u.terms), text, tuple(named),
                             prober.count - start, s.exhausted)
-
-
-ALL_BAD_NAMED = ("every probe is non-finite, even one that keeps no loss term: the non-finite loss terms reach "
-                 "the gradient through the mask (the backward of 0 x Inf is NaN), so the samples are named by "
-                 "their loss, and the others could not be searched")
-
-
-def label(u: NonfiniteSample) -> str:
-    """``"micro-batch 1, sample 3"``, ``"sample 0 document 2"``."""
-    mb = "" if u.micro_batch is None else f"micro-batch {u.micro_batch}, "
-    doc = "" if u.document is None else f" document {u.document}"
-    return f"{mb}sample {u.batch}{doc}"
-
-
-def sample_sentence(u: NonfiniteSample) -> str:
-    """``"sample 3's loss is Inf (token 17): its gradient is NaN"``."""
-    where = ""
-    if u.terms:
-        shown = ", ".join(map(str, u.terms[:5])) + (f", +{len(u.terms) - 5}" if len(u.terms) > 5 else "")
-        where = f" (token{'s' if len(u.terms) > 1 else ''} {shown})"
-    grad = {"?": "not probed (budget)"}.get(u.grad, u.grad)
-    if u.loss is None or math.isfinite(u.loss):
-        return f"{label(u)}'s gradient is {grad}{where}; its loss is {_value(u.loss)}"
-    return f"{label(u)}'s loss is {_value(u.loss)}{where}: its gradient is {grad}"
 
 
 def _bad_weights(prober: Prober, names: list[str]) -> str:
     """Which trainable tensors hold NaN/Inf, in words ('' when none)."""
     flags = torch.stack([torch.isfinite(p.detach()).all() for p in prober.params]).tolist()  # host sync: once
     bad = [n for n, ok in zip(names, flags) if not ok]
-    if not bad:
-        return ""
-    return (f"the weights hold NaN/Inf ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): every probe is "
-            "non-finite whatever the mask keeps; an earlier step (or a load) broke them")
-
-
-def _all_bad_text() -> str:
-    return ("the gradient is non-finite whatever the mask keeps, even with no loss term: a non-finite value in the "
-            "forward pass (an activation overflow, a NaN input) that loss_fn's mask cannot remove")
+    return words.bad_weights(bad) if bad else ""
 
 
 def _overflow(total: Grads, names: list[str]) -> tuple[str, float, str]:
     """(the dtype the sum overflows, its max, the tensors that overflowed)."""
     bad = [(n, t.dtype) for n, t in zip(names, total) if not bool(torch.isfinite(t).all())]  # host sync per tensor
     dtype = bad[0][1] if bad else total[0].dtype
-    where = ", ".join(n for n, _ in bad[:3]) + (", ..." if len(bad) > 3 else "")
-    return str(dtype).replace("torch.", ""), torch.finfo(dtype).max, where
+    return str(dtype).replace("torch.", ""), torch.finfo(dtype).max, words.names([n for n, _ in bad])
 
 
 def _sum_detail(s: _Search, sums: list[tuple[int, list[Segment]]], total: Grads, names: list[str]) -> str:
@@ -372,31 +333,21 @@ def _sum_detail(s: _Search, sums: list[tuple[int, list[Segment]]], total: Grads,
     except BudgetExhausted:
         s.exhausted = True
     seen = sum(1 for i, S in sums for u in S if (i, u.batch, u.document) in s.single)
-    dtype, top, where = _overflow(total, names)
-    n = sum(len(S) for _, S in sums)
-    sizes = "/".join(map(str, sorted({len(S) for _, S in sums})))
     alone = ""
     if best[2] is not None:
         i, u = best[2]
-        name = label(NonfiniteSample(u.batch, i if s.labelled else None, u.document))
-        alone = f"; the largest of {seen} probed alone: {name}, norm {best[0]:.3g}, largest element {best[1]:.3g}"
-    return (f"the sum overflows, not one sample: {n} samples' gradients add up past {dtype}'s max {top:.5g} in "
-            f"{where} (the step's gradient is Inf) while none is NaN or Inf (the halving ends in sets of {sizes} "
-            f"samples whose halves are each finite{alone})")
+        alone = words.largest_alone(seen, words.label(u.batch, i if s.labelled else None, u.document), *best[:2])
+    return words.sum_overflow(sum(len(S) for _, S in sums), *_overflow(total, names),
+                              sorted({len(S) for _, S in sums}), alone)
 
 
 def _norm_overflow(total: Grads) -> str:
-    dtype = str(total[0].dtype).replace("torch.", "")
     top = max(float(t.detach().abs().max()) if t.numel() else 0.0 for t in total)  # host sync per tensor
-    return (f"every element of the gradient is finite (the largest {top:.3g}) but its norm overflows {dtype} (a sum "
-            "of squares above its max), so the step's gradient norm reads Inf; no sample's gradient is NaN or Inf")
+    return words.norm_overflow(top, str(total[0].dtype).replace("torch.", ""))
 
 
 def _micro_batch_sum(step: NonfiniteStep, names: list[str]) -> str:
-    dtype, top, where = _overflow(step.total, names)
-    norms = ", ".join(f"{v:.3g}" for v in step.norms)
-    return (f"each micro-batch's gradient is finite (norms {norms}) but their sum overflows {dtype} (max {top:.5g}) "
-            f"in {where}: the step's gradient is Inf")
+    return words.micro_batch_sum(step.norms, *_overflow(step.total, names))
 
 
 def culprit_rows(finding: NonfiniteFinding) -> list[Culprit | CulpritToken]:
@@ -456,10 +407,5 @@ def attach_replay(result: LocateResult, grads: list[torch.Tensor | None] | None,
     bad = [n for (n, _), ok in zip(held, flags) if not ok]  # host sync above: once per localization
     if not bad:
         return
-    where = ", ".join(bad[:3]) + (", ..." if len(bad) > 3 else "")
-    result.nonfinite = NonfiniteFinding("replay", detail=(
-        f"the step's .grad holds NaN/Inf ({where}) but the replayed probes' gradient is finite (norm "
-        f"{result.total_norm:.3g}): the non-finite value does not come from the batch as loss_fn replays it (a "
-        "corrupted gradient, a hardware fault, or a loss_fn that is not the training loss); the rows describe the "
-        "replayed step"))
+    result.nonfinite = NonfiniteFinding("replay", detail=words.replay(bad, result.total_norm))
     result.notes.append(f"non-finite .grad, finite replay: {result.nonfinite.detail}")
