@@ -21,6 +21,11 @@ Per micro-batch whose gradient is non-finite (norms are not compared: a NaN has 
 4. a set whose halves are both finite overflows from the SUM (fp16/bf16): ``where="sum"``, with
    each sample's largest gradient norm and element against the dtype's max. Micro-batches whose
    gradients are each finite but add up to Inf are that case too, at no probe.
+
+Before any probe: NaN/Inf weights (``where="all"``, named) and a gradient whose elements are all
+finite but whose float32 norm overflows (``"norm"``). After a finite search: ``.grad`` non-finite
+while the replayed probes are finite (``"replay"``: no sample of the batch made it so).
+Sentences: ``nonfinite_words.py``.
 """
 from __future__ import annotations
 
