@@ -24,8 +24,9 @@ if TYPE_CHECKING:
 
 # what a reader scans first: when, at which level, which text, how much of the spike it carries;
 # then where
+# ``nonfinite``: True for a row the non-finite search named (its gradient or loss is NaN/Inf; share empty)
 BASE_COLUMNS = ["step", "level", "token", "share", "grad_norm", "sample", "position", "end", "top_layers", "signal",
-                "z", "token_id", "sample_id"]
+                "z", "token_id", "sample_id", "nonfinite"]
 WHERE_COLUMNS = ("micro_batch", "rank", "document")  # only when the localization (or the context) has them
 MAX_UNIT_CHARS = 1000  # a span/sample row's text is cut here, with a marker saying how much was left
 
@@ -101,7 +102,7 @@ def attribution_table(step: int, events: Sequence[SpikeEvent], result: LocateRes
                  "document": view.document(c), "sample": c.batch, "position": c.start, "end": c.end,
                  "grad_norm": c.grad_norm, "share": c.share, "top_layers": format_top_layers(c.layer_norms, top_layers),
                  "signal": lead.signal if lead else None, "z": lead.z if lead else None,
-                 "sample_id": view.sample_id(c), **view.text(c)}
+                 "sample_id": view.sample_id(c), "nonfinite": bool(getattr(c, "nonfinite", False)), **view.text(c)}
         rows.append([cells[n] for n in columns[: len(columns) - len(extras) - len(samples)]] + view.columns(c))
     return columns, rows
 

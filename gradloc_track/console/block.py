@@ -25,9 +25,12 @@ def spike_block(view: SpikeView, run_dir: Path) -> list[str]:
     if len(view.events) > 3:
         lines.append(f"             ... and {len(view.events) - 3} more layer(s)")
     found = culprit_lines(view)
+    nonfinite = getattr(view.result, "nonfinite", None)
+    if nonfinite is not None:  # a NaN/Inf step: which samples (or the sum) made it so, in words
+        lines.append(f"  non-finite {nonfinite.detail}")
     if view.result is None:
         lines.append(f"  culprits   not localized: {view.not_localized or 'no localization ran'}")
-    elif not found:
+    elif not found and nonfinite is None:  # (a non-finite step's line above says why no sample is named)
         lines.append("  culprits   none found: no sample, span or token stands out (the spike is spread over "
                      "the batch)")
         top = [r for r in getattr(view.result, "sample_shares", [])[:3] if r.get("share") is not None]
@@ -35,7 +38,7 @@ def spike_block(view: SpikeView, run_dir: Path) -> list[str]:
             lines.append("             largest per-sample shares: " + ", ".join(
                 (f"micro-batch {r['micro_batch']}, " if r["micro_batch"] is not None else "")
                 + f"sample {r['sample']} {_pct(r['share'])}" for r in top))
-    else:
+    elif found:
         shown = found[:MAX_LINES]
         if len(found) > MAX_LINES:
             shown[-1] = f"... and {len(found) - MAX_LINES + 1} more culprit row(s) (spikes/tokens lists them all)"

@@ -110,9 +110,13 @@ def _quote(text: str, limit: int = 40) -> str:
     return repr(text[:limit] + ("…" if len(text) > limit else "")).replace("\\\\", "\\")
 
 
+NONFINITE = "  (its gradient is non-finite)"
+
+
 def _unit_line(view: SpikeView, c: Any) -> str:
     """A span, a sample (completion, document) or a micro-batch: who, what, its text, its share."""
     share = f"  ({_pct(c.share)} {SHARE_OF})" if c.share is not None else ""
+    share = NONFINITE if getattr(c, "nonfinite", False) else share
     if c.level == "micro_batch":
         mb = f"micro-batch {c.micro_batch}" if c.micro_batch is not None else "the batch"
         return f"{mb}: the whole micro-batch (no sample or token in it stands out){share}"
@@ -138,7 +142,8 @@ def _token_runs(view: SpikeView) -> list[tuple[float, str]]:
             share = sum(c.share or 0.0 for c in run)
             label, _ = view.who(mb, sample, view.document_at(mb, sample, first))
             text = "" if ids is None else "".join(view.decode([int(ids[sample, c.position])]) for c in run)
-            out.append((share, f"{label}, {where}: {_quote(text)}  ({_pct(share)} {SHARE_OF})"))
+            tail = NONFINITE if any(getattr(c, "nonfinite", False) for c in run) else f"  ({_pct(share)} {SHARE_OF})"
+            out.append((share, f"{label}, {where}: {_quote(text)}{tail}"))
     return out
 
 

@@ -118,7 +118,7 @@ def by_sample(ledger: Ledger) -> list[dict[str, Any]]:
         runs = list(dict.fromkeys(name[run] for run, _ in shares))
         out.append({"sample_id": sid, "blamed": len(shares), "runs": runs,
                     "steps": [f"{name[run]}@{step}" for run, step in shares],
-                    "max_share": _largest(shares), "text": excerpt(rows),
+                    "max_share": _largest(shares), "text": excerpt(rows), **_nonfinite(rows),
                     **{c: _value([r.get(c) for r in rows]) for c in ledger.metadata}})
     return sorted(out, key=lambda e: (-e["blamed"], -len(e["runs"]), -e["max_share"], e["sample_id"]))
 
@@ -127,7 +127,14 @@ def _one_row(sid: str, r: dict, run: str, metadata: list[str]) -> dict[str, Any]
     """``by_sample``'s entry of a sample blamed by one row."""
     return {"sample_id": sid, "blamed": 1, "runs": [run], "steps": [f"{run}@{r.get('step')}"],
             "max_share": max(0.0, float(r.get("share") or 0.0)),
-            "text": cut_text(str(r.get("token") or ""), EXCERPT_CHARS), **{c: r.get(c) for c in metadata}}
+            "text": cut_text(str(r.get("token") or ""), EXCERPT_CHARS), **_nonfinite([r]),
+            **{c: r.get(c) for c in metadata}}
+
+
+def _nonfinite(rows: list[dict]) -> dict[str, bool]:
+    """``{"nonfinite": True}`` for a sample a non-finite step blamed (its share is empty: the whole
+    step was NaN/Inf), so the blocklist takes it whatever its share; nothing otherwise."""
+    return {"nonfinite": True} if any(r.get("nonfinite") is True for r in rows) else {}
 
 
 def bucket(n: Any) -> str | None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-CORE = ("sample_id", "blamed", "runs", "steps", "max_share", "text")
+CORE = ("sample_id", "blamed", "runs", "steps", "max_share", "text", "nonfinite")
 SHARE_FLOOR = 0.05  # see the module doc
 
 
@@ -27,8 +27,9 @@ def _indices(value: Any) -> Any:
 
 
 def exported(sample: dict, min_blamed: int = 1, min_share: float = SHARE_FLOOR) -> bool:
-    """Whether a ledger sample goes into the blocklist."""
-    return sample["blamed"] >= min_blamed and sample["max_share"] >= min_share
+    """Whether a ledger sample goes into the blocklist: a sample that made a step's gradient NaN/Inf
+    has no share (the step had no finite norm to share) and goes in when blamed often enough."""
+    return sample["blamed"] >= min_blamed and (sample["max_share"] >= min_share or bool(sample.get("nonfinite")))
 
 
 def blocklist_entries(samples: list[dict], index_column: str = "dataset_index", min_blamed: int = 1,
@@ -39,7 +40,7 @@ def blocklist_entries(samples: list[dict], index_column: str = "dataset_index", 
         meta = {k: v for k, v in s.items() if k not in CORE and k != index_column and v is not None}
         out.append({"sample_id": s["sample_id"], "index": _indices(s.get(index_column)), "blamed": s["blamed"],
                     "runs": s["runs"], "steps": s["steps"], "max_share": s["max_share"], "text": s["text"],
-                    "metadata": meta})
+                    "metadata": meta, **({"nonfinite": True} if s.get("nonfinite") else {})})
     return out
 
 

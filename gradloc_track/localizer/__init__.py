@@ -35,7 +35,8 @@ Rooms: ``step`` (``LocateStep``, what every localizer takes), ``entry`` (``locat
 bisection, ``auto``), ``gradloc`` (GradLoc's procedure), ``ghost`` (the one-backward ranking),
 ``segments`` (exact per-sample norms from it), ``probe`` (the only place probes run the model),
 ``step_check`` (the probes against the step), ``snapshot`` (leave no trace), ``result``,
-``surgery`` (remove the culprits' gradient);
+``surgery`` (remove the culprits' gradient), ``nonfinite`` (a NaN/Inf step: which samples made it so,
+by ``isfinite`` instead of norms) with ``nonfinite_words`` (its findings in words);
 under ``torch.distributed``: ``distributed`` (the same levels, by the same rules, over every
 rank's terms), ``dist_terms`` (every rank's terms, samples and micro-batch pieces numbered
 globally), ``dist_probe``, ``dist_failure`` (one rank's failure stops every rank together:

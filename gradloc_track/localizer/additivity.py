@@ -32,8 +32,9 @@ TOKEN_MEAN_FIX = ("it divides by the number of KEPT terms (a token mean: (l * ma
                   "reduction='none').view(B, T)")
 
 
-def check_additive(prober: Prober, i: int, terms: list, rng: dict) -> None:
-    """``loss(all) == loss(A) + loss(B)`` for a whole-sample and an interleaved split ``A | B``."""
+def check_additive(prober: Prober, i: int, terms: list, rng: dict) -> float:
+    """``loss(all) == loss(A) + loss(B)`` for a whole-sample and an interleaved split ``A | B``;
+    returns the full loss (a non-finite one is not checked: the non-finite search names its terms)."""
     splits = _splits(terms)
     vals, dtype = _losses(prober, i, [m for _, a, b in splits for m in (a, b)], rng)
     full, again = vals[0], vals.pop()
@@ -41,7 +42,7 @@ def check_additive(prober: Prober, i: int, terms: list, rng: dict) -> None:
     if again != full:  # randomness the RNG does not replay: judge only gross breaks (a mean's ~2x)
         tol = max(tol, 0.05, 20 * abs(full - again) / max(abs(full), 1e-30))
     if not math.isfinite(full):
-        return  # non-finite losses are reported once the step's gradient is known
+        return full  # non-finite losses are reported once the step's gradient is known
     where = "" if prober.k == 1 else f" (micro-batch {i})"
     if full != 0 and all(v == full for v in vals[1:]):
         raise ValueError(f"loss_fn(mask) does not depend on the mask{where} (same loss with half the terms "
@@ -54,7 +55,7 @@ def check_additive(prober: Prober, i: int, terms: list, rng: dict) -> None:
             _close(full * len(terms), a * len(a_terms) + b * len(b_terms), abs(full) * len(terms), tol)
         verdicts.append((name, a, b, ok, token_mean))
     if all(v[3] for v in verdicts):
-        return
+        return full
     raise ValueError(_message(where, full, verdicts))
 
 

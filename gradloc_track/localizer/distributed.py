@@ -177,6 +177,13 @@ def _ghost_pass(prober: DistProber, model, group_by: str, docs: list | None):
     return total, maps, names, pieces
 
 
+# the non-finite search (``nonfinite.py``) runs in one process only: its isfinite halving is not yet
+# a collective, so every rank stops alike (after one all_gather) and says so
+NOT_SEARCHED = ("the batch's gradient is not finite (NaN/Inf): under torch.distributed the non-finite search (which "
+                "samples made it NaN/Inf) is not run, every rank stops alike and the step is skipped; to name the "
+                "samples, call locate() in one process on the step's batch (docs/forensics.md, non-finite steps)")
+
+
 def _check_synchronized(prober: DistProber, total: Grads) -> float:
     """A model without DDP/FSDP2 gives each rank its own gradient: the ranks' searches would then
     diverge. Checked once, on the full gradient's squared norm (identical when synchronized); a
@@ -184,8 +191,7 @@ def _check_synchronized(prober: DistProber, total: Grads) -> float:
     sq = float(prober.sq_per_tensor(total).sum())  # host sync: once per localization
     every = _gather(sq, prober.group)
     if not all(math.isfinite(v) for v in every):
-        raise FloatingPointError("the batch's gradient is not finite (NaN/Inf): localization needs finite "
-                                 "gradients; skip this step or find the bad sample by its loss first")
+        raise FloatingPointError(NOT_SEARCHED)
     if len(set(every)) > 1:
         raise ValueError(f"the gradient differs across ranks after backward (squared norms {every}): locate() "
                          "under torch.distributed needs the model wrapped in DistributedDataParallel or "

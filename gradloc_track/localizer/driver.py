@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from . import gradloc, levels, step_check
+from .nonfinite import NonfiniteStep
 from .probe import Grads, Prober
 from .result import CulpritToken, LocateResult
 from .search import Hits, adaptive_tau, auto, bisect, ghost_pass, micro_batch_order, prune_level, term_scores
@@ -123,7 +124,7 @@ def micro_batch_stage(prober: Prober, model: torch.nn.Module, terms: list[list],
         total = g if total is None else prober.add_(total, g)
         del g
     total_sq = prober.norm(total) ** 2
-    check_finite(total_sq)
+    check_finite(total_sq, norms, total)
     scores = [None if m is None else term_scores(m, prober.masks[i]) for i, m in enumerate(maps)]
     term_score = {(i, *t): float(scores[i][t]) for i in range(prober.k) for t in terms[i]}
     return MicroBatchStage(total, total_sq, norms, maps, names or [], scores, term_score, segments)
@@ -168,7 +169,7 @@ def gradloc_search(prober: Prober, terms: list[list], tau: float, labelled: bool
     budget = prober.budget - prober.k
     total, norms, target = gradloc.micro_batch_stage(prober, terms, tau)
     total_sq = prober.norm(total) ** 2
-    check_finite(total_sq)
+    check_finite(total_sq, norms, total)
     notes: list[str] = []
     check = step_check.check_step(prober, total, reference)
     step_check.report(check, notes)
@@ -186,10 +187,11 @@ def gradloc_search(prober: Prober, terms: list[list], tau: float, labelled: bool
                         layer_maps=[None] * prober.k if labelled else [], step_check=check)
 
 
-def check_finite(total_sq: float) -> None:
+def check_finite(total_sq: float, norms: list[float], total: Grads) -> None:
+    """A non-finite sum of the micro-batches' probes stops the norm search: ``locate`` runs the
+    non-finite search (``nonfinite.py``) on ``NonfiniteStep`` instead."""
     if not math.isfinite(total_sq):
-        raise FloatingPointError("the batch's gradient is not finite (NaN/Inf): localization needs finite "
-                                 "gradients; skip this step or find the bad sample by its loss first")
+        raise NonfiniteStep(norms, total)
 
 
 def _align(layer_map: torch.Tensor, names: list[str], order: list[str] | None) -> torch.Tensor:

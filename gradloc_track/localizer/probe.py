@@ -86,6 +86,27 @@ class Prober:
     def probe_terms(self, i: int, terms: Sequence[tuple[int, int]]) -> Grads:
         return self.probe(i, self.mask_of(i, terms))
 
+    def term_losses(self, i: int) -> torch.Tensor | None:
+        """Each loss term's value in micro-batch ``i``: ``d loss_fn(mask) / d mask`` times the mask
+        ((B, T), float64), from one forward and a backward to the mask only (no parameter gradient);
+        counts one probe. A sum loss ``sum(l * mask) / N`` gives ``l / N`` per term, an Inf/NaN
+        term included (a masked-out Inf is 0 x Inf = NaN in the loss, never in this map). None when
+        ``loss_fn`` gives the mask no gradient (it masks with ``torch.where`` or a boolean index)."""
+        if self.count >= self.budget:
+            raise BudgetExhausted
+        self.count += 1
+        restore_rng(self.rng_states[i])
+        mask = self.masks[i].detach().clone().requires_grad_(True)
+        loss = self.loss_fns[i](mask)
+        check_loss(loss)
+        if not loss.requires_grad:
+            return None
+        (g,) = torch.autograd.grad(loss, [mask], allow_unused=True)
+        if g is None:
+            return None
+        full = self.masks[i].double()
+        return torch.where(full != 0, g.detach().double() * full, torch.zeros_like(full))  # outside the mask: 0
+
     # -- vector helpers ----------------------------------------------------------------
     @staticmethod
     def sq_per_tensor(g: Grads) -> torch.Tensor:

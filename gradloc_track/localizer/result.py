@@ -31,6 +31,7 @@ class CulpritToken:
     share: float | None = None
     micro_batch: int | None = None  # which micro-batch of the step (None: the step had one)
     rank: int | None = None  # which process's batch (None: not a distributed localization)
+    nonfinite: bool = False  # named by the non-finite search (``nonfinite.py``): its loss/gradient is NaN/Inf
 
     @property
     def start(self) -> int:
@@ -58,6 +59,7 @@ class Culprit:
     layer_norms: dict[str, float] = field(default_factory=dict)
     score: float | None = None  # the ghost estimate that made it a candidate
     rank: int | None = None
+    nonfinite: bool = False  # named by the non-finite search (``nonfinite.py``): share None
 
 
 @dataclass
@@ -106,6 +108,9 @@ class LocateResult:
     # when no culprit was found: {"micro_batch", "sample", "document", "share", "grad_norm"} per
     # sample (exact probes, largest share first), as far as the budget allowed
     sample_shares: list[dict[str, Any]] = field(default_factory=list)
+    # on a step whose gradient (or loss) is NaN/Inf: which samples (or the sum) made it so
+    # (``nonfinite.NonfiniteFinding``); None on a finite step
+    nonfinite: Any = None  # (not imported here: ``nonfinite`` builds on these types)
 
     def __post_init__(self) -> None:
         if self.culprits is None:
@@ -161,9 +166,13 @@ class LocateResult:
             ],
             "culprits": [
                 {"level": c.level, "micro_batch": c.micro_batch, "batch": c.batch, "start": c.start, "end": c.end,
-                 "document": c.document, "grad_norm": c.grad_norm, "share": c.share, "rank": c.rank}
+                 "document": c.document, "grad_norm": c.grad_norm, "share": c.share, "rank": c.rank,
+                 "nonfinite": c.nonfinite}
                 for c in self.culprits
             ],
+            "nonfinite": None if self.nonfinite is None else {
+                "where": self.nonfinite.where, "samples": list(self.nonfinite.samples),
+                "terms": [list(t) for t in self.nonfinite.terms], "detail": self.nonfinite.detail},
             "step_check": None if self.step_check is None else vars(self.step_check),
             "notes": list(self.notes),
         }

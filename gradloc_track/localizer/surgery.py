@@ -85,6 +85,9 @@ def operate(model: torch.nn.Module, step: LocateStep, result: LocateResult) -> S
     documents and ``grad_scale``)."""
     if not result.culprits:
         return SurgeryResult(False, "no culprit found at any level (token, span, sample, micro-batch)")
+    if result.nonfinite is not None and result.step_check is None:  # a NaN/Inf gradient: no subtraction helps
+        return SurgeryResult(False, "the step's gradient is non-finite: it is skipped, not operated on",
+                             culprits=len(result.culprits))
     scale, why = units(result.step_check)
     if scale is None:
         return SurgeryResult(False, why, culprits=len(result.culprits))

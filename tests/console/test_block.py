@@ -57,3 +57,22 @@ def test_console_block_without_culprits_gives_the_per_sample_shares(tmp_path):
     text = printed(SpikeView(12, [], result, ctx), tmp_path)
     assert "none found: no sample, span or token stands out" in text
     assert "largest per-sample shares: sample 3 21%" in text
+
+
+def test_a_non_finite_step_says_which_sample_and_a_sum_overflow_names_none(tmp_path):
+    from gradloc_track.localizer.nonfinite import NonfiniteFinding, NonfiniteSample, culprit_rows
+
+    ids = torch.zeros(4, T_LEVELS, dtype=torch.long)
+    ctx = SpikeContext(lambda m: m.sum(), torch.ones(4, T_LEVELS), input_ids=ids)
+    nan = NonfiniteFinding("samples", (3,), ((3, 5),), "sample 3's loss is Inf (token 5): its gradient is NaN",
+                           (NonfiniteSample(3, loss=float("inf"), terms=(5,), n_terms=T_LEVELS),))
+    rows = culprit_rows(nan)
+    result = LocateResult(rows, probes=5, method="auto", threshold=float("nan"), total_norm=float("nan"),
+                          culprits=rows, nonfinite=nan)
+    text = printed(SpikeView(7, [], result, ctx), tmp_path)
+    assert "non-finite sample 3's loss is Inf (token 5): its gradient is NaN" in text
+    assert "sample 3, token 5: '<0>'  (its gradient is non-finite)" in text and "% of the batch" not in text
+    total = NonfiniteFinding("sum", detail="the sum overflows, not one sample")
+    text = printed(SpikeView(8, [], LocateResult([], 20, "auto", float("nan"), float("inf"), nonfinite=total), ctx),
+                   tmp_path)
+    assert "non-finite the sum overflows, not one sample" in text and "none found" not in text

@@ -33,6 +33,8 @@ def locate_scenarios(world: int) -> list[dict]:
 
 ERRORS = [{"name": "fsdp2_bad_rank1", "wrap": "fsdp2", "culprits": [[1, 0, 3]], "bad_rank": 1, "kind": "error"}]
 MONITOR = [{"name": "ddp_monitor", "wrap": "ddp", "culprits": [[1, 0, 3]], "kind": "monitor"}]
+# a NaN loss weight on rank 1: every rank says the non-finite search does not run distributed
+NONFINITE = [{"name": "ddp_nan_rank1", "wrap": "ddp", "culprits": [], "nan": [1, 0, 3], "kind": "nonfinite"}]
 
 
 def failure_scenarios(world: int) -> list[dict]:
@@ -101,5 +103,5 @@ def port_cases(world: int) -> list[dict]:
 def all_scenarios(world: int) -> list[dict]:
     if world == 3:  # only GradLoc's uneven rank split needs 3 processes
         return port_cases(world)
-    return (locate_scenarios(world) + ERRORS + (MONITOR if world == 2 else []) + levels_scenarios(world)
+    return (locate_scenarios(world) + ERRORS + (MONITOR + NONFINITE if world == 2 else []) + levels_scenarios(world)
             + port_cases(world) + failure_scenarios(world) + (FAILURE_MONITOR if world == 2 else []))

@@ -14,7 +14,9 @@ import pytest
 
 from gradloc_track.cli import main
 from gradloc_track.data import load_blocklist
+from gradloc_track.ledger.aggregate import by_sample, collect
 from gradloc_track.ledger.export import SHARE_FLOOR, blocklist_entries
+from gradloc_track.ledger.sources import RunTable
 
 from ..conftest import ROOT
 
@@ -93,3 +95,16 @@ def test_sigterm_while_the_blocklist_is_rewritten_leaves_a_whole_blocklist(tmp_p
         if interrupted == 3:
             break
     assert interrupted >= 2, f"the rewrite was interrupted only {interrupted} time(s) in {attempt + 1}"
+
+
+def test_a_sample_that_made_a_step_nan_is_exported_without_a_share():
+    """A non-finite step's row has no share (``spikes/tokens``' ``nonfinite`` column): the blocklist
+    takes its sample anyway; a finite row under the share floor stays out."""
+    cols = COLS + ["nonfinite"]
+    rows = [[7, "token", "x", None, 3, 5, 6, "a" * 16, 11, True],
+            [9, "sample", "y", 0.01, 0, 0, 8, "b" * 16, 12, False]]
+    run = RunTable(run_id="r1", name="run", table={"columns": cols, "data": rows})
+    samples = by_sample(collect([run]))
+    assert {(s["sample_id"], s.get("nonfinite")) for s in samples} == {("a" * 16, True), ("b" * 16, None)}
+    entries = blocklist_entries(samples)
+    assert [(e["sample_id"], e["index"], e["nonfinite"]) for e in entries] == [("a" * 16, 11, True)]
