@@ -11,10 +11,15 @@ for that micro-batch, so dropout masks agree across probes and subset gradients 
   parameter (dense, zeros where no gradient); counts one probe against ``budget`` and raises
   ``BudgetExhausted`` when none is left. The returned tensors are owned by the caller (they
   are the fresh ``.grad`` buffers, not copies), so a probe costs ONE gradient-sized buffer;
-- ``terms(i)``: micro-batch ``i``'s loss terms ``(b, t)`` in row-major order;
+- ``terms(i)``: micro-batch ``i``'s loss terms ``(b, t)`` in row-major order (computed once);
 - ``mask_of(i, terms)``: micro-batch ``i``'s mask restricted to ``terms``;
 - vector helpers (``norm``, ``layer_norms``, ``dot``, ``sub_``, ``add_``) that never keep
   a reference to their arguments.
+
+``on_full[i]``: a check run with micro-batch ``i``'s first full-mask probe (``additivity.py``):
+that probe's mask requires grad, so its backward also gives ``d loss / d mask`` (the value of
+every loss term, at the cost of one elementwise product), and the check gets the loss and that
+derivative instead of running forward passes of its own.
 """
 from __future__ import annotations
 
@@ -47,13 +52,17 @@ class Prober:
         self.budget = budget
         self.grouping = grouping
         self.count = 0
+        self.on_full: dict[int, Callable[[torch.Tensor, torch.Tensor | None], None]] = {}
+        self._terms: dict[int, list[tuple[int, int]]] = {}
 
     @property
     def k(self) -> int:
         return len(self.masks)
 
     def terms(self, i: int) -> list[tuple[int, int]]:
-        return [(int(b), int(t)) for b, t in (self.masks[i] != 0).nonzero().tolist()]  # host sync
+        if i not in self._terms:
+            self._terms[i] = [tuple(bt) for bt in (self.masks[i] != 0).nonzero().tolist()]  # host sync: once
+        return self._terms[i]
 
     def mask_of(self, i: int, terms: Sequence[tuple[int, int]]) -> torch.Tensor:
         full = self.masks[i]
@@ -70,8 +79,8 @@ class Prober:
         self.count += 1
         for p in self.params:
             p.grad = None
-        restore_rng(self.rng_states[i])
-        loss = self.loss_fns[i](mask)
+        check = self.on_full.pop(i, None) if mask is self.masks[i] else None
+        loss, leaf = self._forward(i, mask, check is not None)
         check_loss(loss)
         if not loss.requires_grad:
             raise ValueError("loss_fn(mask) returned a loss that does not require grad: it must be computed "
@@ -80,7 +89,27 @@ class Prober:
         out = [_dense(p.grad) if p.grad is not None else torch.zeros_like(p) for p in self.params]
         for p in self.params:
             p.grad = None  # the caller owns the buffers now; nothing else keeps them alive
+        if check is not None:
+            check(loss.detach(), None if leaf is None else leaf.grad)
         return out
+
+    def _forward(self, i: int, mask: torch.Tensor, with_terms: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The loss, and (``with_terms``) the mask as a leaf that requires grad, so backward gives
+        ``d loss / d mask``; a ``loss_fn`` that cannot take such a mask (in-place ops on it) runs
+        with the plain mask again."""
+        restore_rng(self.rng_states[i])
+        if not with_terms:
+            return self.loss_fns[i](mask), None
+        leaf = mask.detach().clone().requires_grad_(True)
+        try:
+            return self.loss_fns[i](leaf), leaf
+        except RuntimeError:
+            restore_rng(self.rng_states[i])
+        try:  # the first call of micro-batch i's loss_fn: say what a failure most likely means
+            return self.loss_fns[i](mask), None
+        except Exception as exc:
+            raise ValueError(f"loss_fn(mask) failed for a mask of shape {tuple(mask.shape)}: {exc!r}. token_mask "
+                             "must have the shape loss_fn expects (one entry per loss term)") from exc
 
     def probe_terms(self, i: int, terms: Sequence[tuple[int, int]]) -> Grads:
         return self.probe(i, self.mask_of(i, terms))
