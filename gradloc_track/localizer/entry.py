@@ -9,7 +9,7 @@ import torch
 from ..grouping import LayerGrouping
 from ..norms import trainable_params
 from .additivity import check_additive
-from .driver import find_culprits
+from .driver import Search, find_culprits
 from .inputs import as_document_ids, as_micro_batches, check_inputs, rng_states
 from .probe import Prober
 from .result import LocateResult
@@ -70,8 +70,8 @@ def locate(model: torch.nn.Module, loss_fn: LossFn | Sequence[LossFn],
         for i in range(prober.k):
             if terms[i]:
                 check_additive(prober, i, terms[i], prober.rng_states[i])
-        result = find_culprits(prober, model, terms, method, threshold, group_by, labelled, document_ids=docs,
-                        reference=snap.grads_for(prober.params))
+        result = find_culprits(prober, model, terms, Search(method, threshold, group_by, labelled, docs,
+                                                            snap.grads_for(prober.params)))
         result.wall_time_s = time.perf_counter() - t0
         return result
     finally:

@@ -9,7 +9,7 @@ step's total, one running sum and the probe in flight) however many culprits it 
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -32,6 +32,7 @@ class Hits:
         self.total_sq = total_sq
         self.scores = scores or {}
         self.tokens: list[CulpritToken] = []
+        # terms already explained: culprit tokens' and those of samples the levels reported
         self.terms: set[tuple[int, int, int]] = set()
 
     def share(self, g: Grads) -> float | None:
@@ -147,37 +148,46 @@ def prune_level(term_score: dict, tau: float) -> float:
 
 
 def auto(prober: Prober, hits: Hits, all_terms: list[tuple[int, int, int]], tau: float, tau_prune: float,
-         base: Grads | None = None) -> tuple[bool, list[str]]:
+         explained: Grads | None = None,
+         then: Callable[[Grads | None], tuple[bool, Grads | None]] | None = None) -> tuple[bool, list[str]]:
     """Exact confirmation of the ghost ranking's candidates, then a remainder check.
 
     The ghost pass (one probe per micro-batch) has already ranked every term into ``hits.scores``.
     1. candidates are confirmed in score order with exact single-term probes, stopping at the
        first miss or once scores fall below ``tau / 4`` (the ranking says nothing is left);
-    2. the remainder's gradient is ``g_total - sum(g_culprit)`` (no probe): if it passes the
-       bisection rule (``||g_R|| <= tau_prune * sqrt(|R|)``) the search is done, else a
+    2. the remainder's gradient is ``g_total - explained - sum(g_culprit)`` (no probe): if it
+       passes the bisection rule (``||g_R|| <= tau_prune * sqrt(|R|)``) the search is done, else a
        subtraction-bisection searches the remainder within the budget (with several
        micro-batches: one probe per micro-batch's remainder first, and only those above the
        rule are searched).
-    ``base``: the gradient of ``all_terms`` when they are not the whole step (units already
-    reported, e.g. a culprit sample, are left out); default the step's total.
+    ``explained``: the gradient of terms outside ``all_terms`` already accounted for (samples the
+    levels reported); the running sum starts from it and is ONE buffer, which becomes the
+    remainder in place. Nothing found and nothing explained: the remainder IS the total, and no
+    copy is made unless bisection needs one to subtract from. ``then(running sum) ->
+    (budget_exhausted, running sum)`` runs between 1 and 2 (the levels' ``reconsider``: terms it
+    explains join ``hits.terms`` and their gradient the running sum).
     Returns (budget_exhausted, notes).
     """
-    exhausted, found_sum = _confirm_candidates(prober, hits, all_terms, tau)
+    exhausted, found_sum = _confirm_candidates(prober, hits, all_terms, tau, explained)
+    if not exhausted and then is not None:
+        exhausted, found_sum = then(found_sum)
     if exhausted:
         return True, []
     rest = [k for k in all_terms if k not in hits.terms]
     if not rest:
         return False, []
-    base = hits.total if base is None else base
     if found_sum is None:
-        g_rest = [t.clone() for t in base]  # bisect subtracts in place: never into the total
+        n_rest, g_rest = prober.norm(hits.total), None
     else:
         torch._foreach_neg_(found_sum)
-        g_rest = prober.add_(found_sum, base)  # base - culprits, in the running sum's buffer
-    if prober.norm(g_rest) <= tau_prune * math.sqrt(len(rest)):
+        g_rest = prober.add_(found_sum, hits.total)  # total - explained - culprits, in the running sum's buffer
+        n_rest = prober.norm(g_rest)
+    if n_rest <= tau_prune * math.sqrt(len(rest)):
         return False, []
     notes = ["ranking left a remainder above the bisection bound; searched it by bisection"]
     if prober.k == 1:
+        if g_rest is None:
+            g_rest = [t.clone() for t in hits.total]  # bisect subtracts in place: never into the total
         return bisect(prober, 0, [k[1:] for k in rest], tau, hits, known=g_rest, two_probes=False,
                       tau_prune=tau_prune), notes
     del g_rest
@@ -185,13 +195,12 @@ def auto(prober: Prober, hits: Hits, all_terms: list[tuple[int, int, int]], tau:
 
 
 def _confirm_candidates(prober: Prober, hits: Hits, all_terms: list[tuple[int, int, int]],
-                        tau: float) -> tuple[bool, Grads | None]:
+                        tau: float, found_sum: Grads | None = None) -> tuple[bool, Grads | None]:
     """Exact single-term probes in score order, until the first miss or scores below ``tau / 4``.
-    Returns (budget_exhausted, the running sum of the confirmed culprits' gradients: ONE buffer)."""
-    found_sum: Grads | None = None
-    for key in sorted(all_terms, key=lambda k: -hits.scores[k]):
-        if hits.scores[key] < tau / 4:
-            break
+    Returns (budget_exhausted, the running sum ``found_sum`` plus the confirmed culprits'
+    gradients: ONE buffer)."""
+    ranked = [k for k in all_terms if hits.scores[k] >= tau / 4 and k not in hits.terms]
+    for key in sorted(ranked, key=lambda k: -hits.scores[k]):
         i, term = key[0], key[1:]
         try:
             g = prober.probe_terms(i, [term])
