@@ -5,7 +5,8 @@
    threshold of 0.2 (10x the batch's own 90th percentile) is printed beside ours.
 2. Levels: probes spent and what is named for a whole bad document (each term below the token
    threshold), a bad stretch in a long sample, a few heavy tokens, a document in a packed row, a
-   step no sample explains.
+   step no sample explains, and issue 28's two coherent cases (a sample with a few hotter terms;
+   a stretch whose first terms are much hotter).
 3. Replay: a step of 4 micro-batches of a tiny HF GPT-2 (dropout 0.1 and 0): the sum of the
    full-mask probes against the step's gradient, replaying one RNG state for every micro-batch
    (0.2) and one per micro-batch (0.3).
@@ -33,9 +34,12 @@ def tiny(T: int) -> TinyGPT:
     return TinyGPT(vocab_size=V, n_layer=2, n_head=2, d_model=32, max_seq_len=T, dropout=0.0)
 
 
-def weighted_loss(model, B: int, T: int, w: torch.Tensor, seed: int = 0):
+def weighted_loss(model, B: int, T: int, w: torch.Tensor, seed: int = 0, same: int | None = None):
+    """``same``: that sample is one token predicting one token everywhere (coherent terms)."""
     g = torch.Generator().manual_seed(seed)
     x, y = torch.randint(0, V, (B, T), generator=g), torch.randint(0, V, (B, T), generator=g)
+    if same is not None:
+        x[same], y[same] = 7, 9
 
     def loss_fn(mask):
         per = F.cross_entropy(model(x).reshape(-1, V), y.reshape(-1), reduction="none").view(B, T)
@@ -85,16 +89,19 @@ def level_cases() -> None:
     print("|---|---|---|---|")
     B, T = 8, 32
 
-    def run(name, w, threshold=None, docs=None, shape=(B, T)):
+    def run(name, w, threshold=None, docs=None, shape=(B, T), same=None):
         model = tiny(shape[1])
-        fn = weighted_loss(model, *shape, w)
+        fn = weighted_loss(model, *shape, w, same=same)
         model.zero_grad(set_to_none=True)
         fn(torch.ones(shape)).backward()  # the step's gradient in .grad, as in training
+        if callable(threshold):
+            threshold = threshold(model, fn, shape)
         t0 = time.perf_counter()
         r = gradloc_track.locate(model, fn, torch.ones(shape), threshold=threshold, document_ids=docs)
         dt = time.perf_counter() - t0
-        named = ", ".join(f"{c.level}: {c.batch}/{c.start}-{c.end - 1}" if c.level != "token"
-                          else f"token {c.batch}/{c.position}" for c in r.culprits) or "none (shares noted)"
+        named = ", ".join(f"{c.level}: {c.batch}/{c.start}-{c.end - 1} ({c.share:.2f})" if c.level != "token"
+                          else f"token {c.batch}/{c.position} ({c.share:.2f})" for c in r.culprits) \
+            or "none (shares noted)"
         print(f"| {name} | {r.probes} | {named} | {dt:.2f} |")
 
     w = torch.ones(B, T)
@@ -109,10 +116,48 @@ def level_cases() -> None:
     run("two heavy tokens in one sample", w)
     w = torch.ones(B, T)
     w[1, 10:22] = 25.0
+    run("document 1 of a packed row, threshold=5", w, threshold=5.0, docs=_docs(B, T))
+    run("nothing stands out", torch.ones(B, T))
+    coherent_cases(run, B, T)
+
+
+def _docs(B: int, T: int) -> torch.Tensor:
     docs = torch.zeros(B, T, dtype=torch.long)
     docs[1, 10:22], docs[1, 22:] = 1, 2
-    run("document 1 of a packed row, threshold=5", w, threshold=5.0, docs=docs)
-    run("nothing stands out", torch.ones(B, T))
+    return docs
+
+
+def coherent_cases(run, B: int, T: int) -> None:
+    """Issue 28: a sample whose terms add up coherently (one token predicting one token at every
+    position) with a few hotter terms holding most of its per-term mass; and a coherent stretch
+    whose first three terms are much hotter than the rest (the span must not shrink onto them).
+    The threshold sits between the ordinary coherent terms and the hotter ones (1.5x the largest
+    exact norm of the former)."""
+    w = torch.ones(B, T)
+    w[5] = 6.0
+    hot = [3, 9, 14, 20]
+    w[5, hot] = 20.0
+    run("coherent sample, 4 hotter terms (60% of its per-term mass)", w, same=5,
+        threshold=between([(5, t) for t in range(T) if t not in hot]))
+    w = torch.ones(4, 48)
+    w[2, 8:24] = 8.0
+    w[2, 8:11] = 40.0
+    run("coherent stretch 8-23 of 48, its first 3 terms 5x hotter", w, same=2, shape=(4, 48),
+        threshold=between([(2, t) for t in range(11, 24)]))
+
+
+def between(cells):
+    """A threshold 1.5x the largest exact single-term norm over ``cells`` (a backward each)."""
+    def tau(model, fn, shape):
+        params = [p for p in model.parameters() if p.requires_grad]
+        norms = []
+        for b, t in cells:
+            m = torch.zeros(shape)
+            m[b, t] = 1.0
+            gs = torch.autograd.grad(fn(m), params, allow_unused=True)
+            norms.append(math.sqrt(sum(float(g.double().pow(2).sum()) for g in gs if g is not None)))
+        return 1.5 * max(norms)
+    return tau
 
 
 def replay() -> None:

@@ -1,32 +1,31 @@
 """Subset probes mean something only when the loss is a SUM over the kept terms with a fixed
-normaliser: this checks it once per micro-batch, with that micro-batch's first full-mask probe.
+normaliser: this checks it once per micro-batch, on probes the search runs anyway.
 
-The probe runs with a mask that requires grad (``Prober.on_full``), so its backward gives, at the
-cost of one elementwise product, ``d_t = d loss / d mask_t``: for ``(l * mask).sum() / n`` that
-is each term's value ``l_t / n``, and it must not depend on which other terms are kept. Then ONE
-extra forward, of half the terms (every other term of each sample, so every sample's count
-halves), with only the mask requiring grad (the weights frozen for it: no graph through the
-model, no backward through it) gives the half's loss and its ``d_t``:
+A probe's mask can be a leaf that requires grad (``Prober.on_full`` / ``on_subset``): its
+backward then also gives, for the cost of one elementwise product, ``d_t = d loss / d mask_t``.
+For ``(l * mask).sum() / n`` that is each term's value ``l_t / n``, and it does not depend on
+which other terms are kept. So:
 
-- each kept term's value at the half equals its value at the full mask, as vectors:
-  ``||d_half - d_full|| <= tol * ||d_full||`` over the half's terms. A normaliser counted from the
-  mask (a per-sample or batch mean, also through ``(mask > 0).sum()`` or ``mask.detach()``) or a
-  mask that reaches the model changes them; this is a comparison of derivatives, on their own
-  scale, whatever the loss's value;
-- the loss is the sum of its terms' values, at the full mask and at the half, relative to
-  ``sum_t |mask_t * d_t|``: catches a term that ignores the mask.
+- micro-batch ``i``'s first full-mask probe: the loss must be the sum of its terms' values,
+  ``loss == sum_t mask_t * d_t``, relative to ``sum_t |mask_t * d_t|`` (a term that ignores the
+  mask breaks it; a normaliser counted from the mask is of degree 0 in it and breaks it too);
+- its first SUBSET probe (any: a term, a sample, a range): each kept term's value is the one
+  the full mask gave, as vectors (``||d_sub - d_full|| <= tol * ||d_full||`` over the kept
+  terms), and the subset's loss is the sum of those values. A normaliser counted from the mask
+  (a per-sample or batch mean, also through ``(mask > 0).sum()`` or ``mask.detach()``) or a mask
+  that reaches the model moves them. Checked before that probe's gradient is used.
 
-Never relative to the loss's value: an on-policy GRPO loss is ~1e-8 because its terms (advantage
-x ratio, ratio = 1) cancel across a group while each term and the gradient are O(1). When the
-loss has no derivative in the mask (it indexes with ``mask.bool()``), the two halves' losses must
-add up to the full one (two forwards), relative to ``|a| + |b|``. Only when a check fails do the
-slower passes run that name the normaliser (both splits, and a second full pass telling
-randomness the RNG does not replay, which is then judged on gross breaks only, from a real break).
+No forward pass of its own, and never relative to the loss's value: an on-policy GRPO loss is
+~1e-8 because its terms (advantage x ratio, ratio = 1) cancel across a group while each term and
+the gradient are O(1); the comparisons are on the terms' own scale. A loss with no derivative in
+the mask (it indexes with ``mask.bool()``) is checked at once on its two halves (two forwards):
+their losses must add up to the full one, relative to ``|a| + |b|``. Only when a check fails do
+the slower passes run that name the normaliser (both splits, and a second full pass telling
+randomness the RNG does not replay, then judged on gross breaks only, from a real break).
 """
 from __future__ import annotations
 
 import math
-import warnings
 from functools import partial
 
 import torch
@@ -50,74 +49,53 @@ HALF = (torch.float16, torch.bfloat16)
 
 
 def check_additive(prober: Prober, i: int, terms: list, rng: dict) -> None:
-    """Arm the check of micro-batch ``i`` (run by its first full-mask probe: ``Prober.on_full``);
-    it raises ``ValueError`` naming the normaliser and its fix when the loss is not additive."""
-    prober.on_full[i] = partial(_verify, prober, i, terms, rng)
+    """Arm the checks of micro-batch ``i`` (run by its first full-mask probe, then its first
+    subset probe); they raise ``ValueError`` naming the normaliser and its fix when the loss is
+    not additive."""
+    prober.on_full[i] = partial(_verify_full, prober, i, terms, rng)
 
 
 def _tol(dtype: torch.dtype) -> float:
     return 2e-2 if dtype in HALF else 1e-3
 
 
-def _verify(prober: Prober, i: int, terms: list, rng: dict, full: torch.Tensor, d_mask: torch.Tensor | None) -> None:
-    """The fast check (module doc); the slow one, which explains, only when it fails."""
+def _verify_full(prober: Prober, i: int, terms: list, rng: dict, full: torch.Tensor, d_mask: torch.Tensor | None,
+                 mask: torch.Tensor) -> None:
+    """At the full mask: the loss is the sum of its terms' values; arms the subset check."""
     if not bool(torch.isfinite(full)):  # host sync: once per micro-batch
         return  # non-finite losses are reported once the step's gradient is known
-    half = terms[0::2]
-    if d_mask is not None:
-        why = _by_term_values(prober, i, half, full, d_mask, rng)
-    else:
-        why = "" if _by_halves(prober, i, half, terms[1::2], full, rng) else "its halves do not add up"
-    if why:
-        _explain(prober, i, terms, rng, why)
+    if d_mask is None:
+        if not _by_halves(prober, i, terms[0::2], terms[1::2], full, rng):
+            _explain(prober, i, terms, rng, "its halves do not add up")
+        return
+    d = d_mask.detach().double()
+    values = mask.detach().double() * d
+    f, f_sum, f_scale = torch.stack([full.double(), values.sum(), values.abs().sum()]).tolist()  # host sync: once
+    if not _close(f, f_sum, f_scale, _tol(full.dtype)):
+        _explain(prober, i, terms, rng, f"the loss is not the sum of its terms' values ({f:.6g} vs {f_sum:.6g})")
+        return
+    prober.on_subset[i] = partial(_verify_subset, prober, i, terms, rng, d)
 
 
-def _by_term_values(prober: Prober, i: int, half: list, full: torch.Tensor, d_mask: torch.Tensor,
-                    rng: dict) -> str:
-    """'' when the kept terms' values hold at the half mask and add up to the losses, else why not."""
-    mask = prober.masks[i].detach().double()
-    part = prober.mask_of(i, half) != 0
-    loss_half, d_half = _half_with_terms(prober, i, prober.mask_of(i, half), rng)
-    if d_half is None:
-        return "the loss of half the terms has no derivative in the mask"
-    d, dh = d_mask.detach().double(), d_half.detach().double()
-    values = mask * d
-    nums = torch.stack([full.double(), values.sum(), values.abs().sum(), loss_half.detach().double(),
-                        values[part].sum(), values[part].abs().sum(), (dh - d)[part].norm(), d[part].norm()])
-    f, f_sum, f_scale, h, h_sum, h_scale, moved, size = nums.tolist()  # host sync: once per micro-batch
-    tol = _tol(full.dtype)
+def _verify_subset(prober: Prober, i: int, terms: list, rng: dict, d_full: torch.Tensor, loss: torch.Tensor,
+                   d_mask: torch.Tensor | None, mask: torch.Tensor) -> None:
+    """At a subset mask: each kept term's value is the full mask's, and the loss their sum."""
+    if d_mask is None:
+        _explain(prober, i, terms, rng, "the loss of a subset of the terms has no derivative in the mask")
+        return
+    part = mask.detach() != 0
+    d_sub = d_mask.detach().double()
+    values = mask.detach().double() * d_full
+    nums = torch.stack([loss.double(), values[part].sum(), values[part].abs().sum(), (d_sub - d_full)[part].norm(),
+                        d_full[part].norm()])
+    x, x_sum, x_scale, moved, size = nums.tolist()  # host sync: once per micro-batch
+    tol = _tol(loss.dtype)
     if moved > tol * size + 1e-30:
-        return (f"each kept term's value changes when half the terms are dropped (d loss/d mask moves by "
-                f"{moved / max(size, 1e-300):.3g} of its size)")
-    if not (_close(f, f_sum, f_scale, tol) and _close(h, h_sum, h_scale, tol)):
-        return f"the loss is not the sum of its terms' values ({f:.6g} vs {f_sum:.6g})"
-    return ""
-
-
-def _half_with_terms(prober: Prober, i: int, mask: torch.Tensor,
-                     rng: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The loss at ``mask`` and its derivative in the mask; the weights do not require grad for
-    it, so no graph is built through the model and nothing is back-propagated through it."""
-    leaf = mask.detach().clone().requires_grad_(True)
-    flags = [p.requires_grad for p in prober.params]
-    try:
-        for p in prober.params:
-            p.requires_grad_(False)
-        restore_rng(rng)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # checkpointing warns that no input requires grad: none needs to
-            loss = prober.loss_fns[i](leaf)
-    except Exception as exc:
-        raise ValueError(f"loss_fn(mask) failed for a mask of shape {tuple(mask.shape)}: {exc!r}. "
-                         "token_mask must have the shape loss_fn expects (one entry per loss term)") from exc
-    finally:
-        for p, f in zip(prober.params, flags):
-            p.requires_grad_(f)
-    check_loss(loss)
-    if not loss.requires_grad:
-        return loss, None
-    (d,) = torch.autograd.grad(loss, [leaf], allow_unused=True)
-    return loss, d
+        _explain(prober, i, terms, rng, f"each kept term's value changes when other terms are dropped (d loss/d mask "
+                                        f"moves by {moved / max(size, 1e-300):.3g} of its size)")
+    elif math.isfinite(x) and not _close(x, x_sum, x_scale, tol):
+        _explain(prober, i, terms, rng, f"the loss of a subset is not the sum of its terms' values ({x:.6g} vs "
+                                        f"{x_sum:.6g})")
 
 
 def _by_halves(prober: Prober, i: int, a: list, b: list, full: torch.Tensor, rng: dict) -> bool:

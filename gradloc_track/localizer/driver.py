@@ -52,7 +52,9 @@ class MicroBatchStage:
     total: Grads  # the step's gradient: the sum of the micro-batches' (or .grad, when it is that sum)
     total_sq: float
     norms: list[float]  # per micro-batch
-    maps: list[torch.Tensor | None]  # per micro-batch (L, B, T) ghost maps, rows in ``names`` order
+    # per micro-batch (L, B, T) ghost maps, rows in ``names`` order: bfloat16 while the search runs
+    # (position-sized, held beside its buffers; ~3 significant digits is all a heatmap shows), float32 in the result
+    maps: list[torch.Tensor | None]
     names: list[str]
     scores: list[torch.Tensor | None]  # per micro-batch (B, T) term scores
     term_score: dict[tuple[int, int, int], float]  # (micro_batch, b, t) -> score
@@ -74,11 +76,16 @@ class Found:
 
 def find_culprits(prober: Prober, model: torch.nn.Module, terms: list[list], search: Search) -> LocateResult:
     """Run ``search.method`` over the step's ``terms`` (per micro-batch, ``(b, t)``)."""
+    return _find(prober, model, terms, search)
+
+
+def _find(prober: Prober, model: torch.nn.Module, terms: list[list], search: Search) -> LocateResult:
     if search.method == "gradloc":
         return gradloc_search(prober, terms, search.threshold, search.labelled, search.reference)
     with_units = search.method in ("auto", "bisect")
     docs = search.document_ids or [None] * prober.k
-    segs = [Segments(i, prober.masks[i], docs[i]) if with_units and terms[i] else None for i in range(prober.k)]
+    segs = [Segments(i, prober.masks[i], docs[i], terms[i]) if with_units and terms[i] else None
+            for i in range(prober.k)]
     if sum(len(s) for s in segs if s is not None) < 2:  # one sample: nothing to compare it with
         segs = [None] * prober.k
     try:
@@ -187,6 +194,7 @@ def micro_batch_stage(prober: Prober, model: torch.nn.Module, terms: list[list],
     total_sq = prober.norm(total) ** 2
     check_finite(total_sq)
     scores = [None if m is None else term_scores(m, prober.masks[i]) for i, m in enumerate(maps)]
+    maps = [None if m is None else m.to(torch.bfloat16) for m in maps]
     term_score = {}
     for i in range(prober.k):
         if terms[i]:
@@ -231,7 +239,7 @@ def _ghost(prober, stage: MicroBatchStage, score: dict, tau: float, hits: Hits, 
     idx = {n: j for j, n in enumerate(stage.names)}
     for (i, b, t), s in score.items():
         if s > tau:
-            layers = {n: float(stage.maps[i][idx[n], b, t]) for n in stage.names}
+            layers = {n: float(stage.maps[i][idx[n], b, t]) for n in stage.names}  # host sync: per ghost token
             hits.tokens.append(CulpritToken(b, t, s, layers, score=s, micro_batch=i if hits.label else None))
     return False, ["ghost: grad_norm and layer_norms are per-position estimates, not exact probes"]
 

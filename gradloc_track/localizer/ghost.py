@@ -68,11 +68,17 @@ class GhostMap:
             if output.dim() < 2:
                 return
             x = inputs[0].detach()  # (B, T, C_in), or the (B, T) ids of an embedding
-            x_norm = None if kind == "embedding" else x.float().norm(dim=-1)  # (B, T)
+            # held only until the hook has run: the graph keeps the hook (and what it holds) to the
+            # end of backward, while autograd frees each saved input as it goes
+            held = {"x": x if self.segments is not None else None,
+                    "x_norm": None if kind == "embedding" else x.float().norm(dim=-1)}  # (B, T)
             self.calls += 1
             order = self.calls
 
             def grad_hook(g: torch.Tensor) -> None:
+                if not held:
+                    return
+                x, x_norm = held.pop("x"), held.pop("x_norm")
                 g_norm = g.detach().float().norm(dim=-1)  # (B, T)
                 if kind == "embedding":
                     contrib = g_norm.pow(2)

@@ -105,6 +105,9 @@ def candidates(segments: list[Segments | None]) -> tuple[list[tuple[Segment, flo
     picked, limit = outliers(rows)
     for s, _, _ in picked:
         owner[id(s)].attach_head(s)
+    for segs in segments:
+        if segs is not None:
+            segs.release()
     return [(s, n) for s, n, _ in picked], limit, len(rows)
 
 
@@ -176,9 +179,11 @@ def reconsider(units: Units) -> None:
     st = units.stage
     for seg, ghost in list(units.deferred):
         units.deferred.remove((seg, ghost))
-        inside = {(b, t) for b, t in seg.terms}
-        found = [c for c in st.hits.tokens if (c.micro_batch or 0) == seg.micro_batch
-                 and (c.batch, c.position) in inside]
+        found = [c for c in st.hits.tokens if (c.micro_batch or 0) == seg.micro_batch and c.batch == seg.batch
+                 and seg.start <= c.position < seg.end]
+        if found and seg.document is not None:  # a packed row: its other documents share the range
+            inside = set(seg.terms)
+            found = [c for c in found if (c.batch, c.position) in inside]
         if found and sum(c.grad_norm for c in found) ** 2 >= CARRY * ghost * ghost:
             continue  # a few tokens carry the sample: they are the finer answer
         try:

@@ -40,12 +40,11 @@ class Hits:
         return self.prober.dot(g, self.total) / self.total_sq if self.total_sq > 0 else None
 
     def add(self, i: int, term: Term, g: Grads, grad_norm: float | None = None) -> None:
-        p = self.prober
-        share = self.share(g)
+        norm, layers, dot = self.prober.summary(g, self.total)
         self.tokens.append(CulpritToken(
-            batch=int(term[0]), position=int(term[1]), grad_norm=p.norm(g) if grad_norm is None else grad_norm,
-            layer_norms=p.layer_norms(g), score=self.scores.get((i, *term)), share=share,
-            micro_batch=i if self.label else None))
+            batch=int(term[0]), position=int(term[1]), grad_norm=norm if grad_norm is None else grad_norm,
+            layer_norms=layers, score=self.scores.get((i, *term)),
+            share=dot / self.total_sq if self.total_sq > 0 else None, micro_batch=i if self.label else None))
         self.terms.add((i, *term))
 
 

@@ -43,7 +43,10 @@ class Segments:
     """The segments of one micro-batch's ``(B, T)`` mask and, after a ghost pass, their squared
     gradient norms over the hooked layers (``sq``, float64, one per segment)."""
 
-    def __init__(self, micro_batch: int, mask: torch.Tensor, document_ids: torch.Tensor | None = None) -> None:
+    def __init__(self, micro_batch: int, mask: torch.Tensor, document_ids: torch.Tensor | None = None,
+                 terms: list[tuple[int, int]] | None = None) -> None:
+        """``terms``: the mask's nonzero ``(b, t)`` in row-major order when the caller has them
+        (``Prober.terms``): the same tuples are shared, not made again."""
         B, T = mask.shape
         if document_ids is None:
             ids = torch.arange(B).view(B, 1).expand(B, T)  # (B, T): one segment per row
@@ -53,12 +56,21 @@ class Segments:
             ids, self.items = _documents(micro_batch, document_ids.detach().cpu())
             self.same = ids[:, :, None] == ids[:, None, :]  # (B, T, T)
         self.ids = ids.contiguous()
-        seg = ids[mask.detach().cpu() != 0].tolist()  # host sync: once per localization
-        for (b, t), k in zip((mask != 0).nonzero().tolist(), seg):
-            self.items[k].terms.append((b, t))
+        kept = mask.detach().cpu() != 0
+        if terms is None:
+            idx = kept.nonzero()
+            terms = list(zip(idx[:, 0].tolist(), idx[:, 1].tolist()))  # host sync: once per localization
+        if document_ids is None:  # terms are row-major: each row's are one slice
+            counts = kept.sum(1).tolist()  # host sync: once per localization
+            first = 0
+            for item, n in zip(self.items, counts):
+                item.terms, first = terms[first:first + n], first + n
+        else:
+            for bt, k in zip(terms, ids[kept].tolist()):  # host sync: once per localization
+                self.items[k].terms.append(bt)
         self.sq: torch.Tensor | None = None
         self.head: torch.Tensor | None = None  # (B, T) squared output-head norm per position (GhostMap)
-        self._kept = mask.detach().cpu() != 0
+        self._kept = kept
         self._onehot: dict = {}  # device -> per row, the (D_b, T) one-hot of its segments (documents only)
 
     def __len__(self) -> int:
@@ -79,11 +91,12 @@ class Segments:
     def _add_embedding(self, g: torch.Tensor, ids_in: torch.Tensor) -> None:
         """Rows of the embedding's gradient are sums over positions with the same token id: per
         (segment, id) pair, the sum of those positions' output gradients, squared."""
-        seg = self.ids.to(g.device).reshape(-1)
-        pairs, inverse = torch.unique(torch.stack([seg, ids_in.reshape(-1)], 1), dim=0, return_inverse=True)
-        acc = torch.zeros(pairs.shape[0], g.shape[-1], dtype=torch.float32, device=g.device)
+        ids = ids_in.reshape(-1).long()
+        width = ids.max() + 1  # a device scalar: no host sync
+        keys, inverse = torch.unique(self.ids.to(g.device).reshape(-1) * width + ids, return_inverse=True)
+        acc = torch.zeros(keys.shape[0], g.shape[-1], dtype=torch.float32, device=g.device)  # unique: syncs on CUDA
         acc.index_add_(0, inverse, g.reshape(-1, g.shape[-1]).float())
-        self.sq.index_add_(0, pairs[:, 0], acc.pow(2).sum(1).double())
+        self.sq.index_add_(0, torch.div(keys, width, rounding_mode="floor"), acc.pow(2).sum(1).double())
 
     def _add_explicit(self, g: torch.Tensor, x: torch.Tensor, has_bias: bool) -> None:
         """Each segment's own weight gradient ``G_s^T X_s`` (C_out, C_in), a chunk of rows at a time."""
@@ -141,6 +154,12 @@ class Segments:
         idx = torch.tensor(seg.terms)
         seg.head = h[idx[:, 0], idx[:, 1]].tolist()  # host sync: per candidate sample
         seg.head_median = float(h[self._kept].median())  # host sync: per candidate sample
+
+    def release(self) -> None:
+        """Drop what only the ghost pass and ``attach_head`` need (position-sized buffers held
+        through the search otherwise); ``items`` and their norms stay."""
+        self.ids = self.same = self.head = self._kept = None
+        self._onehot = {}
 
     def norms(self) -> list[float] | None:
         """Each segment's gradient norm over the hooked layers; None when no hook fired."""
