@@ -342,9 +342,7 @@ def test_rows_under_the_share_floor_are_not_culprits():
     heavy = {(bad, t): 20.0 for t in range(T)} | {(2, 7): 14.0}
     model, loss_fn = weighted(B, T, heavy)
     total = step_grad(model, loss_fn, (B, T))
-    tau = 1.2 * max_term_norm(model, loss_fn, (B, T), [(b, t) for b in range(B) for t in range(T)
-                                                       if b != bad and (b, t) != (2, 7)])
-    res = gradloc_track.locate(model, loss_fn, torch.ones(B, T), threshold=tau)
+    res = gradloc_track.locate(model, loss_fn, torch.ones(B, T))  # the adaptive threshold
     assert [(c.level, c.batch) for c in res.culprits] == [("sample", bad)]
     (low,) = res.below_floor
     assert (low.level, low.batch, low.position) == ("token", 2, 7)

@@ -28,7 +28,6 @@ V, T, B, K = 64, 32, 8, 4  # 8 samples per step in 4 micro-batches of 2
 DOC = (3, 1)  # (micro-batch, sample) of the garbage document at the last step
 STEPS = 2
 BAD_INDEX = (STEPS - 1) * B + DOC[0] * (B // K) + DOC[1]  # its dataset index
-PRE_STEPS = 30
 
 
 def counting(i: int, length: int = T) -> torch.Tensor:
@@ -77,18 +76,6 @@ class Spied:
         monkeypatch.setattr(watch, "lm_spike_context", spy)
 
 
-def taught(model, steps: int = PRE_STEPS):
-    """The model after a plain loop on counting text (other samples than the dataset's): ordinary
-    terms become small, so the garbage document stands out as it would in a real run."""
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    for s in range(steps):
-        x = torch.stack([counting(10_000 + s * B + b) for b in range(B)])
-        model(input_ids=x, labels=x).loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return model
-
-
 def train(model, tmp_path):
     from transformers import Trainer, TrainingArguments
 
@@ -132,7 +119,7 @@ MODELS = [("llama", 0.0), ("qwen2", 0.0), ("qwen2", 0.1), ("gpt2", 0.1)]
 @pytest.mark.parametrize("kind,dropout", MODELS, ids=[f"{k}-dropout{d}" for k, d in MODELS])
 def test_a_coherent_garbage_document_is_its_sample_on_every_model(kind, dropout, tmp_path, monkeypatch):
     spied = Spied(monkeypatch)
-    model = taught(model_of(kind, dropout))
+    model = model_of(kind, dropout)
     handle, tracker = train(model, tmp_path)
     (stats,) = [s for s in handle.spikes if s.step == STEPS]  # Trainer logs update s at global_step s + 1
     res = stats.locate
