@@ -16,7 +16,9 @@ the step, and are not shown as culprits).
   wall time, not this); each round is 3 normal steps, locate, 3 normal steps, and its ratio is
   locate over the mean of the two medians around it; ``steps`` = the median ratio over rounds,
   ``steps - probes`` = what is not a probe's forward+backward (the goal: a localized spike costs
-  at most probes + 1 normal steps);
+  at most probes + 1 normal steps); ``outside probes`` = the part of the locate spent outside
+  ``Prober.probe`` (forward+backward of each probe), in normal steps: what is not a probe,
+  whatever a probe costs against a normal step in that round;
 - memory: peak tensor bytes held by ``locate`` beyond one plain forward+backward of the batch
   (``TensorMemoryMeter``), in gradient sizes (the goal for ``auto`` is <= 1.1).
 
@@ -69,6 +71,25 @@ def found_terms(res) -> set:
     return {(c.batch, c.position) for c in res.tokens + below(res) if c.level == "token"}
 
 
+class ProbeClock:
+    """CPU seconds spent inside ``Prober.probe`` (forward + backward of a probe and its own
+    bookkeeping), so a locate's time splits into probes and everything else."""
+
+    def __init__(self) -> None:
+        from gradloc_track.localizer.probe import Prober
+
+        self.seconds, original = 0.0, Prober.probe
+
+        def timed(prober, *args, **kwargs):
+            t0 = time.process_time()
+            try:
+                return original(prober, *args, **kwargs)
+            finally:
+                self.seconds += time.process_time() - t0
+
+        Prober.probe = timed
+
+
 def normal_step(model, loss_fn, mask) -> float:
     t0 = time.process_time()
     model.zero_grad(set_to_none=True)
@@ -76,20 +97,24 @@ def normal_step(model, loss_fn, mask) -> float:
     return time.process_time() - t0
 
 
-def cost_table(model, n_terms: int, culprit_counts, rounds: int, budget: int, methods=METHODS) -> None:
+def cost_table(model, n_terms: int, culprit_counts, rounds: int, budget: int, methods=METHODS,
+               clock: ProbeClock | None = None) -> None:
+    clock = clock or ProbeClock()
     print(f"\n1. cost of a localized spike, N={n_terms} terms (normal step = zero_grad + forward + backward; "
           "CPU time)")
-    print("| m | method | probes | recall (below floor) | normal step ms | locate ms | steps | steps - probes |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| m | method | probes | recall (below floor) | normal step ms | locate ms | steps | steps - probes | "
+          "outside probes |")
+    print("|---|---|---|---|---|---|---|---|---|")
     ratios = []
     for m in culprit_counts:
         loss_fn, mask, truth = case(model, n_terms, m, seed=n_terms + m)
         normal_step(model, loss_fn, mask)
         tau, row, rec = None, {}, {}
         for method in [m for m in ("auto", "bisect", "gradloc") if m in methods]:
-            steps, locs, ratios_m = [], [], []
+            steps, locs, ratios_m, others = [], [], [], []
             for r in range(rounds):
                 before = statistics.median(normal_step(model, loss_fn, mask) for _ in range(3))
+                in_probes = clock.seconds
                 t0 = time.process_time()
                 res = gradloc_track.locate(model, loss_fn, mask, method=method, budget=budget,
                                            threshold=tau if method == "gradloc" else None)
@@ -97,13 +122,15 @@ def cost_table(model, n_terms: int, culprit_counts, rounds: int, budget: int, me
                 after = statistics.median(normal_step(model, loss_fn, mask) for _ in range(3))
                 steps += [before, after]
                 ratios_m.append(2 * locs[-1] / (before + after))
+                others.append(2 * (locs[-1] - (clock.seconds - in_probes)) / (before + after))
             tau = res.threshold if method == "auto" else tau
             found = found_terms(res)
             row[method], rec[method] = res.probes, len(found & truth) / len(truth)
             ratio = statistics.median(ratios_m)
             print(f"| {m} | {method} | {res.probes} | {rec[method]:.2f} ({len(below(res))}) | "
                   f"{statistics.median(steps) * 1e3:.1f} | "
-                  f"{statistics.median(locs) * 1e3:.1f} | {ratio:.2f} | {ratio - res.probes:+.2f} |"
+                  f"{statistics.median(locs) * 1e3:.1f} | {ratio:.2f} | {ratio - res.probes:+.2f} | "
+                  f"{statistics.median(others):.2f} |"
                   + (" (budget exhausted)" if res.budget_exhausted else ""))
         if "auto" in rec and "gradloc" in rec and rec["auto"] == rec["gradloc"]:
             ratios.append(row["auto"] / row["gradloc"])
@@ -151,7 +178,7 @@ def main() -> None:
     torch.set_num_threads(1)  # 2 shared cores: one thread times steadier than two fighting
     torch.manual_seed(0)
     model = TinyGPT(vocab_size=V, n_layer=2, n_head=2, d_model=32, max_seq_len=512)
-    cost_table(model, args.terms, args.culprits, args.rounds, args.budget, args.methods)
+    cost_table(model, args.terms, args.culprits, args.rounds, args.budget, args.methods, ProbeClock())
     if args.memory_terms:
         memory_table(model, args.memory_terms)
 

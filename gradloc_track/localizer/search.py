@@ -41,9 +41,14 @@ class Hits:
 
     def add(self, i: int, term: Term, g: Grads, grad_norm: float | None = None) -> None:
         norm, layers, dot = self.prober.summary(g, self.total)
+        self.add_summary(i, term, (norm if grad_norm is None else grad_norm, layers, dot))
+
+    def add_summary(self, i: int, term: Term, summary: tuple[float, dict[str, float], float]) -> None:
+        """A culprit term from ``Prober.summary(g, total)``: (norm, layer norms, dot with the total)."""
+        norm, layers, dot = summary
         self.tokens.append(CulpritToken(
-            batch=int(term[0]), position=int(term[1]), grad_norm=norm if grad_norm is None else grad_norm,
-            layer_norms=layers, score=self.scores.get((i, *term)),
+            batch=int(term[0]), position=int(term[1]), grad_norm=norm, layer_norms=layers,
+            score=self.scores.get((i, *term)),
             share=dot / self.total_sq if self.total_sq > 0 else None, micro_batch=i if self.label else None))
         self.terms.add((i, *term))
 
@@ -199,16 +204,22 @@ def _confirm_candidates(prober: Prober, hits: Hits, all_terms: list[tuple[int, i
     Returns (budget_exhausted, the running sum ``found_sum`` plus the confirmed culprits'
     gradients: ONE buffer)."""
     ranked = [k for k in all_terms if hits.scores[k] >= tau / 4 and k not in hits.terms]
+    # one pass and one host transfer per probe when the prober can summarise (not a distributed view)
+    summarise = prober.summary if isinstance(hits, Hits) and isinstance(prober, Prober) else None
     for key in sorted(ranked, key=lambda k: -hits.scores[k]):
         i, term = key[0], key[1:]
         try:
             g = prober.probe_terms(i, [term])
         except BudgetExhausted:
             return True, found_sum
-        n = prober.norm(g)
+        summary = summarise(g, hits.total) if summarise is not None else None
+        n = summary[0] if summary is not None else prober.norm(g)
         if n <= tau:
             break
-        hits.add(i, term, g, n)
+        if summary is not None:
+            hits.add_summary(i, term, summary)
+        else:
+            hits.add(i, term, g, n)
         found_sum = g if found_sum is None else prober.add_(found_sum, g)
         del g
     return False, found_sum
