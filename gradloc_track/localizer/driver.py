@@ -35,14 +35,15 @@ class Search:
     """What to search and with what: ``method``, ``threshold`` (None: adaptive), ``group_by``;
     ``labelled``: culprits carry ``micro_batch``; ``document_ids``: per micro-batch (B, T) ids
     of packed documents (or None); ``reference``: the step's gradient as backward left it
-    (``.grad``), to check the probes against."""
+    (``.grad``, with what the step multiplied it by: ``step_check.Reference``), to check the
+    probes against."""
 
     method: str
     threshold: float | None = None
     group_by: str = "block"
     labelled: bool = False
     document_ids: list | None = None
-    reference: list | None = None
+    reference: step_check.Reference | list | None = None
 
 
 @dataclass
@@ -120,15 +121,21 @@ def _inside(cands: list) -> set:
     return {(seg.micro_batch, b, t) for seg, _ in cands for b, t in seg.terms}
 
 
-def _stand_in(prober: Prober, stage: MicroBatchStage, found: Found, reference: list | None) -> None:
+def _stand_in(prober: Prober, stage: MicroBatchStage, found: Found, reference) -> None:
     """``.grad`` stands in for the probes' sum when the check found them the same step (module
-    doc): shares are dot products with it, and our copy of the total is dropped."""
+    doc): shares are dot products with it, and our copy of the total is dropped. Not when the
+    step rescaled ``.grad`` (a clipper's coefficients in ``Reference.scale``): the check then
+    compares ``scale * sum`` with it, and ``.grad`` is not the sum."""
     c = found.check
-    if c is None or not (c.replayed and c.residual <= SAME_STEP and abs(c.norm_ratio - 1.0) <= SAME_STEP
-                         and c.scale is not None and abs(c.scale - 1.0) <= SAME_STEP):
+    grads, factor = (reference.grads, reference.scale) if isinstance(reference, step_check.Reference) \
+        else (reference, None)
+    if c is None or grads is None or not (factor is None or (isinstance(factor, float) and factor == 1.0)):
+        return
+    if not (c.replayed and c.residual <= SAME_STEP and abs(c.norm_ratio - 1.0) <= SAME_STEP
+            and c.scale is not None and abs(c.scale - 1.0) <= SAME_STEP):
         return
     total = [r if r is not None and not r.is_sparse and r.dtype == t.dtype and r.shape == t.shape
-             and r.device == t.device else t for r, t in zip(reference, stage.total)]
+             and r.device == t.device else t for r, t in zip(grads, stage.total)]
     stage.total = found.hits.total = total
     stage.total_sq = found.hits.total_sq = prober.norm(total) ** 2
 
@@ -248,7 +255,7 @@ METHOD_SEARCH = {"auto": _auto, "bisect": _bisect, "ghost": _ghost}
 
 
 def gradloc_search(prober: Prober, terms: list[list], tau: float, labelled: bool,
-                   reference: list | None = None) -> LocateResult:
+                   reference: step_check.Reference | list | None = None) -> LocateResult:
     """GradLoc's own procedure (``gradloc.py``): its micro-batch stage, then its token stage; the
     step check costs no probe and changes nothing in the procedure."""
     budget = prober.budget - prober.k

@@ -179,11 +179,7 @@ def reconsider(units: Units) -> None:
     st = units.stage
     for seg, ghost in list(units.deferred):
         units.deferred.remove((seg, ghost))
-        found = [c for c in st.hits.tokens if (c.micro_batch or 0) == seg.micro_batch and c.batch == seg.batch
-                 and seg.start <= c.position < seg.end]
-        if found and seg.document is not None:  # a packed row: its other documents share the range
-            inside = set(seg.terms)
-            found = [c for c in found if (c.batch, c.position) in inside]
+        found = st.hits.inside({(seg.micro_batch, b, t) for b, t in seg.terms})
         if found and sum(c.grad_norm for c in found) ** 2 >= CARRY * ghost * ghost:
             continue  # a few tokens carry the sample: they are the finer answer
         try:

@@ -34,6 +34,12 @@ class Hits:
         self.tokens: list[CulpritToken] = []
         # terms already explained: culprit tokens' and those of samples the levels reported
         self.terms: set[tuple[int, int, int]] = set()
+        self.key_of: dict[int, tuple[int, int, int]] = {}  # id(token) -> its (micro_batch, b, t) in the search
+
+    def inside(self, keys: set[tuple[int, int, int]]) -> list[CulpritToken]:
+        """The culprit tokens found among ``keys`` (the search's own term keys, whatever rows the
+        tokens were placed on since)."""
+        return [c for c in self.tokens if self.key_of.get(id(c)) in keys]
 
     def share(self, g: Grads) -> float | None:
         """``<g, g_total> / ||g_total||^2``: additive over disjoint sets of terms."""
@@ -51,6 +57,7 @@ class Hits:
             score=self.scores.get((i, *term)),
             share=dot / self.total_sq if self.total_sq > 0 else None, micro_batch=i if self.label else None))
         self.terms.add((i, *term))
+        self.key_of[id(self.tokens[-1])] = (i, *term)
 
 
 def bisect(prober: Prober, i: int, terms: Sequence[Term], tau: float, hits: Hits, known: Grads | None = None,

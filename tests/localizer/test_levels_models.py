@@ -62,10 +62,10 @@ class Spied:
     oracle replays once training is over."""
 
     def __init__(self, monkeypatch) -> None:
-        from gradloc_track.integrations import watch
+        from gradloc_track.integrations import handle
 
         self.ctx = self.state = self.grad = None
-        build = watch.lm_spike_context
+        build = handle.lm_spike_context
 
         def spy(model, *args, **kwargs):
             self.ctx = build(model, *args, **kwargs)
@@ -73,7 +73,7 @@ class Spied:
             self.grad = [p.grad.detach().clone() for p in model.parameters()]
             return self.ctx
 
-        monkeypatch.setattr(watch, "lm_spike_context", spy)
+        monkeypatch.setattr(handle, "lm_spike_context", spy)
 
 
 def train(model, tmp_path):
