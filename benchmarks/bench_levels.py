@@ -10,8 +10,13 @@
 3. Replay: a step of 4 micro-batches of a tiny HF GPT-2 (dropout 0.1 and 0): the sum of the
    full-mask probes against the step's gradient, replaying one RNG state for every micro-batch
    (0.2) and one per micro-batch (0.3).
+4. HF Trainer (issue 28): Llama, Qwen2 (attention dropout 0 and 0.1) and GPT-2 (dropout 0.1),
+   random init, 2 steps of 4 micro-batches of 2, one coherent garbage document at the last step
+   (``tests/localizer/test_levels_models.py``'s case), with Trainer's clipping off and at its
+   default ``max_grad_norm=1.0``: the row named (level, micro-batch, sample, dataset index,
+   sample_id), its share, the probes, and the step check's norm ratio (1: the pre-clip gradient).
 
-``python benchmarks/bench_levels.py`` (about a minute on 2 CPU cores).
+``python benchmarks/bench_levels.py [--only hf]`` (about a minute on 2 CPU cores).
 """
 from __future__ import annotations
 
@@ -189,8 +194,51 @@ def replay() -> None:
             print(f"| {p} | {label} | {step:.5f} | {r.total_norm:.5f} | {r.step_check.residual:.2e} |")
 
 
+def hf_models() -> None:
+    from transformers import Trainer, TrainingArguments
+
+    from gradloc_track import MemoryTracker
+    from gradloc_track.integrations.hf import GradLocCallback, keep_columns, with_index
+    from tests.localizer.test_levels_models import B, K, STEPS, dataset, model_of
+
+    print("\n4. HF Trainer, one coherent garbage document (micro-batch 3, sample 1, dataset index "
+          f"{(STEPS - 1) * B + 3 * (B // K) + 1}) at step {STEPS}")
+    print("| model | max_grad_norm | rows named | sample_id | share | probes | .grad / probes' sum |")
+    print("|---|---|---|---|---|---|---|")
+    for kind, dropout in (("llama", 0.0), ("qwen2", 0.0), ("qwen2", 0.1), ("gpt2", 0.1)):
+        for clip in (0.0, 1.0):
+            model, tracker = model_of(kind, dropout), MemoryTracker()
+            cb = GradLocCallback(spikes={"mode": "fixed", "per_token_threshold": 1e-6, "warmup_steps": STEPS - 1},
+                                 tracker=tracker, log_every=1000)
+            args = TrainingArguments(
+                output_dir="/tmp/bench_levels_hf", per_device_train_batch_size=B // K,
+                gradient_accumulation_steps=K, max_steps=STEPS, learning_rate=1e-3, lr_scheduler_type="constant",
+                report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True, dataloader_num_workers=0,
+                seed=0, max_grad_norm=clip, train_sampling_strategy="sequential", logging_steps=1000,
+                remove_unused_columns=False)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                Trainer(model=model, args=args, train_dataset=with_index(dataset()),
+                        data_collator=keep_columns(model, "dataset_index"), callbacks=[cb]).train()
+            (stats,) = [st for st in cb.handle.spikes if st.step == STEPS]
+            res = stats.locate
+            table = tracker.tables["spikes/tokens"]
+            cells = [dict(zip(table["columns"], r)) for r in table["rows"]]
+            named = "; ".join(f"{c['level']} mb {c['micro_batch']} sample {c['sample']} index {c['dataset_index']}"
+                              for c in cells)
+            ids = ", ".join(str(c.get("sample_id")) for c in cells)
+            shares = ", ".join(f"{c.share:.3f}" for c in res.culprits)
+            print(f"| {kind} (dropout {dropout}) | {clip} | {named} | {ids} | {shares} | {res.probes} | "
+                  f"{res.step_check.norm_ratio:.4f} |")
+
+
 if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", choices=["many", "levels", "replay", "hf"], default=None)
+    only = ap.parse_args().only
     torch.set_num_threads(1)
-    many_culprits()
-    level_cases()
-    replay()
+    for name, fn in (("many", many_culprits), ("levels", level_cases), ("replay", replay), ("hf", hf_models)):
+        if only in (None, name):
+            fn()
