@@ -133,7 +133,9 @@ class Prober:
     def summary(self, g: Grads, other: Grads) -> tuple[float, dict[str, float], float]:
         """(``norm(g)``, ``layer_norms(g)``, ``dot(g, other)``) with one pass over ``g`` and one
         host transfer: what a found culprit is summarised by."""
-        if type(self).dot is not Prober.dot:  # a wrapper's own inner product (sharded parts): its methods
+        # a wrapper's own inner product (sharded parts): its methods. (A classmethod is bound anew on
+        # every access: compare the functions, or every prober takes this path.)
+        if getattr(type(self).dot, "__func__", None) is not Prober.dot.__func__:
             return self.norm(g), self.layer_norms(g), self.dot(g, other)
         sq = self.sq_per_tensor(g)
         parts = [sq.sum()[None], self.grouping.sum_by_layer(sq).sqrt(), self._dots(g, other).sum()[None]]

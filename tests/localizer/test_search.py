@@ -53,3 +53,26 @@ def test_budget_that_runs_out_keeps_what_was_confirmed():
     hits = Hits(prober, total, norm(total) ** 2, scores)
     exhausted, found_sum = _confirm_candidates(prober, hits, sorted(scores), tau=1e-6)
     assert exhausted and len(hits.tokens) == 2 and found_sum is not None
+
+
+def test_a_plain_probers_summary_is_one_pass_a_wrappers_its_own_methods(monkeypatch):
+    """``Prober.summary`` takes the fused path (one host transfer) for a plain prober, and a
+    subclass with its own ``dot`` (sharded parts) keeps its own methods; both equal the reference."""
+    model, loss_fn, prober, total, _, _ = _setup(n_culprits=1)
+    g = grads_of(model, loss_fn(term_mask((B, T), [(0, 0), (1, 3)])))
+    want = (norm(g), dot(g, total))
+    calls = []
+
+    class Wrapped(Prober):
+        def dot(self, a, b):
+            calls.append("dot")
+            return Prober.dot(a, b)
+
+    wrapped = Wrapped(prober.params, prober.loss_fns, prober.masks, prober.rng_states, 1, prober.grouping)
+    monkeypatch.setattr(Prober, "layer_norms", lambda *_: (_ for _ in ()).throw(AssertionError("two passes")))
+    n, layers, d = prober.summary(g, total)
+    assert abs(n - want[0]) <= 1e-5 * want[0] and abs(d - want[1]) <= 1e-5 * abs(want[1])
+    assert set(layers) == set(prober.grouping.layers)
+    monkeypatch.undo()
+    n, _, d = wrapped.summary(g, total)
+    assert calls == ["dot"] and abs(d - want[1]) <= 1e-5 * abs(want[1])
