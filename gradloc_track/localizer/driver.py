@@ -124,12 +124,12 @@ def _inside(cands: list) -> set:
 def _stand_in(prober: Prober, stage: MicroBatchStage, found: Found, reference) -> None:
     """``.grad`` stands in for the probes' sum when the check found them the same step (module
     doc): shares are dot products with it, and our copy of the total is dropped. Not when the
-    step rescaled ``.grad`` (a clipper's coefficients in ``Reference.scale``): the check then
-    compares ``scale * sum`` with it, and ``.grad`` is not the sum."""
+    step rescaled ``.grad`` (a clipper's coefficients in ``Reference.scale`` other than 1): the
+    check then compares ``scale * sum`` with it, and ``.grad`` is not the sum."""
     c = found.check
     grads, factor = (reference.grads, reference.scale) if isinstance(reference, step_check.Reference) \
         else (reference, None)
-    if c is None or grads is None or not (factor is None or (isinstance(factor, float) and factor == 1.0)):
+    if c is None or grads is None or not _unscaled(factor):
         return
     if not (c.replayed and c.residual <= SAME_STEP and abs(c.norm_ratio - 1.0) <= SAME_STEP
             and c.scale is not None and abs(c.scale - 1.0) <= SAME_STEP):
@@ -138,6 +138,16 @@ def _stand_in(prober: Prober, stage: MicroBatchStage, found: Found, reference) -
              and r.device == t.device else t for r, t in zip(grads, stage.total)]
     stage.total = found.hits.total = total
     stage.total_sq = found.hits.total_sq = prober.norm(total) ** 2
+
+
+def _unscaled(factor) -> bool:
+    """Did the step leave ``.grad`` as backward made it? (No factor, or every coefficient 1: the
+    monitor passes a clipper's coefficients whenever it ran, clipping or not.)"""
+    if factor is None:
+        return True
+    if isinstance(factor, torch.Tensor):
+        return bool((factor == 1).all())  # host sync: once per localization, on a spike
+    return float(factor) == 1.0
 
 
 def _starved(prober: Prober, search: Search, terms: list[list]) -> LocateResult:
