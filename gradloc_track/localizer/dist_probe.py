@@ -139,6 +139,9 @@ class GlobalView:
     def dot(self, a: Grads, b: Grads) -> float:
         return self.dist.dot(a, b)
 
+    def summary(self, g: Grads, other: Grads) -> tuple[float, dict[str, float], float]:
+        return self.dist.summary(g, other)
+
     sub_ = staticmethod(Prober.sub_)
     add_ = staticmethod(Prober.add_)
 
@@ -160,9 +163,11 @@ class GlobalHits(Hits):
     """``search.Hits`` over global terms: each culprit token summarised when found, placed on its
     rank, micro-batch and row (``GlobalTerms.place``)."""
 
-    def add(self, i: int, term: tuple[int, int], g: Grads, grad_norm: float | None = None) -> None:
-        super().add(i, term, g, grad_norm)
-        self.tokens[-1] = self.prober.terms.place(self.tokens[-1], self.label)
+    def add_summary(self, i: int, term: tuple[int, int], summary: tuple[float, dict[str, float], float]) -> None:
+        super().add_summary(i, term, summary)
+        found = self.tokens[-1]
+        self.tokens[-1] = self.prober.terms.place(found, self.label)
+        self.key_of[id(self.tokens[-1])] = self.key_of.pop(id(found))
 
 
 class DistSnapshot:

@@ -60,6 +60,15 @@ class PieceNorm:
                 sq = sq + g2.sum(0).square().sum()
         self.sq = sq.double() if self.sq is None else self.sq + sq.double()
 
+    @property
+    def head(self) -> torch.Tensor | None:
+        """The micro-batch's output-head map, kept by its ``Segments`` (``GhostMap`` sets it here)."""
+        return self.segments.head
+
+    @head.setter
+    def head(self, value: torch.Tensor | None) -> None:
+        self.segments.head = value
+
     def norm(self) -> float | None:
         return None if self.sq is None else math.sqrt(float(self.sq))  # host sync: once per localization
 
@@ -81,6 +90,13 @@ class GlobalSegments:
 
     def norms(self) -> list[float] | None:
         return None if any(n is None for n in self.values) else list(self.values)
+
+    def attach_head(self, seg: Segment) -> None:
+        """No output-head map crosses ranks: a candidate's span window is taken on the ghost
+        scores (``levels._window``'s fallback)."""
+
+    def release(self) -> None:
+        """Nothing position-sized is held here."""
 
 
 class GlobalTerms:

@@ -69,11 +69,12 @@ from . import levels, step_check
 from .dist_failure import aborted, attempt, describe
 from .dist_probe import DistProber, DistSnapshot, GlobalHits, GlobalView, PieceView
 from .dist_terms import GlobalTerms, PieceNorm, gather_terms
+from .driver import budget_note
 from .ghost import GhostMap
 from .gradloc import token_stage
 from .inputs import SearchOptions, check_inputs
 from .probe import Grads, Prober, restore_rng
-from .result import LocateResult
+from .result import LocateResult, floor_rows
 from .search import adaptive_tau, auto, bisect, prune_level, term_scores
 from .segments import Segments
 from .step import LocateStep
@@ -223,7 +224,7 @@ def _levels(prober: DistProber, model, inp: _Inputs, options: SearchOptions) -> 
         pieces = levels.micro_batch_units(PieceView(prober, glob), hits, glob.piece_norms, glob.piece_terms,
                                           holding, True)
         found.coarse += [glob.place_piece(c) for c in pieces]
-    if not found.coarse and not hits.tokens:
+    if not found.exhausted and not found.coarse and not hits.tokens:  # a budget that ran out says so instead
         shares = levels.sample_shares(view, hits, [glob.segments], True)
         found.shares = [glob.place_share(r, inp.labelled) for r in shares]
         found.notes.append(levels.no_culprit_note(found.shares, len(glob.segments)))
@@ -232,16 +233,23 @@ def _levels(prober: DistProber, model, inp: _Inputs, options: SearchOptions) -> 
 
 def _tokens(view: GlobalView, hits: GlobalHits, glob: GlobalTerms, units: levels.Units, method: str,
             tau: float) -> tuple[bool, list[str]]:
-    """The token search over the terms the reported samples left (their gradient left too)."""
+    """The token search over the terms the reported samples left (their gradient left too), then
+    the levels' deferred candidates (``levels.reconsider``), as ``driver._auto`` / ``_bisect``."""
     score = {k: v for k, v in glob.score.items() if k not in units.excluded}
-    base = None
-    if units.grad is not None:  # the step's gradient less the reported samples', in their buffer
-        torch._foreach_neg_(units.grad)
-        base, units.grad = Prober.add_(units.grad, hits.total), None
+
+    def reconsider(found_sum: Grads | None) -> tuple[bool, Grads | None]:
+        units.grad = found_sum
+        if units.deferred:
+            levels.reconsider(units)
+        return units.exhausted, units.grad
+
     if method == "auto":
-        return auto(view, hits, list(score), tau, prune_level(score, tau), base=base)
-    del base
-    return bisect(view, 0, [k[1:] for k in score], tau, hits, two_probes=True, tau_prune=prune_level(score, tau)), []
+        return auto(view, hits, list(score), tau, prune_level(score, tau), explained=units.grad, then=reconsider)
+    units.track, units.grad = False, None  # bisect takes no remainder: no running sum
+    if bisect(view, 0, [k[1:] for k in score], tau, hits, two_probes=True, tau_prune=prune_level(score, tau)):
+        return True, []
+    reconsider(None)
+    return units.exhausted, []
 
 
 def _gradloc(prober: DistProber, threshold: float, budget: int, labelled: bool) -> _Found:
@@ -340,19 +348,25 @@ def _search(model, step: LocateStep, inp: _Inputs, options: SearchOptions, group
                                   reduce=lambda v: reduce_over_shards(v, prober.params), explain=False)
     step_check.report(check, notes)
     restore_rng(snap.rng)
-    return _result(found, options.method, prober.count, inp, world, check)
+    return _result(found, options.method, (prober.count, prober.budget), inp, world, check)
 
 
-def _result(found: _Found, method: str, probes: int, inp: _Inputs, world: int, check) -> LocateResult:
+def _result(found: _Found, method: str, probes: tuple[int, int], inp: _Inputs, world: int, check) -> LocateResult:
+    """``probes``: (probes used, the budget)."""
+    probes, budget = probes
     tokens = sorted(found.hits.tokens,
                     key=lambda c: (-c.grad_norm, c.rank, c.micro_batch or 0, c.batch, c.position))
     coarse = sorted(found.coarse, key=lambda c: -(c.share if c.share is not None else -math.inf))
-    notes = found.notes + ([inp.note] if inp.note else []) + [
+    culprits, below, floor_notes = floor_rows(coarse + tokens)
+    if found.exhausted:
+        floor_notes.append(budget_note(budget, bool(culprits)))
+    tokens = [c for c in culprits if c.level == "token"]
+    notes = found.notes + floor_notes + ([inp.note] if inp.note else []) + [
         f"distributed over {world} ranks; norms in the optimizer's units (averaged over ranks)"]
     maps = found.maps
     return LocateResult(tokens=tokens, probes=probes, method=method, threshold=float(found.tau),
                         total_norm=found.total_sq ** 0.5, layer_names=found.names or [],
                         ghost_map=term_scores(maps[0], inp.masks[0]).float() if maps else None,
                         layer_map=maps[0].float() if maps else None, budget_exhausted=found.exhausted,
-                        wall_time_s=0.0, notes=notes, culprits=coarse + tokens, step_check=check,
-                        sample_shares=found.shares)
+                        wall_time_s=0.0, notes=notes, culprits=culprits, step_check=check,
+                        sample_shares=found.shares, below_floor=below)

@@ -15,7 +15,7 @@ from ..grouping import LayerGrouping
 from ..norms import trainable_params
 from .additivity import check_additive
 from . import nonfinite
-from .driver import find_culprits
+from .driver import Search, find_culprits
 from .inputs import SearchOptions, check_inputs
 from .nonfinite import NonfiniteStep
 from .probe import Prober
@@ -90,17 +90,18 @@ def locate_one(model: torch.nn.Module, step: LocateStep, options: SearchOptions)
         terms = [prober.terms(i) for i in range(prober.k)]
         if not any(terms):
             raise ValueError("token_mask selects no loss terms (all zeros): pass the batch's loss mask")
-        losses = [check_additive(prober, i, terms[i], prober.rng_states[i]) if terms[i] else 0.0
-                  for i in range(prober.k)]
+        for i in range(prober.k):
+            if terms[i]:  # armed here, run by the micro-batch's first probes (additivity.py)
+                check_additive(prober, i, terms[i], prober.rng_states[i])
+        reference = Reference(snap.grads_for(prober.params), scale)
         try:
-            result = find_culprits(prober, model, terms, options.method, options.threshold, options.group_by,
-                                   labelled, document_ids=docs,
-                                   reference=Reference(snap.grads_for(prober.params), scale))
+            result = find_culprits(prober, model, terms, Search(options.method, options.threshold, options.group_by,
+                                                                labelled, docs, reference))
         except NonfiniteStep as step_nf:  # NaN/Inf: which samples, by isfinite instead of norms
             result = nonfinite.as_result(prober, step_nf, options.method, labelled, docs, grouping.names)
         else:
-            nonfinite.attach_losses(result, prober, [i for i, v in enumerate(losses) if not math.isfinite(v)],
-                                    labelled, docs)
+            bad_losses = [i for i, v in sorted(prober.full_losses.items()) if not math.isfinite(v)]
+            nonfinite.attach_losses(result, prober, bad_losses, labelled, docs)
             nonfinite.attach_replay(result, snap.grads_for(prober.params), grouping.names)
         result.wall_time_s = time.perf_counter() - t0
         if normaliser:

@@ -7,7 +7,9 @@ bias's is ``||g_s||``. Embeddings: ``||g_s||``. Capturing ``||x_s||`` in a forwa
 output head it is exact per loss term; for inner layers it is per *position* (a position also
 carries gradient from later terms through attention), which is why ``auto`` confirms candidates
 with exact probes. Per SEGMENT (a sample, or a document of a packed row) the same backward gives
-exact norms (``segments.py``): positions of other rows never feed a row's terms.
+exact norms (``segments.py``): positions of other rows never feed a row's terms, and the map of
+the LAST hooked module of the forward (the output head), exact per term, goes to
+``Segments.head`` (windows inside a sample are chosen on it: no attention leaks into it).
 """
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ class GhostMap:
         self.handles: list = []
         self.sq: dict[str, torch.Tensor] = {}  # layer -> (B, T) squared contribution norms
         self.shape: tuple[int, int] | None = None
+        self.calls = 0  # hooked modules run so far in the forward: the last one is the output head
 
     def __enter__(self) -> "GhostMap":
         for name, m in self.model.named_modules():
@@ -65,9 +68,17 @@ class GhostMap:
             if output.dim() < 2:
                 return
             x = inputs[0].detach()  # (B, T, C_in), or the (B, T) ids of an embedding
-            x_norm = None if kind == "embedding" else x.float().norm(dim=-1)  # (B, T)
+            # held only until the hook has run: the graph keeps the hook (and what it holds) to the
+            # end of backward, while autograd frees each saved input as it goes
+            held = {"x": x if self.segments is not None else None,
+                    "x_norm": None if kind == "embedding" else x.float().norm(dim=-1)}  # (B, T)
+            self.calls += 1
+            order = self.calls
 
             def grad_hook(g: torch.Tensor) -> None:
+                if not held:
+                    return
+                x, x_norm = held.pop("x"), held.pop("x_norm")
                 g_norm = g.detach().float().norm(dim=-1)  # (B, T)
                 if kind == "embedding":
                     contrib = g_norm.pow(2)
@@ -82,6 +93,9 @@ class GhostMap:
                 self.sq[layer] = contrib if prev is None else prev + contrib
                 if self.segments is not None:
                     self.segments.add(g.detach(), x, kind, has_bias)
+                    # the head's hook runs first in backward, before any checkpointed recompute
+                    if order == self.calls and self.segments.head is None:
+                        self.segments.head = contrib
 
             output.register_hook(grad_hook)
 

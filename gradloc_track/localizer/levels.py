@@ -6,21 +6,33 @@ norm over the hooked layers at no extra backward (``segments.py``):
 1. candidate samples: a sample's per-term intensity ``||g_s|| / sqrt(n_s)`` is an outlier of
    the other samples' (``outlier_split``: above ``SAMPLE_FACTOR`` x their median; at most half
    the samples can be candidates) and its squared norm above ``MIN_PART`` of a fair part (1/n);
-2. a candidate whose terms above the token threshold hold ``CARRY`` of its ghost mass and are a
-   few (at most ``FEW`` of its terms, or ``FEW_MIN``), or whose mass sits in one term, is left to
-   the token search: its tokens are culprits themselves, the finer answer; no probe is spent on
-   the sample. A document whose terms are each below the threshold is a culprit SAMPLE;
-3. any other candidate is probed (1 probe: its terms' mask) and confirmed when its exact
-   intensity is still above the limit and it carries that part of the step's squared norm.
-   The shortest contiguous window holding ``SPAN_MASS`` of its ghost mass (grown over equally
-   hot neighbours), if at most ``SPAN_MAX`` of its terms, is probed too (1 probe) and reported
-   as a SPAN when it carries ``SPAN_SHARE`` of the sample's share; else the SAMPLE is reported.
-   Either way the sample's terms leave the token search (its gradient leaves the remainder);
+2. the rule is decided on COHERENT norms, never on per-term mass: a sample's terms add up as
+   vectors, so 63 terms of norm ~1 pointing the same way make a sample of norm ~60 that none of
+   them explains. A candidate's terms above the token threshold can carry it only when they are
+   few (at most ``FEW`` of its terms, or ``FEW_MIN``) and their summed scores (the most their
+   gradients reach if they line up, by the triangle inequality) reach ``sqrt(CARRY)`` of the
+   sample's exact norm. Such a candidate is deferred to the method's own token search
+   (``Units.deferred``); ``reconsider`` then keeps the tokens found inside it when their summed
+   exact norms reach that part, and otherwise, including when the search found nothing there,
+   decides the sample by its own probe (before ``auto``'s remainder check, so a coherent sample
+   the ranking missed costs one probe, not a bisection);
+3. any other candidate, and a deferred one whose tokens fell short, is decided by its OWN probe:
+   it is a culprit when its exact intensity is still above the limit and it carries that part of
+   the step's squared norm; tokens found inside it are folded into it (rows never overlap). The
+   shortest contiguous window holding ``SPAN_MASS`` of its terms' LINEAR excess over the batch's
+   median term score (coherent terms add linearly; a few very hot terms do not shrink the window
+   onto themselves), if 2 to ``SPAN_MAX`` of its terms, is probed too and reported as a SPAN when
+   it carries ``SPAN_SHARE`` of the sample's share. Either way the sample's terms leave the token
+   search and its gradient joins ``Units.grad``;
 4. after the token search, a micro-batch whose intensity is an outlier of the others', that
    carries that part (of 1/K) of the step's squared norm and holds no culprit is reported as a
    MICRO-BATCH (1 probe, for its share);
 5. nothing found at any level: each sample's exact share (1 probe each, largest ghost norm
    first, at most ``MAX_SHARE_PROBES`` and what the budget leaves) goes to ``sample_shares``.
+
+Memory: a probe's gradient is summarised when taken and added to ONE running sum
+(``Units.grad``: everything explained so far), so the stage holds one gradient-sized buffer
+besides the probe in flight.
 """
 from __future__ import annotations
 
@@ -31,13 +43,13 @@ from typing import Any
 import torch
 
 from .probe import BudgetExhausted, Grads, Prober
-from .result import Culprit
+from .result import Culprit, CulpritToken
 from .search import Hits
 from .segments import Segment, Segments
 from .threshold import outlier_split
 
 SAMPLE_FACTOR = 4.0  # a sample's per-term gradient this many times the other samples' median
-FEW, FEW_MIN, CARRY = 0.25, 8, 0.5  # tokens carry a sample: a quarter of its terms (or 8), half its mass
+FEW, FEW_MIN, CARRY = 0.25, 8, 0.5  # tokens carry a sample: a quarter of its terms (or 8), half its squared norm
 SPAN_MASS, SPAN_MAX, SPAN_SHARE = 0.8, 0.5, 0.6
 MIN_PART = 0.1  # a culprit sample (micro-batch) carries at least a tenth of a fair part (1/n) of the step
 MAX_SHARE_PROBES = 32
@@ -46,24 +58,56 @@ Key = tuple[int, int, int]  # (micro_batch, b, t)
 
 @dataclass
 class Units:
-    """Samples and spans reported, the terms they take out of the token search, and the sum of
-    their samples' gradients (one buffer)."""
+    """Samples and spans reported, the terms they take out of the token search, the sum of the
+    gradients of what they explain (ONE buffer, the token search's running sum starts from it;
+    ``track=False``: not kept, for searches that need no remainder), and the candidates deferred
+    to the token search (``reconsider``)."""
 
     culprits: list[Culprit] = field(default_factory=list)
     excluded: set[Key] = field(default_factory=set)
     grad: Grads | None = None
     exhausted: bool = False
+    deferred: list[tuple[Segment, float]] = field(default_factory=list)
+    track: bool = True
+    stage: "_Stage | None" = None
+
+
+@dataclass
+class _Stage:
+    """What every candidate is judged with."""
+
+    prober: Prober
+    hits: Hits
+    units: Units
+    scores: dict[Key, float]
+    tau: float
+    limit: float  # per-term intensity a culprit sample stays above
+    part: float  # squared norm a culprit sample carries at least
+    labelled: bool
+    background: float  # the batch's median term score (windows measure the excess over it)
+
+    def explain(self, g: Grads) -> None:
+        """Add ``g`` to the running sum of what is explained (the first becomes the buffer)."""
+        u = self.units
+        if u.track:
+            u.grad = g if u.grad is None else self.prober.add_(u.grad, g)
 
 
 def candidates(segments: list[Segments | None]) -> tuple[list[tuple[Segment, float]], float, int]:
     """(candidate samples with their ghost norm, strongest first; the intensity limit; the number
     of samples with loss terms)."""
-    rows = []
+    rows, owner = [], {}
     for segs in segments:
         norms = segs.norms() if segs is not None else None
         if norms is not None:
             rows += [(s, n, len(s.terms)) for s, n in zip(segs.items, norms) if s.terms]
+            owner.update({id(s): segs for s in segs.items})
     picked, limit = outliers(rows)
+    for s, _, _ in picked:
+        owner[id(s)].attach_head(s)
+    for segs in segments:
+        if segs is not None:
+            segs.release()
     return [(s, n) for s, n, _ in picked], limit, len(rows)
 
 
@@ -90,70 +134,125 @@ def ordinary(term_score: dict, inside: set) -> dict:
     return {k: v for k, v in term_score.items() if k not in inside}
 
 
-def carried_by_tokens(seg: Segment, scores: dict[Key, float], tau: float) -> bool:
-    """The sample's terms above the token threshold hold ``CARRY`` of its ghost mass and are a
-    few (at most ``FEW`` of its terms, or ``FEW_MIN``): then they are culprits themselves."""
-    vals = [scores.get((seg.micro_batch, b, t), 0.0) for b, t in seg.terms]
-    above = [v for v in vals if v > tau]
-    return 0 < len(above) <= max(FEW_MIN, FEW * len(vals)) and \
-        sum(v * v for v in above) >= CARRY * sum(v * v for v in vals)
+def hot_terms(seg: Segment, scores: dict[Key, float], tau: float, ghost: float) -> list[Key]:
+    """The sample's terms above the token threshold, strongest first, when they could carry it
+    (step 2 of the module doc: few, and reaching ``sqrt(CARRY)`` of ``ghost``, the sample's
+    exact norm, if they line up); [] when they cannot."""
+    keys = [(seg.micro_batch, b, t) for b, t in seg.terms]
+    above = sorted((k for k in keys if scores.get(k, 0.0) > tau), key=lambda k: -scores[k])
+    if not above or len(above) > max(FEW_MIN, FEW * len(keys)):
+        return []
+    reach = sum(scores[k] for k in above)  # what they add up to if their gradients line up
+    return above if reach * reach >= CARRY * ghost * ghost else []
 
 
 def find_units(prober: Prober, hits: Hits, cands: list[tuple[Segment, float]], limit: float,
                scores: dict[Key, float], tau: float, labelled: bool, n_samples: int = 1) -> Units:
-    """Steps 2-3 of the module doc, strongest candidate first; a sample must also carry more than
-    ``MIN_PART`` of a fair part (``1 / n_samples``) of the step's squared gradient norm."""
+    """Steps 2-3 of the module doc, strongest candidate first: candidates a few hot terms could
+    carry are deferred (``Units.deferred``, for ``reconsider`` after the token search), the
+    others decided by their own probe; a sample must also carry more than ``MIN_PART`` of a fair
+    part (``1 / n_samples``) of the step's squared gradient norm."""
     units = Units()
+    if not cands:
+        return units
+    background = float(torch.tensor(list(scores.values())).median()) if scores else 0.0
+    units.stage = _Stage(prober, hits, units, scores, tau, limit, MIN_PART * hits.total_sq / max(1, n_samples),
+                         labelled, background)
     for seg, ghost in cands:
-        window = _window(seg, scores)
-        if carried_by_tokens(seg, scores, tau) or (window is not None and len(window) == 1):
-            continue  # one term is a token: the token search names it
+        if hot_terms(seg, scores, tau, ghost):
+            units.deferred.append((seg, ghost))
+            continue
         try:
-            unit, g = _confirm(prober, hits, seg, ghost, (limit, MIN_PART * hits.total_sq / max(1, n_samples)),
-                               window, labelled)
+            unit = _confirm_sample(units.stage, seg, ghost)
         except BudgetExhausted:
             units.exhausted = True
             break
-        if unit is None:
-            continue
-        units.culprits.append(unit)
-        units.excluded |= {(seg.micro_batch, b, t) for b, t in seg.terms}
-        units.grad = g if units.grad is None else prober.add_(units.grad, g)
-        del g
+        if unit is not None:
+            _report(units.stage, seg, unit, [])
     return units
 
 
-def _confirm(prober: Prober, hits: Hits, seg: Segment, ghost: float, limits: tuple[float, float],
-             window: list[tuple[int, int]] | None, labelled: bool) -> tuple[Culprit | None, Grads | None]:
-    i = seg.micro_batch
+def reconsider(units: Units) -> None:
+    """After the token search: each deferred candidate keeps the tokens found inside it when
+    their summed exact norms reach ``sqrt(CARRY)`` of its norm; otherwise its own probe decides
+    (step 3). The terms of a sample reported here join ``hits.terms`` (the search's "explained")."""
+    st = units.stage
+    for seg, ghost in list(units.deferred):
+        units.deferred.remove((seg, ghost))
+        found = st.hits.inside({(seg.micro_batch, b, t) for b, t in seg.terms})
+        if found and sum(c.grad_norm for c in found) ** 2 >= CARRY * ghost * ghost:
+            continue  # a few tokens carry the sample: they are the finer answer
+        try:
+            unit = _confirm_sample(st, seg, ghost)
+            if unit is not None:
+                _report(st, seg, unit, found)
+        except BudgetExhausted:
+            units.exhausted = True
+            return
+
+
+def _report(st: _Stage, seg: Segment, unit: Culprit, found: list[CulpritToken]) -> None:
+    """``unit`` names the sample: its terms leave the search; tokens ``found`` inside it are
+    folded in (their rows go, their gradient leaves the running sum: one probe of them)."""
+    keys = {(seg.micro_batch, b, t) for b, t in seg.terms}
+    st.units.culprits.append(unit)
+    st.units.excluded |= keys
+    st.hits.terms |= keys
+    if not found:
+        return
+    gone = {id(c) for c in found}
+    st.hits.tokens[:] = [c for c in st.hits.tokens if id(c) not in gone]
+    if st.units.grad is None:
+        return
+    try:
+        g = st.prober.probe_terms(seg.micro_batch, [(c.batch, c.position) for c in found])
+    except BudgetExhausted:
+        st.units.grad = None  # no longer the explained sum; the search stops here anyway
+        raise
+    st.prober.sub_(st.units.grad, g)
+    del g
+
+
+def _confirm_sample(st: _Stage, seg: Segment, ghost: float) -> Culprit | None:
+    """The sample's own probe: a SAMPLE (or a SPAN of it) row when it carries the spike, else None."""
+    prober, hits, i = st.prober, st.hits, seg.micro_batch
     g = prober.probe_terms(i, seg.terms)
     n = prober.norm(g)
-    if n / math.sqrt(len(seg.terms)) <= limits[0] or n * n <= limits[1]:
-        return None, None
+    if n / math.sqrt(len(seg.terms)) <= st.limit or n * n <= st.part:
+        return None
     share = hits.share(g)
-    where = {"micro_batch": i if labelled else None, "batch": seg.batch, "document": seg.document}
+    where = {"micro_batch": i if st.labelled else None, "batch": seg.batch, "document": seg.document}
     unit = Culprit("sample", n, share, start=seg.start, end=seg.end, n_terms=len(seg.terms),
                    layer_norms=prober.layer_norms(g), score=ghost, **where)
-    if window is not None and share is not None and share > 0:
-        try:
-            g_w = prober.probe_terms(i, window)
-        except BudgetExhausted:  # the sample stands: a span would only have been finer
-            return unit, g
-        share_w = hits.share(g_w)
-        if share_w is not None and share_w >= SPAN_SHARE * share:
-            unit = Culprit("span", prober.norm(g_w), share_w, start=window[0][1], end=window[-1][1] + 1,
-                           n_terms=len(window), layer_norms=prober.layer_norms(g_w), **where)
-        del g_w
-    return unit, g
+    st.explain(g)  # the whole sample leaves the remainder, whichever row names it
+    del g
+    window = _window(seg, st.scores, st.background)
+    if window is None or share is None or share <= 0:
+        return unit
+    try:
+        g_w = prober.probe_terms(i, window)
+    except BudgetExhausted:  # the sample stands: a span would only have been finer
+        return unit
+    share_w = hits.share(g_w)
+    if share_w is not None and share_w >= SPAN_SHARE * share:
+        unit = Culprit("span", prober.norm(g_w), share_w, start=window[0][1], end=window[-1][1] + 1,
+                       n_terms=len(window), layer_norms=prober.layer_norms(g_w), **where)
+    return unit
 
 
-def _window(seg: Segment, scores: dict[Key, float]) -> list[tuple[int, int]] | None:
-    """The shortest run of the sample's terms (in position order) holding ``SPAN_MASS`` of its
-    ghost mass, grown over neighbours as hot as a quarter of its median term; when that is at
-    most ``SPAN_MAX`` of the sample's terms, else None."""
-    terms = sorted(seg.terms, key=lambda bt: bt[1])
-    s = [scores.get((seg.micro_batch, b, t), 0.0) for b, t in terms]
-    w = [v * v for v in s]
+def _window(seg: Segment, scores: dict[Key, float], background: float) -> list[tuple[int, int]] | None:
+    """The shortest run of the sample's terms (in position order) holding ``SPAN_MASS`` of their
+    linear excess over the batch's median, grown over neighbours whose excess is a quarter of the
+    run's median; when that is 2 to ``SPAN_MAX`` of the sample's terms, else None. On the output
+    head's norms when the ghost pass gave them (exact per term), else on the term scores and
+    ``background``."""
+    if seg.head is not None:
+        order = sorted(range(len(seg.terms)), key=lambda j: seg.terms[j][1])
+        terms = [seg.terms[j] for j in order]
+        w = [max(0.0, seg.head[j] - seg.head_median) for j in order]
+    else:
+        terms = sorted(seg.terms, key=lambda bt: bt[1])
+        w = [max(0.0, scores.get((seg.micro_batch, b, t), 0.0) - background) for b, t in terms]
     need = SPAN_MASS * sum(w)
     if need <= 0:
         return None
@@ -166,12 +265,12 @@ def _window(seg: Segment, scores: dict[Key, float]) -> list[tuple[int, int]] | N
         if acc >= need and hi + 1 - lo < best[1] - best[0]:
             best = (lo, hi + 1)
     a, b = best
-    hot = 0.25 * sorted(s[a:b])[(b - a) // 2]
-    while a > 0 and s[a - 1] >= hot:
+    hot = 0.25 * sorted(w[a:b])[(b - a) // 2]
+    while a > 0 and w[a - 1] >= hot:
         a -= 1
-    while b < len(s) and s[b] >= hot:
+    while b < len(w) and w[b] >= hot:
         b += 1
-    return terms[a:b] if b - a <= SPAN_MAX * len(terms) else None
+    return terms[a:b] if 2 <= b - a <= SPAN_MAX * len(terms) else None
 
 
 def micro_batch_units(prober: Prober, hits: Hits, norms: list[float], terms: list[list], holding: set,
@@ -198,7 +297,9 @@ def micro_batch_units(prober: Prober, hits: Hits, norms: list[float], terms: lis
 
 def sample_shares(prober: Prober, hits: Hits, segments: list[Segments | None],
                   labelled: bool) -> list[dict[str, Any]]:
-    """Step 5: exact per-sample shares, largest ghost norm first, as far as the budget allows."""
+    """Step 5: exact per-sample shares, largest ghost norm first, as far as the budget allows.
+    ``share`` is shown within [0, 1] (a sample pointing against the step has none); the exact
+    additive value is ``raw_share``."""
     rows = []
     for i, segs in enumerate(segments):
         segs = segs if segs is not None else Segments(i, prober.masks[i])
@@ -211,14 +312,16 @@ def sample_shares(prober: Prober, hits: Hits, segments: list[Segments | None],
             g = prober.probe_terms(seg.micro_batch, seg.terms)
         except BudgetExhausted:
             break
+        raw = hits.share(g)
         out.append({"micro_batch": seg.micro_batch if labelled else None, "sample": seg.batch,
-                    "document": seg.document, "share": hits.share(g), "grad_norm": prober.norm(g)})
+                    "document": seg.document, "share": None if raw is None else min(1.0, max(0.0, raw)),
+                    "raw_share": raw, "grad_norm": prober.norm(g)})
         del g
-    return sorted(out, key=lambda r: -(r["share"] or 0.0))
+    return sorted(out, key=lambda r: -(r["raw_share"] or 0.0))
 
 
 def no_culprit_note(shares: list[dict[str, Any]], n_samples: int) -> str:
-    top = ", ".join(f"{_where(r)} {r['share']:.2f}" for r in shares[:5] if r["share"] is not None)
+    top = ", ".join(f"{_where(r)} {r['share']:.2f}" for r in shares[:5] if r["share"])
     probed = "" if len(shares) >= n_samples else f" ({len(shares)} of {n_samples} samples probed)"
     return ("no sample, span or token carries the spike: no sample's gradient per term stands out of the others' "
             f"({SAMPLE_FACTOR:g}x their median) and no term is above the threshold; the largest per-sample shares "

@@ -11,10 +11,16 @@ for that micro-batch, so dropout masks agree across probes and subset gradients 
   parameter (dense, zeros where no gradient); counts one probe against ``budget`` and raises
   ``BudgetExhausted`` when none is left. The returned tensors are owned by the caller (they
   are the fresh ``.grad`` buffers, not copies), so a probe costs ONE gradient-sized buffer;
-- ``terms(i)``: micro-batch ``i``'s loss terms ``(b, t)`` in row-major order;
+- ``terms(i)``: micro-batch ``i``'s loss terms ``(b, t)`` in row-major order (computed once);
 - ``mask_of(i, terms)``: micro-batch ``i``'s mask restricted to ``terms``;
 - vector helpers (``norm``, ``layer_norms``, ``dot``, ``sub_``, ``add_``) that never keep
   a reference to their arguments.
+
+``on_full[i]`` / ``on_subset[i]``: a check run once, with micro-batch ``i``'s next full-mask /
+subset probe (``additivity.py``): that probe's mask is a leaf that requires grad, so its
+backward also gives ``d loss / d mask`` (the value of every loss term, at the cost of one
+elementwise product), and the check gets the loss, that derivative and the mask instead of
+running forward passes of its own.
 """
 from __future__ import annotations
 
@@ -48,13 +54,20 @@ class Prober:
         self.budget = budget
         self.grouping = grouping
         self.count = 0
+        self.on_full: dict[int, Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor], None]] = {}
+        self.on_subset: dict[int, Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor], None]] = {}
+        self.full_losses: dict[int, float] = {}  # micro-batch -> its full-mask loss (set by the additivity check)
+        self._terms: dict[int, list[tuple[int, int]]] = {}
 
     @property
     def k(self) -> int:
         return len(self.masks)
 
     def terms(self, i: int) -> list[tuple[int, int]]:
-        return [(int(b), int(t)) for b, t in (self.masks[i] != 0).nonzero().tolist()]  # host sync
+        if i not in self._terms:
+            idx = (self.masks[i] != 0).nonzero()
+            self._terms[i] = list(zip(idx[:, 0].tolist(), idx[:, 1].tolist()))  # host sync: once
+        return self._terms[i]
 
     def mask_of(self, i: int, terms: Sequence[tuple[int, int]]) -> torch.Tensor:
         full = self.masks[i]
@@ -71,8 +84,8 @@ class Prober:
         self.count += 1
         for p in self.params:
             p.grad = None
-        restore_rng(self.rng_states[i])
-        loss = self.loss_fns[i](mask)
+        check = (self.on_full if mask is self.masks[i] else self.on_subset).pop(i, None)
+        loss, leaf = self._forward(i, mask, check is not None)
         check_loss(loss)
         if not loss.requires_grad:
             raise ValueError("loss_fn(mask) returned a loss that does not require grad: it must be computed "
@@ -81,7 +94,27 @@ class Prober:
         out = [_dense(p.grad) if p.grad is not None else torch.zeros_like(local_part(p)) for p in self.params]
         for p in self.params:
             p.grad = None  # the caller owns the buffers now; nothing else keeps them alive
+        if check is not None:
+            check(loss.detach(), None if leaf is None else leaf.grad, mask)
         return out
+
+    def _forward(self, i: int, mask: torch.Tensor, with_terms: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The loss, and (``with_terms``) the mask as a leaf that requires grad, so backward gives
+        ``d loss / d mask``; a ``loss_fn`` that cannot take such a mask (in-place ops on it) runs
+        with the plain mask again."""
+        restore_rng(self.rng_states[i])
+        if not with_terms:
+            return self.loss_fns[i](mask), None
+        leaf = mask.detach().clone().requires_grad_(True)
+        try:
+            return self.loss_fns[i](leaf), leaf
+        except RuntimeError:
+            restore_rng(self.rng_states[i])
+        try:  # the first call of micro-batch i's loss_fn: say what a failure most likely means
+            return self.loss_fns[i](mask), None
+        except Exception as exc:
+            raise ValueError(f"loss_fn(mask) failed for a mask of shape {tuple(mask.shape)}: {exc!r}. token_mask "
+                             "must have the shape loss_fn expects (one entry per loss term)") from exc
 
     def probe_terms(self, i: int, terms: Sequence[tuple[int, int]]) -> Grads:
         return self.probe(i, self.mask_of(i, terms))
@@ -113,27 +146,46 @@ class Prober:
         """Float64 squared norm per tensor (low-precision gradients are upcast tensor by tensor)."""
         wide = (torch.float32, torch.float64)
         norms = torch._foreach_norm(g, 2.0)
+        if all(t.dtype in wide for t in g):
+            return torch.stack(norms).double().pow(2)
         return torch.stack([(n if t.dtype in wide else t.float().norm()).double() for t, n in zip(g, norms)]).pow(2)
 
     def norm(self, g: Grads) -> float:
         return math.sqrt(float(self.sq_per_tensor(g).sum()))  # host sync
 
+    def summary(self, g: Grads, other: Grads) -> tuple[float, dict[str, float], float]:
+        """(``norm(g)``, ``layer_norms(g)``, ``dot(g, other)``) with one pass over ``g`` and one
+        host transfer: what a found culprit is summarised by."""
+        # a wrapper's own inner product (sharded parts): its methods. (A classmethod is bound anew on
+        # every access: compare the functions, or every prober takes this path.)
+        if getattr(type(self).dot, "__func__", None) is not Prober.dot.__func__:
+            return self.norm(g), self.layer_norms(g), self.dot(g, other)
+        sq = self.sq_per_tensor(g)
+        parts = [sq.sum()[None], self.grouping.sum_by_layer(sq).sqrt(), self._dots(g, other).sum()[None]]
+        vals = torch.cat(parts).tolist()  # host sync: once per culprit found
+        return math.sqrt(vals[0]), dict(zip(self.grouping.layers, vals[1:-1])), vals[-1]
+
     def layer_norms(self, g: Grads) -> dict[str, float]:
         vals = self.grouping.sum_by_layer(self.sq_per_tensor(g)).sqrt().tolist()  # host sync
         return dict(zip(self.grouping.layers, vals))
 
-    @staticmethod
-    def dot(a: Grads, b: Grads) -> float:
+    @classmethod
+    def dot(cls, a: Grads, b: Grads) -> float:
         """Inner product, one tensor at a time, summed in float64; float32/float64 pairs need no
         temporary copy (lower precisions are upcast one tensor at a time)."""
-        def flat(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-            return (x if x.dtype == dtype else x.to(dtype)).reshape(-1)
+        return float(cls._dots(a, b).sum())  # host sync: once per dot, only on a spike
 
-        total = 0.0
+    @staticmethod
+    def _dots(a: Grads, b: Grads) -> torch.Tensor:
+        """Per-tensor inner products, float64, on the device."""
+        wide = (torch.float32, torch.float64)
+        parts = []
         for x, y in zip(a, b):
-            dtype = x.dtype if x.dtype == y.dtype and x.dtype in (torch.float32, torch.float64) else torch.float32
-            total += float(torch.dot(flat(x, dtype), flat(y, dtype)))  # host sync per tensor: only on a spike
-        return total
+            if x.dtype == y.dtype and x.dtype in wide:
+                parts.append(torch.dot(x.reshape(-1), y.reshape(-1)).double())
+            else:
+                parts.append(torch.dot(x.reshape(-1).float(), y.reshape(-1).float()).double())
+        return torch.stack(parts) if parts else torch.zeros(1, dtype=torch.float64)
 
     @staticmethod
     def sub_(a: Grads, b: Grads) -> Grads:

@@ -5,6 +5,15 @@ A spike is explained at the level its cause lives (``LEVELS``, finest first): a 
 inside a packed row), or a micro-batch when nothing finer carries it (``Culprit``). Every row
 carries its exact gradient norm and its additive share ``<g_x, g> / ||g||^2`` of the step's
 squared gradient norm; rows never overlap, so their shares add up.
+
+What is shown (``floor_rows``, applied where the result is built): a row is a culprit only when
+its share is at least ``SHARE_FLOOR`` of the step and ``SHARE_FLOOR_REL`` of the largest row's
+(a term 1/20th as heavy as the document that caused the spike is not what caused it); rows
+under the floor, negative ones included, go to ``LocateResult.below_floor``. Shares are then
+within [0, 1]: an exact share leaves it only through cancellation, when the rest of the step
+points against the culprits (a culprit at 1.012 beside a rest at -0.012); the culprits then
+explain the whole step, their shares are scaled to sum to 1 and a note gives the exact values
+(kept in ``raw_share``).
 """
 from __future__ import annotations
 
@@ -14,6 +23,8 @@ from typing import Any, ClassVar
 import torch
 
 LEVELS = ("token", "span", "sample", "micro_batch")
+SHARE_FLOOR = 0.001  # of the step's squared gradient norm
+SHARE_FLOOR_REL = 0.05  # of the largest row's share
 
 
 @dataclass
@@ -32,6 +43,7 @@ class CulpritToken:
     micro_batch: int | None = None  # which micro-batch of the step (None: the step had one)
     rank: int | None = None  # which process's batch (None: not a distributed localization)
     nonfinite: bool = False  # named by the non-finite search (``nonfinite.py``): its loss/gradient is NaN/Inf
+    raw_share: float | None = None  # the exact additive share when ``share`` was scaled into [0, 1]
 
     @property
     def start(self) -> int:
@@ -60,6 +72,30 @@ class Culprit:
     score: float | None = None  # the ghost estimate that made it a candidate
     rank: int | None = None
     nonfinite: bool = False  # named by the non-finite search (``nonfinite.py``): share None
+    raw_share: float | None = None  # the exact additive share when ``share`` was scaled into [0, 1]
+
+
+def floor_rows(rows: list) -> tuple[list, list, list[str]]:
+    """(culprits, rows below the floor, notes) from found rows (module doc). Rows without a share
+    (``ghost``'s estimates) are kept as they are."""
+    known = [r for r in rows if r.share is not None]
+    top = max((r.share for r in known), default=0.0)
+    floor = max(SHARE_FLOOR, SHARE_FLOOR_REL * top)
+    kept = [r for r in rows if r.share is None or r.share >= floor]
+    below = [r for r in known if r.share < floor]
+    notes = []
+    if below:
+        notes.append(f"{len(below)} row(s) found under the share floor ({floor:.3g}: {SHARE_FLOOR:g} of the step, "
+                     f"{SHARE_FLOOR_REL:g} of the largest row) are not culprits (result.below_floor)")
+    total = sum(r.share for r in kept if r.share is not None)
+    if total > 1.0:
+        exact = ", ".join(f"{r.share:.4g}" for r in kept if r.share is not None)
+        notes.append(f"the rest of the step points against the culprits (its share is {1.0 - total:.3g}): their "
+                     f"exact shares ({exact}) sum to {total:.4g}; shown scaled to sum to 1 (exact in raw_share)")
+        for r in kept:
+            if r.share is not None:
+                r.raw_share, r.share = r.share, r.share / total
+    return kept, below, notes
 
 
 @dataclass
@@ -105,12 +141,14 @@ class LocateResult:
     # every culprit at its level (sample/span/micro-batch rows first, then tokens); None = the tokens
     culprits: list[Culprit | CulpritToken] | None = None
     step_check: StepCheck | None = None  # None: no gradient in .grad to compare with
-    # when no culprit was found: {"micro_batch", "sample", "document", "share", "grad_norm"} per
-    # sample (exact probes, largest share first), as far as the budget allowed
+    # when no culprit was found: {"micro_batch", "sample", "document", "share" (within [0, 1]),
+    # "raw_share", "grad_norm"} per sample (exact probes, largest share first), as far as the budget allowed
     sample_shares: list[dict[str, Any]] = field(default_factory=list)
     # on a step whose gradient (or loss) is NaN/Inf: which samples (or the sum) made it so
     # (``nonfinite.NonfiniteFinding``); None on a finite step
     nonfinite: Any = None  # (not imported here: ``nonfinite`` builds on these types)
+    # rows the search found whose share is under the floor (``floor_rows``): not culprits
+    below_floor: list[Culprit | CulpritToken] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.culprits is None:
@@ -164,15 +202,17 @@ class LocateResult:
                  "layer_norms": t.layer_norms, "score": t.score, "micro_batch": t.micro_batch, "rank": t.rank}
                 for t in self.tokens
             ],
-            "culprits": [
-                {"level": c.level, "micro_batch": c.micro_batch, "batch": c.batch, "start": c.start, "end": c.end,
-                 "document": c.document, "grad_norm": c.grad_norm, "share": c.share, "rank": c.rank,
-                 "nonfinite": c.nonfinite}
-                for c in self.culprits
-            ],
+            "culprits": [_row(c) for c in self.culprits],
+            "below_floor": [_row(c) for c in self.below_floor],
             "nonfinite": None if self.nonfinite is None else {
                 "where": self.nonfinite.where, "samples": list(self.nonfinite.samples),
                 "terms": [list(t) for t in self.nonfinite.terms], "detail": self.nonfinite.detail},
             "step_check": None if self.step_check is None else vars(self.step_check),
             "notes": list(self.notes),
         }
+
+
+def _row(c: Culprit | CulpritToken) -> dict[str, Any]:
+    return {"level": c.level, "micro_batch": c.micro_batch, "batch": c.batch, "start": c.start, "end": c.end,
+            "document": c.document, "grad_norm": c.grad_norm, "share": c.share, "raw_share": c.raw_share,
+            "rank": c.rank, "nonfinite": c.nonfinite}

@@ -9,7 +9,7 @@ step's total, one running sum and the probe in flight) however many culprits it 
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -32,20 +32,32 @@ class Hits:
         self.total_sq = total_sq
         self.scores = scores or {}
         self.tokens: list[CulpritToken] = []
+        # terms already explained: culprit tokens' and those of samples the levels reported
         self.terms: set[tuple[int, int, int]] = set()
+        self.key_of: dict[int, tuple[int, int, int]] = {}  # id(token) -> its (micro_batch, b, t) in the search
+
+    def inside(self, keys: set[tuple[int, int, int]]) -> list[CulpritToken]:
+        """The culprit tokens found among ``keys`` (the search's own term keys, whatever rows the
+        tokens were placed on since)."""
+        return [c for c in self.tokens if self.key_of.get(id(c)) in keys]
 
     def share(self, g: Grads) -> float | None:
         """``<g, g_total> / ||g_total||^2``: additive over disjoint sets of terms."""
         return self.prober.dot(g, self.total) / self.total_sq if self.total_sq > 0 else None
 
     def add(self, i: int, term: Term, g: Grads, grad_norm: float | None = None) -> None:
-        p = self.prober
-        share = self.share(g)
+        norm, layers, dot = self.prober.summary(g, self.total)
+        self.add_summary(i, term, (norm if grad_norm is None else grad_norm, layers, dot))
+
+    def add_summary(self, i: int, term: Term, summary: tuple[float, dict[str, float], float]) -> None:
+        """A culprit term from ``Prober.summary(g, total)``: (norm, layer norms, dot with the total)."""
+        norm, layers, dot = summary
         self.tokens.append(CulpritToken(
-            batch=int(term[0]), position=int(term[1]), grad_norm=p.norm(g) if grad_norm is None else grad_norm,
-            layer_norms=p.layer_norms(g), score=self.scores.get((i, *term)), share=share,
-            micro_batch=i if self.label else None))
+            batch=int(term[0]), position=int(term[1]), grad_norm=norm, layer_norms=layers,
+            score=self.scores.get((i, *term)),
+            share=dot / self.total_sq if self.total_sq > 0 else None, micro_batch=i if self.label else None))
         self.terms.add((i, *term))
+        self.key_of[id(self.tokens[-1])] = (i, *term)
 
 
 def bisect(prober: Prober, i: int, terms: Sequence[Term], tau: float, hits: Hits, known: Grads | None = None,
@@ -147,37 +159,46 @@ def prune_level(term_score: dict, tau: float) -> float:
 
 
 def auto(prober: Prober, hits: Hits, all_terms: list[tuple[int, int, int]], tau: float, tau_prune: float,
-         base: Grads | None = None) -> tuple[bool, list[str]]:
+         explained: Grads | None = None,
+         then: Callable[[Grads | None], tuple[bool, Grads | None]] | None = None) -> tuple[bool, list[str]]:
     """Exact confirmation of the ghost ranking's candidates, then a remainder check.
 
     The ghost pass (one probe per micro-batch) has already ranked every term into ``hits.scores``.
     1. candidates are confirmed in score order with exact single-term probes, stopping at the
        first miss or once scores fall below ``tau / 4`` (the ranking says nothing is left);
-    2. the remainder's gradient is ``g_total - sum(g_culprit)`` (no probe): if it passes the
-       bisection rule (``||g_R|| <= tau_prune * sqrt(|R|)``) the search is done, else a
+    2. the remainder's gradient is ``g_total - explained - sum(g_culprit)`` (no probe): if it
+       passes the bisection rule (``||g_R|| <= tau_prune * sqrt(|R|)``) the search is done, else a
        subtraction-bisection searches the remainder within the budget (with several
        micro-batches: one probe per micro-batch's remainder first, and only those above the
        rule are searched).
-    ``base``: the gradient of ``all_terms`` when they are not the whole step (units already
-    reported, e.g. a culprit sample, are left out); default the step's total.
+    ``explained``: the gradient of terms outside ``all_terms`` already accounted for (samples the
+    levels reported); the running sum starts from it and is ONE buffer, which becomes the
+    remainder in place. Nothing found and nothing explained: the remainder IS the total, and no
+    copy is made unless bisection needs one to subtract from. ``then(running sum) ->
+    (budget_exhausted, running sum)`` runs between 1 and 2 (the levels' ``reconsider``: terms it
+    explains join ``hits.terms`` and their gradient the running sum).
     Returns (budget_exhausted, notes).
     """
-    exhausted, found_sum = _confirm_candidates(prober, hits, all_terms, tau)
+    exhausted, found_sum = _confirm_candidates(prober, hits, all_terms, tau, explained)
+    if not exhausted and then is not None:
+        exhausted, found_sum = then(found_sum)
     if exhausted:
         return True, []
     rest = [k for k in all_terms if k not in hits.terms]
     if not rest:
         return False, []
-    base = hits.total if base is None else base
     if found_sum is None:
-        g_rest = [t.clone() for t in base]  # bisect subtracts in place: never into the total
+        n_rest, g_rest = prober.norm(hits.total), None
     else:
         torch._foreach_neg_(found_sum)
-        g_rest = prober.add_(found_sum, base)  # base - culprits, in the running sum's buffer
-    if prober.norm(g_rest) <= tau_prune * math.sqrt(len(rest)):
+        g_rest = prober.add_(found_sum, hits.total)  # total - explained - culprits, in the running sum's buffer
+        n_rest = prober.norm(g_rest)
+    if n_rest <= tau_prune * math.sqrt(len(rest)):
         return False, []
     notes = ["ranking left a remainder above the bisection bound; searched it by bisection"]
     if prober.k == 1:
+        if g_rest is None:
+            g_rest = [t.clone() for t in hits.total]  # bisect subtracts in place: never into the total
         return bisect(prober, 0, [k[1:] for k in rest], tau, hits, known=g_rest, two_probes=False,
                       tau_prune=tau_prune), notes
     del g_rest
@@ -185,22 +206,27 @@ def auto(prober: Prober, hits: Hits, all_terms: list[tuple[int, int, int]], tau:
 
 
 def _confirm_candidates(prober: Prober, hits: Hits, all_terms: list[tuple[int, int, int]],
-                        tau: float) -> tuple[bool, Grads | None]:
+                        tau: float, found_sum: Grads | None = None) -> tuple[bool, Grads | None]:
     """Exact single-term probes in score order, until the first miss or scores below ``tau / 4``.
-    Returns (budget_exhausted, the running sum of the confirmed culprits' gradients: ONE buffer)."""
-    found_sum: Grads | None = None
-    for key in sorted(all_terms, key=lambda k: -hits.scores[k]):
-        if hits.scores[key] < tau / 4:
-            break
+    Returns (budget_exhausted, the running sum ``found_sum`` plus the confirmed culprits'
+    gradients: ONE buffer)."""
+    ranked = [k for k in all_terms if hits.scores[k] >= tau / 4 and k not in hits.terms]
+    # one pass and one host transfer per probe when the prober can summarise (not a distributed view)
+    summarise = prober.summary if isinstance(hits, Hits) and isinstance(prober, Prober) else None
+    for key in sorted(ranked, key=lambda k: -hits.scores[k]):
         i, term = key[0], key[1:]
         try:
             g = prober.probe_terms(i, [term])
         except BudgetExhausted:
             return True, found_sum
-        n = prober.norm(g)
+        summary = summarise(g, hits.total) if summarise is not None else None
+        n = summary[0] if summary is not None else prober.norm(g)
         if n <= tau:
             break
-        hits.add(i, term, g, n)
+        if summary is not None:
+            hits.add_summary(i, term, summary)
+        else:
+            hits.add(i, term, g, n)
         found_sum = g if found_sum is None else prober.add_(found_sum, g)
         del g
     return False, found_sum

@@ -247,5 +247,6 @@ def run_case(case: dict, rank: int, world: int) -> dict:
     one = case["K"] == 1
     res = locate(model, fns[0] if one else fns, masks[0] if one else masks, method="gradloc",
                  threshold=case["threshold"], budget=case["budget"])
-    return {"hits": [[c.rank, c.micro_batch or 0, c.batch, c.position] for c in res.tokens],
+    found = res.tokens + [c for c in res.below_floor if c.level == "token"]  # every hit, shown or under the floor
+    return {"hits": [[c.rank, c.micro_batch or 0, c.batch, c.position] for c in found],
             "probes": res.probes, "exhausted": res.budget_exhausted, "calls": calls}

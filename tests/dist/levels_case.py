@@ -25,6 +25,9 @@ CASES = {
     "micro_batch": ({(1, b, t): 2.5 for b in range(B) for t in range(T)}, None),  # rows made identical below
     "two_micro_batches": ({(0, 2, 7): 400.0, **{(3, 0, t): 20.0 for t in range(T)}}, "unit"),
     "nothing": ({}, None),
+    # a candidate sample two hot terms could carry: deferred to the token search, then kept as its
+    # tokens by ``levels.reconsider`` (tokens placed on their ranks are matched by their search keys)
+    "hot_tokens": ({(2, 1, 3): 60.0, (2, 1, 9): 60.0}, None),
 }
 UNIT = {"bad_sample": [(2, 1, t) for t in range(T)], "span": [(1, 0, t) for t in range(5, 10)],
         "document": [(*DOC_ROW, t) for t in range(*DOCS[1])], "two_micro_batches": [(3, 0, t) for t in range(T)]}

@@ -102,7 +102,7 @@ def run(scn: dict, rank: int, world: int) -> dict:
     same_grads = all(p.grad is g and torch.equal(local_part(g), b)
                      for p, g, b in zip(model.parameters(), grads, before))
     return {
-        "tokens": [[c.rank, c.micro_batch, c.batch, c.position, c.grad_norm, c.layer_norms, c.share]
+        "tokens": [[c.rank, c.micro_batch, c.batch, c.position, c.grad_norm, c.layer_norms, c.share, c.raw_share]
                    for c in res.tokens],
         "probes": res.probes, "threshold": res.threshold, "total_norm": res.total_norm,
         "exhausted": res.budget_exhausted, "grads_equal": same_grads,

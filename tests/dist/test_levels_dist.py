@@ -57,6 +57,7 @@ def test_the_planted_cause_is_named_at_its_level():
     two = reference("two_micro_batches")["culprits"]
     assert "token|0|2|None|7|8" in two and "sample|3|0|None|0|16" in two
     assert levels["nothing"] == set() and len(reference("nothing")["shares"]) == L.G * L.B
+    assert set(reference("hot_tokens")["culprits"]) == {"token|2|1|None|3|4", "token|2|1|None|9|10"}
     assert all(reference(case)["replayed"] for case in L.CASES)
 
 

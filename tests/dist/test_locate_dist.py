@@ -158,7 +158,8 @@ def test_equals_one_process_on_the_global_batch(runs):
                [(c[0], c[2], c[3]) for c in res["tokens"]], name
         for a, c in zip(one.tokens, res["tokens"]):
             assert c[4] == pytest.approx(a.grad_norm, rel=1e-4)
-            assert c[6] == pytest.approx(a.share, rel=1e-3)
+            assert c[6] == pytest.approx(a.share, rel=1e-3)  # shown (scaled alike when the culprits sum past 1)
+            assert c[7] == (None if a.raw_share is None else pytest.approx(a.raw_share, rel=1e-3))  # exact
         assert res["threshold"] == pytest.approx(one.threshold, rel=1e-4)
         assert res["total_norm"] == pytest.approx(one.total_norm, rel=1e-4)
 

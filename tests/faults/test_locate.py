@@ -96,3 +96,27 @@ def test_sparse_embedding_gradients_are_localized_and_kept():
     assert model.emb.weight.grad is grad and grad.is_sparse  # the step's sparse gradient is put back
 
 
+
+
+def test_a_clippers_unit_coefficients_keep_auto_at_one_gradient_size_a_real_clip_costs_one_more():
+    """``grad_scale`` of ones (what the monitor passes when its clipper ran without clipping) leaves
+    ``.grad`` the probes' sum: it stands in for the total, as with no ``grad_scale``; a real clip
+    (0.5, ``.grad`` halved) does not, so the total is kept beside it. Same culprits and shares."""
+    model = LM()
+    x, y, w, culprits = data(8)
+    loss_fn = sum_loss(model, x, y, w)
+    grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    loss_fn(torch.ones(B, T)).backward()
+    n = sum(1 for p in model.parameters() if p.requires_grad)
+    runs = {}
+    for name, scale in (("none", None), ("ones", torch.ones(n)), ("half", 0.5)):
+        if name == "half":
+            for p in model.parameters():
+                p.grad.mul_(0.5)
+        with TensorMemoryMeter() as meter:
+            res = gradloc_track.locate(model, loss_fn, torch.ones(B, T), threshold=0.05, grad_scale=scale)
+        runs[name] = (meter.peak / grad_bytes, sorted((c.batch, c.position, round(c.share, 6)) for c in res.tokens))
+    assert {(b, t) for b, t, _ in runs["none"][1]} == culprits
+    assert runs["ones"][1] == runs["none"][1] == runs["half"][1]
+    assert runs["ones"][0] == pytest.approx(runs["none"][0], abs=0.05)
+    assert runs["half"][0] >= runs["none"][0] + 0.5  # the probes' sum kept beside the halved .grad (0.8 here)

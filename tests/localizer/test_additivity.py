@@ -95,3 +95,71 @@ def test_a_per_sample_mean_over_micro_batches_is_caught_in_the_micro_batch_it_is
 
     with pytest.raises(ValueError, match=r"not additive.*micro-batch 1"):
         gradloc_track.locate(model, [fixed, per_sample_mean_clamped(per_tok, full)], [full, full])
+
+
+# -- judged on the scale of the terms, not of the loss (issue 28, TRL) ----------------------------
+
+
+def grpo_case(on_policy: bool = True):
+    """GRPO's per-token loss ``-A_b * ratio`` with groups of 2 completions whose advantages are
+    reward minus the group's mean (float32): on-policy (ratio = exp(lp - lp.detach()) = 1) the
+    terms cancel across each group, so the loss is ~1e-8 while every term and the gradient are
+    O(1). Sample 3 holds a token with a wild advantage weight (the culprit)."""
+    model = tiny_gpt(V, T)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randint(0, V, (B, T), generator=g)
+    y = torch.randint(0, V, (B, T), generator=g)
+    rewards = torch.tensor([[0.3, 1.7], [2.9, 0.1]])
+    adv = (rewards - rewards.mean(1, keepdim=True)).reshape(B, 1).expand(B, T).clone()
+    adv[CULPRIT] *= 60.0
+    adv[CULPRIT[0] ^ 1, CULPRIT[1]] *= 60.0  # the same term of its group partner: the loss still cancels
+    shift = 0.0 if on_policy else 0.3 * torch.randn(B, T, generator=g)
+
+    def logp():
+        return -F.cross_entropy(model(x).reshape(-1, V), y.reshape(-1), reduction="none").view(B, T)
+
+    def ratio():
+        lp = logp()
+        return torch.exp(lp - (lp.detach() + shift))
+
+    return model, adv, ratio
+
+
+def test_an_on_policy_grpo_loss_of_1e_8_with_an_o1_gradient_is_additive():
+    model, adv, ratio = grpo_case()
+    n = B * T
+
+    def loss_fn(m):  # additive: a fixed normaliser
+        return (-adv * ratio() * m).sum() / n
+
+    full = torch.ones(B, T)
+    value = float(loss_fn(full))
+    grad = norm(grads_of(model, loss_fn(full)))
+    assert abs(value) < 1e-6 < 1e-2 < grad  # the loss cancels, the gradient does not
+    res = gradloc_track.locate(model, loss_fn, full)  # 0.3 rejected this (tolerance relative to the loss)
+    assert CULPRIT in {(c.batch, c.position) for c in res.tokens}
+    c = next(c for c in res.tokens if (c.batch, c.position) == CULPRIT)
+    assert c.grad_norm == pytest.approx(norm(grads_of(model, loss_fn(term_mask((B, T), [CULPRIT])))), rel=1e-5)
+
+
+@pytest.mark.parametrize("on_policy", [True, False], ids=["on-policy", "off-policy"])
+def test_a_per_sample_mean_grpo_loss_is_still_rejected(on_policy):
+    model, adv, ratio = grpo_case(on_policy)
+    full = torch.ones(B, T)
+
+    def loss_fn(m):  # GRPO's default: each completion's mean over its KEPT tokens
+        return ((-adv * ratio() * m).sum(1) / m.sum(1).clamp(min=1)).mean()
+
+    with pytest.raises(ValueError, match="not additive|does not depend on the mask"):
+        gradloc_track.locate(model, loss_fn, full)
+
+
+def test_a_loss_without_a_derivative_in_the_mask_is_checked_on_its_halves():
+    """``loss_fn`` that indexes with the mask (no gradient reaches it): additive is accepted,
+    a mean over the kept terms rejected, from the two halves' losses."""
+    model, x, y, per_tok, full = setup()
+    n = full.sum()
+    res = gradloc_track.locate(model, lambda m: per_tok()[m.bool()].sum() / n, full)
+    assert [(c.batch, c.position) for c in res.tokens] == [CULPRIT]
+    with pytest.raises(ValueError, match="not additive"):
+        gradloc_track.locate(model, lambda m: per_tok()[m.bool()].mean(), full)

@@ -120,7 +120,8 @@ def run_locate(model, mbs, T, budget):
         x, y, w, _ = mbs[i]
 
         def loss_fn(mask):
-            if torch.is_grad_enabled():  # the additivity check runs forward-only: not a probe
+            # the additivity check's own forward runs without grad or with the weights frozen: not a probe
+            if torch.is_grad_enabled() and next(model.parameters()).requires_grad:
                 probes.append((i, frozenset(tuple(ix) for ix in mask.nonzero().tolist())))
             return (per_term(model, x, y, w) * mask).sum() / n_norm
         return loss_fn

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import gradloc_track
+from gradloc_track.localizer.levels import SPAN_SHARE
 
 from .oracles import dot, grads_of, norm, term_mask, tiny_gpt
 
@@ -193,7 +194,7 @@ def test_culprit_masks_hold_exactly_the_culprits_terms():
     docs = torch.zeros(B, T, dtype=torch.long)
     docs[row, 10:22], docs[row, 22:] = 1, 2
     heavy = {(row, t): 25.0 for t in range(10, 22)}
-    heavy[(3, 7)] = 400.0  # and a token elsewhere
+    heavy[(3, 7)] = 100.0  # and a token elsewhere, of a comparable share (both above the floor)
     model, loss_fn = weighted(B, T, heavy)
     total = step_grad(model, loss_fn, (B, T))
     tau = 1.5 * max_term_norm(model, loss_fn, (B, T), [(row, t) for t in range(10, 22)])
@@ -203,3 +204,162 @@ def test_culprit_masks_hold_exactly_the_culprits_terms():
     assert {tuple(x) for x in mask.nonzero().tolist()} == {(row, t) for t in range(10, 22)} | {(3, 7)}
     g = grads_of(model, loss_fn(mask))
     assert dot(g, total) / dot(total, total) == pytest.approx(sum(c.share for c in res.culprits), rel=1e-4)
+
+
+# -- the rule on coherent norms (issue 28, item 2) ------------------------------------------------
+
+
+def coherent(B: int, T: int, row: int, weights: dict[int, float], seed: int = 0, rows: int | None = None):
+    """Like ``weighted``, but sample ``row`` is one token predicting one token at every position
+    (its terms' gradients point the same way: they add up coherently), with loss weights
+    ``weights[t]`` (1 elsewhere). ``rows``: the model sees the first ``rows`` samples (default B)."""
+    model = tiny_gpt(V, T)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, V, (B, T), generator=g)
+    y = torch.randint(0, V, (B, T), generator=g)
+    x[row], y[row] = 7, 9
+    w = torch.ones(B, T)
+    for t, v in weights.items():
+        w[row, t] = v
+
+    def part(sl):
+        def fn(mask):
+            per = F.cross_entropy(model(x[sl]).reshape(-1, V), y[sl].reshape(-1), reduction="none")
+            return (per.view(mask.shape) * w[sl] * mask).sum() / (B * T)  # ONE normaliser for the step
+        return fn
+
+    return model, part, x, y, w
+
+
+def test_a_coherent_sample_with_a_few_hotter_terms_is_the_sample_not_its_tokens():
+    """Four terms hold 60% of the sample's per-term mass but its 24 terms add up as vectors: the
+    few cannot carry it (their summed norms fall far short of the sample's), so its own probe
+    decides (0.2's per-term rule named the four tokens and left the rest to a fruitless search)."""
+    B, T, row = 8, 24, 5
+    weights = {t: 6.0 for t in range(T)} | {t: 20.0 for t in (3, 9, 14, 20)}
+    model, part, *_ = coherent(B, T, row, weights)
+    loss_fn = part(slice(0, B))
+    total = step_grad(model, loss_fn, (B, T))
+    tau = 1.5 * max_term_norm(model, loss_fn, (B, T), [(row, t) for t in range(T) if t not in (3, 9, 14, 20)])
+    res = gradloc_track.locate(model, loss_fn, torch.ones(B, T), threshold=tau)
+    (s,) = res.culprits
+    assert (s.level, s.batch) == ("sample", row) and res.tokens == []
+    want_norm, want_share = exact(model, loss_fn, (B, T), [(row, t) for t in range(T)], total)
+    assert s.grad_norm == pytest.approx(want_norm, rel=1e-4)
+    assert (s.raw_share or s.share) == pytest.approx(want_share, rel=1e-4) and 0 < s.share <= 1
+    assert res.probes <= 3  # the ghost pass, the sample, its window
+
+
+def test_a_sample_the_token_search_finds_nothing_under_is_the_answer_not_its_micro_batch(monkeypatch):
+    """The ranking says two terms of a coherent sample carry it (their per-position scores
+    inflated, as attention inflates inner positions' scores); their exact probes say no. The
+    sample is reconsidered and named by its own probe, in its micro-batch, with a few probes (the
+    old rule fell back to a remainder bisection and then to the micro-batch row)."""
+    import sys
+
+    from gradloc_track.localizer.search import term_scores
+
+    B, T, row = 4, 24, 1
+    model, part, *_ = coherent(2 * B, T, B + row, {t: 6.0 for t in range(T)})
+    fns = [part(slice(0, B)), part(slice(B, 2 * B))]
+    model.zero_grad(set_to_none=True)
+    for fn in fns:
+        fn(torch.ones(B, T)).backward()
+    total = [p.grad.detach().clone() for p in model.parameters()]
+
+    tau = 1.5 * max_term_norm(model, fns[1], (B, T), [(row, t) for t in range(T)])
+
+    calls = []
+
+    def inflated(layer_map, mask):  # called once per micro-batch, in order
+        s = term_scores(layer_map, mask)
+        calls.append(1)
+        if len(calls) == 2:  # micro-batch 1: two terms of the coherent sample look like culprits
+            s[row, 4] = s[row, 11] = 10 * tau
+        return s
+
+    monkeypatch.setattr(sys.modules["gradloc_track.localizer.driver"], "term_scores", inflated)
+    res = gradloc_track.locate(model, fns, [torch.ones(B, T)] * 2, threshold=tau)
+    (s,) = res.culprits
+    assert (s.level, s.micro_batch, s.batch) == ("sample", 1, row)
+    assert res.probes <= 2 + 2 + 1  # 2 ghost passes, the two inflated terms' probes (a miss stops), the sample
+    g = grads_of(model, fns[1](term_mask((B, T), [(row, t) for t in range(T)])))
+    assert s.share == pytest.approx(min(1.0, dot(g, total) / dot(total, total)), abs=1e-4)
+
+
+def test_a_coherent_stretch_with_a_few_very_hot_terms_is_a_span():
+    """A window chosen on per-term squared mass shrinks onto the three hottest terms and carries
+    ~half the sample; the linear excess (how coherent terms add) keeps the whole stretch."""
+    B, T, row, lo, hi = 4, 48, 2, 8, 24
+    weights = {t: 8.0 for t in range(lo, hi)} | {t: 40.0 for t in (lo, lo + 1, lo + 2)}
+    model, part, *_ = coherent(B, T, row, {})
+    x_fn = part(slice(0, B))
+    w = torch.ones(B, T)
+    for t, v in weights.items():
+        w[row, t] = v
+
+    def loss_fn(mask):  # the stretch weighted, the rest of the coherent row at weight 1
+        return x_fn(mask * w)
+
+    total = step_grad(model, loss_fn, (B, T))
+    tau = 1.5 * max_term_norm(model, loss_fn, (B, T), [(row, t) for t in range(lo + 3, hi)])
+    res = gradloc_track.locate(model, loss_fn, torch.ones(B, T), threshold=tau)
+    (s,) = res.culprits
+    assert (s.level, s.batch) == ("span", row) and lo - 1 <= s.start <= lo and hi <= s.end <= hi + 1
+    cells = [(row, t) for t in range(s.start, s.end)]
+    want_norm, want_share = exact(model, loss_fn, (B, T), cells, total)
+    assert s.grad_norm == pytest.approx(want_norm, rel=1e-4) and s.share == pytest.approx(want_share, rel=1e-4)
+    sample = exact(model, loss_fn, (B, T), [(row, t) for t in range(T)], total)[1]
+    assert want_share >= SPAN_SHARE * sample  # the span carries the sample's share
+
+
+def test_shares_are_in_0_1_when_the_rest_of_the_step_cancels_part_of_the_culprit():
+    """Sample 6 repeats sample 5 at weight -0.1: the step is 0.9x sample 5's gradient, whose exact
+    share is 1/0.9 = 1.11 and sample 6's -0.11. The culprit row shows 1.0 (its exact value in
+    ``raw_share`` and a note); no negative share is shown anywhere."""
+    B, T = 8, 16
+    model, part, x, y, w = coherent(B, T, 5, {t: 20.0 for t in range(T)})
+    x[6], y[6] = x[5], y[5]
+    w[6] = -2.0
+    loss_fn = part(slice(0, B))
+    total = step_grad(model, loss_fn, (B, T))
+    res = gradloc_track.locate(model, loss_fn, torch.ones(B, T), threshold=1e3)
+    (s,) = res.culprits
+    raw = exact(model, loss_fn, (B, T), [(5, t) for t in range(T)], total)[1]
+    assert raw > 1.05 and (s.level, s.batch) == ("sample", 5)
+    assert s.share == pytest.approx(1.0) and s.raw_share == pytest.approx(raw, rel=1e-4)
+    assert any("points against the culprits" in n for n in res.notes), res.notes
+    assert all(0.0 <= c.share <= 1.0 for c in res.culprits)
+    assert all(r["share"] is None or r["share"] >= 0 for r in res.sample_shares)
+
+
+def test_rows_under_the_share_floor_are_not_culprits():
+    """A whole bad document (most of the step) and a term 1/50th as heavy: the term is found by
+    the token search but is no culprit of this spike (``below_floor``, with a note)."""
+    from gradloc_track.localizer.result import SHARE_FLOOR_REL
+
+    B, T, bad = 8, 24, 5
+    heavy = {(bad, t): 20.0 for t in range(T)} | {(2, 7): 14.0}
+    model, loss_fn = weighted(B, T, heavy)
+    total = step_grad(model, loss_fn, (B, T))
+    res = gradloc_track.locate(model, loss_fn, torch.ones(B, T))  # the adaptive threshold
+    assert [(c.level, c.batch) for c in res.culprits] == [("sample", bad)]
+    (low,) = res.below_floor
+    assert (low.level, low.batch, low.position) == ("token", 2, 7)
+    assert low.share < SHARE_FLOOR_REL * res.culprits[0].share
+    assert low.share == pytest.approx(exact(model, loss_fn, (B, T), [(2, 7)], total)[1], rel=1e-3, abs=1e-6)
+    assert any("share floor" in n for n in res.notes)
+    assert res.as_dict()["below_floor"][0]["level"] == "token"
+
+
+def test_a_budget_that_runs_out_says_so_not_that_nothing_carries_the_spike():
+    B, T, bad = 8, 24, 5
+    model, loss_fn = weighted(B, T, {(bad, t): 20.0 for t in range(T)})
+    step_grad(model, loss_fn, (B, T))
+    res = gradloc_track.locate(model, loss_fn, torch.ones(B, T), budget=1)
+    assert res.budget_exhausted and res.culprits == [] and res.sample_shares == []
+    assert not any("no sample, span or token carries" in n for n in res.notes)
+    assert any("budget (1) ran out before any sample, span or token was confirmed" in n for n in res.notes)
+    starved = gradloc_track.locate(model, [loss_fn, loss_fn], [torch.ones(B, T)] * 2, budget=1)
+    assert starved.budget_exhausted and starved.probes == 1
+    assert any("before every micro-batch was probed once" in n for n in starved.notes)
