@@ -126,7 +126,8 @@ class TrainConsole:
         ``result``, ``GradStats.not_localized``)."""
         lines = [f"── spike at step {step} " + "─" * 40]
         for e in events[:3]:
-            lines.append(f"  signal     grad_norm/{e.signal} = {e.value:.3g}, {e.ratio:.1f}x its running mean "
+            key = getattr(e, "key", f"grad_norm/{e.signal}")  # a loss or the optimizer's update is no grad norm
+            lines.append(f"  signal     {key} = {e.value:.3g}, {e.ratio:.1f}x its running mean "
                          f"{e.baseline:.3g} (z = {e.z:.0f})")
         if len(events) > 3:
             lines.append(f"             ... and {len(events) - 3} more layer(s)")

@@ -49,6 +49,7 @@ class GradLocCallback(TrainerCallback):
 
     def __init__(self, cfg: Any = None, **options: Any) -> None:
         self.options = resolve_options(cfg, **options)  # bad options fail here, not mid-training
+        self._spikes_given = (cfg, options.get("spikes"))  # which spikes fields the user set (RL defaults)
         self.handle = None
         self.adapter = None  # TRL trainers: records the batches TRL builds (integrations/trl)
         self._warned_clip = False
@@ -69,6 +70,11 @@ class GradLocCallback(TrainerCallback):
 
             opts = dataclasses.replace(opts, clip=GlobalClipConfig(max_norm=self._trainer_max_norm))
         trainer, kind = _trl_trainer(self)  # TRL's GRPO/SFT trainers: the loss they compute, not cross-entropy
+        if kind == "grpo":  # RL-aware detector defaults where the user left them (integrations/trl/defaults.py)
+            from .trl.defaults import given_spike_fields, rl_spikes
+
+            given = given_spike_fields(*self._spikes_given)
+            opts = dataclasses.replace(opts, spikes=rl_spikes(opts.spikes, given))
         scratch = ScratchDir()  # the joined run's files (no run_dir given); removed at finish
         tracker, owns = build_tracker(opts, wandb_step_key=HF_WANDB_STEP, scratch=scratch)  # joins report_to's run
         self.handle = WatchHandle(model, optimizer, opts, tracker=tracker, owns_tracker=owns, step_hook=False,

@@ -33,6 +33,7 @@ from typing import Any, Callable
 import torch
 
 from .batches import MicroBatchCapture, lm_spike_context, resolve_tokenizer
+from .step_losses import step_loss, step_sample_losses
 from .calls import SET_LOSS_FN_HINT
 from .options import WatchOptions, resolve_options
 from .runs import ScratchDir
@@ -138,6 +139,8 @@ class WatchHandle:
                 h.remove()
             raise
         self.capture = MicroBatchCapture(model) if capture else None
+        if self.capture is not None:  # the detector's largest-sample signal, measured from the captured forward
+            self.capture.sample_losses = "sample_losses" in self.monitor.detector_inputs.wants
         # spikes.quarantine: this run's culprit samples, for the data path to skip (docs/ledger.md)
         self.quarantine = _quarantine(self.tracker) if getattr(opts.spikes, "quarantine", False) else None
         self.last = None
@@ -183,7 +186,8 @@ class WatchHandle:
             ctx = functools.partial(lm_spike_context, self.model, batches, self.tokenizer, rng_state=rng)
         self._user_ctx = None
         with self._paused():
-            self.last = self.monitor.after_backward(step, lr=lr, spike_context=ctx)
+            self.last = self.monitor.after_backward(step, lr=lr, spike_context=ctx, loss=step_loss(batches),
+                                                    sample_losses=step_sample_losses(batches))
         if self.last.events:
             self.spikes.append(self.last)
             if self.quarantine is not None and self.last.locate_view:  # rank 0's view under torch.distributed
