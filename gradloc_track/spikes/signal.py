@@ -6,9 +6,9 @@ smoothing, both with a short memory, ``baseline_alpha``, ~10 steps): the next va
 ``level + trend``, so a steady rise is followed without lag (0.3's plain EMA lagged a layer whose norm
 grew 6% a step by ~0.5 in log space, and fired on it twenty steps in a row); a fall is extrapolated
 for the smooth signals only (the losses; see ``forecast``). The variance ``var`` and fourth moment
-``m4`` of the forecast error are EMAs with a long memory (``alpha``, ~100 steps). During warm-up the variance comes from successive differences
-(``E[(x_t - x_{t-1})^2] = 2 var`` for noise, blind to a slow trend) and the fourth moment starts at
-its Gaussian value.
+``m4`` of the forecast error are EMAs with a long memory (``alpha``, ~100 steps). During warm-up the
+variance comes from successive differences (``E[(x_t - x_{t-1})^2] = 2 var`` for noise, blind to a
+slow trend) and the fourth moment starts at its Gaussian value.
 """
 from __future__ import annotations
 
