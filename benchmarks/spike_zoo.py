@@ -104,7 +104,7 @@ def split(family: str, runs: list[RunRecord]) -> Family:
     for r in runs:
         if r.scenario == "calibration":
             fam.calibration.append(r)
-        elif r.cause == "none":
+        elif r.cause in ("none", "placebo"):  # a placebo swaps in other clean batches: clean steps too
             fam.clean.append(r)
         else:
             fam.scenarios.append(r)

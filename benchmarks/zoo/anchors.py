@@ -15,7 +15,9 @@ Each trigger takes a run's ``StepRecord``s and returns the steps it fires on:
   the mean of the previous up to 128 values; NaN fires (it fails ``z <= 6``). Without a loss, the
   grad norm alone. A non-finite value is kept out of the window (OLMo-core's would hold it, and fire on
   every step, for 128 steps).
-- ``ours``: ``SpikeDetector`` replayed with the monitor's inputs.
+- ``ours``: ``SpikeDetector`` replayed with what the monitor fed it live (``StepRecord.fed``), so a
+  replay of the same configuration fires where the run did; ``ours 0.3``: 0.3's detector (global and
+  per-layer norms only), ``zoo/detector_03.py``.
 """
 from __future__ import annotations
 
@@ -107,7 +109,7 @@ def ours(config: Any = None, **overrides: Any) -> Trigger:
         params = inspect.signature(det.update).parameters
         out = set()
         for r in steps:
-            extra = {k: v for k, v in signals_of(r).items() if k in params}
+            extra = {k: v for k, v in (r.fed if r.fed is not None else signals_of(r)).items() if k in params}
             if det.update(r.step, r.global_norm, r.layers, n_tokens=r.n_tokens, **extra):
                 out.add(r.step)
         return out

@@ -29,7 +29,7 @@ from gradloc_track.localizer import save_rng
 from gradloc_track.spikes import SpikeContext, SpikeDetector
 
 from .measure import HeldOut, adam_signals, flip_bit, grads_of, set_grads, step_effect, weight_norm
-from .record import Harm, RunRecord, StepRecord, live_outcome
+from .record import FeedRecorder, Harm, RunRecord, StepRecord, live_outcome
 
 FP16_MAX = 65504.0
 JUNK = "â€™"  # the spike demo's mojibake answer
@@ -48,25 +48,36 @@ class Scenario:
     at: tuple[int, ...]
     loss: str = "sample"  # sample (per-sample mean, SFT) | token (token mean over the batch, packed rows)
     note: str = ""
+    placebo: str = ""  # the run that swaps in other clean batches at the same steps (the harm's control)
 
 
 EVERY_30 = (90, 120, 150, 180, 210, 240, 270)
 THREE = (150, 200, 250)
+MILD = tuple(range(70, 170, 10))
+DUP = tuple(range(100, 180, 2))
+LR = (120, 180, 240)
 SCENARIOS = {
-    "garbled_tokens": Scenario("data", EVERY_30, note="16 garbage bytes inside one sample"),
-    "bad_document": Scenario("data", EVERY_30, note="one sample is 64 random high bytes"),
-    "mild_3of8": Scenario("data", tuple(range(70, 170, 10)), note="3 of 8 samples a prose prompt + a 3-token "
-                          "mojibake answer (bench_surgery's corruption)"),
-    "duplicate_doc": Scenario("data", tuple(range(100, 180, 2)), note="the same window as sample 0, 40 times"),
-    "packed_bad_doc": Scenario("data", EVERY_30, loss="token", note="rows of 4 packed documents; one is garbage"),
-    "lr_jump": Scenario("schedule", (120, 180, 240), note="the learning rate x10 for one step"),
+    "garbled_tokens": Scenario("data", EVERY_30, note="16 garbage bytes inside one sample", placebo="placebo_30"),
+    "bad_document": Scenario("data", EVERY_30, note="one sample is 64 random high bytes", placebo="placebo_30"),
+    "mild_3of8": Scenario("data", MILD, note="3 of 8 samples a prose prompt + a 3-token mojibake answer "
+                          "(bench_surgery's corruption)", placebo="placebo_mild"),
+    "duplicate_doc": Scenario("data", DUP, note="the same window as sample 0, 40 times", placebo="placebo_dup"),
+    "packed_bad_doc": Scenario("data", EVERY_30, loss="token", note="rows of 4 packed documents; one is garbage",
+                               placebo="placebo_30_packed"),
+    "lr_jump": Scenario("schedule", LR, note="the learning rate x10 for one step", placebo="placebo_lr"),
     "optimizer_rare": Scenario("optimizer", THREE, note="clean text in a script never seen (Greek, Russian, "
-                               "Arabic): Adam's v is 0 on those embedding rows"),
-    "nan_sample": Scenario("numeric", THREE, note="one position of one sample has every logit -inf (NaN loss)"),
+                               "Arabic): Adam's v is 0 on those embedding rows", placebo="placebo_three"),
+    "nan_sample": Scenario("numeric", THREE, note="one position of one sample has every logit -inf (NaN loss)",
+                           placebo="placebo_three"),
     "fp16_overflow": Scenario("numeric", THREE, note="the step under fp16 autocast with a loss scale 2x too "
-                              "large: the summed gradients overflow"),
-    "bitflip": Scenario("irreproducible", THREE, note="bit 30 of one gradient element flipped after backward"),
+                              "large: the summed gradients overflow", placebo="placebo_three"),
+    "bitflip": Scenario("irreproducible", THREE, note="bit 30 of one gradient element flipped after backward",
+                        placebo="placebo_three"),
 }
+# controls: other clean batches at the scenarios' steps (a clean step's effect on the final loss)
+PLACEBOS = {"placebo_30": Scenario("placebo", EVERY_30), "placebo_30_packed": Scenario("placebo", EVERY_30, "token"),
+            "placebo_mild": Scenario("placebo", MILD), "placebo_dup": Scenario("placebo", DUP),
+            "placebo_lr": Scenario("placebo", LR), "placebo_three": Scenario("placebo", THREE)}
 TWIN = {"sample": "clean", "token": "clean_packed"}
 
 
@@ -85,11 +96,12 @@ class DemoSetting:
     warmup: int = 20
     horizon: int = 2000  # cosine decay horizon (the same for every run: runs share their prefix)
     eval_batches: int = 4
+    scored_from: int = 50  # no trigger is scored before this step: every one warms up (ours 50, ZClip 25, OLMo 64)
     detector: dict = field(default_factory=dict)  # SpikeConfig overrides (defaults: none)
 
     @classmethod
     def quick(cls) -> "DemoSetting":
-        return cls(n_layer=1, d_model=16, n_head=2, seq_len=48, steps=60, clean_steps=120, eval_batches=1)
+        return cls(steps=110, clean_steps=200, eval_batches=2)
 
 
 @dataclass
@@ -129,10 +141,12 @@ class DemoData:
         g = torch.Generator().manual_seed(self.seed * 7 + step)
         return torch.randint(0x80, 0x100, (n,), generator=g)
 
-    def injected(self, name: str, step: int, loss: str, prev_max_grad: float, index: int = 0) -> Batch:
+    def injected(self, name: str, step: int, loss: str, index: int = 0) -> Batch:
         """The batch of ``step`` with scenario ``name``'s change (``index``: which injection of the run)."""
         b, T = self.clean(step, loss), self.s.seq_len
         k = (self.seed + step) % self.s.batch  # the sample that is hit
+        if name.startswith("placebo"):
+            return self.clean(step + 10 ** 6, loss)  # the counterfactual's swap batch: a clean step elsewhere
         if name == "garbled_tokens":
             inject("corrupt_span", b.x, b.y, b.mask, sample=k, span=T // 4, seed=self.seed * 131 + step)
         elif name == "bad_document":
@@ -159,7 +173,7 @@ class DemoData:
             b.nan_rows = torch.zeros_like(b.mask, dtype=torch.bool)
             b.nan_rows[k, T // 2] = True
         elif name == "fp16_overflow":
-            b.fp16_scale = 2 * FP16_MAX / max(prev_max_grad, 1e-12)
+            b.fp16_scale = 1.0  # set from the step's own gradient by run()
         elif name == "bitflip":
             b.bitflip = True
         return b
@@ -235,7 +249,8 @@ def _monitor_kwargs(monitor: GradMonitor, loss: torch.Tensor, sample_losses: tor
 
 
 def train_step(model, b: Batch, loss: str):
-    """Forward and backward of the training step; returns (loss, per-sample losses (B,))."""
+    """Forward and backward of the training step; returns (loss, each sample's mean loss: (B,), or each
+    document's for packed rows)."""
     weights = term_weights(b, loss)
     per, sel = per_term(model, b, b.mask)
     total = (per * weights.flatten()[sel]).sum()
@@ -244,9 +259,15 @@ def train_step(model, b: Batch, loss: str):
         for p in model.parameters():
             if p.grad is not None:
                 p.grad.div_(b.fp16_scale)
-    full = torch.zeros(sel.numel()).masked_scatter(sel, per.detach())  # (B*T,)
-    samples = (full.view_as(b.mask) * b.mask).sum(1) / b.mask.sum(1).clamp(min=1.0)  # (B,)
-    return total.detach(), samples
+    full = torch.zeros(sel.numel()).masked_scatter(sel, per.detach()).view_as(b.mask) * b.mask  # (B, T)
+    if b.docs is None:
+        return total.detach(), full.sum(1) / b.mask.sum(1).clamp(min=1.0)  # (B,) each sample's mean loss
+    # packed rows: each document's mean loss (the unit a packed pipeline knows from its boundaries)
+    key = (b.docs + torch.arange(b.docs.shape[0])[:, None] * (int(b.docs.max()) + 1)).flatten()  # (B*T,)
+    n = int(key.max()) + 1
+    sums = torch.zeros(n).index_add_(0, key, full.flatten())
+    counts = torch.zeros(n).index_add_(0, key, b.mask.flatten())
+    return total.detach(), (sums / counts.clamp(min=1.0))[counts > 0]
 
 
 def counterfactual(model, opt, b: Batch, clean: Batch, swap: Batch, loss: str, held: HeldOut, step: int) -> Harm:
@@ -266,22 +287,29 @@ def counterfactual(model, opt, b: Batch, clean: Batch, swap: Batch, loss: str, h
 
 def run(scenario: str, seed: int, s: DemoSetting, corpus: str, held: HeldOut) -> RunRecord:
     """One run: ``scenario`` (or a clean twin, ``clean`` / ``clean_packed``)."""
-    sc = SCENARIOS.get(scenario)
+    sc = SCENARIOS.get(scenario) or PLACEBOS.get(scenario)
     loss = sc.loss if sc else ("token" if scenario == "clean_packed" else "sample")
     steps = {"clean": s.clean_steps, "calibration": s.clean_steps // 2}.get(scenario, s.steps)
     model, opt, sched, monitor = build(s, seed)
+    feed = FeedRecorder(monitor.detector)
     data = DemoData(corpus, s, seed)
-    rec = RunRecord("demo", scenario, seed, sc.cause if sc else "none", warmup=max(20, s.warmup),
-                    twin=TWIN[loss])
-    t0, prev_max = time.perf_counter(), 1.0
+    rec = RunRecord("demo", scenario, seed, sc.cause if sc else "none", warmup=s.scored_from,
+                    twin=TWIN[loss], placebo=sc.placebo if sc else "")
+    t0 = time.perf_counter()
     at = injection_steps(sc, s) if sc else []
     for step in range(steps):
         hit = step in at
-        b = data.injected(scenario, step, loss, prev_max, at.index(step)) if hit else data.clean(step, loss)
+        control = sc is not None and sc.cause == "placebo"  # a placebo's swapped batches are clean steps
+        b = data.injected(scenario, step, loss, at.index(step)) if hit else data.clean(step, loss)
         if b.lr_factor != 1.0:
             for g in opt.param_groups:
                 g["lr"] *= b.lr_factor
-        monitor.responder.config = localize_if(hit)
+        monitor.responder.config = localize_if(hit and not control)
+        if b.fp16_scale:  # a loss scale 2x what this step's largest fp32 gradient allows in fp16
+            opt.zero_grad(set_to_none=True)
+            train_step(model, Batch(b.x, b.y, b.mask, b.docs), loss)
+            b.fp16_scale = 2 * FP16_MAX / max(float(p.grad.abs().max()) for p in model.parameters()
+                                              if p.grad is not None)
         opt.zero_grad(set_to_none=True)
         rng = save_rng()  # right before the forward: probes replay it
         total, samples = train_step(model, b, loss)
@@ -292,17 +320,14 @@ def run(scenario: str, seed: int, s: DemoSetting, corpus: str, held: HeldOut) ->
                            tokenizer=data.tok, rng_state=rng, document_ids=b.docs)
         stats = monitor.after_backward(step, spike_context=ctx, **_monitor_kwargs(monitor, total, samples))
         fired, probes, secs, cause = live_outcome(stats)
-        rec.steps.append(StepRecord(step, stats.global_norm, stats.layer_norms, int(b.mask.sum()), hit,
+        rec.steps.append(StepRecord(step, stats.global_norm, stats.layer_norms, int(b.mask.sum()), hit and not control,
                                     float(total), [float(v) for v in samples], opt.param_groups[0]["lr"],
                                     sig.get("update"), sig.get("update_layers"), sig.get("gv_elem"),
                                     sig.get("gv_tensor"), weight_norm(model) if step % 10 == 0 else None,
-                                    fired, probes, secs, cause))
-        if hit:
+                                    fired, probes, secs, cause, fed=feed.take()))
+        if hit and not control:
             rec.harms.append(counterfactual(model, opt, b, data.clean(step, loss), data.clean(step + 10 ** 6, loss),
                                             loss, held, step))
-        finite = all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in model.parameters())
-        prev_max = max(float(p.grad.abs().max()) for p in model.parameters() if p.grad is not None) if finite \
-            else prev_max
         opt.step()  # a non-finite step is skipped by the monitor's guard
         sched.step()
         if step + 1 == s.steps and not sc:
@@ -313,18 +338,18 @@ def run(scenario: str, seed: int, s: DemoSetting, corpus: str, held: HeldOut) ->
 
 
 def jobs(s: DemoSetting, seeds: list[int], scenarios: list[str] | None = None) -> list[tuple[str, int]]:
-    """(scenario, seed) of every run: the scenarios, their clean twins and GradLoc's calibration run."""
+    """(scenario, seed) of every run: the scenarios, their placebos and clean twins, GradLoc's calibration."""
     names = scenarios or list(SCENARIOS)
+    controls = sorted({SCENARIOS[n].placebo for n in names} - {""})
     twins = sorted({TWIN[SCENARIOS[n].loss] for n in names})
-    return [(n, seed) for seed in seeds for n in names] + [(t, seed) for seed in seeds for t in twins] + \
-        [("calibration", 1000)]
+    return [(n, seed) for seed in seeds for n in names + controls + twins] + [("calibration", 1000)]
 
 
 def injection_steps(sc: Scenario, s: DemoSetting) -> list[int]:
     """The scenario's steps, mapped into a shorter run (``--quick``) after the detector's warm-up."""
     if s.steps >= FULL_STEPS:
         return list(sc.at)
-    lo, hi = s.warmup + 5, s.steps - 5
+    lo, hi = s.scored_from + 10, s.steps - 5
     return sorted({lo + round((t - 70) * (hi - lo) / (FULL_STEPS - 70)) for t in sc.at})
 
 

@@ -20,13 +20,15 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from .demo import PLACEBOS as DEMO_PLACEBOS
 from .demo import SCENARIOS as DEMO_SCENARIOS
 from .demo import Batch, DemoData, DemoSetting, Scenario, injection_steps, localize_if
 from .measure import HeldOut, adam_signals, flip_bit, grads_of, set_grads, step_effect, weight_norm
-from .record import Harm, RunRecord, StepRecord, live_outcome
+from .record import FeedRecorder, Harm, RunRecord, StepRecord, live_outcome
 
-SCENARIOS: dict[str, Scenario] = {k: Scenario(v.cause, v.at, "token" if v.loss == "token" else "hf", v.note)
-                                  for k, v in DEMO_SCENARIOS.items() if k != "fp16_overflow"}
+SCENARIOS: dict[str, Scenario] = {k: Scenario(v.cause, v.at, "token" if v.loss == "token" else "hf", v.note,
+                                           v.placebo) for k, v in DEMO_SCENARIOS.items() if k != "fp16_overflow"}
+PLACEBOS = {k: Scenario(v.cause, v.at, "token" if v.loss == "token" else "hf") for k, v in DEMO_PLACEBOS.items()}
 TWIN = {"hf": "clean", "token": "clean_packed"}
 CLIP = 1.0  # Trainer's default max_grad_norm, applied by the callback
 
@@ -37,7 +39,7 @@ class HFSetting(DemoSetting):
 
     @classmethod
     def quick(cls) -> "HFSetting":
-        return cls(steps=100, clean_steps=200)
+        return cls(steps=110, clean_steps=200)
 
 
 def setting(quick: bool) -> HFSetting:
@@ -86,7 +88,7 @@ class ZooData(torch.utils.data.Dataset):
     def batch(self, step: int) -> Batch:
         if step not in self._cache:
             mode = "token" if self.loss == "token" else "sample"
-            self._cache = {step: self.data.injected(self.scenario, step, mode, 1.0, self.at.index(step))
+            self._cache = {step: self.data.injected(self.scenario, step, mode, self.at.index(step))
                            if step in self.at else self.data.clean(step, mode)}
         return self._cache[step]
 
@@ -121,11 +123,15 @@ def make_callbacks(run: "HFRun"):
     class Record(base):
         """After GradLocCallback: the step's record and, on an injected step, its harm."""
 
+        def on_train_begin(self, args, state, control, **kw):  # after GradLocCallback built its handle
+            run.feed = FeedRecorder(run.handle_of.handle.monitor.detector)
+
         def on_step_begin(self, args, state, control, **kw):
             run.step = state.global_step + 1
             run.fresh = True
             run.nan_active = run.scenario == "nan_sample" and run.step in run.at
-            run.handle_of.handle.monitor.responder.config = localize_if(run.step in run.at)
+            run.handle_of.handle.monitor.responder.config = localize_if(run.step in run.at
+                                                                        and not run.scenario.startswith("placebo"))
 
         def on_pre_optimizer_step(self, args, state, control, model=None, optimizer=None, **kw):
             run.record_step(model, optimizer)
@@ -150,6 +156,7 @@ class HFRun:
     rec: RunRecord | None = None
     last_loss: float | None = None
     last_samples: list[float] | None = None
+    feed: FeedRecorder | None = None
 
     def forward_hook(self, module, args, kwargs, out) -> None:
         """The training forward's loss and per-sample losses (the zoo's own measurement)."""
@@ -181,12 +188,12 @@ class HFRun:
         b = self.dataset.batch(self.step)
         sig = adam_signals(model, optimizer)
         fired, probes, secs, cause = live_outcome(stats)
-        hit = self.step in self.at
+        hit = self.step in self.at and not self.scenario.startswith("placebo")
         self.rec.steps.append(StepRecord(
             self.step, stats.global_norm, stats.layer_norms, int(b.mask.sum()), hit, self.last_loss,
             self.last_samples, float(optimizer.param_groups[0]["lr"]), sig.get("update"), sig.get("update_layers"),
             sig.get("gv_elem"), sig.get("gv_tensor"), weight_norm(model) if self.step % 10 == 0 else None,
-            fired, probes, secs, cause))
+            fired, probes, secs, cause, fed=self.feed.take()))
         if hit:
             self.rec.harms.append(self.counterfactual(model, optimizer, b))
 
@@ -216,7 +223,7 @@ def run(scenario: str, seed: int, s: HFSetting, corpus: str, held: HeldOut) -> R
 
     from gradloc_track.integrations.hf import GradLocCallback
 
-    sc = SCENARIOS.get(scenario)
+    sc = SCENARIOS.get(scenario) or PLACEBOS.get(scenario)
     loss_mode = sc.loss if sc else ("token" if scenario == "clean_packed" else "hf")
     steps = {"clean": s.clean_steps, "calibration": s.clean_steps // 2}.get(scenario, s.steps)
     at = injection_steps(sc, s) if sc else []
@@ -233,8 +240,8 @@ def run(scenario: str, seed: int, s: HFSetting, corpus: str, held: HeldOut) -> R
     data = DemoData(corpus, s, seed)
     hr = HFRun(scenario, seed, s, data, held, at, loss_mode)
     hr.dataset = ZooData(data, s, scenario, loss_mode, at, steps)
-    hr.rec = RunRecord("hf", scenario, seed, sc.cause if sc else "none", warmup=max(20, s.warmup),
-                       twin=TWIN[loss_mode])
+    hr.rec = RunRecord("hf", scenario, seed, sc.cause if sc else "none", warmup=s.scored_from,
+                       twin=TWIN[loss_mode], placebo=sc.placebo if sc else "")
     gl = GradLocCallback(tracker="none", spikes=dict(s.detector), locate={"max_events": 10 ** 6}, log_every=10 ** 9)
     hr.handle_of = gl
     corrupt, record = make_callbacks(hr)
@@ -263,6 +270,6 @@ def run(scenario: str, seed: int, s: HFSetting, corpus: str, held: HeldOut) -> R
 
 def jobs(s: HFSetting, seeds: list[int], scenarios: list[str] | None = None) -> list[tuple[str, int]]:
     names = [n for n in (scenarios or list(SCENARIOS)) if n in SCENARIOS]
+    controls = sorted({SCENARIOS[n].placebo for n in names} - {""})
     twins = sorted({TWIN[SCENARIOS[n].loss] for n in names})
-    return [(n, seed) for seed in seeds for n in names] + [(t, seed) for seed in seeds for t in twins] + \
-        [("calibration", 1000)]
+    return [(n, seed) for seed in seeds for n in names + controls + twins] + [("calibration", 1000)]

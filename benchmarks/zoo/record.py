@@ -36,6 +36,7 @@ class StepRecord:
     locate_s: float | None = None
     cause: str | None = None  # SpikeEvent.cause / the event row's cause, when the library names one
     heldout: float | None = None  # held-out loss after the step (runs whose harm is read from the twin)
+    fed: dict | None = None  # what the monitor fed the live detector beyond the norms (loss, update, ...)
 
 
 @dataclass
@@ -63,7 +64,7 @@ class RunRecord:
     family: str  # demo | hf | trl
     scenario: str
     seed: int
-    cause: str  # the known cause: data | numeric | optimizer | schedule | irreproducible | none
+    cause: str  # the known cause: data | numeric | optimizer | schedule | irreproducible | none | placebo
     steps: list[StepRecord] = field(default_factory=list)
     harms: list[Harm] = field(default_factory=list)
     final_loss: float = math.nan  # held-out loss at the end
@@ -71,6 +72,7 @@ class RunRecord:
     seconds: float = 0.0
     warmup: int = 20  # steps no trigger is scored on (every detector warms up)
     twin: str = "clean"  # the clean run of the same seed this one is compared with
+    placebo: str = ""  # the run with other clean batches at the same steps (the final gap's control)
 
     @property
     def injected_steps(self) -> list[int]:
@@ -94,6 +96,24 @@ def save_runs(runs: list[RunRecord], path: Path) -> None:
 
 def load_runs(path: Path) -> list[RunRecord]:
     return [RunRecord.from_json(d) for d in json.loads(path.read_text())]
+
+
+class FeedRecorder:
+    """Wraps a detector's ``update`` to keep the keywords the monitor passed (the step's losses, the
+    optimizer's update, the weight norm): replays then feed the detector exactly what it saw live."""
+
+    def __init__(self, detector: Any) -> None:
+        self.last: dict = {}
+        self._update = detector.update
+        detector.update = self
+
+    def __call__(self, step, global_norm, layer_norms=None, n_tokens=None, n_micro_batches=1, **signals):
+        self.last = {k: v for k, v in signals.items() if v is not None}
+        return self._update(step, global_norm, layer_norms, n_tokens, n_micro_batches, **signals)
+
+    def take(self) -> dict:
+        out, self.last = self.last, {}
+        return out
 
 
 def live_outcome(stats: Any) -> tuple[list[str], float | None, float | None, str | None]:

@@ -2,12 +2,14 @@
 the live detector and every anchor on the same streams; the markdown tables.
 
 Harm (per scenario, over seeds): each injected step's held-out loss after it minus after the clean
-twin's step from the same state (``step +``), beside what a step on another clean batch moves it
-(``swap``), and the final held-out loss minus the clean twin's (``final +``, paired by seed). A
-scenario is harmful when a step's update is non-finite, when its mean step harm exceeds twice the
-swap noise, or when its final gap exceeds 0.002 and twice its standard error; every injected step
-of a harmful scenario is a harmful step (damage that accumulates, as a learned junk answer, is made
-of steps that each look small).
+twin's step from the same state (``step +``, with its t over the steps), beside what a step on
+another clean batch moves it (``swap``), and the final held-out loss minus the placebo's (``final +``:
+the same seed with other clean batches swapped in at the same steps, so what is left is the
+injection's, not any change of those steps; paired by seed). A scenario is harmful when a step's
+update is non-finite, when its step harm is positive with t >= 2 and at least a tenth of the swap,
+or when its final excess exceeds 0.002 and twice its standard error; every injected step of a harmful
+scenario is a harmful step (damage that accumulates, as a learned junk answer, is made of steps that
+each look small).
 """
 from __future__ import annotations
 
@@ -17,11 +19,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from . import anchors
+from .detector_03 import fire_03
 from .record import RunRecord
-
-# SpikeConfig fields that switch off what issue 26 added, so a replay is 0.3's detector (global + layers)
-BEFORE = {"loss_signal": False, "sample_signal": False, "update_signal": False, "noise_floor": 0.0}
-
 
 @dataclass
 class Family:
@@ -32,28 +31,31 @@ class Family:
 
 
 def triggers(fam: Family) -> dict[str, Callable]:
-    from gradloc_track.config import SpikeConfig
-    import dataclasses
-
-    known = {f.name for f in dataclasses.fields(SpikeConfig)}
     warm = max([r.warmup for r in fam.calibration] or [20])
     T = anchors.gradloc_threshold([r.steps for r in fam.calibration], warm)
-    return {"ours": anchors.live, "ours 0.3": anchors.ours(**{k: v for k, v in BEFORE.items() if k in known}),
-            f"GradLoc T={T:.3g}": anchors.gradloc(T), "ZClip": anchors.zclip, "OLMo 6σ": anchors.olmo}
+    return {"ours": anchors.live, "ours 0.3": fire_03, f"GradLoc T={T:.3g}": anchors.gradloc(T),
+            "ZClip": anchors.zclip, "OLMo 6σ": anchors.olmo}
 
 
-def harm_of(runs: list[RunRecord], twins: dict[int, RunRecord]) -> dict:
+def harm_of(runs: list[RunRecord], controls: dict[int, RunRecord]) -> dict:
+    """The scenario's harm: per injected step (``step``: mean of held-out loss after the injected step
+    minus after the clean step, with its t over the steps; ``swap``: how far a step on another clean
+    batch moves it), and at the end against the placebo of the same seed (other clean batches at
+    the same steps: what any change of those steps costs), paired by seed."""
     deltas = [h.delta for r in runs for h in r.harms]
     noise = [h.noise for r in runs for h in r.harms]
-    gaps = [r.final_loss - twins[r.seed].twin_loss for r in runs if r.seed in twins]
+    excess = [r.final_loss - controls[r.seed].final_loss for r in runs if r.seed in controls]
     finite = [d for d in deltas if math.isfinite(d)]
     out = {"step": statistics.fmean(finite) if finite else math.nan, "nonfinite": len(deltas) - len(finite),
            "swap": statistics.fmean(noise) if noise else math.nan,
-           "gap": statistics.fmean(gaps) if gaps else math.nan,
-           "gap_sd": statistics.stdev(gaps) if len(gaps) > 1 else 0.0}
-    se = out["gap_sd"] / math.sqrt(len(gaps)) if gaps else 0.0
-    out["harmful"] = bool(out["nonfinite"] or (finite and out["step"] > 2 * out["swap"])
-                          or (gaps and out["gap"] > max(0.002, 2 * se)))
+           "gap": statistics.fmean(excess) if excess else math.nan,
+           "gap_sd": statistics.stdev(excess) if len(excess) > 1 else 0.0}
+    t = (out["step"] / (statistics.stdev(finite) / math.sqrt(len(finite)))
+         if len(finite) > 1 and statistics.stdev(finite) > 0 else 0.0)
+    se = out["gap_sd"] / math.sqrt(len(excess)) if excess else 0.0
+    out["t"] = t
+    out["harmful"] = bool(out["nonfinite"] or (t >= 2 and out["step"] >= 0.1 * out["swap"])
+                          or (excess and out["gap"] > max(0.002, 2 * se)))
     return out
 
 
@@ -92,9 +94,9 @@ def scenario_rows(fam: Family, trig: dict[str, Callable]) -> list[str]:
         by.setdefault(r.scenario, []).append(r)
     rows = []
     for name, runs in by.items():
-        h = harm_of(runs, twins.get(runs[0].twin, {}))
+        h = harm_of(runs, twins.get(runs[0].placebo) or twins.get(runs[0].twin, {}))
         sc = _score(runs, trig)
-        step = "non-finite" if h["nonfinite"] else f"{h['step']:+.2g}"
+        step = "non-finite" if h["nonfinite"] else f"{h['step']:+.2g} (t {h['t']:.1f})"
         recall = " | ".join(_cell(sc["hits"][k], sc["n"]) if h["harmful"] else f"({_cell(sc['hits'][k], sc['n'])})"
                             for k in trig)
         probes = f"{statistics.fmean(sc['probes']):.1f}" if sc["probes"] else "–"
@@ -125,7 +127,7 @@ def render(families: list[Family]) -> str:
         names = list(trig)
         out.append(f"\n### {fam.name}: recall over injected steps (in parentheses where the scenario did no "
                    "measurable harm)\n")
-        out.append("| scenario | cause | harm: step + / swap | final + (vs twin) | harmful | "
+        out.append("| scenario | cause | harm: step + / swap | final + (vs placebo) | harmful | "
                    + " | ".join(names) + " | probes/event | s/run | cause named | other events /1000 ("
                    + ", ".join(names) + ") |")
         out.append("|---" * (9 + len(names)) + "|")

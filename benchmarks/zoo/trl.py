@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from .demo import localize_if
 from .measure import adam_signals, grads_of, set_grads, stepped, weight_norm
-from .record import Harm, RunRecord, StepRecord, live_outcome
+from .record import FeedRecorder, Harm, RunRecord, StepRecord, live_outcome
 
 STALE = 6.0
 SENTENCE = "the quick brown fox jumps over the lazy dog and runs into the wood . "
@@ -216,6 +216,11 @@ def run(scenario: str, seed: int, s: TRLSetting, bpe, rows, prompts) -> RunRecor
                          log_every=10 ** 9)
 
     class Record(TrainerCallback):
+        feed: FeedRecorder | None = None
+
+        def on_train_begin(self, args, state, control, **kw):  # after GradLocCallback built its handle
+            Record.feed = FeedRecorder(gl.handle.monitor.detector)
+
         def on_step_begin(self, args, state, control, **kw):
             step = state.global_step + 1  # the injection lands on inject_at or the next generation step
             gl.handle.monitor.responder.config = localize_if(scenario in SCENARIOS and 0 <= step - s.inject_at <= 2)
@@ -228,7 +233,7 @@ def run(scenario: str, seed: int, s: TRLSetting, bpe, rows, prompts) -> RunRecor
             rec.steps.append(StepRecord(step, stats.global_norm, stats.layer_norms, tr.last_tokens, step in tr.injected,
                                         tr.last_loss, None, float(optimizer.param_groups[0]["lr"]), sig.get("update"),
                                         sig.get("update_layers"), sig.get("gv_elem"), sig.get("gv_tensor"),
-                                        weight_norm(model), fired, probes, secs, cause))
+                                        weight_norm(model), fired, probes, secs, cause, fed=Record.feed.take()))
             if step in tr.injected and tr.clean_inputs is not None:
                 rec.harms.append(tr.harm(model, optimizer))
 
