@@ -12,7 +12,6 @@ import pytest
 
 from gradloc_track.config import ConfigError, SpikeConfig
 from gradloc_track.spikes import SpikeDetector
-from gradloc_track.spikes.signal import LogSignal
 
 
 def stream(steps: int, seed: int = 0):
@@ -146,9 +145,3 @@ def test_new_fields_are_validated_by_name(field, value):
     with pytest.raises(ConfigError, match=f"spikes.{field}"):
         SpikeConfig(**{field: value})
 
-
-def test_log_signal_round_trips_through_state():
-    sig = LogSignal()
-    for x in (0.1, 0.3, -0.2, 0.05):
-        sig.absorb(x, 0.99, 0.9, 2)
-    assert LogSignal(*sig.as_tuple()) == sig
