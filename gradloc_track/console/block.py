@@ -25,6 +25,9 @@ def spike_block(view: SpikeView, run_dir: Path) -> list[str]:
                      f"{e.baseline:.3g} (z = {e.z:.0f})")
     if len(view.events) > 3:
         lines.append(f"             ... and {len(view.events) - 3} more layer(s)")
+    cause = getattr(view.events[0], "cause", None) if view.events else None
+    if cause:  # why the step fired (spikes.cause), in words
+        lines.append(f"  cause      {cause}: {view.events[0].cause_detail}")
     found = culprit_lines(view)
     if view.result is None:
         lines.append(f"  culprits   not localized: {view.not_localized or 'no localization ran'}")

@@ -64,6 +64,7 @@ from ..trackers.interface import NullTracker, Tracker
 from .arguments import (as_detector, as_locate_config, as_monitor_config, check_arguments, needs_token_count,
                         response_mode)
 from .clip_feedback import after_transfer, install_guard, note_norms
+from .cause_evidence import LrHistory
 from .detector_inputs import DetectorInputs
 from .optimizer_metrics import OptimizerMetrics
 from .packing import LR, N_TOKENS, WD, HostPack, add_clip, add_norms, loggable
@@ -130,6 +131,8 @@ class GradMonitor:
         self._detector_counts_tokens = needs_token_count(self.detector)
         # the detector's inputs beyond the norms: loss, largest sample loss, the optimizer's update, weight norm
         self.detector_inputs = DetectorInputs(self.detector, optimizer, self.params)
+        # the learning rate of each step the detector sees: a jump names a spike's cause (schedule)
+        self.responder.lr_history = LrHistory(optimizer) if optimizer is not None else None
 
     # -- public --------------------------------------------------------------------------
     @property
@@ -281,6 +284,8 @@ class GradMonitor:
         stats.events = list(self.detector.update(step, stats.global_norm, stats.layer_norms, n_tokens=n_tokens,
                                                  **extra, **signals))
         stats.metrics.update(self.detector.metrics())
+        if self.responder.lr_history is not None:
+            self.responder.lr_history.advance()  # this step's learning rate, against the last seen
         if stats.events:  # localized, or recorded with the reason it was not
             stats.metrics.update(self.responder.respond(step, stats, spike_context, self._clip_scale(stats.clip)))
 

@@ -15,6 +15,8 @@ class SpikeEvent:
     baseline: float  # the running mean it was compared with
     z: float  # (value - baseline) / running std, in log space
     ratio: float  # value / baseline
+    cause: str | None = None  # why the step fired (spikes.cause.CAUSES), named once the step's evidence is in
+    cause_detail: str = ""  # that cause in one sentence, with the numbers
 
     @property
     def key(self) -> str:

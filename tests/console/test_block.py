@@ -57,3 +57,14 @@ def test_console_block_without_culprits_gives_the_per_sample_shares(tmp_path):
     text = printed(SpikeView(12, [], result, ctx), tmp_path)
     assert "none found: no sample, span or token stands out" in text
     assert "largest per-sample shares: sample 3 21%" in text
+
+
+def test_the_block_says_the_cause_in_words(tmp_path):
+    import dataclasses
+
+    view = mojibake_view()
+    detail = "the learning rate rose 10x at this step (0.001 -> 0.01): the update grows with it, whatever the data"
+    view.events = [dataclasses.replace(EVENT, cause="schedule", cause_detail=detail)]
+    text = printed(view, tmp_path)
+    assert f"  cause      schedule: {detail}" in text
+    assert "cause " not in printed(mojibake_view(), tmp_path)  # no cause named: no line
