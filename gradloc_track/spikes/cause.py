@@ -4,9 +4,9 @@ A cause is one of ``CAUSES``, with one sentence that carries the numbers (``Caus
 first match wins (docs/forensics.md#the-cause-of-a-spike):
 
 1. ``irreproducible``: the localizer replayed the step (the full-mask probes, whose sum must be
-   ``.grad``) and it does not reproduce, by a finite margin, although the probes repeat: the gradient
-   the optimizer holds is not the one the batch makes (silent data corruption, a hardware fault; a
-   flipped exponent bit can overflow the norm, so this comes before ``numeric``).
+   ``.grad``) and it does not reproduce although the probes repeat (a replay that is finite where
+   ``.grad`` is not counts): the gradient the optimizer holds is not the one the batch makes (silent
+   data corruption, a hardware fault; a flipped exponent bit overflows the norm, so this comes first).
 2. ``numeric``: a fired value is NaN/Inf (the gradient norm, a layer's, the loss or a sample's loss).
    ``Evidence.nonfinite_samples``, when a search named them, says which samples.
 3. ``schedule``: the learning rate rose by ``LR_JUMP`` or more since the previous step (the gradient
@@ -14,8 +14,8 @@ first match wins (docs/forensics.md#the-cause-of-a-spike):
 4. ``optimizer``: the optimizer's update fired while no gradient norm did: the step's gradient is
    ordinary, the update Adam makes from it is not (a decayed second moment).
 5. ``data``: the localizer named culprits carrying ``DATA_SHARE`` or more of the step's squared
-   gradient norm, or named culprits while a loss signal fired (a sample's loss jumped); without a
-   localization, a loss signal fired.
+   gradient norm; or a loss signal fired (the model is the same for every sample: a loss that jumps
+   is the data's), with the culprits when there are some.
 6. ``optimizer`` again when the update fired and no culprit stands out; else ``unexplained``.
 
 Pure: reads numbers (``Evidence``), no tensor, no host sync.
@@ -90,10 +90,11 @@ def _schedule(ev: Evidence) -> Cause | None:
 
 
 def _irreproducible(ev: Evidence) -> Cause | None:
-    if ev.replayed is not False or not ev.repeatable or ev.residual is None or not math.isfinite(ev.residual):
-        return None
-    return Cause("irreproducible", f"the step does not reproduce: the replayed gradient differs from the one in .grad "
-                                   f"by {ev.residual:.0%} of its norm while the replay itself repeats; suspect a "
+    if ev.replayed is not False or not ev.repeatable or ev.residual is None or math.isnan(ev.residual):
+        return None  # a NaN residual: the replay itself is not finite, the batch makes the NaN (numeric)
+    how = ("the replayed gradient is finite, the one in .grad is not" if math.isinf(ev.residual) else
+           f"the replayed gradient differs from the one in .grad by {ev.residual:.0%} of its norm")
+    return Cause("irreproducible", f"the step does not reproduce: {how}, while the replay itself repeats; suspect a "
                                    "hardware fault or silent data corruption")
 
 
@@ -111,15 +112,18 @@ def _optimizer_alone(ev: Evidence) -> Cause | None:
 
 def _data(ev: Evidence) -> Cause | None:
     losses = _fired(ev, *LOSS_SIGNALS)
-    if ev.culprit_share is not None and ev.n_culprits and (ev.culprit_share >= DATA_SHARE or losses):
+    named = ev.culprit_share is not None and ev.n_culprits > 0
+    if named and (ev.culprit_share >= DATA_SHARE or losses):
         top = f" ({ev.top_culprit} first)" if ev.top_culprit else ""
         why = f", and {losses[0].key} jumped {losses[0].ratio:.2f}x" if losses else ""
         return Cause("data", f"{ev.n_culprits} culprit(s){top} carry {ev.culprit_share:.0%} of the step's squared "
                              f"gradient norm{why}: the batch's data made the step")
-    if losses and ev.culprit_share is None:
+    if losses:  # the model is the same for every sample: a loss that jumps is the data's
         e = max(losses, key=lambda x: x.z)
-        return Cause("data", f"{e.key} = {e.value:.3g}, {e.ratio:.2f}x its running mean (z = {e.z:.0f}): a sample's "
-                             "loss jumped (not localized, so which one is not known)")
+        which = ("not localized, so which one is not known" if ev.culprit_share is None else
+                 "no single culprit carries the gradient")
+        return Cause("data", f"{e.key} = {e.value:.3g}, {e.ratio:.2f}x its running mean (z = {e.z:.0f}): the data's "
+                             f"loss jumped ({which})")
     return None
 
 
