@@ -93,11 +93,25 @@ def _optimizer_copy(opt, model: torch.nn.Module, twin: torch.nn.Module, lr_facto
     return new
 
 
+def _copy_without_hooks(model: torch.nn.Module) -> torch.nn.Module:
+    """``deepcopy`` of the model with its forward hooks left behind (the library's batch capture holds
+    the run's handle, which holds open files)."""
+    kinds = ("_forward_pre_hooks", "_forward_hooks", "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs")
+    saved = {(m, k): getattr(m, k) for m in model.modules() for k in kinds if hasattr(m, k)}
+    try:
+        for (m, k), v in saved.items():
+            setattr(m, k, type(v)())
+        return copy.deepcopy(model)
+    finally:
+        for (m, k), v in saved.items():
+            setattr(m, k, v)
+
+
 def stepped(model: torch.nn.Module, opt, grads: Sequence[torch.Tensor | None], lr_factor: float = 1.0,
             clip: float | None = None) -> torch.nn.Module:
     """A copy of ``model`` after one optimizer step with ``grads`` from the current state (the run is
     not touched). ``clip``: global-norm clipping first, as the run's clipper would."""
-    twin = copy.deepcopy(model)
+    twin = _copy_without_hooks(model)
     for m in twin.modules():  # a forward wrapped per instance (Accelerate) would still call the original model
         m.__dict__.pop("forward", None)
     set_grads(twin, grads)
