@@ -140,13 +140,21 @@ def make_trainer_class(base, run: "TRLRun"):
             run.injected.add(step)
             return inputs
 
-        def compute_loss(self, model, inputs, *args, **kwargs):
-            loss = super().compute_loss(model, inputs, *args, **kwargs)
-            run.last_loss = float(loss.detach())
-            run.last_tokens = int(inputs["completion_mask"].sum())
-            return loss
-
     return ZooGRPOTrainer
+
+
+def record_losses(trainer, run: "TRLRun") -> None:
+    """Keep each step's loss and token count, wrapping ``compute_loss`` on the instance: a subclass that
+    overrides it computes a loss of its own for the callback (detection only), this one does not."""
+    inner = trainer.compute_loss
+
+    def compute_loss(model, inputs, *args, **kwargs):
+        loss = inner(model, inputs, *args, **kwargs)
+        run.last_loss = float(loss.detach())  # host sync: the zoo's own record
+        run.last_tokens = int(inputs["completion_mask"].sum())
+        return loss
+
+    trainer.compute_loss = compute_loss
 
 
 @dataclass
@@ -249,6 +257,7 @@ def run(scenario: str, seed: int, s: TRLSetting, bpe, rows, prompts) -> RunRecor
         model=model, reward_funcs=tr.reward, args=config, train_dataset=Dataset.from_dict({"prompt": prompts * 20}),
         processing_class=tok, callbacks=[gl, Record()])
     trainer.remove_callback(PrinterCallback)
+    record_losses(trainer, tr)
     tr.trainer = trainer
     t0 = time.perf_counter()
     trainer.train()
