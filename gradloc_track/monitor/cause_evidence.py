@@ -12,6 +12,7 @@ report and the highlight page all say it.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -67,9 +68,14 @@ def evidence_of(stats: Any, lr_pair: tuple[float | None, float | None]) -> Evide
     if result is None:
         return ev
     check = getattr(result, "step_check", None)
+    # a localization that returned ran on a finite replay (the localizer refuses a non-finite one): a
+    # non-finite residual, or none at all where a clipper zeroed a non-finite .grad, means the replay is
+    # finite where the step's gradient was not
     if check is not None:
-        ev.replayed, ev.residual = check.replayed, check.residual
-        ev.repeatable = not str(check.reason).startswith("randomness")
+        ev.replayed, ev.repeatable = check.replayed, not str(check.reason).startswith("randomness")
+        ev.residual = check.residual if math.isfinite(check.residual) else math.inf
+    elif any(not math.isfinite(e.value) for e in stats.events if e.is_norm):
+        ev.replayed, ev.residual = False, math.inf
     culprits = [c for c in (result.culprits or []) if getattr(c, "share", None) is not None]
     ev.n_culprits = len(result.culprits or [])
     ev.culprit_share = min(1.0, max(0.0, sum(c.share for c in culprits)))

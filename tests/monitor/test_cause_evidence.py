@@ -125,6 +125,17 @@ def test_a_flipped_bit_in_grad_is_irreproducible(run):
     assert "does not reproduce" in detail and "hardware fault" in detail
 
 
+def test_a_flipped_bit_is_irreproducible_when_a_clipper_zeroed_the_step(tmp_path):
+    """The HF callback clips (Trainer's max_grad_norm): a non-finite .grad is zeroed before the localizer
+    compares, yet the replay it ran is finite, and the step's norm was not."""
+    from gradloc_track.clip import GlobalClip
+
+    r = Run(tmp_path)
+    r.mon.clipper = GlobalClip(r.model, max_norm=1.0)  # the same run, now clipped as Trainer clips
+    stats = r.train(after_backward=lambda run: run.model.h[0].mlp.fc.weight.grad.view(-1)[0].fill_(math.inf))
+    assert check(r, stats, "irreproducible") and "finite, the one in .grad is not" in stats.cause_detail
+
+
 def decay_second_moment(r: Run) -> None:
     """One tensor's second moment decayed (as a rarely updated row's does over thousands of steps)."""
     st = r.opt.state[r.model.lm_head.weight]
