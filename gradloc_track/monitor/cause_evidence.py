@@ -69,12 +69,13 @@ def evidence_of(stats: Any, lr_pair: tuple[float | None, float | None]) -> Evide
         return ev
     check = getattr(result, "step_check", None)
     # a localization that returned ran on a finite replay (the localizer refuses a non-finite one): a
-    # non-finite residual, or none at all where a clipper zeroed a non-finite .grad, means the replay is
-    # finite where the step's gradient was not
+    # step whose gradient norm was not finite, or a non-finite residual, means the replay is finite where
+    # the step's gradient was not (checked first: a clipper that zeroed such a .grad makes the check
+    # compare zero with zero, or leaves nothing to compare)
     if check is not None:
         ev.replayed, ev.repeatable = check.replayed, not str(check.reason).startswith("randomness")
         ev.residual = check.residual if math.isfinite(check.residual) else math.inf
-    elif any(not math.isfinite(e.value) for e in stats.events if e.is_norm):
+    if any(not math.isfinite(e.value) for e in stats.events if e.is_norm):
         ev.replayed, ev.residual = False, math.inf
     culprits = [c for c in (result.culprits or []) if getattr(c, "share", None) is not None]
     ev.n_culprits = len(result.culprits or [])
