@@ -134,6 +134,15 @@ def masked_lm_loss(model, x, y, mask):
     return loss_fn
 
 
+def sample_losses(model, x, y, mask):
+    """The training loss (per-sample averaging, as ``masked_lm_loss``) and each sample's mean loss,
+    from one forward: the detector's loss and largest-sample signals."""
+    B, T = x.shape
+    per_tok = F.cross_entropy(model(x).reshape(B * T, -1), y.reshape(-1), reduction="none").view(B, T)
+    per_sample = (per_tok * mask).sum(1) / mask.sum(1).clamp(min=1.0)  # (B,)
+    return per_sample.mean(), per_sample.detach()
+
+
 def build(arm: str, seed: int, s: Setting):
     """Model, optimizer, schedule and monitor of one run (every random draw from ``seed``)."""
     _, clip, response, _ = ARMS[arm]
@@ -174,8 +183,10 @@ def run(arm: str, seed: int, s: Setting, corpus: str, probe: Probe) -> Run:
         loss_fn = masked_lm_loss(model, x, y, mask)
         opt.zero_grad(set_to_none=True)
         rng = save_rng()  # right before the forward: probes replay it
-        loss_fn(mask).backward()
-        stats = monitor.after_backward(step, spike_context=SpikeContext(loss_fn, mask, rng_state=rng))
+        loss, samples = sample_losses(model, x, y, mask)
+        loss.backward()
+        stats = monitor.after_backward(step, spike_context=SpikeContext(loss_fn, mask, rng_state=rng),
+                                       loss=loss.detach(), sample_losses=samples)
         fired = bool(stats.events)
         out.detected += fired and spiky
         out.false_alarms += fired and not spiky

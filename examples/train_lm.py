@@ -56,6 +56,8 @@ def masked_lm_loss(model, x, y, mask, loss_norm: str):
     token: sum of kept terms / number of loss tokens in the batch.
     sample: mean over samples of (sum of kept terms / that sample's loss-token count).
     The localizer calls it with parts of the mask to find which terms made a spike.
+    ``loss_fn.sample_losses``: each sample's mean loss over its loss tokens, from the last call (the
+    training forward's, read before any probe): the spike detector's per-sample signal.
     """
     B, T = x.shape
     if loss_norm == "token":
@@ -66,6 +68,7 @@ def masked_lm_loss(model, x, y, mask, loss_norm: str):
     def loss_fn(keep: torch.Tensor) -> torch.Tensor:
         logits = model(x)  # (B, T, V)
         per_tok = F.cross_entropy(logits.reshape(B * T, -1), y.reshape(-1), reduction="none").view(B, T)
+        loss_fn.sample_losses = (per_tok.detach() * mask).sum(1) / mask.sum(1).clamp(min=1.0)  # (B,)
         return (per_tok * weights * keep).sum()
 
     return loss_fn
@@ -238,7 +241,8 @@ def train(cfg: DemoConfig, s: Setup, monitor: GradMonitor, tracker: Tracker, run
         # norms, clipping, spike detection and (on a spike) localization: before the optimizer step
         ctx = SpikeContext(loss_fn=loss_fn, token_mask=mask, input_ids=y, tokenizer=s.tokenizer, rng_state=rng,
                            sample_columns=columns)
-        stats = monitor.after_backward(step, spike_context=ctx)
+        # the loss and each sample's loss feed the detector too: data damage shows in them first
+        stats = monitor.after_backward(step, spike_context=ctx, loss=loss.detach(), sample_losses=loss_fn.sample_losses)
         if s.gate.quarantine is not None and stats.events:  # this step's culprits: skipped when they come again
             view, rank = (stats.locate_view, None) if stats.locate_view else ((stats.locate, ctx), s.rank)
             s.gate.quarantine.blame(step, *view, rank=rank)

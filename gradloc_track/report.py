@@ -278,6 +278,15 @@ def _event_notes(events: dict) -> dict[int, str]:
             if _is_step(r[step]) and r[why] not in ("localized", "no culprit found")}
 
 
+def _event_causes(events: dict) -> dict[int, str]:
+    """step -> its cause in words (``cause: cause_detail``), for the events that name one."""
+    cols, data = events.get("columns", []), events.get("data", [])
+    if "step" not in cols or "cause" not in cols or "cause_detail" not in cols:
+        return {}  # a run written before causes were named
+    step, cause, detail = cols.index("step"), cols.index("cause"), cols.index("cause_detail")
+    return {r[step]: f"{r[cause]}: {r[detail] or ''}" for r in data if _is_step(r[step]) and r[cause]}
+
+
 def _is_step(v) -> bool:
     """A step cell as the trackers write it (a hand-edited ``"abc"`` is not one: its row is not an event)."""
     return isinstance(v, int) and not isinstance(v, bool)
@@ -339,7 +348,7 @@ def build_report(source: str | Path, tracking_uri: str | None = None, notes: lis
     finally:
         if src.temporary:  # everything is in memory now: no download left behind in /tmp
             shutil.rmtree(src.root, ignore_errors=True)
-    not_localized = _event_notes(events)
+    not_localized, causes = _event_notes(events), _event_causes(events)
     if notes is not None:
         notes.extend(src.notes)
     ev_steps = {r[0] for r in events["data"] if events["columns"][:1] == ["step"] and _is_step(r[0])}
@@ -355,6 +364,8 @@ def build_report(source: str | Path, tracking_uri: str | None = None, notes: lis
     parts.append(_table(table))
     for step in steps:
         parts.append(f"<h2 id='step-{step}'>step {step}</h2>")
+        if step in causes:
+            parts.append(f"<p>Cause: {esc(visible_text(causes[step]))}.</p>")
         if step in not_localized:
             parts.append(f"<p>Not localized: {esc(not_localized[step])}.</p>")
         if step in pages:

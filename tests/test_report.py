@@ -174,7 +174,9 @@ def test_a_run_that_only_detected_lists_each_event_and_why_it_was_not_localized(
     tracker = make_tracker(TrackerConfig(kind="none"), run_dir=tmp_path / "run")
     writer = SpikeArtifactWriter(tracker, tmp_path / "run")
     writer.write_detection(100, [SpikeEvent(100, "wpe", 1.02, 0.28, 6.7, 3.6)], "locate.enabled=false")
-    writer.write_detection(140, [SpikeEvent(140, "global", 2.0, 1.0, 8.0, 2.0)], "locate.max_events=1 reached")
+    writer.write_detection(140, [SpikeEvent(140, "global", 2.0, 1.0, 8.0, 2.0, cause="schedule",
+                                            cause_detail="the learning rate rose 10x at this step")],
+                           "locate.max_events=1 reached")
     tracker.finish()
     assert main(["report", str(tmp_path / "run"), "-o", str(tmp_path / "r.html")]) == 0
     page = (tmp_path / "r.html").read_text(encoding="utf-8")
@@ -182,6 +184,8 @@ def test_a_run_that_only_detected_lists_each_event_and_why_it_was_not_localized(
     assert "<td>wpe</td>" in page and "<td>6.7</td>" in page and "<td>locate.enabled=false</td>" in page
     assert "<p>Not localized: locate.enabled=false.</p>" in page
     assert "<p>Not localized: locate.max_events=1 reached.</p>" in page and "<iframe" not in page
+    assert "<p>Cause: schedule: the learning rate rose 10x at this step.</p>" in page  # in words, and in the table
+    assert "<td>schedule</td>" in page and page.count("<p>Cause:") == 1  # step 100 named none
 
 
 def test_report_counts_culprits_by_level():

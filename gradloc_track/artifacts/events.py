@@ -14,7 +14,7 @@ from ..spikes.event import SpikeEvent
 EVENTS_KEY = "spikes/events"
 # when, on which norm and how far out; the layers that fired too; what the localizer made of it
 EVENT_COLUMNS = ["step", "signal", "norm", "running_mean", "ratio", "z", "layers", "localization",
-                 "culprits", "micro_batch_norms", "sample_shares"]
+                 "culprits", "micro_batch_norms", "sample_shares", "cause", "cause_detail"]
 
 
 def lead_event(events: Sequence[SpikeEvent]) -> SpikeEvent:
@@ -42,7 +42,8 @@ def known_norms(result: Any) -> tuple[str | None, str | None]:
 
 
 def event_row(step: int, events: Sequence[SpikeEvent], localization: str, result: Any = None) -> list[Any]:
-    """The ``spikes/events`` row of one detected step (columns ``EVENT_COLUMNS``).
+    """The ``spikes/events`` row of one detected step (columns ``EVENT_COLUMNS``; ``cause`` and
+    ``cause_detail``: why the step fired, ``spikes.cause``).
 
     ``localization``: ``"localized"``, or why not (``"locate.enabled=false"``, ...); ``result``:
     the ``LocateResult`` when the localizer ran (its culprit count and the norms it measured)."""
@@ -50,4 +51,5 @@ def event_row(step: int, events: Sequence[SpikeEvent], localization: str, result
     culprits = None if result is None else len(result.culprits)
     mb_norms, shares = known_norms(result)
     return [int(step), lead.signal, float(lead.value), float(lead.baseline), float(lead.ratio), float(lead.z),
-            other_layers(events, lead), localization, culprits, mb_norms, shares]
+            other_layers(events, lead), localization, culprits, mb_norms, shares, getattr(lead, "cause", None),
+            getattr(lead, "cause_detail", None) or None]

@@ -283,7 +283,17 @@ def _header(step: int, events: Sequence[SpikeEvent], result: LocateResult) -> st
             + (" · probe budget exhausted" if getattr(result, "budget_exhausted", False) else "") + "</div>"
             + ("<div class='meta'>other signals: " + esc(", ".join(f"{e.signal} (z {e.z:.1f})" for e in events[1:]))
                + "</div>" if len(events) > 1 else "")
+            + _cause_line(ev)
             + "".join(f"<div class='meta note'>{esc(n)}</div>" for n in result.notes))
+
+
+def _cause_line(ev: SpikeEvent | None) -> str:
+    """Why the step fired (``SpikeEvent.cause``), in words; empty when no cause was named."""
+    cause = getattr(ev, "cause", None)
+    if not cause:
+        return ""
+    return (f"<div class='meta'>cause <b>{html.escape(cause)}</b>: "
+            f"{html.escape(getattr(ev, 'cause_detail', '') or '')}</div>")
 
 
 def _name(mb: int | None, sample: int, document: int | None = None) -> str:

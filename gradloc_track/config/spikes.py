@@ -26,8 +26,30 @@ class SpikeConfig:
     # scale z_thresh by (kurtosis/3)^(1/4): small batches give heavy-tailed norms (a few tokens
     # dominate the batch gradient), and this keeps the chance of a false alarm at the Gaussian level
     tail_correction: bool = True
-    warmup_steps: int = 20
+    # steps each signal only learns before it may fire: the first steps of pretraining are wild (norms
+    # rise 6% a step, embeddings spike 10x in clean data); RL from a trained policy needs fewer
+    # (the TRL callback's RL defaults: 20)
+    warmup_steps: int = 50
     per_layer: bool = True
+    # signals beyond the gradient norms (issue 26), each read when the step provides it:
+    # the step's loss (GradMonitor.after_backward(loss=...); watch() and the HF callback read the model's own)
+    loss_signal: bool = True
+    # the largest per-sample loss (after_backward(sample_losses=...)): one bad sample among many
+    sample_signal: bool = True
+    # the update the optimizer is about to make (Adam-like optimizers known to the monitor): a learning-rate
+    # jump, a tensor whose second moment decayed below its gradient
+    update_signal: bool = True
+    # z-score threshold of the two loss signals: a batch loss is an average over many tokens, its noise
+    # lighter-tailed than a small batch's gradient norm, and the min ratios below guard it
+    loss_z_thresh: float = 4.0
+    # the loss must also exceed loss_min_ratio x its running mean (a batch loss moves far less than a norm)
+    loss_min_ratio: float = 1.15
+    # the largest per-sample loss must also exceed sample_min_ratio x its running mean (clean batches
+    # hold odd samples: a table, a hex dump)
+    sample_min_ratio: float = 1.5
+    # a gradient norm below noise_floor x the parameter norm is float noise (RL groups whose gradients
+    # cancel): no event, not counted; 0 = off
+    noise_floor: float = 1e-7
     # fixed mode: GradLoc's trigger, global norm > per_token_threshold / sqrt(n_tokens) * n_micro_batches
     per_token_threshold: Optional[float] = None
     score_window: int = 128  # OLMo-style spike score window (mean + 6 sigma of the last N values)
@@ -54,6 +76,13 @@ class SpikeConfig:
             check(self.ratio_thresh > 1.0, "spikes.ratio_thresh", self.ratio_thresh,
                   "use a ratio above 1 (e.g. 10), or null to turn the ratio rule off")
         check(self.warmup_steps >= 0, "spikes.warmup_steps", self.warmup_steps, "use 0 or more")
+        check(0 < self.loss_z_thresh < float("inf"), "spikes.loss_z_thresh", self.loss_z_thresh,
+              "use a positive, finite z-score (e.g. 4)")
+        for name in ("loss_min_ratio", "sample_min_ratio"):
+            value = getattr(self, name)
+            check(1.0 <= value < float("inf"), f"spikes.{name}", value, "use a ratio of 1 or more (1 = no guard)")
+        check(0.0 <= self.noise_floor < 1.0, "spikes.noise_floor", self.noise_floor,
+              "use a small fraction of the parameter norm (e.g. 1e-7), or 0 to turn the floor off")
         check(self.score_window >= 2, "spikes.score_window", self.score_window,
               "use 2 or more steps (OLMo-core uses 128)")
         if self.per_token_threshold is not None:

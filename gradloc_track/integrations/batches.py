@@ -38,7 +38,8 @@ import torch.nn.functional as F
 from ..localizer.probe import save_rng
 from . import sample_info
 from .calls import IDS_NAMES, TARGET_NAMES, arguments_by_name, find_key, forward_signature, logits_of_call
-from .calls import unusable_output
+from .calls import logits_in, unusable_output
+from .step_losses import loss_in, unit_loss_max
 
 log = logging.getLogger(__name__)
 IGNORE = -100  # the label that carries no loss (HF / PyTorch convention)
@@ -60,6 +61,8 @@ class LMBatch:
     info: dict[str, Any] | None = None  # per-sample columns, each B values (sample_info)
     unusable: str | None = None  # why the training forward's output cannot rebuild the loss (None: it can)
     num_items: Any = None  # the call's num_items_in_batch (HF Trainer): the loss's normaliser
+    loss: torch.Tensor | None = None  # the loss the model returned (HF ``.loss``, nanoGPT's pair), detached
+    sample_max: torch.Tensor | None = None  # the largest per-sample (per-document) loss (step_losses.py)
     position_ids: torch.Tensor | None = None  # (B, T); restarts at 0 mark packed documents
 
     @classmethod
@@ -202,6 +205,7 @@ class BatchList:
         self.rng_states: list[dict] = []
         self._paused = 0
         self._infos: list[dict[str, Any]] = []  # set_sample_info calls of this step, one per micro-batch
+        self.sample_losses = False  # measure each sample's loss from the forward's logits (the detector asks)
 
     def add(self, batch: LMBatch | None) -> None:
         """Record a batch (and the RNG state now, just before its forward)."""
@@ -266,6 +270,9 @@ class MicroBatchCapture(BatchList):
         batch, self._open = self._open, None
         if batch is not None:
             batch.unusable = unusable_output(output, batch.input_ids)
+            batch.loss = loss_in(output)  # the model's own loss, for the detector's loss signal
+            if self.sample_losses and batch.unusable is None:  # the detector's largest-sample signal
+                batch.sample_max = unit_loss_max(logits_in(output), batch.targets()[0], batch.position_ids)
 
     def remove(self) -> None:
         for h in self._handles:

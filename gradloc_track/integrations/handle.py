@@ -31,6 +31,7 @@ from ..trackers.interface import Tracker
 from ..trackers.join import OpenRuns, Run, RunRequest, start
 from .batches import BatchList, lm_spike_context, resolve_tokenizer
 from .calls import SET_LOSS_FN_HINT
+from .step_losses import step_loss, step_sample_losses
 from .options import WatchOptions
 
 
@@ -152,6 +153,8 @@ class WatchHandle:
         except BaseException:
             self._unhook()
             raise
+        if capture is not None:  # the detector's largest-sample signal, measured from the captured forward
+            capture.sample_losses = "sample_losses" in self.monitor.detector_inputs.wants
         # spikes.quarantine: this run's culprit samples, for the data path to skip (docs/ledger.md)
         self.quarantine = _quarantine(self.tracker) if getattr(opts.spikes, "quarantine", False) else None
         self.last = None
@@ -219,7 +222,8 @@ class WatchHandle:
             ctx = functools.partial(lm_spike_context, self.model, batches, self.tokenizer, rng_state=rng)
         self._user_ctx = None
         with self.capture.paused() if self.capture is not None else contextlib.nullcontext():
-            self.last = self.monitor.after_backward(step, lr=lr, spike_context=ctx)
+            self.last = self.monitor.after_backward(step, lr=lr, spike_context=ctx, loss=step_loss(batches),
+                                                    sample_losses=step_sample_losses(batches))
         if self.last.events:
             self.spikes.append(self.last)
             if self.quarantine is not None and self.last.locate_view:  # rank 0's view under torch.distributed

@@ -53,6 +53,7 @@ class GradLocCallback(TrainerCallback):
 
     def __init__(self, cfg: Any = None, **options: Any) -> None:
         self.options = resolve_options(cfg, **options)  # bad options fail here, not mid-training
+        self._spikes_given = (cfg, options.get("spikes"))  # which spikes fields the user set (RL defaults)
         self.handle = None
         self.adapter = None  # TRL trainers: records the batches TRL builds (integrations/trl)
         self._warned_clip = False
@@ -80,6 +81,11 @@ class GradLocCallback(TrainerCallback):
 
             opts = dataclasses.replace(opts, clip=GlobalClipConfig(max_norm=self._trainer_max_norm))
         trainer, kind = _trl_trainer(self)  # TRL's GRPO/SFT trainers: the loss they compute, not cross-entropy
+        if kind == "grpo":  # RL-aware detector defaults where the user left them (integrations/trl/defaults.py)
+            from .trl.defaults import given_spike_fields, rl_spikes
+
+            given = given_spike_fields(*self._spikes_given)
+            opts = dataclasses.replace(opts, spikes=rl_spikes(opts.spikes, given))
         door = Door("GradLocCallback (TRL)" if kind is not None else "GradLocCallback", hook_optimizer=False,
                     wandb_step_key=HF_WANDB_STEP)  # joins report_to's run; Trainer calls step() through us
         self.handle = open_handle(model, optimizer, opts, door, MicroBatchCapture(model) if kind is None else None)

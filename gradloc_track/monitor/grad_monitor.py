@@ -32,8 +32,11 @@ tensor -> the parameter name; or the names of custom ``groups``):
 - ``spike/detected`` (1 on a step the detector fired), ``spike/detected_total``,
   ``spike/threshold`` (the global norm that would fire this step: plot it with
   ``grad_norm/global``), ``spike/ratio`` (global norm / its running baseline),
-  ``spike/zscore``, ``spike/zscore_max_layer``, ``spike/olmo_score`` (OLMo-core's 6-sigma
-  spike score, for comparison): from the detector's ``metrics()`` (``SpikeDetector`` documents them)
+  ``spike/zscore``, ``spike/zscore_max_layer``, ``spike/zscore_loss``, ``spike/zscore_sample_loss``,
+  ``spike/zscore_update`` (the step's loss, largest per-sample loss and optimizer update, when the step
+  gives them), ``spike/noise_floor`` (1: the gradient norm is float noise, skipped),
+  ``spike/olmo_score`` (OLMo-core's 6-sigma spike score, for comparison): from the detector's
+  ``metrics()`` (``SpikeDetector`` documents them)
 - ``locate/probes``, ``locate/culprits``, ``locate/threshold``, ``locate/seconds`` when a
   spike was localized; ``locate/failed`` when localizing raised (a warning, never a crash)
 - ``surgery/applied`` (1: the culprits' gradient was removed, 0: nothing was, ``stats.surgery.reason``
@@ -61,6 +64,8 @@ from ..trackers.interface import NullTracker, Tracker
 from .arguments import (as_detector, as_locate_config, as_monitor_config, check_arguments, needs_token_count,
                         response_mode)
 from .clip_feedback import after_transfer, install_guard, note_norms
+from .cause_evidence import LrHistory
+from .detector_inputs import DetectorInputs
 from .optimizer_metrics import OptimizerMetrics
 from .packing import LR, N_TOKENS, WD, HostPack, add_clip, add_norms, loggable
 from .param_set import ParamSet
@@ -124,6 +129,10 @@ class GradMonitor:
         self.skip_guard = install_guard(optimizer, clipper, self.params[0].device)
         # only GradLoc's fixed trigger reads the step's token count (an adaptive SpikeDetector does not)
         self._detector_counts_tokens = needs_token_count(self.detector)
+        # the detector's inputs beyond the norms: loss, largest sample loss, the optimizer's update, weight norm
+        self.detector_inputs = DetectorInputs(self.detector, optimizer, self.params)
+        # the learning rate of each step the detector sees: a jump names a spike's cause (schedule)
+        self.responder.lr_history = LrHistory(optimizer) if optimizer is not None else None
 
     # -- public --------------------------------------------------------------------------
     @property
@@ -153,7 +162,7 @@ class GradMonitor:
 
     @torch.no_grad()
     def after_backward(self, step: int, *, lr: float | None = None, weight_decay: float | None = None,
-                       spike_context: Any = None) -> GradStats:
+                       spike_context: Any = None, loss: Any = None, sample_losses: Any = None) -> GradStats:
         """Compute norms, clip, detect and localize spikes (and operate on them with
         ``spikes.response=surgery``, before clipping), and log. Returns ``GradStats``.
 
@@ -164,7 +173,10 @@ class GradMonitor:
         detected and localized. With a detector but no ``spike_context`` the detector only sees
         logging steps. Weight norms are computed on logging steps only. ``spike_context`` may be a
         zero-argument callable returning the ``SpikeContext``: it is called only when a spike fires
-        (or every armed step for a ``fixed``-mode detector, which needs the token count).
+        (or every armed step for a ``fixed``-mode detector, which needs the token count). ``loss`` (the
+        step's training loss, a tensor or a number) and ``sample_losses`` (each sample's or document's
+        mean loss: a (B,) tensor, or one per micro-batch) feed the detector's loss signals when given;
+        they ride in the same transfer, as does the optimizer's update (``spikes.update_signal``).
         Collectives: at most one all-reduce per step (sharded/DTensor gradients only; grad and
         weight norms share it), plus the global token count on armed steps of a ``fixed``-mode
         detector. Under torch.distributed every rank sees the same reduced norms, so every rank
@@ -176,7 +188,11 @@ class GradMonitor:
         armed = self.detector is not None and spike_context is not None
         if (log_now or armed) and self.param_set.changed():
             self.param_set.rescan(step)
-        grad_sq, w_sq = self._global_sq_norms(log_now and self.config.weight_norms)  # (n,), (n,)|None device
+        want_w = log_now and self.config.weight_norms
+        need_w = (log_now or armed) and self.detector_inputs.needs_weights  # the noise floor's scale, once
+        grad_sq, w_sq = self._global_sq_norms(want_w or need_w)  # (n,), (n,)|None device
+        self.detector_inputs.stage(loss, sample_losses, w_sq)
+        w_sq = w_sq if want_w else None
         # spike surgery operates on the gradient as backward left it: the clipper waits for the verdict
         clip_later = armed and self.responder.surgery
         clip_result = None if clip_later else self._clip(step, grad_sq, w_sq, lr, weight_decay)
@@ -233,7 +249,8 @@ class GradMonitor:
     def _sync(self, step: int, grad_sq: torch.Tensor, w_sq: torch.Tensor | None, clip_result: Any, lr: Any,
               weight_decay: Any, spike_context: Any, log_now: bool) -> tuple[GradStats, tuple]:
         """Everything this step logs or detects on, moved to the host in ONE transfer.
-        Returns the stats and ``(n_tokens, n_micro_batches)`` of the spike context (None without one)."""
+        Returns the stats and ``(n_tokens, n_micro_batches, detector inputs)``: the spike context's counts
+        (None without one) and the keywords ``DetectorInputs.read`` gives the detector."""
         pack = HostPack(grad_sq.device)
         add_norms(pack, self.param_set, grad_sq, w_sq, clip_result)
         lr, weight_decay = self.optimizer_metrics.read(lr, weight_decay)
@@ -242,7 +259,10 @@ class GradMonitor:
         n_tokens = n_micro = None
         if spike_context is not None and self._detector_counts_tokens:
             n_tokens, n_micro = self.responder.count_tokens(pack, spike_context)
+        if self.detector is not None:
+            self.detector_inputs.add(pack, self.params, grad_sq)
         host = pack.to_host()
+        extra = self.detector_inputs.read(host)
         after_transfer(self.clipper, host, self._warn_once, self.skip_guard)
         lr, weight_decay = host.pop(LR, lr), host.pop(WD, weight_decay)
         if N_TOKENS in host:
@@ -253,17 +273,19 @@ class GradMonitor:
                           host={"global": host["grad_norm/global"],
                                 "tensor": [host[k] for k in self.param_set.tensor_keys],
                                 "layer": [host[k] for k in self.param_set.layer_keys]})
-        return stats, (n_tokens, n_micro)
+        return stats, (n_tokens, n_micro, extra)
 
     def _detect(self, step: int, stats: GradStats, spike_context: Any, n_tokens: int | None,
-                n_micro: int | None) -> None:
+                n_micro: int | None, signals: dict[str, Any]) -> None:
         """The detector's verdict on this step; a spike with a batch to localize is localized."""
         if n_tokens is not None and self._detector_counts_tokens:
             n_tokens = self.responder.global_count(n_tokens, self.params[0].device)
         extra = {"n_micro_batches": n_micro} if n_micro is not None else {}
         stats.events = list(self.detector.update(step, stats.global_norm, stats.layer_norms, n_tokens=n_tokens,
-                                                 **extra))
+                                                 **extra, **signals))
         stats.metrics.update(self.detector.metrics())
+        if self.responder.lr_history is not None:
+            self.responder.lr_history.advance()  # this step's learning rate, against the last seen
         if stats.events:  # localized, or recorded with the reason it was not
             stats.metrics.update(self.responder.respond(step, stats, spike_context, self._clip_scale(stats.clip)))
 

@@ -42,6 +42,7 @@ class SpikeResponder:
         self.events_localized = 0  # localizations that found a culprit (these use up locate.max_events)
         self.events_unconfirmed = 0  # localizations that found nothing (they back off instead)
         self._retry_step = -(2 ** 62)  # no localization before this step (back-off after empty results)
+        self.lr_history: Any = None  # the monitor's LrHistory: a learning-rate jump names a cause
 
     # -- the token count the fixed detector needs ------------------------------------------
     @staticmethod
@@ -85,6 +86,7 @@ class SpikeResponder:
         metrics = self._locate(step, stats, ctx, located) if why_not is None else {}
         if stats.locate is None:
             stats.not_localized = why_not or "localizing failed (see the warning)"
+            self._name_cause(stats)
             self._record_detection(step, stats)
         if self.surgery:
             stats.surgery = self._operate(step, stats.locate, located, f"not localized ({stats.not_localized})")
@@ -109,6 +111,7 @@ class SpikeResponder:
         self._count(step, bool(result.culprits))  # a culprit at any level: token, span, sample, micro-batch
         stats.locate = result
         stats.locate_view = self._view(step, result, ctx)
+        self._name_cause(stats)  # before the artifacts: the events table and the page say it
         if self.artifact_writer is not None and self.rank == 0:
             try:
                 shown, shown_ctx = stats.locate_view or (None, None)
@@ -135,6 +138,12 @@ class SpikeResponder:
         if not out.applied:
             log.info("gradloc-track: step %d: spike surgery removed nothing: %s", step, out.reason)
         return out
+
+    def _name_cause(self, stats: Any) -> None:
+        """The step's cause, on ``stats`` and its events (``monitor.cause_evidence``)."""
+        from .cause_evidence import name_step_cause
+
+        name_step_cause(stats, self.lr_history.pair() if self.lr_history is not None else (None, None))
 
     def why_not_localized(self, step: int, ctx: Any) -> str | None:
         """Which setting keeps this spike from being localized (None: it is localized)."""

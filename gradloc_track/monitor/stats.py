@@ -41,6 +41,8 @@ class GradStats:
         self.locate_view = None
         self.not_localized: str | None = None
         self.surgery = None  # spikes.response=surgery: the SurgeryResult of this step's spike
+        self.cause: str | None = None  # a detected step's cause (spikes.cause), and in words
+        self.cause_detail: str | None = None
         self._grouping = grouping
         self._grad_sq = grad_sq  # (n_tensors,) device, globally reduced
         # host copies: {"global": float, "tensor": [n floats], "layer": [L floats]} once synced

@@ -1,104 +1,81 @@
-"""The spike detector: adaptive z-scores on the global norm and on every layer's norm.
+"""The spike detector: adaptive z-scores, in log space, on the gradient norms (global and per layer)
+and on what else the step shows: its loss, its largest per-sample loss, the update the optimizer is
+about to make.
 
-Norms fluctuate multiplicatively (a layer at 0.3 wobbling to 0.6 is like one at 3 wobbling to
-6), so statistics live in log space. Per signal (``global`` and each layer): a baseline ``m``,
-an EMA of ``log x`` with a short memory (``baseline_alpha``, ~10 steps) so it follows the steady
-fall of norms in early training; the variance ``v`` and fourth moment ``m4`` of ``log x - m``
-as EMAs with a long memory (``alpha``, ~100 steps). ``z = (log x - m) / sqrt(v)``, ``ratio =
-x / exp(m)``. After its warm-up a signal fires when ``z > z_eff and ratio > min_ratio``, or
-``ratio > ratio_thresh`` (a 20x safety net). Per-layer signals catch a single layer exploding
-while the global norm stays calm (GradLoc's "layerwise heterogeneity").
+Every signal is a ``LogSignal`` (``spikes/signal.py``): a baseline that follows early training's
+fall (~10 steps) and a variance and fourth moment over ~100 steps. After its warm-up a signal fires
+when ``z > z_eff and ratio > min_ratio`` (``loss_min_ratio`` for the losses), or ``ratio >
+ratio_thresh`` (a 20x safety net, gradient norms and update only).
 
-Calibration (issue 13): how noisy a norm is depends on the batch. At 4x32 tokens one rare token
-can dominate the batch gradient, so log-norms are heavy-tailed (kurtosis 10-16 on the demo
-model, against 3 for a Gaussian) and a threshold that is rare at 16x128 fires every few
-hundred steps. ``tail_correction`` scales the threshold with the observed tails,
-``z_eff = z_thresh * clamp((kurtosis / 3) ** 0.25, 1, 2)``: by the fourth-moment (Markov) bound
-``P(|d| > k sigma) <= kurtosis / k**4`` this keeps the bound on the false-alarm rate where
-``z_thresh`` puts it for Gaussian noise. The warm-up variance comes from successive
-differences, so the early-training trend is not counted as noise. Measured on 2000 clean demo
-steps (``benchmarks/detector_calibration.py``): 4x32: 40 events before (0.1: a 3x ratio rule,
-one ``alpha=0.98`` for mean and variance), 1 after; 16x128: 3 before, 0 after.
+Why several signals (issue 26, measured on ``benchmarks/spike_zoo.py``): harm is what counts, and
+the global norm is a poor witness of it. A few corrupted samples among many move the batch loss
+far more, relative to its noise, than the gradient norm (whose small-batch noise is heavy-tailed:
+one rare token can hold most of a clean batch's squared norm); a learning-rate jump or Adam's
+preconditioner losing track of a tensor (``v`` decayed, then a normal gradient) change the update,
+not the gradient; a single layer exploding hides in the global norm (GradLoc's "layerwise
+heterogeneity"). The signals a step does not provide (no loss given, an optimizer without a
+second moment) are simply absent.
 
-On a step the detector caught (any signal fired: a spike caught on a layer is in the global norm
-too), every signal moves its baseline by its value clipped to ``exp(m +- z_eff * sqrt(v))`` and
-keeps the step out of its variance and fourth moment, so the spike does not raise the threshold
-(0.2 let it in: in the spike demo one spike, caught on a layer while the global norm stayed just
-below its own threshold, inflated the global kurtosis estimate and took ``spike/threshold`` from
-2.4 to 4.6 for good), while a genuine level shift is still followed by the baseline over a few steps. A
-value far below the baseline is absorbed clipped to ``exp(m - z_eff * sqrt(v))``. Non-finite values
-always fire and are never absorbed; a zero norm (no gradient: an all-masked batch, ``loss * 0``, a
-layer unused this step) neither fires nor enters (0.2 took ``log(1e-30)`` in: the variance
-exploded, the threshold went to 1e32 and the baseline's fall made the next ~8 normal steps fire).
+Calibration (issue 13): how noisy a signal is depends on the batch. ``tail_correction`` scales the
+threshold with the observed tails, ``z_eff = z_thresh * clamp((kurtosis / 3) ** 0.25, 1, 2)``: by
+the fourth-moment (Markov) bound ``P(|d| > k sigma) <= kurtosis / k**4`` this keeps the bound on
+the false-alarm rate where ``z_thresh`` puts it for Gaussian noise.
+
+On a step the detector caught (any signal fired), every signal moves its baseline by its value
+clipped to ``exp(m +- z_eff * sqrt(v))`` and keeps the step out of its variance and fourth moment,
+so the spike does not raise the threshold, while a genuine level shift is still followed over a few
+steps. A value far below the baseline is absorbed clipped to ``exp(m - z_eff * sqrt(v))``. Non-finite
+values (norms, losses) always fire and are never absorbed; a zero value (no gradient: an all-masked
+batch, ``loss * 0``, a layer unused this step) neither fires nor enters. A gradient norm below
+``noise_floor`` times the parameter norm is float noise (RL groups whose gradients cancel: 7.6e-8
+against weights of norm ~30 fired as "436.8x its running mean 1.74e-10" in 0.3): the norm signals
+skip the step, they neither fire nor learn from it.
 
 ``mode="fixed"`` is GradLoc's trigger exactly: fire when the global norm exceeds
 ``per_token_threshold / sqrt(n_tokens) * n_micro_batches`` (``n_tokens``: loss tokens of the whole
 step; Tencent-Hunyuan/GradLoc ``patches/gradloc.patch``); unlike GradLoc it also fires on NaN/Inf.
+It reads nothing else.
 """
 from __future__ import annotations
 
 import math
 import warnings
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from ..config import SpikeConfig
 from ..config._validate import ConfigError
 from .event import SpikeEvent
 from .score import RunningWindow
+from .signal import LogSignal
 
-EPS = 1e-12
-MAX_TAIL_FACTOR = 2.0  # z_eff never exceeds 2 * z_thresh, however wild the kurtosis estimate
+# the statistics of the non-norm signals live under these keys (a layer cannot be named so)
+EXTRA = {"loss": "@loss", "sample_loss": "@sample_loss", "update": "@update"}
+SMOOTH = frozenset({"@loss", "@sample_loss"})  # averages over many tokens: their fall is forecast too
+SHIFT_STEPS = 3  # a signal above its band this many steps in a row has moved, not spiked: it is taken in
+MAX_LOG = 700.0  # exp() of more overflows a float: a threshold that high is reported as 1e304
 
 
 @dataclass
-class _Signal:
-    n: int = 0
-    mean: float = 0.0  # EMA of log x (decay baseline_alpha): the baseline
-    var: float = 0.0  # EMA of (log x - mean)^2 (decay alpha)
-    m4: float = 0.0  # EMA of (log x - mean)^4 (decay alpha), for the tail correction
-    prev: float = 0.0  # the previous log-value
-    d2: float = 0.0  # warm-up: mean squared successive difference of log x
+class StepSignals:
+    """What a step shows beyond its gradient norms; ``None``: the step does not say."""
 
-    def z_ratio(self, lx: float) -> tuple[float, float]:
-        """z-score and ratio to the baseline of a log-value ``lx``."""
-        return (lx - self.mean) / math.sqrt(self.var + EPS), math.exp(lx - self.mean)
+    loss: float | None = None  # the step's training loss
+    sample_losses: Sequence[float] | None = None  # each sample's (or document's) mean loss
+    update: float | None = None  # norm of the update the optimizer is about to make
+    weight_norm: float | None = None  # the parameters' norm (the scale of float noise)
 
-    def tail_factor(self) -> float:
-        """``(kurtosis / 3) ** 0.25`` clamped to [1, MAX_TAIL_FACTOR]: 1 for Gaussian-or-lighter tails."""
-        if self.var <= EPS:
-            return 1.0
-        return min(MAX_TAIL_FACTOR, max(1.0, (self.m4 / (self.var * self.var) / 3.0) ** 0.25))
 
-    @property
-    def baseline(self) -> float:
-        return math.exp(self.mean)
-
-    def absorb(self, x: float, alpha: float, baseline_alpha: float, warmup: int, moments: bool = True) -> None:
-        """Take log-value ``x`` in; ``moments=False`` moves the baseline only (a value that fired)."""
-        self.n += 1
-        if self.n == 1:
-            self.mean = x
-        elif self.n <= max(1, warmup):
-            # warm-up runs in early training, where norms fall steadily: the variance comes from
-            # successive differences (E[(x_t - x_{t-1})^2] = 2 var for noise, blind to a slow
-            # trend); the fourth moment starts at its Gaussian value, 3 var^2
-            step = x - self.prev
-            self.d2 += (step * step - self.d2) / (self.n - 1)
-            self.mean += (1 - baseline_alpha) * (x - self.mean)
-            self.var = self.d2 / 2
-            self.m4 = 3 * self.var * self.var
-        else:
-            d = x - self.mean
-            self.mean += (1 - baseline_alpha) * d
-            if moments:
-                self.var = alpha * self.var + (1 - alpha) * d * d
-                self.m4 = alpha * self.m4 + (1 - alpha) * d ** 4
-        self.prev = x
+@dataclass
+class _Pending:
+    sig: LogSignal
+    lx: float
+    band: float
 
 
 class SpikeDetector:
-    """``update(step, global_norm, layer_norms) -> list[SpikeEvent]``; ``metrics()`` for logging.
+    """``update(step, global_norm, layer_norms, ..., loss=, sample_losses=, update=, weight_norm=)
+    -> list[SpikeEvent]``; ``metrics()`` for logging.
 
     Metric keys (``metrics()``):
 
@@ -110,6 +87,9 @@ class SpikeDetector:
     - ``spike/ratio``: global norm / its running baseline (fixed: / the threshold)
     - ``spike/zscore``: z-score of the global log-norm; ``spike/zscore_max_layer``: the largest
       layer z-score (adaptive mode, after warm-up)
+    - ``spike/zscore_loss``, ``spike/zscore_sample_loss``, ``spike/zscore_update``: the z-scores of
+      the loss, the largest per-sample loss and the optimizer's update, on steps that provide them
+    - ``spike/noise_floor``: 1 on a step whose gradient norm is below the noise floor (skipped)
     - ``spike/olmo_score``: OLMo-core's stability score, the fraction of steps so far whose global
       norm exceeded mean + 6 sigma of the previous ``score_window`` values (a separate, fixed rule
       kept for comparison with OLMo runs; it is not what fires the detector)
@@ -128,7 +108,7 @@ class SpikeDetector:
             raise TypeError(f"SpikeDetector: config must be a gradloc_track.config.SpikeConfig, "
                             f"got {type(config).__name__}")
         self.config = config
-        self.signals: dict[str, _Signal] = {}
+        self.signals: dict[str, LogSignal] = {}
         self.count = 0
         self._history = RunningWindow(config.score_window)
         self._score_hits = 0
@@ -142,10 +122,23 @@ class SpikeDetector:
         """GradLoc's fixed trigger (``mode="fixed"``) divides by the step's loss-token count."""
         return self.config.mode == "fixed"
 
+    @property
+    def wants(self) -> frozenset[str]:
+        """The step inputs this detector reads beyond the norms (the monitor computes only these)."""
+        cfg = self.config
+        if cfg.mode == "fixed":
+            return frozenset()
+        on = {"loss": cfg.loss_signal, "sample_losses": cfg.sample_signal, "update": cfg.update_signal,
+              "weight_norm": cfg.noise_floor > 0}
+        return frozenset(k for k, v in on.items() if v)
+
     def update(self, step: int, global_norm: float, layer_norms: Mapping[str, float] | None = None,
-               n_tokens: int | None = None, n_micro_batches: int = 1) -> list[SpikeEvent]:
-        """Feed one step's norms. ``n_tokens`` (loss tokens of the whole step) and
-        ``n_micro_batches`` are read by ``mode="fixed"`` only. A repeated step changes nothing."""
+               n_tokens: int | None = None, n_micro_batches: int = 1, *, loss: float | None = None,
+               sample_losses: Sequence[float] | None = None, update: float | None = None,
+               weight_norm: float | None = None) -> list[SpikeEvent]:
+        """Feed one step. ``n_tokens`` (loss tokens of the whole step) and ``n_micro_batches`` are read
+        by ``mode="fixed"`` only; ``loss``, ``sample_losses``, ``update`` and ``weight_norm`` (see
+        ``StepSignals``) by the adaptive mode when their signal is on. A repeated step changes nothing."""
         cfg = self.config
         if self._last_step is not None and step == self._last_step:
             warnings.warn(f"gradloc-track: SpikeDetector.update called twice for step {step}; the repeat is "
@@ -156,7 +149,8 @@ class SpikeDetector:
         if cfg.mode == "fixed":
             events = self._fixed(step, global_norm, n_tokens, n_micro_batches)
         else:
-            events = self._adaptive(step, global_norm, layer_norms)
+            events = self._adaptive(step, global_norm, layer_norms,
+                                    StepSignals(loss, sample_losses, update, weight_norm))
         self.count += len(events) > 0
         self._last["spike/detected"] = float(len(events) > 0)
         self._last["spike/detected_total"] = float(self.count)
@@ -168,45 +162,95 @@ class SpikeDetector:
         return out
 
     # -- internals ---------------------------------------------------------------------
-    def _adaptive(self, step: int, global_norm: float, layer_norms: Mapping[str, float] | None) -> list[SpikeEvent]:
+    def _adaptive(self, step: int, global_norm: float, layer_norms: Mapping[str, float] | None,
+                  extra: StepSignals) -> list[SpikeEvent]:
         """Check every signal first, absorb afterwards: whether the step fired decides how."""
-        pending: list[tuple[_Signal, float, float]] = []
+        pending: list[_Pending] = []
+        events = self._norm_events(step, global_norm, layer_norms, extra.weight_norm, pending)
+        events += self._extra_events(step, extra, pending)
+        self._absorb(pending, fired=bool(events))
+        return events
+
+    def _below_floor(self, global_norm: float, weight_norm: float | None) -> bool:
+        """Is this step's gradient float noise (a norm below ``noise_floor`` x the parameter norm)?"""
+        floor = self.config.noise_floor
+        noise = (floor > 0 and weight_norm is not None and math.isfinite(global_norm) and global_norm > 0
+                 and math.isfinite(weight_norm) and global_norm < floor * weight_norm)
+        if weight_norm is not None:
+            self._last["spike/noise_floor"] = float(noise)
+        return noise
+
+    def _norm_events(self, step: int, global_norm: float, layer_norms: Mapping[str, float] | None,
+                     weight_norm: float | None, pending: list[_Pending]) -> list[SpikeEvent]:
+        """The global norm's and each layer's verdict (none on a step below the noise floor)."""
+        if self._below_floor(global_norm, weight_norm):
+            return []
         events = []
-        ev = self._check("global", step, global_norm, pending)
+        ev = self._check("global", "global", step, global_norm, pending, self.config.min_ratio)
         if ev:
             events.append(ev)
         if self.config.per_layer and layer_norms:
             zmax = -math.inf
             layer_events = []
             for name, x in layer_norms.items():
-                ev = self._check(name, step, x, pending)
+                ev = self._check(name, name, step, x, pending, self.config.min_ratio)
                 zmax = max(zmax, self._z.get(name, -math.inf))
                 if ev:
                     layer_events.append(ev)
             events += sorted(layer_events, key=lambda e: -e.z)
             if zmax > -math.inf:
                 self._last["spike/zscore_max_layer"] = zmax if math.isfinite(zmax) else 0.0
-        self._absorb(pending, fired=bool(events))
         return events
 
-    def _absorb(self, pending: list[tuple[_Signal, float, float]], fired: bool) -> None:
+    def _extra_events(self, step: int, extra: StepSignals, pending: list[_Pending]) -> list[SpikeEvent]:
+        """The loss, the largest per-sample loss and the update, where the step gives them."""
+        cfg = self.config
+        values = {}
+        if cfg.loss_signal and extra.loss is not None:
+            values["loss"] = float(extra.loss)
+        if cfg.sample_signal and extra.sample_losses is not None and len(extra.sample_losses):
+            vals = [float(v) for v in extra.sample_losses]
+            values["sample_loss"] = math.nan if not all(map(math.isfinite, vals)) else max(vals)
+        if cfg.update_signal and extra.update is not None:
+            values["update"] = float(extra.update)
+        events = []
+        for name, x in values.items():
+            ratio = {"loss": cfg.loss_min_ratio, "sample_loss": cfg.sample_min_ratio}.get(name, cfg.min_ratio)
+            ev = self._check(EXTRA[name], name, step, x, pending, ratio, safety_net=name == "update",
+                             z_thresh=cfg.loss_z_thresh if name != "update" else None)
+            self._last[f"spike/zscore_{name}"] = min(self._z.get(EXTRA[name], 0.0), 1e6)
+            if ev:
+                events.append(ev)
+        return events
+
+    def _absorb(self, pending: list[_Pending], fired: bool) -> None:
         """A step the detector caught (on any signal: a layer's spike is the global norm's too) moves
         each baseline by its value clipped to the band and leaves the variance and tails alone, so
         the spike raises no threshold; other steps are absorbed whole, a value far below the
         baseline (a near-empty batch) clipped to the band."""
         cfg = self.config
-        for sig, lx, band in pending:
-            lx = max(lx, sig.mean - band)
+        for p in pending:
+            f = p.sig.forecast
+            above = p.lx > f + p.band
+            p.sig.streak = p.sig.streak + 1 if above else 0
+            if above and p.sig.streak >= SHIFT_STEPS:  # not a spike: the signal moved to a new level
+                p.sig.absorb(p.lx, cfg.alpha, cfg.baseline_alpha, cfg.warmup_steps)
+                continue
+            lx = max(p.lx, f - p.band)
             if fired:
-                lx = min(lx, sig.mean + band)
-            sig.absorb(lx, cfg.alpha, cfg.baseline_alpha, cfg.warmup_steps, moments=not fired)
+                lx = min(lx, f + p.band)
+            p.sig.absorb(lx, cfg.alpha, cfg.baseline_alpha, cfg.warmup_steps, moments=not fired)
 
-    def _check(self, name: str, step: int, x: float, pending: list) -> SpikeEvent | None:
-        """Does ``x`` fire on signal ``name``? A post-warm-up value joins ``pending`` for ``_absorb``."""
+    def _check(self, key: str, name: str, step: int, x: float, pending: list[_Pending], min_ratio: float,
+               safety_net: bool = True, z_thresh: float | None = None) -> SpikeEvent | None:
+        """Does ``x`` fire on signal ``key`` (reported as ``name``)? A post-warm-up value joins
+        ``pending`` for ``_absorb``."""
         cfg = self.config
-        sig = self.signals.setdefault(name, _Signal())
+        sig = self.signals.get(key)
+        if sig is None:
+            sig = self.signals[key] = LogSignal(falls=key in SMOOTH)
         if not math.isfinite(x):  # always fires, never enters the statistics
-            self._z[name] = math.inf
+            self._z[key] = math.inf
             return SpikeEvent(step, name, x, sig.baseline if sig.n else 0.0, math.inf, math.inf)
         if x <= 0.0:  # no gradient (an all-masked batch, loss * 0, an unused layer): no spike, no sample
             return None
@@ -215,14 +259,16 @@ class SpikeDetector:
             sig.absorb(lx, cfg.alpha, cfg.baseline_alpha, cfg.warmup_steps)
             return None
         z, ratio = sig.z_ratio(lx)
-        self._z[name] = z
-        z_eff = cfg.z_thresh * (sig.tail_factor() if cfg.tail_correction else 1.0)
+        self._z[key] = z
+        z_eff = (z_thresh if z_thresh is not None else cfg.z_thresh) * (sig.tail_factor() if cfg.tail_correction
+                                                                        else 1.0)
         band = z_eff * math.sqrt(sig.var)
-        pending.append((sig, lx, band))
-        if name == "global":
+        pending.append(_Pending(sig, lx, band))
+        if key == "global":
             self._last["spike/zscore"], self._last["spike/ratio"] = z, ratio
-            self._last["spike/threshold"] = math.exp(sig.mean + max(band, math.log(cfg.min_ratio)))
-        if (z > z_eff and ratio > cfg.min_ratio) or (cfg.ratio_thresh is not None and ratio > cfg.ratio_thresh):
+            self._last["spike/threshold"] = math.exp(min(MAX_LOG, sig.forecast + max(band, math.log(cfg.min_ratio))))
+        net = safety_net and cfg.ratio_thresh is not None and ratio > cfg.ratio_thresh
+        if (z > z_eff and ratio > min_ratio) or net:
             return SpikeEvent(step, name, x, sig.baseline, z, ratio)
         return None
 
@@ -249,13 +295,14 @@ class SpikeDetector:
             self._history.append(g)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"signals": {k: (s.n, s.mean, s.var, s.m4, s.prev, s.d2) for k, s in self.signals.items()},
+        return {"signals": {k: s.as_tuple() for k, s in self.signals.items()},
                 "count": self.count,
                 "history": list(self._history), "score": (self._score_hits, self._score_seen),
                 "last_step": self._last_step}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.signals = {k: _Signal(*v) for k, v in state["signals"].items()}  # 3-tuples (0.1): m4 = 0
+        # older states hold 3 (0.1: m4 = 0) or 6 (0.3: no trend) values
+        self.signals = {k: LogSignal(*v, falls=k in SMOOTH) for k, v in state["signals"].items()}
         self.count = int(state["count"])
         self._history = RunningWindow(self.config.score_window, state["history"])
         self._score_hits, self._score_seen = state["score"]

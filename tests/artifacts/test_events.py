@@ -17,6 +17,13 @@ def test_a_step_is_named_by_the_global_norm_and_lists_the_layers_that_fired_too(
     assert row["layers"] == "wpe (z 10), h.0 (z 7)"  # furthest out first
     assert row["localization"] == "locate.enabled=false"
     assert row["culprits"] is None and row["micro_batch_norms"] is None  # no localization ran: not known
+    assert row["cause"] is None and row["cause_detail"] is None  # no cause named
+
+
+def test_the_row_carries_the_cause_the_step_was_given():
+    events = [SpikeEvent(7, "update", 0.4, 0.01, 12.0, 40.0, cause="optimizer", cause_detail="the update is 40x")]
+    row = dict(zip(EVENT_COLUMNS, event_row(7, events, "localized")))
+    assert (row["cause"], row["cause_detail"]) == ("optimizer", "the update is 40x")
 
 
 def test_without_a_global_event_the_layer_furthest_out_leads():

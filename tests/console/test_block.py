@@ -76,3 +76,14 @@ def test_a_non_finite_step_says_which_sample_and_a_sum_overflow_names_none(tmp_p
     text = printed(SpikeView(8, [], LocateResult([], 20, "auto", float("nan"), float("inf"), nonfinite=total), ctx),
                    tmp_path)
     assert "non-finite the sum overflows, not one sample" in text and "none found" not in text
+
+
+def test_the_block_says_the_cause_in_words(tmp_path):
+    import dataclasses
+
+    view = mojibake_view()
+    detail = "the learning rate rose 10x at this step (0.001 -> 0.01): the update grows with it, whatever the data"
+    view.events = [dataclasses.replace(EVENT, cause="schedule", cause_detail=detail)]
+    text = printed(view, tmp_path)
+    assert f"  cause      schedule: {detail}" in text
+    assert "cause " not in printed(mojibake_view(), tmp_path)  # no cause named: no line

@@ -76,7 +76,8 @@ def test_logged_keys_are_exactly_the_documented_ones(tiny_gpt):
                       detector=SpikeDetector(warmup_steps=1), per_tensor=True, adamc_ratio=True)
     for step in range(3):
         backward(tiny_gpt, seed=step)
-        mon.after_backward(step)
+        mon.after_backward(step, loss=torch.tensor(2.0 + step), sample_losses=torch.ones(4) * (step + 1))
+        opt.step()  # Adam's state: the update signal has a second moment to read
     logged = tracker.keys()
     pats = documented_patterns()
     for key in logged:

@@ -62,6 +62,8 @@ def test_a_nan_step_is_skipped_exactly_and_its_sample_is_named_everywhere(tmp_pa
     assert stats.events and stats.step == 3
     found = stats.locate.nonfinite
     assert found.samples == (3,) and found.terms == (BAD,)
+    # the replay makes the same NaN: a numeric cause (not irreproducible), in the search's words
+    assert stats.cause == "numeric" and "sample 3's loss is Inf (token 5): its gradient is NaN" in stats.cause_detail
     tracker.finish()
 
     rows = read_table(tmp_path / "run")

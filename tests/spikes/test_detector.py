@@ -72,21 +72,25 @@ def test_no_events_during_warmup():
 
 
 def reference_stats(logs, warmup, alpha, baseline_alpha):
-    """The detector's statistics written out from its docstring: warm-up variance from successive
-    differences (fourth moment at its Gaussian value), then EMAs of the deviations."""
-    mean = logs[0]
+    """The detector's statistics written out from its docstring (Holt's level and trend, decay
+    baseline_alpha, a norm's forecast extrapolating a rising trend only; forecast error moments, decay
+    alpha): warm-up variance from successive differences (fourth moment at its Gaussian value), then
+    EMAs of the forecast errors. Returns (level, var, m4, trend)."""
+    level, trend = logs[0], 0.0
     d2 = var = m4 = 0.0
     for n, x in enumerate(logs[1:], start=2):
+        forecast = level + max(trend, 0.0)
+        d = x - forecast
+        new_level = forecast + (1 - baseline_alpha) * d
+        trend += (1 - baseline_alpha) * (new_level - level - trend)
+        level = new_level
         if n <= warmup:
             d2 += ((x - logs[n - 2]) ** 2 - d2) / (n - 1)
-            mean += (1 - baseline_alpha) * (x - mean)
             var, m4 = d2 / 2, 3 * (d2 / 2) ** 2
         else:
-            d = x - mean
-            mean += (1 - baseline_alpha) * d
             var = alpha * var + (1 - alpha) * d * d
             m4 = alpha * m4 + (1 - alpha) * d ** 4
-    return mean, var, m4
+    return level, var, m4, trend
 
 
 def test_ema_statistics_match_the_equations():
@@ -94,14 +98,35 @@ def test_ema_statistics_match_the_equations():
     xs = [1.0, 2.0, 1.5, 1.2, 1.4, 1.9, 1.1, 1.3]
     for s, x in enumerate(xs):
         det.update(s, x)
-    mean, var, m4 = reference_stats([math.log(x) for x in xs], 4, 0.9, 0.8)
+    mean, var, m4, trend = reference_stats([math.log(x) for x in xs], 4, 0.9, 0.8)
     sig = det.signals["global"]
-    assert (sig.mean, sig.var, sig.m4) == (pytest.approx(mean), pytest.approx(var), pytest.approx(m4))
+    assert (sig.mean, sig.var, sig.m4, sig.trend) == (pytest.approx(mean), pytest.approx(var), pytest.approx(m4),
+                                                      pytest.approx(trend))
     det.update(8, 5.0)
-    z = (math.log(5.0) - mean) / math.sqrt(var)
+    f = mean + max(trend, 0.0)
+    z = (math.log(5.0) - f) / math.sqrt(var)
     assert det.metrics()["spike/zscore"] == pytest.approx(z, rel=1e-6)
-    assert det.metrics()["spike/ratio"] == pytest.approx(5.0 / math.exp(mean), rel=1e-6)
-    assert det.metrics()["spike/threshold"] == pytest.approx(math.exp(mean + 50 * math.sqrt(var)), rel=1e-6)
+    assert det.metrics()["spike/ratio"] == pytest.approx(5.0 / math.exp(f), rel=1e-6)
+    assert det.metrics()["spike/threshold"] == pytest.approx(math.exp(f + 50 * math.sqrt(var)), rel=1e-6)
+
+
+def test_a_steady_rise_is_followed_not_fired_on():
+    """A layer norm growing 6% a step, as ln_f does in the zoo's first 40 steps: 0.3's plain EMA lagged
+    it by ~0.5 in log space and fired twenty steps in a row; the trend follows it."""
+    rng = random.Random(7)
+    det = SpikeDetector(warmup_steps=20)
+    fired = [s for s in range(120) if det.update(s, 1.0, {"ln_f": 0.03 * math.exp(0.06 * min(s, 60)
+                                                                                  + rng.gauss(0, 0.02))})]
+    assert fired == []
+
+
+def test_a_level_shift_is_taken_in_after_a_few_steps():
+    """A norm that steps up 3x for good fires a few times, then is the new normal (0.3 could lock into
+    firing: a caught step moved the baseline by a tenth of the band at most)."""
+    rng = random.Random(8)
+    det = SpikeDetector(warmup_steps=20)
+    fired = [s for s in range(200) if det.update(s, math.exp(rng.gauss(0, 0.05)) * (3.0 if s >= 100 else 1.0))]
+    assert fired and all(100 <= s < 104 for s in fired)
 
 
 def test_warmup_variance_ignores_a_steady_trend():
@@ -233,14 +258,14 @@ def test_tail_correction_follows_the_fourth_moment():
     det = SpikeDetector(warmup_steps=10, alpha=0.95, z_thresh=50, ratio_thresh=None)  # nothing fires
     for s, x in enumerate(xs):
         det.update(s, x)
-    mean, var, m4 = reference_stats([math.log(x) for x in xs], 10, 0.95, 0.9)
+    mean, var, m4, trend = reference_stats([math.log(x) for x in xs], 10, 0.95, 0.9)
     sig = det.signals["global"]
     assert (sig.mean, sig.var, sig.m4) == (pytest.approx(mean), pytest.approx(var), pytest.approx(m4))
     factor = min(2.0, max(1.0, (m4 / var ** 2 / 3) ** 0.25))
     assert factor > 1.05  # heavy-tailed input: the correction is active
     assert sig.tail_factor() == pytest.approx(factor)
     det.update(200, 1.0)
-    threshold = math.exp(mean + max(50 * factor * math.sqrt(var), math.log(1.5)))
+    threshold = math.exp(mean + max(trend, 0.0) + max(50 * factor * math.sqrt(var), math.log(1.5)))
     assert det.metrics()["spike/threshold"] == pytest.approx(threshold, rel=1e-9)
 
 

@@ -1,0 +1,72 @@
+"""The step's losses for the spike detector, from what ``watch()`` already captures (issue 26).
+
+- ``loss``: the loss the model returned for each micro-batch (HF's ``.loss``, nanoGPT's ``(logits,
+  loss)``), detached, averaged over the step's micro-batches: free, no extra pass.
+- the largest per-unit loss: each sample's mean loss over its loss terms, or each document's when
+  ``position_ids`` restart inside a row (packed sequences): one cross-entropy pass over the logits
+  the training forward already made, row by row under ``no_grad`` (memory: one row's log-softmax, not
+  the batch's). Its cost grows with the vocabulary; ``spikes.sample_signal=false`` turns it off.
+
+Everything stays on the device (no host sync): the monitor moves it with the step's other values.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+
+IGNORE = -100
+
+
+def loss_in(out: Any) -> torch.Tensor | None:
+    """The scalar loss a forward returned (``.loss``, or a 0-d tensor in a tuple), detached; else None."""
+    loss = getattr(out, "loss", None)
+    if loss is None and isinstance(out, (tuple, list)):
+        loss = next((o for o in out if isinstance(o, torch.Tensor) and o.dim() == 0), None)
+    return loss.detach() if isinstance(loss, torch.Tensor) and loss.dim() == 0 else None
+
+
+def document_index(position_ids: torch.Tensor | None, shape: torch.Size) -> torch.Tensor:
+    """(B, T) index of the document each position belongs to within its row (0 without restarts)."""
+    if position_ids is None:
+        return torch.zeros(shape, dtype=torch.long)
+    start = (position_ids == 0).long()
+    return start.cumsum(1) - start[:, :1]
+
+
+@torch.no_grad()
+def unit_loss_max(logits: torch.Tensor, targets: torch.Tensor, position_ids: torch.Tensor | None = None
+                  ) -> torch.Tensor:
+    """The largest mean loss of a sample (or of a packed document) in a micro-batch, 0-d on the logits'
+    device; NaN when any is NaN. ``logits`` (B, T, V) at the model's positions, ``targets`` (B, T)
+    with ``IGNORE`` where a position has no term."""
+    B, T = targets.shape
+    docs = document_index(position_ids, targets.shape).to(logits.device)  # (B, T)
+    n_docs = T  # a row holds at most T documents: each unit has its own slot, no host read of the count
+    sums = torch.zeros(B * n_docs, device=logits.device, dtype=torch.float32)
+    counts = torch.zeros_like(sums)
+    for b in range(B):  # one row at a time: the log-softmax of one row, not of the batch
+        tgt = targets[b].to(logits.device)
+        valid = (tgt != IGNORE).float()  # (T,)
+        per = F.cross_entropy(logits[b].float(), tgt.clamp(min=0), reduction="none") * valid  # (T,)
+        key = docs[b] + b * n_docs
+        sums.index_add_(0, key, per)
+        counts.index_add_(0, key, valid)
+    means = torch.where(counts > 0, sums / counts.clamp(min=1.0), torch.full_like(sums, -torch.inf))
+    return means.max()
+
+
+def step_loss(batches: Sequence[Any]) -> torch.Tensor | None:
+    """The step's loss for the detector: the mean of its micro-batches' own losses (0-d, device, no
+    sync); None when a micro-batch's forward returned none."""
+    losses = [getattr(b, "loss", None) for b in batches]
+    if not losses or any(v is None for v in losses):
+        return None
+    return torch.stack([v.float().to(losses[0].device) for v in losses]).mean()
+
+
+def step_sample_losses(batches: Sequence[Any]) -> list[torch.Tensor] | None:
+    """Each micro-batch's largest per-unit loss (the monitor keeps the largest), or None."""
+    out = [b.sample_max for b in batches if getattr(b, "sample_max", None) is not None]
+    return out or None

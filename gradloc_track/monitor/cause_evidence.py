@@ -1,0 +1,96 @@
+"""The evidence a detected step's cause is named from (``spikes.cause``), gathered by the monitor.
+
+- the learning rate now and at the previous step the detector saw (``LrHistory``: the optimizer's
+  param groups, read when the detector reads the step; a learning rate kept as a tensor is cloned on
+  the device and read on a spike step only);
+- the localizer's result: its step check (the full-mask probes' sum against ``.grad``: does the step
+  reproduce?) and its culprits' summed share of the squared gradient norm.
+
+``name_step_cause`` sets ``stats.cause`` / ``stats.cause_detail`` and each event's ``cause`` and
+``cause_detail``, before the artifacts are written, so the events table, the console block, the
+report and the highlight page all say it.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ..spikes.cause import Cause, Evidence, name_cause
+
+
+class LrHistory:
+    """The largest learning-rate ratio over the param groups between two steps the detector saw."""
+
+    def __init__(self, optimizer: Any) -> None:
+        self.optimizer = optimizer
+        self.prev: list[Any] | None = None
+        self.now: list[Any] | None = None
+
+    def advance(self) -> None:
+        """Read this step's learning rates (host numbers as they are; a tensor is cloned, not read)."""
+        groups = getattr(self.optimizer, "param_groups", None) or []
+        lrs = [g.get("lr") for g in groups]
+        self.prev, self.now = self.now, [v.detach().clone() if isinstance(v, torch.Tensor) else v for v in lrs]
+
+    def pair(self) -> tuple[float | None, float | None]:
+        """(lr now, lr at the previous step) of the group whose lr rose most; (None, None) when unknown."""
+        if not self.now or not self.prev or len(self.now) != len(self.prev):
+            return None, None
+        best = (None, None)
+        for now, prev in zip(self.now, self.prev):
+            if now is None or prev is None:
+                continue
+            now, prev = float(now), float(prev)  # host sync for a tensor lr: on a spike step only
+            if prev > 0 and (best[0] is None or now / prev > best[0] / best[1]):
+                best = (now, prev)
+        return best
+
+
+def _culprit_words(c: Any) -> str:
+    where = f"micro-batch {c.micro_batch}, " if getattr(c, "micro_batch", None) is not None else ""
+    if c.level == "micro_batch":
+        return f"micro-batch {c.micro_batch}"
+    if c.level == "token":
+        return f"{where}sample {c.batch}, token {c.position}"
+    doc = f", document {c.document}" if getattr(c, "document", None) is not None else ""
+    return f"{where}sample {c.batch}{doc}"
+
+
+def evidence_of(stats: Any, lr_pair: tuple[float | None, float | None]) -> Evidence:
+    """The step's ``Evidence``: its events, the learning rates, and the localization when one ran."""
+    ev = Evidence(stats.events, lr=lr_pair[0], prev_lr=lr_pair[1])
+    result = getattr(stats, "locate", None)
+    if result is None:
+        return ev
+    finding = getattr(result, "nonfinite", None)
+    if finding is not None and finding.where != "replay":
+        # the non-finite search replayed the step and the batch makes the NaN/Inf: numeric, with its sentence
+        ev.nonfinite_detail = finding.detail
+        return ev
+    check = getattr(result, "step_check", None)
+    # the norm search runs on a finite replay only: a step whose gradient norm was not finite (or a
+    # non-finite residual, or the search's "replay" finding) means the replay is finite where the
+    # step's gradient was not (checked first: a clipper that zeroed such a .grad makes the check
+    # compare zero with zero, or leaves nothing to compare)
+    if check is not None:
+        ev.replayed, ev.repeatable = check.replayed, not str(check.reason).startswith("randomness")
+        ev.residual = check.residual if math.isfinite(check.residual) else math.inf
+    if finding is not None or any(not math.isfinite(e.value) for e in stats.events if e.is_norm):
+        ev.replayed, ev.residual = False, math.inf
+    culprits = [c for c in (result.culprits or []) if getattr(c, "share", None) is not None]
+    ev.n_culprits = len(result.culprits or [])
+    ev.culprit_share = min(1.0, max(0.0, sum(c.share for c in culprits)))
+    if culprits:
+        ev.top_culprit = _culprit_words(max(culprits, key=lambda c: c.share))
+    return ev
+
+
+def name_step_cause(stats: Any, lr_pair: tuple[float | None, float | None]) -> Cause:
+    """Name the cause of a detected step and write it on ``stats`` and on each of its events."""
+    cause = name_cause(evidence_of(stats, lr_pair))
+    stats.cause, stats.cause_detail = cause.name, cause.detail
+    for e in stats.events:
+        e.cause, e.cause_detail = cause.name, cause.detail
+    return cause

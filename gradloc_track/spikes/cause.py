@@ -1,0 +1,144 @@
+"""Why a step fired: one cause per detected step, from the evidence the step already has (issue 26).
+
+A cause is one of ``CAUSES``, with one sentence that carries the numbers (``Cause.detail``). The rules,
+first match wins (docs/forensics.md#the-cause-of-a-spike):
+
+1. ``irreproducible``: the localizer replayed the step (the full-mask probes, whose sum must be
+   ``.grad``) and it does not reproduce although the probes repeat (a replay that is finite where
+   ``.grad`` is not counts): the gradient the optimizer holds is not the one the batch makes (silent
+   data corruption, a hardware fault; a flipped exponent bit overflows the norm, so this comes first).
+2. ``numeric``: a fired value is NaN/Inf (the gradient norm, a layer's, the loss or a sample's loss).
+   ``Evidence.nonfinite_detail``, when the localizer's non-finite search ran, says which samples
+   (or that the sum overflowed).
+3. ``schedule``: the learning rate rose by ``LR_JUMP`` or more since the previous step (the gradient
+   can be normal: the update is not).
+4. ``optimizer``: the optimizer's update fired while no gradient norm did: the step's gradient is
+   ordinary, the update Adam makes from it is not (a decayed second moment).
+5. ``data``: the localizer named culprits carrying ``DATA_SHARE`` or more of the step's squared
+   gradient norm; or a loss signal fired (the model is the same for every sample: a loss that jumps
+   is the data's), with the culprits when there are some.
+6. ``optimizer`` again when the update fired and no culprit stands out; else ``unexplained``.
+
+Pure: reads numbers (``Evidence``), no tensor, no host sync.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+CAUSES = ("data", "numeric", "optimizer", "schedule", "irreproducible", "unexplained")
+LR_JUMP = 2.0  # a learning rate at least 2x the previous step's is a schedule change worth naming
+DATA_SHARE = 0.5  # culprits carrying at least half the squared norm explain the step
+LOSS_SIGNALS = ("loss", "sample_loss")
+
+
+@dataclass(frozen=True)
+class Cause:
+    name: str  # one of CAUSES
+    detail: str  # one sentence with the numbers
+
+
+@dataclass
+class Evidence:
+    """What one detected step offers: the events (``SpikeEvent``s) and, when known, the learning rate
+    now and at the previous step, the localizer's replay check and its culprits' summed share."""
+
+    events: Sequence[Any]
+    lr: float | None = None
+    prev_lr: float | None = None
+    replayed: bool | None = None  # None: no replay ran; False: the probes' sum is not .grad
+    residual: float | None = None  # ||probes' sum - .grad|| / ||probes' sum||
+    repeatable: bool = True  # two identical probes agree (False: randomness the RNG does not replay)
+    culprit_share: float | None = None  # the named culprits' summed share; None: not localized
+    n_culprits: int = 0
+    top_culprit: str = ""  # "sample 3", "sample 3, tokens 40-42": the largest culprit, in words
+    nonfinite_detail: str = ""  # the non-finite search's sentence (``NonfiniteFinding.detail``) when it ran
+
+
+def name_cause(ev: Evidence) -> Cause:
+    """The step's cause by the rules above."""
+    for rule in (_irreproducible, _numeric, _schedule, _optimizer_alone, _data, _optimizer_no_culprit):
+        cause = rule(ev)
+        if cause is not None:
+            return cause
+    return Cause("unexplained", _unexplained(ev))
+
+
+def _fired(ev: Evidence, *signals: str) -> list[Any]:
+    return [e for e in ev.events if e.signal in signals]
+
+
+def _norm_events(ev: Evidence) -> list[Any]:
+    return [e for e in ev.events if getattr(e, "is_norm", e.signal not in LOSS_SIGNALS + ("update",))]
+
+
+def _numeric(ev: Evidence) -> Cause | None:
+    bad = [e for e in ev.events if not math.isfinite(e.value)]
+    if not bad:
+        return None
+    what = ", ".join(f"{e.key} = {e.value}" for e in bad[:3])
+    who = f"; {ev.nonfinite_detail}" if ev.nonfinite_detail else "; the step is skipped"
+    return Cause("numeric", f"the step's {what}: a non-finite value (overflow, log 0, a -inf logit){who}")
+
+
+def _schedule(ev: Evidence) -> Cause | None:
+    if not ev.lr or not ev.prev_lr or ev.lr < LR_JUMP * ev.prev_lr:
+        return None
+    return Cause("schedule", f"the learning rate rose {ev.lr / ev.prev_lr:.3g}x at this step ({ev.prev_lr:.3g} -> "
+                             f"{ev.lr:.3g}): the update grows with it, whatever the data")
+
+
+def _irreproducible(ev: Evidence) -> Cause | None:
+    if ev.replayed is not False or not ev.repeatable or ev.residual is None or math.isnan(ev.residual):
+        return None  # a NaN residual: the replay itself is not finite, the batch makes the NaN (numeric)
+    how = ("the replayed gradient is finite, the one in .grad is not" if math.isinf(ev.residual) else
+           f"the replayed gradient differs from the one in .grad by {ev.residual:.0%} of its norm")
+    return Cause("irreproducible", f"the step does not reproduce: {how}, while the replay itself repeats; suspect a "
+                                   "hardware fault or silent data corruption")
+
+
+def _update_line(ev: Evidence) -> str:
+    u = _fired(ev, "update")[0]
+    return f"the optimizer's update is {u.ratio:.3g}x its running mean (z = {u.z:.0f})"
+
+
+def _optimizer_alone(ev: Evidence) -> Cause | None:
+    if not _fired(ev, "update") or _norm_events(ev) or _fired(ev, *LOSS_SIGNALS):
+        return None
+    return Cause("optimizer", f"{_update_line(ev)} while the gradient norms and losses are ordinary: the optimizer's "
+                              "state (a decayed second moment) makes a normal gradient a large step")
+
+
+def _data(ev: Evidence) -> Cause | None:
+    losses = _fired(ev, *LOSS_SIGNALS)
+    named = ev.culprit_share is not None and ev.n_culprits > 0
+    if named and (ev.culprit_share >= DATA_SHARE or losses):
+        top = f" ({ev.top_culprit} first)" if ev.top_culprit else ""
+        why = f", and {losses[0].key} jumped {losses[0].ratio:.2f}x" if losses else ""
+        return Cause("data", f"{ev.n_culprits} culprit(s){top} carry {ev.culprit_share:.0%} of the step's squared "
+                             f"gradient norm{why}: the batch's data made the step")
+    if losses:  # the model is the same for every sample: a loss that jumps is the data's
+        e = max(losses, key=lambda x: x.z)
+        which = ("not localized, so which one is not known" if ev.culprit_share is None else
+                 "no single culprit carries the gradient")
+        return Cause("data", f"{e.key} = {e.value:.3g}, {e.ratio:.2f}x its running mean (z = {e.z:.0f}): the data's "
+                             f"loss jumped ({which})")
+    return None
+
+
+def _optimizer_no_culprit(ev: Evidence) -> Cause | None:
+    if not _fired(ev, "update"):
+        return None
+    return Cause("optimizer", f"{_update_line(ev)} and no culprit stands out: the optimizer's state, not one sample, "
+                              "made the step large")
+
+
+def _unexplained(ev: Evidence) -> str:
+    if ev.culprit_share is None:
+        return "no rule applies: the step was not localized, the learning rate and the optimizer's update are ordinary"
+    if not ev.n_culprits:
+        return ("no culprit stands out (the spike is spread over the batch), the step reproduces, the learning "
+                "rate and the optimizer's update are ordinary")
+    return (f"the culprits carry only {ev.culprit_share:.0%} of the squared gradient norm; the step reproduces, the "
+            "learning rate and the optimizer's update are ordinary")

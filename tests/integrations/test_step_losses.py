@@ -1,0 +1,82 @@
+"""The step's losses ``watch()`` hands the detector, from what it captures: the model's own loss and
+each sample's (or packed document's) mean loss, against a plain per-row loop."""
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gradloc_track.integrations.step_losses import (IGNORE, loss_in, step_loss, step_sample_losses,
+                                                    unit_loss_max)
+
+
+def plain_unit_losses(logits, targets, docs):
+    """Each (row, document)'s mean loss over its terms, one term at a time."""
+    sums, counts = {}, {}
+    for b in range(targets.shape[0]):
+        for t in range(targets.shape[1]):
+            if targets[b, t] == IGNORE:
+                continue
+            key = (b, int(docs[b, t]))
+            sums[key] = sums.get(key, 0.0) + float(F.cross_entropy(logits[b, t][None], targets[b, t][None]))
+            counts[key] = counts.get(key, 0) + 1
+    return {k: sums[k] / counts[k] for k in sums}
+
+
+def test_largest_sample_and_document_loss_match_a_plain_loop():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 8, 11, generator=g) * 3
+    targets = torch.randint(0, 11, (3, 8), generator=g)
+    targets[0, 5:] = IGNORE  # padding
+    targets[2, :] = IGNORE  # a row without terms is no sample
+    rows = plain_unit_losses(logits, targets, torch.zeros(3, 8, dtype=torch.long))
+    assert float(unit_loss_max(logits, targets)) == pytest.approx(max(rows.values()), rel=1e-6)
+    pos = torch.tensor([0, 1, 2, 0, 1, 2, 3, 0]).expand(3, 8)  # packed: documents restart at 0
+    docs = torch.tensor([0, 0, 0, 1, 1, 1, 1, 2]).expand(3, 8)
+    per_doc = plain_unit_losses(logits, targets, docs)
+    assert float(unit_loss_max(logits, targets, pos)) == pytest.approx(max(per_doc.values()), rel=1e-6)
+    bad = logits.clone()
+    bad[1, 3] = math.nan
+    assert math.isnan(float(unit_loss_max(bad, targets)))
+
+
+def test_the_models_own_loss_is_read_from_its_output():
+    loss = torch.tensor(2.5, requires_grad=True)
+    assert float(loss_in(SimpleNamespace(loss=loss, logits=None))) == 2.5  # HF's output
+    assert float(loss_in((torch.zeros(2, 3, 4), loss))) == 2.5  # nanoGPT's (logits, loss)
+    assert loss_in(torch.zeros(2, 3, 4)) is None and not loss_in((loss,)).requires_grad
+    batches = [SimpleNamespace(loss=torch.tensor(1.0), sample_max=torch.tensor(3.0)),
+               SimpleNamespace(loss=torch.tensor(2.0), sample_max=torch.tensor(4.0))]
+    assert float(step_loss(batches)) == 1.5 and [float(v) for v in step_sample_losses(batches)] == [3.0, 4.0]
+    assert step_loss([SimpleNamespace(loss=None)]) is None and step_sample_losses([SimpleNamespace()]) is None
+
+
+def test_watch_feeds_the_detector_the_models_losses():
+    """An HF model in a plain loop: the detector gets the model's loss and the largest document loss."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    import gradloc_track
+    from gradloc_track import MemoryTracker
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=32, n_positions=16, n_embd=16, n_layer=1, n_head=2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    handle = gradloc_track.watch(model, opt, tracker=MemoryTracker(), locate=False)
+    fed = []
+    update = handle.monitor.detector.update
+    handle.monitor.detector.update = lambda *a, **k: fed.append(k) or update(*a, **k)
+    ids = torch.randint(0, 32, (2, 12))
+    pos = torch.tensor([0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5]).expand(2, -1)
+    out = model(input_ids=ids, labels=ids, position_ids=pos)
+    out.loss.backward()
+    opt.step()
+    handle.finish()
+    logits = out.logits.detach()
+    tgt = torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], IGNORE)], 1)
+    docs = torch.tensor([0] * 6 + [1] * 6).expand(2, -1)
+    per_doc = plain_unit_losses(logits, tgt, docs)
+    assert fed[0]["loss"] == pytest.approx(float(out.loss.detach()), rel=1e-6)
+    assert fed[0]["sample_losses"] == [pytest.approx(max(per_doc.values()), rel=1e-5)]

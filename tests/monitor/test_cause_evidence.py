@@ -1,0 +1,160 @@
+"""Each cause rule on a real step: a TinyGPT trained with AdamW under ``GradMonitor``, then one step
+that is broken the way the rule describes (a garbled sample, a NaN loss, a learning-rate jump, a bit
+flipped in ``.grad``, a decayed second moment). The step's events, its ``spikes/events`` row and the
+console block must name the cause; clean steps name none."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gradloc_track import GradMonitor, MemoryTracker
+from gradloc_track.artifacts import SpikeArtifactWriter
+from gradloc_track.artifacts.events import EVENT_COLUMNS, EVENTS_KEY
+from gradloc_track.config import LocateConfig
+from gradloc_track.demo.model import TinyGPT
+from gradloc_track.monitor.cause_evidence import LrHistory
+from gradloc_track.spikes import SpikeContext, SpikeDetector
+
+V, B, T, WARM = 64, 8, 16, 12
+
+
+def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clean text: a repeating pattern with a little noise, the same stream every run."""
+    g = torch.Generator().manual_seed(step)
+    base = (torch.arange(T + 1)[None] * 3 + torch.randint(0, 4, (B, 1), generator=g)) % (V // 2)
+    return base[:, :-1].clone(), base[:, 1:].clone()
+
+
+class Run:
+    """A small training run whose next step can be broken."""
+
+    def __init__(self, tmp_path) -> None:
+        torch.manual_seed(0)
+        self.model = TinyGPT(V, n_layer=2, n_head=2, d_model=32, max_seq_len=T)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=3e-3)
+        self.tracker = MemoryTracker()
+        self.mon = GradMonitor(self.model, tracker=self.tracker, optimizer=self.opt, log_every=10 ** 6,
+                               detector=SpikeDetector(warmup_steps=WARM), locate_config=LocateConfig(max_events=100),
+                               artifact_writer=SpikeArtifactWriter(self.tracker, run_dir=tmp_path))
+        self.step = 0
+        for _ in range(WARM + 8):
+            stats = self.train()
+            assert not stats.events and stats.cause is None
+
+    def train(self, x=None, y=None, mask=None, loss_scale=1.0, after_backward=None):
+        cx, cy = batch(self.step)
+        x, y = (cx, cy) if x is None else (x, y)
+        mask = torch.ones(B, T) if mask is None else mask
+        weights = mask / mask.sum(1, keepdim=True) / B  # per-sample averaging: a short answer weighs more
+
+        def loss_fn(keep):
+            per = F.cross_entropy(self.model(x).reshape(B * T, V), y.reshape(-1), reduction="none").view(B, T)
+            return (per * weights * keep).sum() * loss_scale
+
+        self.opt.zero_grad(set_to_none=True)
+        loss = loss_fn(mask)
+        loss.backward()
+        if after_backward is not None:
+            after_backward(self)
+        with torch.no_grad():
+            per = F.cross_entropy(self.model(x).reshape(B * T, V), y.reshape(-1), reduction="none").view(B, T)
+        samples = (per * mask).sum(1) / mask.sum(1)
+        stats = self.mon.after_backward(self.step, spike_context=SpikeContext(loss_fn, mask, input_ids=y),
+                                        loss=loss.detach(), sample_losses=samples)
+        self.opt.step()
+        self.step += 1
+        return stats
+
+    def last_event_row(self) -> dict:
+        table = self.tracker.tables[EVENTS_KEY]
+        assert table["columns"] == EVENT_COLUMNS
+        return dict(zip(EVENT_COLUMNS, table["rows"][-1]))
+
+
+@pytest.fixture
+def run(tmp_path):
+    return Run(tmp_path)
+
+
+def check(r: Run, stats, cause: str) -> str:
+    """The cause on the step, its events, its ``spikes/events`` row and (localized) its highlight page."""
+    assert stats.events, "the broken step must fire"
+    assert stats.cause == cause, stats.cause_detail
+    assert all(e.cause == cause and e.cause_detail == stats.cause_detail for e in stats.events)
+    row = r.last_event_row()
+    assert (row["step"], row["cause"], row["cause_detail"]) == (stats.step, cause, stats.cause_detail)
+    pages = [h for key, step, h in r.tracker.html if step == stats.step and "highlight" in key]
+    if stats.locate is not None and pages:
+        assert f"cause <b>{cause}</b>" in pages[-1]
+    return stats.cause_detail
+
+
+def test_a_garbled_sample_is_data(run):
+    x, y = batch(run.step)
+    mask = torch.ones(B, T)
+    mask[3, :13] = 0  # a prompt without loss, then a 3-token answer of tokens never seen
+    y[3, 13:] = torch.tensor([V - 1, V - 2, V - 3])
+    detail = check(run, run.train(x, y, mask), "data")
+    assert "sample 3" in detail and "of the step's squared gradient norm" in detail
+
+
+def test_a_non_finite_loss_is_numeric(run):
+    detail = check(run, run.train(loss_scale=math.inf), "numeric")
+    assert "nan" in detail.lower() or "inf" in detail.lower()
+
+
+def test_a_learning_rate_jump_is_schedule(run):
+    for g in run.opt.param_groups:
+        g["lr"] *= 30
+    detail = check(run, run.train(), "schedule")
+    assert "rose 30x" in detail and "0.003 -> 0.09" in detail
+
+
+def flip_bit(r: Run) -> None:
+    """Bit 30 of one gradient element (an exponent bit): what silent data corruption looks like."""
+    g = r.model.h[0].mlp.fc.weight.grad
+    bits = g.view(torch.int32)
+    bits[0, 0] ^= 1 << 30
+
+
+def test_a_flipped_bit_in_grad_is_irreproducible(run):
+    detail = check(run, run.train(after_backward=flip_bit), "irreproducible")
+    assert "does not reproduce" in detail and "hardware fault" in detail
+
+
+def test_a_flipped_bit_is_irreproducible_when_a_clipper_zeroed_the_step(tmp_path):
+    """The HF callback clips (Trainer's max_grad_norm): a non-finite .grad is zeroed before the localizer
+    compares, yet the replay it ran is finite, and the step's norm was not."""
+    from gradloc_track.clip import GlobalClip
+
+    r = Run(tmp_path)
+    r.mon.clipper = GlobalClip(r.model, max_norm=1.0)  # the same run, now clipped as Trainer clips
+    stats = r.train(after_backward=lambda run: run.model.h[0].mlp.fc.weight.grad.view(-1)[0].fill_(math.inf))
+    assert check(r, stats, "irreproducible") and "finite, the one in .grad is not" in stats.cause_detail
+
+
+def decay_second_moment(r: Run) -> None:
+    """One tensor's second moment decayed (as a rarely updated row's does over thousands of steps)."""
+    st = r.opt.state[r.model.lm_head.weight]
+    st["exp_avg_sq"].mul_(1e-6)
+
+
+def test_a_decayed_second_moment_under_a_normal_gradient_is_optimizer(run):
+    stats = run.train(after_backward=decay_second_moment)
+    assert [e.signal for e in stats.events] == ["update"]  # the gradient is ordinary
+    assert "optimizer's update" in check(run, stats, "optimizer")
+
+
+def test_lr_history_reads_the_largest_rise_over_groups():
+    p, q = torch.nn.Parameter(torch.zeros(1)), torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([{"params": [p], "lr": 0.1}, {"params": [q], "lr": torch.tensor(0.2)}])
+    h = LrHistory(opt)
+    h.advance()
+    assert h.pair() == (None, None)  # one step seen: nothing to compare
+    opt.param_groups[0]["lr"] = 0.3
+    opt.param_groups[1]["lr"].fill_(1.0)  # a tensor lr changed in place: the clone keeps the old value
+    h.advance()
+    assert h.pair() == pytest.approx((1.0, 0.2))

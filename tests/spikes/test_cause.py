@@ -1,0 +1,50 @@
+"""The cause rules (``spikes.cause``) on the evidence written out: each rule, their order, and the
+sentence's numbers. The rules on real steps: tests/monitor/test_cause_evidence.py."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from gradloc_track.spikes.cause import CAUSES, Evidence, name_cause
+from gradloc_track.spikes.event import SpikeEvent
+
+
+def ev(signal: str, value: float = 3.0, ratio: float = 3.0, z: float = 9.0) -> SpikeEvent:
+    return SpikeEvent(10, signal, value, value / ratio, z, ratio)
+
+
+NORM, LOSS, UPDATE = ev("global"), ev("sample_loss", 10.0, 1.8, 35.0), ev("update", 0.5, 40.0, 12.0)
+
+
+@pytest.mark.parametrize("evidence,cause,words", [
+    (Evidence([ev("global", math.nan)]), "numeric", "grad_norm/global = nan"),
+    (Evidence([ev("global", math.inf)], nonfinite_detail="sample 3's loss is Inf: its gradient is NaN"), "numeric",
+     "sample 3's loss is Inf: its gradient is NaN"),
+    (Evidence([UPDATE], lr=1e-2, prev_lr=1e-3), "schedule", "rose 10x at this step (0.001 -> 0.01)"),
+    (Evidence([NORM], replayed=False, residual=0.38), "irreproducible", "differs from the one in .grad by 38%"),
+    (Evidence([ev("global", math.inf)], replayed=False, residual=0.07), "irreproducible", "hardware fault"),
+    (Evidence([UPDATE]), "optimizer", "40x its running mean"),
+    (Evidence([NORM], culprit_share=0.9, n_culprits=1, top_culprit="sample 3"), "data", "sample 3 first) carry 90%"),
+    (Evidence([NORM, LOSS], culprit_share=0.3, n_culprits=2), "data", "loss/sample_max jumped 1.80x"),
+    (Evidence([LOSS]), "data", "not localized"),
+    (Evidence([LOSS], culprit_share=0.1, n_culprits=0), "data", "no single culprit carries the gradient"),
+    (Evidence([ev("global", math.inf)], replayed=False, residual=math.inf), "irreproducible",
+     "the replayed gradient is finite, the one in .grad is not"),
+    (Evidence([NORM, UPDATE], culprit_share=0.0, n_culprits=0), "optimizer", "no culprit stands out"),
+    (Evidence([NORM], culprit_share=0.2, n_culprits=1), "unexplained", "only 20%"),
+    (Evidence([NORM]), "unexplained", "not localized"),
+])
+def test_each_rule_names_its_cause_with_the_numbers(evidence, cause, words):
+    got = name_cause(evidence)
+    assert got.name == cause and got.name in CAUSES
+    assert words in got.detail
+
+
+def test_what_does_not_qualify():
+    # a small lr rise, a replay that cannot repeat itself, a NaN residual: not schedule / irreproducible
+    assert name_cause(Evidence([NORM], lr=1.5e-3, prev_lr=1e-3)).name == "unexplained"
+    assert name_cause(Evidence([NORM], replayed=False, residual=0.4, repeatable=False)).name == "unexplained"
+    assert name_cause(Evidence([ev("global", math.nan)], replayed=False, residual=math.nan)).name == "numeric"
+    # a learning-rate jump that makes a non-finite step is numeric first
+    assert name_cause(Evidence([ev("global", math.inf)], lr=1.0, prev_lr=1e-3)).name == "numeric"

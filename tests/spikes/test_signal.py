@@ -1,0 +1,95 @@
+"""``LogSignal`` against Holt's linear exponential smoothing written out from the textbook equations
+(level ``l_t = a x_t + (1 - a)(l_{t-1} + b_{t-1})``, trend ``b_t = a (l_t - l_{t-1}) + (1 - a) b_{t-1}``,
+``a = 1 - baseline_alpha``), the warm-up variance from successive differences and the tail factor
+from the error moments, all recomputed from the whole series in plain loops."""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from gradloc_track.spikes.signal import MAX_TAIL_FACTOR, LogSignal
+
+ALPHA, BASE, WARMUP = 0.99, 0.9, 10
+
+
+def series(n: int = 60, seed: int = 0) -> list[float]:
+    rng = random.Random(seed)
+    return [0.02 * t + rng.gauss(0, 0.3) for t in range(n)]  # a rising log-value with noise
+
+
+def holt(xs: list[float], falls: bool) -> dict[str, float]:
+    """The reference: the recursion over the series, then the moments from the forecast errors."""
+    a = 1 - BASE
+    level, trend = xs[0], 0.0
+    errors = []
+    for x in xs[1:]:
+        forecast = level + (trend if falls else max(trend, 0.0))
+        errors.append(x - forecast)
+        new_level = a * x + (1 - a) * forecast
+        trend = a * (new_level - level) + (1 - a) * trend
+        level = new_level
+    diffs = [(xs[i] - xs[i - 1]) ** 2 for i in range(1, min(len(xs), WARMUP))]
+    var = sum(diffs) / len(diffs) / 2  # successive differences: E[d^2] = 2 var
+    m4 = 3 * var * var
+    for e in errors[WARMUP - 1:]:  # after warm-up: EMAs of the squared and fourth-power errors
+        var = ALPHA * var + (1 - ALPHA) * e * e
+        m4 = ALPHA * m4 + (1 - ALPHA) * e ** 4
+    return {"level": level, "trend": trend, "var": var, "m4": m4,
+            "forecast": level + (trend if falls else max(trend, 0.0))}
+
+
+@pytest.mark.parametrize("falls", [False, True])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_level_trend_and_moments_match_holts_equations(falls, seed):
+    xs = series(seed=seed) if seed == 0 else [-v for v in series(seed=seed)]  # rising, then falling
+    sig = LogSignal(falls=falls)
+    for x in xs:
+        sig.absorb(x, ALPHA, BASE, WARMUP)
+    ref = holt(xs, falls)
+    assert sig.mean == pytest.approx(ref["level"], rel=1e-12, abs=1e-12)
+    assert sig.trend == pytest.approx(ref["trend"], rel=1e-12, abs=1e-12)
+    assert sig.var == pytest.approx(ref["var"], rel=1e-12)
+    assert sig.m4 == pytest.approx(ref["m4"], rel=1e-12)
+    assert sig.forecast == pytest.approx(ref["forecast"], rel=1e-12, abs=1e-12)
+    z, ratio = sig.z_ratio(ref["forecast"] + 1.0)
+    assert z == pytest.approx(1.0 / math.sqrt(ref["var"]), rel=1e-9) and ratio == pytest.approx(math.e)
+    assert sig.baseline == pytest.approx(math.exp(ref["forecast"]))
+
+
+def test_a_falling_trend_is_extrapolated_for_smooth_signals_only():
+    xs = [-0.05 * t for t in range(30)]
+    rough, smooth = LogSignal(), LogSignal(falls=True)
+    for x in xs:
+        rough.absorb(x, ALPHA, BASE, WARMUP)
+        smooth.absorb(x, ALPHA, BASE, WARMUP)
+    assert smooth.trend < 0 and smooth.forecast == pytest.approx(smooth.mean + smooth.trend)
+    assert rough.forecast == rough.mean  # a heavy-tailed norm's baseline does not run ahead of a fall
+
+
+def test_a_fired_value_moves_the_level_but_teaches_neither_trend_nor_moments():
+    xs = series()
+    sig = LogSignal()
+    for x in xs:
+        sig.absorb(x, ALPHA, BASE, WARMUP)
+    before = sig.as_tuple()
+    f = sig.forecast
+    sig.absorb(f + 5.0, ALPHA, BASE, WARMUP, moments=False)
+    assert sig.mean == pytest.approx(f + (1 - BASE) * 5.0)
+    assert (sig.trend, sig.var, sig.m4) == (before[6], before[2], before[3])
+
+
+def test_tail_factor_is_the_clamped_fourth_root_of_kurtosis_over_three():
+    assert LogSignal().tail_factor() == 1.0  # no variance yet
+    assert LogSignal(var=1.0, m4=3.0).tail_factor() == 1.0  # Gaussian
+    assert LogSignal(var=1.0, m4=12.0).tail_factor() == pytest.approx((12 / 3) ** 0.25)
+    assert LogSignal(var=1.0, m4=1e6).tail_factor() == MAX_TAIL_FACTOR
+    assert LogSignal(var=1.0, m4=1.0).tail_factor() == 1.0  # lighter tails never lower the threshold
+
+
+def test_log_signal_round_trips_through_state():
+    sig = LogSignal()
+    for x in (0.1, 0.3, -0.2, 0.05):
+        sig.absorb(x, 0.99, 0.9, 2)
+    assert LogSignal(*sig.as_tuple()) == sig

@@ -1,0 +1,147 @@
+"""The detector's signals beyond the gradient norms (issue 26): the step's loss, its largest per-sample
+loss, the optimizer's update, and the noise floor under the norms.
+
+Each is checked against what it must do on a stream written out here: fire on the jump it exists
+for, stay quiet on its own noise, and leave 0.3's detector (global + layers) untouched when off."""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from gradloc_track.config import ConfigError, SpikeConfig
+from gradloc_track.spikes import SpikeDetector
+
+
+def stream(steps: int, seed: int = 0):
+    """Log-normal norms (sigma 0.3, heavy as small batches are) and losses (sigma 0.03) falling slowly."""
+    rng = random.Random(seed)
+    for s in range(steps):
+        g = math.exp(rng.gauss(0, 0.3))
+        layers = {"h.0": g * 0.6 * math.exp(rng.gauss(0, 0.1)), "h.1": g * 0.8 * math.exp(rng.gauss(0, 0.1))}
+        loss = (3.0 - s / steps) * math.exp(rng.gauss(0, 0.03))
+        samples = [loss * math.exp(rng.gauss(0, 0.1)) for _ in range(8)]
+        yield s, g, layers, loss, samples
+
+
+def fired(det: SpikeDetector, edit=None, steps: int = 300, **given) -> dict[int, list[str]]:
+    out = {}
+    for s, g, layers, loss, samples in stream(steps):
+        kw = {"loss": loss, "sample_losses": samples, **given}
+        if edit is not None:
+            g, layers, kw = edit(s, g, layers, kw)
+        events = det.update(s, g, layers, **kw)
+        if events:
+            out[s] = [e.signal for e in events]
+    return out
+
+
+def test_a_loss_jump_the_norms_do_not_show_fires_on_the_loss():
+    """3 of 8 samples junk: the batch loss 1.4x, the gradient norm within its noise."""
+    def junk(s, g, layers, kw):
+        if s == 200:
+            kw = {**kw, "loss": kw["loss"] * 1.4}
+        return g, layers, kw
+
+    assert fired(SpikeDetector()) == {}
+    assert fired(SpikeDetector(), junk) == {200: ["loss"]}
+    assert fired(SpikeDetector(loss_signal=False), junk) == {}
+
+
+def test_one_bad_sample_fires_on_the_largest_sample_loss():
+    def bad(s, g, layers, kw):
+        if s == 150:
+            kw = {**kw, "sample_losses": kw["sample_losses"][:-1] + [kw["loss"] * 3]}
+        return g, layers, kw
+
+    assert fired(SpikeDetector(), bad) == {150: ["sample_loss"]}
+    ev = [e for e in SpikeDetector().update(0, 1.0) if e]  # nothing without warm-up
+    assert ev == []
+
+
+def test_non_finite_losses_always_fire_and_never_enter():
+    det = SpikeDetector()
+    for s, g, layers, loss, samples in stream(100):
+        nan = s in (40, 70)
+        events = det.update(s, g, layers, loss=math.nan if nan else loss,
+                            sample_losses=samples[:-1] + [math.inf] if nan else samples)
+        assert {e.signal for e in events} == ({"loss", "sample_loss"} if nan else set())
+    ref = SpikeDetector()
+    for s, g, layers, loss, samples in stream(100):
+        if s not in (40, 70):
+            ref.update(s, g, layers, loss=loss, sample_losses=samples)
+    for key in ("@loss", "@sample_loss"):  # as if the NaN steps had never been seen
+        assert det.signals[key].as_tuple()[1:] == pytest.approx(ref.signals[key].as_tuple()[1:])
+
+
+def test_a_learning_rate_jump_fires_on_the_update_alone():
+    """The gradient does not change at a learning-rate jump; the update does (10x)."""
+    def lr_jump(s, g, layers, kw):
+        return g, layers, {**kw, "update": 1e-3 * g * (10.0 if s == 220 else 1.0)}
+
+    assert fired(SpikeDetector(), lr_jump) == {220: ["update"]}
+
+
+def test_the_noise_floor_keeps_cancelling_gradients_out():
+    """Converged RL: groups whose gradients cancel leave norms of float rounding (1e-10 .. 1e-8 against
+    weights of norm 30). 0.3 fired on them ("436.8x its running mean 1.74e-10" on a 7.6e-8 norm)."""
+    rng = random.Random(1)
+    norms = [math.exp(rng.uniform(math.log(1e-11), math.log(1e-9))) for _ in range(60)] + [7.6e-8]
+    old = SpikeDetector(noise_floor=0.0)
+    new = SpikeDetector()
+    old_events = [e for s, g in enumerate(norms) for e in old.update(s, g, weight_norm=30.0)]
+    new_events = [e for s, g in enumerate(norms) for e in new.update(s, g, weight_norm=30.0)]
+    assert [e.step for e in old_events if e.signal == "global"] == [60]
+    assert new_events == [] and "global" not in new.signals
+    assert new.metrics()["spike/noise_floor"] == 1.0
+    # a real gradient right after is judged on real gradients only
+    assert new.update(61, 1e-2, weight_norm=30.0) == [] and new.metrics()["spike/noise_floor"] == 0.0
+    assert [e.signal for e in new.update(62, math.nan, weight_norm=30.0)] == ["global"]  # NaN still fires
+
+
+def test_with_its_new_signals_off_the_detector_is_0_3s():
+    """Loss, sample and update signals off, no floor: the same events and statistics as norms alone."""
+    off = dict(loss_signal=False, sample_signal=False, update_signal=False, noise_floor=0.0)
+
+    def spikes(s, g, layers, kw):
+        if s in (100, 180):
+            return g * 30, {k: v * 30 for k, v in layers.items()}, {**kw, "loss": kw["loss"] * 2}
+        return g, layers, kw
+
+    a = SpikeDetector(**off)
+    b = SpikeDetector()
+    with_inputs = fired(a, spikes, update=1.0, weight_norm=10.0)
+    norms_only = {}
+    for s, g, layers, loss, samples in stream(300):
+        g, layers, _ = spikes(s, g, layers, {"loss": loss})
+        ev = b.update(s, g, layers)
+        if ev:
+            norms_only[s] = [e.signal for e in ev]
+    assert with_inputs == norms_only and list(norms_only) == [100, 180]
+    assert all(set(v) == {"global", "h.0", "h.1"} for v in norms_only.values())
+    assert a.state_dict() == b.state_dict()
+
+
+def test_wants_names_what_the_monitor_must_compute():
+    assert SpikeDetector().wants == {"loss", "sample_losses", "update", "weight_norm"}
+    assert SpikeDetector(loss_signal=False, noise_floor=0.0).wants == {"sample_losses", "update"}
+    assert SpikeDetector(mode="fixed", per_token_threshold=100.0).wants == frozenset()
+
+
+def test_event_keys_name_the_metric_read():
+    det = SpikeDetector(warmup_steps=3)
+    for s in range(10):
+        det.update(s, 1.0 + 0.01 * (s % 2), {"h.0": 0.5}, loss=2.0 + 0.01 * (s % 2), update=0.1)
+    events = det.update(10, 50.0, {"h.0": 0.5}, loss=20.0, update=5.0)
+    assert {e.signal: e.key for e in events} == {"global": "grad_norm/global", "loss": "loss",
+                                                 "update": "update/global"}
+    assert [e.is_norm for e in events] == [True, False, False]
+
+
+@pytest.mark.parametrize("field,value", [("loss_min_ratio", 0.5), ("noise_floor", -1e-7), ("noise_floor", 1.0),
+                                         ("loss_signal", "yes")])
+def test_new_fields_are_validated_by_name(field, value):
+    with pytest.raises(ConfigError, match=f"spikes.{field}"):
+        SpikeConfig(**{field: value})
+
