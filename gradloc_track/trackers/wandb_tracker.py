@@ -127,6 +127,12 @@ class WandbTracker(Tracker):
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         self._log(dict(metrics), step)
 
+    def log_metric_records(self, records: Sequence[tuple[Mapping[str, float], int, int]]) -> None:
+        """Many ``(metrics, step, timestamp_ms)`` records in one call (the writer's batch, replay): each
+        step is still its own row; W&B stamps its own time (``_timestamp``)."""
+        for metrics, step, _ts in records:
+            self._log(dict(metrics), step)
+
     def log_params(self, params: Mapping[str, Any]) -> None:
         self.run.config.update(dict(params), allow_val_change=True)
 

@@ -20,5 +20,6 @@ backend takes data again. Nothing here raises into the training loop.
 from ..bounded import CallTimeout
 from ..naming import DROPPED_KEY
 from .async_tracker import AsyncTracker
+from .settings import WriterSettings
 
-__all__ = ["AsyncTracker", "CallTimeout", "DROPPED_KEY"]
+__all__ = ["AsyncTracker", "WriterSettings", "CallTimeout", "DROPPED_KEY"]
