@@ -71,7 +71,7 @@ class AsyncTracker(Tracker):
                                   self._spill, settings)
         # a step of metrics only counts here; the writer is woken when its batch would be full
         self._unsent_values = self._unsent_records = 0
-        self._first = True
+        self._first = True  # the first step wakes the writer at once: it opens the run
         self._wake_records = max(1, min(MAX_PENDING_STEPS, settings.queue_size // 2))
         if spec is not None:
             update_run_record(self.run_dir, name, spec=dict(spec), status=None)
