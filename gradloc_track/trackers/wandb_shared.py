@@ -84,14 +84,13 @@ class SharedRows:
     def _define(self, data: dict[str, Any]) -> None:
         """Each media key against our media step, once; and its folder's glob (``spikes/*``: W&B
         flattens a media value into sub-keys that only globs reach; our media folders hold no metric)."""
-        for key in data.keys() - self._defined:
-            if not self._defined:
-                self.run.define_metric(self.media_step_key)
-            self._defined.add(key)
-            self.run.define_metric(key, step_metric=self.media_step_key)
-            if "/" in key and key.split("/", 1)[0] + "/*" not in self._defined:
-                self._defined.add(key.split("/", 1)[0] + "/*")
-                self.run.define_metric(key.split("/", 1)[0] + "/*", step_metric=self.media_step_key)
+        if not self._defined:
+            self.run.define_metric(self.media_step_key)
+        for key in data:
+            for name in (key, f"{key.split('/', 1)[0]}/*" if "/" in key else key):
+                if name not in self._defined:
+                    self._defined.add(name)
+                    self.run.define_metric(name, step_metric=self.media_step_key)
 
     def _drain(self, at_end: bool) -> None:
         self._drain_metrics(at_end)
