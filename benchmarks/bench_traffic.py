@@ -4,14 +4,19 @@ On an accelerator, norms and clipping are bound by memory traffic, not arithmeti
 with ``gradloc_track.traffic.TrafficCounter`` (a TorchDispatchMode adding up the bytes each ATen
 op reads and writes over the watched storages; views left out), what one call costs, for every
 configuration, next to ``clip_grad_norm_(foreach=True)``. Hardware-independent: it holds for GPU
-runs we cannot time here. Three tables:
+runs we cannot time here. Five tables:
 
 1. the monitor/clipper call (``GradMonitor.after_backward``, ``clip()``, ``watch()``'s step),
    non-logging and logging steps, finite and with a NaN;
 2. the same without an optimizer guard (the clipper must zero a bad step's gradients itself);
-3. what the skip costs inside ``optimizer.step()`` over parameters + optimizer state, per mode.
+3. the whole step (the call + ``optimizer.step()``) over gradients and weights, with fused and with
+   foreach AdamW, next to ``clip_grad_norm_`` + the same optimizer, counted in the same run: a
+   single-coefficient clip beside a fused optimizer rides in its kernel (``grad_scale``);
+4. what the skip costs inside ``optimizer.step()`` over parameters + optimizer state, per mode;
+5. how far that kernel-applied clip lands from ``clip_grad_norm_`` + fused AdamW after N steps
+   (the kernel divides by ``1/coef`` where ``clip_grad_norm_`` multiplies by ``coef``).
 
-    python benchmarks/bench_traffic.py
+    python benchmarks/bench_traffic.py [--small]   # --small: a 2-layer d=32 model (same counts)
 """
 from __future__ import annotations
 
@@ -40,9 +45,12 @@ CLIPPERS: dict[str, Callable] = {
 }
 
 
+SIZE = {"n_layer": 4, "n_head": 4, "d_model": 128}
+
+
 def make_model() -> TinyGPT:
     torch.manual_seed(0)
-    return TinyGPT(vocab_size=VOCAB, n_layer=4, n_head=4, d_model=128, max_seq_len=SEQ)
+    return TinyGPT(vocab_size=VOCAB, max_seq_len=SEQ, **SIZE)
 
 
 def backward(model, seed: int, nan: bool = False) -> None:
@@ -122,6 +130,111 @@ def print_calls(title: str, rows: list[tuple]) -> None:
         print(f"{name:<50}{a:>12.2f}{b:>10.2f}{c:>9.2f}{w:>11.2f}")
 
 
+def adamw(model, fused: bool) -> torch.optim.AdamW:
+    return torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1, fused=fused, foreach=not fused)
+
+
+def step_configs() -> dict[str, Callable]:
+    """name -> make(model, opt) -> step(s): everything after backward, ``optimizer.step()`` included."""
+    def baseline(m, opt):
+        return lambda s: (torch.nn.utils.clip_grad_norm_(m.parameters(), 0.5, foreach=True), opt.step())
+
+    def monitored(make_clipper):
+        def make(m, opt):
+            mon = GradMonitor(m, tracker=MemoryTracker(), clipper=make_clipper(m) if make_clipper else None,
+                              optimizer=opt, log_every=2)
+            return lambda s: (mon.after_backward(s), opt.step())
+        return make
+
+    def watched(clip):
+        def make(m, opt):
+            gradloc_track.watch(m, opt, tracker=MemoryTracker(), log_every=2, locate=False,
+                                **({"clip": clip} if clip else {}))
+            return lambda s: opt.step()  # watch()'s step pre-hook runs the monitor and the clip
+        return make
+
+    configs = {"clip_grad_norm_(foreach=True) + step": baseline,
+               "step alone (no clipping, no guard)": lambda m, opt: (lambda s: opt.step()),
+               "GradMonitor(optimizer=) alone (skip guard)": monitored(None)}
+    configs.update({f"GradMonitor(optimizer=) + {name}": monitored(make) for name, make in CLIPPERS.items()})
+    configs["GradMonitor(optimizer=) + NoClip"] = monitored(NoClip)
+    configs["watch(model, opt)"] = watched(None)
+    configs["watch(model, opt, clip='global')"] = watched("global")
+    configs["watch(model, opt, clip='adagc')"] = watched({"kind": "adagc", "warmup_steps": 1})
+    return configs
+
+
+def step_traffic(make: Callable, fused: bool, warm: int = 3) -> tuple[float, float]:
+    """(gradients, weights) read+written by one whole non-logging step, in gradient sizes."""
+    model = make_model()
+    step = make(model, adamw(model, fused))
+    for s in range(1, warm + 1):  # odd steps: past every warm-up, none logging (log_every=2)
+        backward(model, s)
+        step(2 * s + 1)
+    backward(model, 2 * warm + 3)
+    counter = count(model, lambda: step(2 * warm + 3))
+    size = counter.size["grads"]
+    return counter.multiples("grads")["total"], (counter.bytes["weights"]["read"] + counter.bytes["weights"][
+        "write"]) / size
+
+
+def step_table() -> None:
+    print("\nthe whole step (the call + optimizer.step()), non-logging: gradient and weight traffic in gradient "
+          "sizes (read + written), AdamW fused / foreach")
+    print(f"{'configuration':<50}{'fused: grads':>13}{'weights':>9}{'total':>7}{'vs clip_grad_norm_':>20}"
+          f"{'foreach: grads':>16}{'weights':>9}{'total':>7}")
+    base = {}
+    for name, make in step_configs().items():
+        cells = []
+        for fused in (True, False):
+            g, w = step_traffic(make, fused)
+            base.setdefault(fused, g + w)
+            cells.append((g, w, g + w, (g + w) / base[fused]))
+        (fg, fw, ft, fr), (xg, xw, xt, _) = cells
+        print(f"{name:<50}{fg:>13.2f}{fw:>9.2f}{ft:>7.2f}{fr:>20.3f}{xg:>16.2f}{xw:>9.2f}{xt:>7.2f}")
+
+
+def _trained(kind: str, steps: int) -> TinyGPT:
+    """The model after ``steps`` clipped steps with fused AdamW: ``clip_grad_norm_`` ("ref"), or GlobalClip
+    through the monitor with the guard in ``kind`` mode (auto: the clip in the kernel's grad_scale;
+    sync: the clipper's own multiply, the same optimizer)."""
+    model = make_model()
+    opt = adamw(model, True)
+    if kind == "ref":
+        def clip(s):
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05, foreach=True)
+    else:
+        mon = GradMonitor(model, tracker=MemoryTracker(), clipper=GlobalClip(model, max_norm=0.05, skip_step=kind),
+                          optimizer=opt, log_every=1000)
+        assert mon.skip_guard.mode == ("fused" if kind == "auto" else kind)
+
+        def clip(s):
+            assert mon.after_backward(s + 1).clip.deferred == (kind == "auto")
+    for s in range(steps):
+        backward(model, s)
+        clip(s)
+        opt.step()
+    return model
+
+
+def equality_table() -> None:
+    """GlobalClip through fused AdamW's grad_scale against clip_grad_norm_ + fused AdamW after N steps
+    (max_norm=0.05: every step clipped); the clipper's own multiply beside the same optimizer as a yardstick
+    (it differs from clip_grad_norm_ only in how the global norm is summed)."""
+    print("\nparameters after N steps against clip_grad_norm_(0.05) + fused AdamW (every step clipped): "
+          "max over tensors of ||ours - ref|| / ||ref||, max elementwise |ours - ref|")
+    print(f"{'N':>4}{'grad_scale in the kernel':>34}{'own multiply (sync guard)':>34}")
+    for steps in (1, 3, 20):
+        ref = list(_trained("ref", steps).parameters())
+        cells = []
+        for kind in ("auto", "sync"):
+            ours = list(_trained(kind, steps).parameters())
+            rel = max(float((a - b).norm() / b.norm()) for a, b in zip(ours, ref))
+            absd = max(float((a - b).abs().max()) for a, b in zip(ours, ref))
+            cells.append(f"{rel:.1e} / {absd:.1e}")
+        print(f"{steps:>4}{cells[0]:>34}{cells[1]:>34}")
+
+
 def skip_table() -> None:
     """Traffic of optimizer.step() over parameters + optimizer state, by skip mode (finite step)."""
     print("\noptimizer.step() with AdamW, over parameters + optimizer state (multiples of the parameter size)")
@@ -152,6 +265,8 @@ def skip_table() -> None:
 
 
 def main() -> None:
+    if "--small" in sys.argv:
+        SIZE.update(n_layer=2, n_head=2, d_model=32)
     warnings.simplefilter("ignore")  # the unguarded skip's one-time advice (table 2 is about it)
     n = sum(p.numel() for p in make_model().parameters())
     print(f"model: TinyGPT 4x128, {n / 1e6:.2f}M parameters; gradient traffic per call in gradient sizes "
@@ -160,7 +275,9 @@ def main() -> None:
                 call_table(guard=True))
     print_calls("the call, no guard (the optimizer is unknown: a bad step's gradients are zeroed)",
                 call_table(guard=False))
+    step_table()
     skip_table()
+    equality_table()
 
 
 if __name__ == "__main__":

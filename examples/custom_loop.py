@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -23,9 +24,10 @@ import gradloc_track
 from gradloc_track.artifacts import SpikeArtifactWriter
 from gradloc_track.clip import ZClip
 from gradloc_track.config import LocateConfig, TrackerConfig
-from gradloc_track.console import TrainConsole, view_commands
+from gradloc_track.console import TrainConsole, closing_lines
 from gradloc_track.demo.data import ByteTokenizer
 from gradloc_track.demo.model import TinyGPT
+from gradloc_track.demo.threads import set_threads
 from gradloc_track.localizer import save_rng
 from gradloc_track.spikes import SpikeContext, SpikeDetector
 from gradloc_track.trackers.quiet import quiet_backend_noise
@@ -64,25 +66,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--tracker", default="none", choices=["none", "mlflow", "wandb"],
                     help="none: files in the run dir; mlflow: ./mlflow.db; wandb: W&B's own mode (WANDB_MODE)")
     ap.add_argument("--out", default="runs/custom_loop", help="the run dir (artifacts, spool, run record)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: half the cores, at most 4)")
     return ap.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> list[int]:
     """Train; the steps the detector fired on."""
     args = parse_args(argv)
+    set_threads(args.threads)
     torch.manual_seed(0)
     tokenizer = ByteTokenizer()
     model = TinyGPT(vocab_size=256, n_layer=2, n_head=2, d_model=64, max_seq_len=T, dropout=0.1)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    run_dir = Path(args.out)
-    spikes = []
+    run_dir, name = Path(args.out), f"custom_loop seed=0 {time.strftime('%m-%d %H:%M:%S')}"  # apart in MLflow
     # ---
     console = TrainConsole(stream=sys.stdout)  # prints the spike block
-    tracker = gradloc_track.make_tracker(TrackerConfig(kind=args.tracker), run_dir=run_dir)
+    tracker = gradloc_track.make_tracker(TrackerConfig(kind=args.tracker), run_dir=run_dir, run_name=name)
     monitor = gradloc_track.GradMonitor(
         model, tracker=tracker, clipper=ZClip(model), optimizer=opt,  # or AdaGC, LayerClip, GlobalClip
         detector=SpikeDetector(), locate_config=LocateConfig(),
         artifact_writer=SpikeArtifactWriter(tracker, run_dir))
+    spikes = []  # the GradStats of each step whose spike fired
     for step in range(args.steps):
         x, y, mask = get_batch(step, tokenizer, args.inject_at)  # (B, T) each
         n_tokens = mask.sum()  # the FIXED normaliser: the whole batch's loss-term count
@@ -97,15 +101,13 @@ def main(argv: list[str] | None = None) -> list[int]:
             loss_fn, mask, input_ids=y, tokenizer=tokenizer, rng_state=rng))
         opt.step()  # ZClip clipped the gradients in after_backward
         opt.zero_grad(set_to_none=True)
-        if stats.events:  # a spike: the signal, the culprit text, where the artifacts are
-            console.spike(step, stats.events, stats.locate, tokenizer, y, run_dir, not_localized=stats.not_localized)
-            spikes.append(step)
+        if stats.events:  # a spike: the signal, the culprit text, level and share, where the artifacts are
+            console.spike(stats, run_dir)
+            spikes.append(stats)
     tracker.finish()
+    console.summary(closing_lines(f"done: {args.steps} steps", spikes, run_dir))  # and how to look at the run
     # ---
-    print(f"done: {args.steps} steps, spikes at {spikes or 'none'}; run dir {run_dir}; look at the results:")
-    print("\n".join(view_commands(run_dir)))  # the MLflow UI and links, W&B sync, the report
-    return spikes
-
+    return [s.step for s in spikes]
 
 if __name__ == "__main__":
     quiet_backend_noise()  # our command: no MLflow store-creation lines or download bars

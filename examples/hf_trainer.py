@@ -5,8 +5,9 @@
     python examples/hf_trainer.py --report-to none         # local files under --out only
 
 A corrupted document (a few bytes of mojibake, the rest padding) lands in the second micro-batch
-of step ``--inject-at``. The callback sees the gradient spike, names the garbage tokens and their
-micro-batch, and writes the token table (``spikes/tokens``), the highlighted text
+of step ``--inject-at`` (Trainer's step numbers: its first update is step 1). The callback sees the
+gradient spike and prints the spike block (the garbage text, its level and share, the run's
+link), and writes the token table (``spikes/tokens``), the highlighted text
 (``spikes/highlight``) and the layer heatmap (``spikes/heatmap``) into Trainer's own run, beside
 Trainer's ``loss`` and ``grad_norm``. The only gradloc-track line is the callback.
 """
@@ -14,28 +15,37 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+import time
+import warnings
 from pathlib import Path
 
 import torch
 
+from gradloc_track.console import TrainConsole, closing_lines
 from gradloc_track.demo.data import ByteTokenizer
+from gradloc_track.demo.extras import need
+from gradloc_track.demo.threads import set_threads
 from gradloc_track.trackers.quiet import quiet_backend_noise
 
 PAD = 0  # byte 0 never occurs in the corpus
 
 
-def samples(steps: int, accum: int, micro: int, seq: int, inject_at: int, span: int) -> list[dict]:
+def samples(steps: int, accum: int, micro: int, seq: int, inject_at: int, span: int, first_step: int = 0) -> list[dict]:
     """Every step's micro-batches as samples in training order (HF style: input_ids, labels, mask).
 
     The text is the alphabet from a random letter on ("qrstuvwxyzabc..."), which a tiny model
     learns within ~50 steps, so that one corrupted document later stands out as it would in a
     trained model. Byte-level tokens (``ByteTokenizer``) keep the decoded text readable.
+    ``first_step``: the number the trainer gives its first update (Trainer: 1, Lightning: 0), so
+    the garbage lands in the update the trainer logs as ``inject_at``.
     """
     alphabet = torch.tensor(list(b"abcdefghijklmnopqrstuvwxyz"))
     out = []
-    for step in range(steps):
+    for update in range(steps):
+        step = update + first_step
         for k in range(accum):
-            g = torch.Generator().manual_seed(step * accum + k)
+            g = torch.Generator().manual_seed(update * accum + k)
             start = torch.randint(0, 26, (micro, 1), generator=g)
             ids = alphabet[(start + torch.arange(seq)) % 26]  # (B, T)
             att = torch.ones_like(ids)
@@ -49,21 +59,27 @@ def samples(steps: int, accum: int, micro: int, seq: int, inject_at: int, span: 
     return out
 
 
-def main(argv: list[str] | None = None):
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=80)
-    ap.add_argument("--inject-at", type=int, default=60)
+    ap.add_argument("--inject-at", type=int, default=60, help="the step (as Trainer numbers it) of the garbage")
     ap.add_argument("--span", type=int, default=6, help="loss tokens of the garbage document")
     ap.add_argument("--accum", type=int, default=2, help="gradient_accumulation_steps")
     ap.add_argument("--micro", type=int, default=4, help="per_device_train_batch_size")
     ap.add_argument("--seq", type=int, default=32)
     ap.add_argument("--report-to", default="mlflow", choices=["mlflow", "wandb", "none"])
     ap.add_argument("--out", default="runs/hf_trainer")
-    ap.add_argument("--threads", type=int, default=None)
-    args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: half the cores, at most 4)")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None):
+    args = parse_args(argv)
+    need("transformers", "accelerate")  # pip install 'gradloc-track[examples]'
+    set_threads(args.threads)
+    warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")  # their deprecations
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+    from transformers.trainer_callback import PrinterCallback
 
     from gradloc_track.integrations.hf import GradLocCallback
 
@@ -82,13 +98,17 @@ def main(argv: list[str] | None = None):
         max_steps=args.steps, learning_rate=1e-2, lr_scheduler_type="constant", logging_steps=1,
         # Trainer's default max_grad_norm=1.0 stays: the callback takes that clipping over and clips with AdaGC
         report_to=[] if args.report_to == "none" else [args.report_to], save_strategy="no",
-        train_sampling_strategy="sequential", use_cpu=True, disable_tqdm=True, seed=0)
-    data = samples(args.steps, args.accum, args.micro, args.seq, args.inject_at, args.span)
-    Trainer(model=model, args=targs, train_dataset=data, callbacks=[callback]).train()
-    for stats in callback.handle.spikes:
-        found = [(c.level, c.micro_batch, c.batch, c.start) for c in (stats.locate.culprits if stats.locate else [])]
-        print(f"spike at step {stats.step}: {[e.signal for e in stats.events]}, culprits "
-              f"(level, micro_batch, sample, position): {found}")
+        train_sampling_strategy="sequential", use_cpu=True, disable_tqdm=True, seed=0,
+        run_name=f"hf_trainer seed=0 {time.strftime('%m-%d %H:%M:%S')}")  # tells runs apart in the chart view
+    data = samples(args.steps, args.accum, args.micro, args.seq, args.inject_at, args.span, first_step=1)
+    print(f"step {args.inject_at}: a {args.span + 1}-byte garbage document goes into sample 1 of micro-batch "
+          f"{args.accum - 1}", file=sys.stderr)
+    t0 = time.perf_counter()
+    trainer = Trainer(model=model, args=targs, train_dataset=data, callbacks=[callback])
+    trainer.remove_callback(PrinterCallback)  # Trainer's per-step dicts would bury the spike block
+    trainer.train()
+    TrainConsole().summary(closing_lines(f"done: {args.steps} steps in {time.perf_counter() - t0:.0f} s",
+                                         callback.handle.spikes, Path(args.out)))
     return callback
 
 

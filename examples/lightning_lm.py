@@ -5,13 +5,16 @@
     python examples/lightning_lm.py --logger none         # local files under --out only
 
 The same corrupted document as examples/hf_trainer.py lands in the second micro-batch of step
-``--inject-at``; the callback localizes it and writes the token table, highlighted text and layer
-heatmap into the logger's run. The only gradloc-track line is the callback.
+``--inject-at`` (Lightning's step numbers: its first update is step 0); the callback localizes it,
+prints the spike block and writes the token table, highlighted text and layer heatmap into the
+logger's run. The only gradloc-track line is the callback.
 """
 from __future__ import annotations
 
 import argparse
 import sys
+import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -19,23 +22,31 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hf_trainer import samples  # noqa: E402  (the same data and injected document)
 
-from gradloc_track.trackers.quiet import quiet_backend_noise
+from gradloc_track.console import TrainConsole, closing_lines  # noqa: E402
+from gradloc_track.demo.extras import need  # noqa: E402
+from gradloc_track.demo.threads import set_threads  # noqa: E402
+from gradloc_track.trackers.quiet import quiet_backend_noise  # noqa: E402
 
 
-def main(argv: list[str] | None = None):
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=80)
-    ap.add_argument("--inject-at", type=int, default=60)
+    ap.add_argument("--inject-at", type=int, default=60, help="the step (as Lightning numbers it) of the garbage")
     ap.add_argument("--span", type=int, default=6)
     ap.add_argument("--accum", type=int, default=2, help="accumulate_grad_batches")
     ap.add_argument("--micro", type=int, default=4)
     ap.add_argument("--seq", type=int, default=32)
     ap.add_argument("--logger", default="mlflow", choices=["mlflow", "wandb", "none"])
     ap.add_argument("--out", default="runs/lightning_lm")
-    ap.add_argument("--threads", type=int, default=None)
-    args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: half the cores, at most 4)")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None):
+    args = parse_args(argv)
+    need("lightning", "transformers")  # pip install 'gradloc-track[examples]'
+    set_threads(args.threads)
+    warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")  # their deprecations
     import lightning.pytorch as L
     from torch.utils.data import DataLoader
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -63,15 +74,16 @@ def main(argv: list[str] | None = None):
     model = GPT2LMHeadModel(GPT2Config(vocab_size=256, n_positions=args.seq, n_embd=32, n_layer=2, n_head=2,
                                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=None,
                                        eos_token_id=None))
+    name = f"lightning_lm seed=0 {time.strftime('%m-%d %H:%M:%S')}"  # tells runs apart in the chart view
     if args.logger == "mlflow":
         from lightning.pytorch.loggers import MLFlowLogger
 
-        logger = MLFlowLogger(experiment_name="gradloc-track-lightning",
+        logger = MLFlowLogger(experiment_name="gradloc-track-lightning", run_name=name,
                               tracking_uri=f"sqlite:///{Path.cwd() / 'mlflow.db'}")
     elif args.logger == "wandb":
         from lightning.pytorch.loggers import WandbLogger
 
-        logger = WandbLogger(project="gradloc-track-lightning", save_dir=args.out)
+        logger = WandbLogger(project="gradloc-track-lightning", name=name, save_dir=args.out)
     else:
         logger = False
     callback = GradLocCallback(                          # <- gradloc-track
@@ -82,13 +94,13 @@ def main(argv: list[str] | None = None):
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         default_root_dir=args.out)
     data = samples(args.steps, args.accum, args.micro, args.seq, args.inject_at, args.span)
+    print(f"step {args.inject_at}: a {args.span + 1}-byte garbage document goes into sample 1 of micro-batch "
+          f"{args.accum - 1}", file=sys.stderr)
+    t0 = time.perf_counter()
     trainer.fit(CausalLM(model), DataLoader(data, batch_size=args.micro, shuffle=False))
-    for stats in callback.handle.spikes:
-        found = [(c.level, c.micro_batch, c.batch, c.start) for c in (stats.locate.culprits if stats.locate else [])]
-        print(f"spike at step {stats.step}: {[e.signal for e in stats.events]}, culprits "
-              f"(level, micro_batch, sample, position): {found}")
+    TrainConsole().summary(closing_lines(f"done: {args.steps} steps in {time.perf_counter() - t0:.0f} s",
+                                         callback.handle.spikes, Path(args.out)))
     return callback
-
 
 if __name__ == "__main__":
     quiet_backend_noise()  # our command: no MLflow store-creation lines or download bars

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import random
+import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,8 +27,10 @@ import torch.nn.functional as F
 from gradloc_track import GradMonitor
 from gradloc_track.artifacts import SpikeArtifactWriter
 from gradloc_track.config import LocateConfig, TrackerConfig
+from gradloc_track.console import TrainConsole, closing_lines
 from gradloc_track.demo.data import ByteTokenizer
 from gradloc_track.demo.model import TinyGPT
+from gradloc_track.demo.threads import set_threads
 from gradloc_track.spikes import SpikeContext, SpikeDetector
 from gradloc_track.trackers import make_tracker
 from gradloc_track.trackers.quiet import quiet_backend_noise
@@ -81,7 +85,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--tracker", default="none", choices=["none", "mlflow", "wandb", "both"])
     ap.add_argument("--out-dir", default="runs/rl_grpo")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: half the cores, at most 4)")
     return ap.parse_args(argv)
 
 
@@ -125,7 +129,7 @@ def inject_stale_logprobs(r: Rollout, behaviour: torch.Tensor, step: int) -> dic
     behaviour[k, PROMPT_LEN - 1:] -= 6.0
     injected = {"step": step, "sample": k, "positions": list(range(PROMPT_LEN - 1, behaviour.shape[1]))}
     print(f"step {step}: stale log-probs injected into response {k} ({r.answers[k]!r}), "
-          f"positions {injected['positions']}")
+          f"positions {injected['positions']}", file=sys.stderr)
     return injected
 
 
@@ -144,6 +148,7 @@ def grpo_loss(policy: TinyGPT, x, y, mask, behaviour, adv_bt, cache: dict[str, t
 
 @dataclass
 class Results:
+    spikes: list = field(default_factory=list)  # the GradStats of each step whose spike fired
     events_at: list[int] = field(default_factory=list)
     localized: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     rewards_seen: list[float] = field(default_factory=list)
@@ -152,6 +157,8 @@ class Results:
 
 def train(args, policy: TinyGPT, opt, monitor: GradMonitor, tracker, rng, gen) -> Results:
     res = Results()
+    console = TrainConsole()
+    which = torch.arange(args.prompts * args.group)  # (B,) a response's group (its prompt) and index in it
     for step in range(args.steps):
         r = rollout(policy, args, rng, gen)
         res.rewards_seen.append(float(r.rewards.mean()))
@@ -166,11 +173,14 @@ def train(args, policy: TinyGPT, opt, monitor: GradMonitor, tracker, rng, gen) -
         loss_fn(mask).backward()
         ctx = SpikeContext(loss_fn, mask, input_ids=y, tokenizer=TOK, rng_state=rng_state,
                            extra_columns={"advantage": adv_bt, "ratio": cache["ratio"], "logprob": cache["logp"]},
-                           sample_columns={"reward": r.rewards})
+                           sample_columns={"reward": r.rewards, "group": which // args.group,
+                                           "index": which % args.group})
         stats = monitor.after_backward(step, spike_context=ctx)
         opt.step()
         tracker.log_metrics({"rl/reward": res.rewards_seen[-1]}, step)
-        if stats.events:
+        if stats.events:  # the block names "completion i of group g, reward r", its tokens and share
+            console.spike(stats, Path(args.out_dir))
+            res.spikes.append(stats)
             res.events_at.append(step)
         if stats.locate is not None:
             res.localized[step] = [(c.batch, c.position) for c in stats.locate.tokens]
@@ -179,8 +189,7 @@ def train(args, policy: TinyGPT, opt, monitor: GradMonitor, tracker, rng, gen) -
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
@@ -189,7 +198,8 @@ def main(argv: list[str] | None = None) -> dict:
     policy = TinyGPT(vocab_size=256, n_layer=2, n_head=2, d_model=64, max_seq_len=PROMPT_LEN + RESP_LEN)
     pretrain(policy, args.pretrain_steps, rng)
     opt = torch.optim.AdamW(policy.parameters(), lr=5e-4)
-    tracker = make_tracker(TrackerConfig(kind=args.tracker), run_dir=out, run_name="rl_grpo")
+    name = f"rl_grpo seed={args.seed} {time.strftime('%m-%d %H:%M:%S')}"  # tells runs apart in the chart view
+    tracker = make_tracker(TrackerConfig(kind=args.tracker), run_dir=out, run_name=name)
     monitor = GradMonitor(policy, tracker=tracker, detector=SpikeDetector(warmup_steps=10),
                           locate_config=LocateConfig(), artifact_writer=SpikeArtifactWriter(tracker, run_dir=out))
     status = "failed"
@@ -200,10 +210,8 @@ def main(argv: list[str] | None = None) -> dict:
         tracker.finish(status)
     summary = {"events_at": res.events_at, "localized": res.localized, "injected": res.injected,
                "mean_reward": sum(res.rewards_seen[-10:]) / max(1, len(res.rewards_seen[-10:]))}
-    print(f"spike events at steps {res.events_at}")
-    if res.injected:
-        print(f"injected: response {res.injected['sample']} positions {res.injected['positions']}; "
-              f"localized at step {res.injected['step']}: {res.localized.get(res.injected['step'])}")
+    TrainConsole().summary(closing_lines(f"done: {args.steps} steps, mean reward of the last 10 "
+                                         f"{summary['mean_reward']:.2f}", res.spikes, out))
     return summary
 
 

@@ -35,9 +35,10 @@ from gradloc_track.demo.config import DemoConfig, register_configs
 from gradloc_track.console import TrainConsole, summary_lines
 from gradloc_track.demo.data import TextBatches, load_corpus
 from gradloc_track.demo.gate import SampleGate, sample_columns
-from gradloc_track.demo.inject import PAD_ID, inject
+from gradloc_track.demo.inject import inject
 from gradloc_track.demo.model import build_model
 from gradloc_track.demo.optim import make_optimizer, make_schedule
+from gradloc_track.demo.threads import set_threads
 from gradloc_track.demo.tokenizer import make_tokenizer
 from gradloc_track.localizer import save_rng
 from gradloc_track.spikes import SpikeContext, SpikeDetector, spike_score
@@ -117,8 +118,7 @@ def close_distributed(started: bool, success: bool) -> None:
 def setup(cfg: DemoConfig, console: TrainConsole) -> Setup:
     """Seed, tokenizer, process group, model, optimizer, schedule and data, in that order."""
     tc = cfg.train
-    if tc.num_threads:
-        torch.set_num_threads(tc.num_threads)
+    set_threads(tc.num_threads)  # null: half the cores, at most 4 (gradloc_track/demo/threads.py)
     torch.manual_seed(tc.seed)
     device = torch.device(tc.device)
     corpus = load_corpus(tc.corpus)
@@ -197,10 +197,12 @@ class History:
     losses: list[float] = field(default_factory=list)
     norms: list[float] = field(default_factory=list)
     post_norms: list[float] = field(default_factory=list)  # what the optimizer saw (after clipping)
-    events_at: list[int] = field(default_factory=list)
-    culprit_text: dict[int, list[str]] = field(default_factory=dict)
-    not_localized: dict[int, str] = field(default_factory=dict)  # step -> why (locate.enabled=false, ...)
+    spikes: list[Any] = field(default_factory=list)  # the GradStats of each step whose spike fired
     seconds: float = 0.0
+
+    @property
+    def events_at(self) -> list[int]:
+        return [st.step for st in self.spikes]
 
 
 def get_batch(cfg: DemoConfig, s: Setup, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict]:
@@ -212,8 +214,7 @@ def get_batch(cfg: DemoConfig, s: Setup, step: int) -> tuple[torch.Tensor, torch
     source = ["corpus"] * x.shape[0]
     inj = cfg.train.inject
     if inj.at(step) and s.rank == inj.rank % s.world:
-        positions = inject(inj.kind, x, y, mask, inj.sample, inj.span, seed=1234 + step, junk_ids=s.junk_ids,
-                           pad_id=getattr(s.tokenizer, "pad_id", PAD_ID))
+        positions = inject(inj.kind, x, y, mask, inj.sample, inj.span, seed=1234 + step, junk_ids=s.junk_ids)
         source[inj.sample] = f"injected:{inj.kind}"
         s.console.print(f"step {step}: injected {inj.kind} into sample {inj.sample} "
                         f"(loss positions {positions[0]}-{positions[-1]}: "
@@ -248,7 +249,7 @@ def train(cfg: DemoConfig, s: Setup, monitor: GradMonitor, tracker: Tracker, run
         log_step(cfg, s, tracker, h, step, loss, stats)
         log_left_out(s, tracker, step)
         if stats.events:
-            show_spike(s, h, step, stats, y, run_dir)
+            show_spike(s, h, step, stats, run_dir)
     h.seconds = time.perf_counter() - t0
     return h
 
@@ -276,19 +277,11 @@ def log_left_out(s: Setup, tracker: Tracker, step: int) -> None:
         tracker.log_metrics(metrics, step)
 
 
-def show_spike(s: Setup, h: History, step: int, stats: Any, y: torch.Tensor, run_dir: Path) -> None:
-    """One console block per spike: the culprit text and where the artifacts are."""
-    h.events_at.append(step)
-    # the artifacts' view: under DDP rank 0 holds every culprit's sample (gathered ids)
-    shown, shown_ctx = stats.locate_view or (stats.locate, None)
-    ids = shown_ctx.input_ids if shown_ctx is not None and shown_ctx.input_ids is not None else y
-    s.console.spike(step, stats.events, shown, s.tokenizer, ids, run_dir, not_localized=stats.not_localized,
-                    surgery=stats.surgery)
-    if stats.not_localized:
-        h.not_localized[step] = stats.not_localized
-    if shown is not None:
-        h.culprit_text[step] = [s.tokenizer.decode([int(ids[c.batch, c.position])]) for c in
-                                sorted(shown.tokens, key=lambda c: (c.batch, c.position))]
+def show_spike(s: Setup, h: History, step: int, stats: Any, run_dir: Path) -> None:
+    """One console block per spike: the signal, the culprit text, level and share, where to look."""
+    h.spikes.append(stats)
+    # under DDP rank 0 shows every culprit's sample (gathered); the other ranks' consoles are silent
+    s.console.spike(stats, run_dir)
 
 
 # -- the summary ----------------------------------------------------------------------------------
@@ -343,8 +336,7 @@ def train_lm(cfg: DemoConfig, run_dir: str | Path, resolved_yaml: str | None = N
         s.console.close()
         tracker.finish(status)
         close_distributed(s.started, status == "success")
-    s.console.summary(summary_lines(cfg.train.steps, cfg.clip.kind, summary, h.events_at, h.culprit_text, run_dir,
-                                    h.not_localized))
+    s.console.summary(summary_lines(cfg.train.steps, cfg.clip.kind, summary, h.spikes, run_dir))
     return summary
 
 
@@ -362,6 +354,20 @@ def swept_run_name(base: str | None, job_overrides: list[str], argv: list[str]) 
     parts = [o for o in job_overrides if o.split("=", 1)[0].lstrip("+~") in swept]
     label = ",".join(parts)
     return f"{base}[{label}]" if base and label else (base or label or "run")
+
+
+def job_run_name(cfg: DemoConfig, job_overrides: list[str], argv: list[str], multirun: bool) -> str:
+    """The tracker run's name: ``spike_demo clip=adagc seed=0 11-25 17:36:05`` (the experiment, the
+    clipper, the seed, the start), so every run tells apart in the experiment's chart view; under
+    ``-m`` the swept overrides instead of the clipper (``spike_demo[clip=adagc] seed=0 ...``). A
+    ``run_name=`` the user passed is kept as given (plus the swept overrides)."""
+    name = swept_run_name(cfg.run_name, job_overrides, argv) if multirun else cfg.run_name
+    if any(o.split("=", 1)[0].lstrip("+~") == "run_name" for o in job_overrides):
+        return name
+    parts = [name or "train_lm"]
+    parts += [] if "clip=" in parts[0] else [f"clip={cfg.clip.kind}"]
+    parts += [] if "seed=" in parts[0] else [f"seed={cfg.train.seed}"]
+    return " ".join(parts + [time.strftime("%m-%d %H:%M:%S")])
 
 
 def remove_if_empty(run_dir: Path, out_dir: Path) -> None:
@@ -387,9 +393,7 @@ def main(cfg: DictConfig) -> float:
     except ConfigError as exc:
         remove_if_empty(run_dir.resolve(), out_dir)
         sys.exit(f"error: {exc}")  # printed once, by sys.exit
-    # multirun: one tracker run per job, named by the swept overrides, so runs compare side by side
-    if str(hc.mode) == "RunMode.MULTIRUN":
-        conf.run_name = swept_run_name(conf.run_name, list(hc.overrides.task), sys.argv[1:])
+    conf.run_name = job_run_name(conf, list(hc.overrides.task), sys.argv[1:], str(hc.mode) == "RunMode.MULTIRUN")
     try:
         summary = train_lm(conf, run_dir, resolved_yaml=OmegaConf.to_yaml(cfg, resolve=True))
     except Exception:

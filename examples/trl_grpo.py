@@ -12,17 +12,24 @@ are stale by 6 nats (a bug of the kind GradLoc was built to find): its importanc
 and since its advantage is negative PPO's clip does not bound it. The callback sees the spike,
 names that completion's tokens with their advantage, ratio, log-probs and the completion's reward,
 group and index, and writes the table, the highlight page (prompt and completion apart) and the
-heatmap into TRL's own MLflow run, beside TRL's ``reward``, ``kl``, ``clip_ratio`` metrics.
-The only gradloc-track line is the callback.
+heatmap into TRL's own MLflow run, beside TRL's ``reward``, ``kl``, ``clip_ratio`` metrics;
+the console block names it ``completion i of group g, reward r``. The only gradloc-track line is
+the callback.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import sys
+import time
+import warnings
 from pathlib import Path
 
 import torch
 
+from gradloc_track.console import TrainConsole, closing_lines
+from gradloc_track.demo.extras import need
+from gradloc_track.demo.threads import set_threads
 from gradloc_track.trackers.quiet import quiet_backend_noise
 
 STALE = 6.0  # nats: the injected completion's ratio is ~e^6 (~400)
@@ -78,14 +85,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--completion-len", type=int, default=12)
     ap.add_argument("--report-to", default="mlflow", choices=["mlflow", "wandb", "none"])
     ap.add_argument("--out", default="runs/trl_grpo")
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: half the cores, at most 4)")
     return ap.parse_args(argv)
 
 
 def main(argv: list[str] | None = None):
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    need("transformers", "trl", "datasets", "tokenizers")  # pip install 'gradloc-track[examples]'
+    set_threads(args.threads)
+    warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")  # their deprecations
     from datasets import Dataset
     from transformers import GPT2Config, GPT2LMHeadModel
     from transformers.trainer_callback import PrinterCallback
@@ -111,22 +119,22 @@ def main(argv: list[str] | None = None):
         max_completion_length=args.completion_len, num_iterations=2, loss_type=args.loss_type, max_steps=args.steps,
         learning_rate=1e-3, lr_scheduler_type="constant", logging_steps=1,
         report_to=[] if args.report_to == "none" else [args.report_to], save_strategy="no", use_cpu=True,
-        disable_tqdm=True, bf16=False, seed=0)  # fp32 on CPU (TRL defaults to bf16 autocast)
+        disable_tqdm=True, bf16=False, seed=0,  # fp32 on CPU (TRL defaults to bf16 autocast)
+        run_name=f"trl_grpo {args.loss_type} seed=0 {time.strftime('%m-%d %H:%M:%S')}")  # apart in the chart view
     injected: dict = {}
     trainer_cls = stale_logprob_trainer(GRPOTrainer, args.inject_at, injected)
     data = Dataset.from_dict({"prompt": prompts(4 * args.steps)})
     trainer = trainer_cls(model=model, reward_funcs=prose_reward, args=config, train_dataset=data,
                           processing_class=tok, callbacks=[callback])
     trainer.remove_callback(PrinterCallback)  # TRL's per-step dicts would bury the spike block
+    t0 = time.perf_counter()
     trainer.train()
     if injected:
         print(f"injected: step {injected['step']}, sample {injected['sample']} (advantage "
-              f"{injected['advantage']:.3f}): {bpe.decode(injected['tokens'])!r}")
-    for stats in callback.handle.spikes:
-        found = [(c.level, c.micro_batch, c.batch, c.start) for c in (stats.locate.culprits if stats.locate else [])]
-        print(f"spike at step {stats.step}: culprits (level, micro_batch, sample, position): {found}")
+              f"{injected['advantage']:.3f}): {bpe.decode(injected['tokens'])!r}", file=sys.stderr)
+    TrainConsole().summary(closing_lines(f"done: {args.steps} steps in {time.perf_counter() - t0:.0f} s",
+                                         callback.handle.spikes, Path(args.out)))
     return callback, injected
-
 
 if __name__ == "__main__":
     quiet_backend_noise()  # our command: no MLflow store-creation lines or download bars

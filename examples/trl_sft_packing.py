@@ -14,10 +14,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+import time
+import warnings
 from pathlib import Path
 
 import torch
 
+from gradloc_track.console import TrainConsole, closing_lines
+from gradloc_track.demo.extras import need
+from gradloc_track.demo.threads import set_threads
 from gradloc_track.trackers.quiet import quiet_backend_noise
 
 MOJIBAKE = "â€™" * 4  # 12 characters the model never saw, in a document of its own
@@ -73,14 +79,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--rows", type=int, default=2, help="per_device_train_batch_size (packed rows per step)")
     ap.add_argument("--report-to", default="mlflow", choices=["mlflow", "wandb", "none"])
     ap.add_argument("--out", default="runs/trl_sft_packing")
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: half the cores, at most 4)")
     return ap.parse_args(argv)
 
 
 def main(argv: list[str] | None = None):
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    need("transformers", "trl", "datasets", "tokenizers")  # pip install 'gradloc-track[examples]'
+    set_threads(args.threads)
+    warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")  # their deprecations
     from datasets import Dataset
     from transformers import GPT2Config, GPT2LMHeadModel
     from transformers.trainer_callback import PrinterCallback
@@ -108,26 +115,22 @@ def main(argv: list[str] | None = None):
         output_dir=args.out, packing=True, max_length=args.max_length, per_device_train_batch_size=args.rows,
         max_steps=args.steps, learning_rate=1e-2, lr_scheduler_type="constant", logging_steps=1,
         report_to=[] if args.report_to == "none" else [args.report_to], save_strategy="no",
-        train_sampling_strategy="sequential", use_cpu=True, disable_tqdm=True, bf16=False, seed=0)
+        train_sampling_strategy="sequential", use_cpu=True, disable_tqdm=True, bf16=False, seed=0,
+        run_name=f"trl_sft_packing seed=0 {time.strftime('%m-%d %H:%M:%S')}")  # apart in the chart view
     docs = documents(6 * args.rows * args.steps)
     docs.insert(len(docs) // 2, MOJIBAKE)
     trainer = SFTTrainer(model=model, args=config, train_dataset=Dataset.from_dict({"text": docs}),
                          processing_class=tok, callbacks=[callback])
     injected = move_row_to_step(trainer, bpe.encode(MOJIBAKE), args.inject_at)
     trainer.remove_callback(PrinterCallback)  # Trainer's per-step dicts would bury the spike block
-    trainer.train()
     print(f"injected: step {injected['step']}, document {injected['document']} "
-          f"(positions {injected['start']}-{injected['end'] - 1} of the packed micro-batch): {MOJIBAKE!r}")
-    for stats in callback.handle.spikes:
-        ctx = stats.locate_view[1] if stats.locate_view else None
-        docs_at = ctx.document_ids if ctx is not None else None
-        found = sorted({int(docs_at[c.batch, c.start]) for c in stats.locate.culprits if c.batch is not None}) \
-            if stats.locate and docs_at is not None else []
-        levels = [c.level for c in stats.locate.culprits] if stats.locate else []
-        print(f"spike at step {stats.step}: culprit document(s) {found}, culprits by level "
-              f"{ {lvl: levels.count(lvl) for lvl in sorted(set(levels))} }")
+          f"(positions {injected['start']}-{injected['end'] - 1} of the packed micro-batch): {MOJIBAKE!r}",
+          file=sys.stderr)
+    t0 = time.perf_counter()
+    trainer.train()
+    TrainConsole().summary(closing_lines(f"done: {args.steps} steps in {time.perf_counter() - t0:.0f} s",
+                                         callback.handle.spikes, Path(args.out)))
     return callback, injected
-
 
 if __name__ == "__main__":
     quiet_backend_noise()  # our command: no MLflow store-creation lines or download bars

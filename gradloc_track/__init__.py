@@ -1,6 +1,8 @@
 """gradloc-track: make gradient spikes in LLM training visible, explainable and survivable.
 
-``import gradloc_track`` imports neither wandb nor mlflow; backends load when a tracker is built.
+``import gradloc_track`` imports neither wandb nor mlflow (backends load when a tracker is built),
+nor torch: every public name resolves on first use, so the readers behind the ``gradloc-track``
+command (reports, ledgers, blocklists) start without it.
 """
 from __future__ import annotations
 
@@ -24,14 +26,14 @@ _EXPORTS = {
     "make_tracker": "gradloc_track.trackers",
     "watch": "gradloc_track.integrations.watch",
     "WatchHandle": "gradloc_track.integrations.watch",
+    # the public function ``gradloc_track.locate(model, ...)``; its package is ``gradloc_track.localizer``
+    "locate": "gradloc_track.localizer",
 }
 _SUBMODULES = ("clip", "spikes", "trackers", "config", "artifacts", "norms", "grouping", "localizer", "monitor",
                "integrations", "data", "ledger")
 
-__all__ = sorted(_EXPORTS) + list(_SUBMODULES) + ["locate"]
+__all__ = sorted(_EXPORTS) + list(_SUBMODULES)
 
-# the public function ``gradloc_track.locate(model, ...)``; its package is ``gradloc_track.localizer``
-from .localizer import locate  # noqa: E402
 from ._moved import install as _install_moved  # noqa: E402
 
 _install_moved()  # 0.3's module paths, with a DeprecationWarning (see _moved.py)

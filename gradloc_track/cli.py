@@ -3,21 +3,29 @@
 ``gradloc-track report <run dir | W&B run dir | MLflow run id> [--tracking-uri URI] [-o out.html]``
 writes one standalone HTML page with every spike event of a run (no script, nothing loaded from
 outside). The run dir the app prints works whatever the tracker: its ``tracker/<backend>.json`` names
-the MLflow run or the W&B files.
+the MLflow run or the W&B files (``run_dirs`` says what a run dir is).
 
-``gradloc-track culprits <MLflow experiment | run ids | run dirs | W&B run dirs>... [--by COLUMN]
-[--export-blocklist FILE] [--log-to mlflow|wandb]`` aggregates every spike event of those runs into
-one table per culprit sample (CSV, JSON, HTML; see ``ledger``).
+``gradloc-track culprits <MLflow experiment | run ids | run dirs or folders of them | W&B run dirs>...
+[--by COLUMN] [--export-blocklist FILE] [--log-to mlflow|wandb]`` aggregates every spike event of
+those runs into one table per culprit sample (CSV, JSON, HTML; see ``ledger``).
 
 ``gradloc-track replay <run dir> [--tracking-uri URI]`` sends what a tracker outage left in the
 run directory's spool to the ORIGINAL run, with its final status, and ends a run whose process died
 (``kill -9``) as KILLED; running it again does nothing.
+
+Starts without torch (nor numpy, MLflow, W&B): only what a command reads is imported. Every file it
+writes is written atomically; a SIGTERM ends the command through ``SystemExit``, so a file being
+written is left as it was, with no temp file beside it.
 """
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 from pathlib import Path
+
+SIGTERM_EXIT = 128 + signal.SIGTERM
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -28,7 +36,8 @@ def _parser() -> argparse.ArgumentParser:
                                     "or an MLflow run id")
     rep.add_argument("--tracking-uri", default=None,
                      help="MLflow tracking URI for a run id (default: $MLFLOW_TRACKING_URI, else ./mlflow.db)")
-    rep.add_argument("-o", "--output", default="spike_report.html", help="output file (default: %(default)s)")
+    rep.add_argument("-o", "--output", default="spike_report.html",
+                     help="output file, or a folder to write spike_report.html into (default: %(default)s)")
     _add_replay(sub)
     from .ledger.command import add_parser
 
@@ -62,32 +71,54 @@ def _replay(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    from .trackers.quiet import quiet_backend_noise
-
-    args = _parser().parse_args(argv)
-    quiet_backend_noise()  # our command: MLflow's store-creation lines and download bars off
-    if args.command == "replay":
-        return _replay(args)
-    if args.command == "culprits":
-        from .ledger.command import run
-
-        return run(args)
+def _report(args) -> int:
     from .report import build_report
+    from .text import visible_text
+    from .trackers.files import atomic_write_text
 
+    out = Path(args.output)
+    if out.is_dir():  # like cp: a folder gets the default file name
+        out = out / "spike_report.html"
     try:
         notes: list[str] = []
         page = build_report(args.source, args.tracking_uri, notes=notes)
     except (OSError, ImportError) as exc:  # ReportSourceError is a FileNotFoundError
-        print(f"gradloc-track report: {exc}", file=sys.stderr)
+        print(f"gradloc-track report: {visible_text(str(exc))}", file=sys.stderr)
         return 2
     for note in notes:
-        print(f"gradloc-track report: note: {note}", file=sys.stderr)
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(page, encoding="utf-8")
+        print(f"gradloc-track report: note: {visible_text(note)}", file=sys.stderr)
+    try:
+        atomic_write_text(out, page)
+    except OSError as exc:
+        print(f"gradloc-track report: cannot write {out} ({exc.strerror or exc}); pass -o a file in a folder "
+              "you can write", file=sys.stderr)
+        return 2
     print(f"wrote {out} ({len(page) // 1024} KiB)")
     return 0
+
+
+def _sigterm(signum, frame) -> None:
+    raise SystemExit(SIGTERM_EXIT)  # unwinds: a file being written is taken back (trackers.files)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)  # --help ends here, having imported no reader
+    from .trackers.quiet import quiet_backend_noise
+
+    quiet_backend_noise()  # our command: MLflow's store-creation lines and download bars off
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _sigterm) if main_thread else None
+    try:
+        if args.command == "replay":
+            return _replay(args)
+        if args.command == "culprits":
+            from .ledger.command import run
+
+            return run(args)
+        return _report(args)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 if __name__ == "__main__":

@@ -69,8 +69,8 @@ def sq_norms(tensors: Sequence[torch.Tensor | None], device: torch.device | None
     groups are reduced in float64, sparse COO gradients by the norm of their coalesced values.
     """
     n = len(tensors)
-    if n and all(type(t) is torch.Tensor for t in tensors) and not any(t.is_sparse for t in tensors):
-        # plain tensors (no DTensor, no sparse): grouped in C++, no per-tensor work in Python
+    if n and all(type(t) is torch.Tensor and t.layout == torch.strided for t in tensors):
+        # plain dense tensors (no DTensor, no sparse layout of any kind): grouped in C++, no per-tensor work in Python
         grouped = torch._C._group_tensors_by_device_and_dtype([list(tensors)], True)
         if len(grouped) == 1:
             ((dev, _dtype), ((ts,), _pos)), = grouped.items()

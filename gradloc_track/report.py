@@ -19,11 +19,11 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .artifacts.highlight import token_html
 from .artifacts.table_store import merge_tables, table_parts
+from .run_dirs import WHAT, find_run_dirs, run_dir_of, run_key, run_locations, wandb_run_id
+from .text import token_html, visible_text
 from .trackers.bounded import CallTimeout, bounded_call
 from .trackers.mlflow_links import mlflow_run_url
-from .trackers.run_record import read_run_views
 
 STEP = re.compile(r"step_(\d+)\.(html|png)$")
 CSS = ("body{font-family:system-ui,sans-serif;margin:16px} table{border-collapse:collapse;font-size:12px}"
@@ -35,6 +35,10 @@ CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 
 class ReportSourceError(FileNotFoundError):
     """The report source is neither a run directory with ``spikes/`` nor a readable MLflow run."""
+
+
+class NoSpikeEvents(ReportSourceError):
+    """A run (dir, W&B folder or MLflow run) that exists and logged no spike event."""
 
 
 MLFLOW_WAIT_S = 20.0  # our bound on waiting for an MLflow store/server (its own retries take minutes)
@@ -52,6 +56,7 @@ class ReportSource:
     layout: str = "files"  # files (spikes/...) | wandb (files/media/...)
     notes: list[str] = field(default_factory=list)
     temporary: bool = False  # ``root`` is a download of ours: removed once the page is built
+    run_id: str = ""  # which run it is (``run_dirs.run_key``): the MLflow run id, wandb:<id>, else the dir
 
 
 def _bounded(fn, what: str, timeout_s: float | None = None):
@@ -93,9 +98,9 @@ def _fetch_mlflow(run_id: str, tracking_uri: str | None) -> ReportSource:
         _bounded(lambda: client.download_artifacts(run_id, "spikes", str(dst)), f"MLflow at {uri}", 120.0)
     except (MlflowException, OSError) as exc:
         shutil.rmtree(dst, ignore_errors=True)
-        raise ReportSourceError(f"MLflow run {run_id} has no spikes/ artifacts: it logged no spike events") from exc
+        raise NoSpikeEvents(f"MLflow run {run_id} has no spikes/ artifacts: it logged no spike events") from exc
     info = {"tracking_uri": uri, "experiment_id": run.info.experiment_id, "run_id": run_id}
-    return ReportSource(dst, run.info.run_name or run_id, mlflow_run_url(info), temporary=True)
+    return ReportSource(dst, run.info.run_name or run_id, mlflow_run_url(info), temporary=True, run_id=run_id)
 
 
 def _probe(uri: str, timeout_s: float = 5.0) -> None:
@@ -112,34 +117,57 @@ def _probe(uri: str, timeout_s: float = 5.0) -> None:
                                 "or pass the run directory") from exc
 
 
-def _wandb_files(run_dir: Path) -> Path | None:
-    """The ``files/`` folder of a W&B run dir (``offline-run-*``/``run-*``), or of ``wandb/``'s latest run."""
-    if (run_dir / "files" / "media").is_dir():
-        return run_dir / "files"
-    runs = sorted(run_dir.glob("wandb/*run-*/files")) + sorted(run_dir.glob("*run-*/files"))
-    runs = [r for r in runs if (r / "media").is_dir()]
+def _wandb_files(folder: Path, run_id: str | None = None) -> Path | None:
+    """The ``files/`` of a W&B run folder (``offline-run-*``/``run-*``), or of the one under ``folder``
+    (``folder/wandb/*run-*``, ``folder/*run-*``) with this ``run_id`` (without one: the latest)."""
+    if (folder / "files" / "media").is_dir():
+        return folder / "files"
+    runs = sorted(folder.glob("wandb/*run-*/files")) + sorted(folder.glob("*run-*/files"))
+    runs = [r for r in runs if (r / "media").is_dir() and (run_id is None or r.parent.name.endswith(f"-{run_id}"))]
     return runs[-1] if runs else None
 
 
+def not_a_run_dir(folder: Path) -> str:
+    """What to say about a folder that is no run dir: the run dirs it holds, or what a run dir is."""
+    found = find_run_dirs(folder)
+    if not found:
+        return f"{folder} is not a run dir and holds none; {WHAT}"
+    listed = ", ".join(map(str, found[:3])) + (f" (+{len(found) - 3} more)" if len(found) > 3 else "")
+    return f"{folder} is not a run dir; it holds {len(found)}: {listed}; pass one (culprits takes the whole folder)"
+
+
+def _from_run_dir(run: Path, tracking_uri: str | None) -> ReportSource:
+    """A run dir's files: its ``spikes/``, else the MLflow run or W&B files its run record names."""
+    where = run_locations(run)
+    if (run / "spikes").is_dir():
+        m = where.get("mlflow") or {}
+        return ReportSource(run, m.get("run_name") or run.name, mlflow_run_url(m) if m else None,
+                            run_id=run_key(run, where))
+    if "mlflow" in where:
+        m = where["mlflow"]
+        return _fetch_mlflow(m["run_id"], tracking_uri or m.get("tracking_uri"))
+    w = where.get("wandb", {})
+    wid = wandb_run_id(run, w)
+    folders = ([Path(w["dir"])] if w.get("dir") else []) + [run]  # W&B's folder, else under (or is) the run dir
+    files = next((f for f in (_wandb_files(d, wid) for d in folders) if f is not None), None)
+    if files is not None:
+        wid = wandb_run_id(files.parent, w)
+        url = w.get("url") if not w.get("offline") else None
+        return ReportSource(files, w.get("run_name") or files.parent.name, url, layout="wandb",
+                            run_id=f"wandb:{wid}" if wid else str(files.parent.resolve()))
+    backends = f" (its {' and '.join(where)} run has none either)" if where else ""
+    raise NoSpikeEvents(f"{run}: a run dir with no spikes/ folder{backends}: it logged no spike events")
+
+
 def resolve_source(source: str | Path, tracking_uri: str | None = None) -> ReportSource:
-    """A run directory (any tracker: follows ``tracker/<backend>.json``), a W&B run dir, or an MLflow run id."""
+    """A run dir (any tracker: follows ``tracker/<backend>.json``; or its ``spikes/``), a W&B run folder,
+    or an MLflow run id. ``ReportSourceError`` says what is wrong (``NoSpikeEvents``: a run without any)."""
     root = Path(source)
     if root.is_dir():
-        record = read_run_views(root)
-        if (root / "spikes").is_dir():
-            m = record.get("mlflow") or {}
-            return ReportSource(root, m.get("run_name") or root.name, mlflow_run_url(m) if m else None)
-        if "mlflow" in record:
-            m = record["mlflow"]
-            return _fetch_mlflow(m["run_id"], tracking_uri or m.get("tracking_uri"))
-        wdir = Path(record["wandb"]["dir"]) if "wandb" in record and record["wandb"].get("dir") else root
-        files = _wandb_files(wdir) or _wandb_files(root)
-        if files is not None:
-            w = record.get("wandb", {})
-            title = w.get("run_name") or files.parent.name
-            return ReportSource(files, title, w.get("url") if not w.get("offline") else None, layout="wandb")
-        raise ReportSourceError(f"{source}: no spikes/ folder in this run directory; it logged no spike events "
-                                "(or pass the run directory the tracker wrote, the one holding spikes/)")
+        run = run_dir_of(root)
+        if run is None:
+            raise ReportSourceError(not_a_run_dir(root))
+        return _from_run_dir(run, tracking_uri)
     text = str(source)
     if not RUN_ID.match(text) and (os.sep in text or text.startswith(".") or root.suffix):
         raise ReportSourceError(f"{source}: no such run directory; pass the run directory the app printed "
@@ -164,32 +192,38 @@ def _wandb_step(p: Path) -> int:
     return int(m.group(1)) if m else -1
 
 
-def _read_text(path: Path, notes: list[str]) -> str:
-    data = path.read_bytes()
+def _read_text(path: str | Path, notes: list[str]) -> str:
+    with open(path, "rb") as f:
+        data = f.read()
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        notes.append(f"{path.name} is not valid UTF-8 (byte {exc.start}); undecodable bytes are shown as \ufffd")
+        notes.append(f"{os.path.basename(path)} is not valid UTF-8 (byte {exc.start}); undecodable bytes are shown "
+                     "as \ufffd")
         return data.decode("utf-8", errors="replace")
 
 
-def load_table(path: Path, notes: list[str]) -> dict:
+def load_table(path: str | Path, notes: list[str]) -> dict:
     """``{"columns": [...], "data": [[...], ...]}`` from a table file; a readable note instead of a traceback."""
     empty = {"columns": [], "data": []}
+    name = os.path.basename(path)
     try:
         table = json.loads(_read_text(path, notes))
     except ValueError as exc:  # truncated (a write was cut short) or not JSON at all
-        notes.append(f"{path.name} is not valid JSON ({exc}); the culprit table is left out. "
+        notes.append(f"{name} is not valid JSON ({exc}); the culprit table is left out. "
                      "A truncated file usually means the run was killed while writing it")
         return empty
+    except RecursionError:  # e.g. 200k nested lists: no table of ours
+        notes.append(f"{name} is nested too deeply to be a table; it is left out")
+        return empty
     if not (isinstance(table, dict) and isinstance(table.get("columns"), list) and isinstance(table.get("data"), list)):
-        notes.append(f"{path.name} is not a table (expected an object with \"columns\" and \"data\" lists, "
+        notes.append(f"{name} is not a table (expected an object with \"columns\" and \"data\" lists, "
                      f"got {type(table).__name__}); the culprit table is left out")
         return empty
     cols = table["columns"]
     rows = [r for r in table["data"] if isinstance(r, list) and len(r) == len(cols)]
     if len(rows) != len(table["data"]):
-        notes.append(f"{path.name}: {len(table['data']) - len(rows)} row(s) without exactly {len(cols)} cells "
+        notes.append(f"{name}: {len(table['data']) - len(rows)} row(s) without exactly {len(cols)} cells "
                      "were left out")
     return {"columns": [str(c) for c in cols], "data": rows}
 
@@ -240,7 +274,20 @@ def _event_notes(events: dict) -> dict[int, str]:
     if "step" not in cols or "localization" not in cols:
         return {}
     step, why = cols.index("step"), cols.index("localization")
-    return {int(r[step]): str(r[why]) for r in data if r[why] not in ("localized", "no culprit found")}
+    return {r[step]: str(r[why]) for r in data
+            if _is_step(r[step]) and r[why] not in ("localized", "no culprit found")}
+
+
+def _is_step(v) -> bool:
+    """A step cell as the trackers write it (a hand-edited ``"abc"`` is not one: its row is not an event)."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def cell_text(v) -> str:
+    """A table cell as the pages show it: floats to 4 digits, None empty, text visible and escaped."""
+    if type(v) is int:  # noqa: E721 - the common case; bool is shown as text
+        return str(v)
+    return html.escape(f"{v:.4g}" if isinstance(v, float) else "" if v is None else visible_text(str(v)))
 
 
 def _table(table: dict, title: str = "All culprits") -> str:
@@ -248,15 +295,19 @@ def _table(table: dict, title: str = "All culprits") -> str:
     if not cols:
         return ""
     tok = cols.index("token") if "token" in cols else -1
-    esc = html.escape
-    head = "".join(f"<th>{esc(str(c))}</th>" for c in cols)
+    share = cols.index("share") if "share" in cols else -1
+    head = "".join(f"<th>{cell_text(c)}</th>" for c in cols)
     body = "".join(
         # a token is cut as on the highlight page: a 10k-character one would push every column off-screen
         "<tr>" + "".join(f"<td class='tok'>{token_html(str(v))}</td>" if i == tok else
-                         f"<td>{esc(f'{v:.4g}' if isinstance(v, float) else '' if v is None else str(v))}</td>"
+                         f"<td>{cell_text(max(v, 0.0) if i == share and _is_number(v) else v)}</td>"
                          for i, v in enumerate(r)) + "</tr>"
         for r in data)
-    return f"<h2>{esc(title)}</h2><table><tr>{head}</tr>{body}</table>"
+    return f"<h2>{html.escape(title)}</h2><table><tr>{head}</tr>{body}</table>"
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def culprit_counts(table: dict) -> str:
@@ -280,8 +331,8 @@ def build_report(source: str | Path, tracking_uri: str | None = None, notes: lis
     """
     src = resolve_source(source, tracking_uri)
     if src.layout == "files" and not (src.root / "spikes").is_dir():
-        raise ReportSourceError(f"{source}: no spikes/ folder in this run directory; it logged no spike events "
-                                "(or pass the run directory the tracker wrote, the one holding spikes/)")
+        raise NoSpikeEvents(f"{source}: no spikes/ folder in this run directory; it logged no spike events "
+                            "(or pass the run directory the tracker wrote, the one holding spikes/)")
     try:
         table, pages, images = _events(src)
         events = _event_table(src)
@@ -291,15 +342,15 @@ def build_report(source: str | Path, tracking_uri: str | None = None, notes: lis
     not_localized = _event_notes(events)
     if notes is not None:
         notes.extend(src.notes)
-    ev_steps = {int(r[0]) for r in events["data"] if events["columns"][:1] == ["step"]}
+    ev_steps = {r[0] for r in events["data"] if events["columns"][:1] == ["step"] and _is_step(r[0])}
     steps = sorted(set(pages) | set(images) | ev_steps)
     esc = html.escape
     link = (f"<p>Run: <a href=\"{esc(src.link, quote=True)}\">{esc(src.link)}</a></p>"
             if src.link and src.link.startswith(("http://", "https://")) else "")
-    parts = [f"<h1>Spike report: {esc(src.title)}</h1>", link,
+    parts = [f"<h1>Spike report: {esc(visible_text(src.title))}</h1>", link,
              f"<p>{len(steps)} spike event(s) (steps {esc(', '.join(map(str, steps))) or 'none'}), "
              f"{culprit_counts(table)}.</p>"]
-    parts += [f"<p class='note'>{esc(n)}</p>" for n in src.notes]
+    parts += [f"<p class='note'>{esc(visible_text(n))}</p>" for n in src.notes]
     parts.append(_table(events, "Detected spikes"))
     parts.append(_table(table))
     for step in steps:
@@ -315,5 +366,5 @@ def build_report(source: str | Path, tracking_uri: str | None = None, notes: lis
             parts.append(f"<img alt=\"per-layer heatmap, step {step}\" src=\"data:image/png;base64,{data}\">")
     return ("<!DOCTYPE html><html><head><meta charset='utf-8'>"
             f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}\">"
-            f"<title>{esc(src.title)} - gradloc-track spike report</title><style>{CSS}</style></head>"
+            f"<title>{esc(visible_text(src.title))} - gradloc-track spike report</title><style>{CSS}</style></head>"
             f"<body>{''.join(parts)}</body></html>")

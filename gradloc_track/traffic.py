@@ -14,6 +14,10 @@ reinterpretations move nothing and are left out; an op that overwrites a tensor 
 
 ``multiples`` divides by the watched group's own size, so ``clip_grad_norm_(foreach=True)`` reads as
 ``{"read": 2.0, "write": 1.0}``: 3.0 gradient sizes (norm 1, scale 2).
+
+The fused optimizers' kernels (``_fused_adam(w)_``, ``_fused_sgd_``, ``_fused_adagrad_``) declare
+their ``grads`` mutable but write them only when given a ``grad_scale`` (they store the unscaled
+gradient back, CPU and CUDA alike): counted as read only without one, read+write with one.
 """
 from __future__ import annotations
 
@@ -27,6 +31,8 @@ from torch.utils._pytree import tree_flatten
 # overwrite their mutated argument without reading it
 _WRITE_ONLY = {"aten::copy_", "aten::_foreach_copy_", "aten::zero_", "aten::_foreach_zero_", "aten::fill_",
                "aten::_foreach_fill_"}
+# op -> (argument, the argument without which the kernel does not write it)
+_WRITTEN_ONLY_WITH = {f"aten::_fused_{name}_": ("grads", "grad_scale") for name in ("adam", "adamw", "sgd", "adagrad")}
 
 
 def _storage_key(t: torch.Tensor) -> int | None:
@@ -95,10 +101,15 @@ class TrafficCounter(TorchDispatchMode):
             return out
         name = schema.name
         values = dict(zip((a.name for a in schema.arguments), args)) | kwargs
+        unwritten = _WRITTEN_ONLY_WITH.get(name)
+        if unwritten is not None and values.get(unwritten[1]) is not None:
+            unwritten = None
         for arg in schema.arguments:
             if arg.name not in values:
                 continue
             mutated = arg.alias_info is not None and arg.alias_info.is_write
+            if unwritten is not None and arg.name == unwritten[0]:
+                mutated = False  # read by the kernel, written only with a grad_scale
             is_out = arg.is_out
             read = not is_out and not (mutated and name in _WRITE_ONLY)
             leaves, _ = tree_flatten(values[arg.name])

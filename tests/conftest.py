@@ -88,3 +88,47 @@ def mlflow_server(tmp_path_factory):
     root = tmp_path_factory.mktemp("mlflow-server")
     with running_mlflow_server(f"sqlite:///{root / 'mlflow.db'}", root) as uri:
         yield uri
+
+
+# -- shared by the tracker and integration tests ----------------------------------------------
+
+@pytest.fixture(scope="session")
+def _mlflow_db(tmp_path_factory) -> str:
+    """ONE SQLite store for the session's MLflow tests: creating its tables costs ~15 s here."""
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
+class MlflowStore:
+    """The shared store, and the runs a test created in it (whatever experiment they went to)."""
+
+    def __init__(self, uri: str) -> None:
+        from mlflow.tracking import MlflowClient
+
+        self.uri = uri
+        self.client = MlflowClient(uri)
+        self._before = {r.info.run_id for r in self._all()}
+
+    def _all(self):
+        exps = [e.experiment_id for e in self.client.search_experiments()]
+        return self.client.search_runs(exps) if exps else []
+
+    def new_runs(self):
+        return [r for r in self._all() if r.info.run_id not in self._before]
+
+
+@pytest.fixture
+def mlflow_store(_mlflow_db, monkeypatch) -> MlflowStore:
+    """MLFLOW_TRACKING_URI points at the shared store for this test (as a user's env would)."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", _mlflow_db)
+    return MlflowStore(_mlflow_db)
+
+
+@pytest.fixture
+def temp_root(tmp_path, monkeypatch):
+    """Where ``tempfile`` makes directories during the test (what a joined run must not leave behind)."""
+    import tempfile
+
+    root = tmp_path / "tmp"
+    root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(root))
+    return root

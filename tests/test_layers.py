@@ -16,14 +16,15 @@ PACKAGE = Path(gradloc_track.__file__).parent
 FLOORS: dict[str, int] = {
     # 0: utilities that know nothing of the others
     "_optional": 0, "_moved": 0, "protocols": 0, "grouping": 0, "traffic": 0, "tensor_memory": 0,
+    "text": 0, "_lazy": 0,
     # 1: configs and the fused norms
     "config": 1, "norms": 1,
     # 2: the computations and the destinations, independent of each other
     "clip": 2, "spikes": 2, "trackers": 2, "adamc": 2,
     # 3: the localizer (reads a SpikeContext)
     "localizer": 3,
-    # 4: what a spike leaves behind
-    "artifacts": 4,
+    # 4: what a spike leaves behind; what a run dir is
+    "artifacts": 4, "run_dirs": 4,
     # 5: the monitor that runs them all; readers of what they wrote; the console
     "monitor": 5, "data": 5, "report": 5, "console": 5,
     # 6: the front doors and the ledger across runs

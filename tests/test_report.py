@@ -75,7 +75,40 @@ def test_report_on_unknown_source_says_what_to_pass(tmp_path, sqlite_uri, capsys
     assert not (tmp_path / "r.html").exists()
     (tmp_path / "empty").mkdir()
     assert main(["report", str(tmp_path / "empty"), "-o", str(tmp_path / "r.html")]) == 2
-    assert "no spikes/ folder" in capsys.readouterr().err
+    assert "is not a run dir and holds none; a run dir is the folder the app printed" in capsys.readouterr().err
+    quiet = tmp_path / "runs" / "quiet"  # a run dir (its metrics) whose run logged no spike
+    quiet.mkdir(parents=True)
+    (quiet / "metrics.jsonl").write_text("")
+    assert main(["report", str(quiet), "-o", str(tmp_path / "r.html")]) == 2
+    assert "a run dir with no spikes/ folder: it logged no spike events" in capsys.readouterr().err
+    assert main(["report", str(tmp_path / "runs"), "-o", str(tmp_path / "r.html")]) == 2
+    assert f"is not a run dir; it holds 1: {quiet}; pass one" in capsys.readouterr().err
+
+
+def test_a_joined_mlflow_runs_dir_is_followed_to_the_run(tmp_path, sqlite_uri, capsys):
+    """A run dir whose run record holds only the joined run's reference (what main writes when
+    watch() or a callback joins an open run) leads to that run's events."""
+    from mlflow.tracking import MlflowClient
+
+    from gradloc_track.config import TrackerConfig
+    from gradloc_track.run_dirs import run_locations
+    from gradloc_track.trackers.join import RunDir, join_mlflow
+
+    client = MlflowClient(sqlite_uri)
+    exp = client.create_experiment("users-own")
+    opened = client.create_run(exp, run_name="users-run").info.run_id  # the user's run, opened by them
+    run_dir = tmp_path / "runs" / "joined"
+    tracker = join_mlflow(opened, sqlite_uri, TrackerConfig(), RunDir(run_dir))
+    events, result, ctx = make_case(T=40, culprits=((0, 5),), pad_from=30)
+    SpikeArtifactWriter(tracker, run_dir, window=8).write(12, events, result, ctx)
+    tracker.finish()
+    assert run_locations(run_dir)["mlflow"]["run_id"] == opened and not (run_dir / "spikes").exists()
+    out = tmp_path / "r.html"
+    assert main(["report", str(run_dir), "-o", str(out)]) == 0
+    page = out.read_text()
+    assert "Spike report: users-run" in page and "1 spike event(s) (steps 12)" in page
+    assert main(["culprits", str(tmp_path / "runs"), "-o", str(tmp_path / "l")]) == 0
+    assert "1 run(s), 1 spike event(s)" in capsys.readouterr().out
 
 
 def test_report_handles_a_run_dir_with_table_only(tmp_path):
@@ -128,6 +161,7 @@ def test_cli_report_writes_one_page(spike, tmp_path):
     events, result, ctx = spike
     tracker = make_tracker(TrackerConfig(kind="none"), run_dir=tmp_path / "run")
     SpikeArtifactWriter(tracker, tmp_path / "run").write(7, events, result, ctx)
+    tracker.finish()  # the page is rendered off the training thread: done once the run is finished
     out = tmp_path / "report.html"
     subprocess.run([sys.executable, "-m", "gradloc_track.cli", "report", str(tmp_path / "run"), "-o", str(out)],
                    check=True, capture_output=True, text=True)

@@ -1,7 +1,11 @@
 """Memory traffic over the gradients per step, pinned (issue 21): norms and clipping at the limit
 the math sets. ``clip_grad_norm_(foreach=True)`` is 3.0 gradient sizes (norm read 1, scale
 read+write 2); the monitor alone 1.0; the monitor and any clipper 3.0 on a non-logging step, with
-non-finite values too; a logging step adds one read of the weights and nothing over the gradients."""
+non-finite values too; a logging step adds one read of the weights and nothing over the gradients.
+
+The whole step with fused AdamW (issue 29): the kernel reads the gradients once, and writes them
+back only when handed a ``grad_scale``. ``clip_grad_norm_`` + fused AdamW: 4.0; the monitor with a
+single-coefficient clipper (its scale in the kernel): 3.0; with a per-tensor one: 4.0; alone: 2.0."""
 from __future__ import annotations
 
 import warnings
@@ -103,3 +107,44 @@ def test_zeroing_non_finite_values_is_the_one_extra_pass(on_nonfinite, guarded, 
         backward(model, 1)
         grads, _ = traffic(model, clipper.clip)
     assert grads["total"] == expected
+
+
+def test_a_fused_kernel_writes_the_gradients_only_with_a_grad_scale():
+    model = mlp8()
+    backward(model, 0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    opt.step()  # the state exists
+    for scale, expected in ((None, {"read": 1.0, "write": 0.0, "total": 1.0}),
+                            (torch.tensor(2.0), {"read": 1.0, "write": 1.0, "total": 2.0})):
+        if scale is not None:
+            opt.grad_scale = scale
+        assert traffic(model, opt.step)[0] == expected
+
+
+WHOLE_STEP = [("clip_grad_norm_", 4.0), ("alone", 2.0), ("GlobalClip", 3.0), ("AdaGC(mode=global)", 3.0),
+              ("ZClip", 3.0), ("AdaGC", 4.0), ("LayerClip", 4.0)]
+
+
+@pytest.mark.parametrize("name,expected", WHOLE_STEP)
+def test_the_whole_step_with_fused_adamw(name, expected):
+    """The call and ``optimizer.step()`` together, non-logging, over the gradients (the weights: the
+    kernel's read+write, 2.0, in every row)."""
+    model = mlp8()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1, fused=True)
+    if name == "clip_grad_norm_":
+        def step(s):
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1, foreach=True)
+            opt.step()
+    else:
+        clipper = CLIPPERS[name](model) if name in CLIPPERS else None
+        mon = GradMonitor(model, tracker=MemoryTracker(), clipper=clipper, optimizer=opt, log_every=100)
+
+        def step(s):
+            mon.after_backward(s)
+            opt.step()
+    for s in range(3):  # past every warm-up
+        backward(model, s)
+        step(s + 1)
+    backward(model, 3)
+    grads, weights = traffic(model, lambda: step(4))
+    assert grads["total"] == expected and weights == {"read": 1.0, "write": 1.0, "total": 2.0}

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import html
 import math
-import unicodedata
 from typing import Any, Sequence
 
 import torch
 
 from ..localizer.result import Culprit, CulpritToken, LocateResult
 from ..spikes.event import SpikeEvent
+from ..text import MAX_TOKEN_CHARS, token_html  # noqa: F401 - MAX_TOKEN_CHARS: the page's cut, read by tests
 from .table import decode_token, format_top_layers
 
 CSS = """
@@ -45,35 +45,11 @@ table{border-collapse:collapse;font-size:13px;margin-top:8px} td,th{border:1px s
 details{margin-top:8px} summary{cursor:pointer;color:#0645ad}
 """
 CSP = "default-src 'none'; style-src 'unsafe-inline'"
-_VISIBLE = {"\n": "\u21b5\n", "\t": "\u2192", "\r": "\u240d", " ": " "}
 PAD_RUN = 4  # this many identical no-loss tokens in a row (padding) collapse into one marker
 # bounds on one event's page (B=32, T=2048 with 10k-character tokens made 8-11 MiB before)
-MAX_TOKEN_CHARS = 80  # a longer token is cut, with a visible "+N chars" marker
 MAX_SAMPLES = 8  # samples shown, those with the largest culprit first; the rest are counted
 FULL_TEXT_SAMPLES = 2  # samples whose whole text sits in a collapsed block
 FULL_TEXT_TOKENS = 2048  # ...up to this many tokens each
-
-
-def token_html(text: str, limit: int = MAX_TOKEN_CHARS) -> str:
-    """``visible(text)``, cut at ``limit`` characters with a marker saying how much was left out."""
-    if len(text) <= limit:
-        return visible(text)
-    return visible(text[:limit]) + f"<span class='cut'>…[+{len(text) - limit} chars]</span>"
-
-
-def visible(text: str) -> str:
-    """Escaped token text with newlines, tabs, control/format characters made visible."""
-    if text == "":
-        return "\u2205"  # an empty token would be an invisible (and unclickable) span
-    out = []
-    for ch in text:
-        if ch in _VISIBLE:
-            out.append(_VISIBLE[ch])
-        elif unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp", "Zs"):
-            out.append(f"\\x{ord(ch):02x}" if ord(ch) < 256 else f"\\u{ord(ch):04x}")
-        else:
-            out.append(ch)
-    return html.escape("".join(out), quote=True)
 
 
 def _alpha(v: float, lo: float, hi: float) -> float:

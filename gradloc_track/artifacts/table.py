@@ -8,16 +8,19 @@ Every row names its sample by ``sample_id``, the fingerprint of the sample's los
 ids (``identity``: the same text gives the same id in any run; in a packed row with
 ``document_ids``, the culprit's document), next to the context's per-sample columns (dataset
 index, source, ...).
+
+The column names and ``cut_text`` are read by the ledger, which runs without torch: torch and the
+localizer's types are imported where a table is built, not at import.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-import torch
-
-from ..localizer.result import LocateResult
-from ..spikes.event import SpikeEvent
 from .identity import row_fingerprint
+
+if TYPE_CHECKING:
+    from ..localizer.result import LocateResult
+    from ..spikes.event import SpikeEvent
 
 # what a reader scans first: when, at which level, which text, how much of the spike it carries;
 # then where
@@ -119,6 +122,8 @@ class _View:
         self.sv = _cpu_lists({n: sc[n] for n in samples if n in sc})
         self.extras, self.samples = extras, samples
         self.tok = getattr(ctx, "tokenizer", None)
+        import torch  # a table is built in a training process: torch is loaded already
+
         self.per_mb = not isinstance(mask_t, torch.Tensor)  # ctx holds K micro-batches
 
     def at(self, v: Any, mb: int | None) -> Any:

@@ -7,18 +7,19 @@ both, in step order, and skips (with a warning) a part it cannot read instead of
 from __future__ import annotations
 
 import json
+import os
 import re
 import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
-PART = re.compile(r"step_(\d+)\.json$")
+PART = re.compile(r"step_(\d+)\.json")  # fullmatch
 
 
 def _load(path: Path) -> dict[str, Any] | None:
     try:
         table = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:  # (nested 200k deep: no table)
         warnings.warn(f"gradloc-track: skipping unreadable table file {path} ({exc})", RuntimeWarning)
         return None
     if not (isinstance(table, dict) and isinstance(table.get("columns"), list)
@@ -29,14 +30,22 @@ def _load(path: Path) -> dict[str, Any] | None:
     return table
 
 
+def part_files(root: str | Path, key: str) -> list[str]:
+    """``table_parts`` as plain paths: a 1000-run ledger lists 20,000 parts, and a glob or a ``Path``
+    per part was most of its time."""
+    legacy = os.path.join(root, f"{key}.json")
+    folder = os.path.join(root, key)
+    try:
+        with os.scandir(folder) as entries:
+            steps = [(int(m.group(1)), e.name) for e in entries if (m := PART.fullmatch(e.name))]
+    except (FileNotFoundError, NotADirectoryError):
+        steps = []
+    return ([legacy] if os.path.isfile(legacy) else []) + [os.path.join(folder, name) for _, name in sorted(steps)]
+
+
 def table_parts(root: str | Path, key: str) -> list[Path]:
     """The part files of table ``key`` under ``root``, in step order (the legacy file first)."""
-    root = Path(root)
-    legacy = root / f"{key}.json"
-    folder = root / key
-    parts = sorted((p for p in folder.glob("step_*.json") if PART.search(p.name)),
-                   key=lambda p: int(PART.search(p.name).group(1))) if folder.is_dir() else []
-    return ([legacy] if legacy.is_file() else []) + parts
+    return [Path(p) for p in part_files(root, key)]
 
 
 def read_table(root: str | Path, key: str = "spikes/tokens") -> dict[str, Any]:

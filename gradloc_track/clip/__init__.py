@@ -26,7 +26,9 @@ CLIPPERS: dict[str, type[Clipper]] = {"global": GlobalClip, "adagc": AdaGC, "zcl
 
 def build_clipper(cfg: Any, model: torch.nn.Module, process_group: Any = None) -> Clipper | None:
     """The clipper a clip schema names (``AdaGCConfig``, ``ZClipConfig``, ..., or a composed
-    ``clip`` node); ``None`` for ``clip=none`` (nothing to do)."""
+    ``clip`` node); ``None`` for ``clip=none`` (the monitor's own skip guard handles a non-finite
+    step), or a measuring ``NoClip`` when ``clip=none`` asks for another non-finite handling
+    (``clip.on_nonfinite``, ``clip.skip_step``: ``off`` opts out of the skip)."""
     if not dataclasses.is_dataclass(cfg):  # a Hydra node: build its schema (runs its checks)
         from omegaconf import OmegaConf
 
@@ -35,7 +37,9 @@ def build_clipper(cfg: Any, model: torch.nn.Module, process_group: Any = None) -
         raise TypeError(f"build_clipper(cfg=...) takes a clip schema such as gradloc_track.config.AdaGCConfig, "
                         f"got {type(cfg).__name__}")
     if cfg.kind == "none":
-        return None
+        if (cfg.on_nonfinite, cfg.skip_step) == ("skip", "auto"):
+            return None
+        return NoClip(model, on_nonfinite=cfg.on_nonfinite, skip_step=cfg.skip_step, process_group=process_group)
     if cfg.kind not in CLIPPERS:
         raise ValueError(f"clip.kind={cfg.kind!r} is unknown: use none, global, adagc, zclip or layerclip")
     args = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name != "kind"}

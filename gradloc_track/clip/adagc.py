@@ -40,6 +40,7 @@ import torch
 
 # the argument checks are the config schema's own (clip.beta there, beta here)
 from ..config._validate import check, in_unit_interval, integer, one_of, positive
+from ..config.clip import growing_lambda_rel, small_eps
 from ..norms import all_reduce_sq_norms, sq_norms
 from .clipper import Clipper
 
@@ -53,11 +54,11 @@ class AdaGC(Clipper):
                  warmup_steps: int = 100, lambda_abs: float = 1.0, eps: float = 1e-6,
                  on_nonfinite: str = "skip", process_group: Any = None, mode: str = "tensor",
                  skip_step: str = "auto") -> None:
-        positive("lambda_rel", lambda_rel, "1.04")
+        growing_lambda_rel("lambda_rel", lambda_rel)
         positive("lambda_abs", lambda_abs, "1.0")
         in_unit_interval("beta", beta, "0.99")
         integer("warmup_steps", warmup_steps, 0, "100")
-        positive("eps", eps, "1e-6")  # the official code rejects eps <= 0 (a zero norm would divide by 0)
+        small_eps("eps", eps, "1e-6", allow_zero=False)  # the official code rejects eps <= 0 (0 / 0)
         one_of("mode", mode, ADAGC_MODES)
         super().__init__(model, on_nonfinite, process_group, skip_step)
         self.lambda_rel, self.beta, self.warmup_steps = float(lambda_rel), float(beta), warmup_steps
@@ -74,6 +75,12 @@ class AdaGC(Clipper):
         return self.steps < self.warmup_steps
 
     warming_up = in_warmup
+
+    @property
+    def single_coef(self) -> bool:
+        """One coefficient for every tensor in the next clip(): the global mode, and every warm-up
+        (a global clip); a fused optimizer then applies it (``clip.handoff``)."""
+        return self.mode == "global" or self.in_warmup
 
     def clip(self, sq_norms: torch.Tensor | None = None):
         if self.mode == "shard":

@@ -6,7 +6,11 @@ one exception: raising needs to know).
 
 Memory traffic (what norms and clipping cost on an accelerator; ``gradloc_track.traffic``): given
 the norms (the monitor's pass), ``clip()`` makes ONE fused read+write pass over the gradients, the
-scaling. A non-finite step costs nothing more when the optimizer really skips it
+scaling. Beside a fused optimizer (``fused=True`` Adam/AdamW/SGD/Adagrad under a ``SkipStepGuard``
+in ``fused`` mode) a single coefficient (GlobalClip, ZClip, AdaGC's global mode and warm-up) makes
+no pass at all: it is handed to the optimizer as ``grad_scale`` and applied inside the kernel's
+own pass (``clip.handoff``; ``ClipResult.deferred``; ``.grad`` holds the clipped values once the
+step ran). A non-finite step costs nothing more when the optimizer really skips it
 (``SkipStepGuard``, which ``GradMonitor(optimizer=...)``, ``watch()`` and the callbacks install):
 its gradients are never used, so they are not touched. Only where no guard makes the skip real,
 and with ``on_nonfinite="zero"``, a second pass zeroes the non-finite values (integer views:
@@ -22,6 +26,7 @@ import torch
 
 from ..config._validate import one_of
 from ..norms import global_sq_norms, trainable_params
+from .handoff import StepHandoff
 from .saturation import ClipSaturation
 
 NONFINITE_MODES = ("skip", "zero", "raise")
@@ -43,6 +48,8 @@ class ClipResult:
         self.saturation_t: torch.Tensor | None = None  # (2,) the clipper's running clipped fraction, mean coef
         # () set when one global threshold is in force for a per-tensor clipper (AdaGC's warm-up)
         self.global_threshold_t: torch.Tensor | None = None
+        # the scale is applied by the fused optimizer's kernel in step(): until then .grad is unscaled
+        self.deferred = False
         self._pre: torch.Tensor | None = None
         self._post: torch.Tensor | None = None
 
@@ -83,7 +90,7 @@ class ClipResult:
         return bool(self.nonfinite_t)  # host sync
 
 
-class Clipper:
+class Clipper(StepHandoff):
     """Base: holds the parameters (in ``trainable_params`` order) and the non-finite policy.
 
     Subclasses implement ``_coefs(norms, finite) -> (thresholds, coefs)`` on device tensors and
@@ -109,16 +116,10 @@ class Clipper:
         self.on_nonfinite = on_nonfinite
         # how GradMonitor(optimizer=...) makes on_nonfinite="skip" exact (SkipStepGuard's mode; "off": zero only)
         self.skip_step = skip_step
-        self.skip_guard: Any = None  # the SkipStepGuard bound to this clipper, if any
         self.process_group = process_group
         self.steps = 0  # python int: warm-up bookkeeping needs no device value
-        self.last_nonfinite: torch.Tensor | None = None  # () bool of the last clip(), for SkipStepGuard
-        self.last_nonfinite_host: bool | None = None  # the same, when a caller already has it on the host
-        # set by a SkipStepGuard: the optimizer skips a non-finite step for real, so its gradients
-        # need no zeroing (one pass less); a fused guard also gets ``~all_finite`` written into
-        # ``found_inf`` (the optimizer's own skip flag) by every clip()
-        self.skip_exact = False
-        self.found_inf: torch.Tensor | None = None
+        # the flag and scale handed to the optimizer's step (a SkipStepGuard's; see clip.handoff)
+        self._init_handoff(self.params[0].device)
         self._warned_skip = False
         self._coef_views: dict = {}  # scale_grads' reused per-tensor coefficient buffers
         self.saturation = ClipSaturation(self.params[0].device)  # how often / how hard it scales
@@ -157,15 +158,14 @@ class Clipper:
         self._update(safe, thresholds, coefs, update_ok, all_finite)
         self.steps += 1
         zero = self._zero_mask(keep)
-        if self.scales or zero is not None:  # NoClip with a guard: no pass over the gradients at all
-            scale_grads(grads, coefs if self.scales else None, zero, self._coef_views)
         nonfinite = ~all_finite
-        self.last_nonfinite, self.last_nonfinite_host = nonfinite, None
-        if self.found_inf is not None:  # a fused optimizer's skip flag (SkipStepGuard mode="fused")
-            self.found_inf.copy_(nonfinite)
+        # a fused optimizer applies a single coefficient in its own pass (clip.handoff): no pass here
+        deferred = self._hand_over(nonfinite, coefs if self.scales and zero is None else None)
+        if not deferred and (self.scales or zero is not None):  # NoClip with a guard: no pass at all
+            scale_grads(grads, coefs if self.scales else None, zero, self._coef_views)
         result = ClipResult(self.names, thresholds.expand_as(norms), coefs.expand_as(norms), sq_norms, nonfinite,
                             self.kind)
-        result.global_threshold_t = self._global_threshold
+        result.global_threshold_t, result.deferred = self._global_threshold, deferred
         if steady:
             self.saturation.add(safe * safe, coefs, all_finite)
             result.saturation_t = self.saturation.values()

@@ -28,7 +28,8 @@ from typing import Any, Mapping
 
 import torch
 
-from ..config._validate import in_unit_interval, integer, non_negative, positive
+from ..config._validate import in_unit_interval, integer, positive
+from ..config.clip import small_eps
 from ..grouping import LayerGrouping
 from .clipper import Clipper
 from .running_stats import WarmupEma, WarmupEmaState
@@ -44,13 +45,19 @@ class LayerClip(WarmupEmaState, Clipper):
         positive("z_thresh", z_thresh, "3.0")
         in_unit_interval("alpha", alpha, "0.97")
         integer("warmup_steps", warmup_steps, 1, "25")
-        non_negative("eps", eps, "1e-6")
+        small_eps("eps", eps, "1e-6", allow_zero=True)
         super().__init__(model, on_nonfinite, process_group, skip_step)
         self.grouping = LayerGrouping.build(self.names, group_by, groups)
         self.z_thresh, self.alpha, self.warmup_steps, self.eps = z_thresh, alpha, warmup_steps, eps
         dev = self.params[0].device
         self._index = torch.as_tensor(self.grouping.index, device=dev)  # (n,) tensor -> layer
         self.stats = WarmupEma(warmup_steps, alpha, (len(self.grouping.layers),), dev)
+
+    @property
+    def single_coef(self) -> bool:
+        """Every layer still warming up: the next clip() scales by one coefficient (1), which a fused
+        optimizer applies in its own pass (``clip.handoff``); afterwards one per layer."""
+        return not self.stats.maybe_ready
 
     def _coefs(self, norms, finite):
         layer = self.grouping.sum_by_layer(norms.pow(2)).sqrt()  # (L,)

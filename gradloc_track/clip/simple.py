@@ -13,6 +13,7 @@ class GlobalClip(Clipper):
     """``g <- g * min(1, max_norm / (||g|| + 1e-6))``, exactly as ``clip_grad_norm_``."""
 
     kind = "global"
+    single_coef = True  # one coefficient: a fused optimizer applies it (clip.handoff)
 
     def __init__(self, model: torch.nn.Module, max_norm: float = 1.0, on_nonfinite: str = "skip",
                  process_group: Any = None, skip_step: str = "auto") -> None:

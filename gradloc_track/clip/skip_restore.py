@@ -72,7 +72,11 @@ class StateSnapshot:
         self._pairs = []
         live = self._live()
         by_key: dict[tuple, tuple[list, list]] = defaultdict(lambda: ([], []))
+        seen: set[int] = set()
         for key, t in live:
+            if key in seen:  # one tensor in two parameters' state: restored once (twice would add its bits)
+                continue
+            seen.add(key)
             buf = self._buffers.get(key)
             if buf is None or buf.shape != t.shape or buf.dtype != t.dtype or buf.device != t.device:
                 buf = self._buffers[key] = torch.empty_like(t, memory_format=torch.preserve_format)
@@ -82,8 +86,7 @@ class StateSnapshot:
             src.append(t)
         for dst, src in by_key.values():
             torch._foreach_copy_(dst, src)  # fused, one call per (device, dtype)
-        live_ids = {key for key, _ in live}
-        self._buffers = {k: v for k, v in self._buffers.items() if k in live_ids}
+        self._buffers = {k: v for k, v in self._buffers.items() if k in seen}
 
     @torch.no_grad()
     def select(self, flag: torch.Tensor) -> None:

@@ -15,8 +15,10 @@ gradient does nothing, bitwise:
 guard per clipper: a new one replaces the old. Modes:
 
 - ``"fused"``: the optimizer's own skip flag ``found_inf`` (``fused=True`` Adam/AdamW/SGD/
-  Adagrad, as ``GradScaler`` uses it): no host sync, no memory, no extra pass. Works beside
-  ``GradScaler`` (flags combined).
+  Adagrad, as ``GradScaler`` uses it): no host sync, no memory, no extra pass. A single-coefficient
+  clip (GlobalClip, ZClip, AdaGC's global mode and warm-up) also goes in as the kernel's
+  ``grad_scale``: the clip makes no pass of its own. Works beside ``GradScaler`` (flags OR-ed,
+  scales multiplied; ``clip.skip_fused``).
 - ``"sync"``: a step pre-hook reads the flag (one bool per step: a host sync on an accelerator,
   free on CPU and on steps where ``GradMonitor`` already moved its values to the host) and, when
   it is set, hands the optimizer empty param groups for that step (nothing updated, no state
@@ -76,8 +78,9 @@ def inner_optimizer(optimizer: Any) -> Any:
 
 def guard_for(optimizer: Any, clipper: Any) -> "SkipStepGuard | None":
     """The guard ``GradMonitor(optimizer=...)`` (and so ``watch()`` and the callbacks) installs:
-    a clipper with ``on_nonfinite="skip"`` and ``skip_step`` other than ``"off"``, on a torch
-    optimizer. None otherwise (the clipper then zeroes a bad step's gradients and says so once)."""
+    a flag source (a clipper, or the monitor's ``NonfiniteFlag`` when no clipper sets one) with
+    ``on_nonfinite="skip"`` and ``skip_step`` other than ``"off"``, on a torch optimizer. None
+    otherwise (a clipper then zeroes a bad step's gradients and says so once)."""
     if optimizer is None or clipper is None or getattr(clipper, "on_nonfinite", None) != "skip":
         return None
     mode = getattr(clipper, "skip_step", "auto")

@@ -24,13 +24,15 @@ from typing import Any
 
 import torch
 
-from ..config._validate import in_unit_interval, integer, non_negative, one_of, positive
+from ..config._validate import in_unit_interval, integer, one_of, positive
+from ..config.clip import small_eps
 from .clipper import Clipper
 from .running_stats import WarmupEma, WarmupEmaState
 
 
 class ZClip(WarmupEmaState, Clipper):
     kind = "zclip"
+    single_coef = True  # it scales the global norm: one coefficient, which a fused optimizer applies
 
     def __init__(self, model: torch.nn.Module, alpha: float = 0.97, z_thresh: float = 2.5,
                  warmup_steps: int = 25, mode: str = "zscore", clip_option: str = "adaptive_scaling",
@@ -42,7 +44,7 @@ class ZClip(WarmupEmaState, Clipper):
         integer("warmup_steps", warmup_steps, 1, "25")
         one_of("mode", mode, ("zscore", "percentile"))
         one_of("clip_option", clip_option, ("adaptive_scaling", "mean"))
-        non_negative("eps", eps, "1e-6")
+        small_eps("eps", eps, "1e-6", allow_zero=True)
         positive("clip_factor", clip_factor, "1.0")
         if max_grad_norm is not None:
             positive("max_grad_norm", max_grad_norm, "1.0, or None for no fixed cap")

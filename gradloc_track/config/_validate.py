@@ -67,11 +67,25 @@ def _describe(tp: Any) -> str:
         inner = [a for a in args if a is not type(None)]
         return " or ".join(_describe(a) for a in inner) + (" or null" if len(inner) < len(args) else "")
     if origin in (list, tuple):
-        return f"a list of {_describe(args[0])}s" if args else "a list"
+        return _describe_sequence(origin, args)
     if origin is dict or tp is dict:
         return "a mapping"
     return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(tp, getattr(
         tp, "__name__", str(tp)))
+
+
+_PLURAL = {bool: "true/false values", int: "integers", float: "numbers", str: "strings"}
+
+
+def _describe_sequence(origin: Any, args: tuple) -> str:
+    """``list[str]`` -> "a list of strings"; ``tuple[float, float]`` -> "a list of 2 numbers"."""
+    if not args:
+        return "a list"
+    if origin is tuple and args[-1] is not Ellipsis:
+        if len(set(args)) == 1:
+            return f"a list of {len(args)} {_PLURAL.get(args[0], f'items ({_describe(args[0])})')}"
+        return f"a list of {len(args)} items ({', '.join(_describe(a) for a in args)})"
+    return f"a list of {_PLURAL.get(args[0], f'items ({_describe(args[0])})')}"
 
 
 _SCALARS = {

@@ -15,6 +15,25 @@ from ._validate import (check, check_types, in_unit_interval, integer, non_negat
                         positive)
 
 CLIP_KINDS = ("none", "global", "adagc", "zclip", "layerclip")
+EPS_MAX = 1e-2  # eps only guards a division: far below any gradient norm it is added to
+
+
+def small_eps(field: str, value: float, example: str, allow_zero: bool) -> None:
+    """A clipper's ``eps``: ``0 < eps <= 1e-2`` (``0 <= ...`` where a zero cannot divide by 0). Larger values
+    scale every gradient toward 0 (AdaGC: ``thr / (||g|| + eps)``) or stop clipping altogether (ZClip,
+    LayerClip: ``z = (g - mu) / (sigma + eps)`` never reaches the threshold), silently."""
+    (non_negative if allow_zero else positive)(field, value, example)
+    low = "0 <=" if allow_zero else "0 <"
+    check(value <= EPS_MAX, field, value, f"use {low} eps <= {EPS_MAX:g} (e.g. {example}): eps only guards a "
+          "division; a large eps scales every gradient toward 0 or stops clipping altogether")
+
+
+def growing_lambda_rel(field: str, value: float) -> None:
+    """AdaGC's ``lambda_rel`` > 1: at or below 1 the running norm ``gamma`` can only shrink (it follows
+    ``min(||g||, lambda_rel * gamma)``), so every gradient is scaled toward 0 as training goes on."""
+    positive(field, value, "1.04")
+    check(value > 1.0, field, value, "use a value above 1 (e.g. 1.04, the paper's): at or below 1 AdaGC's "
+          "running norm can only shrink, so every gradient is scaled toward 0 over time")
 NONFINITE = ("skip", "zero", "raise")
 SKIP_STEP = ("auto", "fused", "sync", "restore", "off")
 
@@ -79,11 +98,11 @@ class AdaGCConfig(ClipConfig):
     mode: str = "tensor"  # tensor (AdaGC) | shard (AdaGC-Shard) | global (AdaGC-Global)
 
     def _check_fields(self) -> None:
-        positive("clip.lambda_rel", self.lambda_rel, "1.04")
+        growing_lambda_rel("clip.lambda_rel", self.lambda_rel)
         in_unit_interval("clip.beta", self.beta, "0.99")
         integer("clip.warmup_steps", self.warmup_steps, 0, "100 (0 = no warm-up)")
         positive("clip.lambda_abs", self.lambda_abs, "1.0")
-        positive("clip.eps", self.eps, "1e-6; the official AdaGC code rejects 0")
+        small_eps("clip.eps", self.eps, "1e-6; the official AdaGC code rejects 0", allow_zero=False)
         one_of("clip.mode", self.mode, ("tensor", "shard", "global"))
 
 
@@ -111,7 +130,7 @@ class ZClipConfig(ClipConfig):
         integer("clip.warmup_steps", self.warmup_steps, 1, "25")
         one_of("clip.mode", self.mode, ("zscore", "percentile"))
         one_of("clip.clip_option", self.clip_option, ("adaptive_scaling", "mean"))
-        non_negative("clip.eps", self.eps, "1e-6")
+        small_eps("clip.eps", self.eps, "1e-6", allow_zero=True)
         positive("clip.clip_factor", self.clip_factor, "1.0")
         if self.max_grad_norm is not None:
             positive("clip.max_grad_norm", self.max_grad_norm, "1.0, or null for no fixed cap")
@@ -133,7 +152,7 @@ class LayerClipConfig(ClipConfig):
         positive("clip.z_thresh", self.z_thresh, "3.0")
         in_unit_interval("clip.alpha", self.alpha, "0.97")
         integer("clip.warmup_steps", self.warmup_steps, 1, "25")
-        non_negative("clip.eps", self.eps, "1e-6")
+        small_eps("clip.eps", self.eps, "1e-6", allow_zero=True)
 
 
 CLIP_SCHEMAS: dict[str, type[ClipConfig]] = {

@@ -4,12 +4,25 @@
 ``filter_dataset`` drops its samples from an HF ``datasets.Dataset``, ``BlockedDataset`` /
 ``BlockedIterableDataset`` from torch datasets, each with a count of the drops. ``Quarantine``
 skips, within a run, a sample already blamed when it comes again (``spikes.quarantine=true``).
-See docs/ledger.md.
+See docs/ledger.md. The names resolve on first use: the blocklist (``culprits --export-blocklist``)
+needs no torch, the torch wrappers do.
 """
-from .blocklist import Blocklist, BlocklistError, load_blocklist, write_blocklist
-from .filters import BlockedDataset, BlockedIterableDataset, filter_dataset
-from .fingerprint import record_fingerprint
-from .quarantine import Quarantine, logging_quarantine
+from __future__ import annotations
 
-__all__ = ["Blocklist", "BlocklistError", "BlockedDataset", "BlockedIterableDataset", "Quarantine",
-           "filter_dataset", "load_blocklist", "logging_quarantine", "record_fingerprint", "write_blocklist"]
+from .._lazy import lazy_names
+
+_EXPORTS = {
+    "Blocklist": "gradloc_track.data.blocklist",
+    "BlocklistError": "gradloc_track.data.blocklist",
+    "load_blocklist": "gradloc_track.data.blocklist",
+    "write_blocklist": "gradloc_track.data.blocklist",
+    "BlockedDataset": "gradloc_track.data.filters",
+    "BlockedIterableDataset": "gradloc_track.data.filters",
+    "filter_dataset": "gradloc_track.data.filters",
+    "record_fingerprint": "gradloc_track.data.fingerprint",
+    "Quarantine": "gradloc_track.data.quarantine",
+    "logging_quarantine": "gradloc_track.data.quarantine",
+}
+__all__ = sorted(_EXPORTS)
+
+__getattr__ = lazy_names(__name__, _EXPORTS)

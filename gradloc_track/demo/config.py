@@ -6,11 +6,13 @@ example app, not to the library: a user's own training script has its own.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Optional
 
 from ..config import RootConfig
 from ..config._validate import check, check_types, one_of
+from .inject import max_span
 
 
 @dataclass
@@ -89,6 +91,9 @@ class SpikeInjectionConfig:
               self.kind, "use garbled_span, short_garbage_doc or corrupt_span")
         check(self.sample >= 0, "train.inject.sample", self.sample, "use a sample index >= 0 (< train.batch_size)")
         check(self.span >= 1, "train.inject.span", self.span, "use 1 or more loss tokens")
+        if self.kind == "garbled_span":
+            check(len(self.text) > 0, "train.inject.text", self.text,
+                  "use a non-empty string, e.g. train.inject.text='â€™' (the junk the garbled answer repeats)")
         check(0 < self.scale < float("inf"), "train.inject.scale", self.scale, "use a positive, finite number")
 
     def at(self, step: int) -> bool:
@@ -107,7 +112,9 @@ class TrainConfig:
     device: str = "cpu"
     loss_norm: str = "token"  # token (mean over all loss tokens) | sample (mean of per-sample means)
     corpus: Optional[str] = None  # path to a UTF-8 text file; None = built-in offline corpus
-    num_threads: Optional[int] = None  # torch.set_num_threads; None = leave torch's default
+    # torch.set_num_threads; None = half the cores, at most 4 (a small model gains nothing from more, and a busy
+    # machine loses: the demo took 383 s on 2 busy cores with torch's default, ~150 s with 1); 0 = torch's default
+    num_threads: Optional[int] = None
     tokenizer: str = "byte"  # byte (vocab 256) | bpe (trained on the corpus, vocab = model.vocab_size)
     cache_dir: Optional[str] = None  # where the trained BPE is kept; None = ~/.cache/gradloc-track
     inject: SpikeInjectionConfig = field(default_factory=SpikeInjectionConfig)
@@ -120,14 +127,15 @@ class TrainConfig:
         one_of("train.loss_norm", self.loss_norm, ("token", "sample"))
         check(self.inject.sample < self.batch_size, "train.inject.sample", self.inject.sample,
               f"use a sample index below train.batch_size={self.batch_size}")
+        longest = max_span(self.inject.kind, self.seq_len)
+        check(self.inject.span <= longest, "train.inject.span", self.inject.span,
+              f"{self.inject.kind} fits at most {longest} loss tokens in a row of train.seq_len={self.seq_len}: "
+              f"use train.inject.span={longest} or less, or raise train.seq_len")
         if self.num_threads is not None:
-            check(self.num_threads >= 1, "train.num_threads", self.num_threads, "use 1 or more, or null")
-        try:
-            import torch
-
-            torch.device(self.device)
-        except (RuntimeError, ValueError) as exc:
-            check(False, "train.device", self.device, f"use a torch device such as cpu or cuda:0 ({exc})")
+            check(self.num_threads >= 0, "train.num_threads", self.num_threads,
+                  "use 1 or more, 0 for torch's own default (every core), or null for the demo's (half the cores, "
+                  "at most 4)")
+        check_device(self.device)
         if self.corpus is not None:
             from pathlib import Path
 
@@ -172,6 +180,41 @@ class DemoConfig(RootConfig):
         super().__post_init__()
         check(self.train.seq_len <= self.model.max_seq_len, "train.seq_len", self.train.seq_len,
               f"use at most model.max_seq_len={self.model.max_seq_len}, or raise model.max_seq_len")
+        if self.train.tokenizer == "byte":
+            check(self.model.vocab_size >= 256, "model.vocab_size", self.model.vocab_size,
+                  "train.tokenizer=byte needs 256 (one token per byte): use model.vocab_size=256 or more")
+        else:
+            least = bpe_min_vocab(self.train.corpus)
+            check(self.model.vocab_size >= least, "model.vocab_size", self.model.vocab_size,
+                  f"train.tokenizer=bpe needs at least {least} tokens for this corpus (its characters and the "
+                  f"<pad>/<unk> specials) before any merge: use model.vocab_size={max(least, 1024)}, or more")
+
+
+def check_device(device: str) -> None:
+    """``train.device``: a device torch knows, and one this torch build can use (a CPU build has no cuda)."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        check(False, "train.device", device, f"use a torch device such as cpu or cuda:0 ({exc})")
+    if dev.type == "cuda":
+        why = "this torch is a CPU-only build" if torch.version.cuda is None else "no CUDA device is visible"
+        check(torch.cuda.is_available(), "train.device", device, f"{why}: use train.device=cpu")
+        check(dev.index is None or dev.index < torch.cuda.device_count(), "train.device", device,
+              f"this machine has {torch.cuda.device_count()} CUDA device(s): use cuda:0 .. cuda:"
+              f"{torch.cuda.device_count() - 1}")
+    elif dev.type == "mps":
+        check(torch.backends.mps.is_available(), "train.device", device, "MPS is not available here: use cpu")
+
+
+@functools.lru_cache(maxsize=8)
+def bpe_min_vocab(corpus: str | None) -> int:
+    """The smallest BPE for ``corpus`` (path, None = built-in): its alphabet plus two specials."""
+    from .data import load_corpus
+    from .tokenizer import min_vocab
+
+    return min_vocab(load_corpus(corpus))
 
 
 def register_configs() -> None:

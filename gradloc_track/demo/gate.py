@@ -54,12 +54,16 @@ class SampleGate:
             return []
         out = []
         for b in range(x.shape[0]):
-            for attempt in range(MAX_TRIES):
+            for attempt in range(MAX_TRIES + 1):  # the sample, then each replacement, every one checked
                 # host sync: the ids of one sample, only when a blocklist or the quarantine is on
                 fp = sample_fingerprint(y[b][mask[b] > 0].tolist())
                 why = self.why(fp, step)
                 if why is None:
                     break
+                if attempt == MAX_TRIES:
+                    raise RuntimeError(f"step {step}, row {b}: the {why} left out {MAX_TRIES + 1} windows in a row; "
+                                       f"it blocks most of the corpus. Check data.blocklist (or turn "
+                                       "spikes.quarantine off)")
                 out.append((b, fp, why))
                 self.left_out.append((step, b, fp, why))
                 window = refill(b, attempt).to(x.device)  # (T+1,)

@@ -82,6 +82,9 @@ class TinyGPT(nn.Module):
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         B, T = idx.shape
+        if T > self.max_seq_len:  # the position table ends there: say so instead of an IndexError
+            raise ValueError(f"TinyGPT: rows of {T} tokens are longer than its context (model.max_seq_len="
+                             f"{self.max_seq_len}): raise model.max_seq_len or pass shorter rows")
         pos = torch.arange(T, device=idx.device)
         x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
         for block in self.h:

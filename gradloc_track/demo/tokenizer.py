@@ -19,6 +19,13 @@ SPACE = "\u2581"  # ▁
 EXTRA_ALPHABET = list("âÃ€™œ¢‚¬„©")
 
 
+def min_vocab(text: str) -> int:
+    """The fewest tokens a BPE of ``text`` has: its characters (spaces as ``▁``, the extra alphabet
+    included) and the two specials; ``model.vocab_size`` below it cannot be honoured."""
+    trained_on = "".join(text.split("\n\n")).replace(" ", SPACE)  # paragraphs, as train_or_load feeds them
+    return len(set(trained_on) | set(EXTRA_ALPHABET)) + 2
+
+
 def default_cache_dir() -> Path:
     """``$XDG_CACHE_HOME/gradloc-track`` (``~/.cache/gradloc-track``)."""
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
@@ -102,6 +109,6 @@ def make_tokenizer(kind: str, vocab_size: int, corpus: str, cache_dir: str | Pat
             raise ValueError(f"model.vocab_size={vocab_size} is too small for train.tokenizer=byte: use 256 or more")
         return ByteTokenizer()
     tok = BpeTokenizer.train_or_load(corpus, vocab_size, cache_dir)
-    if tok.vocab_size > vocab_size:  # pragma: no cover - BPE never exceeds its target
+    if tok.vocab_size > vocab_size:  # pragma: no cover - the config asks for min_vocab(corpus) or more
         raise ValueError(f"model.vocab_size={vocab_size} < the BPE's {tok.vocab_size} tokens")
     return tok

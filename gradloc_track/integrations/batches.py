@@ -17,6 +17,9 @@ loss, a mean over its micro-batch's terms, divided by K for accumulation as Trai
 losses sum to the step's loss, so their gradients sum to the step's gradient; the localizer checks
 it against ``.grad``. Each micro-batch keeps the RNG state saved right before its own forward, so
 probes replay its dropout exactly (the RNG has moved on between micro-batches).
+The capture interface the handle takes is ``BatchList`` (``add`` / ``add_info`` / ``take`` /
+``paused`` / ``remove``): fed by a framework (Lightning's ``on_train_batch_start``), or by the
+model's forward hooks (``MicroBatchCapture``, ``watch()`` and HF Trainer).
 The call is read by argument name (``calls``): nanoGPT's ``model(x, y)`` gives ids ``x`` and
 already-shifted ``targets`` ``y`` (``-1`` = no loss), and a probe calls ``model(idx=x, targets=y)``
 again. Per-sample columns (``sample_info``) ride along with each micro-batch.
@@ -186,44 +189,22 @@ def lm_spike_context(model: torch.nn.Module, batches: list[LMBatch], tokenizer: 
                         sample_columns=columns, document_ids=docs)
 
 
-class MicroBatchCapture:
-    """Forward hooks that record each training forward's token ids (not during eval, under
-    ``no_grad``, or while ``paused()``: the localizer's own probes call the model too), and take the
-    collated sample columns (``sample_info.SAMPLE_INFO_KEY``) out of every call.
+class BatchList:
+    """A step's micro-batches, as they arrive, for the handle to ``take()`` once per step: the
+    capture interface every front door hands ``WatchHandle``. This base holds no hook: a framework
+    feeds it (Lightning's ``on_train_batch_start`` calls ``add``); ``MicroBatchCapture`` feeds it
+    from the model's forward calls. ``paused()``: the localizer's own probes are not batches of the
+    step; ``remove()``: take off whatever hooks feed it (none here)."""
 
-    The pre-hook runs first (``prepend``), so the columns are ours before any other hook or the
-    forward sees them; the forward hook checks that the output has logits for every position."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self) -> None:
         self.batches: list[LMBatch] = []
         # the RNG state (CPU and CUDA) right before each batch's forward: probes replay its dropout
         self.rng_states: list[dict] = []
         self._paused = 0
         self._infos: list[dict[str, Any]] = []  # set_sample_info calls of this step, one per micro-batch
-        self._open: LMBatch | None = None  # the batch whose forward is running
-        self._signature = forward_signature(model)
-        self._handles = [model.register_forward_pre_hook(self._hook, with_kwargs=True, prepend=True),
-                         model.register_forward_hook(self._check_output)]
-        self._handle = self._handles[0]
-
-    def _hook(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
-        info = sample_info.pop_sample_info(kwargs)  # always: the model must never see it
-        if not (self._paused or not module.training or not torch.is_grad_enabled()):
-            batch = LMBatch.from_call(args, kwargs, self._signature)
-            if batch is not None:
-                batch.info = info
-                self.add(batch)
-                self._open = batch
-        return (args, kwargs) if info is not None else None
-
-    def _check_output(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
-        batch, self._open = self._open, None
-        if batch is not None:
-            batch.unusable = unusable_output(output, batch.input_ids)
 
     def add(self, batch: LMBatch | None) -> None:
-        """Record a batch (and the RNG state now, just before its forward); Lightning's
-        ``on_train_batch_start`` calls it for batches seen there."""
+        """Record a batch (and the RNG state now, just before its forward)."""
         if batch is None:
             return
         self.batches.append(batch)
@@ -253,17 +234,43 @@ class MicroBatchCapture:
             self._paused -= 1
 
     def remove(self) -> None:
+        """Nothing hooked: a fed list."""
+
+
+class MicroBatchCapture(BatchList):
+    """Forward hooks that record each training forward's token ids (not during eval, under
+    ``no_grad``, or while ``paused()``), and take the collated sample columns
+    (``sample_info.SAMPLE_INFO_KEY``) out of every call.
+
+    The pre-hook runs first (``prepend``), so the columns are ours before any other hook or the
+    forward sees them; the forward hook checks that the output has logits for every position."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self._open: LMBatch | None = None  # the batch whose forward is running
+        self._signature = forward_signature(model)
+        self._handles = [model.register_forward_pre_hook(self._hook, with_kwargs=True, prepend=True),
+                         model.register_forward_hook(self._check_output)]
+
+    def _hook(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
+        info = sample_info.pop_sample_info(kwargs)  # always: the model must never see it
+        if not (self._paused or not module.training or not torch.is_grad_enabled()):
+            batch = LMBatch.from_call(args, kwargs, self._signature)
+            if batch is not None:
+                batch.info = info
+                self.add(batch)
+                self._open = batch
+        return (args, kwargs) if info is not None else None
+
+    def _check_output(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
+        batch, self._open = self._open, None
+        if batch is not None:
+            batch.unusable = unusable_output(output, batch.input_ids)
+
+    def remove(self) -> None:
         for h in self._handles:
             h.remove()
-        self._handles, self._handle = [], None
-
-
-class BatchList(MicroBatchCapture):
-    """The same interface without a hook: batches arrive through ``add()``."""
-
-    def __init__(self) -> None:  # noqa: D401 - no model hook
-        self.batches, self.rng_states, self._paused, self._handle, self._handles = [], [], 0, None, []
-        self._infos, self._open = [], None
+        self._handles = []
 
 
 def resolve_tokenizer(model: torch.nn.Module, tokenizer: Any = None) -> Any:

@@ -17,7 +17,10 @@ Said once. Under DeepSpeed or FSDP Trainer's clipping is left alone. ``keep_colu
 Inside TRL's ``GRPOTrainer`` / ``SFTTrainer`` the same class rebuilds the loss TRL computes from the
 batch TRL built, instead of the causal-LM cross-entropy (``integrations/trl``, docs/trl.md).
 The clipper's skip guard goes on Trainer's optimizer (its default fused AdamW skips a non-finite
-step through ``found_inf``: no sync, no memory).
+step through ``found_inf``: no sync, no memory). Every spike prints its block on rank 0's stderr
+(``gradloc_track.console``; why it is not localized when it is not). A run nobody named
+(``run_name`` unset) is named ``<model type> seed=<seed> <time>`` for Trainer's MLflow/W&B run,
+and ``run_name`` reads unset again after ``train()``.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ import warnings
 from typing import Any
 
 from .._optional import require
+from ..console import TrainConsole
 from .options import resolve_options
 
 require("transformers", "hf")
@@ -53,10 +57,17 @@ class GradLocCallback(TrainerCallback):
         self.adapter = None  # TRL trainers: records the batches TRL builds (integrations/trl)
         self._warned_clip = False
         self._trainer_max_norm: float | None = None  # Trainer's max_grad_norm while we hold its clipping
+        self.console = TrainConsole(stream=sys.stderr, rich=False)  # one block per spike (gradloc_track.console)
+        self._named_run: str | None = None  # the run_name we gave TrainingArguments (none was set)
+
+    def on_init_end(self, args, state, control, model=None, **kwargs):
+        if getattr(args, "run_name", None) is None and model is not None:
+            # nobody named the run: MLflow and W&B would call it "overjoyed-slug-911", like every other one
+            args.run_name = self._named_run = default_run_name(model, args.seed)
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, processing_class=None, **kwargs):
-        from .runs import ScratchDir
-        from .watch import WatchHandle, build_tracker
+        from .batches import MicroBatchCapture
+        from .handle import Door, open_handle
 
         self._take_over_clipping(args)
         if self.handle is not None and not self.handle.finished:
@@ -69,10 +80,9 @@ class GradLocCallback(TrainerCallback):
 
             opts = dataclasses.replace(opts, clip=GlobalClipConfig(max_norm=self._trainer_max_norm))
         trainer, kind = _trl_trainer(self)  # TRL's GRPO/SFT trainers: the loss they compute, not cross-entropy
-        scratch = ScratchDir()  # the joined run's files (no run_dir given); removed at finish
-        tracker, owns = build_tracker(opts, wandb_step_key=HF_WANDB_STEP, scratch=scratch)  # joins report_to's run
-        self.handle = WatchHandle(model, optimizer, opts, tracker=tracker, owns_tracker=owns, step_hook=False,
-                                  scratch=scratch, capture=kind is None)
+        door = Door("GradLocCallback (TRL)" if kind is not None else "GradLocCallback", hook_optimizer=False,
+                    wandb_step_key=HF_WANDB_STEP)  # joins report_to's run; Trainer calls step() through us
+        self.handle = open_handle(model, optimizer, opts, door, MicroBatchCapture(model) if kind is None else None)
         if kind is not None:
             from .trl.adapters import make_adapter
 
@@ -109,8 +119,9 @@ class GradLocCallback(TrainerCallback):
             ctx = self.adapter.context() if self.adapter is not None else None
             # Trainer increments global_step after optimizer.step(); it logs this update at +1
             stats = self.handle.step(state.global_step + 1, spike_context=ctx)
-            if self.adapter is not None:
-                self.adapter.report(stats, ctx, self.handle.monitor.artifact_writer.run_dir)
+            if stats.events and state.is_world_process_zero:  # the spike block: culprits, or why not localized
+                why = self.adapter.why_not() if self.adapter is not None else None
+                self.console.spike(stats, self.handle.run_dir, not_localized=why)
 
     def on_step_end(self, args, state, control, **kwargs):
         # the report_to callbacks run first at train end (MLflow ends its run there): flush before
@@ -120,12 +131,22 @@ class GradLocCallback(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         if self._trainer_max_norm is not None:  # the user's TrainingArguments read as they wrote them again
             args.max_grad_norm, self._trainer_max_norm = self._trainer_max_norm, None
+        if self._named_run is not None and args.run_name == self._named_run:
+            args.run_name, self._named_run = None, None
         if self.adapter is not None:
             self.adapter.remove()
             self.adapter = None
         if self.handle is not None:
-            self.handle.remove()
-            self.handle.finish()
+            self.handle.close()  # every hook off; Trainer's run stays open for its owner
+
+
+def default_run_name(model: Any, seed: int) -> str:
+    """``gpt2 seed=0 11-25 17:36:05``: the model's config, the seed and the start time, so runs of the
+    same script tell apart in the experiment's chart view."""
+    import time
+
+    kind = getattr(getattr(model, "config", None), "model_type", None) or type(model).__name__
+    return f"{kind} seed={seed} {time.strftime('%m-%d %H:%M:%S')}"
 
 
 def _trl_trainer(callback: GradLocCallback) -> tuple[Any, str | None]:

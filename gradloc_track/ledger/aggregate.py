@@ -1,9 +1,11 @@
 """The ledger's two views of every culprit row of every run: per sample, and per group (``--by``).
 
-A spike event is one (run, step). Rows of one event never overlap (``artifacts.table``), so a
-sample's share of an event is the sum of its rows' shares; its ``max_share`` is the largest such
-sum over the events that blamed it. Rows without a ``sample_id`` (micro-batch rows, tables from
-before sample identity) count in the groups, not in the per-sample table.
+A spike event is one (run, step), the run by its identity (``RunTable.run_id``), never its name.
+Rows of one event never overlap (``artifacts.table``), so a sample's share of an event is the sum
+of its rows' shares; its ``max_share`` is the largest such sum over the events that blamed it,
+never below 0 (a negative share is interference noise, not a cause). Rows without a
+``sample_id`` (micro-batch rows, tables from before sample identity) count in the groups, not in
+the per-sample table.
 """
 from __future__ import annotations
 
@@ -22,34 +24,57 @@ MAX_VALUES = 5  # distinct metadata values listed per sample
 
 @dataclass
 class Ledger:
-    """Rows of every run, their metadata columns, and the number of spike events that blamed anything."""
+    """Rows of every run (``run``: the run's id), their metadata columns, the runs' names (in order, and
+    by id), and the number of spike events that blamed anything."""
 
     rows: list[dict[str, Any]]
     metadata: list[str]
     runs: list[str]
     events: int
     notes: list[str] = field(default_factory=list)
+    names: dict[str, str] = field(default_factory=dict)  # run id -> its name in the ledger
+    run_ids: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Views:
+    """A ledger and what is shown of it: one entry per blamed sample, and per group with ``--by``."""
+
+    ledger: Ledger
+    samples: list[dict[str, Any]]
+    groups: list[dict[str, Any]] | None = None
+    by: str | None = None
+
+
+def views(ledger: Ledger, by: str | None = None) -> Views:
+    """The per-sample view, and the ``by`` groups (``KeyError`` for a column no run has)."""
+    return Views(ledger, by_sample(ledger), by_group(ledger, by) if by is not None else None, by)
 
 
 def collect(runs: Iterable[RunTable], notes: list[str] | None = None) -> Ledger:
-    """Every culprit row as a dict with its ``run``; the user's columns in first-seen order."""
-    rows, metadata, names = [], [], []
+    """Every culprit row as a dict with its ``run`` (the run's id); the user's columns in first-seen order."""
+    rows, metadata, names = [], [], {}
     for run in runs:
-        names.append(run.name)
+        names[run.run_id] = run.name
         cols = run.table.get("columns", [])
         metadata += [c for c in cols if c not in OURS and c not in metadata]
-        rows += [{**dict(zip(cols, r)), "run": run.name} for r in run.table.get("data", [])]
+        rows += [dict(zip(cols, r), run=run.run_id) for r in run.table.get("data", [])]
     events = len({(r["run"], r.get("step")) for r in rows})
-    return Ledger(rows, metadata, names, events, list(notes or []))
+    return Ledger(rows, metadata, list(names.values()), events, list(notes or []), names, list(names))
 
 
 def _event_shares(rows: list[dict]) -> dict[tuple, float]:
-    """(run, step) -> the summed share of ``rows`` in that event."""
+    """(run id, step) -> the summed share of ``rows`` in that event."""
     out: dict[tuple, float] = {}
     for r in rows:
         key = (r["run"], r.get("step"))
         out[key] = out.get(key, 0.0) + float(r.get("share") or 0.0)
     return out
+
+
+def _largest(shares: dict[tuple, float]) -> float:
+    """The largest share of one event, never below 0 (a negative one is noise, never shown as a cause)."""
+    return max(0.0, *shares.values())
 
 
 def excerpt(rows: list[dict]) -> str:
@@ -58,17 +83,18 @@ def excerpt(rows: list[dict]) -> str:
     if units:
         best = min(units, key=lambda r: (UNIT_RANK[r["level"]], -float(r.get("share") or 0)))
         return cut_text(str(best.get("token") or ""), EXCERPT_CHARS)
-    first = min((r["run"], r.get("step")) for r in rows)  # one event's tokens, not every run's copies
-    toks = sorted((r for r in rows if (r["run"], r.get("step")) == first), key=lambda r: r.get("position") or 0)
+    first = min((r["run"], r.get("step") or 0) for r in rows)  # one event's tokens, not every run's copies
+    toks = sorted((r for r in rows if (r["run"], r.get("step") or 0) == first), key=lambda r: r.get("position") or 0)
     return cut_text("".join(str(r.get("token") or "") for r in toks), EXCERPT_CHARS)
 
 
 def _value(values: list[Any]) -> Any:
     """One metadata cell: the value, or the distinct values joined (e.g. another index in another run)."""
-    distinct = []
+    seen: dict[Any, Any] = {}  # in first-seen order; a list or dict cell by its JSON-ish text
     for v in values:
-        if v is not None and v not in distinct:
-            distinct.append(v)
+        if v is not None:
+            seen.setdefault(v if isinstance(v, (str, int, float)) else repr(v), v)
+    distinct = list(seen.values())
     if len(distinct) <= 1:
         return distinct[0] if distinct else None
     more = f" (+{len(distinct) - MAX_VALUES})" if len(distinct) > MAX_VALUES else ""
@@ -81,16 +107,27 @@ def by_sample(ledger: Ledger) -> list[dict[str, Any]]:
     groups: dict[str, list[dict]] = {}
     for r in ledger.rows:
         if r.get("sample_id"):
-            groups.setdefault(str(r["sample_id"]), []).append(r)
+            groups.setdefault(r["sample_id"], []).append(r)
     out = []
+    name = ledger.names
     for sid, rows in groups.items():
+        if len(rows) == 1:  # the common case, without the per-event bookkeeping (the same entry)
+            out.append(_one_row(sid, rows[0], name[rows[0]["run"]], ledger.metadata))
+            continue
         shares = _event_shares(rows)
-        runs = list(dict.fromkeys(run for run, _ in shares))
+        runs = list(dict.fromkeys(name[run] for run, _ in shares))
         out.append({"sample_id": sid, "blamed": len(shares), "runs": runs,
-                    "steps": [f"{run}@{step}" for run, step in shares],
-                    "max_share": max(shares.values()), "text": excerpt(rows),
+                    "steps": [f"{name[run]}@{step}" for run, step in shares],
+                    "max_share": _largest(shares), "text": excerpt(rows),
                     **{c: _value([r.get(c) for r in rows]) for c in ledger.metadata}})
     return sorted(out, key=lambda e: (-e["blamed"], -len(e["runs"]), -e["max_share"], e["sample_id"]))
+
+
+def _one_row(sid: str, r: dict, run: str, metadata: list[str]) -> dict[str, Any]:
+    """``by_sample``'s entry of a sample blamed by one row."""
+    return {"sample_id": sid, "blamed": 1, "runs": [run], "steps": [f"{run}@{r.get('step')}"],
+            "max_share": max(0.0, float(r.get("share") or 0.0)),
+            "text": cut_text(str(r.get("token") or ""), EXCERPT_CHARS), **{c: r.get(c) for c in metadata}}
 
 
 def bucket(n: Any) -> str | None:
@@ -137,6 +174,6 @@ def by_group(ledger: Ledger, by: str) -> list[dict[str, Any]]:
         n = len(shares)
         out.append({by: key, "spikes": n, "of_spikes": ledger.events,
                     "samples": len({r["sample_id"] for r in rows if r.get("sample_id")}),
-                    "runs": len({run for run, _ in shares}), "rows": len(rows), "max_share": max(shares.values()),
+                    "runs": len({run for run, _ in shares}), "rows": len(rows), "max_share": _largest(shares),
                     "summary": f"{by} {key} caused {n} of {ledger.events} spike(s)"})
     return sorted(out, key=lambda e: (-e["spikes"], -e["max_share"], str(e[by])))

@@ -1,73 +1,134 @@
-"""``gradloc-track culprits``: the ledger across runs, from the command line."""
+"""``gradloc-track culprits``: the ledger across runs, from the command line.
+
+Exit status: 0 when the ledger was written (and, with ``--log-to``, delivered); 2 when a source
+cannot be read or yields no run, or an option is wrong; 1 when ``--log-to`` could not deliver
+the ledger run (its records are in the spool: the message names the ``replay`` command).
+"""
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from .aggregate import by_group, by_sample, check_by, collect
-from .sources import read_runs
+from ..text import visible_text
+from .export import SHARE_FLOOR
+
+PROG = "gradloc-track culprits"
+
+
+def _share(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = -1.0
+    if not 0.0 <= v <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a share: use a fraction between 0 and 1 (e.g. 0.05)")
+    return v
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = -1.0
+    if not 0.0 < v < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds: use a positive number (e.g. 60)")
+    return v
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("culprits", help="one table of every culprit sample across runs (CSV, JSON, HTML); "
                                         "--by a column; --export-blocklist")
     p.add_argument("sources", nargs="+", help="MLflow experiment names (or ids), MLflow run ids, run directories "
-                                              "the app printed, W&B run directories")
+                                              "the app printed (or folders holding them), W&B run directories")
     p.add_argument("--tracking-uri", default=None,
                    help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else ./mlflow.db)")
     p.add_argument("--by", default=None, help="group by a metadata column (e.g. source), 'token', 'length' "
                                               "(of the culprit, power-of-two buckets) or 'position'")
     p.add_argument("-o", "--output-dir", default="culprit_ledger",
-                   help="where culprits.csv/.json/.html go (default: %(default)s)")
+                   help="the folder culprits.csv/.json/.html go to (default: %(default)s)")
     p.add_argument("--export-blocklist", metavar="FILE", default=None,
                    help="also write the blamed samples' fingerprints and indices, for data.blocklist=FILE")
     p.add_argument("--min-blamed", type=int, default=1, help="export only samples blamed this often (default: 1)")
+    p.add_argument("--min-share", type=_share, default=SHARE_FLOOR,
+                   help="export only samples that carried at least this share of a spike's squared grad norm "
+                        "(default: %(default)s; a row under it cannot have made the step spike, see docs/ledger.md)")
     p.add_argument("--index-column", default="dataset_index",
                    help="the metadata column holding the dataset index (default: %(default)s)")
     p.add_argument("--log-to", choices=("mlflow", "wandb"), default=None,
                    help="also log the ledger as a run of its own (tables ledger/samples, ledger/by_<col>)")
+    p.add_argument("--log-timeout", type=_seconds, default=60.0,
+                   help="--log-to: seconds to wait for the tracker; what it has not taken by then stays in "
+                        "the spool for 'gradloc-track replay' (default: %(default)s)")
     p.add_argument("--experiment", default="gradloc-track", help="--log-to mlflow: the experiment "
                                                                  "(default: %(default)s)")
     p.add_argument("--project", default="gradloc-track", help="--log-to wandb: the project (default: %(default)s)")
 
 
-def run(args: argparse.Namespace) -> int:
-    from .render import write_files
+def _fail(message: str, code: int = 2) -> int:
+    print(f"{PROG}: {visible_text(message)}", file=sys.stderr)
+    return code
 
+
+def run(args: argparse.Namespace) -> int:
+    from .aggregate import collect, views
+    from .render import write_files
+    from .sources import read_runs
+
+    out = Path(args.output_dir)
+    if out.exists() and not out.is_dir():
+        return _fail(f"-o {out} is a file; the ledger is a folder of files (culprits.csv, .json, .html): "
+                     "pass a folder (it is created if missing)")
     notes: list[str] = []
     try:
-        ledger = collect(read_runs(args.sources, args.tracking_uri, notes), notes)
-        if args.by is not None:
-            check_by(ledger, args.by)
+        v = views(collect(read_runs(args.sources, args.tracking_uri, notes), notes), args.by)
     except (OSError, ImportError, KeyError) as exc:  # ReportSourceError is a FileNotFoundError
-        print(f"gradloc-track culprits: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
-        return 2
-    samples = by_sample(ledger)
-    groups = by_group(ledger, args.by) if args.by is not None else None
-    for note in ledger.notes:
-        print(f"gradloc-track culprits: note: {note}", file=sys.stderr)
-    files = write_files(args.output_dir, ledger, samples, groups, args.by)
-    print(f"{len(ledger.runs)} run(s), {ledger.events} spike event(s) with culprits, {len(samples)} blamed sample(s)")
-    for s in samples[:10]:
+        return _fail(exc.args[0] if isinstance(exc, KeyError) else str(exc))
+    for note in v.ledger.notes:
+        print(f"{PROG}: note: {visible_text(note)}", file=sys.stderr)
+    try:
+        files = write_files(out, v)
+    except OSError as exc:
+        return _fail(f"cannot write the ledger into {out}: {exc.strerror or exc}")
+    led = v.ledger
+    print(f"{len(led.runs)} run(s), {led.events} spike event(s) with culprits, {len(v.samples)} blamed sample(s)")
+    for s in v.samples[:10]:
         print(f"  {s['sample_id']}  blamed {s['blamed']}x in {len(s['runs'])} run(s), max share {s['max_share']:.0%}"
-              f"  {s['text'][:60]!r}")
-    for g in (groups or [])[:10]:
-        print(f"  {g['summary']}")
+              f"  '{visible_text(s['text'][:60])}'")
+    for g in (v.groups or [])[:10]:
+        print(f"  {visible_text(g['summary'])}")
     print("wrote " + ", ".join(map(str, files)))
-    return _after(args, ledger, samples, groups)
+    return _after(args, v)
 
 
-def _after(args: argparse.Namespace, ledger, samples: list[dict], groups: list[dict] | None) -> int:
+def _after(args: argparse.Namespace, v) -> int:
     """The blocklist and the tracker run, once the files are written."""
     if args.export_blocklist:
         from .export import export_blocklist
 
-        path, n = export_blocklist(args.export_blocklist, samples, args.index_column, args.min_blamed)
-        print(f"wrote blocklist {path} ({n} sample(s)); train without them with data.blocklist={path}")
+        try:
+            path, n = export_blocklist(args.export_blocklist, v.samples, args.index_column, args.min_blamed,
+                                       args.min_share)
+        except OSError as exc:
+            return _fail(f"--export-blocklist {args.export_blocklist}: cannot write it ({exc.strerror or exc})")
+        left = len(v.samples) - n
+        print(f"wrote blocklist {path} ({n} sample(s)" + (f"; {left} under --min-blamed {args.min_blamed} or "
+                                                          f"--min-share {args.min_share:g} left out" if left else "")
+              + f"); train without them with data.blocklist={path}")
     if args.log_to:
-        from .publish import log_ledger
-
-        where = log_ledger(args.log_to, args.output_dir, ledger, samples, groups, args.by, args.sources,
-                           args.tracking_uri, args.experiment, args.project)
-        print(f"logged the ledger to {args.log_to}: {where.get(args.log_to, {})}")
+        return _publish(args, v)
     return 0
+
+
+def _publish(args: argparse.Namespace, v) -> int:
+    from .publish import Destination, log_ledger
+
+    dest = Destination(args.log_to, args.tracking_uri, args.experiment, args.project, timeout_s=args.log_timeout)
+    got = log_ledger(v, args.output_dir, args.sources, dest)
+    if got.delivered:
+        print(f"logged the ledger to {args.log_to}: {got.where[args.log_to]}")
+        return 0
+    what = "nothing of it was delivered" if not got.where else "it was not all delivered"
+    return _fail(f"the ledger run did NOT reach {args.log_to} within --log-timeout {args.log_timeout:g} s "
+                 f"({what}); its {got.spooled} record(s) are spooled in {got.run_dir / 'spool'}. Once "
+                 f"{args.log_to} is reachable, send them with: gradloc-track replay {got.run_dir}", code=1)

@@ -1,7 +1,10 @@
 """The ledger as files: CSV (one per view), JSON (both views) and one HTML page.
 
-The page is built like the spike report's: every cell escaped, the report's Content-Security-Policy
-(no script may run, nothing is loaded from outside).
+The page is built like the spike report's: every cell shown visibly (``text.visible_html``: bidi
+controls and NUL as escapes) and escaped, the report's Content-Security-Policy (no script may run,
+nothing is loaded from outside), long text wrapped inside its column (CSS only). CSV cells go
+through ``text.csv_cell`` (a cell a spreadsheet would evaluate is defused); the JSON keeps the exact
+text. Every file is written atomically (``trackers.files``).
 """
 from __future__ import annotations
 
@@ -12,11 +15,19 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..report import CSP, CSS
-from .aggregate import Ledger
+from ..report import CSP, CSS, cell_text
+from ..text import csv_cell, visible_html, visible_text
+from ..trackers.files import atomic_write_text
+from .aggregate import Views
 
 LIST_SEP = "; "
-PAGE_CSS = CSS + " td.text{font-family:ui-monospace,Menlo,Consolas,monospace;white-space:pre-wrap;max-width:60ch}"
+MAX_PAGE_ROWS = 1000  # rows of a table on the page (a person reads the top; the CSV and JSON hold every one)
+MAX_PAGE_RUNS = 20  # run names in the page's header
+# text may break anywhere (a 200-character excerpt without a space, a run path, a list of steps),
+# so the table's narrowest layout fits any window and it never grows past it, nor does a line of
+# the header; the text column keeps a readable width
+PAGE_CSS = CSS + (" body{overflow-wrap:anywhere} table{max-width:100%} td,th{vertical-align:top}"
+                  " td.text{font-family:ui-monospace,Menlo,Consolas,monospace;white-space:pre-wrap;min-width:24ch}")
 
 
 def _cell(v: Any) -> Any:
@@ -25,10 +36,8 @@ def _cell(v: Any) -> Any:
 
 
 def columns_of(entries: Sequence[dict]) -> list[str]:
-    cols: list[str] = []
-    for e in entries:
-        cols += [k for k in e if k not in cols]
-    return cols
+    """Every key of the entries, in first-seen order."""
+    return list(dict.fromkeys(k for e in entries for k in e))
 
 
 def as_rows(entries: Sequence[dict]) -> tuple[list[str], list[list[Any]]]:
@@ -41,58 +50,62 @@ def to_csv(entries: Sequence[dict]) -> str:
     cols, rows = as_rows(entries)
     buf = io.StringIO()
     writer = csv.writer(buf)
-    writer.writerow(cols)
-    writer.writerows(rows)
+    writer.writerow([csv_cell(c) for c in cols])
+    writer.writerows([csv_cell(v) for v in r] for r in rows)
     return buf.getvalue()
 
 
-def to_json(ledger: Ledger, samples: list[dict], groups: list[dict] | None, by: str | None) -> str:
-    doc = {"format": "gradloc-track-culprit-ledger", "version": 1, "runs": ledger.runs, "spike_events": ledger.events,
-           "metadata_columns": ledger.metadata, "samples": samples, "notes": ledger.notes}
-    if by is not None:
-        doc.update(by=by, groups=groups)
-    return json.dumps(doc, indent=1, default=str)
+def to_json(v: Views) -> str:
+    led = v.ledger
+    doc = {"format": "gradloc-track-culprit-ledger", "version": 1, "runs": led.runs, "run_ids": led.run_ids,
+           "spike_events": led.events, "metadata_columns": led.metadata, "samples": v.samples, "notes": led.notes}
+    if v.by is not None:
+        doc.update(by=v.by, groups=v.groups)
+    return json.dumps(doc, default=str)  # no indent: the C encoder (indent runs the pure-python one, ~5x slower)
 
 
 def _html_table(title: str, entries: Sequence[dict], text_cols: tuple[str, ...] = ("text",)) -> str:
-    esc = html.escape
-    cols, rows = as_rows(entries)
+    cols, rows = as_rows(entries[:MAX_PAGE_ROWS])
     if not cols:
-        return f"<h2>{esc(title)}</h2><p>none</p>"
-    head = "".join(f"<th>{esc(str(c))}</th>" for c in cols)
+        return f"<h2>{html.escape(title)}</h2><p>none</p>"
+    if len(entries) > MAX_PAGE_ROWS:
+        title += f" (the first {MAX_PAGE_ROWS} of {len(entries)}; every one is in the CSV and the JSON)"
+    head = "".join(f"<th>{cell_text(c)}</th>" for c in cols)
     body = "".join("<tr>" + "".join(
-        f"<td class='text'>{esc(str(v))}</td>" if c in text_cols else
-        f"<td>{esc(f'{v:.4g}' if isinstance(v, float) else '' if v is None else str(v))}</td>"
+        f"<td class='text'>{_text_html(v)}</td>" if c in text_cols else f"<td>{cell_text(v)}</td>"
         for c, v in zip(cols, r)) + "</tr>" for r in rows)
-    return f"<h2>{esc(title)}</h2><table><tr>{head}</tr>{body}</table>"
+    return f"<h2>{html.escape(title)}</h2><table><tr>{head}</tr>{body}</table>"
 
 
-def to_html(ledger: Ledger, samples: list[dict], groups: list[dict] | None, by: str | None) -> str:
-    esc = html.escape
+def _text_html(v: Any) -> str:
+    return visible_html("" if v is None else str(v), empty="")
+
+
+def to_html(v: Views) -> str:
+    led, esc = v.ledger, html.escape
+    more = f" and {len(led.runs) - MAX_PAGE_RUNS} more" if len(led.runs) > MAX_PAGE_RUNS else ""
+    runs = esc(visible_text(", ".join(led.runs[:MAX_PAGE_RUNS]) + more)) or "none"
     parts = ["<h1>Culprit ledger</h1>",
-             f"<p>{len(ledger.runs)} run(s) ({esc(', '.join(ledger.runs)) or 'none'}), {ledger.events} spike "
-             f"event(s) with culprits, {len(samples)} blamed sample(s).</p>"]
-    parts += [f"<p class='note'>{esc(n)}</p>" for n in ledger.notes]
-    if by is not None:
-        parts.append(_html_table(f"By {by}", groups or [], ("summary",) + (("token",) if by == "token" else ())))
-    parts.append(_html_table("Blamed samples", samples))
+             f"<p>{len(led.runs)} run(s) ({runs}), {led.events} spike event(s) with culprits, "
+             f"{len(v.samples)} blamed sample(s).</p>"]
+    parts += [f"<p class='note'>{esc(visible_text(n))}</p>" for n in led.notes]
+    if v.by is not None:
+        parts.append(_html_table(f"By {v.by}", v.groups or [], ("summary",) + (("token",) if v.by == "token" else ())))
+    parts.append(_html_table("Blamed samples", v.samples))
     return ("<!DOCTYPE html><html><head><meta charset='utf-8'>"
             f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}\">"
             f"<title>gradloc-track culprit ledger</title><style>{PAGE_CSS}</style></head>"
             f"<body>{''.join(parts)}</body></html>")
 
 
-def write_files(out_dir: str | Path, ledger: Ledger, samples: list[dict], groups: list[dict] | None,
-                by: str | None) -> list[Path]:
+def write_files(out_dir: str | Path, v: Views) -> list[Path]:
     """``culprits.csv``, ``culprits.json``, ``culprits.html`` (and ``culprits_by_<by>.csv``) in ``out_dir``."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    files = {"culprits.csv": to_csv(samples), "culprits.json": to_json(ledger, samples, groups, by),
-             "culprits.html": to_html(ledger, samples, groups, by)}
-    if by is not None:
-        files[f"culprits_by_{_safe(by)}.csv"] = to_csv(groups or [])
+    files = {"culprits.csv": to_csv(v.samples), "culprits.json": to_json(v), "culprits.html": to_html(v)}
+    if v.by is not None:
+        files[f"culprits_by_{_safe(v.by)}.csv"] = to_csv(v.groups or [])
     for name, text in files.items():
-        (out / name).write_text(text, encoding="utf-8")
+        atomic_write_text(out / name, text)
     return [out / n for n in files]
 
 

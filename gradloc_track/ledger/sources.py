@@ -1,8 +1,14 @@
-"""Every run a ledger reads, with its culprit table: run dirs, W&B run dirs, MLflow runs and experiments.
+"""Every run a ledger reads, with its culprit table: run dirs (and folders of them), W&B run folders,
+MLflow runs and experiments.
 
-A run is read by the report's own readers (``report.resolve_source`` finds its files, locally or
-downloaded from MLflow; ``load_table`` / ``read_table`` read the table); an MLflow experiment is
-expanded into its runs. The same run named twice (its run dir and its experiment) is read once.
+A run is read by the report's own readers (``report.resolve_source`` finds its files, locally, in the
+W&B folder or downloaded from MLflow; ``load_table`` reads each table file) and its rows checked
+(``rows``). A folder that is no run dir is searched for the run dirs under it (``run_dirs``); a source
+that yields no run (an empty folder, ``docs/``, an experiment without runs) is an error that says
+what a run dir is. A run is identified by the run it logged to (``ReportSource.run_id``: the MLflow
+run id, ``wandb:<id>``, else its resolved path), never by its folder's name: the same run named
+twice (its dir and its experiment) is read once, and two runs with one name are both kept, shown
+with a name that tells them apart (``sweepA/0_clip=adagc``, ``seed0#1a2b3c4d``).
 """
 from __future__ import annotations
 
@@ -13,58 +19,53 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..artifacts.table_store import merge_tables, table_parts
-from ..report import MLFLOW_WAIT_S, RUN_ID, ReportSourceError, load_table, resolve_source
+from ..report import MLFLOW_WAIT_S, RUN_ID, NoSpikeEvents, ReportSource, ReportSourceError, load_table, \
+    not_a_run_dir, resolve_source
+from ..artifacts.table_store import merge_tables, part_files
+from ..run_dirs import find_run_dirs, run_dir_of
 from ..trackers.bounded import CallTimeout, bounded_call
-from ..trackers.run_record import read_run_views
+from .rows import checked_rows, rows_ok
 
 
 @dataclass
 class RunTable:
-    """One run's culprit table (``{"columns", "data"}``) and how to name the run."""
+    """One run's culprit table (``{"columns", "data"}``), its identity, and how to name it."""
 
     name: str
     run_id: str
     table: dict[str, Any]
 
 
-def _wandb_table(files: Path, notes: list[str]) -> dict[str, Any]:
-    """The cumulative culprit table of a W&B run's ``files/`` (the largest ``*tokens*.table.json``)."""
-    tables = sorted((files / "media" / "table").rglob("*.table.json"))
-    tables = [t for t in tables if "tokens" in t.name] or tables
-    loaded = [load_table(t, notes) for t in tables]
-    return max(loaded, key=lambda t: len(t["data"]), default={"columns": [], "data": []})
-
-
-def _run_id(source: str, root: Path, layout: str) -> str:
-    """The MLflow run id when the run has one, else the W&B run folder or the run dir."""
-    if RUN_ID.match(source):
-        return source
-    m = read_run_views(source).get("mlflow") if Path(source).is_dir() else None
-    if m and m.get("run_id"):
-        return m["run_id"]
-    return root.parent.name if layout == "wandb" else str(Path(source).resolve())
+def _table(src: ReportSource) -> dict[str, Any]:
+    """The run's culprit table, its rows checked: its parts (run dir, MLflow download), or a W&B run's
+    cumulative table (the largest ``*tokens*.table.json``)."""
+    if src.layout == "wandb":
+        tables = sorted((src.root / "media" / "table").rglob("*.table.json"))
+        tables = [t for t in tables if "tokens" in t.name] or tables
+        loaded = [checked_rows(load_table(t, src.notes), t.name, src.notes) for t in tables]
+        return max(loaded, key=lambda t: len(t["data"]), default={"columns": [], "data": []})
+    parts = [(p, load_table(p, src.notes)) for p in part_files(src.root, "spikes/tokens")]
+    merged = merge_tables(t for _, t in parts)
+    if rows_ok(merged):  # the common case: one check per run
+        return merged
+    # else part by part, so each note names its file
+    return merge_tables(checked_rows(t, os.path.relpath(p, src.root), src.notes) for p, t in parts)
 
 
 def read_run(source: str, tracking_uri: str | None, notes: list[str]) -> RunTable | None:
     """One run (dir, W&B dir or MLflow run id); None (and a note) when it logged no spike event."""
     try:
         src = resolve_source(source, tracking_uri)
-    except ReportSourceError as exc:
-        if "no spikes/" in str(exc) or "logged no spike" in str(exc):
-            notes.append(f"{source}: no spike events")
-            return None
-        raise
+    except NoSpikeEvents:
+        notes.append(f"{source}: no spike events")
+        return None
     try:
-        if src.layout == "wandb":
-            table = _wandb_table(src.root, src.notes)
-        else:
-            table = merge_tables(load_table(p, src.notes) for p in table_parts(src.root, "spikes/tokens"))
+        table = _table(src)
     finally:
         if src.temporary:
             shutil.rmtree(src.root, ignore_errors=True)
     notes.extend(f"{src.title}: {n}" for n in src.notes)
-    return RunTable(src.title, _run_id(source, src.root, src.layout), table)
+    return RunTable(src.title, src.run_id, table)
 
 
 def experiment_runs(name: str, tracking_uri: str | None) -> list[str]:
@@ -96,24 +97,68 @@ def experiment_runs(name: str, tracking_uri: str | None) -> list[str]:
     if runs is None:
         raise ReportSourceError(f"{name!r} is neither a run directory, an MLflow run id nor an experiment in {uri}; "
                                 "pass run directories, run ids, or an experiment name with --tracking-uri")
+    if not runs:
+        raise ReportSourceError(f"MLflow experiment {name!r} in {uri} has no runs")
     return runs
+
+
+def runs_of(source: str, tracking_uri: str | None) -> list[str]:
+    """The runs ``source`` names: itself (a run dir, its ``spikes/``, a W&B run folder, an MLflow run
+    id), the run dirs under a folder, or an experiment's runs. ``ReportSourceError`` when there is none."""
+    path = Path(source)
+    if path.is_dir():
+        if run_dir_of(path) is not None:
+            return [source]
+        found = find_run_dirs(path)
+        if not found:
+            raise ReportSourceError(not_a_run_dir(path))
+        return [str(p) for p in found]
+    if RUN_ID.match(source) or os.sep in source or source.startswith("."):
+        return [source]  # a run id, or a path that is not there (resolve_source says so)
+    return experiment_runs(source, tracking_uri)
 
 
 def read_runs(sources: Iterable[str], tracking_uri: str | None = None,
               notes: list[str] | None = None) -> list[RunTable]:
-    """Every run named by ``sources`` (run dirs, W&B run dirs, MLflow run ids or experiment names)."""
+    """Every run named by ``sources`` (run dirs and folders of them, W&B run dirs, MLflow run ids or
+    experiment names), each once, with names that tell them apart."""
     notes = notes if notes is not None else []
     out: list[RunTable] = []
+    seen: set[str] = set()
     for source in sources:
-        text = str(source)
-        # a path (even one that is not there: the report says so) or a run id is one run; else an experiment
-        is_run = Path(text).is_dir() or RUN_ID.match(text) or os.sep in text or text.startswith(".")
-        for run in ([text] if is_run else experiment_runs(text, tracking_uri)):
+        for run in runs_of(str(source), tracking_uri):
             got = read_run(run, tracking_uri, notes)
-            if got is not None and all(got.run_id != r.run_id for r in out):
+            if got is not None and got.run_id not in seen:
+                seen.add(got.run_id)
                 out.append(got)
-    names = [r.name for r in out]
-    for r in out:  # two runs with one name: tell them apart by their id
-        if names.count(r.name) > 1:
-            r.name = f"{r.name}#{Path(r.run_id).name[:8]}"
+    tell_apart(out)
     return out
+
+
+def tell_apart(runs: list[RunTable]) -> None:
+    """Runs that share a name get names that differ: a run dir its path from where they part
+    (``sweepA/0_clip=adagc``), a tracker's run ``name#<id>`` (as few id characters as tell them apart)."""
+    by_name: dict[str, list[RunTable]] = {}
+    for r in runs:
+        by_name.setdefault(r.name, []).append(r)
+    for same in (group for group in by_name.values() if len(group) > 1):
+        dirs = [r for r in same if r.run_id.startswith(os.sep)]
+        for r, label in zip(dirs, _path_labels([r.run_id for r in dirs])):
+            r.name = label
+        others = [r for r in same if not r.run_id.startswith(os.sep)]
+        for n in (8, 12, 16, 64):
+            labels = [f"{r.name}#{r.run_id.removeprefix('wandb:')[:n]}" for r in others]
+            if len(set(labels)) == len(labels):
+                break
+        for r, label in zip(others, labels):
+            r.name = label
+
+
+def _path_labels(paths: list[str]) -> list[str]:
+    """The shortest trailing parts of each path (two at least) that no two paths share."""
+    parts = [Path(p).parts for p in paths]
+    for k in range(2, max(map(len, parts), default=0) + 1):
+        labels = ["/".join(p[-k:]) for p in parts]
+        if len(set(labels)) == len(labels):
+            return labels
+    return paths

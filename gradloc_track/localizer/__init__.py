@@ -1,7 +1,9 @@
 """Localize a gradient spike to what caused it: loss terms (tokens), a span, a sample (or a
 document of a packed row), a micro-batch — the finest level that carries it (``levels.py``).
 
-``locate(model, loss_fn, token_mask)`` runs exact forward+backward probes of the loss restricted
+``locate(model, loss_fn, token_mask)`` (or ``locate(model, step)`` with a ``LocateStep``, the one
+step object every localizer takes: loss function(s), masks, RNG states, document ids, sample
+columns, normaliser, ``grad_scale``) runs exact forward+backward probes of the loss restricted
 to subsets of loss terms (``loss_fn(mask)`` with a FIXED normalizer, so subset gradients add up):
 
 - ``auto`` (default): a ghost ranking of every term, each candidate confirmed exactly, a
@@ -26,15 +28,18 @@ step's ``.grad`` (``step_check.py``). It leaves no trace: gradients, module buff
 train/eval modes and requires_grad flags are restored. ``remove_culprits`` (``surgery``) then takes
 the culprits' exact gradient out of the step's (``spikes.response=surgery``).
 
-Rooms: ``entry`` (``locate()``), ``inputs`` (argument checks shared with the distributed entry),
+Rooms: ``step`` (``LocateStep``, what every localizer takes), ``entry`` (``locate()``), ``inputs``
+(argument checks shared with the distributed entry),
 ``additivity`` (the fixed-normaliser check), ``driver`` (one process's stages), ``levels``
 (samples, spans, micro-batches), ``threshold`` (outliers of the ordinary values), ``search`` (our
 bisection, ``auto``), ``gradloc`` (GradLoc's procedure), ``ghost`` (the one-backward ranking),
 ``segments`` (exact per-sample norms from it), ``probe`` (the only place probes run the model),
 ``step_check`` (the probes against the step), ``snapshot`` (leave no trace), ``result``,
 ``surgery`` (remove the culprits' gradient);
-under ``torch.distributed``: ``distributed``, ``dist_probe``, ``dist_failure`` (one rank's failure
-stops every rank together: ``LocateAborted``), ``dist_context``.
+under ``torch.distributed``: ``distributed`` (the same levels, by the same rules, over every
+rank's terms), ``dist_terms`` (every rank's terms, samples and micro-batch pieces numbered
+globally), ``dist_probe``, ``dist_failure`` (one rank's failure stops every rank together:
+``LocateAborted``), ``dist_context``.
 """
 from __future__ import annotations
 
@@ -43,7 +48,8 @@ from .entry import locate
 from .inputs import METHODS
 from .probe import save_rng
 from .result import LEVELS, Culprit, CulpritToken, LocateResult, StepCheck
-from .surgery import SurgeryResult, remove_culprits
+from .step import LocateStep
+from .surgery import SurgeryResult, operate, remove_culprits
 
-__all__ = ["locate", "LocateAborted", "LocateResult", "CulpritToken", "Culprit", "StepCheck", "LEVELS", "METHODS",
-           "save_rng", "remove_culprits", "SurgeryResult"]
+__all__ = ["locate", "LocateStep", "LocateAborted", "LocateResult", "CulpritToken", "Culprit", "StepCheck", "LEVELS",
+           "METHODS", "save_rng", "remove_culprits", "operate", "SurgeryResult"]

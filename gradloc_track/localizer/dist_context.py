@@ -1,12 +1,14 @@
 """Bring the culprits' samples to rank 0, so its artifact writer shows text from every rank.
 
 A distributed ``LocateResult`` lists culprits on any rank, but each rank holds only its own
-batch. This collective (one ``all_gather_object``, on spike events only) sends, for every sample
-that holds a culprit, its token IDS (rank 0 decodes them with its tokenizer: no strings travel),
-loss mask, ghost row and per-layer rows, and context columns. Rank 0 gets a view: a result whose
-culprits index the gathered rows (``batch`` = row; ``rank`` and ``micro_batch`` kept, so the
-table shows them) and a context whose ``sample_columns`` gain ``rank_sample`` (the sample's index
-in that rank's batch), so the table says where each culprit lives. Other ranks get ``None``.
+batch. This collective (one ``all_gather_object``, on spike events only) sends, for every row
+that holds a culprit (a token, a span, a sample or packed document), its token IDS (rank 0
+decodes them with its tokenizer: no strings travel), loss mask, document ids, ghost row and
+per-layer rows, and context columns. Rank 0 gets a view: a result whose culprits index the
+gathered rows (``batch`` = row; ``rank``, ``micro_batch`` and ``document`` kept, so the table
+shows them; micro-batch rows, which name no row, as they are) and a context whose
+``sample_columns`` gain ``rank_sample`` (the sample's index in that rank's batch), so the table
+says where each culprit lives. Other ranks get ``None``.
 """
 from __future__ import annotations
 
@@ -40,17 +42,20 @@ def _row_columns(columns: Any, k: int | None, b: int, per_mb: bool) -> dict:
 def _rows(result: LocateResult, ctx: Any, rank: int) -> list[dict] | None:
     """This rank's culprit samples as plain CPU tensors (None if they cannot be read)."""
     try:
-        keys = sorted({(c.micro_batch, c.batch) for c in result.tokens if c.rank == rank})
+        keys = sorted({(c.micro_batch, c.batch) for c in result.culprits if c.rank == rank and c.batch is not None},
+                      key=lambda kb: (kb[0] or 0, kb[1]))
         per_mb = not isinstance(getattr(ctx, "token_mask", None), torch.Tensor)  # ctx holds K micro-batches
         out = []
         for k, b in keys:
             ids = _part(getattr(ctx, "input_ids", None), k)
             mask = _part(getattr(ctx, "token_mask", None), k)
+            docs = _part(getattr(ctx, "document_ids", None), k)
             first = k in (None, 0)  # the result carries this rank's ghost maps of micro-batch 0
             out.append({
                 "micro_batch": k, "batch": b,
                 "ids": None if ids is None else ids[b].detach().cpu(),
                 "mask": None if mask is None else mask[b].detach().float().cpu(),
+                "docs": None if docs is None else docs[b].detach().cpu(),
                 "ghost": result.ghost_map[b] if first and result.ghost_map is not None else None,
                 "layers": result.layer_map[:, b] if first and result.layer_map is not None else None,
                 "extra": _row_columns(getattr(ctx, "extra_columns", None), k, b, per_mb),
@@ -89,8 +94,11 @@ def gather_culprit_rows(result: LocateResult, ctx: Any, group=None) -> tuple[Loc
         for row in rows or []:
             where[(r, row["micro_batch"], row["batch"])] = len(flat)
             flat.append({**row, "rank": r})
-    tokens = [dataclasses.replace(c, batch=where[(c.rank, c.micro_batch, c.batch)]) for c in result.tokens
-              if (c.rank, c.micro_batch, c.batch) in where]
+    def placed(rows: list) -> list:
+        return [c if c.batch is None else dataclasses.replace(c, batch=where[(c.rank, c.micro_batch, c.batch)])
+                for c in rows if c.batch is None or (c.rank, c.micro_batch, c.batch) in where]
+
+    tokens, culprits = placed(result.tokens), placed(result.culprits)
     length = max([len(x["ids"]) for x in flat if x["ids"] is not None] + [1])
     n_layers = len(result.layer_names)
     layer_rows = [x["layers"] if x["layers"] is not None else torch.zeros(n_layers, 0) for x in flat]
@@ -108,10 +116,13 @@ def gather_culprit_rows(result: LocateResult, ctx: Any, group=None) -> tuple[Loc
     extras = {name: _pad([x["extra"].get(name) for x in flat], length, float("nan"), torch.float64)
               for name in (getattr(ctx, "extra_columns", None) or {})}
     has_ids = any(x["ids"] is not None for x in flat)
+    # packed documents on any rank (rank 0's own batch may pack none)
+    has_docs = getattr(ctx, "document_ids", None) is not None or any(x["docs"] is not None for x in flat)
     view_ctx = SpikeContext(
         loss_fn=_not_probed, token_mask=_pad([x["mask"] for x in flat], length, 0.0, torch.float32),
         input_ids=_pad([x["ids"] for x in flat], length, 0, torch.long) if has_ids else None,
-        tokenizer=getattr(ctx, "tokenizer", None), extra_columns=extras, sample_columns=samples)
+        tokenizer=getattr(ctx, "tokenizer", None), extra_columns=extras, sample_columns=samples,
+        document_ids=_pad([x["docs"] for x in flat], length, -1, torch.long) if has_docs else None)
     ghost_map = _pad([x["ghost"] for x in flat], length, 0.0, torch.float32)
-    view = dataclasses.replace(result, tokens=tokens, culprits=None, ghost_map=ghost_map, layer_map=layer_map)
+    view = dataclasses.replace(result, tokens=tokens, culprits=culprits, ghost_map=ghost_map, layer_map=layer_map)
     return view, view_ctx

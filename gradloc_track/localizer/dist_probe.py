@@ -4,7 +4,8 @@ A probe is a collective: DDP all-reduces gradients in backward and FSDP2 all-gat
 in forward and reduce-scatters gradients in backward. So EVERY rank runs every probe, each with
 its own share of the probed subset of loss terms; a rank that owns none of them runs the same
 forward/backward with a zero mask (same graph, zero gradient), so the collectives match.
-Terms are global: ``(rank, micro_batch, batch, position)``.
+Terms are global: ``(rank, micro_batch, batch, position)`` here, numbered ``(row, t)`` for the
+single-process searches and level rules (``dist_terms``, ``GlobalView``).
 
 The gradient a probe returns is the one the optimizer would see: DDP and FSDP2 AVERAGE over the
 data-parallel ranks, so a term's gradient is its own-loss gradient divided by the world size.
@@ -25,10 +26,9 @@ import torch
 from ..grouping import LayerGrouping
 from ..norms import local_part, reduce_over_shards
 from .dist_failure import agree, attempt
+from .dist_terms import DistTerm, GlobalTerms
 from .probe import BudgetExhausted, Grads, Prober, check_loss, restore_rng, save_rng
-from .result import CulpritToken
-
-DistTerm = tuple[int, int, int, int]  # (rank, micro_batch, batch, position)
+from .search import Hits
 
 
 class DistProber(Prober):
@@ -113,22 +113,22 @@ def _loss_problem(loss) -> str:
 
 
 class GlobalView:
-    """The ``DistProber`` as the single-process searches see a prober: ONE micro-batch whose
-    terms are the global ``(rank, micro_batch, batch, position)`` tuples (they treat terms as
-    opaque), so ``search.auto``, ``search.bisect`` and ``gradloc.token_stage`` run unchanged,
-    in lockstep, on every rank."""
+    """The ``DistProber`` as the single-process searches and level rules see a prober: ONE
+    micro-batch whose terms are the global ``(row, t)`` of ``dist_terms.GlobalTerms`` (every rank's
+    rows, numbered), so ``search.auto``, ``search.bisect``, ``gradloc.token_stage``,
+    ``levels.find_units`` and ``levels.sample_shares`` run unchanged, in lockstep, on every rank."""
 
     k = 1
 
-    def __init__(self, prober: DistProber) -> None:
-        self.dist = prober
+    def __init__(self, prober: DistProber, terms: GlobalTerms) -> None:
+        self.dist, self.terms = prober, terms
 
     @property
     def count(self) -> int:
         return self.dist.count
 
-    def probe_terms(self, i: int, terms: Sequence[DistTerm]) -> Grads:
-        return self.dist.probe_global(terms)
+    def probe_terms(self, i: int, terms: Sequence[tuple[int, int]]) -> Grads:
+        return self.dist.probe_global(self.terms.to_dist(terms))
 
     def norm(self, g: Grads) -> float:
         return self.dist.norm(g)
@@ -143,24 +143,26 @@ class GlobalView:
     add_ = staticmethod(Prober.add_)
 
 
-class GlobalHits:
-    """``search.Hits`` for global terms: each culprit summarised when found, with its rank."""
+class PieceView(GlobalView):
+    """The pieces (one rank's part of one micro-batch, ``(rank, micro_batch)``) as the micro-batches
+    of a prober, for ``levels.micro_batch_units``: ``probe(j, _)`` probes piece ``j``'s terms."""
 
-    def __init__(self, view: GlobalView, total: Grads, total_sq: float, scores: dict, label: bool) -> None:
-        self.view, self.total, self.total_sq, self.label = view, total, total_sq, label
-        self.scores = {(0, *t): v for t, v in scores.items()}  # keys as search.auto indexes them
-        self.tokens: list[CulpritToken] = []
-        self.terms: set = set()
+    def __init__(self, prober: DistProber, terms: GlobalTerms) -> None:
+        super().__init__(prober, terms)
+        self.k = len(terms.pieces)
+        self.masks = [None] * self.k  # the rule hands a piece's mask back to ``probe``: the piece is enough
 
-    def add(self, i: int, term: DistTerm, g: Grads, grad_norm: float | None = None) -> None:
-        v = self.view
-        r, k, b, t = (int(x) for x in term)
-        share = v.dot(g, self.total) / self.total_sq if self.total_sq > 0 else None
-        self.tokens.append(CulpritToken(
-            batch=b, position=t, grad_norm=v.norm(g) if grad_norm is None else grad_norm,
-            layer_norms=v.layer_norms(g), score=self.scores.get((0, *term)), share=share,
-            micro_batch=k if self.label else None, rank=r))
-        self.terms.add((0, *term))
+    def probe(self, j: int, mask=None) -> Grads:
+        return self.probe_terms(0, self.terms.piece_terms[j])
+
+
+class GlobalHits(Hits):
+    """``search.Hits`` over global terms: each culprit token summarised when found, placed on its
+    rank, micro-batch and row (``GlobalTerms.place``)."""
+
+    def add(self, i: int, term: tuple[int, int], g: Grads, grad_norm: float | None = None) -> None:
+        super().add(i, term, g, grad_norm)
+        self.tokens[-1] = self.prober.terms.place(self.tokens[-1], self.label)
 
 
 class DistSnapshot:

@@ -1,24 +1,40 @@
-"""``locate()`` under ``torch.distributed``: find the rank, micro-batch and token of a spike.
+"""``locate()`` under ``torch.distributed``: the rank, micro-batch, sample, span and tokens of a spike.
 
-Called collectively on every rank, each with its own ``loss_fn`` and ``token_mask`` (or K of
-each for K micro-batches), on a DDP-wrapped or FSDP2 (``fully_shard``) model. Every probe runs
-on every rank (``dist_probe.DistProber``), so nothing deadlocks and every probed gradient is the
-one the optimizer would see. Methods:
+Called collectively on every rank, each with its own step (``step.LocateStep``: its ``loss_fn``
+and ``token_mask``, or K of each for K micro-batches, its RNG states and ``document_ids``), on a
+DDP-wrapped or FSDP2 (``fully_shard``) model. Every probe runs on every rank
+(``dist_probe.DistProber``), so nothing deadlocks and every probed gradient is the one the
+optimizer would see.
 
-- ``auto`` (default): ONE collective ghost pass gives every rank the ranking of its OWN terms
-  (ghost norms are local to each rank's activations); the candidates are all-gathered, ranked
-  globally and confirmed with exact single-term probes (every rank runs each; only the owner's
-  mask is non-zero), then the remainder ``g_total - sum(g_culprit)`` is checked without a probe.
-  About ``m + 2`` probes for ``m`` culprits, independent of the world size.
-- ``bisect``: our halving (``search.bisect``) over the global term list (ranks in order).
+``auto`` and ``bisect`` give the single-process answer at every level, by the single-process
+rules themselves: ONE collective ghost pass (every micro-batch, every rank's full mask) gives each
+rank the ghost scores of its OWN terms and the exact ghost norms of its OWN samples (rows, or the
+documents ``document_ids`` marks); one ``all_gather_object`` numbers every rank's terms, samples
+and micro-batch pieces globally (``dist_terms``); then, on every rank in lockstep, over that
+numbering (``dist_probe.GlobalView``):
+
+1. samples and spans: ``levels.candidates`` / ``levels.find_units`` (a sample of any rank that
+   stands out of every rank's samples is confirmed with one probe, a span inside it with one more);
+2. tokens: ``search.auto`` (candidates from the global ranking confirmed with exact single-term
+   probes, the remainder checked without a probe: about ``m + 2`` probes for ``m`` culprits,
+   independent of the world size) or ``search.bisect`` (our halving over the global term list);
+   the threshold is the single-process one over every rank's ordinary terms;
+3. micro-batches: ``levels.micro_batch_units`` over the PIECES (one rank's part of one
+   micro-batch: what one forward computed; with one micro-batch, a rank's whole batch), ranked
+   by their gradients' norms over the hooked layers, exact, from the same ghost backward
+   (``dist_terms.PieceNorm``: one probe per piece would cost W*K); a reported piece is probed;
+4. nothing found: ``levels.sample_shares`` over every rank's samples.
+
+Rows are placed back on the rank that holds them: every culprit row names its ``rank``, and
+``micro_batch`` (micro-batch rows always; the others when the step had several) and the rank's
+own ``batch``; ``document`` for packed documents. The result is identical on every rank.
+
 - ``gradloc``: GradLoc's own path (Tencent-Hunyuan/GradLoc): its micro-batch stage, a
   single-path binary search over ranks (2 probes per split, the larger raw-norm half kept, ties
-  right, giving up below its threshold), then its token bisection (``gradloc.token_stage``) inside that one rank. About
-  ``K + 2 log2(world) + 2 m log2(N)`` probes; it finds the culprits of one rank only, which is
-  why ``auto`` gathers candidates from every rank instead. Needs an explicit ``threshold``.
+  right, giving up below its threshold), then its token bisection (``gradloc.token_stage``)
+  inside that one rank. About ``K + 2 log2(world) + 2 m log2(N)`` probes; token rows of one rank
+  only (as in one process, GradLoc's path reports no samples). Needs an explicit ``threshold``.
 
-The single-process searches run unchanged on global terms ``(rank, micro_batch, batch,
-position)`` through ``dist_probe.GlobalView`` (they treat terms as opaque), in lockstep.
 A rank that calls ``locate`` while its peers do not waits in the first all-gather (the process
 group's timeout applies): call it on every rank, as the monitor does.
 
@@ -30,37 +46,38 @@ the numbers one process would report for the global batch with a global-mean los
 would use with that ``loss_fn``) and is divided by ``W`` here, as GradLoc divides its token
 threshold by the world size (``gradloc``: GradLoc's ``T = threshold * N / (K * W)``, ``N`` the
 global term count, the same for equal counts per rank; see ``_gradloc``). The adaptive
-threshold (``None``) is taken over every rank's terms.
+threshold (``None``) is taken over every rank's terms. ``grad_scale`` (a clipper's per-tensor
+coefficients, identical on every rank) scales the probes' sum in the step check, as in one process.
 
 Failures. A rank-local failure during the search (``loss_fn`` raising, an OOM copying a probe's
 gradient or saving the gradients) is agreed on before the next collective (``dist_failure``):
 every rank raises ``LocateAborted`` together, restored, in step with its peers.
-
-The result is identical on every rank; ``CulpritToken.rank`` names the rank whose batch holds
-the culprit, ``micro_batch`` its micro-batch when the step had several.
 """
 from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass, field
 from functools import partial
-from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
 
 from ..grouping import LayerGrouping
 from ..norms import reduce_over_shards, trainable_params
-from .dist_failure import aborted, attempt, describe
-from .dist_probe import DistProber, DistSnapshot, DistTerm, GlobalHits, GlobalView
 from . import levels, step_check
-from .ghost import GhostMap, adaptive_threshold
+from .dist_failure import aborted, attempt, describe
+from .dist_probe import DistProber, DistSnapshot, GlobalHits, GlobalView, PieceView
+from .dist_terms import GlobalTerms, PieceNorm, gather_terms
+from .ghost import GhostMap
 from .gradloc import token_stage
-from .inputs import as_micro_batches, check_inputs, rng_states
+from .inputs import SearchOptions, check_inputs
 from .probe import Grads, Prober, restore_rng
 from .result import LocateResult
-from .search import auto, bisect, prune_level, term_scores
+from .search import adaptive_tau, auto, bisect, prune_level, term_scores
 from .segments import Segments
+from .step import LocateStep
+from .step_check import Reference
 
 METHODS = ("auto", "bisect", "gradloc")
 
@@ -70,17 +87,48 @@ def is_distributed(group=None) -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
 
 
-def _local_problem(model, loss_fn, token_mask, method, budget, threshold) -> tuple[str, list, list, bool]:
+@dataclass
+class _Inputs:
+    """This rank's step, read and checked: its micro-batches, documents and ``.grad`` scale."""
+
+    fns: list
+    masks: list
+    labelled: bool
+    docs: list | None
+    scale: torch.Tensor | float | None
+    note: str | None
+
+
+@dataclass
+class _Found:
+    """What a search found: the step's gradient, the culprit rows at every level, the threshold."""
+
+    total: Grads
+    total_sq: float
+    hits: GlobalHits
+    tau: float
+    exhausted: bool
+    coarse: list = field(default_factory=list)
+    shares: list = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    maps: list[torch.Tensor] | None = None
+    names: list[str] | None = None
+
+
+def _local_problem(model, step: LocateStep, options: SearchOptions) -> tuple[str, _Inputs | None]:
     """This rank's input errors as one message ('' when fine), checked before any collective, and
-    its micro-batches (empty lists when the inputs could not be read)."""
-    if method not in METHODS:
-        return f"method={method!r} is not available under torch.distributed: use one of {METHODS}", [], [], False
+    its inputs (None when they could not be read)."""
+    if options.method not in METHODS:
+        return f"method={options.method!r} is not available under torch.distributed: use one of {METHODS}", None
     try:
-        fns, masks, labelled = as_micro_batches(loss_fn, token_mask)
-        check_inputs(model, masks, method, budget, threshold)
+        fns, masks, labelled = step.micro_batches()
+        check_inputs(model, masks, options.method, options.budget, options.threshold)
+        docs = step.documents(masks)
+        scale = step.scale_for(len(trainable_params(model)))
+        note = step.note()
     except (TypeError, ValueError) as exc:
-        return str(exc), [], [], False
-    return "", fns, masks, labelled
+        return str(exc), None
+    return "", _Inputs(fns, masks, labelled, docs, scale, note)
 
 
 def _gather(obj, group) -> list:
@@ -89,12 +137,13 @@ def _gather(obj, group) -> list:
     return out
 
 
-def _check_collectively(model, loss_fn, token_mask, method, budget, threshold, group,
-                        failure: Exception | None = None) -> tuple[list, list, bool]:
+def _check_collectively(model, step: LocateStep, options: SearchOptions, group,
+                        failure: Exception | None = None) -> _Inputs:
     """Every rank raises the same error, or none does (one all_gather, before any probe).
     ``failure``: what this rank could not do before (saving its gradients): ``LocateAborted``."""
-    problem, fns, masks, labelled = _local_problem(model, loss_fn, token_mask, method, budget, threshold)
-    mine = (problem, len(fns), sum(int((m != 0).sum()) for m in masks), describe(failure) if failure else "")
+    problem, inputs = _local_problem(model, step, options)
+    n_terms = sum(int((m != 0).sum()) for m in inputs.masks) if inputs else 0  # host sync: once, before probing
+    mine = (problem, len(inputs.fns) if inputs else 0, n_terms, describe(failure) if failure else "")
     every = _gather(mine, group)
     failed = [f"rank {r}: {f}" for r, (_, _, _, f) in enumerate(every) if f]
     if failed:
@@ -108,28 +157,35 @@ def _check_collectively(model, loss_fn, token_mask, method, budget, threshold, g
                          "per rank): a DDP/FSDP2 step runs one backward per micro-batch on every rank")
     if sum(e[2] for e in every) == 0:
         raise ValueError("token_mask selects no loss terms on any rank (all zeros): pass the batch's loss mask")
-    return fns, masks, labelled
+    return inputs
 
 
-def _ghost_pass(prober: DistProber, model, group_by: str, world: int):
+def _ghost_pass(prober: DistProber, model, group_by: str, docs: list | None):
     """Probe 1, all terms of every rank, with ghost hooks: the total gradient and, per
-    micro-batch, THIS rank's (L, B, T) layer map in the optimizer's units (divided by W) and its
-    samples with their exact ghost norms (``segments.py``)."""
-    segs = [Segments(k, m) for k, m in enumerate(prober.masks)]
-    ghosts = {k: GhostMap(model, group_by, tuple(m.shape), segments=segs[k]) for k, m in enumerate(prober.masks)}
+    micro-batch, THIS rank's (L, B, T) layer map in the optimizer's units (divided by W), its
+    samples (rows, or packed documents) with their exact ghost norms (``segments.py``) and its
+    piece's (``dist_terms.PieceNorm``)."""
+    world = dist.get_world_size(prober.group)
+    docs = docs or [None] * prober.k
+    pieces = [PieceNorm(Segments(k, m, docs[k])) for k, m in enumerate(prober.masks)]
+    ghosts = {k: GhostMap(model, group_by, tuple(m.shape), segments=pieces[k]) for k, m in enumerate(prober.masks)}
     total = prober.run(dict(enumerate(prober.masks)), ghosts=ghosts)
     maps, names = [], prober.grouping.layers
     for g in ghosts.values():
         lm, names = g.result(prober.grouping.layers)
         maps.append(lm / world)
-    return total, maps, names, segs
+    return total, maps, names, pieces
 
 
 def _check_synchronized(prober: DistProber, total: Grads) -> float:
     """A model without DDP/FSDP2 gives each rank its own gradient: the ranks' searches would then
-    diverge. Checked once, on the full gradient's squared norm (identical when synchronized)."""
-    sq = float(prober.sq_per_tensor(total).sum())
+    diverge. Checked once, on the full gradient's squared norm (identical when synchronized); a
+    non-finite gradient stops every rank alike."""
+    sq = float(prober.sq_per_tensor(total).sum())  # host sync: once per localization
     every = _gather(sq, prober.group)
+    if not all(math.isfinite(v) for v in every):
+        raise FloatingPointError("the batch's gradient is not finite (NaN/Inf): localization needs finite "
+                                 "gradients; skip this step or find the bad sample by its loss first")
     if len(set(every)) > 1:
         raise ValueError(f"the gradient differs across ranks after backward (squared norms {every}): locate() "
                          "under torch.distributed needs the model wrapped in DistributedDataParallel or "
@@ -137,38 +193,52 @@ def _check_synchronized(prober: DistProber, total: Grads) -> float:
     return sq
 
 
-def _gather_terms(prober: DistProber, maps: list[torch.Tensor] | None,
-                  segs: list[Segments] | None = None) -> tuple[dict[DistTerm, float], list]:
-    """Every rank's loss terms with their ghost scores (0 without maps), and every rank's samples
-    as ``((rank, micro_batch, batch), ghost norm, loss terms)``, in one all_gather."""
+def _levels(prober: DistProber, model, inp: _Inputs, options: SearchOptions) -> _Found:
+    """``auto`` / ``bisect``: samples and spans, tokens, micro-batch pieces, or the per-sample
+    shares, by the single-process rules over every rank's terms (module doc, steps 1-4)."""
     world = dist.get_world_size(prober.group)
-    local = []
-    for k, mask in enumerate(prober.masks):
-        idx = (mask != 0).nonzero().cpu()  # (n, 2)
-        scores = term_scores(maps[k], mask) if maps is not None else torch.zeros(mask.shape)  # (B, T)
-        norms = segs[k].norms() if segs is not None else None
-        samples = [(s.batch, n / world, len(s.terms)) for s, n in zip(segs[k].items, norms)] if norms else []
-        local.append((k, idx, scores[idx[:, 0], idx[:, 1]] if len(idx) else torch.zeros(0), samples))
-    out: dict[DistTerm, float] = {}
-    rows = []
-    for r, parts in enumerate(_gather(local, prober.group)):
-        for k, idx, vals, samples in parts:
-            for (b, t), v in zip(idx.tolist(), vals.tolist()):
-                out[(r, k, b, t)] = v
-            rows += [((r, k, b), n, m) for b, n, m in samples]
-    return out, rows
+    total, maps, names, pieces = _ghost_pass(prober, model, options.group_by, inp.docs)
+    total_sq = _check_synchronized(prober, total)
+    glob = gather_terms(prober, maps, pieces)
+    view = GlobalView(prober, glob)
+    segments = glob.segments if len(glob.segments) >= 2 else None  # one sample: nothing to compare it with
+    cands, limit, n_samples = levels.candidates([segments])
+    inside = {(seg.micro_batch, b, t) for seg, _ in cands for b, t in seg.terms}
+    tau = options.threshold / world if options.threshold is not None else \
+        adaptive_tau(levels.ordinary(glob.score, inside))
+    hits = GlobalHits(view, total, total_sq, glob.score, inp.labelled)
+    units = levels.find_units(view, hits, cands, limit, glob.score, tau, inp.labelled, n_samples)
+    found = _Found(total, total_sq, hits, tau, units.exhausted, maps=maps, names=names,
+                   coarse=[glob.place(c, inp.labelled) for c in units.culprits])
+    if not found.exhausted:
+        found.exhausted, found.notes = _tokens(view, hits, glob, units, options.method, tau)
+    if not found.exhausted:
+        holding = {glob.piece_of(c) for c in found.coarse + hits.tokens}
+        pieces = levels.micro_batch_units(PieceView(prober, glob), hits, glob.piece_norms, glob.piece_terms,
+                                          holding, True)
+        found.coarse += [glob.place_piece(c) for c in pieces]
+    if not found.coarse and not hits.tokens:
+        shares = levels.sample_shares(view, hits, [glob.segments], True)
+        found.shares = [glob.place_share(r, inp.labelled) for r in shares]
+        found.notes.append(levels.no_culprit_note(found.shares, len(glob.segments)))
+    return found
 
 
-def _adaptive(score: dict[DistTerm, float], samples: list) -> float:
-    """The single-process rule over every rank's terms: candidate samples' terms do not set it."""
-    picked = {key for key, _, _ in levels.outliers(samples)[0]}
-    inside = {t for t in score if t[:3] in picked}
-    pool = levels.ordinary(score, inside)
-    return adaptive_threshold(torch.tensor([pool[t] for t in sorted(pool)], dtype=torch.float64))
+def _tokens(view: GlobalView, hits: GlobalHits, glob: GlobalTerms, units: levels.Units, method: str,
+            tau: float) -> tuple[bool, list[str]]:
+    """The token search over the terms the reported samples left (their gradient left too)."""
+    score = {k: v for k, v in glob.score.items() if k not in units.excluded}
+    base = None
+    if units.grad is not None:  # the step's gradient less the reported samples', in their buffer
+        torch._foreach_neg_(units.grad)
+        base, units.grad = Prober.add_(units.grad, hits.total), None
+    if method == "auto":
+        return auto(view, hits, list(score), tau, prune_level(score, tau), base=base)
+    del base
+    return bisect(view, 0, [k[1:] for k in score], tau, hits, two_probes=True, tau_prune=prune_level(score, tau)), []
 
 
-def _gradloc(prober: DistProber, view: GlobalView, terms: list[DistTerm], threshold: float, budget: int,
-             labelled: bool):
+def _gradloc(prober: DistProber, threshold: float, budget: int, labelled: bool) -> _Found:
     """GradLoc's path (the official ``_micro_batch_search`` -> ``_bisect_rank_search`` ->
     ``_bisect_process``): micro-batch stage, single-path binary search over ranks, token stage.
 
@@ -179,8 +249,10 @@ def _gradloc(prober: DistProber, view: GlobalView, terms: list[DistTerm], thresh
     raw norm kept (ties: the right half), giving up when it is below ``unit * sqrt(its rank
     count)``. Token stage: ``gradloc.token_stage`` over that rank's ``n`` terms at
     ``T / (W * n)`` (GradLoc's ``T / sqrt(s) / W`` on the range's token-mean, in the rank's sum
-    units). Returns (total gradient, hits, budget_exhausted).
+    units).
     """
+    glob = gather_terms(prober, None, None)
+    terms = glob.dist_terms()
     K, W, N = prober.k, dist.get_world_size(prober.group), len(terms)
     T = threshold * N / (K * W)
     unit = T * math.sqrt(K / N) / math.sqrt(W)
@@ -194,17 +266,17 @@ def _gradloc(prober: DistProber, view: GlobalView, terms: list[DistTerm], thresh
         if v > unit * math.sqrt(W) and v > best:
             best, target = v, k
     total_sq = _check_synchronized(prober, total)
-    hits = GlobalHits(view, total, total_sq, {}, labelled)
-    if target < 0:
-        return total, hits, False
-    rank = _gradloc_rank_search(prober, [t for t in terms if t[1] == target], W, unit)
-    if rank < 0:
-        return total, hits, False
-    mine = [t for t in terms if t[1] == target and t[0] == rank]
-    return total, hits, token_stage(view, 0, mine, T / (W * len(mine)), budget, hits)
+    view = GlobalView(prober, glob)
+    found = _Found(total, total_sq, GlobalHits(view, total, total_sq, {}, labelled), threshold / W, False,
+                   names=list(prober.grouping.layers))
+    rank = -1 if target < 0 else _gradloc_rank_search(prober, [t for t in terms if t[1] == target], W, unit)
+    if rank >= 0:
+        mine = [glob.of_dist(t) for t in terms if t[1] == target and t[0] == rank]
+        found.exhausted = token_stage(view, 0, mine, T / (W * len(mine)), budget, found.hits)
+    return found
 
 
-def _gradloc_rank_search(prober: DistProber, terms: list[DistTerm], world: int, unit: float) -> int:
+def _gradloc_rank_search(prober: DistProber, terms: list, world: int, unit: float) -> int:
     """The rank holding the spike by GradLoc's single-path halving over ``[0, world-1]``, or -1
     when the larger half is below ``unit * sqrt(its rank count)`` (raw norms: each rank's loss is
     its own token-mean, so the ranks' norms compare as GradLoc's do; ties go right)."""
@@ -219,20 +291,9 @@ def _gradloc_rank_search(prober: DistProber, terms: list[DistTerm], world: int, 
     return lo
 
 
-def _step_check(prober: DistProber, total: Grads, snap: DistSnapshot, notes: list[str]):
-    """The probes' sum against the step's ``.grad`` (as in one process, ``step_check.py``), with
-    per-tensor values summed over the ranks that shard them: the same verdict on every rank."""
-    check = step_check.check_step(prober, total, snap.grads_for(prober.params),
-                              reduce=lambda v: reduce_over_shards(v, prober.params), explain=False)
-    step_check.report(check, notes)
-    return check
-
-
-def locate_distributed(model: torch.nn.Module, loss_fn: Callable | Sequence[Callable],
-                       token_mask: torch.Tensor | Sequence[torch.Tensor], method: str = "auto",
-                       budget: int = 128, threshold: float | None = None, *, group_by: str = "block",
-                       rng_state=None, group=None) -> LocateResult:
-    """Collective ``locate``: every rank calls it; every rank gets the same culprits.
+def locate_distributed(model: torch.nn.Module, step: LocateStep, options: SearchOptions,
+                       group=None) -> LocateResult:
+    """Collective ``locate``: every rank calls it with its own step; every rank gets the same culprits.
 
     ``ghost_map``/``layer_map`` in the result are THIS rank's (its first micro-batch's), the one
     per-rank part of the result; ``dist_context.gather_culprit_rows`` brings the rows the
@@ -241,9 +302,9 @@ def locate_distributed(model: torch.nn.Module, loss_fn: Callable | Sequence[Call
     """
     t0 = time.perf_counter()
     snap, failure = attempt(partial(DistSnapshot, model))  # its copies may not fit: agreed on below
-    fns, masks, labelled = _check_collectively(model, loss_fn, token_mask, method, budget, threshold, group, failure)
+    inp = _check_collectively(model, step, options, group, failure)
     try:
-        result = _search(model, fns, masks, labelled, method, budget, threshold, group_by, rng_state, group, snap)
+        result = _search(model, step, inp, options, group, snap)
     except BaseException:
         snap.recover_fsdp()  # every rank left a forward without its backward: FSDP2 reshards
         raise
@@ -253,45 +314,39 @@ def locate_distributed(model: torch.nn.Module, loss_fn: Callable | Sequence[Call
     return result
 
 
-def _search(model, fns, masks, labelled: bool, method: str, budget: int, threshold: float | None, group_by: str,
-            rng_state, group, snap: DistSnapshot) -> LocateResult:
+def _search(model, step: LocateStep, inp: _Inputs, options: SearchOptions, group,
+            snap: DistSnapshot) -> LocateResult:
     """The search itself, in lockstep on every rank (``locate_distributed`` restores afterwards)."""
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     named = trainable_params(model)
-    grouping = LayerGrouping.build([n for n, _ in named], group_by)
-    rngs = rng_states(rng_state, len(fns), snap.rng)
+    grouping = LayerGrouping.build([n for n, _ in named], options.group_by)
+    rngs = step.rng_states(len(inp.fns), snap.rng)
     # gradloc: its micro-batch and rank stages come on top of the token stage's budget
-    extra = len(fns) + 2 * world if method == "gradloc" else 0
-    prober = DistProber([p for _, p in named], fns, masks, rngs, budget + extra, grouping, rank, group)
-    view = GlobalView(prober)
-    tau = threshold / world if threshold is not None else None
-    notes: list[str] = []
-    maps, names = None, grouping.layers
-    if method == "gradloc":
-        terms = sorted(_gather_terms(prober, None)[0])
-        total, hits, exhausted = _gradloc(prober, view, terms, threshold, budget, labelled)
-        total_sq = hits.total_sq
+    extra = len(inp.fns) + 2 * world if options.method == "gradloc" else 0
+    prober = DistProber([p for _, p in named], inp.fns, inp.masks, rngs, options.budget + extra, grouping, rank,
+                        group)
+    if options.method == "gradloc":
+        found = _gradloc(prober, options.threshold, options.budget, inp.labelled)
     else:
-        total, maps, names, segs = _ghost_pass(prober, model, group_by, world)
-        total_sq = _check_synchronized(prober, total)
-        score, samples = _gather_terms(prober, maps, segs)
-        terms = sorted(score)  # global order: rank, micro-batch, batch, position
-        if tau is None:
-            tau = _adaptive(score, samples)
-        hits = GlobalHits(view, total, total_sq, score, labelled)
-        if method == "auto":
-            exhausted, notes = auto(view, hits, [(0, *t) for t in terms], tau, prune_level(score, tau))
-        else:
-            exhausted = bisect(view, 0, terms, tau, hits, two_probes=True, tau_prune=prune_level(score, tau))
-    if not math.isfinite(total_sq):
-        raise FloatingPointError("the batch's gradient is not finite (NaN/Inf): localization needs finite "
-                                 "gradients; skip this step or find the bad sample by its loss first")
-    check = _step_check(prober, total, snap, notes)
-    tokens = sorted(hits.tokens, key=lambda c: (-c.grad_norm, c.rank, c.micro_batch or 0, c.batch, c.position))
+        found = _levels(prober, model, inp, options)
+    notes = found.notes
+    check = step_check.check_step(prober, found.total, Reference(snap.grads_for(prober.params), inp.scale),
+                                  reduce=lambda v: reduce_over_shards(v, prober.params), explain=False)
+    step_check.report(check, notes)
     restore_rng(snap.rng)
-    return LocateResult(tokens=tokens, probes=prober.count, method=method, threshold=float(tau),
-                        total_norm=total_sq ** 0.5, layer_names=names,
-                        ghost_map=term_scores(maps[0], masks[0]).float() if maps else None,
-                        layer_map=maps[0].float() if maps else None, budget_exhausted=exhausted, wall_time_s=0.0,
-                        notes=notes + [f"distributed over {world} ranks; norms in the optimizer's units "
-                                       "(averaged over ranks)"], step_check=check)
+    return _result(found, options.method, prober.count, inp, world, check)
+
+
+def _result(found: _Found, method: str, probes: int, inp: _Inputs, world: int, check) -> LocateResult:
+    tokens = sorted(found.hits.tokens,
+                    key=lambda c: (-c.grad_norm, c.rank, c.micro_batch or 0, c.batch, c.position))
+    coarse = sorted(found.coarse, key=lambda c: -(c.share if c.share is not None else -math.inf))
+    notes = found.notes + ([inp.note] if inp.note else []) + [
+        f"distributed over {world} ranks; norms in the optimizer's units (averaged over ranks)"]
+    maps = found.maps
+    return LocateResult(tokens=tokens, probes=probes, method=method, threshold=float(found.tau),
+                        total_norm=found.total_sq ** 0.5, layer_names=found.names or [],
+                        ghost_map=term_scores(maps[0], inp.masks[0]).float() if maps else None,
+                        layer_map=maps[0].float() if maps else None, budget_exhausted=found.exhausted,
+                        wall_time_s=0.0, notes=notes, culprits=coarse + tokens, step_check=check,
+                        sample_shares=found.shares)

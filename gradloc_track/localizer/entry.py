@@ -1,8 +1,12 @@
-"""``locate()``: check the inputs, save what probes touch, search, restore."""
+"""``locate()``: take the step (``step.LocateStep``), check it, save what probes touch, search, restore.
+
+One process runs ``driver.find_culprits``; under ``torch.distributed`` the same step goes to the
+collective localizer (``distributed.py``): both read every field of the one step object.
+"""
 from __future__ import annotations
 
 import time
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -10,69 +14,87 @@ from ..grouping import LayerGrouping
 from ..norms import trainable_params
 from .additivity import check_additive
 from .driver import find_culprits
-from .inputs import as_document_ids, as_micro_batches, check_inputs, rng_states
+from .inputs import SearchOptions, check_inputs
 from .probe import Prober
 from .result import LocateResult
 from .snapshot import Snapshot
+from .step import LocateStep
+from .step_check import Reference
 
 LossFn = Callable[[torch.Tensor], torch.Tensor]
 
 
-def locate(model: torch.nn.Module, loss_fn: LossFn | Sequence[LossFn],
-           token_mask: torch.Tensor | Sequence[torch.Tensor], method: str = "auto", budget: int = 128,
-           threshold: float | None = None, *, group_by: str = "block", rng_state=None,
-           document_ids=None) -> LocateResult:
+def locate(model: torch.nn.Module, loss_fn: LossFn | Sequence[LossFn] | LocateStep,
+           token_mask: torch.Tensor | Sequence[torch.Tensor] | None = None, method: str = "auto", budget: int = 128,
+           threshold: float | None = None, *, group_by: str = "block", **step_fields: Any) -> LocateResult:
     """Explain the step's gradient: the samples, spans and loss terms that carry it.
 
+    The step is ``loss_fn`` and ``token_mask`` with the step's other fields by name, or one
+    ``LocateStep`` (``gradloc_track.localizer.step``) holding them all:
+
+    - ``loss_fn(mask) -> scalar``: the loss restricted to the terms kept by ``mask`` (same shape
+      as ``token_mask``) with a fixed normalizer. For K micro-batches pass K callables and K masks.
+    - ``rng_state=``: the state saved right before each micro-batch's training forward (one per
+      micro-batch; one for all is accepted), replayed by every probe so dropout masks agree;
+      else the state at call time. The caller's RNG state is restored afterwards.
+    - ``document_ids=``: a (B, T) integer id per position (K of them for K micro-batches) for
+      rows that pack several documents: samples are then the documents.
+    - ``grad_scale=``: what the step did to ``.grad`` after backward (a clipper's per-tensor
+      coefficients, in ``trainable_params(model)`` order), so the step check compares like with like.
+    - ``sample_columns=``, ``normaliser=``: carried (see ``LocateStep``).
+
     Culprit tokens are the terms whose own gradient is above ``threshold`` (per term; adaptive
-    when None, from the ordinary terms); samples (rows, or the documents ``document_ids`` marks
-    inside packed rows: a (B, T) integer id per position, K of them for K micro-batches), spans
-    and micro-batches are named when they stand out and no few terms inside carry them
+    when None, from the ordinary terms); samples (rows, or packed documents), spans and
+    micro-batches are named when they stand out and no few terms inside carry them
     (``result.culprits``, each with its ``level``; ``result.tokens`` the token rows).
 
-    ``loss_fn(mask) -> scalar``: the loss restricted to the terms kept by ``mask`` (same shape as
-    ``token_mask``) with a fixed normalizer. For K micro-batches pass K callables and K masks.
     Before any probe, three forward-only passes per micro-batch check that the loss is additive
     over the mask. ``budget`` caps the probes (forward+backward passes); with
     ``method="gradloc"`` it caps the token stage, as GradLoc's ``bisect_budget_steps`` does, and
     the micro-batch stage's one probe per micro-batch comes on top (``result.probes`` counts all).
-
-    Every probe replays one RNG state so dropout masks agree across probes: ``rng_state`` (the
-    state saved right before each micro-batch's training forward, one per micro-batch, replays
-    that step's dropout exactly; one state for all is accepted), else the state at call time.
-    The caller's RNG state is restored afterwards. When the model holds the step's gradient in
-    ``.grad``, the probes' sum is checked against it (``result.step_check``; a warning and a
-    note say why when they differ).
+    When the model holds the step's gradient in ``.grad``, the probes' sum is checked against it
+    (``result.step_check``; a warning and a note say why when they differ).
 
     Under ``torch.distributed`` (more than one rank) it is a collective: call it on every rank
-    with that rank's own ``loss_fn``/``token_mask``; see ``localizer/distributed.py``.
+    with that rank's own step; see ``localizer/distributed.py``.
     """
     from .distributed import is_distributed, locate_distributed
 
+    step = LocateStep.of(loss_fn, token_mask, step_fields)
+    options = SearchOptions(method, budget, threshold, group_by)
     if is_distributed():  # a collective: every rank calls it (see localizer/distributed.py)
-        return locate_distributed(model, loss_fn, token_mask, method, budget, threshold, group_by=group_by,
-                                  rng_state=rng_state)
-    loss_fns, masks, labelled = as_micro_batches(loss_fn, token_mask)
-    check_inputs(model, masks, method, budget, threshold)
-    docs = as_document_ids(document_ids, masks)
+        return locate_distributed(model, step, options)
+    return locate_one(model, step, options)
+
+
+def locate_one(model: torch.nn.Module, step: LocateStep, options: SearchOptions) -> LocateResult:
+    """One process: every field of ``step`` checked, then ``driver.find_culprits``, restored."""
+    loss_fns, masks, labelled = step.micro_batches()
+    check_inputs(model, masks, options.method, options.budget, options.threshold)
+    docs = step.documents(masks)
+    normaliser = step.note()
     t0 = time.perf_counter()
     snap = Snapshot(model)
     try:
         named = trainable_params(model)
-        grouping = LayerGrouping.build([n for n, _ in named], group_by)
+        scale = step.scale_for(len(named))
+        grouping = LayerGrouping.build([n for n, _ in named], options.group_by)
         # gradloc: ``budget`` bounds the token stage as GradLoc's ``bisect_budget_steps`` does; its
         # micro-batch stage (one probe each) comes on top, as in the official code
-        prober = Prober([p for _, p in named], loss_fns, masks, rng_states(rng_state, len(masks), snap.rng),
-                        budget + (len(masks) if method == "gradloc" else 0), grouping)
+        extra = len(masks) if options.method == "gradloc" else 0
+        prober = Prober([p for _, p in named], loss_fns, masks, step.rng_states(len(masks), snap.rng),
+                        options.budget + extra, grouping)
         terms = [prober.terms(i) for i in range(prober.k)]
         if not any(terms):
             raise ValueError("token_mask selects no loss terms (all zeros): pass the batch's loss mask")
         for i in range(prober.k):
             if terms[i]:
                 check_additive(prober, i, terms[i], prober.rng_states[i])
-        result = find_culprits(prober, model, terms, method, threshold, group_by, labelled, document_ids=docs,
-                        reference=snap.grads_for(prober.params))
+        result = find_culprits(prober, model, terms, options.method, options.threshold, options.group_by, labelled,
+                               document_ids=docs, reference=Reference(snap.grads_for(prober.params), scale))
         result.wall_time_s = time.perf_counter() - t0
+        if normaliser:
+            result.notes.append(normaliser)
         return result
     finally:
         snap.restore()

@@ -1,6 +1,7 @@
 """What ``locate`` accepts, checked once for the single-process and the distributed entry points.
 
-A step is one ``loss_fn`` and one ``(B, T)`` mask, or K of each (gradient accumulation). The
+A step (``step.LocateStep``) is one ``loss_fn`` and one ``(B, T)`` mask, or K of each (gradient
+accumulation), with its RNG states and document ids; ``SearchOptions`` says how to search. The
 checks raise ``TypeError``/``ValueError`` naming the argument and the fix; the distributed entry
 point turns them into one message per rank and raises the same error on every rank.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
@@ -15,6 +17,17 @@ import torch
 from ..norms import trainable_params
 
 METHODS = ("auto", "ghost", "bisect", "gradloc")
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """How to search, as ``locate`` takes it (``method``, ``budget``, ``threshold``, ``group_by``):
+    one value handed from the entry points to the searches, next to the step (``step.LocateStep``)."""
+
+    method: str = "auto"
+    budget: int = 128
+    threshold: float | None = None
+    group_by: str = "block"
 
 
 def as_micro_batches(loss_fn: Any, token_mask: Any) -> tuple[list, list, bool]:

@@ -7,11 +7,18 @@ tensor by tensor with the best scale per tensor (a clipper that rescaled ``.grad
 not a difference; dropout replayed from the wrong state, a stateful module or another loss are).
 When it fails, one more forward pass tells randomness the RNG cannot replay from the rest, and
 the result says why (``StepCheck.reason``, a warning, a note in the artifacts).
+
+When the caller knows what the step did to ``.grad`` after backward (``LocateStep.grad_scale``: the
+clipper's per-tensor coefficients, since the monitor clips before it localizes), the reference
+carries it (``Reference``) and the check compares ``scale * (the probes' sum)`` with ``.grad``: a
+clipped step then IS the step (``norm_ratio`` 1, ``StepCheck.scale`` 1 when ``loss_fn`` is the
+training loss, no note), and the shares, which the probes compute fresh, are unchanged.
 """
 from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -22,15 +29,27 @@ from .result import StepCheck
 HALF = (torch.float16, torch.bfloat16)
 
 
-def check_step(prober: Prober, total: Grads, reference: list[torch.Tensor | None] | None,
+@dataclass
+class Reference:
+    """The step's gradient as the localizer found it (``.grad``, one entry per probed tensor, None
+    where there was none) and what the step multiplied it by after backward (``scale``: a number,
+    or one per tensor, e.g. a clipper's ``coef_t``; None: nothing)."""
+
+    grads: list[torch.Tensor | None] | None
+    scale: torch.Tensor | float | None = None
+
+
+def check_step(prober: Prober, total: Grads, reference: Reference | list[torch.Tensor | None] | None,
                reduce: Callable[[torch.Tensor], torch.Tensor] | None = None, explain: bool = True) -> StepCheck | None:
-    """Compare ``total`` (the probes' sum) with ``reference`` (the step's ``.grad``); None when
-    the step left no gradient to compare with. ``reduce``: sums per-tensor values of local shards
-    over the ranks that shard them (``torch.distributed``); ``explain=False`` gives a generic
-    reason instead of running the model again (a collective under DDP)."""
-    if reference is None or all(r is None for r in reference):
+    """Compare ``total`` (the probes' sum, times ``reference.scale`` when given) with the step's
+    ``.grad``; None when the step left no gradient to compare with. ``reference``: a
+    ``Reference``, or the bare list of gradients. ``reduce``: sums per-tensor values of local
+    shards over the ranks that shard them (``torch.distributed``); ``explain=False`` gives a
+    generic reason instead of running the model again (a collective under DDP)."""
+    grads, factor = (reference.grads, reference.scale) if isinstance(reference, Reference) else (reference, None)
+    if grads is None or all(r is None for r in grads):
         return None
-    residual, ratio, scale = _compare(total, reference, reduce or (lambda v: v))
+    residual, ratio, scale = _compare(total, grads, reduce or (lambda v: v), factor)
     if ratio == 0:
         return None  # zeroed gradients (zero_grad(set_to_none=False)): nothing to compare with
     tol = 3e-2 if any(t.dtype in HALF for t in total) else 1e-3
@@ -45,9 +64,10 @@ UNEXPLAINED = ("the probes do not add up to the step's gradient: other randomnes
                "training loss")
 
 
-def _compare(total: Grads, reference: list[torch.Tensor | None],
-             reduce: Callable[[torch.Tensor], torch.Tensor]) -> tuple[float, float, tuple[float, float] | None]:
-    """(relative residual, ||reference|| / ||total||, (scale, its residual) or None).
+def _compare(total: Grads, reference: list[torch.Tensor | None], reduce: Callable[[torch.Tensor], torch.Tensor],
+             factor: torch.Tensor | float | None = None) -> tuple[float, float, tuple[float, float] | None]:
+    """(relative residual, ||reference|| / ||total||, (scale, its residual) or None), ``total``
+    taken times ``factor`` (one number or one per tensor; None: 1) in float64.
 
     The residual is ``||total - ref|| / ||total||`` when that is already small (no rescaling), else
     the one left after the best scale per tensor. ``scale`` is the ONE number with ``ref = scale *
@@ -56,8 +76,10 @@ def _compare(total: Grads, reference: list[torch.Tensor | None],
     ``||t - r||^2`` formed elementwise, ``<t, r>``), one tensor-sized temporary at a time, reduced
     over shards, moved to the host once."""
     rows = []
-    for t, r in zip(total, reference):
+    for t, r, f in zip(total, reference, _factors(factor, len(total))):
         t64, r64 = t.detach().double(), _dense_like(r, t).double()
+        if not isinstance(f, float) or f != 1.0:
+            t64 = t64 * (f.to(t64.device) if isinstance(f, torch.Tensor) else f)
         rows.append(torch.stack([t64.square().sum(), r64.square().sum(), (t64 - r64).square().sum(),
                                  (t64 * r64).sum()]))
     per = reduce(torch.stack(rows))  # (n, 4)
@@ -76,6 +98,15 @@ def _compare(total: Grads, reference: list[torch.Tensor | None],
     # per tensor, ||t - a r||^2 with the best a = <t, r> / ||r||^2 is ||t||^2 - <t, r>^2 / ||r||^2
     left = torch.where(rs > 0, ts - ds.square() / rs.clamp_min(1e-300), ts).clamp_min(0.0)
     return math.sqrt(float(left.sum()) / t_sq), ratio, scale
+
+
+def _factors(factor: torch.Tensor | float | None, n: int) -> list:
+    """One multiplier per tensor: ``factor``'s entries (0-d device tensors: no host sync), or the one number."""
+    if isinstance(factor, torch.Tensor) and factor.dim() == 1:
+        return list(factor.detach().double().unbind())
+    if isinstance(factor, torch.Tensor):
+        return [factor.detach().double()] * n
+    return [1.0 if factor is None else float(factor)] * n
 
 
 def _dense_like(r: torch.Tensor | None, t: torch.Tensor) -> torch.Tensor:

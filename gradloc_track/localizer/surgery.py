@@ -10,9 +10,13 @@ micro-batches; ``LocateResult.culprit_masks``) from ONE probe of their mask: one
 of each micro-batch that holds a culprit, replaying that micro-batch's RNG state, summed, as the
 localizer's probes are. ``s`` puts it in ``.grad``'s units: the localizer's step check found
 ``.grad = s * (the probes' sum)`` (``StepCheck.scale``; 1 when ``loss_fn`` is the training loss,
-``1/K`` when the loop divided by K and ``loss_fn`` does not). It must run on the gradient as
-backward left it, before any clipper scales ``.grad`` (the monitor orders it so); a gradient the
-probes do not reproduce, or one rescaled per tensor, is left alone and the result says why.
+``1/K`` when the loop divided by K and ``loss_fn`` does not). It runs on the gradient as backward
+left it, before any clipper scales ``.grad`` (the monitor orders it so); when the step says what
+already scaled ``.grad`` (``LocateStep.grad_scale``, a clipper's per-tensor coefficients), each
+tensor's cut is scaled by it too: ``.grad_j <- .grad_j - s * c_j * g_c_j``. A gradient the probes
+do not reproduce, or one rescaled per tensor by a factor nobody gave, is left alone and the result
+says why. ``operate(model, step, result)`` takes the step object ``locate`` took
+(``step.LocateStep``); ``remove_culprits`` its arguments one by one.
 
 Under ``torch.distributed`` it is a collective, like ``locate``: every rank runs the same probe
 through the wrapped model (the micro-batches holding any culprit, known to every rank since the
@@ -33,10 +37,10 @@ import torch.distributed as dist
 from ..norms import local_part, reduce_over_shards, trainable_params
 from .distributed import is_distributed
 from .dist_probe import DistSnapshot
-from .inputs import as_micro_batches, rng_states
 from .probe import check_loss, restore_rng
 from .result import LocateResult
 from .snapshot import Snapshot
+from .step import LocateStep
 
 SCALE_SNAP = 1e-6  # a scale this close to 1 is 1: loss_fn is the training loss (float64 rounding)
 
@@ -73,27 +77,34 @@ def remove_culprits(model: torch.nn.Module, loss_fn: Callable | Sequence[Callabl
     for this step (this rank's own under torch.distributed), ``result`` its result. Call it
     right after ``locate``, before the gradient is clipped or stepped on.
     """
+    return operate(model, LocateStep(loss_fn, token_mask, rng_state=rng_state, document_ids=document_ids), result)
+
+
+def operate(model: torch.nn.Module, step: LocateStep, result: LocateResult) -> SurgeryResult:
+    """``remove_culprits`` for the step object ``locate`` took (its micro-batches, RNG states,
+    documents and ``grad_scale``)."""
     if not result.culprits:
         return SurgeryResult(False, "no culprit found at any level (token, span, sample, micro-batch)")
     scale, why = units(result.step_check)
     if scale is None:
         return SurgeryResult(False, why, culprits=len(result.culprits))
     t0 = time.perf_counter()
-    fns, masks, _ = as_micro_batches(loss_fn, token_mask)
+    fns, masks, _ = step.micro_batches()
     distributed = is_distributed()
-    cut = result.culprit_masks(masks, document_ids, rank=dist.get_rank() if distributed else None)
+    cut = result.culprit_masks(masks, step.document_ids, rank=dist.get_rank() if distributed else None)
     params = [p for _, p in trainable_params(model)]
     if any(p.grad is not None and p.grad.is_sparse for p in params):
         return SurgeryResult(False, "sparse gradients (nn.Embedding(sparse=True)) are not operated on",
                              culprits=len(result.culprits))
+    coefs = step.scale_for(len(params))
     snap = DistSnapshot(model) if distributed else Snapshot(model)
     try:
         with torch.enable_grad():
-            g_c = _probe(params, fns, cut, rng_states(rng_state, len(fns), snap.rng),
+            g_c = _probe(params, fns, cut, step.rng_states(len(fns), snap.rng),
                          sorted({c.micro_batch or 0 for c in result.culprits}), copy=distributed)
     finally:
         snap.restore()
-    out = _subtract(params, g_c, scale)
+    out = _subtract(params, g_c, scale, coefs)
     out.culprits, out.wall_time_s = len(result.culprits), time.perf_counter() - t0
     return out
 
@@ -130,18 +141,29 @@ def _probe(params: list[torch.nn.Parameter], fns: list[Callable], masks: list[to
     return out
 
 
+def _per_tensor(coefs: torch.Tensor | float | None, n: int) -> list:
+    """``grad_scale`` as one factor per tensor: None (nothing scaled ``.grad``), or 0-d tensors/numbers."""
+    if isinstance(coefs, torch.Tensor) and coefs.dim() == 1:
+        return list(coefs.unbind())
+    return [coefs] * n
+
+
 @torch.no_grad()
-def _subtract(params: list[torch.nn.Parameter], g_c: list[torch.Tensor | None], scale: float) -> SurgeryResult:
-    """``.grad -= scale * g_c`` in place (the objects the optimizer and DDP hold), with the numbers
-    the monitor logs: float64 per tensor, summed over shards, ONE host transfer."""
+def _subtract(params: list[torch.nn.Parameter], g_c: list[torch.Tensor | None], scale: float,
+              coefs: torch.Tensor | float | None = None) -> SurgeryResult:
+    """``.grad -= scale * coef * g_c`` in place (the objects the optimizer and DDP hold), with the
+    numbers the monitor logs: float64 per tensor, summed over shards, ONE host transfer.
+    ``coefs``: what already scaled ``.grad`` (``LocateStep.grad_scale``; None: nothing)."""
     rows, owners = [], []
-    for p, c in zip(params, g_c):
+    for p, c, f in zip(params, g_c, _per_tensor(coefs, len(params))):
         if p.grad is None:  # no gradient in the step: the culprits (a subset of its terms) gave none either
             continue
         g = local_part(p.grad)
         pre = g.double().square().sum()
         dot = cut = torch.zeros((), dtype=torch.float64, device=g.device)
         if c is not None:
+            if f is not None:  # the clipper's coefficient of this tensor (a device scalar: no host sync)
+                c = c * (f.to(c.device, c.dtype) if isinstance(f, torch.Tensor) else f)
             c64 = c.double() * scale
             dot, cut = (c64 * g.double()).sum(), c64.square().sum()
             g.sub_(c.to(g.dtype), alpha=scale)

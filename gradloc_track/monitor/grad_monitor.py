@@ -60,7 +60,7 @@ from ..protocols import ArtifactWriterLike, ClipperLike, DetectorLike
 from ..trackers.interface import NullTracker, Tracker
 from .arguments import (as_detector, as_locate_config, as_monitor_config, check_arguments, needs_token_count,
                         response_mode)
-from .clip_feedback import after_transfer, install_guard
+from .clip_feedback import after_transfer, install_guard, note_norms
 from .optimizer_metrics import OptimizerMetrics
 from .packing import LR, N_TOKENS, WD, HostPack, add_clip, add_norms, loggable
 from .param_set import ParamSet
@@ -80,11 +80,11 @@ class GradMonitor:
 
     The metric keys it logs are listed in this module's docstring (and docs/metrics.md).
 
-    With ``optimizer=`` a clipper with ``on_nonfinite="skip"`` gets a ``SkipStepGuard`` on it
-    (``skip_guard``; ``clip.skip_step``, ``"off"`` to opt out): a step with a non-finite gradient
-    leaves parameters and optimizer state bitwise unchanged, free for fused optimizers, one bool
-    read per step otherwise (none on steps this monitor already synced), and the clipper makes
-    one pass less over the gradients (see ``gradloc_track.clip.skip_step``).
+    With ``optimizer=`` the optimizer gets a ``SkipStepGuard`` (``skip_guard``), clipper or not
+    (without one, or with ``on_nonfinite="skip"``; ``clip.skip_step``, ``"off"`` to opt out): a step
+    with a non-finite gradient leaves parameters and optimizer state bitwise unchanged, free for
+    fused optimizers, one bool read per step otherwise (none on steps this monitor already synced),
+    and a clipper makes one pass less over the gradients (see ``gradloc_track.clip.skip_step``).
 
     Only global rank 0 logs (other ranks get a ``NullTracker``). A spike on a non-logging step
     is logged at its own step (its norms, spike and locate keys).
@@ -120,8 +120,8 @@ class GradMonitor:
         surgery = response_mode(detector, self.locate_config) == "surgery"
         self.responder = SpikeResponder(model, self.locate_config, config.group_by, artifact_writer,
                                             self.rank, process_group, self._warn_once, surgery=surgery)
-        # on_nonfinite="skip" made exact by the optimizer (clip.skip_step; see monitor.clip_feedback)
-        self.skip_guard = install_guard(optimizer, clipper)
+        # a non-finite step skipped for real by the optimizer, clipper or not (see monitor.clip_feedback)
+        self.skip_guard = install_guard(optimizer, clipper, self.params[0].device)
         # only GradLoc's fixed trigger reads the step's token count (an adaptive SpikeDetector does not)
         self._detector_counts_tokens = needs_token_count(self.detector)
 
@@ -207,6 +207,7 @@ class GradMonitor:
 
     def _clip(self, step: int, grad_sq: torch.Tensor, w_sq: torch.Tensor | None, lr: Any, weight_decay: Any) -> Any:
         """The clipper, on the norms already computed; on_nonfinite="raise": log this step first."""
+        note_norms(self.skip_guard, grad_sq)  # the guard's flag when no clipper sets it
         try:
             return self.param_set.clip(grad_sq)
         except FloatingPointError:
@@ -242,7 +243,7 @@ class GradMonitor:
         if spike_context is not None and self._detector_counts_tokens:
             n_tokens, n_micro = self.responder.count_tokens(pack, spike_context)
         host = pack.to_host()
-        after_transfer(self.clipper, host, self._warn_once)
+        after_transfer(self.clipper, host, self._warn_once, self.skip_guard)
         lr, weight_decay = host.pop(LR, lr), host.pop(WD, weight_decay)
         if N_TOKENS in host:
             n_tokens = int(host.pop(N_TOKENS))
@@ -264,7 +265,26 @@ class GradMonitor:
                                                  **extra))
         stats.metrics.update(self.detector.metrics())
         if stats.events:  # localized, or recorded with the reason it was not
-            stats.metrics.update(self.responder.respond(step, stats, spike_context))
+            stats.metrics.update(self.responder.respond(step, stats, spike_context, self._clip_scale(stats.clip)))
+
+    def _clip_scale(self, clip: Any) -> torch.Tensor | None:
+        """What the clipper did to ``.grad`` before the localizer runs: its per-tensor coefficients
+        (``ClipResult.coef_t``, a device tensor) in the monitored tensors' order, which is the
+        localizer's (``trainable_params(model)``); 1 for tensors the clipper does not hold. None when
+        nothing clipped yet (no clipper; ``spikes.response=surgery`` clips after the verdict; a clip
+        handed to a fused optimizer's ``grad_scale``, which applies it inside ``step()``)."""
+        if clip is None or clip.deferred:
+            return None
+        index = self.param_set.clip_index
+        if index is None:  # the clipper holds the monitored tensors, in their order
+            return clip.coef_t
+        pos = {n: i for i, n in enumerate(clip.names)}
+        pairs = [(i, pos[n]) for i, n in enumerate(self.param_set.names) if n in pos]
+        out = torch.ones(len(self.param_set.names), dtype=clip.coef_t.dtype, device=clip.coef_t.device)
+        if pairs:  # host->device index copies: on a spike step only
+            ours, theirs = (torch.tensor(x, device=out.device) for x in zip(*pairs))
+            out[ours] = clip.coef_t[theirs]
+        return out
 
     # -- step order, the raise path -------------------------------------------------------------
     def _warn_once(self, key: str, message: str) -> None:

@@ -70,25 +70,40 @@ class SpikeResponder:
         return int(t.item())  # host sync: the detector needs the count now
 
     # -- the response ------------------------------------------------------------------------
-    def respond(self, step: int, stats: Any, ctx: Any) -> dict[str, float]:
+    def respond(self, step: int, stats: Any, ctx: Any, grad_scale: Any = None) -> dict[str, float]:
         """Run the localizer on the spiking batch and hand the result to the artifact writer; a spike
         that is not localized is recorded with the reason (``stats.not_localized``); with
-        ``spikes.response=surgery``, then take the culprits' gradient out of the step's."""
+        ``spikes.response=surgery``, then take the culprits' gradient out of the step's.
+        ``grad_scale``: the clipper's per-tensor coefficients when it already clipped this step's
+        ``.grad`` (in the model's trainable-tensor order; a device tensor): the localizer's step
+        check compares like with like (``LocateStep.grad_scale``)."""
         why_not = self.why_not_localized(step, ctx)
+        located = None
         if why_not is None:
             ctx = resolve(ctx)
-        metrics = self._locate(step, stats, ctx) if why_not is None else {}
+            located = self._step(step, ctx, grad_scale)
+        metrics = self._locate(step, stats, ctx, located) if why_not is None else {}
         if stats.locate is None:
             stats.not_localized = why_not or "localizing failed (see the warning)"
             self._record_detection(step, stats)
         if self.surgery:
-            stats.surgery = self._operate(step, stats.locate, ctx, f"not localized ({stats.not_localized})")
+            stats.surgery = self._operate(step, stats.locate, located, f"not localized ({stats.not_localized})")
             metrics.update(stats.surgery.metrics())
         return metrics
 
-    def _locate(self, step: int, stats: Any, ctx: Any) -> dict[str, float]:
+    def _step(self, step: int, ctx: Any, grad_scale: Any) -> Any:
+        """The context as the localizer's step object (None, with a warning, when it cannot be read)."""
+        from ..localizer.step import LocateStep
+
+        try:
+            return LocateStep.from_context(ctx, grad_scale=grad_scale)
+        except Exception as exc:  # forensics must never kill training
+            warnings.warn(f"gradloc-track: localizing the spike at step {step} failed: {exc!r}")
+            return None
+
+    def _locate(self, step: int, stats: Any, ctx: Any, located: Any) -> dict[str, float]:
         """The locate/* metrics; ``stats.locate`` stays None when localizing failed."""
-        result = self._localize(step, ctx)
+        result = self._localize(step, located) if located is not None else None
         if result is None:
             return {"locate/failed": 1.0}
         self._count(step, bool(result.culprits))  # a culprit at any level: token, span, sample, micro-batch
@@ -103,18 +118,17 @@ class SpikeResponder:
         return {"locate/probes": float(result.probes), "locate/culprits": float(len(result.culprits)),
                 "locate/threshold": float(result.threshold), "locate/seconds": float(result.wall_time_s)}
 
-    def _operate(self, step: int, result: Any, ctx: Any, why: str) -> Any:
-        """Spike surgery on this step's ``.grad`` (a collective under torch.distributed, like locating);
-        ``why``: the reason nothing is removed when ``result`` is None."""
-        from ..localizer.surgery import SurgeryResult, remove_culprits
+    def _operate(self, step: int, result: Any, located: Any, why: str) -> Any:
+        """Spike surgery on this step's ``.grad`` (a collective under torch.distributed, like locating),
+        with the step object the localizer took; ``why``: the reason nothing is removed when
+        ``result`` is None."""
+        from ..localizer.surgery import SurgeryResult, operate
 
         if result is None:
             out = SurgeryResult(False, why)
         else:
             try:
-                out = remove_culprits(self.model, ctx.loss_fn, ctx.token_mask, result,
-                                      rng_state=getattr(ctx, "rng_state", None),
-                                      document_ids=getattr(ctx, "document_ids", None))
+                out = operate(self.model, located, result)
             except Exception as exc:  # the step goes on as the clipper leaves it: never kill training
                 warnings.warn(f"gradloc-track: spike surgery at step {step} failed: {exc!r}; the step is not operated")
                 out = SurgeryResult(False, f"surgery failed: {exc!r}")
@@ -146,16 +160,14 @@ class SpikeResponder:
         except Exception as exc:  # forensics must never kill training
             warnings.warn(f"gradloc-track: recording the spike at step {step} failed: {exc!r}")
 
-    def _localize(self, step: int, ctx: Any) -> Any:
+    def _localize(self, step: int, located: Any) -> Any:
         from .. import localizer  # imported here: the localizer is only needed on a spike
 
         cfg = self.config
         try:
             with torch.enable_grad():
-                return localizer.locate(self.model, ctx.loss_fn, ctx.token_mask, method=cfg.method,
-                                        budget=cfg.budget, threshold=cfg.threshold, group_by=self.group_by,
-                                        rng_state=getattr(ctx, "rng_state", None),
-                                        document_ids=getattr(ctx, "document_ids", None))
+                return localizer.locate(self.model, located, method=cfg.method, budget=cfg.budget,
+                                        threshold=cfg.threshold, group_by=self.group_by)
         except Exception as exc:  # forensics must never kill training
             warnings.warn(f"gradloc-track: localizing the spike at step {step} failed: {exc!r}")
             return None

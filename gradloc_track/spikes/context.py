@@ -1,4 +1,8 @@
-"""What the monitor needs to localize a spike in the current batch."""
+"""What the monitor needs to localize a spike in the current batch, and to show it.
+
+The localizer takes a ``localizer.step.LocateStep``: ``LocateStep.from_context(ctx)`` is the one
+place a context becomes one (the localizer's floor reads this one; this module cannot import it).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -45,6 +49,9 @@ class SpikeContext:
     # highlight page shows each part as its own block (with micro-batches: K)
     segment_ids: torch.Tensor | Sequence[torch.Tensor] | None = None
     segment_names: Sequence[str] | None = None
+    # what loss_fn divides by (its fixed normaliser, e.g. the step's loss-token count), when known:
+    # a number or a 0-d tensor (``LocateStep.normaliser``)
+    normaliser: Any = None
 
     def __post_init__(self) -> None:
         if isinstance(self.token_mask, torch.Tensor) != callable(self.loss_fn):
@@ -83,4 +90,5 @@ class SpikeContext:
                             extra_columns={n: pick(v) for n, v in self.extra_columns.items()},
                             sample_columns={n: pick(v) for n, v in self.sample_columns.items()},
                             rng_state=pick(self.rng_state), document_ids=pick(self.document_ids),
-                            segment_ids=pick(self.segment_ids), segment_names=self.segment_names)
+                            segment_ids=pick(self.segment_ids), segment_names=self.segment_names,
+                            normaliser=self.normaliser)

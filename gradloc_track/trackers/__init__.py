@@ -10,6 +10,8 @@
 - ``spool``, ``replay``: what a backend did not take, and sending it to the original run later
 - ``run_record``: ``<run dir>/tracker/<backend>.json``, which backend run a run directory belongs to
 - ``run_lock``: one run per run directory (``RunDirInUse``); a run whose process died is told apart
+- ``join``: the one place a run is opened (``make_tracker``) or joined (``wandb.run``,
+  ``mlflow.active_run()``, a framework's run), with its run dir (a scratch one when none is given)
 - ``sigterm``: runs end as KILLED on preemption; ``factory``: ``make_tracker`` from a ``TrackerConfig``
 - ``files``, ``keys``: atomic file writes, whole-record appends; metric key names and cleaning
 - ``quiet``: MLflow's store-creation lines and download bars off in our own commands

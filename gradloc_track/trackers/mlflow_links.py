@@ -4,6 +4,7 @@ Pure string work from a run's ``view`` (``run_record``): nothing here imports ml
 """
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 # MLflow 3's UI shows the GenAI side (traces) unless told otherwise: it reads the view from this
@@ -41,7 +42,8 @@ def mlflow_charts_url(info: dict[str, Any]) -> str | None:
 
 
 def mlflow_ui_command(tracking_uri: str) -> str | None:
-    """The command that serves a local store (None for a server, which is already up)."""
+    """The command that serves a local store (None for a server, which is already up), quoted for a
+    shell where the store's path needs it."""
     if tracking_uri.startswith(("http://", "https://")):
         return None
-    return f"mlflow ui --backend-store-uri {tracking_uri} --port 5000"
+    return f"mlflow ui --backend-store-uri {shlex.quote(tracking_uri)} --port 5000"

@@ -107,9 +107,7 @@ class MlflowTracker(Tracker):
         never recorded in the run directory: ``replay`` made (or will make) the run that is."""
         self._connect(tracking_uri, run_dir)
         if run_id is not None:
-            self.attached = True
-            self.run_id = run_id
-            self.experiment_id = self.client.get_run(run_id).info.experiment_id
+            self._attach(run_id)
             return
         exp = self.client.get_experiment_by_name(experiment_name)
         _check(cancel)
@@ -131,9 +129,20 @@ class MlflowTracker(Tracker):
         if cancel is not None and not cancel.claim():
             self._end_late_run()
             raise RuntimeError(CANCELLED + f"; its late run {self.run_id} was ended and deleted")
-        record_run(self.run_dir, "mlflow", {"tracking_uri": self.tracking_uri, "experiment_id": exp_id,
-                                            "run_id": self.run_id, "run_name": run.info.run_name})
+        self._record()
         self.log_metrics({"spike_count": 0.0}, 0)
+
+    def _attach(self, run_id: str) -> None:
+        """Log into a run someone else opened; recorded like a run we open, so the run dir leads to it."""
+        info = self.client.get_run(run_id).info
+        self.attached = True
+        self.run_id, self.run_name, self.experiment_id = run_id, info.run_name, info.experiment_id
+        self._record()
+
+    def _record(self) -> None:
+        """The run's ``view`` in the run dir's record: ``report``, ``culprits`` and the console follow it."""
+        record_run(self.run_dir, "mlflow", {"tracking_uri": self.tracking_uri, "experiment_id": self.experiment_id,
+                                            "run_id": self.run_id, "run_name": self.run_name})
 
     def _end_late_run(self) -> None:
         """A run nobody will log to (its creation outlived ``finish()``): KILLED, then deleted."""

@@ -11,14 +11,20 @@ DROPPED_KEY = "tracker/dropped"
 
 
 def mlflow_key(key: str) -> str:
-    """MLflow accepts alphanumerics, ``_ - . /`` and spaces; anything else becomes ``_``."""
-    return _MLFLOW_BAD.sub("_", key)
+    """MLflow accepts alphanumerics, ``_ - . /`` and spaces; anything else becomes ``_``. It also
+    refuses a name that reads as another path (``eval//loss``, ``loss/``, ``a/./b``), and with it the
+    whole batch the name is in: each empty, ``.`` or ``..`` segment becomes ``_``."""
+    key = _MLFLOW_BAD.sub("_", key)
+    return "/".join("_" if part in ("", ".", "..") else part for part in key.split("/"))
+
+
+_CUT = "...[truncated]"
 
 
 def truncate(value: object, limit: int) -> str:
-    """Stringify and cut to ``limit`` characters, marking the cut so nobody mistakes it for data."""
+    """Stringify and cut to at most ``limit`` characters, marking the cut so nobody mistakes it for data."""
     s = str(value)
-    return s if len(s) <= limit else s[: limit - 15] + "...[truncated]"
+    return s if len(s) <= limit else (s[: max(limit - len(_CUT), 0)] + _CUT)[:limit]
 
 
 def finite_or_none(v: float) -> float | None:

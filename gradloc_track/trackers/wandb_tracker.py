@@ -83,6 +83,7 @@ class WandbTracker(Tracker):
         self._tables: dict[str, tuple[list[str], list[list[Any]]]] = {}
         self._init_args = {"project": getattr(run, "project", None), "entity": getattr(run, "entity", None),
                            "mode": None, "dir": None}
+        self._record()  # a joined run is recorded like one we open: the run dir leads to it
 
     def _init(self, dir: str | None, run_dir: str | Path | None, cancel: Any, **init: Any) -> None:
         self.wandb = require("wandb", "wandb")
@@ -100,9 +101,15 @@ class WandbTracker(Tracker):
         self._step = -1  # the W&B step of the last log call
         self._tables: dict[str, tuple[list[str], list[list[Any]]]] = {}
         self._init_args = {k: init.get(k) for k in ("project", "entity", "mode")} | {"dir": wdir}
-        record_run(self.run_dir, "wandb", {"dir": str(Path(self.run.dir).parent), "path": self.run.path,
-                                           "url": self.run.url, "run_name": self.run.name,
-                                           "offline": bool(self.run.offline)})
+        self._record()
+
+    def _record(self) -> None:
+        """The run's ``view`` in the run dir's record (its files' folder, path, link)."""
+        run, files = self.run, getattr(self.run, "dir", None)
+        record_run(self.run_dir, "wandb", {"dir": str(Path(files).parent) if files else None,
+                                           "path": getattr(run, "path", None),
+                                           "url": getattr(run, "url", None), "run_name": getattr(run, "name", None),
+                                           "offline": bool(getattr(run, "offline", False))})
 
     def where(self) -> str:
         """One line saying where this run is: its name and link (offline: its files and how to upload them)."""

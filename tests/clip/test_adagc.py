@@ -125,12 +125,12 @@ def test_a_step_without_gradient_leaves_the_state_untouched():
 
 def test_no_clipping_inside_the_eps_band():
     model = torch.nn.Linear(1, 1, bias=False)
-    clipper = AdaGC(model, lambda_rel=1.0, warmup_steps=0, eps=1e-3)
+    clipper = AdaGC(model, lambda_rel=1.04, warmup_steps=0, eps=1e-3)
     model.weight.grad = torch.tensor([[1.0]])
     clipper.clip()  # gamma = 1
-    model.weight.grad = torch.tensor([[1.0]])  # n == thr: the official code leaves it alone
+    model.weight.grad = torch.tensor([[1.04]])  # n == thr: the official code leaves it alone
     res = clipper.clip()
-    assert res.coefs["weight"] == 1.0 and model.weight.grad.item() == 1.0
+    assert res.coefs["weight"] == 1.0 and model.weight.grad.item() == torch.tensor(1.04).item()
 
 
 @pytest.mark.parametrize("mode", ["tensor", "global"])

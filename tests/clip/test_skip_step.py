@@ -151,6 +151,7 @@ def test_fused_found_inf_skip_is_exact_and_sync_free(name, bad_first):
     assert guard.mode == "fused" and clipper.skip_exact
     clean_model = copy.deepcopy(model)
     clean_opt, clean_clip = FUSED[name](clean_model.parameters()), GlobalClip(clean_model, max_norm=0.5)
+    SkipStepGuard(clean_opt, clean_clip)  # the same path (the clip rides in the kernel's grad_scale)
     seeds = [99, 0, 1, 2] if bad_first else [0, 1, 99, 2]
     spy = SyncSpy()
     for s in seeds:
@@ -201,6 +202,7 @@ def test_a_monitor_in_a_step_pre_hook_registered_first_gets_its_flag_used(mode):
     clean_model = copy.deepcopy(model)
     clean_opt = torch.optim.SGD(clean_model.parameters(), lr=0.1, momentum=0.9, fused=fused)
     clean_clip = GlobalClip(clean_model, max_norm=0.5)
+    SkipStepGuard(clean_opt, clean_clip, mode=mode)
     for s in (0, 99, 1, 2):
         backward(model, s, nan=s == 99)
         opt.step()
@@ -220,6 +222,7 @@ def test_grad_scaler_and_the_guard_combine_their_flags():
     clean_model = copy.deepcopy(model)
     clean_opt = torch.optim.AdamW(clean_model.parameters(), lr=1e-2, weight_decay=0.1, fused=True)
     clean_clip = GlobalClip(clean_model, max_norm=0.5)
+    SkipStepGuard(clean_opt, clean_clip)
     for s in (0, 1, 99, 98, 2):
         g = torch.Generator().manual_seed(s)
         model.zero_grad(set_to_none=True)

@@ -32,13 +32,6 @@ def blocklist_of(tmp_path, *recs: dict, index: bool = True):
     return load_blocklist(path)
 
 
-def test_record_fingerprint_is_the_tables_sample_id():
-    rec = records()[2]
-    assert record_fingerprint(rec) == sample_fingerprint([5, 6])
-    no_labels = {"input_ids": torch.tensor([9, 5, 6, 0]), "attention_mask": torch.tensor([1, 1, 1, 0])}
-    assert record_fingerprint(no_labels) == sample_fingerprint([5, 6])  # input_ids[1:] without padding
-
-
 def test_hf_dataset_filter_drops_by_fingerprint_or_index_with_a_count(tmp_path):
     from datasets import Dataset
 
@@ -130,4 +123,4 @@ def test_write_blocklist_round_trips_indices_and_metadata(tmp_path):
     assert (doc["format"], doc["version"]) == ("gradloc-track-blocklist", 1)
     block = load_blocklist(path)
     assert block.blocks(fingerprint="0123456789abcdef") and block.blocks(index=4) and not block.blocks(index=5)
-    assert len(block) == 1 and block.entries[0]["metadata"] == {"source": "forum"}
+    assert len(block) == 1 and block.read_entries()[0]["metadata"] == {"source": "forum"}

@@ -12,7 +12,7 @@ def test_garbled_span_is_a_prompt_of_prose_and_a_garbled_answer():
     y = x + 1
     mask = torch.ones(B, T)
     prose = x[2, :40].clone()
-    pos = inject("garbled_span", x, y, mask, sample=2, span=6, junk_ids=[3, 4, 5], pad_id=0)
+    pos = inject("garbled_span", x, y, mask, sample=2, span=6, junk_ids=[3, 4, 5])
     assert pos == list(range(40, 46))
     assert torch.equal(x[2, :40], prose) and y[2, 39] == x[2, 40]  # prose stays, shifted targets line up
     assert y[2, 40:46].tolist() == [3, 4, 5, 3, 4, 5] and y[2, 46:].eq(0).all()

@@ -137,7 +137,11 @@ def run_monitor(scn: dict, rank: int, world: int) -> dict:
     thr = g * 12 ** 0.5
     tracker = MemoryTracker()
     detector = SpikeDetector(SpikeConfig(mode="fixed", per_token_threshold=thr, warmup_steps=0))
+    from gradloc_track.clip import GlobalClip
+
+    # clipped to half before the localizer runs: the step check gets the coefficient (the same on every rank)
     monitor = GradMonitor(model, tracker=tracker, detector=detector, log_every=1000,
+                          clipper=GlobalClip(model, max_norm=g / 2),
                           artifact_writer=SpikeArtifactWriter(tracker, images=False))
     # per-sample columns as users hand them over: a tensor and a list of python strings
     ctx = SpikeContext(loss_fn=fn, token_mask=mask, input_ids=x[0, rows],
@@ -148,7 +152,9 @@ def run_monitor(scn: dict, rank: int, world: int) -> dict:
     return {"events": len(stats.events),
             "tokens": [[c.rank, c.micro_batch, c.batch, c.position, c.grad_norm] for c in stats.locate.tokens]
             if stats.locate is not None else None,
-            "table": [dict(zip(table["columns"], r)) for r in table["rows"]], "html": len(tracker.html)}
+            "table": [dict(zip(table["columns"], r)) for r in table["rows"]], "html": len(tracker.html),
+            "check": None if stats.locate is None else vars(stats.locate.step_check),
+            "notes": [] if stats.locate is None else stats.locate.notes}
 
 
 def _port(scn: dict, rank: int, world: int) -> dict:
@@ -169,8 +175,14 @@ def _failure_monitor(scn: dict, rank: int, world: int) -> dict:
     return run_failure_monitor(scn, rank, world)
 
 
-RUNNERS = {"locate": run, "error": run, "monitor": run_monitor, "port": _port, "failure": _failure,
-           "failure_monitor": _failure_monitor}
+def _levels(scn: dict, rank: int, world: int) -> dict:
+    from .levels_case import run_levels
+
+    return run_levels(scn, rank, world)
+
+
+RUNNERS = {"locate": run, "error": run, "monitor": run_monitor, "levels": _levels, "port": _port,
+           "failure": _failure, "failure_monitor": _failure_monitor}
 
 
 def main(rank: int, world: int, port: str, out_dir: str, scenarios: str) -> None:

@@ -2,6 +2,8 @@
 runs them all (``conftest.dist_results``), since a launch costs seconds and tests share it."""
 from __future__ import annotations
 
+from functools import lru_cache
+
 from . import gradloc_port
 
 PORT_CASES = 12  # GradLoc port cases per world size (each a handful of probes)
@@ -65,6 +67,31 @@ FAILURE_MONITOR = [{"name": "fail_monitor", "wrap": "ddp", "culprits": [[1, 0, 3
                     "where": "loss", "kind": "failure_monitor"}]
 
 
+@lru_cache(maxsize=None)
+def _unit_threshold(case: str) -> float | None:
+    from .levels_case import unit_threshold
+
+    return unit_threshold(case)
+
+
+FSDP2_ON_4 = ("document", "micro_batch", "two_micro_batches")  # packed rows, pieces, rows on two ranks
+
+
+def levels_scenarios(world: int) -> list[dict]:
+    """The single-process level scenarios on the shared global batch (test_levels_dist): every case
+    under DDP and FSDP2 on 2 processes; on 4, every case under DDP and three under FSDP2
+    (``FSDP2_ON_4``: the rules never see the wrapper, only the probes do; the suite stays short)."""
+    from .levels_case import CASES
+
+    cases = [{"name": f"lv_{case}_{wrap}", "kind": "levels", "wrap": wrap, "case": case,
+              "threshold": _unit_threshold(case)} for case in CASES for wrap in ("ddp", "fsdp2")
+             if wrap == "ddp" or world == 2 or case in FSDP2_ON_4]
+    # rank 0 fails in the bad sample's confirmation (its loss_fn's call after the K of the ghost pass)
+    return cases + [{"name": "lv_fail_sample_fsdp2", "kind": "levels", "wrap": "fsdp2", "case": "bad_sample",
+                     "threshold": _unit_threshold("bad_sample"), "fail_rank": 0, "fail_at": 4 // world + 1,
+                     "where": "after"}]  # after the forward: FSDP2's all-gathers ran on every rank
+
+
 def port_cases(world: int) -> list[dict]:
     """GradLoc's rank search against the port (test_gradloc_dist), thresholds set here."""
     return [{**gradloc_port.with_threshold(c, world), "kind": "port"}
@@ -74,5 +101,5 @@ def port_cases(world: int) -> list[dict]:
 def all_scenarios(world: int) -> list[dict]:
     if world == 3:  # only GradLoc's uneven rank split needs 3 processes
         return port_cases(world)
-    return (locate_scenarios(world) + ERRORS + (MONITOR if world == 2 else []) + port_cases(world)
-            + failure_scenarios(world) + (FAILURE_MONITOR if world == 2 else []))
+    return (locate_scenarios(world) + ERRORS + (MONITOR if world == 2 else []) + levels_scenarios(world)
+            + port_cases(world) + failure_scenarios(world) + (FAILURE_MONITOR if world == 2 else []))

@@ -107,7 +107,8 @@ def test_bad_input_on_one_rank_raises_on_every_rank(runs):
 
 def test_monitor_localizes_on_every_rank_and_rank0_writes(runs):
     """after_backward with a fixed-mode detector: every rank fires (the global token count), the
-    collective search runs on all, and only rank 0's tracker gets the table, naming rank 1."""
+    collective search runs on all, and only rank 0's tracker gets the table, naming rank 1; the
+    clipper (GlobalClip) scaled .grad first and the step check says the step is reproduced."""
     world, _, _, extra = runs
     if world != 2:
         pytest.skip("run on 2 processes")
@@ -122,6 +123,9 @@ def test_monitor_localizes_on_every_rank_and_rank0_writes(runs):
     assert (row["dataset_index"], row["source"]) == (W.B, "rank1-sample0")
     assert row["sample_id"] == sample_fingerprint(x[0, W.B].tolist())
     assert per_rank[0]["html"] == 1 and per_rank[1]["table"] == [] and per_rank[1]["html"] == 0
+    for res in per_rank:  # clipped to half before localizing: the step check took the clip coefficient
+        assert res["check"]["replayed"] and res["check"]["norm_ratio"] == pytest.approx(1.0, abs=1e-5), res["check"]
+        assert not any("probes' sum" in n for n in res["notes"]), res["notes"]
 
 
 def test_rank0_table_reads_token_ids_from_the_culprits_rank(runs):

@@ -2,39 +2,18 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
+import re
 from pathlib import Path
 
 import pytest
 
 from gradloc_track.artifacts import read_table
 
-from ..conftest import ROOT
+from .demo_run import demo_run, run_dirs, run_example
 from .load import load_example
 
-SCRIPT = ROOT / "examples" / "train_lm.py"
 SMALL = ["train.steps=4", "train.batch_size=2", "train.seq_len=32", "model.n_layer=1", "model.d_model=32",
          "model.n_head=2", "model.max_seq_len=32", "train.num_threads=1"]
-
-
-def run_example(tmp_path: Path, *overrides: str, check: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true",
-           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
-           # this checkout's package, not whichever one is installed
-           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
-    flags = [o for o in overrides if o.startswith("-")]  # Hydra wants -m before the overrides
-    rest = [o for o in overrides if not o.startswith("-")]
-    proc = subprocess.run([sys.executable, str(SCRIPT), *flags, f"out_dir={tmp_path / 'runs'}", *rest],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"train_lm failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return proc
-
-
-def run_dirs(tmp_path: Path) -> list[Path]:
-    return sorted(p.parent for p in (tmp_path / "runs").rglob("summary.json"))
 
 
 def mlflow_runs(tmp_path: Path):
@@ -125,20 +104,22 @@ def test_multirun_gives_one_tracker_run_per_job(tmp_path):
     _, runs = mlflow_runs(tmp_path)
     assert len(runs) == 2
     names = sorted(r.info.run_name for r in runs)
-    assert names == ["clip=adagc", "clip=none"]  # only the swept override, not every override
+    # only the swept override (not every override), the seed and the start time
+    assert [re.sub(r"\d\d-\d\d \d\d:\d\d:\d\d$", "<time>", n) for n in names] == \
+        ["clip=adagc seed=0 <time>", "clip=none seed=0 <time>"]
     assert {r.data.params["clip.kind"] for r in runs} == {"none", "adagc"}
 
 
 @pytest.mark.slow
-def test_spike_demo_detects_and_localizes_the_injected_answer(tmp_path):
-    """The full demo: detection at the injected step, culprits = the mojibake answer, artifacts in MLflow
-    and W&B, a console that names the text and the run, and a report from the printed run dir."""
-    proc = run_example(tmp_path, "experiment=spike_demo", "tracker=both", "train.num_threads=1",
-                       f"tracker.mlflow.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}")
-    (run_dir,) = run_dirs(tmp_path)
+def test_spike_demo_detects_and_localizes_the_injected_answer(tmp_path_factory, tmp_path):
+    """The full demo (the README's command): detection at the injected step, culprits = the mojibake
+    answer, artifacts in MLflow and W&B, a clipper that clips the spike and almost nothing else, a console
+    that names the text and the run, and a report from the printed run dir."""
+    demo = demo_run(tmp_path_factory)
+    run_dir = demo.run_dir
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["events_at"] == [100]
-    client, (run,) = mlflow_runs(tmp_path)
+    client, (run,) = mlflow_runs(demo.root)
     assert int(run.data.tags["spike_count"]) >= 1
     local = Path(client.download_artifacts(run.info.run_id, "spikes", str(tmp_path / "dl")))
     table = read_table(local.parent, "spikes/tokens")
@@ -150,18 +131,24 @@ def test_spike_demo_detects_and_localizes_the_injected_answer(tmp_path):
     for r in rows:
         assert r["token"] in html
     assert "<script" not in html.lower()
-    # AdaGC clipped the spike: the optimizer saw a norm below the pre-clip one; thresholds were logged
+    assert "clipped in place" not in html  # the localizer's step check knows what the clipper did
+    # AdaGC clipped the spike, and few other steps after its warm-up: a spike guard, not a learning-rate cut
     pre = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "clip/total_norm_pre")}
     post = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "clip/total_norm_post")}
-    assert post[100] < pre[100] / 2
+    assert post[100] < 0.8 * pre[100]
+    assert summary["clip_clipped_fraction"] < 0.1 and summary["clip_mean_coef"] > 0.95
     assert any(k.startswith("clip/threshold/") for k in run.data.metrics)
-    # the console: one spike block with the culprit text and the run link, a summary with commands
-    out = proc.stdout + proc.stderr
-    assert out.count("spike at step 100") == 1 and "positions 40-42: '\u00e2\u20ac\u2122'" in out
+    # the console: one spike block with the culprit text and the run link, a summary with commands, no warning
+    # that the clipper cut the learning rate
+    out = demo.console
+    assert out.count("spike at step 100") == 1 and "tokens 40-42: '\u00e2\u20ac\u2122'" in out
     assert f"/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}" in out
     assert "1 gradient spike(s) detected, at step 100" in out
+    assert "  step 100: 1 sample (3 tokens): sample 3, tokens 40-42" in out
+    assert "learning-rate cut" not in out and "UserWarning" not in out
+    assert re.search(r"MLflow run spike_demo clip=adagc seed=0 \d\d-\d\d \d\d:\d\d:\d\d \(", out)
     # the same event in the offline W&B run: table rows and highlighted html
-    (wrun,) = tmp_path.rglob("offline-run-*")
+    (wrun,) = demo.root.rglob("offline-run-*")
     tables = [json.loads(p.read_text()) for p in (wrun / "files" / "media" / "table").rglob("*.table.json")]
 
     def wb_rows(t):
@@ -177,7 +164,7 @@ def test_spike_demo_detects_and_localizes_the_injected_answer(tmp_path):
 
     assert main(["report", str(run_dir), "-o", str(tmp_path / "report.html")]) == 0
     page = (tmp_path / "report.html").read_text(encoding="utf-8")
-    assert "<title>spike_demo - gradloc-track spike report</title>" in page and "(steps 100)" in page
+    assert "<title>spike_demo clip=adagc seed=0 " in page and "(steps 100)" in page
 
 
 def test_detection_without_localization_is_counted_shown_and_reported(tmp_path):
@@ -199,6 +186,23 @@ def test_detection_without_localization_is_counted_shown_and_reported(tmp_path):
     assert main(["report", str(run_dir), "-o", str(tmp_path / "report.html")]) == 0
     page = (tmp_path / "report.html").read_text(encoding="utf-8")
     assert "1 spike event(s) (steps 100)" in page and "Not localized: locate.enabled=false" in page
+
+
+def test_a_run_is_named_by_experiment_clipper_seed_and_time_unless_the_user_named_it():
+    from gradloc_track.config import to_config
+    from hydra import compose, initialize_config_dir
+
+    job_run_name = load_example("train_lm").job_run_name
+    from ..conftest import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        cfg = to_config(compose("config", overrides=["experiment=spike_demo", "train.seed=3"]))
+    name = job_run_name(cfg, ["experiment=spike_demo", "train.seed=3"], ["experiment=spike_demo"], False)
+    assert re.fullmatch(r"spike_demo clip=adagc seed=3 \d\d-\d\d \d\d:\d\d:\d\d", name), name
+    cfg.run_name = "mine"
+    assert job_run_name(cfg, ["run_name=mine"], ["run_name=mine"], False) == "mine"  # the user's choice, as given
+    swept = job_run_name(cfg, ["clip=adagc", "train.seed=3"], ["-m", "clip=none,adagc", "train.seed=3"], True)
+    assert swept.startswith("mine[clip=adagc] seed=3 ")
 
 
 def test_swept_run_name_keeps_only_swept_overrides():

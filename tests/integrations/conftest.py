@@ -75,37 +75,6 @@ def plain_loop(model, opt, k: int = 1, steps: int = STEPS) -> None:
         opt.zero_grad(set_to_none=True)
 
 
-@pytest.fixture(scope="session")
-def _mlflow_db(tmp_path_factory) -> str:
-    """ONE SQLite store for the module's MLflow tests: creating its tables costs ~15 s here."""
-    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
-
-
-class MlflowStore:
-    """The shared store, and the runs a test created in it (whatever experiment they went to)."""
-
-    def __init__(self, uri: str) -> None:
-        from mlflow.tracking import MlflowClient
-
-        self.uri = uri
-        self.client = MlflowClient(uri)
-        self._before = {r.info.run_id for r in self._all()}
-
-    def _all(self):
-        exps = [e.experiment_id for e in self.client.search_experiments()]
-        return self.client.search_runs(exps) if exps else []
-
-    def new_runs(self):
-        return [r for r in self._all() if r.info.run_id not in self._before]
-
-
-@pytest.fixture
-def mlflow_store(_mlflow_db, monkeypatch) -> MlflowStore:
-    """MLFLOW_TRACKING_URI points at the shared store for this test (as a user's env would)."""
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", _mlflow_db)
-    return MlflowStore(_mlflow_db)
-
-
 def mlflow_table(client, run_id: str, dest) -> dict:
     """The run's attribution table (one part per spike event under ``spikes/tokens/``), joined."""
     from pathlib import Path
@@ -113,14 +82,3 @@ def mlflow_table(client, run_id: str, dest) -> dict:
     from gradloc_track.artifacts import read_table
 
     return read_table(Path(client.download_artifacts(run_id, "spikes", str(dest))).parent, "spikes/tokens")
-
-
-@pytest.fixture
-def temp_root(tmp_path, monkeypatch):
-    """Where ``tempfile`` makes directories during the test (what a joined run must not leave behind)."""
-    import tempfile
-
-    root = tmp_path / "tmp"
-    root.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(root))
-    return root

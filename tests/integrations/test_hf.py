@@ -112,7 +112,7 @@ def test_trainer_wandb_offline_run_holds_our_metrics_and_table(gpt2, tmp_path, m
     assert sorted(r["train/global_step"] for r in ours) == sorted(logged + [INJECT_AT + 1])
     assert any("train/loss" in r for r in rows)  # Trainer's own metrics in the same run
     tables = [json.loads(p.read_text()) for p in (run_dir / "files" / "media" / "table").rglob("*.table.json")]
-    (table,) = [t for t in tables if t["data"]][:1]
+    (table,) = [t for t in tables if t["data"] and "level" in t["columns"]][:1]  # spikes/tokens, not the events
     check_rows([dict(zip(table["columns"], r)) for r in table["data"]])
 
 
@@ -136,17 +136,26 @@ def test_taking_over_trainers_clipping_is_said_once(gpt2, tmp_path):
     assert args.max_grad_norm == 1.0  # the user's arguments read as written once train() is over
 
 
-def grad_snapshot(step: int):
+def grad_snapshot(step: int, after_step: bool = False):
     """A callback (a class of its own: Trainer keeps one callback per class) that copies the
-    gradients at ``on_pre_optimizer_step`` of update ``step``."""
+    gradients at ``on_pre_optimizer_step`` of update ``step`` (``after_step``: at ``on_optimizer_step``,
+    the gradient the optimizer used: a global clip beside Trainer's fused AdamW is applied inside its step)."""
     from transformers import TrainerCallback
 
     class GradSnapshot(TrainerCallback):
         grads = None
 
-        def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        def _copy(self, state, model):
             if state.global_step + 1 == step:
                 self.grads = [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
+
+        def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+            if not after_step:
+                self._copy(state, model)
+
+        def on_optimizer_step(self, args, state, control, model=None, **kwargs):
+            if after_step:
+                self._copy(state, model)
 
     return GradSnapshot()
 
@@ -186,7 +195,7 @@ def test_default_max_grad_norm_spike_is_detected_localized_and_clipped_as_traine
     tracker = MemoryTracker()
     ours = GradLocCallback(spikes=FAST["spikes"], tracker=tracker, run_dir=tmp_path / "run")
     spike = INJECT_AT + 1  # Trainer's step of the injected update
-    before, after = grad_snapshot(spike), grad_snapshot(spike)
+    before, after = grad_snapshot(spike), grad_snapshot(spike, after_step=True)
     args = TrainingArguments(
         output_dir=str(tmp_path / "out"), per_device_train_batch_size=BATCH // K, gradient_accumulation_steps=K,
         max_steps=STEPS, learning_rate=LR, lr_scheduler_type="constant", weight_decay=0.0, logging_steps=1,
@@ -204,6 +213,10 @@ def test_default_max_grad_norm_spike_is_detected_localized_and_clipped_as_traine
     # the long garbage document is one culprit: a whole-sample row (no few tokens carry it)
     assert [(r["level"], r["micro_batch"], r["sample"], r["position"], r["end"]) for r in rows
             if r["step"] == spike] == [("sample", K - 1, CORRUPT, 0, SEQ)]
+    # the localizer ran after the clip: its step check takes the clip coefficient, so the step is reproduced
+    (located,) = [s.locate for s in ours.handle.spikes if s.step == spike]
+    assert located.step_check.replayed and located.step_check.norm_ratio == pytest.approx(1.0, abs=1e-4)
+    assert not any("probes' sum" in n for n in located.notes), located.notes
     trainers = {e["step"]: e["grad_norm"] for e in trainer.state.log_history if "grad_norm" in e}
     assert trainers[spike] == pytest.approx(dict(tracker.series("grad_norm/global"))[spike], rel=1e-5)
     assert trainers[spike] > 1.0

@@ -53,16 +53,6 @@ def test_hf_trainer_rows_carry_the_dataset_index_and_a_metadata_column(gpt2, tmp
     assert "eval_loss" in trainer.evaluate()  # evaluation batches carry the columns too: the model never sees them
 
 
-def test_keep_columns_says_how_to_keep_what_trainer_drops(gpt2):
-    from gradloc_track.integrations.hf import keep_columns
-
-    collator = keep_columns(gpt2, "dataset_index")
-    with pytest.raises(KeyError, match=r"remove_unused_columns=False.*with_index"):
-        collator([{"input_ids": torch.arange(4), "labels": torch.arange(4)}])
-    with pytest.raises(ValueError, match="'sample' would shadow"):
-        keep_columns(gpt2, "sample")
-
-
 def watched_run(k: int, corrupt_at: int, info: bool) -> list[dict]:
     """A plain loop (k micro-batches per step) whose step INJECT_AT holds the garbage document at
     sample ``corrupt_at`` of its last micro-batch; ``info``: hand each micro-batch's dataset

@@ -32,22 +32,27 @@ def tokens_rows(table: dict) -> list[dict]:
     return [dict(zip(cols, r)) for r in table["data"]]
 
 
-def test_plain_loop_joins_the_open_mlflow_run_and_leaves_it_open(gpt2, tmp_path, mlflow_store, temp_root):
+def test_plain_loop_joins_the_open_mlflow_run_and_leaves_it_open(gpt2, tmp_path, mlflow_store, capsys):
+    """Also issue 28 item 4: the run dir of a run that joined ``mlflow.start_run()`` had no view, so
+    ``gradloc-track report`` exited 2 ("logged no spike events") and ``culprits`` counted 0 runs."""
     import mlflow
+
+    from gradloc_track.cli import main
 
     client = mlflow_store.client
     mlflow.set_experiment("plain")
     opt = torch.optim.AdamW(gpt2.parameters(), lr=LR)
+    run_dir = tmp_path / "run"
     with mlflow.start_run() as run:
         mlflow.log_param("mine", 1)
-        handle = gradloc_track.watch(gpt2, opt, **FAST)  # the only gradloc-track line
+        handle = gradloc_track.watch(gpt2, opt, run_dir=run_dir, **FAST)  # the only gradloc-track line
         plain_loop(gpt2, opt, k=2)  # gradient accumulation: 2 micro-batches per step
-        assert list(temp_root.glob("gradloc-*")) == [handle.scratch.path]  # our files meanwhile
         handle.finish()
-        assert not list(temp_root.glob("gradloc-*"))  # no /tmp/gradloc-track-XXXX left behind
         assert mlflow.active_run().info.run_id == run.info.run_id  # still open, still ours
         assert client.get_run(run.info.run_id).info.status == "RUNNING"
         mlflow.log_metric("after_finish", 1.0)  # the user's run keeps working
+    said = capsys.readouterr().err
+    assert "watch() joined MLflow run" in said and run.info.run_id in said  # its link, said once
     (only,) = mlflow_store.new_runs()
     assert only.info.run_id == run.info.run_id and only.info.status == "FINISHED"
     assert only.data.params["mine"] == "1"
@@ -60,6 +65,39 @@ def test_plain_loop_joins_the_open_mlflow_run_and_leaves_it_open(gpt2, tmp_path,
         (1, CORRUPT, p) for p in corrupted_positions()}
     html = [a.path for a in client.list_artifacts(run.info.run_id, "spikes/highlight")]
     assert html == [f"spikes/highlight/step_{INJECT_AT:06d}.html"]
+    # the run dir holds the joined run's record (the spike itself is in the MLflow run): the CLI follows it
+    assert not (run_dir / "spikes").exists()
+    assert main(["report", str(run_dir), "-o", str(tmp_path / "report.html")]) == 0
+    page = (tmp_path / "report.html").read_text()
+    assert f"1 spike event(s) (steps {INJECT_AT})" in page and f"<h2 id='step-{INJECT_AT}'>" in page
+    capsys.readouterr()
+    assert main(["culprits", str(run_dir), "-o", str(tmp_path / "ledger")]) == 0
+    assert "1 run(s), 1 spike event(s) with culprits, 1 blamed sample(s)" in capsys.readouterr().out
+
+
+def test_a_joined_run_without_run_dir_keeps_its_files_in_a_scratch_dir_gone_at_finish(tiny_gpt, mlflow_store,
+                                                                                     capsys, temp_root):
+    """What a user of a joined run without ``run_dir`` gets: the run's link (printed once, and in the
+    console's blocks), never the scratch dir, which ``finish()`` removes."""
+    import mlflow
+
+    from gradloc_track.console import where_to_look
+
+    mlflow.set_experiment("joined-scratch")
+    opt = torch.optim.SGD(tiny_gpt.parameters(), lr=0.01)
+    with mlflow.start_run() as run:
+        handle = gradloc_track.watch(tiny_gpt, opt, spikes=False)
+        tiny_gpt(torch.zeros(2, 8, dtype=torch.long)).float().mean().backward()
+        opt.step()
+        handle.flush()
+        scratch = handle.run_dir
+        assert list(temp_root.glob("gradloc-*")) == [scratch]  # our files meanwhile (the run record, the spool)
+        shown = where_to_look(scratch, 0)
+        handle.finish()
+    said = capsys.readouterr().err
+    assert run.info.run_id in said and str(scratch) not in said
+    assert any(run.info.run_id in line for line in shown) and not any(str(scratch) in line for line in shown)
+    assert not list(temp_root.glob("gradloc-*"))  # no /tmp/gradloc-track-XXXX left behind
 
 
 def test_watch_joins_an_open_wandb_run_and_leaves_it_open(gpt2, tmp_path, temp_root):
@@ -83,20 +121,6 @@ def test_watch_joins_an_open_wandb_run_and_leaves_it_open(gpt2, tmp_path, temp_r
     ours = [r for r in rows if "grad_norm/global" in r]
     assert [r["gradloc/step"] for r in ours] == [0, 1, 2]
     assert any("user/after" in r for r in rows)
-
-
-def test_scratch_dir_is_kept_while_its_spool_holds_records(temp_root, caplog):
-    from gradloc_track.integrations.runs import ScratchDir
-
-    scratch = ScratchDir()
-    spool = scratch.path / "spool" / "mlflow.jsonl"
-    spool.parent.mkdir()
-    spool.write_text('{"seq": 0, "call": "log_metrics"}\n')
-    scratch.remove()
-    assert spool.exists() and "gradloc-track replay" in caplog.text  # the records' only copy: kept, named
-    spool.write_text("")
-    scratch.remove()
-    assert not list(temp_root.glob("gradloc-*"))
 
 
 @pytest.mark.parametrize("user_step", [True, False], ids=["step=it", "no step"])

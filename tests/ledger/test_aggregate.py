@@ -6,7 +6,7 @@ import json
 import pytest
 
 from gradloc_track.ledger import RunTable, by_group, by_sample, collect
-from gradloc_track.ledger.aggregate import bucket
+from gradloc_track.ledger.aggregate import bucket, views
 from gradloc_track.ledger.render import to_html, write_files
 
 COLS = ["step", "level", "token", "share", "sample", "position", "end", "sample_id", "dataset_index", "source"]
@@ -64,13 +64,12 @@ def test_bucket_is_the_power_of_two_range_holding_n():
 
 
 def test_page_escapes_every_cell_and_runs_no_script(tmp_path):
-    led = collect(tables())
-    samples, groups = by_sample(led), by_group(led, "source")
-    page = to_html(led, samples, groups, "source")
+    v = views(collect(tables()), "source")
+    page = to_html(v)
     assert "<script" not in page.lower() and "<img" not in page.lower()
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "forum&lt;img src=x onerror=y&gt;" in page
     assert "default-src 'none'" in page
-    files = write_files(tmp_path, led, samples, groups, "source")
+    files = write_files(tmp_path, v)
     assert sorted(p.name for p in files) == ["culprits.csv", "culprits.html", "culprits.json", "culprits_by_source.csv"]
     doc = json.loads((tmp_path / "culprits.json").read_text())
     assert doc["spike_events"] == 3 and [s["sample_id"] for s in doc["samples"]] == [A, B]
@@ -83,3 +82,32 @@ def test_cli_names_a_source_it_cannot_find(tmp_path, capsys):
     assert rc == 2 and "no MLflow store at" in capsys.readouterr().err
     assert main(["culprits", str(tmp_path / "missing" / "run"), "-o", str(tmp_path / "o")]) == 2
     assert "no such run directory" in capsys.readouterr().err
+
+
+def test_per_sample_entries_match_a_brute_force_oracle_on_random_tables():
+    import random
+
+    rng = random.Random(0)
+    sids = [f"{i:016x}" for i in range(30)]
+    runs = []
+    for k in range(4):
+        data = [[rng.randrange(5), rng.choice(["token", "token", "span", "sample"]), f"t{rng.randrange(9)}",
+                 rng.uniform(-0.05, 0.6), 0, p, p + 1, rng.choice(sids), rng.randrange(3), "web"]
+                for p in range(rng.randrange(5, 40))]
+        runs.append(RunTable(f"r{k}", f"id{k}", {"columns": COLS, "data": data}))
+    got = {e["sample_id"]: e for e in by_sample(collect(runs))}
+    for sid in {r[7] for run in runs for r in run.table["data"]}:
+        mine = [(run.name, r) for run in runs for r in run.table["data"] if r[7] == sid]
+        events: dict = {}
+        for name, r in mine:
+            events[(name, r[0])] = events.get((name, r[0]), 0.0) + r[3]
+        e = got[sid]
+        assert e["blamed"] == len(events) and e["steps"] == [f"{n}@{s}" for n, s in events]
+        assert e["runs"] == list(dict.fromkeys(n for n, _ in events))
+        assert e["max_share"] == pytest.approx(max(0.0, max(events.values())))
+        idx = list(dict.fromkeys(r[8] for _, r in mine))
+        assert e["dataset_index"] == (idx[0] if len(idx) == 1 else " | ".join(map(str, idx)))
+        units = [r for _, r in mine if r[1] != "token"]
+        if units:  # the widest unit (sample before span), the largest share first
+            best = min(units, key=lambda r: ({"sample": 0, "span": 1}[r[1]], -r[3]))
+            assert e["text"] == best[2]

@@ -132,3 +132,131 @@ def test_a_gradient_clipped_in_place_is_the_step_rescaled_not_another_step():
         p.grad.mul_(0.1 + 0.05 * (j % 7))
     res = gradloc_track.locate(model, ctx.loss_fn, ctx.token_mask, rng_state=ctx.rng_state)
     assert res.step_check.replayed and res.step_check.residual < 1e-4
+
+
+def test_a_step_clipped_with_known_coefficients_is_the_step():
+    """``grad_scale`` (what the clipper multiplied each tensor by) makes the reference the probes'
+    sum times it: globally or per tensor, the clipped step is reproduced at ratio 1, with no note;
+    the culprits, computed from fresh probes, are the unclipped step's."""
+    from gradloc_track.localizer import LocateStep
+
+    model = gpt2(0.1)
+    batches, rng = train_step(model, micro_batches())
+    ctx = lm_spike_context(model, batches, rng_state=rng)
+    step = LocateStep.from_context(ctx)
+    plain = gradloc_track.locate(model, step)
+    params = [p for p in model.parameters() if p.grad is not None]
+    assert len(params) == len(list(model.parameters()))  # coefficients follow trainable_params order
+    for coef in (torch.tensor(0.25), torch.linspace(0.1, 1.0, len(params))):
+        with torch.no_grad():
+            saved = [p.grad.clone() for p in params]
+            for j, p in enumerate(params):
+                p.grad.mul_(coef if coef.dim() == 0 else coef[j])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            res = gradloc_track.locate(model, step.but(grad_scale=coef))
+        check = res.step_check
+        assert check.replayed and check.norm_ratio == pytest.approx(1.0, abs=1e-5) and check.residual < 1e-5
+        assert check.scale == pytest.approx(1.0, abs=1e-5)
+        assert not any("probes' sum" in n for n in res.notes), res.notes
+        assert [(c.level, c.micro_batch, c.batch, c.position if c.level == "token" else c.start, c.share)
+                for c in res.culprits] == [(c.level, c.micro_batch, c.batch, c.position if c.level == "token"
+                                            else c.start, c.share) for c in plain.culprits]
+        with torch.no_grad():
+            for p, g in zip(params, saved):
+                p.grad.copy_(g)
+
+
+@pytest.mark.parametrize("subset", [False, True], ids=["all-tensors", "clipper-built-before-unfreezing"])
+def test_the_monitor_localizes_the_pre_clip_step_adagc(subset):
+    """GradMonitor clips before it localizes (AdaGC, per-tensor coefficients after its warm-up): it
+    hands the clipper's coefficients to the localizer, whose step check then agrees (no note) and
+    whose culprits are those of ``locate`` on the step before clipping. A clipper built while the
+    embedding was frozen holds a subset of the tensors: theirs are mapped by name, 1 elsewhere."""
+    import torch.nn.functional as F
+
+    from gradloc_track import GradMonitor
+    from gradloc_track.clip import AdaGC
+    from gradloc_track.config.spikes import SpikeConfig
+    from gradloc_track.spikes import SpikeDetector
+    from gradloc_track.spikes.context import SpikeContext
+
+    from .oracles import tiny_gpt
+
+    model = tiny_gpt(V, T)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    model.wte.weight.requires_grad_(not subset)
+    clipper = AdaGC(model, warmup_steps=2)
+    model.wte.weight.requires_grad_(True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # subset: "monitored but not clipped", said once
+        monitor = GradMonitor(model, clipper=clipper, optimizer=opt, log_every=1000,
+                              detector=SpikeDetector(SpikeConfig(warmup_steps=4, ratio_thresh=3.0, alpha=0.9)))
+    assert (monitor.param_set.clip_index is not None) == subset
+    g = torch.Generator().manual_seed(3)
+    for s in range(7):
+        x, y = torch.randint(0, V, (B, T), generator=g), torch.randint(0, V, (B, T), generator=g)
+        w = torch.ones(B, T)
+        if s == 6:
+            w[1, 5] = 400.0  # an importance weight gone wild
+
+        def loss_fn(mask, x=x, y=y, w=w):
+            per = F.cross_entropy(model(x).reshape(-1, V), y.reshape(-1), reduction="none").view(B, T)
+            return (per * w * mask).sum() / (B * T)
+
+        ctx = SpikeContext(loss_fn=loss_fn, token_mask=torch.ones(B, T))
+        loss_fn(ctx.token_mask).backward()
+        if s == 6:
+            before = gradloc_track.locate(model, loss_fn, ctx.token_mask)  # the pre-clip step, left as it was
+        stats = monitor.after_backward(s, spike_context=ctx)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    assert [e.step for e in stats.events][:1] == [6] and stats.locate is not None
+    assert min(stats.clip.coefs.values()) < 0.5 and len(set(stats.clip.coefs.values())) > 1  # per tensor
+    check = stats.locate.step_check
+    assert check.replayed and check.norm_ratio == pytest.approx(1.0, abs=1e-5), check
+    assert not any("clipped in place" in n for n in stats.locate.notes), stats.locate.notes
+    assert [(c.level, c.batch, c.position, c.share) for c in stats.locate.tokens] == \
+        [(c.level, c.batch, c.position, c.share) for c in before.tokens] and before.tokens
+
+
+def test_the_monitor_localizes_the_pre_clip_step_when_a_fused_optimizer_applies_the_clip():
+    """A global clip handed to fused AdamW (``grad_scale``, ``ClipResult.deferred``) leaves ``.grad``
+    unclipped until ``step()``: the localizer's reference is then the gradient as it is, scale 1, and
+    the step check agrees (a scale of the clip's coefficient would call it clipped)."""
+    import torch.nn.functional as F
+
+    from gradloc_track import GradMonitor
+    from gradloc_track.clip import GlobalClip
+    from gradloc_track.config.spikes import SpikeConfig
+    from gradloc_track.spikes import SpikeDetector
+    from gradloc_track.spikes.context import SpikeContext
+
+    from .oracles import tiny_gpt
+
+    model = tiny_gpt(V, T)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    monitor = GradMonitor(model, clipper=GlobalClip(model, max_norm=1e-3), optimizer=opt, log_every=1000,
+                          detector=SpikeDetector(SpikeConfig(warmup_steps=4, ratio_thresh=3.0, alpha=0.9)))
+    g = torch.Generator().manual_seed(5)
+    for s in range(7):
+        x, y = torch.randint(0, V, (B, T), generator=g), torch.randint(0, V, (B, T), generator=g)
+        w = torch.ones(B, T)
+        if s == 6:
+            w[1, 3] = 400.0
+
+        def loss_fn(mask, x=x, y=y, w=w):
+            per = F.cross_entropy(model(x).reshape(-1, V), y.reshape(-1), reduction="none").view(B, T)
+            return (per * w * mask).sum() / (B * T)
+
+        ctx = SpikeContext(loss_fn=loss_fn, token_mask=torch.ones(B, T))
+        loss_fn(ctx.token_mask).backward()
+        stats = monitor.after_backward(s, spike_context=ctx)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    assert [e.step for e in stats.events][:1] == [6] and stats.locate is not None
+    assert stats.clip.deferred and max(stats.clip.coefs.values()) < 0.5  # clipped, by the kernel
+    check = stats.locate.step_check
+    assert check.replayed and check.norm_ratio == pytest.approx(1.0, abs=1e-5), check
+    assert not any("clipped in place" in n for n in stats.locate.notes), stats.locate.notes
+    assert [(c.batch, c.position) for c in stats.locate.tokens][:1] == [(1, 3)]

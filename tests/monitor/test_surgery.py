@@ -91,8 +91,7 @@ def run(model, k: int, locate: LocateConfig | None = None, console: TrainConsole
         if step == SPIKE_AT:
             spike = stats
             if console is not None:
-                console.spike(step, stats.events, stats.locate, ByteTokenizer(), ctx.input_ids if k > 1 else
-                              ctx.input_ids[0], run_dir, surgery=stats.surgery)
+                console.spike(stats, run_dir)  # the block reads the step's own view (its batch and surgery)
         opt.step()
     cut = culprits_gradient(twin, micro_batches(SPIKE_AT, k), spike.locate, spike_rngs)
     return received, own, cut, spike, tracker

@@ -72,3 +72,44 @@ def test_atomic_writes_follow_the_umask(tmp_path, umask):
     for name in ("a.json", "b.jsonl"):
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o666 & ~umask, name
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "b.jsonl"]  # no temp file left
+
+
+def test_a_rewrite_is_synced_before_the_rename_and_an_error_leaves_the_old_file(tmp_path, monkeypatch):
+    path = tmp_path / "b.json"
+    files.atomic_write_text(path, "old")
+    order = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (order.append("fsync"), real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda a, b: (order.append("replace"), real_replace(a, b))[1])
+    with files.atomic_file(path) as f:
+        f.write("new")
+    assert order == ["fsync", "replace", "fsync"]  # the data, the rename, then the folder
+    assert path.read_text() == "new"
+    with pytest.raises(RuntimeError):
+        with files.atomic_file(path) as f:
+            f.write("half")
+            raise RuntimeError("killed mid-write")
+    assert path.read_text() == "new" and [p.name for p in tmp_path.iterdir()] == ["b.json"]
+
+
+# files that write without trackers/files, and why that is not a file of ours being rewritten
+NOT_OURS = {
+    "demo/tokenizer.py": "the tokenizers library saves to a temp file; os.replace puts it in place",
+    "artifacts/heatmap.py": "matplotlib's savefig into rendered/, a staging file copied atomically into spikes/",
+    "trackers/mlflow_tracker.py": "a copy in a TemporaryDirectory, for MLflow to upload",
+    "trackers/wandb_tracker.py": "run.save: W&B copies and uploads the file",
+}
+
+
+def test_every_file_of_ours_is_written_through_the_atomic_helpers():
+    import re
+    from pathlib import Path
+
+    import gradloc_track
+
+    package = Path(gradloc_track.__file__).parent
+    raw = re.compile(r"\.write_text\(|\.write_bytes\(|open\([^)]*['\"][wax]b?['\"]|json\.dump\(|os\.replace\(|"
+                     r"savefig\(|\.save\(")
+    writers = {p.relative_to(package).as_posix() for p in package.rglob("*.py")
+               if p.name != "files.py" and raw.search(p.read_text(encoding="utf-8"))}
+    assert writers == set(NOT_OURS), f"write through gradloc_track.trackers.files: {sorted(writers - set(NOT_OURS))}"

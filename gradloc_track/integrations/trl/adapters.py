@@ -1,18 +1,23 @@
 """What ``integrations.hf.GradLocCallback`` calls when its trainer is TRL's.
 
 ``detect(callback)`` -> (trainer, "grpo" | "sft" | "trl" | None); ``make_adapter`` builds the
-adapter that records the batches TRL trains on and returns the step's ``SpikeContext``; its
-``report`` prints the console block naming the culprit completion (group, index, reward) or
-packed document. A TRL trainer of another kind (DPO, KTO, ...) gets no adapter: monitoring,
-clipping and detection only, and the callback says once that its loss is not rebuilt.
+``TRLAdapter`` that records the batches TRL trains on and returns the step's ``SpikeContext``
+(the console names the culprit completion, with its group and reward, or packed document, from
+that context). Detection only (monitoring, clipping and spike detection; no localization), said
+once and on the console of every spike (``why_not``):
+
+- a TRL trainer of another kind (DPO, KTO, ...): its loss is not rebuilt;
+- a ``GRPOTrainer`` / ``SFTTrainer`` subclass that overrides a method computing the loss (TRL's
+  ``GMPOTrainer``, a user's ``compute_loss``): its loss is its own, never rebuilt as GRPO's;
+- a trainer whose first micro-batch's loss differs from the rebuild's (``grpo.GRPOAdapter``'s
+  check: another TRL version, a patched instance).
 """
 from __future__ import annotations
 
-import sys
 import warnings
-from typing import Any, Callable
+from typing import Any
 
-from .trainer import find_trainer, is_trl, trl_kind
+from .trainer import find_trainer, is_trl, own_loss, trl_kind
 
 
 def detect(callback: Any) -> tuple[Any, str | None]:
@@ -23,66 +28,47 @@ def detect(callback: Any) -> tuple[Any, str | None]:
     return trainer, kind if kind is not None else ("trl" if is_trl(trainer) else None)
 
 
-class _Adapter:
-    """An adapter plus the console block printed after a localized spike."""
+class TRLAdapter:
+    """The adapter of a TRL trainer: ``context()`` after the step's last backward, ``why_not()`` why
+    a spike is not localized when the adapter knows, ``remove()`` at train end. ``inner`` None:
+    detection only, for the reason ``why``."""
 
-    def __init__(self, inner: Any, stream: Any = None) -> None:
-        self.inner, self.stream = inner, stream
+    def __init__(self, inner: Any, why: str | None = None) -> None:
+        self.inner, self.why = inner, why
 
     def context(self) -> Any:
-        return self.inner.context()
+        return self.inner.context() if self.inner is not None else None
 
-    def report(self, stats: Any, ctx: Any, run_dir: Any) -> None:
-        """One console block per localized spike: which completion / document, which tokens."""
-        if stats is None or not stats.events or stats.locate is None or ctx is None:
-            return
-        from ...console import TrainConsole
-
-        result, shown = stats.locate_view or (stats.locate, ctx)
-        try:
-            TrainConsole(stream=self.stream or sys.stderr, rich=False).spike(
-                stats.step, stats.events, result, shown.tokenizer, shown.input_ids, run_dir, describe=describer(shown))
-        except Exception as exc:  # printing never kills training
-            warnings.warn(f"gradloc-track: could not print the spike block: {exc!r}")
+    def why_not(self) -> str | None:
+        if self.inner is None:
+            return self.why
+        return getattr(self.inner, "skipped", None)
 
     def remove(self) -> None:
-        self.inner.remove()
+        if self.inner is not None:
+            self.inner.remove()
 
 
-def make_adapter(trainer: Any, kind: str | None, model: Any, tokenizer: Any) -> _Adapter | None:
+def detection_only(trainer: Any, why: str) -> TRLAdapter:
+    warnings.warn(f"gradloc-track: {why}; gradient norms, clipping and spike detection run, spikes are not "
+                  "localized", UserWarning, stacklevel=4)
+    return TRLAdapter(None, why)
+
+
+def make_adapter(trainer: Any, kind: str | None, model: Any, tokenizer: Any) -> TRLAdapter | None:
+    if kind in ("grpo", "sft"):
+        why = own_loss(trainer, kind)
+        if why is not None:
+            return detection_only(trainer, why)
     if kind == "grpo":
         from .grpo import GRPOAdapter
 
-        return _Adapter(GRPOAdapter(trainer, model, tokenizer))
+        return TRLAdapter(GRPOAdapter(trainer, model, tokenizer))
     if kind == "sft":
         from .sft import SFTAdapter
 
-        return _Adapter(SFTAdapter(trainer, model, tokenizer))
+        return TRLAdapter(SFTAdapter(trainer, model, tokenizer))
     if kind == "trl":
-        warnings.warn(f"gradloc-track: {type(trainer).__name__}'s loss is not rebuilt (GRPOTrainer and SFTTrainer "
-                      "are): gradient norms, clipping and spike detection run, spikes are not localized",
-                      UserWarning, stacklevel=3)
+        return detection_only(trainer, f"{type(trainer).__name__}'s loss is not rebuilt (GRPOTrainer's and "
+                                       "SFTTrainer's are)")
     return None
-
-
-def _at(value: Any, mb: int | None) -> Any:
-    return value[mb] if mb is not None and isinstance(value, (list, tuple)) else value
-
-
-def describer(ctx: Any) -> Callable[[int | None, int, int], str | None]:
-    """``describe(micro_batch, sample, position)`` for the console: completion or document."""
-    sc = getattr(ctx, "sample_columns", None) or {}
-    docs = getattr(ctx, "document_ids", None)
-
-    def describe(mb: int | None, sample: int, position: int) -> str | None:
-        where = (f"micro-batch {mb}, " if mb is not None else "") + f"sample {sample}"
-        if "group" in sc and "index" in sc:
-            g, i = int(_at(sc["group"], mb)[sample]), int(_at(sc["index"], mb)[sample])
-            reward = f", reward {float(_at(sc['reward'], mb)[sample]):.4g}" if "reward" in sc else ""
-            return f"completion {i} of group {g}{reward} ({where})"
-        d = _at(docs, mb)
-        if d is not None:
-            return f"document {int(d[sample, position])} ({where})"
-        return None
-
-    return describe

@@ -18,13 +18,26 @@ from typing import Any
 import torch
 
 from .grpo_batch import (SEGMENT_NAMES, TAG_GROUP, TAG_INDEX, TAG_REWARD, GRPOMicroBatch, make_loss_fn,
-                         rl_columns)
+                         rebuilt_grad, rl_columns)
 from .grpo_loss import unsupported
-from .lazy import LazyColumns
+from ..rl_columns import LazyColumns
 from .trainer import MethodPatch
 
 RL_COLUMNS = ("advantage", "logprob", "old_logprob", "ratio", "entropy")
 SAMPLE_TAGS = {TAG_REWARD: "reward", TAG_GROUP: "group", TAG_INDEX: "index"}
+# the first micro-batch's check: ||g_rebuilt - g_trainer|| within this fraction of the larger gradient's norm on
+# the output layer (fp32 agrees to ~1e-5; under bf16/fp16 autocast TRL's fused head rounds differently, ~1e-2)
+FP32_TOL, HALF_TOL = 1e-3, 5e-2
+
+
+def check_param(model: torch.nn.Module) -> torch.Tensor | None:
+    """The output layer's weight (every policy loss reaches it through the logits), else the last
+    trainable parameter."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    w = getattr(head, "weight", None)
+    if isinstance(w, torch.Tensor) and w.requires_grad:
+        return w
+    return next((p for p in reversed(list(model.parameters())) if p.requires_grad), None)
 
 
 class GRPOAdapter:
@@ -34,6 +47,7 @@ class GRPOAdapter:
         self.trainer, self.model, self.tokenizer = trainer, model, tokenizer
         self.batches: list[GRPOMicroBatch] = []
         self.skipped: str | None = unsupported(trainer)
+        self.checked = False  # the first micro-batch's loss compared with the rebuild (``_check``)
         self._rewards: torch.Tensor | None = None
         self._patches = [MethodPatch(trainer, "compute_loss", self._wrap_compute_loss)]
         for name, make in (("_calculate_rewards", self._wrap_rewards), ("_generate_and_score_completions",
@@ -47,15 +61,47 @@ class GRPOAdapter:
     # -- wrappers ---------------------------------------------------------------------------
     def _wrap_compute_loss(self, original):
         def compute_loss(model, inputs, *args, **kwargs):
+            mb = None
             if self.trainer.model.training and torch.is_grad_enabled() and not self.skipped:
                 why = unsupported(self.trainer, inputs)
                 if why is None:
-                    self.batches.append(GRPOMicroBatch.record(self.trainer, inputs))  # RNG saved now
+                    mb = GRPOMicroBatch.record(self.trainer, inputs)  # RNG saved now
+                    self.batches.append(mb)
                 else:
                     self._skip(why)
-            return original(model, inputs, *args, **kwargs)
+            out = original(model, inputs, *args, **kwargs)
+            if mb is not None and not self.checked:
+                self._check(mb, out[0] if isinstance(out, tuple) else out)
+            return out
 
         return compute_loss
+
+    def _check(self, mb: GRPOMicroBatch, theirs: torch.Tensor) -> None:
+        """Once, on the run's first micro-batch: the gradient of the loss the trainer returned against the
+        rebuild's, on the output layer's weight (``torch.autograd.grad``: nothing lands in ``.grad``).
+        A trainer whose loss is not GRPOTrainer's (a patched method, another TRL version) is then
+        detection only, never localized with a wrong loss. Gradients, not values: an on-policy GRPO
+        loss is ~0 whatever its form (its advantages cancel), its gradient is not."""
+        self.checked = True
+        param = check_param(self.model)
+        if param is None or not theirs.requires_grad:
+            return
+        try:
+            (g_theirs,) = torch.autograd.grad(theirs, param, retain_graph=True, allow_unused=True)
+            g_ours = rebuilt_grad(self.model, self.trainer, mb, param, self.trainer.accelerator.autocast)
+            g_theirs = torch.zeros_like(param) if g_theirs is None else g_theirs
+            # host sync: once per run
+            diff, scale = torch.stack([(g_ours - g_theirs).norm(), torch.maximum(g_ours.norm(), g_theirs.norm())]
+                                      ).float().tolist()
+        except Exception as exc:  # a guard: when it cannot run, the rebuild stays (said once)
+            warnings.warn(f"gradloc-track: could not check the rebuilt GRPO loss against the trainer's: {exc!r}")
+            return
+        half = bool(getattr(self.trainer.args, "bf16", False) or getattr(self.trainer.args, "fp16", False))
+        if diff > (HALF_TOL if half else FP32_TOL) * max(scale, 1e-30):
+            name = type(self.trainer).__name__
+            self._skip(f"the loss {name} returned on its first micro-batch is not the rebuilt GRPO loss (their "
+                       f"gradients differ by {diff / max(scale, 1e-30):.0%}): {name} computes another loss (a patched "
+                       "method, another TRL version)")
 
     def _wrap_rewards(self, original):
         def calculate_rewards(*args, **kwargs):

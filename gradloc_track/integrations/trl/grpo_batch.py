@@ -14,9 +14,9 @@ from typing import Any, Callable
 import torch
 
 from ...localizer.probe import restore_rng, save_rng
+from ..rl_columns import prompt_response_segments
 from .grpo_loss import GRPOLossSpec, PolicyInputs, ratio_terms, token_losses
 
-PROMPT, COMPLETION = 0, 1  # segment ids of the display map
 SEGMENT_NAMES = ("prompt", "completion")
 # row tags added to TRL's generation batch before it is shuffled and split (see adapter.py)
 TAG_REWARD, TAG_GROUP, TAG_INDEX = "gradloc_reward", "gradloc_group", "gradloc_index"
@@ -70,12 +70,10 @@ class GRPOMicroBatch:
         return torch.cat([ids[:, 1:], ids[:, -1:]], 1)
 
     def segment_ids(self) -> torch.Tensor:
-        """(B, P+C): PROMPT / COMPLETION for the token each position shows, -1 for padding."""
+        """(B, P+C): prompt / completion for the token each position shows, -1 for padding."""
         _, att = self.model_inputs()
         shown = torch.cat([att[:, 1:], torch.zeros_like(att[:, :1])], 1)  # the shown token is real
-        seg = torch.full_like(shown, PROMPT)
-        seg[:, self.P - 1:] = COMPLETION
-        return seg.masked_fill(shown == 0, -1).long()
+        return prompt_response_segments(shown[:, :self.P - 1], shown[:, self.P - 1:])
 
 
 def policy_logps(model: torch.nn.Module, mb: GRPOMicroBatch, autocast: Callable = contextlib.nullcontext
@@ -107,6 +105,22 @@ def make_loss_fn(model: torch.nn.Module, trainer: Any, mb: GRPOMicroBatch,
         return (terms * keep[:, lo:hi].to(terms.dtype)).sum()
 
     return loss_fn
+
+
+def rebuilt_grad(model: torch.nn.Module, trainer: Any, mb: GRPOMicroBatch, param: torch.Tensor,
+                 autocast: Callable = contextlib.nullcontext) -> torch.Tensor:
+    """The gradient of the rebuilt full-mask loss of ``mb`` with respect to ``param`` alone (no ``.grad``
+    touched): one forward replaying the micro-batch's dropout, the caller's RNG left as it was."""
+    now = save_rng()
+    try:
+        restore_rng(mb.rng)
+        with torch.enable_grad():
+            lp, entropy = policy_logps(model, mb, autocast)
+            loss = token_losses(mb.spec, trainer, lp, entropy, mb.policy).sum()
+            (grad,) = torch.autograd.grad(loss, param, allow_unused=True)
+    finally:
+        restore_rng(now)
+    return torch.zeros_like(param) if grad is None else grad
 
 
 def rl_columns(model: torch.nn.Module, mb: GRPOMicroBatch, autocast: Callable = contextlib.nullcontext

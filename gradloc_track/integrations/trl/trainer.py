@@ -47,6 +47,27 @@ def trl_kind(trainer: Any) -> str | None:
     return None
 
 
+# the methods whose result is the loss we rebuild, per trainer kind: a subclass that defines one of
+# them computes a loss of its own (TRL's GMPOTrainer overrides GRPOTrainer's ``_compute_loss``)
+LOSS_METHODS = {"grpo": ("compute_loss", "_compute_loss", "_get_per_token_logps_and_entropies"),
+                "sft": ("compute_loss",)}
+TRL_BASES = {"grpo": "GRPOTrainer", "sft": "SFTTrainer"}
+
+
+def own_loss(trainer: Any, kind: str) -> str | None:
+    """Why ``trainer``'s loss is not the one TRL's ``GRPOTrainer`` / ``SFTTrainer`` computes, when a
+    subclass (TRL's own or the user's) overrides a method that computes it; else None."""
+    base = TRL_BASES[kind]
+    for cls in type(trainer).__mro__:
+        if cls.__name__ == base and cls.__module__.startswith("trl."):
+            return None
+        found = [m for m in LOSS_METHODS[kind] if m in vars(cls)]
+        if found:
+            return (f"{cls.__name__} overrides {base}.{', '.join(found)}: its loss is its own, and only {base}'s "
+                    "is rebuilt")
+    return None
+
+
 def is_trl(trainer: Any) -> bool:
     return any(cls.__module__.startswith("trl.") for cls in type(trainer).__mro__)
 

@@ -1,0 +1,50 @@
+"""One spike block: when, which signal, which culprits (or why none), what surgery did, where to look."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .culprits import MAX_LINES, SpikeView, _pct, culprit_lines
+from .links import event_page, highlight_page, where_to_look
+
+
+def surgery_line(op: Any) -> str:
+    """What ``spikes.response=surgery`` did to the step (a ``SurgeryResult``)."""
+    if not op.applied:
+        return f"  surgery    nothing removed: {op.reason}"
+    return (f"  surgery    removed {op.removed_share:.0%} of the step's squared grad norm ({op.culprits} culprit "
+            f"row(s), one probe): grad norm {op.grad_norm_pre:.3g} -> {op.grad_norm_post:.3g}, then to the clipper")
+
+
+def spike_block(view: SpikeView, run_dir: Path) -> list[str]:
+    """The lines of one spike block: when, which signal, which text, surgery, where to look."""
+    lines = [f"── spike at step {view.step} " + "─" * 40]
+    for e in view.events[:3]:
+        lines.append(f"  signal     grad_norm/{e.signal} = {e.value:.3g}, {e.ratio:.1f}x its running mean "
+                     f"{e.baseline:.3g} (z = {e.z:.0f})")
+    if len(view.events) > 3:
+        lines.append(f"             ... and {len(view.events) - 3} more layer(s)")
+    found = culprit_lines(view)
+    if view.result is None:
+        lines.append(f"  culprits   not localized: {view.not_localized or 'no localization ran'}")
+    elif not found:
+        lines.append("  culprits   none found: no sample, span or token stands out (the spike is spread over "
+                     "the batch)")
+        top = [r for r in getattr(view.result, "sample_shares", [])[:3] if r.get("share") is not None]
+        if top:
+            lines.append("             largest per-sample shares: " + ", ".join(
+                (f"micro-batch {r['micro_batch']}, " if r["micro_batch"] is not None else "")
+                + f"sample {r['sample']} {_pct(r['share'])}" for r in top))
+    else:
+        shown = found[:MAX_LINES]
+        if len(found) > MAX_LINES:
+            shown[-1] = f"... and {len(found) - MAX_LINES + 1} more culprit row(s) (spikes/tokens lists them all)"
+        lines += [("  culprits   " if i == 0 else "             ") + line for i, line in enumerate(shown)]
+    if view.surgery is not None:
+        lines.append(surgery_line(view.surgery))
+    # a localized spike has its highlight page; any detected one its row of spikes/events
+    page = highlight_page(view.step) if view.result is not None and view.context is not None \
+        else event_page(view.step)
+    lines += [("  artifacts  " if i == 0 else "             ") + w
+              for i, w in enumerate(where_to_look(run_dir, view.step, page))]
+    return lines

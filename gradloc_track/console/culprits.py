@@ -1,0 +1,157 @@
+"""A culprit in words: who it is (a sample, an RL completion by group, index and reward, a packed
+document, a micro-batch), its level, its text (its loss-bearing tokens: an RL completion, not its
+padded prompt) and its share of the step's squared gradient norm, from a ``SpikeView`` of one spike.
+Pure functions of the view: what the block and the summary print."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+SHARE_OF = "of the batch's squared grad norm"
+MAX_LINES = 6  # culprit lines per block; the rest are counted
+
+
+def _pct(share: float | None) -> str:
+    """A share as a percentage; a share below 0 (a row pulling against the spike) reads 0%."""
+    return "?" if share is None else f"{max(share, 0.0):.0%}"
+
+
+def _at(value: Any, mb: int | None) -> Any:
+    """The micro-batch ``mb``'s entry of a per-micro-batch sequence (the value itself with one)."""
+    return value[mb] if mb is not None and isinstance(value, (list, tuple)) else value
+
+
+@dataclass
+class SpikeView:
+    """What one spike block shows: ``SpikeView.of(stats)`` from a ``GradStats``. ``context``: the
+    ``SpikeContext`` the culprits index (rank 0's gathered view under torch.distributed);
+    ``not_localized``: why there is no ``result``; ``surgery``: a ``SurgeryResult``."""
+
+    step: int
+    events: Sequence[Any]
+    result: Any = None
+    context: Any = None
+    not_localized: str | None = None
+    surgery: Any = None
+
+    @classmethod
+    def of(cls, stats: Any, not_localized: str | None = None) -> "SpikeView":
+        """``not_localized``: a better reason than the monitor's, when the caller knows one (a trainer
+        whose loss is not rebuilt)."""
+        if isinstance(stats, SpikeView):
+            return stats
+        result, ctx = getattr(stats, "locate_view", None) or (getattr(stats, "locate", None), None)
+        why = not_localized or getattr(stats, "not_localized", None) if result is None else None
+        return cls(stats.step, list(stats.events), result, ctx, why, getattr(stats, "surgery", None))
+
+    # -- the context's views of a culprit ---------------------------------------------------
+    def _get(self, name: str, mb: int | None) -> Any:
+        return _at(getattr(self.context, name, None), mb)
+
+    def who(self, mb: int | None, sample: int, document: int | None = None) -> tuple[str, str]:
+        """(label, unit): ``("completion 2 of group 1, reward 0.25 (sample 9)", "completion")``,
+        ``("document 2 (sample 0)", "document")`` or ``("micro-batch 1, sample 3", "sample")``."""
+        where = (f"micro-batch {mb}, " if mb is not None else "") + f"sample {sample}"
+        cols = getattr(self.context, "sample_columns", None) or {}
+        if "group" in cols and "index" in cols:  # an RL completion (TRL's GRPO, examples/rl_grpo.py)
+            g, i = int(_at(cols["group"], mb)[sample]), int(_at(cols["index"], mb)[sample])
+            reward = f", reward {float(_at(cols['reward'], mb)[sample]):.4g}" if "reward" in cols else ""
+            return f"completion {i} of group {g}{reward} ({where})", "completion"
+        if document is not None:
+            return f"document {document} ({where})", "document"
+        return where, "sample"
+
+    def document_at(self, mb: int | None, sample: int, position: int) -> int | None:
+        docs = self._get("document_ids", mb)
+        return None if docs is None else int(docs[sample, position])
+
+    def decode(self, ids: list[int]) -> str:
+        tok = getattr(self.context, "tokenizer", None)
+        return tok.decode(ids) if tok is not None else "".join(f"<{i}>" for i in ids)
+
+    def text(self, mb: int | None, sample: int, start: int, end: int, document: int | None = None) -> str:
+        """The loss-bearing tokens of ``[start, end)`` in ``sample`` (of ``document``), decoded."""
+        ids = self._get("input_ids", mb)
+        if ids is None:
+            return ""
+        keep = range(start, end)
+        mask = self._get("token_mask", mb)
+        if mask is not None:
+            keep = [t for t in keep if float(mask[sample, t]) != 0.0]
+        if document is not None:
+            keep = [t for t in keep if self.document_at(mb, sample, t) == document]
+        return self.decode([int(ids[sample, t]) for t in keep])
+
+
+def _quote(text: str, limit: int = 40) -> str:
+    """``'text'`` with what a terminal would not show (NUL, bidi overrides, newlines) escaped, and the
+    ``\\xNN`` that ``ByteTokenizer`` writes for invalid UTF-8 kept as one backslash."""
+    return repr(text[:limit] + ("…" if len(text) > limit else "")).replace("\\\\", "\\")
+
+
+def _unit_line(view: SpikeView, c: Any) -> str:
+    """A span, a sample (completion, document) or a micro-batch: who, what, its text, its share."""
+    share = f"  ({_pct(c.share)} {SHARE_OF})" if c.share is not None else ""
+    if c.level == "micro_batch":
+        mb = f"micro-batch {c.micro_batch}" if c.micro_batch is not None else "the batch"
+        return f"{mb}: the whole micro-batch (no sample or token in it stands out){share}"
+    label, unit = view.who(c.micro_batch, c.batch, c.document)
+    what = f"span {c.start}-{c.end - 1}" if c.level == "span" else f"the whole {unit}"
+    return f"{label}, {what}: {_quote(view.text(c.micro_batch, c.batch, c.start, c.end, c.document))}{share}"
+
+
+def _token_runs(view: SpikeView) -> list[tuple[float, str]]:
+    """Culprit tokens grouped into contiguous runs per sample: ``sample 3, tokens 40-42: 'â€™'``."""
+    by_sample: dict[tuple, list] = {}
+    for c in sorted(view.result.tokens, key=lambda c: (c.micro_batch or 0, c.batch, c.position)):
+        by_sample.setdefault((c.micro_batch, c.batch), []).append(c)
+    out = []
+    for (mb, sample), cs in by_sample.items():
+        runs: list[list] = [[cs[0]]]
+        for c in cs[1:]:
+            (runs[-1].append(c) if c.position == runs[-1][-1].position + 1 else runs.append([c]))
+        ids = view._get("input_ids", mb)
+        for run in runs:
+            first, last = run[0].position, run[-1].position
+            where = f"tokens {first}-{last}" if len(run) > 1 else f"token {first}"
+            share = sum(c.share or 0.0 for c in run)
+            label, _ = view.who(mb, sample, view.document_at(mb, sample, first))
+            text = "" if ids is None else "".join(view.decode([int(ids[sample, c.position])]) for c in run)
+            out.append((share, f"{label}, {where}: {_quote(text)}  ({_pct(share)} {SHARE_OF})"))
+    return out
+
+
+def culprit_lines(view: SpikeView) -> list[str]:
+    """Every culprit row of a localized spike, largest share first (token runs merged)."""
+    if view.result is None:
+        return []
+    rows = [(c.share or 0.0, _unit_line(view, c)) for c in view.result.culprits if c.level != "token"]
+    rows += _token_runs(view)
+    return [line for _, line in sorted(rows, key=lambda r: -r[0])]
+
+
+def _plural(n: int, word: str, many: str | None = None) -> str:
+    return f"{n} {word if n == 1 else many or word + 's'}"
+
+
+def culprit_count(view: SpikeView) -> str:
+    """``1 sample (3 tokens)``, ``1 completion (whole)``, ``2 documents (1 whole, 5 tokens)``: the
+    units the rows name and the rows by level, counted as the block lists them."""
+    found = view.result.culprits if view.result is not None else []
+    units, levels, noun = set(), {}, "sample"
+    for c in found:
+        levels[c.level] = levels.get(c.level, 0) + 1
+        if c.level == "micro_batch":
+            continue
+        doc = c.document if c.level != "token" else view.document_at(c.micro_batch, c.batch, c.position)
+        units.add((c.micro_batch, c.batch, doc))
+        noun = view.who(c.micro_batch, c.batch, doc)[1]
+    rows = [f"{levels['sample']} whole" if "sample" in levels else None,
+            _plural(levels["span"], "span") if "span" in levels else None,
+            _plural(levels["token"], "token") if "token" in levels else None]
+    rows = [r for r in rows if r]
+    whole_only = rows == [f"{len(units)} whole"]  # "1 completion", not "1 completion (1 whole)"
+    out = [_plural(len(units), noun) + ("" if whole_only else f" ({', '.join(rows)})")] if units else []
+    if "micro_batch" in levels:
+        out.append(_plural(levels["micro_batch"], "micro-batch", "micro-batches"))
+    return ", ".join(out)

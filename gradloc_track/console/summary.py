@@ -1,0 +1,71 @@
+"""The closing lines of a run: its spikes as their blocks named them (counted by unit and level), the
+clipper's behaviour after warm-up, the run dir and the commands to look at it."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+from .culprits import SpikeView, culprit_count, culprit_lines
+from .links import spike_link, view_commands
+
+
+def spike_summary(spikes: Sequence[Any], run_dir: Path, not_localized: str | None = None) -> list[str]:
+    """The closing lines about the run's spikes (``GradStats`` or ``SpikeView``s, in step order): how
+    many, where, and for the first three what their blocks named, counted the same way, with the
+    link to each one's page (the run is surely open by now: a block printed before has none)."""
+    views = [SpikeView.of(s, not_localized) for s in spikes]
+    if not views:
+        return ["no gradient spike detected"]
+    steps = [v.step for v in views]
+    shown = ", ".join(map(str, steps[:10])) + (" ..." if len(steps) > 10 else "")
+    lines = [f"{len(steps)} gradient spike(s) detected, at step {shown}"]
+    for v in views[:3]:
+        found = culprit_lines(v)
+        if v.result is None:
+            lines.append(f"  step {v.step}: not localized ({v.not_localized or 'no localization ran'})")
+        elif found:
+            lines.append(f"  step {v.step}: {culprit_count(v)}: {found[0]}")
+        else:
+            lines.append(f"  step {v.step}: no culprit found (the spike is spread over the batch)")
+        link = spike_link(Path(run_dir), v.step, localized=v.result is not None and v.context is not None)
+        if link:
+            lines.append(f"    {link}")
+    return lines
+
+
+def clip_saturation_line(clip_kind: str, summary: dict[str, float]) -> str | None:
+    """How often and how hard the clipper scaled after its warm-up (``summarize``'s clip_* keys)."""
+    from ..clip.saturation import saturation_line
+
+    if "clip_steps_after_warmup" not in summary:
+        return None
+    return saturation_line(clip_kind, {"steps": int(summary["clip_steps_after_warmup"]),
+                                       "clipped_fraction": summary["clip_clipped_fraction"],
+                                       "mean_coef": summary["clip_mean_coef"]})
+
+
+def closing_lines(head: str, spikes: Sequence[Any], run_dir: Path, middle: Sequence[str] = (),
+                  not_localized: str | None = None) -> list[str]:
+    """The end of any run: ``head`` (``done: 80 steps in 41 s``), its spikes as their blocks named
+    them, ``middle`` (the clipper's lines), the run dir and the commands to look at it."""
+    lines = [head, *spike_summary(spikes, run_dir, not_localized), *middle]
+    from ..trackers.join import is_scratch
+
+    if not is_scratch(Path(run_dir)):  # a scratch dir is gone by now: the links above are the way in
+        lines += [f"run dir: {run_dir}", "look at the results:", *view_commands(Path(run_dir))]
+    return lines
+
+
+def summary_lines(steps: int, clip_kind: str, summary: dict[str, float], spikes: Sequence[Any],
+                  run_dir: Path) -> list[str]:
+    """The few lines a person reads at the end of a run: what happened (``spikes``: the spiking
+    steps' ``GradStats``), how the clipper behaved, and how to look at it."""
+    clip = []
+    if clip_kind != "none":
+        clip.append(f"clip={clip_kind}: largest grad norm the optimizer saw after warm-up "
+                    f"{summary['max_post_clip_grad_norm']:.3g}")
+        line = clip_saturation_line(clip_kind, summary)
+        if line:
+            clip.append(line)
+    head = f"done: {steps} steps in {summary['seconds']:.0f} s, final loss {summary['final_loss']:.3f}"
+    return closing_lines(head, spikes, run_dir, clip)

@@ -1,0 +1,276 @@
+"""``WatchHandle``: the one handle every front door builds (``watch()``, the HF / TRL and Lightning
+callbacks), through ``open_handle``.
+
+``open_handle(model, optimizer, opts, door, capture)`` asks ``trackers.join`` for the run (join
+the open one, else open one: the one place that does) and builds the handle around it with the
+capture object the door feeds (``batches.BatchList``: forward hooks for ``watch()`` and HF,
+Lightning's ``on_train_batch_start`` for Lightning, none for TRL, whose adapter rebuilds the loss).
+What differs between doors is a ``Door``: whether an optimizer step pre-hook runs ``step()``
+(``watch()``) or the framework calls it (the callbacks), the W&B step metric of the framework's
+run, which runs to join, whether this rank logs.
+
+``close(status)`` (= ``finish``) is the one way out: every hook the handle installed comes off
+(the optimizer pre-hook, the clipper's skip guard, the capture's forward hooks), then the run
+is closed (a run we opened is ended, a joined one stays open, a scratch dir goes). A finished
+handle never raises from a hook: ``watch()`` -> ``finish()`` -> ``watch()`` trains.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ..config import TrackerConfig
+from ..trackers.interface import Tracker
+from ..trackers.join import OpenRuns, Run, RunRequest, start
+from .batches import BatchList, lm_spike_context, resolve_tokenizer
+from .calls import SET_LOSS_FN_HINT
+from .options import WatchOptions
+
+
+def hookable_optimizer(optimizer: Any, hook: bool = False) -> Any:
+    """The torch optimizer whose ``step()`` really runs: a wrapper without torch's hook tables
+    (Accelerate's ``AcceleratedOptimizer``, which skips the inner step on accumulation micro-steps)
+    is unwrapped through its ``optimizer`` attribute. ``hook``: a step pre-hook goes on it (a
+    ``TypeError`` naming the fix when it cannot)."""
+    seen = 0
+    while optimizer is not None and not hasattr(optimizer, "_optimizer_step_pre_hooks") and seen < 4:
+        inner = getattr(optimizer, "optimizer", None)
+        if inner is None or inner is optimizer:
+            break
+        optimizer, seen = inner, seen + 1
+    if hook and optimizer is not None and not hasattr(optimizer, "register_step_pre_hook"):
+        raise TypeError(f"gradloc-track: cannot hook {type(optimizer).__name__}.step(): pass the torch "
+                        "optimizer it wraps, or no optimizer and call handle.step() after backward()")
+    return optimizer
+
+
+@dataclass(frozen=True)
+class Door:
+    """What differs between the front doors; everything else is the one handle.
+
+    ``name``: said when the run is opened or joined. ``hook_optimizer``: an optimizer step pre-hook
+    runs ``step()`` (``watch()``); a callback calls ``step()`` itself. ``wandb_step_key``: the step
+    metric of the framework whose W&B run may be open (HF Trainer's); None: the user's own run.
+    ``runs``: the framework's own runs to join (Lightning's loggers), else those open in this
+    process. ``logs``: None: rank 0 of ``torch.distributed`` logs; a framework's rank otherwise."""
+
+    name: str = "watch()"
+    hook_optimizer: bool = True
+    wandb_step_key: str | None = None
+    runs: OpenRuns | None = None
+    logs: bool | None = None
+
+
+def _rank0() -> bool:
+    import torch.distributed as dist
+
+    return not (dist.is_available() and dist.is_initialized() and dist.get_rank() != 0)
+
+
+def say_where(door: str) -> Callable[[Tracker], None]:
+    """Once per backend run: where it is (the run we opened, or the one we joined), with its link."""
+    def say(backend: Tracker) -> None:
+        where = getattr(backend, "where", None)
+        if callable(where):
+            verb = "joined" if getattr(backend, "attached", False) else "opened"
+            print(f"gradloc-track: {door} {verb} {where()}", file=sys.stderr, flush=True)
+
+    return say
+
+
+def run_request(opts: WatchOptions, door: Door) -> RunRequest:
+    """The run a door's options ask ``trackers.join`` for."""
+    own = opts.tracker if isinstance(opts.tracker, Tracker) else None
+    return RunRequest(cfg=opts.tracker if own is None else TrackerConfig(), run_dir=opts.run_dir,
+                      run_name=opts.run_name, tracker=own, auto=opts.tracker_auto, join=door.runs,
+                      wandb_step_key=door.wandb_step_key, logs=_rank0() if door.logs is None else door.logs,
+                      on_open=say_where(door.name))
+
+
+def open_handle(model: torch.nn.Module, optimizer: Any, opts: WatchOptions, door: Door | None = None,
+                capture: BatchList | None = None) -> "WatchHandle":
+    """The one way a front door builds its handle: the run through ``trackers.join``, then the
+    handle around it. On failure nothing is left behind (the capture's hooks, the run)."""
+    door = door or Door()
+    run = None
+    try:
+        hookable_optimizer(optimizer, door.hook_optimizer)  # a bad optimizer fails before any run is opened
+        run = start(run_request(opts, door))
+        return WatchHandle(model, optimizer, opts, run, capture, hook_optimizer=door.hook_optimizer)
+    except BaseException:
+        if capture is not None:
+            capture.remove()
+        if run is not None:
+            run.close("failed")
+        raise
+
+
+def _quarantine(tracker: Tracker) -> Any:
+    from ..data.quarantine import logging_quarantine
+
+    return logging_quarantine(tracker)
+
+
+class WatchHandle:
+    """What ``watch()`` and the callbacks hold. ``step()`` runs the monitor on the current gradients
+    (called for you by the optimizer hook); ``last`` is the last ``GradStats``, ``spikes`` those of
+    the steps where a spike fired; ``close()`` / ``finish()`` take every hook off and end the run
+    (only if it was opened here: a joined run stays open); ``remove()`` only takes the hooks off.
+    A context manager (exit = ``close()``). A ``Tracker`` object passed as ``tracker=`` stays the
+    caller's to finish. ``run_dir``: where the run's files are while it runs. With
+    ``spikes={"quarantine": True}``, ``quarantine`` holds this run's culprit samples: the data path
+    asks ``handle.quarantine.admit(fingerprint, step)`` (each skip is warned and logged).
+
+    Built by ``open_handle`` (``run``: from ``trackers.join``; ``capture``: what feeds the step's
+    batches, or None when the door brings its own loss context)."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: Any, opts: WatchOptions, run: Run,
+                 capture: BatchList | None = None, *, hook_optimizer: bool = True) -> None:
+        optimizer = hookable_optimizer(optimizer, hook_optimizer)
+        self.model, self.optimizer, self.options, self.run = model, optimizer, opts, run
+        self.capture = capture
+        self._hooks: list[Any] = []
+        if optimizer is not None and hook_optimizer:
+            # registered BEFORE the monitor installs its skip guard: the guard's step hooks must see
+            # this step's clip (a sync-mode guard reads the flag in its own pre-hook)
+            self._hooks.append(optimizer.register_step_pre_hook(self._pre_step))
+        try:
+            self.tokenizer = resolve_tokenizer(model, opts.tokenizer)
+            self.monitor = self._monitor(model, optimizer, opts)
+        except BaseException:
+            self._unhook()
+            raise
+        # spikes.quarantine: this run's culprit samples, for the data path to skip (docs/ledger.md)
+        self.quarantine = _quarantine(self.tracker) if getattr(opts.spikes, "quarantine", False) else None
+        self.last = None
+        self.spikes: list = []  # GradStats of every step whose spike fired (with .locate when localized)
+        self.steps = 0  # optimizer steps seen; the default step number
+        self._user_ctx = None
+        self._finished = False
+        self._said_unusable = False
+
+    def _monitor(self, model: torch.nn.Module, optimizer: Any, opts: WatchOptions) -> Any:
+        from ..artifacts import SpikeArtifactWriter
+        from ..clip import build_clipper
+        from ..monitor import GradMonitor
+        from ..spikes import SpikeDetector
+
+        detector = SpikeDetector(opts.spikes) if opts.spikes.enabled else None
+        writer = SpikeArtifactWriter(self.tracker, run_dir=self.run.kept_dir, top_layers=opts.locate.top_layers)
+        return GradMonitor(model, tracker=self.tracker, clipper=build_clipper(opts.clip, model), config=opts.monitor,
+                           optimizer=optimizer, detector=detector, locate_config=opts.locate, artifact_writer=writer)
+
+    @property
+    def tracker(self) -> Tracker:
+        return self.run.tracker
+
+    @property
+    def run_dir(self) -> Path:
+        """Where the run's files are while it runs: the ``run_dir`` given, else a scratch dir that
+        ``close()`` removes (the run record is there meanwhile, for the console's links)."""
+        return self.run.dir.path
+
+    # -- the loop's side -------------------------------------------------------------------
+    def _pre_step(self, optimizer, args, kwargs) -> None:
+        if not self._finished:  # a hook of a finished handle does nothing (it is removed at close anyway)
+            self.step()
+
+    def set_loss_fn(self, loss_fn: Callable[[torch.Tensor], torch.Tensor] | list, token_mask: Any,
+                    input_ids: Any = None, **context: Any) -> None:
+        """Your own ``loss_fn(mask)`` for this step (RL objectives, custom losses): used instead of the
+        captured batches by the next ``step()``. Lists = one entry per micro-batch. ``context``:
+        other ``SpikeContext`` fields (``extra_columns``, ``sample_columns``, ``rng_state``)."""
+        from ..spikes.context import SpikeContext
+
+        self._user_ctx = SpikeContext(loss_fn=loss_fn, token_mask=token_mask, input_ids=input_ids,
+                                      tokenizer=context.pop("tokenizer", self.tokenizer), **context)
+
+    def set_sample_info(self, **columns: Any) -> None:
+        """Per-sample columns for the culprit table, for one micro-batch: ``dataset_index=idx,
+        source=["web", ...]`` (each B values: a 1-D tensor or a list). Call it once per micro-batch,
+        before or after its forward; the step pairs the calls with its micro-batches in order.
+        (``set_loss_fn`` takes ``sample_columns=`` instead.)"""
+        if self.capture is None:
+            raise RuntimeError("gradloc-track: set_sample_info needs the batch capture; with your own loss pass "
+                               "sample_columns= to set_loss_fn")
+        self.capture.add_info(columns)
+
+    def step(self, step: int | None = None, *, lr: float | None = None, spike_context: Any = None):
+        """Monitor (and clip) the gradients now, after ``backward()`` and before ``optimizer.step()``."""
+        if self._finished:
+            raise RuntimeError("gradloc-track: this watch() handle is finished; call watch() again for a new run")
+        step = self.steps if step is None else int(step)
+        ctx = spike_context or self._user_ctx
+        batches, rng = self.capture.take() if self.capture is not None else ([], None)
+        if ctx is None and batches and self.monitor.detector is not None and self._rebuildable(batches):
+            # built only if a spike fires: no per-step tensor work for the no-spike steps
+            ctx = functools.partial(lm_spike_context, self.model, batches, self.tokenizer, rng_state=rng)
+        self._user_ctx = None
+        with self.capture.paused() if self.capture is not None else contextlib.nullcontext():
+            self.last = self.monitor.after_backward(step, lr=lr, spike_context=ctx)
+        if self.last.events:
+            self.spikes.append(self.last)
+            if self.quarantine is not None and self.last.locate_view:  # rank 0's view under torch.distributed
+                self.quarantine.blame(step, *self.last.locate_view)
+        self.steps += 1
+        return self.last
+
+    def _rebuildable(self, batches: list) -> bool:
+        """Can the per-term loss be rebuilt from the captured calls? If not, say why once (naming
+        ``set_loss_fn``): spikes are still detected, not localized."""
+        why = next((b.unusable for b in batches if b.unusable), None)
+        if why is not None and not self._said_unusable:
+            self._said_unusable = True
+            warnings.warn(f"gradloc-track: {why}; spikes are detected but not localized. To localize them, "
+                          f"{SET_LOSS_FN_HINT}", UserWarning, stacklevel=4)
+        return why is None
+
+    # -- the way out -----------------------------------------------------------------------
+    def _unhook(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+        if self.capture is not None:
+            self.capture.remove()
+
+    def remove(self) -> None:
+        """Take every hook off (the optimizer's, the skip guard's, the capture's); logging state is kept."""
+        self._unhook()
+        if self.monitor.skip_guard is not None:
+            self.monitor.skip_guard.remove()
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    def flush(self) -> None:
+        self.tracker.flush()
+
+    def close(self, status: str = "success") -> None:
+        """The one way out: every hook off, then the run closed with ``status`` (a run opened here is
+        ended; a joined run, ``wandb.run`` / ``mlflow.active_run()`` / a framework's, stays open for
+        its owner; a scratch dir is removed). Idempotent; never raises."""
+        if self._finished:
+            return
+        self._finished = True
+        self.remove()
+        self.run.close(status)
+
+    def finish(self, status: str = "success") -> None:
+        """``close(status)``: write everything out, take every hook off, end a run opened here."""
+        self.close(status)
+
+    def __enter__(self) -> "WatchHandle":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        from ..trackers.interface import exit_status
+
+        self.close(exit_status(exc_type))  # Ctrl-C: "killed"

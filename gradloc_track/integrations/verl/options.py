@@ -1,0 +1,57 @@
+"""The ``gradloc`` node of verl's actor config -> our validated options.
+
+``+actor_rollout_ref.actor.gradloc.clip=adagc``, ``...gradloc.locate.enabled=false``,
+``...gradloc.spikes.z_thresh=4``: the node holds the groups and fields ``watch()`` takes (``clip``,
+``spikes``, ``locate``, ``monitor`` and its fields, ``tracker``, ``run_dir``), validated by the same
+schemas as the Hydra app, so a typo fails with the app's error naming the field. ``enabled``
+(default true) switches the whole node off without deleting it.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..options import WatchOptions, resolve_options
+
+NODE = "gradloc"
+ENABLED = "enabled"
+
+
+def as_mapping(node: Any) -> dict | None:
+    """The node as a plain dict (a DictConfig, a mapping), None when absent."""
+    if node is None:
+        return None
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(node, DictConfig):
+            return OmegaConf.to_container(node, resolve=True)
+    except ImportError:  # pragma: no cover - omegaconf is a core dependency
+        pass
+    if isinstance(node, Mapping):
+        return dict(node)
+    if node is True:
+        return {}
+    raise TypeError(f"actor_rollout_ref.actor.{NODE} must be a mapping of gradloc-track options "
+                    f"(e.g. +actor_rollout_ref.actor.{NODE}.clip=adagc); got {type(node).__name__}")
+
+
+def gradloc_options(node: Any) -> WatchOptions | None:
+    """Validated options, or None when the node is absent or ``enabled=false``."""
+    given = as_mapping(node)
+    if given is None:
+        return None
+    enabled = given.pop(ENABLED, True)
+    if not isinstance(enabled, bool):
+        raise ValueError(f"actor_rollout_ref.actor.{NODE}.{ENABLED}={enabled!r} is invalid: use true or false")
+    opts = resolve_options(**given)  # an unknown key raises, naming the valid ones
+    return opts if enabled else None
+
+
+def node_of(loss_function: Any) -> Any:
+    """The ``gradloc`` node of the actor config a verl loss function was bound to
+    (``functools.partial(ppo_loss, config=actor_config)``, as verl's actor worker binds it)."""
+    config = getattr(loss_function, "keywords", {}).get("config") if hasattr(loss_function, "keywords") else None
+    if config is None:
+        return None
+    return getattr(config, NODE, None)

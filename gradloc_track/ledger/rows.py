@@ -1,0 +1,67 @@
+"""The cells the ledger computes with, checked as each table file is read.
+
+A culprit table is JSON a person can edit (or a disk can damage). A row whose ``share`` is
+``"abc"``, whose step is no integer or whose position is a list would crash the sums and sorts
+of ``aggregate``; such a row is left out instead, with one note per file naming the file, how
+many rows and the first bad cell. The user's own columns are not checked: they are shown, not
+computed with.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+NONE = type(None)
+#: column -> (the types its cells may have, what it must be); a share must also be finite
+CHECKS: dict[str, tuple[tuple[type, ...], str]] = {
+    "step": ((int,), "an integer"),
+    "share": ((int, float, NONE), "a finite number"),
+    "position": ((int, NONE), "an integer"),
+    "end": ((int, NONE), "an integer"),
+    "level": ((str, NONE), "a string"),
+    "sample_id": ((str, NONE), "a string"),
+}
+
+
+def _ok(column: str, v: Any) -> bool:
+    """``type``, not ``isinstance``: a bool is no step."""
+    return type(v) in CHECKS[column][0] and (column != "share" or v is None or math.isfinite(v))
+
+
+def _tests(cols: list[str]) -> list[tuple[int, str]]:
+    return [(cols.index(c), c) for c in CHECKS if c in cols]
+
+
+def rows_ok(table: dict[str, Any]) -> bool:
+    """Whether every row passes (the common case, checked column by column at C speed: cell types as
+    allowed, the shares' sum finite); ``checked_rows`` then says which rows do not."""
+    data = table.get("data", [])
+    for j, c in _tests(table.get("columns", [])):
+        if not {type(r[j]) for r in data} <= set(CHECKS[c][0]):
+            return False
+        if c == "share" and not math.isfinite(sum(r[j] for r in data if r[j] is not None)):
+            return False  # a NaN or an infinity somewhere (or an overflow: the slow path tells)
+    return True
+
+
+def checked_rows(table: dict[str, Any], where: str, notes: list[str]) -> dict[str, Any]:
+    """``table`` without the rows whose checked cells are not what the ledger computes with (a note
+    naming ``where`` says how many and why the first one was left out)."""
+    cols, data = table.get("columns", []), table.get("data", [])
+    if rows_ok(table):
+        return {"columns": cols, "data": data}
+    tests = _tests(cols)
+    keep, bad, first = [], 0, ""
+    for i, row in enumerate(data):
+        wrong = next(((c, row[j]) for j, c in tests if not _ok(c, row[j])), None)
+        if wrong is None:
+            keep.append(row)
+            continue
+        bad += 1
+        if not first:
+            c, v = wrong
+            first = f"row {i}: {c}={v!r:.60} is not {CHECKS[c][1]}"
+    if bad:
+        notes.append(f"{where}: {bad} row(s) left out ({first}; a hand-edited or damaged file?)")
+    return {"columns": cols, "data": keep}

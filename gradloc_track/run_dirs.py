@@ -1,0 +1,110 @@
+"""What a run directory is, where the run dirs under a folder are, and which run each one is.
+
+A run dir is the folder one run of ours writes; the apps print it (``run dir: ...``, ``local files:
+<run dir>/spikes``, a W&B run folder to ``wandb sync``). It holds at least one of
+
+- ``spikes/``: the shared file layout (``tracker=none``, or a tracker's local copy);
+- ``tracker/<backend>.json``: the record of the MLflow or W&B run it logged to (``trackers/run_record``):
+  its ``view`` once the run exists, its ``run`` reference (the run id) from the moment a run was
+  opened or joined;
+- ``metrics.jsonl``: a ``tracker=none`` run's metrics;
+
+or it is a W&B run folder (``offline-run-<time>-<id>``, ``run-<time>-<id>``, holding ``files/``).
+``gradloc-track report`` and ``culprits`` accept any of them, and ``spikes/`` or ``rendered/`` of one;
+``culprits`` also searches a folder for the run dirs under it.
+
+A run's identity (``run_key``) is the run it logged to, never its folder's name: the MLflow run id,
+``wandb:<run id>``, else the run dir's resolved path (two sweeps' ``0_clip=adagc`` are two runs).
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from .trackers.run_record import read_backend_record
+
+WANDB_RUN = re.compile(r"^(?:offline-)?run-\d{8}_\d{6}-([A-Za-z0-9]+)$")
+MARKERS = ("spikes", "tracker", "metrics.jsonl")
+PARTS = ("spikes", "rendered")  # folders of a run dir the apps print
+WHAT = ("a run dir is the folder the app printed ('run dir: ...'; it holds spikes/, tracker/<backend>.json or "
+        "metrics.jsonl), or a W&B run folder (wandb/offline-run-*)")
+MAX_DEPTH = 12  # how deep culprits looks for run dirs under a folder
+
+
+def is_wandb_run(path: Path) -> bool:
+    return WANDB_RUN.match(path.name) is not None and (path / "files").is_dir()
+
+
+def is_run_dir(path: Path) -> bool:
+    """Whether ``path`` is a run dir (see the module doc)."""
+    return path.is_dir() and (any((path / m).exists() for m in MARKERS) or is_wandb_run(path))
+
+
+def run_dir_of(path: Path) -> Path | None:
+    """The run dir ``path`` is, or whose ``spikes/``/``rendered/`` it is; None otherwise."""
+    if is_run_dir(path):
+        return path
+    if path.name in PARTS and is_run_dir(path.parent):
+        return path.parent
+    return None
+
+
+def find_run_dirs(folder: Path) -> list[Path]:
+    """Every run dir under ``folder`` (not inside another run dir; hidden folders skipped), sorted."""
+    found: list[Path] = []
+
+    def walk(d: Path, depth: int) -> None:
+        try:
+            entries = sorted(os.scandir(d), key=lambda e: e.name)
+        except OSError:
+            return
+        for e in entries:
+            if e.name.startswith(".") or not e.is_dir(follow_symlinks=False):
+                continue
+            sub = Path(e.path)
+            if is_run_dir(sub):
+                found.append(sub)
+            elif depth < MAX_DEPTH:
+                walk(sub, depth + 1)
+
+    walk(folder, 0)
+    return found
+
+
+def run_locations(run_dir: Path) -> dict[str, dict[str, Any]]:
+    """``{backend: where}`` for each backend run of ``run_dir``: its ``view``, else (a run that was
+    joined, or never got as far as its view) its ``run`` reference: the run id and where it lives."""
+    out: dict[str, dict[str, Any]] = {}
+    folder = run_dir / "tracker"
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        rec = read_backend_record(run_dir, path.stem)
+        view, ref = rec.get("view"), rec.get("run")
+        if isinstance(view, dict) and view:
+            out[path.stem] = view
+        elif isinstance(ref, dict) and ref.get("run_id"):
+            out[path.stem] = {k: v for k, v in ref.items() if v is not None}
+    return out
+
+
+def wandb_run_id(folder: Path, where: dict[str, Any] | None = None) -> str | None:
+    """A W&B run's id: from its run folder's name, else from the record (``path`` ends with it)."""
+    m = WANDB_RUN.match(folder.name)
+    if m:
+        return m.group(1)
+    where = where or {}
+    if where.get("run_id"):
+        return str(where["run_id"])
+    return str(where["path"]).rsplit("/", 1)[-1] if where.get("path") else None
+
+
+def run_key(run_dir: Path, where: dict[str, dict[str, Any]] | None = None) -> str:
+    """The identity of the run a run dir holds (see the module doc); ``where``: its ``run_locations``."""
+    where = run_locations(run_dir) if where is None else where
+    if where.get("mlflow", {}).get("run_id"):
+        return str(where["mlflow"]["run_id"])
+    wid = wandb_run_id(run_dir, where.get("wandb"))
+    if wid:
+        return f"wandb:{wid}"
+    return str(run_dir.resolve())

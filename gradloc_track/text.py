@@ -1,0 +1,70 @@
+"""Text as we show it: what a person reads is what the model was trained on, and nothing in it acts.
+
+Token text is whatever the data held. Shown raw, a bidi override (U+202E) reverses what follows it
+on screen, a NUL or an escape sequence vanishes or drives the terminal, and a CSV cell starting with
+``=`` is a formula a spreadsheet evaluates. Every place we show text goes through here:
+
+- ``visible_text``: control, format and separator characters (``str.isprintable`` is False: bidi
+  controls, NUL and the other C0/C1 controls, zero-width characters, NBSP...) become ``\\xNN`` /
+  ``\\uNNNN``; newline, tab and CR become ``↵``, ``→``, ``␍``. Printable text is returned as it is.
+- ``visible_html`` / ``token_html``: the same, HTML-escaped (for the pages; newlines kept as line
+  breaks after their ``↵``); a long token cut with a visible marker.
+- ``csv_cell``: a cell for ``csv.writer``: numbers stay numbers; any other value is shown visibly
+  and, when it starts like a formula (OWASP's CSV-injection rule: ``= + - @``, tab, CR; NUL per
+  ASVS 1.2.10), prefixed with ``'`` so a spreadsheet shows it as text.
+
+The records themselves (JSON parts, the ledger's JSON) keep the exact text; only views are changed.
+"""
+from __future__ import annotations
+
+import html
+import json
+from typing import Any
+
+#: how whitespace controls are shown (the rest of the non-printable characters are escaped)
+SHOWN = {"\n": "\u21b5", "\t": "\u2192", "\r": "\u240d"}
+#: first characters that make a spreadsheet evaluate a cell (OWASP CSV injection; ASVS 1.2.10 adds NUL)
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "\n", "\0")
+MAX_TOKEN_CHARS = 80  # a longer token is cut on a page, with a visible "+N chars" marker
+
+
+def _escape(ch: str) -> str:
+    return f"\\x{ord(ch):02x}" if ord(ch) < 256 else f"\\u{ord(ch):04x}" if ord(ch) < 0x10000 else f"\\U{ord(ch):08x}"
+
+
+def visible_text(text: str, newlines: bool = False) -> str:
+    """``text`` with every non-printable character shown (see the module doc); ``newlines``: keep a
+    line break after each ``↵`` (for pages that wrap text)."""
+    if text.isprintable():  # the common case: nothing to show
+        return text
+    nl = SHOWN["\n"] + ("\n" if newlines else "")
+    return "".join(nl if ch == "\n" else SHOWN.get(ch) or (ch if ch.isprintable() else _escape(ch)) for ch in text)
+
+
+def visible_html(text: str, empty: str = "\u2205") -> str:
+    """``visible_text`` escaped for HTML (quotes too); ``empty`` stands for the empty string (an empty
+    token would be an invisible, unclickable span)."""
+    if text == "":
+        return empty
+    return html.escape(visible_text(text, newlines=True), quote=True)
+
+
+def token_html(text: str, limit: int = MAX_TOKEN_CHARS) -> str:
+    """``visible_html(text)``, cut at ``limit`` characters with a marker saying how much was left out."""
+    if len(text) <= limit:
+        return visible_html(text)
+    return visible_html(text[:limit]) + f"<span class='cut'>…[+{len(text) - limit} chars]</span>"
+
+
+def csv_cell(value: Any) -> Any:
+    """One CSV cell that a spreadsheet shows and never evaluates: ``None`` -> empty, numbers as they
+    are, lists and dicts as JSON, text visible and, if it starts like a formula, after a ``'``."""
+    if isinstance(value, str) and value.isprintable() and not value.startswith(FORMULA_START):
+        return value  # the common case, at once
+    if value is None:
+        return ""
+    if isinstance(value, (bool, int, float)):
+        return value
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    text = visible_text(text)
+    return "'" + text if text.startswith(FORMULA_START) else text

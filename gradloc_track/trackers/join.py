@@ -1,0 +1,285 @@
+"""The one place a run of ours is opened, or joined when someone else already opened it.
+
+Callers: ``make_tracker`` (the run a ``TrackerConfig`` describes: ``open_run``), and every front
+door (``watch()``, the HF / TRL / Lightning callbacks, through ``integrations.handle``), which
+call ``start``: join the runs already open, else open one.
+
+- ``open_run``: a new run: MLflow and/or W&B behind the background writer (``AsyncTracker``),
+  finished as KILLED on SIGTERM; ``tracker=none`` with a run dir: the run dir's files; ``memory``.
+- ``join_runs``: into runs someone else opened (``OpenRuns``: ``wandb.run`` /
+  ``mlflow.active_run()`` found by ``open_in_process``, HF Trainer's ``report_to`` run,
+  Lightning's logger runs), through the same background writer; they stay open at finish.
+
+Every backend run, opened or joined, is recorded in ``<run dir>/tracker/<backend>.json``
+(``run_record``): the ``spec`` here, the ``view`` (MLflow run / W&B path and folder) by the
+adapter as soon as the run exists. So ``gradloc-track report <run dir>``, ``culprits`` and the
+console follow a run dir to its run, joined or not.
+
+The run dir (``RunDir``): the user's, kept; else a scratch directory, made on first use and
+removed when the run ends (by the run lock's release, or ``Run.close``), unless its spool holds
+records for ``gradloc-track replay`` (then kept, and named). A scratch dir is never shown to a
+person as a run dir (``is_scratch``): the run's link is.
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+import sys
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ..config import TrackerConfig
+from ..config.tracker import TRACKER_KINDS
+from . import sigterm
+from .async_writer import AsyncTracker
+from .async_writer.opener import OpenGate
+from .fanout import as_one_tracker
+from .interface import NullTracker, Tracker
+from .local_tracker import LocalTracker
+from .memory_tracker import MemoryTracker
+from .run_lock import RunOwner
+
+log = logging.getLogger(__name__)
+
+#: called once per backend when its run exists (e.g. to say where the run is)
+OnOpen = Callable[[Tracker], None]
+
+_scratch: set[Path] = set()  # the scratch dirs of this process that still exist
+
+
+def is_scratch(path: str | Path) -> bool:
+    """True for a scratch dir of this process (removed when its run ends): never print it as a run dir."""
+    return Path(path) in _scratch
+
+
+class RunDir:
+    """Where a run's own files go (run record, spool, rendered images): ``path`` given (the user's,
+    kept), or a scratch directory made on first use and removed by ``remove()`` (or by the run
+    lock when its last tracker finishes) unless records the backend did not take are spooled there."""
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.given = path is not None
+        self._path = Path(path) if path is not None else None
+        self.owner = RunOwner(temporary=not self.given)  # the trackers of one run share its lock
+
+    @property
+    def path(self) -> Path:
+        if self._path is None:
+            self._path = Path(tempfile.mkdtemp(prefix="gradloc-track-"))
+            _scratch.add(self._path)
+        return self._path
+
+    @property
+    def kept(self) -> Path | None:
+        """The directory when it outlives the run (the user's), else None."""
+        return self._path if self.given else None
+
+    def spooled(self) -> list[Path]:
+        """Spool files holding records (what ``gradloc-track replay`` would send)."""
+        if self._path is None:
+            return []
+        return [p for p in (self._path / "spool").glob("*.jsonl") if p.is_file() and p.stat().st_size > 0]
+
+    def remove(self) -> None:
+        """A scratch dir goes (a given one stays); kept, and named, while its spool holds records."""
+        if self.given or self._path is None:
+            return
+        if self._path.exists() and self.spooled():
+            log.warning("gradloc-track: keeping %s: %d spool file(s) hold records the backend did not take; "
+                        "send them with `gradloc-track replay %s`", self._path, len(self.spooled()), self._path)
+            return
+        shutil.rmtree(self._path, ignore_errors=True)
+        _scratch.discard(self._path)
+        self._path = None
+
+
+@dataclass(frozen=True)
+class OpenRuns:
+    """Runs someone else opened, to log into and leave open. ``wandb_step_key``: the step metric of
+    the framework that opened the W&B run (HF Trainer's, Lightning's); None: the user's own run
+    (our records in their rows, ``wandb_shared``)."""
+
+    mlflow: tuple[str, str] | None = None  # (run_id, tracking_uri)
+    wandb: Any = None  # the W&B run object
+    wandb_step_key: str | None = None
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        return tuple(k for k in ("mlflow", "wandb") if getattr(self, k) is not None)
+
+
+def open_in_process(wandb_step_key: str | None = None) -> OpenRuns:
+    """``wandb.run`` / ``mlflow.active_run()``, only if this process already imported that SDK
+    (never imported here to look)."""
+    found: dict[str, Any] = {}
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and getattr(wandb, "run", None) is not None:
+        found["wandb"] = wandb.run
+    mlflow = sys.modules.get("mlflow")
+    if mlflow is not None and hasattr(mlflow, "active_run"):
+        active = mlflow.active_run()
+        if active is not None:
+            found["mlflow"] = (active.info.run_id, mlflow.get_tracking_uri())
+    return OpenRuns(**found, wandb_step_key=wandb_step_key)
+
+
+def _require_backend(kind: str) -> None:
+    """Fail fast, in the caller's thread, when the backend's package is missing."""
+    from .._optional import require
+
+    require(kind, kind)
+
+
+def open_run(cfg: TrackerConfig, place: RunDir, run_name: str | None = None, on_open: OnOpen | None = None
+             ) -> Tracker:
+    """A new run as ``cfg`` describes it, finished as KILLED on SIGTERM (one that writes somewhere)."""
+    tracker = _open(cfg, place, run_name or cfg.run_name, on_open)
+    if not isinstance(tracker, (NullTracker, MemoryTracker)):
+        sigterm.guard(tracker)
+    return tracker
+
+
+def _open(cfg: TrackerConfig, place: RunDir, name: str | None, on_open: OnOpen | None) -> Tracker:
+    if cfg.kind == "none":
+        return LocalTracker(place.kept, finish_timeout_s=cfg.finish_timeout_s) if place.given else NullTracker()
+    if cfg.kind == "memory":
+        return MemoryTracker(place.kept)
+    if cfg.kind not in TRACKER_KINDS:
+        raise ValueError(f"tracker.kind={cfg.kind!r} is unknown: use one of {TRACKER_KINDS}")
+    for kind in ("mlflow", "wandb"):  # both packages there before a writer holds the run dir
+        if cfg.kind in (kind, "both"):
+            _require_backend(kind)
+    trackers: list[Tracker] = []
+    if cfg.kind in ("mlflow", "both"):
+        trackers.append(_open_mlflow(cfg, place, name, on_open))
+    if cfg.kind in ("wandb", "both"):
+        trackers.append(_open_wandb(cfg, place, name, on_open))
+    return as_one_tracker(trackers)
+
+
+def _open_mlflow(cfg: TrackerConfig, place: RunDir, name: str | None, on_open: OnOpen | None) -> AsyncTracker:
+    from .mlflow_tracker import MlflowTracker, resolve_tracking_uri
+
+    m, run_dir = cfg.mlflow, place.path
+    spec = {"tracking_uri": resolve_tracking_uri(m.tracking_uri), "experiment_name": m.experiment_name,
+            "run_name": name, "tags": dict(m.tags)}
+    gate = OpenGate()
+    return AsyncTracker.from_config(cfg, "mlflow", lambda: MlflowTracker(**spec, run_dir=run_dir, cancel=gate),
+                                    run_dir, spec, gate, place.owner, on_open)
+
+
+def _open_wandb(cfg: TrackerConfig, place: RunDir, name: str | None, on_open: OnOpen | None) -> AsyncTracker:
+    from .wandb_tracker import WandbTracker
+
+    w, run_dir = cfg.wandb, place.path
+    spec = {"project": w.project, "entity": w.entity, "tags": list(w.tags), "mode": w.mode, "dir": w.dir,
+            "group": w.group, "run_name": name}
+    gate = OpenGate()
+    return AsyncTracker.from_config(cfg, "wandb", lambda: WandbTracker(**spec, run_dir=run_dir, cancel=gate),
+                                    run_dir, spec, gate, place.owner, on_open)
+
+
+def join_runs(runs: OpenRuns, cfg: TrackerConfig, place: RunDir, on_open: OnOpen | None = None) -> Tracker | None:
+    """A tracker into every run of ``runs`` (None when there is none); the runs stay open at finish."""
+    trackers: list[Tracker] = []
+    if runs.mlflow is not None:
+        trackers.append(join_mlflow(*runs.mlflow, cfg, place, on_open))
+    if runs.wandb is not None:
+        trackers.append(join_wandb(runs.wandb, runs.wandb_step_key, cfg, place, on_open))
+    return as_one_tracker(trackers)
+
+
+def join_mlflow(run_id: str, tracking_uri: str, cfg: TrackerConfig, place: RunDir,
+                on_open: OnOpen | None = None) -> Tracker:
+    """Log into the MLflow run ``run_id`` (explicit id through ``MlflowClient``; left open)."""
+    from .mlflow_tracker import MlflowTracker
+
+    _require_backend("mlflow")
+    run_dir = place.path
+    return AsyncTracker.from_config(cfg, "mlflow", lambda: MlflowTracker(tracking_uri, run_dir=run_dir, run_id=run_id),
+                                    run_dir, {"tracking_uri": tracking_uri, "run_id": run_id, "joined": True},
+                                    owner=place.owner, on_open=on_open)
+
+
+def join_wandb(run: Any, step_key: str | None, cfg: TrackerConfig, place: RunDir,
+               on_open: OnOpen | None = None) -> Tracker:
+    """Log into the W&B run object ``run`` at ``step_key`` (a framework's step metric; left open).
+
+    ``step_key=None``: the user's own run, joined in shared-row mode (W&B's step stays theirs;
+    metrics logged on the training thread, the rest through the background writer)."""
+    from .wandb_shared import SharedRunTracker
+    from .wandb_tracker import WandbTracker
+
+    run_dir = place.path
+    adapter = WandbTracker(run=run, step_key=step_key or "", shared_rows=step_key is None,
+                           run_dir=run_dir)  # define_metric now, in order; records the run
+    writer = AsyncTracker.from_config(cfg, "wandb", lambda: adapter, run_dir,
+                                      {"project": getattr(run, "project", None), "entity": getattr(run, "entity", None),
+                                       "joined": True}, owner=place.owner, on_open=on_open)
+    return writer if step_key is not None else SharedRunTracker(adapter, writer)
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What a front door asks for. ``tracker``: the caller's own ``Tracker``, used as is (never
+    finished here); ``auto``: join the runs already open (``join``: the framework's, else those
+    of this process, with ``wandb_step_key``), else open what ``cfg`` says; ``logs=False``: a rank
+    that does not log (a ``NullTracker``)."""
+
+    cfg: TrackerConfig = field(default_factory=TrackerConfig)
+    run_dir: str | Path | None = None
+    run_name: str | None = None
+    tracker: Tracker | None = None
+    auto: bool = True
+    join: OpenRuns | None = None
+    wandb_step_key: str | None = None
+    logs: bool = True
+    on_open: OnOpen | None = None
+
+
+@dataclass
+class Run:
+    """A run of ours: its tracker, its directory, which backend runs it joined (left open)."""
+
+    tracker: Tracker
+    dir: RunDir
+    joined: tuple[str, ...] = ()
+    owned: bool = True  # False: the caller's Tracker, only flushed here
+
+    @property
+    def kept_dir(self) -> Path | None:
+        """The run dir a person can read after the run (the user's); None when it is scratch."""
+        return self.dir.kept
+
+    def close(self, status: str = "success") -> None:
+        """Finish the tracker (a joined backend run stays open; the caller's tracker is flushed), then
+        remove a scratch dir. Never raises: logging must not kill training."""
+        try:
+            if self.owned:
+                self.tracker.finish(status)
+            else:
+                self.tracker.flush()
+        except Exception as exc:  # noqa: BLE001
+            warnings.warn(f"gradloc-track: finishing the tracker failed: {exc!r}")
+        self.dir.remove()
+
+
+def start(req: RunRequest) -> Run:
+    """Join what is open, else open what ``req.cfg`` says (see ``RunRequest``)."""
+    place = RunDir(req.run_dir)
+    if not req.logs:
+        return Run(NullTracker(), place)
+    if req.tracker is not None:
+        return Run(req.tracker, place, owned=False)
+    if req.auto:
+        runs = req.join if req.join is not None and req.join.backends else open_in_process(req.wandb_step_key)
+        joined = join_runs(runs, req.cfg, place, req.on_open)
+        if joined is not None:
+            return Run(joined, place, joined=runs.backends)
+        if req.cfg.kind == "none" and req.run_dir is None:
+            log.info("gradloc-track: no open W&B/MLflow run and tracker='none': metrics stay in handle.last; "
+                     "pass tracker='mlflow'|'wandb' or open a run first")
+    return Run(open_run(req.cfg, place, req.run_name, req.on_open), place)

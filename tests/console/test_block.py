@@ -1,0 +1,59 @@
+"""The spike block: the signal, the culprits, surgery, where to look; or why nothing was localized."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from gradloc_track.console import SpikeView, culprit_lines
+from gradloc_track.localizer.result import CulpritToken, LocateResult
+from gradloc_track.localizer.surgery import SurgeryResult
+from gradloc_track.spikes import SpikeContext
+from gradloc_track.trackers.run_record import read_run_views, record_run
+
+from tests.artifacts.cases import T_LEVELS
+
+from .cases import EVENT, mlflow_record, mojibake_view, printed
+
+
+def test_spike_block_names_text_and_where_to_look(tmp_path):
+    mlflow_record(tmp_path, "a" * 32)
+    record_run(tmp_path, "wandb", {"dir": "/w/offline-run-1", "path": "me/proj/xyz", "offline": True})
+    assert set(read_run_views(tmp_path)) == {"mlflow", "wandb"}  # merged, not overwritten
+    text = printed(mojibake_view(), tmp_path)
+    assert "spike at step 100" in text and "3.2x its running mean" in text
+    assert "sample 1, tokens 4-6: '\u00e2\u20ac\u2122'  (90% of the batch's squared grad norm)" in text
+    assert (f"http://127.0.0.1:5000/#/experiments/3/runs/{'a' * 32}/artifacts/spikes/highlight/step_000100.html"
+            "?workflowType=machine_learning") in text  # opens in the model-training view
+    assert "W&B run me/proj/xyz" in text  # the commands and the places themselves: tests/console/test_links.py
+    assert culprit_lines(SpikeView(1, [], LocateResult([], 1, "bisect", 0.1, 1.0))) == []
+
+
+def test_a_gradstats_is_shown_through_its_locate_view(tmp_path):
+    """``console.spike(stats, run_dir)``: the result and the context come from ``stats.locate_view``."""
+    v = mojibake_view()
+    stats = SimpleNamespace(step=100, events=[EVENT], locate=v.result, locate_view=(v.result, v.context),
+                            not_localized=None, surgery=None)
+    assert "sample 1, tokens 4-6: '\u00e2\u20ac\u2122'" in printed(stats, tmp_path)
+
+
+def test_surgery_and_many_culprits_in_one_block(tmp_path):
+    view = mojibake_view()
+    view.surgery = SurgeryResult(True, "", removed_share=0.9, culprits=1, grad_norm_pre=5.61, grad_norm_post=1.55)
+    view.result.tokens = [CulpritToken(b, 4, grad_norm=1.0, share=0.1) for b in range(4)] + \
+        [CulpritToken(b, 8, grad_norm=1.0, share=0.05) for b in range(4)]
+    view.result.culprits = list(view.result.tokens)
+    text = printed(view, tmp_path)
+    assert "surgery    removed 90% of the step's squared grad norm (1 culprit row(s), one probe): grad norm 5.61 " \
+           "-> 1.55, then to the clipper" in text
+    assert "... and 3 more culprit row(s) (spikes/tokens lists them all)" in text
+
+
+def test_console_block_without_culprits_gives_the_per_sample_shares(tmp_path):
+    result = LocateResult([], probes=6, method="auto", threshold=0.3, total_norm=3.0,
+                          sample_shares=[{"micro_batch": None, "sample": 3, "document": None, "share": 0.21,
+                                          "grad_norm": 1.0}])
+    ctx = SpikeContext(lambda m: m.sum(), torch.ones(4, T_LEVELS), input_ids=torch.zeros(4, T_LEVELS, dtype=torch.long))
+    text = printed(SpikeView(12, [], result, ctx), tmp_path)
+    assert "none found: no sample, span or token stands out" in text
+    assert "largest per-sample shares: sample 3 21%" in text

@@ -1,0 +1,69 @@
+"""The closing lines say what the blocks said, counted the same way, with the clipper's behaviour and the links."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from gradloc_track.console import SpikeView, closing_lines, culprit_count, spike_summary, summary_lines
+from gradloc_track.localizer.result import LocateResult
+
+from tests.artifacts.cases import levels_case
+
+from .cases import EVENT, mlflow_record, mojibake_view, printed
+
+
+def test_a_spike_that_was_not_localized_says_which_limit_and_links_no_page_that_does_not_exist(tmp_path):
+    mlflow_record(tmp_path, "b" * 32)
+    for why in ("locate.enabled=false", "locate.max_events=1 reached (raise it to localize more spikes)"):
+        text = printed(SpikeView(100, [EVENT], not_localized=why), tmp_path)
+        assert f"culprits   not localized: {why}" in text
+        assert "highlight" not in text  # nothing was rendered: no link to a page that does not exist
+        assert (f"/#/experiments/3/runs/{'b' * 32}/artifacts/spikes/events/step_000100.csv"
+                "?workflowType=machine_learning") in text  # the event's row, a table in MLflow's UI
+    # a caller that knows better (a TRL trainer whose loss is not rebuilt) overrides the monitor's reason
+    stats = SimpleNamespace(step=100, events=[EVENT], locate=None, locate_view=None, surgery=None,
+                            not_localized="no spike_context passed to after_backward")
+    assert "not localized: DPOTrainer's loss is not rebuilt" in printed(
+        stats, tmp_path, not_localized="DPOTrainer's loss is not rebuilt")
+    lines = summary_lines(130, "adagc", {"seconds": 3.0, "final_loss": 4.5, "max_post_clip_grad_norm": 0.2},
+                          [SpikeView(100, [EVENT], not_localized="locate.enabled=false")], tmp_path)
+    assert "1 gradient spike(s) detected, at step 100" in lines
+    assert "  step 100: not localized (locate.enabled=false)" in lines
+    # the event's row again, once the run is surely open (a block printed before it was has no link)
+    assert lines[lines.index("  step 100: not localized (locate.enabled=false)") + 1] == \
+        f"    http://127.0.0.1:5000/#/experiments/3/runs/{'b' * 32}/artifacts/spikes/events/step_000100.csv" \
+        "?workflowType=machine_learning"
+    # comparing runs: the experiment's charts (every run overlaid), not the compare-runs page
+    assert "  http://127.0.0.1:5000/#/experiments/3/runs?compareRunsMode=CHART&workflowType=machine_learning" \
+        "    # every run of the experiment, charts overlaid" in lines
+
+
+def test_the_summary_counts_what_the_block_named(tmp_path):
+    """Never '0 culprit token(s)' after a block that named a whole sample: the summary's line is the
+    block's first culprit line, counted by unit and level."""
+    view = mojibake_view()
+    block = printed(view, tmp_path)
+    lines = spike_summary([view], tmp_path)
+    assert lines[1] == "  step 100: 1 sample (3 tokens): sample 1, tokens 4-6: '\u00e2\u20ac\u2122'  (90% of the " \
+                       "batch's squared grad norm)"
+    assert lines[1].split(": ", 2)[2] in block
+    events, result, ctx = levels_case()
+    whole = SpikeView(12, events, result, ctx)
+    assert culprit_count(whole) == "2 samples (1 whole, 2 tokens), 1 micro-batch"
+    line = spike_summary([whole], tmp_path)[1]
+    assert line.startswith("  step 12: 2 samples (1 whole, 2 tokens), 1 micro-batch: micro-batch 1, sample 1, "
+                           "the whole sample: ") and "(60% of" in line and "0 culprit" not in line
+    empty = SpikeView(5, [EVENT], LocateResult([], 3, "auto", 0.1, 1.0), ctx)
+    assert spike_summary([empty], tmp_path)[1] == "  step 5: no culprit found (the spike is spread over the batch)"
+    assert spike_summary([], tmp_path) == ["no gradient spike detected"]
+    assert closing_lines("done: 5 steps", [], tmp_path)[:2] == ["done: 5 steps", "no gradient spike detected"]
+
+
+def test_the_console_summary_reports_the_clip_after_warmup():
+    base = {"seconds": 1.0, "final_loss": 2.0, "max_post_clip_grad_norm": 0.2}
+    sat = {**base, "clip_steps_after_warmup": 80.0, "clip_clipped_fraction": 1.0, "clip_mean_coef": 0.29}
+    ok = {**base, "clip_steps_after_warmup": 80.0, "clip_clipped_fraction": 0.3, "clip_mean_coef": 0.9}
+    lines = summary_lines(130, "adagc", sat, [], "/tmp/run")
+    assert "clip=adagc after warm-up: 100% of 80 steps clipped, mean coefficient 0.29 — a 3.4x learning-rate cut, " \
+           "not a spike guard" in lines
+    assert "clip=adagc after warm-up: 30% of 80 steps clipped, mean coefficient 0.90" in summary_lines(
+        130, "adagc", ok, [], "/tmp/run")

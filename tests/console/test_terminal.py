@@ -1,0 +1,30 @@
+"""TrainConsole: a plain log when not a tty; a block that cannot be printed warns, never raises."""
+from __future__ import annotations
+
+import io
+import json
+
+from gradloc_track.console import TrainConsole
+
+
+from .cases import mojibake_view
+
+
+def test_plain_console_prints_a_tenth_of_the_steps_when_not_a_tty():
+    out = io.StringIO()
+    con = TrainConsole(stream=out)
+    con.start(100)
+    for s in range(100):
+        con.step(s, 2.0, 0.5)
+    con.close()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 11 and lines[-1] == "step 100/100  loss 2.000  grad norm 0.5"
+    json.dumps(lines)
+
+
+def test_a_block_that_cannot_be_printed_warns_and_never_raises(tmp_path, recwarn):
+    view = mojibake_view()
+    view.context.tokenizer = None
+    view.context.input_ids = "not a tensor"
+    TrainConsole(stream=io.StringIO()).spike(view, tmp_path)
+    assert any("could not print the spike block of step 100" in str(w.message) for w in recwarn)

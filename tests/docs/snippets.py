@@ -1,0 +1,154 @@
+"""Console output quoted in README.md and docs/*.md, generated from the runs the suite makes.
+
+A quoted output sits between two markers in the Markdown (HTML comments: invisible on GitHub)::
+
+    <!-- snippet: demo-console -->
+    ```text
+    ...what the run printed, normalized...
+    ```
+    <!-- /snippet -->
+
+``SNIPPETS`` maps each name to the function that makes its text from a run (``Runs``: the demo, the
+TRL example, each run once). ``tests/docs/test_snippets.py`` fails when a quoted text is no longer
+what the run prints; ``python -m tests.docs.snippets`` (from the repository root) rewrites every
+marked block from fresh runs. What differs from machine to machine or run to run (temporary
+paths, run ids, start times, seconds) is normalized to the placeholders a reader sees in the docs.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BLOCK = re.compile(r"(<!-- snippet: (?P<name>[\w-]+) -->\n```(?P<lang>\w*)\n)(?P<body>.*?)(```\n<!-- /snippet -->)",
+                   re.S)
+
+
+def normalize(text: str, root: Path) -> str:
+    """Paths under the run's temporary root, MLflow ids, start times and durations as the docs write them."""
+    text = text.replace(f"sqlite:///{root}/mlflow.db", "sqlite:///<your clone>/mlflow.db")
+    text = re.sub(re.escape(str(root)) + r"/runs/\d{4}-\d\d-\d\d_[\d_-]+", "runs/<date>", text)
+    text = text.replace(str(root) + "/", "")
+    text = re.sub(r"/#/experiments/\d+/", "/#/experiments/<id>/", text)
+    text = re.sub(r"\b[0-9a-f]{32}\b", "<run id>", text)
+    text = re.sub(r"\d\d-\d\d \d\d:\d\d:\d\d", "<time>", text)
+    return re.sub(r"steps in \d+ s", "steps in <s> s", text)
+
+
+def console_tail(console: str, root: Path, first: str) -> str:
+    """The console from the line starting with ``first`` on: the spike block and the summary (progress lines,
+    W&B's lines and warnings left out)."""
+    lines = console.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith(first))
+    keep = [ln for ln in lines[start:] if not re.match(r"step +\d+/\d+ ", ln) and "W&B run" not in ln
+            and "wandb sync" not in ln and "Warning" not in ln and not ln.startswith(("  warnings.warn", "[INFO]"))]
+    return normalize("\n".join(keep), root) + "\n"
+
+
+class Runs:
+    """The runs the snippets quote, each made on first use (``demo``: the README's command)."""
+
+    def __init__(self, make_demo: Callable[[], object], make_trl: Callable[[], tuple[str, Path]]) -> None:
+        self._make = {"demo": make_demo, "trl": make_trl}
+        self._done: dict[str, object] = {}
+
+    def get(self, name: str):
+        if name not in self._done:
+            self._done[name] = self._make[name]()
+        return self._done[name]
+
+
+def demo_console(runs: Runs) -> str:
+    demo = runs.get("demo")
+    return console_tail(demo.console, demo.root, "── spike at step")
+
+
+def demo_blocklist(runs: Runs) -> str:
+    """``gradloc-track culprits <the demo's run dir> --export-blocklist blocklist.json``: the file."""
+    from gradloc_track.cli import main
+
+    demo = runs.get("demo")
+    out = demo.root / "ledger"
+    assert main(["culprits", str(demo.run_dir), "-o", str(out), "--export-blocklist", str(out / "b.json")]) == 0
+    data = json.loads((out / "b.json").read_text(encoding="utf-8"))
+    return normalize(json.dumps(data, ensure_ascii=False, indent=1), demo.root) + "\n"
+
+
+def trl_grpo_console(runs: Runs) -> str:
+    console, root = runs.get("trl")
+    return console_tail(console, root, "── spike at step")
+
+
+SNIPPETS: dict[str, Callable[[Runs], str]] = {
+    "demo-console": demo_console,
+    "demo-blocklist": demo_blocklist,
+    "trl-grpo-console": trl_grpo_console,
+}
+
+
+def blocks(path: Path) -> list[tuple[str, str]]:
+    """(name, body) of every marked block in ``path``."""
+    return [(m["name"], m["body"]) for m in BLOCK.finditer(path.read_text(encoding="utf-8"))]
+
+
+def stale(runs: Runs, docs: list[Path] = DOCS) -> list[str]:
+    """Every marked block whose text is not what its run prints now, as ``file: name``."""
+    out = []
+    for path in docs:
+        for name, body in blocks(path):
+            if name not in SNIPPETS:
+                out.append(f"{path.name}: unknown snippet {name!r} (known: {', '.join(SNIPPETS)})")
+            elif SNIPPETS[name](runs) != body:
+                out.append(f"{path.name}: {name}")
+    return out
+
+
+def rewrite(runs: Runs, docs: list[Path] = DOCS) -> list[str]:
+    """Every marked block rewritten from its run; the files changed."""
+    changed = []
+    for path in docs:
+        text = path.read_text(encoding="utf-8")
+        new = BLOCK.sub(lambda m: m.group(1) + SNIPPETS[m["name"]](runs) + m.group(5), text)
+        if new != text:
+            path.write_text(new, encoding="utf-8")
+            changed.append(str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path))
+    return changed
+
+
+def fresh_runs(base: Path) -> Runs:
+    """The runs, made as the tests make them (``tests/examples/demo_run.py``, the TRL example's defaults)."""
+    from tests.examples.demo_run import DemoRun, run_dirs, run_example
+
+    def demo():
+        root = base / "demo"
+        root.mkdir()
+        proc = run_example(root, "experiment=spike_demo", "tracker=both",
+                           f"tracker.mlflow.tracking_uri=sqlite:///{root / 'mlflow.db'}")
+        return DemoRun(root, proc, run_dirs(root)[0])
+
+    return Runs(demo, lambda: run_trl_example(base / "trl"))
+
+
+def run_trl_example(root: Path) -> tuple[str, Path]:
+    """``python examples/trl_grpo.py --report-to none --out <root>/runs/trl_grpo``: its console."""
+    import os
+    import subprocess
+
+    root.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "trl_grpo.py"), "--report-to", "none", "--out",
+                           str(root / "runs" / "trl_grpo")], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=900)
+    if proc.returncode != 0:
+        raise AssertionError(f"trl_grpo.py failed:\n{proc.stderr[-3000:]}")
+    return proc.stdout + proc.stderr, root
+
+
+if __name__ == "__main__":
+    with tempfile.TemporaryDirectory() as tmp:
+        print("\n".join(rewrite(fresh_runs(Path(tmp)))) or "every snippet is up to date")

@@ -1,0 +1,125 @@
+"""``ledger/command``: ``gradloc-track culprits``'s options (share and seconds parsed at their
+boundaries, the documented defaults), what it prints, and its exit status: 0 written (and
+delivered), 2 a source or an option that cannot be used, 1 a ledger run that did not reach the
+tracker (the message names ``replay``)."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from gradloc_track.ledger import command
+from gradloc_track.ledger.export import SHARE_FLOOR
+from gradloc_track.ledger.publish import Delivery
+
+COLS = ["step", "level", "token", "share", "sample", "position", "end", "sample_id", "dataset_index"]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gradloc-track")
+    command.add_parser(p.add_subparsers(dest="command"))
+    return p
+
+
+def run_dir(root: Path, rows: list[list]) -> Path:
+    """A run dir as the local tracker writes it: one culprit-table part for the spike at step 100."""
+    d = root / "run"
+    (d / "spikes" / "tokens").mkdir(parents=True)
+    (d / "spikes" / "tokens" / "step_000100.json").write_text(json.dumps({"columns": COLS, "data": rows}))
+    return d
+
+
+ROWS = [[100, "sample", "bad doc", 0.8, 1, 0, 8, "a" * 16, 11], [100, "sample", "other", 0.1, 0, 0, 8, "b" * 16, 10]]
+
+
+@pytest.mark.parametrize("text,value", [("0", 0.0), ("1", 1.0), ("0.05", 0.05), ("1e-3", 0.001)])
+def test_a_share_is_a_fraction_from_0_to_1(text, value):
+    assert command._share(text) == value
+
+
+@pytest.mark.parametrize("text", ["1.5", "-0.1", "five", "nan", "inf", ""])
+def test_anything_else_is_not_a_share(text):
+    with pytest.raises(argparse.ArgumentTypeError, match=r"is not a share: use a fraction between 0 and 1"):
+        command._share(text)
+
+
+@pytest.mark.parametrize("text,ok", [("60", True), ("0.5", True), ("0", False), ("-1", False), ("inf", False),
+                                     ("nan", False), ("soon", False)])
+def test_seconds_are_positive_and_finite(text, ok):
+    if ok:
+        assert command._seconds(text) == float(text)
+    else:
+        with pytest.raises(argparse.ArgumentTypeError, match="is not a number of seconds"):
+            command._seconds(text)
+
+
+def test_the_documented_defaults():
+    a = parser().parse_args(["culprits", "exp"])
+    assert (a.sources, a.output_dir, a.min_blamed, a.min_share, a.index_column, a.log_to, a.log_timeout,
+            a.experiment, a.project, a.export_blocklist, a.by, a.tracking_uri) == \
+        (["exp"], "culprit_ledger", 1, SHARE_FLOOR, "dataset_index", None, 60.0, "gradloc-track", "gradloc-track",
+         None, None, None)
+    with pytest.raises(SystemExit):
+        parser().parse_args(["culprits"])  # a source is required
+    with pytest.raises(SystemExit):
+        parser().parse_args(["culprits", "exp", "--log-to", "tensorboard"])
+
+
+def test_a_ledger_is_written_and_summarised(tmp_path, capsys):
+    args = parser().parse_args(["culprits", str(run_dir(tmp_path, ROWS)), "-o", str(tmp_path / "led")])
+    assert command.run(args) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "1 run(s), 1 spike event(s) with culprits, 2 blamed sample(s)"
+    assert out[1] == f"  {'a' * 16}  blamed 1x in 1 run(s), max share 80%  'bad doc'"
+    assert out[-1].startswith("wrote ") and str(tmp_path / "led" / "culprits.csv") in out[-1]
+    assert json.loads((tmp_path / "led" / "culprits.json").read_text())["samples"][0]["sample_id"] == "a" * 16
+
+
+def test_an_output_that_is_a_file_or_a_source_that_is_no_run_is_status_2(tmp_path, capsys):
+    src = run_dir(tmp_path, ROWS)
+    taken = tmp_path / "taken"
+    taken.write_text("x")
+    assert command.run(parser().parse_args(["culprits", str(src), "-o", str(taken)])) == 2
+    assert "gradloc-track culprits: -o " in capsys.readouterr().err
+    missing = parser().parse_args(["culprits", str(tmp_path / "nowhere"), "-o", str(tmp_path / "o")])
+    assert command.run(missing) == 2 and "gradloc-track culprits: " in capsys.readouterr().err
+
+
+def test_an_unwritable_blocklist_is_status_2_after_the_ledger(tmp_path, capsys):
+    args = parser().parse_args(["culprits", str(run_dir(tmp_path, ROWS)), "-o", str(tmp_path / "led"),
+                                "--export-blocklist", str(tmp_path / "led" / "culprits.csv" / "b.json")])
+    assert command.run(args) == 2
+    assert "--export-blocklist" in capsys.readouterr().err and (tmp_path / "led" / "culprits.json").is_file()
+
+
+def test_the_blocklist_says_what_the_floors_left_out(tmp_path, capsys):
+    block = tmp_path / "b.json"
+    args = parser().parse_args(["culprits", str(run_dir(tmp_path, ROWS)), "-o", str(tmp_path / "led"),
+                                "--export-blocklist", str(block), "--min-share", "0.5"])
+    assert command.run(args) == 0 and block.is_file()
+    out = capsys.readouterr().out
+    assert f"wrote blocklist {block} (1 sample(s); 1 under --min-blamed 1 or --min-share 0.5 left out)" in out
+    assert f"train without them with data.blocklist={block}" in out
+
+
+@pytest.mark.parametrize("where,spooled,code", [({"mlflow": "http://h/#/run"}, 0, 0), ({}, 3, 1),
+                                               ({"mlflow": "http://h/#/run"}, 2, 1)])
+def test_log_to_maps_the_delivery_to_the_exit_status(tmp_path, capsys, monkeypatch, where, spooled, code):
+    """The delivery itself is tested against a real stopped server in test_publish.py; here only what
+    the command makes of its outcome."""
+    import gradloc_track.ledger.publish as publish
+
+    monkeypatch.setattr(publish, "log_ledger", lambda *a: Delivery(tmp_path / "ledger_run", where, spooled))
+    args = parser().parse_args(["culprits", str(run_dir(tmp_path, ROWS)), "-o", str(tmp_path / "led"),
+                                "--log-to", "mlflow", "--log-timeout", "5"])
+    assert command.run(args) == code
+    captured = capsys.readouterr()
+    if code == 0:
+        assert "logged the ledger to mlflow: http://h/#/run" in captured.out
+    else:
+        err = captured.err
+        assert "did NOT reach mlflow within --log-timeout 5 s" in err and f"its {spooled} record(s) are spooled" in err
+        assert f"gradloc-track replay {tmp_path / 'ledger_run'}" in err
+        assert ("nothing of it was delivered" if not where else "it was not all delivered") in err

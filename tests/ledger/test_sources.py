@@ -1,0 +1,131 @@
+"""Which runs a ledger reads, and as what: run identity (never the folder's name), folders searched,
+sources that hold no run refused, damaged rows left out with a note naming the file."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gradloc_track.cli import main
+from gradloc_track.ledger.sources import RunTable, tell_apart
+
+COLS = ["step", "level", "token", "share", "sample", "position", "end", "sample_id", "source"]
+SID = "aaaaaaaaaaaaaaaa"
+
+
+def run_dir(root: Path, rel: str, rows: list[list], step: int = 100) -> Path:
+    """A run dir as the local tracker writes it: one culprit-table part per event."""
+    d = root / rel
+    (d / "spikes" / "tokens").mkdir(parents=True)
+    (d / "spikes" / "tokens" / f"step_{step:06d}.json").write_text(json.dumps({"columns": COLS, "data": rows}))
+    return d
+
+
+def ledger(tmp_path: Path, *sources, code: int = 0) -> dict:
+    out = tmp_path / "ledger"
+    assert main(["culprits", *map(str, sources), "-o", str(out)]) == code
+    return json.loads((out / "culprits.json").read_text()) if code == 0 else {}
+
+
+def test_two_runs_with_one_folder_name_are_two_runs(tmp_path, capsys):
+    row = [100, "sample", "the same document", 0.82, 1, 0, 64, SID, "web"]
+    a, b = run_dir(tmp_path, "sweepA/0_clip=adagc", [row]), run_dir(tmp_path, "sweepB/0_clip=adagc", [row])
+    doc = ledger(tmp_path, a, b)
+    assert doc["runs"] == ["sweepA/0_clip=adagc", "sweepB/0_clip=adagc"] and doc["spike_events"] == 2
+    (s,) = doc["samples"]
+    assert (s["blamed"], s["runs"], s["max_share"]) == (2, doc["runs"], 0.82)  # not 1x in 1 run at 164%
+    assert "blamed 2x in 2 run(s), max share 82%" in capsys.readouterr().out
+    assert doc["run_ids"] == [str(a.resolve()), str(b.resolve())]
+    assert ledger(tmp_path, tmp_path)["runs"] == doc["runs"]  # the folder holding both: searched, same answer
+
+
+def test_runs_of_trackers_that_share_a_name_are_told_apart_by_id():
+    runs = [RunTable("seed0", "0123456789abcdef" + "0" * 16, {}), RunTable("seed0", "0123456789abcdef" + "1" * 16, {}),
+            RunTable("seed1", "f" * 32, {}), RunTable("seed0", "/x/a/seed0", {})]
+    tell_apart(runs)  # the ids agree on 16 characters: the whole id tells them apart
+    assert [r.name for r in runs] == [f"seed0#{runs[0].run_id}", f"seed0#{runs[1].run_id}", "seed1", "a/seed0"]
+    short = [RunTable("seed0", "a" * 32, {}), RunTable("seed0", "b" * 32, {})]
+    tell_apart(short)
+    assert [r.name for r in short] == ["seed0#aaaaaaaa", "seed0#bbbbbbbb"]
+
+
+@pytest.mark.parametrize("what", ["empty", "docs", "file"])
+def test_a_source_that_is_no_run_dir_and_holds_none_is_an_error(tmp_path, capsys, what):
+    src = tmp_path / what
+    if what == "file":
+        src.write_text("not a run")
+    else:
+        src.mkdir()
+        if what == "docs":
+            (src / "ledger.md").write_text("# docs")
+            (src / "img").mkdir()
+    out = tmp_path / "ledger"
+    assert main(["culprits", str(src), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "a run dir is the folder the app printed" in err or "no such run directory" in err
+    assert not out.exists()  # no empty ledger files
+
+
+def test_the_spikes_folder_the_console_prints_is_its_run(tmp_path):
+    a = run_dir(tmp_path, "runs/2026-01-01_00-00-00", [[100, "token", "x", 0.5, 0, 3, 4, SID, "web"]])
+    assert ledger(tmp_path, a / "spikes")["run_ids"] == [str(a.resolve())]
+    assert main(["report", str(a / "spikes"), "-o", str(tmp_path / "r.html")]) == 0
+
+
+def test_a_run_with_no_spike_is_a_note_not_an_error(tmp_path, capsys):
+    quiet = tmp_path / "runs" / "quiet"
+    quiet.mkdir(parents=True)
+    (quiet / "metrics.jsonl").write_text('{"step": 0, "metrics": {}}\n')
+    doc = ledger(tmp_path, tmp_path / "runs")
+    assert doc["runs"] == [] and any("no spike events" in n for n in doc["notes"])
+
+
+def test_damaged_rows_and_parts_are_left_out_naming_the_file(tmp_path, capsys):
+    good = [100, "token", "x", 0.5, 0, 3, 4, SID, "web"]
+    a = run_dir(tmp_path, "a", [good, [101, "token", "x", "abc", 0, 3, 4, SID, "web"],
+                                [102, "token", "x", 0.1, 0, [3], 4, SID, "web"], [True, "token", "x", 0.1, 0, 3, 4,
+                                                                                  SID, "web"]])
+    deep = a / "spikes" / "tokens" / "step_000200.json"
+    deep.write_text("[" * 200_000 + "]" * 200_000)  # 200k levels deep
+    doc = ledger(tmp_path, a)
+    assert doc["spike_events"] == 1 and doc["samples"][0]["blamed"] == 1
+    notes = " | ".join(doc["notes"])
+    assert "spikes/tokens/step_000100.json: 3 row(s) left out (row 1: share='abc' is not a finite number" in notes
+    assert "step_000200.json is nested too deeply" in notes
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_output_paths_that_are_files_or_folders(tmp_path, capsys):
+    a = run_dir(tmp_path, "a", [[100, "token", "x", 0.5, 0, 3, 4, SID, "web"]])
+    taken = tmp_path / "taken.txt"
+    taken.write_text("mine")
+    assert main(["culprits", str(a), "-o", str(taken)]) == 2
+    assert "is a file; the ledger is a folder" in capsys.readouterr().err and taken.read_text() == "mine"
+    folder = tmp_path / "pages"
+    folder.mkdir()
+    assert main(["report", str(a), "-o", str(folder)]) == 0 and (folder / "spike_report.html").is_file()
+    assert main(["report", str(a), "-o", str(taken / "r.html")]) == 2
+    assert "cannot write" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # a real W&B offline run: 10-40 s here (run_key's W&B identity is unit-tested in test_run_dirs)
+def test_a_wandb_run_reached_by_its_run_dir_and_its_wandb_folder_is_one_run(tmp_path):
+    from gradloc_track.artifacts import SpikeArtifactWriter
+    from gradloc_track.config import TrackerConfig
+    from gradloc_track.trackers import make_tracker
+    from gradloc_track.trackers.run_record import read_run_views
+
+    from ..artifacts.cases import make_case
+
+    events, result, ctx = make_case(T=40, culprits=((0, 5),), pad_from=30)
+    cfg = TrackerConfig(kind="wandb", run_name="wb-run")
+    cfg.wandb.mode = "offline"
+    cfg.wandb.dir = str(tmp_path / "wandb-root")
+    run = tmp_path / "runs" / "b"
+    tracker = make_tracker(cfg, run_dir=run)
+    SpikeArtifactWriter(tracker, run, window=8).write(9, events, result, ctx)
+    tracker.finish()
+    view = read_run_views(run)["wandb"]
+    doc = ledger(tmp_path, run, view["dir"])
+    assert doc["run_ids"] == [f"wandb:{view['path'].rsplit('/', 1)[-1]}"] and doc["spike_events"] == 1

@@ -1,0 +1,62 @@
+"""``monitor/stats.GradStats``: per-tensor, per-layer and global norms from the squared norms, checked
+against a plain loop (``math.sqrt`` of sums); values already on the host are used as they are; the
+device ones are moved in ONE transfer, only when a float view is first read."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from gradloc_track.grouping import LayerGrouping
+from gradloc_track.monitor.stats import GradStats
+
+from .test_packing import spy  # noqa: F401  (fixture: counts tolist/cpu/numpy calls)
+
+NAMES = ["h.0.attn.weight", "h.0.mlp.weight", "h.1.attn.weight", "lm_head.weight"]
+SQ = [4.0, 5.0, 9.0, 0.25]
+
+
+def stats(**kw) -> GradStats:
+    return GradStats(3, LayerGrouping.build(NAMES), torch.tensor(SQ), logged=False, **kw)
+
+
+def test_norms_match_a_plain_loop():
+    s = stats()
+    assert s.grad_norms == pytest.approx({n: math.sqrt(v) for n, v in zip(NAMES, SQ)}, rel=1e-6)
+    layers: dict[str, float] = {}
+    for n, v in zip(NAMES, SQ):
+        layer = n.split(".")[0] if not n.startswith("h.") else ".".join(n.split(".")[:2])
+        layers[layer] = layers.get(layer, 0.0) + v
+    assert s.layer_norms == pytest.approx({k: math.sqrt(v) for k, v in layers.items()}, rel=1e-6)
+    assert list(s.layer_norms) == ["h.0", "h.1", "lm_head"]  # first-seen order
+    assert s.global_norm == pytest.approx(math.sqrt(sum(SQ)), rel=1e-6)
+
+
+def test_nothing_moves_until_a_float_view_is_read_then_once(spy):  # noqa: F811
+    s = stats()
+    assert "not synced" in repr(s) and s.sq_norms is s._grad_sq and spy.calls == []  # the device tensor: no sync
+    s.grad_norms
+    s.layer_norms
+    s.global_norm
+    assert spy.calls == ["tolist"] and "values on host" in repr(s)
+
+
+def test_host_values_of_a_syncing_step_are_used_as_they_are(spy):  # noqa: F811
+    host = {"global": 1.0, "tensor": [0.1, 0.2, 0.3, 0.4], "layer": [5.0, 6.0, 7.0]}
+    s = stats(host=host, metrics={"grad_norm/global": 1.0})
+    assert s.global_norm == 1.0 and s.grad_norms == dict(zip(NAMES, host["tensor"]))
+    assert s.layer_norms == {"h.0": 5.0, "h.1": 6.0, "lm_head": 7.0} and spy.calls == []
+    assert s.metrics == {"grad_norm/global": 1.0}
+
+
+def test_a_fresh_stats_holds_nothing_else_yet():
+    s = stats()
+    assert (s.step, s.logged, s.metrics, s.clip, s.events, s.locate, s.locate_view, s.not_localized, s.surgery) == \
+        (3, False, {}, None, [], None, None, None, None)
+    assert stats().metrics is not s.metrics  # never a shared default
+
+
+def test_non_finite_norms_stay_non_finite():
+    s = GradStats(0, LayerGrouping.build(["a.w", "b.w"]), torch.tensor([float("inf"), 1.0]), logged=False)
+    assert math.isinf(s.global_norm) and math.isinf(s.layer_norms["a"]) and s.layer_norms["b"] == 1.0

@@ -1,0 +1,63 @@
+"""``run_dirs``: what a run dir is, the run dirs under a folder, and which run each one holds."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from gradloc_track.run_dirs import find_run_dirs, is_run_dir, run_dir_of, run_key, run_locations
+from gradloc_track.trackers.run_record import update_run_record
+
+MLFLOW_ID = "0123456789abcdef0123456789abcdef"
+
+
+def make(root: Path, rel: str, marker: str) -> Path:
+    """Folder ``rel`` holding ``marker`` (a file when it has a dot, else a folder)."""
+    d = root / rel
+    d.mkdir(parents=True, exist_ok=True)
+    if "." in marker:
+        (d / marker).write_text("{}")
+    else:
+        (d / marker).mkdir(parents=True)
+    return d
+
+
+def test_a_run_dir_is_known_by_what_a_run_writes(tmp_path):
+    for i, marker in enumerate(("spikes", "tracker", "metrics.jsonl")):
+        assert is_run_dir(make(tmp_path, f"r{i}", marker))
+    wandb = tmp_path / "wandb" / "offline-run-20260101_120000-abc123"
+    (wandb / "files").mkdir(parents=True)
+    assert is_run_dir(wandb) and not is_run_dir(wandb.parent)
+    assert not is_run_dir(make(tmp_path, "docs", "ledger.md")) and not is_run_dir(tmp_path / "missing")
+    run = tmp_path / "r0"
+    assert run_dir_of(run / "spikes") == run and run_dir_of(run) == run and run_dir_of(tmp_path / "docs") is None
+
+
+def test_a_folder_is_searched_but_not_inside_a_run_dir_nor_hidden_folders(tmp_path):
+    a = make(tmp_path, "sweepA/0_clip=adagc", "spikes")
+    b = make(tmp_path, "sweepB/deep/er/0_clip=adagc", "tracker")
+    make(a, "wandb/offline-run-20260101_120000-abc123/files", "media")  # W&B's folder inside a run dir
+    make(tmp_path, ".hydra/x", "spikes")
+    make(tmp_path, "docs", "index.md")
+    assert find_run_dirs(tmp_path) == [a, b]
+    assert find_run_dirs(tmp_path / "docs") == []
+
+
+def test_a_runs_identity_is_the_run_it_logged_to_never_its_folder_name(tmp_path):
+    a, b = make(tmp_path, "sweepA/0_clip=adagc", "spikes"), make(tmp_path, "sweepB/0_clip=adagc", "spikes")
+    assert run_key(a) != run_key(b) and run_key(a) == str(a.resolve())
+    update_run_record(b, "mlflow", view={"run_id": MLFLOW_ID, "tracking_uri": "sqlite:///x.db"})
+    assert run_key(b) == MLFLOW_ID
+    joined = make(tmp_path, "joined", "spikes")  # a joined run on main: its reference, no view
+    update_run_record(joined, "mlflow", spec={"run_id": MLFLOW_ID, "joined": True},
+                      run={"run_id": MLFLOW_ID, "experiment_id": "1", "tracking_uri": "sqlite:///x.db"})
+    assert run_locations(joined) == {"mlflow": {"run_id": MLFLOW_ID, "experiment_id": "1",
+                                                "tracking_uri": "sqlite:///x.db"}}
+    assert run_key(joined) == MLFLOW_ID
+    w = make(tmp_path, "w", "spikes")
+    update_run_record(w, "wandb", view={"path": "me/proj/abc123", "dir": "/x/offline-run-20260101_120000-abc123"})
+    wfolder = tmp_path / "offline-run-20260101_120000-abc123"
+    (wfolder / "files").mkdir(parents=True)
+    assert run_key(w) == run_key(wfolder) == "wandb:abc123"  # the same W&B run, however it is reached
+    (tmp_path / "broken" / "tracker").mkdir(parents=True)
+    (tmp_path / "broken" / "tracker" / "mlflow.json").write_text(json.dumps({"view": "not a dict"}))
+    assert run_locations(tmp_path / "broken") == {}
