@@ -282,3 +282,54 @@ def test_a_full_batch_goes_at_once_and_flush_sends_the_rest(tmp_path):
     tracker.flush()
     assert backend.requests[3:] == [[7, 8, 9]]  # flush(): the rest, without waiting an hour
     tracker.finish()
+
+
+EXITS_UNFINISHED = """
+import json, sys
+from gradloc_track.trackers import Tracker
+from gradloc_track.trackers.async_writer import AsyncTracker, WriterSettings
+
+class Lines(Tracker):
+    def log_metrics(self, metrics, step):
+        with open(sys.argv[1], "a") as f:
+            f.write(json.dumps(step) + "\\n")
+
+tracker = AsyncTracker(Lines, "lines", sys.argv[2], WriterSettings(flush_interval_s=3600.0))
+for step in range(5):
+    tracker.log_metrics({"x": 1.0}, step)
+raise RuntimeError("the loop crashed; nobody called finish()")
+"""
+
+
+def test_a_process_that_exits_without_finish_still_writes_every_step(tmp_path):
+    """The interval (an hour here) holds steps 1-4 in memory; the exit hook writes them before the daemon
+    writer thread dies with the interpreter (a real process: ~1 s)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "steps.jsonl"
+    proc = subprocess.run([sys.executable, "-c", EXITS_UNFINISHED, str(out), str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=60)
+    assert "nobody called finish()" in proc.stderr and proc.returncode == 1
+    assert [int(line) for line in out.read_text().split()] == list(range(5))
+
+
+def test_at_exit_a_hung_backend_hands_what_is_left_to_the_spool(tmp_path, monkeypatch):
+    """Exit with a hung call: the hook waits its bound, then spools the rest; a finish() by a later exit
+    hook spools the final status too (``replay`` completes the run)."""
+    from gradloc_track.trackers.async_writer import async_tracker
+
+    monkeypatch.setattr(async_tracker, "EXIT_FLUSH_S", 0.5)
+    backend = Hangs()
+    tracker = AsyncTracker(lambda: backend, "hung", tmp_path, WriterSettings(call_timeout_s=30.0,
+                                                                           flush_interval_s=3600.0))
+    for step in range(6):
+        tracker.log_metrics({"x": float(step)}, step)
+    tracker._at_exit()
+    tracker.finish("failed")
+    backend.release.set()
+    recs = read_spool(tmp_path / "spool" / "hung.jsonl")
+    spooled = sorted(s for r in recs if r["call"] in ("log_metrics", "log_metric_records")
+                     for s in ([r["args"][1]] if r["call"] == "log_metrics" else [e[1] for e in r["args"][0]]))
+    assert sorted({s for s, _ in backend.metrics} | set(spooled)) == list(range(6))
+    assert recs[-1]["call"] == "finish" and recs[-1]["args"] == ["failed"]

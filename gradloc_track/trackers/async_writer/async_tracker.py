@@ -9,13 +9,21 @@ worth of values, any other record, ``flush()`` and ``finish()`` do.
 If the writer thread is ever gone (whatever killed it), ``log``/``flush``/``finish`` never wait
 for it: records go straight to the spool, with the final status. The run directory is held for
 this run (``run_lock``) from construction to ``finish()``.
+
+A process that exits without ``finish()`` (an uncaught exception, a script that forgot it) would
+take the metrics still waiting for the interval with its daemon writer thread: at interpreter exit
+every unfinished tracker flushes (within ``EXIT_FLUSH_S``); what is left then goes to the spool.
+The run's status is left alone (``replay`` ends a run we opened and nobody finished as KILLED).
 """
 from __future__ import annotations
 
+import atexit
+import functools
 import queue
 import threading
 import time
 import warnings
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
@@ -33,6 +41,9 @@ from .writer import MAX_PENDING_STEPS, WriterLoop
 
 if TYPE_CHECKING:
     from ...config import TrackerConfig
+
+#: how long the exit hook waits for a tracker nobody finished (SIGTERM's bound: within a scheduler's grace)
+EXIT_FLUSH_S = 20.0
 
 
 class AsyncTracker(Tracker):
@@ -77,6 +88,10 @@ class AsyncTracker(Tracker):
             update_run_record(self.run_dir, name, spec=dict(spec), status=None)
         self._thread = threading.Thread(target=self._run_writer, name=f"gradloc-track-{name}", daemon=True)
         self._thread.start()
+        # registered per tracker, so it runs before the exit hooks registered earlier (MLflow's
+        # ``start_run`` ends its run at exit: our metrics go in first)
+        self._exit_hook = functools.partial(_at_exit, weakref.ref(self))
+        atexit.register(self._exit_hook)
 
     @classmethod
     def from_config(cls, cfg: "TrackerConfig", name: str, factory: Callable[[], Tracker], run_dir: str | Path,
@@ -189,6 +204,7 @@ class AsyncTracker(Tracker):
         if self._finished:
             return
         self._finished = True
+        atexit.unregister(self._exit_hook)
         status = final_status(status)  # finish("failed") during a Ctrl-C: the run was killed
         from .. import sigterm
 
@@ -227,3 +243,20 @@ class AsyncTracker(Tracker):
             self._spill.warn_once("abandon", f"gradloc-track: the {self.name} writer did not finish within the "
                                   f"bound ({why}); what was left is in {self.spool.path} "
                                   f"(`gradloc-track replay {self.run_dir}`)")
+
+    def _at_exit(self) -> None:
+        """The process exits and nobody finished this run: what is pending is written now (the interval
+        is not waited for), else spooled; a ``finish()`` after this (another exit hook) spools its status."""
+        if self._finished or self._gone is not None:
+            return
+        self.flush(min(self.finish_timeout_s, EXIT_FLUSH_S))
+        if self._q.unfinished_tasks or len(self._pending):
+            self._gone = "the process exited before finish()"
+            hand_over(self._q, self._pending, self._spill, self._gone)
+
+
+def _at_exit(ref: "weakref.ref[AsyncTracker]") -> None:
+    """Runs before the daemon writer thread dies with the interpreter (``atexit`` runs while it still runs)."""
+    tracker = ref()
+    if tracker is not None:
+        tracker._at_exit()
