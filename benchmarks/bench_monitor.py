@@ -11,8 +11,10 @@ plain step), then the extra call alone (the figure that survives a busy machine)
 
 A second table puts ``watch()``'s fixed per-step cost where it shows: small models (a 2-layer
 d=64 and a 4-layer d=256 GPT), ``watch()`` with its defaults (logging every step, detector armed,
-localizer on) on random batches that hold no spike (the events column says so), against a twin's
-plain step; and the ``watch()`` step alone.
+localizer on) joining the user's ``mlflow.start_run()`` on a real SQLite store, on random batches
+that hold no spike (the events column says so), against a twin's plain step; ``wandb.watch`` (offline)
+beside it; the MLflow requests those steps cost, the CPU of whole blocks of steps (the writer's
+requests included) and the optimizer hook alone.
 
     python benchmarks/bench_monitor.py [--rounds 20] [--batch 4] [--seq 256] [--threads N] [--no-wandb]
     python benchmarks/bench_monitor.py --only small [--rounds 40]
@@ -139,47 +141,186 @@ def main() -> None:
         run.finish()
 
 
+SMALL = ((2, 64, 2), (4, 256, 4))  # (layers, d_model, heads): where a fixed per-step cost shows
+
+
 def small_models(args) -> None:
-    """watch() with no spike against a twin's plain step, on models where a fixed cost shows."""
-    gen = torch.Generator().manual_seed(1)
-    pool = [torch.randint(0, 256, (args.batch, args.seq + 1), generator=gen) for _ in range(16)]
+    """``watch()`` logging every step inside ``mlflow.start_run()`` (the real SQLite store, the user's
+    run joined), and ``wandb.watch`` (offline) beside it, each against a twin's plain step."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
 
-    def rotating_step(model, opt):
-        def step(i: int) -> None:
-            batch = pool[i % len(pool)]  # random tokens: no spike to find
-            opt.zero_grad(set_to_none=True)
-            F.cross_entropy(model(batch[:, :-1]).reshape(-1, 256), batch[:, 1:].reshape(-1)).backward()
-            opt.step()
-        return step
+    from gradloc_track.trackers.quiet import quiet_backend_noise
 
-    print(f"\nwatch() with its defaults (logging every step, detector armed) vs a twin's plain step, batch "
-          f"{args.batch}x{args.seq}, rounds {args.rounds * 2}")
-    print(f"{'model':<28}{'plain ms':>9}{'watch ms':>10}{'ratio':>8}{'step alone ms':>15}{'events':>8}")
-    for n_layer, d_model, n_head in ((2, 64, 2), (4, 256, 4)):
-        torch.manual_seed(0)
-        proto = TinyGPT(vocab_size=256, n_layer=n_layer, n_head=n_head, d_model=d_model, max_seq_len=args.seq)
-        model, twin = copy.deepcopy(proto), copy.deepcopy(proto)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        handle = gradloc_track.watch(model, opt, tracker=MemoryTracker())
-        res = paired({"watch": (rotating_step(model, opt), "twin")},
-                     {"twin": rotating_step(twin, torch.optim.AdamW(twin.parameters(), lr=1e-4))}, args.rounds * 2)
-        tb, tv, ratio = res["watch"]
+    quiet_backend_noise()
+    requests = count_calls(MlflowClient, "log_batch")
+    gen = torch.Generator().manual_seed(1)  # never the same batch twice in a run: nothing memorized, no spike
+    pool = [torch.randint(0, 256, (args.batch, args.seq + 1), generator=gen) for _ in range(1024)]
+    store = tempfile.mkdtemp(prefix="bench-monitor-")
+    mlflow.set_tracking_uri(f"sqlite:///{store}/mlflow.db")
+    mlflow.set_experiment("bench-monitor")
+    print(f"\nwatch() with its defaults (logging every step, detector armed) inside mlflow.start_run() (SQLite "
+          f"store){'' if args.no_wandb else ', wandb.watch(log_freq=1) offline'}, each against a twin's plain "
+          f"step, batch {args.batch}x{args.seq}, rounds {args.rounds * 2}")
+    print(f"{'model':<26}{'variant':<16}{'plain ms':>9}{'variant ms':>11}{'ratio':>7}{'cpu':>7}{'run cpu':>9}"
+          f"{'hook ms':>9}{'hook cpu':>9}{'requests':>22}{'events':>7}")
+    wandb_run, floors = None, []
+    with mlflow.start_run():
+        models = []
+        for n_layer, d_model, n_head in SMALL:
+            torch.manual_seed(0)
+            proto = TinyGPT(vocab_size=256, n_layer=n_layer, n_head=n_head, d_model=d_model, max_seq_len=args.seq)
+            name = f"{n_layer}-layer d={d_model} ({sum(p.numel() for p in proto.parameters()) / 1e6:.2f}M)"
+            models.append((name, proto, {"watch() MLflow": watch_arm(proto, pool)}))  # joins the MLflow run only
+        if not args.no_wandb:  # opened after every watch(): ours do not join it
+            wandb_run = open_wandb(store)
+            for _, proto, arms in models:
+                arms["wandb.watch"] = wandb_arm(proto, pool, wandb_run)
+        for name, _, arms in models:
+            pairs = {k: (arm.step, k) for k, arm in arms.items()}
+            n0, v0, t0 = requests.n, requests.values, time.perf_counter()
+            res = paired(pairs, {k: arm.base for k, arm in arms.items()}, args.rounds * 2, cpu=True)
+            steps = args.rounds * 2 + 2
+            sent = f"{requests.n - n0}/{steps} steps, {time.perf_counter() - t0:.0f} s"
+            floors.append((name, (requests.values - v0) / steps, res["watch() MLflow cpu"][0]))
+            for label, arm in arms.items():
+                (tb, tv, ratio), cpu = res[label], res[label + " cpu"][2]
+                run_cpu = whole_run_cpu(arm, args.rounds)
+                wall, thread = arm.hook()
+                ours = label.startswith("watch")
+                print(f"{name if ours else '':<26}{label:<16}{tb * 1e3:>9.1f}{tv * 1e3:>11.1f}{ratio:>7.3f}"
+                      f"{cpu:>7.3f}{run_cpu:>9.3f}{wall * 1e3:>9.2f}{thread * 1e3:>9.2f}{sent if ours else '':>22}"
+                      f"{arm.events():>7}")
+                arm.close()
+        per_value = store_cpu_per_value()
+    if wandb_run is not None:
+        wandb_run.finish()
+    print(f"MLflow's SQLite store alone: {per_value * 1e6:.0f} us CPU per metric value (log_batch of 975 values, "
+          "same store); what any in-process writer adds to a step, whatever it batches:")
+    for name, values, plain_cpu in floors:
+        print(f"  {name}: {values:.0f} values per step -> {values * per_value * 1e3:.2f} ms, "
+              f"run cpu >= {1 + values * per_value / plain_cpu:.3f} (plain step {plain_cpu * 1e3:.1f} ms CPU)")
+    print("ratio: median of per-pair wall-time ratios; cpu: the same in process CPU time; run cpu: process CPU "
+          "of blocks of 30 steps, the writer's flush inside the block (what the writer's requests cost "
+          "in all; W&B's own service process is not counted); hook: what the optimizer hook runs, alone "
+          "(wall, and CPU of the training thread); requests: MLflow log_batch requests while the pairs ran")
+
+
+class Arm:
+    """One measured variant: its step, its twin's plain step, its hook alone (wall and thread CPU
+    seconds), its flush, its spike events, and how to take it off."""
+
+    def __init__(self, step, base, hook=lambda: (math.nan, math.nan), flush=None, events=lambda: "",
+                 close=lambda: None) -> None:
+        self.step, self.base, self.hook, self.flush, self.events, self.close = step, base, hook, flush, events, close
+
+
+def rotating_step(model, opt, pool, extra=None):
+    def step(i: int) -> None:
+        batch = pool[i % len(pool)]  # random tokens: no spike to find
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(batch[:, :-1]).reshape(-1, 256), batch[:, 1:].reshape(-1)).backward()
+        opt.step()
+        if extra is not None:
+            extra(i)
+    return step
+
+
+def twin_step(proto, pool, extra=None):
+    twin = copy.deepcopy(proto)
+    return rotating_step(twin, torch.optim.AdamW(twin.parameters(), lr=1e-4), pool, extra)
+
+
+def watch_arm(proto, pool) -> Arm:
+    """``gradloc_track.watch()`` joining the open MLflow run."""
+    model = copy.deepcopy(proto)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    handle = gradloc_track.watch(model, opt)
+
+    def hook() -> tuple[float, float]:
         alone = []
-        for i in range(30):  # the watch() step alone, on a fresh forward + backward each time
-            batch = pool[i % len(pool)]
+        for i in range(30):  # what the optimizer hook runs, alone, on a fresh backward, the writer running
+            batch = pool[-1 - i]
             model.zero_grad(set_to_none=True)
             F.cross_entropy(model(batch[:, :-1]).reshape(-1, 256), batch[:, 1:].reshape(-1)).backward()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             handle.step()
-            alone.append(time.perf_counter() - t0)
-        name = f"{n_layer}-layer d={d_model} ({sum(p.numel() for p in proto.parameters()) / 1e6:.2f}M)"
-        print(f"{name:<28}{tb * 1e3:>9.1f}{tv * 1e3:>10.1f}{ratio:>8.3f}{statistics.median(alone) * 1e3:>15.2f}"
-              f"{len(handle.spikes):>8}")
+            alone.append((time.perf_counter() - t0, time.thread_time() - c0))
+        return statistics.median(w for w, _ in alone), statistics.median(c for _, c in alone)
+
+    def close() -> None:
         handle.remove()
+        handle.finish()
+    return Arm(rotating_step(model, opt, pool), twin_step(proto, pool), hook, handle.flush,
+               lambda: len(handle.spikes), close)
 
 
-def paired(pairs, bases, rounds: int, warmup: int = 2) -> dict[str, tuple[float, float, float]]:
-    """Per variant: median plain-step seconds, median variant seconds, median of per-pair ratios.
+def open_wandb(store: str):
+    os.environ.setdefault("WANDB_MODE", "offline")
+    os.environ.setdefault("WANDB_SILENT", "true")
+    import wandb
+
+    return wandb.init(project="gradloc-bench", dir=store, mode="offline")
+
+
+def wandb_arm(proto, pool, run) -> Arm:
+    """``wandb.watch(log="gradients", log_freq=1)``; model and twin both log one row per step."""
+    model = copy.deepcopy(proto)
+    run.watch(model, log="gradients", log_freq=1)  # hooks stay on that copy
+    row = lambda i: run.log({"step": i})  # noqa: E731 - what makes wandb.watch log: a row per step
+    return Arm(rotating_step(model, torch.optim.AdamW(model.parameters(), lr=1e-4), pool, row),
+               twin_step(proto, pool, row), close=lambda: run.unwatch(model))
+
+
+def whole_run_cpu(arm: Arm, rounds: int, block: int = 30) -> float:
+    """Median ratio of process CPU time over blocks of ``block`` steps (variant, flushed, vs plain)."""
+    ratios, i = [], 512  # (batches the pairs did not use)
+    for r in range(max(3, rounds // 4)):
+        t = {}
+        for tag, fn in (("v", arm.step), ("b", arm.base)) if r % 2 else (("b", arm.base), ("v", arm.step)):
+            t0 = time.process_time()
+            for _ in range(block):
+                fn(i)
+                i += 1
+            if tag == "v" and arm.flush is not None:
+                arm.flush()  # the writer's work for these steps is done inside the block
+            t[tag] = time.process_time() - t0
+        ratios.append(t["v"] / t["b"])
+    return statistics.median(ratios)
+
+
+class count_calls:
+    """Counts calls of ``cls.name`` (from any thread) and the metric values they carry."""
+
+    def __init__(self, cls, name: str) -> None:
+        self.n, self.values, real = 0, 0, getattr(cls, name)
+
+        def counted(client, run_id, metrics=(), *a, **k):
+            self.n += 1
+            self.values += len(metrics)
+            return real(client, run_id, metrics, *a, **k)
+        setattr(cls, name, counted)
+
+
+def store_cpu_per_value(n: int = 975, repeats: int = 3) -> float:
+    """MLflow's own CPU seconds per metric value: ``log_batch`` of ``n`` values into the open run's store."""
+    import mlflow
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    client, run_id = MlflowClient(), mlflow.active_run().info.run_id
+    costs = []
+    for r in range(repeats):
+        batch = [Metric(f"store/m{k % 25}", 1.0, 1000 + r, 10_000 * (r + 1) + k // 25) for k in range(n)]
+        t0 = time.process_time()
+        client.log_batch(run_id, metrics=batch, synchronous=True)
+        costs.append((time.process_time() - t0) / n)
+    return statistics.median(costs)
+
+
+def paired(pairs, bases, rounds: int, warmup: int = 2, cpu: bool = False) -> dict[str, tuple[float, float, float]]:
+    """Per variant: median plain-step seconds, median variant seconds, median of per-pair ratios
+    (``cpu``: also ``"<variant> cpu"``, the same in process CPU time).
 
     Each variant step runs right next to its own plain step (order alternating), so slow drifts
     of a shared machine cancel in the ratio of each pair.
@@ -189,19 +330,28 @@ def paired(pairs, bases, rounds: int, warmup: int = 2) -> dict[str, tuple[float,
             bases[b](i)
             fn(i)
     out: dict[str, list[tuple[float, float]]] = {k: [] for k in pairs}
+    cpus: dict[str, list[tuple[float, float]]] = {k: [] for k in pairs}
     i = warmup
     for r in range(rounds):
         for name, (fn, b) in pairs.items():
             order = [("v", fn), ("b", bases[b])] if r % 2 else [("b", bases[b]), ("v", fn)]
-            t = {}
+            t, c = {}, {}
             for tag, f in order:
-                t0 = time.perf_counter()
+                c0, t0 = time.process_time(), time.perf_counter()
                 f(i)
-                t[tag] = time.perf_counter() - t0
+                t[tag], c[tag] = time.perf_counter() - t0, time.process_time() - c0
                 i += 1
             out[name].append((t["b"], t["v"]))
-    return {k: (statistics.median(b for b, _ in v), statistics.median(x for _, x in v),
-                statistics.median(x / b for b, x in v)) for k, v in out.items()}
+            cpus[name].append((c["b"], c["v"]))
+    res = {k: _medians(v) for k, v in out.items()}
+    if cpu:
+        res.update({f"{k} cpu": _medians(v) for k, v in cpus.items()})
+    return res
+
+
+def _medians(pairs: list[tuple[float, float]]) -> tuple[float, float, float]:
+    return (statistics.median(b for b, _ in pairs), statistics.median(x for _, x in pairs),
+            statistics.median(x / max(b, 1e-9) for b, x in pairs))
 
 
 if __name__ == "__main__":

@@ -60,7 +60,7 @@ class TrackerConfig:
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
     # background writer
     queue_size: int = 10000  # records held before the producer blocks briefly / spills
-    flush_interval_s: float = 1.0
+    flush_interval_s: float = 1.0  # metrics written once per interval (or when a request is full), never per step
     retries: int = 3  # quick failures retried within call_timeout_s
     retry_backoff_s: float = 0.5
     # OUR bound on one backend call (the SDK's own retries, left at their defaults, take minutes);

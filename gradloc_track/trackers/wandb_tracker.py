@@ -7,8 +7,8 @@ chart against ``train/step``. A record for an older step (W&B only appends) is l
 step rather than dropped.
 Steps, in a run we join (``run=``): a framework's run (HF Trainer, Lightning) gets rows of its own
 carrying the framework's step metric (``step_key``); the user's own ``wandb.run``
-(``shared_rows=True``) gets our records in the user's rows, W&B's step left to the user
-(``wandb_shared``).
+(``shared_rows=True``) gets our records in the user's rows, W&B's step left to the user, a spike's
+media at ``gradloc/media_step`` (``wandb_shared``).
 Tables: one small table per event at its step; the cumulative ``<key>_all`` table is logged
 ONCE, at ``finish`` (re-logging it per event grows the run quadratically).
 Files: names W&B reserves for itself in a run's files (``config.yaml``, ...) are saved under
@@ -34,6 +34,15 @@ OWN_PREFIXES = ("grad_norm", "weight_norm", "grad_weight_ratio", "clip", "spike"
 
 
 class WandbTracker(Tracker):
+    """The W&B destination; a public constructor (``tracker.wandb`` config fields, by name).
+
+    A run we open: ``project``, ``entity``, ``tags``, ``mode`` (``online``/``offline``/``disabled``;
+    ``None``: ``WANDB_MODE``), ``dir`` (``None``: ``WANDB_DIR``, else ``run_dir``), ``group``,
+    ``run_name``; ``run_dir``: our own files for this run (the run record). A run someone else
+    opened: ``run`` (with ``step_key``, ``shared_rows``; see ``__init__``). ``cancel``: the background
+    writer's ``OpenGate``. The background writer (``async_writer``) is what calls it in a training run.
+    """
+
     name = "wandb"
 
     def __init__(self, project: str = "gradloc-track", entity: str | None = None, tags: Sequence[str] = (),
@@ -113,10 +122,10 @@ class WandbTracker(Tracker):
         """What ``replay`` needs to find this run again."""
         return {"run_id": self.run.id, **self._init_args}
 
-    def _log(self, data: dict[str, Any], step: int | None) -> None:
-        if self.shared is not None:  # the user's own run: their rows, their step
+    def _log(self, data: dict[str, Any], step: int | None, media: bool = False) -> None:
+        if self.shared is not None:  # the user's own run: their rows, their step (media: a lane of their own)
             self._step = max(self._step, -1 if step is None else int(step))
-            self.shared.log(data, None if step is None else int(step))
+            self.shared.log(data, None if step is None else int(step), media)
             return
         if step is None:
             self.run.log(data)
@@ -134,6 +143,12 @@ class WandbTracker(Tracker):
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         self._log(dict(metrics), step)
 
+    def log_metric_records(self, records: Sequence[tuple[Mapping[str, float], int, int]]) -> None:
+        """Many ``(metrics, step, timestamp_ms)`` records in one call (the writer's batch, replay): each
+        step is still its own row; W&B stamps its own time (``_timestamp``)."""
+        for metrics, step, _ts in records:
+            self._log(dict(metrics), step)
+
     def log_params(self, params: Mapping[str, Any]) -> None:
         self.run.config.update(dict(params), allow_val_change=True)
 
@@ -142,13 +157,13 @@ class WandbTracker(Tracker):
         cols, all_rows = self._tables.setdefault(key, (list(columns), []))
         if list(columns) == cols:
             all_rows.extend(rows)
-        self._log({key: self.wandb.Table(columns=list(columns), data=rows)}, step)
+        self._log({key: self.wandb.Table(columns=list(columns), data=rows)}, step, media=True)
 
     def log_html(self, key, html, step=None) -> None:
-        self._log({key: self.wandb.Html(html, inject=False)}, step)
+        self._log({key: self.wandb.Html(html, inject=False)}, step, media=True)
 
     def log_image(self, key, path, step=None) -> None:
-        self._log({key: self.wandb.Image(str(path))}, step)
+        self._log({key: self.wandb.Image(str(path))}, step, media=True)
 
     def log_artifact(self, path, artifact_path=None) -> None:
         path = Path(path)
@@ -169,9 +184,10 @@ class WandbTracker(Tracker):
 
     def finish(self, status: str = "success", timeout_s: float | None = None) -> None:
         """Log the cumulative tables, then end the run we opened (not one we joined); ``AsyncTracker`` bounds it."""
+        last = None if self.shared is not None else max(self._step, 0)  # (the user's run: in any row)
         for key, (cols, rows) in self._tables.items():
             if rows:  # the whole table once, logged with the last step
-                self._log({f"{key}_all": self.wandb.Table(columns=cols, data=rows)}, max(self._step, 0))
+                self._log({f"{key}_all": self.wandb.Table(columns=cols, data=rows)}, last, media=True)
         if self.shared is not None:
             self.shared.finish()
         if self.attached:  # never finish a run we did not open

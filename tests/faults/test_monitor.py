@@ -95,11 +95,12 @@ def test_a_step_going_backwards_warns_and_is_processed_once(tiny_gpt):
 # -- on_nonfinite="raise" logs the step first ---------------------------------------------------
 
 def test_raise_on_nonfinite_logs_and_flushes_the_step_before_raising(tiny_gpt, tmp_path):
-    from gradloc_track.trackers.async_writer import AsyncTracker
+    from gradloc_track.trackers.async_writer import AsyncTracker, WriterSettings
     from gradloc_track.trackers.local_tracker import LocalTracker
 
     # a real background writer with a long flush interval: only flush() gets the record out in time
-    tracker = AsyncTracker(lambda: LocalTracker(tmp_path / "run"), "local", tmp_path, flush_interval_s=60.0)
+    tracker = AsyncTracker(lambda: LocalTracker(tmp_path / "run"), "local", tmp_path,
+                           WriterSettings(flush_interval_s=60.0))
     try:
         mon = GradMonitor(tiny_gpt, tracker=tracker, clipper=GlobalClip(tiny_gpt, on_nonfinite="raise"),
                           log_every=10)

@@ -11,7 +11,7 @@ import torch
 
 from gradloc_track import GradMonitor
 from gradloc_track.trackers import MemoryTracker, read_spool, replay_spool
-from gradloc_track.trackers.async_writer import AsyncTracker
+from gradloc_track.trackers.async_writer import AsyncTracker, WriterSettings
 from gradloc_track.trackers.async_writer.writer import WriterLoop
 
 from .faults import AlwaysFails, CustomBase, DownThenUp, Hangs, RaisesOnce, RecoversAtStep, timed_finish, train
@@ -19,8 +19,8 @@ from .faults import AlwaysFails, CustomBase, DownThenUp, Hangs, RaisesOnce, Reco
 
 def test_finish_is_bounded_with_a_hung_backend_and_spools_the_rest(tmp_path):
     backend = Hangs()
-    tracker = AsyncTracker(lambda: backend, "hung", tmp_path, call_timeout_s=30.0, finish_timeout_s=1.0,
-                           flush_interval_s=0.01)
+    tracker = AsyncTracker(lambda: backend, "hung", tmp_path,
+                           WriterSettings(call_timeout_s=30.0, finish_timeout_s=1.0, flush_interval_s=0.01))
     for step in range(3):
         tracker.log_metrics({"x": float(step)}, step)
     tracker.flush()
@@ -42,7 +42,8 @@ def test_finish_is_bounded_with_a_hung_backend_and_spools_the_rest(tmp_path):
 
 def test_down_backend_is_skipped_then_probed_back(tmp_path):
     backend = DownThenUp()
-    tracker = AsyncTracker(lambda: backend, "probe", tmp_path, retries=0, probe_interval_s=2.0, flush_interval_s=0.01)
+    tracker = AsyncTracker(lambda: backend, "probe", tmp_path,
+                           WriterSettings(retries=0, probe_interval_s=2.0, flush_interval_s=0.01))
     with pytest.warns(RuntimeWarning, match="probe"):
         tracker.log_metrics({"x": 0.0}, 0)
         tracker.flush()
@@ -61,8 +62,8 @@ def test_down_backend_is_skipped_then_probed_back(tmp_path):
 
 def test_backend_raising_on_every_call_spools_everything(tmp_path, tiny_gpt):
     backend = AlwaysFails()
-    tracker = AsyncTracker(lambda: backend, "flaky", tmp_path, retries=2, retry_backoff_s=0.001,
-                           flush_interval_s=0.05)
+    tracker = AsyncTracker(lambda: backend, "flaky", tmp_path,
+                           WriterSettings(retries=2, retry_backoff_s=0.001, flush_interval_s=0.05))
     mon = GradMonitor(tiny_gpt, tracker=tracker)
     opt = torch.optim.SGD(tiny_gpt.parameters(), lr=0.01)
     with pytest.warns(RuntimeWarning, match="flaky"):
@@ -93,7 +94,7 @@ def test_full_queue_spills_instead_of_blocking(tmp_path):
             super().log_metrics(metrics, step)
 
     inner = Slow()
-    tracker = AsyncTracker(lambda: inner, "slow", tmp_path, queue_size=2, put_timeout_s=0.001)
+    tracker = AsyncTracker(lambda: inner, "slow", tmp_path, WriterSettings(queue_size=2, put_timeout_s=0.001))
     with pytest.warns(RuntimeWarning, match="queue full"):
         for step in range(30):
             tracker.log_metrics({"x": float(step)}, step)
@@ -141,8 +142,9 @@ def test_unwritable_spool_counts_what_was_lost(where, tmp_path, full_disk):
     else:
         run_dir = disk / "run"
     backend = RecoversAtStep(20)
-    tracker = AsyncTracker(lambda: backend, "flaky", run_dir, retries=0, call_timeout_s=2.0, finish_timeout_s=5.0,
-                           probe_interval_s=0.0, flush_interval_s=0.01)
+    tracker = AsyncTracker(lambda: backend, "flaky", run_dir,
+                           WriterSettings(retries=0, call_timeout_s=2.0, finish_timeout_s=5.0, probe_interval_s=0.0,
+                                          flush_interval_s=0.01))
     with pytest.warns(RuntimeWarning) as caught:
         train(tracker, steps=40, at_step=lambda s: tracker.flush())
         t_finish = timed_finish(tracker)
@@ -159,8 +161,8 @@ def test_the_writer_outlives_any_base_exception_a_backend_raises(exc, tmp_path, 
     """SystemExit & co. raised inside an SDK call on our writer thread are the backend failing, not the
     user stopping training: the record is spooled, the writer goes on, nothing reaches the main thread."""
     backend = RaisesOnce(exc, at=5, finish_exc=exc)
-    tracker = AsyncTracker(lambda: backend, "raising", tmp_path, retries=0, probe_interval_s=0.0,
-                           flush_interval_s=0.01, finish_timeout_s=3.0)
+    tracker = AsyncTracker(lambda: backend, "raising", tmp_path,
+                           WriterSettings(retries=0, probe_interval_s=0.0, flush_interval_s=0.01, finish_timeout_s=3.0))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for step in range(250):
@@ -189,8 +191,8 @@ def test_a_writer_that_is_gone_never_blocks_and_spools_everything(tmp_path, monk
         raise CustomBase("the writer thread is gone")
     monkeypatch.setattr(WriterLoop, "run", dies)
     backend = MemoryTracker()
-    tracker = AsyncTracker(lambda: backend, "gone", tmp_path, queue_size=10, put_timeout_s=0.1,
-                           finish_timeout_s=30.0)
+    tracker = AsyncTracker(lambda: backend, "gone", tmp_path,
+                           WriterSettings(queue_size=10, put_timeout_s=0.1, finish_timeout_s=30.0))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         t0 = time.perf_counter()
@@ -213,8 +215,9 @@ def test_timeouts_beyond_the_platform_wait_never_break_the_writer(tmp_path):
     """``threading.TIMEOUT_MAX`` (~9.2e9 s) is the longest wait a lock takes: a longer one is clamped."""
     backend = MemoryTracker()
     huge = 1e30
-    tracker = AsyncTracker(lambda: backend, "huge", tmp_path, flush_interval_s=huge, call_timeout_s=huge,
-                           open_timeout_s=huge, finish_timeout_s=huge, probe_interval_s=huge, put_timeout_s=huge)
+    tracker = AsyncTracker(lambda: backend, "huge", tmp_path,
+                           WriterSettings(flush_interval_s=huge, call_timeout_s=huge, open_timeout_s=huge,
+                                          finish_timeout_s=huge, probe_interval_s=huge, put_timeout_s=huge))
     for step in range(100):
         tracker.log_metrics({"x": float(step)}, step)
     tracker.flush(timeout_s=huge)
@@ -222,3 +225,111 @@ def test_timeouts_beyond_the_platform_wait_never_break_the_writer(tmp_path):
     tracker.finish("success", timeout_s=float("inf"))
     assert backend.finished == "success"
     assert not (tmp_path / "spool").exists()
+
+
+class Batched(MemoryTracker):
+    """A backend that takes many steps per call (as MLflow's ``log_batch``): each call is one request."""
+
+    max_metrics_per_request = 100
+
+    def __init__(self):
+        super().__init__()
+        self.requests: list[list[int]] = []  # the steps of each request
+
+    def log_metrics(self, metrics, step):  # one step alone (the first, which opens the run): a request too
+        self.requests.append([step])
+        super().log_metrics(metrics, step)
+
+    def log_metric_records(self, records):
+        assert sum(len(m) for m, _, _ in records) <= self.max_metrics_per_request
+        self.requests.append([step for _, step, _ in records])
+        for metrics, step, _ts in records:
+            super().log_metrics(metrics, step)
+
+
+def test_steps_are_written_once_per_interval_not_once_per_step(tmp_path):
+    """40 steps logged 10 ms apart with a 0.25 s interval: a handful of requests, every step once, in order."""
+    backend = Batched()
+    tracker = AsyncTracker(lambda: backend, "batched", tmp_path, WriterSettings(flush_interval_s=0.25))
+    t0 = time.perf_counter()
+    for step in range(40):
+        tracker.log_metrics({"a": float(step), "b": 1.0}, step)
+        time.sleep(0.01)
+    took = time.perf_counter() - t0
+    tracker.finish()
+    assert [s for request in backend.requests for s in request] == list(range(40))  # every step once, in order
+    # the first step at once (it opens the run), one request per interval, the rest at finish(); a slow
+    # box stretches the loop, so the bound follows the time it took
+    assert len(backend.requests) <= 2 + took / 0.25, (backend.requests, took)
+    assert len(backend.requests) < 10
+
+
+def test_a_full_batch_goes_at_once_and_flush_sends_the_rest(tmp_path):
+    """With no interval in sight, a request goes when the backend's batch is full (100 values: 3 steps of
+    25 with room for ``tracker/dropped``), and ``flush()`` sends what is left."""
+    backend = Batched()
+    tracker = AsyncTracker(lambda: backend, "full", tmp_path, WriterSettings(flush_interval_s=3600.0))
+    metrics = {f"m{k}": float(k) for k in range(25)}
+    tracker.log_metrics(metrics, 0)
+    tracker.flush()  # the first step opens the run
+    for step in range(1, 10):
+        tracker.log_metrics(metrics, step)
+    deadline = time.monotonic() + 10.0
+    while sum(len(r) for r in backend.requests) < 7 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)  # (time for a request that should not go)
+    assert backend.requests == [[0], [1, 2, 3], [4, 5, 6]]  # full requests only: 7-9 wait for the interval
+    tracker.flush()
+    assert backend.requests[3:] == [[7, 8, 9]]  # flush(): the rest, without waiting an hour
+    tracker.finish()
+
+
+EXITS_UNFINISHED = """
+import json, sys
+from gradloc_track.trackers import Tracker
+from gradloc_track.trackers.async_writer import AsyncTracker, WriterSettings
+
+class Lines(Tracker):
+    def log_metrics(self, metrics, step):
+        with open(sys.argv[1], "a") as f:
+            f.write(json.dumps(step) + "\\n")
+
+tracker = AsyncTracker(Lines, "lines", sys.argv[2], WriterSettings(flush_interval_s=3600.0))
+for step in range(5):
+    tracker.log_metrics({"x": 1.0}, step)
+raise RuntimeError("the loop crashed; nobody called finish()")
+"""
+
+
+def test_a_process_that_exits_without_finish_still_writes_every_step(tmp_path):
+    """The interval (an hour here) holds steps 1-4 in memory; the exit hook writes them before the daemon
+    writer thread dies with the interpreter (a real process: ~1 s)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "steps.jsonl"
+    proc = subprocess.run([sys.executable, "-c", EXITS_UNFINISHED, str(out), str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=60)
+    assert "nobody called finish()" in proc.stderr and proc.returncode == 1
+    assert [int(line) for line in out.read_text().split()] == list(range(5))
+
+
+def test_at_exit_a_hung_backend_hands_what_is_left_to_the_spool(tmp_path, monkeypatch):
+    """Exit with a hung call: the hook waits its bound, then spools the rest; a finish() by a later exit
+    hook spools the final status too (``replay`` completes the run)."""
+    from gradloc_track.trackers.async_writer import async_tracker
+
+    monkeypatch.setattr(async_tracker, "EXIT_FLUSH_S", 0.5)
+    backend = Hangs()
+    tracker = AsyncTracker(lambda: backend, "hung", tmp_path, WriterSettings(call_timeout_s=30.0,
+                                                                           flush_interval_s=3600.0))
+    for step in range(6):
+        tracker.log_metrics({"x": float(step)}, step)
+    tracker._at_exit()
+    tracker.finish("failed")
+    backend.release.set()
+    recs = read_spool(tmp_path / "spool" / "hung.jsonl")
+    spooled = sorted(s for r in recs if r["call"] in ("log_metrics", "log_metric_records")
+                     for s in ([r["args"][1]] if r["call"] == "log_metrics" else [e[1] for e in r["args"][0]]))
+    assert sorted({s for s, _ in backend.metrics} | set(spooled)) == list(range(6))
+    assert recs[-1]["call"] == "finish" and recs[-1]["args"] == ["failed"]

@@ -6,7 +6,7 @@ import time
 import warnings
 
 from gradloc_track.trackers import FanoutTracker, MemoryTracker, as_one_tracker, read_spool
-from gradloc_track.trackers.async_writer import AsyncTracker
+from gradloc_track.trackers.async_writer import AsyncTracker, WriterSettings
 from gradloc_track.trackers.run_lock import RunOwner
 
 from .faults import Hangs
@@ -16,8 +16,8 @@ def test_fanout_finish_shares_one_bound_between_hung_backends(tmp_path):
     """tracker=both under SIGTERM: the two backends share the grace period, so the second one
     still spools its records and status before the handler gives up."""
     backends, run = [Hangs(), Hangs()], RunOwner()  # the two writers of one run share its directory
-    children = [AsyncTracker(lambda b=b: b, f"hung{i}", tmp_path, call_timeout_s=30.0, flush_interval_s=0.01,
-                             owner=run) for i, b in enumerate(backends)]
+    settings = WriterSettings(call_timeout_s=30.0, flush_interval_s=0.01)
+    children = [AsyncTracker(lambda b=b: b, f"hung{i}", tmp_path, settings, owner=run) for i, b in enumerate(backends)]
     both = FanoutTracker(children)
     for step in range(6):
         both.log_metrics({"x": float(step)}, step)

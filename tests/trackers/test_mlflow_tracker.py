@@ -13,13 +13,21 @@ from gradloc_track.trackers import make_tracker
 from .calls import HTML, exercise
 
 
-def test_mlflow_sqlite_store_read_back(tmp_path, sqlite_uri):
+def test_mlflow_sqlite_store_read_back(tmp_path, sqlite_uri, monkeypatch):
     from mlflow.tracking import MlflowClient
 
+    requests, real = [], MlflowClient.log_batch
+
+    def counted(self, run_id, metrics=(), *args, **kwargs):  # (a spy: every request still goes through)
+        requests.append(sorted({m.step for m in metrics if m.key == "grad_norm/global"}))
+        return real(self, run_id, metrics, *args, **kwargs)
+    monkeypatch.setattr(MlflowClient, "log_batch", counted)
     cfg = TrackerConfig(kind="mlflow")
     cfg.mlflow.tracking_uri = sqlite_uri
     tracker = make_tracker(cfg, run_dir=tmp_path / "run", run_name="mlflow-test")
     exercise(tracker, tmp_path)
+    norms = [steps for steps in requests if steps]
+    assert sorted(s for steps in norms for s in steps) == list(range(5)) and len(norms) <= 2  # not one per step
     client = MlflowClient(sqlite_uri)
     (run,) = client.search_runs([client.get_experiment_by_name("gradloc-track").experiment_id])
     assert run.info.status == "FINISHED" and run.info.run_name == "mlflow-test"

@@ -1,10 +1,11 @@
 """Logging that never blocks, kills or loses training data: a bounded queue, a writer thread,
 and OUR timeout on every backend call.
 
-The training thread only enqueues (``tracker.AsyncTracker``). The writer thread
+The training thread only enqueues (``async_tracker.AsyncTracker``). The writer thread
 (``writer.WriterLoop``) builds the backend (``opener``: an unreachable server cannot stall
-start-up), merges queued metrics per step (``pending``) and delivers each record through a
-*call thread* (``..bounded``): it waits at most ``call_timeout_s`` for the SDK (whose own
+start-up), merges queued metrics per step (``pending``), writes them across steps once per
+``flush_interval_s`` (or when a request is full; never once per step) and delivers each record
+through a *call thread* (``..bounded``): it waits at most ``call_timeout_s`` for the SDK (whose own
 retries, left at their defaults, can take minutes). A call that fails or times out marks the
 backend **down** (``health``): from then on records go straight to the spool
 ``<run_dir>/spool/<backend>.jsonl`` (``spill``; no minutes of retries stacking up), and every
@@ -20,5 +21,6 @@ backend takes data again. Nothing here raises into the training loop.
 from ..bounded import CallTimeout
 from ..naming import DROPPED_KEY
 from .async_tracker import AsyncTracker
+from .settings import WriterSettings
 
-__all__ = ["AsyncTracker", "CallTimeout", "DROPPED_KEY"]
+__all__ = ["AsyncTracker", "WriterSettings", "CallTimeout", "DROPPED_KEY"]

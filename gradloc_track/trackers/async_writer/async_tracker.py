@@ -2,18 +2,28 @@
 
 Every ``log_*`` call only enqueues, waiting at most ``put_timeout_s``; a full queue (a backend
 too slow) or a call after ``finish()`` (e.g. a step logged after SIGTERM finished the run) sends
-the record to the spool instead. Nothing here raises into the training loop.
+the record to the spool instead. Nothing here raises into the training loop. A step of metrics
+does not wake the writer thread (it writes once per ``flush_interval_s``): only a full request's
+worth of values, any other record, ``flush()`` and ``finish()`` do.
 
 If the writer thread is ever gone (whatever killed it), ``log``/``flush``/``finish`` never wait
 for it: records go straight to the spool, with the final status. The run directory is held for
 this run (``run_lock``) from construction to ``finish()``.
+
+A process that exits without ``finish()`` (an uncaught exception, a script that forgot it) would
+take the metrics still waiting for the interval with its daemon writer thread: at interpreter exit
+every unfinished tracker flushes (within ``EXIT_FLUSH_S``); what is left then goes to the spool.
+The run's status is left alone (``replay`` ends a run we opened and nobody finished as KILLED).
 """
 from __future__ import annotations
 
+import atexit
+import functools
 import queue
 import threading
 import time
 import warnings
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
@@ -23,13 +33,17 @@ from ..bounded import clamp_wait
 from ..run_record import update_run_record
 from ..spool import Spool
 from .handover import hand_over
-from .opener import OpenGate
-from .pending import STOP, PendingRecords, now_ms
+from .opener import BackendSource, OpenGate
+from .pending import FLUSH, STOP, PendingRecords, now_ms
+from .settings import WriterSettings
 from .spill import Spill
-from .writer import WriterLoop
+from .writer import MAX_PENDING_STEPS, WriterLoop
 
 if TYPE_CHECKING:
     from ...config import TrackerConfig
+
+#: how long the exit hook waits for a tracker nobody finished (SIGTERM's bound: within a scheduler's grace)
+EXIT_FLUSH_S = 20.0
 
 
 class AsyncTracker(Tracker):
@@ -41,6 +55,7 @@ class AsyncTracker(Tracker):
     factory that checks it does not create (or ends) a run nobody will finish (``replay`` creates it).
     ``owner``: the run this writer belongs to (trackers of one run share the run directory's lock);
     ``on_open(backend)`` is called once the backend run exists (e.g. to say where it is).
+    ``settings``: the queue size and waits (``WriterSettings``; ``from_config`` reads a ``TrackerConfig``).
     Timeouts past ``threading.TIMEOUT_MAX`` are clamped to it.
     """
 
@@ -48,33 +63,35 @@ class AsyncTracker(Tracker):
     runs_jobs_off_thread = True
 
     def __init__(self, factory: Callable[[], Tracker], name: str, run_dir: str | Path,
-                 queue_size: int = 10000, flush_interval_s: float = 1.0, retries: int = 3,
-                 retry_backoff_s: float = 0.5, put_timeout_s: float = 0.05, call_timeout_s: float = 10.0,
-                 finish_timeout_s: float = 120.0, probe_interval_s: float = 30.0, open_timeout_s: float = 120.0,
-                 spec: Mapping[str, Any] | None = None, gate: OpenGate | None = None,
-                 owner: run_lock.RunOwner | None = None,
+                 settings: WriterSettings | None = None, spec: Mapping[str, Any] | None = None,
+                 gate: OpenGate | None = None, owner: run_lock.RunOwner | None = None,
                  on_open: Callable[[Tracker], None] | None = None) -> None:
         self.name = name
         self.run_dir = Path(run_dir)
+        self.settings = settings = settings if settings is not None else WriterSettings()
         self._owner = owner or run_lock.RunOwner()
         run_lock.acquire(self.run_dir, self._owner)  # RunDirInUse: before anything is written here
         self.spool = Spool(self.run_dir / "spool" / f"{name}.jsonl", name)
-        self.call_timeout_s, self.finish_timeout_s = clamp_wait(call_timeout_s), clamp_wait(finish_timeout_s)
-        self.probe_interval_s, self.open_timeout_s = clamp_wait(probe_interval_s), clamp_wait(open_timeout_s)
-        self._q: queue.Queue = queue.Queue(maxsize=queue_size)
-        self._put_timeout = clamp_wait(put_timeout_s)
+        self.finish_timeout_s = settings.finish_timeout_s
+        self._q: queue.Queue = queue.Queue(maxsize=settings.queue_size)
         self._finished = False
         self._gone: str | None = None  # why the writer thread ended early, if it did
         self._pending = PendingRecords()
         self._spill = Spill(self.spool, name, self.run_dir)
-        self._writer = WriterLoop(factory, name, self.run_dir, self._q, self._pending, self._spill,
-                                  flush_interval_s=flush_interval_s, retries=retries, retry_backoff_s=retry_backoff_s,
-                                  call_timeout_s=call_timeout_s, probe_interval_s=self.probe_interval_s,
-                                  open_timeout_s=self.open_timeout_s, gate=gate, on_open=on_open)
+        self._writer = WriterLoop(BackendSource(factory, name, self.run_dir, gate, on_open), self._q, self._pending,
+                                  self._spill, settings)
+        # a step of metrics only counts here; the writer is woken when its batch would be full
+        self._unsent_values = self._unsent_records = 0
+        self._first = True  # the first step wakes the writer at once: it opens the run
+        self._wake_records = max(1, min(MAX_PENDING_STEPS, settings.queue_size // 2))
         if spec is not None:
             update_run_record(self.run_dir, name, spec=dict(spec), status=None)
         self._thread = threading.Thread(target=self._run_writer, name=f"gradloc-track-{name}", daemon=True)
         self._thread.start()
+        # registered per tracker, so it runs before the exit hooks registered earlier (MLflow's
+        # ``start_run`` ends its run at exit: our metrics go in first)
+        self._exit_hook = functools.partial(_at_exit, weakref.ref(self))
+        atexit.register(self._exit_hook)
 
     @classmethod
     def from_config(cls, cfg: "TrackerConfig", name: str, factory: Callable[[], Tracker], run_dir: str | Path,
@@ -82,10 +99,7 @@ class AsyncTracker(Tracker):
                     owner: run_lock.RunOwner | None = None,
                     on_open: Callable[[Tracker], None] | None = None) -> "AsyncTracker":
         """The background writer with the bounds a ``TrackerConfig`` sets (runs we open and runs we join)."""
-        return cls(factory, name, run_dir, queue_size=cfg.queue_size, flush_interval_s=cfg.flush_interval_s,
-                   retries=cfg.retries, retry_backoff_s=cfg.retry_backoff_s, call_timeout_s=cfg.call_timeout_s,
-                   finish_timeout_s=cfg.finish_timeout_s, probe_interval_s=cfg.probe_interval_s,
-                   open_timeout_s=cfg.open_timeout_s, spec=spec, gate=gate, owner=owner, on_open=on_open)
+        return cls(factory, name, run_dir, WriterSettings.from_config(cfg), spec, gate, owner, on_open)
 
     @property
     def dropped(self) -> int:
@@ -116,12 +130,25 @@ class AsyncTracker(Tracker):
             self._spill(call, args, ts, self._gone or "logged after finish()")
             return
         try:
-            self._q.put((call, args, ts), timeout=self._put_timeout)
+            self._q.put((call, args, ts), timeout=self.settings.put_timeout_s)
         except queue.Full:  # never block training: keep the record in the spool instead
             self._spill(call, args, ts, "queue full (backend too slow)")
             return
+        if call != "log_metrics":
+            self._wake()  # a table, tag or job: written at once (with the metrics before it)
+        else:
+            self._unsent_values += len(args[0])
+            self._unsent_records += 1
+            if (self._unsent_values >= self._writer.batch_values or self._unsent_records >= self._wake_records
+                    or self._first):
+                self._wake()  # a full request's worth (or half the queue, or the first: it opens the run)
+                self._first = False
         if self._gone is not None:  # it died just now: nobody will take what was queued
             hand_over(self._q, self._pending, self._spill, self._gone)
+
+    def _wake(self) -> None:
+        self._unsent_values = self._unsent_records = 0
+        self._writer.wake.set()
 
     def log_metrics(self, metrics, step):
         self._put("log_metrics", dict(metrics), int(step))
@@ -150,23 +177,34 @@ class AsyncTracker(Tracker):
             self._spill.run_job(job, self._gone or "logged after finish()", now_ms())
             return
         try:
-            self._q.put(("submit", (job,), now_ms()), timeout=self._put_timeout)
+            self._q.put(("submit", (job,), now_ms()), timeout=self.settings.put_timeout_s)
         except queue.Full:
             self._spill.run_job(job, "queue full (backend too slow)", now_ms())
+            return
+        self._wake()
 
     def flush(self, timeout_s: float | None = None) -> None:
-        """Wait until everything queued so far is written or spooled (at most ``finish_timeout_s``)."""
+        """Wait until everything logged so far is written or spooled (at most ``finish_timeout_s``)."""
         if self._finished:
             return
         limit = clamp_wait(self.finish_timeout_s if timeout_s is None else timeout_s, self.finish_timeout_s)
+        deadline = time.monotonic() + limit
+        if self._gone is None:
+            try:  # done once the metrics merged before it are written: the interval is not waited for
+                self._q.put((FLUSH, (), 0), timeout=limit)
+            except queue.Full:
+                pass
+            self._wake()
         with self._q.all_tasks_done:
-            self._q.all_tasks_done.wait_for(lambda: self._q.unfinished_tasks == 0 or self._gone is not None, limit)
+            self._q.all_tasks_done.wait_for(lambda: self._q.unfinished_tasks == 0 or self._gone is not None,
+                                            max(0.0, deadline - time.monotonic()))
 
     def finish(self, status: str = "success", timeout_s: float | None = None) -> None:
         """Deliver what is queued and the final ``status``; after ``timeout_s`` spool the rest. Always returns."""
         if self._finished:
             return
         self._finished = True
+        atexit.unregister(self._exit_hook)
         status = final_status(status)  # finish("failed") during a Ctrl-C: the run was killed
         from .. import sigterm
 
@@ -193,6 +231,7 @@ class AsyncTracker(Tracker):
             self._q.put((STOP, (), 0), timeout=max(0.0, deadline - time.monotonic()))
         except queue.Full:
             pass
+        self._wake()
 
     def _abandon(self, status: str, why: str) -> None:
         """finish() ran out of time: spool everything still pending, in flight or queued, and the status."""
@@ -204,3 +243,20 @@ class AsyncTracker(Tracker):
             self._spill.warn_once("abandon", f"gradloc-track: the {self.name} writer did not finish within the "
                                   f"bound ({why}); what was left is in {self.spool.path} "
                                   f"(`gradloc-track replay {self.run_dir}`)")
+
+    def _at_exit(self) -> None:
+        """The process exits and nobody finished this run: what is pending is written now (the interval
+        is not waited for), else spooled; a ``finish()`` after this (another exit hook) spools its status."""
+        if self._finished or self._gone is not None:
+            return
+        self.flush(min(self.finish_timeout_s, EXIT_FLUSH_S))
+        if self._q.unfinished_tasks or len(self._pending):
+            self._gone = "the process exited before finish()"
+            hand_over(self._q, self._pending, self._spill, self._gone)
+
+
+def _at_exit(ref: "weakref.ref[AsyncTracker]") -> None:
+    """Runs before the daemon writer thread dies with the interpreter (``atexit`` runs while it still runs)."""
+    tracker = ref()
+    if tracker is not None:
+        tracker._at_exit()

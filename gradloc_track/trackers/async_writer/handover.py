@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import queue
 
-from .pending import STOP, Leftovers, PendingRecords
+from .pending import FLUSH, STOP, Leftovers, PendingRecords
 from .spill import Spill
 
 
@@ -47,7 +47,7 @@ def _spool_queue(q: queue.Queue, spill: Spill, reason: str) -> bool:
         try:
             if call == "submit":
                 spill.run_job(args[0], reason, ts)
-            elif call is not STOP:
+            elif call is not STOP and call is not FLUSH:  # (markers: nothing to keep)
                 saw_finish = saw_finish or call == "finish"
                 spill(call, args, ts, reason)
         finally:

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from ..interface import Tracker
 from ..bounded import CallThread, CallTimeout, bounded_call
 from ..run_record import update_run_record
+from .settings import WriterSettings
 
 
 class OpenGate:
@@ -50,13 +52,25 @@ class OpenGate:
             return self._state == "cancelled"
 
 
+@dataclass
+class BackendSource:
+    """What makes one backend run: ``factory()`` builds it (on the call thread); its records are
+    kept under ``run_dir`` as ``name``; ``gate`` (see ``OpenGate``) and ``on_open(backend)``, once
+    the run exists, are optional."""
+
+    factory: Callable[[], Tracker]
+    name: str
+    run_dir: Path
+    gate: OpenGate | None = None
+    on_open: Callable[[Tracker], None] | None = None
+
+
 class LazyBackend:
-    def __init__(self, factory: Callable[[], Tracker], name: str, run_dir: Path, open_timeout_s: float,
-                 calls: CallThread, retries: int, backoff_s: float, gate: OpenGate | None,
-                 on_open: Callable[[Tracker], None] | None = None) -> None:
-        self._factory, self.name, self.run_dir = factory, name, run_dir
-        self.open_timeout_s, self._calls, self._retries, self._backoff = open_timeout_s, calls, retries, backoff_s
-        self._gate, self._on_open = gate, on_open
+    def __init__(self, source: BackendSource, calls: CallThread, settings: WriterSettings) -> None:
+        self._factory, self.name, self.run_dir = source.factory, source.name, source.run_dir
+        self.open_timeout_s, self._calls = settings.open_timeout_s, calls
+        self._retries, self._backoff = settings.retries, settings.retry_backoff_s
+        self._gate, self._on_open = source.gate, source.on_open
         self.inner: Tracker | None = None
         self._opening: Future | None = None  # a factory call that timed out but may still succeed
 

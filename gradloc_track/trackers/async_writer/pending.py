@@ -1,7 +1,8 @@
 """What the writer thread holds between the queue and the backend, where ``finish()`` can take it over.
 
 - metrics merged per step (many ``log_metrics`` calls for one step become one record), taken off
-  one step at a time or, for a backend that takes many steps per request, as a batch of steps;
+  one step at a time or, for a backend that takes many steps per request, as a batch of steps
+  (``values`` counts what is pending, so the writer knows when a batch is full);
 - the record in flight (a backend call running now; it may hang);
 - the held record: a non-metrics record taken off the queue while the metrics queued before it
   are written (they may hang too).
@@ -19,6 +20,8 @@ from typing import Any
 Record = tuple[Any, tuple, int]
 #: queued last by ``finish()``: the writer thread ends when it takes this
 STOP = object()
+#: queued by ``flush()``: every metric merged so far is written before this record is done
+FLUSH = object()
 
 
 def now_ms() -> int:
@@ -39,6 +42,7 @@ class PendingRecords:
         self._lock = threading.Lock()
         self.abandoned: str | None = None  # why finish() gave up on the writer; set once, never cleared
         self._metrics: dict[int, tuple[dict[str, Any], int]] = {}  # step -> (merged metrics, first ts)
+        self.values = 0  # metric values pending, all steps together
         self._inflight: Record | None = None
         self._inflight_spooled = False
         self._held: Record | None = None
@@ -52,7 +56,9 @@ class PendingRecords:
             if self.abandoned is not None:
                 return False
             merged, first_ts = self._metrics.get(step, ({}, ts))
+            before = len(merged)
             merged.update(metrics)
+            self.values += len(merged) - before
             self._metrics[step] = (merged, first_ts)
             return True
 
@@ -63,6 +69,7 @@ class PendingRecords:
                 return None
             step = min(self._metrics)
             metrics, ts = self._metrics.pop(step)
+            self.values -= len(metrics)
         return "log_metrics", (metrics, step), ts
 
     def pop_batch(self, max_metrics: int) -> Record | None:
@@ -77,6 +84,7 @@ class PendingRecords:
                 batch.append((metrics, step, ts))
                 size += len(metrics)
                 del self._metrics[step]
+            self.values -= size
         return ("log_metric_records", (batch,), batch[0][2]) if batch else None
 
     def hold(self, record: Record) -> None:
@@ -106,7 +114,7 @@ class PendingRecords:
         """``finish()`` gives up: everything held here is the caller's to spool; nothing more is accepted."""
         with self._lock:
             self.abandoned = reason
-            metrics, self._metrics = self._metrics, {}
+            metrics, self._metrics, self.values = self._metrics, {}, 0
             inflight = self._inflight
             self._inflight_spooled = inflight is not None
             held, self._held = self._held, None

@@ -1,15 +1,22 @@
-"""The writer thread: records off the queue in order, metrics merged per step, each record
-delivered through the call thread within ``call_timeout_s``, or spooled.
+"""The writer thread: records off the queue in order, metrics merged per step and written ACROSS
+steps, each backend call bounded by ``call_timeout_s``, else spooled.
 
-Order is kept: a non-metrics record waits (held) until the metrics queued before it are written.
-Metrics are written at least every ``flush_interval_s``, when 256 steps are pending, and whenever
-the queue runs empty (so ``flush()`` never returns with metrics held back).
+When metrics are written (a step of metrics never wakes this thread):
+- every ``flush_interval_s``: everything pending, in as few requests as the backend takes;
+- when a request is full (the backend's ``max_metrics_per_request`` values, or ``MAX_PENDING_STEPS``
+  steps): the full requests at once, the rest at the interval;
+- ahead of any other record (order is kept: a table, tag or job waits, held, until the metrics
+  queued before it are written), on ``flush()`` (its ``FLUSH`` record is done only once they are
+  written) and at ``finish()``.
+So a run logging every step sends one request per interval (or per full batch), not one per step:
+each request is a burst of the SDK's work (an MLflow ``log_batch`` into SQLite is ~10 ms of Python
+before its first metric), and bursts that run beside training take the GIL from it.
 
-Batches across steps: a backend with ``log_metric_records`` (MLflow's ``log_batch`` takes many
-metrics, each with its step) gets every pending step in ONE request, in step order, up to its
-``max_metrics_per_request``. While a slow request is in flight the next steps pile up in pending
-and go together in the next one, so a server slower than training still receives every step
-while training runs. Backends without it (W&B: its ``log`` is local) get one call per step.
+Batches: a backend with ``log_metric_records`` (MLflow's ``log_batch`` takes many metrics, each
+with its step; the W&B adapter logs the steps one by one inside one call) gets the pending steps in
+ONE call, in step order, up to its ``max_metrics_per_request``. While a slow request is in flight the
+next steps pile up in pending and go together in the next one, so a server slower than training
+still receives every step while training runs. Other backends get one call per step, together.
 
 Nothing a backend raises kills this thread: ``BaseException``s come back from the call thread
 as ``CallAborted`` (a failed call: down, spooled), and the loop guards the rest.
@@ -17,37 +24,41 @@ as ``CallAborted`` (a failed call: down, spooled), and the loop guards the rest.
 from __future__ import annotations
 
 import queue
+import threading
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 from ..interface import Tracker
-from ..bounded import CallThread, bounded_call, clamp_wait
+from ..bounded import MAX_WAIT_S, CallThread, bounded_call
 from ..naming import DROPPED_KEY
 from ..run_record import update_run_record
 from .health import BackendHealth
 from .jobs import JobSink, run_job
-from .opener import LazyBackend, OpenGate
-from .pending import STOP, PendingRecords
+from .opener import BackendSource, LazyBackend
+from .pending import FLUSH, STOP, PendingRecords
+from .settings import WriterSettings
 from .spill import Spill
 
-MAX_PENDING_STEPS = 256  # merged steps held before they are written regardless of the interval
-MAX_METRICS_PER_REQUEST = 1000  # a batch's size when the backend names none
+MAX_PENDING_STEPS = 256  # merged steps that make a full request whatever the backend
+MAX_METRICS_PER_REQUEST = 1000  # a request's size when the backend names none
 
 
 class WriterLoop:
-    def __init__(self, factory: Callable[[], Tracker], name: str, run_dir: Path, q: queue.Queue,
-                 pending: PendingRecords, spill: Spill, *, flush_interval_s: float, retries: int,
-                 retry_backoff_s: float, call_timeout_s: float, probe_interval_s: float, open_timeout_s: float,
-                 gate: OpenGate | None, on_open: Callable[[Tracker], None] | None = None) -> None:
-        self.name, self.run_dir, self.q, self.pending, self.spill = name, run_dir, q, pending, spill
-        self.flush_interval_s, self.call_timeout_s = clamp_wait(flush_interval_s), clamp_wait(call_timeout_s)
-        self.retries, self.retry_backoff_s = retries, retry_backoff_s
-        self.calls = CallThread(f"gradloc-track-{name}-call")
-        self.health = BackendHealth(name, probe_interval_s, spill.spool.path)
-        self.backend = LazyBackend(factory, name, run_dir, open_timeout_s, self.calls, retries, retry_backoff_s,
-                                   gate, on_open)
+    def __init__(self, source: BackendSource, q: queue.Queue, pending: PendingRecords, spill: Spill,
+                 settings: WriterSettings) -> None:
+        self.name, self.run_dir, self.q, self.pending, self.spill = source.name, source.run_dir, q, pending, spill
+        self.flush_interval_s, self.call_timeout_s = settings.flush_interval_s, settings.call_timeout_s
+        self.retries, self.retry_backoff_s = settings.retries, settings.retry_backoff_s
+        self.calls = CallThread(f"gradloc-track-{self.name}-call")
+        self.health = BackendHealth(self.name, settings.probe_interval_s, spill.spool.path)
+        self.backend = LazyBackend(source, self.calls, settings)
+        #: set by the producer when this thread must not wait for the interval (flush, finish, a full
+        #: batch, a record that is not metrics); a step of metrics alone never sets it
+        self.wake = threading.Event()
+        #: values in one full request (the backend's own limit once it is open)
+        self.batch_values = MAX_METRICS_PER_REQUEST
         self.status_handled = False  # the final status reached the backend or the spool
+        self._due = 0.0  # when pending metrics are written (the first ones at once: they open the run)
         self._last_step = 0
         self._reported_dropped = 0
 
@@ -57,39 +68,46 @@ class WriterLoop:
 
     # -- the loop --------------------------------------------------------------------------------
     def run(self) -> None:
-        last = time.monotonic()
+        while True:
+            self.wake.wait(self._wait_s())
+            self.wake.clear()  # (before draining: a record queued from here on wakes the next wait)
+            if self._drain():
+                return
+            if self.pending.abandoned is not None:
+                return  # finish() took over: everything left is in the spool
+            self._guard(self._write_metrics, time.monotonic() >= self._due)
+
+    def _wait_s(self) -> float:
+        if not len(self.pending):
+            return self.flush_interval_s
+        return min(max(0.0, self._due - time.monotonic()), MAX_WAIT_S)
+
+    def _drain(self) -> bool:
+        """Take every record queued now, in order; ``True`` when the last one was ``STOP``."""
         while True:
             try:
-                call, args, ts = self.q.get(timeout=self.flush_interval_s)
+                call, args, ts = self.q.get_nowait()
             except queue.Empty:
-                if self.pending.abandoned is not None:
-                    return  # finish() took over: everything left is in the spool
-                self._guard(self._write_metrics)
-                last = time.monotonic()
-                continue
+                return False
             try:
                 if call is STOP:
-                    self._guard(self._write_metrics)
-                    return
-                last = self._take(call, args, ts, last)
+                    self._guard(self._write_metrics, True)
+                    return True
+                self._take(call, args, ts)
             finally:
                 self.q.task_done()
 
-    def _take(self, call: str, args: tuple, ts: int, last: float) -> float:
-        """Handle one queued record; returns when metrics were last written."""
+    def _take(self, call: Any, args: tuple, ts: int) -> None:
         if call == "log_metrics":
             self._guard(self._merge, args, ts)
-            if time.monotonic() - last >= self.flush_interval_s or len(self.pending) >= MAX_PENDING_STEPS:
-                self._guard(self._write_metrics)
-                last = time.monotonic()
+            self._guard(self._write_metrics, False)  # (only requests that are full)
+        elif call is FLUSH:
+            self._guard(self._write_metrics, True)
         else:  # keep order: metrics queued before this record go first
             self.pending.hold((call, args, ts))
-            self._guard(self._write_metrics)
+            self._guard(self._write_metrics, True)
             if self.pending.unhold() is not None:  # None: finish() gave up meanwhile and spooled it in order
                 self._guard(self._handle, call, args, ts)
-        if self.q.qsize() == 0:  # flush() must not return with metrics held back
-            self._guard(self._write_metrics)
-        return last
 
     def _guard(self, fn: Callable, *args: Any) -> None:
         """The writer thread never dies: an unexpected error (any ``BaseException``) is reported once and skipped."""
@@ -104,17 +122,25 @@ class WriterLoop:
         if not self.pending.merge(metrics, step, ts):
             self.spill("log_metrics", args, ts, self.pending.abandoned)
 
-    def _write_metrics(self) -> None:
-        # what is not yet in flight stays visible to finish()'s hand-over
-        while len(self.pending):
-            inner = self.backend.inner  # (None until opened: the first step opens it)
+    def _full(self) -> bool:
+        """The pending metrics fill a request (``- 1``: room for ``tracker/dropped`` in the same one)."""
+        return len(self.pending) >= MAX_PENDING_STEPS or self.pending.values >= self.batch_values - 1
+
+    def _write_metrics(self, everything: bool) -> None:
+        """Pending metrics to the backend: all of them (``everything``: due, flushed, or ahead of another
+        record), else only full requests. What is not yet in flight stays visible to finish()'s hand-over."""
+        wrote = False
+        while len(self.pending) and (everything or self._full()):
+            inner = self.backend.inner  # (None until opened: the first write opens it)
             if inner is not None and callable(getattr(inner, "log_metric_records", None)):
-                limit = getattr(inner, "max_metrics_per_request", MAX_METRICS_PER_REQUEST)
-                record = self.pending.pop_batch(limit - 1)  # (room for tracker/dropped: still one request)
-            else:
-                record = self.pending.pop_first()
+                record = self.pending.pop_batch(self.batch_values - 1)
+            else:  # one call per step: a full set of steps goes at once
+                record, everything = self.pending.pop_first(), True
             if record is not None:
                 self.deliver(*record)
+                wrote = True
+        if wrote and everything:
+            self._due = time.monotonic() + self.flush_interval_s
 
     def _handle(self, call: str, args: tuple, ts: int) -> None:
         if call == "submit":
@@ -184,6 +210,7 @@ class WriterLoop:
             self._down(exc)
             return None
         self.health.up()
+        self.batch_values = int(getattr(inner, "max_metrics_per_request", MAX_METRICS_PER_REQUEST))
         return inner
 
     def _down(self, exc: BaseException) -> None:
