@@ -25,7 +25,7 @@ import torch
 from ..norms import _is_dtensor
 from .packing import HostPack
 
-LOSS, SAMPLE_MAX, UPDATE, WEIGHT = "\0loss", "\0sample_max", "\0update", "\0weight_norm"
+LOSS, SAMPLE_MAX, UPDATE, WEIGHT = "loss", "sample_max", "update", "weight_norm"  # HostPack slots
 EPS2 = 1e-16  # Adam's eps (1e-8) squared: the floor under a tensor's second moment
 
 
@@ -77,31 +77,31 @@ class DetectorInputs:
         """The wanted values, as device scalars, into this step's transfer."""
         dev = pack.device
         if "loss" in self.wants and self._loss is not None:
-            pack.add([LOSS], as_device_value(self._loss, dev))
+            pack.add_slot(LOSS, as_device_value(self._loss, dev))
         if "sample_losses" in self.wants:
             smax = sample_max(self._samples, dev)
             if smax is not None:
-                pack.add([SAMPLE_MAX], smax)
+                pack.add_slot(SAMPLE_MAX, smax)
         if "update" in self.wants and self._groups:
             u = self.update_norm(params, grad_sq)
             if u is not None:
-                pack.add([UPDATE], u)
+                pack.add_slot(UPDATE, u)
         if "weight_norm" in self.wants and self._w_sq is not None:
-            pack.add([WEIGHT], self._w_sq.sum().sqrt())
+            pack.add_slot(WEIGHT, self._w_sq.sum().sqrt())
 
-    def read(self, host: dict[str, float]) -> dict[str, Any]:
-        """Pop the values from the host dict; the keywords for ``SpikeDetector.update``."""
+    def read(self, slots: dict[str, float]) -> dict[str, Any]:
+        """The keywords for ``SpikeDetector.update`` from the transfer's slots (``HostValues.slots``)."""
         out: dict[str, Any] = {}
-        if WEIGHT in host:
-            self.weight_norm = host.pop(WEIGHT)
+        if WEIGHT in slots:
+            self.weight_norm = slots[WEIGHT]
         if "weight_norm" in self.wants and self.weight_norm is not None:
             out["weight_norm"] = self.weight_norm
-        if LOSS in host:
-            out["loss"] = host.pop(LOSS)
-        if SAMPLE_MAX in host:
-            out["sample_losses"] = [host.pop(SAMPLE_MAX)]
-        if UPDATE in host:
-            out["update"] = host.pop(UPDATE)
+        if LOSS in slots:
+            out["loss"] = slots[LOSS]
+        if SAMPLE_MAX in slots:
+            out["sample_losses"] = [slots[SAMPLE_MAX]]
+        if UPDATE in slots:
+            out["update"] = slots[UPDATE]
         return out
 
     @torch.no_grad()

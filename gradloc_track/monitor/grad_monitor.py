@@ -242,7 +242,7 @@ class GradMonitor:
             return
         pack = HostPack(grad_sq.device)
         add_clip(pack, self.param_set, stats.clip)
-        host = pack.to_host()  # host sync: the clip metrics, known only after the verdict
+        host = pack.to_host().metrics  # host sync: the clip metrics, known only after the verdict
         after_transfer(self.clipper, host, self._warn_once)
         stats.metrics.update(loggable(host, self.config.per_tensor))
 
@@ -254,19 +254,20 @@ class GradMonitor:
         pack = HostPack(grad_sq.device)
         add_norms(pack, self.param_set, grad_sq, w_sq, clip_result)
         lr, weight_decay = self.optimizer_metrics.read(lr, weight_decay)
-        pack.add_if_tensor(LR, lr)
-        pack.add_if_tensor(WD, weight_decay)
+        pack.add_slot_if_tensor(LR, lr)
+        pack.add_slot_if_tensor(WD, weight_decay)
         n_tokens = n_micro = None
         if spike_context is not None and self._detector_counts_tokens:
             n_tokens, n_micro = self.responder.count_tokens(pack, spike_context)
         if self.detector is not None:
             self.detector_inputs.add(pack, self.params, grad_sq)
-        host = pack.to_host()
-        extra = self.detector_inputs.read(host)
+        values = pack.to_host()
+        host, slots = values.metrics, values.slots
+        extra = self.detector_inputs.read(slots)
         after_transfer(self.clipper, host, self._warn_once, self.skip_guard)
-        lr, weight_decay = host.pop(LR, lr), host.pop(WD, weight_decay)
-        if N_TOKENS in host:
-            n_tokens = int(host.pop(N_TOKENS))
+        lr, weight_decay = slots.get(LR, lr), slots.get(WD, weight_decay)
+        if N_TOKENS in slots:
+            n_tokens = int(slots[N_TOKENS])
         metrics = loggable(host, self.config.per_tensor)
         metrics.update(self.optimizer_metrics.metrics(lr, weight_decay))
         stats = GradStats(step, self.grouping, grad_sq, logged=log_now, metrics=metrics, clip=clip_result,

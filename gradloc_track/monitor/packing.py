@@ -1,17 +1,26 @@
 """The one host transfer of a step: every value to log, gathered as named device values.
 
 One ``torch.cat(...).tolist()`` moves them all, so a logging step waits for the device once.
-Internal slots (the learning rate when it is a tensor, the spike context's token count) start
-with ``\\0`` and are popped before logging.
+Metrics (``add``) and internal slots (``add_slot``: the learning rate when it is a tensor, the spike
+context's token count, the detector's inputs) ride in the same transfer and come back apart
+(``HostValues.metrics`` / ``.slots``): a slot can never be logged as a metric by mistake.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-N_TOKENS = "\0n_tokens"  # internal pack slots, never logged
-LR, WD = "\0lr", "\0weight_decay"
+N_TOKENS, LR, WD = "n_tokens", "lr", "weight_decay"  # internal slots (``HostValues.slots``), never logged
+
+
+@dataclass
+class HostValues:
+    """One transfer's values on the host: the metrics, and the internal slots apart from them."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    slots: dict[str, float] = field(default_factory=dict)
 
 
 class HostPack:
@@ -19,21 +28,32 @@ class HostPack:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.keys: list[str] = []
+        self.keys: list[tuple[bool, str]] = []  # (is a slot, name) per value
         self.parts: list[torch.Tensor] = []
 
     def add(self, keys: list[str], values: torch.Tensor) -> None:
+        """Metric values, one per key."""
+        self._add([(False, k) for k in keys], values)
+
+    def add_slot(self, name: str, value: torch.Tensor) -> None:
+        """One internal value (a 0-d or 1-element tensor) that rides along and is never logged."""
+        self._add([(True, name)], value)
+
+    def add_slot_if_tensor(self, name: str, value: Any) -> None:
+        """A value known only on the device (a capturable optimizer's tensor lr) rides along."""
+        if isinstance(value, torch.Tensor):
+            self.add_slot(name, value)
+
+    def _add(self, keys: list[tuple[bool, str]], values: torch.Tensor) -> None:
         self.keys += keys
         self.parts.append(values.detach().reshape(-1).to(self.device, torch.float32))
 
-    def add_if_tensor(self, key: str, value: Any) -> None:
-        """A value known only on the device (a capturable optimizer's tensor lr) rides along."""
-        if isinstance(value, torch.Tensor):
-            self.add([key], value)
-
-    def to_host(self) -> dict[str, float]:
+    def to_host(self) -> HostValues:
         values = torch.cat(self.parts).tolist()  # THE host sync of this step (one transfer)
-        return dict(zip(self.keys, values))
+        out = HostValues()
+        for (is_slot, name), v in zip(self.keys, values):
+            (out.slots if is_slot else out.metrics)[name] = v
+        return out
 
 
 def add_norms(pack: HostPack, params: Any, grad_sq: torch.Tensor, w_sq: torch.Tensor | None,

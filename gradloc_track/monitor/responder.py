@@ -56,7 +56,7 @@ class SpikeResponder:
         else:
             masks = [masks]
         if all(m.device == pack.device for m in masks):
-            pack.add([N_TOKENS], torch.stack([m.sum() for m in masks]).sum())  # rides along in the one transfer
+            pack.add_slot(N_TOKENS, torch.stack([m.sum() for m in masks]).sum())  # rides along in the one transfer
             return None, n_micro
         # host-side masks with device gradients: summing them on the host waits for nothing
         return int(sum(float(m.sum()) for m in masks)), n_micro

@@ -199,3 +199,17 @@ def test_transfers_per_step_with_the_skip_guard(tiny_gpt, spy, name):
     assert armed.skip_guard is mon.skip_guard  # one guard per clipper and optimizer
     ctx = SpikeContext(lambda m: tiny_gpt.wte.weight.sum() * m.sum(), torch.ones(2, 16))
     assert step_transfers(tiny_gpt, opt, armed, [6, 7], spy, spike_context=ctx) == [1, 1]
+
+
+def test_slots_ride_in_the_same_transfer_and_never_come_back_as_metrics(spy):
+    from gradloc_track.monitor.packing import HostPack
+
+    pack = HostPack(torch.device("cpu"))
+    pack.add(["grad_norm/global", "grad_norm/layer/h.0"], torch.tensor([3.0, 4.0]))
+    pack.add_slot("lr", torch.tensor(1e-3))
+    pack.add_slot_if_tensor("weight_decay", 0.1)  # a host number needs no ride
+    pack.add_slot("grad_norm/global", torch.tensor(-1.0))  # a slot named like a metric stays a slot
+    values = pack.to_host()
+    assert spy.calls == ["tolist"]  # one transfer for metrics and slots together
+    assert values.metrics == {"grad_norm/global": 3.0, "grad_norm/layer/h.0": 4.0}
+    assert values.slots == {"lr": pytest.approx(1e-3), "grad_norm/global": -1.0}
