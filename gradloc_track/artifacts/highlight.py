@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import html
 import math
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
@@ -238,7 +239,7 @@ def render_highlight_html(step: int, events: Sequence[SpikeEvent], result: Locat
         view_ctx, view = (ctx.micro_batch_view(mb), result.for_micro_batch(mb)) if per_mb and mb is not None \
             else (ctx, result)
         full = key in ranked[:FULL_TEXT_SAMPLES]
-        body.append(_section(mb, sample, groups[key], view, view_ctx, lo, hi, window, full))
+        body.append(_section(mb, sample, groups[key], view, view_ctx, _Look(lo, hi, window), full))
     if len(ranked) > MAX_SAMPLES:
         body.append(f"<p class='meta'>{len(ranked) - MAX_SAMPLES} more sample(s) with culprits are not shown here: "
                     "every culprit is listed in the spikes/tokens table</p>")
@@ -315,9 +316,19 @@ def _micro_batch_line(c: Culprit) -> str:
             f"token in it stands out · {c.n_terms} loss terms · share {share} · grad norm {c.grad_norm:.3e}</div>")
 
 
-def _section(mb: int | None, sample: int, culprits: list, result: LocateResult, ctx: Any, lo: float, hi: float,
-             window: int, full_text: bool) -> str:
+@dataclass(frozen=True)
+class _Look:
+    """How every section of a page is drawn: the colour scale's range and the context window."""
+
+    lo: float
+    hi: float
+    window: int
+
+
+def _section(mb: int | None, sample: int, culprits: list, result: LocateResult, ctx: Any, look: _Look,
+             full_text: bool) -> str:
     """One sample: its name, the culprit units' lines, the text around the culprits, the token table."""
+    lo, hi, window = look.lo, look.hi, look.window
     esc = html.escape
     tokens = {c.position: c for c in culprits if c.level == "token"}
     units = [c for c in culprits if c.level != "token"]
