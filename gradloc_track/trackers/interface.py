@@ -111,6 +111,53 @@ class Tracker:
         self.finish(exit_status(exc_type))
 
 
+class ForwardingTracker(Tracker):
+    """Every call goes to ``inner``; a wrapper overrides only the calls it changes (verl's held
+    metrics, a shared W&B run's training-thread rows)."""
+
+    def __init__(self, inner: Tracker) -> None:
+        self.inner = inner
+
+    @property
+    def run_dir(self) -> Path | None:  # type: ignore[override]
+        return getattr(self.inner, "run_dir", None)
+
+    @property
+    def dropped(self) -> int:  # type: ignore[override]
+        return getattr(self.inner, "dropped", 0)
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        self.inner.log_metrics(metrics, step)
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        self.inner.log_params(params)
+
+    def log_table(self, key: str, columns: Sequence[str], rows: Sequence[Sequence[Any]],
+                  step: int | None = None) -> None:
+        self.inner.log_table(key, columns, rows, step)
+
+    def log_html(self, key: str, html: str, step: int | None = None) -> None:
+        self.inner.log_html(key, html, step)
+
+    def log_image(self, key: str, path: str | Path, step: int | None = None) -> None:
+        self.inner.log_image(key, path, step)
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        self.inner.log_artifact(path, artifact_path)
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        self.inner.set_tags(tags)
+
+    def submit(self, job: Callable[["Tracker"], None]) -> None:
+        self.inner.submit(job)
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        self.inner.flush(timeout_s)
+
+    def finish(self, status: str = "success", timeout_s: float | None = None) -> None:
+        self.inner.finish(status, timeout_s)
+
+
 class NullTracker(Tracker):
     """Logging off. Identical to the base; a named class reads better at call sites."""
 

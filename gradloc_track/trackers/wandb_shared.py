@@ -36,10 +36,9 @@ from __future__ import annotations
 import collections
 import threading
 import warnings
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from .interface import Tracker
+from .interface import ForwardingTracker, Tracker
 
 MAX_HELD = 8  # our records waiting for the user's next rows before one shares a row
 MEDIA_STEP_KEY = "gradloc/media_step"  # the x-axis of our media in the user's run
@@ -173,7 +172,7 @@ def _add(lane: collections.deque, step_key: str, data: dict[str, Any], step: int
         lane.append([step, {step_key: step, **data} if step is not None else dict(data)])
 
 
-class SharedRunTracker(Tracker):
+class SharedRunTracker(ForwardingTracker):
     """The user's own W&B run: metrics and tables logged on the calling (training) thread through
     ``adapter`` (a spike's tables are logged at its step: they land in its row); everything else
     (HTML and images rendered later, params, tags), and anything that fails there, through
@@ -182,16 +181,9 @@ class SharedRunTracker(Tracker):
     runs_jobs_off_thread = True
 
     def __init__(self, adapter: Tracker, writer: Tracker) -> None:
+        super().__init__(writer)
         self.adapter, self.writer = adapter, writer
         self.name = "wandb"
-
-    @property
-    def run_dir(self) -> Path | None:
-        return self.writer.run_dir
-
-    @property
-    def dropped(self) -> int:
-        return self.writer.dropped
 
     def log_metrics(self, metrics, step):
         try:
@@ -199,32 +191,8 @@ class SharedRunTracker(Tracker):
         except Exception:  # noqa: BLE001 - never into training: the writer retries, else spools
             self.writer.log_metrics(metrics, step)
 
-    def log_params(self, params):
-        self.writer.log_params(params)
-
     def log_table(self, key, columns, rows, step=None):
         try:  # (logged in the hook at the spike's step: it lands in that very row)
             self.adapter.log_table(key, columns, rows, step)
         except Exception:  # noqa: BLE001 - never into training: the writer retries, else spools
             self.writer.log_table(key, columns, rows, step)
-
-    def log_html(self, key, html, step=None):
-        self.writer.log_html(key, html, step)
-
-    def log_image(self, key, path, step=None):
-        self.writer.log_image(key, path, step)
-
-    def log_artifact(self, path, artifact_path=None):
-        self.writer.log_artifact(path, artifact_path)
-
-    def set_tags(self, tags):
-        self.writer.set_tags(tags)
-
-    def submit(self, job: Callable[[Tracker], None]) -> None:
-        self.writer.submit(job)
-
-    def flush(self, timeout_s: float | None = None) -> None:
-        self.writer.flush(timeout_s)
-
-    def finish(self, status: str = "success", timeout_s: float | None = None) -> None:
-        self.writer.finish(status, timeout_s)

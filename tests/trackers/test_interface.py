@@ -37,3 +37,23 @@ def test_a_tracker_without_submit_still_gets_artifacts(tmp_path):
     plain = Plain()
     plain.submit(lambda t: t.log_html("k", "<p/>", 3))
     assert plain.html == [3]
+
+
+def test_a_forwarding_tracker_hands_every_call_to_its_inner_tracker(tmp_path):
+    from gradloc_track.trackers.interface import ForwardingTracker
+    from gradloc_track.trackers.memory_tracker import MemoryTracker
+
+    inner = MemoryTracker(run_dir=tmp_path)
+    fwd = ForwardingTracker(inner)
+    fwd.log_metrics({"a": 1.0}, 3)
+    fwd.log_params({"lr": 0.1})
+    fwd.log_table("spikes/tokens", ["x"], [[1]], 3)
+    fwd.log_html("spikes/highlight", "<p>x</p>", 3)
+    fwd.set_tags({"spike_count": "1"})
+    seen = []
+    fwd.submit(seen.append)
+    fwd.finish("success")
+    assert inner.metrics == [(3, {"a": 1.0})] and inner.params == {"lr": 0.1}
+    assert inner.html == [("spikes/highlight", 3, "<p>x</p>")] and seen == [inner]
+    assert inner.tags == {"spike_count": "1"} and inner.table_calls == [("spikes/tokens", 3, [[1]])]
+    assert fwd.run_dir == tmp_path and fwd.dropped == 0 and inner.finished == "success"

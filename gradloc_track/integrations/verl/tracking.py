@@ -19,7 +19,7 @@ import os
 import warnings
 from typing import Mapping
 
-from ...trackers.interface import Tracker
+from ...trackers.interface import ForwardingTracker, Tracker
 from ...trackers.join import OpenRuns, open_in_process
 from ..handle import Door
 from ..options import WatchOptions
@@ -30,11 +30,11 @@ NO_RUN = ("gradloc-track: no W&B/MLflow run is open in this process and MLFLOW_R
           "workers, or gradloc.tracker=mlflow|wandb, or gradloc.run_dir=DIR for local files)")
 
 
-class VerlMetrics(Tracker):
+class VerlMetrics(ForwardingTracker):
     """Holds ``log_metrics`` for verl's output; everything else goes to ``inner`` (the joined run)."""
 
     def __init__(self, inner: Tracker) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.pending: dict[str, float] = {}
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
@@ -43,34 +43,6 @@ class VerlMetrics(Tracker):
     def take(self) -> dict[str, float]:
         out, self.pending = self.pending, {}
         return out
-
-    def log_params(self, params):
-        self.inner.log_params(params)
-
-    def log_table(self, key, columns, rows, step=None):
-        self.inner.log_table(key, columns, rows, step)
-
-    def log_html(self, key, html, step=None):
-        self.inner.log_html(key, html, step)
-
-    def log_image(self, key, path, step=None):
-        self.inner.log_image(key, path, step)
-
-    def log_artifact(self, path, artifact_path=None):
-        self.inner.log_artifact(path, artifact_path)
-
-    def set_tags(self, tags):
-        self.inner.set_tags(tags)
-
-    def submit(self, job) -> None:
-        submit = getattr(self.inner, "submit", None)
-        submit(job) if callable(submit) else job(self)
-
-    def flush(self, timeout_s: float | None = None) -> None:
-        self.inner.flush(timeout_s)
-
-    def finish(self, status: str = "success", timeout_s: float | None = None) -> None:
-        self.inner.finish(status, timeout_s)
 
 
 def verl_runs() -> OpenRuns:
