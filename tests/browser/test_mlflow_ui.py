@@ -1,6 +1,6 @@
 """A real browser on the real MLflow UI: the highlighted culprit text is what a person sees.
 
-The spike-demo run (clip=adagc) and a short clip=none run are logged to an SQLite store, ``mlflow server``
+The README's spike-demo run (clip=adagc) and a short clip=none run are logged to an SQLite store, ``mlflow server``
 serves it on 127.0.0.1, and headless Chromium (Debian's chromium + chromium-driver) opens the
 run through the link the demo printed (no switch to the "Model training" view), then its
 highlight artifact, the culprit table (rendered as a table), and the experiment's chart view
@@ -28,36 +28,35 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.skipif(not (CHR
 
 @pytest.fixture(scope="module")
 def demo_store(tmp_path_factory):
+    """The README's demo run (shared with tests/examples and tests/docs: one run per session) and, in its
+    store, a short clip=none run so the chart view has two runs to overlay."""
     from hydra import compose, initialize_config_dir
 
     from gradloc_track.config import to_config
-    from gradloc_track.demo.config import register_configs
     from gradloc_track.console import TrainConsole
+    from gradloc_track.demo.config import register_configs
 
+    from ..examples.demo_run import demo_run
     from ..examples.load import load_example
 
-    train_lm = load_example("train_lm").train_lm  # the example app's loop
-
-    root = tmp_path_factory.mktemp("demo-store")
+    demo = demo_run(tmp_path_factory)
+    root = demo.root
     uri = f"sqlite:///{root / 'mlflow.db'}"
+    train_lm = load_example("train_lm").train_lm  # the example app's loop
     register_configs()
     cwd = os.getcwd()
-    os.chdir(root)  # MLflow puts the default artifact root next to the working directory
-    printed = {}
+    os.chdir(root)  # MLflow puts the default artifact root next to the working directory, as the demo's
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-            # the spike run, and a short clip=none run so the chart view has two runs to overlay
-            for clip, steps in (("adagc", 104), ("none", 10)):
-                cfg = to_config(compose("config", overrides=[
-                    "experiment=spike_demo", f"train.steps={steps}", f"clip={clip}", "tracker=mlflow",
-                    f"tracker.mlflow.tracking_uri={uri}", f"run_name='spike_demo[clip={clip}]'",
-                    f"train.cache_dir={root / 'cache'}"]))
-                out = io.StringIO()
-                train_lm(cfg, root / "runs" / clip, console=TrainConsole(stream=out))
-                printed[clip] = out.getvalue()
+            cfg = to_config(compose("config", overrides=[
+                "experiment=spike_demo", "train.steps=10", "clip=none", "tracker=mlflow",
+                f"tracker.mlflow.tracking_uri={uri}", "run_name='spike_demo[clip=none]'",
+                f"train.cache_dir={root / 'cache'}"]))
+            out = io.StringIO()
+            train_lm(cfg, root / "runs" / "none", console=TrainConsole(stream=out))
     finally:
         os.chdir(cwd)
-    return uri, root, printed
+    return uri, root, {"adagc": demo.console, "none": out.getvalue()}
 
 
 def close_assistant_panel(driver) -> None:
@@ -89,7 +88,7 @@ def test_artifact_pages_show_highlighted_culprits_and_the_table_and_charts_overl
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("gradloc-track")
     runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
-    run = runs["spike_demo[clip=adagc]"]
+    (run,) = [r for name, r in runs.items() if name.startswith("spike_demo clip=adagc")]  # the demo's own name
     local = Path(client.download_artifacts(run.info.run_id, "spikes", str(tmp_path)))
     table = read_table(local.parent, "spikes/tokens")
     tokens = {row[table["columns"].index("token")] for row in table["data"]}
@@ -104,7 +103,7 @@ def test_artifact_pages_show_highlighted_culprits_and_the_table_and_charts_overl
         browser.get(server + f"{run_path}?workflowType=machine_learning")
         # the run page itself, in the model-training view (no GenAI side bar: traces, sessions)
         body = wait_for(browser, lambda: (t := browser.find_element(By.TAG_NAME, "body").text)
-                        and "spike_demo[clip=adagc]" in t and "Run ID" in t and t,
+                        and run.info.run_name in t and "Run ID" in t and t,
                         what="the run page opened by the printed link")
         assert "Sessions" not in body and "Evaluation runs" not in body, body[:500]
         close_assistant_panel(browser)
@@ -163,7 +162,7 @@ def test_artifact_pages_show_highlighted_culprits_and_the_table_and_charts_overl
         browser.get(server + charts[0])
         body = wait_for(browser, lambda: (t := browser.find_element(By.TAG_NAME, "body").text)
                         and "spike_demo[clip=none] (clip/total_norm_post)" in t
-                        and "spike_demo[clip=adagc] (clip/total_norm_post)" in t and t,
+                        and re.search(r"spike_demo clip=adagc[^\n]*\(clip/total_norm_post\)", t) and t,
                         what="the chart view with both runs overlaid")
         assert "grad_norm" in body and "Sessions" not in body
         close_assistant_panel(browser)
