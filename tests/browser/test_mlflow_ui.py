@@ -28,8 +28,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.skipif(not (CHR
 
 @pytest.fixture(scope="module")
 def demo_store(tmp_path_factory):
-    """The README's demo run (shared with tests/examples and tests/docs: one run per session) and, in its
-    store, a short clip=none run so the chart view has two runs to overlay."""
+    """The README's demo run (shared with tests/examples and tests/docs: one run per session) and, in a
+    copy of its store, a short clip=none run so the chart view has two runs to overlay."""
     from hydra import compose, initialize_config_dir
 
     from gradloc_track.config import to_config
@@ -40,7 +40,8 @@ def demo_store(tmp_path_factory):
     from ..examples.load import load_example
 
     demo = demo_run(tmp_path_factory)
-    root = demo.root
+    root = tmp_path_factory.mktemp("browser_store")  # a copy: the shared demo's own store stays as it ran
+    shutil.copyfile(demo.root / "mlflow.db", root / "mlflow.db")  # (its artifacts stay where the demo wrote them)
     uri = f"sqlite:///{root / 'mlflow.db'}"
     train_lm = load_example("train_lm").train_lm  # the example app's loop
     register_configs()
