@@ -19,6 +19,7 @@ false events per 1000 clean steps.
     python benchmarks/spike_zoo.py                    # the full table (seeds 0 1 2)
     python benchmarks/spike_zoo.py --quick            # a few minutes: fewer steps, one seed
     python benchmarks/spike_zoo.py --replay           # re-score the cached streams (seconds)
+    python benchmarks/spike_zoo.py --replay --rescore # ... and re-run this code's detector on them
     python benchmarks/spike_zoo.py --families demo --scenarios bad_document lr_jump
 """
 from __future__ import annotations
@@ -111,6 +112,16 @@ def split(family: str, runs: list[RunRecord]) -> Family:
     return fam
 
 
+def _rescorer(overrides: dict):
+    """``family -> trigger``: the library's ``SpikeDetector`` with the family's live configuration (the TRL
+    callback's RL defaults for ``trl``) plus ``--detector``, fed what the monitor fed it live."""
+    from zoo import anchors
+
+    from gradloc_track.integrations.trl.defaults import RL_SPIKES
+
+    return lambda family: anchors.ours(**{**(RL_SPIKES if family == "trl" else {}), **overrides})
+
+
 def main(argv: list[str] | None = None) -> list[Family]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
@@ -120,6 +131,9 @@ def main(argv: list[str] | None = None) -> list[Family]:
     ap.add_argument("--jobs", type=int, default=2, help="runs in parallel (one torch thread each)")
     ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     ap.add_argument("--replay", action="store_true", help="re-score the cached streams, run nothing")
+    ap.add_argument("--rescore", action="store_true",
+                    help="with --replay: 'ours' is this code's detector re-run on the recorded inputs (the live "
+                         "events' probes and causes stay the run's), not what fired live")
     ap.add_argument("--detector", type=json.loads, default={}, help='SpikeConfig overrides, JSON: \'{"z_thresh": 5}\'')
     args = ap.parse_args(argv)
     seeds = args.seeds[:1] if args.quick else args.seeds
@@ -129,7 +143,7 @@ def main(argv: list[str] | None = None) -> list[Family]:
                 if (args.cache / f"{f}{'-quick' if args.quick else ''}.json").exists()]
     else:
         fams = record(args.families, seeds, args.quick, args.jobs, args.scenarios, args.cache, args.detector)
-    print(render(fams))
+    print(render(fams, _rescorer(args.detector) if args.replay and args.rescore else None))
     print(f"\n{time.perf_counter() - t0:.0f} s in all; streams in {args.cache}")
     return fams
 

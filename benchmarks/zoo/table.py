@@ -30,10 +30,12 @@ class Family:
     calibration: list[RunRecord] = field(default_factory=list)  # GradLoc's T comes from these
 
 
-def triggers(fam: Family) -> dict[str, Callable]:
+def triggers(fam: Family, ours: Callable | None = None) -> dict[str, Callable]:
+    """The triggers scored side by side; ``ours``: the library's detector re-run on the recorded inputs
+    (``--replay --rescore``) instead of what fired live."""
     warm = max([r.warmup for r in fam.calibration] or [20])
     T = anchors.gradloc_threshold([r.steps for r in fam.calibration], warm)
-    return {"ours": anchors.live, "ours 0.3": fire_03, f"GradLoc T={T:.3g}": anchors.gradloc(T),
+    return {"ours": ours or anchors.live, "ours 0.3": fire_03, f"GradLoc T={T:.3g}": anchors.gradloc(T),
             "ZClip": anchors.zclip, "OLMo 6σ": anchors.olmo}
 
 
@@ -118,12 +120,13 @@ def clean_row(fam: Family, trig: dict[str, Callable]) -> str:
     return f"| {fam.name} | {steps} | " + " | ".join(cells) + " |"
 
 
-def render(families: list[Family]) -> str:
+def render(families: list[Family], ours: Callable[[str], Callable] | None = None) -> str:
+    """The tables; ``ours(family)``, when given, is the trigger scored as ``ours`` (a re-score)."""
     out = []
     for fam in families:
         if not fam.scenarios and not fam.clean:
             continue
-        trig = triggers(fam)
+        trig = triggers(fam, ours(fam.name) if ours else None)
         names = list(trig)
         out.append(f"\n### {fam.name}: recall over injected steps (in parentheses where the scenario did no "
                    "measurable harm)\n")

@@ -301,7 +301,7 @@ class SpikeDetector:
                 "last_step": self._last_step}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        # older states hold 3 (0.1: m4 = 0) or 6 (0.3: no trend) values
+        # older states hold 3 (0.1: m4 = 0), 6 (0.3: no trend) or 8 (no warm-up fourth moment: d4 = 0) values
         self.signals = {k: LogSignal(*v, falls=k in SMOOTH) for k, v in state["signals"].items()}
         self.count = int(state["count"])
         self._history = RunningWindow(self.config.score_window, state["history"])

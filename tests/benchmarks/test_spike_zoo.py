@@ -49,4 +49,6 @@ def test_quick_zoo_scores_two_scenarios():
     assert all(r.fired for r in nan.steps if r.injected)  # non-finite always fires
     table = render([fam])
     assert "| nan_sample | numeric | non-finite" in table and "| demo | " in table
+    # --replay --rescore: this code's detector fed the recorded inputs fires where the live one did
+    assert render([fam], bench._rescorer({"warmup_steps": 10})) == table
     assert all(math.isfinite(r.final_loss) for r in runs)  # the guard skipped the NaN steps

@@ -74,10 +74,11 @@ def test_no_events_during_warmup():
 def reference_stats(logs, warmup, alpha, baseline_alpha):
     """The detector's statistics written out from its docstring (Holt's level and trend, decay
     baseline_alpha, a norm's forecast extrapolating a rising trend only; forecast error moments, decay
-    alpha): warm-up variance from successive differences (fourth moment at its Gaussian value), then
-    EMAs of the forecast errors. Returns (level, var, m4, trend)."""
+    alpha): warm-up variance and fourth moment from successive differences (E[d^2] = 2 var, E[d^4] =
+    2 m4 + 6 var^2, m4 at least its Gaussian value), then EMAs of the forecast errors. Returns (level,
+    var, m4, trend)."""
     level, trend = logs[0], 0.0
-    d2 = var = m4 = 0.0
+    d2 = d4 = var = m4 = 0.0
     for n, x in enumerate(logs[1:], start=2):
         forecast = level + max(trend, 0.0)
         d = x - forecast
@@ -86,7 +87,9 @@ def reference_stats(logs, warmup, alpha, baseline_alpha):
         level = new_level
         if n <= warmup:
             d2 += ((x - logs[n - 2]) ** 2 - d2) / (n - 1)
-            var, m4 = d2 / 2, 3 * (d2 / 2) ** 2
+            d4 += ((x - logs[n - 2]) ** 4 - d4) / (n - 1)
+            var = d2 / 2
+            m4 = max(3 * var ** 2, (d4 - 6 * var ** 2) / 2)
         else:
             var = alpha * var + (1 - alpha) * d * d
             m4 = alpha * m4 + (1 - alpha) * d ** 4

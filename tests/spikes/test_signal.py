@@ -1,7 +1,8 @@
 """``LogSignal`` against Holt's linear exponential smoothing written out from the textbook equations
 (level ``l_t = a x_t + (1 - a)(l_{t-1} + b_{t-1})``, trend ``b_t = a (l_t - l_{t-1}) + (1 - a) b_{t-1}``,
-``a = 1 - baseline_alpha``), the warm-up variance from successive differences and the tail factor
-from the error moments, all recomputed from the whole series in plain loops."""
+``a = 1 - baseline_alpha``), the warm-up variance and fourth moment from successive differences
+(``E[d^2] = 2 var``, ``E[d^4] = 2 m4 + 6 var^2`` for independent noise) and the tail factor from the
+error moments, all recomputed from the whole series in plain loops."""
 from __future__ import annotations
 
 import math
@@ -30,9 +31,9 @@ def holt(xs: list[float], falls: bool) -> dict[str, float]:
         new_level = a * x + (1 - a) * forecast
         trend = a * (new_level - level) + (1 - a) * trend
         level = new_level
-    diffs = [(xs[i] - xs[i - 1]) ** 2 for i in range(1, min(len(xs), WARMUP))]
-    var = sum(diffs) / len(diffs) / 2  # successive differences: E[d^2] = 2 var
-    m4 = 3 * var * var
+    diffs = [xs[i] - xs[i - 1] for i in range(1, min(len(xs), WARMUP))]
+    var = sum(d * d for d in diffs) / len(diffs) / 2  # successive differences: E[d^2] = 2 var
+    m4 = max(3 * var * var, (sum(d ** 4 for d in diffs) / len(diffs) - 6 * var * var) / 2)  # E[d^4] = 2 m4 + 6 var^2
     for e in errors[WARMUP - 1:]:  # after warm-up: EMAs of the squared and fourth-power errors
         var = ALPHA * var + (1 - ALPHA) * e * e
         m4 = ALPHA * m4 + (1 - ALPHA) * e ** 4
@@ -56,6 +57,33 @@ def test_level_trend_and_moments_match_holts_equations(falls, seed):
     z, ratio = sig.z_ratio(ref["forecast"] + 1.0)
     assert z == pytest.approx(1.0 / math.sqrt(ref["var"]), rel=1e-9) and ratio == pytest.approx(math.e)
     assert sig.baseline == pytest.approx(math.exp(ref["forecast"]))
+
+
+def heavy_tailed(n: int) -> list[float]:
+    """Small wobbles and one large jump (kurtosis far above 3), as a small batch's norm."""
+    return [1.0 if i == n // 2 else 0.05 * (-1) ** i for i in range(n)]
+
+
+def test_the_warm_up_measures_the_tails_instead_of_assuming_them_gaussian():
+    """The fourth moment at the end of warm-up is the successive-difference estimate (the reference:
+    the whole window's moments, then ``m4 = (E[d^4] - 6 var^2) / 2``), so a heavy-tailed signal gets
+    its tail correction from its first armed step; i.i.d. Gaussian noise stays near 3 var^2."""
+    warmup = 40
+    xs = heavy_tailed(warmup)
+    sig = LogSignal()
+    for x in xs:
+        sig.absorb(x, ALPHA, BASE, warmup)
+    d = [xs[i] - xs[i - 1] for i in range(1, warmup)]
+    e2, e4 = sum(v * v for v in d) / len(d), sum(v ** 4 for v in d) / len(d)
+    assert sig.var == pytest.approx(e2 / 2, rel=1e-12)
+    assert sig.m4 == pytest.approx(max(3 * (e2 / 2) ** 2, (e4 - 6 * (e2 / 2) ** 2) / 2), rel=1e-12)
+    assert sig.tail_factor() > 1.2  # the old start (m4 = 3 var^2) gave 1.0 here
+    rng = random.Random(1)
+    gauss = [rng.gauss(0, 0.1) for _ in range(2000)]
+    g = LogSignal()
+    for x in gauss:
+        g.absorb(x, ALPHA, BASE, len(gauss))
+    assert g.m4 / g.var ** 2 == pytest.approx(3.0, abs=0.5) and g.tail_factor() < 1.05
 
 
 def test_a_falling_trend_is_extrapolated_for_smooth_signals_only():
