@@ -13,16 +13,17 @@ localization (slowest rank, median of ``--repeats``), as a ratio to one process 
 from __future__ import annotations
 
 import argparse
-import os
-import socket
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _gloo import run_ranks  # noqa: E402
 
 G, B, T, V = 4, 8, 64, 256
 BAD = (3, 5)  # (piece, row) of the culprit
@@ -88,26 +89,14 @@ def measure(model, located, world: int, repeats: int) -> tuple[list, int, float]
     return rows, res.probes, statistics.median(times)
 
 
-def worker(rank: int, world: int, port: str, args, queue) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.set_num_threads(1)
+def worker(rank: int, world: int, args) -> tuple:
+    """One rank (inside its gloo group, ``_gloo.run_ranks``): what rank 0 reports."""
     from torch.nn.parallel import DistributedDataParallel
 
     model = build()
     k = G // world
     located = step(DistributedDataParallel(model), args.case, [rank * k + i for i in range(k)], k * B * T)
-    out = measure(model, located, world, args.repeats)
-    if rank == 0:
-        queue.put(out)
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-def free_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
+    return measure(model, located, world, args.repeats)
 
 
 def run_world(world: int, args) -> tuple:
@@ -115,17 +104,7 @@ def run_world(world: int, args) -> tuple:
         torch.set_num_threads(1)
         model = build()
         return measure(model, step(model, args.case, list(range(G)), G * B * T), 1, args.repeats)
-    ctx = mp.get_context("spawn")
-    queue, port = ctx.SimpleQueue(), free_port()
-    procs = [ctx.Process(target=worker, args=(r, world, port, args, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    out = queue.get()
-    for p in procs:
-        p.join(600)
-        if p.exitcode != 0:
-            sys.exit(f"a rank failed (exit code {p.exitcode})")
-    return out
+    return run_ranks(world, worker, args)
 
 
 def main() -> None:

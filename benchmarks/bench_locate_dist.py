@@ -13,16 +13,17 @@ it needs an explicit threshold (a quarter of auto's adaptive one, see ``worker``
 from __future__ import annotations
 
 import argparse
-import os
-import socket
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _gloo import run_ranks  # noqa: E402
 
 V, T = 64, 256
 METHODS = ("gradloc", "auto")
@@ -51,10 +52,8 @@ def case(model, rank: int, world: int, n_local: int, m: int):
     return loss_fn, torch.ones(B, T), culprits
 
 
-def worker(rank: int, world: int, port: str, args, queue) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.set_num_threads(1)
+def worker(rank: int, world: int, args) -> list:
+    """One rank (inside its gloo group, ``_gloo.run_ranks``): the rows rank 0 reports."""
     import gradloc_track
     from gradloc_track.demo.model import TinyGPT
     from torch.nn.parallel import DistributedDataParallel
@@ -87,16 +86,7 @@ def worker(rank: int, world: int, port: str, args, queue) -> None:
             got = {(c.rank, c.batch, c.position) for c in res.tokens}
             rows.append((world, m, method, res.probes, statistics.median(times[method]),
                          len(got & truth) / len(truth), len(got - truth)))
-    if rank == 0:
-        queue.put(rows)
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-def free_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
+    return rows
 
 
 def main() -> None:
@@ -107,19 +97,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--budget", type=int, default=256)
     args = ap.parse_args()
-    ctx = mp.get_context("spawn")
     rows = []
     for world in args.worlds:
-        queue = ctx.SimpleQueue()
-        port = free_port()
-        procs = [ctx.Process(target=worker, args=(r, world, port, args, queue)) for r in range(world)]
-        for p in procs:
-            p.start()
-        rows += queue.get()
-        for p in procs:
-            p.join(600)
-            if p.exitcode != 0:
-                sys.exit(f"a rank failed (exit code {p.exitcode})")
+        rows += run_ranks(world, worker, args)
     print(f"\nlocate() under DDP on gloo, {args.terms} loss terms per rank, culprits on different ranks")
     print(f"{'world':>6}{'m':>4}{'method':>9}{'probes':>8}{'seconds':>9}{'recall':>8}{'false+':>8}{'probe ratio':>13}")
     by = {(w, m, meth): (p, s) for w, m, meth, p, s, _, _ in rows}
