@@ -93,7 +93,7 @@ def locate_one(model: torch.nn.Module, step: LocateStep, options: SearchOptions)
         for i in range(prober.k):
             if terms[i]:  # armed here, run by the micro-batch's first probes (additivity.py)
                 check_additive(prober, i, terms[i], prober.rng_states[i])
-        reference = Reference(snap.grads_for(prober.params), scale)
+        reference = Reference(snap.grads_for(prober.params), scale)  # .grad as the step left it
         try:
             result = find_culprits(prober, model, terms, Search(options.method, options.threshold, options.group_by,
                                                                 labelled, docs, reference))
@@ -102,7 +102,7 @@ def locate_one(model: torch.nn.Module, step: LocateStep, options: SearchOptions)
         else:
             bad_losses = [i for i, v in sorted(prober.full_losses.items()) if not math.isfinite(v)]
             nonfinite.attach_losses(result, prober, bad_losses, labelled, docs)
-            nonfinite.attach_replay(result, snap.grads_for(prober.params), grouping.names)
+            nonfinite.attach_replay(result, reference.grads, grouping.names)
         result.wall_time_s = time.perf_counter() - t0
         if normaliser:
             result.notes.append(normaliser)

@@ -181,18 +181,18 @@ class SharedRunTracker(ForwardingTracker):
     runs_jobs_off_thread = True
 
     def __init__(self, adapter: Tracker, writer: Tracker) -> None:
-        super().__init__(writer)
-        self.adapter, self.writer = adapter, writer
+        super().__init__(writer)  # ``inner``: the writer, where every call but these two goes
+        self.adapter = adapter
         self.name = "wandb"
 
     def log_metrics(self, metrics, step):
         try:
             self.adapter.log_metrics(metrics, step)
         except Exception:  # noqa: BLE001 - never into training: the writer retries, else spools
-            self.writer.log_metrics(metrics, step)
+            self.inner.log_metrics(metrics, step)
 
     def log_table(self, key, columns, rows, step=None):
         try:  # (logged in the hook at the spike's step: it lands in that very row)
             self.adapter.log_table(key, columns, rows, step)
         except Exception:  # noqa: BLE001 - never into training: the writer retries, else spools
-            self.writer.log_table(key, columns, rows, step)
+            self.inner.log_table(key, columns, rows, step)
