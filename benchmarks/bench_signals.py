@@ -7,7 +7,10 @@ plain step, round-robin:
 - ``watch(), 0.3's signals``: ``gradloc_track.watch(model, opt)`` with the new signals off
   (``loss_signal``, ``sample_signal``, ``update_signal`` false, ``noise_floor`` 0);
 - ``watch(), + loss``: the model's own loss (read from the forward's output: free);
-- ``watch(), + update``: the update Adam is about to make (one read of ``exp_avg`` and ``exp_avg_sq``);
+- ``watch(), + update``: the update Adam is about to make (``<exp_avg, g>`` each step; ``||exp_avg||^2``
+  and ``sum exp_avg_sq`` carried by Adam's recursions, read whole every 16 steps);
+- ``watch(), + update, read whole``: the same, reading ``exp_avg`` and ``exp_avg_sq`` whole every step
+  (the update signal before carrying: ``AdamUpdate.resync = 1``);
 - ``watch(), + sample losses``: each sample's mean loss (a no-grad cross-entropy pass over the logits);
 - ``watch(), defaults``: all of them.
 
@@ -40,6 +43,7 @@ VARIANTS = {
     "watch(), 0.3's signals": OFF,
     "watch(), + loss": {**OFF, "loss_signal": True},
     "watch(), + update": {**OFF, "update_signal": True},
+    "watch(), + update, read whole": {**OFF, "update_signal": True},
     "watch(), + sample losses": {**OFF, "sample_signal": True},
     "watch(), defaults": {},
 }
@@ -89,6 +93,8 @@ def main() -> None:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         handles.append(gradloc_track.watch(model, opt, tracker=MemoryTracker(), log_every=1, locate=False,
                                            spikes=spikes))
+        if name.endswith("read whole"):
+            handles[-1].monitor.detector_inputs.adam.resync = 1
         steps[name] = make_step(model, opt, pool)
     for i in range(3):  # warm-up: allocator, Adam state
         plain(i)
@@ -111,10 +117,10 @@ def main() -> None:
     print(f"4-layer d=256 GPT ({n_params / 1e6:.2f}M), batch {args.batch}x{args.seq}, torch threads "
           f"{torch.get_num_threads()}, rounds {args.rounds}; plain step {statistics.median(base) * 1e3:.1f} ms")
     ref = statistics.median(ratios["watch(), 0.3's signals"])
-    print(f"{'variant':<30}{'ratio':>8}{'vs 0.3 signals':>16}")
+    print(f"{'variant':<34}{'ratio':>8}{'vs 0.3 signals':>16}")
     for name, rs in ratios.items():
         med = statistics.median(rs)
-        print(f"{name:<30}{med:>8.3f}{med - ref:>+16.3f}")
+        print(f"{name:<34}{med:>8.3f}{med - ref:>+16.3f}")
     events = {name: len(h.spikes) for name, h in zip(VARIANTS, handles)}
     print(f"events (random tokens: none expected): {events}")
     for h in handles:

@@ -117,7 +117,7 @@ def _rescorer(overrides: dict):
     callback's RL defaults for ``trl``) plus ``--detector``, fed what the monitor fed it live."""
     from zoo import anchors
 
-    from gradloc_track.integrations.trl.defaults import RL_SPIKES
+    from gradloc_track.integrations.rl_defaults import RL_SPIKES
 
     return lambda family: anchors.ours(**{**(RL_SPIKES if family == "trl" else {}), **overrides})
 

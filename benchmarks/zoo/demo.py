@@ -28,7 +28,7 @@ from gradloc_track.demo.model import TinyGPT
 from gradloc_track.localizer import save_rng
 from gradloc_track.spikes import SpikeContext, SpikeDetector
 
-from .measure import HeldOut, adam_signals, flip_bit, grads_of, set_grads, step_effect, weight_norm
+from .measure import HeldOut, adam_signals, flip_bit, grads_of, set_grads, span_maxima, step_effect, weight_norm
 from .record import FeedRecorder, Harm, RunRecord, StepRecord, live_outcome
 
 FP16_MAX = 65504.0
@@ -40,6 +40,7 @@ RARE_TEXTS = (
     "تسمح هذه الوحدة بقراءة الملفات وكتابتها بتنسيق تفهمه البرامج الأخرى. ",
 )
 FULL_STEPS = 280
+LAST_SPANS: dict[str, float] = {}  # the last training step's span maxima (train_step's side output)
 
 
 @dataclass(frozen=True)
@@ -65,8 +66,12 @@ SCENARIOS = {
     "packed_bad_doc": Scenario("data", EVERY_30, loss="token", note="rows of 4 packed documents; one is garbage",
                                placebo="placebo_30_packed"),
     "lr_jump": Scenario("schedule", LR, note="the learning rate x10 for one step", placebo="placebo_lr"),
-    "optimizer_rare": Scenario("optimizer", THREE, note="clean text in a script never seen (Greek, Russian, "
-                               "Arabic): Adam's v is 0 on those embedding rows", placebo="placebo_three"),
+    "unseen_script": Scenario("data", THREE, note="clean text in a script never seen (Greek, Russian, Arabic): "
+                              "its loss is ~2x the batch's, and Adam's v is 0 on those embedding rows",
+                              placebo="placebo_three"),
+    "optimizer_reset": Scenario("optimizer", THREE, note="a clean batch; the optimizer's state is lost before the "
+                                "step (a resume that loads the weights, not the optimizer): Adam's first step moves "
+                                "every element by lr", placebo="placebo_three"),
     "nan_sample": Scenario("numeric", THREE, note="one position of one sample has every logit -inf (NaN loss)",
                            placebo="placebo_three"),
     "fp16_overflow": Scenario("numeric", THREE, note="the step under fp16 autocast with a loss scale 2x too "
@@ -114,6 +119,7 @@ class Batch:
     fp16_scale: float | None = None  # run the step under fp16 autocast with this loss scale
     lr_factor: float = 1.0
     bitflip: bool = False
+    reset_state: bool = False  # the optimizer's state is lost before the step
 
 
 class DemoData:
@@ -165,7 +171,7 @@ class DemoData:
             b.x[k, d * n:(d + 1) * n], b.y[k, d * n:(d + 1) * n] = row[:-1], row[1:]
         elif name == "lr_jump":
             b.lr_factor = 10.0
-        elif name == "optimizer_rare":
+        elif name == "unseen_script":
             text = RARE_TEXTS[index % len(RARE_TEXTS)]
             ids = torch.tensor(self.tok.encode(text * (2 + T // 40)))[: T + 1]
             b.x[k], b.y[k] = ids[:-1], ids[1:]
@@ -176,6 +182,8 @@ class DemoData:
             b.fp16_scale = 1.0  # set from the step's own gradient by run()
         elif name == "bitflip":
             b.bitflip = True
+        elif name == "optimizer_reset":
+            b.reset_state = True
         return b
 
 
@@ -260,6 +268,8 @@ def train_step(model, b: Batch, loss: str):
             if p.grad is not None:
                 p.grad.div_(b.fp16_scale)
     full = torch.zeros(sel.numel()).masked_scatter(sel, per.detach()).view_as(b.mask) * b.mask  # (B, T)
+    LAST_SPANS.clear()
+    LAST_SPANS.update(span_maxima(full, b.mask > 0, b.docs))
     if b.docs is None:
         return total.detach(), full.sum(1) / b.mask.sum(1).clamp(min=1.0)  # (B,) each sample's mean loss
     # packed rows: each document's mean loss (the unit a packed pipeline knows from its boundaries)
@@ -270,16 +280,30 @@ def train_step(model, b: Batch, loss: str):
     return total.detach(), (sums / counts.clamp(min=1.0))[counts > 0]
 
 
-def counterfactual(model, opt, b: Batch, clean: Batch, swap: Batch, loss: str, held: HeldOut, step: int) -> Harm:
+def drop_state(opt) -> dict:
+    """``optimizer_reset``: take every tensor's optimizer state out (the step creates it afresh, as after
+    a resume without the optimizer's state); returns it for the counterfactual's clean steps."""
+    saved = dict(opt.state)
+    opt.state.clear()
+    return saved
+
+
+def counterfactual(model, opt, b: Batch, clean: Batch, swap: Batch, loss: str, held: HeldOut, step: int,
+                   reset: dict | None = None) -> Harm:
     """The injected step's harm: held-out loss after it, after the clean twin's step and after a step on
-    another clean batch, each from the same state (the gradient of the injected step is restored)."""
+    another clean batch, each from the same state (the gradient of the injected step is restored; the
+    clean steps keep the optimizer state an ``optimizer_reset`` step dropped)."""
     injected = grads_of(model)
+    if reset is not None:
+        opt.state.update(reset)
     effects = []
     for batch in (clean, swap):
         model.zero_grad(set_to_none=True)
         with torch.enable_grad():
             train_step(model, batch, loss)
         effects.append(step_effect(model, opt, grads_of(model), held.loss))
+    if reset is not None:
+        opt.state.clear()
     set_grads(model, injected)
     hurt = step_effect(model, opt, injected, held.loss, lr_factor=b.lr_factor)
     return Harm(step, hurt, effects[0], effects[1])
@@ -315,6 +339,7 @@ def run(scenario: str, seed: int, s: DemoSetting, corpus: str, held: HeldOut) ->
         total, samples = train_step(model, b, loss)
         if b.bitflip:
             flip_bit(model, "h.0.mlp.fc.weight")
+        reset = drop_state(opt) if b.reset_state else None
         sig = adam_signals(model, opt)
         ctx = SpikeContext(make_loss_fn(model, b, term_weights(b, loss)), b.mask, input_ids=b.y,
                            tokenizer=data.tok, rng_state=rng, document_ids=b.docs)
@@ -324,10 +349,10 @@ def run(scenario: str, seed: int, s: DemoSetting, corpus: str, held: HeldOut) ->
                                     float(total), [float(v) for v in samples], opt.param_groups[0]["lr"],
                                     sig.get("update"), sig.get("update_layers"), sig.get("gv_elem"),
                                     sig.get("gv_tensor"), weight_norm(model) if step % 10 == 0 else None,
-                                    fired, probes, secs, cause, fed=feed.take()))
+                                    fired, probes, secs, cause, fed=feed.take(), span_max=dict(LAST_SPANS)))
         if hit and not control:
             rec.harms.append(counterfactual(model, opt, b, data.clean(step, loss), data.clean(step + 10 ** 6, loss),
-                                            loss, held, step))
+                                            loss, held, step, reset))
         opt.step()  # a non-finite step is skipped by the monitor's guard
         sched.step()
         if step + 1 == s.steps and not sc:

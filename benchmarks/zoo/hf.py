@@ -20,10 +20,13 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from gradloc_track.integrations.step_losses import document_index
+
 from .demo import PLACEBOS as DEMO_PLACEBOS
 from .demo import SCENARIOS as DEMO_SCENARIOS
-from .demo import Batch, DemoData, DemoSetting, Scenario, injection_steps, localize_if
-from .measure import HeldOut, adam_signals, flip_bit, grads_of, set_grads, step_effect, weight_norm
+from .demo import Batch, DemoData, DemoSetting, Scenario, drop_state, injection_steps, localize_if
+from .measure import (HeldOut, adam_signals, flip_bit, grads_of, inner_optimizer, set_grads, span_maxima, step_effect,
+                      weight_norm)
 from .record import FeedRecorder, Harm, RunRecord, StepRecord, live_outcome
 
 SCENARIOS: dict[str, Scenario] = {k: Scenario(v.cause, v.at, "token" if v.loss == "token" else "hf", v.note,
@@ -115,10 +118,13 @@ def make_callbacks(run: "HFRun"):
     class Corrupt(base):
         """Before GradLocCallback: what happens to the gradient on the way (a flipped bit)."""
 
-        def on_pre_optimizer_step(self, args, state, control, model=None, **kw):
+        def on_pre_optimizer_step(self, args, state, control, model=None, optimizer=None, **kw):
             step = state.global_step + 1
+            run.reset = None
             if step in run.at and run.scenario == "bitflip":
                 flip_bit(model, "h.0.mlp.c_fc.weight")
+            if step in run.at and run.scenario == "optimizer_reset":
+                run.reset = drop_state(inner_optimizer(optimizer))
 
     class Record(base):
         """After GradLocCallback: the step's record and, on an injected step, its harm."""
@@ -156,6 +162,8 @@ class HFRun:
     rec: RunRecord | None = None
     last_loss: float | None = None
     last_samples: list[float] | None = None
+    last_spans: dict | None = None
+    reset: dict | None = None  # optimizer_reset: the optimizer state dropped this step
     feed: FeedRecorder | None = None
 
     def forward_hook(self, module, args, kwargs, out) -> None:
@@ -171,6 +179,9 @@ class HFRun:
             valid = (tgt != -100).float()
             per = torch.where(valid > 0, per, 0.0)
             self.last_samples = ((per.sum(1) / valid.sum(1).clamp(min=1.0)).tolist())
+            pos = kwargs.get("position_ids")
+            docs = None if pos is None else document_index(pos[:, 1:], tgt.shape)
+            self.last_spans = span_maxima(per, valid > 0, docs)
             self.last_loss = float(per.sum() / valid.sum().clamp(min=1.0))
 
     def nan_hook(self, module, args, out):
@@ -193,7 +204,7 @@ class HFRun:
             self.step, stats.global_norm, stats.layer_norms, int(b.mask.sum()), hit, self.last_loss,
             self.last_samples, float(optimizer.param_groups[0]["lr"]), sig.get("update"), sig.get("update_layers"),
             sig.get("gv_elem"), sig.get("gv_tensor"), weight_norm(model) if self.step % 10 == 0 else None,
-            fired, probes, secs, cause, fed=self.feed.take()))
+            fired, probes, secs, cause, fed=self.feed.take(), span_max=self.last_spans))
         if hit:
             self.rec.harms.append(self.counterfactual(model, optimizer, b))
 
@@ -210,8 +221,13 @@ class HFRun:
         nan, self.nan_active = self.nan_active, False
         mode = "token" if self.loss_mode == "token" else "sample"
         base = 1.0 / b.lr_factor  # the optimizer's lr is the injected step's: the twin's is lr / factor
+        opt = inner_optimizer(optimizer)
+        if self.reset is not None:  # the clean steps keep the state the injected step lost
+            opt.state.update(self.reset)
         effects = [step_effect(model, optimizer, self._grads_on(model, clean), self.held.loss, base, clip=CLIP)
                    for clean in (self.data.clean(self.step, mode), self.data.clean(self.step + 10 ** 6, mode))]
+        if self.reset is not None:
+            opt.state.clear()
         set_grads(model, injected)
         self.nan_active = nan
         hurt = step_effect(model, optimizer, injected, self.held.loss)  # already clipped by the callback

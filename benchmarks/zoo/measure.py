@@ -156,3 +156,27 @@ def flip_bit(model: torch.nn.Module, name_part: str, bit: int = 30) -> str:
             as_int[i] = as_int[i] ^ (1 << bit)
             return name
     raise ValueError(f"no gradient named like {name_part!r}")
+
+
+SPAN_WIDTHS = (8, 16, 32)
+
+
+@torch.no_grad()
+def span_maxima(per: torch.Tensor, valid: torch.Tensor, docs: torch.Tensor | None = None,
+                widths: Sequence[int] = SPAN_WIDTHS) -> dict[str, float]:
+    """The largest mean loss over ``w`` consecutive loss terms of one document, for each width ``w``
+    (a garbled span inside an otherwise clean sample): ``per`` (B, T) token losses, ``valid`` (B, T)
+    bool, ``docs`` (B, T) document ids (packed rows) or None. Written plainly: the zoo's reference."""
+    per = torch.where(valid, per.float(), 0.0)
+    out = {}
+    for w in widths:
+        if per.shape[1] < w:
+            continue
+        sums = per.unfold(1, w, 1).sum(-1)  # (B, T-w+1)
+        full = valid.float().unfold(1, w, 1).sum(-1) == w
+        if docs is not None:
+            d = docs.unfold(1, w, 1)
+            full &= (d == d[..., :1]).all(-1)
+        if bool(full.any()):
+            out[str(w)] = float((sums / w)[full].max())
+    return out

@@ -37,6 +37,7 @@ class StepRecord:
     cause: str | None = None  # SpikeEvent.cause / the event row's cause, when the library names one
     heldout: float | None = None  # held-out loss after the step (runs whose harm is read from the twin)
     fed: dict | None = None  # what the monitor fed the live detector beyond the norms (loss, update, ...)
+    span_max: dict | None = None  # width -> the largest mean loss over that many consecutive terms (zoo's own)
 
 
 @dataclass

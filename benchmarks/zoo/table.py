@@ -111,13 +111,40 @@ def scenario_rows(fam: Family, trig: dict[str, Callable]) -> list[str]:
     return rows
 
 
-def clean_row(fam: Family, trig: dict[str, Callable]) -> str:
-    steps = sum(len([s for s in r.steps if s.step >= r.warmup]) for r in fam.clean)
+def clean_row(fam: Family, trig: dict[str, Callable], twins_only: bool = False) -> str:
+    """False events per 1000 clean steps: every clean run (twins and placebos), or the clean twins only
+    (``twins_only``: each clean batch counted once; a placebo replays its twin's batches from a nearly
+    equal state, so a clean batch that fires there fires in most of them)."""
+    runs = [r for r in fam.clean if not twins_only or r.cause == "none"]
+    steps = sum(len([s for s in r.steps if s.step >= r.warmup]) for r in runs)
     cells = []
     for fn in trig.values():
-        ev = sum(len({s for s in fn(r.steps) if s >= r.warmup}) for r in fam.clean)
+        ev = sum(len({s for s in fn(r.steps) if s >= r.warmup}) for r in runs)
         cells.append(f"{1000 * ev / max(1, steps):.2f} ({ev})")
-    return f"| {fam.name} | {steps} | " + " | ".join(cells) + " |"
+    label = f"{fam.name}, clean twins only" if twins_only else f"{fam.name}, twins and placebos"
+    return f"| {label} | {steps} | " + " | ".join(cells) + " |"
+
+
+def totals(fam: Family, trig: dict[str, Callable]) -> str:
+    """One line: harmful injected steps each trigger caught, and causes right on the live events."""
+    twins: dict[str, dict[int, RunRecord]] = {}
+    for r in fam.clean:
+        twins.setdefault(r.scenario, {})[r.seed] = r
+    by: dict[str, list[RunRecord]] = {}
+    for r in fam.scenarios:
+        by.setdefault(r.scenario, []).append(r)
+    hits = {k: 0 for k in trig}
+    n = ok = named = 0
+    for runs in by.values():
+        sc = _score(runs, trig)
+        ok, named = ok + sc["causes"][0], named + sc["causes"][1]
+        if harm_of(runs, twins.get(runs[0].placebo) or twins.get(runs[0].twin, {}))["harmful"]:
+            n += sc["n"]
+            for k in trig:
+                hits[k] += sc["hits"][k]
+    caught = ", ".join(f"{k} {hits[k]}/{n} ({100 * hits[k] / max(1, n):.0f}%)" for k in trig)
+    return (f"{fam.name}: harmful injected steps detected: {caught}; cause named right on {ok}/{named} live events "
+            f"at injected steps")
 
 
 def render(families: list[Family], ours: Callable[[str], Callable] | None = None) -> str:
@@ -139,4 +166,6 @@ def render(families: list[Family], ours: Callable[[str], Callable] | None = None
         out.append("| family | clean steps | " + " | ".join(names) + " |")
         out.append("|---" * (2 + len(names)) + "|")
         out.append(clean_row(fam, trig))
+        out.append(clean_row(fam, trig, twins_only=True))
+        out.append("\n" + totals(fam, trig))
     return "\n".join(out)

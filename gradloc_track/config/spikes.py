@@ -47,6 +47,10 @@ class SpikeConfig:
     # the largest per-sample loss must also exceed sample_min_ratio x its running mean (clean batches
     # hold odd samples: a table, a hex dump)
     sample_min_ratio: float = 1.5
+    # the optimizer's update also fires above update_ratio_thresh x its running mean, whatever its noise
+    # (null = off): Adam normalises its step, so clean steps stay within ~2x (spike zoo: 2.24 at most in
+    # 9156 clean steps), while a lost optimizer state or a learning-rate jump moves it 3-10x
+    update_ratio_thresh: Optional[float] = 3.0
     # a gradient norm below noise_floor x the parameter norm is float noise (RL groups whose gradients
     # cancel): no event, not counted; 0 = off
     noise_floor: float = 1e-7
@@ -75,6 +79,9 @@ class SpikeConfig:
         if self.ratio_thresh is not None:
             check(self.ratio_thresh > 1.0, "spikes.ratio_thresh", self.ratio_thresh,
                   "use a ratio above 1 (e.g. 10), or null to turn the ratio rule off")
+        if self.update_ratio_thresh is not None:
+            check(1.0 < self.update_ratio_thresh < float("inf"), "spikes.update_ratio_thresh",
+                  self.update_ratio_thresh, "use a ratio above 1 (e.g. 3), or null to turn the rule off")
         check(self.warmup_steps >= 0, "spikes.warmup_steps", self.warmup_steps, "use 0 or more")
         check(0 < self.loss_z_thresh < float("inf"), "spikes.loss_z_thresh", self.loss_z_thresh,
               "use a positive, finite z-score (e.g. 4)")

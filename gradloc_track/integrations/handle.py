@@ -254,6 +254,7 @@ class WatchHandle:
         self._unhook()
         if self.monitor.skip_guard is not None:
             self.monitor.skip_guard.remove()
+        self.monitor.detector_inputs.remove()
 
     @property
     def finished(self) -> bool:

@@ -81,8 +81,8 @@ class GradLocCallback(TrainerCallback):
 
             opts = dataclasses.replace(opts, clip=GlobalClipConfig(max_norm=self._trainer_max_norm))
         trainer, kind = _trl_trainer(self)  # TRL's GRPO/SFT trainers: the loss they compute, not cross-entropy
-        if kind == "grpo":  # RL-aware detector defaults where the user left them (integrations/trl/defaults.py)
-            from .trl.defaults import given_spike_fields, rl_spikes
+        if kind == "grpo":  # RL-aware detector defaults where the user left them (integrations/rl_defaults.py)
+            from .rl_defaults import given_spike_fields, rl_spikes
 
             given = given_spike_fields(*self._spikes_given)
             opts = dataclasses.replace(opts, spikes=rl_spikes(opts.spikes, given))

@@ -5,28 +5,20 @@ make, and the parameter norm (the scale of float noise).
 Only what the detector reads (``SpikeDetector.wants``) is computed, on the device, and it rides in
 the step's one host transfer (``HostPack``): no extra sync.
 
-The update signal, for an Adam-like optimizer (``betas`` in its param groups, ``exp_avg`` and
-``exp_avg_sq`` in its state: Adam, AdamW, fused or not): the norm of the step Adam is about to take,
-at tensor granularity, ``u^2 = sum_i lr_i^2 ||m_i'||^2 / mean(v_i')`` with ``m' = b1 m + (1 - b1) g``,
-``v' = b2 v + (1 - b2) g^2`` and Adam's bias corrections, from per-tensor sums (``||m||^2``,
-``<m, g>``, ``sum v``) and the step's own squared norms. It jumps with the learning rate, and when a
-tensor's second moment has decayed below a normal gradient ("Adaptive Preconditioners Trigger Loss
-Spikes in Adam", 2025); Adam's momentum smooths a one-step gradient spike out of it. Cost: one read of
-``exp_avg`` and ``exp_avg_sq`` and a dot product with the gradient per tensor, no temporary buffer.
-A row of a tensor decaying alone (a rare token's embedding) is below its resolution; sharded
-(DTensor) state is skipped (its local sums are not the tensor's); weight decay is left out.
+The update signal is ``adam_update.AdamUpdate`` (Adam's next step, from its state and this step's
+gradient after the clipper).
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import torch
 
-from ..norms import _is_dtensor
+from .adam_update import NO_CLIP, AdamUpdate, ClipScale
 from .packing import HostPack
 
 LOSS, SAMPLE_MAX, UPDATE, WEIGHT = "loss", "sample_max", "update", "weight_norm"  # HostPack slots
-EPS2 = 1e-16  # Adam's eps (1e-8) squared: the floor under a tensor's second moment
 
 
 def as_device_value(value: Any, device: torch.device) -> torch.Tensor | None:
@@ -62,7 +54,14 @@ class DetectorInputs:
         self.optimizer = optimizer
         self.weight_norm: float | None = None  # the last parameter norm seen (parameters move slowly)
         self._loss = self._samples = self._w_sq = None
-        self._groups = _param_groups(optimizer) if "update" in self.wants else {}
+        self.adam = AdamUpdate(optimizer) if "update" in self.wants else None
+        if self.adam is not None and not self.adam.groups:
+            self.adam = None  # not an Adam-like optimizer: no update signal
+
+    def remove(self) -> None:
+        """Take the update signal's step hook off the optimizer (the handle's close)."""
+        if self.adam is not None:
+            self.adam.remove()
 
     @property
     def needs_weights(self) -> bool:
@@ -73,8 +72,10 @@ class DetectorInputs:
         """This step's loss, per-sample losses and per-tensor squared weight norms (None: not given)."""
         self._loss, self._samples, self._w_sq = loss, sample_losses, w_sq
 
-    def add(self, pack: HostPack, params: Sequence[torch.nn.Parameter], grad_sq: torch.Tensor) -> None:
-        """The wanted values, as device scalars, into this step's transfer."""
+    def add(self, pack: HostPack, params: Sequence[torch.nn.Parameter], grad_sq: torch.Tensor,
+            scale: ClipScale | None = NO_CLIP) -> None:
+        """The wanted values, as device scalars, into this step's transfer. ``scale``: what the clipper
+        does to the gradient before the optimizer's step (None: not known here)."""
         dev = pack.device
         if "loss" in self.wants and self._loss is not None:
             pack.add_slot(LOSS, as_device_value(self._loss, dev))
@@ -82,8 +83,8 @@ class DetectorInputs:
             smax = sample_max(self._samples, dev)
             if smax is not None:
                 pack.add_slot(SAMPLE_MAX, smax)
-        if "update" in self.wants and self._groups:
-            u = self.update_norm(params, grad_sq)
+        if self.adam is not None:
+            u = self.adam.norm(params, grad_sq, scale)
             if u is not None:
                 pack.add_slot(UPDATE, u)
         if "weight_norm" in self.wants and self._w_sq is not None:
@@ -102,60 +103,11 @@ class DetectorInputs:
             out["sample_losses"] = [slots[SAMPLE_MAX]]
         if UPDATE in slots:
             out["update"] = slots[UPDATE]
+            if not math.isfinite(slots[UPDATE]) and self.adam is not None:
+                self.adam.forget()  # a skipped step: the moments carried to the next step did not happen
         return out
 
-    @torch.no_grad()
-    def update_norm(self, params: Sequence[torch.nn.Parameter], grad_sq: torch.Tensor) -> torch.Tensor | None:
-        """The norm of the update Adam is about to make, at tensor granularity (0-d, device). No host
-        read: a step counter or learning rate kept as a tensor is used where it lies."""
-        dev = grad_sq.device
-        f32 = dict(device=dev, dtype=torch.float32)
-        idx, ms, vs, gs, which, groups = [], [], [], [], [], {}
-        for i, p in enumerate(params):
-            group = self._groups.get(p)
-            st = self.optimizer.state.get(p) if group is not None else None
-            if not st or "exp_avg_sq" not in st or "exp_avg" not in st or "step" not in st or p.grad is None:
-                continue
-            m, v = st["exp_avg"], st["exp_avg_sq"]
-            if _is_dtensor(v) or v.numel() == 0 or p.grad.is_sparse or m.shape != p.grad.shape:
-                continue
-            k = groups.setdefault(id(group), (len(groups), group, st["step"]))[0]  # the group's step counter
-            idx.append(i)
-            ms.append(m)
-            vs.append(v)
-            gs.append(p.grad)
-            which.append(k)
-        if not vs:
-            return None
-        coef = torch.stack([_group_coef(g, step, f32) for _, g, step in groups.values()])  # (G, 3)
-        per = coef[torch.tensor(which, device=dev)]  # (k, 3): coefficient, b1, b2 of each tensor's group
-        c, b1, b2 = per[:, 0], per[:, 1], per[:, 2]
-        m_sq = torch.stack([x.to(**f32) for x in torch._foreach_norm(ms, 2)]) ** 2  # (k,) ||m||^2
-        v_sum = torch.stack([x.to(**f32) for x in torch._foreach_norm(vs, 1)])  # (k,) sum of v (v >= 0)
-        mg = torch.stack([torch.dot(m.reshape(-1), g.reshape(-1).to(m.dtype)).to(**f32) for m, g in zip(ms, gs)])
-        g_sq = grad_sq[torch.tensor(idx, device=dev)].float()  # (k,) ||g||^2, as backward left it
-        n = torch.tensor([float(v.numel()) for v in vs], **f32)
-        m_new = b1 * b1 * m_sq + 2 * b1 * (1 - b1) * mg + (1 - b1) ** 2 * g_sq  # ||b1 m + (1 - b1) g||^2
-        v_new = b2 * v_sum + (1 - b2) * g_sq + EPS2 * n  # sum of b2 v + (1 - b2) g^2, floored at Adam's eps
-        return (c * n * m_new / v_new).sum().sqrt()
-
-
-def _group_coef(group: dict, step: Any, f32: dict) -> torch.Tensor:
-    """(lr^2 (1 - b2^t) / (1 - b1^t)^2, b1, b2) of a param group, t = its step counter + 1: Adam's bias
-    corrections of the step about to be taken, computed where the counter lies (no host read)."""
-    b1, b2 = group["betas"]
-    t = torch.as_tensor(step, dtype=torch.float32).to(f32["device"]) + 1
-    lr = torch.as_tensor(group["lr"], dtype=torch.float32).to(f32["device"])
-    coef = lr * lr * (1 - b2 ** t) / (1 - b1 ** t) ** 2
-    return torch.stack([coef.reshape(()), torch.tensor(float(b1), **f32), torch.tensor(float(b2), **f32)])
-
-
-def _param_groups(optimizer: Any) -> dict[torch.nn.Parameter, dict]:
-    """Each parameter's param group, for optimizers with Adam's ``betas`` (others: none)."""
-    out = {}
-    for group in getattr(optimizer, "param_groups", []):
-        if "betas" not in group:
-            continue
-        for p in group["params"]:
-            out[p] = group
-    return out
+    def update_norm(self, params: Sequence[torch.nn.Parameter], grad_sq: torch.Tensor,
+                    scale: ClipScale | None = NO_CLIP) -> torch.Tensor | None:
+        """The update signal alone (``AdamUpdate.norm``); None without an Adam-like optimizer."""
+        return None if self.adam is None else self.adam.norm(params, grad_sq, scale)

@@ -65,6 +65,7 @@ from .arguments import (as_detector, as_locate_config, as_monitor_config, check_
                         response_mode)
 from .clip_feedback import after_transfer, install_guard, note_norms
 from .cause_evidence import LrHistory
+from .adam_update import NO_CLIP, ClipScale
 from .detector_inputs import DetectorInputs
 from .optimizer_metrics import OptimizerMetrics
 from .packing import LR, N_TOKENS, WD, HostPack, add_clip, add_norms, loggable
@@ -260,7 +261,7 @@ class GradMonitor:
         if spike_context is not None and self._detector_counts_tokens:
             n_tokens, n_micro = self.responder.count_tokens(pack, spike_context)
         if self.detector is not None:
-            self.detector_inputs.add(pack, self.params, grad_sq)
+            self.detector_inputs.add(pack, self.params, grad_sq, self._optimizer_scale(clip_result, spike_context))
         values = pack.to_host()
         host, slots = values.metrics, values.slots
         extra = self.detector_inputs.read(slots)
@@ -289,6 +290,17 @@ class GradMonitor:
             self.responder.lr_history.advance()  # this step's learning rate, against the last seen
         if stats.events:  # localized, or recorded with the reason it was not
             stats.metrics.update(self.responder.respond(step, stats, spike_context, self._clip_scale(stats.clip)))
+
+    def _optimizer_scale(self, clip: Any, spike_context: Any) -> ClipScale | None:
+        """What the clipper does to the gradient before the optimizer's step, for the update signal
+        (``DetectorInputs``): nothing without a clipper, else its per-tensor coefficients (applied to
+        ``.grad`` now, or by a fused optimizer's ``grad_scale``); None when this step does not know it
+        (surgery clips after the verdict; a clipper over other tensors than the monitored)."""
+        if spike_context is not None and self.responder.surgery:
+            return None
+        if clip is None:
+            return NO_CLIP if self.clipper is None else None
+        return ClipScale(clip.coef_t, not clip.deferred) if self.param_set.clip_index is None else None
 
     def _clip_scale(self, clip: Any) -> torch.Tensor | None:
         """What the clipper did to ``.grad`` before the localizer runs: its per-tensor coefficients

@@ -106,8 +106,9 @@ def _update_line(ev: Evidence) -> str:
 def _optimizer_alone(ev: Evidence) -> Cause | None:
     if not _fired(ev, "update") or _norm_events(ev) or _fired(ev, *LOSS_SIGNALS):
         return None
-    return Cause("optimizer", f"{_update_line(ev)} while the gradient norms and losses are ordinary: the optimizer's "
-                              "state (a decayed second moment) makes a normal gradient a large step")
+    return Cause("optimizer", f"{_update_line(ev)} while the gradient norms and losses are ordinary: the "
+                              "optimizer's state (a second moment decayed, or lost on a resume) makes a normal "
+                              "gradient a large step")
 
 
 def _data(ev: Evidence) -> Cause | None:

@@ -5,7 +5,8 @@ about to make.
 Every signal is a ``LogSignal`` (``spikes/signal.py``): a baseline that follows early training's
 fall (~10 steps) and a variance and fourth moment over ~100 steps. After its warm-up a signal fires
 when ``z > z_eff and ratio > min_ratio`` (``loss_min_ratio`` for the losses), or ``ratio >
-ratio_thresh`` (a 20x safety net, gradient norms and update only).
+ratio_thresh`` (a 20x safety net, gradient norms only), and the optimizer's update above
+``update_ratio_thresh`` (3x: Adam normalises its step, so a clean update barely moves).
 
 Why several signals (issue 26, measured on ``benchmarks/spike_zoo.py``): harm is what counts, and
 the global norm is a poor witness of it. A few corrupted samples among many move the batch loss
@@ -216,7 +217,8 @@ class SpikeDetector:
         events = []
         for name, x in values.items():
             ratio = {"loss": cfg.loss_min_ratio, "sample_loss": cfg.sample_min_ratio}.get(name, cfg.min_ratio)
-            ev = self._check(EXTRA[name], name, step, x, pending, ratio, safety_net=name == "update",
+            ev = self._check(EXTRA[name], name, step, x, pending, ratio,
+                             safety_net=cfg.update_ratio_thresh if name == "update" else None,
                              z_thresh=cfg.loss_z_thresh if name != "update" else None)
             self._last[f"spike/zscore_{name}"] = min(self._z.get(EXTRA[name], 0.0), 1e6)
             if ev:
@@ -242,8 +244,9 @@ class SpikeDetector:
             p.sig.absorb(lx, cfg.alpha, cfg.baseline_alpha, cfg.warmup_steps, moments=not fired)
 
     def _check(self, key: str, name: str, step: int, x: float, pending: list[_Pending], min_ratio: float,
-               safety_net: bool = True, z_thresh: float | None = None) -> SpikeEvent | None:
-        """Does ``x`` fire on signal ``key`` (reported as ``name``)? A post-warm-up value joins
+               safety_net: float | None = -1.0, z_thresh: float | None = None) -> SpikeEvent | None:
+        """Does ``x`` fire on signal ``key`` (reported as ``name``)? ``safety_net``: the ratio above which
+        it fires whatever the noise (-1: ``ratio_thresh``; None: none). A post-warm-up value joins
         ``pending`` for ``_absorb``."""
         cfg = self.config
         sig = self.signals.get(key)
@@ -267,7 +270,8 @@ class SpikeDetector:
         if key == "global":
             self._last["spike/zscore"], self._last["spike/ratio"] = z, ratio
             self._last["spike/threshold"] = math.exp(min(MAX_LOG, sig.forecast + max(band, math.log(cfg.min_ratio))))
-        net = safety_net and cfg.ratio_thresh is not None and ratio > cfg.ratio_thresh
+        net_at = cfg.ratio_thresh if safety_net == -1.0 else safety_net
+        net = net_at is not None and ratio > net_at
         if (z > z_eff and ratio > min_ratio) or net:
             return SpikeEvent(step, name, x, sig.baseline, z, ratio)
         return None

@@ -7,7 +7,7 @@ from gradloc_track.config import SpikeConfig
 
 pytest.importorskip("trl")
 
-from gradloc_track.integrations.trl.defaults import RL_SPIKES, given_spike_fields, rl_spikes  # noqa: E402
+from gradloc_track.integrations.rl_defaults import RL_SPIKES, given_spike_fields, rl_spikes  # noqa: E402
 
 
 def test_rl_defaults_fill_what_the_user_did_not_set():

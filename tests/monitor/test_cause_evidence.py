@@ -1,7 +1,7 @@
 """Each cause rule on a real step: a TinyGPT trained with AdamW under ``GradMonitor``, then one step
 that is broken the way the rule describes (a garbled sample, a NaN loss, a learning-rate jump, a bit
-flipped in ``.grad``, a decayed second moment). The step's events, its ``spikes/events`` row and the
-console block must name the cause; clean steps name none."""
+flipped in ``.grad``, a decayed second moment, a lost optimizer state). The step's events, its
+``spikes/events`` row and the console block must name the cause; clean steps name none."""
 from __future__ import annotations
 
 import math
@@ -145,6 +145,13 @@ def decay_second_moment(r: Run) -> None:
 def test_a_decayed_second_moment_under_a_normal_gradient_is_optimizer(run):
     stats = run.train(after_backward=decay_second_moment)
     assert [e.signal for e in stats.events] == ["update"]  # the gradient is ordinary
+    assert "optimizer's update" in check(run, stats, "optimizer")
+
+
+def test_a_lost_optimizer_state_under_a_clean_batch_is_optimizer(run):
+    """A resume that loads the weights and not the optimizer: Adam's first step moves every element by lr."""
+    stats = run.train(after_backward=lambda r: r.opt.state.clear())
+    assert [e.signal for e in stats.events] == ["update"]  # the gradient and the loss are ordinary
     assert "optimizer's update" in check(run, stats, "optimizer")
 
 

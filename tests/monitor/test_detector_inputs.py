@@ -16,8 +16,9 @@ from .helpers import backward
 from .test_packing import spy  # noqa: F401  (the sync-spy fixture)
 
 
-def reference_update(opt) -> float:
-    """Adam's next step at tensor granularity, written out: lr^2 ||m_hat'||^2 / mean(v_hat') summed."""
+def reference_update(opt, scale: float = 1.0) -> float:
+    """Adam's next step at tensor granularity, written out: lr^2 ||m_hat'||^2 / mean(v_hat') summed, with the
+    gradient times ``scale`` (a clip the optimizer's step applies)."""
     total = 0.0
     for g in opt.param_groups:
         b1, b2 = g["betas"]
@@ -26,8 +27,9 @@ def reference_update(opt) -> float:
             if not st or p.grad is None:
                 continue
             t = float(st["step"]) + 1
-            m = (b1 * st["exp_avg"] + (1 - b1) * p.grad).double() / (1 - b1 ** t)
-            v = (b2 * st["exp_avg_sq"] + (1 - b2) * p.grad ** 2).double() / (1 - b2 ** t)
+            grad = p.grad * scale
+            m = (b1 * st["exp_avg"] + (1 - b1) * grad).double() / (1 - b1 ** t)
+            v = (b2 * st["exp_avg_sq"] + (1 - b2) * grad ** 2).double() / (1 - b2 ** t)
             total += g["lr"] ** 2 * float(m.pow(2).sum()) / (float(v.mean()) + 1e-16)
     return math.sqrt(total)
 
@@ -61,8 +63,8 @@ def test_update_follows_the_learning_rate_and_skips_other_optimizers(tiny_gpt):
     opt.param_groups[0]["lr"] = 1e-2
     assert float(inputs.update_norm(params, grad_sq)) == pytest.approx(10 * u1, rel=1e-6)
     sgd = torch.optim.SGD(params, lr=0.1)
-    assert DetectorInputs(SpikeDetector(), sgd, params)._groups == {}
-    assert DetectorInputs(SpikeDetector(update_signal=False), opt, params)._groups == {}
+    assert DetectorInputs(SpikeDetector(), sgd, params).adam is None
+    assert DetectorInputs(SpikeDetector(update_signal=False), opt, params).adam is None
 
 
 def test_sample_max_reads_every_form():
@@ -112,3 +114,121 @@ def test_a_detector_without_the_new_inputs_is_fed_as_before(tiny_gpt):
     backward(tiny_gpt)
     mon.after_backward(0, spike_context=SpikeContext(lambda m: m.sum(), torch.ones(2, 16)), loss=1.0)
     assert det.fed == [{}]  # GradLoc's fixed trigger reads the norm and the token count only
+
+
+def _fed_against_reference(model, opt, clipper=None, steps=24, between=None, reference=reference_update):
+    """Train ``steps`` steps through a monitor; per step: (update the detector was fed, Adam's next step
+    written out from the state and the gradient the step uses, the carried moments' age)."""
+    det = Recorder(warmup_steps=1000)
+    mon = GradMonitor(model, tracker=MemoryTracker(), log_every=10 ** 6, optimizer=opt, detector=det,
+                      clipper=clipper)
+    ctx = SpikeContext(lambda m: m.sum(), torch.ones(2, 16))
+    out = []
+    for step in range(steps):
+        backward(model, seed=step)
+        mon.after_backward(step, spike_context=ctx)
+        if step:
+            moments = mon.detector_inputs.adam._moments
+            out.append((det.fed[-1]["update"], reference(opt), moments.age if moments else None))
+        opt.step()
+        if between is not None:
+            between(step, opt)
+    return out
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_carried_moments_stay_adams_and_are_read_afresh_every_resync(tiny_gpt, fused):
+    from gradloc_track.monitor.adam_update import RESYNC
+
+    opt = torch.optim.AdamW(tiny_gpt.parameters(), lr=1e-3, fused=fused)
+    rows = _fed_against_reference(tiny_gpt, opt, steps=2 * RESYNC + 4)
+    for fed, ref, _ in rows:
+        assert fed == pytest.approx(ref, rel=1e-4)
+    ages = [age for _, _, age in rows]
+    assert ages[:RESYNC + 2] == list(range(1, RESYNC + 1)) + [1, 2]  # one read of m and v every RESYNC steps
+
+
+def test_carried_moments_follow_a_clip_applied_in_place_and_a_fused_grad_scale(tiny_gpt):
+    from gradloc_track.clip.simple import GlobalClip
+
+    state = {k: v.clone() for k, v in tiny_gpt.state_dict().items()}
+    for fused in (False, True):  # in place: .grad holds the clip; fused: the step's grad_scale applies it
+        tiny_gpt.load_state_dict(state)
+        opt = torch.optim.AdamW(tiny_gpt.parameters(), lr=1e-3, fused=fused)
+        clip = GlobalClip(tiny_gpt, max_norm=1e-3)  # clips every step
+
+        def scale() -> float:  # what the fused step's grad_scale does to the raw .grad
+            norm = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in tiny_gpt.parameters()))
+            return min(1.0, 1e-3 / (norm + 1e-6)) if fused else 1.0
+
+        rows = _fed_against_reference(tiny_gpt, opt, clipper=clip, steps=12,
+                                      reference=lambda o: reference_update(o, scale()))
+        for fed, ref, age in rows:
+            assert fed == pytest.approx(ref, rel=1e-4)
+            assert age is not None  # the clip is known: the moments are carried
+
+
+def test_state_changed_outside_the_step_is_read_afresh(tiny_gpt):
+    def edit(step, opt):
+        if step == 6:  # a decayed second moment put in by hand, or a loaded checkpoint
+            for st in opt.state.values():
+                st["exp_avg_sq"].mul_(0.01)
+        if step == 9:  # a step the monitor did not see
+            backward(tiny_gpt, seed=99)
+            opt.step()
+
+    opt = torch.optim.AdamW(tiny_gpt.parameters(), lr=1e-3)
+    rows = _fed_against_reference(tiny_gpt, opt, steps=14, between=edit)
+    for fed, ref, _ in rows:
+        assert fed == pytest.approx(ref, rel=1e-4)
+    assert [age for _, _, age in rows][5:10] == [6, 1, 2, 3, 1]  # fresh reads after the edit and the extra step
+
+
+def test_a_tensor_whose_state_was_reset_takes_adams_first_step(tiny_gpt):
+    """A layer unfrozen, re-initialised or its state dropped: Adam's first step on it moves every element
+    with a gradient by lr (m_hat = g, v_hat = g^2). The signal counts it, and the tensor's own step counter
+    (not its group's) gives its bias corrections on the steps after."""
+    head = tiny_gpt.lm_head.weight
+    lr = 1e-3
+
+    def reset(step, opt):
+        if step == 5:
+            del opt.state[head]
+
+    firsts = []
+
+    def reference(opt) -> float:
+        stateful = reference_update(opt) ** 2
+        if head in opt.state:
+            return math.sqrt(stateful)
+        first = float((lr * head.grad / (head.grad.abs() + 1e-8)).double().pow(2).sum())  # Adam's first step
+        firsts.append(first / (stateful + first))
+        return math.sqrt(stateful + first)
+
+    opt = torch.optim.AdamW(tiny_gpt.parameters(), lr=lr, weight_decay=0.0)
+    rows = _fed_against_reference(tiny_gpt, opt, steps=12, between=reset, reference=reference)
+    for fed, ref, _ in rows:
+        assert fed == pytest.approx(ref, rel=1e-4)
+    assert len(firsts) == 1 and firsts[0] > 0.1  # the reset tensor's first step: a visible part of the update
+
+
+def test_a_lost_optimizer_state_is_adams_first_step_on_every_tensor(tiny_gpt):
+    """A resume that loads the weights but not the optimizer: every tensor takes Adam's first step. Training's
+    own first step reports nothing (nothing to compare it with)."""
+    lr = 1e-3
+
+    def lose(step, opt):
+        if step == 4:
+            opt.state.clear()
+
+    def reference(opt) -> float:
+        if opt.state:
+            return reference_update(opt)
+        return math.sqrt(sum(float((lr * p.grad / (p.grad.abs() + 1e-8)).double().pow(2).sum())
+                             for p in tiny_gpt.parameters()))
+
+    opt = torch.optim.AdamW(tiny_gpt.parameters(), lr=lr, weight_decay=0.0)
+    rows = _fed_against_reference(tiny_gpt, opt, steps=8, between=lose, reference=reference)
+    for fed, ref, _ in rows:
+        assert fed == pytest.approx(ref, rel=1e-4)
+    assert rows[4][0] > 1.2 * rows[3][0]  # every element moves by lr (early steps are near that already)

@@ -83,6 +83,22 @@ def test_a_learning_rate_jump_fires_on_the_update_alone():
     assert fired(SpikeDetector(), lr_jump) == {220: ["update"]}
 
 
+def test_a_lost_optimizer_state_fires_on_the_update_above_its_ratio_whatever_its_noise():
+    """Adam's first step after its state is lost moves every element by lr: the update 3-5x (spike zoo,
+    ``optimizer_reset``). On an update whose noise is wide (0.5 in log space: tails that raise z_eff),
+    the z-score misses it; ``update_ratio_thresh`` (3x) does not, and clean noise stays under it."""
+    rng = random.Random(3)
+    noisy = [math.exp(rng.gauss(0, 0.25)) for _ in range(200)]  # up to ~2x, as the zoo's clean updates
+
+    def reset(s, g, layers, kw):
+        return g, layers, {**kw, "update": 1e-3 * (4.0 if s == 180 else noisy[s % 200])}
+
+    assert fired(SpikeDetector(), reset, steps=200) == {180: ["update"]}
+    assert fired(SpikeDetector(update_ratio_thresh=None), reset, steps=200) == {}
+    with pytest.raises(ConfigError, match="spikes.update_ratio_thresh"):
+        SpikeConfig(update_ratio_thresh=1.0)
+
+
 def test_the_noise_floor_keeps_cancelling_gradients_out():
     """Converged RL: groups whose gradients cancel leave norms of float rounding (1e-10 .. 1e-8 against
     weights of norm 30). 0.3 fired on them ("436.8x its running mean 1.74e-10" on a 7.6e-8 norm)."""

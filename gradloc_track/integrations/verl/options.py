@@ -4,14 +4,17 @@
 ``...gradloc.spikes.z_thresh=4``: the node holds the groups and fields ``watch()`` takes (``clip``,
 ``spikes``, ``locate``, ``monitor`` and its fields, ``tracker``, ``run_dir``), validated by the same
 schemas as the Hydra app, so a typo fails with the app's error naming the field. ``enabled``
-(default true) switches the whole node off without deleting it.
+(default true) switches the whole node off without deleting it. The detector gets the RL defaults of
+TRL's callback (``integrations/rl_defaults.py``) in every ``spikes`` field the node does not set.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
 from ..options import WatchOptions, resolve_options
+from ..rl_defaults import given_spike_fields, rl_spikes
 
 NODE = "gradloc"
 ENABLED = "enabled"
@@ -44,7 +47,10 @@ def gradloc_options(node: Any) -> WatchOptions | None:
     enabled = given.pop(ENABLED, True)
     if not isinstance(enabled, bool):
         raise ValueError(f"actor_rollout_ref.actor.{NODE}.{ENABLED}={enabled!r} is invalid: use true or false")
+    spikes_given = given_spike_fields(None, given.get("spikes"))
     opts = resolve_options(**given)  # an unknown key raises, naming the valid ones
+    # verl trains RL: the detector gets the RL defaults TRL's callback uses, in every field the node leaves
+    opts = dataclasses.replace(opts, spikes=rl_spikes(opts.spikes, spikes_given))
     return opts if enabled else None
 
 

@@ -40,3 +40,13 @@ def test_the_node_is_read_from_the_config_verl_binds_to_its_loss():
     cfg = SimpleNamespace(gradloc={"clip": "adagc"})
     assert node_of(partial(lambda **k: None, config=cfg)) == {"clip": "adagc"}
     assert node_of(lambda **k: None) is None
+
+
+def test_the_detector_gets_the_rl_defaults_where_the_node_leaves_them():
+    from gradloc_track.integrations.rl_defaults import RL_SPIKES
+
+    opts = gradloc_options({"clip": "none"})
+    assert {k: getattr(opts.spikes, k) for k in RL_SPIKES} == RL_SPIKES
+    opts = gradloc_options({"spikes": {"warmup_steps": 7, "loss_signal": True}})
+    assert opts.spikes.warmup_steps == 7 and opts.spikes.loss_signal  # the user's own values stay
+    assert opts.spikes.sample_signal is False and opts.spikes.update_ratio_thresh is None

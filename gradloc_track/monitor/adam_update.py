@@ -1,0 +1,237 @@
+"""The update signal: the norm of the step an Adam-like optimizer is about to take (issue 26).
+
+For ``betas`` in the param groups and ``exp_avg`` / ``exp_avg_sq`` in the state (Adam, AdamW, fused
+or not), at tensor granularity: ``u^2 = sum_i lr_i^2 ||m_i'||^2 / mean(v_i')`` with ``m' = b1 m +
+(1 - b1) g``, ``v' = b2 v + (1 - b2) g^2`` and Adam's bias corrections (each tensor's own step
+counter), from per-tensor sums (``||m||^2``, ``<m, g>``, ``sum v``) and the step's own squared norms,
+with the gradient the step will use (after the clipper: ``ClipScale``). A tensor without state yet
+(unfrozen, re-initialised, a state lost on resume) takes Adam's first step, ``lr`` per element. The
+update jumps with the learning rate, when the optimizer's state is lost, and when a tensor's second
+moment has decayed below a normal gradient ("Adaptive Preconditioners Trigger Loss Spikes in Adam",
+2025); Adam's momentum smooths a one-step gradient spike out of it.
+
+Cost: reading ``exp_avg`` and ``exp_avg_sq`` whole measured +3-4% of a 4-layer d=256 CPU step
+(``benchmarks/bench_signals.py``), so ``||m||^2`` and ``sum v`` are carried from the step before
+(``_Moments``: Adam's own recursions applied to them, exact while the optimizer steps with the
+gradient seen here) and read afresh every ``RESYNC`` steps, after a non-finite step and whenever the
+optimizer did not take exactly one step since, or its state changed outside that step (a step hook
+counts steps and notes the state tensors' versions; an optimizer without step hooks is read afresh
+every step): a step reads ``exp_avg`` and the gradient once (``<m, g>``), half the memory traffic.
+A row of a tensor decaying alone (a rare token's embedding) is below its resolution; sharded
+(DTensor) tensors are skipped (their local sums are not the tensor's); weight decay is left out.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from ..norms import _is_dtensor
+
+EPS2 = 1e-16  # Adam's eps (1e-8) squared: the floor under a tensor's second moment
+RESYNC = 16  # steps between exact reads of ||m||^2 and sum(v) (a clipped or externally skipped step drifts them)
+
+
+@dataclass(frozen=True)
+class ClipScale:
+    """What the optimizer's next step multiplies the gradient by (a clipper's per-tensor coefficients,
+    in the monitored tensors' order, or one number) and whether ``.grad`` already holds it (a clip
+    applied in place) or the step applies it (a fused optimizer's ``grad_scale``)."""
+
+    coef: torch.Tensor | float = 1.0
+    in_grad: bool = True
+
+    def of(self, where: torch.Tensor, f32: dict) -> tuple[torch.Tensor | float, torch.Tensor | float]:
+        """(factor on the pre-clip ``||g||^2``, factor on ``<m, .grad>``) for the tensors at ``where``."""
+        k = self.coef[where].to(**f32) if isinstance(self.coef, torch.Tensor) else float(self.coef)
+        return k * k, (1.0 if self.in_grad else k)
+
+
+NO_CLIP = ClipScale()
+
+
+class AdamUpdate:
+    """``norm(params, grad_sq, scale)``: the update an Adam-like ``optimizer`` is about to make (0-d,
+    device), or None for other optimizers; ``remove()`` takes its step hook off."""
+
+    def __init__(self, optimizer: Any) -> None:
+        self.optimizer = optimizer
+        self.groups = _param_groups(optimizer)  # parameter -> its Adam-like param group
+        self._moments: _Moments | None = None  # ||m||^2 and sum(v) after the step about to be taken
+        self.optimizer_steps = 0  # steps the optimizer took (its step hook), to know the moments still hold
+        self.resync = RESYNC  # steps between fresh reads of the state (1: every step, as before carrying)
+        self._hook = None
+        if self.groups and hasattr(optimizer, "register_step_post_hook"):
+            self._hook = optimizer.register_step_post_hook(_StepCounter(self))
+
+    def remove(self) -> None:
+        """Take the optimizer's step hook off (the handle's close)."""
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+
+    def forget(self) -> None:
+        """The step was not taken as seen (non-finite: skipped): read the state afresh next step."""
+        self._moments = None
+
+    @torch.no_grad()
+    def norm(self, params: Sequence[torch.nn.Parameter], grad_sq: torch.Tensor,
+                    scale: ClipScale | None = NO_CLIP) -> torch.Tensor | None:
+        """The norm of the update Adam is about to make, at tensor granularity (0-d, device), from the
+        gradient the step will use: ``grad_sq`` (per monitored tensor, as backward left it) and ``.grad``
+        with ``scale``, the clipper's part. ``scale=None`` (the clip is not known here): ``.grad`` and
+        ``grad_sq`` as they are, and Adam's moments are read afresh next step. A tensor without state
+        yet (unfrozen, re-initialised, its state reset) takes Adam's first step, ``lr`` per element.
+        No host read: step counters and learning rates kept as tensors are used where they lie."""
+        dev = grad_sq.device
+        f32 = dict(device=dev, dtype=torch.float32)
+        ts = _AdamTensors.of(params, self.groups, self.optimizer.state)
+        fresh = ts.first_steps(f32)  # 0-d: lr^2 x nonzero elements, summed over tensors without state
+        if not ts.idx:  # no tensor has state: training's first step (nothing to compare it with: a first
+            self._moments = None  # step without warm-up would only widen the signal's noise), or all of it lost
+            return None if fresh is None or not self.optimizer_steps else fresh.sqrt()
+        c, b1, b2, bc2 = ts.coefficients(f32)  # (k,) each
+        carried = (self._moments.carried(ts.idx, self.optimizer_steps, ts.ms + ts.vs, self.resync)
+                   if self._moments is not None and self._hook is not None else None)
+        if carried is None:  # read afresh: every RESYNC steps, or the optimizer moved without us
+            m_sq = torch.stack([x.to(**f32) for x in torch._foreach_norm(ts.ms, 2)]) ** 2  # (k,) ||m||^2
+            v_sum = torch.stack([x.to(**f32) for x in torch._foreach_norm(ts.vs, 1)])  # (k,) sum of v (v >= 0)
+            age = 0
+        else:
+            m_sq, v_sum, age = carried
+        mg = torch.stack([torch.dot(m.reshape(-1), g.reshape(-1).to(m.dtype)).to(**f32) for m, g in zip(ts.ms, ts.gs)])
+        where = torch.tensor(ts.idx, device=dev)
+        k_sq, k_mg = (scale or NO_CLIP).of(where, f32)
+        g_sq = k_sq * grad_sq[where].float()  # (k,) ||g||^2 of the gradient the step uses
+        mg = k_mg * mg
+        n = torch.tensor([float(v.numel()) for v in ts.vs], **f32)
+        m_new = b1 * b1 * m_sq + 2 * b1 * (1 - b1) * mg + (1 - b1) ** 2 * g_sq  # ||b1 m + (1 - b1) g||^2
+        v_new = b2 * v_sum + (1 - b2) * g_sq  # sum of b2 v + (1 - b2) g^2
+        # Adam's next moments, for the next step to start from (exact when the clip is known)
+        self._moments = (None if scale is None else
+                         _Moments(ts.idx, self.optimizer_steps, m_new, v_new, age + 1, ts.ms + ts.vs))
+        total = (c * n * m_new / (v_new + EPS2 * n * bc2)).sum()  # bias-corrected v floored at eps^2
+        return (total if fresh is None else total + fresh).sqrt()
+
+
+@dataclass
+class _AdamTensors:
+    """The monitored tensors an Adam-like optimizer holds, with what the update signal reads of each."""
+
+    idx: list[int] = field(default_factory=list)  # monitored positions of the tensors with state
+    ms: list[torch.Tensor] = field(default_factory=list)  # exp_avg
+    vs: list[torch.Tensor] = field(default_factory=list)  # exp_avg_sq
+    gs: list[torch.Tensor] = field(default_factory=list)  # .grad
+    steps: list[Any] = field(default_factory=list)  # each tensor's step counter (a number or a tensor)
+    groups: list[dict] = field(default_factory=list)  # each tensor's param group
+    fresh: list[tuple[torch.Tensor, dict]] = field(default_factory=list)  # (.grad, group) of tensors without state
+
+    @classmethod
+    def of(cls, params: Sequence[torch.nn.Parameter], groups: dict, state: Any) -> "_AdamTensors":
+        out = cls()
+        for i, p in enumerate(params):
+            group = groups.get(p)
+            if group is None or p.grad is None or p.grad.is_sparse or _is_dtensor(p.grad):
+                continue  # a sharded tensor's local sums are not the tensor's
+            st = state.get(p)
+            if not st or "exp_avg" not in st:  # the optimizer creates its state at this step
+                out.fresh.append((p.grad, group))
+                continue
+            m, v = st["exp_avg"], st.get("exp_avg_sq")
+            if (v is None or "step" not in st or _is_dtensor(v) or v.numel() == 0 or m.shape != p.grad.shape):
+                continue
+            out.idx.append(i)
+            out.ms.append(m)
+            out.vs.append(v)
+            out.gs.append(p.grad)
+            out.steps.append(st["step"])
+            out.groups.append(group)
+        return out
+
+    def coefficients(self, f32: dict) -> tuple[torch.Tensor, ...]:
+        """(k,) each: ``lr^2 (1 - b2^t) / (1 - b1^t)^2``, b1, b2, ``1 - b2^t``, with each tensor's own
+        step counter (t = counter + 1: the step about to be taken) and its group's lr and betas."""
+        t = _stack_scalars(self.steps, f32) + 1
+        lr = _stack_scalars([g["lr"] for g in self.groups], f32)
+        b1 = torch.tensor([float(g["betas"][0]) for g in self.groups], **f32)
+        b2 = torch.tensor([float(g["betas"][1]) for g in self.groups], **f32)
+        bc2 = 1 - b2 ** t
+        return lr * lr * bc2 / (1 - b1 ** t) ** 2, b1, b2, bc2
+
+    def first_steps(self, f32: dict) -> torch.Tensor | None:
+        """Adam's first step on the tensors without state: ``m_hat = g``, ``v_hat = g^2``, so each element
+        moves by ``lr g / (|g| + eps)``, ``lr`` where its gradient is not tiny (one pass over those
+        tensors' gradients: they are rare after training's first step)."""
+        if not self.fresh:
+            return None
+        lr = _stack_scalars([g["lr"] for _, g in self.fresh], f32)
+        unit = torch.stack([(g.float() / (g.float().abs() + float(grp.get("eps", 1e-8)))).pow(2).sum().to(**f32)
+                            for g, grp in self.fresh])
+        return (lr * lr * unit).sum()
+
+
+def _stack_scalars(values: list[Any], f32: dict) -> torch.Tensor:
+    """(k,) float32 on the device from numbers or 0-d tensors (step counters, learning rates), with one
+    host->device copy when they live on the host."""
+    ts = [v.detach().reshape(()) if isinstance(v, torch.Tensor) else torch.tensor(float(v)) for v in values]
+    if len({x.device for x in ts}) == 1:
+        return torch.stack([x.float() for x in ts]).to(**f32)
+    return torch.stack([x.to(**f32) for x in ts])
+
+
+@dataclass
+class _Moments:
+    """Per-tensor ``||m||^2`` and ``sum v`` as they will be after the step about to be taken (Adam's
+    recursions on this step's gradient), for the next step to start from instead of reading the state."""
+
+    idx: list[int]  # the tensors they belong to (monitored-parameter positions)
+    optimizer_steps: int  # the optimizer's step count when they were made
+    m_sq: torch.Tensor  # (k,)
+    v_sum: torch.Tensor  # (k,)
+    age: int  # steps since the last exact read
+    state: list[torch.Tensor]  # the exp_avg and exp_avg_sq tensors they describe
+    versions: list[int] | None = None  # their version counters right after the optimizer's step
+
+    def stepped(self) -> None:
+        """The optimizer's step just ended: note its state tensors' versions (a change after this is not its)."""
+        self.versions = [t._version for t in self.state]
+
+    def carried(self, idx: list[int], optimizer_steps: int, state: list[torch.Tensor],
+                resync: int = RESYNC) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+        """The carried moments when they still describe the optimizer's state, else None (read afresh):
+        due for a fresh read, other tensors, not exactly the one step we saw, or the state changed since
+        that step (loaded, reset or edited in place)."""
+        if self.age >= resync or idx != self.idx or optimizer_steps != self.optimizer_steps + 1:
+            return None
+        if self.versions is None or any(a is not b for a, b in zip(state, self.state)):
+            return None
+        if any(t._version != v for t, v in zip(state, self.versions)):
+            return None
+        return self.m_sq, self.v_sum, self.age
+
+
+class _StepCounter:
+    """The optimizer's step post-hook: counts steps, holding the signal weakly (no cycle through the optimizer)."""
+
+    def __init__(self, inputs: AdamUpdate) -> None:
+        self._ref = weakref.ref(inputs)
+
+    def __call__(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        inputs = self._ref()
+        if inputs is not None:
+            inputs.optimizer_steps += 1
+            if inputs._moments is not None:
+                inputs._moments.stepped()
+
+
+def _param_groups(optimizer: Any) -> dict[torch.nn.Parameter, dict]:
+    """Each parameter's param group, for optimizers with Adam's ``betas`` (others: none)."""
+    out = {}
+    for group in getattr(optimizer, "param_groups", []):
+        if "betas" not in group:
+            continue
+        for p in group["params"]:
+            out[p] = group
+    return out
