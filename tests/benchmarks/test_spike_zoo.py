@@ -48,7 +48,10 @@ def test_quick_zoo_scores_two_scenarios():
     assert all(not math.isfinite(h.delta) for h in nan.harms)  # a NaN update is harm, whatever the held-out
     assert all(r.fired for r in nan.steps if r.injected)  # non-finite always fires
     table = render([fam])
-    assert "| nan_sample | numeric | non-finite" in table and "| demo | " in table
+    assert "| nan_sample | numeric | non-finite" in table
+    assert "| demo, twins and placebos | " in table and "| demo, clean twins only | " in table
+    caught, harmful = map(int, table.split("harmful injected steps detected: ours ")[1].split(" ")[0].split("/"))
+    assert caught >= len([s for s in nan.injected_steps if s >= nan.warmup]) and harmful >= caught  # NaN: all
     # --replay --rescore: this code's detector fed the recorded inputs fires where the live one did
     assert render([fam], bench._rescorer({"warmup_steps": 10})) == table
     assert all(math.isfinite(r.final_loss) for r in runs)  # the guard skipped the NaN steps
