@@ -87,16 +87,21 @@ def _score(runs: list[RunRecord], trig: dict[str, Callable]) -> dict:
     return out
 
 
-def scenario_rows(fam: Family, trig: dict[str, Callable]) -> list[str]:
+def by_scenario(fam: Family) -> list[tuple[str, list[RunRecord], dict]]:
+    """(scenario, its runs over seeds, its harm) for each scenario of the family."""
     twins: dict[str, dict[int, RunRecord]] = {}
     for r in fam.clean:
         twins.setdefault(r.scenario, {})[r.seed] = r
     by: dict[str, list[RunRecord]] = {}
     for r in fam.scenarios:
         by.setdefault(r.scenario, []).append(r)
+    return [(name, runs, harm_of(runs, twins.get(runs[0].placebo) or twins.get(runs[0].twin, {})))
+            for name, runs in by.items()]
+
+
+def scenario_rows(fam: Family, trig: dict[str, Callable]) -> list[str]:
     rows = []
-    for name, runs in by.items():
-        h = harm_of(runs, twins.get(runs[0].placebo) or twins.get(runs[0].twin, {}))
+    for name, runs, h in by_scenario(fam):
         sc = _score(runs, trig)
         step = "non-finite" if h["nonfinite"] else f"{h['step']:+.2g} (t {h['t']:.1f})"
         recall = " | ".join(_cell(sc["hits"][k], sc["n"]) if h["harmful"] else f"({_cell(sc['hits'][k], sc['n'])})"
@@ -127,18 +132,12 @@ def clean_row(fam: Family, trig: dict[str, Callable], twins_only: bool = False) 
 
 def totals(fam: Family, trig: dict[str, Callable]) -> str:
     """One line: harmful injected steps each trigger caught, and causes right on the live events."""
-    twins: dict[str, dict[int, RunRecord]] = {}
-    for r in fam.clean:
-        twins.setdefault(r.scenario, {})[r.seed] = r
-    by: dict[str, list[RunRecord]] = {}
-    for r in fam.scenarios:
-        by.setdefault(r.scenario, []).append(r)
     hits = {k: 0 for k in trig}
     n = ok = named = 0
-    for runs in by.values():
+    for _, runs, h in by_scenario(fam):
         sc = _score(runs, trig)
         ok, named = ok + sc["causes"][0], named + sc["causes"][1]
-        if harm_of(runs, twins.get(runs[0].placebo) or twins.get(runs[0].twin, {}))["harmful"]:
+        if h["harmful"]:
             n += sc["n"]
             for k in trig:
                 hits[k] += sc["hits"][k]
