@@ -19,6 +19,9 @@ counts steps and notes the state tensors' versions; an optimizer without step ho
 every step): a step reads ``exp_avg`` and the gradient once (``<m, g>``), half the memory traffic.
 A row of a tensor decaying alone (a rare token's embedding) is below its resolution; sharded
 (DTensor) tensors are skipped (their local sums are not the tensor's); weight decay is left out.
+No host read: step counters and learning rates are used where they lie, and what comes from the host
+(positions, sizes, betas, counters kept on the CPU) goes to a CUDA device through pinned memory,
+non-blocking (``to_device``; written for CUDA, not run on one here: no device was lent).
 """
 from __future__ import annotations
 
@@ -102,11 +105,11 @@ class AdamUpdate:
         else:
             m_sq, v_sum, age = carried
         mg = torch.stack([torch.dot(m.reshape(-1), g.reshape(-1).to(m.dtype)).to(**f32) for m, g in zip(ts.ms, ts.gs)])
-        where = torch.tensor(ts.idx, device=dev)
+        where = to_device(torch.tensor(ts.idx), dev)
         k_sq, k_mg = (scale or NO_CLIP).of(where, f32)
         g_sq = k_sq * grad_sq[where].float()  # (k,) ||g||^2 of the gradient the step uses
         mg = k_mg * mg
-        n = torch.tensor([float(v.numel()) for v in ts.vs], **f32)
+        n = to_device(torch.tensor([float(v.numel()) for v in ts.vs], dtype=torch.float32), dev)
         m_new = b1 * b1 * m_sq + 2 * b1 * (1 - b1) * mg + (1 - b1) ** 2 * g_sq  # ||b1 m + (1 - b1) g||^2
         v_new = b2 * v_sum + (1 - b2) * g_sq  # sum of b2 v + (1 - b2) g^2
         # Adam's next moments, for the next step to start from (exact when the clip is known)
@@ -155,8 +158,9 @@ class _AdamTensors:
         step counter (t = counter + 1: the step about to be taken) and its group's lr and betas."""
         t = _stack_scalars(self.steps, f32) + 1
         lr = _stack_scalars([g["lr"] for g in self.groups], f32)
-        b1 = torch.tensor([float(g["betas"][0]) for g in self.groups], **f32)
-        b2 = torch.tensor([float(g["betas"][1]) for g in self.groups], **f32)
+        betas = to_device(torch.tensor([[float(b) for b in g["betas"]] for g in self.groups], dtype=torch.float32),
+                          f32["device"])
+        b1, b2 = betas[:, 0], betas[:, 1]
         bc2 = 1 - b2 ** t
         return lr * lr * bc2 / (1 - b1 ** t) ** 2, b1, b2, bc2
 
@@ -177,8 +181,19 @@ def _stack_scalars(values: list[Any], f32: dict) -> torch.Tensor:
     host->device copy when they live on the host."""
     ts = [v.detach().reshape(()) if isinstance(v, torch.Tensor) else torch.tensor(float(v)) for v in values]
     if len({x.device for x in ts}) == 1:
-        return torch.stack([x.float() for x in ts]).to(**f32)
+        return to_device(torch.stack([x.float() for x in ts]), f32["device"])
     return torch.stack([x.to(**f32) for x in ts])
+
+
+def to_device(t: torch.Tensor, device: Any) -> torch.Tensor:
+    """``t`` on ``device``; from the host to a CUDA device through pinned memory, non-blocking: a copy
+    from pageable memory waits for the device's queue, a host sync in every step."""
+    device = torch.device(device)
+    if t.device == device:
+        return t
+    if t.device.type == "cpu" and device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
 
 
 @dataclass
