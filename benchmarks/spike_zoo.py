@@ -21,6 +21,7 @@ false events per 1000 clean steps.
     python benchmarks/spike_zoo.py --replay           # re-score the cached streams (seconds)
     python benchmarks/spike_zoo.py --replay --rescore # ... and re-run this code's detector on them
     python benchmarks/spike_zoo.py --families demo --scenarios bad_document lr_jump
+    python benchmarks/spike_zoo.py --replay --rescore --span-signal 16   # a candidate span-loss signal
 """
 from __future__ import annotations
 
@@ -112,14 +113,19 @@ def split(family: str, runs: list[RunRecord]) -> Family:
     return fam
 
 
-def _rescorer(overrides: dict):
+def _rescorer(overrides: dict, span: str | None = None):
     """``family -> trigger``: the library's ``SpikeDetector`` with the family's live configuration (the TRL
-    callback's RL defaults for ``trl``) plus ``--detector``, fed what the monitor fed it live."""
+    callback's RL defaults for ``trl``) plus ``--detector``, fed what the monitor fed it live; with
+    ``--span-signal W``, plus a span-loss detector of its own (``anchors.with_span``)."""
     from zoo import anchors
 
     from gradloc_track.integrations.rl_defaults import RL_SPIKES
 
-    return lambda family: anchors.ours(**{**(RL_SPIKES if family == "trl" else {}), **overrides})
+    def trigger(family: str):
+        ours = anchors.ours(**{**(RL_SPIKES if family == "trl" else {}), **overrides})
+        return anchors.with_span(ours, span) if span else ours
+
+    return trigger
 
 
 def main(argv: list[str] | None = None) -> list[Family]:
@@ -135,6 +141,8 @@ def main(argv: list[str] | None = None) -> list[Family]:
                     help="with --replay: 'ours' is this code's detector re-run on the recorded inputs (the live "
                          "events' probes and causes stay the run's), not what fired live")
     ap.add_argument("--detector", type=json.loads, default={}, help='SpikeConfig overrides, JSON: \'{"z_thresh": 5}\'')
+    ap.add_argument("--span-signal", default=None, choices=("8", "16", "32"),
+                    help="with --replay --rescore: add a span-loss signal over this many terms (a candidate)")
     args = ap.parse_args(argv)
     seeds = args.seeds[:1] if args.quick else args.seeds
     t0 = time.perf_counter()
@@ -143,7 +151,7 @@ def main(argv: list[str] | None = None) -> list[Family]:
                 if (args.cache / f"{f}{'-quick' if args.quick else ''}.json").exists()]
     else:
         fams = record(args.families, seeds, args.quick, args.jobs, args.scenarios, args.cache, args.detector)
-    print(render(fams, _rescorer(args.detector) if args.replay and args.rescore else None))
+    print(render(fams, _rescorer(args.detector, args.span_signal) if args.replay and args.rescore else None))
     print(f"\n{time.perf_counter() - t0:.0f} s in all; streams in {args.cache}")
     return fams
 

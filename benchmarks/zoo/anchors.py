@@ -117,6 +117,26 @@ def ours(config: Any = None, **overrides: Any) -> Trigger:
     return fire
 
 
+def with_span(trigger: Trigger, width: str, **overrides: Any) -> Trigger:
+    """``trigger`` plus a span-loss signal of its own: the largest mean loss over ``width`` consecutive
+    terms (``StepRecord.span_max``, the zoo's measurement) fed to a second ``SpikeDetector`` as its
+    largest sample loss, every other signal off. A candidate, not the library's default (docs/benchmarks.md)."""
+    from gradloc_track.config import SpikeConfig
+    from gradloc_track.spikes import SpikeDetector
+
+    def fire(steps: list[StepRecord]) -> set[int]:
+        det = SpikeDetector(SpikeConfig(loss_signal=False, update_signal=False, per_layer=False, noise_floor=0.0,
+                                        **overrides))
+        out = set()
+        for r in steps:
+            v = (r.span_max or {}).get(width)
+            if v is not None and math.isfinite(v) and det.update(r.step, 1.0, sample_losses=[v]):
+                out.add(r.step)
+        return out | trigger(steps)
+
+    return fire
+
+
 def signals_of(r: StepRecord) -> dict[str, Any]:
     """The step's extra inputs, under the names ``SpikeDetector.update`` takes them (after issue 26)."""
     return {"loss": r.loss, "sample_losses": r.sample_losses, "lr": r.lr, "update": r.update,

@@ -187,14 +187,15 @@ class SpikeDetector:
         if self._below_floor(global_norm, weight_norm):
             return []
         events = []
-        ev = self._check("global", "global", step, global_norm, pending, self.config.min_ratio)
+        ev = self._check("global", "global", step, global_norm, pending, self.config.min_ratio,
+                         self.config.ratio_thresh)
         if ev:
             events.append(ev)
         if self.config.per_layer and layer_norms:
             zmax = -math.inf
             layer_events = []
             for name, x in layer_norms.items():
-                ev = self._check(name, name, step, x, pending, self.config.min_ratio)
+                ev = self._check(name, name, step, x, pending, self.config.min_ratio, self.config.ratio_thresh)
                 zmax = max(zmax, self._z.get(name, -math.inf))
                 if ev:
                     layer_events.append(ev)
@@ -244,10 +245,9 @@ class SpikeDetector:
             p.sig.absorb(lx, cfg.alpha, cfg.baseline_alpha, cfg.warmup_steps, moments=not fired)
 
     def _check(self, key: str, name: str, step: int, x: float, pending: list[_Pending], min_ratio: float,
-               safety_net: float | None = -1.0, z_thresh: float | None = None) -> SpikeEvent | None:
+               safety_net: float | None, z_thresh: float | None = None) -> SpikeEvent | None:
         """Does ``x`` fire on signal ``key`` (reported as ``name``)? ``safety_net``: the ratio above which
-        it fires whatever the noise (-1: ``ratio_thresh``; None: none). A post-warm-up value joins
-        ``pending`` for ``_absorb``."""
+        it fires whatever the noise (None: none). A post-warm-up value joins ``pending`` for ``_absorb``."""
         cfg = self.config
         sig = self.signals.get(key)
         if sig is None:
@@ -270,8 +270,7 @@ class SpikeDetector:
         if key == "global":
             self._last["spike/zscore"], self._last["spike/ratio"] = z, ratio
             self._last["spike/threshold"] = math.exp(min(MAX_LOG, sig.forecast + max(band, math.log(cfg.min_ratio))))
-        net_at = cfg.ratio_thresh if safety_net == -1.0 else safety_net
-        net = net_at is not None and ratio > net_at
+        net = safety_net is not None and ratio > safety_net
         if (z > z_eff and ratio > min_ratio) or net:
             return SpikeEvent(step, name, x, sig.baseline, z, ratio)
         return None
