@@ -119,8 +119,9 @@ def ours(config: Any = None, **overrides: Any) -> Trigger:
 
 def with_span(trigger: Trigger, width: str, **overrides: Any) -> Trigger:
     """``trigger`` plus a span-loss signal of its own: the largest mean loss over ``width`` consecutive
-    terms (``StepRecord.span_max``, the zoo's measurement) fed to a second ``SpikeDetector`` as its
-    largest sample loss, every other signal off. A candidate, not the library's default (docs/benchmarks.md)."""
+    terms (``StepRecord.span_max``, the zoo's measurement; ``c16``: a 16-term span's excess over the
+    rest of its row) fed to a second ``SpikeDetector`` as its largest sample loss, every other signal
+    off. A candidate, not the library's default (docs/benchmarks.md)."""
     from gradloc_track.config import SpikeConfig
     from gradloc_track.spikes import SpikeDetector
 
@@ -130,7 +131,7 @@ def with_span(trigger: Trigger, width: str, **overrides: Any) -> Trigger:
         out = set()
         for r in steps:
             v = (r.span_max or {}).get(width)
-            if v is not None and math.isfinite(v) and det.update(r.step, 1.0, sample_losses=[v]):
+            if v is not None and math.isfinite(v) and v > 0 and det.update(r.step, 1.0, sample_losses=[v]):
                 out.add(r.step)
         return out | trigger(steps)
 

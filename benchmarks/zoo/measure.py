@@ -165,8 +165,9 @@ SPAN_WIDTHS = (8, 16, 32)
 def span_maxima(per: torch.Tensor, valid: torch.Tensor, docs: torch.Tensor | None = None,
                 widths: Sequence[int] = SPAN_WIDTHS) -> dict[str, float]:
     """The largest mean loss over ``w`` consecutive loss terms of one document, for each width ``w``
-    (a garbled span inside an otherwise clean sample): ``per`` (B, T) token losses, ``valid`` (B, T)
-    bool, ``docs`` (B, T) document ids (packed rows) or None. Written plainly: the zoo's reference."""
+    (a garbled span inside an otherwise clean sample), and (key ``c<w>``) the largest excess of such a
+    span over the mean of the rest of its row: ``per`` (B, T) token losses, ``valid`` (B, T) bool,
+    ``docs`` (B, T) document ids (packed rows) or None. Written plainly: the zoo's reference."""
     per = torch.where(valid, per.float(), 0.0)
     out = {}
     for w in widths:
@@ -179,4 +180,10 @@ def span_maxima(per: torch.Tensor, valid: torch.Tensor, docs: torch.Tensor | Non
             full &= (d == d[..., :1]).all(-1)
         if bool(full.any()):
             out[str(w)] = float((sums / w)[full].max())
+            # the span against the rest of its row: a garbled span in clean text, not a hard row
+            rest_n = valid.float().sum(1, keepdim=True) - w  # (B, 1)
+            rest = (per.sum(1, keepdim=True) - sums) / rest_n.clamp(min=1.0)
+            ok = full & (rest_n >= w)
+            if bool(ok.any()):
+                out[f"c{w}"] = float((sums / w - rest)[ok].max())
     return out
