@@ -65,6 +65,7 @@ class AdamUpdate:
         self._moments: _Moments | None = None  # ||m||^2 and sum(v) after the step about to be taken
         self.optimizer_steps = 0  # steps the optimizer took (its step hook), to know the moments still hold
         self.resync = RESYNC  # steps between fresh reads of the state (1: every step, as before carrying)
+        self._index: tuple[tuple, torch.Tensor, torch.Tensor] | None = None  # (key, positions, sizes on device)
         self._hook = None
         if self.groups and hasattr(optimizer, "register_step_post_hook"):
             self._hook = optimizer.register_step_post_hook(_StepCounter(self))
@@ -81,7 +82,7 @@ class AdamUpdate:
 
     @torch.no_grad()
     def norm(self, params: Sequence[torch.nn.Parameter], grad_sq: torch.Tensor,
-                    scale: ClipScale | None = NO_CLIP) -> torch.Tensor | None:
+             scale: ClipScale | None = NO_CLIP) -> torch.Tensor | None:
         """The norm of the update Adam is about to make, at tensor granularity (0-d, device), from the
         gradient the step will use: ``grad_sq`` (per monitored tensor, as backward left it) and ``.grad``
         with ``scale``, the clipper's part. ``scale=None`` (the clip is not known here): ``.grad`` and
@@ -91,10 +92,11 @@ class AdamUpdate:
         dev = grad_sq.device
         f32 = dict(device=dev, dtype=torch.float32)
         ts = _AdamTensors.of(params, self.groups, self.optimizer.state)
-        fresh = ts.first_steps(f32)  # 0-d: lr^2 x nonzero elements, summed over tensors without state
         if not ts.idx:  # no tensor has state: training's first step (nothing to compare it with: a first
             self._moments = None  # step without warm-up would only widen the signal's noise), or all of it lost
-            return None if fresh is None or not self.optimizer_steps else fresh.sqrt()
+            fresh = ts.first_steps(f32) if self.optimizer_steps else None
+            return None if fresh is None else fresh.sqrt()
+        fresh = ts.first_steps(f32)  # 0-d: squared first steps of the tensors without state (None: none)
         c, b1, b2, bc2 = ts.coefficients(f32)  # (k,) each
         carried = (self._moments.carried(ts.idx, self.optimizer_steps, ts.ms + ts.vs, self.resync)
                    if self._moments is not None and self._hook is not None else None)
@@ -105,11 +107,10 @@ class AdamUpdate:
         else:
             m_sq, v_sum, age = carried
         mg = torch.stack([torch.dot(m.reshape(-1), g.reshape(-1).to(m.dtype)).to(**f32) for m, g in zip(ts.ms, ts.gs)])
-        where = to_device(torch.tensor(ts.idx), dev)
+        where, n = self._positions(ts, dev)
         k_sq, k_mg = (scale or NO_CLIP).of(where, f32)
         g_sq = k_sq * grad_sq[where].float()  # (k,) ||g||^2 of the gradient the step uses
         mg = k_mg * mg
-        n = to_device(torch.tensor([float(v.numel()) for v in ts.vs], dtype=torch.float32), dev)
         m_new = b1 * b1 * m_sq + 2 * b1 * (1 - b1) * mg + (1 - b1) ** 2 * g_sq  # ||b1 m + (1 - b1) g||^2
         v_new = b2 * v_sum + (1 - b2) * g_sq  # sum of b2 v + (1 - b2) g^2
         # Adam's next moments, for the next step to start from (exact when the clip is known)
@@ -117,6 +118,15 @@ class AdamUpdate:
                          _Moments(ts.idx, self.optimizer_steps, m_new, v_new, age + 1, ts.ms + ts.vs))
         total = (c * n * m_new / (v_new + EPS2 * n * bc2)).sum()  # bias-corrected v floored at eps^2
         return (total if fresh is None else total + fresh).sqrt()
+
+    def _positions(self, ts: "_AdamTensors", dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(k,) the tensors' monitored positions and (k,) their sizes on the device, copied from the host
+        only when the set of tensors changed (they are the same step after step)."""
+        key = (ts.idx, [v.numel() for v in ts.vs], dev)
+        if self._index is None or self._index[0] != key:
+            sizes = torch.tensor([float(k) for k in key[1]], dtype=torch.float32)
+            self._index = (key, to_device(torch.tensor(ts.idx), dev), to_device(sizes, dev))
+        return self._index[1], self._index[2]
 
 
 @dataclass
