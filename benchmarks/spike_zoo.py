@@ -22,6 +22,7 @@ false events per 1000 clean steps.
     python benchmarks/spike_zoo.py --replay --rescore # ... and re-run this code's detector on them
     python benchmarks/spike_zoo.py --families demo --scenarios bad_document lr_jump
     python benchmarks/spike_zoo.py --replay --rescore --span-signal 16   # a candidate span-loss signal
+    python benchmarks/zoo_conflict.py                 # does the culprit's gradient tell junk from odd clean text?
 """
 from __future__ import annotations
 
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> list[Family]:
                     help="with --replay: 'ours' is this code's detector re-run on the recorded inputs (the live "
                          "events' probes and causes stay the run's), not what fired live")
     ap.add_argument("--detector", type=json.loads, default={}, help='SpikeConfig overrides, JSON: \'{"z_thresh": 5}\'')
-    ap.add_argument("--span-signal", default=None, choices=("8", "16", "32", "c8", "c16", "c32"),
+    ap.add_argument("--span-signal", default=None, choices=("1", "8", "16", "32", "c8", "c16", "c32"),
                     help="with --replay --rescore: add a span-loss signal over this many terms (a candidate)")
     args = ap.parse_args(argv)
     seeds = args.seeds[:1] if args.quick else args.seeds

@@ -158,16 +158,17 @@ def flip_bit(model: torch.nn.Module, name_part: str, bit: int = 30) -> str:
     raise ValueError(f"no gradient named like {name_part!r}")
 
 
-SPAN_WIDTHS = (8, 16, 32)
+SPAN_WIDTHS = (1, 8, 16, 32)
 
 
 @torch.no_grad()
 def span_maxima(per: torch.Tensor, valid: torch.Tensor, docs: torch.Tensor | None = None,
                 widths: Sequence[int] = SPAN_WIDTHS) -> dict[str, float]:
     """The largest mean loss over ``w`` consecutive loss terms of one document, for each width ``w``
-    (a garbled span inside an otherwise clean sample), and (key ``c<w>``) the largest excess of such a
-    span over the mean of the rest of its row: ``per`` (B, T) token losses, ``valid`` (B, T) bool,
-    ``docs`` (B, T) document ids (packed rows) or None. Written plainly: the zoo's reference."""
+    (a garbled span inside an otherwise clean sample; ``w=1``: the worst single term), and (key
+    ``c<w>``) the largest excess of such a span over the mean of the rest of its row: ``per`` (B, T)
+    token losses, ``valid`` (B, T) bool, ``docs`` (B, T) document ids (packed rows) or None. Written
+    plainly: the zoo's reference."""
     per = torch.where(valid, per.float(), 0.0)
     out = {}
     for w in widths:

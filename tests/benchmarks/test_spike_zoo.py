@@ -55,3 +55,40 @@ def test_quick_zoo_scores_two_scenarios():
     # --replay --rescore: this code's detector fed the recorded inputs fires where the live one did
     assert render([fam], bench._rescorer({"warmup_steps": 10})) == table
     assert all(math.isfinite(r.final_loss) for r in runs)  # the guard skipped the NaN steps
+
+
+def test_span_maxima_against_a_hand_computed_row():
+    load_benchmark("spike_zoo")
+    import torch
+    from zoo.measure import span_maxima
+
+    per = torch.tensor([[1.0, 2.0, 9.0, 8.0, 1.0, 1.0, 0.0, 0.0], [3.0, 3.0, 3.0, 3.0, 3.0, 3.0, 3.0, 3.0]])
+    valid = torch.tensor([[True] * 6 + [False] * 2, [True] * 8])
+    out = span_maxima(per, valid, widths=(1, 2, 4))
+    assert out["1"] == 9.0 and out["2"] == 8.5 and out["4"] == 5.0  # (2+9+8+1)/4; masked terms never enter
+    assert out["c2"] == 8.5 - 5.0 / 4  # the span against the mean of the rest of its own row (1+2+1+1)/4
+    docs = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1], [0] * 8])
+    assert span_maxima(per, valid, docs, widths=(2,))["2"] == 5.5  # 9 and 8 sit in two documents: (2+9)/2
+
+
+def test_zoo_conflict_metric_is_the_one_adam_steps_in():
+    """``adam_metric``: Adam's own step (beta1 = 0, so the update is ``lr * g * metric``) is the reference."""
+    load_benchmark("spike_zoo")
+    import zoo_conflict
+    import torch
+
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(3, 4)), torch.nn.Parameter(torch.randn(5))]
+    opt = torch.optim.Adam(params, lr=0.1, betas=(0.0, 0.999), eps=1e-8)
+    for _ in range(3):
+        for p in params:
+            p.grad = torch.randn_like(p)
+        grads = [p.grad.clone() for p in params]
+        metric = zoo_conflict.adam_metric(opt, params, grads)
+        before = [p.detach().clone() for p in params]
+        opt.step()
+        for p, b, g, w in zip(params, before, grads, metric):
+            torch.testing.assert_close(b - p.detach(), 0.1 * g * w, rtol=1e-5, atol=1e-7)
+    a, b = [torch.tensor([1.0, 0.0])], [torch.tensor([1.0, 1.0])]
+    assert abs(zoo_conflict.cosine(a, b) - 2 ** -0.5) < 1e-12
+    assert abs(zoo_conflict.cosine(a, b, [torch.tensor([1.0, 3.0])]) - 0.5) < 1e-12  # <a,b>_w = 1, |b|_w = 2
