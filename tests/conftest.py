@@ -28,10 +28,42 @@ def tiny_gpt():
     return TinyGPT(vocab_size=64, n_layer=2, n_head=2, d_model=32, max_seq_len=32)
 
 
+_STORE_TEMPLATE: list[Path] = []  # this session's store with MLflow's tables made (one file)
+
+
+def new_mlflow_store(path: Path) -> str:
+    """A new, empty MLflow SQLite store at ``path``; its ``sqlite:///`` URI.
+
+    MLflow makes a store's tables on first use: ~30 schema migrations, 2.3 s on an idle core here and
+    several times that on a busy one, paid again by every test that wants its own store. So the tables
+    are made once per session and the file is copied (0.05 s): what a user with an existing
+    ``mlflow.db`` has, opened by an untouched MLflow. The one thing MLflow wrote that depends on where it
+    ran, the Default experiment's artifact location (``<cwd>/mlruns/0``), is set as a store made in
+    ``path``'s folder would hold it. The README's demo (``tests/examples/demo_run.py``) keeps making
+    its store from nothing, as on a fresh machine."""
+    import atexit
+    import shutil
+    import sqlite3
+    import tempfile
+
+    if not _STORE_TEMPLATE:
+        from mlflow.tracking import MlflowClient
+
+        made = Path(tempfile.mkdtemp(prefix="gradloc-mlflow-template-")) / "mlflow.db"
+        atexit.register(shutil.rmtree, made.parent, True)
+        MlflowClient(f"sqlite:///{made}").search_experiments()  # makes the tables
+        _STORE_TEMPLATE.append(made)
+    shutil.copyfile(_STORE_TEMPLATE[0], path)
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        db.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = 0",
+                   (str(path.parent / "mlruns" / "0"),))
+    return f"sqlite:///{path}"
+
+
 @pytest.fixture
 def sqlite_uri(tmp_path) -> str:
-    """A fresh MLflow SQLite store (MLflow 3 refuses plain folder stores)."""
-    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+    """A new MLflow SQLite store in the test's folder (MLflow 3 refuses plain folder stores)."""
+    return new_mlflow_store(tmp_path / "mlflow.db")
 
 
 def _free_port() -> int:

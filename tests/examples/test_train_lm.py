@@ -9,6 +9,7 @@ import pytest
 
 from gradloc_track.artifacts import read_table
 
+from ..conftest import new_mlflow_store
 from .demo_run import demo_run, run_dirs, run_example
 from .load import load_example
 
@@ -67,7 +68,7 @@ def test_mlflow_tracker_logs_metrics_params_and_config(tmp_path):
 
 
 def test_wandb_and_both_trackers_run_offline(tmp_path):
-    run_example(tmp_path, "tracker=both", "tracker.mlflow.tracking_uri=sqlite:///" + str(tmp_path / "b.db"), *SMALL)
+    run_example(tmp_path, "tracker=both", "tracker.mlflow.tracking_uri=" + new_mlflow_store(tmp_path / "b.db"), *SMALL)
     assert list(tmp_path.rglob("offline-run-*")), "no offline W&B run directory was written"
     from mlflow.tracking import MlflowClient
 
@@ -100,6 +101,7 @@ def test_a_key_typo_without_plus_gets_did_you_mean_and_leaves_no_run_dir(tmp_pat
 
 
 def test_multirun_gives_one_tracker_run_per_job(tmp_path):
+    new_mlflow_store(tmp_path / "mlflow.db")  # run_example's store (a new store's console: the mlflow test above)
     run_example(tmp_path, "-m", "tracker=mlflow", "clip=none,adagc", *SMALL)
     _, runs = mlflow_runs(tmp_path)
     assert len(runs) == 2
@@ -170,6 +172,7 @@ def test_spike_demo_detects_and_localizes_the_injected_answer(tmp_path_factory, 
 def test_detection_without_localization_is_counted_shown_and_reported(tmp_path):
     """locate.enabled=false: the spike is the run's spike_count, the block says why it was not localized
     and links no page that does not exist, and the report lists it (a small model: the same spike fires)."""
+    new_mlflow_store(tmp_path / "mlflow.db")  # run_example's store
     proc = run_example(tmp_path, "experiment=spike_demo", "locate.enabled=false", "tracker=mlflow", "train.steps=101",
                        "model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.num_threads=1")
     (run_dir,) = run_dirs(tmp_path)
