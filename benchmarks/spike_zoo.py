@@ -23,6 +23,7 @@ false events per 1000 clean steps.
     python benchmarks/spike_zoo.py --families demo --scenarios bad_document lr_jump
     python benchmarks/spike_zoo.py --replay --rescore --span-signal 16   # a candidate span-loss signal
     python benchmarks/zoo_conflict.py                 # does the culprit's gradient tell junk from odd clean text?
+    python benchmarks/zoo_clean_events.py             # the clean steps that fired: their text, one step's harm
 """
 from __future__ import annotations
 
