@@ -5,14 +5,15 @@ readily as on a bad document. A candidate confirmation would read the step's gra
 should pull against the batch, a clean odd one with it. This script measures that on the demo family
 (``zoo/demo.py``'s model, data, optimizer and schedule; no monitor): on every step after 40, the
 sample (or packed document) with the largest mean loss, the cosine between its gradient and the rest
-of the batch's (plain, and in Adam's metric ``1/(sqrt(v)+eps)``: the update's cosine), and its share of
-the step's squared gradient norm. It prints the injected steps'
+of the batch's (plain, and in Adam's metric ``1/(sqrt(v)+eps)``: the update's cosine), its share of
+the step's squared gradient norm, and (not the gradient, a candidate too) its excess surprise: its
+mean loss minus the model's own entropy there. It prints the injected steps'
 values beside the clean steps' spread and the clean steps where the detector fired in the zoo.
 
     python benchmarks/zoo_conflict.py                          # bad_document seed 0, clean seed 2, clean_packed seed 0
     python benchmarks/zoo_conflict.py --runs mild_3of8:1 clean:0
 
-Result (docs/benchmarks.md): it does not separate, in either metric. The bad document's cosines sit
+Result (docs/benchmarks.md): none separates. The bad document's cosines sit
 inside the clean steps' spread, and the clean steps that fired sit inside both.
 """
 from __future__ import annotations
@@ -73,6 +74,22 @@ def adam_metric(opt, params, grads) -> list[torch.Tensor]:
     return out
 
 
+@torch.no_grad()
+def excess_surprise(model, b) -> torch.Tensor:
+    """Each unit's mean of ``loss - entropy`` over its terms: what the text costs beyond what the model
+    itself expected to pay there (about 0 where it is calibrated; junk it is sure is English should
+    stand out, hard-but-ordinary text such as digits should not)."""
+    logp = torch.log_softmax(model(b.x).float(), -1)  # (B, T, V)
+    ce = -logp.gather(-1, b.y[..., None])[..., 0]
+    per = (ce + (logp.exp() * logp).sum(-1)) * b.mask  # loss - entropy, (B, T)
+    if b.docs is None:
+        return per.sum(1) / b.mask.sum(1).clamp(min=1.0)
+    key = (b.docs + torch.arange(b.docs.shape[0])[:, None] * (int(b.docs.max()) + 1)).flatten()
+    n = int(key.max()) + 1
+    sums = torch.zeros(n).index_add_(0, key, per.flatten())
+    return sums / torch.zeros(n).index_add_(0, key, b.mask.flatten()).clamp(min=1.0)
+
+
 def measure(scenario: str, seed: int, steps: int, s: DemoSetting, corpus: str) -> list[dict]:
     sc = demo.SCENARIOS.get(scenario)
     loss = sc.loss if sc else ("token" if scenario == "clean_packed" else "sample")
@@ -97,7 +114,8 @@ def measure(scenario: str, seed: int, steps: int, s: DemoSetting, corpus: str) -
             rest = [g - c for g, c in zip(full, own)]
             total = sum(float(g.pow(2).sum()) for g in full)
             out.append({"step": step, "hit": hit, "cos": cosine(own, rest), "share": _dot(own, own) / total,
-                        "adam_cos": cosine(own, rest, adam_metric(opt, params, full))})
+                        "adam_cos": cosine(own, rest, adam_metric(opt, params, full)),
+                        "excess": excess_surprise(model, b)[k]})
             for p, g in zip(params, full):
                 p.grad = g
         opt.step()
@@ -118,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
         scenario, seed = run.split(":")
         rows = measure(scenario, int(seed), args.steps, s, corpus)
         print(f"{scenario} seed {seed}:")
-        for key in ("cos", "adam_cos"):
+        for key in ("cos", "adam_cos", "excess"):
             clean = sorted(r[key] for r in rows if not r["hit"])
             q = statistics.quantiles(clean, n=20)
             print(f"  {key}: clean steps min {clean[0]:+.2f}, 5% {q[0]:+.2f}, median {statistics.median(clean):+.2f}, "
