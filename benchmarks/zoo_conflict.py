@@ -10,7 +10,7 @@ the step's squared gradient norm, and (not the gradient, a candidate too) its ex
 mean loss minus the model's own entropy there. It prints the injected steps'
 values beside the clean steps' spread and the clean steps where the detector fired in the zoo.
 
-    python benchmarks/zoo_conflict.py                          # bad_document seed 0, clean seed 2, clean_packed seed 0
+    python benchmarks/zoo_conflict.py          # bad_document 0, clean 2, clean_packed 0, packed_bad_doc 0 (55 s)
     python benchmarks/zoo_conflict.py --runs mild_3of8:1 clean:0
 
 Result (docs/benchmarks.md): none separates. The bad document's cosines sit
@@ -125,7 +125,7 @@ def measure(scenario: str, seed: int, steps: int, s: DemoSetting, corpus: str) -
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runs", nargs="+", default=["bad_document:0", "clean:2", "clean_packed:0"],
+    ap.add_argument("--runs", nargs="+", default=["bad_document:0", "clean:2", "clean_packed:0", "packed_bad_doc:0"],
                     help="scenario:seed pairs (zoo/demo.py's scenarios, clean, clean_packed)")
     ap.add_argument("--steps", type=int, default=280)
     args = ap.parse_args(argv)
