@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from zoo import demo  # noqa: E402
-from zoo.demo import Batch, DemoData, DemoSetting, train_step  # noqa: E402
+from zoo.demo import Batch, DemoData, DemoSetting, train_step, unit_index  # noqa: E402
 from zoo.measure import grads_of, step_effect  # noqa: E402
 
 DEFAULT = [("clean", 2, (150, 190, 193)), ("clean_packed", 0, (180, 205))]  # 150, 180: ordinary steps beside them
@@ -34,16 +34,9 @@ REPLACEMENTS = 12
 
 
 def replaced(b: Batch, k: int, src: Batch) -> Batch:
-    """``b`` with unit ``k`` (sample ``k``, or packed document ``k`` row-major) taken from ``src``."""
-    out = Batch(b.x.clone(), b.y.clone(), b.mask.clone(), b.docs)
-    if b.docs is None:
-        out.x[k], out.y[k] = src.x[k], src.y[k]
-        return out
-    per_row = int(b.docs.max()) + 1
-    row, doc = divmod(k, per_row)
-    cols = b.docs[row] == doc
-    out.x[row, cols], out.y[row, cols] = src.x[row, cols], src.y[row, cols]
-    return out
+    """``b`` with unit ``k`` (``unit_index``: a sample, or a packed document) taken from ``src``."""
+    at = unit_index(b)[0] == k  # (B, T)
+    return Batch(torch.where(at, src.x, b.x), torch.where(at, src.y, b.y), b.mask.clone(), b.docs)
 
 
 def examine(scenario: str, seed: int, steps: tuple[int, ...], s: DemoSetting, corpus: str, held) -> None:

@@ -29,23 +29,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from zoo import demo  # noqa: E402
-from zoo.demo import DemoData, DemoSetting, injection_steps, per_term, term_weights, train_step  # noqa: E402
+from zoo.demo import (DemoData, DemoSetting, injection_steps, per_term, term_weights, train_step,  # noqa: E402
+                      unit_index, unit_means)
 
 # clean steps where the zoo's detector fired on the largest sample loss (seed -> steps; docs/benchmarks.md)
 FIRED = {("clean", 2): (190, 193), ("clean_packed", 0): (205,), ("clean_packed", 1): (274,),
          ("clean_packed", 2): (130, 180, 274)}
-
-
-def unit_keep(b, k: int) -> torch.Tensor:
-    """(B, T) mask of unit ``k``'s terms: sample ``k``, or packed document ``k`` (row-major)."""
-    keep = torch.zeros_like(b.mask)
-    if b.docs is None:
-        keep[k] = b.mask[k]
-        return keep
-    per_row = int(b.docs.max()) + 1
-    row, doc = divmod(k, per_row)
-    keep[row] = (b.docs[row] == doc).float() * b.mask[row]
-    return keep
 
 
 def _dot(a, b, w=None) -> float:
@@ -81,13 +70,8 @@ def excess_surprise(model, b) -> torch.Tensor:
     stand out, hard-but-ordinary text such as digits should not)."""
     logp = torch.log_softmax(model(b.x).float(), -1)  # (B, T, V)
     ce = -logp.gather(-1, b.y[..., None])[..., 0]
-    per = (ce + (logp.exp() * logp).sum(-1)) * b.mask  # loss - entropy, (B, T)
-    if b.docs is None:
-        return per.sum(1) / b.mask.sum(1).clamp(min=1.0)
-    key = (b.docs + torch.arange(b.docs.shape[0])[:, None] * (int(b.docs.max()) + 1)).flatten()
-    n = int(key.max()) + 1
-    sums = torch.zeros(n).index_add_(0, key, per.flatten())
-    return sums / torch.zeros(n).index_add_(0, key, b.mask.flatten()).clamp(min=1.0)
+    per = ce + (logp.exp() * logp).sum(-1)  # loss - entropy, (B, T)
+    return unit_means(b, per)
 
 
 def measure(scenario: str, seed: int, steps: int, s: DemoSetting, corpus: str) -> list[dict]:
@@ -107,7 +91,7 @@ def measure(scenario: str, seed: int, steps: int, s: DemoSetting, corpus: str) -
         if step >= 40:
             k = int(units.argmax())
             model.zero_grad(set_to_none=True)
-            keep = unit_keep(b, k)
+            keep = (unit_index(b)[0] == k).float() * b.mask  # unit k's terms
             per, sel = per_term(model, b, keep)
             (per * (term_weights(b, loss) * keep).flatten()[sel]).sum().backward()
             own = [torch.zeros_like(p) if p.grad is None else p.grad.detach() for p in params]

@@ -270,14 +270,24 @@ def train_step(model, b: Batch, loss: str):
     full = torch.zeros(sel.numel()).masked_scatter(sel, per.detach()).view_as(b.mask) * b.mask  # (B, T)
     LAST_SPANS.clear()
     LAST_SPANS.update(span_maxima(full, b.mask > 0, b.docs))
+    return total.detach(), unit_means(b, full)
+
+
+def unit_index(b: Batch) -> tuple[torch.Tensor, int]:
+    """(B, T) the unit each position belongs to, and the number of units: the sample (its row), or for
+    packed rows the document (the unit a packed pipeline knows from its boundaries), row-major."""
+    B, T = b.mask.shape
     if b.docs is None:
-        return total.detach(), full.sum(1) / b.mask.sum(1).clamp(min=1.0)  # (B,) each sample's mean loss
-    # packed rows: each document's mean loss (the unit a packed pipeline knows from its boundaries)
-    key = (b.docs + torch.arange(b.docs.shape[0])[:, None] * (int(b.docs.max()) + 1)).flatten()  # (B*T,)
-    n = int(key.max()) + 1
-    sums = torch.zeros(n).index_add_(0, key, full.flatten())
-    counts = torch.zeros(n).index_add_(0, key, b.mask.flatten())
-    return total.detach(), (sums / counts.clamp(min=1.0))[counts > 0]
+        return torch.arange(B)[:, None].expand(B, T), B
+    per_row = int(b.docs.max()) + 1
+    return b.docs + torch.arange(B)[:, None] * per_row, B * per_row
+
+
+def unit_means(b: Batch, per: torch.Tensor) -> torch.Tensor:
+    """Each unit's mean of ``per`` (B, T) over its loss terms (``unit_index``'s order)."""
+    key, n = unit_index(b)
+    sums = torch.zeros(n).index_add_(0, key.flatten(), (per * b.mask).flatten())
+    return sums / torch.zeros(n).index_add_(0, key.flatten(), b.mask.flatten()).clamp(min=1.0)
 
 
 def drop_state(opt) -> dict:
