@@ -19,6 +19,10 @@ counts steps and notes the state tensors' versions; an optimizer without step ho
 every step): a step reads ``exp_avg`` and the gradient once (``<m, g>``), half the memory traffic.
 A row of a tensor decaying alone (a rare token's embedding) is below its resolution; sharded
 (DTensor) tensors are skipped (their local sums are not the tensor's); weight decay is left out.
+``amsgrad=True``: the denominator is Adam's running max of ``v``, read with ``v`` each step for those
+tensors (``v`` decaying there moves nothing: without it the signal fired on a decay AMSGrad ignores);
+``maximize=True``: the step's gradient is ``-g``. NAdam and RAdam (``betas`` and the same state) get
+Adam's update, an estimate of theirs.
 No host read: step counters and learning rates are used where they lie, and what comes from the host
 (positions, sizes, betas, counters kept on the CPU) goes to a CUDA device through pinned memory,
 non-blocking (``to_device``; written for CUDA, not run on one here: no device was lent).
@@ -111,12 +115,15 @@ class AdamUpdate:
         k_sq, k_mg = (scale or NO_CLIP).of(where, f32)
         g_sq = k_sq * grad_sq[where].float()  # (k,) ||g||^2 of the gradient the step uses
         mg = k_mg * mg
+        if ts.flipped:  # maximize=True: the step descends along -g, so <m, -g>
+            mg = mg * to_device(_signs(len(ts.idx), ts.flipped), dev)
         m_new = b1 * b1 * m_sq + 2 * b1 * (1 - b1) * mg + (1 - b1) ** 2 * g_sq  # ||b1 m + (1 - b1) g||^2
         v_new = b2 * v_sum + (1 - b2) * g_sq  # sum of b2 v + (1 - b2) g^2
         # Adam's next moments, for the next step to start from (exact when the clip is known)
         self._moments = (None if scale is None else
                          _Moments(ts.idx, self.optimizer_steps, m_new, v_new, age + 1, ts.ms + ts.vs))
-        total = (c * n * m_new / (v_new + EPS2 * n * bc2)).sum()  # bias-corrected v floored at eps^2
+        v_den = v_new if not ts.ams else ts.amsgrad_v(v_new, b2, k_mg)
+        total = (c * n * m_new / (v_den + EPS2 * n * bc2)).sum()  # bias-corrected v floored at eps^2
         return (total if fresh is None else total + fresh).sqrt()
 
     def _positions(self, ts: "_AdamTensors", dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,6 +147,8 @@ class _AdamTensors:
     steps: list[Any] = field(default_factory=list)  # each tensor's step counter (a number or a tensor)
     groups: list[dict] = field(default_factory=list)  # each tensor's param group
     fresh: list[tuple[torch.Tensor, dict]] = field(default_factory=list)  # (.grad, group) of tensors without state
+    ams: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (j, max_exp_avg_sq) of AMSGrad tensors
+    flipped: list[int] = field(default_factory=list)  # j of the tensors whose group maximizes (the step uses -g)
 
     @classmethod
     def of(cls, params: Sequence[torch.nn.Parameter], groups: dict, state: Any) -> "_AdamTensors":
@@ -155,6 +164,10 @@ class _AdamTensors:
             m, v = st["exp_avg"], st.get("exp_avg_sq")
             if (v is None or "step" not in st or _is_dtensor(v) or v.numel() == 0 or m.shape != p.grad.shape):
                 continue
+            if group.get("amsgrad") and st.get("max_exp_avg_sq") is not None:
+                out.ams.append((len(out.idx), st["max_exp_avg_sq"]))
+            if group.get("maximize"):
+                out.flipped.append(len(out.idx))
             out.idx.append(i)
             out.ms.append(m)
             out.vs.append(v)
@@ -173,6 +186,19 @@ class _AdamTensors:
         b1, b2 = betas[:, 0], betas[:, 1]
         bc2 = 1 - b2 ** t
         return lr * lr * bc2 / (1 - b1 ** t) ** 2, b1, b2, bc2
+
+    def amsgrad_v(self, v_new: torch.Tensor, b2: torch.Tensor, k_mg: torch.Tensor | float) -> torch.Tensor:
+        """``v_new`` with AMSGrad's denominator for its tensors: ``sum max(max_exp_avg_sq, b2 v + (1 - b2) g^2)``
+        elementwise, as the step takes it (a running max that never decays: a tensor whose ``v`` decayed
+        does not spike its update). One read of ``v`` and of its max per such tensor, every step."""
+        js = [j for j, _ in self.ams]
+        sums = []
+        for j, vmax in self.ams:
+            g = self.gs[j].float() * (k_mg[j] if isinstance(k_mg, torch.Tensor) else k_mg)
+            sums.append(torch.maximum(vmax.float(), b2[j] * self.vs[j].float() + (1 - b2[j]) * g * g).sum())
+        out = v_new.clone()
+        out[to_device(torch.tensor(js), v_new.device)] = torch.stack(sums).to(v_new.dtype)
+        return out
 
     def first_steps(self, f32: dict) -> torch.Tensor | None:
         """Adam's first step on the tensors without state: ``m_hat = g``, ``v_hat = g^2``, so each element
@@ -193,6 +219,13 @@ def _stack_scalars(values: list[Any], f32: dict) -> torch.Tensor:
     if len({x.device for x in ts}) == 1:
         return to_device(torch.stack([x.float() for x in ts]), f32["device"])
     return torch.stack([x.to(**f32) for x in ts])
+
+
+def _signs(k: int, flipped: list[int]) -> torch.Tensor:
+    """(k,) 1, and -1 at ``flipped``."""
+    out = torch.ones(k, dtype=torch.float32)
+    out[flipped] = -1.0
+    return out
 
 
 def to_device(t: torch.Tensor, device: Any) -> torch.Tensor:

@@ -18,7 +18,8 @@ from .test_packing import spy  # noqa: F401  (the sync-spy fixture)
 
 def reference_update(opt, scale: float = 1.0) -> float:
     """Adam's next step at tensor granularity, written out: lr^2 ||m_hat'||^2 / mean(v_hat') summed, with the
-    gradient times ``scale`` (a clip the optimizer's step applies)."""
+    gradient times ``scale`` (a clip the optimizer's step applies); AMSGrad's max and maximize's sign as
+    torch's Adam takes them."""
     total = 0.0
     for g in opt.param_groups:
         b1, b2 = g["betas"]
@@ -27,9 +28,12 @@ def reference_update(opt, scale: float = 1.0) -> float:
             if not st or p.grad is None:
                 continue
             t = float(st["step"]) + 1
-            grad = p.grad * scale
+            grad = p.grad * scale * (-1 if g.get("maximize") else 1)  # torch's Adam: maximize steps along -g
             m = (b1 * st["exp_avg"] + (1 - b1) * grad).double() / (1 - b1 ** t)
-            v = (b2 * st["exp_avg_sq"] + (1 - b2) * grad ** 2).double() / (1 - b2 ** t)
+            v = b2 * st["exp_avg_sq"] + (1 - b2) * grad ** 2
+            if g.get("amsgrad"):  # the denominator is the running max, max_exp_avg_sq updated with this v
+                v = torch.maximum(st["max_exp_avg_sq"], v)
+            v = v.double() / (1 - b2 ** t)
             total += g["lr"] ** 2 * float(m.pow(2).sum()) / (float(v.mean()) + 1e-16)
     return math.sqrt(total)
 
@@ -146,6 +150,35 @@ def test_carried_moments_stay_adams_and_are_read_afresh_every_resync(tiny_gpt, f
         assert fed == pytest.approx(ref, rel=1e-4)
     ages = [age for _, _, age in rows]
     assert ages[:RESYNC + 2] == list(range(1, RESYNC + 1)) + [1, 2]  # one read of m and v every RESYNC steps
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_amsgrad_and_maximize_are_the_step_adam_takes(tiny_gpt, fused):
+    """AMSGrad divides by the running max of v (a decayed v moves nothing there), maximize steps along -g;
+    one group of each beside a plain one, carried across a fresh read, and clipped in place."""
+    from gradloc_track.clip.simple import GlobalClip
+    from gradloc_track.monitor.adam_update import RESYNC
+
+    params = list(tiny_gpt.parameters())
+    opt = torch.optim.AdamW([{"params": params[:3], "amsgrad": True}, {"params": params[3:6], "maximize": True},
+                             {"params": params[6:], "amsgrad": True, "maximize": True, "betas": (0.8, 0.9)}],
+                            lr=1e-3, fused=fused)
+    seen = []
+
+    def decay(step, o):  # every 5th step, one AMSGrad tensor's v decays far below its running max
+        if step % 5 == 4:
+            o.state[params[0]]["exp_avg_sq"].mul_(1e-3)
+            seen.append(step)
+
+    def scale() -> float:  # fused: the clip rides on the step's grad_scale, .grad stays raw
+        norm = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in params))
+        return min(1.0, 0.05 / (norm + 1e-6)) if fused else 1.0
+
+    rows = _fed_against_reference(tiny_gpt, opt, clipper=GlobalClip(tiny_gpt, max_norm=0.05), steps=RESYNC + 8,
+                                  between=decay, reference=lambda o: reference_update(o, scale()))
+    for fed, ref, _ in rows:
+        assert fed == pytest.approx(ref, rel=1e-4)
+    assert seen and any(age and age > 1 for _, _, age in rows)  # carried between the edits' fresh reads
 
 
 def test_carried_moments_follow_a_clip_applied_in_place_and_a_fused_grad_scale(tiny_gpt):
