@@ -1,9 +1,10 @@
 """The update signal: the norm of the step an Adam-like optimizer is about to take (issue 26).
 
 For ``betas`` in the param groups and ``exp_avg`` / ``exp_avg_sq`` in the state (Adam, AdamW, fused
-or not), at tensor granularity: ``u^2 = sum_i lr_i^2 ||m_i'||^2 / mean(v_i')`` with ``m' = b1 m +
-(1 - b1) g``, ``v' = b2 v + (1 - b2) g^2`` and Adam's bias corrections (each tensor's own step
-counter), from per-tensor sums (``||m||^2``, ``<m, g>``, ``sum v``) and the step's own squared norms,
+or not), at tensor granularity: ``u^2 = sum_i lr_i^2 ||m_hat_i'||^2 / (sqrt(mean(v_hat_i')) + eps_i)^2``
+with ``m' = b1 m + (1 - b1) g``, ``v' = b2 v + (1 - b2) g^2``, Adam's bias corrections (each tensor's
+own step counter) and its group's lr, betas and eps (exact for a tensor whose ``v`` is uniform), from
+per-tensor sums (``||m||^2``, ``<m, g>``, ``sum v``) and the step's own squared norms,
 with the gradient the step will use (after the clipper: ``ClipScale``). A tensor without state yet
 (unfrozen, re-initialised, a state lost on resume) takes Adam's first step, ``lr`` per element. The
 update jumps with the learning rate, when the optimizer's state is lost, and when a tensor's second
@@ -35,9 +36,9 @@ from typing import Any, Sequence
 
 import torch
 
+from ..clip.skip_step import inner_optimizer
 from ..norms import _is_dtensor
 
-EPS2 = 1e-16  # Adam's eps (1e-8) squared: the floor under a tensor's second moment
 RESYNC = 16  # steps between exact reads of ||m||^2 and sum(v) (a clipped or externally skipped step drifts them)
 
 
@@ -64,15 +65,27 @@ class AdamUpdate:
     device), or None for other optimizers; ``remove()`` takes its step hook off."""
 
     def __init__(self, optimizer: Any) -> None:
+        optimizer = inner_optimizer(optimizer)  # Accelerate's wrapper has no hook tables: its inner optimizer
         self.optimizer = optimizer
-        self.groups = _param_groups(optimizer)  # parameter -> its Adam-like param group
+        self._groups_key: tuple = ()
+        self.groups: dict = {}  # parameter -> its Adam-like param group (``_refresh_groups``)
+        self._refresh_groups()
         self._moments: _Moments | None = None  # ||m||^2 and sum(v) after the step about to be taken
         self.optimizer_steps = 0  # steps the optimizer took (its step hook), to know the moments still hold
         self.resync = RESYNC  # steps between fresh reads of the state (1: every step, as before carrying)
         self._index: tuple[tuple, torch.Tensor, torch.Tensor] | None = None  # (key, positions, sizes on device)
         self._hook = None
-        if self.groups and hasattr(optimizer, "register_step_post_hook"):
+        if self.groups and hasattr(optimizer, "_optimizer_step_post_hooks"):  # else: read afresh every step
             self._hook = optimizer.register_step_post_hook(_StepCounter(self))
+
+    def _refresh_groups(self) -> None:
+        """Follow the optimizer's param groups: ``load_state_dict`` puts new group dicts in (a resume's lr),
+        ``add_param_group`` adds one (unfrozen layers). Checked each step on the groups' identities and
+        sizes, rebuilt only when they change."""
+        groups = getattr(self.optimizer, "param_groups", [])
+        key = tuple((id(g), len(g.get("params", ()))) for g in groups)
+        if key != self._groups_key:
+            self._groups_key, self.groups = key, _param_groups(self.optimizer)
 
     def remove(self) -> None:
         """Take the optimizer's step hook off (the handle's close)."""
@@ -95,13 +108,14 @@ class AdamUpdate:
         No host read: step counters and learning rates kept as tensors are used where they lie."""
         dev = grad_sq.device
         f32 = dict(device=dev, dtype=torch.float32)
+        self._refresh_groups()
         ts = _AdamTensors.of(params, self.groups, self.optimizer.state)
         if not ts.idx:  # no tensor has state: training's first step (nothing to compare it with: a first
             self._moments = None  # step without warm-up would only widen the signal's noise), or all of it lost
             fresh = ts.first_steps(f32) if self.optimizer_steps else None
             return None if fresh is None else fresh.sqrt()
         fresh = ts.first_steps(f32)  # 0-d: squared first steps of the tensors without state (None: none)
-        c, b1, b2, bc2 = ts.coefficients(f32)  # (k,) each
+        c, b1, b2, bc2, eps = ts.coefficients(f32)  # (k,) each
         carried = (self._moments.carried(ts.idx, self.optimizer_steps, ts.ms + ts.vs, self.resync)
                    if self._moments is not None and self._hook is not None else None)
         if carried is None:  # read afresh: every RESYNC steps, or the optimizer moved without us
@@ -123,7 +137,7 @@ class AdamUpdate:
         self._moments = (None if scale is None else
                          _Moments(ts.idx, self.optimizer_steps, m_new, v_new, age + 1, ts.ms + ts.vs))
         v_den = v_new if not ts.ams else ts.amsgrad_v(v_new, b2, k_mg)
-        total = (c * n * m_new / (v_den + EPS2 * n * bc2)).sum()  # bias-corrected v floored at eps^2
+        total = (c * m_new / ((v_den / (n * bc2)).sqrt() + eps) ** 2).sum()  # lr^2 ||m_hat||^2 / (rms v_hat + eps)^2
         return (total if fresh is None else total + fresh).sqrt()
 
     def _positions(self, ts: "_AdamTensors", dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -158,8 +172,10 @@ class _AdamTensors:
             if group is None or p.grad is None or p.grad.is_sparse or _is_dtensor(p.grad):
                 continue  # a sharded tensor's local sums are not the tensor's
             st = state.get(p)
-            if not st or "exp_avg" not in st:  # the optimizer creates its state at this step
+            if not st:  # the optimizer creates its state at this step
                 out.fresh.append((p.grad, group))
+                continue
+            if "exp_avg" not in st:  # betas, but moments under other names (bitsandbytes' state1/state2): unknown
                 continue
             m, v = st["exp_avg"], st.get("exp_avg_sq")
             if (v is None or "step" not in st or _is_dtensor(v) or v.numel() == 0 or m.shape != p.grad.shape):
@@ -177,15 +193,14 @@ class _AdamTensors:
         return out
 
     def coefficients(self, f32: dict) -> tuple[torch.Tensor, ...]:
-        """(k,) each: ``lr^2 (1 - b2^t) / (1 - b1^t)^2``, b1, b2, ``1 - b2^t``, with each tensor's own
-        step counter (t = counter + 1: the step about to be taken) and its group's lr and betas."""
+        """(k,) each: ``lr^2 / (1 - b1^t)^2``, b1, b2, ``1 - b2^t``, eps, with each tensor's own step
+        counter (t = counter + 1: the step about to be taken) and its group's lr, betas and eps."""
         t = _stack_scalars(self.steps, f32) + 1
         lr = _stack_scalars([g["lr"] for g in self.groups], f32)
-        betas = to_device(torch.tensor([[float(b) for b in g["betas"]] for g in self.groups], dtype=torch.float32),
-                          f32["device"])
-        b1, b2 = betas[:, 0], betas[:, 1]
-        bc2 = 1 - b2 ** t
-        return lr * lr * bc2 / (1 - b1 ** t) ** 2, b1, b2, bc2
+        hyper = to_device(torch.tensor([[float(g["betas"][0]), float(g["betas"][1]), float(g.get("eps", 1e-8))]
+                                        for g in self.groups], dtype=torch.float32), f32["device"])
+        b1, b2, eps = hyper[:, 0], hyper[:, 1], hyper[:, 2]
+        return lr * lr / (1 - b1 ** t) ** 2, b1, b2, 1 - b2 ** t, eps
 
     def amsgrad_v(self, v_new: torch.Tensor, b2: torch.Tensor, k_mg: torch.Tensor | float) -> torch.Tensor:
         """``v_new`` with AMSGrad's denominator for its tensors: ``sum max(max_exp_avg_sq, b2 v + (1 - b2) g^2)``

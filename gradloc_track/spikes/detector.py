@@ -48,13 +48,12 @@ from ..config import SpikeConfig
 from ..config._validate import ConfigError
 from .event import SpikeEvent
 from .score import RunningWindow
-from .signal import LogSignal
+from .signal import MAX_LOG, LogSignal
 
 # the statistics of the non-norm signals live under these keys (a layer cannot be named so)
 EXTRA = {"loss": "@loss", "sample_loss": "@sample_loss", "update": "@update"}
 SMOOTH = frozenset({"@loss", "@sample_loss"})  # averages over many tokens: their fall is forecast too
 SHIFT_STEPS = 3  # a signal above its band this many steps in a row has moved, not spiked: it is taken in
-MAX_LOG = 700.0  # exp() of more overflows a float: a threshold that high is reported as 1e304
 
 
 @dataclass

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 EPS = 1e-12
 MAX_TAIL_FACTOR = 2.0  # z_eff never exceeds 2 * z_thresh, however wild the kurtosis estimate
+MAX_LOG = 700.0  # exp() of more overflows a float: a ratio (or threshold) beyond e^700 is reported as e^700
 
 
 @dataclass
@@ -47,7 +48,7 @@ class LogSignal:
     def z_ratio(self, lx: float) -> tuple[float, float]:
         """z-score and ratio to the forecast of a log-value ``lx``."""
         f = self.forecast
-        return (lx - f) / math.sqrt(self.var + EPS), math.exp(lx - f)
+        return (lx - f) / math.sqrt(self.var + EPS), math.exp(min(lx - f, MAX_LOG))
 
     def tail_factor(self) -> float:
         """``(kurtosis / 3) ** 0.25`` clamped to [1, MAX_TAIL_FACTOR]: 1 for Gaussian-or-lighter tails."""

@@ -17,9 +17,9 @@ from .test_packing import spy  # noqa: F401  (the sync-spy fixture)
 
 
 def reference_update(opt, scale: float = 1.0) -> float:
-    """Adam's next step at tensor granularity, written out: lr^2 ||m_hat'||^2 / mean(v_hat') summed, with the
-    gradient times ``scale`` (a clip the optimizer's step applies); AMSGrad's max and maximize's sign as
-    torch's Adam takes them."""
+    """Adam's next step at tensor granularity, written out: lr^2 ||m_hat'||^2 / (sqrt(mean(v_hat')) + eps)^2
+    summed (Adam's step where a tensor's v is uniform), with the gradient times ``scale`` (a clip the
+    optimizer's step applies); AMSGrad's max and maximize's sign as torch's Adam takes them."""
     total = 0.0
     for g in opt.param_groups:
         b1, b2 = g["betas"]
@@ -34,7 +34,7 @@ def reference_update(opt, scale: float = 1.0) -> float:
             if g.get("amsgrad"):  # the denominator is the running max, max_exp_avg_sq updated with this v
                 v = torch.maximum(st["max_exp_avg_sq"], v)
             v = v.double() / (1 - b2 ** t)
-            total += g["lr"] ** 2 * float(m.pow(2).sum()) / (float(v.mean()) + 1e-16)
+            total += g["lr"] ** 2 * float(m.pow(2).sum()) / (math.sqrt(float(v.mean())) + g["eps"]) ** 2
     return math.sqrt(total)
 
 
@@ -265,3 +265,107 @@ def test_a_lost_optimizer_state_is_adams_first_step_on_every_tensor(tiny_gpt):
     for fed, ref, _ in rows:
         assert fed == pytest.approx(ref, rel=1e-4)
     assert rows[4][0] > 1.2 * rows[3][0]  # every element moves by lr (early steps are near that already)
+
+
+def test_each_groups_eps_is_adams(tiny_gpt):
+    """eps=1e-5 (PPO's default) or 1e-6: where gradients are near eps, Adam's step is far below lr; the signal
+    divides by sqrt(mean v_hat) + the group's eps, as the step does."""
+    params = list(tiny_gpt.parameters())
+    opt = torch.optim.AdamW([{"params": params[:4], "eps": 1e-5}, {"params": params[4:], "eps": 1e-6}], lr=1e-3)
+    rows = _fed_against_reference(tiny_gpt, opt, steps=6)
+    for fed, ref, _ in rows:
+        assert fed == pytest.approx(ref, rel=1e-4)
+    # gradients far below eps from the first step: Adam's step is lr * m_hat / eps, far below lr
+    for p in params:
+        p.grad = None
+    opt = torch.optim.AdamW([{"params": params[:4], "eps": 1e-5}, {"params": params[4:], "eps": 1e-6}], lr=1e-3)
+    det = Recorder(warmup_steps=1000)
+    mon = GradMonitor(tiny_gpt, tracker=MemoryTracker(), log_every=10 ** 6, optimizer=opt, detector=det)
+    for step in range(4):
+        backward(tiny_gpt, seed=99 + step)
+        for p in params:
+            p.grad.mul_(1e-6)
+        mon.after_backward(step, spike_context=SpikeContext(lambda m: m.sum(), torch.ones(2, 16)))
+        if step:
+            assert det.fed[-1]["update"] == pytest.approx(reference_update(opt), rel=1e-4)
+        opt.step()
+    grad_sq = torch.stack([p.grad.pow(2).sum() for p in params])
+    with_eps = float(DetectorInputs(SpikeDetector(), opt, params).update_norm(params, grad_sq))
+    for g in opt.param_groups:
+        g["eps"] = 1e-8  # what the signal assumed before
+    assert float(DetectorInputs(SpikeDetector(), opt, params).update_norm(params, grad_sq)) > 3 * with_eps
+
+
+def test_a_resumed_optimizer_and_an_added_group_are_followed(tiny_gpt):
+    """``load_state_dict`` puts new param-group dicts in (a resume with another lr); ``add_param_group``
+    adds tensors (a layer unfrozen): the signal reads the groups the optimizer steps with."""
+    params = list(tiny_gpt.parameters())
+    head = [p for p in params if p is tiny_gpt.lm_head.weight]
+    body = [p for p in params if p is not tiny_gpt.lm_head.weight]
+    opt = torch.optim.AdamW(body, lr=1e-3)
+
+    def between(step, o):
+        if step == 3:
+            saved = o.state_dict()
+            saved["param_groups"][0]["lr"] = 1e-2  # the resumed run's lr
+            o.load_state_dict(saved)
+        if step == 6:
+            o.add_param_group({"params": head, "lr": 5e-3})
+
+    firsts = []
+
+    def reference(o) -> float:  # the added tensor's first step: lr per element (Adam with m_hat = g, v_hat = g^2)
+        (w,) = head
+        first, stateful = 0.0, reference_update(o) ** 2
+        if len(o.param_groups) > 1 and w not in o.state:
+            first = float((5e-3 * w.grad / (w.grad.abs() + 1e-8)).double().pow(2).sum())
+            firsts.append(first / (stateful + first))
+        return math.sqrt(stateful + first)
+
+    rows = _fed_against_reference(tiny_gpt, opt, steps=10, between=between, reference=reference)
+    for fed, ref, _ in rows:
+        assert fed == pytest.approx(ref, rel=1e-4)
+    assert rows[3][0] > 5 * rows[2][0]  # the lr rose 10x: the update with it
+    assert len(firsts) == 1 and firsts[0] > 0.05  # the added tensor's first step: a visible part of the update
+
+
+def test_an_optimizer_with_betas_but_other_moments_gets_no_update_signal(tiny_gpt):
+    """bitsandbytes' Adam keeps its moments as state1/state2: unknown here, so no update (before: every tensor
+    read as Adam's first step each step, a constant lr * sqrt(n))."""
+
+    class OtherMoments(torch.optim.Optimizer):
+        def __init__(self, params):
+            super().__init__(params, dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8))
+
+        @torch.no_grad()
+        def step(self):
+            for g in self.param_groups:
+                for p in g["params"]:
+                    st = self.state[p]
+                    if not st:
+                        st.update(step=0, state1=torch.zeros_like(p), state2=torch.zeros_like(p))
+                    st["step"] += 1
+                    st["state1"].mul_(0.9).add_(p.grad, alpha=0.1)
+                    p.sub_(g["lr"] * st["state1"])
+
+    opt = OtherMoments(tiny_gpt.parameters())
+    params = list(tiny_gpt.parameters())
+    inputs = DetectorInputs(SpikeDetector(), opt, params)
+    for step in range(3):
+        backward(tiny_gpt, seed=step)
+        assert inputs.update_norm(params, torch.stack([p.grad.pow(2).sum() for p in params])) is None
+        opt.step()
+
+
+def test_an_accelerate_wrapped_optimizer_is_read_through_its_wrapper(tiny_gpt):
+    """``GradMonitor(optimizer=accelerator.prepare(opt))``: the wrapper has no hook tables (it raised
+    AttributeError); the signal reads and hooks the torch optimizer inside."""
+    accelerate = pytest.importorskip("accelerate")
+
+    opt = torch.optim.AdamW(tiny_gpt.parameters(), lr=1e-3)
+    wrapped = accelerate.Accelerator(cpu=True).prepare(opt)
+    assert wrapped is not opt and not hasattr(wrapped, "_optimizer_step_post_hooks")
+    rows = _fed_against_reference(tiny_gpt, wrapped, steps=2 * 16 + 2, reference=lambda o: reference_update(opt))
+    for fed, ref, _ in rows:
+        assert fed == pytest.approx(ref, rel=1e-4)
+    assert any(age and age > 1 for _, _, age in rows)  # the inner optimizer's step hook counts its steps

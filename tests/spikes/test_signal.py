@@ -121,3 +121,14 @@ def test_log_signal_round_trips_through_state():
     for x in (0.1, 0.3, -0.2, 0.05):
         sig.absorb(x, 0.99, 0.9, 2)
     assert LogSignal(*sig.as_tuple()) == sig
+
+
+def test_a_ratio_beyond_floats_range_is_reported_not_raised():
+    """A baseline of 1e-300 then a value of 1e300 (float64 inputs): the ratio's exp() would overflow."""
+    from gradloc_track.spikes import SpikeDetector
+
+    det = SpikeDetector(warmup_steps=2)
+    for step, x in enumerate([1e-300, 1e-300, 1e-300]):
+        assert det.update(step, x) == []
+    (event,) = det.update(3, 1e300)
+    assert event.signal == "global" and math.isfinite(event.ratio) and event.ratio > 1e300
