@@ -81,7 +81,8 @@ class AdamUpdate:
     def _refresh_groups(self) -> None:
         """Follow the optimizer's param groups: ``load_state_dict`` puts new group dicts in (a resume's lr),
         ``add_param_group`` adds one (unfrozen layers). Checked each step on the groups' identities and
-        sizes, rebuilt only when they change."""
+        sizes, rebuilt only when they change (the map holds the old group dicts, so a new dict cannot
+        take an old one's id before this check)."""
         groups = getattr(self.optimizer, "param_groups", [])
         key = tuple((id(g), len(g.get("params", ()))) for g in groups)
         if key != self._groups_key:
