@@ -31,6 +31,7 @@ from ..trackers.interface import Tracker
 from ..trackers.join import OpenRuns, Run, RunRequest, start
 from .batches import BatchList, lm_spike_context, resolve_tokenizer
 from .calls import SET_LOSS_FN_HINT
+from .grad_scaler import unscale_handed_scale
 from .step_losses import step_loss, step_sample_losses
 from .options import WatchOptions
 
@@ -188,6 +189,7 @@ class WatchHandle:
     # -- the loop's side -------------------------------------------------------------------
     def _pre_step(self, optimizer, args, kwargs) -> None:
         if not self._finished:  # a hook of a finished handle does nothing (it is removed at close anyway)
+            unscale_handed_scale(optimizer)  # a GradScaler's fused step: the monitor reads unscaled gradients
             self.step()
 
     def set_loss_fn(self, loss_fn: Callable[[torch.Tensor], torch.Tensor] | list, token_mask: Any,

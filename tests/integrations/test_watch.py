@@ -344,3 +344,37 @@ def test_unknown_optimizer_warns_once_naming_the_guard(gpt2):
     with pytest.warns(UserWarning, match="SkipStepGuard"):
         handle.step()
     assert handle.monitor.skip_guard is None
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "foreach"])
+def test_under_a_grad_scaler_the_monitor_and_the_clip_see_unscaled_gradients(fused):
+    """``scaler.step(opt)`` hands a fused optimizer its scale instead of unscaling: without ``scaler.unscale_``
+    in the loop, watch()'s hook unscales first, so norms, clip and step equal the loop that calls it."""
+    from gradloc_track.demo.model import TinyGPT
+
+    def run(unscale: bool):
+        torch.manual_seed(0)
+        model = TinyGPT(vocab_size=64, n_layer=1, n_head=2, d_model=32, max_seq_len=32)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=fused, foreach=None if fused else True)
+        tracker = MemoryTracker()
+        handle = gradloc_track.watch(model, opt, tracker=tracker, clip={"kind": "global", "max_norm": 0.5},
+                                     log_every=1, spikes=False)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+        for step in range(4):
+            x = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(step))
+            opt.zero_grad(set_to_none=True)
+            scaler.scale(model(x).float().logsumexp(-1).mean()).backward()
+            if unscale:
+                scaler.unscale_(opt)
+            scaler.step(opt)
+            scaler.update()
+        handle.finish()
+        norms = [v for _, v in tracker.series("grad_norm/global")]
+        return model, norms, [v for _, v in tracker.series("clip/total_norm_post")]
+
+    ref, ref_norms, ref_post = run(unscale=True)
+    model, norms, post = run(unscale=False)
+    assert norms == pytest.approx(ref_norms, rel=1e-5) and max(norms) < 10  # unscaled: ~1, not ~1000
+    assert post == pytest.approx(ref_post, rel=1e-5) == [0.5] * 4  # clipped to 0.5 in the gradient's own units
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7)
