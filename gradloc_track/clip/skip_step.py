@@ -43,6 +43,7 @@ from typing import Any, Callable
 import torch
 
 from ..config._validate import one_of
+from ..optim_unwrap import unwrap_optimizer
 from .skip_fused import FoundInfSkip, supports_found_inf
 from .skip_restore import StateSnapshot
 
@@ -67,15 +68,6 @@ def _flag_source(source: Any, clipper: Any) -> Callable[[], Any]:
                     f"returning a 0-d bool tensor (True = skip this step); got {type(source).__name__}")
 
 
-def inner_optimizer(optimizer: Any) -> Any:
-    """The torch optimizer behind a wrapper (accelerate's ``AcceleratedOptimizer``, which HF Trainer
-    hands to callbacks: its ``step()`` calls the inner one, where hooks and ``found_inf`` act)."""
-    seen = 0
-    while type(optimizer).__name__ == "AcceleratedOptimizer" and hasattr(optimizer, "optimizer") and seen < 4:
-        optimizer, seen = optimizer.optimizer, seen + 1
-    return optimizer
-
-
 def guard_for(optimizer: Any, clipper: Any) -> "SkipStepGuard | None":
     """The guard ``GradMonitor(optimizer=...)`` (and so ``watch()`` and the callbacks) installs:
     a flag source (a clipper, or the monitor's ``NonfiniteFlag`` when no clipper sets one) with
@@ -84,7 +76,7 @@ def guard_for(optimizer: Any, clipper: Any) -> "SkipStepGuard | None":
     if optimizer is None or clipper is None or getattr(clipper, "on_nonfinite", None) != "skip":
         return None
     mode = getattr(clipper, "skip_step", "auto")
-    optimizer = inner_optimizer(optimizer)
+    optimizer = unwrap_optimizer(optimizer)
     if mode == "off" or not isinstance(optimizer, torch.optim.Optimizer) or not hasattr(clipper, "last_nonfinite"):
         return None
     existing = clipper.skip_guard

@@ -27,6 +27,7 @@ from typing import Any, Callable
 import torch
 
 from ..config import TrackerConfig
+from ..optim_unwrap import unwrap_optimizer
 from ..trackers.interface import Tracker
 from ..trackers.join import OpenRuns, Run, RunRequest, start
 from .batches import BatchList, lm_spike_context, resolve_tokenizer
@@ -37,16 +38,10 @@ from .options import WatchOptions
 
 
 def hookable_optimizer(optimizer: Any, hook: bool = False) -> Any:
-    """The torch optimizer whose ``step()`` really runs: a wrapper without torch's hook tables
-    (Accelerate's ``AcceleratedOptimizer``, which skips the inner step on accumulation micro-steps)
-    is unwrapped through its ``optimizer`` attribute. ``hook``: a step pre-hook goes on it (a
+    """The torch optimizer whose ``step()`` really runs (``unwrap_optimizer``: Accelerate's wrapper
+    skips the inner step on accumulation micro-steps). ``hook``: a step pre-hook goes on it (a
     ``TypeError`` naming the fix when it cannot)."""
-    seen = 0
-    while optimizer is not None and not hasattr(optimizer, "_optimizer_step_pre_hooks") and seen < 4:
-        inner = getattr(optimizer, "optimizer", None)
-        if inner is None or inner is optimizer:
-            break
-        optimizer, seen = inner, seen + 1
+    optimizer = unwrap_optimizer(optimizer)
     if hook and optimizer is not None and not hasattr(optimizer, "register_step_pre_hook"):
         raise TypeError(f"gradloc-track: cannot hook {type(optimizer).__name__}.step(): pass the torch "
                         "optimizer it wraps, or no optimizer and call handle.step() after backward()")

@@ -36,8 +36,8 @@ from typing import Any, Sequence
 
 import torch
 
-from ..clip.skip_step import inner_optimizer
 from ..norms import _is_dtensor
+from ..optim_unwrap import unwrap_optimizer
 
 RESYNC = 16  # steps between exact reads of ||m||^2 and sum(v) (a clipped or externally skipped step drifts them)
 
@@ -65,7 +65,7 @@ class AdamUpdate:
     device), or None for other optimizers; ``remove()`` takes its step hook off."""
 
     def __init__(self, optimizer: Any) -> None:
-        optimizer = inner_optimizer(optimizer)  # Accelerate's wrapper has no hook tables: its inner optimizer
+        optimizer = unwrap_optimizer(optimizer)  # Accelerate's wrapper: its inner optimizer
         self.optimizer = optimizer
         self._groups_key: tuple = ()
         self.groups: dict = {}  # parameter -> its Adam-like param group (``_refresh_groups``)
