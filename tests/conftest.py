@@ -61,8 +61,10 @@ def new_mlflow_store(path: Path) -> str:
 
 
 @pytest.fixture
-def sqlite_uri(tmp_path) -> str:
-    """A new MLflow SQLite store in the test's folder (MLflow 3 refuses plain folder stores)."""
+def sqlite_uri(tmp_path, monkeypatch) -> str:
+    """A new MLflow SQLite store in the test's folder (MLflow 3 refuses plain folder stores). The test
+    runs in that folder: an experiment the test creates roots its artifacts at ``./mlruns``."""
+    monkeypatch.chdir(tmp_path)
     return new_mlflow_store(tmp_path / "mlflow.db")
 
 
@@ -149,9 +151,12 @@ class MlflowStore:
 
 
 @pytest.fixture
-def mlflow_store(_mlflow_db, monkeypatch) -> MlflowStore:
-    """MLFLOW_TRACKING_URI points at the shared store for this test (as a user's env would)."""
+def mlflow_store(_mlflow_db, monkeypatch, tmp_path) -> MlflowStore:
+    """MLFLOW_TRACKING_URI points at the shared store for this test (as a user's env would). The test
+    runs in its own folder: MLflow roots a new experiment's artifacts at ``./mlruns`` of the working
+    directory when it creates it, which left spike artifacts in the checkout's ``mlruns/``."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", _mlflow_db)
+    monkeypatch.chdir(tmp_path)
     return MlflowStore(_mlflow_db)
 
 
