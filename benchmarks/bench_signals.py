@@ -5,13 +5,15 @@ Variants, each a whole training step (fwd + bwd + AdamW), measured interleaved a
 plain step, round-robin:
 
 - ``watch(), 0.3's signals``: ``gradloc_track.watch(model, opt)`` with the new signals off
-  (``loss_signal``, ``sample_signal``, ``update_signal`` false, ``noise_floor`` 0);
+  (``loss_signal``, ``sample_signal``, ``update_signal``, ``junk_signal`` false, ``noise_floor`` 0);
 - ``watch(), + loss``: the model's own loss (read from the forward's output: free);
 - ``watch(), + update``: the update Adam is about to make (``<exp_avg, g>`` each step; ``||exp_avg||^2``
   and ``sum exp_avg_sq`` carried by Adam's recursions, read whole every 16 steps);
 - ``watch(), + update, read whole``: the same, reading ``exp_avg`` and ``exp_avg_sq`` whole every step
   (the update signal before carrying: ``AdamUpdate.resync = 1``);
 - ``watch(), + sample losses``: each sample's mean loss (a no-grad cross-entropy pass over the logits);
+- ``watch(), + junk span``: each term's excess over chance (``mean(logits) - logit of the target``, one
+  reduction over the vocabulary) and its largest 16-term run;
 - ``watch(), defaults``: all of them.
 
 Every variant logs every step (``log_every=1``) with the detector armed and the localizer off (a chance
@@ -38,13 +40,14 @@ import gradloc_track  # noqa: E402
 from gradloc_track import MemoryTracker  # noqa: E402
 from gradloc_track.demo.model import TinyGPT  # noqa: E402
 
-OFF = {"loss_signal": False, "sample_signal": False, "update_signal": False, "noise_floor": 0.0}
+OFF = {"loss_signal": False, "sample_signal": False, "update_signal": False, "junk_signal": False, "noise_floor": 0.0}
 VARIANTS = {
     "watch(), 0.3's signals": OFF,
     "watch(), + loss": {**OFF, "loss_signal": True},
     "watch(), + update": {**OFF, "update_signal": True},
     "watch(), + update, read whole": {**OFF, "update_signal": True},
     "watch(), + sample losses": {**OFF, "sample_signal": True},
+    "watch(), + junk span": {**OFF, "junk_signal": True},
     "watch(), defaults": {},
 }
 

@@ -41,7 +41,7 @@ from gradloc_track.demo.optim import make_optimizer, make_schedule
 from gradloc_track.demo.threads import set_threads
 from gradloc_track.demo.tokenizer import make_tokenizer
 from gradloc_track.localizer import save_rng
-from gradloc_track.spikes import SpikeContext, SpikeDetector, spike_score
+from gradloc_track.spikes import SpikeContext, SpikeDetector, junk_span, spike_score
 from gradloc_track.trackers import NullTracker, Tracker, make_tracker
 from gradloc_track.trackers.quiet import quiet_backend_noise
 
@@ -57,7 +57,8 @@ def masked_lm_loss(model, x, y, mask, loss_norm: str):
     sample: mean over samples of (sum of kept terms / that sample's loss-token count).
     The localizer calls it with parts of the mask to find which terms made a spike.
     ``loss_fn.sample_losses``: each sample's mean loss over its loss tokens, from the last call (the
-    training forward's, read before any probe): the spike detector's per-sample signal.
+    training forward's, read before any probe): the spike detector's per-sample signal;
+    ``loss_fn.junk``: the junk signal's statistics (a run of terms the model rates below chance).
     """
     B, T = x.shape
     if loss_norm == "token":
@@ -69,6 +70,7 @@ def masked_lm_loss(model, x, y, mask, loss_norm: str):
         logits = model(x)  # (B, T, V)
         per_tok = F.cross_entropy(logits.reshape(B * T, -1), y.reshape(-1), reduction="none").view(B, T)
         loss_fn.sample_losses = (per_tok.detach() * mask).sum(1) / mask.sum(1).clamp(min=1.0)  # (B,)
+        loss_fn.junk = junk_span(logits.detach(), y.masked_fill(mask == 0, -100), x)
         return (per_tok * weights * keep).sum()
 
     return loss_fn
@@ -242,7 +244,8 @@ def train(cfg: DemoConfig, s: Setup, monitor: GradMonitor, tracker: Tracker, run
         ctx = SpikeContext(loss_fn=loss_fn, token_mask=mask, input_ids=y, tokenizer=s.tokenizer, rng_state=rng,
                            sample_columns=columns)
         # the loss and each sample's loss feed the detector too: data damage shows in them first
-        stats = monitor.after_backward(step, spike_context=ctx, loss=loss.detach(), sample_losses=loss_fn.sample_losses)
+        stats = monitor.after_backward(step, spike_context=ctx, loss=loss.detach(), sample_losses=loss_fn.sample_losses,
+                                       junk_span=loss_fn.junk)
         if s.gate.quarantine is not None and stats.events:  # this step's culprits: skipped when they come again
             view, rank = (stats.locate_view, None) if stats.locate_view else ((stats.locate, ctx), s.rank)
             s.gate.quarantine.blame(step, *view, rank=rank)

@@ -41,6 +41,8 @@ RARE_TEXTS = (
 )
 FULL_STEPS = 280
 LAST_SPANS: dict[str, float] = {}  # the last training step's span maxima (train_step's side output)
+LAST_JUNK: list = []  # the last training step's junk-span statistics (train_step's side output, the library's)
+_LOGITS: list = []  # per_term's last logits, as the loss saw them
 
 
 @dataclass(frozen=True)
@@ -196,6 +198,7 @@ def per_term(model: torch.nn.Module, b: Batch, keep: torch.Tensor) -> tuple[torc
     logits = logits.float()
     if b.nan_rows is not None:  # an additive vocabulary mask that allows nothing there: log_softmax is NaN
         logits = logits + torch.where(b.nan_rows, float("-inf"), 0.0)[..., None]
+    _LOGITS[:] = [logits.detach()]
     sel = keep.flatten() > 0
     return F.cross_entropy(logits.flatten(0, 1)[sel], b.y.flatten()[sel], reduction="none"), sel
 
@@ -253,6 +256,8 @@ def _monitor_kwargs(monitor: GradMonitor, loss: torch.Tensor, sample_losses: tor
         out["loss"] = loss.detach()
     if "sample_losses" in params:
         out["sample_losses"] = sample_losses.detach()
+    if "junk_span" in params and LAST_JUNK:
+        out["junk_span"] = LAST_JUNK[0]
     return out
 
 
@@ -270,7 +275,18 @@ def train_step(model, b: Batch, loss: str):
     full = torch.zeros(sel.numel()).masked_scatter(sel, per.detach()).view_as(b.mask) * b.mask  # (B, T)
     LAST_SPANS.clear()
     LAST_SPANS.update(span_maxima(full, b.mask > 0, b.docs))
+    LAST_JUNK[:] = _junk(b)
     return total.detach(), unit_means(b, full)
+
+
+def _junk(b: Batch) -> list:
+    """The library's junk-span statistics of the training forward (none before the library had them)."""
+    try:
+        from gradloc_track.spikes.junk import junk_span
+    except ImportError:
+        return []
+    targets = torch.where(b.mask > 0, b.y, -100)
+    return [junk_span(_LOGITS[0], targets, b.x, b.docs)]
 
 
 def unit_index(b: Batch) -> tuple[torch.Tensor, int]:

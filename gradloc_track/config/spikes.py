@@ -47,6 +47,14 @@ class SpikeConfig:
     # the largest per-sample loss must also exceed sample_min_ratio x its running mean (clean batches
     # hold odd samples: a table, a hex dump)
     sample_min_ratio: float = 1.5
+    # a run of loss terms the model rates below chance (spikes.junk): a garbled span inside a clean
+    # sample, invisible to the sample's mean loss and to the norms (after_backward(junk_span=...);
+    # watch() and the callbacks measure it from the model's logits)
+    junk_signal: bool = True
+    junk_terms: int = 16  # the run's length in loss terms
+    # fire when those terms average more than junk_margin nats above a random token's loss (clean text
+    # stays below chance: spike zoo, 0.04 at most in 4600 clean steps; garbled spans 0.27 and up)
+    junk_margin: float = 0.1
     # the optimizer's update also fires above update_ratio_thresh x its running mean, whatever its noise
     # (null = off): Adam normalises its step, so clean steps stay within ~2x (spike zoo: 2.24 at most in
     # 9156 clean steps), while a lost optimizer state or a learning-rate jump moves it 3-10x
@@ -88,6 +96,10 @@ class SpikeConfig:
         for name in ("loss_min_ratio", "sample_min_ratio"):
             value = getattr(self, name)
             check(1.0 <= value < float("inf"), f"spikes.{name}", value, "use a ratio of 1 or more (1 = no guard)")
+        check(self.junk_terms >= 1, "spikes.junk_terms", self.junk_terms,
+              "use a run of 1 or more loss terms (e.g. 16)")
+        check(-float("inf") < self.junk_margin < float("inf"), "spikes.junk_margin", self.junk_margin,
+              "use a finite margin in nats a term above chance (e.g. 0.1)")
         check(0.0 <= self.noise_floor < 1.0, "spikes.noise_floor", self.noise_floor,
               "use a small fraction of the parameter norm (e.g. 1e-7), or 0 to turn the floor off")
         check(self.score_window >= 2, "spikes.score_window", self.score_window,

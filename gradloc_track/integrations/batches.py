@@ -39,6 +39,7 @@ from ..localizer.probe import save_rng
 from . import sample_info
 from .calls import IDS_NAMES, TARGET_NAMES, arguments_by_name, find_key, forward_signature, logits_of_call
 from .calls import logits_in, unusable_output
+from ..spikes.junk import junk_span
 from .step_losses import loss_in, unit_loss_max
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ class LMBatch:
     num_items: Any = None  # the call's num_items_in_batch (HF Trainer): the loss's normaliser
     loss: torch.Tensor | None = None  # the loss the model returned (HF ``.loss``, nanoGPT's pair), detached
     sample_max: torch.Tensor | None = None  # the largest per-sample (per-document) loss (step_losses.py)
+    junk: Any = None  # the junk-span statistics of this micro-batch (spikes/junk.py)
     position_ids: torch.Tensor | None = None  # (B, T); restarts at 0 mark packed documents
 
     @classmethod
@@ -206,6 +208,7 @@ class BatchList:
         self._paused = 0
         self._infos: list[dict[str, Any]] = []  # set_sample_info calls of this step, one per micro-batch
         self.sample_losses = False  # measure each sample's loss from the forward's logits (the detector asks)
+        self.junk_terms: int | None = None  # measure the junk-span statistics over runs this long (the detector asks)
 
     def add(self, batch: LMBatch | None) -> None:
         """Record a batch (and the RNG state now, just before its forward)."""
@@ -273,6 +276,9 @@ class MicroBatchCapture(BatchList):
             batch.loss = loss_in(output)  # the model's own loss, for the detector's loss signal
             if self.sample_losses and batch.unusable is None:  # the detector's largest-sample signal
                 batch.sample_max = unit_loss_max(logits_in(output), batch.targets()[0], batch.position_ids)
+            if self.junk_terms and batch.unusable is None:  # the detector's junk signal
+                batch.junk = junk_span(logits_in(output), batch.targets()[0], batch.input_ids, batch.document_ids(),
+                                       self.junk_terms)
 
     def remove(self) -> None:
         for h in self._handles:

@@ -33,7 +33,7 @@ from ..trackers.join import OpenRuns, Run, RunRequest, start
 from .batches import BatchList, lm_spike_context, resolve_tokenizer
 from .calls import SET_LOSS_FN_HINT
 from .grad_scaler import unscale_handed_scale
-from .step_losses import step_loss, step_sample_losses
+from .step_losses import step_junk, step_loss, step_sample_losses
 from .options import WatchOptions
 
 
@@ -151,6 +151,8 @@ class WatchHandle:
             raise
         if capture is not None:  # the detector's largest-sample signal, measured from the captured forward
             capture.sample_losses = "sample_losses" in self.monitor.detector_inputs.wants
+            if "junk_span" in self.monitor.detector_inputs.wants:
+                capture.junk_terms = self.monitor.detector.config.junk_terms
         # spikes.quarantine: this run's culprit samples, for the data path to skip (docs/ledger.md)
         self.quarantine = _quarantine(self.tracker) if getattr(opts.spikes, "quarantine", False) else None
         self.last = None
@@ -220,7 +222,8 @@ class WatchHandle:
         self._user_ctx = None
         with self.capture.paused() if self.capture is not None else contextlib.nullcontext():
             self.last = self.monitor.after_backward(step, lr=lr, spike_context=ctx, loss=step_loss(batches),
-                                                    sample_losses=step_sample_losses(batches))
+                                                    sample_losses=step_sample_losses(batches),
+                                                    junk_span=step_junk(batches))
         if self.last.events:
             self.spikes.append(self.last)
             if self.quarantine is not None and self.last.locate_view:  # rank 0's view under torch.distributed

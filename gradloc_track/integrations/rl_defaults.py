@@ -8,6 +8,8 @@ norm of 7.6e-8). What changes, for every field the user did not set:
 - ``loss_signal=False``: GRPO's loss is an advantage-weighted sum that is near zero and changes sign
   by design; it says nothing about the data (the detector takes only positive losses anyway);
 - ``sample_signal=False``: likewise per completion;
+- ``junk_signal=False``: the completions are the policy's own samples, not data from outside; a run of
+  tokens it rates below chance is its own exploration, which the norms and the update judge;
 - ``warmup_steps=20``: an RL run starts from a trained policy, without the wild first steps of
   pretraining that the language-model default (50) waits out;
 - ``update_ratio_thresh=None``: the optimizer's update of a policy swings 2-4x on clean steps (spike zoo,
@@ -24,7 +26,8 @@ from typing import Any
 
 from ..config import SpikeConfig
 
-RL_SPIKES = {"loss_signal": False, "sample_signal": False, "warmup_steps": 20, "update_ratio_thresh": None}
+RL_SPIKES = {"loss_signal": False, "sample_signal": False, "junk_signal": False, "warmup_steps": 20,
+             "update_ratio_thresh": None}
 
 
 def given_spike_fields(cfg: Any, value: Any) -> frozenset[str] | None:

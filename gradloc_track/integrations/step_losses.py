@@ -66,6 +66,12 @@ def step_loss(batches: Sequence[Any]) -> torch.Tensor | None:
     return torch.stack([v.float().to(losses[0].device) for v in losses]).mean()
 
 
+def step_junk(batches: Sequence[Any]) -> list[Any] | None:
+    """Each micro-batch's junk-span statistics (``spikes/junk.py``; the monitor combines them), or None."""
+    out = [b.junk for b in batches if getattr(b, "junk", None) is not None]
+    return out or None
+
+
 def step_sample_losses(batches: Sequence[Any]) -> list[torch.Tensor] | None:
     """Each micro-batch's largest per-unit loss (the monitor keeps the largest), or None."""
     out = [b.sample_max for b in batches if getattr(b, "sample_max", None) is not None]

@@ -1,12 +1,13 @@
 """What the monitor gives the spike detector beyond the gradient norms: the step's loss and its
 largest per-sample loss (as the training loop passes them), the update the optimizer is about to
-make, and the parameter norm (the scale of float noise).
+make, the parameter norm (the scale of float noise) and the junk-span statistics (``spikes/junk.py``).
 
 Only what the detector reads (``SpikeDetector.wants``) is computed, on the device, and it rides in
 the step's one host transfer (``HostPack``): no extra sync.
 
 The update signal is ``adam_update.AdamUpdate`` (Adam's next step, from its state and this step's
-gradient after the clipper).
+gradient after the clipper). Under ``torch.distributed`` the losses are combined across ranks first
+(``rank_inputs``): every rank's detector reads the same values and decides alike.
 """
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ import torch
 
 from .adam_update import NO_CLIP, AdamUpdate, ClipScale
 from .packing import HostPack
+from .rank_inputs import GIVEN, combine_across_ranks, world_of
 
 LOSS, SAMPLE_MAX, UPDATE, WEIGHT = "loss", "sample_max", "update", "weight_norm"  # HostPack slots
+JUNK_SPAN, JUNK_MEAN = "junk_span", "junk_mean"
 
 
 def as_device_value(value: Any, device: torch.device) -> torch.Tensor | None:
@@ -45,15 +48,37 @@ def sample_max(sample_losses: Any, device: torch.device) -> torch.Tensor | None:
     return flat.max() if flat.numel() else None
 
 
+def _is_pair(x: Any) -> bool:
+    """One micro-batch's (span, mean): a ``JunkSpan`` or two numbers / 0-d tensors."""
+    def scalar(v: Any) -> bool:
+        return isinstance(v, (int, float)) or (isinstance(v, torch.Tensor) and v.dim() == 0)
+
+    return hasattr(x, "span") or (isinstance(x, (tuple, list)) and len(x) == 2 and all(map(scalar, x)))
+
+
+def junk_pair(junk: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The step's (largest run's excess, mean excess) as 0-d tensors on ``device``: the largest run of
+    the micro-batches and the mean of their means. ``junk``: a ``JunkSpan`` (or a pair of numbers or
+    0-d tensors), or a list of them, one per micro-batch."""
+    parts = [] if junk is None else [junk] if _is_pair(junk) else list(junk)
+    if not parts:
+        return None
+    spans = torch.stack([as_device_value(p[0], device) for p in parts])
+    means = torch.stack([as_device_value(p[1], device) for p in parts])
+    return spans.max(), means.mean()
+
+
 class DetectorInputs:
     """Packs the detector's extra inputs with the step's values; ``read`` turns them into keywords
     of ``SpikeDetector.update``."""
 
-    def __init__(self, detector: Any, optimizer: Any, params: Sequence[torch.nn.Parameter]) -> None:
+    def __init__(self, detector: Any, optimizer: Any, params: Sequence[torch.nn.Parameter],
+                 process_group: Any = None) -> None:
         self.wants: frozenset = frozenset(getattr(detector, "wants", frozenset()))
+        self.process_group = process_group
         self.optimizer = optimizer
         self.weight_norm: float | None = None  # the last parameter norm seen (parameters move slowly)
-        self._loss = self._samples = self._w_sq = None
+        self._loss = self._samples = self._w_sq = self._junk = None
         self.adam = AdamUpdate(optimizer) if "update" in self.wants else None
         if self.adam is not None and not self.adam.groups:
             self.adam = None  # not an Adam-like optimizer: no update signal
@@ -68,21 +93,30 @@ class DetectorInputs:
         """Weight norms must be computed this step: the floor has no parameter scale yet."""
         return "weight_norm" in self.wants and self.weight_norm is None
 
-    def stage(self, loss: Any, sample_losses: Any, w_sq: torch.Tensor | None) -> None:
-        """This step's loss, per-sample losses and per-tensor squared weight norms (None: not given)."""
-        self._loss, self._samples, self._w_sq = loss, sample_losses, w_sq
+    def stage(self, loss: Any, sample_losses: Any, w_sq: torch.Tensor | None, junk: Any = None) -> None:
+        """This step's loss, per-sample losses, per-tensor squared weight norms and junk-span
+        statistics (None: not given)."""
+        self._loss, self._samples, self._w_sq, self._junk = loss, sample_losses, w_sq, junk
 
     def add(self, pack: HostPack, params: Sequence[torch.nn.Parameter], grad_sq: torch.Tensor,
             scale: ClipScale | None = NO_CLIP) -> None:
         """The wanted values, as device scalars, into this step's transfer. ``scale``: what the clipper
         does to the gradient before the optimizer's step (None: not known here)."""
         dev = pack.device
-        if "loss" in self.wants and self._loss is not None:
-            pack.add_slot(LOSS, as_device_value(self._loss, dev))
+        local: dict[str, torch.Tensor | None] = {}
+        if "loss" in self.wants:
+            local[LOSS] = as_device_value(self._loss, dev)
         if "sample_losses" in self.wants:
-            smax = sample_max(self._samples, dev)
-            if smax is not None:
-                pack.add_slot(SAMPLE_MAX, smax)
+            local[SAMPLE_MAX] = sample_max(self._samples, dev)
+        if "junk_span" in self.wants:
+            local[JUNK_SPAN], local[JUNK_MEAN] = junk_pair(self._junk, dev) or (None, None)
+        if local and world_of(self.process_group) > 1:  # every rank's detector reads the same values
+            for name, value in combine_across_ranks(local, dev, self.process_group).items():
+                pack.add_slot(name, value)
+        else:
+            for name, value in local.items():
+                if value is not None:
+                    pack.add_slot(name, value)
         if self.adam is not None:
             u = self.adam.norm(params, grad_sq, scale)
             if u is not None:
@@ -93,6 +127,7 @@ class DetectorInputs:
     def read(self, slots: dict[str, float]) -> dict[str, Any]:
         """The keywords for ``SpikeDetector.update`` from the transfer's slots (``HostValues.slots``)."""
         out: dict[str, Any] = {}
+        slots = {k: v for k, v in slots.items() if slots.get(k + GIVEN, 1.0) > 0}  # no rank gave it: absent
         if WEIGHT in slots:
             self.weight_norm = slots[WEIGHT]
         if "weight_norm" in self.wants and self.weight_norm is not None:
@@ -101,6 +136,8 @@ class DetectorInputs:
             out["loss"] = slots[LOSS]
         if SAMPLE_MAX in slots:
             out["sample_losses"] = [slots[SAMPLE_MAX]]
+        if JUNK_SPAN in slots and JUNK_MEAN in slots:
+            out["junk_span"] = (slots[JUNK_SPAN], slots[JUNK_MEAN])
         if UPDATE in slots:
             out["update"] = slots[UPDATE]
             if not math.isfinite(slots[UPDATE]) and self.adam is not None:

@@ -131,7 +131,7 @@ class GradMonitor:
         # only GradLoc's fixed trigger reads the step's token count (an adaptive SpikeDetector does not)
         self._detector_counts_tokens = needs_token_count(self.detector)
         # the detector's inputs beyond the norms: loss, largest sample loss, the optimizer's update, weight norm
-        self.detector_inputs = DetectorInputs(self.detector, optimizer, self.params)
+        self.detector_inputs = DetectorInputs(self.detector, optimizer, self.params, process_group)
         # the learning rate of each step the detector sees: a jump names a spike's cause (schedule)
         self.responder.lr_history = LrHistory(optimizer) if optimizer is not None else None
 
@@ -163,7 +163,8 @@ class GradMonitor:
 
     @torch.no_grad()
     def after_backward(self, step: int, *, lr: float | None = None, weight_decay: float | None = None,
-                       spike_context: Any = None, loss: Any = None, sample_losses: Any = None) -> GradStats:
+                       spike_context: Any = None, loss: Any = None, sample_losses: Any = None,
+                       junk_span: Any = None) -> GradStats:
         """Compute norms, clip, detect and localize spikes (and operate on them with
         ``spikes.response=surgery``, before clipping), and log. Returns ``GradStats``.
 
@@ -177,6 +178,8 @@ class GradMonitor:
         (or every armed step for a ``fixed``-mode detector, which needs the token count). ``loss`` (the
         step's training loss, a tensor or a number) and ``sample_losses`` (each sample's or document's
         mean loss: a (B,) tensor, or one per micro-batch) feed the detector's loss signals when given;
+        ``junk_span`` (``gradloc_track.spikes.junk.junk_span(logits, targets, input_ids)``, or one per
+        micro-batch) feeds the junk signal (a run of terms the model rates below chance);
         they ride in the same transfer, as does the optimizer's update (``spikes.update_signal``).
         Collectives: at most one all-reduce per step (sharded/DTensor gradients only; grad and
         weight norms share it), plus the global token count on armed steps of a ``fixed``-mode
@@ -192,7 +195,7 @@ class GradMonitor:
         want_w = log_now and self.config.weight_norms
         need_w = (log_now or armed) and self.detector_inputs.needs_weights  # the noise floor's scale, once
         grad_sq, w_sq = self._global_sq_norms(want_w or need_w)  # (n,), (n,)|None device
-        self.detector_inputs.stage(loss, sample_losses, w_sq)
+        self.detector_inputs.stage(loss, sample_losses, w_sq, junk_span)
         w_sq = w_sq if want_w else None
         # spike surgery operates on the gradient as backward left it: the clipper waits for the verdict
         clip_later = armed and self.responder.surgery

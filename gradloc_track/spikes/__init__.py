@@ -2,6 +2,7 @@
 from .context import SpikeContext
 from .detector import SpikeDetector
 from .event import SpikeEvent
+from .junk import JunkSpan, junk_span
 from .score import is_spike, spike_score
 
-__all__ = ["SpikeDetector", "SpikeEvent", "SpikeContext", "spike_score", "is_spike"]
+__all__ = ["SpikeDetector", "SpikeEvent", "SpikeContext", "spike_score", "is_spike", "junk_span", "JunkSpan"]

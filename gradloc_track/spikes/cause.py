@@ -30,7 +30,7 @@ from typing import Any, Sequence
 CAUSES = ("data", "numeric", "optimizer", "schedule", "irreproducible", "unexplained")
 LR_JUMP = 2.0  # a learning rate at least 2x the previous step's is a schedule change worth naming
 DATA_SHARE = 0.5  # culprits carrying at least half the squared norm explain the step
-LOSS_SIGNALS = ("loss", "sample_loss")
+LOSS_SIGNALS = ("loss", "sample_loss", "junk_span")
 
 
 @dataclass(frozen=True)
@@ -111,18 +111,26 @@ def _optimizer_alone(ev: Evidence) -> Cause | None:
                               "gradient a large step")
 
 
+def _jumped(e: Any) -> str:
+    if e.signal == "junk_span":
+        return f"a run of its loss terms is rated below chance ({e.value:+.2f} nats a term above a random token's loss)"
+    return f"{e.key} jumped {e.ratio:.2f}x"
+
+
 def _data(ev: Evidence) -> Cause | None:
     losses = _fired(ev, *LOSS_SIGNALS)
     named = ev.culprit_share is not None and ev.n_culprits > 0
     if named and (ev.culprit_share >= DATA_SHARE or losses):
         top = f" ({ev.top_culprit} first)" if ev.top_culprit else ""
-        why = f", and {losses[0].key} jumped {losses[0].ratio:.2f}x" if losses else ""
+        why = f", and {_jumped(losses[0])}" if losses else ""
         return Cause("data", f"{ev.n_culprits} culprit(s){top} carry {ev.culprit_share:.0%} of the step's squared "
                              f"gradient norm{why}: the batch's data made the step")
     if losses:  # the model is the same for every sample: a loss that jumps is the data's
         e = max(losses, key=lambda x: x.z)
         which = ("not localized, so which one is not known" if ev.culprit_share is None else
                  "no single culprit carries the gradient")
+        if e.signal == "junk_span":
+            return Cause("data", f"{e.describe()}: junk in the data ({which})")
         return Cause("data", f"{e.key} = {e.value:.3g}, {e.ratio:.2f}x its running mean (z = {e.z:.0f}): the data's "
                              f"loss jumped ({which})")
     return None

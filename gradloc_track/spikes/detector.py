@@ -36,6 +36,11 @@ skip the step, they neither fire nor learn from it.
 ``per_token_threshold / sqrt(n_tokens) * n_micro_batches`` (``n_tokens``: loss tokens of the whole
 step; Tencent-Hunyuan/GradLoc ``patches/gradloc.patch``); unlike GradLoc it also fires on NaN/Inf.
 It reads nothing else.
+
+The junk signal (``spikes/junk.py``) is no z-score: it fires when ``junk_terms`` consecutive loss
+terms average more than ``junk_margin`` nats above a random token's loss (the model rates them
+below chance) once the model has learned (its batch averages ``junk.LEARNED`` nats below chance)
+and the signal has seen ``warmup_steps`` steps. Chance is a fixed reference, so no history is kept.
 """
 from __future__ import annotations
 
@@ -47,6 +52,7 @@ from typing import Any, Mapping, Sequence
 from ..config import SpikeConfig
 from ..config._validate import ConfigError
 from .event import SpikeEvent
+from .junk import LEARNED
 from .score import RunningWindow
 from .signal import MAX_LOG, LogSignal
 
@@ -64,6 +70,7 @@ class StepSignals:
     sample_losses: Sequence[float] | None = None  # each sample's (or document's) mean loss
     update: float | None = None  # norm of the update the optimizer is about to make
     weight_norm: float | None = None  # the parameters' norm (the scale of float noise)
+    junk_span: tuple[float, float] | None = None  # (largest run's excess over chance, the batch's mean excess)
 
 
 @dataclass
@@ -116,6 +123,7 @@ class SpikeDetector:
         self._last: dict[str, float] = {}
         self._z: dict[str, float] = {}  # latest z per signal
         self._last_step: int | None = None
+        self._junk_seen = 0  # steps the junk signal has seen (its warm-up)
 
     @property
     def needs_token_count(self) -> bool:
@@ -129,16 +137,19 @@ class SpikeDetector:
         if cfg.mode == "fixed":
             return frozenset()
         on = {"loss": cfg.loss_signal, "sample_losses": cfg.sample_signal, "update": cfg.update_signal,
-              "weight_norm": cfg.noise_floor > 0}
+              "weight_norm": cfg.noise_floor > 0, "junk_span": cfg.junk_signal}
         return frozenset(k for k, v in on.items() if v)
 
     def update(self, step: int, global_norm: float, layer_norms: Mapping[str, float] | None = None,
                n_tokens: int | None = None, n_micro_batches: int = 1, *, loss: float | None = None,
                sample_losses: Sequence[float] | None = None, update: float | None = None,
-               weight_norm: float | None = None) -> list[SpikeEvent]:
+               weight_norm: float | None = None, junk_span: tuple[float, float] | None = None
+               ) -> list[SpikeEvent]:
         """Feed one step. ``n_tokens`` (loss tokens of the whole step) and ``n_micro_batches`` are read
         by ``mode="fixed"`` only; ``loss``, ``sample_losses``, ``update`` and ``weight_norm`` (see
-        ``StepSignals``) by the adaptive mode when their signal is on. A repeated step changes nothing."""
+        ``StepSignals``) by the adaptive mode when their signal is on; ``junk_span``: (the largest run's
+        mean excess over chance, the batch's mean excess), nats a term (``spikes.junk.junk_span``). A
+        repeated step changes nothing."""
         cfg = self.config
         if self._last_step is not None and step == self._last_step:
             warnings.warn(f"gradloc-track: SpikeDetector.update called twice for step {step}; the repeat is "
@@ -150,7 +161,7 @@ class SpikeDetector:
             events = self._fixed(step, global_norm, n_tokens, n_micro_batches)
         else:
             events = self._adaptive(step, global_norm, layer_norms,
-                                    StepSignals(loss, sample_losses, update, weight_norm))
+                                    StepSignals(loss, sample_losses, update, weight_norm, junk_span))
         self.count += len(events) > 0
         self._last["spike/detected"] = float(len(events) > 0)
         self._last["spike/detected_total"] = float(self.count)
@@ -214,7 +225,7 @@ class SpikeDetector:
             values["sample_loss"] = math.nan if not all(map(math.isfinite, vals)) else max(vals)
         if cfg.update_signal and extra.update is not None:
             values["update"] = float(extra.update)
-        events = []
+        events = [ev for ev in [self._junk_event(step, extra.junk_span)] if ev is not None]
         for name, x in values.items():
             ratio = {"loss": cfg.loss_min_ratio, "sample_loss": cfg.sample_min_ratio}.get(name, cfg.min_ratio)
             ev = self._check(EXTRA[name], name, step, x, pending, ratio,
@@ -224,6 +235,23 @@ class SpikeDetector:
             if ev:
                 events.append(ev)
         return events
+
+    def _junk_event(self, step: int, junk: tuple[float, float] | None) -> SpikeEvent | None:
+        """A run of terms below chance (``spikes/junk.py``): value = the run's excess, baseline = the
+        batch's mean excess (nats a term), z = their gap, ratio = ``exp(gap)`` (how many times less
+        likely a term of the run is than the batch's typical term)."""
+        cfg = self.config
+        if not cfg.junk_signal or junk is None:
+            return None
+        span, mean = float(junk[0]), float(junk[1])
+        if not (math.isfinite(span) and math.isfinite(mean)):
+            return None  # no run that long (-inf), or a non-finite loss: the loss signals' case
+        self._junk_seen += 1
+        self._last["spike/junk_span"], self._last["spike/junk_mean"] = span, mean
+        if self._junk_seen <= cfg.warmup_steps or span <= cfg.junk_margin or mean >= LEARNED:
+            return None
+        gap = span - mean
+        return SpikeEvent(step, "junk_span", span, mean, gap, math.exp(min(MAX_LOG, gap)))
 
     def _absorb(self, pending: list[_Pending], fired: bool) -> None:
         """A step the detector caught (on any signal: a layer's spike is the global norm's too) moves
@@ -300,7 +328,7 @@ class SpikeDetector:
         return {"signals": {k: s.as_tuple() for k, s in self.signals.items()},
                 "count": self.count,
                 "history": list(self._history), "score": (self._score_hits, self._score_seen),
-                "last_step": self._last_step}
+                "last_step": self._last_step, "junk_seen": self._junk_seen}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         # older states hold 3 (0.1: m4 = 0), 6 (0.3: no trend) or 8 (no warm-up fourth moment: d4 = 0) values
@@ -309,3 +337,4 @@ class SpikeDetector:
         self._history = RunningWindow(self.config.score_window, state["history"])
         self._score_hits, self._score_seen = state["score"]
         self._last_step = state.get("last_step")
+        self._junk_seen = int(state.get("junk_seen", 0))

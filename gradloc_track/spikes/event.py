@@ -4,13 +4,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # the metric each non-norm signal reads (a norm signal reads ``grad_norm/<signal>``)
-SIGNAL_KEYS = {"loss": "loss", "sample_loss": "loss/sample_max", "update": "update/global"}
+SIGNAL_KEYS = {"loss": "loss", "sample_loss": "loss/sample_max", "update": "update/global",
+               "junk_span": "loss/junk_span"}
 
 
 @dataclass
 class SpikeEvent:
     step: int
-    signal: str  # "global", a layer name (as in grad_norm/<layer>), "loss", "sample_loss" or "update"
+    signal: str  # "global", a layer name (grad_norm/<layer>), "loss", "sample_loss", "junk_span" or "update"
     value: float  # the signal's value at this step
     baseline: float  # the running mean it was compared with
     z: float  # (value - baseline) / running std, in log space
@@ -21,10 +22,19 @@ class SpikeEvent:
     @property
     def key(self) -> str:
         """The metric this signal reads: ``grad_norm/global``, ``grad_norm/h.3``, ``loss``, ``loss/sample_max``
-        (the largest per-sample loss), ``update/global`` (the update the optimizer is about to make)."""
+        (the largest per-sample loss), ``loss/junk_span`` (a run of terms below chance), ``update/global``
+        (the update the optimizer is about to make)."""
         return SIGNAL_KEYS.get(self.signal, f"grad_norm/{self.signal}")
 
     @property
     def is_norm(self) -> bool:
         """A gradient-norm signal (global or a layer), as opposed to a loss or the optimizer's update."""
         return self.signal not in SIGNAL_KEYS
+
+    def describe(self) -> str:
+        """The signal against its reference, in words (the console block, the cause's sentence)."""
+        if self.signal == "junk_span":
+            return (f"{self.key} = {self.value:+.2f} nats a term above a random token's loss (the batch's terms: "
+                    f"{self.baseline:+.2f}): a run the model rates below chance")
+        return (f"{self.key} = {self.value:.3g}, {self.ratio:.1f}x its running mean {self.baseline:.3g} "
+                f"(z = {self.z:.0f})")

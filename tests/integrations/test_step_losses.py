@@ -80,3 +80,37 @@ def test_watch_feeds_the_detector_the_models_losses():
     per_doc = plain_unit_losses(logits, tgt, docs)
     assert fed[0]["loss"] == pytest.approx(float(out.loss.detach()), rel=1e-6)
     assert fed[0]["sample_losses"] == [pytest.approx(max(per_doc.values()), rel=1e-5)]
+    # the junk signal's statistics, from the same forward (spikes/junk.py, tested against a loop there):
+    # runs stay inside a packed document, repeats of the input token are the input ids at each position
+    from gradloc_track.spikes.junk import junk_span
+
+    want = junk_span(logits, tgt, ids, docs, terms=handle.monitor.detector.config.junk_terms)
+    short = junk_span(logits, tgt, ids, docs, terms=4)
+    assert fed[0]["junk_span"] == (float(want.span), pytest.approx(float(want.mean), rel=1e-6))
+    assert float(want.span) == -math.inf and math.isfinite(float(short.span))  # 16 > a document of 6
+
+
+def test_watch_measures_runs_of_the_configured_length():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    import gradloc_track
+    from gradloc_track import MemoryTracker
+    from gradloc_track.spikes.junk import junk_span
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=32, n_positions=16, n_embd=16, n_layer=1, n_head=2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    handle = gradloc_track.watch(model, opt, tracker=MemoryTracker(), locate=False, spikes={"junk_terms": 4})
+    fed = []
+    update = handle.monitor.detector.update
+    handle.monitor.detector.update = lambda *a, **k: fed.append(k) or update(*a, **k)
+    ids = torch.randint(0, 32, (2, 12))
+    labels = ids.clone()
+    labels[:, :3] = IGNORE  # a masked prompt
+    out = model(input_ids=ids, labels=labels)
+    out.loss.backward()
+    opt.step()
+    handle.finish()
+    tgt = torch.cat([labels[:, 1:], torch.full_like(ids[:, :1], IGNORE)], 1)
+    want = junk_span(out.logits.detach(), tgt, ids, terms=4)
+    assert fed[0]["junk_span"] == (pytest.approx(float(want.span), rel=1e-6), pytest.approx(float(want.mean), rel=1e-6))

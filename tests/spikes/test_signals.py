@@ -140,8 +140,8 @@ def test_with_its_new_signals_off_the_detector_is_0_3s():
 
 
 def test_wants_names_what_the_monitor_must_compute():
-    assert SpikeDetector().wants == {"loss", "sample_losses", "update", "weight_norm"}
-    assert SpikeDetector(loss_signal=False, noise_floor=0.0).wants == {"sample_losses", "update"}
+    assert SpikeDetector().wants == {"loss", "sample_losses", "update", "weight_norm", "junk_span"}
+    assert SpikeDetector(loss_signal=False, noise_floor=0.0, junk_signal=False).wants == {"sample_losses", "update"}
     assert SpikeDetector(mode="fixed", per_token_threshold=100.0).wants == frozenset()
 
 

@@ -1,0 +1,56 @@
+"""The step's losses are each rank's own (its batch, its forward); the gradient norms are the same on
+every rank (all-reduced). A detector that fired on one rank's loss and not on another's would start
+a collective localization on one rank alone: a hang. So under ``torch.distributed`` the losses the
+detector reads are combined across ranks first, with ONE all-gather of a few numbers on the device
+(no host sync), and every rank feeds its detector the same values:
+
+- the step's loss: the mean of the ranks' losses (the global loss for equal micro-batches);
+- the largest per-sample loss and the largest junk run: the largest over the ranks;
+- the junk signal's mean excess: the mean over the ranks.
+
+A rank that gave no value (no loss from its forward) is left out of that value; a value no rank gave
+stays absent. NaN stays NaN (a non-finite loss on one rank fires on all).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+# slot -> how the ranks' values combine
+COMBINE = {"loss": "mean", "sample_max": "max", "junk_span": "max", "junk_mean": "mean"}
+GIVEN = "#given"  # suffix of the slot that counts the ranks that gave a value
+
+
+def world_of(group: Any) -> int:
+    """The number of ranks in ``group`` (1 outside ``torch.distributed``)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return 1
+    return dist.get_world_size(group)
+
+
+def combine_across_ranks(local: dict[str, torch.Tensor | None], device: torch.device,
+                         group: Any = None) -> dict[str, torch.Tensor]:
+    """``local``: every ``COMBINE`` slot, a 0-d tensor or None (not given on this rank). Returns each
+    slot's combined value and, under ``slot + GIVEN``, how many ranks gave it (drop the slot when 0).
+    Every rank must call this on the same steps (the detector's configuration decides, not the data)."""
+    names = list(COMBINE)
+    vals = torch.stack([torch.zeros((), device=device) if local.get(n) is None
+                        else local[n].detach().float().reshape(()).to(device) for n in names])
+    given = torch.tensor([local.get(n) is not None for n in names], dtype=torch.float32, device=device)
+    mine = torch.cat([vals, given])  # (2k,)
+    everyone = torch.empty(world_of(group) * mine.numel(), device=device)
+    dist.all_gather_into_tensor(everyone, mine, group=group)
+    rows = everyone.view(-1, 2, len(names))  # (world, 2, k)
+    v, g = rows[:, 0], rows[:, 1] > 0  # (world, k)
+    count = g.sum(0).float()  # (k,)
+    out = {}
+    for i, n in enumerate(names):
+        col, ok = v[:, i], g[:, i]
+        if COMBINE[n] == "mean":
+            out[n] = torch.where(ok, col, 0.0).sum() / count[i].clamp(min=1.0)
+        else:  # max; NaN propagates through amax
+            out[n] = torch.where(ok, col, -torch.inf).amax()
+        out[n + GIVEN] = count[i]
+    return out

@@ -1,0 +1,93 @@
+"""The junk-span signal: a run of loss terms the model rates no better than random tokens.
+
+A garbled span (random bytes, ids from the wrong vocabulary, a corrupted shard) hides inside a clean
+sample: its sixteen terms move the sample's mean loss a little, the gradient norms not at all. What
+sets it apart is not how high its loss is (tables, rules and unseen scripts are as surprising) but
+that the model rates its tokens below *chance*: each term's loss exceeds ``U = -mean_v log p(v)``, the
+loss a uniformly drawn vocabulary token would take at that position. Clean text, however odd, is
+rated above chance once the model has learned anything; only a repeated token (``~~~~``, ``----``)
+is rated below it by a young model that has not learned to copy, so a term whose target repeats its
+input token counts at most 0.
+
+``junk_span`` returns, per micro-batch, the largest mean of that excess over ``terms`` consecutive
+loss terms of one document (nats a term; > 0: below chance), and the mean excess of all its terms
+(how far above chance the model rates the batch: near 0 at initialisation, where the signal cannot
+mean anything). The detector fires on the first above ``spikes.junk_margin`` while the second is
+below ``LEARNED`` (``SpikeDetector``). Measured on the spike zoo (docs/benchmarks.md).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+IGNORE = -100
+LEARNED = -1.0  # the batch's terms must average this far below chance (nats) before a span can fire
+
+
+class JunkSpan(NamedTuple):
+    """0-d tensors (the logits' device): the largest mean excess over chance of ``terms`` consecutive
+    loss terms of one document (``-inf``: no run that long), and the mean excess of all terms."""
+
+    span: torch.Tensor
+    mean: torch.Tensor
+
+
+def term_excess(logits: torch.Tensor, targets: torch.Tensor, inputs: torch.Tensor | None) -> torch.Tensor:
+    """(..., T) each term's loss minus the loss of a uniformly random token there, which is
+    ``mean_v z_v - z_target`` (the log-sum-exp cancels: no softmax); a term whose target repeats its
+    input token counts at most 0. ``logits`` (..., T, V) (entries at ``-inf``, a vocabulary mask, are
+    not tokens the model could emit: they stay out of the mean), ``targets`` (..., T) ids (clamped:
+    mask ignored terms yourself), ``inputs`` (..., T) the ids at the same positions or None."""
+    z = logits.float()
+    finite = torch.isfinite(z)
+    mean = torch.where(finite, z, 0.0).sum(-1) / finite.sum(-1).clamp(min=1)
+    excess = mean - z.gather(-1, targets[..., None])[..., 0]
+    if inputs is not None:
+        excess = torch.where(targets == inputs, excess.clamp(max=0.0), excess)
+    return excess
+
+
+def span_max(excess: torch.Tensor, valid: torch.Tensor, docs: torch.Tensor, terms: int) -> torch.Tensor:
+    """The largest mean of ``excess`` (T,) over ``terms`` consecutive valid positions of one document
+    (``docs`` (T,) ids); ``-inf`` (0-d) when no such run exists."""
+    T = excess.shape[-1]
+    if T < terms:
+        return excess.new_tensor(-torch.inf)
+    sums = torch.where(valid, excess, 0.0).unfold(-1, terms, 1).sum(-1)  # (T - terms + 1,)
+    full = valid.float().unfold(-1, terms, 1).sum(-1) == terms
+    d = docs.unfold(-1, terms, 1)
+    full &= (d == d[..., :1]).all(-1)
+    return torch.where(full, sums / terms, -torch.inf).max()
+
+
+@torch.no_grad()
+def junk_span(logits: torch.Tensor, targets: torch.Tensor, input_ids: torch.Tensor | None = None,
+              document_ids: torch.Tensor | None = None, terms: int = 16) -> JunkSpan:
+    """The step's junk-span statistics for ``GradMonitor.after_backward(junk_span=...)``.
+
+    ``logits`` (B, T, V) at the model's positions; ``targets`` (B, T) the id each position's logits
+    predict (already shifted), ``IGNORE`` (-100) or any negative id where a position has no loss
+    term; ``input_ids`` (B, T) the ids at the same positions (repeats count at most 0; None: no such
+    rule); ``document_ids`` (B, T) for packed rows (a span stays in one document). No softmax: the
+    excess is ``mean(z) - z_target``, one reduction over the vocabulary, row by row.
+    """
+    if terms < 1:
+        raise ValueError(f"junk_span: terms={terms} must be at least 1 (spikes.junk_terms)")
+    if logits.dim() != 3 or targets.shape != logits.shape[:2]:
+        raise ValueError(f"junk_span: logits must be (B, T, V) and targets (B, T); got {tuple(logits.shape)} "
+                         f"and {tuple(targets.shape)} (shift the labels so position t holds the token t+1)")
+    dev = logits.device
+    best = torch.full((), -torch.inf, device=dev)
+    total = torch.zeros((), device=dev)
+    count = torch.zeros((), device=dev)
+    for b in range(logits.shape[0]):
+        tgt = targets[b].to(dev)
+        valid = tgt >= 0
+        inp = None if input_ids is None else input_ids[b].to(dev)
+        excess = term_excess(logits[b], tgt.clamp(min=0), inp)
+        docs = torch.zeros_like(tgt) if document_ids is None else document_ids[b].to(dev)
+        best = torch.maximum(best, span_max(excess, valid, docs, terms))
+        total = total + torch.where(valid, excess, 0.0).sum()
+        count = count + valid.sum()
+    return JunkSpan(best, total / count.clamp(min=1))

@@ -1,0 +1,139 @@
+"""The junk-span signal: its statistic against a brute-force loop over softmax probabilities, and the
+detector's rule (margin, a model that has learned, warm-up, non-finite values, cause and words)."""
+import math
+
+import pytest
+import torch
+
+from gradloc_track.spikes import SpikeDetector
+from gradloc_track.spikes.cause import Evidence, name_cause
+from gradloc_track.spikes.junk import LEARNED, junk_span, term_excess
+
+
+def brute_excess(logits, targets, inputs):
+    """Each term's loss minus the mean loss of every token the model could emit, one by one."""
+    out = torch.zeros(targets.shape, dtype=torch.float64)
+    for b in range(targets.shape[0]):
+        for t in range(targets.shape[1]):
+            z = logits[b, t].double()
+            ok = torch.isfinite(z)
+            logp = z - torch.logsumexp(z[ok], 0)
+            loss = -float(logp[targets[b, t]])
+            chance = -sum(float(logp[v]) for v in range(z.numel()) if ok[v]) / int(ok.sum())
+            e = loss - chance
+            out[b, t] = min(e, 0.0) if inputs is not None and targets[b, t] == inputs[b, t] else e
+    return out
+
+
+def brute_junk(logits, targets, inputs, docs, terms):
+    e = brute_excess(logits, targets.clamp(min=0), inputs)
+    best, vals = -math.inf, []
+    for b in range(targets.shape[0]):
+        for t in range(targets.shape[1]):
+            if targets[b, t] >= 0:
+                vals.append(float(e[b, t]))
+            window = range(t, t + terms)
+            if t + terms <= targets.shape[1] and all(targets[b, i] >= 0 for i in window) and \
+                    all(docs[b, i] == docs[b, t] for i in window):
+                best = max(best, sum(float(e[b, i]) for i in window) / terms)
+    return best, sum(vals) / len(vals)
+
+
+@pytest.fixture
+def batch():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 12, 7, generator=g) * 3
+    logits[1, :, 6] = -math.inf  # a vocabulary mask: id 6 is no token the model could emit there
+    targets = torch.randint(0, 6, (3, 12), generator=g)
+    inputs = torch.randint(0, 6, (3, 12), generator=g)
+    inputs[0, 3:6] = targets[0, 3:6]  # repeats of the input token count at most 0
+    targets[2, 5] = -100  # no loss term there
+    docs = torch.tensor([[0] * 12, [0] * 6 + [1] * 6, [0] * 12])
+    return logits, targets, inputs, docs
+
+
+def test_term_excess_is_loss_minus_the_loss_of_a_random_token(batch):
+    logits, targets, inputs, _ = batch
+    for inp in (inputs, None):
+        torch.testing.assert_close(term_excess(logits, targets.clamp(min=0), inp).double(),
+                                   brute_excess(logits, targets.clamp(min=0), inp), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("terms", [1, 4, 6])
+def test_junk_span_against_a_loop_over_every_window(batch, terms):
+    logits, targets, inputs, docs = batch
+    got = junk_span(logits, targets, inputs, docs, terms=terms)
+    span, mean = brute_junk(logits, targets, inputs, docs, terms)
+    assert float(got.span) == pytest.approx(span, abs=1e-5) and float(got.mean) == pytest.approx(mean, abs=1e-5)
+
+
+def test_no_run_that_long_is_minus_infinity_and_bad_shapes_name_the_fix(batch):
+    logits, targets, inputs, docs = batch
+    two_rows = junk_span(logits[1:], targets[1:], inputs[1:], docs[1:], terms=7)
+    assert float(two_rows.span) == float(junk_span(logits[2:], targets[2:], inputs[2:], docs[2:], terms=7).span)
+    assert float(junk_span(logits[1:2], targets[1:2], inputs[1:2], docs[1:2], terms=7).span) == -math.inf  # docs of 6
+    assert float(junk_span(logits, targets, terms=13).span) == -math.inf  # longer than a row
+    with pytest.raises(ValueError, match="terms=0 must be at least 1"):
+        junk_span(logits, targets, terms=0)
+    with pytest.raises(ValueError, match="shift the labels"):
+        junk_span(logits, targets[:, :-1])
+
+
+def test_garbage_rates_below_chance_and_text_above(batch):
+    """A model sure of its text: targets it predicts are far below chance, uniform garbage above it."""
+    V, T = 50, 20
+    logits = torch.full((1, T, V), -3.0)
+    text = torch.arange(T) % 10
+    logits[0, torch.arange(T), text] = 5.0  # the model expects ids 0-9
+    garbage = text.clone()
+    garbage[4:12] = torch.arange(40, 48)  # 8 ids it gives the low logit, as much as most of the vocabulary
+    clean = junk_span(logits, text[None], terms=8)
+    junk = junk_span(logits, garbage[None], terms=8)
+    assert float(clean.span) < LEARNED and float(junk.span) > 0 > float(junk.mean)
+
+
+def feed(det, steps, span, mean, start=0):
+    return [det.update(s, 1.0, junk_span=(span, mean)) for s in range(start, start + steps)]
+
+
+def test_the_detector_fires_on_a_run_above_the_margin_once_warmed_up_and_learned():
+    det = SpikeDetector(warmup_steps=5, loss_signal=False, update_signal=False, noise_floor=0.0, per_layer=False)
+    assert not any(feed(det, 5, 0.5, -3.0))  # warm-up: the first warmup_steps values only count
+    assert not any(feed(det, 3, -0.5, -3.0, start=5))  # below chance
+    assert not any(feed(det, 2, 0.5, -0.2, start=8))  # the batch itself is near chance: nothing learned
+    assert not feed(det, 1, 0.1, -3.0, start=10)[0]  # at the margin (0.1): strictly above fires
+    ev = det.update(11, 1.0, junk_span=(0.4, -3.1))
+    assert [e.signal for e in ev] == ["junk_span"] and ev[0].key == "loss/junk_span"
+    assert ev[0].value == 0.4 and ev[0].baseline == -3.1 and ev[0].z == pytest.approx(3.5)
+    assert "+0.40 nats a term above a random token's loss" in ev[0].describe()
+    assert det.metrics()["spike/junk_span"] == 0.4 and det.metrics()["spike/junk_mean"] == -3.1
+    cause = name_cause(Evidence(ev, culprit_share=None))
+    assert cause.name == "data" and "below chance" in cause.detail and "not localized" in cause.detail
+
+
+def test_non_finite_or_missing_values_neither_fire_nor_count():
+    det = SpikeDetector(warmup_steps=2, loss_signal=False, update_signal=False, noise_floor=0.0, per_layer=False)
+    feed(det, 2, -1.0, -3.0)
+    assert not det.update(2, 1.0, junk_span=(-math.inf, -3.0))  # no run that long in this batch
+    assert not det.update(3, 1.0, junk_span=(math.inf, math.nan))  # a non-finite loss: the loss signals' case
+    assert not det.update(4, 1.0)
+    assert det.update(5, 1.0, junk_span=(0.5, -3.0))
+    off = SpikeDetector(warmup_steps=0, junk_signal=False)
+    assert "junk_span" not in off.wants and not off.update(0, 1.0, junk_span=(5.0, -3.0))
+
+
+def test_state_dict_keeps_the_warm_up():
+    det = SpikeDetector(warmup_steps=3, loss_signal=False, update_signal=False, noise_floor=0.0, per_layer=False)
+    feed(det, 3, 0.5, -3.0)
+    again = SpikeDetector(warmup_steps=3, loss_signal=False, update_signal=False, noise_floor=0.0, per_layer=False)
+    again.load_state_dict(det.state_dict())
+    assert again.update(3, 1.0, junk_span=(0.5, -3.0)) and det.update(3, 1.0, junk_span=(0.5, -3.0))
+
+
+def test_config_names_bad_values():
+    from gradloc_track.config import ConfigError, SpikeConfig
+
+    with pytest.raises(ConfigError, match="spikes.junk_terms"):
+        SpikeConfig(junk_terms=0)
+    with pytest.raises(ConfigError, match="spikes.junk_margin"):
+        SpikeConfig(junk_margin=math.inf)
