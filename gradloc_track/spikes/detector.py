@@ -96,6 +96,8 @@ class SpikeDetector:
       layer z-score (adaptive mode, after warm-up)
     - ``spike/zscore_loss``, ``spike/zscore_sample_loss``, ``spike/zscore_update``: the z-scores of
       the loss, the largest per-sample loss and the optimizer's update, on steps that provide them
+    - ``spike/junk_span``, ``spike/junk_mean``: the largest run's mean excess over chance and the
+      batch's (nats a term; ``spikes/junk.py``), on steps that provide them
     - ``spike/noise_floor``: 1 on a step whose gradient norm is below the noise floor (skipped)
     - ``spike/olmo_score``: OLMo-core's stability score, the fraction of steps so far whose global
       norm exceeded mean + 6 sigma of the previous ``score_window`` values (a separate, fixed rule
