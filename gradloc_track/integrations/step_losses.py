@@ -4,8 +4,9 @@
   loss)``), detached, averaged over the step's micro-batches: free, no extra pass.
 - the largest per-unit loss: each sample's mean loss over its loss terms, or each document's when
   ``position_ids`` restart inside a row (packed sequences): one cross-entropy pass over the logits
-  the training forward already made, row by row under ``no_grad`` (memory: one row's log-softmax, not
-  the batch's). Its cost grows with the vocabulary; ``spikes.sample_signal=false`` turns it off.
+  the training forward already made, row by row under ``no_grad`` and a block of positions at a time
+  (memory: ``CHUNK`` logits' log-softmax, not the batch's nor a whole row's). Its cost grows with the
+  vocabulary; ``spikes.sample_signal=false`` turns it off.
 
 Everything stays on the device (no host sync): the monitor moves it with the step's other values.
 """
@@ -17,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 IGNORE = -100
+CHUNK = 1 << 24  # logits turned into fp32 at a time
 
 
 def loss_in(out: Any) -> torch.Tensor | None:
@@ -35,6 +37,16 @@ def document_index(position_ids: torch.Tensor | None, shape: torch.Size) -> torc
     return start.cumsum(1) - start[:, :1]
 
 
+def _row_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Each position's cross-entropy in one row (T, V), a block of positions at a time: at most
+    ``CHUNK`` logits in fp32 at once (a 4096 x 152k row of bf16 logits is 2.5 GB as one fp32 copy,
+    and the log-softmax doubles it)."""
+    step = max(1, CHUNK // max(1, logits.shape[-1]))
+    parts = [F.cross_entropy(logits[t:t + step].float(), targets[t:t + step], reduction="none")
+             for t in range(0, logits.shape[0], step)]
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
 @torch.no_grad()
 def unit_loss_max(logits: torch.Tensor, targets: torch.Tensor, position_ids: torch.Tensor | None = None
                   ) -> torch.Tensor:
@@ -49,7 +61,7 @@ def unit_loss_max(logits: torch.Tensor, targets: torch.Tensor, position_ids: tor
     for b in range(B):  # one row at a time: the log-softmax of one row, not of the batch
         tgt = targets[b].to(logits.device)
         valid = (tgt != IGNORE).float()  # (T,)
-        per = F.cross_entropy(logits[b].float(), tgt.clamp(min=0), reduction="none") * valid  # (T,)
+        per = _row_losses(logits[b], tgt.clamp(min=0)) * valid  # (T,)
         key = docs[b] + b * n_docs
         sums.index_add_(0, key, per)
         counts.index_add_(0, key, valid)

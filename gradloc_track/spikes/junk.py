@@ -22,6 +22,7 @@ from typing import NamedTuple
 import torch
 
 IGNORE = -100
+CHUNK = 1 << 24  # logits read at a time (positions x vocabulary): a bounded fp32 copy, not a row's
 LEARNED = -1.0  # the batch's terms must average this far below chance (nats) before a span can fire
 
 
@@ -48,6 +49,15 @@ def term_excess(logits: torch.Tensor, targets: torch.Tensor, inputs: torch.Tenso
     return excess
 
 
+def _row_excess(logits: torch.Tensor, targets: torch.Tensor, inputs: torch.Tensor | None) -> torch.Tensor:
+    """``term_excess`` of one row (T, V), a block of positions at a time: at most ``CHUNK`` logits in
+    fp32 at once (a 4096 x 152k row of bf16 logits would be 2.5 GB as one fp32 copy)."""
+    step = max(1, CHUNK // max(1, logits.shape[-1]))
+    parts = [term_excess(logits[t:t + step], targets[t:t + step], None if inputs is None else inputs[t:t + step])
+             for t in range(0, logits.shape[0], step)]
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
 def span_max(excess: torch.Tensor, valid: torch.Tensor, docs: torch.Tensor, terms: int) -> torch.Tensor:
     """The largest mean of ``excess`` (T,) over ``terms`` consecutive valid positions of one document
     (``docs`` (T,) ids); ``-inf`` (0-d) when no such run exists."""
@@ -70,7 +80,8 @@ def junk_span(logits: torch.Tensor, targets: torch.Tensor, input_ids: torch.Tens
     predict (already shifted), ``IGNORE`` (-100) or any negative id where a position has no loss
     term; ``input_ids`` (B, T) the ids at the same positions (repeats count at most 0; None: no such
     rule); ``document_ids`` (B, T) for packed rows (a span stays in one document). No softmax: the
-    excess is ``mean(z) - z_target``, one reduction over the vocabulary, row by row.
+    excess is ``mean(z) - z_target``, one reduction over the vocabulary, row by row and a bounded
+    block of positions at a time (``CHUNK``).
     """
     if terms < 1:
         raise ValueError(f"junk_span: terms={terms} must be at least 1 (spikes.junk_terms)")
@@ -85,7 +96,7 @@ def junk_span(logits: torch.Tensor, targets: torch.Tensor, input_ids: torch.Tens
         tgt = targets[b].to(dev)
         valid = tgt >= 0
         inp = None if input_ids is None else input_ids[b].to(dev)
-        excess = term_excess(logits[b], tgt.clamp(min=0), inp)
+        excess = _row_excess(logits[b], tgt.clamp(min=0), inp)
         docs = torch.zeros_like(tgt) if document_ids is None else document_ids[b].to(dev)
         best = torch.maximum(best, span_max(excess, valid, docs, terms))
         total = total + torch.where(valid, excess, 0.0).sum()

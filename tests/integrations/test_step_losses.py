@@ -114,3 +114,16 @@ def test_watch_measures_runs_of_the_configured_length():
     tgt = torch.cat([labels[:, 1:], torch.full_like(ids[:, :1], IGNORE)], 1)
     want = junk_span(out.logits.detach(), tgt, ids, terms=4)
     assert fed[0]["junk_span"] == (pytest.approx(float(want.span), rel=1e-6), pytest.approx(float(want.mean), rel=1e-6))
+
+
+def test_rows_read_in_blocks_give_the_same_losses(monkeypatch):
+    import gradloc_track.integrations.step_losses as sl
+
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(2, 9, 5, generator=g)
+    targets = torch.randint(0, 5, (2, 9), generator=g)
+    whole = float(unit_loss_max(logits, targets))
+    monkeypatch.setattr(sl, "CHUNK", 2 * 5)  # 2 positions a block
+    assert float(unit_loss_max(logits, targets)) == pytest.approx(whole, rel=1e-6)
+    assert whole == pytest.approx(max(plain_unit_losses(logits, targets, torch.zeros(2, 9, dtype=torch.long)).values()),
+                                  rel=1e-6)
