@@ -49,7 +49,7 @@ class SpikeConfig:
     sample_min_ratio: float = 1.5
     # a run of loss terms the model rates below chance (spikes.junk): a garbled span inside a clean
     # sample, invisible to the sample's mean loss and to the norms (after_backward(junk_span=...);
-    # watch() and the callbacks measure it from the model's logits)
+    # watch() and the HF callback measure it from the model's logits)
     junk_signal: bool = True
     junk_terms: int = 16  # the run's length in loss terms
     # fire when those terms average more than junk_margin nats above a random token's loss (spike zoo:
