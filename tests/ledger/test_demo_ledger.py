@@ -27,6 +27,15 @@ def junk_fingerprint(cache: Path) -> str:
     return sample_fingerprint((junk * 2)[:2])
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _in_the_runs_folder(two_runs):
+    """MLflow roots a new experiment's artifacts at ./mlruns of the working directory when the process
+    first opens the store: the module works in its runs' folder, not in the checkout."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(two_runs[0])
+        yield
+
+
 def ledger(root: Path, *args: str) -> dict:
     out = root / "ledger"
     assert main(["culprits", *args, "--tracking-uri", f"sqlite:///{root / 'mlflow.db'}", "-o", str(out)]) == 0
