@@ -41,7 +41,7 @@ from gradloc_track.demo.optim import make_optimizer, make_schedule
 from gradloc_track.demo.threads import set_threads
 from gradloc_track.demo.tokenizer import make_tokenizer
 from gradloc_track.localizer import save_rng
-from gradloc_track.spikes import SpikeContext, SpikeDetector, junk_span, spike_score
+from gradloc_track.spikes import SpikeContext, SpikeDetector, junk_span, sample_losses, spike_score
 from gradloc_track.trackers import NullTracker, Tracker, make_tracker
 from gradloc_track.trackers.quiet import quiet_backend_noise
 
@@ -69,7 +69,7 @@ def masked_lm_loss(model, x, y, mask, loss_norm: str):
     def loss_fn(keep: torch.Tensor) -> torch.Tensor:
         logits = model(x)  # (B, T, V)
         per_tok = F.cross_entropy(logits.reshape(B * T, -1), y.reshape(-1), reduction="none").view(B, T)
-        loss_fn.sample_losses = (per_tok.detach() * mask).sum(1) / mask.sum(1).clamp(min=1.0)  # (B,)
+        loss_fn.sample_losses = sample_losses(per_tok, mask, x, y)  # (B,); repeats of the input token capped
         loss_fn.junk = junk_span(logits.detach(), y.masked_fill(mask == 0, -100), x)
         return (per_tok * weights * keep).sum()
 

@@ -42,6 +42,7 @@ RARE_TEXTS = (
 FULL_STEPS = 280
 LAST_SPANS: dict[str, float] = {}  # the last training step's span maxima (train_step's side output)
 LAST_JUNK: list = []  # the last training step's junk-span statistics (train_step's side output, the library's)
+LAST_SAMPLES: list = []  # the last training step's per-sample losses as the library's helper gives them
 _LOGITS: list = []  # per_term's last logits, as the loss saw them
 
 
@@ -254,8 +255,8 @@ def _monitor_kwargs(monitor: GradMonitor, loss: torch.Tensor, sample_losses: tor
     out = {}
     if "loss" in params:
         out["loss"] = loss.detach()
-    if "sample_losses" in params:
-        out["sample_losses"] = sample_losses.detach()
+    if "sample_losses" in params:  # the library's helper where it has one (the loop a user writes)
+        out["sample_losses"] = LAST_SAMPLES[0] if LAST_SAMPLES else sample_losses.detach()
     if "junk_span" in params and LAST_JUNK:
         out["junk_span"] = LAST_JUNK[0]
     return out
@@ -276,6 +277,7 @@ def train_step(model, b: Batch, loss: str):
     LAST_SPANS.clear()
     LAST_SPANS.update(span_maxima(full, b.mask > 0, b.docs))
     LAST_JUNK[:] = _junk(b)
+    LAST_SAMPLES[:] = _library_samples(b, full)
     return total.detach(), unit_means(b, full)
 
 
@@ -287,6 +289,15 @@ def _junk(b: Batch) -> list:
         return []
     targets = torch.where(b.mask > 0, b.y, -100)
     return [junk_span(_LOGITS[0], targets, b.x, b.docs)]
+
+
+def _library_samples(b: Batch, per: torch.Tensor) -> list:
+    """Each sample's loss by the library's rule (``spikes.sample_loss``; none before it had one)."""
+    try:
+        from gradloc_track.spikes.sample_loss import sample_losses
+    except ImportError:
+        return []
+    return [sample_losses(per, b.mask, b.x, b.y)]
 
 
 def unit_index(b: Batch) -> tuple[torch.Tensor, int]:

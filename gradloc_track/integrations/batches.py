@@ -63,7 +63,7 @@ class LMBatch:
     unusable: str | None = None  # why the training forward's output cannot rebuild the loss (None: it can)
     num_items: Any = None  # the call's num_items_in_batch (HF Trainer): the loss's normaliser
     loss: torch.Tensor | None = None  # the loss the model returned (HF ``.loss``, nanoGPT's pair), detached
-    sample_max: torch.Tensor | None = None  # the largest per-sample (per-document) loss (step_losses.py)
+    sample_max: torch.Tensor | None = None  # the largest per-sample loss (step_losses.py)
     junk: Any = None  # the junk-span statistics of this micro-batch (spikes/junk.py)
     position_ids: torch.Tensor | None = None  # (B, T); restarts at 0 mark packed documents
 
@@ -275,7 +275,7 @@ class MicroBatchCapture(BatchList):
             batch.unusable = unusable_output(output, batch.input_ids)
             batch.loss = loss_in(output)  # the model's own loss, for the detector's loss signal
             if self.sample_losses and batch.unusable is None:  # the detector's largest-sample signal
-                batch.sample_max = unit_loss_max(logits_in(output), batch.targets()[0], batch.position_ids)
+                batch.sample_max = unit_loss_max(logits_in(output), batch.targets()[0], batch.input_ids)
             if self.junk_terms and batch.unusable is None:  # the detector's junk signal
                 batch.junk = junk_span(logits_in(output), batch.targets()[0], batch.input_ids, batch.document_ids(),
                                        self.junk_terms)

@@ -2,8 +2,9 @@
 
 - ``loss``: the loss the model returned for each micro-batch (HF's ``.loss``, nanoGPT's ``(logits,
   loss)``), detached, averaged over the step's micro-batches: free, no extra pass.
-- the largest per-unit loss: each sample's mean loss over its loss terms, or each document's when
-  ``position_ids`` restart inside a row (packed sequences): one cross-entropy pass over the logits
+- the largest per-sample loss: each sample's mean loss over its loss terms (the row, also when
+  ``position_ids`` pack documents; repeats of the input token capped: ``spikes/sample_loss.py``):
+  one cross-entropy pass over the logits
   the training forward already made, row by row under ``no_grad`` and a block of positions at a time
   (memory: ``CHUNK`` logits' log-softmax, not the batch's nor a whole row's). Its cost grows with the
   vocabulary; ``spikes.sample_signal=false`` turns it off.
@@ -16,6 +17,8 @@ from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
+
+from ..spikes.sample_loss import sample_losses
 
 IGNORE = -100
 CHUNK = 1 << 24  # logits turned into fp32 at a time
@@ -48,25 +51,17 @@ def _row_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def unit_loss_max(logits: torch.Tensor, targets: torch.Tensor, position_ids: torch.Tensor | None = None
+def unit_loss_max(logits: torch.Tensor, targets: torch.Tensor, input_ids: torch.Tensor | None = None
                   ) -> torch.Tensor:
-    """The largest mean loss of a sample (or of a packed document) in a micro-batch, 0-d on the logits'
-    device; NaN when any is NaN. ``logits`` (B, T, V) at the model's positions, ``targets`` (B, T)
-    with ``IGNORE`` where a position has no term."""
-    B, T = targets.shape
-    docs = document_index(position_ids, targets.shape).to(logits.device)  # (B, T)
-    n_docs = T  # a row holds at most T documents: each unit has its own slot, no host read of the count
-    sums = torch.zeros(B * n_docs, device=logits.device, dtype=torch.float32)
-    counts = torch.zeros_like(sums)
-    for b in range(B):  # one row at a time: the log-softmax of one row, not of the batch
-        tgt = targets[b].to(logits.device)
-        valid = (tgt != IGNORE).float()  # (T,)
-        per = _row_losses(logits[b], tgt.clamp(min=0)) * valid  # (T,)
-        key = docs[b] + b * n_docs
-        sums.index_add_(0, key, per)
-        counts.index_add_(0, key, valid)
-    means = torch.where(counts > 0, sums / counts.clamp(min=1.0), torch.full_like(sums, -torch.inf))
-    return means.max()
+    """The largest sample's mean loss in a micro-batch (``spikes.sample_loss.sample_losses``: the row
+    is the unit, repeats of the input token capped), 0-d on the logits' device; NaN when any is NaN.
+    ``logits`` (B, T, V) at the model's positions, ``targets`` (B, T) with ``IGNORE`` where a
+    position has no term, ``input_ids`` (B, T) the ids at the same positions."""
+    per = torch.stack([_row_losses(logits[b], targets[b].to(logits.device).clamp(min=0))
+                       for b in range(targets.shape[0])])  # (B, T), one row's log-softmax at a time
+    tgt = targets.to(logits.device)
+    inp = None if input_ids is None else input_ids.to(logits.device)
+    return sample_losses(per, tgt != IGNORE, inp, tgt).max()
 
 
 def step_loss(batches: Sequence[Any]) -> torch.Tensor | None:

@@ -67,7 +67,7 @@ class StepSignals:
     """What a step shows beyond its gradient norms; ``None``: the step does not say."""
 
     loss: float | None = None  # the step's training loss
-    sample_losses: Sequence[float] | None = None  # each sample's (or document's) mean loss
+    sample_losses: Sequence[float] | None = None  # each sample's mean loss (spikes.sample_loss)
     update: float | None = None  # norm of the update the optimizer is about to make
     weight_norm: float | None = None  # the parameters' norm (the scale of float noise)
     junk_span: tuple[float, float] | None = None  # (largest run's excess over chance, the batch's mean excess)

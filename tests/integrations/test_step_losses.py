@@ -13,20 +13,23 @@ from gradloc_track.integrations.step_losses import (IGNORE, loss_in, step_loss, 
                                                     unit_loss_max)
 
 
-def plain_unit_losses(logits, targets, docs):
-    """Each (row, document)'s mean loss over its terms, one term at a time."""
+def plain_unit_losses(logits, targets, docs, inputs=None):
+    """Each (row, document)'s mean loss over its terms, one term at a time; with ``inputs``, a term
+    whose target repeats its input token counts at most the batch's mean term loss."""
+    terms = {(b, t): float(F.cross_entropy(logits[b, t][None], targets[b, t][None]))
+             for b in range(targets.shape[0]) for t in range(targets.shape[1]) if targets[b, t] != IGNORE}
+    mean = sum(terms.values()) / len(terms)
     sums, counts = {}, {}
-    for b in range(targets.shape[0]):
-        for t in range(targets.shape[1]):
-            if targets[b, t] == IGNORE:
-                continue
-            key = (b, int(docs[b, t]))
-            sums[key] = sums.get(key, 0.0) + float(F.cross_entropy(logits[b, t][None], targets[b, t][None]))
-            counts[key] = counts.get(key, 0) + 1
+    for (b, t), loss in terms.items():
+        if inputs is not None and targets[b, t] == inputs[b, t]:
+            loss = min(loss, mean)
+        key = (b, int(docs[b, t]))
+        sums[key] = sums.get(key, 0.0) + loss
+        counts[key] = counts.get(key, 0) + 1
     return {k: sums[k] / counts[k] for k in sums}
 
 
-def test_largest_sample_and_document_loss_match_a_plain_loop():
+def test_largest_sample_loss_matches_a_plain_loop():
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(3, 8, 11, generator=g) * 3
     targets = torch.randint(0, 11, (3, 8), generator=g)
@@ -34,10 +37,11 @@ def test_largest_sample_and_document_loss_match_a_plain_loop():
     targets[2, :] = IGNORE  # a row without terms is no sample
     rows = plain_unit_losses(logits, targets, torch.zeros(3, 8, dtype=torch.long))
     assert float(unit_loss_max(logits, targets)) == pytest.approx(max(rows.values()), rel=1e-6)
-    pos = torch.tensor([0, 1, 2, 0, 1, 2, 3, 0]).expand(3, 8)  # packed: documents restart at 0
-    docs = torch.tensor([0, 0, 0, 1, 1, 1, 1, 2]).expand(3, 8)
-    per_doc = plain_unit_losses(logits, targets, docs)
-    assert float(unit_loss_max(logits, targets, pos)) == pytest.approx(max(per_doc.values()), rel=1e-6)
+    inputs = torch.randint(0, 11, (3, 8), generator=g)
+    inputs[1] = targets[1]  # row 1 repeats its input token everywhere: each term counts at most the mean
+    capped = plain_unit_losses(logits, targets, torch.zeros(3, 8, dtype=torch.long), inputs)
+    assert float(unit_loss_max(logits, targets, inputs)) == pytest.approx(max(capped.values()), rel=1e-6)
+    assert capped[(1, 0)] < rows[(1, 0)] and capped[(0, 0)] == rows[(0, 0)]  # only the repeating row moved
     bad = logits.clone()
     bad[1, 3] = math.nan
     assert math.isnan(float(unit_loss_max(bad, targets)))
@@ -55,7 +59,8 @@ def test_the_models_own_loss_is_read_from_its_output():
 
 
 def test_watch_feeds_the_detector_the_models_losses():
-    """An HF model in a plain loop: the detector gets the model's loss and the largest document loss."""
+    """An HF model in a plain loop: the detector gets the model's loss and the largest sample loss (the
+    row, also when position ids pack documents into it)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     import gradloc_track
@@ -77,9 +82,9 @@ def test_watch_feeds_the_detector_the_models_losses():
     logits = out.logits.detach()
     tgt = torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], IGNORE)], 1)
     docs = torch.tensor([0] * 6 + [1] * 6).expand(2, -1)
-    per_doc = plain_unit_losses(logits, tgt, docs)
+    rows = plain_unit_losses(logits, tgt, torch.zeros_like(docs), ids)
     assert fed[0]["loss"] == pytest.approx(float(out.loss.detach()), rel=1e-6)
-    assert fed[0]["sample_losses"] == [pytest.approx(max(per_doc.values()), rel=1e-5)]
+    assert fed[0]["sample_losses"] == [pytest.approx(max(rows.values()), rel=1e-5)]
     # the junk signal's statistics, from the same forward (spikes/junk.py, tested against a loop there):
     # runs stay inside a packed document, repeats of the input token are the input ids at each position
     from gradloc_track.spikes.junk import junk_span

@@ -1,0 +1,34 @@
+"""Each sample's mean loss, as the detector's sample signal reads it (``after_backward(sample_losses=)``).
+
+Two rules, both from the spike zoo's false events (docs/benchmarks.md):
+
+- **The unit is the sample (the row), also for packed rows.** A packed document's mean over a handful
+  of terms is the noisiest unit there is: the largest of 32 such means (16-token documents) made 6 of
+  the demo family's 8 false events on its clean twins. Garbage inside a document is the junk
+  signal's (``spikes/junk.py``), which keeps to document boundaries.
+- **A term whose target repeats its input token counts at most the batch's mean term loss.** A run of
+  one repeated token (a reST rule of 63 ``=``, a run of spaces) is the cheapest thing a model learns
+  and, early in training, one of its most costly: such rows made the other false events. The junk
+  signal treats repeats alike.
+"""
+from __future__ import annotations
+
+import torch
+
+
+@torch.no_grad()
+def sample_losses(token_losses: torch.Tensor, mask: torch.Tensor, input_ids: torch.Tensor | None = None,
+                  targets: torch.Tensor | None = None) -> torch.Tensor:
+    """(B,) each sample's mean loss over its loss terms (``-inf`` for a sample without terms; NaN stays
+    NaN). ``token_losses`` (B, T) each position's loss (any value where ``mask`` is 0), ``mask`` (B, T)
+    the loss terms (bool or 0/1), ``input_ids`` and ``targets`` (B, T) the ids at each position and the
+    ids its logits predict (shifted): a term with ``targets == input_ids`` counts at most the batch's
+    mean term loss (without them no term is capped)."""
+    valid = mask > 0
+    per = torch.where(valid, token_losses.detach().float(), 0.0)
+    if input_ids is not None and targets is not None:
+        mean = per.sum() / valid.sum().clamp(min=1)  # NaN when any term is: it stays NaN below
+        repeat = valid & (targets.to(per.device) == input_ids.to(per.device))
+        per = torch.where(repeat, torch.minimum(per, mean), per)
+    count = valid.sum(1)
+    return torch.where(count > 0, per.sum(1) / count.clamp(min=1), -torch.inf)
