@@ -39,8 +39,7 @@ from ..localizer.probe import save_rng
 from . import sample_info
 from .calls import IDS_NAMES, TARGET_NAMES, arguments_by_name, find_key, forward_signature, logits_of_call
 from .calls import logits_in, unusable_output
-from ..spikes.junk import junk_span
-from .step_losses import loss_in, unit_loss_max
+from .step_losses import detector_losses, document_index, loss_in
 
 log = logging.getLogger(__name__)
 IGNORE = -100  # the label that carries no loss (HF / PyTorch convention)
@@ -274,11 +273,13 @@ class MicroBatchCapture(BatchList):
         if batch is not None:
             batch.unusable = unusable_output(output, batch.input_ids)
             batch.loss = loss_in(output)  # the model's own loss, for the detector's loss signal
-            if self.sample_losses and batch.unusable is None:  # the detector's largest-sample signal
-                batch.sample_max = unit_loss_max(logits_in(output), batch.targets()[0], batch.input_ids)
-            if self.junk_terms and batch.unusable is None:  # the detector's junk signal
-                batch.junk = junk_span(logits_in(output), batch.targets()[0], batch.input_ids, batch.document_ids(),
-                                       self.junk_terms)
+            if (self.sample_losses or self.junk_terms) and batch.unusable is None:  # the detector's
+                # largest-sample and junk signals, from one pass over the forward's logits
+                pos = batch.position_ids  # packed documents, without document_ids()' host sync
+                docs = None if pos is None else document_index(pos, pos.shape)
+                batch.sample_max, batch.junk = detector_losses(
+                    logits_in(output), batch.targets()[0], batch.input_ids, docs,
+                    samples=self.sample_losses, junk_terms=self.junk_terms)
 
     def remove(self) -> None:
         for h in self._handles:

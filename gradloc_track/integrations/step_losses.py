@@ -4,10 +4,10 @@
   loss)``), detached, averaged over the step's micro-batches: free, no extra pass.
 - the largest per-sample loss: each sample's mean loss over its loss terms (the row, also when
   ``position_ids`` pack documents; repeats of the input token capped: ``spikes/sample_loss.py``):
-  one cross-entropy pass over the logits
-  the training forward already made, row by row under ``no_grad`` and a block of positions at a time
-  (memory: ``CHUNK`` logits' log-softmax, not the batch's nor a whole row's). Its cost grows with the
-  vocabulary; ``spikes.sample_signal=false`` turns it off.
+  one cross-entropy pass over the logits the training forward already made, row by row under
+  ``no_grad`` and a block of positions at a time (``spikes/logit_blocks.py``), in the same pass as
+  the junk signal's excess (``detector_losses``). Its cost grows with the vocabulary;
+  ``spikes.sample_signal=false`` turns it off.
 
 Everything stays on the device (no host sync): the monitor moves it with the step's other values.
 """
@@ -18,10 +18,11 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
+from ..spikes.junk import JunkSpan, junk_of, term_excess
+from ..spikes.logit_blocks import per_position
 from ..spikes.sample_loss import sample_losses
 
 IGNORE = -100
-CHUNK = 1 << 24  # logits turned into fp32 at a time
 
 
 def loss_in(out: Any) -> torch.Tensor | None:
@@ -40,28 +41,36 @@ def document_index(position_ids: torch.Tensor | None, shape: torch.Size) -> torc
     return start.cumsum(1) - start[:, :1]
 
 
-def _row_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Each position's cross-entropy in one row (T, V), a block of positions at a time: at most
-    ``CHUNK`` logits in fp32 at once (a 4096 x 152k row of bf16 logits is 2.5 GB as one fp32 copy,
-    and the log-softmax doubles it)."""
-    step = max(1, CHUNK // max(1, logits.shape[-1]))
-    parts = [F.cross_entropy(logits[t:t + step].float(), targets[t:t + step], reduction="none")
-             for t in range(0, logits.shape[0], step)]
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
-
-
 @torch.no_grad()
-def unit_loss_max(logits: torch.Tensor, targets: torch.Tensor, input_ids: torch.Tensor | None = None
-                  ) -> torch.Tensor:
-    """The largest sample's mean loss in a micro-batch (``spikes.sample_loss.sample_losses``: the row
-    is the unit, repeats of the input token capped), 0-d on the logits' device; NaN when any is NaN.
+def detector_losses(logits: torch.Tensor, targets: torch.Tensor, input_ids: torch.Tensor | None = None,
+                    document_ids: torch.Tensor | None = None, samples: bool = True,
+                    junk_terms: int | None = None) -> tuple[torch.Tensor | None, JunkSpan | None]:
+    """(the largest sample's mean loss, the junk statistics) of a micro-batch, each only when asked,
+    from ONE blockwise pass over each row's logits (``logit_blocks``). The largest sample loss is
+    ``spikes.sample_loss.sample_losses``' (the row is the unit, repeats of the input token capped),
+    0-d on the logits' device, NaN when any is NaN; the junk statistics are ``spikes.junk``'s.
     ``logits`` (B, T, V) at the model's positions, ``targets`` (B, T) with ``IGNORE`` where a
-    position has no term, ``input_ids`` (B, T) the ids at the same positions."""
-    per = torch.stack([_row_losses(logits[b], targets[b].to(logits.device).clamp(min=0))
-                       for b in range(targets.shape[0])])  # (B, T), one row's log-softmax at a time
+    position has no term, ``input_ids`` (B, T) the ids at the same positions, ``document_ids`` (B, T)
+    for packed rows."""
     tgt = targets.to(logits.device)
     inp = None if input_ids is None else input_ids.to(logits.device)
-    return sample_losses(per, tgt != IGNORE, inp, tgt).max()
+
+    def terms(z: torch.Tensor, t: torch.Tensor, i: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        loss = F.cross_entropy(z, t, reduction="none") if samples else t.new_zeros(t.shape, dtype=torch.float32)
+        return loss, (term_excess(z, t, i) if junk_terms else loss)
+
+    rows = [per_position(terms, logits[b], tgt[b].clamp(min=0), None if inp is None else inp[b])
+            for b in range(tgt.shape[0])]
+    valid = tgt != IGNORE
+    smax = sample_losses(torch.stack([r[0] for r in rows]), valid, inp, tgt).max() if samples else None
+    junk = junk_of(torch.stack([r[1] for r in rows]), valid, document_ids, junk_terms) if junk_terms else None
+    return smax, junk
+
+
+def unit_loss_max(logits: torch.Tensor, targets: torch.Tensor, input_ids: torch.Tensor | None = None
+                  ) -> torch.Tensor:
+    """The largest sample's mean loss in a micro-batch (``detector_losses`` without the junk pass)."""
+    return detector_losses(logits, targets, input_ids)[0]
 
 
 def step_loss(batches: Sequence[Any]) -> torch.Tensor | None:

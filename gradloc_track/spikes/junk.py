@@ -21,8 +21,9 @@ from typing import NamedTuple
 
 import torch
 
+from .logit_blocks import per_position
+
 IGNORE = -100
-CHUNK = 1 << 24  # logits read at a time (positions x vocabulary): a bounded fp32 copy, not a row's
 LEARNED = -1.0  # the batch's terms must average this far below chance (nats) before a span can fire
 
 
@@ -49,15 +50,6 @@ def term_excess(logits: torch.Tensor, targets: torch.Tensor, inputs: torch.Tenso
     return excess
 
 
-def _row_excess(logits: torch.Tensor, targets: torch.Tensor, inputs: torch.Tensor | None) -> torch.Tensor:
-    """``term_excess`` of one row (T, V), a block of positions at a time: at most ``CHUNK`` logits in
-    fp32 at once (a 4096 x 152k row of bf16 logits would be 2.5 GB as one fp32 copy)."""
-    step = max(1, CHUNK // max(1, logits.shape[-1]))
-    parts = [term_excess(logits[t:t + step], targets[t:t + step], None if inputs is None else inputs[t:t + step])
-             for t in range(0, logits.shape[0], step)]
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
-
-
 def span_max(excess: torch.Tensor, valid: torch.Tensor, docs: torch.Tensor, terms: int) -> torch.Tensor:
     """The largest mean of ``excess`` (T,) over ``terms`` consecutive valid positions of one document
     (``docs`` (T,) ids); ``-inf`` (0-d) when no such run exists."""
@@ -81,7 +73,7 @@ def junk_span(logits: torch.Tensor, targets: torch.Tensor, input_ids: torch.Tens
     term; ``input_ids`` (B, T) the ids at the same positions (repeats count at most 0; None: no such
     rule); ``document_ids`` (B, T) for packed rows (a span stays in one document). No softmax: the
     excess is ``mean(z) - z_target``, one reduction over the vocabulary, row by row and a bounded
-    block of positions at a time (``CHUNK``).
+    block of positions at a time (``logit_blocks``).
     """
     if terms < 1:
         raise ValueError(f"junk_span: terms={terms} must be at least 1 (spikes.junk_terms)")
@@ -89,16 +81,16 @@ def junk_span(logits: torch.Tensor, targets: torch.Tensor, input_ids: torch.Tens
         raise ValueError(f"junk_span: logits must be (B, T, V) and targets (B, T); got {tuple(logits.shape)} "
                          f"and {tuple(targets.shape)} (shift the labels so position t holds the token t+1)")
     dev = logits.device
-    best = torch.full((), -torch.inf, device=dev)
-    total = torch.zeros((), device=dev)
-    count = torch.zeros((), device=dev)
-    for b in range(logits.shape[0]):
-        tgt = targets[b].to(dev)
-        valid = tgt >= 0
-        inp = None if input_ids is None else input_ids[b].to(dev)
-        excess = _row_excess(logits[b], tgt.clamp(min=0), inp)
-        docs = torch.zeros_like(tgt) if document_ids is None else document_ids[b].to(dev)
-        best = torch.maximum(best, span_max(excess, valid, docs, terms))
-        total = total + torch.where(valid, excess, 0.0).sum()
-        count = count + valid.sum()
-    return JunkSpan(best, total / count.clamp(min=1))
+    tgt = targets.to(dev)
+    inp = None if input_ids is None else input_ids.to(dev)
+    excess = torch.stack([per_position(lambda z, t, i: (term_excess(z, t, i),), logits[b], tgt[b].clamp(min=0),
+                                       None if inp is None else inp[b])[0] for b in range(tgt.shape[0])])
+    return junk_of(excess, tgt >= 0, document_ids, terms)
+
+
+def junk_of(excess: torch.Tensor, valid: torch.Tensor, document_ids: torch.Tensor | None, terms: int) -> JunkSpan:
+    """``JunkSpan`` from each term's excess (B, T) (``term_excess``), ``valid`` (B, T) bool and the
+    document ids (B, T) or None."""
+    docs = torch.zeros_like(valid, dtype=torch.long) if document_ids is None else document_ids.to(valid.device)
+    best = torch.stack([span_max(excess[b], valid[b], docs[b], terms) for b in range(valid.shape[0])]).max()
+    return JunkSpan(best, torch.where(valid, excess, 0.0).sum() / valid.sum().clamp(min=1))

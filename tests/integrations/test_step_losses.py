@@ -122,13 +122,13 @@ def test_watch_measures_runs_of_the_configured_length():
 
 
 def test_rows_read_in_blocks_give_the_same_losses(monkeypatch):
-    import gradloc_track.integrations.step_losses as sl
+    import gradloc_track.spikes.logit_blocks as logit_blocks
 
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(2, 9, 5, generator=g)
     targets = torch.randint(0, 5, (2, 9), generator=g)
     whole = float(unit_loss_max(logits, targets))
-    monkeypatch.setattr(sl, "CHUNK", 2 * 5)  # 2 positions a block
+    monkeypatch.setattr(logit_blocks, "CHUNK", 2 * 5)  # 2 positions a block
     assert float(unit_loss_max(logits, targets)) == pytest.approx(whole, rel=1e-6)
     assert whole == pytest.approx(max(plain_unit_losses(logits, targets, torch.zeros(2, 9, dtype=torch.long)).values()),
                                   rel=1e-6)
