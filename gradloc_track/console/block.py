@@ -23,7 +23,8 @@ def spike_block(view: SpikeView, run_dir: Path) -> list[str]:
         if hasattr(e, "describe"):
             lines.append(f"  signal     {e.describe()}")
             continue
-        lines.append(f"  signal     grad_norm/{e.signal} = {e.value:.3g}, {e.ratio:.1f}x its running mean "
+        key = getattr(e, "key", f"grad_norm/{e.signal}")  # a loss or the optimizer's update is no grad norm
+        lines.append(f"  signal     {key} = {e.value:.3g}, {e.ratio:.1f}x its running mean "
                      f"{e.baseline:.3g} (z = {e.z:.0f})")
     if len(view.events) > 3:
         lines.append(f"             ... and {len(view.events) - 3} more layer(s)")

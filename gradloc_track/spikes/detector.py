@@ -227,7 +227,8 @@ class SpikeDetector:
             values["sample_loss"] = math.nan if not all(map(math.isfinite, vals)) else max(vals)
         if cfg.update_signal and extra.update is not None:
             values["update"] = float(extra.update)
-        events = [ev for ev in [self._junk_event(step, extra.junk_span)] if ev is not None]
+        junk = self._junk_event(step, extra.junk_span)
+        events = [junk] if junk is not None else []
         for name, x in values.items():
             ratio = {"loss": cfg.loss_min_ratio, "sample_loss": cfg.sample_min_ratio}.get(name, cfg.min_ratio)
             ev = self._check(EXTRA[name], name, step, x, pending, ratio,
