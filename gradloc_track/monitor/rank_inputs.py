@@ -38,7 +38,8 @@ def combine_across_ranks(local: dict[str, torch.Tensor | None], device: torch.de
     names = list(COMBINE)
     vals = torch.stack([torch.zeros((), device=device) if local.get(n) is None
                         else local[n].detach().float().reshape(()).to(device) for n in names])
-    given = torch.tensor([local.get(n) is not None for n in names], dtype=torch.float32, device=device)
+    # filled on the device: a list turned into a tensor would be a host-to-device copy every step
+    given = torch.stack([torch.full((), float(local.get(n) is not None), device=device) for n in names])
     mine = torch.cat([vals, given])  # (2k,)
     everyone = torch.empty(world_of(group) * mine.numel(), device=device)
     dist.all_gather_into_tensor(everyone, mine, group=group)
