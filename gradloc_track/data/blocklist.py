@@ -15,7 +15,9 @@ needs only the ids (``load_blocklist``) takes them from each line's start withou
 so a 10^6-entry file loads in seconds and a few hundred MB. A file in any other layout (older
 exports, hand edits) is parsed whole, with the same checks. An entry's ``sample_id`` is 16 hex
 digits, exactly (``fullmatch``: a trailing newline is an error, not a silent non-match); its
-``index`` is absent, an integer, a string, or a flat list of them. The file is rewritten atomically
+``index`` is absent, an integer, a string, or a flat list of them. Indices are compared by value: a
+string written as a plain decimal integer ("401", "-3"; not "0401" nor " 401") is that integer, since a
+hand edit or a CSV round trip turns one into the other. The file is rewritten atomically
 (``trackers.files``): a kill mid-export leaves the old blocklist.
 """
 from __future__ import annotations
@@ -36,6 +38,7 @@ FIX = "pass a file written by 'gradloc-track culprits ... --export-blocklist FIL
 _ENTRY = re.compile(rb'\n\{"sample_id":"([0-9a-f]{16})","index":'
                     rb'(null|-?[0-9]+|"(?:[^"\\\n]|\\.)*"|\[[^\[\]{}\n]*\])[,}]')
 _CHUNK = 1 << 22  # bytes read at a time by the fast reader
+_DECIMAL = re.compile(r"-?(0|[1-9][0-9]*)")  # a string that is an integer written plainly
 
 
 class BlocklistError(ValueError):
@@ -56,9 +59,9 @@ class Blocklist:
     path: Path | None = None
 
     def blocks(self, fingerprint: str | None = None, index: Any = None) -> bool:
-        """Whether a sample with this fingerprint (or, if given, this dataset index) is listed."""
+        """Whether a sample with this fingerprint (or, if given, this dataset index, by value) is listed."""
         return (fingerprint is not None and fingerprint in self.fingerprints) or \
-            (index is not None and index in self.indices)
+            (index is not None and index_value(index) in self.indices)
 
     def read_entries(self) -> list[dict[str, Any]]:
         """Every entry of the file, whole."""
@@ -66,6 +69,13 @@ class Blocklist:
 
     def __len__(self) -> int:
         return self.count or len(self.fingerprints)
+
+
+def index_value(index: Any) -> Any:
+    """A dataset index as the value it stands for: "401" is 401 (the record's ``401`` matches it)."""
+    if isinstance(index, str) and _DECIMAL.fullmatch(index):
+        return int(index)
+    return index
 
 
 def check_index(index: Any, where: str) -> list[Any]:
@@ -77,7 +87,7 @@ def check_index(index: Any, where: str) -> list[Any]:
         if isinstance(v, bool) or not isinstance(v, (int, str)):
             raise BlocklistError(f"{where}.index={index!r} is not a dataset index: use an integer, a string, or a "
                                  "flat list of them (or leave it out)")
-    return values
+    return [index_value(v) for v in values]
 
 
 def check_sample_id(sample_id: Any, where: str) -> str:
@@ -124,6 +134,10 @@ def _header(doc: Any, where: str) -> str:
     return column or "dataset_index"
 
 
+def _too_deep(where: str) -> str:
+    return f"{where}: nested too deeply to read (a blocklist is a list of flat entries); {FIX}"
+
+
 def _parse_whole(path: Path, field_name: str) -> dict[str, Any]:
     """The whole document, every entry checked (any layout)."""
     where = f"{field_name}={str(path)!r}"
@@ -131,7 +145,9 @@ def _parse_whole(path: Path, field_name: str) -> dict[str, Any]:
         doc = json.loads(path.read_bytes())
     except OSError as exc:
         raise BlocklistError(f"{where}: cannot read it ({exc.strerror or exc}); {FIX}") from None
-    except (ValueError, RecursionError) as exc:
+    except RecursionError:
+        raise BlocklistError(_too_deep(where)) from None
+    except ValueError as exc:
         raise BlocklistError(f"{where}: not JSON ({exc}); {FIX}") from None
     _header(doc, where)
     for i, s in enumerate(doc["samples"]):
@@ -167,7 +183,7 @@ def _read_fast(path: Path, where: str) -> Blocklist | None:
     with open(path, "rb") as f:
         try:
             head = json.loads(f.readline().rstrip(b"\n") + b"]}")
-        except ValueError:
+        except (ValueError, RecursionError):  # another layout (or a hostile one): _parse_whole says which
             return None
         column = _header(head, where)
         for buf in _chunks(f):
@@ -178,7 +194,7 @@ def _read_fast(path: Path, where: str) -> Blocklist | None:
                 if raw[:1] == b"[":  # a sample the runs saw at several indices
                     indices += check_index(json.loads(raw), f"{where}: samples[{k}]")
                 elif raw != b"null":
-                    indices.append(json.loads(raw) if raw[:1] == b'"' else int(raw))
+                    indices.append(index_value(json.loads(raw)) if raw[:1] == b'"' else int(raw))
             ids += [sid.decode("ascii") for sid, _ in found]
     if last != b"]}" or len(ids) != lines - 1:  # one line per entry, then the closing line
         return None

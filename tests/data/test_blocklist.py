@@ -84,3 +84,32 @@ def test_rewriting_keeps_no_temp_file_and_follows_the_old_path(tmp_path):
     path = write_blocklist(tmp_path / "b.json", entries())
     write_blocklist(path, entries()[:2])
     assert [p.name for p in tmp_path.iterdir()] == ["b.json"] and len(load_blocklist(path)) == 2
+
+
+@pytest.mark.parametrize("where", ["head", "samples", "index", "metadata"])
+def test_a_deeply_nested_file_is_a_blocklist_error(tmp_path, where):
+    deep = "[" * 100_000 + "]" * 100_000
+    head = '{"format":"gradloc-track-blocklist","version":1'
+    entry = '{"sample_id":"0000000000000001","index":3'
+    text = {"head": deep,
+            "samples": head + ',"samples":[' + deep + "]}",
+            "index": head + ',"samples":[' + entry[:-1] + deep + "}]}",
+            "metadata": head + ',"index_column":"i","samples":[\n' + entry + ',"x":' + deep + "}\n]}\n"}[where]
+    path = tmp_path / "deep.json"
+    path.write_text(text)
+    with pytest.raises(BlocklistError, match=r"nested too deeply.*--export-blocklist"):
+        load_blocklist(path, "data.blocklist").read_entries()
+
+
+@pytest.mark.parametrize("listed, asked", [("401", 401), (401, "401"), ("-3", -3), ([401, "7"], 7)])
+def test_an_index_is_compared_by_value_not_by_type(tmp_path, listed, asked):
+    path = write_blocklist(tmp_path / "b.json", [{"sample_id": FP[0], "index": listed}])
+    for block in (load_blocklist(path), load_blocklist(_other_layout(path, tmp_path))):
+        assert block.blocks(index=asked)
+        assert not block.blocks(index=400) and not block.blocks(index="0401") and not block.blocks(index="doc")
+
+
+def _other_layout(path, tmp_path):
+    other = tmp_path / "indented.json"
+    other.write_text(json.dumps(json.loads(path.read_text()), indent=1))
+    return other

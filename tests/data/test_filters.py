@@ -60,3 +60,14 @@ def test_an_index_column_that_holds_no_index_is_a_clear_error(block):
 
     with pytest.raises(ValueError, match="one record at a time"):
         filter_dataset(Dataset.from_list(records()), block, batched=True)
+
+
+def test_a_string_index_in_the_blocklist_drops_the_integer_records(tmp_path):
+    from datasets import Dataset
+
+    block = load_blocklist(write_blocklist(tmp_path / "s.json", [{"sample_id": f"{i:016x}", "index": str(100 + i)}
+                                                                  for i in BLOCKED]))
+    kept, dropped = filter_dataset(Dataset.from_list(records()), block, by="index")
+    assert dropped == 2 and kept["dataset_index"] == [100, 102, 103, 105]
+    tensors = [{"dataset_index": torch.tensor(r["dataset_index"])} for r in records()]
+    assert BlockedDataset(tensors, block, by="index").dropped == 2
