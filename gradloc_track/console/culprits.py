@@ -9,6 +9,8 @@ from typing import Any, Sequence
 
 SHARE_OF = "of the batch's squared grad norm"
 MAX_LINES = 6  # culprit lines per block; the rest are counted
+# the RL columns a culprit line shows when the culprit table has them (TRL's GRPO, verl, examples/rl_grpo.py)
+RL_COLUMNS = (("ratio", "ratio"), ("logprob", "log-prob"), ("old_logprob", "old log-prob"))
 
 
 def _pct(share: float | None) -> str:
@@ -86,6 +88,36 @@ class SpikeView:
         docs = self._get("document_ids", mb)
         return None if docs is None else int(docs[sample, position])
 
+    def rl_values(self, mb: int | None, sample: int, positions: Sequence[int]) -> str:
+        """``ratio 392, log-prob -0.21, old log-prob -6.21``: the RL columns the culprit table has
+        (``extra_columns`` ``ratio``/``logprob``/``old_logprob``), a token's value or the mean over a
+        run's or unit's loss terms (as the table's rows); "" without them. Host sync: a few cells, on
+        a spike's block only."""
+        cols = getattr(self.context, "extra_columns", None) or {}
+        per_mb = isinstance(getattr(self.context, "token_mask", None), (list, tuple))
+        parts = []
+        for name, label in RL_COLUMNS:
+            if name not in cols or not positions:
+                continue
+            try:
+                value = cols[name][mb] if per_mb and mb is not None else cols[name]
+                vals = [float(value[sample][p]) for p in positions]
+            except Exception:  # not a per-token column (or one that cannot be read): the line goes without it
+                continue
+            parts.append(f"{label} {sum(vals) / len(vals):.3g}")
+        return ", ".join(parts)
+
+    def loss_positions(self, mb: int | None, sample: int, start: int, end: int,
+                       document: int | None = None) -> list[int]:
+        """The positions of ``[start, end)`` in ``sample`` that carry a loss term (of ``document``)."""
+        keep = list(range(start, end))
+        mask = self._get("token_mask", mb)
+        if mask is not None:
+            keep = [t for t in keep if float(mask[sample, t]) != 0.0]
+        if document is not None:
+            keep = [t for t in keep if self.document_at(mb, sample, t) == document]
+        return keep
+
     def decode(self, ids: list[int]) -> str:
         tok = getattr(self.context, "tokenizer", None)
         return tok.decode(ids) if tok is not None else "".join(f"<{i}>" for i in ids)
@@ -95,13 +127,7 @@ class SpikeView:
         ids = self._get("input_ids", mb)
         if ids is None:
             return ""
-        keep = range(start, end)
-        mask = self._get("token_mask", mb)
-        if mask is not None:
-            keep = [t for t in keep if float(mask[sample, t]) != 0.0]
-        if document is not None:
-            keep = [t for t in keep if self.document_at(mb, sample, t) == document]
-        return self.decode([int(ids[sample, t]) for t in keep])
+        return self.decode([int(ids[sample, t]) for t in self.loss_positions(mb, sample, start, end, document)])
 
 
 def _quote(text: str, limit: int = 40) -> str:
@@ -122,7 +148,10 @@ def _unit_line(view: SpikeView, c: Any) -> str:
         return f"{mb}: the whole micro-batch (no sample or token in it stands out){share}"
     label, unit = view.who(c.micro_batch, c.batch, c.document)
     what = f"span {c.start}-{c.end - 1}" if c.level == "span" else f"the whole {unit}"
-    return f"{label}, {what}: {_quote(view.text(c.micro_batch, c.batch, c.start, c.end, c.document))}{share}"
+    rl = view.rl_values(c.micro_batch, c.batch, view.loss_positions(c.micro_batch, c.batch, c.start, c.end,
+                                                                    c.document))
+    return (f"{label}, {what}: {_quote(view.text(c.micro_batch, c.batch, c.start, c.end, c.document))}{share}"
+            + (f"  {rl}" if rl else ""))
 
 
 def _token_runs(view: SpikeView) -> list[tuple[float, str]]:
@@ -141,9 +170,11 @@ def _token_runs(view: SpikeView) -> list[tuple[float, str]]:
             where = f"tokens {first}-{last}" if len(run) > 1 else f"token {first}"
             share = sum(c.share or 0.0 for c in run)
             label, _ = view.who(mb, sample, view.document_at(mb, sample, first))
-            text = "" if ids is None else "".join(view.decode([int(ids[sample, c.position])]) for c in run)
+            # decoded together: a character split over byte tokens comes out whole, as the table's span text
+            text = "" if ids is None else view.decode([int(ids[sample, c.position]) for c in run])
             tail = NONFINITE if any(getattr(c, "nonfinite", False) for c in run) else f"  ({_pct(share)} {SHARE_OF})"
-            out.append((share, f"{label}, {where}: {_quote(text)}{tail}"))
+            rl = view.rl_values(mb, sample, [c.position for c in run])
+            out.append((share, f"{label}, {where}: {_quote(text)}{tail}" + (f"  {rl}" if rl else "")))
     return out
 
 

@@ -20,7 +20,7 @@ class TrainConsole:
     ``close()``."""
 
     def __init__(self, stream=None, rich: bool | None = None) -> None:
-        self.stream = stream or sys.stderr
+        self.stream = stream or sys.stdout  # a run's console is its output: `> log.txt` keeps it
         tty = hasattr(self.stream, "isatty") and self.stream.isatty()
         self._rich = tty if rich is None else rich
         self._progress = self._task = None

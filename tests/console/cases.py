@@ -15,8 +15,8 @@ EVENT = SpikeEvent(100, "global", 2.2, 0.7, 40.0, 3.2)
 
 
 class Tok:
-    def decode(self, i):
-        return {1: "\u00e2", 2: "\u20ac", 3: "\u2122"}.get(int(i[0]), "?")
+    def decode(self, ids):
+        return "".join({1: "\u00e2", 2: "\u20ac", 3: "\u2122"}.get(int(i), "?") for i in ids)
 
 
 def mojibake_view(step: int = 100) -> SpikeView:

@@ -89,3 +89,51 @@ def test_who_in_a_gathered_view_names_the_rank_and_the_sample_there():
     assert _who(ctx, 2, 0, 4) == ("document 4 (rank 1, micro-batch 2, sample 6)", "document")
     ctx.sample_columns.update(group=["u"], index=torch.tensor([2]))
     assert _who(ctx, 2, 0)[0] == "completion 2 of group u (rank 1, micro-batch 2, sample 6)"
+
+
+def test_a_token_run_of_byte_tokens_reads_as_text_not_as_byte_escapes(tmp_path):
+    """The HF Trainer and Lightning examples tokenize bytes: a run of culprit tokens is decoded together, so
+    'â€™' (8 bytes) reads as the characters, not as '\\xc3\\xa2...' (each byte decoded alone)."""
+    tok = ByteTokenizer()
+    ids = torch.zeros(2, 12, dtype=torch.long)
+    ids[1, 2:10] = torch.tensor(tok.encode("\u00e2\u20ac\u2122"))
+    toks = [CulpritToken(1, p, grad_norm=1.0, share=0.1) for p in range(2, 10)]
+    ctx = SpikeContext(lambda m: m.sum(), torch.ones(2, 12), input_ids=ids, tokenizer=tok)
+    text = printed(SpikeView(60, [EVENT], LocateResult(toks, 4, "auto", 0.1, 2.0), ctx), tmp_path)
+    assert "culprits   sample 1, tokens 2-9: '\u00e2\u20ac\u2122'  (80% of" in text and "\\x" not in text
+
+
+def _rl_view(rows):
+    """Completion 1 of group 0: stale by 6 nats on its 3 loss-bearing tokens (ratio e^6)."""
+    tok = ByteTokenizer()
+    B, P, C = 2, 4, 3
+    ids = torch.zeros(B, P + C, dtype=torch.long)
+    ids[1, P:] = torch.tensor(tok.encode("12\n"))
+    mask = torch.zeros(B, P + C)
+    mask[:, P:] = 1.0
+    logp = torch.full((B, P + C), -0.5) * mask
+    old = logp - 6.0 * torch.tensor([[0.0], [1.0]]) * mask
+    extra = {"advantage": torch.ones(B, P + C), "logprob": logp, "old_logprob": old, "ratio": (logp - old).exp() * mask}
+    ctx = SpikeContext(lambda m: m.sum(), mask, input_ids=ids, tokenizer=tok, extra_columns=extra,
+                       sample_columns={"group": torch.tensor([0, 0]), "index": torch.tensor([0, 1]),
+                                       "reward": torch.tensor([1.0, 0.0])})
+    return SpikeView(50, [EVENT], LocateResult([r for r in rows if r.level == "token"], 4, "auto", 0.1, 3.0,
+                                               culprits=rows), ctx)
+
+
+def test_an_rl_culprit_line_shows_its_ratio_log_prob_and_old_log_prob(tmp_path):
+    """TRL's GRPO, verl and rl_grpo.py put ratio / logprob / old_logprob in the culprit table: the console's
+    culprit line (and the summary's) shows them, a token's value or the mean over the run / completion."""
+    whole = _rl_view([Culprit("sample", 3.0, 0.97, batch=1, start=0, end=7, n_terms=3)])
+    text = printed(whole, tmp_path)
+    assert ("completion 1 of group 0, reward 0 (sample 1), the whole completion: '12\\n'  (97% of the batch's "
+            "squared grad norm)  ratio 403, log-prob -0.5, old log-prob -6.5") in text
+    assert spike_summary([whole], tmp_path)[1].endswith("ratio 403, log-prob -0.5, old log-prob -6.5")
+    run = _rl_view([CulpritToken(1, p, grad_norm=1.0, share=0.3) for p in (4, 5)])
+    assert "tokens 4-5: '12'  (60% of the batch's squared grad norm)  ratio 403, log-prob -0.5, old log-prob -6.5" \
+        in printed(run, tmp_path)
+
+
+def test_a_culprit_line_without_rl_columns_has_none(tmp_path):
+    events, result, ctx = levels_case()
+    assert "ratio" not in printed(SpikeView(12, events, result, ctx), tmp_path)

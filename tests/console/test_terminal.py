@@ -28,3 +28,10 @@ def test_a_block_that_cannot_be_printed_warns_and_never_raises(tmp_path, recwarn
     view.context.input_ids = "not a tensor"
     TrainConsole(stream=io.StringIO()).spike(view, tmp_path)
     assert any("could not print the spike block of step 100" in str(w.message) for w in recwarn)
+
+
+def test_the_console_writes_to_stdout_by_default(capsys):
+    """A run's console is its output: ``python examples/x.py > log.txt`` keeps the blocks and the summary."""
+    TrainConsole().summary(["done: 3 steps"])
+    out, err = capsys.readouterr()
+    assert out == "done: 3 steps\n" and err == ""
