@@ -18,7 +18,12 @@ norm over the hooked layers at no extra backward (``segments.py``):
    the ranking missed costs one probe, not a bisection);
 3. any other candidate, and a deferred one whose tokens fell short, is decided by its OWN probe:
    it is a culprit when its exact intensity is still above the limit and it carries that part of
-   the step's squared norm; tokens found inside it are folded into it (rows never overlap). The
+   the step's squared norm; tokens found inside it are folded into it (rows never overlap). Then
+   the answer descends as GradLoc's does (``_descend``): its hot terms (above the token
+   threshold, fewer than all and at most ``FEW``/``FEW_MIN`` of them), probed together, that hold
+   ``SPAN_SHARE`` of its share are named as TOKENS instead (a probe each but the last, which is
+   what is left). This is decided on exact shares, so it does not hang on the ranking's estimates
+   reaching the sample's norm (step 2), which they miss by 2x on one CPU and not another. The
    shortest contiguous window holding ``SPAN_MASS`` of its terms' LINEAR excess over the batch's
    median term score (coherent terms add linearly; a few very hot terms do not shrink the window
    onto themselves), if 2 to ``SPAN_MAX`` of its terms, is probed too and reported as a SPAN when
@@ -53,6 +58,7 @@ FEW, FEW_MIN, CARRY = 0.25, 8, 0.5  # tokens carry a sample: a quarter of its te
 SPAN_MASS, SPAN_MAX, SPAN_SHARE = 0.8, 0.5, 0.6
 MIN_PART = 0.1  # a culprit sample (micro-batch) carries at least a tenth of a fair part (1/n) of the step
 MAX_SHARE_PROBES = 32
+DESCENDED = object()  # ``_confirm_sample``: the sample's hot tokens were named instead of it
 Key = tuple[int, int, int]  # (micro_batch, b, t)
 
 
@@ -163,12 +169,10 @@ def find_units(prober: Prober, hits: Hits, cands: list[tuple[Segment, float]], l
             units.deferred.append((seg, ghost))
             continue
         try:
-            unit = _confirm_sample(units.stage, seg, ghost)
+            _settle(units.stage, seg, ghost, [])
         except BudgetExhausted:
             units.exhausted = True
             break
-        if unit is not None:
-            _report(units.stage, seg, unit, [])
     return units
 
 
@@ -183,22 +187,32 @@ def reconsider(units: Units) -> None:
         if found and sum(c.grad_norm for c in found) ** 2 >= CARRY * ghost * ghost:
             continue  # a few tokens carry the sample: they are the finer answer
         try:
-            unit = _confirm_sample(st, seg, ghost)
-            if unit is not None:
-                _report(st, seg, unit, found)
+            _settle(st, seg, ghost, found)
         except BudgetExhausted:
             units.exhausted = True
             return
 
 
-def _report(st: _Stage, seg: Segment, unit: Culprit, found: list[CulpritToken]) -> None:
-    """``unit`` names the sample: its terms leave the search; tokens ``found`` inside it are
-    folded in (their rows go, their gradient leaves the running sum: one probe of them)."""
+def _settle(st: _Stage, seg: Segment, ghost: float, found: list[CulpritToken]) -> None:
+    """A candidate's own probe decides it (``_confirm_sample``): a sample or span row, its hot tokens
+    (``_descend``: the finer unit that carries it), or nothing."""
+    unit = _confirm_sample(st, seg, ghost)
+    if unit is DESCENDED:
+        _report(st, seg, None, found)
+    elif unit is not None:
+        _report(st, seg, unit, found)
+
+
+def _report(st: _Stage, seg: Segment, unit: Culprit | None, found: list[CulpritToken]) -> None:
+    """``unit`` names the sample (None: its hot tokens were named instead, ``_descend``): its terms
+    leave the search; tokens ``found`` inside it by the search are folded in (their rows go, their
+    gradient leaves the running sum: one probe of them)."""
     keys = {(seg.micro_batch, b, t) for b, t in seg.terms}
-    st.units.culprits.append(unit)
+    if unit is not None:
+        st.units.culprits.append(unit)
     st.units.excluded |= keys
     st.hits.terms |= keys
-    if not found:
+    if not found or unit is None:
         return
     gone = {id(c) for c in found}
     st.hits.tokens[:] = [c for c in st.hits.tokens if id(c) not in gone]
@@ -213,8 +227,9 @@ def _report(st: _Stage, seg: Segment, unit: Culprit, found: list[CulpritToken]) 
     del g
 
 
-def _confirm_sample(st: _Stage, seg: Segment, ghost: float) -> Culprit | None:
-    """The sample's own probe: a SAMPLE (or a SPAN of it) row when it carries the spike, else None."""
+def _confirm_sample(st: _Stage, seg: Segment, ghost: float) -> Culprit | object | None:
+    """The sample's own probe: a SAMPLE (or a SPAN of it) row when it carries the spike, ``DESCENDED``
+    when a few of its tokens carry it (they are in ``hits.tokens``), else None."""
     prober, hits, i = st.prober, st.hits, seg.micro_batch
     g = prober.probe_terms(i, seg.terms)
     n = prober.norm(g)
@@ -226,6 +241,8 @@ def _confirm_sample(st: _Stage, seg: Segment, ghost: float) -> Culprit | None:
                    layer_norms=prober.layer_norms(g), score=ghost, **where)
     st.explain(g)  # the whole sample leaves the remainder, whichever row names it
     del g
+    if share is not None and share > 0 and _descend(st, seg, share):
+        return DESCENDED
     window = _window(seg, st.scores, st.background)
     if window is None or share is None or share <= 0:
         return unit
@@ -238,6 +255,36 @@ def _confirm_sample(st: _Stage, seg: Segment, ghost: float) -> Culprit | None:
         unit = Culprit("span", prober.norm(g_w), share_w, start=window[0][1], end=window[-1][1] + 1,
                        n_terms=len(window), layer_norms=prober.layer_norms(g_w), **where)
     return unit
+
+
+def _descend(st: _Stage, seg: Segment, share: float) -> bool:
+    """Step 3's finer answer: the sample's hot terms (above the token threshold; fewer than all its
+    terms and at most ``FEW`` of them, or ``FEW_MIN``) probed together; when they hold ``SPAN_SHARE``
+    of the sample's share, each is probed alone and named as a TOKEN (True). The decision is on the
+    exact shares, not on the ranking's estimates: a culprit token holds ~all of its sample's share,
+    an ordinary sample's hottest terms a small part, so the 0.6 line sits far from both."""
+    keys = sorted(((b, t) for b, t in seg.terms if st.scores.get((seg.micro_batch, b, t), 0.0) > st.tau),
+                  key=lambda bt: -st.scores[(seg.micro_batch, *bt)])
+    if not keys or len(keys) >= len(seg.terms) or len(keys) > max(FEW_MIN, FEW * len(seg.terms)):
+        return False
+    prober, hits, i = st.prober, st.hits, seg.micro_batch
+    try:
+        g = prober.probe_terms(i, keys)
+        held = hits.share(g)
+        if held is None or held < SPAN_SHARE * share:
+            return False
+        rows = []  # each token summarised at once (one gradient buffer besides the probe in flight)
+        for k in keys[:-1]:
+            g_k = prober.probe_terms(i, [k])
+            rows.append((k, prober.summary(g_k, hits.total)))
+            prober.sub_(g, g_k)  # the last token's gradient is what is left: no probe for it
+            del g_k
+    except BudgetExhausted:  # the sample stands: its tokens would only have been finer
+        return False
+    rows.append((keys[-1], prober.summary(g, hits.total)))
+    for k, summary in rows:
+        hits.add_summary(i, k, summary)
+    return True
 
 
 def _window(seg: Segment, scores: dict[Key, float], background: float) -> list[tuple[int, int]] | None:

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import gradloc_track
+from gradloc_track.localizer import levels
 from gradloc_track.localizer.levels import SPAN_SHARE
 
 from .oracles import dot, grads_of, norm, term_mask, tiny_gpt
@@ -363,3 +364,39 @@ def test_a_budget_that_runs_out_says_so_not_that_nothing_carries_the_spike():
     starved = gradloc_track.locate(model, [loss_fn, loss_fn], [torch.ones(B, T)] * 2, budget=1)
     assert starved.budget_exhausted and starved.probes == 1
     assert any("before every micro-batch was probed once" in n for n in starved.notes)
+
+
+
+@pytest.mark.parametrize("weight", [40.0, 200.0])
+def test_one_culprit_token_among_1024_is_the_token_not_its_sample(weight, monkeypatch):
+    """Issue 37: one heavy term among 64 x 16 was named as its whole sample (``span 0-16, share
+    0.989``) when the ranking's per-position estimates fell short of deferring it to the token
+    search (made certain here: ``hot_terms`` finds nothing). The sample's own probe confirms it,
+    then its hot terms, probed together, hold ~all of its share: the answer descends to the token."""
+    monkeypatch.setattr(levels, "hot_terms", lambda *a: [])
+    B, T, cell = 64, 16, (58, 7)
+    model, loss_fn = weighted(B, T, {cell: weight})
+    total = step_grad(model, loss_fn, (B, T))
+    res = gradloc_track.locate(model, loss_fn, torch.ones(B, T))
+    assert [(c.level, c.batch, c.position) for c in res.culprits] == [("token", *cell)]
+    (tok,) = res.culprits
+    want_norm, want_share = exact(model, loss_fn, (B, T), [cell], total)
+    assert tok.grad_norm == pytest.approx(want_norm, rel=1e-4)
+    assert (tok.raw_share or tok.share) == pytest.approx(want_share, rel=1e-4)
+
+
+def test_the_hot_tokens_of_a_short_completion_are_named_not_the_completion(monkeypatch):
+    """An RL completion of 3 terms, 2 of them stale (ratio ~e^6), where the ranking's estimates do not
+    reach the completion's exact norm (``tests/examples/test_rl_grpo.py`` on an AVX-512 CPU: 306 + 98
+    against 773, so the whole completion was named): the completion's probe confirms it and its two
+    hot terms hold its share, so they are the answer, each with its exact norm and share."""
+    monkeypatch.setattr(levels, "hot_terms", lambda *a: [])
+    B, T, cells = 16, 3, [(9, 0), (9, 1)]
+    model, loss_fn = weighted(B, T, {cells[0]: 300.0, cells[1]: 120.0})
+    total = step_grad(model, loss_fn, (B, T))
+    res = gradloc_track.locate(model, loss_fn, torch.ones(B, T))
+    assert {(c.level, c.batch, c.position) for c in res.culprits} == {("token", *c) for c in cells}
+    for tok in res.culprits:
+        want_norm, want_share = exact(model, loss_fn, (B, T), [(tok.batch, tok.position)], total)
+        assert tok.grad_norm == pytest.approx(want_norm, rel=1e-4)
+        assert (tok.raw_share or tok.share) == pytest.approx(want_share, rel=1e-4)
