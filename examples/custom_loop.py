@@ -1,7 +1,7 @@
 """Your own training loop with gradloc-track: per-layer gradient norms, clipping (ZClip), spike
 detection, and the text that caused a spike, logged and printed.
 
-    python examples/custom_loop.py                    # files under runs/custom_loop/ (no server)
+    python examples/custom_loop.py                    # files under runs/custom_loop/<date>_<time> (no server)
     python examples/custom_loop.py --tracker mlflow   # ./mlflow.db; prints how to open the run
 
 A small GPT (bytes as tokens, dropout on) learns to complete 8 lines from their prompt (the first
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +26,7 @@ from gradloc_track.config import LocateConfig, TrackerConfig
 from gradloc_track.console import TrainConsole, closing_lines
 from gradloc_track.demo.data import ByteTokenizer
 from gradloc_track.demo.model import TinyGPT
+from gradloc_track.demo.out_dir import run_dir_for
 from gradloc_track.demo.threads import set_threads
 from gradloc_track.localizer import save_rng
 from gradloc_track.spikes import SpikeContext, SpikeDetector
@@ -65,7 +65,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--inject-at", type=int, default=100, help="the step with garbled targets (-1: none)")
     ap.add_argument("--tracker", default="none", choices=["none", "mlflow", "wandb"],
                     help="none: files in the run dir; mlflow: ./mlflow.db; wandb: W&B's own mode (WANDB_MODE)")
-    ap.add_argument("--out", default="runs/custom_loop", help="the run dir (artifacts, spool, run record)")
+    ap.add_argument("--out", default=None, help="the run dir (artifacts, spool, run record; default: a new "
+                    "runs/custom_loop/<date>_<time>)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: half the cores, at most 4)")
     return ap.parse_args(argv)
 
@@ -73,12 +74,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> list[int]:
     """Train; the steps the detector fired on."""
     args = parse_args(argv)
+    try:
+        out = run_dir_for(args.out, "custom_loop")  # a new dir per run (one run per run dir)
+    except ValueError as exc:
+        sys.exit(f"error: {exc}")
     set_threads(args.threads)
     torch.manual_seed(0)
     tokenizer = ByteTokenizer()
     model = TinyGPT(vocab_size=256, n_layer=2, n_head=2, d_model=64, max_seq_len=T, dropout=0.1)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    run_dir, name = Path(args.out), f"custom_loop seed=0 {time.strftime('%m-%d %H:%M:%S')}"  # apart in MLflow
+    run_dir, name = out, f"custom_loop seed=0 {time.strftime('%m-%d %H:%M:%S')}"  # apart in MLflow
     # ---
     console = TrainConsole(stream=sys.stdout)  # prints the spike block
     tracker = gradloc_track.make_tracker(TrackerConfig(kind=args.tracker), run_dir=run_dir, run_name=name)

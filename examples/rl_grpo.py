@@ -8,9 +8,12 @@ tokens has the sum of their gradients — what the localizer needs.
 
 At ``--inject-step`` one sampled response gets a stale behaviour log-prob (``old_logp - 6``), so
 its importance ratio is ~e^6: the GradMonitor's detector sees the spike and the localizer names
-that response's tokens, with advantage / ratio / log-prob columns in the attribution table.
+that response's tokens, with advantage / ratio / log-prob / old log-prob columns in the attribution
+table; the console's culprit line shows the ratio and both log-probs.
 
-    python examples/rl_grpo.py --steps 60 --inject-step 40 --tracker none --out-dir runs/rl
+    python examples/rl_grpo.py --steps 60 --inject-step 40 --tracker none
+
+The console is the script's stdout; each run writes to a new ``runs/rl_grpo/<date>_<time>``.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ from gradloc_track.config import LocateConfig, TrackerConfig
 from gradloc_track.console import TrainConsole, closing_lines
 from gradloc_track.demo.data import ByteTokenizer
 from gradloc_track.demo.model import TinyGPT
+from gradloc_track.demo.out_dir import run_dir_for
 from gradloc_track.demo.threads import set_threads
 from gradloc_track.spikes import SpikeContext, SpikeDetector
 from gradloc_track.trackers import make_tracker
@@ -83,7 +87,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--prompts", type=int, default=4, help="prompts per step")
     ap.add_argument("--group", type=int, default=8, help="responses per prompt (GRPO group)")
     ap.add_argument("--tracker", default="none", choices=["none", "mlflow", "wandb", "both"])
-    ap.add_argument("--out-dir", default="runs/rl_grpo")
+    ap.add_argument("--out-dir", default=None, help="the run dir (default: a new runs/rl_grpo/<date>_<time>)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: half the cores, at most 4)")
     return ap.parse_args(argv)
@@ -129,7 +133,7 @@ def inject_stale_logprobs(r: Rollout, behaviour: torch.Tensor, step: int) -> dic
     behaviour[k, PROMPT_LEN - 1:] -= 6.0
     injected = {"step": step, "sample": k, "positions": list(range(PROMPT_LEN - 1, behaviour.shape[1]))}
     print(f"step {step}: stale log-probs injected into response {k} ({r.answers[k]!r}), "
-          f"positions {injected['positions']}", file=sys.stderr)
+          f"positions {injected['positions']}", flush=True)
     return injected
 
 
@@ -172,7 +176,8 @@ def train(args, policy: TinyGPT, opt, monitor: GradMonitor, tracker, rng, gen) -
         opt.zero_grad(set_to_none=True)
         loss_fn(mask).backward()
         ctx = SpikeContext(loss_fn, mask, input_ids=y, tokenizer=TOK, rng_state=rng_state,
-                           extra_columns={"advantage": adv_bt, "ratio": cache["ratio"], "logprob": cache["logp"]},
+                           extra_columns={"advantage": adv_bt, "ratio": cache["ratio"], "logprob": cache["logp"],
+                                          "old_logprob": behaviour * mask},
                            sample_columns={"reward": r.rewards, "group": which // args.group,
                                            "index": which % args.group})
         stats = monitor.after_backward(step, spike_context=ctx)
@@ -189,11 +194,14 @@ def train(args, policy: TinyGPT, opt, monitor: GradMonitor, tracker, rng, gen) -
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    try:
+        out = args.out_dir = run_dir_for(args.out_dir, "rl_grpo")
+    except ValueError as exc:
+        sys.exit(f"error: {exc}")
     set_threads(args.threads)
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
-    out = Path(args.out_dir)
 
     policy = TinyGPT(vocab_size=256, n_layer=2, n_head=2, d_model=64, max_seq_len=PROMPT_LEN + RESP_LEN)
     pretrain(policy, args.pretrain_steps, rng)

@@ -13,8 +13,9 @@ and since its advantage is negative PPO's clip does not bound it. The callback s
 names that completion's tokens with their advantage, ratio, log-probs and the completion's reward,
 group and index, and writes the table, the highlight page (prompt and completion apart) and the
 heatmap into TRL's own MLflow run, beside TRL's ``reward``, ``kl``, ``clip_ratio`` metrics;
-the console block names it ``completion i of group g, reward r``. The only gradloc-track line is
-the callback.
+the console block names it ``completion i of group g, reward r`` with its ratio, log-prob and old
+log-prob. The only gradloc-track line is the callback. The console is the script's stdout; each run
+writes to a new ``runs/trl_grpo/<date>_<time>``.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import torch
 
 from gradloc_track.console import TrainConsole, closing_lines
 from gradloc_track.demo.extras import need
+from gradloc_track.demo.out_dir import run_dir_for
 from gradloc_track.demo.threads import set_threads
 from gradloc_track.trackers.quiet import quiet_backend_noise
 
@@ -84,7 +86,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--generations", type=int, default=4, help="num_generations (completions per prompt)")
     ap.add_argument("--completion-len", type=int, default=12)
     ap.add_argument("--report-to", default="mlflow", choices=["mlflow", "wandb", "none"])
-    ap.add_argument("--out", default="runs/trl_grpo")
+    ap.add_argument("--out", default=None, help="the run dir (default: a new runs/trl_grpo/<date>_<time>)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: half the cores, at most 4)")
     return ap.parse_args(argv)
 
@@ -92,6 +94,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None):
     args = parse_args(argv)
     need("transformers", "trl", "datasets", "tokenizers")  # pip install 'gradloc-track[examples]'
+    try:
+        args.out = run_dir_for(args.out, "trl_grpo")
+    except ValueError as exc:
+        sys.exit(f"error: {exc}")
     set_threads(args.threads)
     warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")  # their deprecations
     from datasets import Dataset
@@ -114,8 +120,9 @@ def main(argv: list[str] | None = None):
         os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{Path.cwd() / 'mlflow.db'}")
     callback = GradLocCallback(spikes={"warmup_steps": 15, "alpha": 0.9}, tokenizer=bpe,  # <- gradloc-track
                                run_dir=args.out)
+    callback.console = TrainConsole(stream=sys.stdout, rich=False)  # the block goes with the summary, to stdout
     config = GRPOConfig(
-        output_dir=args.out, per_device_train_batch_size=args.batch, num_generations=args.generations,
+        output_dir=str(args.out), per_device_train_batch_size=args.batch, num_generations=args.generations,
         max_completion_length=args.completion_len, num_iterations=2, loss_type=args.loss_type, max_steps=args.steps,
         learning_rate=1e-3, lr_scheduler_type="constant", logging_steps=1,
         report_to=[] if args.report_to == "none" else [args.report_to], save_strategy="no", use_cpu=True,
@@ -131,9 +138,9 @@ def main(argv: list[str] | None = None):
     trainer.train()
     if injected:
         print(f"injected: step {injected['step']}, sample {injected['sample']} (advantage "
-              f"{injected['advantage']:.3f}): {bpe.decode(injected['tokens'])!r}", file=sys.stderr)
+              f"{injected['advantage']:.3f}): {bpe.decode(injected['tokens'])!r}", flush=True)
     TrainConsole().summary(closing_lines(f"done: {args.steps} steps in {time.perf_counter() - t0:.0f} s",
-                                         callback.handle.spikes, Path(args.out)))
+                                         callback.handle.spikes, args.out))
     return callback, injected
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ A tiny random-init GPT-2 learns short documents (the alphabet from a random lett
 ``position_ids`` restart at every document). One document is mojibake (``â€™Ã©...``); its packed
 row is moved to step ``--inject-at``. The callback sees the spike and names the DOCUMENT inside
 the packed row (the ``document`` column of the token table, the console block, a block of its
-own on the highlight page), not the row, which holds several unrelated documents.
+own on the highlight page), not the row, which holds several unrelated documents. The console is the
+script's stdout; each run writes to a new ``runs/trl_sft_packing/<date>_<time>``.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import torch
 
 from gradloc_track.console import TrainConsole, closing_lines
 from gradloc_track.demo.extras import need
+from gradloc_track.demo.out_dir import run_dir_for
 from gradloc_track.demo.threads import set_threads
 from gradloc_track.trackers.quiet import quiet_backend_noise
 
@@ -78,7 +80,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-length", type=int, default=128, help="packed row length")
     ap.add_argument("--rows", type=int, default=2, help="per_device_train_batch_size (packed rows per step)")
     ap.add_argument("--report-to", default="mlflow", choices=["mlflow", "wandb", "none"])
-    ap.add_argument("--out", default="runs/trl_sft_packing")
+    ap.add_argument("--out", default=None, help="the run dir (default: a new runs/trl_sft_packing/<date>_<time>)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: half the cores, at most 4)")
     return ap.parse_args(argv)
 
@@ -86,6 +88,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None):
     args = parse_args(argv)
     need("transformers", "trl", "datasets", "tokenizers")  # pip install 'gradloc-track[examples]'
+    try:
+        args.out = run_dir_for(args.out, "trl_sft_packing")
+    except ValueError as exc:
+        sys.exit(f"error: {exc}")
     set_threads(args.threads)
     warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")  # their deprecations
     from datasets import Dataset
@@ -111,8 +117,9 @@ def main(argv: list[str] | None = None):
     # hundreds of steps)
     callback = GradLocCallback(spikes={"warmup_steps": 15, "alpha": 0.9, "ratio_thresh": 2.5},  # <- gradloc-track
                                tokenizer=bpe, run_dir=args.out)
+    callback.console = TrainConsole(stream=sys.stdout, rich=False)  # the block goes with the summary, to stdout
     config = SFTConfig(
-        output_dir=args.out, packing=True, max_length=args.max_length, per_device_train_batch_size=args.rows,
+        output_dir=str(args.out), packing=True, max_length=args.max_length, per_device_train_batch_size=args.rows,
         max_steps=args.steps, learning_rate=1e-2, lr_scheduler_type="constant", logging_steps=1,
         report_to=[] if args.report_to == "none" else [args.report_to], save_strategy="no",
         train_sampling_strategy="sequential", use_cpu=True, disable_tqdm=True, bf16=False, seed=0,
@@ -125,11 +132,11 @@ def main(argv: list[str] | None = None):
     trainer.remove_callback(PrinterCallback)  # Trainer's per-step dicts would bury the spike block
     print(f"injected: step {injected['step']}, document {injected['document']} "
           f"(positions {injected['start']}-{injected['end'] - 1} of the packed micro-batch): {MOJIBAKE!r}",
-          file=sys.stderr)
+          flush=True)
     t0 = time.perf_counter()
     trainer.train()
     TrainConsole().summary(closing_lines(f"done: {args.steps} steps in {time.perf_counter() - t0:.0f} s",
-                                         callback.handle.spikes, Path(args.out)))
+                                         callback.handle.spikes, args.out))
     return callback, injected
 
 if __name__ == "__main__":

@@ -32,8 +32,9 @@ BLOCK = re.compile(r"(<!-- snippet: (?P<name>[\w-]+) -->\n```(?P<lang>\w*)\n)(?P
 def normalize(text: str, root: Path) -> str:
     """Paths under the run's temporary root, MLflow ids, start times and durations as the docs write them."""
     text = text.replace(f"sqlite:///{root}/mlflow.db", "sqlite:///<your clone>/mlflow.db")
-    text = re.sub(re.escape(str(root)) + r"/runs/\d{4}-\d\d-\d\d_[\d_-]+", "runs/<date>", text)
     text = text.replace(str(root) + "/", "")
+    # Hydra's run dirs (runs/<stamp>) and the argparse examples' (runs/<example>/<stamp>)
+    text = re.sub(r"\b(runs/(?:[\w-]+/)?)\d{4}-\d\d-\d\d_[\d_-]+", r"\1<date>", text)
     text = re.sub(r"/#/experiments/\d+/", "/#/experiments/<id>/", text)
     text = re.sub(r"\b[0-9a-f]{32}\b", "<run id>", text)
     text = re.sub(r"\d\d-\d\d \d\d:\d\d:\d\d", "<time>", text)
@@ -135,15 +136,14 @@ def fresh_runs(base: Path) -> Runs:
 
 
 def run_trl_example(root: Path) -> tuple[str, Path]:
-    """``python examples/trl_grpo.py --report-to none --out <root>/runs/trl_grpo``: its console."""
+    """``python examples/trl_grpo.py --report-to none`` in ``root``: its console (run dir runs/trl_grpo/<date>)."""
     import os
     import subprocess
 
     root.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "trl_grpo.py"), "--report-to", "none", "--out",
-                           str(root / "runs" / "trl_grpo")], cwd=root, env=env, capture_output=True, text=True,
-                          timeout=900)
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "trl_grpo.py"), "--report-to", "none"], cwd=root,
+                          env=env, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
         raise AssertionError(f"trl_grpo.py failed:\n{proc.stderr[-3000:]}")
     return proc.stdout + proc.stderr, root

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -26,17 +27,31 @@ def test_hf_trainer_example_runs(tmp_path, monkeypatch):
 
 def test_hf_trainer_example_names_the_garbage_at_the_step_it_injected(tmp_path, capsys):
     """--inject-at 60 is the update Trainer logs as step 60 (its first is step 1): the block says step 60 (it
-    said 61), names the garbage's tokens in the second micro-batch with their share, and the summary counts
-    them the same way."""
+    said 61), names the garbage's tokens in the second micro-batch as text (the byte tokens decoded together,
+    not '\\xd9\\xe7...'), with their share, and the summary counts them the same way; all on stdout."""
     pytest.importorskip("transformers")
     callback = load("hf_trainer").main(["--steps", "61", "--report-to", "none", "--out", str(tmp_path / "hf")])
     assert [s.step for s in callback.handle.spikes] == [60]
-    err = capsys.readouterr().err
-    block = err[err.index("── spike at step 60"):err.index("done: 61 steps")]
-    garbage = r"'(\\x[0-9a-f]{2}){6}'"  # 6 bytes of invalid UTF-8, as ByteTokenizer decodes them
-    assert re.search(r"culprits   micro-batch 1, sample 1, tokens 0-5: " + garbage + r"  \(\d+% of the batch", block)
-    assert re.search(r"  step 60: 1 sample \(6 tokens\): micro-batch 1, sample 1, tokens 0-5", err)
-    assert f"gradloc-track report {tmp_path / 'hf'}" in err
+    out = capsys.readouterr().out
+    block = out[out.index("── spike at step 60"):out.index("done: 61 steps")]
+    assert re.search(r"culprits   micro-batch 1, sample 1, tokens 0-7: '\u00e2\u20ac\u2122'  \(\d+% of the", block)
+    assert "\\x" not in block
+    assert re.search(r"  step 60: 1 sample \(8 tokens\): micro-batch 1, sample 1, tokens 0-7", out)
+    assert f"gradloc-track report {tmp_path / 'hf'}" in out
+
+
+def test_each_example_run_gets_a_run_dir_of_its_own(tmp_path, monkeypatch, capsys):
+    """Two runs of the same example line never share a run dir: the default is a new runs/<example>/<date>_<time>,
+    and an --out that holds a run already is refused, naming the fix (it was silently taken over)."""
+    from gradloc_track.demo.out_dir import run_dir_for
+
+    monkeypatch.chdir(tmp_path)
+    first, second = run_dir_for(None, "hf_trainer"), run_dir_for(None, "hf_trainer")
+    assert first != second and first.parent == second.parent == Path("runs/hf_trainer")
+    example = load("custom_loop")
+    example.main(["--steps", "2", "--inject-at", "-1", "--out", str(tmp_path / "mine")])
+    with pytest.raises(SystemExit, match="holds a run already"):
+        example.main(["--steps", "2", "--inject-at", "-1", "--out", str(tmp_path / "mine")])
 
 
 def test_lightning_example_runs(tmp_path):

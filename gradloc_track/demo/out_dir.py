@@ -1,0 +1,44 @@
+"""Each example run gets a run dir of its own, as the Hydra app's do.
+
+``examples/train_lm.py`` writes under ``runs/<date>_<time>_<µs>`` (Hydra's run dir); the argparse
+examples did write to a fixed ``runs/<example>``, so ``hf_trainer.py --report-to none`` and its MLflow
+variant shared one dir and the second run took the first one's files and run record over.
+``run_dir_for(out, "hf_trainer")``: ``--out`` as given (refused when it already holds a run), else
+``runs/hf_trainer/<date>_<time>_<µs>``, new on every start.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+
+_last: list[str] = [""]  # the previous stamp of this process: two calls in one microsecond differ too
+
+
+def stamp() -> str:
+    """``2026-11-25_17-39-28_885223``: the form of Hydra's run dirs (microseconds: two starts in one
+    second get two dirs)."""
+    while True:
+        now = time.time()
+        out = time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(now)) + f"_{int(now % 1 * 1e6):06d}"
+        if out != _last[0]:
+            _last[0] = out
+            return out
+        time.sleep(1e-5)
+
+
+def run_dir_for(out: str | Path | None, example: str, base: str | Path = "runs") -> Path:
+    """The run dir of one example run: ``out`` when given and free, else a new ``<base>/<example>/<stamp>``.
+    An ``out`` that holds a run already raises ``ValueError`` naming the fix (one run per run dir)."""
+    from ..run_dirs import is_run_dir
+
+    if out is None:
+        while True:  # another process may have started in the same microsecond
+            path = Path(base) / example / stamp()
+            if not path.exists():
+                return path
+    path = Path(out)
+    if is_run_dir(path):
+        raise ValueError(f"--out {path} holds a run already (one run per run dir): pass a new folder, or leave "
+                         f"--out out for a new runs/{example}/<date>_<time> dir")
+    return path
