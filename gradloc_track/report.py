@@ -228,16 +228,32 @@ def load_table(path: str | Path, notes: list[str]) -> dict:
     return {"columns": [str(c) for c in cols], "data": rows}
 
 
+def wandb_tables(media: Path, kind: str) -> list[Path]:
+    """A W&B run's files of table ``spikes/<kind>`` (``kind``: tokens | events): its cumulative
+    ``<key>_all`` table (logged once, at ``finish``), else (a run that never finished) each event's,
+    in step order. Never "the largest file": one event's table can outnumber a cumulative one whose
+    damaged rows were left out."""
+    tables = [t for t in (media / "table").rglob("*.table.json") if kind in t.name]
+    if kind == "tokens":
+        tables = [t for t in tables if "events" not in t.name]
+    whole = [t for t in tables if f"{kind}_all_" in t.name]
+    return sorted(whole, key=_wandb_table_step)[-1:] if whole else sorted(tables, key=_wandb_table_step)
+
+
+WANDB_TABLE = re.compile(r"_(\d+)_[0-9a-f]+\.table\.json$")
+
+
+def _wandb_table_step(p: Path) -> tuple[int, str]:
+    m = WANDB_TABLE.search(p.name)
+    return (int(m.group(1)) if m else -1, p.name)
+
+
 def _events(src: ReportSource) -> tuple[dict, dict[int, str], dict[int, bytes]]:
     """(table, step -> page html, step -> png bytes) from either file layout."""
     notes = src.notes
     if src.layout == "wandb":
         media = src.root / "media"
-        tables = sorted((media / "table").rglob("*.table.json"))
-        tables = [t for t in tables if "events" not in t.name]
-        tables = [t for t in tables if "tokens" in t.name] or tables
-        loaded = [load_table(t, notes) for t in tables]
-        table = max(loaded, key=lambda t: len(t["data"]), default={"columns": [], "data": []})  # the cumulative one
+        table = merge_tables(load_table(t, notes) for t in wandb_tables(media, "tokens"))
         pages: dict[int, str] = {}
         html_files = sorted((media / "html").rglob("*.html"), key=_wandb_step)
         order = []
@@ -262,9 +278,7 @@ def _event_table(src: ReportSource) -> dict:
     """Table ``spikes/events``: one row per detected spike (``artifacts.events``), localized or not."""
     notes = src.notes
     if src.layout == "wandb":
-        tables = [load_table(t, notes) for t in sorted((src.root / "media" / "table").rglob("*.table.json"))
-                  if "events" in t.name]
-        return max(tables, key=lambda t: len(t["data"]), default={"columns": [], "data": []})  # the cumulative
+        return merge_tables(load_table(t, notes) for t in wandb_tables(src.root / "media", "events"))
     return merge_tables(load_table(p, notes) for p in table_parts(src.root, "spikes/events"))
 
 

@@ -161,7 +161,8 @@ def group_key(row: dict, by: str) -> Any:
 
 def check_by(ledger: Ledger, by: str) -> None:
     """A clear error for a ``--by`` that no run has."""
-    known = {k for r in ledger.rows for k in r} | {"token", *BUCKETED}
+    known = {k for r in ledger.rows for k in r} | set(ledger.metadata) | {"token", *BUCKETED}  # (a column
+    # whose every row was left out as damaged is still the runs' column: grouped, it has no group)
     if by not in known:
         raise KeyError(f"--by {by!r}: no run's culprit table has that column; use one of "
                        f"{', '.join(sorted(known - {'run'}))}")

@@ -3,8 +3,8 @@
 A culprit table is JSON a person can edit (or a disk can damage). A row whose ``share`` is
 ``"abc"``, whose step is no integer or whose position is a list would crash the sums and sorts
 of ``aggregate``; such a row is left out instead, with one note per file naming the file, how
-many rows and the first bad cell. The user's own columns are not checked: they are shown, not
-computed with.
+many rows, and each row's bad cell (the first ``NAMED`` of them). The user's own columns are not
+checked: they are shown, not computed with.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 
 
 NONE = type(None)
+NAMED = 5  # bad rows named in a note (the rest counted)
 #: column -> (the types its cells may have, what it must be); a share must also be finite
 CHECKS: dict[str, tuple[tuple[type, ...], str]] = {
     "step": ((int,), "an integer"),
@@ -24,9 +25,24 @@ CHECKS: dict[str, tuple[tuple[type, ...], str]] = {
 }
 
 
+def _finite(v: Any) -> bool:
+    """``math.isfinite`` that says False for an integer too large for a float (10**400)."""
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
+
+
+def _sum_finite(values: Any) -> bool:
+    try:
+        return math.isfinite(sum(values))
+    except OverflowError:  # a float plus an integer too large for one
+        return False
+
+
 def _ok(column: str, v: Any) -> bool:
     """``type``, not ``isinstance``: a bool is no step."""
-    return type(v) in CHECKS[column][0] and (column != "share" or v is None or math.isfinite(v))
+    return type(v) in CHECKS[column][0] and (column != "share" or v is None or _finite(v))
 
 
 def _tests(cols: list[str]) -> list[tuple[int, str]]:
@@ -40,7 +56,7 @@ def rows_ok(table: dict[str, Any]) -> bool:
     for j, c in _tests(table.get("columns", [])):
         if not {type(r[j]) for r in data} <= set(CHECKS[c][0]):
             return False
-        if c == "share" and not math.isfinite(sum(r[j] for r in data if r[j] is not None)):
+        if c == "share" and not _sum_finite(r[j] for r in data if r[j] is not None):
             return False  # a NaN or an infinity somewhere (or an overflow: the slow path tells)
     return True
 
@@ -52,16 +68,17 @@ def checked_rows(table: dict[str, Any], where: str, notes: list[str]) -> dict[st
     if rows_ok(table):
         return {"columns": cols, "data": data}
     tests = _tests(cols)
-    keep, bad, first = [], 0, ""
+    keep, bad, named = [], 0, []
     for i, row in enumerate(data):
         wrong = next(((c, row[j]) for j, c in tests if not _ok(c, row[j])), None)
         if wrong is None:
             keep.append(row)
             continue
         bad += 1
-        if not first:
+        if len(named) < NAMED:
             c, v = wrong
-            first = f"row {i}: {c}={v!r:.60} is not {CHECKS[c][1]}"
+            named.append(f"row {i}: {c}={v!r:.60} is not {CHECKS[c][1]}")
     if bad:
-        notes.append(f"{where}: {bad} row(s) left out ({first}; a hand-edited or damaged file?)")
+        more = [f"+{bad - len(named)} more"] if bad > len(named) else []
+        notes.append(f"{where}: {bad} row(s) left out ({'; '.join(named + more)}; a hand-edited or damaged file?)")
     return {"columns": cols, "data": keep}

@@ -11,6 +11,10 @@ carrying the framework's step metric (``step_key``); the user's own ``wandb.run`
 media at ``gradloc/media_step`` (``wandb_shared``).
 Tables: one small table per event at its step; the cumulative ``<key>_all`` table is logged
 ONCE, at ``finish`` (re-logging it per event grows the run quadratically).
+W&B types each table column by its first rows and refuses a row with a cell of another type (a
+user's list-valued ``sample_id``, a hand-made ``share``): our tables allow mixed types, so one odd cell
+never keeps a spike's table (and, after it, every record: the writer takes the error for an outage)
+from W&B; the readers (``ledger/rows``) leave such a row out, named.
 Files: names W&B reserves for itself in a run's files (``config.yaml``, ...) are saved under
 ``gradloc-<name>``.
 """
@@ -157,7 +161,10 @@ class WandbTracker(Tracker):
         cols, all_rows = self._tables.setdefault(key, (list(columns), []))
         if list(columns) == cols:
             all_rows.extend(rows)
-        self._log({key: self.wandb.Table(columns=list(columns), data=rows)}, step, media=True)
+        self._log({key: self._table(list(columns), rows)}, step, media=True)
+
+    def _table(self, columns: list[str], rows: list[list[Any]]) -> Any:
+        return self.wandb.Table(columns=columns, data=rows, allow_mixed_types=True)
 
     def log_html(self, key, html, step=None) -> None:
         self._log({key: self.wandb.Html(html, inject=False)}, step, media=True)
@@ -187,7 +194,7 @@ class WandbTracker(Tracker):
         last = None if self.shared is not None else max(self._step, 0)  # (the user's run: in any row)
         for key, (cols, rows) in self._tables.items():
             if rows:  # the whole table once, logged with the last step
-                self._log({f"{key}_all": self.wandb.Table(columns=cols, data=rows)}, last, media=True)
+                self._log({f"{key}_all": self._table(cols, rows)}, last, media=True)
         if self.shared is not None:
             self.shared.finish()
         if self.attached:  # never finish a run we did not open

@@ -18,8 +18,26 @@ def test_good_rows_pass_and_bad_cells_are_named():
     kept = checked_rows(table, "spikes/tokens/step_000001.json", notes)
     assert kept["data"] == [GOOD, [2, None, None, None, None, None, None]]  # the user's column is never checked
     assert notes == ["spikes/tokens/step_000001.json: 6 row(s) left out (row 1: step=True is not an integer; "
-                     "a hand-edited or damaged file?)"]
+                     "row 2: share='abc' is not a finite number; row 3: share=nan is not a finite number; row 4: "
+                     "position=2.5 is not an integer; row 5: level=['level'] is not a string; +1 more; a hand-edited "
+                     "or damaged file?)"]
     one: list[str] = []
     checked_rows({"columns": COLS, "data": [[1, "token", "abc"] + GOOD[3:]]}, "p.json", one)
     assert one == ["p.json: 1 row(s) left out (row 0: share='abc' is not a finite number; a hand-edited or damaged "
                    "file?)"]
+
+
+def test_an_integer_too_large_for_a_float_is_a_bad_share_not_a_crash():
+    table = {"columns": COLS, "data": [GOOD, [1, "token", 10 ** 400] + GOOD[3:]]}
+    notes: list[str] = []
+    assert not rows_ok(table) and checked_rows(table, "p.json", notes)["data"] == [GOOD]
+    assert "row 1: share=1000" in notes[0] and "is not a finite number" in notes[0]
+
+
+def test_every_bad_row_is_named_up_to_a_few():
+    bad = [[1, "token", "abc"] + GOOD[3:], [1, "token", 0.1, "3"] + GOOD[4:], [1, "token", math.inf] + GOOD[3:]]
+    notes: list[str] = []
+    checked_rows({"columns": COLS, "data": [GOOD, *bad] + [bad[0]] * 6}, "p.json", notes)
+    assert notes == ["p.json: 9 row(s) left out (row 1: share='abc' is not a finite number; row 2: position='3' is "
+                     "not an integer; row 3: share=inf is not a finite number; row 4: share='abc' is not a finite "
+                     "number; row 5: share='abc' is not a finite number; +4 more; a hand-edited or damaged file?)"]

@@ -129,3 +129,37 @@ def test_a_wandb_run_reached_by_its_run_dir_and_its_wandb_folder_is_one_run(tmp_
     view = read_run_views(run)["wandb"]
     doc = ledger(tmp_path, run, view["dir"])
     assert doc["run_ids"] == [f"wandb:{view['path'].rsplit('/', 1)[-1]}"] and doc["spike_events"] == 1
+
+
+def test_one_bad_cell_in_a_wandb_run_drops_one_row_named(tmp_path, capsys, monkeypatch):
+    """W&B refuses a table whose column mixes types: the run's table must still reach it whole, and the
+    ledger then leaves out the bad rows only, each named, every event kept (and --by still works)."""
+    from gradloc_track.config import TrackerConfig
+    from gradloc_track.trackers import make_tracker
+
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-root"))
+    run = tmp_path / "runs" / "w"
+    tracker = make_tracker(TrackerConfig(kind="wandb"), run_dir=run)
+    good = [[s, "token", "x", 0.5, 0, 3, 4, f"{s:016x}", "web"] for s in (100, 200, 300)]
+    bad = {100: [100, "token", "y", "abc", 1, 3, 4, "b" * 16, "web"],
+           200: [200, "token", "y", 0.2, 1, 3, 4, ["c" * 16], "web"],
+           300: ["300", "token", "y", 0.2, 1, 3, 4, SID, "web"]}
+    for row in good:
+        tracker.log_metrics({"loss": 1.0}, row[0])
+        tracker.log_table("spikes/tokens", COLS, [row, bad[row[0]]], row[0])
+    tracker.finish("success")
+    assert main(["culprits", str(run), "--by", "source", "-o", str(tmp_path / "ledger")]) == 0
+    doc = json.loads((tmp_path / "ledger" / "culprits.json").read_text())
+    assert doc["spike_events"] == 3 and sorted(s["sample_id"] for s in doc["samples"]) == [
+        f"{s:016x}" for s in (100, 200, 300)]
+    notes = " | ".join(doc["notes"])
+    assert all(f in notes for f in ("share='abc' is not a finite number", "sample_id=['cccccccccccccccc'] is not a "
+                                    "string", "step='300' is not an integer")), notes
+    assert "source web caused 3 of 3 spike(s)" in capsys.readouterr().out
+
+
+def test_by_a_column_every_row_of_which_was_left_out_says_so(tmp_path, capsys):
+    a = run_dir(tmp_path, "a", [[100, "token", "x", "abc", 0, 3, 4, SID, "web"]])
+    assert main(["culprits", str(a), "--by", "source", "-o", str(tmp_path / "ledger")]) == 0
+    out = capsys.readouterr()
+    assert "no run's culprit table has that column" not in out.err and "1 row(s) left out" in out.err
