@@ -1,7 +1,8 @@
 """``gradloc-track culprits``: the ledger across runs, from the command line.
 
 Exit status: 0 when the ledger was written (and, with ``--log-to``, delivered); 2 when a source
-cannot be read or yields no run, or an option is wrong; 1 when ``--log-to`` could not deliver
+cannot be read or yields no run, when no run read has a culprit table (every one logged no spike:
+an empty ledger would read as "nothing went wrong"), or an option is wrong; 1 when ``--log-to`` could not deliver
 the ledger run (its records are in the spool: the message names the ``replay`` command).
 """
 from __future__ import annotations
@@ -86,6 +87,10 @@ def run(args: argparse.Namespace) -> int:
         return _fail(exc.args[0] if isinstance(exc, KeyError) else str(exc))
     for note in v.ledger.notes:
         print(f"{PROG}: note: {visible_text(note)}", file=sys.stderr)
+    if not v.ledger.runs:
+        return _fail(f"no run in {' '.join(map(str, args.sources))} has a culprit table (see the notes above); "
+                     "nothing was written. Pass runs that logged spike events (the console's 'spike at step' lines "
+                     "name their run dirs)")
     try:
         files = write_files(out, v)
     except OSError as exc:

@@ -77,8 +77,19 @@ def test_a_run_with_no_spike_is_a_note_not_an_error(tmp_path, capsys):
     quiet = tmp_path / "runs" / "quiet"
     quiet.mkdir(parents=True)
     (quiet / "metrics.jsonl").write_text('{"step": 0, "metrics": {}}\n')
+    loud = run_dir(tmp_path, "runs/loud", [[100, "token", "x", 0.5, 0, 3, 4, SID, "web"]])
     doc = ledger(tmp_path, tmp_path / "runs")
-    assert doc["runs"] == [] and any("no spike events" in n for n in doc["notes"])
+    assert doc["run_ids"] == [str(loud.resolve())] and any("no spike events" in n for n in doc["notes"])
+
+
+def test_sources_with_no_run_to_read_are_status_2_and_write_nothing(tmp_path, capsys):
+    quiet = tmp_path / "runs" / "quiet"
+    quiet.mkdir(parents=True)
+    (quiet / "metrics.jsonl").write_text('{"step": 0, "metrics": {}}\n')
+    ledger(tmp_path, tmp_path / "runs", code=2)
+    err = capsys.readouterr().err
+    assert "quiet: no spike events" in err and "has a culprit table" in err and "nothing was written" in err
+    assert not (tmp_path / "ledger").exists()
 
 
 def test_damaged_rows_and_parts_are_left_out_naming_the_file(tmp_path, capsys):
