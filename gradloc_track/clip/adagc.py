@@ -42,6 +42,7 @@ import torch
 from ..config._validate import check, in_unit_interval, integer, one_of, positive
 from ..config.clip import growing_lambda_rel, small_eps
 from ..norms import all_reduce_sq_norms, sq_norms
+from .checkpoint import check_state
 from .clipper import Clipper
 
 ADAGC_MODES = ("tensor", "shard", "global")
@@ -161,10 +162,12 @@ class AdaGC(Clipper):
         self.seen = self.seen | ok
 
     def state_dict(self) -> dict[str, Any]:
-        return {"steps": self.steps, "gamma": self.gamma.detach().clone(), "seen": self.seen.clone(),
-                "names": list(self.names), "mode": self.mode, "saturation": self.saturation.state_dict()}
+        return {"kind": type(self).kind, "steps": self.steps, "gamma": self.gamma.detach().clone(),
+                "seen": self.seen.clone(), "names": list(self.names), "mode": self.mode,
+                "saturation": self.saturation.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_state(self, state)
         if state.get("names", self.names) != self.names:
             raise ValueError("AdaGC.load_state_dict: the checkpoint's parameter names differ from the model's")
         check(state.get("mode", "tensor") == self.mode, "AdaGC.mode", self.mode,

@@ -26,6 +26,7 @@ import torch
 
 from ..config._validate import one_of
 from ..norms import global_sq_norms, trainable_params
+from .checkpoint import check_state
 from .handoff import StepHandoff
 from .saturation import ClipSaturation
 
@@ -197,9 +198,10 @@ class Clipper(StepHandoff):
         pass
 
     def state_dict(self) -> dict[str, Any]:
-        return {"steps": self.steps, "saturation": self.saturation.state_dict()}
+        return {"kind": type(self).kind, "steps": self.steps, "saturation": self.saturation.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_state(self, state)
         self.steps = int(state["steps"])
         self.saturation.load_state_dict(state.get("saturation"))
 

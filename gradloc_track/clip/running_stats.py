@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from .checkpoint import check_state
+
 
 class WarmupEma:
     def __init__(self, warmup: int, alpha: float, shape: tuple[int, ...], device: torch.device) -> None:
@@ -88,9 +90,11 @@ class WarmupEmaState:
         return not self.stats.maybe_ready
 
     def state_dict(self) -> dict[str, Any]:
-        return {"steps": self.steps, "stats": self.stats.state_dict(), "saturation": self.saturation.state_dict()}
+        return {"kind": type(self).kind, "steps": self.steps, "stats": self.stats.state_dict(),
+                "saturation": self.saturation.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_state(self, state)
         self.steps = int(state["steps"])
         self.stats.load_state_dict(state["stats"])
         self.saturation.load_state_dict(state.get("saturation"))

@@ -151,3 +151,26 @@ def test_no_degenerate_stream_poisons_a_clipper(name, on_nonfinite, seed):
     if name != "none":
         thr = res.threshold_t
         assert torch.isfinite(thr).all() and (thr > 0).all(), thr
+
+
+@pytest.mark.parametrize("wrote, reads", [("adagc", "zclip"), ("zclip", "adagc"), ("layerclip", "zclip"),
+                                          ("zclip", "layerclip"), ("adagc", "global"), ("global", "zclip")])
+@pytest.mark.parametrize("old", [False, True], ids=["now", "without_kind"])
+def test_a_checkpoint_of_another_clipper_is_an_error_naming_both(wrote, reads, old):
+    """An AdaGC checkpoint loaded into ZClip was ``KeyError: 'stats'``; LayerClip's into ZClip loaded
+    statistics of the wrong shape. Checkpoints without a ``kind`` (before it was written) are told
+    apart by their keys."""
+    from gradloc_track.config import ConfigError
+
+    state = CLIPPERS[wrote](model3(), "skip").state_dict()
+    if old:
+        state.pop("kind")
+    with pytest.raises(ConfigError, match=rf"holds a {wrote} clipper's state.*clip={wrote}"):
+        CLIPPERS[reads](model3(), "skip").load_state_dict(state)
+
+
+@pytest.mark.parametrize("name", list(CLIPPERS))
+def test_a_clippers_own_checkpoint_loads(name):
+    first = CLIPPERS[name](model3(), "skip")
+    CLIPPERS[name](model3(), "skip").load_state_dict(first.state_dict())
+    assert first.state_dict()["kind"] == type(first).kind
