@@ -49,6 +49,10 @@ global term count, the same for equal counts per rank; see ``_gradloc``). The ad
 threshold (``None``) is taken over every rank's terms. ``grad_scale`` (a clipper's per-tensor
 coefficients, identical on every rank) scales the probes' sum in the step check, as in one process.
 
+Non-finite steps. When the probes' sum is NaN/Inf on any rank (agreed by the check of the first
+probe), every rank runs the non-finite search instead (``dist_nonfinite``): the rank, micro-batch,
+sample and tokens that made it so, found by ``isfinite`` of agreed probes, the same on every rank.
+
 Failures. A rank-local failure during the search (``loss_fn`` raising, an OOM copying a probe's
 gradient or saving the gradients) is agreed on before the next collective (``dist_failure``):
 every rank raises ``LocateAborted`` together, restored, in step with its peers.
@@ -67,12 +71,14 @@ from ..grouping import LayerGrouping
 from ..norms import reduce_over_shards, trainable_params
 from . import levels, step_check
 from .dist_failure import aborted, attempt, describe
+from .dist_nonfinite import as_result as nonfinite_result
 from .dist_probe import DistProber, DistSnapshot, GlobalHits, GlobalView, PieceView
 from .dist_terms import GlobalTerms, PieceNorm, gather_terms
 from .driver import budget_note
 from .ghost import GhostMap
 from .gradloc import token_stage
 from .inputs import SearchOptions, check_inputs
+from .nonfinite import NonfiniteStep
 from .probe import Grads, Prober, restore_rng
 from .result import LocateResult, floor_rows
 from .search import adaptive_tau, auto, bisect, prune_level, term_scores
@@ -178,21 +184,14 @@ def _ghost_pass(prober: DistProber, model, group_by: str, docs: list | None):
     return total, maps, names, pieces
 
 
-# the non-finite search (``nonfinite.py``) runs in one process only: its isfinite halving is not yet
-# a collective, so every rank stops alike (after one all_gather) and says so
-NOT_SEARCHED = ("the batch's gradient is not finite (NaN/Inf): under torch.distributed the non-finite search (which "
-                "samples made it NaN/Inf) is not run, every rank stops alike and the step is skipped; to name the "
-                "samples, call locate() in one process on the step's batch (docs/forensics.md, non-finite steps)")
-
-
 def _check_synchronized(prober: DistProber, total: Grads) -> float:
     """A model without DDP/FSDP2 gives each rank its own gradient: the ranks' searches would then
     diverge. Checked once, on the full gradient's squared norm (identical when synchronized); a
-    non-finite gradient stops every rank alike."""
+    non-finite gradient sends every rank alike to the non-finite search (``NonfiniteStep``)."""
     sq = float(prober.sq_per_tensor(total).sum())  # host sync: once per localization
     every = _gather(sq, prober.group)
     if not all(math.isfinite(v) for v in every):
-        raise FloatingPointError(NOT_SEARCHED)
+        raise NonfiniteStep([], total)
     if len(set(every)) > 1:
         raise ValueError(f"the gradient differs across ranks after backward (squared norms {every}): locate() "
                          "under torch.distributed needs the model wrapped in DistributedDataParallel or "
@@ -339,10 +338,15 @@ def _search(model, step: LocateStep, inp: _Inputs, options: SearchOptions, group
     extra = len(inp.fns) + 2 * world if options.method == "gradloc" else 0
     prober = DistProber([p for _, p in named], inp.fns, inp.masks, rngs, options.budget + extra, grouping, rank,
                         group)
-    if options.method == "gradloc":
-        found = _gradloc(prober, options.threshold, options.budget, inp.labelled)
-    else:
-        found = _levels(prober, model, inp, options)
+    try:
+        if options.method == "gradloc":
+            found = _gradloc(prober, options.threshold, options.budget, inp.labelled)
+        else:
+            found = _levels(prober, model, inp, options)
+    except NonfiniteStep as step_nf:  # NaN/Inf on any rank: which samples, by isfinite, on every rank alike
+        result = nonfinite_result(prober, step_nf.total, options.method, inp.labelled, inp.docs, grouping.names)
+        restore_rng(snap.rng)
+        return result
     notes = found.notes
     check = step_check.check_step(prober, found.total, Reference(snap.grads_for(prober.params), inp.scale),
                                   reduce=lambda v: reduce_over_shards(v, prober.params), explain=False)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -58,6 +59,7 @@ class NonfiniteSample:
     grad: str = "NaN"  # its probe's gradient: "NaN", "Inf" or "finite" ("?" when the budget ran out)
     grad_norm: float = math.nan
     terms: tuple[int, ...] = ()  # positions of its non-finite terms (empty: not narrowed)
+    rank: int | None = None  # the process holding it (None: not a distributed search)
 
 
 @dataclass(frozen=True)
@@ -110,9 +112,20 @@ class _MicroBatch:
     all_bad: bool = False  # non-finite with no term kept
 
 
+def _same(i: int, u: NonfiniteSample) -> NonfiniteSample:
+    return u
+
+
 class _Search:
-    def __init__(self, prober: Prober, labelled: bool, documents: list | None) -> None:
+    """The search's state over one prober. ``inspect``: ``inspect`` or, under torch.distributed, its
+    value agreed by every rank; ``place(i, sample)``: a sample named in micro-batch ``i``, in the
+    caller's numbering (its rank and own row under torch.distributed; itself in one process)."""
+
+    def __init__(self, prober: Prober, labelled: bool, documents: list | None,
+                 inspect: Callable[[Grads], tuple[str, float]] = inspect,
+                 place: Callable[[int, NonfiniteSample], NonfiniteSample] = _same) -> None:
         self.prober, self.labelled = prober, labelled
+        self.inspect, self.place = inspect, place
         self.docs = documents or [None] * prober.k
         # (i, row, document) -> (state, norm, largest element) of the sample's own probe
         self.single: dict[tuple, tuple[str, float, float]] = {}
@@ -122,7 +135,7 @@ class _Search:
     def state(self, i: int, terms: list[tuple[int, int]]) -> tuple[str, float, float]:
         """(``grad_state``, norm, largest finite element) of the probe keeping ``terms``."""
         g = self.prober.probe_terms(i, terms)
-        state, amax = inspect(g)
+        state, amax = self.inspect(g)
         out = state, self.prober.norm(g), amax
         del g
         return out
@@ -141,7 +154,7 @@ class _Search:
             except ValueError:  # loss_fn(zeros) holds no graph: nothing reaches the gradient
                 self.empty[i] = False
             else:
-                self.empty[i] = grad_state(g) != "finite"
+                self.empty[i] = self.inspect(g)[0] != "finite"
         return self.empty[i]
 
     def halve(self, i: int, items: list, terms_of, cap: int | None = None) -> tuple[list, list[list], bool]:
@@ -186,8 +199,13 @@ class _Search:
                 self.exhausted = True
                 self.single[key] = ("?", math.nan, math.nan)
         state, norm, _ = self.single[key]
-        return NonfiniteSample(u.batch, i if self.labelled else None, u.document, u.start, u.end, len(u.terms),
-                               tmap.loss(u), state, norm, terms)
+        return self.place(i, NonfiniteSample(u.batch, i if self.labelled else None, u.document, u.start, u.end,
+                                             len(u.terms), tmap.loss(u), state, norm, terms))
+
+    def label(self, i: int, u: Segment) -> str:
+        """``words.label`` of a sample (a ``Segment`` of micro-batch ``i``), placed."""
+        p = self.place(i, NonfiniteSample(u.batch, i if self.labelled else None, u.document))
+        return words.label(p.batch, p.micro_batch, p.document, p.rank)
 
 
 class TermMap:
@@ -265,17 +283,20 @@ def search(prober: Prober, step: NonfiniteStep, labelled: bool, documents: list 
     except BudgetExhausted:
         s.exhausted = True
     sums = [(i, S) for i, mb in zip(bad_mbs, found) for S in mb.sums]
-    sum_text = _sum_detail(s, sums, step.total, names) if sums else ""
-    return _finding(s, found, sum_text, step.total, names, start)
+    sum_text = _sum_detail(s, sums, _overflow(step.total, names)) if sums else ""
+    return _finding(s, found, sum_text, start)
 
 
-def _finding(s: _Search, found: list[_MicroBatch], sum_text: str, total: Grads, names: list[str],
-             start: int) -> NonfiniteFinding:
+def _finding(s: _Search, found: list[_MicroBatch], sum_text: str, start: int,
+             extra: tuple[str, ...] = ()) -> NonfiniteFinding:
+    """The finding from the micro-batches' searches; ``extra``: sentences a caller adds (under
+    torch.distributed: the ranks whose forward gives a non-finite loss)."""
     named = [u for mb in found for u in mb.named]
     all_bad = any(mb.all_bad for mb in found)
     parts = [words.sample_sentence(u) for u in named]
     if all_bad:
         parts.append(words.ALL_BAD_NAMED if named else words.ALL_BAD)
+    parts += list(extra)
     if sum_text:
         parts.append(sum_text)
     if s.exhausted:
@@ -312,16 +333,19 @@ def _bad_weights(prober: Prober, names: list[str]) -> str:
     return words.bad_weights(bad) if bad else ""
 
 
-def _overflow(total: Grads, names: list[str]) -> tuple[str, float, str]:
-    """(the dtype the sum overflows, its max, the tensors that overflowed)."""
-    bad = [(n, t.dtype) for n, t in zip(names, total) if not bool(torch.isfinite(t).all())]  # host sync per tensor
+def _overflow(total: Grads, names: list[str], finite: list[bool] | None = None) -> tuple[str, float, str]:
+    """(the dtype the sum overflows, its max, the tensors that overflowed); ``finite``: each tensor's
+    flag when the caller has it (agreed by every rank under torch.distributed)."""
+    if finite is None:
+        finite = [bool(torch.isfinite(t).all()) for t in total]  # host sync per tensor
+    bad = [(n, t.dtype) for n, t, ok in zip(names, total, finite) if not ok]
     dtype = bad[0][1] if bad else total[0].dtype
     return str(dtype).replace("torch.", ""), torch.finfo(dtype).max, words.names([n for n, _ in bad])
 
 
-def _sum_detail(s: _Search, sums: list[tuple[int, list[Segment]]], total: Grads, names: list[str]) -> str:
+def _sum_detail(s: _Search, sums: list[tuple[int, list[Segment]]], overflow: tuple[str, float, str]) -> str:
     """Each sample of an overflowing sum probed alone (at most ``MAX_SUM_PROBES``): the largest norm
-    and element against the dtype's max."""
+    and element against the dtype's max; ``overflow``: ``_overflow``'s answer."""
     best, probed = (0.0, 0.0, None), 0
     try:
         for i, S in sums:
@@ -341,9 +365,8 @@ def _sum_detail(s: _Search, sums: list[tuple[int, list[Segment]]], total: Grads,
     alone = ""
     if best[2] is not None:
         i, u = best[2]
-        alone = words.largest_alone(seen, words.label(u.batch, i if s.labelled else None, u.document), *best[:2])
-    return words.sum_overflow(sum(len(S) for _, S in sums), *_overflow(total, names),
-                              sorted({len(S) for _, S in sums}), alone)
+        alone = words.largest_alone(seen, s.label(i, u), *best[:2])
+    return words.sum_overflow(sum(len(S) for _, S in sums), *overflow, sorted({len(S) for _, S in sums}), alone)
 
 
 def _norm_overflow(total: Grads) -> str:
@@ -362,10 +385,10 @@ def culprit_rows(finding: NonfiniteFinding) -> list[Culprit | CulpritToken]:
     for u in finding.units:
         if u.terms and len(u.terms) <= max(FEW_TERMS, u.n_terms // 4):
             rows += [CulpritToken(batch=u.batch, position=t, grad_norm=math.nan, micro_batch=u.micro_batch,
-                                  nonfinite=True) for t in u.terms]
+                                  rank=u.rank, nonfinite=True) for t in u.terms]
         else:
             rows.append(Culprit("sample", u.grad_norm, None, micro_batch=u.micro_batch, batch=u.batch, start=u.start,
-                                end=u.end, document=u.document, n_terms=u.n_terms, nonfinite=True))
+                                end=u.end, document=u.document, n_terms=u.n_terms, rank=u.rank, nonfinite=True))
     return rows
 
 

@@ -32,11 +32,12 @@ def names(items: Sequence[str], most: int = 3) -> str:
     return ", ".join(items[:most]) + (", ..." if len(items) > most else "")
 
 
-def label(batch: int, micro_batch: int | None = None, document: int | None = None) -> str:
-    """``"micro-batch 1, sample 3"``, ``"sample 0 document 2"``."""
+def label(batch: int, micro_batch: int | None = None, document: int | None = None, rank: int | None = None) -> str:
+    """``"micro-batch 1, sample 3"``, ``"sample 0 document 2"``, ``"rank 1, micro-batch 0, sample 3"``."""
+    where = "" if rank is None else f"rank {rank}, "
     mb = "" if micro_batch is None else f"micro-batch {micro_batch}, "
     doc = "" if document is None else f" document {document}"
-    return f"{mb}sample {batch}{doc}"
+    return f"{where}{mb}sample {batch}{doc}"
 
 
 def sample_sentence(u: Any) -> str:
@@ -47,10 +48,16 @@ def sample_sentence(u: Any) -> str:
         shown = ", ".join(map(str, u.terms[:5])) + (f", +{len(u.terms) - 5}" if len(u.terms) > 5 else "")
         where = f" (token{'s' if len(u.terms) > 1 else ''} {shown})"
     grad = {"?": "not probed (budget)"}.get(u.grad, u.grad)
-    who = label(u.batch, u.micro_batch, u.document)
+    who = label(u.batch, u.micro_batch, u.document, getattr(u, "rank", None))
     if u.loss is None or math.isfinite(u.loss):
         return f"{who}'s gradient is {grad}{where}; its loss is {value(u.loss)}"
     return f"{who}'s loss is {value(u.loss)}{where}: its gradient is {grad}"
+
+
+def forward_loss(rank: int, micro_batch: int | None, loss: float) -> str:
+    """A rank whose own forward of a micro-batch gives a non-finite loss (torch.distributed)."""
+    where = f"rank {rank}" + ("" if micro_batch is None else f", micro-batch {micro_batch}")
+    return f"{where}: its own forward's loss is {value(loss)}, so the non-finite value enters there"
 
 
 def bad_weights(tensors: Sequence[str]) -> str:

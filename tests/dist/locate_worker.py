@@ -157,31 +157,16 @@ def run_monitor(scn: dict, rank: int, world: int) -> dict:
             "notes": [] if stats.locate is None else stats.locate.notes}
 
 
-def run_nonfinite(scn: dict, rank: int, world: int) -> dict:
-    """A NaN loss weight on one rank: every rank raises the same FloatingPointError (the non-finite
-    search is one process's) and leaves its gradients as backward left them."""
-    from gradloc_track import locate
-    from gradloc_track.norms import local_part
+def _nonfinite(scn: dict, rank: int, world: int) -> dict:
+    from .nonfinite_worker import run_nonfinite
 
-    model = build()
-    wrapped = wrap(model, scn["wrap"], world)
-    x, y, w = global_batch(world, [])
-    r, b, t = scn["nan"]
-    w[0, r * B + b, t] = float("nan")
-    rows = slice(rank * B, rank * B + B)
-    fn, mask = make_loss_fn(wrapped, x[0, rows], y[0, rows], w[0, rows], B * T), torch.ones(B, T)
-    fn(mask).backward()
-    grads = [p.grad for p in model.parameters()]
-    before = [local_part(g).clone() for g in grads]
-    try:
-        locate(model, fn, mask)
-        error = None
-    except FloatingPointError as exc:
-        error = str(exc)
-    same = all(p.grad is g and torch.equal(local_part(g).isnan(), v.isnan())  # NaN == NaN, bitwise elsewhere
-               and torch.equal(local_part(g).nan_to_num(), v.nan_to_num())
-               for p, g, v in zip(model.parameters(), grads, before))
-    return {"error": error, "grads_equal": same}
+    return run_nonfinite(scn, rank, world)
+
+
+def _nonfinite_monitor(scn: dict, rank: int, world: int) -> dict:
+    from .nonfinite_worker import run_nonfinite_monitor
+
+    return run_nonfinite_monitor(scn, rank, world)
 
 
 def _port(scn: dict, rank: int, world: int) -> dict:
@@ -208,8 +193,9 @@ def _levels(scn: dict, rank: int, world: int) -> dict:
     return run_levels(scn, rank, world)
 
 
-RUNNERS = {"locate": run, "error": run, "monitor": run_monitor, "nonfinite": run_nonfinite, "levels": _levels,
-           "port": _port, "failure": _failure, "failure_monitor": _failure_monitor}
+RUNNERS = {"locate": run, "error": run, "monitor": run_monitor, "nonfinite": _nonfinite,
+           "nonfinite_monitor": _nonfinite_monitor, "levels": _levels, "port": _port, "failure": _failure,
+           "failure_monitor": _failure_monitor}
 
 
 def main(rank: int, world: int, port: str, out_dir: str, scenarios: str) -> None:

@@ -33,8 +33,33 @@ def locate_scenarios(world: int) -> list[dict]:
 
 ERRORS = [{"name": "fsdp2_bad_rank1", "wrap": "fsdp2", "culprits": [[1, 0, 3]], "bad_rank": 1, "kind": "error"}]
 MONITOR = [{"name": "ddp_monitor", "wrap": "ddp", "culprits": [[1, 0, 3]], "kind": "monitor"}]
-# a NaN loss weight on rank 1: every rank says the non-finite search does not run distributed
-NONFINITE = [{"name": "ddp_nan_rank1", "wrap": "ddp", "culprits": [], "nan": [1, 0, 3], "kind": "nonfinite"}]
+
+
+def nonfinite_scenarios(world: int) -> list[dict]:
+    """NaN loss weights on one rank (or two), cells ``[k, rank, b, t]`` (test_nonfinite_dist):
+    ``product`` losses carry the NaN into every probe of its micro-batch (named by the term-loss
+    map), ``safe`` ones keep a masked-out NaN out (found by halving over every rank's samples),
+    ``nomap`` ones carry it without a map (the rank whose forward is NaN is named)."""
+    last = world - 1
+    if world == 2:
+        cases = [
+            {"name": "nf_ddp_product", "wrap": "ddp", "nan": [[0, 1, 0, 3]], "loss": "product"},
+            {"name": "nf_fsdp2_safe", "wrap": "fsdp2", "nan": [[0, 1, 1, 5]], "loss": "safe"},
+            {"name": "nf_ddp_safe_micro", "wrap": "ddp", "nan": [[1, 1, 0, 2], [1, 1, 0, 6]], "loss": "safe",
+             "micro": 2},
+            {"name": "nf_ddp_nomap_micro", "wrap": "ddp", "nan": [[1, 1, 1, 4]], "loss": "nomap", "micro": 2},
+        ]
+    else:
+        cases = [
+            {"name": "nf_ddp_safe_two_ranks", "wrap": "ddp", "nan": [[0, 1, 0, 2], [0, last, 1, 6]], "loss": "safe"},
+            {"name": "nf_fsdp2_product", "wrap": "fsdp2", "nan": [[0, last, 0, 3]], "loss": "product"},
+        ]
+    return [{**c, "kind": "nonfinite"} for c in cases]
+
+
+# through GradMonitor: detected, localized, the step skipped on every rank
+NONFINITE_MONITOR = [{"name": "nf_monitor", "wrap": "ddp", "nan": [[0, 1, 0, 3]], "loss": "product",
+                      "kind": "nonfinite_monitor"}]
 
 
 def failure_scenarios(world: int) -> list[dict]:
@@ -103,5 +128,6 @@ def port_cases(world: int) -> list[dict]:
 def all_scenarios(world: int) -> list[dict]:
     if world == 3:  # only GradLoc's uneven rank split needs 3 processes
         return port_cases(world)
-    return (locate_scenarios(world) + ERRORS + (MONITOR + NONFINITE if world == 2 else []) + levels_scenarios(world)
+    return (locate_scenarios(world) + ERRORS + (MONITOR + NONFINITE_MONITOR if world == 2 else [])
+            + nonfinite_scenarios(world) + levels_scenarios(world)
             + port_cases(world) + failure_scenarios(world) + (FAILURE_MONITOR if world == 2 else []))

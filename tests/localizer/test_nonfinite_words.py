@@ -24,6 +24,13 @@ def test_a_sample_says_its_loss_first_when_that_is_what_broke():
     assert "gradient is not probed (budget)" in words.sample_sentence(NonfiniteSample(1, grad="?"))
 
 
+def test_a_distributed_sample_names_its_rank_first():
+    u = NonfiniteSample(0, micro_batch=2, loss=math.nan, grad="NaN", terms=(3,), rank=1)
+    assert words.sample_sentence(u) == "rank 1, micro-batch 2, sample 0's loss is NaN (token 3): its gradient is NaN"
+    assert words.forward_loss(3, None, math.nan) == \
+        "rank 3: its own forward's loss is NaN, so the non-finite value enters there"
+
+
 def test_a_sum_overflow_gives_the_dtype_max_and_the_largest_sample():
     alone = words.largest_alone(4, "sample 0", 1.24e5, 1.96e4)
     text = words.sum_overflow(8, "float16", 65504.0, "head.weight", [4], alone)
