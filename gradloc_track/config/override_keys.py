@@ -13,6 +13,7 @@ has is left to Hydra, which knows the option actually selected. A field that is 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import typing
 from pathlib import Path
 from typing import Any, Iterable
@@ -66,19 +67,57 @@ def unknown_override_key(key: str, schema: type) -> str | None:
     return None
 
 
+SWITCH_WORDS = {"true": True, "on": True, "yes": True, "1": True, "enabled": True,
+                "false": False, "off": False, "no": False, "0": False, "disabled": False}
+
+
+def _options(group_dir: Path) -> list[str]:
+    return sorted({p.stem for p in group_dir.glob("*.yaml")} | {p.name for p in group_dir.iterdir() if p.is_dir()})
+
+
+def _not_an_option(group: str, value: str, options: list[str], schema: type) -> str:
+    """What to say about ``group=value`` when ``value`` is none of ``options``."""
+    said = f"{group}={value}: "
+    on = SWITCH_WORDS.get(value.lower())
+    if on is not None:  # a switch word: the group's ``enabled`` field, if it has one
+        switch = any("enabled" in _fields([k]) for k in _fields([schema]).get(group, []) if k is not object)
+        fix = (f"to turn it {'on' if on else 'off'} use {group}.enabled={str(on).lower()}" if switch
+               else f"pick one of its options ({group}={options[0]})")
+        return f"{said}{group} is a config group (options: {', '.join(options)}), not a switch; {fix}"
+    close = difflib.get_close_matches(value, options, n=1)
+    hint = f" (did you mean {group}={close[0]}?)" if close else ""
+    return f"{said}no such option of config group {group}{hint}; its options: {', '.join(options)}"
+
+
+def _group_choice(group: str, value: str, conf_dir: Path, schema: type) -> None:
+    """``ConfigError`` for ``group=value`` naming none of the group's options (``locate=false``, the guess
+    from ``watch(locate=False)``, was Hydra's 25-line "Config group override must be a string"); a
+    sweep (``a,b``) is checked value by value, sweep functions (``glob(*)``) and ``null`` left to Hydra."""
+    if "(" in value:
+        return
+    options = _options(conf_dir / group)
+    for v in (x.strip() for x in value.split(",")):
+        if v not in options and v.lower() not in ("null", "~", ""):
+            raise ConfigError(_not_an_option(group, v, options, schema))
+
+
 def check_override_keys(overrides: Iterable[str], schema: type, conf_dir: str | Path | None = None) -> None:
-    """Raise ``ConfigError`` for every ``key=value`` override whose key ``schema`` cannot hold.
+    """Raise ``ConfigError`` for every ``key=value`` override whose key ``schema`` cannot hold, and for a
+    config group in ``conf_dir`` given a value that is none of its options (``locate=false``).
 
     Skipped: ``+``/``++``/``~`` overrides (``to_config`` checks what ``+`` adds), ``hydra.*`` and
-    ``hydra/...``, and a bare name that is a config group in ``conf_dir`` (``experiment=spike_demo``).
+    ``hydra/...``.
     """
     groups = {p.name for p in Path(conf_dir).iterdir() if p.is_dir()} if conf_dir is not None else set()
     bad = []
     for o in overrides:
         if "=" not in o or o.startswith(("-", "+", "~")):
             continue
-        key = o.split("=", 1)[0]
-        if key.split(".")[0] == "hydra" or "/" in key or ("." not in key and key in groups):
+        key, value = o.split("=", 1)
+        if "." not in key and key in groups:
+            _group_choice(key, value, Path(conf_dir), schema)
+            continue
+        if key.split(".")[0] == "hydra" or "/" in key:
             continue
         found = unknown_override_key(key, schema)
         if found:

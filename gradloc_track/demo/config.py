@@ -141,6 +141,9 @@ class TrainConfig:
 
             check(Path(self.corpus).is_file(), "train.corpus", self.corpus,
                   "use the path of an existing UTF-8 text file, or null for the built-in corpus")
+            why = not_utf8_text(self.corpus)
+            check(why is None, "train.corpus", self.corpus, f"{why}; convert it (e.g. iconv -f latin1 -t utf-8 "
+                  "FILE > FILE.utf8) and pass that, or null for the built-in corpus")
         one_of("train.tokenizer", self.tokenizer, ("byte", "bpe"))
 
 
@@ -188,6 +191,24 @@ class DemoConfig(RootConfig):
             check(self.model.vocab_size >= least, "model.vocab_size", self.model.vocab_size,
                   f"train.tokenizer=bpe needs at least {least} tokens for this corpus (its characters and the "
                   f"<pad>/<unk> specials) before any merge: use model.vocab_size={max(least, 1024)}, or more")
+
+
+def not_utf8_text(path: str) -> str | None:
+    """Why the corpus at ``path`` cannot be read as text (None: it can). Checked at start: the set-up
+    reads it as UTF-8 and a latin-1 file stopped the run there, a traceback naming no field."""
+    from pathlib import Path
+
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        return f"cannot read it ({exc.strerror or exc})"
+    if not data:
+        return "the file is empty"
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"it is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})"
+    return None
 
 
 def check_device(device: str) -> None:

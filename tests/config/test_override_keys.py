@@ -60,3 +60,23 @@ def test_what_hydra_or_to_config_decide_is_left_to_them():
         "clip.beta=0.9,0.99",  # a sweep
     ], DemoConfig, CONF_DIR)
     check_overrides(["monitor.log_evry=5"])  # no schema given: renamed keys only (the old behaviour)
+
+
+@pytest.mark.parametrize("override, says", [
+    ("locate=false", "locate=false: locate is a config group (options: default), not a switch; to turn it off "
+                     "use locate.enabled=false"),
+    ("spikes=off", "spikes=off: spikes is a config group (options: default), not a switch; to turn it off "
+                   "use spikes.enabled=false"),
+    ("clip=zclp", "clip=zclp: no such option of config group clip (did you mean clip=zclip?)"),
+    ("clip=none,zclp", "clip=zclp: no such option"),
+])
+def test_a_group_given_a_value_that_is_none_of_its_options_names_the_fix(override, says):
+    """``locate=false`` (the natural guess from ``watch(locate=False)``) was a 25-line Hydra traceback."""
+    with pytest.raises(ConfigError) as err:
+        check_overrides([override], DemoConfig, CONF_DIR)
+    assert says in str(err.value)
+
+
+def test_every_groups_own_options_and_null_pass():
+    check_overrides(["clip=none", "tracker=none", "locate=default", "experiment=spike_demo", "experiment=null",
+                     "clip=none,global,zclip", "model=glob(*)"], DemoConfig, CONF_DIR)

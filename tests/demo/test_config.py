@@ -55,3 +55,20 @@ def test_the_bpe_floor_is_the_smallest_vocabulary_the_tokenizer_honours(tmp_path
     floor = min_vocab(text)
     assert BpeTokenizer.train_or_load(text, floor, tmp_path).vocab_size == floor
     assert BpeTokenizer.train_or_load(text, floor - 1, tmp_path).vocab_size == floor  # more than asked for
+
+
+@pytest.mark.parametrize("content, says", [
+    (b"caf\xe9 na\xefve " * 400, r"not UTF-8 text \(byte 0xe9 at offset 3\)"),
+    (b"x" * 70_000 + b"\xff", r"not UTF-8 text \(byte 0xff at offset 70000\)"),
+    (b"", "empty")])
+def test_a_corpus_that_is_no_utf8_text_fails_naming_train_corpus(tmp_path, content, says):
+    """A latin-1 corpus passed validation and crashed in the training set-up (a raw Hydra traceback)."""
+    from gradloc_track.config import ConfigError
+    from gradloc_track.demo.config import TrainConfig
+
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=rf"train.corpus='{path}' is invalid: .*{says}"):
+        TrainConfig(corpus=str(path))
+    path.write_bytes("café naïve ".encode() * 400)
+    assert TrainConfig(corpus=str(path)).corpus == str(path)

@@ -102,7 +102,10 @@ def test_a_key_typo_without_plus_gets_did_you_mean_and_leaves_no_run_dir(tmp_pat
 
 def test_multirun_gives_one_tracker_run_per_job(tmp_path):
     new_mlflow_store(tmp_path / "mlflow.db")  # run_example's store (a new store's console: the mlflow test above)
-    run_example(tmp_path, "-m", "tracker=mlflow", "clip=none,adagc", *SMALL)
+    proc = run_example(tmp_path, "-m", "tracker=mlflow", "clip=none,adagc", *SMALL)
+    # the sweep ends with one table of its jobs, labelled by what it swept, after every job's own summary
+    table = proc.stdout[proc.stdout.index("the sweep: 2 job(s), run dirs under "):]
+    assert "| clip=none | 0 |" in table and "| clip=adagc | 0 |" in table and "done: 4 steps" not in table
     _, runs = mlflow_runs(tmp_path)
     assert len(runs) == 2
     names = sorted(r.info.run_name for r in runs)
@@ -214,3 +217,9 @@ def test_swept_run_name_keeps_only_swept_overrides():
     job = ["experiment=spike_demo", "clip=adagc", "train.steps=4", "out_dir=/tmp/x"]
     assert swept_run_name("spike_demo", job, argv) == "spike_demo[clip=adagc]"
     assert swept_run_name(None, job, argv) == "clip=adagc"
+
+
+def test_locate_false_fails_in_one_line_naming_locate_enabled(tmp_path):
+    proc = run_example(tmp_path, "locate=false", *SMALL, check=False)
+    assert proc.returncode != 0 and "use locate.enabled=false" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "runs").exists()
