@@ -199,6 +199,7 @@ def build_monitor(cfg: DemoConfig, s: Setup, tracker: Tracker, run_dir: Path) ->
 class History:
     """What the summary is made of (logging steps only)."""
 
+    logged: list[int] = field(default_factory=list)  # the logging steps the lists below hold
     losses: list[float] = field(default_factory=list)
     norms: list[float] = field(default_factory=list)
     post_norms: list[float] = field(default_factory=list)  # what the optimizer saw (after clipping)
@@ -267,6 +268,7 @@ def log_step(cfg: DemoConfig, s: Setup, tracker: Tracker, h: History, step: int,
     loss_val = None
     if stats.logged:  # host sync: the loss is printed/logged on logging steps only
         loss_val = loss.item()
+        h.logged.append(step)
         h.losses.append(loss_val)
         h.norms.append(stats.global_norm)
         h.post_norms.append(stats.metrics.get("clip/total_norm_post", stats.global_norm))
@@ -293,15 +295,35 @@ def show_spike(s: Setup, h: History, step: int, stats: Any, run_dir: Path) -> No
 
 # -- the summary ----------------------------------------------------------------------------------
 
+def guard_stats(cfg: DemoConfig, h: History, settled: int) -> dict[str, float]:
+    """What a clipper did after the start-up transient, clean and injected steps apart (logging steps):
+    ``clean_clipped_fraction`` / ``clean_mean_coef`` (a clipper that scales most clean steps hard is a
+    learning-rate cut) and ``spike_held``: the largest post-clip norm of an injected step over the median
+    post-clip norm of the clean ones (1x: the optimizer saw the spike no larger than a normal step)."""
+    clean, hit = [], []
+    for step, pre, post in zip(h.logged, h.norms, h.post_norms):
+        if step >= settled:
+            (hit if cfg.train.inject.at(step) else clean).append((pre, post))
+    out: dict[str, float] = {}
+    if clean:
+        coefs = [post / pre if pre > 0 else 1.0 for pre, post in clean]
+        out["clean_clipped_fraction"] = sum(c < 1.0 - 1e-6 for c in coefs) / len(coefs)
+        out["clean_mean_coef"] = sum(coefs) / len(coefs)
+    if clean and hit:
+        typical = sorted(post for _, post in clean)[len(clean) // 2]
+        out["spike_held"] = max(post for _, post in hit) / max(typical, 1e-12)
+    return out
+
+
 def summarize(cfg: DemoConfig, h: History, clipper: Any = None) -> dict[str, float]:
     """Final loss, spike count, OLMo-style spike scores, the largest norm the optimizer saw, and
     how often / how hard the clipper scaled after its warm-up (a learning-rate cut shows there)."""
     settled = max(cfg.spikes.warmup_steps, cfg.optim.warmup_steps)  # skip the start-up transient
-    clip = {}
+    clip = guard_stats(cfg, h, settled)
     if clipper is not None and getattr(clipper, "saturation", None) is not None:
         sat = clipper.saturation.summary()  # host sync: once, at the end
-        clip = {"clip_steps_after_warmup": float(sat["steps"]), "clip_clipped_fraction": sat["clipped_fraction"],
-                "clip_mean_coef": sat["mean_coef"]}
+        clip.update({"clip_steps_after_warmup": float(sat["steps"]), "clip_clipped_fraction": sat["clipped_fraction"],
+                     "clip_mean_coef": sat["mean_coef"]})
     return {**clip,
         "final_loss": float(sum(h.losses[-10:]) / max(1, len(h.losses[-10:]))),
         "spike_events": float(len(h.events_at)),
