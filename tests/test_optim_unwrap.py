@@ -64,3 +64,25 @@ def test_accelerates_wrapper_reaches_the_inner_optimizer_everywhere(adam):
     finally:
         AcceleratorState._reset_state(True)
         GradientState._reset_state()
+
+
+class Raising:
+    """A wrapper whose ``optimizer`` property raises (a lazily built or closed wrapper)."""
+
+    @property
+    def optimizer(self):
+        raise RuntimeError("the engine is not initialised")
+
+
+def test_a_wrapper_whose_optimizer_raises_is_an_error_naming_the_fix():
+    with pytest.raises(TypeError, match=r"reading Raising.optimizer .* raised RuntimeError: the engine is not "
+                                        r"initialised\. Pass the torch optimizer itself"):
+        unwrap_optimizer(Raising())
+
+
+def test_watch_names_the_wrapper_whose_optimizer_raises(tmp_path):
+    import gradloc_track
+
+    model = torch.nn.Linear(3, 2)
+    with pytest.raises(TypeError, match=r"Raising.optimizer .* raised RuntimeError.*handle.step\(\)"):
+        gradloc_track.watch(model, Raising(), tracker="none", run_dir=tmp_path / "run")

@@ -31,6 +31,11 @@ guard per clipper: a new one replaces the old. Modes:
   CPU-side state with the flag on an accelerator need one bool read, only then.
 - ``"auto"`` (default): ``"fused"`` when every param group is fused, else ``"sync"``.
 
+An optimizer that steps another inside its own ``step()`` (``ZeroRedundancyOptimizer``: its
+``optim``, on this rank's shard; ``optim_unwrap.stepped_optimizers``) is guarded as a whole: sync
+empties the param groups of each, restore snapshots each one's parameters and state, fused
+hands the flag to the innermost (whose kernel moves the weights).
+
 With a guard on, the clipper no longer zeroes a non-finite step's gradients (the step does not
 use them): one pass over the gradients less. The learning-rate schedule still advances on a
 skipped step (call it as usual). ``skipped`` counts skips known on the host (sync mode).
@@ -43,7 +48,7 @@ from typing import Any, Callable
 import torch
 
 from ..config._validate import one_of
-from ..optim_unwrap import unwrap_optimizer
+from ..optim_unwrap import stepped_optimizers, unwrap_optimizer
 from .skip_fused import FoundInfSkip, supports_found_inf
 from .skip_restore import StateSnapshot
 
@@ -87,6 +92,7 @@ def guard_for(optimizer: Any, clipper: Any) -> "SkipStepGuard | None":
 
 def resolve_mode(optimizer: torch.optim.Optimizer, mode: str) -> str:
     one_of("mode", mode, SKIP_MODES)
+    optimizer = stepped_optimizers(optimizer)[-1]  # the one whose kernel moves the weights
     fused = supports_found_inf(optimizer)
     if mode == "fused" and not fused:
         raise ValueError(f"SkipStepGuard(mode='fused'): {type(optimizer).__name__} does not run a fused kernel that "
@@ -105,6 +111,7 @@ class SkipStepGuard:
         self.clipper = _clipper_of(flag)
         self._flag = _flag_source(flag, self.clipper)
         self.optimizer, self.mode = optimizer, resolve_mode(optimizer, mode)
+        self.stepped = stepped_optimizers(optimizer)  # it, and any optimizer its step() steps (ZeRO's optim)
         self.skipped = 0  # python count of steps known on the host to have been skipped (sync mode)
         self._handles: list[Any] = []
         self._fused: FoundInfSkip | None = None
@@ -113,13 +120,14 @@ class SkipStepGuard:
             self._handles = [optimizer.register_step_pre_hook(self._decide),
                              optimizer.register_step_post_hook(self._release)]
         elif self.mode == "restore":
-            self._snapshot = StateSnapshot(optimizer)
-            self._handles = [optimizer.register_step_pre_hook(lambda *a: self._snapshot.take()),
+            self._snapshots = [StateSnapshot(o) for o in self.stepped]
+            self._handles = [optimizer.register_step_pre_hook(self._take),
                              optimizer.register_step_post_hook(self._restore)]
-        else:
-            self._fused = FoundInfSkip(optimizer, self.clipper, self._flag)
-            self._handles = [optimizer.register_step_pre_hook(self._fused.before),
-                             optimizer.register_step_post_hook(self._fused.after)]
+        else:  # on the innermost: its kernel reads found_inf (its pre-hook runs inside the outer step)
+            inner = self.stepped[-1]
+            self._fused = FoundInfSkip(inner, self.clipper, self._flag)
+            self._handles = [inner.register_step_pre_hook(self._fused.before),
+                             inner.register_step_post_hook(self._fused.after)]
         if self.clipper is not None:
             previous = self.clipper.skip_guard
             if previous is not None:  # one guard per clipper: two would each hold the param groups
@@ -137,8 +145,8 @@ class SkipStepGuard:
         flag = self._flag()
         if flag is not None and bool(flag):  # host sync: one bool per step (free if already on the host)
             self.skipped += 1
-            self._held = [(group, group["params"]) for group in optimizer.param_groups]
-            for group in optimizer.param_groups:
+            self._held = [(group, group["params"]) for o in self.stepped for group in o.param_groups]
+            for group, _ in self._held:
                 group["params"] = []
         return out
 
@@ -164,6 +172,10 @@ class SkipStepGuard:
             group["params"] = params
         self._held = []
 
+    def _take(self, *args) -> None:
+        for snapshot in self._snapshots:
+            snapshot.take()
+
     @torch.no_grad()
     def _restore(self, optimizer, args, kwargs) -> None:
         flag = self._flag()
@@ -171,7 +183,8 @@ class SkipStepGuard:
             return
         if not isinstance(flag, torch.Tensor):
             flag = torch.tensor(bool(flag))
-        self._snapshot.select(flag)
+        for snapshot in reversed(self._snapshots):  # the outer's last: its parameters as they were
+            snapshot.select(flag)
 
     def remove(self) -> None:
         for h in self._handles:
