@@ -2,10 +2,13 @@
 
 ``+actor_rollout_ref.actor.gradloc.clip=adagc``, ``...gradloc.locate.enabled=false``,
 ``...gradloc.spikes.z_thresh=4``: the node holds the groups and fields ``watch()`` takes (``clip``,
-``spikes``, ``locate``, ``monitor`` and its fields, ``tracker``, ``run_dir``), validated by the same
-schemas as the Hydra app, so a typo fails with the app's error naming the field. ``enabled``
-(default true) switches the whole node off without deleting it. The detector gets the RL defaults of
-TRL's callback (``integrations/rl_defaults.py``) in every ``spikes`` field the node does not set.
+``spikes``, ``locate``, ``monitor`` and its fields, ``tracker``, ``run_dir``), GradLoc's own knobs
+(``grad_norm_threshold``, ``bisect_budget_steps``, ``bisect_dump_dir``, ``spike_detection``,
+turned into ours by ``node.translate_knobs``), validated by the same schemas as the Hydra app;
+every error is a ``node.NodeError`` naming the full key (``actor_rollout_ref.actor.gradloc.spikes.z_thres``)
+and the fix (``node.py``). ``enabled`` (default true) switches the whole node off without deleting
+it. The detector gets the RL defaults of TRL's callback (``integrations/rl_defaults.py``) in every
+``spikes`` field the node does not set.
 """
 from __future__ import annotations
 
@@ -15,9 +18,9 @@ from typing import Any
 
 from ..options import WatchOptions, resolve_options
 from ..rl_defaults import given_spike_fields, rl_spikes
+from .node import ENABLED, PREFIX, NodeError, check_keys, located, translate_knobs
 
 NODE = "gradloc"
-ENABLED = "enabled"
 
 
 def as_mapping(node: Any) -> dict | None:
@@ -35,8 +38,8 @@ def as_mapping(node: Any) -> dict | None:
         return dict(node)
     if node is True:
         return {}
-    raise TypeError(f"actor_rollout_ref.actor.{NODE} must be a mapping of gradloc-track options "
-                    f"(e.g. +actor_rollout_ref.actor.{NODE}.clip=adagc); got {type(node).__name__}")
+    raise NodeError(f"{PREFIX} must be a mapping of gradloc-track options (e.g. +{PREFIX}.clip=adagc); "
+                    f"got {type(node).__name__}")
 
 
 def gradloc_options(node: Any) -> WatchOptions | None:
@@ -46,9 +49,14 @@ def gradloc_options(node: Any) -> WatchOptions | None:
         return None
     enabled = given.pop(ENABLED, True)
     if not isinstance(enabled, bool):
-        raise ValueError(f"actor_rollout_ref.actor.{NODE}.{ENABLED}={enabled!r} is invalid: use true or false")
+        raise NodeError(f"{PREFIX}.{ENABLED}={enabled!r} is invalid: use true or false")
+    check_keys(given)
+    given = translate_knobs(given)
     spikes_given = given_spike_fields(None, given.get("spikes"))
-    opts = resolve_options(**given)  # an unknown key raises, naming the valid ones
+    try:
+        opts = resolve_options(**given)
+    except (TypeError, ValueError, KeyError) as exc:  # our schemas' sentence, under the key the user typed
+        raise located(exc) from exc
     # verl trains RL: the detector gets the RL defaults TRL's callback uses, in every field the node leaves
     opts = dataclasses.replace(opts, spikes=rl_spikes(opts.spikes, spikes_given))
     return opts if enabled else None

@@ -139,9 +139,22 @@ class GradLocSession:
             metrics.update({k: [v] for k, v in self.handle.tracker.take().items() if k not in metrics})
         if _rank()[0] == 0 and stats.events:
             self.handle.flush()  # the spike's artifacts reach verl's run before verl may end it
-            self.console.spike(stats, self.handle.run_dir, not_localized=why)  # gradloc_track.console
+            self._print_block(stats, why)
         self.steps += 1
         return outputs
+
+    def _print_block(self, stats: Any, why: str | None) -> None:
+        """The spike block (``block.spike_lines``: gradloc_track.console's, in the node's words),
+        printed and kept in the run dir; never raises into training."""
+        from .block import keep_block, spike_lines
+
+        try:
+            lines = spike_lines(stats, self.handle.run_dir, why, self.opts)
+        except Exception as exc:  # the console is a nicety
+            warnings.warn(f"gradloc-track: could not print the spike block of step {stats.step}: {exc!r}")
+            return
+        self.console.print("\n".join(lines))
+        keep_block(self.opts.run_dir, lines)
 
     def _tag_groups(self, data: Any) -> None:
         """Each row's index in its group (``uid``), as a (B,) tensor verl splits with the batch."""

@@ -24,8 +24,32 @@ def test_verls_config_carries_the_node_validated_by_our_schemas():
                               "+actor_rollout_ref.actor.gradloc.locate.enabled=false"])
     assert cfg.gradloc == {"clip": "adagc", "locate": {"enabled": False}}
     assert hydra_actor_config([]).gradloc is None  # no node: verl's config as it was
-    with pytest.raises(Exception, match=r"clip.kind='adagcc' is invalid"):
+    with pytest.raises(Exception, match=r"actor_rollout_ref.actor.gradloc.clip.kind='adagcc' is invalid"):
         hydra_actor_config(["+actor_rollout_ref.actor.gradloc.clip=adagcc"])
+
+
+@pytest.mark.parametrize("override, text", [
+    ("spikes.z_thres=4", "actor_rollout_ref.actor.gradloc.spikes.z_thres is not a gradloc-track option (did you "
+                         "mean actor_rollout_ref.actor.gradloc.spikes.z_thresh?): valid names under"),
+    ("run_dir=7", "actor_rollout_ref.actor.gradloc.run_dir=7 is invalid: use a directory path"),
+])
+def test_verls_hydra_error_carries_the_full_key(override, text):
+    """Through verl's own config conversion (in its driver at start-up): Hydra's wrapper holds our
+    sentence, with the full key the user typed."""
+    from .engine_setup import hydra_actor_config
+
+    with pytest.raises(Exception) as exc:
+        hydra_actor_config([f"+actor_rollout_ref.actor.gradloc.{override}"])
+    assert text in str(exc.value), str(exc.value)
+
+
+def test_gradlocs_own_knobs_pass_verls_config():
+    from .engine_setup import hydra_actor_config
+
+    cfg = hydra_actor_config(["+actor_rollout_ref.actor.gradloc.grad_norm_threshold=640.0",
+                              "+actor_rollout_ref.actor.gradloc.bisect_budget_steps=128",
+                              "+actor_rollout_ref.actor.gradloc.bisect_dump_dir=dump"])
+    assert cfg.gradloc == {"grad_norm_threshold": 640.0, "bisect_budget_steps": 128, "bisect_dump_dir": "dump"}
 
 
 def test_an_engine_without_the_node_trains_as_verl_does():
