@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-SHARE_OF = "of the batch's squared grad norm"
+from ..trackers.spike_story import SHARE_OF  # one phrase for the console and the run page
 MAX_LINES = 6  # culprit lines per block; the rest are counted
 # the RL columns a culprit line shows when the culprit table has them (TRL's GRPO, verl, examples/rl_grpo.py)
 RL_COLUMNS = (("ratio", "ratio"), ("logprob", "log-prob"), ("old_logprob", "old log-prob"))

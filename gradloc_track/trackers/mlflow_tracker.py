@@ -5,7 +5,9 @@ Tracking URI: config, else MLflow's own ``MLFLOW_TRACKING_URI``, else ``sqlite:/
 At creation the run gets the tags MLflow's UI shows in its runs table and run page:
 ``mlflow.source.name``/``.type``, ``mlflow.source.git.commit`` (in a git checkout),
 ``mlflow.user``, a description (``mlflow.note.content``) pointing at ``spikes/``, and
-``spike_count`` 0 (tag and metric, updated per spike event) so runs sort by it.
+``spike_count`` 0 (tag and metric, updated per spike event) so runs sort by it. The description
+tells the run's spikes as they come (``spike_story``: each one's culprit text and a link to its
+highlighted text), on our runs and on a joined run that had none.
 Nothing here downloads an artifact or touches ``os.environ``.
 """
 from __future__ import annotations
@@ -25,6 +27,7 @@ from .interface import Tracker
 from .csv_view import csv_text
 from .naming import mlflow_key, step_path, table_part_path, truncate
 from .run_record import record_run
+from .spike_story import SpikeStory
 
 MAX_METRICS_PER_BATCH = 1000  # MLflow's log_batch limit
 MAX_PARAMS_PER_BATCH = 100
@@ -134,8 +137,10 @@ class MlflowTracker(Tracker):
 
     def _attach(self, run_id: str) -> None:
         """Log into a run someone else opened; recorded like a run we open, so the run dir leads to it."""
-        info = self.client.get_run(run_id).info
+        run = self.client.get_run(run_id)
+        info = run.info
         self.attached = True
+        self._note_free = "mlflow.note.content" not in (run.data.tags or {})  # never overwrite the owner's
         self.run_id, self.run_name, self.experiment_id = run_id, info.run_name, info.experiment_id
         self._record()
 
@@ -169,6 +174,7 @@ class MlflowTracker(Tracker):
         self.tracking_uri = resolve_tracking_uri(tracking_uri)
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
         self.attached = False  # True: logging into a run someone else opened (never ended here)
+        self._story, self._note_free = SpikeStory(), True  # the run page's description (spike_story.py)
         self._last_part: tuple[str, int | None, list[list[Any]]] | None = None
 
     def where(self) -> str:
@@ -213,6 +219,7 @@ class MlflowTracker(Tracker):
         # one part per event, uploaded once: never download-append-upload a growing file (that is
         # what MlflowClient.log_table does, with a progress bar per event and quadratic traffic)
         rows = [list(r) for r in rows]
+        told = self._story.add(key, columns, rows)
         if self._last_part is not None and self._last_part[:2] == (key, step):
             rows = self._last_part[2] + rows  # a second call for the same event: one part
         self._last_part = (key, step, rows)
@@ -220,6 +227,20 @@ class MlflowTracker(Tracker):
         self.client.log_text(self.run_id, part, table_part_path(key, step))
         # the same part as CSV, which MLflow's artifact viewer shows as a table (JSON it shows raw)
         self.client.log_text(self.run_id, csv_text(columns, rows), step_path(key, step, "csv"))
+        if told and self._note_free:
+            self._tell_story()
+
+    def _tell_story(self) -> None:
+        """The description: the spikes so far (culprit text, a link to each one's page), then what is where."""
+        def link(step: int, localized: bool) -> str:  # relative: it opens on whichever host serves the UI
+            page = step_path("spikes/highlight", step, "html") if localized else step_path("spikes/events", step, "csv")
+            return f"#/experiments/{self.experiment_id}/runs/{self.run_id}/artifacts/{page}"
+
+        note = f"{self._story.markdown(link)}\n\n{DESCRIPTION}"
+        try:
+            self.client.set_tag(self.run_id, "mlflow.note.content", truncate(note, MAX_TAG_VALUE))
+        except Exception:  # noqa: BLE001 - a description is a view of the tables just logged, never the record
+            pass
 
     def log_html(self, key, html, step=None) -> None:
         self.client.log_text(self.run_id, html, step_path(key, step, "html"))

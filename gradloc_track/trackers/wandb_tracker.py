@@ -28,6 +28,7 @@ from typing import Any, Mapping, Sequence
 from .._optional import require
 from .interface import Tracker
 from .run_record import record_run
+from .spike_story import SpikeStory
 
 STEP_KEY = "train/step"
 SHARED_STEP_KEY = "gradloc/step"  # our x-axis in the user's own run: never a key of theirs
@@ -162,6 +163,20 @@ class WandbTracker(Tracker):
         if list(columns) == cols:
             all_rows.extend(rows)
         self._log({key: self._table(list(columns), rows)}, step, media=True)
+        self._tell_story(key, columns, rows)
+
+    def _tell_story(self, key, columns, rows) -> None:
+        """The run summary's ``spike_summary``: the spikes so far with their culprit text and where each
+        one's highlighted text is (``spike_story``), on the run's overview page."""
+        story = self.__dict__.setdefault("_story", SpikeStory())
+        if not story.add(key, columns, rows):
+            return
+        url = None if getattr(self.run, "offline", False) else getattr(self.run, "url", None)
+        where = f"{url} (the spikes/highlight panel)" if url else "the spikes/highlight panel"
+        try:
+            self.run.summary["spike_summary"] = f"{story.text()}\nhighlighted text: {where}"
+        except Exception:  # noqa: BLE001 - a view of the tables just logged, never the record
+            pass
 
     def _table(self, columns: list[str], rows: list[list[Any]]) -> Any:
         return self.wandb.Table(columns=columns, data=rows, allow_mixed_types=True)
