@@ -8,11 +8,19 @@ A quoted output sits between two markers in the Markdown (HTML comments: invisib
     ```
     <!-- /snippet -->
 
+A number from a run in the prose sits between two inline markers, ``<!-- fact: demo-threshold -->2.60
+before step 100<!-- /fact -->``, made by ``FACTS``.
+
 ``SNIPPETS`` maps each name to the function that makes its text from a run (``Runs``: the demo, the
 TRL example, each run once). ``tests/docs/test_snippets.py`` fails when a quoted text is no longer
 what the run prints; ``python -m tests.docs.snippets`` (from the repository root) rewrites every
 marked block from fresh runs. What differs from machine to machine or run to run (temporary
 paths, run ids, start times, seconds) is normalized to the placeholders a reader sees in the docs.
+
+Numbers are compared as printed: a rounded number (``90%``, ``z = 7``, ``1.23``) must match exactly. A
+number written to full float precision (``"max_share": 0.9041699414420074``, a JSON file's) carries
+digits that move with the CPU's vector kernels and summation order: it matches within a relative
+``FULL_PRECISION_TOLERANCE``, and a rewrite keeps the quoted one.
 """
 from __future__ import annotations
 
@@ -27,6 +35,31 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BLOCK = re.compile(r"(<!-- snippet: (?P<name>[\w-]+) -->\n```(?P<lang>\w*)\n)(?P<body>.*?)(```\n<!-- /snippet -->)",
                    re.S)
+FACT = re.compile(r"(<!-- fact: (?P<name>[\w-]+) -->)(?P<body>.*?)(<!-- /fact -->)", re.S)
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+FULL_PRECISION_DIGITS = 9  # significant digits no console or page rounds to: a float written as it is
+FULL_PRECISION_TOLERANCE = 1e-3  # relative: what another CPU's summation order moves such a float by, with margin
+
+
+def _full_precision(number: str) -> bool:
+    return len(re.sub(r"e.*$|[-.]", "", number).lstrip("0")) >= FULL_PRECISION_DIGITS
+
+
+def same(quoted: str, fresh: str) -> bool:
+    """``quoted`` says what ``fresh`` says: equal text around the numbers, rounded numbers equal, full-precision
+    ones within ``FULL_PRECISION_TOLERANCE`` (see the module doc)."""
+    q_text, f_text = NUMBER.split(quoted), NUMBER.split(fresh)
+    q_num, f_num = NUMBER.findall(quoted), NUMBER.findall(fresh)
+    if q_text != f_text or len(q_num) != len(f_num):
+        return False
+    for a, b in zip(q_num, f_num):
+        if a == b:
+            continue
+        if not (_full_precision(a) and _full_precision(b)):
+            return False
+        if abs(float(a) - float(b)) > FULL_PRECISION_TOLERANCE * max(abs(float(a)), abs(float(b))):
+            return False
+    return True
 
 
 def normalize(text: str, root: Path) -> str:
@@ -85,10 +118,30 @@ def trl_grpo_console(runs: Runs) -> str:
     return console_tail(console, root, "── spike at step")
 
 
+def demo_metric(runs: Runs, key: str) -> dict[int, float]:
+    """``key``'s values by step, as the demo run logged them to MLflow."""
+    from mlflow.tracking import MlflowClient
+
+    from gradloc_track.trackers.run_record import read_run_views
+
+    demo = runs.get("demo")
+    view = read_run_views(demo.run_dir)["mlflow"]
+    return {m.step: m.value for m in MlflowClient(view["tracking_uri"]).get_metric_history(view["run_id"], key)}
+
+
+def demo_threshold(runs: Runs) -> str:
+    """forensics.md: the detector's ``spike/threshold`` before the demo's spike and after it."""
+    t = demo_metric(runs, "spike/threshold")
+    return f"{t[99]:.2f} before step 100 and {t[101]:.2f} / {t[110]:.2f} one / ten steps after"
+
+
 SNIPPETS: dict[str, Callable[[Runs], str]] = {
     "demo-console": demo_console,
     "demo-blocklist": demo_blocklist,
     "trl-grpo-console": trl_grpo_console,
+}
+FACTS: dict[str, Callable[[Runs], str]] = {
+    "demo-threshold": demo_threshold,
 }
 
 
@@ -97,24 +150,37 @@ def blocks(path: Path) -> list[tuple[str, str]]:
     return [(m["name"], m["body"]) for m in BLOCK.finditer(path.read_text(encoding="utf-8"))]
 
 
+def facts(path: Path) -> list[tuple[str, str]]:
+    """(name, text) of every marked fact in ``path``."""
+    return [(m["name"], m["body"]) for m in FACT.finditer(path.read_text(encoding="utf-8"))]
+
+
 def stale(runs: Runs, docs: list[Path] = DOCS) -> list[str]:
-    """Every marked block whose text is not what its run prints now, as ``file: name``."""
+    """Every marked block or fact whose text is not what its run says now, as ``file: name``."""
     out = []
     for path in docs:
-        for name, body in blocks(path):
-            if name not in SNIPPETS:
-                out.append(f"{path.name}: unknown snippet {name!r} (known: {', '.join(SNIPPETS)})")
-            elif SNIPPETS[name](runs) != body:
-                out.append(f"{path.name}: {name}")
+        for kind, known, found in (("snippet", SNIPPETS, blocks(path)), ("fact", FACTS, facts(path))):
+            for name, body in found:
+                if name not in known:
+                    out.append(f"{path.name}: unknown {kind} {name!r} (known: {', '.join(known)})")
+                elif not same(body, known[name](runs)):
+                    out.append(f"{path.name}: {name}")
     return out
 
 
+def _fresh(made: Callable[[Runs], str], runs: Runs, quoted: str) -> str:
+    """The run's text, or the quoted one where it says the same (no churn from another CPU's last digits)."""
+    text = made(runs)
+    return quoted if same(quoted, text) else text
+
+
 def rewrite(runs: Runs, docs: list[Path] = DOCS) -> list[str]:
-    """Every marked block rewritten from its run; the files changed."""
+    """Every marked block and fact rewritten from its run; the files changed."""
     changed = []
     for path in docs:
         text = path.read_text(encoding="utf-8")
-        new = BLOCK.sub(lambda m: m.group(1) + SNIPPETS[m["name"]](runs) + m.group(5), text)
+        new = BLOCK.sub(lambda m: m.group(1) + _fresh(SNIPPETS[m["name"]], runs, m["body"]) + m.group(5), text)
+        new = FACT.sub(lambda m: m.group(1) + _fresh(FACTS[m["name"]], runs, m["body"]) + m.group(4), new)
         if new != text:
             path.write_text(new, encoding="utf-8")
             changed.append(str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path))

@@ -12,7 +12,7 @@ import pytest
 
 from ..examples.demo_run import demo_run
 from . import snippets
-from .snippets import ROOT, Runs, blocks, normalize, rewrite, stale
+from .snippets import ROOT, Runs, blocks, facts, normalize, rewrite, same, stale
 
 _TRL: dict = {}
 
@@ -29,6 +29,33 @@ def session_runs(tmp_path_factory) -> Runs:
 def test_every_marked_block_is_known_and_each_snippet_is_quoted():
     found = {name for path in snippets.DOCS for name, _ in blocks(path)}
     assert found == set(snippets.SNIPPETS), f"quoted: {sorted(found)}, generated: {sorted(snippets.SNIPPETS)}"
+    found = {name for path in snippets.DOCS for name, _ in facts(path)}
+    assert found == set(snippets.FACTS), f"quoted: {sorted(found)}, generated: {sorted(snippets.FACTS)}"
+
+
+def test_a_full_precision_float_may_move_in_its_last_digits_a_rounded_number_may_not():
+    """Issue 40: the ledger page's blocklist quotes max_share as the JSON file has it, 16 digits, of which the last
+    ones move with the CPU's vector kernels (AVX-512 vs SSE4.1); a console's rounded 90% or z = 7 does not."""
+    assert same('"max_share": 0.9041699414420074', '"max_share": 0.9041701832207513')
+    assert not same('"max_share": 0.9041699414420074', '"max_share": 0.9141699414420074')  # a real change
+    assert not same("(90% of the batch)", "(91% of the batch)") and not same("z = 7", "z = 8")
+    assert not same("clipped 3% of 80 steps", "clipped 3% of 81 steps") and same("z = 7", "z = 7")
+    assert not same('"max_share": 0.9041699414420074', '"min_share": 0.9041699414420074')
+
+
+def test_a_fact_in_the_prose_is_checked_and_rewritten_and_a_rewrite_keeps_what_still_holds(tmp_path, monkeypatch):
+    monkeypatch.setitem(snippets.FACTS, "demo-threshold", lambda runs: "2.60 before step 100")
+    monkeypatch.setitem(snippets.SNIPPETS, "demo-blocklist", lambda runs: '"max_share": 0.9041701832207513\n')
+    doc = tmp_path / "doc.md"
+    doc.write_text("the threshold is <!-- fact: demo-threshold -->2.42 before step 100<!-- /fact -->.\n"
+                   "<!-- snippet: demo-blocklist -->\n```json\n\"max_share\": 0.9041699414420074\n```\n"
+                   "<!-- /snippet -->\n")
+    runs = Runs(lambda: None, lambda: None)
+    assert stale(runs, [doc]) == ["doc.md: demo-threshold"]
+    assert rewrite(runs, [doc]) and stale(runs, [doc]) == []
+    text = doc.read_text()
+    assert "<!-- fact: demo-threshold -->2.60 before step 100<!-- /fact -->." in text
+    assert '"max_share": 0.9041699414420074' in text  # the quoted digits kept: they say the same
 
 
 def test_a_quoted_number_that_no_longer_holds_fails_and_rewrite_fixes_it(tmp_path):
