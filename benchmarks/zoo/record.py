@@ -38,6 +38,9 @@ class StepRecord:
     heldout: float | None = None  # held-out loss after the step (runs whose harm is read from the twin)
     fed: dict | None = None  # what the monitor fed the live detector beyond the norms (loss, update, ...)
     span_max: dict | None = None  # width -> the largest mean loss over that many consecutive terms (zoo's own)
+    culprits: list | None = None  # the localizer's culprit rows when it ran (heldout zoo: zoo/culprits.py)
+    truth: list | None = None  # the injected units a culprit row should name (heldout zoo)
+    detail: str | None = None  # the cause in words (GradStats.cause_detail)
 
 
 @dataclass
@@ -74,6 +77,8 @@ class RunRecord:
     warmup: int = 20  # steps no trigger is scored on (every detector warms up)
     twin: str = "clean"  # the clean run of the same seed this one is compared with
     placebo: str = ""  # the run with other clean batches at the same steps (the final gap's control)
+    source: str = ""  # the data source (heldout zoo: zoo/split.py)
+    aftermath: int = 0  # steps after each injection that belong to its incident (heldout zoo)
 
     @property
     def injected_steps(self) -> list[int]:

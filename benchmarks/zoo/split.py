@@ -70,7 +70,7 @@ KINDS = {
                       "and a junk target (a corrupted per-token weight column)"),
     "lr_x50": Kind(DEV, ("schedule",), "none", aftermath=20, note="the learning rate x50 for one step"),
     "fp16_sample": Kind(DEV, ("numeric", "precision"), "sample",
-                        note="the step under fp16 autocast; one sample's gradient overflows fp16, the rest fit"),
+                        note="under fp16 autocast one sample (one byte repeated) overflows fp16, the rest fit"),
     "stale_logprob": Kind(DEV, ("off_policy",), "sample", note="TRL: one completion's old log-probs 6 nats stale "
                           "(the example's bug: importance ratio in the hundreds)"),
     "reward_outlier": Kind(DEV, ("data",), "sample", note="TRL: one completion's reward 100"),
@@ -121,6 +121,7 @@ def half(family: str, source: str, kind: str) -> str:
         raise ValueError(f"family={family!r} is not in the split: use one of {', '.join([*FAMILIES, *OLD_FAMILIES])}")
     if source not in SOURCES:
         raise ValueError(f"source={source!r} is not in the split: use one of {', '.join(SOURCES)}")
+    kind = "placebo" if kind.startswith("placebo") else kind
     if kind not in KINDS:
         if family in OLD_FAMILIES:  # the spike zoo's own scenarios (garbled_tokens, ...)
             return DEV
@@ -128,6 +129,13 @@ def half(family: str, source: str, kind: str) -> str:
     if family in OLD_FAMILIES:
         return DEV
     return HELDOUT if HELDOUT in (SOURCES[source], KINDS[kind].half) else DEV
+
+
+def known_cause(kind: str) -> str:
+    """A run's ``RunRecord.cause``: the kind's first right cause; "placebo" / "none" for the controls."""
+    if kind.startswith("placebo"):
+        return "placebo"
+    return (KINDS[kind].causes or ("none",))[0]
 
 
 def _runs() -> list[tuple[str, str, str]]:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from .culprits import rows_of
 from .demo import localize_if
 from .measure import adam_signals, grads_of, set_grads, stepped, weight_norm
 from .record import FeedRecorder, Harm, RunRecord, StepRecord, live_outcome
@@ -37,6 +38,11 @@ from .record import FeedRecorder, Harm, RunRecord, StepRecord, live_outcome
 STALE = 6.0
 SENTENCE = "the quick brown fox jumps over the lazy dog and runs into the wood . "
 SCENARIOS = {"stale_logprob": "data", "reward_outlier": "data"}
+# the held-out zoo's (zoo/grpo.py, zoo/split.py): a log-prob mismatch on 3 tokens of one completion, and
+# one completion that the sampler returned as random tokens (it trains both steps of its generation)
+EXTRA = {"stale_tokens": "off_policy", "garbage_completion": "data"}
+ALL = {**SCENARIOS, **EXTRA}
+STALE_TOKENS = 3
 
 
 @dataclass
@@ -129,13 +135,27 @@ def make_trainer_class(base, run: "TRLRun"):
             step = self.state.global_step + 1
             if run.scenario == "reward_outlier" and step in run.injected and self.model.training:
                 run.clean_inputs = run.without_outlier(inputs, self.num_generations)
-            if run.scenario != "stale_logprob" or not self.model.training or step != run.s.inject_at:
+                row0 = (inputs["gradloc_group"] == 0) & (inputs["gradloc_index"] == 0)  # the outlier's completion
+                run.truth[step] = [{"level": "sample", "batch": int(row0.float().argmax())}]
+            if run.scenario == "garbage_completion" and step in run.injected and self.model.training:
+                run.find_garbage(inputs, step)
+            if run.scenario not in ("stale_logprob", "stale_tokens") or not self.model.training \
+                    or step != run.s.inject_at:
                 return inputs
             run.clean_inputs = inputs
             inputs = dict(inputs)  # the buffered batch is reused by the next iteration: leave it alone
             k = int(inputs["advantages"].argmin())
             old = inputs["old_per_token_logps"].clone()
-            old[k] -= STALE
+            if run.scenario == "stale_tokens":  # 3 tokens of the completion, from its middle
+                n = int(inputs["completion_mask"][k].sum())
+                j = max(0, n // 2 - 1)
+                old[k, j: j + STALE_TOKENS] -= STALE
+                P = inputs["prompt_ids"].shape[1]  # completion token j is the term at model position P-1+j
+                run.truth[step] = [{"level": "token", "batch": k, "start": P - 1 + t, "end": P + t}
+                                   for t in range(j, min(n, j + STALE_TOKENS))]
+            else:
+                old[k] -= STALE
+                run.truth[step] = [{"level": "sample", "batch": k}]
             inputs["old_per_token_logps"] = old
             run.injected.add(step)
             return inputs
@@ -169,6 +189,36 @@ class TRLRun:
     last_tokens: int = 1
     clean_inputs: dict | None = None  # the injected step's batch as it should have been
     outlier: float = 0.0  # reward given minus reward due, on row 0 of the generation batch
+    truth: dict = field(default_factory=dict)  # injected step -> the units a culprit row should name
+    garbage: list | None = None  # garbage_completion: the random completion the sampler returned
+
+    def garbage_generate(self, generate):
+        """``model.generate`` that returns random tokens for row 0 at the first generation from inject_at."""
+        def wrapped(*args, **kwargs):
+            out = generate(*args, **kwargs)
+            step = self.trainer.state.global_step + 1
+            if self.garbage is None and step >= self.s.inject_at and self.trainer.model.training:
+                P = kwargs["input_ids"].shape[1]
+                g = torch.Generator().manual_seed(self.seed * 7919 + step)
+                junk = torch.randint(2, int(self.trainer.model.config.vocab_size), (out.shape[1] - P,), generator=g)
+                out = out.clone()
+                out[0, P:] = junk  # no end-of-sequence: the whole completion is junk
+                self.garbage = junk.tolist()
+                self.injected |= {step, step + 1}
+            return out
+        return wrapped
+
+    def find_garbage(self, inputs: dict, step: int) -> None:
+        """Which row of the training batch holds the garbage completion (TRL shuffles the generation)."""
+        ids = inputs["completion_ids"]
+        ref = torch.tensor(self.garbage[: ids.shape[1]])
+        k = int(next(i for i in range(ids.shape[0]) if torch.equal(ids[i, : len(ref)], ref)))
+        self.truth[step] = [{"level": "sample", "batch": k}]
+        clean = dict(inputs)
+        mask = inputs["completion_mask"].clone()
+        mask[k] = 0  # the step without the garbage completion
+        clean["completion_mask"] = mask
+        self.clean_inputs = clean
 
     def without_outlier(self, inputs: dict, group: int) -> dict:
         """The batch with the advantages a correct reward gives (rewards centred per group, unscaled)."""
@@ -218,8 +268,8 @@ def run(scenario: str, seed: int, s: TRLSetting, bpe, rows, prompts) -> RunRecor
         prompts = pretrain(model, bpe, s.pretrain_steps, seed)
     steps = s.clean_steps if scenario in ("clean", "converged", "calibration") else s.steps
     tr = TRLRun(scenario, seed, s, rows)
-    rec = RunRecord("trl", scenario, seed, SCENARIOS.get(scenario, "none"), warmup=s.warmup,
-                    twin="clean" if scenario in SCENARIOS else scenario)
+    rec = RunRecord("trl", scenario, seed, ALL.get(scenario, "none"), warmup=s.warmup,
+                    twin="clean" if scenario in ALL else scenario)
     gl = GradLocCallback(tracker="none", spikes=dict(s.detector), locate={"max_events": 10 ** 6}, tokenizer=bpe,
                          log_every=10 ** 9)
 
@@ -231,7 +281,7 @@ def run(scenario: str, seed: int, s: TRLSetting, bpe, rows, prompts) -> RunRecor
 
         def on_step_begin(self, args, state, control, **kw):
             step = state.global_step + 1  # the injection lands on inject_at or the next generation step
-            gl.handle.monitor.responder.config = localize_if(scenario in SCENARIOS and 0 <= step - s.inject_at <= 2)
+            gl.handle.monitor.responder.config = localize_if(scenario in ALL and 0 <= step - s.inject_at <= 2)
 
         def on_pre_optimizer_step(self, args, state, control, model=None, optimizer=None, **kw):
             stats = gl.handle.last
@@ -241,7 +291,9 @@ def run(scenario: str, seed: int, s: TRLSetting, bpe, rows, prompts) -> RunRecor
             rec.steps.append(StepRecord(step, stats.global_norm, stats.layer_norms, tr.last_tokens, step in tr.injected,
                                         tr.last_loss, None, float(optimizer.param_groups[0]["lr"]), sig.get("update"),
                                         sig.get("update_layers"), sig.get("gv_elem"), sig.get("gv_tensor"),
-                                        weight_norm(model), fired, probes, secs, cause, fed=Record.feed.take()))
+                                        weight_norm(model), fired, probes, secs, cause, fed=Record.feed.take(),
+                                        culprits=rows_of(stats), truth=tr.truth.get(step),
+                                        detail=getattr(stats, "cause_detail", None) if fired else None))
             if step in tr.injected and tr.clean_inputs is not None:
                 rec.harms.append(tr.harm(model, optimizer))
 
@@ -259,6 +311,8 @@ def run(scenario: str, seed: int, s: TRLSetting, bpe, rows, prompts) -> RunRecor
     trainer.remove_callback(PrinterCallback)
     record_losses(trainer, tr)
     tr.trainer = trainer
+    if scenario == "garbage_completion":
+        model.generate = tr.garbage_generate(model.generate)
     t0 = time.perf_counter()
     trainer.train()
     for r in rec.steps:
@@ -273,7 +327,7 @@ def finish(runs: list[RunRecord]) -> None:
     twins = {r.seed: r for r in runs if r.scenario == "clean"}
     for r in runs:
         twin = twins.get(r.seed)
-        if r.scenario in SCENARIOS and twin is not None:
+        if r.scenario in ALL and twin is not None:
             twin.twin_loss = next((s.heldout for s in twin.steps if s.step == r.steps[-1].step), math.nan)
 
 
