@@ -21,6 +21,21 @@ spike must not land in the timing). Reported: the median of per-pair ratios agai
 and the difference to ``0.3's signals`` (what the new signals add).
 
     python benchmarks/bench_signals.py [--rounds 30] [--batch 4] [--seq 256] [--threads N]
+    python benchmarks/bench_signals.py --vocab [--rounds 20]   # the signals at a real vocabulary (issue 38)
+
+``--vocab`` measures what the per-term statistics cost where the vocabulary is large:
+
+1. the detector's pass alone against one cross-entropy forward + backward on the same (1, T, V) fp32
+   logits, at V = 32k, 128k and 152k (T = 512; the cost is linear in T, so T = 4096 is 8x both), by
+   route: from the log-probabilities the model's own cross-entropy saved (``watch()`` when the model
+   returns its loss: HF ``labels=``, nanoGPT ``(logits, loss)``), and from the logits (a model that
+   returns none), with the number of passes over the (T, V) tensor each route makes (counted from the
+   code, hardware-independent);
+2. the whole training step of a 1-layer d=64 GPT at V=32k, T=512, ``watch()`` with every default
+   against ``watch()`` with the new signals off, interleaved.
+
+On this busy 2-core machine the timings use one torch thread and the process's CPU time (a parallel
+region waits for its slowest thread, and a descheduled one costs milliseconds of wall time per op).
 """
 from __future__ import annotations
 
@@ -75,7 +90,85 @@ def make_step(model, opt, pool):
     return step
 
 
+# passes over the (T, V) tensor: the graph route's one sum (the gather reads T values); the logits
+# route's block-resident log-sum-exp (max, exp written, its sum) and the sum for the mean over one read
+PASSES = {"from the loss's log-probs": "1 (a sum)", "from the logits": "1 read + 3 in-block"}
+
+
+def _cpu_median(fn, n: int) -> float:
+    fn()
+    times = []
+    for _ in range(n):
+        t0 = time.process_time()
+        fn()
+        times.append(time.process_time() - t0)
+    return statistics.median(times)
+
+
+def logits_rows(rounds: int) -> None:
+    from gradloc_track.spikes.term_stats import term_stats
+
+    print("the detector's per-term pass vs one cross-entropy forward + backward on the same (1, 512, V) fp32 logits")
+    print(f"{'V':>8}  {'route':<28}{'passes over (T, V)':>20}{'pass ms':>9}{'CE fwd+bwd ms':>15}{'ratio':>7}")
+    for V in (32_000, 128_000, 152_064):
+        g = torch.Generator().manual_seed(0)
+        z = torch.randn(512, V, generator=g).requires_grad_()
+        tgt = torch.randint(0, V, (512,), generator=g)
+
+        def ce():
+            F.cross_entropy(z, tgt).backward()
+            z.grad = None
+
+        base = _cpu_median(ce, rounds)
+        logp = torch.log_softmax(z.detach(), -1)  # what the model's own cross-entropy saved
+        for route, fn in (("from the loss's log-probs", lambda: term_stats(logp, tgt, log_probs=True)),
+                          ("from the logits", lambda: term_stats(z.detach(), tgt, log_probs=False))):
+            t = _cpu_median(fn, rounds)
+            print(f"{V:>8}  {route:<28}{PASSES[route]:>20}{t * 1e3:>9.1f}{base * 1e3:>15.1f}{t / base:>7.2f}")
+
+
+def vocab_step(rounds: int) -> None:
+    torch.manual_seed(0)
+    V, T = 32_000, 512
+    proto = LM(TinyGPT(vocab_size=V, n_layer=1, n_head=2, d_model=64, max_seq_len=T))
+    gen = torch.Generator().manual_seed(1)
+    pool = [torch.randint(0, V, (1, T), generator=gen) for _ in range(8)]
+    steps, handles = {}, []
+    for name, spikes in (("watch(), new signals off", OFF), ("watch(), defaults", {})):
+        model = copy.deepcopy(proto)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        handles.append(gradloc_track.watch(model, opt, tracker=MemoryTracker(), log_every=1, locate=False,
+                                           spikes=spikes))
+        steps[name] = make_step(model, opt, pool)
+    for i in range(3):
+        for fn in steps.values():
+            fn(i)
+    (off_name, off), (on_name, on) = steps.items()
+    ratios, base = [], []
+    for i in range(3, 3 + rounds):
+        first, second = (off, on) if i % 2 else (on, off)
+        t0 = time.process_time()
+        first(i)
+        t1 = time.process_time()
+        second(i)
+        t2 = time.process_time()
+        t_off, t_on = (t1 - t0, t2 - t1) if i % 2 else (t2 - t1, t1 - t0)
+        ratios.append(t_on / t_off)
+        base.append(t_off)
+    print(f"\nthe whole step, 1-layer d=64 GPT, V={V}, T={T}, batch 1, AdamW, log_every=1, detector armed, "
+          f"rounds {rounds}: {off_name} {statistics.median(base) * 1e3:.0f} ms CPU; "
+          f"{on_name} / {off_name} = {statistics.median(ratios):.3f} (median of interleaved pairs)")
+    for h in handles:
+        h.finish()
+
+
 def main() -> None:
+    if "--vocab" in sys.argv:
+        rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 20
+        torch.set_num_threads(1)
+        logits_rows(max(5, rounds // 2))
+        vocab_step(rounds)
+        return
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--batch", type=int, default=4)

@@ -279,7 +279,7 @@ class MicroBatchCapture(BatchList):
                 docs = None if pos is None else document_index(pos, pos.shape)
                 batch.sample_max, batch.junk = detector_losses(
                     logits_in(output), batch.targets()[0], batch.input_ids, docs,
-                    samples=self.sample_losses, junk_terms=self.junk_terms)
+                    samples=self.sample_losses, junk_terms=self.junk_terms, output=output)
 
     def remove(self) -> None:
         for h in self._handles:

@@ -3,11 +3,12 @@
 - ``loss``: the loss the model returned for each micro-batch (HF's ``.loss``, nanoGPT's ``(logits,
   loss)``), detached, averaged over the step's micro-batches: free, no extra pass.
 - the largest per-sample loss: each sample's mean loss over its loss terms (the row, also when
-  ``position_ids`` pack documents; repeats of the input token capped: ``spikes/sample_loss.py``):
-  one cross-entropy pass over the logits the training forward already made, row by row under
-  ``no_grad`` and a block of positions at a time (``spikes/logit_blocks.py``), in the same pass as
-  the junk signal's excess (``detector_losses``). Its cost grows with the vocabulary;
-  ``spikes.sample_signal=false`` turns it off.
+  ``position_ids`` pack documents; repeats of the input token capped: ``spikes/sample_loss.py``),
+  and the junk signal's excess over chance, both from ``spikes/term_stats.py`` (``detector_losses``):
+  when the model's own loss is a cross-entropy over the logits it returned, from the log-probabilities
+  that loss saved for its backward (a gather and one sum over the vocabulary: no exp, issue 38), else
+  from one blockwise read of the logits. ``spikes.sample_signal=false`` / ``junk_signal=false`` turn
+  them off.
 
 Everything stays on the device (no host sync): the monitor moves it with the step's other values.
 """
@@ -16,21 +17,25 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import torch
-import torch.nn.functional as F
 
-from ..spikes.junk import JunkSpan, junk_of, term_excess
-from ..spikes.logit_blocks import per_position
+from ..spikes.junk import JunkSpan, cap_repeats, junk_of
 from ..spikes.sample_loss import sample_losses
+from ..spikes.term_stats import saved_log_probs, term_stats
 
 IGNORE = -100
 
 
 def loss_in(out: Any) -> torch.Tensor | None:
     """The scalar loss a forward returned (``.loss``, or a 0-d tensor in a tuple), detached; else None."""
+    loss = _loss_tensor(out)
+    return None if loss is None else loss.detach()
+
+
+def _loss_tensor(out: Any) -> torch.Tensor | None:
     loss = getattr(out, "loss", None)
     if loss is None and isinstance(out, (tuple, list)):
         loss = next((o for o in out if isinstance(o, torch.Tensor) and o.dim() == 0), None)
-    return loss.detach() if isinstance(loss, torch.Tensor) and loss.dim() == 0 else None
+    return loss if isinstance(loss, torch.Tensor) and loss.dim() == 0 else None
 
 
 def document_index(position_ids: torch.Tensor | None, shape: torch.Size) -> torch.Tensor:
@@ -44,26 +49,33 @@ def document_index(position_ids: torch.Tensor | None, shape: torch.Size) -> torc
 @torch.no_grad()
 def detector_losses(logits: torch.Tensor, targets: torch.Tensor, input_ids: torch.Tensor | None = None,
                     document_ids: torch.Tensor | None = None, samples: bool = True,
-                    junk_terms: int | None = None) -> tuple[torch.Tensor | None, JunkSpan | None]:
-    """(the largest sample's mean loss, the junk statistics) of a micro-batch, each only when asked,
-    from ONE blockwise pass over each row's logits (``logit_blocks``). The largest sample loss is
-    ``spikes.sample_loss.sample_losses``' (the row is the unit, repeats of the input token capped),
-    0-d on the logits' device, NaN when any is NaN; the junk statistics are ``spikes.junk``'s.
-    ``logits`` (B, T, V) at the model's positions, ``targets`` (B, T) with ``IGNORE`` where a
-    position has no term, ``input_ids`` (B, T) the ids at the same positions, ``document_ids`` (B, T)
-    for packed rows."""
-    tgt = targets.to(logits.device)
-    inp = None if input_ids is None else input_ids.to(logits.device)
-
-    def terms(z: torch.Tensor, t: torch.Tensor, i: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
-        loss = F.cross_entropy(z, t, reduction="none") if samples else t.new_zeros(t.shape, dtype=torch.float32)
-        return loss, (term_excess(z, t, i) if junk_terms else loss)
-
-    rows = [per_position(terms, logits[b], tgt[b].clamp(min=0), None if inp is None else inp[b])
-            for b in range(tgt.shape[0])]
-    valid = tgt != IGNORE
-    smax = sample_losses(torch.stack([r[0] for r in rows]), valid, inp, tgt).max() if samples else None
-    junk = junk_of(torch.stack([r[1] for r in rows]), valid, document_ids, junk_terms) if junk_terms else None
+                    junk_terms: int | None = None, output: Any = None) -> tuple[torch.Tensor | None, JunkSpan | None]:
+    """(the largest sample's mean loss, the junk statistics) of a micro-batch, each only when asked.
+    The largest sample loss is ``spikes.sample_loss.sample_losses``' (the row is the unit, repeats of
+    the input token capped), 0-d on the logits' device, NaN when any is NaN (-inf: no sample has a
+    term); the junk statistics are ``spikes.junk``'s. ``logits`` (B, T, V) at the model's positions,
+    ``targets`` (B, T) with ``IGNORE`` where a position has no term, ``input_ids`` (B, T) the ids at
+    the same positions, ``document_ids`` (B, T) for packed rows, ``output`` the forward's output: when
+    its loss is a cross-entropy over ``logits``, the terms come from what that loss saved (module doc)."""
+    if not (samples or junk_terms):
+        return None, None
+    B, T = targets.shape
+    saved = saved_log_probs(_loss_tensor(output), logits) if output is not None else None
+    if saved is not None and saved.target.numel() in (B * T, B * (T - 1)):
+        Tp = saved.target.numel() // B  # HF's loss keeps every position; a shifted one T - 1
+        tgt = saved.target.view(B, Tp)
+        valid = tgt != saved.ignore_index
+        stats = term_stats(saved.log_probs, tgt.clamp(min=0), log_probs=True, loss=samples, excess=bool(junk_terms))
+    else:
+        Tp, tgt = T, targets.to(logits.device)
+        valid = tgt != IGNORE
+        stats = term_stats(logits, tgt.clamp(min=0), log_probs=False, loss=samples, excess=bool(junk_terms))
+    inp = None if input_ids is None else input_ids[:, :Tp].to(tgt.device)
+    smax = sample_losses(stats.loss.view(B, Tp), valid, inp, tgt).max() if samples else None
+    junk = None
+    if junk_terms:
+        docs = None if document_ids is None else document_ids[:, :Tp]
+        junk = junk_of(cap_repeats(stats.excess.view(B, Tp), tgt, inp), valid, docs, junk_terms)
     return smax, junk
 
 

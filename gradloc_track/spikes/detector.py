@@ -222,9 +222,11 @@ class SpikeDetector:
         values = {}
         if cfg.loss_signal and extra.loss is not None:
             values["loss"] = float(extra.loss)
-        if cfg.sample_signal and extra.sample_losses is not None and len(extra.sample_losses):
-            vals = [float(v) for v in extra.sample_losses]
-            values["sample_loss"] = math.nan if not all(map(math.isfinite, vals)) else max(vals)
+        if cfg.sample_signal and extra.sample_losses is not None:
+            # -inf: a sample without loss terms (all masked), which is no sample; NaN and +inf still fire
+            vals = [v for v in map(float, extra.sample_losses) if v != -math.inf]
+            if vals:
+                values["sample_loss"] = math.nan if not all(map(math.isfinite, vals)) else max(vals)
         if cfg.update_signal and extra.update is not None:
             values["update"] = float(extra.update)
         junk = self._junk_event(step, extra.junk_span)

@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import torch
 
-from .logit_blocks import per_position
+from .term_stats import term_stats
 
 IGNORE = -100
 LEARNED = -1.0  # the batch's terms must average this far below chance (nats) before a span can fire
@@ -41,22 +41,25 @@ def term_excess(logits: torch.Tensor, targets: torch.Tensor, inputs: torch.Tenso
     input token counts at most 0. ``logits`` (..., T, V) (entries at ``-inf``, a vocabulary mask, are
     not tokens the model could emit: they stay out of the mean), ``targets`` (..., T) ids (clamped:
     mask ignored terms yourself), ``inputs`` (..., T) the ids at the same positions or None."""
-    z = logits.float()
-    finite = torch.isfinite(z)
-    mean = torch.where(finite, z, 0.0).sum(-1) / finite.sum(-1).clamp(min=1)
-    excess = mean - z.gather(-1, targets[..., None])[..., 0]
-    if inputs is not None:
-        excess = torch.where(targets == inputs, excess.clamp(max=0.0), excess)
-    return excess
+    V = logits.shape[-1]
+    excess = term_stats(logits.reshape(-1, V), targets.reshape(-1), log_probs=False, loss=False).excess
+    return cap_repeats(excess.view(targets.shape), targets, inputs)
+
+
+def cap_repeats(excess: torch.Tensor, targets: torch.Tensor, inputs: torch.Tensor | None) -> torch.Tensor:
+    """``excess`` with each term whose target repeats its input token capped at 0 (module doc)."""
+    if inputs is None:
+        return excess
+    return torch.where(targets == inputs.to(targets.device), excess.clamp(max=0.0), excess)
 
 
 def span_max(excess: torch.Tensor, valid: torch.Tensor, docs: torch.Tensor, terms: int) -> torch.Tensor:
-    """The largest mean of ``excess`` (T,) over ``terms`` consecutive valid positions of one document
-    (``docs`` (T,) ids); ``-inf`` (0-d) when no such run exists."""
+    """The largest mean of ``excess`` (..., T) over ``terms`` consecutive valid positions of one
+    document (``docs`` (..., T) ids), over every row; ``-inf`` (0-d) when no such run exists."""
     T = excess.shape[-1]
     if T < terms:
         return excess.new_tensor(-torch.inf)
-    sums = torch.where(valid, excess, 0.0).unfold(-1, terms, 1).sum(-1)  # (T - terms + 1,)
+    sums = torch.where(valid, excess, 0.0).unfold(-1, terms, 1).sum(-1)  # (..., T - terms + 1)
     full = valid.float().unfold(-1, terms, 1).sum(-1) == terms
     d = docs.unfold(-1, terms, 1)
     full &= (d == d[..., :1]).all(-1)
@@ -72,25 +75,40 @@ def junk_span(logits: torch.Tensor, targets: torch.Tensor, input_ids: torch.Tens
     predict (already shifted), ``IGNORE`` (-100) or any negative id where a position has no loss
     term; ``input_ids`` (B, T) the ids at the same positions (repeats count at most 0; None: no such
     rule); ``document_ids`` (B, T) for packed rows (a span stays in one document). No softmax: the
-    excess is ``mean(z) - z_target``, one reduction over the vocabulary, row by row and a bounded
-    block of positions at a time (``logit_blocks``).
+    excess is ``mean(z) - z_target``, one sum over the vocabulary a block of positions at a time
+    (``term_stats``): one read of the logits.
     """
     if terms < 1:
         raise ValueError(f"junk_span: terms={terms} must be at least 1 (spikes.junk_terms)")
     if logits.dim() != 3 or targets.shape != logits.shape[:2]:
         raise ValueError(f"junk_span: logits must be (B, T, V) and targets (B, T); got {tuple(logits.shape)} "
                          f"and {tuple(targets.shape)} (shift the labels so position t holds the token t+1)")
-    dev = logits.device
-    tgt = targets.to(dev)
-    inp = None if input_ids is None else input_ids.to(dev)
-    excess = torch.stack([per_position(lambda z, t, i: (term_excess(z, t, i),), logits[b], tgt[b].clamp(min=0),
-                                       None if inp is None else inp[b])[0] for b in range(tgt.shape[0])])
+    for name, ids in (("input_ids", input_ids), ("document_ids", document_ids)):
+        if ids is not None and ids.shape != targets.shape:
+            raise ValueError(f"junk_span: {name} must be (B, T) like targets {tuple(targets.shape)}; "
+                             f"got {tuple(ids.shape)}")
+    tgt = targets.to(logits.device)
+    check_ids(tgt, logits.shape[-1], "junk_span: targets")
+    excess = term_excess(logits, tgt.clamp(min=0), input_ids)
     return junk_of(excess, tgt >= 0, document_ids, terms)
+
+
+def check_ids(targets: torch.Tensor, vocab: int, where: str) -> None:
+    """A target id at or above the vocabulary size names the fix instead of a bare index error (on an
+    accelerator, an asynchronous assertion with the same words instead of a bare device assert)."""
+    msg = (f"{where} hold an id >= the logits' vocabulary size {vocab}: the targets do not belong to these "
+           f"logits (a tokenizer with more ids than the model's output layer?); mark positions without a loss "
+           f"term with -100")
+    if targets.device.type == "cpu":
+        if targets.numel() and int(targets.max()) >= vocab:
+            raise ValueError(msg)
+    elif targets.numel():
+        torch._assert_async(targets.max() < vocab, msg)
 
 
 def junk_of(excess: torch.Tensor, valid: torch.Tensor, document_ids: torch.Tensor | None, terms: int) -> JunkSpan:
     """``JunkSpan`` from each term's excess (B, T) (``term_excess``), ``valid`` (B, T) bool and the
     document ids (B, T) or None."""
     docs = torch.zeros_like(valid, dtype=torch.long) if document_ids is None else document_ids.to(valid.device)
-    best = torch.stack([span_max(excess[b], valid[b], docs[b], terms) for b in range(valid.shape[0])]).max()
+    best = span_max(excess, valid, docs, terms)
     return JunkSpan(best, torch.where(valid, excess, 0.0).sum() / valid.sum().clamp(min=1))

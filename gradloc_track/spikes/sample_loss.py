@@ -24,6 +24,14 @@ def sample_losses(token_losses: torch.Tensor, mask: torch.Tensor, input_ids: tor
     the loss terms (bool or 0/1), ``input_ids`` and ``targets`` (B, T) the ids at each position and the
     ids its logits predict (shifted): a term with ``targets == input_ids`` counts at most the batch's
     mean term loss (without them no term is capped)."""
+    if token_losses.dim() != 2 or mask.shape != token_losses.shape:
+        raise ValueError(f"sample_losses: token_losses and mask must both be (B, T) (one loss per position of each "
+                         f"sample; mask 1 where a position is a loss term); got {tuple(token_losses.shape)} and "
+                         f"{tuple(mask.shape)}")
+    for name, ids in (("input_ids", input_ids), ("targets", targets)):
+        if ids is not None and ids.shape != token_losses.shape:
+            raise ValueError(f"sample_losses: {name} must be (B, T) like token_losses {tuple(token_losses.shape)}; "
+                             f"got {tuple(ids.shape)}")
     valid = mask > 0
     per = torch.where(valid, token_losses.detach().float(), 0.0)
     if input_ids is not None and targets is not None:

@@ -91,7 +91,8 @@ def test_watch_feeds_the_detector_the_models_losses():
 
     want = junk_span(logits, tgt, ids, docs, terms=handle.monitor.detector.config.junk_terms)
     short = junk_span(logits, tgt, ids, docs, terms=4)
-    assert fed[0]["junk_span"] == (float(want.span), pytest.approx(float(want.mean), rel=1e-6))
+    # the excess is a difference of O(1) log-probabilities (watch() reads them from the loss's graph): nats
+    assert fed[0]["junk_span"] == (float(want.span), pytest.approx(float(want.mean), abs=1e-5))
     assert float(want.span) == -math.inf and math.isfinite(float(short.span))  # 16 > a document of 6
 
 
@@ -118,17 +119,17 @@ def test_watch_measures_runs_of_the_configured_length():
     handle.finish()
     tgt = torch.cat([labels[:, 1:], torch.full_like(ids[:, :1], IGNORE)], 1)
     want = junk_span(out.logits.detach(), tgt, ids, terms=4)
-    assert fed[0]["junk_span"] == (pytest.approx(float(want.span), rel=1e-6), pytest.approx(float(want.mean), rel=1e-6))
+    assert fed[0]["junk_span"] == (pytest.approx(float(want.span), abs=1e-5), pytest.approx(float(want.mean), abs=1e-5))
 
 
 def test_rows_read_in_blocks_give_the_same_losses(monkeypatch):
-    import gradloc_track.spikes.logit_blocks as logit_blocks
+    import gradloc_track.spikes.term_stats as term_stats
 
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(2, 9, 5, generator=g)
     targets = torch.randint(0, 5, (2, 9), generator=g)
     whole = float(unit_loss_max(logits, targets))
-    monkeypatch.setattr(logit_blocks, "CHUNK", 2 * 5)  # 2 positions a block
+    monkeypatch.setattr(term_stats, "CPU_BLOCK", 2 * 5)  # 2 positions a block
     assert float(unit_loss_max(logits, targets)) == pytest.approx(whole, rel=1e-6)
     assert whole == pytest.approx(max(plain_unit_losses(logits, targets, torch.zeros(2, 9, dtype=torch.long)).values()),
                                   rel=1e-6)

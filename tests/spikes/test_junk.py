@@ -141,10 +141,10 @@ def test_config_names_bad_values():
 
 def test_a_row_read_in_blocks_gives_the_same_excess(batch, monkeypatch):
     """Long rows are read a block of positions at a time (bounded memory): the result is the same."""
-    import gradloc_track.spikes.logit_blocks as logit_blocks
+    import gradloc_track.spikes.term_stats as term_stats
 
     logits, targets, inputs, docs = batch
     whole = junk_span(logits, targets, inputs, docs, terms=4)
-    monkeypatch.setattr(logit_blocks, "CHUNK", 3 * logits.shape[-1])  # 3 positions a block: 4 blocks a row
+    monkeypatch.setattr(term_stats, "CPU_BLOCK", 3 * logits.shape[-1])  # 3 positions a block: 4 blocks a row
     blocks = junk_span(logits, targets, inputs, docs, terms=4)
     assert float(blocks.span) == float(whole.span) and float(blocks.mean) == pytest.approx(float(whole.mean))

@@ -27,3 +27,25 @@ def test_a_nan_term_makes_its_row_and_the_largest_nan():
     ids = torch.tensor([[1, 2], [3, 4]])
     got = sample_losses(losses, mask, ids, ids)
     assert math.isnan(float(got[0])) and math.isnan(float(got.max()))
+
+
+def test_a_mask_of_the_wrong_shape_names_the_fix():
+    import pytest
+
+    with pytest.raises(ValueError, match=r"token_losses and mask must both be \(B, T\).*\(2, 3\) and \(2, 2\)"):
+        sample_losses(torch.ones(2, 3), torch.ones(2, 2))
+    with pytest.raises(ValueError, match=r"input_ids must be \(B, T\)"):
+        sample_losses(torch.ones(2, 3), torch.ones(2, 3), torch.zeros(3, 2, dtype=torch.long), None)
+
+
+def test_a_batch_whose_rows_are_all_masked_gives_the_detector_no_sample():
+    """Issue 40: an all-masked batch's largest sample loss is -inf (no sample); the detector left it in and
+    fired on every such step, warm-up included (40 events in 40 steps). Such samples are no samples."""
+    from gradloc_track.spikes import SpikeDetector
+
+    det = SpikeDetector()
+    empty = sample_losses(torch.ones(4, 8), torch.zeros(4, 8))
+    assert float(empty.max()) == -math.inf
+    fired = [step for step in range(40) if det.update(step, 1.0, sample_losses=[float(empty.max())])]
+    assert fired == []
+    assert det.update(40, 1.0, sample_losses=[-math.inf, math.nan])  # a NaN sample still fires

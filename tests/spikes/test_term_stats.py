@@ -1,0 +1,142 @@
+"""Each term's loss and excess over chance (``spikes/term_stats.py``), both routes against a brute-force
+per-term loop: from the log-probabilities the model's own cross-entropy saved, and from the logits in
+blocks. The graph route is taken only for a cross-entropy over the very logits the model returned."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import gradloc_track.spikes.term_stats as ts
+from gradloc_track.integrations.step_losses import detector_losses
+from gradloc_track.spikes.junk import junk_span
+from gradloc_track.spikes.sample_loss import sample_losses
+
+
+def brute(logits: torch.Tensor, target: torch.Tensor) -> tuple[list[float], list[float]]:
+    """Per row: -log p_target and its excess over the mean loss of every token the model could emit."""
+    losses, excess = [], []
+    for z, t in zip(logits.double(), target):
+        ok = torch.isfinite(z)
+        logp = z - torch.logsumexp(z[ok], 0)
+        losses.append(-float(logp[t]))
+        excess.append(-float(logp[t]) + float(logp[ok].mean()))
+    return losses, excess
+
+
+@pytest.fixture
+def flat():
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(10, 13, generator=g) * 4
+    z[3, [2, 7]] = -math.inf  # a vocabulary mask on one row
+    return z, torch.randint(0, 13, (10,), generator=g).clamp(max=6)
+
+
+@pytest.mark.parametrize("block", [None, 13, 3 * 13])
+def test_from_the_logits_against_a_loop(flat, block, monkeypatch):
+    z, t = flat
+    if block:
+        monkeypatch.setattr(ts, "CPU_BLOCK", block)  # 1 and 3 positions a block
+    got = ts.term_stats(z, t, log_probs=False)
+    want_loss, want_excess = brute(z, t)
+    assert got.loss.tolist() == pytest.approx(want_loss, abs=1e-5)
+    assert got.excess.tolist() == pytest.approx(want_excess, abs=1e-5)
+
+
+def test_from_log_probs_is_the_same(flat):
+    z, t = flat
+    got = ts.term_stats(torch.log_softmax(z, -1), t, log_probs=True)
+    want_loss, want_excess = brute(z, t)
+    assert got.loss.tolist() == pytest.approx(want_loss, abs=1e-5)
+    assert got.excess.tolist() == pytest.approx(want_excess, abs=1e-5)
+
+
+def test_bf16_logits_and_strided_rows_are_read_without_a_whole_copy(flat):
+    z, t = flat
+    z3 = torch.nan_to_num(z, neginf=-30.0).bfloat16().view(2, 5, 13)
+    got = ts.term_stats(z3[:, :-1], t.view(2, 5)[:, :-1], log_probs=False)  # (2, 4, 13), not viewable flat
+    want_loss, want_excess = brute(z3[:, :-1].float().reshape(-1, 13), t.view(2, 5)[:, :-1].reshape(-1))
+    assert got.loss.tolist() == pytest.approx(want_loss, abs=1e-4)
+    assert got.excess.tolist() == pytest.approx(want_excess, abs=1e-4)
+
+
+class NanoGPT(torch.nn.Module):
+    """``model(x, y) -> (logits, loss)`` with a plain cross-entropy, nanoGPT's way (``ignore_index=-1``)."""
+
+    def __init__(self, V: int = 17, d: int = 8, shifted: bool = False) -> None:
+        super().__init__()
+        self.emb, self.head, self.shifted = torch.nn.Embedding(V, d), torch.nn.Linear(d, V), shifted
+
+    def forward(self, x, y):
+        logits = self.head(torch.tanh(self.emb(x)))  # (B, T, V)
+        if self.shifted:  # the HF-before-4.46 way: the last position's logits left out
+            return logits, F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), y[:, 1:].reshape(-1))
+        return logits, F.cross_entropy(logits.view(-1, logits.shape[-1]), y.view(-1), ignore_index=-1)
+
+
+def _case(shifted: bool):
+    torch.manual_seed(0)
+    model = NanoGPT(shifted=shifted)
+    x = torch.randint(0, 17, (3, 9))
+    y = torch.randint(0, 17, (3, 9))
+    if not shifted:
+        y[1, :4] = -1  # a masked prompt
+    return model, x, y
+
+
+@pytest.mark.parametrize("shifted", [False, True])
+def test_the_models_own_loss_gives_the_same_terms_as_its_logits(shifted):
+    model, x, y = _case(shifted)
+    logits, loss = model(x, y)
+    saved = ts.saved_log_probs(loss, logits)
+    assert saved is not None and saved.log_probs.shape[-1] == 17
+    tgt = torch.cat([y[:, 1:], torch.full_like(y[:, :1], -100)], 1) if shifted else y.masked_fill(y < 0, -100)
+    from_graph = detector_losses(logits, tgt, x, samples=True, junk_terms=3, output=(logits, loss))
+    from_logits = detector_losses(logits.detach(), tgt, x, samples=True, junk_terms=3)
+    assert float(from_graph[0]) == pytest.approx(float(from_logits[0]), abs=1e-5)
+    assert float(from_graph[1].span) == pytest.approx(float(from_logits[1].span), abs=1e-5)
+    assert float(from_graph[1].mean) == pytest.approx(float(from_logits[1].mean), abs=1e-5)
+    per = F.cross_entropy(logits.detach().transpose(1, 2), tgt.clamp(min=0), reduction="none")
+    want = sample_losses(per, tgt != -100, x, tgt).max()
+    assert float(from_graph[0]) == pytest.approx(float(want), abs=1e-5)
+    assert float(from_logits[1].span) == pytest.approx(float(junk_span(logits.detach(), tgt, x, terms=3).span),
+                                                       abs=1e-6)
+
+
+def test_the_graph_route_is_taken_only_for_a_cross_entropy_over_these_logits():
+    model, x, y = _case(False)
+    logits, loss = model(x, y)
+    other = model.head(torch.ones(3, 9, 8))  # logits of another forward
+    assert ts.saved_log_probs(loss, other) is None
+    assert ts.saved_log_probs((logits ** 2).mean(), logits) is None  # not a cross-entropy
+    weighted = F.cross_entropy(logits.view(-1, 17), y.view(-1).clamp(min=0), weight=torch.rand(17))
+    assert ts.saved_log_probs(weighted, logits) is None  # class weights: not each term's loss
+    assert ts.saved_log_probs(loss.detach(), logits) is None
+    loss.backward()  # the saved tensors are freed
+    assert ts.saved_log_probs(loss, logits) is None
+
+
+def test_a_vocabulary_mask_in_the_models_loss_stays_out_of_the_mean():
+    model, x, y = _case(False)
+    logits = model.head(torch.tanh(model.emb(x)))
+    masked = logits.masked_fill(torch.arange(17) == 16, -math.inf)  # id 16 can never be emitted
+    y = y.clamp(max=15)  # and is no target
+    loss = F.cross_entropy(masked.view(-1, 17), y.view(-1), ignore_index=-1)
+    saved = ts.saved_log_probs(loss, masked)
+    got = ts.term_stats(saved.log_probs, saved.target.clamp(min=0), log_probs=True)
+    want_loss, want_excess = brute(masked.detach().view(-1, 17), y.view(-1).clamp(min=0))
+    assert torch.isfinite(got.excess).all()
+    assert got.excess.tolist() == pytest.approx(want_excess, abs=1e-5)
+    assert got.loss.tolist() == pytest.approx(want_loss, abs=1e-5)
+
+
+def test_targets_outside_the_vocabulary_and_bad_shapes_name_the_fix():
+    logits = torch.randn(2, 5, 7)
+    targets = torch.randint(0, 7, (2, 5))
+    targets[1, 2] = 9
+    with pytest.raises(ValueError, match="targets hold an id >= the logits' vocabulary size 7"):
+        junk_span(logits, targets)
+    with pytest.raises(ValueError, match=r"input_ids must be \(B, T\)"):
+        junk_span(logits, targets.clamp(max=6), torch.zeros(2, 4, dtype=torch.long))
