@@ -103,8 +103,9 @@ class StepCheck:
     """Do the probes reproduce the step? The sum of the micro-batches' full-mask probes against
     the gradient the step's own backward left in ``.grad``.
 
-    ``residual``: ``||sum - s * grad|| / ||sum||`` with ``s`` the best scale per tensor (so a
-    clipper's rescaling is not a difference; dropout replayed wrong is); ``norm_ratio``:
+    ``residual``: ``||sum - s * grad|| / ||sum||`` with ``s`` the best scale per tensor when what
+    rescaled ``.grad`` is not known (so a clipper's rescaling is not a difference; dropout replayed
+    wrong is), the best one scale when it is (``step_check``); ``norm_ratio``:
     ``||grad|| / ||sum||`` (1 unless clipped or the loss was normalised differently); ``scale``:
     the one number with ``grad = scale * sum`` (least squares, float64) when it fits within the
     tolerance, None when it does not (per-tensor rescaling) or the probes do not replay the step:

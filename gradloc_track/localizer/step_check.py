@@ -2,9 +2,13 @@
 
 Every probe replays its micro-batch's RNG state, so dropout masks repeat; when the states are the
 ones saved right before each micro-batch's training forward, the sum of the K full-mask probes
-IS the step's gradient (``.grad`` before localizing). That is checked once, at no probe's cost,
-tensor by tensor with the best scale per tensor (a clipper that rescaled ``.grad`` in place is
-not a difference; dropout replayed from the wrong state, a stateful module or another loss are).
+IS the step's gradient (``.grad`` before localizing). That is checked once, at no probe's cost:
+when nobody said what rescaled ``.grad`` (``Reference.scale`` None: a caller's own clipper), with
+the best scale per tensor (a clipper that rescaled ``.grad`` in place is not a difference; dropout
+replayed from the wrong state, a stateful module or another loss are); when the caller said (a
+clipper's coefficients, or 1: nothing of ours rescaled it), with one scale for the whole step only
+(a user's global clip, another normalisation): one tensor 40x its replay is then another step, as
+is a flipped bit.
 When it fails, one more forward pass tells randomness the RNG cannot replay from the rest, and
 the result says why (``StepCheck.reason``, a warning, a note in the artifacts).
 
@@ -70,10 +74,12 @@ def _compare(total: Grads, reference: list[torch.Tensor | None], reduce: Callabl
     taken times ``factor`` (one number or one per tensor; None: 1) in float64.
 
     The residual is ``||total - ref|| / ||total||`` when that is already small (no rescaling), else
-    the one left after the best scale per tensor. ``scale`` is the ONE number with ``ref = scale *
-    total`` (least squares), with ``||ref - scale * total|| / ||ref||``: what a caller that works in
-    ``.grad``'s units (spike surgery) needs. Per-tensor values in float64 (``||t||^2``, ``||r||^2``,
-    ``||t - r||^2`` formed elementwise, ``<t, r>``), one tensor-sized temporary at a time, reduced
+    the one left after the best scale per tensor (``factor`` None: what rescaled ``.grad`` is not
+    known) or after the best ONE scale (``factor`` given: per-tensor rescaling is not the step).
+    ``scale`` is the ONE number with ``ref = scale * total`` (least squares), with
+    ``||ref - scale * total|| / ||ref||``: what a caller that works in ``.grad``'s units (spike
+    surgery) needs. Per-tensor values in float64 (``||t||^2``, ``||r||^2``, ``||t - r||^2`` formed
+    elementwise, ``<t, r>``), one tensor-sized temporary at a time, reduced
     over shards, moved to the host once."""
     rows = []
     for t, r, f in zip(total, reference, _factors(factor, len(total))):
@@ -94,6 +100,9 @@ def _compare(total: Grads, reference: list[torch.Tensor | None], reduce: Callabl
     raw = math.sqrt(d_sq / t_sq)
     if raw <= 1e-3:
         return raw, ratio, scale
+    if factor is not None:  # ||t - a r||^2 with the best ONE a: ||t||^2 - <t, r>^2 / ||r||^2
+        left = max(0.0, t_sq - dot * dot / r_sq) if r_sq > 0 else t_sq
+        return math.sqrt(left / t_sq), ratio, scale
     ts, rs, ds = per[:, 0], per[:, 1], per[:, 3]
     # per tensor, ||t - a r||^2 with the best a = <t, r> / ||r||^2 is ||t||^2 - <t, r>^2 / ||r||^2
     left = torch.where(rs > 0, ts - ds.square() / rs.clamp_min(1e-300), ts).clamp_min(0.0)

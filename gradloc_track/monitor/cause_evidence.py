@@ -77,6 +77,7 @@ def evidence_of(stats: Any, lr_pair: tuple[float | None, float | None]) -> Evide
     if check is not None:
         ev.replayed, ev.repeatable = check.replayed, not str(check.reason).startswith("randomness")
         ev.residual = check.residual if math.isfinite(check.residual) else math.inf
+        ev.norm_ratio = check.norm_ratio  # a flipped bit: .grad 2e9x the replay, whatever the residual
     if finding is not None or any(not math.isfinite(e.value) for e in stats.events if e.is_norm):
         ev.replayed, ev.residual = False, math.inf
     culprits = [c for c in (result.culprits or []) if getattr(c, "share", None) is not None]

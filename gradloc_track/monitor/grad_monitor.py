@@ -306,12 +306,15 @@ class GradMonitor:
             return NO_CLIP if self.clipper is None else None
         return ClipScale(clip.coef_t, not clip.deferred) if self.param_set.clip_index is None else None
 
-    def _clip_scale(self, clip: Any) -> torch.Tensor | None:
+    def _clip_scale(self, clip: Any) -> torch.Tensor | float | None:
         """What the clipper did to ``.grad`` before the localizer runs: its per-tensor coefficients
         (``ClipResult.coef_t``, a device tensor) in the monitored tensors' order, which is the
-        localizer's (``trainable_params(model)``); 1 for tensors the clipper does not hold. None when
-        nothing clipped yet (no clipper; ``spikes.response=surgery`` clips after the verdict; a clip
-        handed to a fused optimizer's ``grad_scale``, which applies it inside ``step()``)."""
+        localizer's (``trainable_params(model)``); 1 for tensors the clipper does not hold; 1 with no
+        clipper (nothing of ours rescaled ``.grad``: the check allows one factor, a user's global clip,
+        not one per tensor). None when nothing clipped yet (``spikes.response=surgery`` clips after the
+        verdict; a clip handed to a fused optimizer's ``grad_scale``, which applies it inside ``step()``)."""
+        if clip is None and self.clipper is None:
+            return 1.0
         if clip is None or clip.deferred:
             return None
         index = self.param_set.clip_index

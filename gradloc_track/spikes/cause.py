@@ -49,6 +49,7 @@ class Evidence:
     prev_lr: float | None = None
     replayed: bool | None = None  # None: no replay ran; False: the probes' sum is not .grad
     residual: float | None = None  # ||probes' sum - .grad|| / ||probes' sum||
+    norm_ratio: float | None = None  # ||.grad|| / ||probes' sum||
     repeatable: bool = True  # two identical probes agree (False: randomness the RNG does not replay)
     culprit_share: float | None = None  # the named culprits' summed share; None: not localized
     n_culprits: int = 0
@@ -92,7 +93,9 @@ def _schedule(ev: Evidence) -> Cause | None:
 def _irreproducible(ev: Evidence) -> Cause | None:
     if ev.replayed is not False or not ev.repeatable or ev.residual is None or math.isnan(ev.residual):
         return None  # a NaN residual: the replay itself is not finite, the batch makes the NaN (numeric)
+    far = ev.norm_ratio is not None and math.isfinite(ev.norm_ratio) and not 0.5 <= ev.norm_ratio <= 2.0
     how = ("the replayed gradient is finite, the one in .grad is not" if math.isinf(ev.residual) else
+           f"the gradient in .grad is {ev.norm_ratio:.3g}x the norm of the replayed one" if far else
            f"the replayed gradient differs from the one in .grad by {ev.residual:.0%} of its norm")
     return Cause("irreproducible", f"the step does not reproduce: {how}, while the replay itself repeats; suspect a "
                                    "hardware fault or silent data corruption")

@@ -260,3 +260,26 @@ def test_the_monitor_localizes_the_pre_clip_step_when_a_fused_optimizer_applies_
     assert check.replayed and check.norm_ratio == pytest.approx(1.0, abs=1e-5), check
     assert not any("clipped in place" in n for n in stats.locate.notes), stats.locate.notes
     assert [(c.batch, c.position) for c in stats.locate.tokens][:1] == [(1, 3)]
+
+
+def test_with_the_scale_known_only_one_global_factor_is_allowed():
+    """``grad_scale`` given (the monitor passes 1 when no clipper of its own ran): ``.grad`` may differ from
+    the probes' sum by one factor (a global clip of the user's, another normalisation), never per tensor
+    (one tensor 40x is another step; the per-tensor allowance is for a clipper whose coefficients are
+    not known)."""
+    from gradloc_track.localizer import LocateStep
+
+    model = gpt2(0.0)
+    batches, rng = train_step(model, micro_batches())
+    step = LocateStep.from_context(lm_spike_context(model, batches, rng_state=rng)).but(grad_scale=1.0)
+    params = [p for p in model.parameters() if p.grad is not None]
+    with torch.no_grad():
+        for p in params:
+            p.grad.mul_(0.5)
+    res = gradloc_track.locate(model, step)
+    assert res.step_check.replayed and res.step_check.norm_ratio == pytest.approx(0.5, rel=1e-4)
+    with torch.no_grad():
+        params[3].grad.mul_(40)
+    with pytest.warns(UserWarning, match="do not reproduce"):
+        res = gradloc_track.locate(model, step)
+    assert not res.step_check.replayed and res.step_check.residual > 0.01  # the tolerance is 1e-3

@@ -165,3 +165,28 @@ def test_lr_history_reads_the_largest_rise_over_groups():
     opt.param_groups[1]["lr"].fill_(1.0)  # a tensor lr changed in place: the clone keeps the old value
     h.advance()
     assert h.pair() == pytest.approx((1.0, 0.2))
+
+
+def test_one_grad_tensor_scaled_x40_without_a_clipper_is_irreproducible(run):
+    """No clipper rescaled ``.grad``: one tensor 40x its replay is not "the step reproduces" (the per-tensor
+    rescale allowance is a clipper's, and this monitor has none)."""
+    stats = run.train(after_backward=lambda r: r.model.h[0].mlp.fc.weight.grad.mul_(40))
+    detail = check(run, stats, "irreproducible")
+    assert "does not reproduce" in detail and "hardware fault" in detail
+
+
+def corrupt_one_element(r: Run) -> None:
+    """One ``.grad`` element becomes 3.4e9: bit 30 (the exponent's top bit) flipped in an element of 1e-29,
+    set here so the flip lands the same on any run. ``.grad`` and its squared norm stay finite."""
+    g = r.model.h[0].mlp.fc.weight.grad.view(-1)
+    g[7] = 1e-29
+    g.view(torch.int32)[7] ^= 1 << 30
+
+
+def test_a_flipped_bit_that_leaves_grad_finite_says_how_far_grad_is_from_the_replay(run):
+    """The sentence said "differs by 9% of its norm" where .grad was 2e9 times the replay."""
+    assert 3e9 < 1e-29 * 2.0 ** 128 < 4e9
+    stats = run.train(after_backward=corrupt_one_element)
+    detail = check(run, stats, "irreproducible")
+    ratio = stats.locate.step_check.norm_ratio
+    assert ratio > 10 and f"the gradient in .grad is {ratio:.3g}x the norm of the replayed one" in detail
