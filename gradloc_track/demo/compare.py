@@ -16,7 +16,7 @@ from typing import Any, Sequence
 LR_CUT = 0.5  # a clipper that scales more than this share of the clean steps acts on the learning rate
 HELD = 1.5  # a spike held to at most this multiple of a clean step's post-clip norm is held
 
-HEADER = ("| run | spikes detected | spike held (post-clip, x a clean step) | clean steps clipped | "
+HEADER = ("| run | spikes detected | spike held (worst post-clip norm, x a clean step's) | clean steps clipped | "
           "mean coefficient | final loss | verdict |")
 
 
