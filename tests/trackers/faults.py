@@ -131,3 +131,30 @@ class RaisesOnce(MemoryTracker):
         if self.finish_exc is not None:
             raise self.finish_exc("injected in the backend's finish")
         super().finish(status, timeout_s)
+
+
+class SlowCalls(MemoryTracker):
+    """Every call takes ``delay_s`` (a slow server: 2 s a call in the fault round)."""
+
+    def __init__(self, delay_s: float = 2.0):
+        super().__init__()
+        self.delay_s = delay_s
+
+    def _slow(self):
+        time.sleep(self.delay_s)
+
+    def log_metrics(self, metrics, step):
+        self._slow()
+        super().log_metrics(metrics, step)
+
+    def log_table(self, key, columns, rows, step=None):
+        self._slow()
+        super().log_table(key, columns, rows, step)
+
+    def log_html(self, key, html, step=None):
+        self._slow()
+        super().log_html(key, html, step)
+
+    def finish(self, status="success", timeout_s=None):
+        self._slow()
+        super().finish(status, timeout_s)

@@ -333,3 +333,38 @@ def test_at_exit_a_hung_backend_hands_what_is_left_to_the_spool(tmp_path, monkey
                      for s in ([r["args"][1]] if r["call"] == "log_metrics" else [e[1] for e in r["args"][0]]))
     assert sorted({s for s, _ in backend.metrics} | set(spooled)) == list(range(6))
     assert recs[-1]["call"] == "finish" and recs[-1]["args"] == ["failed"]
+
+
+def test_finish_keeps_its_bound_with_a_2s_per_call_backend_and_spike_jobs_left(tmp_path):
+    """finish() overran finish_timeout_s (62.6 s against 60 s): the spike jobs it took over rendered on
+    its own thread after the bound. They now render off it; their pages still reach the spool."""
+    from .faults import SlowCalls
+
+    backend = SlowCalls(2.0)
+    tracker = AsyncTracker(lambda: backend, "slow", tmp_path, WriterSettings(finish_timeout_s=3.0,
+                                                                            flush_interval_s=0.01))
+
+    def spike_job(step):
+        def job(sink):  # a spike's rendering (page and heatmap): seconds of work, then its page
+            time.sleep(1.5)
+            sink.log_html("spikes/highlight", f"<p>{step}</p>", step)
+        return job
+
+    for step in range(20):
+        tracker.log_metrics({"x": float(step)}, step)
+        if step % 5 == 0:
+            tracker.log_table("spikes/tokens", ["step"], [[step]], step)
+            tracker.submit(spike_job(step))
+    t0 = time.perf_counter()
+    with pytest.warns(RuntimeWarning, match="did not finish within the bound"):
+        tracker.finish("success")
+    took = time.perf_counter() - t0
+    assert took < 3.0 + 0.5, f"finish() took {took:.1f} s with a 3 s bound"
+    spool = tmp_path / "spool" / "slow.jsonl"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # the late jobs land in the spool (or reached the backend before)
+        pages = {r["args"][2] for r in read_spool(spool) if r["call"] == "log_html"} | {s for _, s, _ in backend.html}
+        if pages == {0, 5, 10, 15}:
+            break
+        time.sleep(0.2)
+    assert pages == {0, 5, 10, 15}

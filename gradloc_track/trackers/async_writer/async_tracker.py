@@ -76,6 +76,7 @@ class AsyncTracker(Tracker):
         self._q: queue.Queue = queue.Queue(maxsize=settings.queue_size)
         self._finished = False
         self._gone: str | None = None  # why the writer thread ended early, if it did
+        self._late_reason = ""  # why finish() took over the jobs it renders late
         self._pending = PendingRecords()
         self._spill = Spill(self.spool, name, self.run_dir)
         self._writer = WriterLoop(BackendSource(factory, name, self.run_dir, gate, on_open), self._q, self._pending,
@@ -214,12 +215,14 @@ class AsyncTracker(Tracker):
         if self._gone is None:
             self._enqueue_final(status, deadline)
             self._thread.join(max(0.0, deadline - time.monotonic()))
+        late: list = []  # spike artifact jobs left: rendered off this thread, within what is left of the bound
         if self._gone is not None:
-            self._abandon(status, self._gone)
+            self._abandon(status, self._gone, late)
         elif self._thread.is_alive():
-            self._abandon(status, f"finish() waited {limit:.0f} s")
+            self._abandon(status, f"finish() waited {limit:.0f} s", late)
         self._writer.backend.cancel_if_unopened()  # a run still being created must not outlive this run
-        run_lock.release(self.run_dir, self._owner)
+        if not (late and self._run_late(late, deadline)):
+            run_lock.release(self.run_dir, self._owner)
         if self.dropped:
             warnings.warn(f"gradloc-track: {self.dropped} {self.name} record(s) were LOST (the backend and the "
                           f"spool {self.spool.path} both failed: {self.spool.error}); see the tracker/dropped metric",
@@ -233,16 +236,46 @@ class AsyncTracker(Tracker):
             pass
         self._wake()
 
-    def _abandon(self, status: str, why: str) -> None:
-        """finish() ran out of time: spool everything still pending, in flight or queued, and the status."""
+    def _abandon(self, status: str, why: str, late: list) -> None:
+        """finish() ran out of time: spool everything still pending, in flight or queued, and the status
+        (jobs go to ``late``: rendering them here would overrun the bound, seconds each)."""
         gone = why == self._gone  # (already said, when it died)
-        reason = why if gone else f"{why} for the {self.name} backend"
-        if not hand_over(self._q, self._pending, self._spill, reason) and not self._writer.status_handled:
+        self._late_reason = reason = why if gone else f"{why} for the {self.name} backend"
+        if not hand_over(self._q, self._pending, self._spill, reason, late) and not self._writer.status_handled:
             self._spill("finish", (status,), now_ms(), reason)
         if not gone:
             self._spill.warn_once("abandon", f"gradloc-track: the {self.name} writer did not finish within the "
                                   f"bound ({why}); what was left is in {self.spool.path} "
                                   f"(`gradloc-track replay {self.run_dir}`)")
+
+    def _run_late(self, jobs: list, deadline: float) -> bool:
+        """Render the jobs ``finish()`` took over on a thread of their own, their records to the spool,
+        waiting for them only until ``deadline``; ``True`` when some still run (that thread then frees the
+        run dir when done, and the process waits for it at exit, at most ``EXIT_FLUSH_S``)."""
+        state, guard = {"done": False, "handed": False}, threading.Lock()
+
+        def render() -> None:
+            try:
+                for job, ts in jobs:
+                    self._spill.run_job(job, self._late_reason, ts)
+            finally:
+                with guard:
+                    state["done"] = True
+                    release = state["handed"]
+                if release:  # finish() returned before this: the run dir is freed here
+                    run_lock.release(self.run_dir, self._owner)
+
+        thread = threading.Thread(target=render, name=f"gradloc-track-{self.name}-late", daemon=True)
+        thread.start()
+        thread.join(max(0.0, deadline - time.monotonic()))
+        with guard:
+            left = state["handed"] = not state["done"]
+        if left:
+            _LATE.append(thread)
+            self._spill.warn_once("late", f"gradloc-track: {len(jobs)} spike artifact job(s) were still rendering "
+                                  f"when finish() reached its bound; their records go to {self.spool.path} as they "
+                                  f"finish (`gradloc-track replay {self.run_dir}`)")
+        return left
 
     def _at_exit(self) -> None:
         """The process exits and nobody finished this run: what is pending is written now (the interval
@@ -253,6 +286,18 @@ class AsyncTracker(Tracker):
         if self._q.unfinished_tasks or len(self._pending):
             self._gone = "the process exited before finish()"
             hand_over(self._q, self._pending, self._spill, self._gone)
+
+
+_LATE: list[threading.Thread] = []  # artifact jobs still rendering after their finish() returned
+
+
+@atexit.register
+def _wait_for_late_jobs() -> None:
+    """Registered first, so it runs last: the late jobs' records reach the spool unless the process
+    would wait more than ``EXIT_FLUSH_S`` for them."""
+    deadline = time.monotonic() + EXIT_FLUSH_S
+    for thread in _LATE:
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def _at_exit(ref: "weakref.ref[AsyncTracker]") -> None:
