@@ -2,8 +2,8 @@
 
     python examples/train_lm.py                              # MLflow store ./mlflow.db
     python examples/train_lm.py experiment=spike_demo        # inject a spike, localize it
-    python examples/train_lm.py tracker=wandb clip=adagc clip.beta=0.98 train.steps=50
-    python examples/train_lm.py -m clip=none,global,zclip,adagc,layerclip experiment=spike_demo
+    python examples/train_lm.py experiment=spike_demo tracker=wandb  # the demo in a W&B run
+    python examples/train_lm.py -m experiment=spike_demo clip=none,adagc,zclip   # one table of the jobs at the end
     torchrun --nproc_per_node 2 examples/train_lm.py train.inject.step=100 train.inject.rank=1
 
 Every override is a field of gradloc_track.demo.config.DemoConfig (see conf/). Read it top to
