@@ -13,8 +13,9 @@ bound to the actor config composed from verl's ``ppo_trainer.yaml`` plus
 ``+actor_rollout_ref.actor.gradloc.spikes.warmup_steps=3`` and
 ``...gradloc.run_dir=runs/verl_grpo``: the node our ``verl.plugins`` entry point lets verl's config
 carry, and the only gradloc-track lines. At ``--inject-at`` ONE response (on the last rank) gets a
-reward outlier (``--inject reward``) or old log-probs stale by 2.2 nats with a negative advantage
-(``--inject stale``, ratio ~9, under the dual clip of 10). Rank 0 logs verl's metrics through
+reward outlier (``--inject reward``), old log-probs stale by 2.2 nats with a negative advantage
+(``--inject stale``, ratio ~9, under the dual clip of 10) or a NaN advantage (``--inject nan``: the
+step is skipped on every rank, the response named by the non-finite search). Rank 0 logs verl's metrics through
 ``verl.utils.tracking.Tracking`` into ONE MLflow run (``MLFLOW_TRACKING_URI``, default
 ./mlflow.db); ours ride in it (``actor/grad_norm/*``, ``actor/spike/*``), the culprit table and
 highlight page land in its artifacts, and the spike block naming the response is printed with the
@@ -100,7 +101,7 @@ def ppo_loss_fn(config):
 
 @dataclass
 class Inject:
-    kind: str  # "reward" (outlier score) | "stale" (old log-probs made stale)
+    kind: str  # "reward" (outlier score) | "stale" (old log-probs made stale) | "nan" (a NaN advantage)
     rank: int
     row: int  # row in that rank's batch
     extra: dict = field(default_factory=dict)
@@ -152,6 +153,8 @@ def make_batch(engine, step: int, rank: int, inject: Inject | None = None, packe
     if hit and inject.kind == "stale":
         adv[inject.row] = -adv[inject.row].abs() - 1.0  # PPO's clip does not bound a negative advantage's ratio
         old[inject.row] -= inject.extra.get("nats", 2.2) * rm[inject.row]  # ratio ~ e^2.2 ~ 9 (< clip_ratio_c)
+    if hit and inject.kind == "nan":  # a reward that came back NaN for one response: its advantage is NaN
+        adv[inject.row, rm[inject.row] != 0] = float("nan")
     batch = dict(base, old_log_probs=old, advantages=adv, ref_log_prob=old - 0.05 * rm, rollout_is_weights=rm.float(),
                  token_level_scores=scores, token_level_rewards=scores)
     dp = DataProto.from_single_dict(batch, meta_info={"temperature": 1.0})
@@ -266,7 +269,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--procs", type=int, default=2)
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--inject-at", type=int, default=4)
-    p.add_argument("--inject", choices=["reward", "stale"], default="reward")
+    p.add_argument("--inject", choices=["reward", "stale", "nan"], default="reward")
     p.add_argument("--loss-agg-mode", default="token-mean",
                    choices=["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
     p.add_argument("--model-dir", default=str(Path("runs") / "verl_tiny_qwen2"))

@@ -297,9 +297,15 @@ def _cause_line(ev: SpikeEvent | None) -> str:
             f"{html.escape(getattr(ev, 'cause_detail', '') or '')}</div>")
 
 
-def _name(mb: int | None, sample: int, document: int | None = None) -> str:
-    return (f"micro-batch {mb} · " if mb is not None else "") + f"sample {sample}" + \
-        (f" · document {document}" if document is not None else "")
+def _name(mb: int | None, sample: int, document: int | None = None, rank: int | None = None) -> str:
+    return (f"rank {rank} · " if rank is not None else "") + (f"micro-batch {mb} · " if mb is not None else "") + \
+        f"sample {sample}" + (f" · document {document}" if document is not None else "")
+
+
+def _own_sample(ctx: Any, sample: int) -> int:
+    """The sample's index in its rank's batch (a gathered view's ``rank_sample``), as the console names it."""
+    own = (getattr(ctx, "sample_columns", None) or {}).get("rank_sample")
+    return int(own[sample]) if isinstance(own, torch.Tensor) and sample < own.shape[0] else sample
 
 
 def _unit_text(u: Culprit, T: int) -> str:
@@ -351,7 +357,9 @@ def _section(mb: int | None, sample: int, culprits: list, result: LocateResult, 
         text = parts_html(s, seg[sample].tolist(), getattr(ctx, "segment_names", None), window, units)  # host sync
     else:
         text = f"<div class='text'>{_shown(s, ranges, units)}</div>"
-    section = [f"<h2>{_name(mb, sample, doc)}</h2>", _sample_meta(ctx, sample), f"<div class='meta'>{esc(meta)}</div>",
+    rank = getattr(culprits[0], "rank", None) if culprits else None
+    section = [f"<h2>{_name(mb, _own_sample(ctx, sample), doc, rank)}</h2>", _sample_meta(ctx, sample),
+               f"<div class='meta'>{esc(meta)}</div>",
                text,
                "<table><tr><th>position</th><th>token id</th><th>token</th><th>grad norm</th><th>share</th>"
                f"<th>top layers</th></tr>{rows}</table>"]

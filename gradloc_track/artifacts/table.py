@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 BASE_COLUMNS = ["step", "level", "token", "share", "grad_norm", "sample", "position", "end", "top_layers", "signal",
                 "z", "token_id", "sample_id", "nonfinite"]
 WHERE_COLUMNS = ("micro_batch", "rank", "document")  # only when the localization (or the context) has them
+RANK_SAMPLE = "rank_sample"  # a gathered view's column (localizer.dist_context): the sample's index on its rank
 MAX_UNIT_CHARS = 1000  # a span/sample row's text is cut here, with a marker saying how much was left
 
 
@@ -99,7 +100,7 @@ def attribution_table(step: int, events: Sequence[SpikeEvent], result: LocateRes
     rows = []
     for c in result.culprits:
         cells = {"step": step, "level": c.level, "micro_batch": c.micro_batch, "rank": getattr(c, "rank", None),
-                 "document": view.document(c), "sample": c.batch, "position": c.start, "end": c.end,
+                 "document": view.document(c), "sample": view.sample(c), "position": c.start, "end": c.end,
                  "grad_norm": c.grad_norm, "share": c.share, "top_layers": format_top_layers(c.layer_norms, top_layers),
                  "signal": lead.signal if lead else None, "z": lead.z if lead else None,
                  "sample_id": view.sample_id(c), "nonfinite": bool(getattr(c, "nonfinite", False)), **view.text(c)}
@@ -121,6 +122,8 @@ class _View:
         self.docs = _cpu_lists({"d": docs_t})["d"] if docs_t is not None else None
         self.ev = _cpu_lists({n: ec[n] for n in extras if n in ec})
         self.sv = _cpu_lists({n: sc[n] for n in samples if n in sc})
+        # a gathered view (torch.distributed) numbers its rows itself: the sample is the rank's own
+        self.own = _cpu_lists({"s": sc[RANK_SAMPLE]})["s"] if RANK_SAMPLE in sc else None
         self.extras, self.samples = extras, samples
         self.tok = getattr(ctx, "tokenizer", None)
         import torch  # a table is built in a training process: torch is loaded already
@@ -140,6 +143,12 @@ class _View:
         docs = self.at(self.docs, c.micro_batch) if self.docs is not None else None
         return row_fingerprint(self.at(self.ids, c.micro_batch)[c.batch], None if mask is None else mask[c.batch],
                                None if docs is None else docs[c.batch], c.start)
+
+    def sample(self, c: Any) -> int | None:
+        """The culprit's sample as the console names it: its index in its own rank's batch."""
+        if self.own is None or c.batch is None:
+            return c.batch
+        return self.at(self.own, c.micro_batch)[c.batch]
 
     def document(self, c: Any) -> int | None:
         """The culprit's packed document: the localizer's for a unit, the map's at a token."""
@@ -169,8 +178,15 @@ class _View:
             row = self.at(self.ev[n], c.micro_batch)[c.batch]
             out.append(row[c.position] if c.level == "token" else self._unit_mean(c, row))
         for n in self.samples:
-            out.append(self.at(self.sv[n], c.micro_batch)[c.batch] if n in self.sv and c.batch is not None else None)
+            cell = self.at(self.sv[n], c.micro_batch)[c.batch] if n in self.sv and c.batch is not None else None
+            out.append(self._per_document(cell, c))
         return out
+
+    def _per_document(self, cell: Any, c: Any) -> Any:
+        """A packed row's per-document cell (one value per document, e.g. verl's responses' rewards):
+        the culprit's document's value."""
+        doc = self.document(c) if isinstance(cell, list) else None
+        return cell[doc] if doc is not None and 0 <= doc < len(cell) else cell
 
 
     def _terms(self, c: Any, width: int) -> list[int]:

@@ -50,13 +50,16 @@ class SpikeView:
     def _get(self, name: str, mb: int | None) -> Any:
         return _at(getattr(self.context, name, None), mb)
 
-    def _column(self, cols: dict, name: str, mb: int | None, sample: int) -> Any:
+    def _column(self, cols: dict, name: str, mb: int | None, sample: int, document: int | None = None) -> Any:
         """Sample ``sample``'s cell of a ``sample_columns`` column. A step's own context holds one
         entry per micro-batch (its ``token_mask`` a list); a gathered view (torch.distributed) is
-        one flat batch, whose python-valued columns (verl's ``uid`` strings) are lists too."""
+        one flat batch, whose python-valued columns (verl's ``uid`` strings) are lists too. A packed
+        row's cell may hold one value per document (verl's responses): ``document``'s."""
         per_mb = isinstance(getattr(self.context, "token_mask", None), (list, tuple))
         value = cols[name][mb] if per_mb and mb is not None else cols[name]
         cell = value[sample]
+        if document is not None and (isinstance(cell, (list, tuple)) or getattr(cell, "ndim", 0) > 0):
+            cell = cell[document]
         return cell.item() if hasattr(cell, "item") else cell  # host sync: one cell, on a spike's block only
 
     def _noun(self) -> str:
@@ -74,12 +77,14 @@ class SpikeView:
         own = self._column(cols, "rank_sample", mb, sample) if "rank_sample" in cols else sample
         where = (f"micro-batch {mb}, " if mb is not None else "") + f"sample {own}"
         if "rank" in cols:  # torch.distributed: the rank the sample lives on
-            where = f"rank {self._column(cols, 'rank', mb, sample)}, {where}"
+            where = f"rank {self._column(cols, 'rank', mb, sample, document)}, {where}"
         if "group" in cols and "index" in cols:  # an RL completion (TRL's GRPO, verl, examples/rl_grpo.py)
-            g, i = self._column(cols, "group", mb, sample), self._column(cols, "index", mb, sample)
-            reward = f", reward {float(self._column(cols, 'reward', mb, sample)):.4g}" if "reward" in cols else ""
+            g, i = self._column(cols, "group", mb, sample, document), self._column(cols, "index", mb, sample, document)
+            reward = f", reward {float(self._column(cols, 'reward', mb, sample, document)):.4g}" \
+                if "reward" in cols else ""
             noun = self._noun()
-            return f"{noun} {i} of group {g}{reward} ({where})", noun
+            doc = f", document {document}" if document is not None else ""  # a packed row: the table's document
+            return f"{noun} {i} of group {g}{reward} ({where}{doc})", noun
         if document is not None:
             return f"document {document} ({where})", "document"
         return where, "sample"

@@ -3,12 +3,13 @@
 A distributed ``LocateResult`` lists culprits on any rank, but each rank holds only its own
 batch. This collective (one ``all_gather_object``, on spike events only) sends, for every row
 that holds a culprit (a token, a span, a sample or packed document), its token IDS (rank 0
-decodes them with its tokenizer: no strings travel), loss mask, document ids, ghost row and
-per-layer rows, and context columns. Rank 0 gets a view: a result whose culprits index the
-gathered rows (``batch`` = row; ``rank``, ``micro_batch`` and ``document`` kept, so the table
-shows them; micro-batch rows, which name no row, as they are) and a context whose
-``sample_columns`` gain ``rank_sample`` (the sample's index in that rank's batch), so the table
-says where each culprit lives. Other ranks get ``None``.
+decodes them with its tokenizer: no strings travel), loss mask, document ids, segment ids (an RL
+sample's prompt and response, shown as two blocks), ghost row and per-layer rows, and context
+columns (a packed row's per-document cells as they are: one per document). Rank 0 gets a view:
+a result whose culprits index the gathered rows (``batch`` = row; ``rank``, ``micro_batch`` and
+``document`` kept, so the table shows them; micro-batch rows, which name no row, as they are) and
+a context whose ``sample_columns`` gain ``rank_sample`` (the sample's index in that rank's batch):
+the table's ``sample`` and the page's heading read it, as the console does. Other ranks get ``None``.
 """
 from __future__ import annotations
 
@@ -50,12 +51,14 @@ def _rows(result: LocateResult, ctx: Any, rank: int) -> list[dict] | None:
             ids = _part(getattr(ctx, "input_ids", None), k)
             mask = _part(getattr(ctx, "token_mask", None), k)
             docs = _part(getattr(ctx, "document_ids", None), k)
+            seg = _part(getattr(ctx, "segment_ids", None), k)
             first = k in (None, 0)  # the result carries this rank's ghost maps of micro-batch 0
             out.append({
                 "micro_batch": k, "batch": b,
                 "ids": None if ids is None else ids[b].detach().cpu(),
                 "mask": None if mask is None else mask[b].detach().float().cpu(),
                 "docs": None if docs is None else docs[b].detach().cpu(),
+                "segments": None if seg is None else seg[b].detach().cpu(),
                 "ghost": result.ghost_map[b] if first and result.ghost_map is not None else None,
                 "layers": result.layer_map[:, b] if first and result.layer_map is not None else None,
                 "extra": _row_columns(getattr(ctx, "extra_columns", None), k, b, per_mb),
@@ -77,6 +80,17 @@ def _pad(rows: list[torch.Tensor | None], length: int, fill, dtype) -> torch.Ten
         if r is not None:
             out[i, : r.shape[-1]] = r.to(dtype)
     return out
+
+
+def _sample_column(cells: list) -> Any:
+    """One ``sample_columns`` column of the gathered rows: a tensor when every row's cell is a tensor
+    of one shape, else a list with one cell per row (python values; a packed row's per-document
+    cells as a list; None where a rank had none)."""
+    if cells and all(isinstance(c, torch.Tensor) for c in cells) and len({tuple(c.shape) for c in cells}) == 1:
+        return torch.stack(cells)
+    if not cells:
+        return torch.zeros(0)
+    return [(c.item() if c.dim() == 0 else c.tolist()) if isinstance(c, torch.Tensor) else c for c in cells]
 
 
 def gather_culprit_rows(result: LocateResult, ctx: Any, group=None) -> tuple[LocateResult | None, Any]:
@@ -108,21 +122,19 @@ def gather_culprit_rows(result: LocateResult, ctx: Any, group=None) -> tuple[Loc
     # the table's rank / micro_batch columns come from the culprits; the row's own sample index
     samples: dict[str, Any] = {"rank_sample": torch.tensor([x["batch"] for x in flat])}
     for name in (getattr(ctx, "sample_columns", None) or {}):
-        cells = [x["sample"].get(name) for x in flat]
-        if all(isinstance(c, torch.Tensor) for c in cells):
-            samples[name] = torch.stack(cells) if flat else torch.zeros(0)
-        else:  # python values (strings, ints): one per gathered row, None where a rank had none
-            samples[name] = [c.item() if isinstance(c, torch.Tensor) else c for c in cells]
+        samples[name] = _sample_column([x["sample"].get(name) for x in flat])
     extras = {name: _pad([x["extra"].get(name) for x in flat], length, float("nan"), torch.float64)
               for name in (getattr(ctx, "extra_columns", None) or {})}
     has_ids = any(x["ids"] is not None for x in flat)
     # packed documents on any rank (rank 0's own batch may pack none)
     has_docs = getattr(ctx, "document_ids", None) is not None or any(x["docs"] is not None for x in flat)
+    has_segments = any(x["segments"] is not None for x in flat)
     view_ctx = SpikeContext(
         loss_fn=_not_probed, token_mask=_pad([x["mask"] for x in flat], length, 0.0, torch.float32),
         input_ids=_pad([x["ids"] for x in flat], length, 0, torch.long) if has_ids else None,
         tokenizer=getattr(ctx, "tokenizer", None), extra_columns=extras, sample_columns=samples,
         segment_names=getattr(ctx, "segment_names", None),  # what the console calls an RL sample's response
+        segment_ids=_pad([x["segments"] for x in flat], length, -1, torch.long) if has_segments else None,
         document_ids=_pad([x["docs"] for x in flat], length, -1, torch.long) if has_docs else None)
     ghost_map = _pad([x["ghost"] for x in flat], length, 0.0, torch.float32)
     view = dataclasses.replace(result, tokens=tokens, culprits=culprits, ghost_map=ghost_map, layer_map=layer_map)

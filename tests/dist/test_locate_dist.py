@@ -141,6 +141,8 @@ def test_rank0_table_reads_token_ids_from_the_culprits_rank(runs):
             k = row.get("micro_batch") or 0
             assert row["token_id"] == int(x[k, row["rank"] * W.B + row["rank_sample"], row["position"]]), (name, row)
             assert row["token"] == f"<{row['token_id']}>"  # no tokenizer here: the id, decoded on rank 0
+            # one story: the table's sample is the one on its rank, as the console names it
+            assert row["sample"] == row["rank_sample"], (name, row)
         for r in range(1, world):
             assert per_rank[r]["table"] == [], name  # only rank 0 builds it
 

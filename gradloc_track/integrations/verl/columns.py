@@ -7,7 +7,10 @@ Per token (at the localizer's (B, P+R) positions): ``advantage`` (``advantages``
 ``entropy`` when verl computed them. Per sample: ``reward`` (the sequence score verl logs:
 ``token_level_scores`` summed over the response, else ``token_level_rewards``), ``group``
 (verl's ``uid``: the prompt the response answers), ``index`` (the response's index among its
-group's rows on this rank) and, under torch.distributed, ``rank``.
+group's rows on this rank) and, under torch.distributed, ``rank``. A packed micro-batch is ONE
+row holding its responses as documents (document ``b`` = the micro-batch's response ``b``): its
+per-sample columns are that row's one cell, a value per document (``document_columns``), so its
+culprits carry their response's rank, reward, group and index as padded rows' do.
 """
 from __future__ import annotations
 
@@ -86,3 +89,10 @@ def sample_columns(mb: MicroBatch, rank: int | None) -> dict[str, Any]:
     if rank is not None:
         cols["rank"] = torch.full((data["responses"].shape[0],), rank, dtype=torch.long)
     return cols
+
+
+def document_columns(mb: MicroBatch, rank: int | None) -> dict[str, Any]:
+    """Per-sample columns of a packed micro-batch: one row whose cell holds one value per document
+    ((1, B) tensors, a list of one list)."""
+    return {k: v.unsqueeze(0) if isinstance(v, torch.Tensor) else [list(v)]
+            for k, v in sample_columns(mb, rank).items()}

@@ -145,11 +145,20 @@ class MicroBatch:
         return b, j
 
     def narrowed(self, keep: torch.Tensor) -> Any:
-        """The micro-batch with its loss masks cut to the kept terms (``keep``: the grid)."""
+        """The micro-batch with its loss masks cut to the kept terms (``keep``: the grid), and every
+        other response-aligned float tensor (``advantages``, ``old_log_probs``, ...) zero where the
+        cut mask is: a masked-out term then contributes nothing even when verl's tensor holds NaN
+        there (verl masks by multiplying, and ``0 x NaN`` is NaN), so the non-finite search can
+        tell responses apart. Finite values contribute nothing there either way."""
         g = self.geo
-        cut = (keep.reshape(-1)[g.term_at.to(keep.device)] != 0) & g.real.to(keep.device)
+        cut = (keep.reshape(-1)[g.term_at.to(keep.device)] != 0) & g.real.to(keep.device)  # (B, R)
         data = self.data.copy()  # shallow: every other tensor is verl's own
-        for name in MASKS:
-            if name in data.keys() and isinstance(data[name], torch.Tensor) and not data[name].is_nested:
-                data[name] = data[name] * cut.to(device=data[name].device, dtype=data[name].dtype)
+        for name in data.keys():
+            value = data[name]
+            if not isinstance(value, torch.Tensor) or value.is_nested or value.shape != cut.shape:
+                continue
+            if name in MASKS:
+                data[name] = value * cut.to(device=value.device, dtype=value.dtype)
+            elif value.is_floating_point():
+                data[name] = torch.where(cut.to(value.device), value, torch.zeros_like(value))
         return data

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from ...console import TrainConsole
 from ...localizer.step import LocateStep
 from ..options import WatchOptions
-from .columns import INDEX_KEY, group_index, sample_columns, token_columns, uids
+from .columns import INDEX_KEY, document_columns, group_index, sample_columns, token_columns, uids
 from .layout import SEGMENT_NAMES, MicroBatch, unsupported
 from .probe_loss import agg_mode, make_loss_fn
 from .recorder import StepRecorder
@@ -61,8 +61,9 @@ def locate_step(engine: Any, batches: list[MicroBatch], loss_function: Callable)
     response a document of the one packed row), the RL sample columns and verl's normaliser."""
     rank, world = _rank()
     pick, packed = _per_batch(batches), batches[0].geo.packed
-    # a packed micro-batch is ONE row: per-row columns would name its first response only
-    samples = [{} if packed else sample_columns(mb, rank if world > 1 else None) for mb in batches]
+    # a packed micro-batch is ONE row: its cell holds a value per document (response)
+    columns = document_columns if packed else sample_columns
+    samples = [columns(mb, rank if world > 1 else None) for mb in batches]
     return LocateStep(loss_fn=pick([make_loss_fn(engine, mb, loss_function) for mb in batches]),
                       token_mask=pick([mb.token_mask() for mb in batches]), rng_state=pick([mb.rng for mb in batches]),
                       document_ids=pick([mb.document_ids() for mb in batches]) if packed else None,

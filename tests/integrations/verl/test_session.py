@@ -57,7 +57,8 @@ def test_every_rank_gets_the_same_answer_and_its_gradient_back(verl_runs, world)
             assert other[name]["culprits"] == res["culprits"], (name, r)
             assert other[name]["probes"] == res["probes"], (name, r)
             assert other[name]["grads_equal"], (name, r)  # bitwise: the localizer left no trace
-        assert res["step_check"][0] and res["step_check"][1] < 1e-5, (name, res["step_check"])
+        if res["nonfinite"] is None:  # a NaN step has no finite replay to check (test_a_nan_advantage_...)
+            assert res["step_check"][0] and res["step_check"][1] < 1e-5, (name, res["step_check"])
 
 
 @pytest.mark.parametrize("world", [1, 2])
@@ -159,3 +160,66 @@ def test_the_run_dir_leads_report_and_culprits_to_verls_run(world2, tmp_path):
     assert sample["max_share"] > .5
     page = (tmp_path / "report.html").read_text()  # the culprit table: its group and each of its tokens
     assert stale["uid"] in page and all(f"<td class='tok'>{html.escape(c)}</td>" in page for c in sample["text"])
+
+
+NAN = [(2, "nan", 1, 2), (2, "nan_packed", 1, 5), (4, "nan", 3, 2)]
+
+
+@pytest.mark.parametrize("world, name, rank, row", NAN)
+def test_a_nan_advantage_on_one_rank_is_named_on_every_rank(verl_runs, world, name, rank, row):
+    """A reward that came back NaN for one response: the step's gradient is NaN on every rank; the
+    non-finite search (across ranks) names that response on its rank, micro-batch and tokens, the
+    same on every rank, and verl skips the update on every rank. (A probe zeroes verl's tensors
+    where its mask is cut, so the other responses' probes are finite: ``layout.narrowed``.)"""
+    ranks, _ = verl_runs(world)
+    res = ranks[0][name]
+    assert res["localized"] and f"rank {rank}, micro-batch {row // 2}, sample " in res["nonfinite"], res
+    assert "'s gradient is NaN (tokens " in res["nonfinite"], res["nonfinite"]  # token by token
+    assert len([c for c in res["culprits"] if c[0] == "token"]) == R  # every token of the response, no other
+    for r, other in enumerate(ranks):
+        assert other[name]["culprits"] == res["culprits"] and other[name]["nonfinite"] == res["nonfinite"], r
+        assert other[name]["grads_equal"] and other[name]["stepped"] is False, (r, other[name]["stepped"])
+    assert {(rank, k, response) for _, k, response, _ in ranks[rank][name]["mine"]} == {(rank, row // 2, row % 2)}
+    assert all(c[1] == rank for c in res["culprits"])
+    table = ranks[0][name]["table"]
+    assert table and all(t["nonfinite"] and t["rank"] == rank for t in table), table
+    assert "non-finite rank" in res["block"], res["block"]
+
+
+def _console_places(block: str) -> set:
+    return {tuple(int(x) for x in m) for m in re.findall(r"\(rank (\d+), micro-batch (\d+), sample (\d+)", block)}
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_the_table_names_the_sample_the_console_names(verl_runs, world):
+    """One story on every rank count: the table's rank, micro-batch and sample are the console's
+    (the sample is the one in its rank's batch, not the gathered view's row)."""
+    ranks, _ = verl_runs(world)
+    for name, res in ranks[0].items():
+        if name.startswith("_") or not res.get("table"):
+            continue
+        rows = {(t["rank"], t["micro_batch"], t["sample"]) for t in res["table"] if t["level"] != "micro_batch"}
+        assert rows == _console_places(res["block"]), (name, rows, res["block"])
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_the_highlight_page_keeps_prompt_and_response_on_any_rank_count(verl_runs, world):
+    ranks, _ = verl_runs(world)
+    pages = {name: res["page_parts"] for name, res in ranks[0].items() if not name.startswith("_") and
+             "page_parts" in res}
+    assert pages and all(parts == ["prompt", "response"] for parts in pages.values()), pages
+
+
+@pytest.mark.parametrize("name", ["packed", "nan_packed"])
+def test_packed_lines_carry_rank_reward_group_and_index(world2, name):
+    """A packed micro-batch is one row; its responses are documents: each culprit line and table row
+    still says its response's index, group, reward and rank, and its document."""
+    ranks, _ = world2
+    res = ranks[0][name]
+    lines = [x for x in res["block"].splitlines() if " of group " in x]
+    assert lines and all(re.search(r"response \d of group s\d+r1p\d, reward \S+ \(rank 1, micro-batch \d, "
+                                   r"sample 0, document \d\)", x) for x in lines), res["block"]
+    for t in res["table"]:
+        if t["level"] != "micro_batch":
+            assert t["group"].startswith("s") and t["index"] in range(4) and t["reward"] is not None, t
+            assert t["rank"] == 1 and t["document"] is not None, t

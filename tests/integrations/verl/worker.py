@@ -22,6 +22,10 @@ import torch.distributed as dist
 from . import engine_setup as S
 
 
+def _local(t):
+    return getattr(t, "_local_tensor", t).detach()
+
+
 def _grads(engine) -> list[torch.Tensor]:
     out = []
     for p in engine.module.parameters():
@@ -44,6 +48,27 @@ def _mine(res, batches, rank: int) -> list:
         else:
             response = c.document if mb.geo.packed else c.batch
         out.append([c.level, k, response, c.share])
+    return out
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equal, NaN where NaN (a NaN step's gradient is left as backward made it)."""
+    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
+
+
+def _artifacts(st) -> dict:
+    """Rank 0's culprit table and highlight page of the step, from the view its artifacts show."""
+    from gradloc_track.artifacts.highlight import render_highlight_html
+    from gradloc_track.artifacts.table import attribution_table
+
+    if st.locate_view is None:
+        return {}
+    shown, shown_ctx = st.locate_view
+    columns, rows = attribution_table(st.step, st.events, shown, shown_ctx)
+    out = {"table": [dict(zip(columns, r)) for r in rows]}
+    if shown_ctx.input_ids is not None:  # as the artifact writer: a page when a culprit names text
+        page = render_highlight_html(st.step, st.events, shown, shown_ctx)
+        out["page_parts"] = [name for name in ("prompt", "response") if f"<b>{name}</b>" in page]
     return out
 
 
@@ -81,6 +106,17 @@ class Spy:
             stats = real_step(*a, **k)
             self.grads["after"] = _grads(engine)
             return stats
+
+        real_opt = sess._optimizer_step
+
+        def optimizer_step(stats):  # did the optimizer move the parameters (verl skips a NaN step)?
+            before = [_local(p).detach().clone() for p in engine.module.parameters()]
+            norm = real_opt(stats)
+            self.stepped = any(not torch.equal(b, _local(p)) for b, p in zip(before, engine.module.parameters()))
+            return norm
+
+        sess._optimizer_step = optimizer_step
+        self.stepped = None
 
         sess.handle.step = step
         session_mod.spike_context = self.capturing
@@ -128,11 +164,13 @@ def run_scenario(engine, scn: dict, rank: int, tracking, out_dir: str) -> dict:
         sess.finish()
     st, ctx, batches = sess.last, spy.captured.get("ctx"), spy.captured.get("batches")
     res = st.locate
-    same = all(torch.equal(a, b) for a, b in zip(spy.grads["before"], spy.grads["after"]) if a is not None)
+    same = all(_same(a, b) for a, b in zip(spy.grads["before"], spy.grads["after"]) if a is not None)
     out = {"events": len(st.events), "localized": res is not None, "not_localized": st.not_localized,
            "grads_equal": same, "metric_keys": logged[-1], "block": sess.console.stream.getvalue(),
            "documents": ctx is not None and ctx.document_ids is not None,
-           "normaliser": None if ctx is None else ctx.normaliser}
+           "normaliser": None if ctx is None else ctx.normaliser, "stepped": spy.stepped,
+           "nonfinite": None if res is None or res.nonfinite is None else res.nonfinite.detail,
+           **(_artifacts(st) if rank == 0 else {})}
     if res is not None:
         out.update(tokens=[[c.rank, c.micro_batch, c.batch, c.position, c.grad_norm] for c in res.tokens],
                    culprits=[[c.level, c.rank, c.micro_batch, c.batch, c.document, c.start, c.end]
