@@ -58,6 +58,31 @@ def _culprit_words(c: Any) -> str:
     return f"{where}sample {c.batch}{doc}"
 
 
+def off_policy_reading(culprit: Any, ctx: Any) -> tuple[float, float | None, float | None] | None:
+    """(importance ratio, log-prob, old log-prob) of the culprit's term farthest from on-policy, from the
+    context's RL columns (``ratio``, or ``logprob`` and ``old_logprob``); None without them."""
+    cols = getattr(ctx, "extra_columns", None) or {}
+    if culprit.batch is None or not ({"ratio"} <= set(cols) or {"logprob", "old_logprob"} <= set(cols)):
+        return None
+    import torch
+
+    def row(name: str) -> list | None:
+        if name not in cols:
+            return None
+        v = cols[name]
+        v = v[culprit.micro_batch] if culprit.micro_batch is not None and not isinstance(v, torch.Tensor) else v
+        return torch.as_tensor(v)[culprit.batch].double().tolist()  # host sync: a spike step's one row
+
+    ratio, logp, old = row("ratio"), row("logprob"), row("old_logprob")
+    if ratio is None:
+        ratio = [math.exp(a - b) for a, b in zip(logp, old)]
+    terms = range(culprit.start, min(culprit.end, len(ratio)))
+    best = max(terms, key=lambda t: abs(math.log(ratio[t])) if ratio[t] > 0 else math.inf, default=None)
+    if best is None:
+        return None
+    return ratio[best], None if logp is None else logp[best], None if old is None else old[best]
+
+
 def evidence_of(stats: Any, lr_pair: tuple[float | None, float | None]) -> Evidence:
     """The step's ``Evidence``: its events, the learning rates, and the localization when one ran."""
     ev = Evidence(stats.events, lr=lr_pair[0], prev_lr=lr_pair[1])
@@ -84,13 +109,24 @@ def evidence_of(stats: Any, lr_pair: tuple[float | None, float | None]) -> Evide
     ev.n_culprits = len(result.culprits or [])
     ev.culprit_share = min(1.0, max(0.0, sum(c.share for c in culprits)))
     if culprits:
-        ev.top_culprit = _culprit_words(max(culprits, key=lambda c: c.share))
+        top = max(culprits, key=lambda c: c.share)
+        ev.top_culprit = _culprit_words(top)
+        view = getattr(stats, "locate_view", None)
+        ctx = view[1] if view else None
+        if ctx is not None and view[0] is result:  # the view's culprits index the context's rows
+            try:
+                ev.off_policy = off_policy_reading(top, ctx)
+            except Exception:  # a column of another shape: no reading, the other rules decide
+                ev.off_policy = None
     return ev
 
 
-def name_step_cause(stats: Any, lr_pair: tuple[float | None, float | None]) -> Cause:
-    """Name the cause of a detected step and write it on ``stats`` and on each of its events."""
+def name_step_cause(stats: Any, lr_pair: tuple[float | None, float | None], incidents: Any = None) -> Cause:
+    """Name the cause of a detected step and write it on ``stats`` and on each of its events; with
+    ``incidents`` (``spikes.incidents.Incidents``), a step in an incident's recovery reports the incident's."""
     cause = name_cause(evidence_of(stats, lr_pair))
+    if incidents is not None:
+        cause = incidents.link(stats.step, cause, lr=lr_pair[0], prev_lr=lr_pair[1])
     stats.cause, stats.cause_detail = cause.name, cause.detail
     for e in stats.events:
         e.cause, e.cause_detail = cause.name, cause.detail

@@ -13,6 +13,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from ..spikes.incidents import Incidents
 from .packing import N_TOKENS, HostPack
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ class SpikeResponder:
         self.events_unconfirmed = 0  # localizations that found nothing (they back off instead)
         self._retry_step = -(2 ** 62)  # no localization before this step (back-off after empty results)
         self.lr_history: Any = None  # the monitor's LrHistory: a learning-rate jump names a cause
+        self.incidents = Incidents()  # a step in an explained incident's recovery reports its cause
 
     # -- the token count the fixed detector needs ------------------------------------------
     @staticmethod
@@ -143,7 +145,8 @@ class SpikeResponder:
         """The step's cause, on ``stats`` and its events (``monitor.cause_evidence``)."""
         from .cause_evidence import name_step_cause
 
-        name_step_cause(stats, self.lr_history.pair() if self.lr_history is not None else (None, None))
+        name_step_cause(stats, self.lr_history.pair() if self.lr_history is not None else (None, None),
+                        self.incidents)
 
     def why_not_localized(self, step: int, ctx: Any) -> str | None:
         """Which setting keeps this spike from being localized (None: it is localized)."""

@@ -14,10 +14,17 @@ first match wins (docs/forensics.md#the-cause-of-a-spike):
    can be normal: the update is not).
 4. ``optimizer``: the optimizer's update fired while no gradient norm did: the step's gradient is
    ordinary, the update Adam makes from it is not (a decayed second moment).
-5. ``data``: the localizer named culprits carrying ``DATA_SHARE`` or more of the step's squared
+5. ``off_policy``: the culprits carry ``DATA_SHARE`` or more and the top one's importance ratio
+   (``ratio``, or ``exp(logprob - old_logprob)``, from the RL columns) is ``OFF_POLICY_RATIO`` or more
+   from 1 either way: the sampling and the training policy disagree on it (a stale log-prob, a
+   sampler/trainer mismatch), which the surrogate multiplies into the gradient; not the data.
+6. ``data``: the localizer named culprits carrying ``DATA_SHARE`` or more of the step's squared
    gradient norm; or a loss signal fired (the model is the same for every sample: a loss that jumps
    is the data's), with the culprits when there are some.
-6. ``optimizer`` again when the update fired and no culprit stands out; else ``unexplained``.
+7. ``optimizer`` again when the update fired and no culprit stands out; else ``unexplained``.
+
+A step in the recovery window of an explained incident reports that incident's cause
+(``spikes/incidents.py``).
 
 Pure: reads numbers (``Evidence``), no tensor, no host sync.
 """
@@ -27,10 +34,11 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-CAUSES = ("data", "numeric", "optimizer", "schedule", "irreproducible", "unexplained")
+CAUSES = ("data", "numeric", "precision", "optimizer", "schedule", "off_policy", "irreproducible", "unexplained")
 LR_JUMP = 2.0  # a learning rate at least 2x the previous step's is a schedule change worth naming
 DATA_SHARE = 0.5  # culprits carrying at least half the squared norm explain the step
 LOSS_SIGNALS = ("loss", "sample_loss", "junk_span")
+OFF_POLICY_RATIO = 10.0  # an importance ratio this far from 1 (either way) is not on-policy noise
 
 
 @dataclass(frozen=True)
@@ -55,11 +63,14 @@ class Evidence:
     n_culprits: int = 0
     top_culprit: str = ""  # "sample 3", "sample 3, tokens 40-42": the largest culprit, in words
     nonfinite_detail: str = ""  # the non-finite search's sentence (``NonfiniteFinding.detail``) when it ran
+    # the top culprit's (importance ratio, log-prob, old log-prob) from the RL columns, at its term farthest
+    # from on-policy; None: not an RL step, or no culprit
+    off_policy: tuple[float, float | None, float | None] | None = None
 
 
 def name_cause(ev: Evidence) -> Cause:
     """The step's cause by the rules above."""
-    for rule in (_irreproducible, _numeric, _schedule, _optimizer_alone, _data, _optimizer_no_culprit):
+    for rule in (_irreproducible, _numeric, _schedule, _optimizer_alone, _off_policy, _data, _optimizer_no_culprit):
         cause = rule(ev)
         if cause is not None:
             return cause
@@ -112,6 +123,21 @@ def _optimizer_alone(ev: Evidence) -> Cause | None:
     return Cause("optimizer", f"{_update_line(ev)} while the gradient norms and losses are ordinary: the "
                               "optimizer's state (a second moment decayed, or lost on a resume) makes a normal "
                               "gradient a large step")
+
+
+def _off_policy(ev: Evidence) -> Cause | None:
+    if ev.off_policy is None or ev.culprit_share is None or ev.culprit_share < DATA_SHARE:
+        return None
+    ratio, logp, old = ev.off_policy
+    if not (math.isfinite(ratio) and ratio > 0) or abs(math.log(ratio)) < math.log(OFF_POLICY_RATIO):
+        return None
+    probs = f" (log-prob {logp:.3g} under the training policy, {old:.3g} when sampled)" if None not in (logp, old) \
+        else ""
+    top = f" ({ev.top_culprit} first)" if ev.top_culprit else ""
+    return Cause("off_policy", f"{ev.n_culprits} culprit(s){top} carry {ev.culprit_share:.0%} of the step's squared "
+                               f"gradient norm, the first at an importance ratio of {ratio:.3g}{probs}: the sampling "
+                               "and the training policy disagree on it (a stale or mismatched log-prob), which the "
+                               "surrogate multiplies into the gradient; not the data")
 
 
 def _jumped(e: Any) -> str:

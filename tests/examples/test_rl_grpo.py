@@ -19,3 +19,7 @@ def test_stale_logprob_response_is_detected_and_localized(tmp_path):
     assert {"advantage", "ratio", "logprob", "reward"} <= set(cols)
     rows = [dict(zip(cols, r)) for r in table["data"] if r[0] == 40]
     assert all(r["ratio"] > 100 for r in rows)  # the e^6 importance ratio is what the table shows
+    events = read_table(tmp_path, "spikes/events")
+    cause = [dict(zip(events["columns"], r)) for r in events["data"] if r[0] == 40][0]
+    # issue 37: the culprit's importance ratio carries the step, so the cause is off_policy, not data
+    assert cause["cause"] == "off_policy" and "importance ratio of" in cause["cause_detail"]

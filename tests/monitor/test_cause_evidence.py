@@ -190,3 +190,33 @@ def test_a_flipped_bit_that_leaves_grad_finite_says_how_far_grad_is_from_the_rep
     detail = check(run, stats, "irreproducible")
     ratio = stats.locate.step_check.norm_ratio
     assert ratio > 10 and f"the gradient in .grad is {ratio:.3g}x the norm of the replayed one" in detail
+
+
+def test_the_steps_after_a_learning_rate_jump_are_its_aftermath(run):
+    """Issue 37: after an lr x50 step (rightly schedule) the next steps fired as data / optimizer. Now every
+    detected step of its recovery reports the jump, and says what it would have read on its own."""
+    for g in run.opt.param_groups:
+        g["lr"] *= 50
+    jump = run.step
+    assert run.train().cause == "schedule"
+    for g in run.opt.param_groups:
+        g["lr"] /= 50
+    after = [run.train() for _ in range(12)]
+    fired = [s for s in after if s.events]
+    assert fired, "the thrown-off model fires after the jump (else this test tests nothing)"
+    for s in fired:
+        assert s.cause == "schedule" and s.cause_detail.startswith(f"aftermath of step {jump} (schedule)")
+        assert all(e.cause == "schedule" for e in s.events)
+
+
+def test_a_learning_rate_that_stays_raised_is_schedule(run):
+    """A restart to a peak that stays there (issue 37: six 'optimizer' events, 'a second moment decayed')."""
+    for g in run.opt.param_groups:
+        g["lr"] *= 20
+    start = run.step
+    assert run.train().cause == "schedule"
+    fired = [s for s in (run.train() for _ in range(30)) if s.events]
+    assert fired
+    for s in fired:
+        assert s.cause == "schedule" and "the learning rate is still 20x what it was before step " \
+            f"{start}" in s.cause_detail

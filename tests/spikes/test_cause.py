@@ -34,6 +34,12 @@ NORM, LOSS, UPDATE = ev("global"), ev("sample_loss", 10.0, 1.8, 35.0), ev("updat
     (Evidence([NORM, UPDATE], culprit_share=0.0, n_culprits=0), "optimizer", "no culprit stands out"),
     (Evidence([NORM], culprit_share=0.2, n_culprits=1), "unexplained", "only 20%"),
     (Evidence([NORM]), "unexplained", "not localized"),
+    (Evidence([NORM], culprit_share=1.0, n_culprits=2, top_culprit="sample 8, token 3",
+              off_policy=(392.0, -6.29, -12.26)),
+     "off_policy", "importance ratio of 392 (log-prob -6.29 under the training policy, -12.3 when sampled)"),
+    (Evidence([NORM], culprit_share=0.9, n_culprits=1, off_policy=(0.02, None, None)), "off_policy", "ratio of 0.02"),
+    (Evidence([NORM], culprit_share=0.9, n_culprits=1, off_policy=(1.3, -2.0, -2.26)), "data", "carry 90%"),
+    (Evidence([NORM], culprit_share=0.3, n_culprits=1, off_policy=(392.0, -6.0, -12.0)), "unexplained", "only 30%"),
 ])
 def test_each_rule_names_its_cause_with_the_numbers(evidence, cause, words):
     got = name_cause(evidence)

@@ -1,0 +1,79 @@
+"""One incident, one cause: a detected step in the recovery window of an explained one is its aftermath.
+
+A learning rate raised 50x for one step is rightly ``schedule``; the steps after it fire too (the model
+was thrown off, Adam's moments hold the jump), and named on their own evidence they read as ``data``
+(every sample's loss jumped), ``optimizer`` or ``unexplained``: new, wrong causes of one incident
+(issue 37). ``Incidents.link`` takes a step's own cause and returns the cause it reports:
+
+- an incident opens at a step whose cause is ``schedule``, ``optimizer``, ``data`` or ``off_policy``,
+  and stays open ``WINDOW`` steps past its last detected step (each linked step extends it, up to
+  ``MAX_SPAN`` steps from its start);
+- a ``schedule`` incident also stays open while the learning rate stays ``LR_JUMP`` times or more above
+  what it was before the incident (a restart to the peak that stays there is still the schedule);
+- a step inside an open incident whose own cause is ``data``, ``optimizer`` or ``unexplained`` and differs
+  from the incident's is linked: its cause is the incident's, its sentence "aftermath of step N (cause):
+  ..." followed by what the step itself showed. The other causes are facts of the step itself and are
+  never linked: a learning rate that jumped at this step (``schedule``), an importance ratio measured on
+  the culprit (``off_policy``), a non-finite value (``numeric``, ``precision``), a replay that differs
+  (``irreproducible``). The non-finite ones open no incident either: the step is skipped, nothing it
+  did lingers.
+A step whose own cause is the incident's keeps its own sentence (the same cause, with its own numbers).
+
+Pure: reads causes and learning rates, no tensor.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .cause import LR_JUMP, Cause
+
+WINDOW = 20  # steps past an incident's last detected step that are still its recovery
+MAX_SPAN = 200  # steps an incident links at most, however often it fires (the schedule's raised lr aside)
+OPENS = frozenset({"schedule", "optimizer", "data", "off_policy"})
+LINKED = frozenset({"data", "optimizer", "unexplained"})  # what a step's own evidence may misname after an incident
+
+
+@dataclass
+class Incident:
+    step: int  # its first detected step
+    cause: Cause
+    last: int  # its last detected step
+    base_lr: float | None = None  # the learning rate before a schedule incident
+
+    def lr_raised(self, lr: float | None) -> bool:
+        return (self.cause.name == "schedule" and self.base_lr is not None and lr is not None
+                and lr >= LR_JUMP * self.base_lr)
+
+    def covers(self, step: int, lr: float | None) -> bool:
+        if self.lr_raised(lr):
+            return True
+        return step <= min(self.last + WINDOW, self.step + MAX_SPAN)
+
+
+class Incidents:
+    """The run's open incident, across detected steps (``link``)."""
+
+    def __init__(self) -> None:
+        self.open: Incident | None = None
+
+    def link(self, step: int, cause: Cause, lr: float | None = None, prev_lr: float | None = None) -> Cause:
+        """The cause ``step`` reports: its own, or the open incident's when it is its aftermath (module
+        doc). ``lr`` / ``prev_lr``: the learning rate now and at the previous step (None: unknown)."""
+        inc = self.open
+        if inc is not None and step > inc.step and inc.covers(step, lr) and (
+                cause.name == inc.cause.name or cause.name in LINKED):
+            inc.last = step
+            if cause.name == inc.cause.name:
+                return cause
+            return Cause(inc.cause.name, f"aftermath of step {inc.step} ({inc.cause.name}): "
+                                         f"{_still(inc, lr)}; on its own this step would read: {cause.detail}")
+        if cause.name in OPENS:
+            self.open = Incident(step, cause, step, base_lr=prev_lr if cause.name == "schedule" else None)
+        return cause
+
+
+def _still(inc: Incident, lr: float | None) -> str:
+    if inc.lr_raised(lr):
+        return (f"the learning rate is still {lr / inc.base_lr:.3g}x what it was before step {inc.step} "
+                f"({inc.base_lr:.3g} -> {lr:.3g})")
+    return f"{inc.cause.detail.rstrip('.')}; the run is still recovering"

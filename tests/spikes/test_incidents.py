@@ -1,0 +1,46 @@
+"""One incident, one cause (issue 37): steps in the recovery window of an explained step report its cause,
+a learning rate that stays raised is still the schedule, and a step's own hard evidence is never linked."""
+from gradloc_track.spikes.cause import Cause
+from gradloc_track.spikes.incidents import MAX_SPAN, WINDOW, Incidents
+
+SCHEDULE = Cause("schedule", "the learning rate rose 50x at this step (0.001 -> 0.05): the update grows with it")
+
+
+def test_the_steps_after_an_lr_jump_are_its_aftermath_not_new_causes():
+    inc = Incidents()
+    assert inc.link(250, SCHEDULE, lr=0.05, prev_lr=0.001) is SCHEDULE
+    for step, own in ((251, "data"), (252, "optimizer"), (254, "unexplained")):
+        got = inc.link(step, Cause(own, f"its own {own} reading"), lr=0.001, prev_lr=0.05)
+        assert got.name == "schedule" and got.detail.startswith("aftermath of step 250 (schedule): ")
+        assert f"on its own this step would read: its own {own} reading" in got.detail
+    late = 254 + WINDOW + 1  # past the window after the last linked step: a new, unrelated step
+    assert inc.link(late, Cause("data", "x"), lr=0.001, prev_lr=0.001).name == "data"
+
+
+def test_a_learning_rate_that_stays_raised_is_the_schedule_however_long():
+    inc = Incidents()
+    inc.link(100, SCHEDULE, lr=0.05, prev_lr=0.001)
+    got = inc.link(100 + 5 * MAX_SPAN, Cause("optimizer", "a second moment decayed"), lr=0.04, prev_lr=0.04)
+    assert got.name == "schedule" and "the learning rate is still 40x what it was before step 100" in got.detail
+    # back down: the window counts from the last linked step again
+    assert inc.link(100 + 5 * MAX_SPAN + WINDOW + 1, Cause("optimizer", "y"), lr=0.001).name == "optimizer"
+
+
+def test_hard_evidence_of_the_step_itself_is_never_linked():
+    inc = Incidents()
+    inc.link(10, Cause("data", "sample 3 carries 90%"))
+    for own in ("numeric", "precision", "irreproducible", "schedule", "off_policy"):
+        assert inc.link(11, Cause(own, "z"), lr=1.0, prev_lr=1.0).name == own
+    fresh = Incidents()
+    fresh.link(10, Cause("data", "sample 3 carries 90%"))
+    same = Cause("data", "sample 5 carries 70%")
+    assert fresh.link(12, same) is same  # the same cause keeps its own numbers
+    assert fresh.link(12 + WINDOW, Cause("optimizer", "w")).name == "data"  # 12 extended the window
+
+
+def test_an_unexplained_or_numeric_step_opens_no_incident():
+    inc = Incidents()
+    inc.link(5, Cause("unexplained", "no rule applies"))
+    inc.link(6, Cause("numeric", "NaN loss"))
+    assert inc.link(7, Cause("optimizer", "v decayed")).name == "optimizer"
+    assert inc.link(8, Cause("data", "d")).name == "optimizer"  # 7 opened one
