@@ -127,7 +127,12 @@ def name_step_cause(stats: Any, lr_pair: tuple[float | None, float | None], inci
     cause = name_cause(evidence_of(stats, lr_pair))
     if incidents is not None:
         cause = incidents.link(stats.step, cause, lr=lr_pair[0], prev_lr=lr_pair[1])
+    write_cause(stats, cause)
+    return cause
+
+
+def write_cause(stats: Any, cause: Cause) -> None:
+    """``cause`` on ``stats`` and on each of its events."""
     stats.cause, stats.cause_detail = cause.name, cause.detail
     for e in stats.events:
         e.cause, e.cause_detail = cause.name, cause.detail
-    return cause

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ..spikes.incidents import Incidents
+from . import weight_check
 from .packing import N_TOKENS, HostPack
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,7 @@ class SpikeResponder:
         self._retry_step = -(2 ** 62)  # no localization before this step (back-off after empty results)
         self.lr_history: Any = None  # the monitor's LrHistory: a learning-rate jump names a cause
         self.incidents = Incidents()  # a step in an explained incident's recovery reports its cause
+        self.corrupt: Any = None  # a weight found corrupt (weight_check.CorruptWeight) while it stays so
 
     # -- the token count the fixed detector needs ------------------------------------------
     @staticmethod
@@ -80,6 +82,8 @@ class SpikeResponder:
         ``grad_scale``: the clipper's per-tensor coefficients when it already clipped this step's
         ``.grad`` (in the model's trainable-tensor order; a device tensor): the localizer's step
         check compares like with like (``LocateStep.grad_scale``)."""
+        if self._corrupt_weight(step, stats):
+            return {}
         why_not = self.why_not_localized(step, ctx)
         located = None
         if why_not is None:
@@ -142,11 +146,33 @@ class SpikeResponder:
         return out
 
     def _name_cause(self, stats: Any) -> None:
-        """The step's cause, on ``stats`` and its events (``monitor.cause_evidence``)."""
+        """The step's cause, on ``stats`` and its events (``monitor.cause_evidence``); a non-finite step
+        whose weights hold a corrupt value is that weight's incident (``weight_check``)."""
         from .cause_evidence import name_step_cause
 
-        name_step_cause(stats, self.lr_history.pair() if self.lr_history is not None else (None, None),
-                        self.incidents)
+        cause = name_step_cause(stats, self.lr_history.pair() if self.lr_history is not None else (None, None),
+                                self.incidents)
+        if cause.name == "numeric" and self.corrupt is None:
+            self.corrupt = weight_check.scan(self.model, stats.step)
+            if self.corrupt is not None:
+                self._corrupt_weight(stats.step, stats)
+                warnings.warn(f"gradloc-track: step {stats.step}: {self.corrupt.detail}", stacklevel=2)
+
+    def _corrupt_weight(self, step: int, stats: Any) -> bool:
+        """A step while a weight found corrupt stays so: that incident's, not localized again (True)."""
+        from ..spikes.cause import Cause
+        from .cause_evidence import write_cause
+
+        if self.corrupt is None:
+            return False
+        if step != self.corrupt.step and not weight_check.still(self.model, self.corrupt):
+            self.corrupt = None  # restored (a checkpoint loaded into the model): the incident is over
+            return False
+        write_cause(stats, Cause("numeric", weight_check.corrupt_cause_words(self.corrupt, step)))
+        if step != self.corrupt.step:
+            stats.not_localized = weight_check.why_not_localized(self.corrupt)
+            self._record_detection(step, stats)
+        return True
 
     def why_not_localized(self, step: int, ctx: Any) -> str | None:
         """Which setting keeps this spike from being localized (None: it is localized)."""

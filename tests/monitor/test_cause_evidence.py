@@ -220,3 +220,25 @@ def test_a_learning_rate_that_stays_raised_is_schedule(run):
     for s in fired:
         assert s.cause == "schedule" and "the learning rate is still 20x what it was before step " \
             f"{start}" in s.cause_detail
+
+
+def test_a_corrupted_weight_is_one_incident_named_by_parameter_index_and_value(run):
+    """Issue 37: one weight's exponent bit flipped (0.012 -> ~4e36) made every later step an event,
+    'numeric, sample k's loss is NaN' for every sample, the weight never named. Now the first event names
+    the parameter, index and value and says to stop and roll back; the later ones are its aftermath, not
+    localized again; one warning."""
+    w, name = run.model.h[1].attn.qkv.weight, "h.1.attn.qkv.weight"
+    with torch.no_grad():
+        w[3, 5] = 0.012
+        w.view(torch.int32)[3, 5] ^= 1 << 30  # the exponent's top bit: 0.012 -> ~4e36
+    assert float(w.detach()[3, 5]) > 1e30
+    first = run.step
+    with pytest.warns(UserWarning, match=f"a weight is absurd: {name}\\[3, 5\\] = 4"):
+        stats = run.train()
+    detail = check(run, stats, "numeric")
+    assert detail.startswith(f"a weight is absurd: {name}[3, 5] = 4") and f"before step {first}" in detail
+    later = [run.train() for _ in range(3)]
+    for s in later:
+        assert s.cause == "numeric" and s.cause_detail.startswith(f"aftermath of step {first} (numeric): a weight")
+        assert s.locate is None and "a weight is corrupt since step" in s.not_localized
+        assert run.last_event_row()["cause_detail"] == s.cause_detail
