@@ -153,7 +153,7 @@ class SpikeResponder:
         cause = name_step_cause(stats, self.lr_history.pair() if self.lr_history is not None else (None, None),
                                 self.incidents)
         if cause.name == "numeric" and self.corrupt is None:
-            self.corrupt = weight_check.scan(self.model, stats.step)
+            self.corrupt = weight_check.scan_all(self.model, stats.step, self.process_group)
             if self.corrupt is not None:
                 self._corrupt_weight(stats.step, stats)
                 warnings.warn(f"gradloc-track: step {stats.step}: {self.corrupt.detail}", stacklevel=2)
@@ -165,7 +165,7 @@ class SpikeResponder:
 
         if self.corrupt is None:
             return False
-        if step != self.corrupt.step and not weight_check.still(self.model, self.corrupt):
+        if step != self.corrupt.step and not weight_check.still_all(self.model, self.corrupt, self.process_group):
             self.corrupt = None  # restored (a checkpoint loaded into the model): the incident is over
             return False
         write_cause(stats, Cause("numeric", weight_check.corrupt_cause_words(self.corrupt, step)))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from ..norms import local_part
 
@@ -47,9 +48,39 @@ def _bad(max_abs: float, norm: float, numel: int) -> bool:
     return max_abs > ABSURD_MIN and max_abs > ABSURD_RATIO * rest
 
 
+def _distributed(group: Any) -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
+
+
+def scan_all(model: torch.nn.Module, step: int, group: Any = None) -> CorruptWeight | None:
+    """``scan`` on every rank, agreed (a sharded weight is corrupt on the rank holding its shard; every rank
+    must take the same path next, since localizing is a collective): the first rank's finding."""
+    found = scan(model, step)
+    if not _distributed(group):
+        return found
+    every: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(every, found, group=group)  # a numeric step's one small collective
+    return next((f for f in every if f is not None), None)
+
+
+def still_all(model: torch.nn.Module, found: CorruptWeight, group: Any = None) -> bool:
+    """``still`` agreed across ranks (any rank's shard still corrupt)."""
+    flag = still(model, found)
+    if not _distributed(group):
+        return flag
+    t = torch.tensor([float(flag)], device=_device(model))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return bool(t.item())
+
+
+def _device(model: torch.nn.Module) -> torch.device:
+    p = next(model.parameters(), None)
+    return torch.device("cpu") if p is None else local_part(p.detach()).device
+
+
 @torch.no_grad()
 def scan(model: torch.nn.Module, step: int) -> CorruptWeight | None:
-    """The first corrupt weight of ``model`` (module doc), or None."""
+    """The first corrupt weight of ``model``'s parameters held here (module doc), or None."""
     named = [(n, local_part(p.detach())) for n, p in model.named_parameters() if p.numel()]
     if not named:
         return None
@@ -72,12 +103,14 @@ def _locate(name: str, t: torch.Tensor, step: int) -> CorruptWeight:
 
 
 def still(model: torch.nn.Module, found: CorruptWeight) -> bool:
-    """Is the weight ``found`` named still corrupt (one tensor read)?"""
+    """Is the weight ``found`` named still corrupt here (one tensor read)?"""
     params = dict(model.named_parameters())
     p = params.get(found.name)
     if p is None:
         return False
     t = local_part(p.detach())
+    if t.numel() == 0:
+        return False
     return _bad(float(t.abs().max()), float(t.float().norm()), t.numel())
 
 
