@@ -6,6 +6,8 @@ import json
 from gradloc_track.config import TrackerConfig
 from gradloc_track.trackers import make_tracker
 
+from gradloc_track.trackers import read_spool
+
 from ..wandb_reader import history, summary
 from .calls import exercise
 
@@ -70,3 +72,42 @@ def test_wandb_config_file_keeps_its_own_name(tmp_path, monkeypatch):
     assert ours.read_text() == "model:\n  n_layer: 2\n"
     reserved = run_dir / "files" / "config.yaml"  # W&B's own run config, not overwritten by ours
     assert not reserved.exists() or "n_layer: 2\n" not in reserved.read_text().replace("value: 2", "")
+
+
+NO_LOGIN = """
+import sys
+from gradloc_track.config import TrackerConfig
+from gradloc_track.trackers import make_tracker
+
+tracker = make_tracker(TrackerConfig(kind="wandb"), run_dir=sys.argv[1])
+for step in range(5):
+    tracker.log_metrics({"loss": 1.0}, step)
+tracker.finish("success")
+"""
+
+
+def test_wandb_without_a_login_says_at_the_end_that_it_received_nothing_and_how_to_send_it(tmp_path):
+    """The README's W&B command on a machine never logged in: one warning mid-run, every record to the
+    spool, and the run ended as if all was well. The closing lines now say W&B received nothing, why,
+    and the commands that send the records (login + replay; or offline mode + wandb sync)."""
+    import os
+    import subprocess
+    import sys
+
+    from ..conftest import ROOT
+
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(HOME=str(home), WANDB_CONFIG_DIR=str(home / ".config" / "wandb"), NETRC=str(home / ".netrc"),
+               WANDB_DIR=str(tmp_path), PYTHONPATH=str(ROOT))
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-c", NO_LOGIN, str(run)], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tail = proc.stderr[proc.stderr.index("gradloc-track: W&B received NOTHING"):]
+    assert "API key" in tail.splitlines()[0]
+    assert f"6 record(s) are kept in {run / 'spool' / 'wandb.jsonl'}" in tail  # 5 steps and the final status
+    assert "wandb login" in tail and f"gradloc-track replay {run}" in tail
+    assert "WANDB_MODE=offline" in tail and "wandb sync" in tail
+    assert len(read_spool(run / "spool" / "wandb.jsonl")) >= 5

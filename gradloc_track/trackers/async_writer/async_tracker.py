@@ -32,6 +32,7 @@ from ..interface import Tracker, final_status
 from ..bounded import clamp_wait
 from ..run_record import update_run_record
 from ..spool import Spool
+from .closing import closing_lines, say
 from .handover import hand_over
 from .opener import BackendSource, OpenGate
 from .pending import FLUSH, STOP, PendingRecords, now_ms
@@ -227,6 +228,8 @@ class AsyncTracker(Tracker):
             warnings.warn(f"gradloc-track: {self.dropped} {self.name} record(s) were LOST (the backend and the "
                           f"spool {self.spool.path} both failed: {self.spool.error}); see the tracker/dropped metric",
                           RuntimeWarning, stacklevel=2)
+        say(closing_lines(self.name, self.run_dir, self.spool.path, self._writer.delivered, self.spool.count,
+                          self.dropped, self._writer.health.reason_first or self._spill.first_error))
 
     def _enqueue_final(self, status: str, deadline: float) -> None:
         try:

@@ -21,6 +21,7 @@ class BackendHealth:
         self.name, self.probe_interval_s, self.spool_path = name, probe_interval_s, spool_path
         self.healthy = True
         self.reason: str | None = None  # why records are spooled while down
+        self.reason_first: str | None = None  # the first failure (what the closing lines name)
         self.stuck: Future | None = None  # the last call that timed out (it may still return)
         self._next_probe = 0.0
 
@@ -41,6 +42,8 @@ class BackendHealth:
             self.stuck = exc.future
         self.healthy = False
         self.reason = f"backend down since an earlier call failed: {exc!r}"
+        if self.reason_first is None:
+            self.reason_first = repr(exc)
         self._next_probe = time.monotonic() + self.probe_interval_s
 
     def up(self) -> None:

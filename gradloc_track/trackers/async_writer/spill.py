@@ -17,8 +17,11 @@ class Spill:
     def __init__(self, spool: Spool, name: str, run_dir: Path) -> None:
         self.spool, self.name, self.run_dir = spool, name, run_dir
         self._warned: set[str] = set()
+        self.first_error: str | None = None  # why the first record was spooled (the closing lines say it)
 
     def __call__(self, call: str, args: tuple, ts: int, error: str) -> None:
+        if self.first_error is None:
+            self.first_error = error
         if call == "log_metric_records":  # a batch of steps: one spool line per step, with its own time
             for metrics, step, step_ts in args[0]:
                 self.spool.write("log_metrics", (metrics, step), error, ts=step_ts)

@@ -58,6 +58,7 @@ class WriterLoop:
         #: values in one full request (the backend's own limit once it is open)
         self.batch_values = MAX_METRICS_PER_REQUEST
         self.status_handled = False  # the final status reached the backend or the spool
+        self.delivered = 0  # records the backend took
         self._due = 0.0  # when pending metrics are written (the first ones at once: they open the run)
         self._last_step = 0
         self._reported_dropped = 0
@@ -174,6 +175,7 @@ class WriterLoop:
         finally:
             already = self.pending.land()
         if error is None:
+            self.delivered += 1
             reported = _dropped_in(call, args)
             if reported is not None:
                 self._reported_dropped = reported

@@ -1,0 +1,50 @@
+"""What a backend did not receive, said at ``finish()``: the run's closing lines on stderr.
+
+A backend that failed from the start (W&B without a login, an MLflow server that never answered)
+sent one warning at its first failure, mid-run, then every record to the spool; the run then ended
+as if all was well. ``finish()`` now says, last, that the backend received nothing (or not all),
+why, where the records are and the command that sends them; for W&B without a login also how to
+log in or keep the run on this machine (offline mode, then ``wandb sync``).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+NAMES = {"wandb": "W&B", "mlflow": "MLflow"}
+LOGIN_WORDS = ("api key", "api_key", "wandb login", "usageerror", "authenticationerror", "not logged in")
+
+
+def needs_login(error: str) -> bool:
+    """Whether a W&B failure is "no login": W&B's UsageError/AuthenticationError about the API key."""
+    text = error.lower()
+    return any(w in text for w in LOGIN_WORDS)
+
+
+def closing_lines(name: str, run_dir: Path, spool: Path, delivered: int, spooled: int, dropped: int,
+                  error: str | None) -> list[str]:
+    """The lines for a backend that did not receive every record (none when it did)."""
+    if not spooled and not dropped:
+        return []
+    who = NAMES.get(name, name)
+    what = "received NOTHING from this run" if delivered == 0 else "did not receive every record of this run"
+    why = f" ({error})" if error else ""
+    lines = [f"gradloc-track: {who} {what}{why}."]
+    if spooled:
+        lines.append(f"  {spooled} record(s) are kept in {spool}; send them to the run with:")
+        if name == "wandb" and error and needs_login(error):
+            lines += ["    wandb login                        # or set WANDB_API_KEY",
+                      f"    gradloc-track replay {run_dir}",
+                      "  or try W&B without an account: run with WANDB_MODE=offline (tracker.wandb.mode=offline),",
+                      "  then upload the wandb/offline-run-* folder it prints with `wandb sync <folder>`"]
+        else:
+            lines.append(f"    gradloc-track replay {run_dir}        # once {who} is reachable")
+    if dropped:
+        lines.append(f"  {dropped} record(s) are LOST: neither {who} nor the spool could take them")
+    return lines
+
+
+def say(lines: list[str]) -> None:
+    """On stderr, now: the run's last word, whatever the warning filters."""
+    if lines:
+        print("\n".join(lines), file=sys.stderr, flush=True)
