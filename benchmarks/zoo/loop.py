@@ -1,9 +1,9 @@
 """The ``loop`` and ``loop64`` families: a nanoGPT-style byte-level GPT in its own loop, with the
 library's default front door ``gradloc_track.watch(model, opt)`` (clipping off, the detector's
-defaults, the localizer on at injected steps and the 20 steps after them).
+defaults, the localizer on at injected steps and the 10 steps after them).
 
 nanoGPT's character recipe, small: 4 layers, d=32, AdamW (0.9, 0.99), weight decay 0.1, lr 1e-3
-with a 20-step warm-up and a cosine to 1e-4 over 400 steps; ``model(x, y)`` returns (logits, the
+with a 20-step warm-up and a cosine to 1e-4 (``schedule.lr_factor``); ``model(x, y)`` returns (logits, the
 token-mean loss), which ``watch()`` captures and rebuilds. ``loop``: batches of 8 windows of 64
 bytes; ``loop64``: 64 windows of 16 bytes (1024 terms), for the token kinds, whose corrupted
 per-term weights reach the localizer through ``handle.set_loss_fn`` (the front door's way for a
@@ -27,7 +27,7 @@ from .demo import FP16_MAX, Batch
 from .measure import HeldOut, adam_signals, grads_of, set_grads, step_effect, weight_norm
 from .nanogpt import NanoGPT
 from .record import FeedRecorder, Harm, RunRecord, StepRecord, live_outcome
-from .schedule import Plan, lr_factor
+from .schedule import Plan, horizon, lr_factor
 from .sources import text
 from .split import KINDS, known_cause
 from .streams import Windows
@@ -48,7 +48,7 @@ class LoopSetting:
     betas: tuple[float, float] = (0.9, 0.99)
     weight_decay: float = 0.1
     warmup: int = 20
-    horizon: int = 400
+    horizon: int = 250
     eval_batches: int = 2
     detector: dict = field(default_factory=dict)  # SpikeConfig overrides (none: the defaults)
     snapshots: str = ""  # where injected steps are saved for --relocate ("" = not saved)
@@ -57,7 +57,9 @@ class LoopSetting:
     def of(cls, family: str, source: str, quick: bool) -> "LoopSetting":
         shape = {"seq_len": 16, "batch": 64} if family == "loop64" else {}
         length = {"steps": 160, "clean_steps": 240} if quick else {}
-        return cls(family=family, source=source, **shape, **length)
+        s = cls(family=family, source=source, **shape, **length)
+        s.horizon = horizon(s.steps)
+        return s
 
 
 def model_args(s: LoopSetting) -> dict:
@@ -142,15 +144,32 @@ def fp16_scale(model, b: Batch, k: int) -> float:
     return base * 2 ** 12
 
 
-def flip_weight(model) -> str:
-    """Flip bit 30 (the exponent's top bit) of the weight nearest |0.012| in the first MLP matrix."""
-    name, p = next((n, p) for n, p in model.named_parameters() if "mlp" in n and p.dim() == 2)
+def flip_weight(model) -> tuple[torch.Tensor, int]:
+    """Flip bit 30 (the exponent's top bit) of the weight nearest |0.012| in the first MLP matrix
+    (0.012 -> ~4e36); returns (the tensor, the flat index), which ``unflipped`` takes."""
+    _, p = next((n, p) for n, p in model.named_parameters() if "mlp" in n and p.dim() == 2)
     with torch.no_grad():
-        flat = p.data.view(-1)
-        i = int((flat.abs() - 0.012).abs().argmin())
-        as_int = flat.view(torch.int32)
+        i = int((p.data.view(-1).abs() - 0.012).abs().argmin())
+    _toggle(p, i)
+    return p, i
+
+
+def _toggle(p: torch.Tensor, i: int) -> None:
+    with torch.no_grad():
+        as_int = p.data.view(-1).view(torch.int32)
         as_int[i] = as_int[i] ^ (1 << 30)
-    return f"{name}[{i}]"
+
+
+@contextlib.contextmanager
+def unflipped(flip: tuple | None):
+    """The flipped weight as it was, for the counterfactual's clean steps (a no-op without a flip)."""
+    if flip is not None:
+        _toggle(*flip)
+    try:
+        yield
+    finally:
+        if flip is not None:
+            _toggle(*flip)
 
 
 @dataclass
@@ -163,6 +182,7 @@ class LoopRun:
     space: kinds.Space
     held: HeldOut
     rec: RunRecord
+    flip: tuple | None = None  # weight_bitflip: the flipped weight (tensor, index) of this step
 
     def batch(self, step: int) -> tuple[Batch, list[dict]]:
         if step in self.plan.at and self.kind.startswith("placebo"):
@@ -174,12 +194,13 @@ class LoopRun:
     def counterfactual(self, model, opt, b: Batch, step: int, handle) -> Harm:
         injected = grads_of(model)
         effects = []
-        with handle.capture.paused():
+        with handle.capture.paused(), unflipped(self.flip if b.bitflip else None):
             for clean in (self.data.clean(step), self.data.clean(step + 10 ** 6)):
                 model.zero_grad(set_to_none=True)
                 with torch.enable_grad():
                     backward(model, clean)
-                effects.append(step_effect(model, opt, grads_of(model), self.held.loss, 1.0 / b.lr_factor))
+                effects.append(step_effect(model, opt, grads_of(model), self.held.loss,
+                                           self.plan.twin_lr(step, self.s.warmup, self.s.horizon) / b.lr_factor))
         set_grads(model, injected)
         return Harm(step, step_effect(model, opt, injected, self.held.loss), effects[0], effects[1])
 
@@ -187,7 +208,7 @@ class LoopRun:
 def prepare(run: LoopRun, model, b: Batch, truth: list[dict]) -> None:
     """The numeric kinds' set-up of an injected step: the flipped weight, the fp16 loss scale."""
     if b.bitflip:
-        flip_weight(model)
+        run.flip = flip_weight(model)
     if b.fp16_scale:
         b.fp16_scale = fp16_scale(model, b, truth[0]["batch"])
 

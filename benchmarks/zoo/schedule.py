@@ -20,7 +20,8 @@ LABELS = tuple(range(100, 260, 4))
 AT = {"lr_x50": (150, 250), "cosine_restart": (200,), "weight_bitflip": (200,), "labels_leaked": LABELS,
       "placebo_labels": LABELS}
 NONE = ("clean", "converged")
-LOCATE_AFTER = 20
+LOCATE_AFTER = 10
+HORIZON = 250  # of FULL: the cosine is near its floor by the restart (lr x5 there)
 
 
 @dataclass(frozen=True)
@@ -38,9 +39,22 @@ class Plan:
         placebo = "placebo_labels" if raw == LABELS else ("placebo" if raw == THREE else "")
         return cls(at, "" if kind.startswith("placebo") else placebo, at[0] if kind == "cosine_restart" else None)
 
+    def twin_lr(self, t: int, warmup: int, horizon: int, offset: int = 0) -> float:
+        """The clean twin's learning rate over this run's at scheduler step ``t`` (1 but after a restart);
+        ``offset``: how far the run's step numbers are ahead of the scheduler's (Trainer's: 1)."""
+        if self.restart is None:
+            return 1.0
+        restart = self.restart - offset
+        return lr_factor(t, warmup, horizon) / lr_factor(t, warmup, horizon, restart)
+
     def locate_config(self, step: int) -> LocateConfig:
         on = any(0 <= step - a <= LOCATE_AFTER for a in self.at)
         return LocateConfig(enabled=on, max_events=10 ** 6)
+
+
+def horizon(steps: int, full: int = FULL) -> int:
+    """The cosine's length for a family whose scenario runs are ``steps`` long (twins share it)."""
+    return max(1, round(HORIZON * steps / full))
 
 
 def lr_factor(t: int, warmup: int, horizon: int, restart: int | None = None) -> float:

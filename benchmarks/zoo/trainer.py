@@ -1,7 +1,7 @@
 """The ``llama``, ``gpt2``, ``qwen2`` and ``packed`` families: a random-init causal LM in a real
 ``transformers.Trainer`` with the default front door ``GradLocCallback()`` (it takes over Trainer's
 ``max_grad_norm=1.0`` clipping; the detector's defaults; the localizer on at injected steps and
-the 20 after them), on a 2048-token byte-level BPE trained on the run's source (``sources.ByteBpe``).
+the 10 after them), on a 2048-token byte-level BPE trained on the run's source (``sources.ByteBpe``).
 
 Tiny configs: Llama and Qwen2 with 2 layers, d=64, 4 heads (2 key/value heads), GPT-2 with 2
 layers, d=64, 4 heads and its default dropout 0.1 on. Batches of 8 rows of 128 tokens (windows of
@@ -25,10 +25,10 @@ from . import kinds, snapshots
 from .culprits import rows_of
 from .demo import Batch
 from .hf import collate, hf_item
-from .loop import flip_weight
+from .loop import flip_weight, unflipped
 from .measure import HeldOut, adam_signals, grads_of, set_grads, step_effect, weight_norm
 from .record import FeedRecorder, Harm, RunRecord, StepRecord, live_outcome
-from .schedule import Plan, lr_factor
+from .schedule import Plan, horizon, lr_factor
 from .sources import IM_START, ByteBpe, documents
 from .split import KINDS, known_cause
 from .streams import ChatRows, PackedRows, Windows
@@ -49,7 +49,7 @@ class TrainerSetting:
     clean_steps: int = 600
     lr: float = 1e-3
     warmup: int = 20
-    horizon: int = 400
+    horizon: int = 250
     eval_rows: int = 16
     detector: dict = field(default_factory=dict)
     snapshots: str = ""
@@ -59,7 +59,9 @@ class TrainerSetting:
         shape = {"seq_len": 1024, "batch": 2, "eval_rows": 4, "steps": 240, "clean_steps": 400} \
             if family == "packed" else {}
         length = {"steps": 160, "clean_steps": 240} if quick else {}
-        return cls(family=family, source=source, **{**shape, **length})
+        s = cls(family=family, source=source, **{**shape, **length})
+        s.horizon = horizon(s.steps)
+        return s
 
 
 def model_config(s: TrainerSetting, vocab: int, pad: int):
@@ -157,6 +159,7 @@ class TrainerRun:
     last: dict = field(default_factory=dict)  # the training forward's loss and per-sample losses
     taken: tuple = ((), None)  # the capture's last (batches, rng)
     feed: object = None  # the FeedRecorder on the callback's detector
+    flip: tuple | None = None  # weight_bitflip: the flipped weight (tensor, index)
 
     def make_batch(self, step: int) -> tuple[Batch, list[dict]]:
         if step in self.plan.at and self.kind.startswith("placebo"):
@@ -191,9 +194,10 @@ class TrainerRun:
 
     def counterfactual(self, model, optimizer, b: Batch) -> Harm:
         injected = grads_of(model)
-        with self.gl.handle.capture.paused():
+        with self.gl.handle.capture.paused(), unflipped(self.flip if b.bitflip else None):
             effects = [step_effect(model, optimizer, self.grads_on(model, c), self.data.held.loss,
-                                   1.0 / b.lr_factor, clip=CLIP)
+                                   self.plan.twin_lr(self.step - 1, self.s.warmup, self.s.horizon, 1) / b.lr_factor,
+                                   clip=CLIP)
                        for c in (self.data.stream.clean(self.step), self.data.stream.clean(self.step + 10 ** 6))]
         set_grads(model, injected)
         hurt = step_effect(model, optimizer, injected, self.data.held.loss)  # already clipped by the callback
@@ -235,7 +239,7 @@ def make_callbacks(run: TrainerRun):
         def on_step_begin(self, args, state, control, model=None, **kw):
             step = state.global_step + 1
             if run.hit(step) and run.dataset.batch(step)[0].bitflip:
-                flip_weight(model)
+                run.flip = flip_weight(model)
 
     class Record(TrainerCallback):
         """After GradLocCallback: the step's record and, on an injected step, its harm."""
