@@ -77,11 +77,25 @@ def sample_columns(batches: list) -> dict[str, Any]:
     """The spike context's ``sample_columns``: one micro-batch's columns as they are, several as
     sequences of K (a micro-batch without a column gets None cells). A column whose length is not
     the micro-batch's B is left out with a warning (its rows would be misattributed)."""
-    infos = [_fitting(b) for b in batches]
+    infos = [_fitting(b) | _leaked(b) for b in batches]
     names = list(dict.fromkeys(n for info in infos for n in info))
     if len(batches) == 1:
         return dict(infos[0])
     return {n: [info.get(n, [None] * b.input_ids.shape[0]) for info, b in zip(infos, batches)] for n in names}
+
+
+def _leaked(batch: Any) -> dict[str, Any]:
+    """``leaked_labels``: each row's share of terms whose target is its own input token, when the junk
+    statistics measured it and some row reaches ``spikes.junk.LEAKED`` (the cause names those rows)."""
+    from ..spikes.junk import LEAKED
+
+    rows = getattr(getattr(batch, "junk", None), "leak_rows", None)
+    if rows is None or not bool((rows >= LEAKED).any()):  # host read: a spike step's, per micro-batch
+        return {}
+    return {LEAKED_COLUMN: rows}
+
+
+LEAKED_COLUMN = "leaked_labels"
 
 
 def _fitting(batch: Any) -> dict[str, Any]:

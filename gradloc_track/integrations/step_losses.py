@@ -75,7 +75,7 @@ def detector_losses(logits: torch.Tensor, targets: torch.Tensor, input_ids: torc
     junk = None
     if junk_terms:
         docs = None if document_ids is None else document_ids[:, :Tp]
-        junk = junk_of(cap_repeats(stats.excess.view(B, Tp), tgt, inp), valid, docs, junk_terms)
+        junk = junk_of(cap_repeats(stats.excess.view(B, Tp), tgt, inp), valid, docs, junk_terms, tgt, inp)
     return smax, junk
 
 

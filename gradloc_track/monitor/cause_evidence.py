@@ -83,9 +83,30 @@ def off_policy_reading(culprit: Any, ctx: Any) -> tuple[float, float | None, flo
     return ratio[best], None if logp is None else logp[best], None if old is None else old[best]
 
 
+def leaked_rows(ctx: Any) -> str:
+    """The rows whose labels leaked (``sample_info.LEAKED_COLUMN``), in words; "" when none is marked."""
+    from ..integrations.sample_info import LEAKED_COLUMN
+    from ..spikes.junk import LEAKED
+
+    col = (getattr(ctx, "sample_columns", None) or {}).get(LEAKED_COLUMN)
+    if col is None:
+        return ""
+    parts = [col] if hasattr(col, "tolist") else list(col)
+    words = []
+    for k, part in enumerate(parts):
+        rows = [b for b, v in enumerate(part.tolist() if part is not None else []) if v >= LEAKED]
+        if rows:
+            mb = f"micro-batch {k} " if len(parts) > 1 else ""
+            words.append(f"{mb}sample{'s' if len(rows) > 1 else ''} {', '.join(map(str, rows))}")
+    return "; ".join(words)
+
+
 def evidence_of(stats: Any, lr_pair: tuple[float | None, float | None]) -> Evidence:
     """The step's ``Evidence``: its events, the learning rates, and the localization when one ran."""
     ev = Evidence(stats.events, lr=lr_pair[0], prev_lr=lr_pair[1])
+    view = getattr(stats, "locate_view", None)
+    if view and any(e.signal == "leaked_labels" for e in stats.events):
+        ev.leaked_rows = leaked_rows(view[1])
     result = getattr(stats, "locate", None)
     if result is None:
         return ev

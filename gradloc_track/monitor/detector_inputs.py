@@ -21,7 +21,7 @@ from .packing import HostPack
 from .rank_inputs import GIVEN, combine_across_ranks, world_of
 
 LOSS, SAMPLE_MAX, UPDATE, WEIGHT = "loss", "sample_max", "update", "weight_norm"  # HostPack slots
-JUNK_SPAN, JUNK_MEAN = "junk_span", "junk_mean"
+JUNK_SPAN, JUNK_MEAN, JUNK_LEAK = "junk_span", "junk_mean", "junk_leak"
 
 
 def as_device_value(value: Any, device: torch.device) -> torch.Tensor | None:
@@ -49,23 +49,24 @@ def sample_max(sample_losses: Any, device: torch.device) -> torch.Tensor | None:
 
 
 def _is_pair(x: Any) -> bool:
-    """One micro-batch's (span, mean): a ``JunkSpan`` or two numbers / 0-d tensors."""
+    """One micro-batch's (span, mean[, leak]): a ``JunkSpan`` or two or three numbers / 0-d tensors."""
     def scalar(v: Any) -> bool:
-        return isinstance(v, (int, float)) or (isinstance(v, torch.Tensor) and v.dim() == 0)
+        return v is None or isinstance(v, (int, float)) or (isinstance(v, torch.Tensor) and v.dim() == 0)
 
-    return hasattr(x, "span") or (isinstance(x, (tuple, list)) and len(x) == 2 and all(map(scalar, x)))
+    return hasattr(x, "span") or (isinstance(x, (tuple, list)) and len(x) in (2, 3) and all(map(scalar, x)))
 
 
-def junk_pair(junk: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The step's (largest run's excess, mean excess) as 0-d tensors on ``device``: the largest run of
-    the micro-batches and the mean of their means. ``junk``: a ``JunkSpan`` (or a pair of numbers or
-    0-d tensors), or a list of them, one per micro-batch."""
+def junk_pair(junk: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+    """The step's (largest run's excess, mean excess, largest leaked-label share or None) as 0-d tensors
+    on ``device``: the largest run and leak of the micro-batches and the mean of their means. ``junk``: a
+    ``JunkSpan`` (or two or three numbers or 0-d tensors), or a list of them, one per micro-batch."""
     parts = [] if junk is None else [junk] if _is_pair(junk) else list(junk)
     if not parts:
         return None
     spans = torch.stack([as_device_value(p[0], device) for p in parts])
     means = torch.stack([as_device_value(p[1], device) for p in parts])
-    return spans.max(), means.mean()
+    leaks = [as_device_value(p[2], device) for p in parts if len(p) > 2 and p[2] is not None]
+    return spans.max(), means.mean(), torch.stack(leaks).max() if leaks else None
 
 
 class DetectorInputs:
@@ -109,7 +110,7 @@ class DetectorInputs:
         if "sample_losses" in self.wants:
             local[SAMPLE_MAX] = sample_max(self._samples, dev)
         if "junk_span" in self.wants:
-            local[JUNK_SPAN], local[JUNK_MEAN] = junk_pair(self._junk, dev) or (None, None)
+            local[JUNK_SPAN], local[JUNK_MEAN], local[JUNK_LEAK] = junk_pair(self._junk, dev) or (None, None, None)
         if local and world_of(self.process_group) > 1:  # every rank's detector reads the same values
             for name, value in combine_across_ranks(local, dev, self.process_group).items():
                 pack.add_slot(name, value)
@@ -137,7 +138,8 @@ class DetectorInputs:
         if SAMPLE_MAX in slots:
             out["sample_losses"] = [slots[SAMPLE_MAX]]
         if JUNK_SPAN in slots and JUNK_MEAN in slots:
-            out["junk_span"] = (slots[JUNK_SPAN], slots[JUNK_MEAN])
+            leak = (slots[JUNK_LEAK],) if JUNK_LEAK in slots else ()
+            out["junk_span"] = (slots[JUNK_SPAN], slots[JUNK_MEAN], *leak)
         if UPDATE in slots:
             out["update"] = slots[UPDATE]
             if not math.isfinite(slots[UPDATE]) and self.adam is not None:

@@ -5,7 +5,8 @@ detector reads are combined across ranks first, with ONE all-gather of a few num
 (no host sync), and every rank feeds its detector the same values:
 
 - the step's loss: the mean of the ranks' losses (the global loss for equal micro-batches);
-- the largest per-sample loss and the largest junk run: the largest over the ranks;
+- the largest per-sample loss, the largest junk run and the largest leaked-label share: the largest
+  over the ranks;
 - the junk signal's mean excess: the mean over the ranks.
 
 A rank that gave no value (no loss from its forward) is left out of that value; a value no rank gave
@@ -19,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 # slot -> how the ranks' values combine
-COMBINE = {"loss": "mean", "sample_max": "max", "junk_span": "max", "junk_mean": "mean"}
+COMBINE = {"loss": "mean", "sample_max": "max", "junk_span": "max", "junk_mean": "mean", "junk_leak": "max"}
 GIVEN = "#given"  # suffix of the slot that counts the ranks that gave a value
 
 

@@ -37,7 +37,7 @@ from typing import Any, Sequence
 CAUSES = ("data", "numeric", "precision", "optimizer", "schedule", "off_policy", "irreproducible", "unexplained")
 LR_JUMP = 2.0  # a learning rate at least 2x the previous step's is a schedule change worth naming
 DATA_SHARE = 0.5  # culprits carrying at least half the squared norm explain the step
-LOSS_SIGNALS = ("loss", "sample_loss", "junk_span")
+LOSS_SIGNALS = ("loss", "sample_loss", "junk_span", "leaked_labels")
 OFF_POLICY_RATIO = 10.0  # an importance ratio this far from 1 (either way) is not on-policy noise
 
 
@@ -66,6 +66,7 @@ class Evidence:
     # the top culprit's (importance ratio, log-prob, old log-prob) from the RL columns, at its term farthest
     # from on-policy; None: not an RL step, or no culprit
     off_policy: tuple[float, float | None, float | None] | None = None
+    leaked_rows: str = ""  # the rows whose labels leaked, in words ("micro-batch 0 samples 1, 4, 6")
 
 
 def name_cause(ev: Evidence) -> Cause:
@@ -140,9 +141,12 @@ def _off_policy(ev: Evidence) -> Cause | None:
                                "surrogate multiplies into the gradient; not the data")
 
 
-def _jumped(e: Any) -> str:
+def _jumped(e: Any, ev: Evidence) -> str:
     if e.signal == "junk_span":
         return f"a run of its loss terms is rated below chance ({e.value:+.2f} nats a term above a random token's loss)"
+    if e.signal == "leaked_labels":
+        rows = f": {ev.leaked_rows}" if ev.leaked_rows else ""
+        return f"a row's targets are its own input tokens at {e.value:.0%} of its terms (leaked labels){rows}"
     return f"{e.key} jumped {e.ratio:.2f}x"
 
 
@@ -151,7 +155,7 @@ def _data(ev: Evidence) -> Cause | None:
     named = ev.culprit_share is not None and ev.n_culprits > 0
     if named and (ev.culprit_share >= DATA_SHARE or losses):
         top = f" ({ev.top_culprit} first)" if ev.top_culprit else ""
-        why = f", and {_jumped(losses[0])}" if losses else ""
+        why = f", and {_jumped(max(losses, key=lambda x: x.z), ev)}" if losses else ""
         return Cause("data", f"{ev.n_culprits} culprit(s){top} carry {ev.culprit_share:.0%} of the step's squared "
                              f"gradient norm{why}: the batch's data made the step")
     if losses:  # the model is the same for every sample: a loss that jumps is the data's
@@ -160,6 +164,9 @@ def _data(ev: Evidence) -> Cause | None:
                  "no single culprit carries the gradient")
         if e.signal == "junk_span":
             return Cause("data", f"{e.describe()}: junk in the data ({which})")
+        if e.signal == "leaked_labels":
+            rows = f"; {ev.leaked_rows}" if ev.leaked_rows else ""
+            return Cause("data", f"{e.describe()}: a label bug in the data{rows}")
         return Cause("data", f"{e.key} = {e.value:.3g}, {e.ratio:.2f}x its running mean (z = {e.z:.0f}): the data's "
                              f"loss jumped ({which})")
     return None

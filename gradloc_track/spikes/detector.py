@@ -52,7 +52,7 @@ from typing import Any, Mapping, Sequence
 from ..config import SpikeConfig
 from ..config._validate import ConfigError
 from .event import SpikeEvent
-from .junk import LEARNED
+from .junk import LEAKED, LEARNED
 from .score import RunningWindow
 from .signal import MAX_LOG, LogSignal
 
@@ -70,7 +70,8 @@ class StepSignals:
     sample_losses: Sequence[float] | None = None  # each sample's mean loss (spikes.sample_loss)
     update: float | None = None  # norm of the update the optimizer is about to make
     weight_norm: float | None = None  # the parameters' norm (the scale of float noise)
-    junk_span: tuple[float, float] | None = None  # (largest run's excess over chance, the batch's mean excess)
+    # (largest run's excess over chance, the batch's mean excess[, the largest row's leaked-label share])
+    junk_span: Sequence[float] | None = None
 
 
 @dataclass
@@ -98,6 +99,8 @@ class SpikeDetector:
       the loss, the largest per-sample loss and the optimizer's update, on steps that provide them
     - ``spike/junk_span``, ``spike/junk_mean``: the largest run's mean excess over chance and the
       batch's (nats a term; ``spikes/junk.py``), on steps that provide them
+    - ``spike/leaked_labels``: the largest row's share of terms whose target is their own input token
+      (``spikes.junk.leaked``; fires at ``junk.LEAKED``), on steps that provide it
     - ``spike/noise_floor``: 1 on a step whose gradient norm is below the noise floor (skipped)
     - ``spike/olmo_score``: OLMo-core's stability score, the fraction of steps so far whose global
       norm exceeded mean + 6 sigma of the previous ``score_window`` values (a separate, fixed rule
@@ -145,7 +148,7 @@ class SpikeDetector:
     def update(self, step: int, global_norm: float, layer_norms: Mapping[str, float] | None = None,
                n_tokens: int | None = None, n_micro_batches: int = 1, *, loss: float | None = None,
                sample_losses: Sequence[float] | None = None, update: float | None = None,
-               weight_norm: float | None = None, junk_span: tuple[float, float] | None = None
+               weight_norm: float | None = None, junk_span: Sequence[float] | None = None
                ) -> list[SpikeEvent]:
         """Feed one step. ``n_tokens`` (loss tokens of the whole step) and ``n_micro_batches`` are read
         by ``mode="fixed"`` only; ``loss``, ``sample_losses``, ``update`` and ``weight_norm`` (see
@@ -229,8 +232,8 @@ class SpikeDetector:
                 values["sample_loss"] = math.nan if not all(map(math.isfinite, vals)) else max(vals)
         if cfg.update_signal and extra.update is not None:
             values["update"] = float(extra.update)
-        junk = self._junk_event(step, extra.junk_span)
-        events = [junk] if junk is not None else []
+        events = [e for e in (self._junk_event(step, extra.junk_span), self._leak_event(step, extra.junk_span))
+                  if e is not None]
         for name, x in values.items():
             ratio = {"loss": cfg.loss_min_ratio, "sample_loss": cfg.sample_min_ratio}.get(name, cfg.min_ratio)
             ev = self._check(EXTRA[name], name, step, x, pending, ratio,
@@ -241,7 +244,7 @@ class SpikeDetector:
                 events.append(ev)
         return events
 
-    def _junk_event(self, step: int, junk: tuple[float, float] | None) -> SpikeEvent | None:
+    def _junk_event(self, step: int, junk: Sequence[float] | None) -> SpikeEvent | None:
         """A run of terms below chance (``spikes/junk.py``): value = the run's excess, baseline = the
         batch's mean excess (nats a term), z = their gap, ratio = ``exp(gap)`` (how many times less
         likely a term of the run is than the batch's typical term)."""
@@ -257,6 +260,18 @@ class SpikeDetector:
             return None
         gap = span - mean
         return SpikeEvent(step, "junk_span", span, mean, gap, math.exp(min(MAX_LOG, gap)))
+
+    def _leak_event(self, step: int, junk: Sequence[float] | None) -> SpikeEvent | None:
+        """Rows whose targets are their own input tokens (``spikes.junk.leaked``): labels that leaked into
+        the inputs, a loss that falls too far. Structural, so no warm-up: value = the largest row's share
+        of such terms, against ``LEAKED``."""
+        if not self.config.junk_signal or junk is None or len(junk) < 3 or junk[2] is None:
+            return None
+        leak = float(junk[2])
+        self._last["spike/leaked_labels"] = leak
+        if not (math.isfinite(leak) and leak >= LEAKED):
+            return None
+        return SpikeEvent(step, "leaked_labels", leak, LEAKED, math.inf, leak / LEAKED)
 
     def _absorb(self, pending: list[_Pending], fired: bool) -> None:
         """A step the detector caught (on any signal: a layer's spike is the global norm's too) moves

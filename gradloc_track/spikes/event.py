@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 # the metric each non-norm signal reads (a norm signal reads ``grad_norm/<signal>``)
 SIGNAL_KEYS = {"loss": "loss", "sample_loss": "loss/sample_max", "update": "update/global",
-               "junk_span": "loss/junk_span"}
+               "junk_span": "loss/junk_span", "leaked_labels": "loss/leaked_labels"}
 
 
 @dataclass
@@ -36,5 +36,8 @@ class SpikeEvent:
         if self.signal == "junk_span":
             return (f"{self.key} = {self.value:+.2f} nats a term above a random token's loss (the batch's terms: "
                     f"{self.baseline:+.2f}): a run the model rates below chance")
+        if self.signal == "leaked_labels":
+            return (f"{self.key} = {self.value:.0%}: a row's targets are its own input tokens at {self.value:.0%} of "
+                    "its terms (labels not shifted: the model copies its input, its loss falls too far)")
         return (f"{self.key} = {self.value:.3g}, {self.ratio:.1f}x its running mean {self.baseline:.3g} "
                 f"(z = {self.z:.0f})")

@@ -27,12 +27,20 @@ IGNORE = -100
 LEARNED = -1.0  # the batch's terms must average this far below chance (nats) before a span can fire
 
 
+LEAKED = 0.5  # a row whose targets are its own input tokens at this share of its terms has leaked labels
+LEAK_MIN_TERMS = 16  # ... counted on rows with at least this many terms
+
+
 class JunkSpan(NamedTuple):
     """0-d tensors (the logits' device): the largest mean excess over chance of ``terms`` consecutive
-    loss terms of one document (``-inf``: no run that long), and the mean excess of all terms."""
+    loss terms of one document (``-inf``: no run that long), the mean excess of all terms, and the
+    largest share, over rows, of terms whose target is their own input token (``leaked``; None: no
+    input ids given)."""
 
     span: torch.Tensor
     mean: torch.Tensor
+    leak: torch.Tensor | None = None
+    leak_rows: torch.Tensor | None = None  # (B,) each row's leaked-label share (``leaked``)
 
 
 def term_excess(logits: torch.Tensor, targets: torch.Tensor, inputs: torch.Tensor | None) -> torch.Tensor:
@@ -90,7 +98,7 @@ def junk_span(logits: torch.Tensor, targets: torch.Tensor, input_ids: torch.Tens
     tgt = targets.to(logits.device)
     check_ids(tgt, logits.shape[-1], "junk_span: targets")
     excess = term_excess(logits, tgt.clamp(min=0), input_ids)
-    return junk_of(excess, tgt >= 0, document_ids, terms)
+    return junk_of(excess, tgt >= 0, document_ids, terms, tgt, input_ids)
 
 
 def check_ids(targets: torch.Tensor, vocab: int, where: str) -> None:
@@ -106,9 +114,25 @@ def check_ids(targets: torch.Tensor, vocab: int, where: str) -> None:
         torch._assert_async(targets.max() < vocab, msg)
 
 
-def junk_of(excess: torch.Tensor, valid: torch.Tensor, document_ids: torch.Tensor | None, terms: int) -> JunkSpan:
-    """``JunkSpan`` from each term's excess (B, T) (``term_excess``), ``valid`` (B, T) bool and the
-    document ids (B, T) or None."""
+def junk_of(excess: torch.Tensor, valid: torch.Tensor, document_ids: torch.Tensor | None, terms: int,
+            targets: torch.Tensor | None = None, inputs: torch.Tensor | None = None) -> JunkSpan:
+    """``JunkSpan`` from each term's excess (B, T) (``term_excess``), ``valid`` (B, T) bool, the
+    document ids (B, T) or None, and the targets and input ids (B, T) for the leak share (``leaked``)."""
     docs = torch.zeros_like(valid, dtype=torch.long) if document_ids is None else document_ids.to(valid.device)
     best = span_max(excess, valid, docs, terms)
-    return JunkSpan(best, torch.where(valid, excess, 0.0).sum() / valid.sum().clamp(min=1))
+    rows = None if targets is None or inputs is None else leaked(targets, inputs, valid)
+    return JunkSpan(best, torch.where(valid, excess, 0.0).sum() / valid.sum().clamp(min=1),
+                    None if rows is None else rows.max(), rows)
+
+
+def leaked(targets: torch.Tensor, inputs: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """(B,) each row's share of loss terms whose target IS its input token while that token does not
+    repeat the one before it: labels that were never shifted (``labels = inputs`` fed to a loss that does
+    not shift, a collator bug), a loss the model drives to 0 by copying. Natural text holds such terms only
+    at doubled tokens (a few percent); a run of one token (``=====``) repeats the token before it too, so it
+    does not count. 0 for rows under ``LEAK_MIN_TERMS`` terms."""
+    inputs = inputs.to(targets.device)
+    prev = torch.cat([inputs[:, :1] - 1, inputs[:, :-1]], 1)  # (B, T): the token before, none at 0
+    copy = valid & (targets == inputs) & (inputs != prev)
+    n = valid.sum(1)
+    return torch.where(n >= LEAK_MIN_TERMS, copy.sum(1) / n.clamp(min=1), 0.0).float()

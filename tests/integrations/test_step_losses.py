@@ -92,7 +92,7 @@ def test_watch_feeds_the_detector_the_models_losses():
     want = junk_span(logits, tgt, ids, docs, terms=handle.monitor.detector.config.junk_terms)
     short = junk_span(logits, tgt, ids, docs, terms=4)
     # the excess is a difference of O(1) log-probabilities (watch() reads them from the loss's graph): nats
-    assert fed[0]["junk_span"] == (float(want.span), pytest.approx(float(want.mean), abs=1e-5))
+    assert fed[0]["junk_span"] == (float(want.span), pytest.approx(float(want.mean), abs=1e-5), float(want.leak))
     assert float(want.span) == -math.inf and math.isfinite(float(short.span))  # 16 > a document of 6
 
 
@@ -119,7 +119,8 @@ def test_watch_measures_runs_of_the_configured_length():
     handle.finish()
     tgt = torch.cat([labels[:, 1:], torch.full_like(ids[:, :1], IGNORE)], 1)
     want = junk_span(out.logits.detach(), tgt, ids, terms=4)
-    assert fed[0]["junk_span"] == (pytest.approx(float(want.span), abs=1e-5), pytest.approx(float(want.mean), abs=1e-5))
+    assert fed[0]["junk_span"] == (pytest.approx(float(want.span), abs=1e-5), pytest.approx(float(want.mean), abs=1e-5),
+                                   float(want.leak))
 
 
 def test_rows_read_in_blocks_give_the_same_losses(monkeypatch):

@@ -148,3 +148,52 @@ def test_a_row_read_in_blocks_gives_the_same_excess(batch, monkeypatch):
     monkeypatch.setattr(term_stats, "CPU_BLOCK", 3 * logits.shape[-1])  # 3 positions a block: 4 blocks a row
     blocks = junk_span(logits, targets, inputs, docs, terms=4)
     assert float(blocks.span) == float(whole.span) and float(blocks.mean) == pytest.approx(float(whole.mean))
+
+
+def test_leaked_labels_are_targets_that_copy_a_changing_input():
+    """Issue 37: targets equal to inputs (labels never shifted) on 3 of 8 rows was invisible. A term counts
+    when its target is its own input token and that token differs from the one before it, so a run of one
+    token ('=====') and natural doubled tokens stay low; rows under 16 terms count 0. Hand-counted."""
+    from gradloc_track.spikes.junk import LEAKED, leaked
+
+    g = torch.Generator().manual_seed(0)
+    inputs = torch.randint(0, 50, (4, 20), generator=g)
+    targets = torch.roll(inputs, -1, 1)  # the shifted targets of natural text
+    targets[1] = inputs[1]  # row 1: targets are the inputs
+    inputs[2] = 7  # row 2: a run of one token, whose targets repeat it
+    targets[2] = 7
+    valid = torch.ones(4, 20, dtype=torch.bool)
+    valid[3, 10:] = False  # row 3: 10 terms, too short to judge
+    targets[3] = inputs[3]
+    got = leaked(targets, inputs, valid)
+    want_1 = sum(1 for t in range(20) if t == 0 or inputs[1, t] != inputs[1, t - 1]) / 20
+    assert got[1] == pytest.approx(want_1) and got[1] >= LEAKED
+    assert got[2] == pytest.approx(1 / 20)  # only position 0 (nothing before it) counts in a run
+    assert got[3] == 0.0 and got[0] < 0.2
+
+
+def test_leaked_labels_fire_as_data_with_the_rows_named():
+    """watch() on a GPT-2 whose collator forgot to shift 3 of 8 rows' labels: a data event names them."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    import gradloc_track
+    from gradloc_track import MemoryTracker
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=24, n_embd=16, n_layer=1, n_head=2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    handle = gradloc_track.watch(model, opt, tracker=MemoryTracker())
+    g = torch.Generator().manual_seed(1)
+    for step in range(3):
+        ids = torch.randint(0, 64, (8, 24), generator=g)
+        labels = ids.clone()
+        if step == 2:
+            labels[[1, 4, 6]] = torch.roll(ids[[1, 4, 6]], 1, 1)  # the model shifts: its targets become the inputs
+        model(input_ids=ids, labels=labels).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    handle.finish()
+    assert [s.step for s in handle.spikes] == [2]
+    (stats,) = handle.spikes
+    assert "leaked_labels" in [e.signal for e in stats.events] and stats.cause == "data"
+    assert "labels not shifted" in stats.cause_detail and "samples 1, 4, 6" in stats.cause_detail
