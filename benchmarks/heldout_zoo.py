@@ -93,37 +93,41 @@ def cache_file(cache: Path, fam: str, src: str, quick: bool) -> Path:
 
 
 def record(args, cache: Path) -> list[RunRecord]:
+    """Every run of the groups asked for, seed by seed (a seed is whole before the next starts)."""
     import torch
 
     torch.set_num_threads(1)
     os.environ.setdefault("WANDB_MODE", "offline")
     snap_dir = str(cache / f"snapshots{'-quick' if args.quick else ''}")
-    runner, out, t_all = Runner(args.quick, args.detector, snap_dir), [], time.perf_counter()
+    runner, t_all = Runner(args.quick, args.detector, snap_dir), time.perf_counter()
     (cache / "logs").mkdir(parents=True, exist_ok=True)
-    for (fam, src), kinds in groups(args.halves, args.families).items():
-        path = cache_file(cache, fam, src, args.quick)
-        runs = [] if args.fresh or not path.exists() else load_runs(path)
-        done = {(r.scenario, r.seed) for r in runs}
-        t0 = time.perf_counter()
-        for seed in args.seeds:
-            for kind in kinds:
-                if (kind, seed) in done:
-                    continue
-                log = cache / "logs" / f"{fam}-{src}-{kind}-{seed}{'-quick' if args.quick else ''}.txt"
-                with open(log, "w") as fh, contextlib.redirect_stderr(fh), warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    rec = runner.run(fam, src, kind, seed)
-                runs.append(rec)
+    todo = groups(args.halves, args.families)
+    runs = {g: [] if args.fresh or not cache_file(cache, *g, args.quick).exists()
+            else load_runs(cache_file(cache, *g, args.quick)) for g in todo}
+    for seed in args.seeds:
+        t_seed = time.perf_counter()
+        for (fam, src), kinds in todo.items():
+            done = {(r.scenario, r.seed) for r in runs[(fam, src)]}
+            for kind in [k for k in kinds if (k, seed) not in done]:
+                rec = _one(runner, cache, args.quick, fam, src, kind, seed)
+                runs[(fam, src)].append(rec)
                 if fam == "grpo":
                     from zoo import grpo
 
-                    grpo.finish(runs)
-                save_runs(runs, path)
+                    grpo.finish(runs[(fam, src)])
+                save_runs(runs[(fam, src)], cache_file(cache, fam, src, args.quick))
                 print(f"  {fam} {src} {kind} seed {seed}: {rec.seconds:.0f} s ({len(rec.steps)} steps)", flush=True)
-        print(f"{fam} {src}: {time.perf_counter() - t0:.0f} s", flush=True)
-        out += runs
+        print(f"seed {seed}: {time.perf_counter() - t_seed:.0f} s", flush=True)
     print(f"recorded in {time.perf_counter() - t_all:.0f} s", flush=True)
-    return out
+    return [r for rs in runs.values() for r in rs if r.seed in args.seeds]
+
+
+def _one(runner: Runner, cache: Path, quick: bool, fam: str, src: str, kind: str, seed: int) -> RunRecord:
+    """One run, its stderr (the library's spike blocks, warnings) kept in the cache's logs/."""
+    log = cache / "logs" / f"{fam}-{src}-{kind}-{seed}{'-quick' if quick else ''}.txt"
+    with open(log, "w") as fh, contextlib.redirect_stderr(fh), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return runner.run(fam, src, kind, seed)
 
 
 def load(args, cache: Path) -> list[RunRecord]:

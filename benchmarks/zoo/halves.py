@@ -13,7 +13,8 @@ Per half (``split.half`` of each run's family, source and kind):
   counts as right when its cause is the incident's, or when its detail links it
   (``aftermath of step N``). The library does not link events yet (issue 37, item 5), so today an
   aftermath event is right only when it repeats the incident's cause;
-- **culprit named**: injected steps of the data kinds (levels token, span, sample, document) whose
+- **culprit named**: injected steps of the kinds whose culprit is in the batch (data and RL kinds, at
+  levels token, span, sample, document; not the numeric ``fp16_sample``, shown in its row) whose
   live localization named every injected unit at its level (``culprits.py``), over all such steps
   (a step the detector missed is not named); ``localizer alone`` is the same from ``--relocate``
   (the localizer re-run on the saved injected steps, detected or not).
@@ -106,6 +107,13 @@ class Row:
     twice: int = 0  # sample rows naming a sample already named
 
 
+def in_batch(kind: str) -> bool:
+    """A culprit the batch carries (data and RL kinds): scored for culprit named. A numeric kind's sample
+    (fp16_sample) is shown in its row, not counted there."""
+    k = KINDS.get(kind)
+    return k is not None and k.level in DATA_LEVELS and "numeric" not in k.causes
+
+
 def score_row(row: Row, trig: Trigger, relocated: dict) -> None:
     data = KINDS.get(row.kind) is not None and KINDS[row.kind].level in DATA_LEVELS
     for r in row.runs:
@@ -185,8 +193,8 @@ def summary(rs: list[Row], cs: list[Clean], name: str) -> dict[str, str]:
     steps_all, events_all = sum(c.steps_all for c in clean), sum(c.events_all for c in clean)
     cause = [sum(r.cause[0] + r.after[0] for r in mine), sum(r.cause[1] + r.after[1] for r in mine)]
     at_inj = [sum(r.cause[0] for r in mine), sum(r.cause[1] for r in mine)]
-    named = [sum(r.named[0] for r in mine), sum(r.named[1] for r in mine)]
-    alone = [sum(r.alone[0] for r in mine), sum(r.alone[1] for r in mine)]
+    named = [sum(r.named[0] for r in mine if in_batch(r.kind)), sum(r.named[1] for r in mine if in_batch(r.kind))]
+    alone = [sum(r.alone[0] for r in mine if in_batch(r.kind)), sum(r.alone[1] for r in mine if in_batch(r.kind))]
     return {
         "recall": _pct(sum(r.hits for r in harmful), sum(r.n for r in harmful)),
         "false": f"{1000 * events / max(1, steps):.2f} ({events} in {steps})",
@@ -206,7 +214,7 @@ def render_summary(rs: list[Row], cs: list[Clean]) -> list[str]:
              ("false_all", "false events per 1000 clean steps (twins and placebos)", None),
              ("cause", "cause right (injected steps and their aftermath)", "cause"),
              ("cause_inj", "cause right at injected steps only", None),
-             ("named", "culprit named at its level, data injections (live)", "named"),
+             ("named", "culprit named at its level, data and RL injections (live)", "named"),
              ("alone", "culprit named at its level, localizer alone (--relocate)", None)]
     for k, label, goal in names:
         lines.append(f"| {label} | {GOALS[goal] if goal else ''} | {d[k]} | {h[k]} |")

@@ -29,6 +29,9 @@ def test_split_holds_every_kind_of_failure_in_both_halves_and_the_unseen_sources
     for kind in ("three_identical_junk", "base64_blob", "packed_junk_doc", "eight_tokens", "cosine_restart",
                  "weight_bitflip", "labels_leaked", "stale_tokens", "garbage_completion"):
         assert split.KINDS[kind].half == split.HELDOUT and all(k != kind for _, _, k in halves[split.DEV])
+    todo = bench.groups([split.HELDOUT], ["loop", "grpo"])  # what a pass runs: twins first, placebos added
+    assert todo[("loop", "python")][0] == "clean" and todo[("loop", "python")][-2:] == ["placebo", "placebo_labels"]
+    assert todo[("grpo", "licences")] == ["clean", "stale_tokens", "garbage_completion"]
     assert split.half("demo", "pydoc", "garbled_tokens") == split.DEV  # the spike zoo is dev whole
     assert split.half("loop", "python", "two_random_samples") == split.HELDOUT  # a held-out source
     assert split.half("loop", "pydoc", "cosine_restart") == split.HELDOUT  # a held-out kind
