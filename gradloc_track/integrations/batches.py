@@ -65,6 +65,7 @@ class LMBatch:
     sample_max: torch.Tensor | None = None  # the largest per-sample loss (step_losses.py)
     junk: Any = None  # the junk-span statistics of this micro-batch (spikes/junk.py)
     position_ids: torch.Tensor | None = None  # (B, T); restarts at 0 mark packed documents
+    precision: str | None = None  # the autocast the forward ran under ("float16 autocast"), if any
 
     @classmethod
     def from_call(cls, args: tuple, kwargs: dict, signature: Any = None) -> "LMBatch | None":
@@ -134,6 +135,18 @@ class LMBatch:
         return (pos == 0).long().cumsum(1) - (pos[:, :1] == 0).long()
 
 
+def autocast_in_force(device_type: str) -> str | None:
+    """"float16 autocast" while a reduced-precision autocast is on for ``device_type`` (the forward's
+    device) or CUDA, else None."""
+    for dev in dict.fromkeys((device_type, "cuda")):
+        try:
+            if torch.is_autocast_enabled(dev):
+                return f"{str(torch.get_autocast_dtype(dev)).removeprefix('torch.')} autocast"
+        except (RuntimeError, TypeError, AttributeError):  # an older torch, an unknown device type
+            continue
+    return None
+
+
 def _is_ids(x: Any) -> bool:
     return isinstance(x, torch.Tensor) and x.dim() == 2 and not x.is_floating_point() and x.shape[1] >= 2
 
@@ -185,12 +198,14 @@ def lm_spike_context(model: torch.nn.Module, batches: list[LMBatch], tokenizer: 
     columns = sample_info.sample_columns(batches)  # dataset index, source, ...: B values per micro-batch
     docs = [b.document_ids() for b in batches]
     docs = None if all(d is None for d in docs) else docs
+    precision = next((b.precision for b in batches if b.precision), None)
     if len(batches) == 1:
         rng = rng_state[0] if isinstance(rng_state, list) else rng_state
         return SpikeContext(loss_fn=fns[0], token_mask=masks[0], input_ids=ids[0], tokenizer=tokenizer,
-                            rng_state=rng, sample_columns=columns, document_ids=None if docs is None else docs[0])
+                            rng_state=rng, sample_columns=columns, document_ids=None if docs is None else docs[0],
+                            precision=precision)
     return SpikeContext(loss_fn=fns, token_mask=masks, input_ids=ids, tokenizer=tokenizer, rng_state=rng_state,
-                        sample_columns=columns, document_ids=docs)
+                        sample_columns=columns, document_ids=docs, precision=precision)
 
 
 class BatchList:
@@ -264,6 +279,7 @@ class MicroBatchCapture(BatchList):
             batch = LMBatch.from_call(args, kwargs, self._signature)
             if batch is not None:
                 batch.info = info
+                batch.precision = autocast_in_force(batch.input_ids.device.type)
                 self.add(batch)
                 self._open = batch
         return (args, kwargs) if info is not None else None

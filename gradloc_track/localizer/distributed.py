@@ -224,9 +224,11 @@ def _levels(prober: DistProber, model, inp: _Inputs, options: SearchOptions) -> 
                                           holding, True)
         found.coarse += [glob.place_piece(c) for c in pieces]
     if not found.exhausted and not found.coarse and not hits.tokens:  # a budget that ran out says so instead
-        shares = levels.sample_shares(view, hits, [glob.segments], True)
+        shares, named = levels.sample_shares(view, hits, [glob.segments], True)
         found.shares = [glob.place_share(r, inp.labelled) for r in shares]
-        found.notes.append(levels.no_culprit_note(found.shares, len(glob.segments)))
+        found.coarse += [glob.place(c, inp.labelled) for c in named]
+        if not named:
+            found.notes.append(levels.no_culprit_note(found.shares, len(glob.segments)))
     return found
 
 

@@ -113,8 +113,10 @@ def _find(prober: Prober, model: torch.nn.Module, terms: list[list], search: Sea
         holding = {c.micro_batch for c in found.coarse + found.hits.tokens}
         found.coarse += levels.micro_batch_units(prober, found.hits, stage.norms, terms, holding, search.labelled)
         if not found.coarse and not found.hits.tokens:
-            found.shares = levels.sample_shares(prober, found.hits, segs, search.labelled)
-            found.notes.append(levels.no_culprit_note(found.shares, sum(len(s) for s in segs if s is not None)))
+            found.shares, named = levels.sample_shares(prober, found.hits, segs, search.labelled)
+            found.coarse += named
+            if not named:
+                found.notes.append(levels.no_culprit_note(found.shares, sum(len(s) for s in segs if s is not None)))
     return _result(prober, stage, search, tau, found)
 
 

@@ -33,7 +33,10 @@ norm over the hooked layers at no extra backward (``segments.py``):
    carries that part (of 1/K) of the step's squared norm and holds no culprit is reported as a
    MICRO-BATCH (1 probe, for its share);
 5. nothing found at any level: each sample's exact share (1 probe each, largest ghost norm
-   first, at most ``MAX_SHARE_PROBES`` and what the budget leaves) goes to ``sample_shares``.
+   first, at most ``MAX_SHARE_PROBES`` and what the budget leaves) goes to ``sample_shares``; the
+   samples whose exact share stands out of the others' (``share_culprits``: ``SHARE_FACTOR`` x the
+   median of the rest, up to half the batch) are named as SAMPLES from those probes, so "no single
+   culprit" is said only when the shares are flat.
 
 Memory: a probe's gradient is summarised when taken and added to ONE running sum
 (``Units.grad``: everything explained so far), so the stage holds one gradient-sized buffer
@@ -58,6 +61,7 @@ FEW, FEW_MIN, CARRY = 0.25, 8, 0.5  # tokens carry a sample: a quarter of its te
 SPAN_MASS, SPAN_MAX, SPAN_SHARE = 0.8, 0.5, 0.6
 MIN_PART = 0.1  # a culprit sample (micro-batch) carries at least a tenth of a fair part (1/n) of the step
 MAX_SHARE_PROBES = 32
+SHARE_FACTOR = 4.0  # an exact share this many times the median of the other samples' singles its sample out
 DESCENDED = object()  # ``_confirm_sample``: the sample's hot tokens were named instead of it
 Key = tuple[int, int, int]  # (micro_batch, b, t)
 
@@ -343,28 +347,46 @@ def micro_batch_units(prober: Prober, hits: Hits, norms: list[float], terms: lis
 
 
 def sample_shares(prober: Prober, hits: Hits, segments: list[Segments | None],
-                  labelled: bool) -> list[dict[str, Any]]:
-    """Step 5: exact per-sample shares, largest ghost norm first, as far as the budget allows.
-    ``share`` is shown within [0, 1] (a sample pointing against the step has none); the exact
-    additive value is ``raw_share``."""
+                  labelled: bool) -> tuple[list[dict[str, Any]], list[Culprit]]:
+    """Step 5: exact per-sample shares, largest ghost norm first, as far as the budget allows, and
+    the samples those shares single out (``share_culprits``). ``share`` is shown within [0, 1] (a
+    sample pointing against the step has none); the exact additive value is ``raw_share``."""
     rows = []
     for i, segs in enumerate(segments):
         segs = segs if segs is not None else Segments(i, prober.masks[i])
         norms = segs.norms() or [0.0] * len(segs)
         rows += [(n, s) for n, s in zip(norms, segs.items) if s.terms]
     rows.sort(key=lambda r: -r[0])
-    out = []
+    out, units = [], []
     for _, seg in rows[:MAX_SHARE_PROBES]:
         try:
             g = prober.probe_terms(seg.micro_batch, seg.terms)
         except BudgetExhausted:
             break
         raw = hits.share(g)
+        norm, layers = prober.norm(g), prober.layer_norms(g)
         out.append({"micro_batch": seg.micro_batch if labelled else None, "sample": seg.batch,
                     "document": seg.document, "share": None if raw is None else min(1.0, max(0.0, raw)),
-                    "raw_share": raw, "grad_norm": prober.norm(g)})
+                    "raw_share": raw, "grad_norm": norm})
+        units.append(Culprit("sample", norm, raw, micro_batch=seg.micro_batch if labelled else None,
+                             batch=seg.batch, start=seg.start, end=seg.end, document=seg.document,
+                             n_terms=len(seg.terms), layer_norms=layers))
         del g
-    return sorted(out, key=lambda r: -(r["raw_share"] or 0.0))
+    order = sorted(range(len(out)), key=lambda j: -(out[j]["raw_share"] or 0.0))
+    return [out[j] for j in order], share_culprits([units[j] for j in order], len(rows))
+
+
+def share_culprits(units: list[Culprit], n_samples: int) -> list[Culprit]:
+    """The samples whose EXACT share of the step stands out of the others' (``SHARE_FACTOR`` x the
+    median of the rest, at most half of them), each above ``MIN_PART`` of a fair part: named when the
+    ranking's per-term intensities missed them (several bad samples lift each other's median; a coherent
+    sample's intensity sits just under ``SAMPLE_FACTOR``). "No single culprit" is then said only when
+    the shares are flat. ``units``: largest share first."""
+    if n_samples < 2 or len(units) < 2:
+        return []
+    vals = torch.tensor([max(u.share or 0.0, 1e-12) for u in units], dtype=torch.float64)
+    k, _ = outlier_split(vals, SHARE_FACTOR, 0.5, most=0.5)
+    return [u for u in units[:k] if (u.share or 0.0) > MIN_PART / n_samples]
 
 
 def no_culprit_note(shares: list[dict[str, Any]], n_samples: int) -> str:

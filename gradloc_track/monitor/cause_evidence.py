@@ -101,7 +101,15 @@ def leaked_rows(ctx: Any) -> str:
     return "; ".join(words)
 
 
-def evidence_of(stats: Any, lr_pair: tuple[float | None, float | None]) -> Evidence:
+def weights_precision(model: Any) -> str | None:
+    """"float16 weights" / "bfloat16 weights" when the model trains in one (its first trainable tensor's
+    dtype), else None."""
+    p = next((p for p in model.parameters() if p.requires_grad), None)
+    return f"{str(p.dtype).removeprefix('torch.')} weights" if p is not None and p.dtype in (
+        torch.float16, torch.bfloat16) else None
+
+
+def evidence_of(stats: Any, lr_pair: tuple[float | None, float | None], precision: str | None = None) -> Evidence:
     """The step's ``Evidence``: its events, the learning rates, and the localization when one ran."""
     ev = Evidence(stats.events, lr=lr_pair[0], prev_lr=lr_pair[1])
     view = getattr(stats, "locate_view", None)
@@ -126,13 +134,16 @@ def evidence_of(stats: Any, lr_pair: tuple[float | None, float | None]) -> Evide
         ev.norm_ratio = check.norm_ratio  # a flipped bit: .grad 2e9x the replay, whatever the residual
     if finding is not None or any(not math.isfinite(e.value) for e in stats.events if e.is_norm):
         ev.replayed, ev.residual = False, math.inf
+        ev.precision = getattr(view[1], "precision", None) if view else None
+        ev.precision = ev.precision or precision
+        ev.nonfinite_layers = tuple(e.signal for e in stats.events if e.is_norm and e.signal != "global"
+                                    and not math.isfinite(e.value))
     culprits = [c for c in (result.culprits or []) if getattr(c, "share", None) is not None]
     ev.n_culprits = len(result.culprits or [])
     ev.culprit_share = min(1.0, max(0.0, sum(c.share for c in culprits)))
     if culprits:
         top = max(culprits, key=lambda c: c.share)
         ev.top_culprit = _culprit_words(top)
-        view = getattr(stats, "locate_view", None)
         ctx = view[1] if view else None
         if ctx is not None and view[0] is result:  # the view's culprits index the context's rows
             try:
@@ -142,10 +153,12 @@ def evidence_of(stats: Any, lr_pair: tuple[float | None, float | None]) -> Evide
     return ev
 
 
-def name_step_cause(stats: Any, lr_pair: tuple[float | None, float | None], incidents: Any = None) -> Cause:
+def name_step_cause(stats: Any, lr_pair: tuple[float | None, float | None], incidents: Any = None,
+                    precision: str | None = None) -> Cause:
     """Name the cause of a detected step and write it on ``stats`` and on each of its events; with
-    ``incidents`` (``spikes.incidents.Incidents``), a step in an incident's recovery reports the incident's."""
-    cause = name_cause(evidence_of(stats, lr_pair))
+    ``incidents`` (``spikes.incidents.Incidents``), a step in an incident's recovery reports the incident's.
+    ``precision``: the model's reduced-precision weights (``weights_precision``), when the context names none."""
+    cause = name_cause(evidence_of(stats, lr_pair, precision))
     if incidents is not None:
         cause = incidents.link(stats.step, cause, lr=lr_pair[0], prev_lr=lr_pair[1])
     write_cause(stats, cause)

@@ -148,10 +148,10 @@ class SpikeResponder:
     def _name_cause(self, stats: Any) -> None:
         """The step's cause, on ``stats`` and its events (``monitor.cause_evidence``); a non-finite step
         whose weights hold a corrupt value is that weight's incident (``weight_check``)."""
-        from .cause_evidence import name_step_cause
+        from .cause_evidence import name_step_cause, weights_precision
 
         cause = name_step_cause(stats, self.lr_history.pair() if self.lr_history is not None else (None, None),
-                                self.incidents)
+                                self.incidents, weights_precision(self.model))
         if cause.name == "numeric" and self.corrupt is None:
             self.corrupt = weight_check.scan_all(self.model, stats.step, self.process_group)
             if self.corrupt is not None:

@@ -3,6 +3,9 @@
 A cause is one of ``CAUSES``, with one sentence that carries the numbers (``Cause.detail``). The rules,
 first match wins (docs/forensics.md#the-cause-of-a-spike):
 
+0. ``precision``: as ``irreproducible`` below with a finite replay and a non-finite ``.grad``, while the
+   step ran in reduced precision (``SpikeContext.precision``: a float16 autocast seen at the forward): a
+   value beyond float16's range (the layers whose ``.grad`` holds it are named), not a hardware fault.
 1. ``irreproducible``: the localizer replayed the step (the full-mask probes, whose sum must be
    ``.grad``) and it does not reproduce although the probes repeat (a replay that is finite where
    ``.grad`` is not counts): the gradient the optimizer holds is not the one the batch makes (silent
@@ -67,11 +70,14 @@ class Evidence:
     # from on-policy; None: not an RL step, or no culprit
     off_policy: tuple[float, float | None, float | None] | None = None
     leaked_rows: str = ""  # the rows whose labels leaked, in words ("micro-batch 0 samples 1, 4, 6")
+    precision: str | None = None  # the reduced precision the step ran in ("float16 autocast"), when known
+    nonfinite_layers: tuple[str, ...] = ()  # the layers whose .grad holds a NaN/Inf
 
 
 def name_cause(ev: Evidence) -> Cause:
     """The step's cause by the rules above."""
-    for rule in (_irreproducible, _numeric, _schedule, _optimizer_alone, _off_policy, _data, _optimizer_no_culprit):
+    for rule in (_precision, _irreproducible, _numeric, _schedule, _optimizer_alone, _off_policy, _data,
+                 _optimizer_no_culprit):
         cause = rule(ev)
         if cause is not None:
             return cause
@@ -100,6 +106,17 @@ def _schedule(ev: Evidence) -> Cause | None:
         return None
     return Cause("schedule", f"the learning rate rose {ev.lr / ev.prev_lr:.3g}x at this step ({ev.prev_lr:.3g} -> "
                              f"{ev.lr:.3g}): the update grows with it, whatever the data")
+
+
+def _precision(ev: Evidence) -> Cause | None:
+    if not ev.precision or ev.replayed is not False or ev.residual is None or not math.isinf(ev.residual):
+        return None
+    layers = f" in {', '.join(ev.nonfinite_layers[:3])}" if ev.nonfinite_layers else ""
+    who = f"; {ev.top_culprit} carries {ev.culprit_share:.0%} of the finite replay's squared norm (the likeliest to " \
+          "overflow)" if ev.top_culprit and ev.culprit_share else ""
+    return Cause("precision", f"the gradient in .grad overflowed{layers} where the float32 replay is finite: the step "
+                              f"ran under {ev.precision}, and a value went beyond its range{who}; a loss scaler "
+                              "skips such a step (lower the scale, or train in bfloat16)")
 
 
 def _irreproducible(ev: Evidence) -> Cause | None:

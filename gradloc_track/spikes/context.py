@@ -52,6 +52,9 @@ class SpikeContext:
     # what loss_fn divides by (its fixed normaliser, e.g. the step's loss-token count), when known:
     # a number or a 0-d tensor (``LocateStep.normaliser``)
     normaliser: Any = None
+    # the reduced precision the training forward ran in ("float16 autocast"), when known: a non-finite
+    # .grad whose fp32 replay is finite is then the precision's overflow, not a hardware fault
+    precision: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.token_mask, torch.Tensor) != callable(self.loss_fn):
@@ -91,4 +94,4 @@ class SpikeContext:
                             sample_columns={n: pick(v) for n, v in self.sample_columns.items()},
                             rng_state=pick(self.rng_state), document_ids=pick(self.document_ids),
                             segment_ids=pick(self.segment_ids), segment_names=self.segment_names,
-                            normaliser=self.normaliser)
+                            normaliser=self.normaliser, precision=self.precision)

@@ -400,3 +400,21 @@ def test_the_hot_tokens_of_a_short_completion_are_named_not_the_completion(monke
         want_norm, want_share = exact(model, loss_fn, (B, T), [(tok.batch, tok.position)], total)
         assert tok.grad_norm == pytest.approx(want_norm, rel=1e-4)
         assert (tok.raw_share or tok.share) == pytest.approx(want_share, rel=1e-4)
+
+
+@pytest.mark.parametrize("bad,weight", [((2, 5), 3.0), ((1, 4, 6), 2.6)])
+def test_samples_whose_exact_shares_stand_out_are_named_even_when_their_intensity_does_not(bad, weight):
+    """Issue 37: two bad samples among 8 carrying 48% and 36%, three at ~30% each, were 'no single culprit'
+    while the event's own sample_shares pointed at them: a share ratio r is a norm ratio sqrt(r), so 10x
+    the others' share is only ~3x their per-term intensity, under the 4x candidate rule. The exact shares
+    the fallback probes single them out; each named with its exact norm and share."""
+    B, T = 8, 16
+    model, loss_fn = weighted(B, T, {(b, t): weight for b in bad for t in range(T)})
+    total = step_grad(model, loss_fn, (B, T))
+    res = gradloc_track.locate(model, loss_fn, torch.ones(B, T))
+    assert sorted((c.level, c.batch) for c in res.culprits) == [("sample", b) for b in bad]
+    assert not any("no sample" in n for n in res.notes)
+    for c in res.culprits:
+        want_norm, want_share = exact(model, loss_fn, (B, T), [(c.batch, t) for t in range(T)], total)
+        assert c.grad_norm == pytest.approx(want_norm, rel=1e-4) and c.share == pytest.approx(want_share, rel=1e-4)
+    assert sum(c.share for c in res.culprits) > 0.6
