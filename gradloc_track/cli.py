@@ -81,7 +81,8 @@ def _report(args) -> int:
         out = out / "spike_report.html"
     try:
         notes: list[str] = []
-        page = build_report(args.source, args.tracking_uri, notes=notes)
+        problems: list[str] = []  # the run dir is incomplete: the page is written, the exit says so
+        page = build_report(args.source, args.tracking_uri, notes=notes, problems=problems)
     except (OSError, ImportError) as exc:  # ReportSourceError is a FileNotFoundError
         print(f"gradloc-track report: {visible_text(str(exc))}", file=sys.stderr)
         return 2
@@ -94,7 +95,9 @@ def _report(args) -> int:
               "you can write", file=sys.stderr)
         return 2
     print(f"wrote {out} ({len(page) // 1024} KiB)")
-    return 0
+    for problem in problems:
+        print(f"gradloc-track report: the page shows what there is, but {visible_text(problem)}", file=sys.stderr)
+    return 1 if problems else 0
 
 
 def _sigterm(signum, frame) -> None:

@@ -23,6 +23,7 @@ from .artifacts.table_store import merge_tables, table_parts
 from .run_dirs import WHAT, find_run_dirs, run_dir_of, run_key, run_locations, wandb_run_id
 from .text import token_html, visible_text
 from .trackers.bounded import CallTimeout, bounded_call
+from .trackers.incomplete import incomplete_reason
 from .trackers.mlflow_links import mlflow_run_url
 
 STEP = re.compile(r"step_(\d+)\.(html|png)$")
@@ -41,6 +42,11 @@ class NoSpikeEvents(ReportSourceError):
     """A run (dir, W&B folder or MLflow run) that exists and logged no spike event."""
 
 
+class IncompleteRunDir(NoSpikeEvents):
+    """A run dir marked ``INCOMPLETE`` (``trackers.incomplete``) that holds no spike files: its writes
+    failed, so "no spike events" would be a guess."""
+
+
 MLFLOW_WAIT_S = 20.0  # our bound on waiting for an MLflow store/server (its own retries take minutes)
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 TITLE = re.compile(r"<title>spike at step (\d+)</title>")
@@ -57,6 +63,7 @@ class ReportSource:
     notes: list[str] = field(default_factory=list)
     temporary: bool = False  # ``root`` is a download of ours: removed once the page is built
     run_id: str = ""  # which run it is (``run_dirs.run_key``): the MLflow run id, wandb:<id>, else the dir
+    incomplete: str | None = None  # why the run dir is not the whole run (``trackers.incomplete``), if it is not
 
 
 def _bounded(fn, what: str, timeout_s: float | None = None):
@@ -137,7 +144,15 @@ def not_a_run_dir(folder: Path) -> str:
 
 
 def _from_run_dir(run: Path, tracking_uri: str | None) -> ReportSource:
-    """A run dir's files: its ``spikes/``, else the MLflow run or W&B files its run record names."""
+    """A run dir's files (its ``spikes/``, else the MLflow run or W&B files its run record names), with
+    ``incomplete`` set when some of its writes failed."""
+    incomplete = incomplete_reason(run)
+    src = _sources_of(run, tracking_uri, incomplete)
+    src.incomplete = incomplete
+    return src
+
+
+def _sources_of(run: Path, tracking_uri: str | None, incomplete: str | None) -> ReportSource:
     where = run_locations(run)
     if (run / "spikes").is_dir():
         m = where.get("mlflow") or {}
@@ -156,6 +171,8 @@ def _from_run_dir(run: Path, tracking_uri: str | None) -> ReportSource:
         return ReportSource(files, w.get("run_name") or files.parent.name, url, layout="wandb",
                             run_id=f"wandb:{wid}" if wid else str(files.parent.resolve()))
     backends = f" (its {' and '.join(where)} run has none either)" if where else ""
+    if incomplete is not None:
+        raise IncompleteRunDir(f"{incomplete}; it holds no spike files{backends}")
     raise NoSpikeEvents(f"{run}: a run dir with no spikes/ folder{backends}: it logged no spike events")
 
 
@@ -346,13 +363,19 @@ def culprit_counts(table: dict) -> str:
     return ", ".join(f"{n} culprit {name}(s)" for name, n in counts.items())
 
 
-def build_report(source: str | Path, tracking_uri: str | None = None, notes: list[str] | None = None) -> str:
+def build_report(source: str | Path, tracking_uri: str | None = None, notes: list[str] | None = None,
+                 problems: list[str] | None = None) -> str:
     """The report page for a run directory (any tracker), a W&B run directory, or an MLflow run id.
 
     Damaged files (truncated or non-table JSON, non-UTF-8 pages) are left out with a note on the
-    page; ``notes``, when given, receives the same notes (the CLI prints them).
+    page; ``notes``, when given, receives the same notes (the CLI prints them). A run dir marked
+    incomplete (a full disk) is said first on the page and put in ``problems`` (the CLI's exit 1).
     """
     src = resolve_source(source, tracking_uri)
+    if src.incomplete is not None:
+        src.notes.insert(0, src.incomplete)
+        if problems is not None:
+            problems.append(src.incomplete)
     if src.layout == "files" and not (src.root / "spikes").is_dir():
         raise NoSpikeEvents(f"{source}: no spikes/ folder in this run directory; it logged no spike events "
                             "(or pass the run directory the tracker wrote, the one holding spikes/)")

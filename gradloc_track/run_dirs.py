@@ -8,6 +8,7 @@ A run dir is the folder one run of ours writes; the apps print it (``run dir: ..
   its ``view`` once the run exists, its ``run`` reference (the run id) from the moment a run was
   opened or joined;
 - ``metrics.jsonl``: a ``tracker=none`` run's metrics;
+- ``INCOMPLETE``: some of its writes failed (a full disk; ``trackers.incomplete``), perhaps all of them;
 
 or it is a W&B run folder (``offline-run-<time>-<id>``, ``run-<time>-<id>``, holding ``files/``).
 ``gradloc-track report`` and ``culprits`` accept any of them, and ``spikes/`` or ``rendered/`` of one;
@@ -26,7 +27,7 @@ from typing import Any
 from .trackers.run_record import read_backend_record
 
 WANDB_RUN = re.compile(r"^(?:offline-)?run-\d{8}_\d{6}-([A-Za-z0-9]+)$")
-MARKERS = ("spikes", "tracker", "metrics.jsonl")
+MARKERS = ("spikes", "tracker", "metrics.jsonl", "INCOMPLETE")
 PARTS = ("spikes", "rendered")  # folders of a run dir the apps print
 WHAT = ("a run dir is the folder the app printed ('run dir: ...'; it holds spikes/, tracker/<backend>.json or "
         "metrics.jsonl), or a W&B run folder (wandb/offline-run-*)")

@@ -154,13 +154,21 @@ class _RenderJob:
                 return
             self._done = True
             self._html = render_highlight_html(self.step, self.events, self.result, self.ctx, window=self.window)
-            first = next((c for c in self.result.culprits if c.batch is not None), None)
-            if first is not None and self.png_path is not None:
-                result, ctx = self.result, self.ctx
-                if getattr(ctx, "micro_batches", None):  # K micro-batches: the first culprit's
-                    k = first.micro_batch or 0
-                    ctx, result = ctx.micro_batch_view(k), result.for_micro_batch(k)
-                self._png = render_layer_heatmap(result, first.batch, self.png_path, ctx=ctx)
+            try:  # the page goes out even when its image cannot be made (no room anywhere for the PNG)
+                self._png = self._heatmap()
+            except Exception as exc:
+                warnings.warn(f"gradloc-track: the heatmap of the spike at step {self.step} could not be made: "
+                              f"{exc!r}; its page is logged without it", RuntimeWarning)
+
+    def _heatmap(self) -> Path | None:
+        first = next((c for c in self.result.culprits if c.batch is not None), None)
+        if first is None or self.png_path is None:
+            return None
+        result, ctx = self.result, self.ctx
+        if getattr(ctx, "micro_batches", None):  # K micro-batches: the first culprit's
+            k = first.micro_batch or 0
+            ctx, result = ctx.micro_batch_view(k), result.for_micro_batch(k)
+        return render_layer_heatmap(result, first.batch, self.png_path, ctx=ctx)
 
     def __call__(self, tracker: Tracker) -> None:
         self._render()

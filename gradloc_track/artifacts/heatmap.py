@@ -8,6 +8,9 @@ Rendered with matplotlib's Agg backend (no display needed).
 """
 from __future__ import annotations
 
+import io
+import os
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -165,7 +168,8 @@ def _mark_columns(ax: Any, cols: list[int | None], culprits: set[int], loss_free
 
 def render_layer_heatmap(result: LocateResult, sample: int, path: str | Path, ctx: Any = None,
                          window: int = 24, max_tokens: int = 128) -> Path | None:
-    """Write a PNG of ``result.layer_map[:, sample]`` around the sample's culprits; the path.
+    """Write a PNG of ``result.layer_map[:, sample]`` around the sample's culprits; the path (another one
+    when ``path``'s disk is full: ``stage_png``).
 
     Token labels come from ``ctx.input_ids``/``ctx.tokenizer`` when given, else positions.
     ``None`` (with a warning) when matplotlib is missing or the result carries no layer map.
@@ -211,9 +215,25 @@ def render_layer_heatmap(result: LocateResult, sample: int, path: str | Path, ct
                      fontsize=9)
         fig.colorbar(im, ax=ax, fraction=0.025, label=COLOURBAR_LABEL)
         fig.tight_layout()
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=DPI)
+        png = io.BytesIO()
+        fig.savefig(png, format="png", dpi=DPI)  # in memory: a full disk never leaves a 0-byte image
     finally:
         plt.close(fig)
-    return path
+    return stage_png(Path(path), png.getvalue())
+
+
+def stage_png(path: Path, data: bytes) -> Path:
+    """``data`` at ``path`` (atomically: the whole image or none); where the run dir has no room (a full
+    disk), a file of the system's temp dir instead, so the image still reaches the tracker."""
+    from ..trackers.files import atomic_write_bytes
+
+    try:
+        atomic_write_bytes(path, data)
+        return path
+    except OSError as exc:
+        fd, other = tempfile.mkstemp(prefix=f"gradloc-{path.stem}-", suffix=".png")
+        os.close(fd)
+        atomic_write_bytes(other, data)  # (an error here too: the job says the image could not be kept)
+        warnings.warn(f"gradloc-track: no room for {path} ({exc.strerror or exc}); the heatmap is staged in "
+                      f"{other} instead", RuntimeWarning)
+        return Path(other)

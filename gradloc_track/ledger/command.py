@@ -2,8 +2,10 @@
 
 Exit status: 0 when the ledger was written (and, with ``--log-to``, delivered); 2 when a source
 cannot be read or yields no run, when no run read has a culprit table (every one logged no spike:
-an empty ledger would read as "nothing went wrong"), or an option is wrong; 1 when ``--log-to`` could not deliver
-the ledger run (its records are in the spool: the message names the ``replay`` command).
+an empty ledger would read as "nothing went wrong"), or an option is wrong; 1 when a run dir read
+is INCOMPLETE (some of its writes failed: a full disk; the ledger is written from what there is)
+or ``--log-to`` could not deliver the ledger run (its records are in the spool: the message
+names the ``replay`` command).
 """
 from __future__ import annotations
 
@@ -81,8 +83,9 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"-o {out} is a file; the ledger is a folder of files (culprits.csv, .json, .html): "
                      "pass a folder (it is created if missing)")
     notes: list[str] = []
+    incomplete: list[str] = []
     try:
-        v = views(collect(read_runs(args.sources, args.tracking_uri, notes), notes), args.by)
+        v = views(collect(read_runs(args.sources, args.tracking_uri, notes, incomplete), notes), args.by)
     except (OSError, ImportError, KeyError) as exc:  # ReportSourceError is a FileNotFoundError
         return _fail(exc.args[0] if isinstance(exc, KeyError) else str(exc))
     for note in v.ledger.notes:
@@ -103,7 +106,11 @@ def run(args: argparse.Namespace) -> int:
     for g in (v.groups or [])[:10]:
         print(f"  {visible_text(g['summary'])}")
     print("wrote " + ", ".join(map(str, files)))
-    return _after(args, v)
+    code = _after(args, v)
+    if incomplete:
+        return _fail(f"the ledger is written from what there is, but {len(incomplete)} run dir(s) are INCOMPLETE "
+                     f"(the first: {incomplete[0]})", code=max(code, 1))
+    return code
 
 
 def _after(args: argparse.Namespace, v) -> int:

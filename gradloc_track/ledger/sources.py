@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..report import MLFLOW_WAIT_S, RUN_ID, NoSpikeEvents, ReportSource, ReportSourceError, load_table, \
-    not_a_run_dir, resolve_source, wandb_tables
+from ..report import MLFLOW_WAIT_S, RUN_ID, IncompleteRunDir, NoSpikeEvents, ReportSource, ReportSourceError, \
+    load_table, not_a_run_dir, resolve_source, wandb_tables
 from ..artifacts.table_store import merge_tables, part_files
 from ..run_dirs import find_run_dirs, run_dir_of
 from ..trackers.bounded import CallTimeout, bounded_call
@@ -50,13 +50,24 @@ def _table(src: ReportSource) -> dict[str, Any]:
     return merge_tables(checked_rows(t, os.path.relpath(p, src.root), src.notes) for p, t in parts)
 
 
-def read_run(source: str, tracking_uri: str | None, notes: list[str]) -> RunTable | None:
-    """One run (dir, W&B dir or MLflow run id); None (and a note) when it logged no spike event."""
+def read_run(source: str, tracking_uri: str | None, notes: list[str],
+             incomplete: list[str] | None = None) -> RunTable | None:
+    """One run (dir, W&B dir or MLflow run id); None (and a note) when it logged no spike event. A run
+    dir some of whose writes failed (``INCOMPLETE``) is a note too, and goes into ``incomplete``."""
     try:
         src = resolve_source(source, tracking_uri)
+    except IncompleteRunDir as exc:
+        notes.append(str(exc))
+        if incomplete is not None:
+            incomplete.append(str(exc))
+        return None
     except NoSpikeEvents:
         notes.append(f"{source}: no spike events")
         return None
+    if src.incomplete is not None:
+        notes.append(src.incomplete)
+        if incomplete is not None:
+            incomplete.append(src.incomplete)
     try:
         table = _table(src)
     finally:
@@ -117,15 +128,16 @@ def runs_of(source: str, tracking_uri: str | None) -> list[str]:
 
 
 def read_runs(sources: Iterable[str], tracking_uri: str | None = None,
-              notes: list[str] | None = None) -> list[RunTable]:
+              notes: list[str] | None = None, incomplete: list[str] | None = None) -> list[RunTable]:
     """Every run named by ``sources`` (run dirs and folders of them, W&B run dirs, MLflow run ids or
-    experiment names), each once, with names that tell them apart."""
+    experiment names), each once, with names that tell them apart; ``incomplete`` receives why a run
+    dir is not the whole run (some of its writes failed)."""
     notes = notes if notes is not None else []
     out: list[RunTable] = []
     seen: set[str] = set()
     for source in sources:
         for run in runs_of(str(source), tracking_uri):
-            got = read_run(run, tracking_uri, notes)
+            got = read_run(run, tracking_uri, notes, incomplete)
             if got is not None and got.run_id not in seen:
                 seen.add(got.run_id)
                 out.append(got)

@@ -4,10 +4,14 @@ Also what ``gradloc-track report`` reads for runs logged nowhere. Every whole fi
 atomically (temp file + ``os.replace``): a kill mid-write leaves the old file or the new one.
 ``metrics.jsonl`` is append-only (a kill can only tear its last line, which readers skip); the
 attribution table is one part per event (``<key>/step_<step>.json``), never rewritten.
-A full disk or an unwritable run dir never raises into training: the record is counted in
-``dropped`` (reported once in a warning, and as ``tracker/dropped`` in the next metrics line
-that can be written); a line cut short by the full disk is taken back, so every line is a whole
-record (``read_metrics``). The run directory is held for this run until ``finish()`` (``run_lock``).
+A full disk or an unwritable run dir never raises into training: a write that fails is said on
+stderr at once, the run dir marked ``INCOMPLETE`` (``incomplete``), and the record kept in memory
+and written when there is room again (``kept_writes``: metrics lines in order, files by path); at
+``finish()`` what still waits goes to a folder of its own and the closing lines say where and how
+to put it back. Only past the memory bound is a record LOST: counted in ``dropped`` (and as
+``tracker/dropped`` in the next metrics line written). A line cut short by the full disk is taken
+back, so every line is a whole record (``read_metrics``). The run directory is held for this run
+until ``finish()`` (``run_lock``).
 """
 from __future__ import annotations
 
@@ -18,9 +22,11 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from . import files, run_lock
+from . import run_lock
 from .interface import Tracker, final_status
 from .bounded import clamp_wait
+from .incomplete import say, writes_of
+from .kept_writes import KeptWrites
 from .naming import DROPPED_KEY, step_path, table_part_path
 
 
@@ -48,10 +54,12 @@ class LocalTracker(Tracker):
         self._owner = owner or run_lock.RunOwner()
         run_lock.acquire(self.run_dir, self._owner)  # RunDirInUse: another run writes this directory
         self.finish_timeout_s = clamp_wait(finish_timeout_s)
-        self.dropped = 0
+        self._unwritable = 0  # records that could not even be encoded
         self._reported = 0
         self._error: str | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the training thread and the jobs thread both write
+        self._writes = writes_of(self.run_dir)
+        self._kept = KeptWrites(self.run_dir, self._writes)
         self._params: dict[str, Any] = {}
         self._tags: dict[str, str] = {}
         self._parts: dict[str, tuple[int | None, list[list[Any]]]] = {}  # key -> rows of its last step
@@ -59,35 +67,48 @@ class LocalTracker(Tracker):
         self._finished = False
         self._guard(lambda: self.run_dir.mkdir(parents=True, exist_ok=True))
 
-    # -- every disk write goes through here: never raises, counts what was lost --------------
+    @property
+    def dropped(self) -> int:
+        """Records LOST: neither written nor kept (past the memory bound, or not encodable)."""
+        return self._kept.lost + self._unwritable
+
+    # -- every disk write goes through here: never raises; a failed write is kept for later ------
     def _guard(self, write: Callable[[], Any]) -> bool:
+        """``write()`` under the lock; an error that is no disk write's (a value that cannot be encoded) is
+        counted as LOST and said once."""
         try:
-            write()
-            return True
+            with self._lock:
+                return bool(write())
         except (OSError, ValueError, TypeError) as exc:
             with self._lock:
-                self.dropped += 1
+                self._unwritable += 1
                 first = self._error is None
                 if first:
                     self._error = repr(exc)
             if first:
-                warnings.warn(f"gradloc-track: cannot write to the run directory {self.run_dir} ({exc!r}); "
+                warnings.warn(f"gradloc-track: cannot write a record to the run directory {self.run_dir} ({exc!r}); "
                               "training continues, records that cannot be written are LOST and counted in "
                               "tracker/dropped", RuntimeWarning, stacklevel=3)
             return False
+
+    def _file(self, rel: str, data: Callable[[], bytes]) -> None:
+        self._guard(lambda: self._kept.file(rel, data()))
+
+    def _json(self, rel: str, obj: Any) -> None:
+        self._file(rel, lambda: json.dumps(obj, default=str).encode("utf-8"))
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         metrics = dict(metrics)
         if self.dropped > self._reported:
             metrics[DROPPED_KEY] = float(self.dropped)
         line = json.dumps({"step": int(step), "metrics": metrics}, default=float)
-        if self._guard(lambda: files.append_line(self.run_dir / "metrics.jsonl", line)):
+        if self._guard(lambda: self._kept.line(line)):
             self._reported = int(metrics.get(DROPPED_KEY, self._reported))
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         self._params.update({k: v if isinstance(v, (int, float, bool, type(None))) else str(v)
                              for k, v in params.items()})
-        self._guard(lambda: files.atomic_write_json(self.run_dir / "params.json", self._params))
+        self._json("params.json", self._params)
 
     def log_table(self, key, columns, rows, step=None) -> None:
         last_step, last_rows = self._parts.get(key, (None, []))
@@ -95,31 +116,25 @@ class LocalTracker(Tracker):
         if step is not None and step == last_step:  # a second call for the same event: one part
             rows = last_rows + rows
         self._parts[key] = (step, rows)
-        part = {"columns": list(columns), "data": rows}
-        self._guard(lambda: files.atomic_write_json(self.run_dir / table_part_path(key, step), part))
+        self._json(table_part_path(key, step), {"columns": list(columns), "data": rows})
 
     def log_html(self, key, html, step=None) -> None:
-        self._guard(lambda: files.atomic_write_text(self.run_dir / step_path(key, step, "html"), html))
+        self._file(step_path(key, step, "html"), lambda: html.encode("utf-8"))
 
     def log_image(self, key, path, step=None) -> None:
-        dst = self.run_dir / step_path(key, step, "png")
-
-        def copy() -> None:
-            if Path(path).resolve() != dst.resolve():
-                files.atomic_write_bytes(dst, Path(path).read_bytes())
-        self._guard(copy)
+        self._copy(path, step_path(key, step, "png"))
 
     def log_artifact(self, path, artifact_path=None) -> None:
-        dst = self.run_dir / "artifacts" / (artifact_path or "") / Path(path).name
+        self._copy(path, str(Path("artifacts") / (artifact_path or "") / Path(path).name))
 
-        def copy() -> None:
-            if Path(path).resolve() != dst.resolve():
-                files.atomic_write_bytes(dst, Path(path).read_bytes())
-        self._guard(copy)
+    def _copy(self, path: str | Path, rel: str) -> None:
+        """A file into the run dir (its bytes read now: a staging file may go)."""
+        if Path(path).resolve() != (self.run_dir / rel).resolve():
+            self._file(rel, lambda: Path(path).read_bytes())
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         self._tags.update({k: str(v) for k, v in tags.items()})
-        self._guard(lambda: files.atomic_write_json(self.run_dir / "tags.json", self._tags))
+        self._json("tags.json", self._tags)
 
     # -- background jobs (artifact rendering) --------------------------------------------------
     def submit(self, job) -> None:
@@ -166,7 +181,20 @@ class LocalTracker(Tracker):
         if self._jobs is not None:
             self._jobs.put(None)
         self.set_tags({"status": status})
+        self._settle()
         run_lock.release(self.run_dir, self._owner)
-        if self.dropped:
-            warnings.warn(f"gradloc-track: {self.dropped} record(s) could not be written to {self.run_dir} "
+        if self._unwritable:
+            warnings.warn(f"gradloc-track: {self._unwritable} record(s) could not be written to {self.run_dir} "
                           f"({self._error}) and are LOST", RuntimeWarning, stacklevel=2)
+
+    def _settle(self) -> None:
+        """The last try at what waits in memory; what still cannot go into the run dir goes to a folder of
+        its own; the closing lines say what happened."""
+        with self._lock:
+            if not self._kept.retry():
+                self._writes.rescued_to = self._kept.rescue()
+                if self._writes.rescued_to is None:  # nowhere to keep it: lost
+                    for rel in list(self._writes.pending):
+                        self._writes.failed(rel, OSError("nowhere to keep it"), kept=False)
+        self._writes.settle()
+        say(self._writes.closing_lines())

@@ -12,20 +12,25 @@ One record per backend run, rewritten atomically, read by ``replay``, the report
     {"mlflow": {"tracking_uri": ..., "experiment_id": ..., "run_id": ..., "run_name": ...},
      "wandb": {"dir": <the offline-run-* / run-* folder>, "path": "entity/project/run_id", ...}}
 
-Never raises into training: a run without a record still trains.
+Never raises into training: a run without a record still trains. A record that cannot be written
+(a full disk) is kept in memory, merged into the next write of it, and the run dir marked
+incomplete until one goes through (``incomplete``).
 """
 from __future__ import annotations
 
 import json
+import os
 import threading
 import warnings
 from pathlib import Path
 from typing import Any
 
 from .files import atomic_write_json
+from .incomplete import writes_of
 from .spool import encode
 
 _lock = threading.Lock()
+_kept: dict[tuple[str, str], dict[str, Any]] = {}  # (run dir, backend) -> a record not yet written whole
 
 
 def record_path(run_dir: str | Path, backend: str) -> Path:
@@ -43,14 +48,19 @@ def read_backend_record(run_dir: str | Path, backend: str) -> dict[str, Any]:
 
 def update_run_record(run_dir: str | Path, backend: str, **fields: Any) -> bool:
     """Merge ``fields`` into the record (atomic rewrite); ``False`` when the run dir is not writable."""
+    key = (os.path.abspath(run_dir), backend)
     with _lock:
-        rec = read_backend_record(run_dir, backend)
+        rec = _kept.pop(key, None) or read_backend_record(run_dir, backend)
         rec.update(encode(fields))
         rec["backend"] = backend
+        what = str(Path("tracker") / f"{backend}.json")
         try:
             atomic_write_json(record_path(run_dir, backend), rec)
-        except OSError:
+        except OSError as exc:
+            _kept[key] = rec
+            writes_of(run_dir).failed(what, exc, kept=True)
             return False
+        writes_of(run_dir).written(what)
         return True
 
 

@@ -75,6 +75,10 @@ class Spool:
                 write_line(self.path, json.dumps(rec, allow_nan=False))
             except (OSError, ValueError) as exc:
                 self.dropped += 1
+                if self.path.parent.name == "spool":  # <run dir>/spool/<backend>.jsonl: the run dir lacks it
+                    from .incomplete import writes_of
+
+                    writes_of(self.path.parent.parent).failed(f"spool/{self.path.name}", exc, kept=False)
                 if self.error is None:
                     self.error = repr(exc)
                     warnings.warn(f"gradloc-track: cannot write the {self.backend} spool {self.path} ({exc!r}); "

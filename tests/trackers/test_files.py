@@ -18,20 +18,16 @@ PAD = "x" * 60  # ~100-byte lines: a few dozen fill the page left on the disk
 def test_a_torn_line_on_a_full_disk_is_never_glued_to_the_next_record(tight_disk, capsys):
     tracker = LocalTracker(tight_disk.dir / "run")
     tight_disk.fill()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for step in range(300):
-            if step == 200:
-                tight_disk.free()
-            tracker.log_metrics({"loss": float(step), "pad": PAD}, step)
-        tracker.finish("success")
+    for step in range(300):
+        if step == 200:
+            tight_disk.free()
+        tracker.log_metrics({"loss": float(step), "pad": PAD}, step)
+    tracker.finish("success")
     lines = (tight_disk.dir / "run" / "metrics.jsonl").read_text().splitlines()
     steps = [json.loads(line)["step"] for line in lines]  # every line is one whole record
     with capsys.disabled():
-        print(f"\ntracker=none on a full disk: {len(steps)} written + {tracker.dropped} dropped of 300")
-    assert 0 < tracker.dropped < 300
-    assert len(steps) + tracker.dropped == 300 and steps == sorted(set(steps))
-    assert steps[-100:] == list(range(200, 300))  # room again: every record whole, none lost to a glued line
+        print(f"\ntracker=none on a full disk: {len(steps)} written of 300, {tracker.dropped} dropped")
+    assert steps == list(range(300)) and tracker.dropped == 0  # the lines that waited went in, in order
     assert [r["step"] for r in read_metrics(tight_disk.dir / "run")] == steps
 
 
@@ -95,7 +91,7 @@ def test_a_rewrite_is_synced_before_the_rename_and_an_error_leaves_the_old_file(
 # files that write without trackers/files, and why that is not a file of ours being rewritten
 NOT_OURS = {
     "demo/tokenizer.py": "the tokenizers library saves to a temp file; os.replace puts it in place",
-    "artifacts/heatmap.py": "matplotlib's savefig into rendered/, a staging file copied atomically into spikes/",
+    "artifacts/heatmap.py": "matplotlib's savefig into memory (the PNG is then staged atomically in rendered/)",
     "trackers/mlflow_tracker.py": "a copy in a TemporaryDirectory, for MLflow to upload",
     "trackers/wandb_tracker.py": "run.save: W&B copies and uploads the file",
 }

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from .. import run_lock
 from ..interface import Tracker, final_status
 from ..bounded import clamp_wait
+from ..incomplete import writes_of
 from ..run_record import update_run_record
 from ..spool import Spool
 from .closing import closing_lines, say
@@ -229,7 +230,8 @@ class AsyncTracker(Tracker):
                           f"spool {self.spool.path} both failed: {self.spool.error}); see the tracker/dropped metric",
                           RuntimeWarning, stacklevel=2)
         say(closing_lines(self.name, self.run_dir, self.spool.path, self._writer.delivered, self.spool.count,
-                          self.dropped, self._writer.health.reason_first or self._spill.first_error))
+                          self.dropped, self._writer.health.reason_first or self._spill.first_error)
+            + writes_of(self.run_dir).closing_lines())
 
     def _enqueue_final(self, status: str, deadline: float) -> None:
         try:
