@@ -43,6 +43,7 @@ from gradloc_track.demo.tokenizer import make_tokenizer
 from gradloc_track.localizer import save_rng
 from gradloc_track.spikes import SpikeContext, SpikeDetector, junk_span, sample_losses, spike_score
 from gradloc_track.trackers import NullTracker, Tracker, make_tracker
+from gradloc_track.trackers.incomplete import write_run_file
 from gradloc_track.trackers.quiet import quiet_backend_noise
 
 register_configs()
@@ -179,9 +180,9 @@ def log_config(tracker: Tracker, cfg: DemoConfig, model: torch.nn.Module, run_di
     params["model.n_params"] = sum(p.numel() for p in model.parameters())
     tracker.log_params(params)
     if resolved_yaml is not None:
-        cfg_path = run_dir / "config.yaml"
-        cfg_path.write_text(resolved_yaml)
-        tracker.log_artifact(cfg_path)
+        cfg_path = write_run_file(run_dir, "config.yaml", resolved_yaml)  # a full disk: said, never raised
+        if cfg_path is not None:
+            tracker.log_artifact(cfg_path)
 
 
 def build_monitor(cfg: DemoConfig, s: Setup, tracker: Tracker, run_dir: Path) -> GradMonitor:
@@ -358,8 +359,8 @@ def train_lm(cfg: DemoConfig, run_dir: str | Path, resolved_yaml: str | None = N
         tracker.log_metrics({f"summary/{k}": v for k, v in summary.items()}, cfg.train.steps - 1)
         if s.rank == 0:
             left_out = [{"step": st, "sample": b, "sample_id": fp, "why": why} for st, b, fp, why in s.gate.left_out]
-            (run_dir / "summary.json").write_text(json.dumps({**summary, "events_at": h.events_at,
-                                                              "left_out": left_out}, indent=2))
+            write_run_file(run_dir, "summary.json", json.dumps({**summary, "events_at": h.events_at,
+                                                                "left_out": left_out}, indent=2))
         status = "success"
     finally:
         s.console.close()

@@ -141,6 +141,30 @@ def incomplete_reason(run_dir: str | Path) -> str | None:
             "it; the run's closing lines said where the rest was kept)")
 
 
+def write_run_file(run_dir: str | Path, name: str, text: str) -> Path | None:
+    """An app's own file (``config.yaml``, ``summary.json``) into the run dir, atomically; where the run
+    dir has no room, into a folder of its own in the system's temp dir (same name: a tracker logs it
+    as it would have), the failure said and marked. Its path; None when it could be written nowhere.
+    Never raises: a full disk must not end the run at its last step."""
+    import tempfile
+
+    from .files import atomic_write_text
+
+    path = Path(run_dir) / name
+    try:
+        atomic_write_text(path, text)
+        return path
+    except OSError as exc:
+        writes_of(run_dir).failed(name, exc, kept=False)
+    try:
+        other = Path(tempfile.mkdtemp(prefix="gradloc-track-kept-")) / name
+        atomic_write_text(other, text)
+    except OSError:
+        return None
+    say([f"gradloc-track: {name} is kept in {other} instead"])
+    return other
+
+
 def _why(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror

@@ -95,3 +95,17 @@ def test_a_heatmap_with_no_room_in_the_run_dir_still_reaches_the_tracker(tight_d
     ((key, step, path),) = backend.images
     assert (key, step) == ("spikes/heatmap", 9) and path.read_bytes().startswith(PNG)
     assert [(k, s) for k, s, _ in backend.html] == [("spikes/highlight", 9)]
+
+
+def test_an_apps_own_file_on_a_full_disk_is_kept_elsewhere_not_raised(tight_disk, capsys):
+    """The demo's summary.json on a full disk ended the run at its last step with a traceback."""
+    from gradloc_track.trackers.incomplete import write_run_file
+
+    run = tight_disk.dir / "run"
+    run.mkdir()
+    tight_disk.fill()
+    path = write_run_file(run, "summary.json", json.dumps({"final_loss": 1.0, "pad": "x" * 8000}))
+    assert path is not None and path.parent != run and json.loads(path.read_text())["final_loss"] == 1.0
+    said = capsys.readouterr().err
+    assert "cannot write summary.json" in said and f"summary.json is kept in {path}" in said
+    assert (run / "INCOMPLETE").exists()
