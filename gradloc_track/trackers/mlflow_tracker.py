@@ -232,9 +232,11 @@ class MlflowTracker(Tracker):
 
     def _tell_story(self) -> None:
         """The description: the spikes so far (culprit text, a link to each one's page), then what is where."""
+        from .mlflow_links import MODEL_TRAINING_VIEW
+
         def link(step: int, localized: bool) -> str:  # relative: it opens on whichever host serves the UI
             page = step_path("spikes/highlight", step, "html") if localized else step_path("spikes/events", step, "csv")
-            return f"#/experiments/{self.experiment_id}/runs/{self.run_id}/artifacts/{page}"
+            return f"#/experiments/{self.experiment_id}/runs/{self.run_id}/artifacts/{page}?{MODEL_TRAINING_VIEW}"
 
         note = f"{self._story.markdown(link)}\n\n{DESCRIPTION}"
         try:

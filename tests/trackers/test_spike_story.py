@@ -57,8 +57,9 @@ def test_the_mlflow_description_holds_the_spikes_and_links_to_the_highlight_page
     note = run.data.tags["mlflow.note.content"]
     rid, exp = run.info.run_id, run.info.experiment_id
     assert note.startswith("**2 gradient spike(s) detected, at step 100, 120**")
-    assert f"[the highlighted text](#/experiments/{exp}/runs/{rid}/artifacts/spikes/highlight/step_000100.html)" \
-        in note and "'\u00e2\u20ac\u2122'" in note
+    # relative (any host, any port), in the UI's model-training view (without it the page opens in the GenAI view)
+    assert (f"[the highlighted text](#/experiments/{exp}/runs/{rid}/artifacts/spikes/highlight/step_000100.html"
+            "?workflowType=machine_learning)") in note and "'\u00e2\u20ac\u2122'" in note
     assert "gradloc-track run. Gradient norms" in note  # what is where, after the story
 
 
