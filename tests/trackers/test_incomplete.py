@@ -44,7 +44,7 @@ def test_a_spike_on_a_full_disk_is_said_kept_and_the_readers_say_incomplete(tigh
     assert said.count("the run dir is INCOMPLETE from here on") == 1  # at once, once
     tracker.finish("success")  # the disk is still full at the end
     closing = capsys.readouterr().err
-    assert f"the run dir {run} is INCOMPLETE (No space left on device)" in closing
+    assert f"the run dir {run} is INCOMPLETE (No space left on device" in closing
     kept = next(line.split("They are kept in ")[1].split(";")[0] for line in closing.splitlines() if "kept in" in line)
     kept = tight_disk.dir.__class__(kept)
     assert json.loads((kept / "spikes" / "tokens" / "step_000009.json").read_text())["data"]  # the table, whole
