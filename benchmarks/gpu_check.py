@@ -1,0 +1,288 @@
+"""What only a GPU shows (issue 38, item 5): run on one CUDA GPU, at most ~8 minutes.
+
+1. **Host syncs per step**, counted with ``torch.cuda.set_sync_debug_mode("warn")`` (each synchronizing
+   call warns once): ``watch()`` with every default on a step that does not log and whose detector is
+   not armed (goal 0), and on a logging step with the detector armed (goal 1: the step's one transfer).
+2. **``watch()`` overhead on a 125M-parameter GPT** (12 layers, d=768, V=50257, 8 x 1024 tokens) under
+   bf16 autocast with fused AdamW: whole steps, interleaved against a twin's plain step, CUDA-event timed.
+3. **Fused clipping inside fused AdamW**: ``watch(clip="global")`` (the coefficient rides in the fused
+   kernel's ``grad_scale``) against ``clip_grad_norm_`` + fused AdamW: step time, and the parameters'
+   distance after 20 steps against the fused-vs-foreach yardstick.
+4. **The detector's logits pass at V = 128k, T = 4096** (bf16 logits): from the log-probabilities the
+   loss saved and from the logits, against one cross-entropy forward + backward on the same logits;
+   peak memory of each.
+5. **Localization time in steps**: one garbage sample injected into a watched run of the 125M model;
+   the spike step's wall time over a normal step's.
+
+    python benchmarks/gpu_check.py                # on a CUDA machine: every section, one table each
+    python benchmarks/gpu_check.py --only 1 4     # some sections
+    python benchmarks/gpu_check.py --dry-run      # CPU, tiny sizes: the code paths only (tests run this)
+
+Until it has run on a GPU, docs/benchmarks.md says so; its printout is what the docs quote.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import statistics
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import gradloc_track  # noqa: E402
+from gradloc_track import MemoryTracker  # noqa: E402
+from gradloc_track.demo.model import TinyGPT  # noqa: E402
+from gradloc_track.spikes.term_stats import term_stats  # noqa: E402
+
+
+@dataclass
+class Size:
+    device: str
+    n_layer: int = 12
+    d_model: int = 768
+    n_head: int = 12
+    vocab: int = 50257
+    batch: int = 8
+    seq: int = 1024
+    logits_vocab: int = 128_000
+    logits_seq: int = 4096
+    rounds: int = 20
+    dtype: torch.dtype = torch.bfloat16
+
+
+DRY = dict(n_layer=2, d_model=32, n_head=2, vocab=256, batch=2, seq=32, logits_vocab=1000, logits_seq=64, rounds=3)
+
+
+class LM(torch.nn.Module):
+    """TinyGPT called the HF way (``model(input_ids=, labels=)`` -> ``.loss``, ``.logits``): watch()'s
+    default front door reads the loss's saved log-probabilities."""
+
+    def __init__(self, s: Size) -> None:
+        super().__init__()
+        self.gpt = TinyGPT(vocab_size=s.vocab, n_layer=s.n_layer, n_head=s.n_head, d_model=s.d_model,
+                           max_seq_len=s.seq)
+
+    def forward(self, input_ids, labels=None):
+        logits = self.gpt(input_ids)
+        loss = None if labels is None else F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]),
+                                                          labels[:, 1:].reshape(-1))
+        return type("Out", (), {"loss": loss, "logits": logits})()
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _timed(fn, device: str) -> float:
+    """Seconds of ``fn()``: CUDA events on a GPU, the process's CPU time otherwise."""
+    if device != "cuda":
+        t0 = time.process_time()
+        fn()
+        return time.process_time() - t0
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def _autocast(s: Size):
+    return torch.autocast(s.device, dtype=s.dtype) if s.device == "cuda" else contextlib.nullcontext()
+
+
+def _model(s: Size) -> LM:
+    torch.manual_seed(0)
+    return LM(s).to(s.device)
+
+
+def _batches(s: Size, n: int = 4) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(0, s.vocab, (s.batch, s.seq), generator=g).to(s.device) for _ in range(n)]
+
+
+def _stepper(model, opt, pool, s: Size, clip: float | None = None):
+    def step(i: int) -> None:
+        ids = pool[i % len(pool)]
+        opt.zero_grad(set_to_none=True)
+        with _autocast(s):
+            out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip, foreach=True)
+        opt.step()
+
+    return step
+
+
+def _adamw(model, s: Size):
+    return torch.optim.AdamW(model.parameters(), lr=1e-4, fused=s.device == "cuda")
+
+
+def syncs(s: Size) -> None:
+    print("\n1. host syncs per step (torch.cuda.set_sync_debug_mode('warn'): one warning per synchronizing call)")
+    model = _model(s)
+    opt = _adamw(model, s)
+    handle = gradloc_track.watch(model, opt, tracker=MemoryTracker(), log_every=4, locate=False)
+    step = _stepper(model, opt, _batches(s), s)
+    for i in range(6):  # past warm-up: the detector is armed from here
+        step(i)
+    _sync(s.device)
+    rows = []
+    for i, what in ((9, "non-logging step (log_every=4), detector armed"), (12, "logging step, detector armed")):
+        handle.steps = i
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if s.device == "cuda":
+                torch.cuda.set_sync_debug_mode("warn")
+            try:
+                step(i)
+                _sync(s.device) if s.device != "cuda" else None
+            finally:
+                if s.device == "cuda":
+                    torch.cuda.set_sync_debug_mode(0)
+        n = sum("synchroniz" in str(w.message).lower() for w in caught)
+        rows.append((what, n))
+    handle.finish()
+    for what, n in rows:
+        print(f"  {what:<52}{n:>4} sync(s)" + ("" if s.device == "cuda" else "  (CPU dry run: not counted)"))
+    print("  goal: the monitor adds no sync to a step whose detector is not armed, one to an armed step "
+          "(with every default the detector is armed every step after warm-up)")
+
+
+def overhead(s: Size) -> None:
+    print(f"\n2. watch() overhead, {s.n_layer}-layer d={s.d_model} GPT, V={s.vocab}, {s.batch}x{s.seq} tokens, "
+          f"{'bf16 autocast, fused AdamW' if s.device == 'cuda' else 'fp32 (dry run)'}")
+    base = _model(s)
+    n = sum(p.numel() for p in base.parameters())
+    twin = copy.deepcopy(base)
+    pool = _batches(s)
+    plain = _stepper(base, _adamw(base, s), pool, s)
+    opt = _adamw(twin, s)
+    handle = gradloc_track.watch(twin, opt, tracker=MemoryTracker(), log_every=10, locate=False)
+    watched = _stepper(twin, opt, pool, s)
+    for i in range(3):
+        plain(i)
+        watched(i)
+    ratios, base_t = [], []
+    for i in range(3, 3 + s.rounds):
+        a = _timed(lambda: plain(i), s.device)
+        b = _timed(lambda: watched(i), s.device)
+        ratios.append(b / a)
+        base_t.append(a)
+    handle.finish()
+    print(f"  {n / 1e6:.0f}M parameters; plain step {statistics.median(base_t) * 1e3:.1f} ms; watch() defaults / plain "
+          f"= {statistics.median(ratios):.3f} (median of {s.rounds} interleaved pairs; goal <= 1.02)")
+
+
+def fused_clip(s: Size) -> None:
+    print("\n3. fused clipping inside fused AdamW: watch(clip='global') vs clip_grad_norm_ + fused AdamW")
+    ref_model = _model(s)
+    ours_model = copy.deepcopy(ref_model)
+    pool = _batches(s)
+    ref = _stepper(ref_model, _adamw(ref_model, s), pool, s, clip=1.0)
+    opt = _adamw(ours_model, s)
+    handle = gradloc_track.watch(ours_model, opt, tracker=MemoryTracker(), log_every=10, locate=False,
+                                 clip={"kind": "global", "max_norm": 1.0}, spikes={"enabled": False})
+    ours = _stepper(ours_model, opt, pool, s)
+    times = {"clip_grad_norm_ + fused AdamW": [], "watch(clip='global') + fused AdamW": []}
+    for i in range(s.rounds):
+        times["clip_grad_norm_ + fused AdamW"].append(_timed(lambda: ref(i), s.device))
+        times["watch(clip='global') + fused AdamW"].append(_timed(lambda: ours(i), s.device))
+    handle.finish()
+    base = statistics.median(times["clip_grad_norm_ + fused AdamW"])
+    for name, ts in times.items():
+        print(f"  {name:<44}{statistics.median(ts) * 1e3:>9.1f} ms {statistics.median(ts) / base:>7.3f}")
+    with torch.no_grad():
+        rel = max(float((a - b).norm() / b.norm().clamp_min(1e-30)) for a, b in zip(ours_model.parameters(),
+                                                                                   ref_model.parameters()))
+    print(f"  after {s.rounds} steps: max over tensors of ||ours - ref|| / ||ref|| = {rel:.1e} (same loss, bf16 "
+          "autocast: compare with fused vs foreach AdamW's own distance)")
+
+
+def logits_pass(s: Size) -> None:
+    V, T = s.logits_vocab, s.logits_seq
+    print(f"\n4. the detector's logits pass, V={V}, T={T}, bf16 logits, against one cross-entropy fwd+bwd")
+    g = torch.Generator(device=s.device).manual_seed(0)
+    dt = s.dtype if s.device == "cuda" else torch.float32
+    z = torch.randn(T, V, generator=g, device=s.device, dtype=dt)
+    tgt = torch.randint(0, V, (T,), generator=g, device=s.device)
+    zr = z.clone().requires_grad_()
+
+    def ce():
+        F.cross_entropy(zr.float(), tgt).backward()
+        zr.grad = None
+
+    def peak(fn) -> tuple[float, float]:
+        if s.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+        t = statistics.median(_timed(fn, s.device) for _ in range(max(3, s.rounds // 4)))
+        mem = (torch.cuda.max_memory_allocated() - before) / 2 ** 30 if s.device == "cuda" else float("nan")
+        return t, mem
+
+    ce_t, ce_m = peak(ce)
+    logp = torch.log_softmax(z.float(), -1)  # what the model's own cross-entropy saved
+    rows = [("CE forward + backward", ce_t, ce_m),
+            ("from the loss's saved log-probs", *peak(lambda: term_stats(logp, tgt, log_probs=True))),
+            ("from the logits (blocks)", *peak(lambda: term_stats(z, tgt, log_probs=False)))]
+    for name, t, mem in rows:
+        print(f"  {name:<36}{t * 1e3:>9.2f} ms {t / ce_t:>7.2f}x   peak +{mem:.2f} GiB")
+    print("  goal: the pass <= 0.5x one cross-entropy forward + backward, with bounded memory")
+
+
+def localization(s: Size) -> None:
+    print("\n5. localization time in normal steps: a garbage sample injected at one step of a watched run")
+    model = _model(s)
+    opt = _adamw(model, s)
+    handle = gradloc_track.watch(model, opt, tracker=MemoryTracker(), log_every=10,
+                                 spikes={"warmup_steps": 5}, locate={"max_events": 1})
+    pool = _batches(s)
+    step = _stepper(model, opt, pool, s)
+    normal = [_timed(lambda: step(i), s.device) for i in range(12)][6:]
+    bad = pool[0].clone()
+    bad[0] = 7  # one sample of a single repeated token: a coherent, large gradient
+    spike_t = _timed(lambda: _stepper(model, opt, [bad], s)(0), s.device)
+    spikes = [st.step for st in handle.spikes]
+    handle.finish()
+    located = [st for st in handle.spikes if st.locate is not None]
+    probes = located[-1].locate.probes if located else 0
+    print(f"  normal step {statistics.median(normal) * 1e3:.1f} ms; the spike step {spike_t * 1e3:.1f} ms = "
+          f"{spike_t / statistics.median(normal):.1f} normal steps ({probes} probes; detected at steps {spikes})")
+
+
+SECTIONS = {1: syncs, 2: overhead, 3: fused_clip, 4: logits_pass, 5: localization}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", type=int, nargs="*", choices=sorted(SECTIONS))
+    ap.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes: exercise the code paths")
+    args = ap.parse_args(argv)
+    if args.dry_run:
+        torch.set_num_threads(1)
+        s = Size("cpu", **DRY)
+    elif not torch.cuda.is_available():
+        print("gpu_check: no CUDA device here. Run it on a GPU machine (`run` the device tool: "
+              "python benchmarks/gpu_check.py), or --dry-run to exercise it on the CPU.")
+        return 2
+    else:
+        s = Size("cuda")
+        print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}")
+    t0 = time.perf_counter()
+    for k in args.only or sorted(SECTIONS):
+        SECTIONS[k](s)
+    print(f"\ntotal {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
