@@ -346,11 +346,11 @@ def test_finish_keeps_its_bound_with_a_2s_per_call_backend_and_spike_jobs_left(t
 
     def spike_job(step):
         def job(sink):  # a spike's rendering (page and heatmap): seconds of work, then its page
-            time.sleep(1.5)
+            time.sleep(1.0)
             sink.log_html("spikes/highlight", f"<p>{step}</p>", step)
         return job
 
-    for step in range(20):
+    for step in range(15):
         tracker.log_metrics({"x": float(step)}, step)
         if step % 5 == 0:
             tracker.log_table("spikes/tokens", ["step"], [[step]], step)
@@ -364,7 +364,7 @@ def test_finish_keeps_its_bound_with_a_2s_per_call_backend_and_spike_jobs_left(t
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:  # the late jobs land in the spool (or reached the backend before)
         pages = {r["args"][2] for r in read_spool(spool) if r["call"] == "log_html"} | {s for _, s, _ in backend.html}
-        if pages == {0, 5, 10, 15}:
+        if pages == {0, 5, 10}:
             break
         time.sleep(0.2)
-    assert pages == {0, 5, 10, 15}
+    assert pages == {0, 5, 10}
