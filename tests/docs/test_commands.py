@@ -144,8 +144,13 @@ def imported_modules(path: Path) -> set[str]:
     return found
 
 
-# examples that run in an install of their own (docs/verl.md: verl pins transformers below our other extras)
-OWN_EXTRA = {"verl_grpo": "verl"}
+# examples that run in an install of their own (docs/verl.md: verl pins transformers below our other extras):
+# every examples/verl_*.py, listed on docs/verl.md
+OWN_EXTRA = {"verl_": "verl"}
+
+
+def own_extra(stem: str) -> str | None:
+    return next((extra for prefix, extra in OWN_EXTRA.items() if stem.startswith(prefix)), None)
 
 
 def test_the_examples_extra_installs_every_module_an_example_imports():
@@ -153,7 +158,7 @@ def test_the_examples_extra_installs_every_module_an_example_imports():
     local = {p.stem for p in (ROOT / "examples").glob("*.py")} | {"gradloc_track", "tests"}
     dists = packages_distributions()
     for script in sorted((ROOT / "examples").glob("*.py")):
-        extra = OWN_EXTRA.get(script.stem, "examples")
+        extra = own_extra(script.stem) or "examples"
         have = extra_requirements(extra) | core
         for mod in sorted(imported_modules(script) - local - set(sys.stdlib_module_names)):
             names = {d.lower() for d in dists.get(mod, [mod])}
@@ -161,7 +166,9 @@ def test_the_examples_extra_installs_every_module_an_example_imports():
 
 
 def test_the_readme_installs_the_examples_extra_once_and_lists_every_example():
+    """Every example is named in the README; one in an install of its own on its page (verl's: docs/verl.md)."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert "pip install -e '.[examples]'" in readme
+    assert "pip install -e '.[examples]'" in readme and "pip install -e '.[demo]'" in readme
     for script in sorted((ROOT / "examples").glob("*.py")):
-        assert f"examples/{script.name}" in readme or script.stem in readme, script.name
+        page = readme if own_extra(script.stem) is None else (ROOT / "docs" / "verl.md").read_text(encoding="utf-8")
+        assert f"examples/{script.name}" in page or script.stem in page, script.name
