@@ -11,19 +11,34 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-# public name -> module that defines it (resolved lazily to keep import light)
+# public name -> module that defines it (resolved lazily to keep import light). The first block is what
+# the README's hand-written loop needs (``from gradloc_track import ...``): one import, one module
 _EXPORTS = {
     "GradMonitor": "gradloc_track.monitor",
+    "make_tracker": "gradloc_track.trackers",
+    "TrackerConfig": "gradloc_track.config",
+    "LocateConfig": "gradloc_track.config",
+    "SpikeDetector": "gradloc_track.spikes",
+    "SpikeContext": "gradloc_track.spikes",
+    "save_rng": "gradloc_track.localizer",
+    "SpikeArtifactWriter": "gradloc_track.artifacts",
+    "TrainConsole": "gradloc_track.console",
+    "closing_lines": "gradloc_track.console",
+    "ZClip": "gradloc_track.clip",
+    "AdaGC": "gradloc_track.clip",
+    "LayerClip": "gradloc_track.clip",
+    "GlobalClip": "gradloc_track.clip",
+    # what a step returns and what a spike is
     "GradStats": "gradloc_track.monitor",
     "LocateResult": "gradloc_track.localizer.result",
     "CulpritToken": "gradloc_track.localizer.result",
-    "SpikeDetector": "gradloc_track.spikes",
     "SpikeEvent": "gradloc_track.spikes.event",
+    # trackers: the seam (``Tracker``: a destination whose methods do nothing by default) and its plain ones
     "Tracker": "gradloc_track.trackers",
     "NullTracker": "gradloc_track.trackers",
     "MemoryTracker": "gradloc_track.trackers",
     "FanoutTracker": "gradloc_track.trackers",
-    "make_tracker": "gradloc_track.trackers",
+    # the front doors
     "watch": "gradloc_track.integrations.watch",
     "WatchHandle": "gradloc_track.integrations.watch",
     # the public function ``gradloc_track.locate(model, ...)``; its package is ``gradloc_track.localizer``

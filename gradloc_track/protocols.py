@@ -1,8 +1,10 @@
-"""The seams of the monitor, as ``typing.Protocol``s: what a clipper, a spike detector, an artifact
-writer and a tracker must offer for ``GradMonitor`` to drive them.
+"""The seams of the monitor, as ``typing.Protocol``s: what a clipper, a spike detector and an artifact
+writer must offer for ``GradMonitor`` to drive them.
 
 The library's own classes (``clip.Clipper``, ``spikes.SpikeDetector``,
-``artifacts.SpikeArtifactWriter``, ``trackers.Tracker``) satisfy them; so can a user's. The
+``artifacts.SpikeArtifactWriter``) satisfy them; so can a user's. The tracker's seam is one class,
+``trackers.Tracker`` (``trackers/interface.py``): a destination whose methods do nothing by default,
+which a user's tracker subclasses to override only what it supports (no protocol beside it). The
 monitor types its arguments against these and never probes an object with ``getattr``:
 ``GradMonitor`` checks each argument once, at construction (``monitor.arguments``), and the
 error names the missing method.
@@ -13,7 +15,7 @@ seam, not where it comes from.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -62,23 +64,3 @@ class ArtifactWriterLike(Protocol):
 
     def write_detection(self, step: int, events: Sequence[Any], why_not_localized: str) -> None:
         """A detected spike that was not localized, with the reason."""
-
-
-@runtime_checkable
-class TrackerLike(Protocol):
-    """A destination for metrics, tables, HTML and files (``trackers.Tracker`` documents the contract)."""
-
-    name: str
-
-    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None: ...
-
-    def log_table(self, key: str, columns: Sequence[str], rows: Sequence[Sequence[Any]],
-                  step: int | None = None) -> None: ...
-
-    def log_html(self, key: str, html: str, step: int | None = None) -> None: ...
-
-    def submit(self, job: Callable[[Any], None]) -> None: ...
-
-    def flush(self, timeout_s: float | None = None) -> None: ...
-
-    def finish(self, status: str = "success", timeout_s: float | None = None) -> None: ...

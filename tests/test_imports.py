@@ -39,3 +39,21 @@ def test_locate_is_the_function_and_localizer_the_package():
     assert callable(gradloc_track.locate) and gradloc_track.locate is localizer.locate
     assert localizer.__path__ and localizer.LocateResult is gradloc_track.LocateResult
     assert gradloc_track.monitor.GradMonitor is gradloc_track.GradMonitor
+
+
+def test_the_readme_loop_imports_every_name_it_needs_from_the_top_level():
+    """Issue 42: the hand-written loop of README.md ("Use it in your loop") needs one import, from
+    ``gradloc_track`` itself; every name it imports resolves there (lazily: torch loads on first use)."""
+    import ast
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Use it in your loop", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    imports = [n for n in ast.walk(ast.parse(code)) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert [getattr(n, "module", None) for n in imports] == ["gradloc_track"], "one import, from the top level"
+    names = [a.name for a in imports[0].names]
+    assert {"GradMonitor", "make_tracker", "ZClip", "SpikeContext", "save_rng", "closing_lines"} <= set(names)
+    for name in names:
+        assert name in gradloc_track.__all__ and getattr(gradloc_track, name) is not None

@@ -77,7 +77,3 @@ def clip_metrics(result: ClipResult, grouping: LayerGrouping) -> dict[str, torch
     out["clip/nonfinite"] = result.nonfinite_t.float()
     return out
 
-
-def without_unset_thresholds(metrics: dict[str, float]) -> dict[str, float]:
-    """Host-side, after the one transfer: drop the thresholds that are not in force (NaN)."""
-    return {k: v for k, v in metrics.items() if not (k.startswith(THRESHOLD_PREFIX) and v != v)}

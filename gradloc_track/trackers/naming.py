@@ -1,7 +1,6 @@
 """Metric/param key names and value normalisation shared by trackers."""
 from __future__ import annotations
 
-import math
 import re
 
 _MLFLOW_BAD = re.compile(r"[^\w\-. /]")
@@ -25,10 +24,6 @@ def truncate(value: object, limit: int) -> str:
     """Stringify and cut to at most ``limit`` characters, marking the cut so nobody mistakes it for data."""
     s = str(value)
     return s if len(s) <= limit else (s[: max(limit - len(_CUT), 0)] + _CUT)[:limit]
-
-
-def finite_or_none(v: float) -> float | None:
-    return v if isinstance(v, (int, float)) and math.isfinite(v) else None
 
 
 def step_path(key: str, step: int | None, ext: str) -> str:
