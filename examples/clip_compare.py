@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from gradloc_track.config import ConfigError, check_overrides, to_config
 from gradloc_track.console import TrainConsole
@@ -46,10 +47,10 @@ def run_all(overrides: list[str], out: Path) -> dict[str, dict[str, float]]:
     results = {}
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
         for m in METHODS:
-            cfg = to_config(compose("config", overrides=["experiment=clip_compare", f"clip={m}", "tracker=none",
-                                                         *overrides]))
-            s = results[m] = train_lm(cfg, out / m, console=ProgressOnly(stream=sys.stderr))
-            print(f"clip={m}: {cfg.train.steps} steps in {s['seconds']:.0f} s, {s['spike_events']:.0f} spike(s) "
+            composed = compose("config", overrides=["experiment=clip_compare", f"clip={m}", "tracker=none", *overrides])
+            s = results[m] = train_lm(to_config(composed), out / m, console=ProgressOnly(stream=sys.stderr),
+                                      resolved_yaml=OmegaConf.to_yaml(composed, resolve=True))  # its config.yaml
+            print(f"clip={m}: {composed.train.steps} steps in {s['seconds']:.0f} s, {s['spike_events']:.0f} spike(s) "
                   f"detected, final loss {s['final_loss']:.4f}", flush=True)
     return results
 

@@ -299,8 +299,9 @@ def show_spike(s: Setup, h: History, step: int, stats: Any, run_dir: Path) -> No
 def guard_stats(cfg: DemoConfig, h: History, settled: int) -> dict[str, float]:
     """What a clipper did after the start-up transient, clean and injected steps apart (logging steps):
     ``clean_clipped_fraction`` / ``clean_mean_coef`` (a clipper that scales most clean steps hard is a
-    learning-rate cut) and ``spike_held``: the largest post-clip norm of an injected step over the median
-    post-clip norm of the clean ones (1x: the optimizer saw the spike no larger than a normal step)."""
+    learning-rate cut), ``spike_clipped_fraction`` (the injected steps it scaled) and ``spike_held``: the
+    largest post-clip norm of an injected step over the median post-clip norm of the clean ones (1x: the
+    optimizer saw the spike no larger than a normal step)."""
     clean, hit = [], []
     for step, pre, post in zip(h.logged, h.norms, h.post_norms):
         if step >= settled:
@@ -310,6 +311,8 @@ def guard_stats(cfg: DemoConfig, h: History, settled: int) -> dict[str, float]:
         coefs = [post / pre if pre > 0 else 1.0 for pre, post in clean]
         out["clean_clipped_fraction"] = sum(c < 1.0 - 1e-6 for c in coefs) / len(coefs)
         out["clean_mean_coef"] = sum(coefs) / len(coefs)
+    if hit:
+        out["spike_clipped_fraction"] = sum(post < pre * (1.0 - 1e-6) for pre, post in hit) / len(hit)
     if clean and hit:
         typical = sorted(post for _, post in clean)[len(clean) // 2]
         out["spike_held"] = max(post for _, post in hit) / max(typical, 1e-12)
