@@ -25,7 +25,7 @@ def _device_module() -> types.SimpleNamespace:
         set_device=lambda *a: None, synchronize=lambda *a: None, manual_seed=torch.manual_seed,
         manual_seed_all=torch.manual_seed, empty_cache=lambda: None, max_memory_allocated=zero,
         max_memory_reserved=zero, memory_allocated=zero, memory_reserved=zero, mem_get_info=lambda *a: (0, 0),
-        reset_peak_memory_stats=lambda *a: None)
+        reset_peak_memory_stats=lambda *a: None, get_device_name=lambda *a: "cpu")
 
 
 @contextlib.contextmanager
@@ -38,7 +38,7 @@ def _platform_class() -> type:
     from verl.plugin.platform.platform_base import PlatformBase
 
     const = {"is_available": True, "current_device": "cpu", "device_count": 1, "communication_backend_name": "gloo",
-             "visible_devices_envvar": "CUDA_VISIBLE_DEVICES", "ray_resource_name": "CPU", "ray_noset_envvars": [],
+             "visible_devices_envvar": "CUDA_VISIBLE_DEVICES", "ray_resource_name": "GPU", "ray_noset_envvars": [],
              "is_ipc_supported": False, "cudart": None, "get_device_capability": (None, None)}
     noop = ("set_device", "synchronize", "set_allocator_settings", "empty_cache", "profiler_start", "profiler_stop")
     body: dict = {k: (lambda v: lambda self, *a, **kw: v)(v) for k, v in const.items()}
@@ -51,9 +51,32 @@ def _platform_class() -> type:
     return type("PlatformCPU", (PlatformBase,), body)
 
 
+def _gloo_groups() -> None:
+    """verl's Ray workers start their process group with ``cpu:gloo,<device>:<backend>``, which
+    torch refuses when the device is ``cpu`` too: there the group is plain gloo."""
+    from verl.utils import distributed
+
+    for name in ("initialize_global_process_group_ray",):
+        original = getattr(distributed, name)
+        if getattr(original, "__gradloc_cpu__", False):
+            continue
+
+        def on_cpu(timeout_second=None, backend=None, _original=original):
+            return _original(timeout_second=timeout_second, backend=backend or "gloo")
+
+        on_cpu.__gradloc_cpu__ = True
+        setattr(distributed, name, on_cpu)
+
+
 def use_cpu_platform() -> None:
-    """Register verl's ``cpu`` platform and make it the current one (before building an engine)."""
+    """Register verl's ``cpu`` platform and make it the current one (before building an engine).
+
+    Also the ``worker_process_setup_hook`` of verl's Ray runtime env for ``main_ppo`` on CPU
+    (``+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=gradloc_track.integrations.verl.cpu.use_cpu_platform``,
+    with GPUs declared to Ray: ``+ray_kwargs.ray_init.num_gpus=N``, each one worker slot): every
+    Ray worker then runs on this platform, its process group on gloo."""
     from verl.plugin.platform.platform_manager import PlatformRegistry, set_platform
 
     cls = PlatformRegistry.get("cpu") or PlatformRegistry.register(platform="cpu")(_platform_class())
     set_platform(cls())
+    _gloo_groups()

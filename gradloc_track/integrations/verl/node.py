@@ -66,7 +66,7 @@ def check_keys(given: Mapping) -> None:
         if key in STRINGS + ("bisect_dump_dir",) and value is not None and not isinstance(value, str):
             what = "a run name" if key == "run_name" else "a directory path"
             raise NodeError(f"{PREFIX}.{key}={value!r} is invalid: use {what}, a string (Hydra reads {key}={value} "
-                            f"of type {type(value).__name__}: quote it, '+{PREFIX}.{key}=\"{value}\"')")
+                            f"as the {type(value).__name__} {value!r}: quote it, '+{PREFIX}.{key}=\"{value}\"')")
         if key in GROUPS and isinstance(value, Mapping):
             valid = _group_fields(key, value)
             for sub in value:
