@@ -148,3 +148,39 @@ def test_the_whole_step_with_fused_adamw(name, expected):
     backward(model, 3)
     grads, weights = traffic(model, lambda: step(4))
     assert grads["total"] == expected and weights == {"read": 1.0, "write": 1.0, "total": 2.0}
+
+
+def lm_backward(model, seed: int) -> None:
+    """A language-model step watch()'s capture sees (its forward), so the detector is armed."""
+    g = torch.Generator().manual_seed(seed)
+    batch = torch.randint(0, 64, (2, 17), generator=g)
+    model.zero_grad(set_to_none=True)
+    logits = model(batch[:, :-1])
+    torch.nn.functional.cross_entropy(logits.reshape(-1, 64), batch[:, 1:].reshape(-1)).backward()
+
+
+@pytest.mark.parametrize("fused,whole", [(True, 3.0), (False, 6.0)])
+def test_watch_with_every_default_reads_the_gradients_once_in_its_hook(tiny_gpt, fused, whole):
+    """Issue 38: ``watch(clip="global")`` with every default (detector armed, the update signal on, the
+    optimizer's state as in training) reads the gradients once in its hook: the update signal is measured
+    after the optimizer's step from its state, not by a second read (``<m, g>``). The whole step with fused
+    AdamW: 3.0 (the kernel's read and write-back of its grad_scale); with foreach AdamW 6.0, as
+    ``clip_grad_norm_`` + foreach (it was 4.0 and 7.0)."""
+    import gradloc_track
+
+    opt = torch.optim.AdamW(tiny_gpt.parameters(), lr=1e-3, weight_decay=0.1, fused=fused, foreach=not fused)
+    handle = gradloc_track.watch(tiny_gpt, opt, tracker=MemoryTracker(), log_every=2, locate=False, clip="global")
+    adam = handle.monitor.detector_inputs.adam
+    assert adam is not None and handle.monitor.detector is not None
+    for s in range(5):  # the optimizer's state, the update's moments and every warm-up in place
+        lm_backward(tiny_gpt, s)
+        opt.step()
+    lm_backward(tiny_gpt, 5)
+    assert traffic(tiny_gpt, opt.step)[0]["total"] == whole  # non-logging step 5, the hook inside
+    assert adam._pending is not None and adam._pending[0] == adam.optimizer_steps - 1  # its update, measured
+    seen = handle.monitor.detector.signals["@update"].n
+    lm_backward(tiny_gpt, 6)
+    hook = traffic(tiny_gpt, lambda: handle.step(7))[0]  # the hook alone (the clip in place without a kernel)
+    assert hook == ({"read": 1.0, "write": 0.0, "total": 1.0} if fused else {"read": 2.0, "write": 1.0, "total": 3.0})
+    assert handle.monitor.detector.signals["@update"].n == seen + 1  # the detector read step 5's update
+    handle.finish()

@@ -1,29 +1,43 @@
-"""The update signal: the norm of the step an Adam-like optimizer is about to take (issue 26).
+"""The update signal: the norm of the step an Adam-like optimizer takes (issue 26), without a second read
+of the gradients (issue 38).
 
 For ``betas`` in the param groups and ``exp_avg`` / ``exp_avg_sq`` in the state (Adam, AdamW, fused
 or not), at tensor granularity: ``u^2 = sum_i lr_i^2 ||m_hat_i'||^2 / (sqrt(mean(v_hat_i')) + eps_i)^2``
 with ``m' = b1 m + (1 - b1) g``, ``v' = b2 v + (1 - b2) g^2``, Adam's bias corrections (each tensor's
-own step counter) and its group's lr, betas and eps (exact for a tensor whose ``v`` is uniform), from
-per-tensor sums (``||m||^2``, ``<m, g>``, ``sum v``) and the step's own squared norms,
-with the gradient the step will use (after the clipper: ``ClipScale``). A tensor without state yet
-(unfrozen, re-initialised, a state lost on resume) takes Adam's first step, ``lr`` per element. The
-update jumps with the learning rate, when the optimizer's state is lost, and when a tensor's second
-moment has decayed below a normal gradient ("Adaptive Preconditioners Trigger Loss Spikes in Adam",
-2025); Adam's momentum smooths a one-step gradient spike out of it.
+own step counter) and its group's lr, betas and eps (exact for a tensor whose ``v`` is uniform), with
+the gradient the step uses (after the clipper). A tensor without state yet (unfrozen, re-initialised,
+a state lost on resume) takes Adam's first step, ``lr`` per element. The update jumps with the learning
+rate, when the optimizer's state is lost, and when a tensor's second moment has decayed below a normal
+gradient ("Adaptive Preconditioners Trigger Loss Spikes in Adam", 2025); Adam's momentum smooths a
+one-step gradient spike out of it.
 
-Cost: reading ``exp_avg`` and ``exp_avg_sq`` whole measured +3-4% of a 4-layer d=256 CPU step
-(``benchmarks/bench_signals.py``), so ``||m||^2`` and ``sum v`` are carried from the step before
-(``_Moments``: Adam's own recursions applied to them, exact while the optimizer steps with the
-gradient seen here) and read afresh every ``RESYNC`` steps, after a non-finite step and whenever the
-optimizer did not take exactly one step since, or its state changed outside that step (a step hook
-counts steps and notes the state tensors' versions; an optimizer without step hooks is read afresh
-every step): a step reads ``exp_avg`` and the gradient once (``<m, g>``), half the memory traffic.
-A row of a tensor decaying alone (a rare token's embedding) is below its resolution; sharded
-(DTensor) tensors are skipped (their local sums are not the tensor's); weight decay is left out.
-``amsgrad=True``: the denominator is Adam's running max of ``v``, read with ``v`` each step for those
-tensors (``v`` decaying there moves nothing: without it the signal fired on a decay AMSGrad ignores);
-``maximize=True``: the step's gradient is ``-g``. NAdam and RAdam (``betas`` and the same state) get
-Adam's update, an estimate of theirs.
+**When it is measured, and what that changes for detection.** ``||m'||^2`` needs ``<m, g>``, and no
+eager op reads the gradients once for both that dot and their norms: the dot was a second read of the
+gradients every step (hook 2.0 gradient sizes, the whole step with fused AdamW 4.0 instead of 3.0).
+So on an ordinary step the update is measured AFTER the optimizer's step, from its state (a step
+post-hook: ``||exp_avg||^2`` read, ``sum exp_avg_sq`` carried by Adam's recursion from this step's
+gradient norms and read afresh every ``RESYNC`` steps, AMSGrad's ``max_exp_avg_sq`` read): exact, no
+gradient read, whatever the clipper or a fused kernel's ``grad_scale`` did. It reaches the detector
+with the next step's transfer: an update spike on an ordinary step fires ONE STEP LATER, under the
+next step's number (a second moment that decayed over the optimizer's own steps: the step is taken
+before it is seen). A step that already fired does not feed its update again (its event holds it).
+
+A step the host can see is about to move differently is measured before it, at the SAME STEP, as
+before (``norm``: ``<m, g>`` read, one more gradient read on that step only): a learning rate that
+rose by ``LR_RISE`` or more since the last step (a float lr; one kept as a tensor is not read on the
+host, so every step is measured before), a tensor without state (Adam's first step on it: a state
+lost or reset, a layer unfrozen), a state changed outside the optimizer's step (loaded, edited: its
+tensors' version counters), the optimizer having stepped without the monitor, a non-finite step
+before, or a change of param groups. These are the learning-rate jump and the lost optimizer state
+of the spike zoo (caught at their own step), and anything the moments carried cannot vouch for.
+An optimizer without step hooks is measured before every step (``<m, g>`` every step).
+
+A row of a tensor decaying alone (a rare token's embedding) is below its resolution; sharded (DTensor)
+tensors are skipped (their local sums are not the tensor's); weight decay is left out of ``v``'s
+recursion (Adam's L2 ``weight_decay`` enters its moments: ``||m'||`` measured after the step holds it,
+``sum v`` is re-read every ``RESYNC`` steps). ``amsgrad=True``: the denominator is Adam's running max
+of ``v`` (``v`` decaying there moves nothing); ``maximize=True``: the step's gradient is ``-g``. NAdam
+and RAdam (``betas`` and the same state) get Adam's update, an estimate of theirs.
 No host read: step counters and learning rates are used where they lie, and what comes from the host
 (positions, sizes, betas, counters kept on the CPU) goes to a CUDA device through pinned memory,
 non-blocking (``to_device``; written for CUDA, not run on one here: no device was lent).
@@ -39,7 +53,9 @@ import torch
 from ..norms import _is_dtensor
 from ..optim_unwrap import unwrap_optimizer
 
-RESYNC = 16  # steps between exact reads of ||m||^2 and sum(v) (a clipped or externally skipped step drifts them)
+RESYNC = 16  # steps between exact reads of sum(v) (a clipped or externally skipped step drifts it)
+LR_RISE = 1.25  # a learning rate this much above the last step's: the update is measured before the step
+# (the detector's update signal needs min_ratio = 1.5x its running mean to fire: a smaller rise cannot alone)
 
 
 @dataclass(frozen=True)
@@ -51,9 +67,13 @@ class ClipScale:
     coef: torch.Tensor | float = 1.0
     in_grad: bool = True
 
-    def of(self, where: torch.Tensor, f32: dict) -> tuple[torch.Tensor | float, torch.Tensor | float]:
-        """(factor on the pre-clip ``||g||^2``, factor on ``<m, .grad>``) for the tensors at ``where``."""
-        k = self.coef[where].to(**f32) if isinstance(self.coef, torch.Tensor) else float(self.coef)
+    def of(self, where: torch.Tensor | None, f32: dict) -> tuple[torch.Tensor | float, torch.Tensor | float]:
+        """(factor on the pre-clip ``||g||^2``, factor on ``<m, .grad>``) for the tensors at ``where``
+        (None: every monitored tensor, in order)."""
+        if isinstance(self.coef, torch.Tensor):
+            k = (self.coef if where is None else self.coef[where]).to(**f32)
+        else:
+            k = float(self.coef)
         return k * k, (1.0 if self.in_grad else k)
 
 
@@ -61,8 +81,10 @@ NO_CLIP = ClipScale()
 
 
 class AdamUpdate:
-    """``norm(params, grad_sq, scale)``: the update an Adam-like ``optimizer`` is about to make (0-d,
-    device), or None for other optimizers; ``remove()`` takes its step hook off."""
+    """``signal(params, grad_sq, scale)``: the update value the detector reads this step (module doc:
+    measured before this step's optimizer step, or after the last one); ``norm(...)``: the update Adam
+    is about to make, measured now (0-d, device), or None for other optimizers; ``remove()`` takes its
+    step hook off."""
 
     def __init__(self, optimizer: Any) -> None:
         optimizer = unwrap_optimizer(optimizer)  # Accelerate's wrapper: its inner optimizer
@@ -70,13 +92,17 @@ class AdamUpdate:
         self._groups_key: tuple = ()
         self.groups: dict = {}  # parameter -> its Adam-like param group (``_refresh_groups``)
         self._refresh_groups()
-        self._moments: _Moments | None = None  # ||m||^2 and sum(v) after the step about to be taken
+        self._moments: _Moments | None = None  # ||m||^2 and sum(v) of the state after the last step measured
+        self._stage: _Stage | None = None  # what this step's call left for the measurement after its step
+        self._pending: tuple[int, torch.Tensor] | None = None  # (step number, update) measured after it
+        self._lrs: list[Any] | None = None  # each group's lr at the last step measured
         self.optimizer_steps = 0  # steps the optimizer took (its step hook), to know the moments still hold
-        self.resync = RESYNC  # steps between fresh reads of the state (1: every step, as before carrying)
-        self._index: tuple[tuple, torch.Tensor, torch.Tensor] | None = None  # (key, positions, sizes on device)
+        self.resync = RESYNC  # steps between fresh reads of sum(v) (1: every step)
+        self._index: tuple[tuple, torch.Tensor | None, torch.Tensor] | None = None  # (key, positions, sizes)
+        self._hyper: tuple[tuple, torch.Tensor] | None = None  # (key, (k, 3) b1, b2, eps on the device)
         self._hook = None
-        if self.groups and hasattr(optimizer, "_optimizer_step_post_hooks"):  # else: read afresh every step
-            self._hook = optimizer.register_step_post_hook(_StepCounter(self))
+        if self.groups and hasattr(optimizer, "_optimizer_step_post_hooks"):  # else: measured before every step
+            self._hook = optimizer.register_step_post_hook(_AfterStep(self))
 
     def _refresh_groups(self) -> None:
         """Follow the optimizer's param groups: ``load_state_dict`` puts new group dicts in (a resume's lr),
@@ -87,6 +113,7 @@ class AdamUpdate:
         key = tuple((id(g), len(g.get("params", ()))) for g in groups)
         if key != self._groups_key:
             self._groups_key, self.groups = key, _param_groups(self.optimizer)
+            self._moments = None  # other groups: what was carried describes other tensors
 
     def remove(self) -> None:
         """Take the optimizer's step hook off (the handle's close)."""
@@ -95,66 +122,178 @@ class AdamUpdate:
             self._hook = None
 
     def forget(self) -> None:
-        """The step was not taken as seen (non-finite: skipped): read the state afresh next step."""
-        self._moments = None
+        """The step is not taken as seen (non-finite: skipped): nothing is measured after it, and the
+        next step reads the state afresh."""
+        self._moments = self._stage = self._pending = None
+
+    def fired(self) -> None:
+        """This step fired: its update, measured after its optimizer step, is not fed to the next step."""
+        if self._stage is not None:
+            self._stage.fed = True
+
+    @torch.no_grad()
+    def signal(self, params: Sequence[torch.nn.Parameter], grad_sq: torch.Tensor,
+               scale: ClipScale | None = NO_CLIP) -> torch.Tensor | None:
+        """The update value for the detector's verdict on this step (module doc): Adam's next step,
+        measured now, when the host sees this step move differently; else the update of the LAST
+        optimizer step, measured after it (None when there is none to read: the first steps, or the
+        last step's update was read already). Leaves what the measurement after this step needs."""
+        self._refresh_groups()
+        ts = _AdamTensors.of(params, self.groups, self.optimizer.state)
+        if self._hook is None or not self._ordinary(ts):
+            return self._before_step(ts, grad_sq, scale, fed=True)
+        pending, self._pending = self._pending, None
+        m = self._moments
+        v_after = self._v_after(ts, m.v_sum, grad_sq, scale, grad_sq.device)
+        self._stage = _Stage(self.optimizer_steps, ts, v_after, m.age + 1, fed=False)
+        if pending is None or pending[0] != self.optimizer_steps - 1:
+            return None
+        return pending[1]
 
     @torch.no_grad()
     def norm(self, params: Sequence[torch.nn.Parameter], grad_sq: torch.Tensor,
              scale: ClipScale | None = NO_CLIP) -> torch.Tensor | None:
-        """The norm of the update Adam is about to make, at tensor granularity (0-d, device), from the
-        gradient the step will use: ``grad_sq`` (per monitored tensor, as backward left it) and ``.grad``
-        with ``scale``, the clipper's part. ``scale=None`` (the clip is not known here): ``.grad`` and
-        ``grad_sq`` as they are, and Adam's moments are read afresh next step. A tensor without state
-        yet (unfrozen, re-initialised, its state reset) takes Adam's first step, ``lr`` per element.
-        No host read: step counters and learning rates kept as tensors are used where they lie."""
+        """The norm of the update Adam is about to make, at tensor granularity (0-d, device), measured
+        now from the gradient the step will use: ``grad_sq`` (per monitored tensor, as backward left it)
+        and ``.grad`` with ``scale``, the clipper's part. ``scale=None`` (the clip is not known here):
+        ``.grad`` and ``grad_sq`` as they are. A tensor without state yet (unfrozen, re-initialised, its
+        state reset) takes Adam's first step, ``lr`` per element. Reads ``<m, g>``: one read of the
+        gradients. No host read: step counters and learning rates kept as tensors are used where they lie."""
+        self._refresh_groups()
+        return self._before_step(_AdamTensors.of(params, self.groups, self.optimizer.state), grad_sq, scale,
+                                 fed=True)
+
+    def _ordinary(self, ts: "_AdamTensors") -> bool:
+        """May this step's update be measured after its optimizer step (module doc)? No when the host
+        sees it move differently: tensors without state, moments that no longer describe the state
+        (stepped without us, edited, loaded, other tensors), a learning rate that rose."""
+        if not ts.idx or ts.fresh or self._moments is None:
+            return False
+        if not self._moments.holds(ts.idx, self.optimizer_steps, ts.ms, ts.vs):
+            return False
+        return not _lr_rose(self._lrs, getattr(self.optimizer, "param_groups", []))
+
+    def _before_step(self, ts: "_AdamTensors", grad_sq: torch.Tensor, scale: ClipScale | None,
+                     fed: bool) -> torch.Tensor | None:
+        """Adam's next step, measured before it (``norm``); stages the moments for after the step."""
         dev = grad_sq.device
         f32 = dict(device=dev, dtype=torch.float32)
-        self._refresh_groups()
-        ts = _AdamTensors.of(params, self.groups, self.optimizer.state)
+        self._stage = self._pending = None
         if not ts.idx:  # no tensor has state: training's first step (nothing to compare it with: a first
             self._moments = None  # step without warm-up would only widen the signal's noise), or all of it lost
             fresh = ts.first_steps(f32) if self.optimizer_steps else None
             return None if fresh is None else fresh.sqrt()
         fresh = ts.first_steps(f32)  # 0-d: squared first steps of the tensors without state (None: none)
-        c, b1, b2, bc2, eps = ts.coefficients(f32)  # (k,) each
-        carried = (self._moments.carried(ts.idx, self.optimizer_steps, ts.ms + ts.vs, self.resync)
-                   if self._moments is not None and self._hook is not None else None)
-        if carried is None:  # read afresh: every RESYNC steps, or the optimizer moved without us
-            m_sq = torch.stack([x.to(**f32) for x in torch._foreach_norm(ts.ms, 2)]) ** 2  # (k,) ||m||^2
-            v_sum = torch.stack([x.to(**f32) for x in torch._foreach_norm(ts.vs, 1)])  # (k,) sum of v (v >= 0)
+        b1, b2, eps = self._hyperparameters(ts, dev)
+        c, bc2 = ts.corrections(f32, b1, b2, after=False)  # (k,) each
+        mom = self._moments
+        if mom is not None and self._hook is not None and mom.holds(ts.idx, self.optimizer_steps, ts.ms, ts.vs):
+            m_sq, v_sum, age = mom.m_sq, mom.v_sum, mom.age
+        else:  # read afresh: the moments no longer describe the state (or no step hook to follow it)
+            m_sq = torch.stack(torch._foreach_norm(ts.ms, 2)).to(**f32) ** 2  # (k,) ||m||^2
+            v_sum = torch.stack(torch._foreach_norm(ts.vs, 1)).to(**f32)  # (k,) sum of v (v >= 0)
             age = 0
-        else:
-            m_sq, v_sum, age = carried
+        # THE extra read of the gradients (with exp_avg): only on steps measured before their step
         mg = torch.stack([torch.dot(m.reshape(-1), g.reshape(-1).to(m.dtype)).to(**f32) for m, g in zip(ts.ms, ts.gs)])
         where, n = self._positions(ts, dev)
         k_sq, k_mg = (scale or NO_CLIP).of(where, f32)
-        g_sq = k_sq * grad_sq[where].float()  # (k,) ||g||^2 of the gradient the step uses
+        g_sq = k_sq * (grad_sq if where is None else grad_sq[where]).float()  # (k,) ||g||^2 of the step's gradient
         mg = k_mg * mg
         if ts.flipped:  # maximize=True: the step descends along -g, so <m, -g>
             mg = mg * to_device(_signs(len(ts.idx), ts.flipped), dev)
         m_new = b1 * b1 * m_sq + 2 * b1 * (1 - b1) * mg + (1 - b1) ** 2 * g_sq  # ||b1 m + (1 - b1) g||^2
         v_new = b2 * v_sum + (1 - b2) * g_sq  # sum of b2 v + (1 - b2) g^2
-        # Adam's next moments, for the next step to start from (exact when the clip is known)
-        self._moments = (None if scale is None else
-                         _Moments(ts.idx, self.optimizer_steps, m_new, v_new, age + 1, ts.ms + ts.vs))
+        if self._hook is not None:  # sum(v) for after the step (unknown when the clip is): read there
+            self._stage = _Stage(self.optimizer_steps, ts, None if scale is None else v_new, age + 1, fed=fed)
         v_den = v_new if not ts.ams else ts.amsgrad_v(v_new, b2, k_mg)
         total = (c * m_new / ((v_den / (n * bc2)).sqrt() + eps) ** 2).sum()  # lr^2 ||m_hat||^2 / (rms v_hat + eps)^2
         return (total if fresh is None else total + fresh).sqrt()
 
-    def _positions(self, ts: "_AdamTensors", dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """(k,) the tensors' monitored positions and (k,) their sizes on the device, copied from the host
-        only when the set of tensors changed (they are the same step after step)."""
-        key = (ts.idx, [v.numel() for v in ts.vs], dev)
+    def _v_after(self, ts: "_AdamTensors", v_sum: torch.Tensor, grad_sq: torch.Tensor, scale: ClipScale | None,
+                 dev: torch.device) -> torch.Tensor | None:
+        """(k,) ``sum v`` after this step by Adam's recursion on the gradient the step uses (None: the clip
+        is not known here; read after the step)."""
+        if scale is None:
+            return None
+        where, _ = self._positions(ts, dev)
+        k_sq, _ = scale.of(where, dict(device=dev, dtype=torch.float32))
+        g_sq = (grad_sq if where is None else grad_sq[where]).float()
+        _, b2, _ = self._hyperparameters(ts, dev)
+        return b2 * v_sum + (1 - b2) * (k_sq * g_sq)
+
+    @torch.no_grad()
+    def _after_step(self) -> None:
+        """The optimizer's step post-hook: ``||m||^2`` read from the state it left, ``sum v`` carried (read
+        every ``resync`` steps, or when the clip was not known), and, unless this step's update was measured
+        before it, the update it made, for the next step's verdict."""
+        stage, self._stage = self._stage, None
+        number = self.optimizer_steps
+        self.optimizer_steps += 1
+        if stage is None or stage.step != number:  # a step the monitor did not see: nothing vouched for
+            self._moments = None
+            return
+        ts = stage.ts
+        dev = ts.ms[0].device
+        f32 = dict(device=dev, dtype=torch.float32)
+        m_sq = torch.stack(torch._foreach_norm(ts.ms, 2)).to(**f32) ** 2  # (k,) exact: the state it left
+        v_sum, age = stage.v_after, stage.age
+        if v_sum is None or age >= self.resync:
+            v_sum, age = torch.stack(torch._foreach_norm(ts.vs, 1)).to(**f32), 0
+        self._moments = _Moments(ts.idx, self.optimizer_steps, m_sq.to(v_sum.device), v_sum, age, ts.ms, ts.vs)
+        self._lrs = [g.get("lr") for g in self.optimizer.param_groups]
+        if not stage.fed:
+            self._pending = (number, self._made(ts, m_sq, v_sum.to(dev), f32))
+
+    def _made(self, ts: "_AdamTensors", m_sq: torch.Tensor, v_sum: torch.Tensor, f32: dict) -> torch.Tensor:
+        """The norm of the update the optimizer just made (0-d), from the moments it left: ``t`` is each
+        tensor's counter as the step left it, the denominator AMSGrad's running max where it keeps one."""
+        dev = f32["device"]
+        b1, b2, eps = self._hyperparameters(ts, dev)
+        c, bc2 = ts.corrections(f32, b1, b2, after=True)
+        _, n = self._positions(ts, dev)
+        v_den = v_sum if not ts.ams else ts.amsgrad_max(v_sum)
+        return (c * m_sq / ((v_den / (n * bc2)).sqrt() + eps) ** 2).sum().sqrt()
+
+    def _positions(self, ts: "_AdamTensors", dev: torch.device) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """(k,) the tensors' monitored positions (None: every monitored tensor, in order) and (k,) their
+        sizes on the device, copied from the host only when the set of tensors changed (they are the same
+        step after step)."""
+        key = (tuple(ts.idx), ts.n_monitored, tuple(v.numel() for v in ts.vs), dev)
         if self._index is None or self._index[0] != key:
-            sizes = torch.tensor([float(k) for k in key[1]], dtype=torch.float32)
-            self._index = (key, to_device(torch.tensor(ts.idx), dev), to_device(sizes, dev))
+            sizes = torch.tensor([float(k) for k in key[2]], dtype=torch.float32)
+            where = None if list(ts.idx) == list(range(ts.n_monitored)) else to_device(torch.tensor(ts.idx), dev)
+            self._index = (key, where, to_device(sizes, dev))
         return self._index[1], self._index[2]
+
+    def _hyperparameters(self, ts: "_AdamTensors", dev: torch.device) -> tuple[torch.Tensor, ...]:
+        """(k,) b1, b2, eps of each tensor's group, copied to the device when they change."""
+        key = (tuple(id(g) for g in ts.groups), tuple((*g["betas"], g.get("eps", 1e-8)) for g in ts.groups), dev)
+        if self._hyper is None or self._hyper[0] != key:
+            rows = [[float(g["betas"][0]), float(g["betas"][1]), float(g.get("eps", 1e-8))] for g in ts.groups]
+            self._hyper = (key, to_device(torch.tensor(rows, dtype=torch.float32), dev))
+        hyper = self._hyper[1]
+        return hyper[:, 0], hyper[:, 1], hyper[:, 2]
+
+
+def _lr_rose(before: list[Any] | None, groups: list[dict]) -> bool:
+    """Did a group's learning rate rise by ``LR_RISE`` or more since the last step measured? A learning
+    rate kept as a tensor is not read on the host: counted as risen (measured before every step)."""
+    if before is None or len(before) != len(groups):
+        return True
+    for was, group in zip(before, groups):
+        now = group.get("lr")
+        if isinstance(now, torch.Tensor) or isinstance(was, torch.Tensor):
+            return True
+        if now is not None and was is not None and float(now) > LR_RISE * float(was):
+            return True
+    return False
 
 
 @dataclass
 class _AdamTensors:
     """The monitored tensors an Adam-like optimizer holds, with what the update signal reads of each."""
 
+    n_monitored: int = 0  # the monitored tensors (positions in ``idx`` index them)
     idx: list[int] = field(default_factory=list)  # monitored positions of the tensors with state
     ms: list[torch.Tensor] = field(default_factory=list)  # exp_avg
     vs: list[torch.Tensor] = field(default_factory=list)  # exp_avg_sq
@@ -167,20 +306,18 @@ class _AdamTensors:
 
     @classmethod
     def of(cls, params: Sequence[torch.nn.Parameter], groups: dict, state: Any) -> "_AdamTensors":
-        out = cls()
+        out = cls(len(params))
         for i, p in enumerate(params):
-            group = groups.get(p)
-            if group is None or p.grad is None or p.grad.is_sparse or _is_dtensor(p.grad):
+            group, g = groups.get(p), p.grad
+            if group is None or g is None or g.is_sparse or _is_dtensor(g):
                 continue  # a sharded tensor's local sums are not the tensor's
             st = state.get(p)
             if not st:  # the optimizer creates its state at this step
-                out.fresh.append((p.grad, group))
+                out.fresh.append((g, group))
                 continue
-            if "exp_avg" not in st:  # betas, but moments under other names (bitsandbytes' state1/state2): unknown
-                continue
-            m, v = st["exp_avg"], st.get("exp_avg_sq")
-            if (v is None or "step" not in st or _is_dtensor(v) or v.numel() == 0 or m.shape != p.grad.shape):
-                continue
+            m, v = st.get("exp_avg"), st.get("exp_avg_sq")  # betas, but moments under other names
+            if m is None or v is None or "step" not in st or _is_dtensor(v) or v.numel() == 0 or m.shape != g.shape:
+                continue  # (bitsandbytes' state1/state2): unknown
             if group.get("amsgrad") and st.get("max_exp_avg_sq") is not None:
                 out.ams.append((len(out.idx), st["max_exp_avg_sq"]))
             if group.get("maximize"):
@@ -188,32 +325,37 @@ class _AdamTensors:
             out.idx.append(i)
             out.ms.append(m)
             out.vs.append(v)
-            out.gs.append(p.grad)
+            out.gs.append(g)
             out.steps.append(st["step"])
             out.groups.append(group)
         return out
 
-    def coefficients(self, f32: dict) -> tuple[torch.Tensor, ...]:
-        """(k,) each: ``lr^2 / (1 - b1^t)^2``, b1, b2, ``1 - b2^t``, eps, with each tensor's own step
-        counter (t = counter + 1: the step about to be taken) and its group's lr, betas and eps."""
-        t = _stack_scalars(self.steps, f32) + 1
+    def corrections(self, f32: dict, b1: torch.Tensor, b2: torch.Tensor, after: bool) -> tuple[torch.Tensor, ...]:
+        """(k,) each: ``lr^2 / (1 - b1^t)^2`` and ``1 - b2^t`` with each tensor's own step counter (``t =
+        counter + 1``: the step about to be taken; ``after``: the counter as the step just left it) and its
+        group's lr."""
+        t = _stack_scalars(self.steps, f32) + (0.0 if after else 1.0)
         lr = _stack_scalars([g["lr"] for g in self.groups], f32)
-        hyper = to_device(torch.tensor([[float(g["betas"][0]), float(g["betas"][1]), float(g.get("eps", 1e-8))]
-                                        for g in self.groups], dtype=torch.float32), f32["device"])
-        b1, b2, eps = hyper[:, 0], hyper[:, 1], hyper[:, 2]
-        return lr * lr / (1 - b1 ** t) ** 2, b1, b2, 1 - b2 ** t, eps
+        return lr * lr / (1 - b1 ** t) ** 2, 1 - b2 ** t
 
     def amsgrad_v(self, v_new: torch.Tensor, b2: torch.Tensor, k_mg: torch.Tensor | float) -> torch.Tensor:
         """``v_new`` with AMSGrad's denominator for its tensors: ``sum max(max_exp_avg_sq, b2 v + (1 - b2) g^2)``
         elementwise, as the step takes it (a running max that never decays: a tensor whose ``v`` decayed
-        does not spike its update). One read of ``v`` and of its max per such tensor, every step."""
-        js = [j for j, _ in self.ams]
+        does not spike its update). One read of ``v`` and of its max per such tensor."""
         sums = []
         for j, vmax in self.ams:
             g = self.gs[j].float() * (k_mg[j] if isinstance(k_mg, torch.Tensor) else k_mg)
             sums.append(torch.maximum(vmax.float(), b2[j] * self.vs[j].float() + (1 - b2[j]) * g * g).sum())
-        out = v_new.clone()
-        out[to_device(torch.tensor(js), v_new.device)] = torch.stack(sums).to(v_new.dtype)
+        return self._with_ams(v_new, sums)
+
+    def amsgrad_max(self, v_sum: torch.Tensor) -> torch.Tensor:
+        """``v_sum`` with AMSGrad's denominator for its tensors after the step: the sum of the running max
+        it left (one read of it per such tensor)."""
+        return self._with_ams(v_sum, [vmax.float().sum() for _, vmax in self.ams])
+
+    def _with_ams(self, v: torch.Tensor, sums: list[torch.Tensor]) -> torch.Tensor:
+        out = v.clone()
+        out[to_device(torch.tensor([j for j, _ in self.ams]), v.device)] = torch.stack(sums).to(v.dtype)
         return out
 
     def first_steps(self, f32: dict) -> torch.Tensor | None:
@@ -231,9 +373,11 @@ class _AdamTensors:
 def _stack_scalars(values: list[Any], f32: dict) -> torch.Tensor:
     """(k,) float32 on the device from numbers or 0-d tensors (step counters, learning rates), with one
     host->device copy when they live on the host."""
+    if all(not isinstance(v, torch.Tensor) for v in values):  # python numbers: one tensor, one copy
+        return to_device(torch.tensor([float(v) for v in values], dtype=torch.float32), f32["device"])
     ts = [v.detach().reshape(()) if isinstance(v, torch.Tensor) else torch.tensor(float(v)) for v in values]
     if len({x.device for x in ts}) == 1:
-        return to_device(torch.stack([x.float() for x in ts]), f32["device"])
+        return to_device(torch.stack(ts).float(), f32["device"])
     return torch.stack([x.to(**f32) for x in ts])
 
 
@@ -256,38 +400,45 @@ def to_device(t: torch.Tensor, device: Any) -> torch.Tensor:
 
 
 @dataclass
+class _Stage:
+    """What a step's call leaves for the measurement after its optimizer step."""
+
+    step: int  # the optimizer's step number it is for (``optimizer_steps`` before that step)
+    ts: _AdamTensors  # the tensors with state, as the call saw them
+    v_after: torch.Tensor | None  # (k,) sum of v after the step by Adam's recursion (None: read it after)
+    age: int  # steps since sum(v) was last read, after this one
+    fed: bool  # this step's update was fed already (measured before it, or the step fired): measure no update
+
+
+@dataclass
 class _Moments:
-    """Per-tensor ``||m||^2`` and ``sum v`` as they will be after the step about to be taken (Adam's
-    recursions on this step's gradient), for the next step to start from instead of reading the state."""
+    """Per-tensor ``||m||^2`` (read) and ``sum v`` (carried) of the optimizer's state after the last step
+    measured, for the next step to start from instead of reading the state."""
 
     idx: list[int]  # the tensors they belong to (monitored-parameter positions)
-    optimizer_steps: int  # the optimizer's step count when they were made
+    optimizer_steps: int  # the optimizer's step count right after that step
     m_sq: torch.Tensor  # (k,)
     v_sum: torch.Tensor  # (k,)
-    age: int  # steps since the last exact read
-    state: list[torch.Tensor]  # the exp_avg and exp_avg_sq tensors they describe
-    versions: list[int] | None = None  # their version counters right after the optimizer's step
+    age: int  # steps since the last exact read of sum(v)
+    ms: list[torch.Tensor]  # the exp_avg and exp_avg_sq tensors they describe
+    vs: list[torch.Tensor]
+    versions: list[int] = field(default_factory=list)  # their version counters when measured
 
-    def stepped(self) -> None:
-        """The optimizer's step just ended: note its state tensors' versions (a change after this is not its)."""
-        self.versions = [t._version for t in self.state]
+    def __post_init__(self) -> None:
+        self.versions = [t._version for t in self.ms] + [t._version for t in self.vs]
 
-    def carried(self, idx: list[int], optimizer_steps: int, state: list[torch.Tensor],
-                resync: int = RESYNC) -> tuple[torch.Tensor, torch.Tensor, int] | None:
-        """The carried moments when they still describe the optimizer's state, else None (read afresh):
-        due for a fresh read, other tensors, not exactly the one step we saw, or the state changed since
-        that step (loaded, reset or edited in place)."""
-        if self.age >= resync or idx != self.idx or optimizer_steps != self.optimizer_steps + 1:
-            return None
-        if self.versions is None or any(a is not b for a, b in zip(state, self.state)):
-            return None
-        if any(t._version != v for t, v in zip(state, self.versions)):
-            return None
-        return self.m_sq, self.v_sum, self.age
+    def holds(self, idx: list[int], optimizer_steps: int, ms: list[torch.Tensor], vs: list[torch.Tensor]) -> bool:
+        """Do they still describe the optimizer's state: the same tensors, no step since, and no change
+        to them since (loaded, reset or edited in place)?"""
+        if idx != self.idx or optimizer_steps != self.optimizer_steps:
+            return False
+        if any(a is not b for a, b in zip(ms, self.ms)) or any(a is not b for a, b in zip(vs, self.vs)):
+            return False
+        return all(t._version == v for t, v in zip(ms + vs, self.versions))
 
 
-class _StepCounter:
-    """The optimizer's step post-hook: counts steps, holding the signal weakly (no cycle through the optimizer)."""
+class _AfterStep:
+    """The optimizer's step post-hook, holding the signal weakly (no cycle through the optimizer)."""
 
     def __init__(self, inputs: AdamUpdate) -> None:
         self._ref = weakref.ref(inputs)
@@ -295,9 +446,7 @@ class _StepCounter:
     def __call__(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         inputs = self._ref()
         if inputs is not None:
-            inputs.optimizer_steps += 1
-            if inputs._moments is not None:
-                inputs._moments.stepped()
+            inputs._after_step()
 
 
 def _param_groups(optimizer: Any) -> dict[torch.nn.Parameter, dict]:

@@ -5,9 +5,11 @@ make, the parameter norm (the scale of float noise) and the junk-span statistics
 Only what the detector reads (``SpikeDetector.wants``) is computed, on the device, and it rides in
 the step's one host transfer (``HostPack``): no extra sync.
 
-The update signal is ``adam_update.AdamUpdate`` (Adam's next step, from its state and this step's
-gradient after the clipper). Under ``torch.distributed`` the losses are combined across ranks first
-(``rank_inputs``): every rank's detector reads the same values and decides alike.
+The update signal is ``adam_update.AdamUpdate`` (Adam's step from its state and the gradient after the
+clipper: on an ordinary step the last optimizer step's, measured after it without reading the gradients;
+this step's, measured before it, when the host sees it move differently: see its module doc). Under
+``torch.distributed`` the losses are combined across ranks first (``rank_inputs``): every rank's detector
+reads the same values and decides alike.
 """
 from __future__ import annotations
 
@@ -119,14 +121,15 @@ class DetectorInputs:
                 if value is not None:
                     pack.add_slot(name, value)
         if self.adam is not None:
-            u = self.adam.norm(params, grad_sq, scale)
+            u = self.adam.signal(params, grad_sq, scale)
             if u is not None:
                 pack.add_slot(UPDATE, u)
         if "weight_norm" in self.wants and self._w_sq is not None:
             pack.add_slot(WEIGHT, self._w_sq.sum().sqrt())
 
-    def read(self, slots: dict[str, float]) -> dict[str, Any]:
-        """The keywords for ``SpikeDetector.update`` from the transfer's slots (``HostValues.slots``)."""
+    def read(self, slots: dict[str, float], nonfinite: bool = False) -> dict[str, Any]:
+        """The keywords for ``SpikeDetector.update`` from the transfer's slots (``HostValues.slots``).
+        ``nonfinite``: this step's gradient is not finite (the guard skips its optimizer step)."""
         out: dict[str, Any] = {}
         slots = {k: v for k, v in slots.items() if slots.get(k + GIVEN, 1.0) > 0}  # no rank gave it: absent
         if WEIGHT in slots:
@@ -142,9 +145,14 @@ class DetectorInputs:
             out["junk_span"] = (slots[JUNK_SPAN], slots[JUNK_MEAN], *leak)
         if UPDATE in slots:
             out["update"] = slots[UPDATE]
-            if not math.isfinite(slots[UPDATE]) and self.adam is not None:
-                self.adam.forget()  # a skipped step: the moments carried to the next step did not happen
+        if self.adam is not None and (nonfinite or not math.isfinite(slots.get(UPDATE, 0.0))):
+            self.adam.forget()  # a skipped step: nothing to measure after it, the state is read afresh
         return out
+
+    def fired(self) -> None:
+        """The detector fired on this step: its update is not fed to the next step's verdict."""
+        if self.adam is not None:
+            self.adam.fired()
 
     def update_norm(self, params: Sequence[torch.nn.Parameter], grad_sq: torch.Tensor,
                     scale: ClipScale | None = NO_CLIP) -> torch.Tensor | None:

@@ -268,7 +268,7 @@ class GradMonitor:
             self.detector_inputs.add(pack, self.params, grad_sq, self._optimizer_scale(clip_result, spike_context))
         values = pack.to_host()
         host, slots = values.metrics, values.slots
-        extra = self.detector_inputs.read(slots)
+        extra = self.detector_inputs.read(slots, nonfinite=host["grad_norm/nonfinite"] > 0)
         after_transfer(self.clipper, host, self._warn_once, self.skip_guard)
         lr, weight_decay = slots.get(LR, lr), slots.get(WD, weight_decay)
         if N_TOKENS in slots:
@@ -293,6 +293,7 @@ class GradMonitor:
         if self.responder.lr_history is not None:
             self.responder.lr_history.advance()  # this step's learning rate, against the last seen
         if stats.events:  # localized, or recorded with the reason it was not
+            self.detector_inputs.fired()
             stats.metrics.update(self.responder.respond(step, stats, spike_context, self._clip_scale(stats.clip)))
 
     def _optimizer_scale(self, clip: Any, spike_context: Any) -> ClipScale | None:

@@ -98,7 +98,7 @@ def test_the_detector_gets_every_input_in_the_one_transfer(tiny_gpt, spy):  # no
     mon = GradMonitor(tiny_gpt, tracker=MemoryTracker(), log_every=100, optimizer=opt, detector=det)
     ctx = SpikeContext(lambda m: tiny_gpt.wte.weight.sum() * m.sum(), torch.ones(2, 16))
     w = math.sqrt(sum(float(p.detach().pow(2).sum()) for p in tiny_gpt.parameters()))
-    for step in range(1, 4):
+    for step in range(1, 5):
         backward(tiny_gpt, seed=step)
         spy.calls.clear()
         with spy:
@@ -108,7 +108,8 @@ def test_the_detector_gets_every_input_in_the_one_transfer(tiny_gpt, spy):  # no
     first, last = det.fed[0], det.fed[-1]
     assert first["loss"] == 2.5 and first["sample_losses"] == [3.0] and "update" not in first  # no Adam state yet
     assert first["weight_norm"] == pytest.approx(w, rel=1e-5)  # measured once, on the first armed step
-    assert last["update"] > 0 and last["weight_norm"] == first["weight_norm"]
+    assert "update" in det.fed[1] and "update" not in det.fed[2]  # step 2 measured before its step (moments read)
+    assert last["update"] > 0 and last["weight_norm"] == first["weight_norm"]  # step 3's, measured after it
 
 
 def test_a_detector_without_the_new_inputs_is_fed_as_before(tiny_gpt):
@@ -120,36 +121,63 @@ def test_a_detector_without_the_new_inputs_is_fed_as_before(tiny_gpt):
     assert det.fed == [{}]  # GradLoc's fixed trigger reads the norm and the token count only
 
 
+NOW, LAST = "now", "last"  # the update of this step (measured before it) / of the step before (after it)
+
+
 def _fed_against_reference(model, opt, clipper=None, steps=24, between=None, reference=reference_update):
-    """Train ``steps`` steps through a monitor; per step: (update the detector was fed, Adam's next step
-    written out from the state and the gradient the step uses, the carried moments' age)."""
+    """Train ``steps`` steps through a monitor. Per step from the second: (the update the detector was fed,
+    or None; Adam's next step written out from the state and the gradient this step uses; the same for the
+    step before, as it was then; the age of the ``sum v`` this step's optimizer step left, steps since read)."""
     det = Recorder(warmup_steps=1000)
     mon = GradMonitor(model, tracker=MemoryTracker(), log_every=10 ** 6, optimizer=opt, detector=det,
                       clipper=clipper)
     ctx = SpikeContext(lambda m: m.sum(), torch.ones(2, 16))
-    out = []
+    out, last = [], None
     for step in range(steps):
         backward(model, seed=step)
         mon.after_backward(step, spike_context=ctx)
+        ref = None
+        if step:
+            ref = reference(opt)
+            out.append([det.fed[-1].get("update"), ref, last, None])
+        opt.step()
         if step:
             moments = mon.detector_inputs.adam._moments
-            out.append((det.fed[-1]["update"], reference(opt), moments.age if moments else None))
-        opt.step()
+            out[-1][3] = moments.age if moments else None
+        last = ref
         if between is not None:
             between(step, opt)
+    return [tuple(r) for r in out]
+
+
+def when(rows) -> list:
+    """Each row's fed update, checked against Adam's written out: NOW (this step's, measured before its
+    optimizer step), LAST (the step before's, measured after it), or None (not fed). A fed value that is
+    neither fails."""
+    out = []
+    for fed, ref, last, _ in rows:
+        if fed is None:
+            out.append(None)
+        elif fed == pytest.approx(ref, rel=1e-4):
+            out.append(NOW)
+        else:
+            assert last is not None and fed == pytest.approx(last, rel=1e-4), (fed, ref, last)
+            out.append(LAST)
     return out
 
 
 @pytest.mark.parametrize("fused", [False, True])
-def test_carried_moments_stay_adams_and_are_read_afresh_every_resync(tiny_gpt, fused):
+def test_the_update_is_adams_step_measured_after_it_and_v_is_read_every_resync(tiny_gpt, fused):
+    """Issue 38: on an ordinary step the detector reads the update of the step before, measured after that
+    optimizer step from its state (no gradient read), equal to Adam's step written out before it; the first
+    step with moments is measured before it (nothing carried yet), the next has nothing new to read."""
     from gradloc_track.monitor.adam_update import RESYNC
 
     opt = torch.optim.AdamW(tiny_gpt.parameters(), lr=1e-3, fused=fused)
     rows = _fed_against_reference(tiny_gpt, opt, steps=2 * RESYNC + 4)
-    for fed, ref, _ in rows:
-        assert fed == pytest.approx(ref, rel=1e-4)
-    ages = [age for _, _, age in rows]
-    assert ages[:RESYNC + 2] == list(range(1, RESYNC + 1)) + [1, 2]  # one read of m and v every RESYNC steps
+    assert when(rows) == [NOW, None] + [LAST] * (len(rows) - 2)
+    ages = [age for *_, age in rows]
+    assert ages[:RESYNC + 2] == list(range(1, RESYNC)) + [0, 1, 2]  # sum(v) read every RESYNC steps
 
 
 @pytest.mark.parametrize("fused", [False, True])
@@ -176,9 +204,11 @@ def test_amsgrad_and_maximize_are_the_step_adam_takes(tiny_gpt, fused):
 
     rows = _fed_against_reference(tiny_gpt, opt, clipper=GlobalClip(tiny_gpt, max_norm=0.05), steps=RESYNC + 8,
                                   between=decay, reference=lambda o: reference_update(o, scale()))
-    for fed, ref, _ in rows:
-        assert fed == pytest.approx(ref, rel=1e-4)
-    assert seen and any(age and age > 1 for _, _, age in rows)  # carried between the edits' fresh reads
+    kinds = when(rows)  # every fed value is Adam's step, this one's or the last one's
+    edited = [s + 1 for s in seen]  # the step after an edit is measured before it (the state changed)
+    assert seen and all(kinds[s - 1] == NOW and kinds[s] is None for s in edited)
+    assert kinds.count(LAST) >= len(rows) - 3 * len(seen) - 2  # the others after their step
+    assert any(age and age > 1 for *_, age in rows)  # carried between the edits' fresh reads
 
 
 def test_carried_moments_follow_a_clip_applied_in_place_and_a_fused_grad_scale(tiny_gpt):
@@ -196,9 +226,8 @@ def test_carried_moments_follow_a_clip_applied_in_place_and_a_fused_grad_scale(t
 
         rows = _fed_against_reference(tiny_gpt, opt, clipper=clip, steps=12,
                                       reference=lambda o: reference_update(o, scale()))
-        for fed, ref, age in rows:
-            assert fed == pytest.approx(ref, rel=1e-4)
-            assert age is not None  # the clip is known: the moments are carried
+        assert when(rows) == [NOW, None] + [LAST] * (len(rows) - 2)
+        assert [age for *_, age in rows] == list(range(1, len(rows) + 1))  # the clip is known: sum(v) carried
 
 
 def test_state_changed_outside_the_step_is_read_afresh(tiny_gpt):
@@ -212,9 +241,10 @@ def test_state_changed_outside_the_step_is_read_afresh(tiny_gpt):
 
     opt = torch.optim.AdamW(tiny_gpt.parameters(), lr=1e-3)
     rows = _fed_against_reference(tiny_gpt, opt, steps=14, between=edit)
-    for fed, ref, _ in rows:
-        assert fed == pytest.approx(ref, rel=1e-4)
-    assert [age for _, _, age in rows][5:10] == [6, 1, 2, 3, 1]  # fresh reads after the edit and the extra step
+    # the steps after the edit (7) and after the step the monitor did not see (10) are measured before
+    # their optimizer step, reading the state afresh; the next ones have nothing new, then after again
+    assert when(rows) == [NOW, None] + [LAST] * 4 + [NOW, None, LAST, NOW, None, LAST, LAST]
+    assert [age for *_, age in rows][5:10] == [6, 1, 2, 3, 1]  # fresh reads after the edit and the extra step
 
 
 def test_a_tensor_whose_state_was_reset_takes_adams_first_step(tiny_gpt):
@@ -240,8 +270,8 @@ def test_a_tensor_whose_state_was_reset_takes_adams_first_step(tiny_gpt):
 
     opt = torch.optim.AdamW(tiny_gpt.parameters(), lr=lr, weight_decay=0.0)
     rows = _fed_against_reference(tiny_gpt, opt, steps=12, between=reset, reference=reference)
-    for fed, ref, _ in rows:
-        assert fed == pytest.approx(ref, rel=1e-4)
+    # step 6 takes the reset tensor's first step, step 7 its state's second: both measured before them
+    assert when(rows) == [NOW, None] + [LAST] * 3 + [NOW, NOW, None] + [LAST] * 3
     assert len(firsts) == 1 and firsts[0] > 0.1  # the reset tensor's first step: a visible part of the update
 
 
@@ -262,9 +292,8 @@ def test_a_lost_optimizer_state_is_adams_first_step_on_every_tensor(tiny_gpt):
 
     opt = torch.optim.AdamW(tiny_gpt.parameters(), lr=lr, weight_decay=0.0)
     rows = _fed_against_reference(tiny_gpt, opt, steps=8, between=lose, reference=reference)
-    for fed, ref, _ in rows:
-        assert fed == pytest.approx(ref, rel=1e-4)
-    assert rows[4][0] > 1.2 * rows[3][0]  # every element moves by lr (early steps are near that already)
+    assert when(rows) == [NOW, None, LAST, LAST, NOW, NOW, None]  # the lost state's step: measured before it
+    assert rows[4][0] > 1.2 * rows[4][2]  # every element moves by lr (early steps are near that already)
 
 
 def test_each_groups_eps_is_adams(tiny_gpt):
@@ -273,22 +302,25 @@ def test_each_groups_eps_is_adams(tiny_gpt):
     params = list(tiny_gpt.parameters())
     opt = torch.optim.AdamW([{"params": params[:4], "eps": 1e-5}, {"params": params[4:], "eps": 1e-6}], lr=1e-3)
     rows = _fed_against_reference(tiny_gpt, opt, steps=6)
-    for fed, ref, _ in rows:
-        assert fed == pytest.approx(ref, rel=1e-4)
+    assert when(rows) == [NOW, None, LAST, LAST, LAST]
     # gradients far below eps from the first step: Adam's step is lr * m_hat / eps, far below lr
     for p in params:
         p.grad = None
     opt = torch.optim.AdamW([{"params": params[:4], "eps": 1e-5}, {"params": params[4:], "eps": 1e-6}], lr=1e-3)
     det = Recorder(warmup_steps=1000)
     mon = GradMonitor(tiny_gpt, tracker=MemoryTracker(), log_every=10 ** 6, optimizer=opt, detector=det)
-    for step in range(4):
+    refs = []
+    for step in range(5):
         backward(tiny_gpt, seed=99 + step)
         for p in params:
             p.grad.mul_(1e-6)
         mon.after_backward(step, spike_context=SpikeContext(lambda m: m.sum(), torch.ones(2, 16)))
-        if step:
-            assert det.fed[-1]["update"] == pytest.approx(reference_update(opt), rel=1e-4)
+        refs.append(reference_update(opt))
         opt.step()
+    fed = [f.get("update") for f in det.fed]  # step 1 measured before its step, 3 and 4 after the one before
+    assert fed[0] is None and fed[2] is None
+    assert fed[1] == pytest.approx(refs[1], rel=1e-4)
+    assert fed[3:] == pytest.approx(refs[2:4], rel=1e-4)
     grad_sq = torch.stack([p.grad.pow(2).sum() for p in params])
     with_eps = float(DetectorInputs(SpikeDetector(), opt, params).update_norm(params, grad_sq))
     for g in opt.param_groups:
@@ -323,9 +355,9 @@ def test_a_resumed_optimizer_and_an_added_group_are_followed(tiny_gpt):
         return math.sqrt(stateful + first)
 
     rows = _fed_against_reference(tiny_gpt, opt, steps=10, between=between, reference=reference)
-    for fed, ref, _ in rows:
-        assert fed == pytest.approx(ref, rel=1e-4)
-    assert rows[3][0] > 5 * rows[2][0]  # the lr rose 10x: the update with it
+    # the resumed groups (step 4), the added one (step 7) and its state's second step: measured before them
+    assert when(rows) == [NOW, None, LAST, NOW, None, LAST, NOW, NOW, None]
+    assert rows[3][0] > 5 * rows[3][2]  # the lr rose 10x: the update with it
     assert len(firsts) == 1 and firsts[0] > 0.05  # the added tensor's first step: a visible part of the update
 
 
@@ -366,6 +398,5 @@ def test_an_accelerate_wrapped_optimizer_is_read_through_its_wrapper(tiny_gpt):
     wrapped = accelerate.Accelerator(cpu=True).prepare(opt)
     assert wrapped is not opt and not hasattr(wrapped, "_optimizer_step_post_hooks")
     rows = _fed_against_reference(tiny_gpt, wrapped, steps=2 * 16 + 2, reference=lambda o: reference_update(opt))
-    for fed, ref, _ in rows:
-        assert fed == pytest.approx(ref, rel=1e-4)
-    assert any(age and age > 1 for _, _, age in rows)  # the inner optimizer's step hook counts its steps
+    assert when(rows) == [NOW, None] + [LAST] * (len(rows) - 2)  # the inner optimizer's step hook measures
+    assert any(age and age > 1 for *_, age in rows)
