@@ -83,8 +83,8 @@ def test_a_quoted_number_that_no_longer_holds_fails_and_rewrite_fixes_it(tmp_pat
 @pytest.mark.slow
 def test_the_docs_quote_what_the_demo_prints(tmp_path_factory):
     runs = session_runs(tmp_path_factory)
-    demo_docs = [p for p in snippets.DOCS if any(n.startswith("demo-") for n, _ in blocks(p))]
-    assert Path(ROOT / "README.md") in demo_docs
+    demo_docs = [p for p in snippets.DOCS if any(n.startswith("demo-") for n, _ in blocks(p) + facts(p))]
+    assert Path(ROOT / "README.md") in demo_docs and Path(ROOT / "docs" / "forensics.md") in demo_docs
     assert stale(runs, demo_docs) == [], "python -m tests.docs.snippets rewrites them from fresh runs"
     # the ledger page's prose cites the demo's culprit: its sample (the injected one) and its dataset index
     import json
