@@ -10,18 +10,16 @@ from typing import Any
 
 import torch
 
+from ..config.clip import CLIP_SCHEMAS
 from .adagc import AdaGC
-from .clipper import Clipper, ClipResult
+from .clipper import CLIPPERS, Clipper, ClipResult
 from .layerclip import LayerClip
 from .simple import GlobalClip, NoClip
 from .skip_step import SkipStepGuard
 from .zclip import ZClip
 
 __all__ = ["AdaGC", "ZClip", "LayerClip", "GlobalClip", "NoClip", "Clipper", "ClipResult", "SkipStepGuard",
-           "build_clipper"]
-
-# clip option -> its clipper; each option's schema fields are the clipper's keyword arguments
-CLIPPERS: dict[str, type[Clipper]] = {"global": GlobalClip, "adagc": AdaGC, "zclip": ZClip, "layerclip": LayerClip}
+           "build_clipper", "CLIPPERS"]
 
 
 def build_clipper(cfg: Any, model: torch.nn.Module, process_group: Any = None) -> Clipper | None:
@@ -36,11 +34,11 @@ def build_clipper(cfg: Any, model: torch.nn.Module, process_group: Any = None) -
     if not dataclasses.is_dataclass(cfg):
         raise TypeError(f"build_clipper(cfg=...) takes a clip schema such as gradloc_track.config.AdaGCConfig, "
                         f"got {type(cfg).__name__}")
-    if cfg.kind == "none":
-        if (cfg.on_nonfinite, cfg.skip_step) == ("skip", "auto"):
-            return None
-        return NoClip(model, on_nonfinite=cfg.on_nonfinite, skip_step=cfg.skip_step, process_group=process_group)
+    if cfg.kind == "none" and (cfg.on_nonfinite, cfg.skip_step) == ("skip", "auto"):
+        return None
     if cfg.kind not in CLIPPERS:
-        raise ValueError(f"clip.kind={cfg.kind!r} is unknown: use none, global, adagc, zclip or layerclip")
-    args = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name != "kind"}
-    return CLIPPERS[cfg.kind](model, **args, process_group=process_group)
+        raise ValueError(f"clip.kind={cfg.kind!r} is unknown: use {', '.join(CLIP_SCHEMAS)}")
+    clipper = CLIPPERS[cfg.kind]
+    if not isinstance(cfg, clipper.Schema):  # the base ClipConfig() is clip=none: NoClipConfig, same fields
+        cfg = clipper.Schema(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})
+    return clipper(model, cfg, process_group=process_group)  # a clipper is built from its schema

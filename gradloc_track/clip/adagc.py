@@ -38,36 +38,27 @@ from typing import Any
 
 import torch
 
-# the argument checks are the config schema's own (clip.beta there, beta here)
-from ..config._validate import check, in_unit_interval, integer, one_of, positive
-from ..config.clip import growing_lambda_rel, small_eps
+from ..config._validate import check
+from ..config.clip import AdaGCConfig
 from ..norms import all_reduce_sq_norms, sq_norms
 from .checkpoint import check_state
 from .clipper import Clipper
 
-ADAGC_MODES = ("tensor", "shard", "global")
-
 
 class AdaGC(Clipper):
-    kind = "adagc"
+    """``AdaGC(model, lambda_rel=1.04, beta=0.99, ...)``: the fields of ``AdaGCConfig`` by name, or
+    ``AdaGC(model, AdaGCConfig(...))``; ``process_group`` for the norms' all-reduce."""
 
-    def __init__(self, model: torch.nn.Module, lambda_rel: float = 1.04, beta: float = 0.99,
-                 warmup_steps: int = 100, lambda_abs: float = 1.0, eps: float = 1e-6,
-                 on_nonfinite: str = "skip", process_group: Any = None, mode: str = "tensor",
-                 skip_step: str = "auto") -> None:
-        growing_lambda_rel("lambda_rel", lambda_rel)
-        positive("lambda_abs", lambda_abs, "1.0")
-        in_unit_interval("beta", beta, "0.99")
-        integer("warmup_steps", warmup_steps, 0, "100")
-        small_eps("eps", eps, "1e-6", allow_zero=False)  # the official code rejects eps <= 0 (0 / 0)
-        one_of("mode", mode, ADAGC_MODES)
-        super().__init__(model, on_nonfinite, process_group, skip_step)
-        self.lambda_rel, self.beta, self.warmup_steps = float(lambda_rel), float(beta), warmup_steps
-        self.lambda_abs, self.eps, self.mode = float(lambda_abs), float(eps), mode
-        if mode == "global":
-            self.kind = "adagc_global"  # one global threshold: logged as clip/threshold/global
+    Schema = AdaGCConfig
+
+    def __init__(self, model: torch.nn.Module, config: AdaGCConfig | None = None, *, process_group: Any = None,
+                 **options: Any) -> None:
+        super().__init__(model, config, process_group=process_group, **options)
+        self.lambda_rel, self.beta, self.lambda_abs, self.eps = (float(self.lambda_rel), float(self.beta),
+                                                                 float(self.lambda_abs), float(self.eps))
+        self.one_threshold = self.mode == "global"  # AdaGC-Global: one threshold, logged as clip/threshold/global
         device = self.params[0].device
-        shape = () if mode == "global" else (len(self.params),)
+        shape = () if self.mode == "global" else (len(self.params),)
         self.gamma = torch.zeros(shape, device=device)  # running norm; meaningful where ``seen``
         self.seen = torch.zeros(shape, dtype=torch.bool, device=device)  # has had a gradient
 

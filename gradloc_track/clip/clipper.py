@@ -18,20 +18,21 @@ and with ``on_nonfinite="zero"``, a second pass zeroes the non-finite values (in
 """
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections import defaultdict
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
-from ..config._validate import one_of
+from ..config.clip import ClipConfig, NoClipConfig
 from ..norms import global_sq_norms, trainable_params
 from .checkpoint import check_state
 from .handoff import StepHandoff
 from .saturation import ClipSaturation
 
-NONFINITE_MODES = ("skip", "zero", "raise")
-SKIP_STEP_MODES = ("auto", "fused", "sync", "restore", "off")
+#: option name (its schema's ``KIND``) -> its clipper; each clipper class that names a ``Schema`` adds itself
+CLIPPERS: dict[str, type["Clipper"]] = {}
 
 
 class ClipResult:
@@ -46,6 +47,7 @@ class ClipResult:
         self.pre_sq_t = pre_sq_t  # (n,) squared norms before clipping
         self.nonfinite_t = nonfinite_t  # () bool: a non-finite gradient was seen this step
         self.kind = kind
+        self.one_threshold = False  # one threshold for the whole gradient (the clipper's ``one_threshold``)
         self.saturation_t: torch.Tensor | None = None  # (2,) the clipper's running clipped fraction, mean coef
         # () set when one global threshold is in force for a per-tensor clipper (AdaGC's warm-up)
         self.global_threshold_t: torch.Tensor | None = None
@@ -94,29 +96,44 @@ class ClipResult:
 class Clipper(StepHandoff):
     """Base: holds the parameters (in ``trainable_params`` order) and the non-finite policy.
 
+    A clipper is built from its schema (``Schema``, a ``config.ClipConfig`` subclass): ``Clipper(model,
+    config)``, or ``Clipper(model, **options)`` with the schema's field names (``ZClip(model,
+    z_thresh=3.0)``), which builds the schema and so runs its checks (errors name ``clip.<field>``).
+    Every field of the schema is an attribute of the clipper (``clipper.z_thresh``); ``config`` is the
+    schema itself. A subclass that names its ``Schema`` is the clipper of that option (``CLIPPERS``).
+
     Subclasses implement ``_coefs(norms, finite) -> (thresholds, coefs)`` on device tensors and
     ``_update(...)`` for their running state; ``clip()`` does the rest. ``coefs`` may be 0-d
     (one coefficient for every tensor: applied with a single fused multiply) or ``(n,)``.
     A missing gradient arrives as norm 0 (as does an all-zero one): neither is a sample of the norm.
     """
 
+    Schema: ClassVar[type[ClipConfig]] = NoClipConfig
     kind = "none"
     scales = True  # False: coefficients are always 1 (NoClip), no scale pass
 
-    def __init__(self, model: torch.nn.Module, on_nonfinite: str = "skip", process_group: Any = None,
-                 skip_step: str = "auto") -> None:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "Schema" in cls.__dict__:  # the clipper of option ``clip=<Schema.KIND>``
+            cls.kind = cls.Schema.KIND
+            CLIPPERS[cls.Schema.KIND] = cls
+
+    def __init__(self, model: torch.nn.Module, config: ClipConfig | None = None, *, process_group: Any = None,
+                 **options: Any) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"{type(self).__name__}(model=...) needs a torch.nn.Module, got {type(model).__name__}")
-        one_of("on_nonfinite", on_nonfinite, NONFINITE_MODES)
-        one_of("skip_step", skip_step, SKIP_STEP_MODES)
+        self.config = config = self.configure(config, options)
+        for f in dataclasses.fields(config):  # the schema's fields, as the clipper's attributes
+            if f.name != "kind":
+                setattr(self, f.name, getattr(config, f.name))
+        #: one threshold for the whole gradient (``clip/threshold/global`` only), else per tensor or layer
+        self.one_threshold = type(config).ONE_THRESHOLD
         named = trainable_params(model)
         if not named:
             raise ValueError(f"{type(self).__name__}: the model has no parameters with requires_grad=True")
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]
-        self.on_nonfinite = on_nonfinite
-        # how GradMonitor(optimizer=...) makes on_nonfinite="skip" exact (SkipStepGuard's mode; "off": zero only)
-        self.skip_step = skip_step
+        # (config.skip_step: how GradMonitor(optimizer=...) makes on_nonfinite="skip" exact; "off": zero only)
         self.process_group = process_group
         self.steps = 0  # python int: warm-up bookkeeping needs no device value
         # the flag and scale handed to the optimizer's step (a SkipStepGuard's; see clip.handoff)
@@ -124,6 +141,17 @@ class Clipper(StepHandoff):
         self._warned_skip = False
         self._coef_views: dict = {}  # scale_grads' reused per-tensor coefficient buffers
         self.saturation = ClipSaturation(self.params[0].device)  # how often / how hard it scales
+
+    @classmethod
+    def configure(cls, config: ClipConfig | None, options: dict[str, Any]) -> ClipConfig:
+        """The schema this clipper is built from: ``config``, with ``options`` replacing its fields, or the
+        schema built from ``options`` (its ``__post_init__`` checks every value, naming the field)."""
+        if config is None:
+            return cls.Schema(**options)
+        if not isinstance(config, cls.Schema):
+            raise TypeError(f"{cls.__name__}(model, config): config is a {type(config).__name__}; pass a "
+                            f"{cls.Schema.__name__} (the schema of clip={cls.Schema.KIND}), or its fields by name")
+        return dataclasses.replace(config, **options) if options else config
 
     @property
     def warming_up(self) -> bool:
@@ -167,6 +195,7 @@ class Clipper(StepHandoff):
         result = ClipResult(self.names, thresholds.expand_as(norms), coefs.expand_as(norms), sq_norms, nonfinite,
                             self.kind)
         result.global_threshold_t, result.deferred = self._global_threshold, deferred
+        result.one_threshold = self.one_threshold
         if steady:
             self.saturation.add(safe * safe, coefs, all_finite)
             result.saturation_t = self.saturation.values()

@@ -28,30 +28,24 @@ from typing import Any, Mapping
 
 import torch
 
-from ..config._validate import in_unit_interval, integer, positive
-from ..config.clip import small_eps
+from ..config.clip import LayerClipConfig
 from ..grouping import LayerGrouping
 from .clipper import Clipper
 from .running_stats import WarmupEma, WarmupEmaState
 
 
 class LayerClip(WarmupEmaState, Clipper):
-    kind = "layerclip"
+    Schema = LayerClipConfig
 
-    def __init__(self, model: torch.nn.Module, z_thresh: float = 3.0, alpha: float = 0.97,
-                 warmup_steps: int = 25, eps: float = 1e-6, group_by: str = "block",
-                 groups: Mapping[str, str] | None = None, on_nonfinite: str = "skip",
-                 process_group: Any = None, skip_step: str = "auto") -> None:
-        positive("z_thresh", z_thresh, "3.0")
-        in_unit_interval("alpha", alpha, "0.97")
-        integer("warmup_steps", warmup_steps, 1, "25")
-        small_eps("eps", eps, "1e-6", allow_zero=True)
-        super().__init__(model, on_nonfinite, process_group, skip_step)
+    def __init__(self, model: torch.nn.Module, config: LayerClipConfig | None = None, *, group_by: str = "block",
+                 groups: Mapping[str, str] | None = None, process_group: Any = None, **options: Any) -> None:
+        """``config`` or its fields by name (``z_thresh``, ``alpha``, ...); ``group_by``/``groups``: what a
+        layer is (``grouping.LayerGrouping``)."""
+        super().__init__(model, config, process_group=process_group, **options)
         self.grouping = LayerGrouping.build(self.names, group_by, groups)
-        self.z_thresh, self.alpha, self.warmup_steps, self.eps = z_thresh, alpha, warmup_steps, eps
         dev = self.params[0].device
         self._index = torch.as_tensor(self.grouping.index, device=dev)  # (n,) tensor -> layer
-        self.stats = WarmupEma(warmup_steps, alpha, (len(self.grouping.layers),), dev)
+        self.stats = WarmupEma(self.warmup_steps, self.alpha, (len(self.grouping.layers),), dev)
 
     @property
     def single_coef(self) -> bool:

@@ -29,7 +29,6 @@ from ..grouping import LayerGrouping
 from .clipper import ClipResult
 from .saturation import KEYS as SATURATION_KEYS
 
-GLOBAL_KINDS = ("global", "zclip", "none", "adagc_global")
 THRESHOLD_PREFIX = "clip/threshold/"
 
 
@@ -52,7 +51,7 @@ def clip_metrics(result: ClipResult, grouping: LayerGrouping) -> dict[str, torch
     pre_l = grouping.sum_by_layer(pre_sq)
     post_l = grouping.sum_by_layer(post_sq)
     coef_l = torch.where(pre_l > 0, (post_l / pre_l.clamp_min(1e-30)).sqrt(), torch.ones_like(pre_l))
-    if result.kind in GLOBAL_KINDS:
+    if result.one_threshold:  # GlobalClip, ZClip, NoClip, AdaGC mode=global (the schema's ONE_THRESHOLD)
         thr = result.threshold_t[0]
         out[THRESHOLD_PREFIX + "global"] = torch.where(torch.isfinite(thr), thr, math.nan)
     elif result.global_threshold_t is not None:  # a global clip in force (AdaGC's warm-up)

@@ -28,19 +28,6 @@ MOST = 0.8  # warn when more than this share of recent steps was scaled ...
 CUT = 0.5
 KEYS = ("clip/saturation/clipped_fraction", "clip/saturation/mean_coef")
 
-# what to change, per clipper kind
-_FIX = {
-    "adagc": "raise clip.lambda_rel and lower clip.beta together: AdaGC's threshold grows by at most "
-             "(lambda_rel - 1) * (1 - beta) a step, 0.04% at the defaults (1.04, 0.99); the spike demo "
-             "uses clip.mode=global lambda_rel=1.5 beta=0.95 (clips 2.5% of its steps). Or use clip=zclip",
-    "adagc_global": "raise clip.lambda_rel and lower clip.beta together (the threshold grows by at most "
-                    "(lambda_rel - 1) * (1 - beta) a step), or use clip=zclip",
-    "global": "raise clip.max_norm above the norms of healthy steps",
-    "zclip": "raise clip.z_thresh or clip.clip_factor",
-    "layerclip": "raise clip.z_thresh",
-}
-
-
 class ClipSaturation:
     def __init__(self, device: torch.device, window: int = WINDOW) -> None:
         self.window = window
@@ -88,8 +75,10 @@ def saturation_warning(kind: str, steps: int, clipped_fraction: float, mean_coef
     """The one-time warning's text when clipping has become a learning-rate cut, else None."""
     if steps < window or clipped_fraction <= MOST or mean_coef >= CUT:
         return None
-    fix = _FIX.get(kind, "loosen the clipper's threshold")
-    return (f"clip={kind.replace('adagc_global', 'adagc')} scaled {clipped_fraction:.0%} of the last ~{window} steps, "
+    from ..config.clip import CLIP_SCHEMAS, ClipConfig
+
+    fix = CLIP_SCHEMAS.get(kind, ClipConfig).LOOSEN  # what to change: said on the option's schema
+    return (f"clip={kind} scaled {clipped_fraction:.0%} of the last ~{window} steps, "
             f"to {mean_coef:.2f}x their norm on average: clipping has turned into a {1 / max(mean_coef, 1e-6):.1f}x "
             f"learning-rate cut rather than a spike guard (clip/saturation/* show it). If that is not what you "
             f"want, {fix}.")
@@ -99,7 +88,7 @@ def saturation_line(kind: str, summary: dict[str, float]) -> str | None:
     """A console summary line (after warm-up), or None when the clipper saw no step after warm-up."""
     if kind == "none" or summary["steps"] == 0:
         return None
-    line = (f"clip={kind.replace('adagc_global', 'adagc')} after warm-up: {summary['clipped_fraction']:.0%} of "
+    line = (f"clip={kind} after warm-up: {summary['clipped_fraction']:.0%} of "
             f"{summary['steps']} steps clipped, mean coefficient {summary['mean_coef']:.2f}")
     if summary["clipped_fraction"] > MOST and summary["mean_coef"] < CUT:
         line += f" — a {1 / max(summary['mean_coef'], 1e-6):.1f}x learning-rate cut, not a spike guard"

@@ -24,37 +24,23 @@ from typing import Any
 
 import torch
 
-from ..config._validate import in_unit_interval, integer, one_of, positive
-from ..config.clip import small_eps
+from ..config.clip import ZClipConfig
 from .clipper import Clipper
 from .running_stats import WarmupEma, WarmupEmaState
 
 
 class ZClip(WarmupEmaState, Clipper):
-    kind = "zclip"
+    """``ZClip(model, alpha=0.97, z_thresh=2.5, ...)``: the fields of ``ZClipConfig`` by name, or
+    ``ZClip(model, ZClipConfig(...))``; ``process_group`` for the norms' all-reduce."""
+
+    Schema = ZClipConfig
     single_coef = True  # it scales the global norm: one coefficient, which a fused optimizer applies
 
-    def __init__(self, model: torch.nn.Module, alpha: float = 0.97, z_thresh: float = 2.5,
-                 warmup_steps: int = 25, mode: str = "zscore", clip_option: str = "adaptive_scaling",
-                 eps: float = 1e-6, clip_factor: float = 1.0, on_nonfinite: str = "skip",
-                 process_group: Any = None, max_grad_norm: float | None = None,
-                 skip_update_on_spike: bool = False, skip_step: str = "auto") -> None:
-        in_unit_interval("alpha", alpha, "0.97")
-        positive("z_thresh", z_thresh, "2.5")
-        integer("warmup_steps", warmup_steps, 1, "25")
-        one_of("mode", mode, ("zscore", "percentile"))
-        one_of("clip_option", clip_option, ("adaptive_scaling", "mean"))
-        small_eps("eps", eps, "1e-6", allow_zero=True)
-        positive("clip_factor", clip_factor, "1.0")
-        if max_grad_norm is not None:
-            positive("max_grad_norm", max_grad_norm, "1.0, or None for no fixed cap")
-        one_of("skip_update_on_spike", skip_update_on_spike, (True, False))
-        super().__init__(model, on_nonfinite, process_group, skip_step)
-        self.alpha, self.z_thresh, self.warmup_steps = alpha, z_thresh, warmup_steps
-        self.mode, self.clip_option, self.eps, self.clip_factor = mode, clip_option, eps, clip_factor
-        self.max_grad_norm, self.skip_update_on_spike = max_grad_norm, bool(skip_update_on_spike)
+    def __init__(self, model: torch.nn.Module, config: ZClipConfig | None = None, *, process_group: Any = None,
+                 **options: Any) -> None:
+        super().__init__(model, config, process_group=process_group, **options)
         device = self.params[0].device
-        self.stats = WarmupEma(warmup_steps, alpha, (), device)
+        self.stats = WarmupEma(self.warmup_steps, self.alpha, (), device)
         self._threshold = torch.zeros((), device=device)
 
     @property

@@ -5,6 +5,12 @@
 ``ClipConfig``, the fields every option has; each option's schema subclasses it, so Hydra merges
 the chosen option's schema into that node and a key of another clipper (``clip=adagc
 clip.alpha=0.9``) fails at composition. ``ClipConfig()`` on its own is ``clip=none``.
+
+The kinds are one table, ``CLIP_SCHEMAS`` (``KIND`` -> schema), filled by the schemas themselves: a
+subclass that declares its own ``KIND`` is the option ``clip=<KIND>``. What else a kind needs is said
+once, on its schema (``ONE_THRESHOLD``, ``LOOSEN``); its clipper names the schema it is built from
+(``clip.Clipper.Schema``), and ``clip.CLIPPERS`` is derived from that. A new kind: its schema here,
+its clipper, ``conf/clip/<kind>.yaml``.
 """
 from __future__ import annotations
 
@@ -14,7 +20,6 @@ from typing import ClassVar, Optional
 from ._validate import (check, check_types, in_unit_interval, integer, non_negative, one_of,
                         positive)
 
-CLIP_KINDS = ("none", "global", "adagc", "zclip", "layerclip")
 EPS_MAX = 1e-2  # eps only guards a division: far below any gradient norm it is added to
 
 
@@ -38,11 +43,26 @@ NONFINITE = ("skip", "zero", "raise")
 SKIP_STEP = ("auto", "fused", "sync", "restore", "off")
 
 
+#: option name -> its schema, in the order the schemas are defined (each registers itself: ``ClipConfig``)
+CLIP_SCHEMAS: dict[str, type["ClipConfig"]] = {}
+
+
 @dataclass
 class ClipConfig:
-    """What every clip option has: its ``kind`` (fixed by the schema) and the non-finite policy."""
+    """What every clip option has: its ``kind`` (fixed by the schema) and the non-finite policy.
+
+    Class-level facts of an option (not config fields): ``KIND``, its name; ``ONE_THRESHOLD``, one
+    threshold for the whole gradient (logged as ``clip/threshold/global`` only) rather than one per
+    tensor or layer; ``LOOSEN``, what to change when its clipping has become a learning-rate cut."""
 
     KIND: ClassVar[str] = "none"
+    ONE_THRESHOLD: ClassVar[bool] = True
+    LOOSEN: ClassVar[str] = "loosen the clipper's threshold"
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "KIND" in cls.__dict__:  # an option of its own (a subclass without KIND refines one)
+            CLIP_SCHEMAS[cls.KIND] = cls
 
     kind: str = "none"
     on_nonfinite: str = "skip"  # skip | zero | raise
@@ -52,7 +72,7 @@ class ClipConfig:
 
     def __post_init__(self) -> None:
         check_types(self, "clip")
-        one_of("clip.kind", self.kind, CLIP_KINDS)
+        one_of("clip.kind", self.kind, CLIP_SCHEMAS)
         check(self.kind == self.KIND, "clip.kind", self.kind,
               f"{type(self).__name__} is the schema of clip={self.KIND}; choose the clipper itself: "
               f"clip={self.kind} (Hydra), clip={{'kind': {self.kind!r}, ...}} (watch) or "
@@ -69,12 +89,15 @@ class ClipConfig:
 class NoClipConfig(ClipConfig):
     """``clip=none``: norms are measured, nothing is scaled (non-finite gradients still handled)."""
 
+    KIND: ClassVar[str] = "none"
+
 
 @dataclass
 class GlobalClipConfig(ClipConfig):
     """``clip=global``: ``clip_grad_norm_`` at ``max_norm``."""
 
     KIND: ClassVar[str] = "global"
+    LOOSEN: ClassVar[str] = "raise clip.max_norm above the norms of healthy steps"
 
     kind: str = "global"
     max_norm: float = 1.0
@@ -88,6 +111,11 @@ class AdaGCConfig(ClipConfig):
     """``clip=adagc``: the defaults of the official PyTorch patch."""
 
     KIND: ClassVar[str] = "adagc"
+    ONE_THRESHOLD: ClassVar[bool] = False  # per tensor (mode=global: one; the clipper says which)
+    LOOSEN: ClassVar[str] = (
+        "raise clip.lambda_rel and lower clip.beta together: AdaGC's threshold grows by at most "
+        "(lambda_rel - 1) * (1 - beta) a step, 0.04% at the defaults (1.04, 0.99); the spike demo "
+        "uses clip.mode=global lambda_rel=1.5 beta=0.95 (clips 2.5% of its steps). Or use clip=zclip")
 
     kind: str = "adagc"
     lambda_rel: float = 1.04
@@ -111,6 +139,7 @@ class ZClipConfig(ClipConfig):
     """``clip=zclip``: the published defaults, without the package's hidden fixed cap."""
 
     KIND: ClassVar[str] = "zclip"
+    LOOSEN: ClassVar[str] = "raise clip.z_thresh or clip.clip_factor"
 
     kind: str = "zclip"
     alpha: float = 0.97
@@ -141,6 +170,8 @@ class LayerClipConfig(ClipConfig):
     """``clip=layerclip``: ZClip's z-score rule per layer."""
 
     KIND: ClassVar[str] = "layerclip"
+    ONE_THRESHOLD: ClassVar[bool] = False  # per layer
+    LOOSEN: ClassVar[str] = "raise clip.z_thresh"
 
     kind: str = "layerclip"
     z_thresh: float = 3.0
@@ -155,16 +186,7 @@ class LayerClipConfig(ClipConfig):
         small_eps("clip.eps", self.eps, "1e-6", allow_zero=True)
 
 
-CLIP_SCHEMAS: dict[str, type[ClipConfig]] = {
-    "none": NoClipConfig,
-    "global": GlobalClipConfig,
-    "adagc": AdaGCConfig,
-    "zclip": ZClipConfig,
-    "layerclip": LayerClipConfig,
-}
-
-
 def clip_schema(kind: str) -> type[ClipConfig]:
     """The schema of option ``clip=<kind>``; ``ConfigError`` naming ``clip.kind`` otherwise."""
-    one_of("clip.kind", kind, CLIP_KINDS)
+    one_of("clip.kind", kind, CLIP_SCHEMAS)
     return CLIP_SCHEMAS[kind]

@@ -174,3 +174,64 @@ def test_a_clippers_own_checkpoint_loads(name):
     first = CLIPPERS[name](model3(), "skip")
     CLIPPERS[name](model3(), "skip").load_state_dict(first.state_dict())
     assert first.state_dict()["kind"] == type(first).kind
+
+
+NEW_KIND = '''
+import dataclasses, math, warnings
+from typing import ClassVar
+import torch
+from gradloc_track.clip import CLIPPERS, Clipper, build_clipper
+from gradloc_track.clip.saturation import saturation_warning
+from gradloc_track.config import ClipConfig, ConfigError, clip_schema
+
+@dataclasses.dataclass
+class HalfConfig(ClipConfig):  # the whole of a new kind: its schema ...
+    KIND: ClassVar[str] = "half"
+    LOOSEN: ClassVar[str] = "raise clip.keep"
+    kind: str = "half"
+    keep: float = 0.5
+
+class Half(Clipper):  # ... and its clipper, built from it
+    Schema = HalfConfig
+    def _coefs(self, norms, finite):
+        return torch.full_like(norms, math.inf), torch.full((), self.keep, device=norms.device)
+
+model = torch.nn.Linear(3, 1)
+model(torch.ones(2, 3)).sum().backward()
+clipper = build_clipper(HalfConfig(keep=0.25), model)
+assert type(clipper) is Half and CLIPPERS["half"] is Half and clip_schema("half") is HalfConfig
+res = clipper.clip()
+assert abs(res.total_norm_post / res.total_norm - 0.25) < 1e-5 and res.one_threshold
+assert Half(model, keep=0.75).keep == 0.75
+try:
+    ClipConfig(kind="nope")
+except ConfigError as exc:
+    assert "'half'" in str(exc), exc
+assert saturation_warning("half", 100, 0.99, 0.1).endswith("raise clip.keep.")
+print("ok")
+'''
+
+
+def test_a_new_clipper_kind_is_its_schema_and_its_clipper():
+    """Issue 42: a kind is one entry, derived from its schema's ``KIND``: a schema and a clipper naming it
+    make ``build_clipper``, ``clip_schema``, the error listing the kinds and the saturation advice know it
+    (in a subprocess: the kind stays out of this process's tables)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", NEW_KIND], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+def test_a_clipper_is_built_from_its_schema_and_keywords_replace_its_fields():
+    from gradloc_track.config import ZClipConfig
+
+    cfg = ZClipConfig(z_thresh=3.0, warmup_steps=5)
+    z = ZClip(small_model(), cfg)
+    assert z.config is cfg and (z.z_thresh, z.warmup_steps, z.stats.warmup) == (3.0, 5, 5)
+    z2 = ZClip(small_model(), cfg, alpha=0.9)
+    assert (z2.alpha, z2.z_thresh, cfg.alpha) == (0.9, 3.0, 0.97)  # the given schema is left as it was
+    with pytest.raises(TypeError, match="ZClipConfig"):
+        ZClip(small_model(), AdaGC.Schema())
+    with pytest.raises(ConfigError, match="clip.z_thresh"):
+        ZClip(small_model(), cfg, z_thresh=-1.0)

@@ -106,19 +106,28 @@ def test_every_group_instantiates(composer, tmp_path):
 
 
 def test_every_clip_schema_holds_its_clippers_arguments():
-    """``build_clipper`` passes a schema's fields as the clipper's keyword arguments: same names."""
+    """Every option has its clipper (one table, ``CLIPPERS``, keyed by the schemas' ``KIND``); a clipper is
+    built from its schema, and each field of the schema is one of its keyword arguments (same name, same
+    default), so ``ZClip(model, z_thresh=3.0)`` and ``clip=zclip clip.z_thresh=3.0`` are one thing."""
     import dataclasses
-    import inspect
 
-    from gradloc_track.clip import CLIPPERS, NoClip
+    import torch
 
+    from gradloc_track.clip import CLIPPERS, build_clipper
+
+    assert sorted(CLIPPERS) == sorted(CLIP_SCHEMAS)
+    model = torch.nn.Linear(2, 2)
     for option, schema in CLIP_SCHEMAS.items():
-        clipper = CLIPPERS.get(option, NoClip)
-        args = set(inspect.signature(clipper.__init__).parameters) - {"self", "model", "process_group"}
-        fields = {f.name for f in dataclasses.fields(schema)} - {"kind"}
-        assert fields <= args, (option, fields - args)
-        defaults = {k: v.default for k, v in inspect.signature(clipper.__init__).parameters.items()}
-        assert {f: getattr(schema(), f) for f in fields} == {f: defaults[f] for f in fields}, option
+        clipper = CLIPPERS[option]
+        assert clipper.Schema is schema and clipper.kind == schema.KIND == option
+        fields = [f.name for f in dataclasses.fields(schema) if f.name != "kind"]
+        built = clipper(model)
+        assert {f: getattr(built, f) for f in fields} == {f: getattr(schema(), f) for f in fields}, option
+        assert built.config == schema()
+        for f in fields:  # each field by name: the schema's value, checked by the schema
+            assert getattr(clipper(model, **{f: getattr(schema(), f)}), f) == getattr(schema(), f)
+        if option != "none":  # clip=none with the default policy is the monitor's own guard (no clipper)
+            assert type(build_clipper(schema(), model)) is clipper
 
 
 def test_command_line_style_overrides(composer):
