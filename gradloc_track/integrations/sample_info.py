@@ -87,15 +87,12 @@ def sample_columns(batches: list) -> dict[str, Any]:
 def _leaked(batch: Any) -> dict[str, Any]:
     """``leaked_labels``: each row's share of terms whose target is its own input token, when the junk
     statistics measured it and some row reaches ``spikes.junk.LEAKED`` (the cause names those rows)."""
-    from ..spikes.junk import LEAKED
+    from ..spikes.junk import LEAKED, LEAKED_COLUMN
 
     rows = getattr(getattr(batch, "junk", None), "leak_rows", None)
     if rows is None or not bool((rows >= LEAKED).any()):  # host read: a spike step's, per micro-batch
         return {}
     return {LEAKED_COLUMN: rows}
-
-
-LEAKED_COLUMN = "leaked_labels"
 
 
 def _fitting(batch: Any) -> dict[str, Any]:

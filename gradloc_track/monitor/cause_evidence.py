@@ -84,9 +84,8 @@ def off_policy_reading(culprit: Any, ctx: Any) -> tuple[float, float | None, flo
 
 
 def leaked_rows(ctx: Any) -> str:
-    """The rows whose labels leaked (``sample_info.LEAKED_COLUMN``), in words; "" when none is marked."""
-    from ..integrations.sample_info import LEAKED_COLUMN
-    from ..spikes.junk import LEAKED
+    """The rows whose labels leaked (``spikes.junk.LEAKED_COLUMN``), in words; "" when none is marked."""
+    from ..spikes.junk import LEAKED, LEAKED_COLUMN
 
     col = (getattr(ctx, "sample_columns", None) or {}).get(LEAKED_COLUMN)
     if col is None:

@@ -29,6 +29,7 @@ LEARNED = -1.0  # the batch's terms must average this far below chance (nats) be
 
 LEAKED = 0.5  # a row whose targets are its own input tokens at this share of its terms has leaked labels
 LEAK_MIN_TERMS = 16  # ... counted on rows with at least this many terms
+LEAKED_COLUMN = "leaked_labels"  # the sample column that carries each row's leaked share to the cause
 
 
 class JunkSpan(NamedTuple):
