@@ -92,14 +92,14 @@ class AdamUpdate:
         self._groups_key: tuple = ()
         self.groups: dict = {}  # parameter -> its Adam-like param group (``_refresh_groups``)
         self._refresh_groups()
+        self._tensors_key: tuple | None = None
+        self._ts: _AdamTensors | None = None  # the monitored tensors as the last step saw them (``_tensors``)
         self._moments: _Moments | None = None  # ||m||^2 and sum(v) of the state after the last step measured
         self._stage: _Stage | None = None  # what this step's call left for the measurement after its step
         self._pending: tuple[int, torch.Tensor] | None = None  # (step number, update) measured after it
         self._lrs: list[Any] | None = None  # each group's lr at the last step measured
         self.optimizer_steps = 0  # steps the optimizer took (its step hook), to know the moments still hold
         self.resync = RESYNC  # steps between fresh reads of sum(v) (1: every step)
-        self._index: tuple[tuple, torch.Tensor | None, torch.Tensor] | None = None  # (key, positions, sizes)
-        self._hyper: tuple[tuple, torch.Tensor] | None = None  # (key, (k, 3) b1, b2, eps on the device)
         self._hook = None
         if self.groups and hasattr(optimizer, "_optimizer_step_post_hooks"):  # else: measured before every step
             self._hook = optimizer.register_step_post_hook(_AfterStep(self))
@@ -114,6 +114,20 @@ class AdamUpdate:
         if key != self._groups_key:
             self._groups_key, self.groups = key, _param_groups(self.optimizer)
             self._moments = None  # other groups: what was carried describes other tensors
+
+    def _tensors(self, params: Sequence[torch.nn.Parameter]) -> "_AdamTensors":
+        """The monitored tensors with what the signal reads of each, found again only when that can have
+        changed (step after step they are the same): other groups, a state entry added or dropped, another
+        set of tensors with a gradient, a moment tensor replaced in its state entry."""
+        self._refresh_groups()
+        state = self.optimizer.state
+        key = (id(params), len(params), self._groups_key, id(state), len(state),
+               tuple(p.grad is None for p in params))
+        ts = self._ts
+        if ts is None or key != self._tensors_key or not ts.same_state():
+            ts = self._ts = _AdamTensors.of(params, self.groups, state)
+            self._tensors_key = key
+        return ts
 
     def remove(self) -> None:
         """Take the optimizer's step hook off (the handle's close)."""
@@ -138,14 +152,13 @@ class AdamUpdate:
         measured now, when the host sees this step move differently; else the update of the LAST
         optimizer step, measured after it (None when there is none to read: the first steps, or the
         last step's update was read already). Leaves what the measurement after this step needs."""
-        self._refresh_groups()
-        ts = _AdamTensors.of(params, self.groups, self.optimizer.state)
+        ts = self._tensors(params)
         if self._hook is None or not self._ordinary(ts):
-            return self._before_step(ts, grad_sq, scale, fed=True)
+            return self._before_step(ts, grad_sq, scale)
         pending, self._pending = self._pending, None
         m = self._moments
-        v_after = self._v_after(ts, m.v_sum, grad_sq, scale, grad_sq.device)
-        self._stage = _Stage(self.optimizer_steps, ts, v_after, m.age + 1, fed=False)
+        self._stage = _Stage(self.optimizer_steps, ts, self._v_after(ts, m.v_sum, grad_sq, scale), m.age + 1,
+                             m.t, fed=False)
         if pending is None or pending[0] != self.optimizer_steps - 1:
             return None
         return pending[1]
@@ -159,9 +172,7 @@ class AdamUpdate:
         ``.grad`` and ``grad_sq`` as they are. A tensor without state yet (unfrozen, re-initialised, its
         state reset) takes Adam's first step, ``lr`` per element. Reads ``<m, g>``: one read of the
         gradients. No host read: step counters and learning rates kept as tensors are used where they lie."""
-        self._refresh_groups()
-        return self._before_step(_AdamTensors.of(params, self.groups, self.optimizer.state), grad_sq, scale,
-                                 fed=True)
+        return self._before_step(self._tensors(params), grad_sq, scale)
 
     def _ordinary(self, ts: "_AdamTensors") -> bool:
         """May this step's update be measured after its optimizer step (module doc)? No when the host
@@ -169,12 +180,12 @@ class AdamUpdate:
         (stepped without us, edited, loaded, other tensors), a learning rate that rose."""
         if not ts.idx or ts.fresh or self._moments is None:
             return False
-        if not self._moments.holds(ts.idx, self.optimizer_steps, ts.ms, ts.vs):
+        if not self._moments.holds(ts, self.optimizer_steps):
             return False
         return not _lr_rose(self._lrs, getattr(self.optimizer, "param_groups", []))
 
-    def _before_step(self, ts: "_AdamTensors", grad_sq: torch.Tensor, scale: ClipScale | None,
-                     fed: bool) -> torch.Tensor | None:
+    def _before_step(self, ts: "_AdamTensors", grad_sq: torch.Tensor, scale: ClipScale | None
+                     ) -> torch.Tensor | None:
         """Adam's next step, measured before it (``norm``); stages the moments for after the step."""
         dev = grad_sq.device
         f32 = dict(device=dev, dtype=torch.float32)
@@ -184,18 +195,18 @@ class AdamUpdate:
             fresh = ts.first_steps(f32) if self.optimizer_steps else None
             return None if fresh is None else fresh.sqrt()
         fresh = ts.first_steps(f32)  # 0-d: squared first steps of the tensors without state (None: none)
-        b1, b2, eps = self._hyperparameters(ts, dev)
-        c, bc2 = ts.corrections(f32, b1, b2, after=False)  # (k,) each
+        where, n, b1, b2, eps = ts.constants(dev)
         mom = self._moments
-        if mom is not None and self._hook is not None and mom.holds(ts.idx, self.optimizer_steps, ts.ms, ts.vs):
-            m_sq, v_sum, age = mom.m_sq, mom.v_sum, mom.age
+        if mom is not None and self._hook is not None and mom.holds(ts, self.optimizer_steps):
+            m_sq, v_sum, age, t = mom.m_sq, mom.v_sum, mom.age, mom.t
         else:  # read afresh: the moments no longer describe the state (or no step hook to follow it)
             m_sq = torch.stack(torch._foreach_norm(ts.ms, 2)).to(**f32) ** 2  # (k,) ||m||^2
             v_sum = torch.stack(torch._foreach_norm(ts.vs, 1)).to(**f32)  # (k,) sum of v (v >= 0)
-            age = 0
+            age, t = 0, ts.counters(f32)
+        c, d = ts.corrections(f32, t + 1)  # (k,) lr^2 / (1 - b1^t)^2, n (1 - b2^t) of the step about to be taken
         # THE extra read of the gradients (with exp_avg): only on steps measured before their step
-        mg = torch.stack([torch.dot(m.reshape(-1), g.reshape(-1).to(m.dtype)).to(**f32) for m, g in zip(ts.ms, ts.gs)])
-        where, n = self._positions(ts, dev)
+        mg = torch.stack([torch.dot(m.reshape(-1), g.reshape(-1).to(m.dtype)).to(**f32)
+                          for m, g in zip(ts.ms, ts.grads())])
         k_sq, k_mg = (scale or NO_CLIP).of(where, f32)
         g_sq = k_sq * (grad_sq if where is None else grad_sq[where]).float()  # (k,) ||g||^2 of the step's gradient
         mg = k_mg * mg
@@ -204,22 +215,23 @@ class AdamUpdate:
         m_new = b1 * b1 * m_sq + 2 * b1 * (1 - b1) * mg + (1 - b1) ** 2 * g_sq  # ||b1 m + (1 - b1) g||^2
         v_new = b2 * v_sum + (1 - b2) * g_sq  # sum of b2 v + (1 - b2) g^2
         if self._hook is not None:  # sum(v) for after the step (unknown when the clip is): read there
-            self._stage = _Stage(self.optimizer_steps, ts, None if scale is None else v_new, age + 1, fed=fed)
+            self._stage = _Stage(self.optimizer_steps, ts, None if scale is None else v_new, age + 1, t, fed=True)
         v_den = v_new if not ts.ams else ts.amsgrad_v(v_new, b2, k_mg)
-        total = (c * m_new / ((v_den / (n * bc2)).sqrt() + eps) ** 2).sum()  # lr^2 ||m_hat||^2 / (rms v_hat + eps)^2
+        total = (c * m_new / ((v_den / d).sqrt() + eps) ** 2).sum()  # lr^2 ||m_hat||^2 / (rms v_hat + eps)^2
         return (total if fresh is None else total + fresh).sqrt()
 
-    def _v_after(self, ts: "_AdamTensors", v_sum: torch.Tensor, grad_sq: torch.Tensor, scale: ClipScale | None,
-                 dev: torch.device) -> torch.Tensor | None:
+    def _v_after(self, ts: "_AdamTensors", v_sum: torch.Tensor, grad_sq: torch.Tensor,
+                 scale: ClipScale | None) -> torch.Tensor | None:
         """(k,) ``sum v`` after this step by Adam's recursion on the gradient the step uses (None: the clip
         is not known here; read after the step)."""
         if scale is None:
             return None
-        where, _ = self._positions(ts, dev)
-        k_sq, _ = scale.of(where, dict(device=dev, dtype=torch.float32))
+        dev = grad_sq.device
+        where, _, _, b2, _ = ts.constants(dev)
         g_sq = (grad_sq if where is None else grad_sq[where]).float()
-        _, b2, _ = self._hyperparameters(ts, dev)
-        return b2 * v_sum + (1 - b2) * (k_sq * g_sq)
+        if not (isinstance(scale.coef, float) and scale.coef == 1.0):
+            g_sq = scale.of(where, dict(device=dev, dtype=torch.float32))[0] * g_sq
+        return torch.addcmul(b2 * v_sum, 1 - b2, g_sq)
 
     @torch.no_grad()
     def _after_step(self) -> None:
@@ -234,45 +246,24 @@ class AdamUpdate:
             return
         ts = stage.ts
         dev = ts.ms[0].device
-        f32 = dict(device=dev, dtype=torch.float32)
-        m_sq = torch.stack(torch._foreach_norm(ts.ms, 2)).to(**f32) ** 2  # (k,) exact: the state it left
+        m_sq = torch.stack(torch._foreach_norm(ts.ms, 2)).float() ** 2  # (k,) exact: the state it left
         v_sum, age = stage.v_after, stage.age
         if v_sum is None or age >= self.resync:
-            v_sum, age = torch.stack(torch._foreach_norm(ts.vs, 1)).to(**f32), 0
-        self._moments = _Moments(ts.idx, self.optimizer_steps, m_sq.to(v_sum.device), v_sum, age, ts.ms, ts.vs)
+            v_sum, age = torch.stack(torch._foreach_norm(ts.vs, 1)).float(), 0
+        t = stage.t + 1  # each tensor with state stepped once (no counter read)
+        self._moments = _Moments(ts, self.optimizer_steps, m_sq.to(v_sum.device), v_sum, age, t)
         self._lrs = [g.get("lr") for g in self.optimizer.param_groups]
         if not stage.fed:
-            self._pending = (number, self._made(ts, m_sq, v_sum.to(dev), f32))
+            self._pending = (number, self._made(ts, m_sq, v_sum.to(dev), t, dict(device=dev, dtype=torch.float32)))
 
-    def _made(self, ts: "_AdamTensors", m_sq: torch.Tensor, v_sum: torch.Tensor, f32: dict) -> torch.Tensor:
+    def _made(self, ts: "_AdamTensors", m_sq: torch.Tensor, v_sum: torch.Tensor, t: torch.Tensor,
+              f32: dict) -> torch.Tensor:
         """The norm of the update the optimizer just made (0-d), from the moments it left: ``t`` is each
         tensor's counter as the step left it, the denominator AMSGrad's running max where it keeps one."""
-        dev = f32["device"]
-        b1, b2, eps = self._hyperparameters(ts, dev)
-        c, bc2 = ts.corrections(f32, b1, b2, after=True)
-        _, n = self._positions(ts, dev)
+        _, _, _, _, eps = ts.constants(f32["device"])
+        c, d = ts.corrections(f32, t.to(f32["device"]))
         v_den = v_sum if not ts.ams else ts.amsgrad_max(v_sum)
-        return (c * m_sq / ((v_den / (n * bc2)).sqrt() + eps) ** 2).sum().sqrt()
-
-    def _positions(self, ts: "_AdamTensors", dev: torch.device) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """(k,) the tensors' monitored positions (None: every monitored tensor, in order) and (k,) their
-        sizes on the device, copied from the host only when the set of tensors changed (they are the same
-        step after step)."""
-        key = (tuple(ts.idx), ts.n_monitored, tuple(v.numel() for v in ts.vs), dev)
-        if self._index is None or self._index[0] != key:
-            sizes = torch.tensor([float(k) for k in key[2]], dtype=torch.float32)
-            where = None if list(ts.idx) == list(range(ts.n_monitored)) else to_device(torch.tensor(ts.idx), dev)
-            self._index = (key, where, to_device(sizes, dev))
-        return self._index[1], self._index[2]
-
-    def _hyperparameters(self, ts: "_AdamTensors", dev: torch.device) -> tuple[torch.Tensor, ...]:
-        """(k,) b1, b2, eps of each tensor's group, copied to the device when they change."""
-        key = (tuple(id(g) for g in ts.groups), tuple((*g["betas"], g.get("eps", 1e-8)) for g in ts.groups), dev)
-        if self._hyper is None or self._hyper[0] != key:
-            rows = [[float(g["betas"][0]), float(g["betas"][1]), float(g.get("eps", 1e-8))] for g in ts.groups]
-            self._hyper = (key, to_device(torch.tensor(rows, dtype=torch.float32), dev))
-        hyper = self._hyper[1]
-        return hyper[:, 0], hyper[:, 1], hyper[:, 2]
+        return (c * m_sq / ((v_den / d).sqrt() + eps) ** 2).sum().sqrt()
 
 
 def _lr_rose(before: list[Any] | None, groups: list[dict]) -> bool:
@@ -293,27 +284,29 @@ def _lr_rose(before: list[Any] | None, groups: list[dict]) -> bool:
 class _AdamTensors:
     """The monitored tensors an Adam-like optimizer holds, with what the update signal reads of each."""
 
-    n_monitored: int = 0  # the monitored tensors (positions in ``idx`` index them)
+    params: Sequence[torch.nn.Parameter] = ()  # the monitored tensors (positions in ``idx`` index them)
     idx: list[int] = field(default_factory=list)  # monitored positions of the tensors with state
+    states: list[dict] = field(default_factory=list)  # their state entries
     ms: list[torch.Tensor] = field(default_factory=list)  # exp_avg
     vs: list[torch.Tensor] = field(default_factory=list)  # exp_avg_sq
-    gs: list[torch.Tensor] = field(default_factory=list)  # .grad
     steps: list[Any] = field(default_factory=list)  # each tensor's step counter (a number or a tensor)
     groups: list[dict] = field(default_factory=list)  # each tensor's param group
-    fresh: list[tuple[torch.Tensor, dict]] = field(default_factory=list)  # (.grad, group) of tensors without state
+    fresh: list[tuple[int, dict]] = field(default_factory=list)  # (position, group) of tensors without state
     ams: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (j, max_exp_avg_sq) of AMSGrad tensors
     flipped: list[int] = field(default_factory=list)  # j of the tensors whose group maximizes (the step uses -g)
+    distinct: list[dict] = field(default_factory=list)  # their groups, each once
+    _constants: tuple | None = None  # (key, (where, sizes, b1, b2, eps)) on one device (``constants``)
 
     @classmethod
     def of(cls, params: Sequence[torch.nn.Parameter], groups: dict, state: Any) -> "_AdamTensors":
-        out = cls(len(params))
+        out = cls(params)
         for i, p in enumerate(params):
             group, g = groups.get(p), p.grad
             if group is None or g is None or g.is_sparse or _is_dtensor(g):
                 continue  # a sharded tensor's local sums are not the tensor's
             st = state.get(p)
             if not st:  # the optimizer creates its state at this step
-                out.fresh.append((g, group))
+                out.fresh.append((i, group))
                 continue
             m, v = st.get("exp_avg"), st.get("exp_avg_sq")  # betas, but moments under other names
             if m is None or v is None or "step" not in st or _is_dtensor(v) or v.numel() == 0 or m.shape != g.shape:
@@ -323,28 +316,54 @@ class _AdamTensors:
             if group.get("maximize"):
                 out.flipped.append(len(out.idx))
             out.idx.append(i)
+            out.states.append(st)
             out.ms.append(m)
             out.vs.append(v)
-            out.gs.append(g)
             out.steps.append(st["step"])
             out.groups.append(group)
+        out.distinct = list({id(g): g for g in out.groups}.values())
         return out
 
-    def corrections(self, f32: dict, b1: torch.Tensor, b2: torch.Tensor, after: bool) -> tuple[torch.Tensor, ...]:
-        """(k,) each: ``lr^2 / (1 - b1^t)^2`` and ``1 - b2^t`` with each tensor's own step counter (``t =
-        counter + 1``: the step about to be taken; ``after``: the counter as the step just left it) and its
-        group's lr."""
-        t = _stack_scalars(self.steps, f32) + (0.0 if after else 1.0)
+    def same_state(self) -> bool:
+        """Are the moment tensors still the ones in their state entries (none replaced by another)?"""
+        return all(st.get("exp_avg") is m and st.get("exp_avg_sq") is v
+                   for st, m, v in zip(self.states, self.ms, self.vs))
+
+    def grads(self) -> list[torch.Tensor]:
+        """The tensors' ``.grad`` now."""
+        return [self.params[i].grad for i in self.idx]
+
+    def constants(self, dev: torch.device) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                   torch.Tensor]:
+        """(positions (None: every monitored tensor, in order), sizes, b1, b2, eps), each (k,) on ``dev``,
+        copied from the host once, again only when a group's betas or eps change."""
+        key = (dev, tuple((*g["betas"], g.get("eps", 1e-8)) for g in self.distinct))
+        if self._constants is None or self._constants[0] != key:
+            rows = [[float(v.numel()), float(g["betas"][0]), float(g["betas"][1]), float(g.get("eps", 1e-8))]
+                    for v, g in zip(self.vs, self.groups)]
+            cols = to_device(torch.tensor(rows, dtype=torch.float32).T.contiguous(), dev)  # (4, k)
+            where = None if self.idx == list(range(len(self.params))) else to_device(torch.tensor(self.idx), dev)
+            self._constants = (key, (where, cols[0], cols[1], cols[2], cols[3]))
+        return self._constants[1]
+
+    def counters(self, f32: dict) -> torch.Tensor:
+        """(k,) each tensor's step counter, on the device (read where they lie: no host read)."""
+        return _stack_scalars(self.steps, f32)
+
+    def corrections(self, f32: dict, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(k,) ``lr^2 / (1 - b1^t)^2`` and ``n (1 - b2^t)`` for the step counters ``t`` (k,) of the step
+        (after it) and each tensor's group's lr and betas."""
+        _, n, b1, b2, _ = self.constants(f32["device"])
         lr = _stack_scalars([g["lr"] for g in self.groups], f32)
-        return lr * lr / (1 - b1 ** t) ** 2, 1 - b2 ** t
+        return lr * lr / (1 - b1 ** t) ** 2, n * (1 - b2 ** t)
 
     def amsgrad_v(self, v_new: torch.Tensor, b2: torch.Tensor, k_mg: torch.Tensor | float) -> torch.Tensor:
         """``v_new`` with AMSGrad's denominator for its tensors: ``sum max(max_exp_avg_sq, b2 v + (1 - b2) g^2)``
         elementwise, as the step takes it (a running max that never decays: a tensor whose ``v`` decayed
         does not spike its update). One read of ``v`` and of its max per such tensor."""
-        sums = []
+        sums, grads = [], self.grads()
         for j, vmax in self.ams:
-            g = self.gs[j].float() * (k_mg[j] if isinstance(k_mg, torch.Tensor) else k_mg)
+            g = grads[j].float() * (k_mg[j] if isinstance(k_mg, torch.Tensor) else k_mg)
             sums.append(torch.maximum(vmax.float(), b2[j] * self.vs[j].float() + (1 - b2[j]) * g * g).sum())
         return self._with_ams(v_new, sums)
 
@@ -366,7 +385,7 @@ class _AdamTensors:
             return None
         lr = _stack_scalars([g["lr"] for _, g in self.fresh], f32)
         unit = torch.stack([(g.float() / (g.float().abs() + float(grp.get("eps", 1e-8)))).pow(2).sum().to(**f32)
-                            for g, grp in self.fresh])
+                            for g, grp in ((self.params[i].grad, grp) for i, grp in self.fresh)])
         return (lr * lr * unit).sum()
 
 
@@ -407,6 +426,7 @@ class _Stage:
     ts: _AdamTensors  # the tensors with state, as the call saw them
     v_after: torch.Tensor | None  # (k,) sum of v after the step by Adam's recursion (None: read it after)
     age: int  # steps since sum(v) was last read, after this one
+    t: torch.Tensor  # (k,) the step counters before the step (carried: +1 a step, read at fresh reads)
     fed: bool  # this step's update was fed already (measured before it, or the step fired): measure no update
 
 
@@ -415,26 +435,23 @@ class _Moments:
     """Per-tensor ``||m||^2`` (read) and ``sum v`` (carried) of the optimizer's state after the last step
     measured, for the next step to start from instead of reading the state."""
 
-    idx: list[int]  # the tensors they belong to (monitored-parameter positions)
+    ts: _AdamTensors  # the tensors they describe
     optimizer_steps: int  # the optimizer's step count right after that step
     m_sq: torch.Tensor  # (k,)
     v_sum: torch.Tensor  # (k,)
     age: int  # steps since the last exact read of sum(v)
-    ms: list[torch.Tensor]  # the exp_avg and exp_avg_sq tensors they describe
-    vs: list[torch.Tensor]
-    versions: list[int] = field(default_factory=list)  # their version counters when measured
+    t: torch.Tensor  # (k,) the step counters that step left
+    versions: list[int] = field(default_factory=list)  # the moment tensors' version counters when measured
 
     def __post_init__(self) -> None:
-        self.versions = [t._version for t in self.ms] + [t._version for t in self.vs]
+        self.versions = [x._version for x in self.ts.ms] + [x._version for x in self.ts.vs]
 
-    def holds(self, idx: list[int], optimizer_steps: int, ms: list[torch.Tensor], vs: list[torch.Tensor]) -> bool:
+    def holds(self, ts: _AdamTensors, optimizer_steps: int) -> bool:
         """Do they still describe the optimizer's state: the same tensors, no step since, and no change
         to them since (loaded, reset or edited in place)?"""
-        if idx != self.idx or optimizer_steps != self.optimizer_steps:
+        if ts is not self.ts or optimizer_steps != self.optimizer_steps:
             return False
-        if any(a is not b for a, b in zip(ms, self.ms)) or any(a is not b for a, b in zip(vs, self.vs)):
-            return False
-        return all(t._version == v for t, v in zip(ms + vs, self.versions))
+        return [x._version for x in ts.ms] + [x._version for x in ts.vs] == self.versions
 
 
 class _AfterStep:
