@@ -3,8 +3,9 @@
 Runs in the ``[verl]`` venv (docs/verl.md). Each world size is one launch of the verl tests' worker
 (``tests/integrations/verl/worker.py``: the example's engine and batches, one engine per launch),
 run one after the other, with the same scenarios on every world size: a reward outlier and stale
-old log-probs on the last rank (``token-mean``), and the stale response in packed micro-batches
-(``use_remove_padding=True``). Each spike fires on GradLoc's fixed trigger on its one step. The
+old log-probs on the last rank (``token-mean``), the stale response in packed micro-batches
+(``use_remove_padding=True``), and a NaN advantage on one response (the non-finite search: its
+rows have no share, "nan" in the table). Each spike fires on GradLoc's fixed trigger on its one step. The
 table: the response named first (rank, micro-batch, response) and its share, the probes
 (forward+backward passes; each a collective on every rank), the localizer's wall seconds on rank
 0, and the ratio to one process in the same run.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import sys
 import tempfile
@@ -28,7 +30,8 @@ def scenarios(world: int) -> list[dict]:
     last = world - 1
     return [dict(name="reward", kind="reward", agg="token-mean", rank=last, row=6, seed=1),
             dict(name="stale", kind="stale", agg="token-mean", rank=last, row=1, seed=2),
-            dict(name="stale packed", kind="stale", agg="token-mean", rank=last, row=3, seed=6, packed=True)]
+            dict(name="stale packed", kind="stale", agg="token-mean", rank=last, row=3, seed=6, packed=True),
+            dict(name="nan", kind="nan", agg="token-mean", rank=last, row=2, seed=4)]
 
 
 def launch(world: int, root: Path, model_dir: str) -> tuple[list[dict], float]:
@@ -50,9 +53,11 @@ def launch(world: int, root: Path, model_dir: str) -> tuple[list[dict], float]:
 def top(ranks: list[dict], name: str) -> tuple[tuple, float]:
     named: dict = {}
     for r, res in enumerate(ranks):
-        for _level, k, response, share in res[name].get("mine", []):
-            named[(r, k, response)] = named.get((r, k, response), 0.0) + share
-    best = max(named, key=named.get)
+        for _level, k, response, share in res[name].get("mine", []):  # a non-finite row has no share
+            named[(r, k, response)] = named.get((r, k, response), 0.0) + (math.nan if share is None else share)
+    if not named:
+        return None, math.nan
+    best = max(named, key=lambda k: -1.0 if math.isnan(named[k]) else named[k])
     return best, named[best]
 
 
@@ -78,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         print("| processes | injected | named first (rank, micro-batch, response) | share | probes | seconds | "
               "vs 1 process |\n|---|---|---|---|---|---|---|")
         for world, name, where, share, probes, secs, ratio in rows:
-            print(f"| {world} | {name} | {where} | {share:.0%} | {probes} | {secs:.1f} | {ratio:.1f}x |")
+            shown = "non-finite" if math.isnan(share) else f"{share:.0%}"
+            print(f"| {world} | {name} | {where} | {shown} | {probes} | {secs:.1f} | {ratio:.1f}x |")
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return 0

@@ -35,6 +35,7 @@ from typing import Callable
 
 import torch
 
+from ..norms import local_part
 from . import nonfinite_words as words
 from .probe import BudgetExhausted, Grads, Prober
 from .result import Culprit, CulpritToken, LocateResult
@@ -328,7 +329,8 @@ def search_losses(prober: Prober, micro_batches: list[int], labelled: bool, docu
 
 def _bad_weights(prober: Prober, names: list[str]) -> str:
     """Which trainable tensors hold NaN/Inf, in words ('' when none)."""
-    flags = torch.stack([torch.isfinite(p.detach()).all() for p in prober.params]).tolist()  # host sync: once
+    # local parts: FSDP2 on a 1-rank mesh holds DTensors (the whole tensor), which .tolist() refuses
+    flags = torch.stack([torch.isfinite(local_part(p).detach()).all() for p in prober.params]).tolist()  # host sync
     bad = [n for n, ok in zip(names, flags) if not ok]
     return words.bad_weights(bad) if bad else ""
 

@@ -31,7 +31,7 @@ def nan(world: int, **kw) -> dict:
 
 def scenarios(world: int) -> list[dict]:
     if world == 1:
-        return [reward(1), reward(1, name="packed", row=5, seed=6, packed=True)]
+        return [reward(1), reward(1, name="packed", row=5, seed=6, packed=True), nan(1)]
     if world == 4:
         return [stale(4), nan(4)]
     return [reward(2, warmup=1), stale(2, rank=0, tracking=True), stale(2, name="packed", row=3, seed=6, packed=True)] \
