@@ -20,6 +20,7 @@ starts over). Per-step detector feeds are recorded, so a changed detector re-sco
     python benchmarks/heldout_zoo.py --replay                 # the tables from the cache (seconds)
     python benchmarks/heldout_zoo.py --replay --rescore --detector '{"z_thresh": 5}'   # this code's detector
     python benchmarks/heldout_zoo.py --replay --relocate      # this code's localizer on the saved steps
+    python benchmarks/heldout_zoo.py --replay --events        # ... and the text of each clean step that fired
     python benchmarks/heldout_zoo.py --halves dev --families loop llama
 """
 from __future__ import annotations
@@ -208,6 +209,7 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--rescore", action="store_true", help="this code's detector on the recorded feeds")
     ap.add_argument("--relocate", action="store_true", help="this code's localizer on the saved injected steps")
     ap.add_argument("--detector", type=json.loads, default={}, help='SpikeConfig overrides, JSON')
+    ap.add_argument("--events", action="store_true", help="with --replay: the text of each clean step that fired")
     args = ap.parse_args(argv)
     if args.quick and not args.replay:
         args.seeds = args.seeds[:1]
@@ -216,6 +218,12 @@ def main(argv: list[str] | None = None) -> str:
     moved = relocate(args.cache, args.quick) if args.relocate else relocated(args.cache, args.quick)
     table = halves.render(runs, rescorer(args.detector) if args.rescore else halves.live, moved)
     print(table)
+    if args.events:
+        from zoo.clean_text import describe
+
+        print("\n### The clean steps that fired\n")
+        for line in (x for r in runs if r.scenario == "clean" for x in describe(r)):
+            print(line)
     print(f"\n{time.perf_counter() - t0:.0f} s in all; runs in {args.cache}")
     return table
 
