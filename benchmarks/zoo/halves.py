@@ -195,12 +195,19 @@ def summary(rs: list[Row], cs: list[Clean], name: str) -> dict[str, str]:
     at_inj = [sum(r.cause[0] for r in mine), sum(r.cause[1] for r in mine)]
     named = [sum(r.named[0] for r in mine if in_batch(r.kind)), sum(r.named[1] for r in mine if in_batch(r.kind))]
     alone = [sum(r.alone[0] for r in mine if in_batch(r.kind)), sum(r.alone[1] for r in mine if in_batch(r.kind))]
+    incidents = sum(r.n for r in mine if KINDS.get(r.kind) is not None and KINDS[r.kind].aftermath)
+    after = [sum(r.after[0] for r in mine), sum(r.after[1] for r in mine)]
+    per_kind = [r.hits / r.n for r in harmful if r.n]
+    named_kind = [r.named[0] / r.named[1] for r in mine if in_batch(r.kind) and r.named[1]]
     return {
         "recall": _pct(sum(r.hits for r in harmful), sum(r.n for r in harmful)),
+        "recall_kind": f"{100 * statistics.fmean(per_kind):.0f}% ({len(per_kind)})" if per_kind else "–",
+        "named_kind": f"{100 * statistics.fmean(named_kind):.0f}% ({len(named_kind)})" if named_kind else "–",
         "false": f"{1000 * events / max(1, steps):.2f} ({events} in {steps})",
         "false_all": f"{1000 * events_all / max(1, steps_all):.2f} ({events_all} in {steps_all})",
         "cause": _pct(*cause),
         "cause_inj": _pct(*at_inj),
+        "after": f"{after[0]}/{after[1]} right, {after[1] / max(1, incidents):.1f} per incident ({incidents})",
         "named": _pct(*named),
         "alone": _pct(*alone),
     }
@@ -210,11 +217,14 @@ def render_summary(rs: list[Row], cs: list[Clean]) -> list[str]:
     d, h = summary(rs, cs, "dev"), summary(rs, cs, "heldout")
     lines = ["| metric | goal | dev | heldout |", "|---|---|---|---|"]
     names = [("recall", "harmful injected steps detected", "recall"),
+             ("recall_kind", "... each harmful (family, source, kind) weighted alike (how many)", None),
              ("false", "false events per 1000 clean steps (clean twins)", "false"),
              ("false_all", "false events per 1000 clean steps (twins and placebos)", None),
              ("cause", "cause right (injected steps and their aftermath)", "cause"),
              ("cause_inj", "cause right at injected steps only", None),
+             ("after", "events in the recovery windows of schedule and weight incidents", None),
              ("named", "culprit named at its level, data and RL injections (live)", "named"),
+             ("named_kind", "... each (family, source, kind) weighted alike (how many)", None),
              ("alone", "culprit named at its level, localizer alone (--relocate)", None)]
     for k, label, goal in names:
         lines.append(f"| {label} | {GOALS[goal] if goal else ''} | {d[k]} | {h[k]} |")
