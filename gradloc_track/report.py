@@ -3,7 +3,9 @@
 Reads the shared file layout (``spikes/events/step_*.json``: every detected spike, localized or
 not; ``spikes/tokens/step_*.json`` or an older ``spikes/tokens.json``,
 ``spikes/highlight/step_*.html``, ``spikes/heatmap/step_*.png``, see ``trackers/interface.py``) from a
-local run directory, or downloads it from an MLflow run first. Event pages (whole documents) are embedded as sandboxed
+local run directory; else each backend's entry (``trackers.backends``) says where its run's files
+are: an MLflow run's downloaded, a W&B run folder's media, a TensorBoard log dir's events.
+Event pages (whole documents) are embedded as sandboxed
 ``<iframe srcdoc>`` with the document escaped into the attribute; images as base64 data URIs. The
 page has no script and loads nothing from outside.
 """
@@ -15,16 +17,15 @@ import json
 import os
 import re
 import shutil
-import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from .artifacts.table_store import merge_tables, table_parts
-from .run_dirs import WHAT, find_run_dirs, run_dir_of, run_key, run_locations, wandb_run_id
+from .run_dirs import WHAT, find_run_dirs, run_dir_of, run_key, run_locations
 from .text import token_html, visible_text
-from .trackers.bounded import CallTimeout, bounded_call
+from .trackers.backends import BACKENDS, NoSpikeEvents, ReportSourceError, RunFiles  # (their errors, re-exported)
+from .trackers.backends.mlflow import MLFLOW_WAIT_S, RUN_ID  # noqa: F401 - MLFLOW_WAIT_S: the ledger's bound too
 from .trackers.incomplete import incomplete_reason
-from .trackers.mlflow_links import mlflow_run_url
 
 STEP = re.compile(r"step_(\d+)\.(html|png)$")
 CSS = ("body{font-family:system-ui,sans-serif;margin:16px} table{border-collapse:collapse;font-size:12px}"
@@ -34,104 +35,24 @@ CSS = ("body{font-family:system-ui,sans-serif;margin:16px} table{border-collapse
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 
 
-class ReportSourceError(FileNotFoundError):
-    """The report source is neither a run directory with ``spikes/`` nor a readable MLflow run."""
-
-
-class NoSpikeEvents(ReportSourceError):
-    """A run (dir, W&B folder or MLflow run) that exists and logged no spike event."""
-
-
 class IncompleteRunDir(NoSpikeEvents):
     """A run dir marked ``INCOMPLETE`` (``trackers.incomplete``) that holds no spike files: its writes
     failed, so "no spike events" would be a guess."""
 
 
-MLFLOW_WAIT_S = 20.0  # our bound on waiting for an MLflow store/server (its own retries take minutes)
-RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 TITLE = re.compile(r"<title>spike at step (\d+)</title>")
 
 
 @dataclass
-class ReportSource:
-    """Where a report's files are (the folder holding ``spikes/``), its title, and a link back to the run."""
+class ReportSource(RunFiles):
+    """Where a report's files are (``RunFiles``: the folder holding ``spikes/``, or a backend's reader),
+    its title, a link back to the run, which run it is, and whether the run dir is all of it."""
 
-    root: Path
-    title: str
-    link: str | None = None
-    layout: str = "files"  # files (spikes/...) | wandb (files/media/...)
-    notes: list[str] = field(default_factory=list)
-    temporary: bool = False  # ``root`` is a download of ours: removed once the page is built
-    run_id: str = ""  # which run it is (``run_dirs.run_key``): the MLflow run id, wandb:<id>, else the dir
     incomplete: str | None = None  # why the run dir is not the whole run (``trackers.incomplete``), if it is not
 
-
-def _bounded(fn, what: str, timeout_s: float | None = None):
-    """``fn()`` on a daemon thread; give up after ``timeout_s`` (MLflow's own retries can take minutes)."""
-    timeout_s = MLFLOW_WAIT_S if timeout_s is None else timeout_s
-    try:
-        return bounded_call(fn, timeout_s, name="gradloc-report-mlflow")
-    except CallTimeout:
-        raise ReportSourceError(f"{what}: no answer within {timeout_s:.0f} s (server down or unreachable?); "
-                                "check --tracking-uri, or pass the run directory instead") from None
-
-
-def _fetch_mlflow(run_id: str, tracking_uri: str | None) -> ReportSource:
-    """Download the run's ``spikes/`` artifacts into a temp dir."""
-    from ._optional import require
-    from .trackers.mlflow_tracker import resolve_tracking_uri
-
-    uri = resolve_tracking_uri(tracking_uri)
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
-        # MlflowClient would create an empty store here: say what is missing instead
-        raise ReportSourceError(f"{run_id!r} is neither a run directory nor a run in an MLflow store: there is no "
-                                f"store at {uri}; pass a run directory, or --tracking-uri pointing at the run's store")
-    if uri.startswith(("http://", "https://")):
-        _probe(uri)
-    require("mlflow", "mlflow")
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(uri)
-    try:
-        run = _bounded(lambda: client.get_run(run_id), f"MLflow at {uri}")
-    except MlflowException as exc:
-        raise ReportSourceError(
-            f"{run_id!r} is neither a run directory nor a run in the MLflow store {uri} "
-            f"({exc.message.splitlines()[0]}); "
-            "pass a local run directory, or an MLflow run id with --tracking-uri pointing at its store") from exc
-    dst = Path(tempfile.mkdtemp(prefix="gradloc-report-"))
-    try:
-        _bounded(lambda: client.download_artifacts(run_id, "spikes", str(dst)), f"MLflow at {uri}", 120.0)
-    except (MlflowException, OSError) as exc:
-        shutil.rmtree(dst, ignore_errors=True)
-        raise NoSpikeEvents(f"MLflow run {run_id} has no spikes/ artifacts: it logged no spike events") from exc
-    info = {"tracking_uri": uri, "experiment_id": run.info.experiment_id, "run_id": run_id}
-    return ReportSource(dst, run.info.run_name or run_id, mlflow_run_url(info), temporary=True, run_id=run_id)
-
-
-def _probe(uri: str, timeout_s: float = 5.0) -> None:
-    """Fail fast on a server that is not there (connection refused / no route), before MLflow's retries."""
-    import socket
-    import urllib.parse
-
-    u = urllib.parse.urlparse(uri)
-    port = u.port or (443 if u.scheme == "https" else 80)
-    try:
-        socket.create_connection((u.hostname, port), timeout=timeout_s).close()
-    except OSError as exc:
-        raise ReportSourceError(f"MLflow server {uri} is unreachable ({exc}); start it, "
-                                "or pass the run directory") from exc
-
-
-def _wandb_files(folder: Path, run_id: str | None = None) -> Path | None:
-    """The ``files/`` of a W&B run folder (``offline-run-*``/``run-*``), or of the one under ``folder``
-    (``folder/wandb/*run-*``, ``folder/*run-*``) with this ``run_id`` (without one: the latest)."""
-    if (folder / "files" / "media").is_dir():
-        return folder / "files"
-    runs = sorted(folder.glob("wandb/*run-*/files")) + sorted(folder.glob("*run-*/files"))
-    runs = [r for r in runs if (r / "media").is_dir() and (run_id is None or r.parent.name.endswith(f"-{run_id}"))]
-    return runs[-1] if runs else None
+    @classmethod
+    def of(cls, files: RunFiles) -> "ReportSource":
+        return files if isinstance(files, cls) else cls(**vars(files))
 
 
 def not_a_run_dir(folder: Path) -> str:
@@ -154,22 +75,16 @@ def _from_run_dir(run: Path, tracking_uri: str | None) -> ReportSource:
 
 def _sources_of(run: Path, tracking_uri: str | None, incomplete: str | None) -> ReportSource:
     where = run_locations(run)
-    if (run / "spikes").is_dir():
-        m = where.get("mlflow") or {}
-        return ReportSource(run, m.get("run_name") or run.name, mlflow_run_url(m) if m else None,
-                            run_id=run_key(run, where))
-    if "mlflow" in where:
-        m = where["mlflow"]
-        return _fetch_mlflow(m["run_id"], tracking_uri or m.get("tracking_uri"))
-    w = where.get("wandb", {})
-    wid = wandb_run_id(run, w)
-    folders = ([Path(w["dir"])] if w.get("dir") else []) + [run]  # W&B's folder, else under (or is) the run dir
-    files = next((f for f in (_wandb_files(d, wid) for d in folders) if f is not None), None)
-    if files is not None:
-        wid = wandb_run_id(files.parent, w)
-        url = w.get("url") if not w.get("offline") else None
-        return ReportSource(files, w.get("run_name") or files.parent.name, url, layout="wandb",
-                            run_id=f"wandb:{wid}" if wid else str(files.parent.resolve()))
+    if (run / "spikes").is_dir():  # the shared layout in the run dir: named after its first backend run
+        views = [(b, where[name]) for name, b in BACKENDS.items() if name in where]
+        title = next((v["run_name"] for _, v in views if v.get("run_name")), run.name)
+        link = next((u for u in (b.link(v) for b, v in views) if u), None)
+        return ReportSource(run, title, link, run_id=run_key(run, where))
+    for name, b in BACKENDS.items():  # else the run the record names, or a backend's own folder
+        if name in where or b.is_run_folder(run):
+            files = b.report_files(run, where.get(name), tracking_uri)
+            if files is not None:
+                return ReportSource.of(files)
     backends = f" (its {' and '.join(where)} run has none either)" if where else ""
     if incomplete is not None:
         raise IncompleteRunDir(f"{incomplete}; it holds no spike files{backends}")
@@ -177,8 +92,9 @@ def _sources_of(run: Path, tracking_uri: str | None, incomplete: str | None) -> 
 
 
 def resolve_source(source: str | Path, tracking_uri: str | None = None) -> ReportSource:
-    """A run dir (any tracker: follows ``tracker/<backend>.json``; or its ``spikes/``), a W&B run folder,
-    or an MLflow run id. ``ReportSourceError`` says what is wrong (``NoSpikeEvents``: a run without any)."""
+    """A run dir (any tracker: follows ``tracker/<backend>.json``; or its ``spikes/``), a backend's own
+    run folder (W&B's, a TensorBoard log dir), or a run id (MLflow's). ``ReportSourceError`` says what is
+    wrong (``NoSpikeEvents``: a run without any)."""
     root = Path(source)
     if root.is_dir():
         run = run_dir_of(root)
@@ -189,7 +105,11 @@ def resolve_source(source: str | Path, tracking_uri: str | None = None) -> Repor
     if not RUN_ID.match(text) and (os.sep in text or text.startswith(".") or root.suffix):
         raise ReportSourceError(f"{source}: no such run directory; pass the run directory the app printed "
                                 "(runs/<date>/...), a W&B run directory, or an MLflow run id")
-    return _fetch_mlflow(text, tracking_uri)
+    for b in BACKENDS.values():
+        files = b.find_run(text, tracking_uri)
+        if files is not None:
+            return ReportSource.of(files)
+    raise ReportSourceError(f"{source}: no run directory and no run of {', '.join(BACKENDS)} by that id")
 
 
 def _by_step(folder: Path, ext: str) -> dict[int, Path]:
@@ -201,31 +121,30 @@ def _by_step(folder: Path, ext: str) -> dict[int, Path]:
     return out
 
 
-WANDB_MEDIA = re.compile(r"_(\d+)_[0-9a-f]+\.(?:html|png)$")
-
-
-def _wandb_step(p: Path) -> int:
-    m = WANDB_MEDIA.search(p.name)
-    return int(m.group(1)) if m else -1
-
-
 def _read_text(path: str | Path, notes: list[str]) -> str:
     with open(path, "rb") as f:
-        data = f.read()
+        return _decode(f.read(), os.path.basename(path), notes)
+
+
+def _decode(data: bytes, name: str, notes: list[str]) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        notes.append(f"{os.path.basename(path)} is not valid UTF-8 (byte {exc.start}); undecodable bytes are shown "
-                     "as \ufffd")
+        notes.append(f"{name} is not valid UTF-8 (byte {exc.start}); undecodable bytes are shown as \ufffd")
         return data.decode("utf-8", errors="replace")
 
 
 def load_table(path: str | Path, notes: list[str]) -> dict:
     """``{"columns": [...], "data": [[...], ...]}`` from a table file; a readable note instead of a traceback."""
+    with open(path, "rb") as f:
+        return parse_table(f.read(), os.path.basename(path), notes)
+
+
+def parse_table(data: bytes, name: str, notes: list[str]) -> dict:
+    """``load_table`` of a table's bytes (a backend reader's part), ``name`` saying which in the notes."""
     empty = {"columns": [], "data": []}
-    name = os.path.basename(path)
     try:
-        table = json.loads(_read_text(path, notes))
+        table = json.loads(_decode(data, name, notes))
     except ValueError as exc:  # truncated (a write was cut short) or not JSON at all
         notes.append(f"{name} is not valid JSON ({exc}); the culprit table is left out. "
                      "A truncated file usually means the run was killed while writing it")
@@ -245,44 +164,13 @@ def load_table(path: str | Path, notes: list[str]) -> dict:
     return {"columns": [str(c) for c in cols], "data": rows}
 
 
-def wandb_tables(media: Path, kind: str) -> list[Path]:
-    """A W&B run's files of table ``spikes/<kind>`` (``kind``: tokens | events): its cumulative
-    ``<key>_all`` table (logged once, at ``finish``), else (a run that never finished) each event's,
-    in step order. Never "the largest file": one event's table can outnumber a cumulative one whose
-    damaged rows were left out."""
-    tables = [t for t in (media / "table").rglob("*.table.json") if kind in t.name]
-    if kind == "tokens":
-        tables = [t for t in tables if "events" not in t.name]
-    whole = [t for t in tables if f"{kind}_all_" in t.name]
-    return sorted(whole, key=_wandb_table_step)[-1:] if whole else sorted(tables, key=_wandb_table_step)
-
-
-WANDB_TABLE = re.compile(r"_(\d+)_[0-9a-f]+\.table\.json$")
-
-
-def _wandb_table_step(p: Path) -> tuple[int, str]:
-    m = WANDB_TABLE.search(p.name)
-    return (int(m.group(1)) if m else -1, p.name)
-
-
 def _events(src: ReportSource) -> tuple[dict, dict[int, str], dict[int, bytes]]:
-    """(table, step -> page html, step -> png bytes) from either file layout."""
-    notes = src.notes
-    if src.layout == "wandb":
-        media = src.root / "media"
-        table = merge_tables(load_table(t, notes) for t in wandb_tables(media, "tokens"))
-        pages: dict[int, str] = {}
-        html_files = sorted((media / "html").rglob("*.html"), key=_wandb_step)
-        order = []
-        for p in html_files:
-            doc = _read_text(p, notes)
-            m = TITLE.search(doc)
-            step = int(m.group(1)) if m else _wandb_step(p)
-            pages[step] = doc
-            order.append(step)
-        pngs = sorted((media / "images").rglob("*.png"), key=_wandb_step)
-        images = {step: p.read_bytes() for step, p in zip(order, pngs)}  # logged in the same order
-        return table, pages, images
+    """(table, step -> page html, step -> png bytes) from the run dir's layout or the backend's reader."""
+    notes, reader = src.notes, src.reader
+    if reader is not None:
+        table = merge_tables(parse_table(data, name, notes) for name, data in reader.tables("tokens"))
+        pages = {step: _decode(doc, f"the page of step {step}", notes) for step, doc in reader.pages().items()}
+        return table, pages, reader.images()
     spikes = src.root / "spikes"
     # one part per event (spikes/tokens/step_*.json), or an older run's single tokens.json
     table = merge_tables(load_table(p, notes) for p in table_parts(src.root, "spikes/tokens"))
@@ -294,8 +182,8 @@ def _events(src: ReportSource) -> tuple[dict, dict[int, str], dict[int, bytes]]:
 def _event_table(src: ReportSource) -> dict:
     """Table ``spikes/events``: one row per detected spike (``artifacts.events``), localized or not."""
     notes = src.notes
-    if src.layout == "wandb":
-        return merge_tables(load_table(t, notes) for t in wandb_tables(src.root / "media", "events"))
+    if src.reader is not None:
+        return merge_tables(parse_table(data, name, notes) for name, data in src.reader.tables("events"))
     return merge_tables(load_table(p, notes) for p in table_parts(src.root, "spikes/events"))
 
 
@@ -376,7 +264,7 @@ def build_report(source: str | Path, tracking_uri: str | None = None, notes: lis
         src.notes.insert(0, src.incomplete)
         if problems is not None:
             problems.append(src.incomplete)
-    if src.layout == "files" and not (src.root / "spikes").is_dir():
+    if src.reader is None and not (src.root / "spikes").is_dir():
         raise NoSpikeEvents(f"{source}: no spikes/ folder in this run directory; it logged no spike events "
                             "(or pass the run directory the tracker wrote, the one holding spikes/)")
     try:

@@ -10,23 +10,24 @@ A run dir is the folder one run of ours writes; the apps print it (``run dir: ..
 - ``metrics.jsonl``: a ``tracker=none`` run's metrics;
 - ``INCOMPLETE``: some of its writes failed (a full disk; ``trackers.incomplete``), perhaps all of them;
 
-or it is a W&B run folder (``offline-run-<time>-<id>``, ``run-<time>-<id>``, holding ``files/``).
+or it is a folder of a backend's own that its entry calls a run dir (``Backend.is_run_folder``: a W&B
+run folder, ``offline-run-<time>-<id>`` holding ``files/``; a TensorBoard log dir).
 ``gradloc-track report`` and ``culprits`` accept any of them, and ``spikes/`` or ``rendered/`` of one;
 ``culprits`` also searches a folder for the run dirs under it.
 
-A run's identity (``run_key``) is the run it logged to, never its folder's name: the MLflow run id,
-``wandb:<run id>``, else the run dir's resolved path (two sweeps' ``0_clip=adagc`` are two runs).
+A run's identity (``run_key``) is the run it logged to, never its folder's name: the first backend's
+(``Backend.run_id``, registry order: the MLflow run id, ``wandb:<run id>``), else the run dir's
+resolved path (two sweeps' ``0_clip=adagc`` are two runs).
 """
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Any
 
+from .trackers.backends import BACKENDS
 from .trackers.run_record import read_backend_record
 
-WANDB_RUN = re.compile(r"^(?:offline-)?run-\d{8}_\d{6}-([A-Za-z0-9]+)$")
 MARKERS = ("spikes", "tracker", "metrics.jsonl", "INCOMPLETE")
 PARTS = ("spikes", "rendered")  # folders of a run dir the apps print
 WHAT = ("a run dir is the folder the app printed ('run dir: ...'; it holds spikes/, tracker/<backend>.json or "
@@ -34,13 +35,10 @@ WHAT = ("a run dir is the folder the app printed ('run dir: ...'; it holds spike
 MAX_DEPTH = 12  # how deep culprits looks for run dirs under a folder
 
 
-def is_wandb_run(path: Path) -> bool:
-    return WANDB_RUN.match(path.name) is not None and (path / "files").is_dir()
-
-
 def is_run_dir(path: Path) -> bool:
     """Whether ``path`` is a run dir (see the module doc)."""
-    return path.is_dir() and (any((path / m).exists() for m in MARKERS) or is_wandb_run(path))
+    return path.is_dir() and (any((path / m).exists() for m in MARKERS) or
+                              any(b.is_run_folder(path) for b in BACKENDS.values()))
 
 
 def run_dir_of(path: Path) -> Path | None:
@@ -89,23 +87,11 @@ def run_locations(run_dir: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def wandb_run_id(folder: Path, where: dict[str, Any] | None = None) -> str | None:
-    """A W&B run's id: from its run folder's name, else from the record (``path`` ends with it)."""
-    m = WANDB_RUN.match(folder.name)
-    if m:
-        return m.group(1)
-    where = where or {}
-    if where.get("run_id"):
-        return str(where["run_id"])
-    return str(where["path"]).rsplit("/", 1)[-1] if where.get("path") else None
-
-
 def run_key(run_dir: Path, where: dict[str, dict[str, Any]] | None = None) -> str:
     """The identity of the run a run dir holds (see the module doc); ``where``: its ``run_locations``."""
     where = run_locations(run_dir) if where is None else where
-    if where.get("mlflow", {}).get("run_id"):
-        return str(where["mlflow"]["run_id"])
-    wid = wandb_run_id(run_dir, where.get("wandb"))
-    if wid:
-        return f"wandb:{wid}"
+    for name, b in BACKENDS.items():
+        key = b.run_id(run_dir, where.get(name))
+        if key:
+            return key
     return str(run_dir.resolve())

@@ -92,13 +92,13 @@ def test_a_joined_mlflow_runs_dir_is_followed_to_the_run(tmp_path, sqlite_uri, c
 
     from gradloc_track.config import TrackerConfig
     from gradloc_track.run_dirs import run_locations
-    from gradloc_track.trackers.join import RunDir, join_mlflow
+    from gradloc_track.trackers.join import OpenRuns, RunDir, join_runs
 
     client = MlflowClient(sqlite_uri)
     exp = client.create_experiment("users-own")
     opened = client.create_run(exp, run_name="users-run").info.run_id  # the user's run, opened by them
     run_dir = tmp_path / "runs" / "joined"
-    tracker = join_mlflow(opened, sqlite_uri, TrackerConfig(), RunDir(run_dir))
+    tracker = join_runs(OpenRuns(mlflow=(opened, sqlite_uri)), TrackerConfig(), RunDir(run_dir))
     events, result, ctx = make_case(T=40, culprits=((0, 5),), pad_from=30)
     SpikeArtifactWriter(tracker, run_dir, window=8).write(12, events, result, ctx)
     tracker.finish()

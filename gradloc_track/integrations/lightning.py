@@ -21,6 +21,7 @@ from typing import Any
 
 from .._optional import require
 from ..console import TrainConsole
+from ..trackers.backends import BACKENDS
 from ..trackers.join import OpenRuns
 from .batches import BatchList, LMBatch
 from .options import resolve_options
@@ -31,15 +32,14 @@ LIGHTNING_WANDB_STEP = "trainer/global_step"  # the step metric WandbLogger defi
 
 
 def logger_runs(trainer: Any) -> OpenRuns:
-    """The runs of the Trainer's MLflow / W&B loggers, for ``trackers.join`` to join (left open)."""
+    """The runs of the Trainer's loggers that a tracker backend knows (MLflow's, W&B's: each backend's
+    ``from_lightning``), for ``trackers.join`` to join (left open)."""
     found: dict[str, Any] = {}
     for lg in getattr(trainer, "loggers", None) or []:
-        kind = type(lg).__name__
-        if kind == "MLFlowLogger":
-            client = lg.experiment  # creates the logger's run if it is not there yet
-            found["mlflow"] = (lg.run_id, client.tracking_uri)
-        elif kind == "WandbLogger":
-            found["wandb"] = lg.experiment
+        for name, backend in BACKENDS.items():
+            run = backend.from_lightning(lg)
+            if run is not None:
+                found[name] = run
     return OpenRuns(**found, wandb_step_key=LIGHTNING_WANDB_STEP)
 
 

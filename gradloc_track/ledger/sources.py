@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..report import MLFLOW_WAIT_S, RUN_ID, IncompleteRunDir, NoSpikeEvents, ReportSource, ReportSourceError, \
-    load_table, not_a_run_dir, resolve_source, wandb_tables
+    load_table, not_a_run_dir, parse_table, resolve_source
 from ..artifacts.table_store import merge_tables, part_files
 from ..run_dirs import find_run_dirs, run_dir_of
 from ..trackers.bounded import CallTimeout, bounded_call
@@ -37,11 +37,11 @@ class RunTable:
 
 
 def _table(src: ReportSource) -> dict[str, Any]:
-    """The run's culprit table, its rows checked: its parts (run dir, MLflow download), or a W&B run's
-    cumulative table (else, in a run that never finished, its events' tables)."""
-    if src.layout == "wandb":
-        return merge_tables(checked_rows(load_table(t, src.notes), t.name, src.notes)
-                            for t in wandb_tables(src.root / "media", "tokens"))
+    """The run's culprit table, its rows checked: its parts (run dir, MLflow download), or what the
+    backend's reader holds (a W&B run's cumulative table, a TensorBoard run's parts)."""
+    if src.reader is not None:
+        return merge_tables(checked_rows(parse_table(data, name, src.notes), name, src.notes)
+                            for name, data in src.reader.tables("tokens"))
     parts = [(p, load_table(p, src.notes)) for p in part_files(src.root, "spikes/tokens")]
     merged = merge_tables(t for _, t in parts)
     if rows_ok(merged):  # the common case: one check per run

@@ -65,6 +65,10 @@ class Tracker:
     name: str = "none"
     #: True when ``submit``ted jobs run off the calling (training) thread
     runs_jobs_off_thread: bool = False
+    #: ``log_metrics`` takes ``timestamp_ms`` (a replayed record is then the same row, not a duplicate)
+    accepts_timestamp: bool = False
+    #: values one ``log_metric_records`` call takes; None: the background writer sends one step per call
+    max_metrics_per_request: int | None = None
     #: Records lost for good (neither the backend nor the local spool could take them)
     dropped: int = 0
     #: Local directory for files this run writes (spool files, rendered artifacts).
@@ -72,6 +76,11 @@ class Tracker:
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         pass
+
+    def log_metric_records(self, records: Sequence[tuple[Mapping[str, float], int, int]]) -> None:
+        """Many ``(metrics, step, timestamp_ms)`` records in one call (the writer's batches, replay)."""
+        for metrics, step, _ts in records:
+            self.log_metrics(metrics, step)
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         pass
@@ -102,6 +111,10 @@ class Tracker:
 
     def finish(self, status: str = "success", timeout_s: float | None = None) -> None:
         pass
+
+    def run_ref(self) -> dict[str, Any] | None:
+        """What ``replay`` needs to find this backend run again (its id and where it lives); None: no run."""
+        return None
 
     # context-manager sugar: a run that raises is finished as "failed" (Ctrl-C: "killed")
     def __enter__(self) -> "Tracker":
@@ -165,3 +178,32 @@ class NullTracker(Tracker):
 
     def submit(self, job) -> None:
         pass  # nothing would be logged: do not even render
+
+
+def send(tracker: Tracker, call: str, args: Sequence[Any], ts: int | None = None) -> None:
+    """One record, as the background writer queues it and the spool keeps it (a call's name and its
+    arguments), to ``tracker``'s method of that name. ``ts``: when it was logged (a backend that
+    ``accepts_timestamp`` keeps it: a record sent twice is one row)."""
+    if call == "log_metrics":
+        if tracker.accepts_timestamp and ts is not None:
+            tracker.log_metrics(*args, timestamp_ms=ts)  # type: ignore[call-arg]
+        else:
+            tracker.log_metrics(*args)
+    elif call == "log_metric_records":
+        tracker.log_metric_records(*args)
+    elif call == "log_params":
+        tracker.log_params(*args)
+    elif call == "log_table":
+        tracker.log_table(*args)
+    elif call == "log_html":
+        tracker.log_html(*args)
+    elif call == "log_image":
+        tracker.log_image(*args)
+    elif call == "log_artifact":
+        tracker.log_artifact(*args)
+    elif call == "set_tags":
+        tracker.set_tags(*args)
+    elif call == "finish":
+        tracker.finish(*args)
+    else:
+        raise ValueError(f"gradloc-track: no tracker call {call!r} (a record from a newer version?)")

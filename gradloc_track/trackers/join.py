@@ -4,11 +4,12 @@ Callers: ``make_tracker`` (the run a ``TrackerConfig`` describes: ``open_run``),
 door (``watch()``, the HF / TRL / Lightning callbacks, through ``integrations.handle``), which
 call ``start``: join the runs already open, else open one.
 
-- ``open_run``: a new run: MLflow and/or W&B behind the background writer (``AsyncTracker``),
+- ``open_run``: a new run of the backend ``tracker.kind`` names (``both``: MLflow and W&B), each
+  opened by its entry in ``backends.BACKENDS`` behind the background writer (``AsyncTracker``),
   finished as KILLED on SIGTERM; ``tracker=none`` with a run dir: the run dir's files; ``memory``.
-- ``join_runs``: into runs someone else opened (``OpenRuns``: ``wandb.run`` /
-  ``mlflow.active_run()`` found by ``open_in_process``, HF Trainer's ``report_to`` run,
-  Lightning's logger runs), through the same background writer; they stay open at finish.
+- ``join_runs``: into runs someone else opened (``OpenRuns``: what each backend's
+  ``open_in_process`` finds, ``wandb.run`` / ``mlflow.active_run()``; HF Trainer's ``report_to``
+  run, Lightning's logger runs), through the same background writer; they stay open at finish.
 
 Every backend run, opened or joined, is recorded in ``<run dir>/tracker/<backend>.json``
 (``run_record``): the ``spec`` here, the ``view`` (MLflow run / W&B path and folder) by the
@@ -24,18 +25,15 @@ from __future__ import annotations
 
 import logging
 import shutil
-import sys
 import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..config import TrackerConfig
-from ..config.tracker import TRACKER_KINDS
 from . import sigterm
-from .async_writer import AsyncTracker
-from .async_writer.opener import OpenGate
+from .backends import BACKENDS, OnOpen
 from .fanout import as_one_tracker
 from .interface import NullTracker, Tracker
 from .local_tracker import LocalTracker
@@ -44,8 +42,8 @@ from .run_lock import RunOwner
 
 log = logging.getLogger(__name__)
 
-#: called once per backend when its run exists (e.g. to say where the run is)
-OnOpen = Callable[[Tracker], None]
+#: what ``tracker=both`` opens
+BOTH = ("mlflow", "wandb")
 
 _scratch: set[Path] = set()  # the scratch dirs of this process that still exist
 
@@ -96,41 +94,33 @@ class RunDir:
         self._path = None
 
 
-@dataclass(frozen=True)
 class OpenRuns:
-    """Runs someone else opened, to log into and leave open. ``wandb_step_key``: the step metric of
-    the framework that opened the W&B run (HF Trainer's, Lightning's); None: the user's own run
-    (our records in their rows, ``wandb_shared``)."""
+    """Runs someone else opened, to log into and leave open: ``OpenRuns(mlflow=(run_id, tracking_uri))``,
+    ``OpenRuns(wandb=run)``, one keyword per backend (``backends.BACKENDS``: what its ``open_in_process``
+    finds). ``wandb_step_key``: the step metric of the framework that opened the run (HF Trainer's,
+    Lightning's); None: the user's own run (for W&B, our records in their rows, ``wandb_shared``)."""
 
-    mlflow: tuple[str, str] | None = None  # (run_id, tracking_uri)
-    wandb: Any = None  # the W&B run object
-    wandb_step_key: str | None = None
+    def __init__(self, wandb_step_key: str | None = None, **runs: Any) -> None:
+        unknown = sorted(set(runs) - set(BACKENDS))
+        if unknown:
+            raise TypeError(f"OpenRuns: no backend named {', '.join(unknown)} (known: {', '.join(BACKENDS)})")
+        self.runs = {name: runs[name] for name in BACKENDS if runs.get(name) is not None}
+        self.wandb_step_key = wandb_step_key
+
+    def __getattr__(self, name: str) -> Any:
+        if name != "runs" and name in BACKENDS:  # ``found.mlflow``: that backend's run, or None
+            return self.runs.get(name)
+        raise AttributeError(name)
 
     @property
     def backends(self) -> tuple[str, ...]:
-        return tuple(k for k in ("mlflow", "wandb") if getattr(self, k) is not None)
+        return tuple(self.runs)
 
 
 def open_in_process(wandb_step_key: str | None = None) -> OpenRuns:
-    """``wandb.run`` / ``mlflow.active_run()``, only if this process already imported that SDK
-    (never imported here to look)."""
-    found: dict[str, Any] = {}
-    wandb = sys.modules.get("wandb")
-    if wandb is not None and getattr(wandb, "run", None) is not None:
-        found["wandb"] = wandb.run
-    mlflow = sys.modules.get("mlflow")
-    if mlflow is not None and hasattr(mlflow, "active_run"):
-        active = mlflow.active_run()
-        if active is not None:
-            found["mlflow"] = (active.info.run_id, mlflow.get_tracking_uri())
-    return OpenRuns(**found, wandb_step_key=wandb_step_key)
-
-
-def _require_backend(kind: str) -> None:
-    """Fail fast, in the caller's thread, when the backend's package is missing."""
-    from .._optional import require
-
-    require(kind, kind)
+    """The run each backend has open in this process (``wandb.run`` / ``mlflow.active_run()``), only if this
+    process already imported that SDK (never imported here to look)."""
+    return OpenRuns(wandb_step_key, **{name: b.open_in_process() for name, b in BACKENDS.items()})
 
 
 def open_run(cfg: TrackerConfig, place: RunDir, run_name: str | None = None, on_open: OnOpen | None = None
@@ -147,79 +137,18 @@ def _open(cfg: TrackerConfig, place: RunDir, name: str | None, on_open: OnOpen |
         return LocalTracker(place.kept, finish_timeout_s=cfg.finish_timeout_s) if place.given else NullTracker()
     if cfg.kind == "memory":
         return MemoryTracker(place.kept)
-    if cfg.kind not in TRACKER_KINDS:
-        raise ValueError(f"tracker.kind={cfg.kind!r} is unknown: use one of {TRACKER_KINDS}")
-    for kind in ("mlflow", "wandb"):  # both packages there before a writer holds the run dir
-        if cfg.kind in (kind, "both"):
-            _require_backend(kind)
-    trackers: list[Tracker] = []
-    if cfg.kind in ("mlflow", "both"):
-        trackers.append(_open_mlflow(cfg, place, name, on_open))
-    if cfg.kind in ("wandb", "both"):
-        trackers.append(_open_wandb(cfg, place, name, on_open))
-    return as_one_tracker(trackers)
-
-
-def _open_mlflow(cfg: TrackerConfig, place: RunDir, name: str | None, on_open: OnOpen | None) -> AsyncTracker:
-    from .mlflow_tracker import MlflowTracker, resolve_tracking_uri
-
-    m, run_dir = cfg.mlflow, place.path
-    spec = {"tracking_uri": resolve_tracking_uri(m.tracking_uri), "experiment_name": m.experiment_name,
-            "run_name": name, "tags": dict(m.tags)}
-    gate = OpenGate()
-    return AsyncTracker.from_config(cfg, "mlflow", lambda: MlflowTracker(**spec, run_dir=run_dir, cancel=gate),
-                                    run_dir, spec, gate, place.owner, on_open)
-
-
-def _open_wandb(cfg: TrackerConfig, place: RunDir, name: str | None, on_open: OnOpen | None) -> AsyncTracker:
-    from .wandb_tracker import WandbTracker
-
-    w, run_dir = cfg.wandb, place.path
-    spec = {"project": w.project, "entity": w.entity, "tags": list(w.tags), "mode": w.mode, "dir": w.dir,
-            "group": w.group, "run_name": name}
-    gate = OpenGate()
-    return AsyncTracker.from_config(cfg, "wandb", lambda: WandbTracker(**spec, run_dir=run_dir, cancel=gate),
-                                    run_dir, spec, gate, place.owner, on_open)
+    chosen = [BACKENDS[k] for k in (BOTH if cfg.kind == "both" else (cfg.kind,)) if k in BACKENDS]
+    if not chosen:
+        raise ValueError(f"tracker.kind={cfg.kind!r} is unknown: use one of none, memory, both, {', '.join(BACKENDS)}")
+    for backend in chosen:  # every package there before a writer holds the run dir
+        backend.require()
+    return as_one_tracker([b.open(cfg, place, name, on_open) for b in chosen])
 
 
 def join_runs(runs: OpenRuns, cfg: TrackerConfig, place: RunDir, on_open: OnOpen | None = None) -> Tracker | None:
     """A tracker into every run of ``runs`` (None when there is none); the runs stay open at finish."""
-    trackers: list[Tracker] = []
-    if runs.mlflow is not None:
-        trackers.append(join_mlflow(*runs.mlflow, cfg, place, on_open))
-    if runs.wandb is not None:
-        trackers.append(join_wandb(runs.wandb, runs.wandb_step_key, cfg, place, on_open))
-    return as_one_tracker(trackers)
-
-
-def join_mlflow(run_id: str, tracking_uri: str, cfg: TrackerConfig, place: RunDir,
-                on_open: OnOpen | None = None) -> Tracker:
-    """Log into the MLflow run ``run_id`` (explicit id through ``MlflowClient``; left open)."""
-    from .mlflow_tracker import MlflowTracker
-
-    _require_backend("mlflow")
-    run_dir = place.path
-    return AsyncTracker.from_config(cfg, "mlflow", lambda: MlflowTracker(tracking_uri, run_dir=run_dir, run_id=run_id),
-                                    run_dir, {"tracking_uri": tracking_uri, "run_id": run_id, "joined": True},
-                                    owner=place.owner, on_open=on_open)
-
-
-def join_wandb(run: Any, step_key: str | None, cfg: TrackerConfig, place: RunDir,
-               on_open: OnOpen | None = None) -> Tracker:
-    """Log into the W&B run object ``run`` at ``step_key`` (a framework's step metric; left open).
-
-    ``step_key=None``: the user's own run, joined in shared-row mode (W&B's step stays theirs;
-    metrics logged on the training thread, the rest through the background writer)."""
-    from .wandb_shared import SharedRunTracker
-    from .wandb_tracker import WandbTracker
-
-    run_dir = place.path
-    adapter = WandbTracker(run=run, step_key=step_key or "", shared_rows=step_key is None,
-                           run_dir=run_dir)  # define_metric now, in order; records the run
-    writer = AsyncTracker.from_config(cfg, "wandb", lambda: adapter, run_dir,
-                                      {"project": getattr(run, "project", None), "entity": getattr(run, "entity", None),
-                                       "joined": True}, owner=place.owner, on_open=on_open)
-    return writer if step_key is not None else SharedRunTracker(adapter, writer)
+    return as_one_tracker([BACKENDS[name].join(found, runs.wandb_step_key, cfg, place.path, place.owner, on_open)
+                           for name, found in runs.runs.items()])
 
 
 @dataclass(frozen=True)

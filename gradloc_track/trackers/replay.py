@@ -12,9 +12,9 @@
   spool), after every record: a second replay, or one after an interrupted replay, sends only
   what is left;
 - ends a run whose process died (``kill -9``, a crash: the run directory's lock is free and no
-  final status was recorded or spooled) as KILLED, if the backend still shows it RUNNING; once
-  ended, the status is recorded and a second replay does nothing. A run we joined (someone
-  else's) is never ended. W&B marks a run whose process died as crashed by itself.
+  final status was recorded or spooled) as KILLED, if the backend still shows it RUNNING (its entry's
+  ``end_if_orphaned``: MLflow); once ended, the status is recorded and a second replay does nothing.
+  A run we joined (someone else's) is never ended. W&B marks a run whose process died as crashed by itself.
 
 It holds the run directory's lock while it works: a run still writing there (``RunDirInUse``) is
 left alone.
@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from . import run_lock
-from .interface import Tracker
+from .backends import BACKENDS, Backend
+from .interface import Tracker, send
 from .files import atomic_write_json
 from .run_record import read_backend_record, update_run_record
 from .spool import read_spool
@@ -54,20 +55,10 @@ def _read_ledger(spool_file: Path) -> set[int]:
         return set()
 
 
-def _send(tracker: Tracker, rec: dict[str, Any]) -> None:
-    call, args = rec["call"], rec["args"]
-    if call == "log_metrics" and getattr(tracker, "accepts_timestamp", False) and rec.get("ts") is not None:
-        tracker.log_metrics(*args, timestamp_ms=rec["ts"])
-    elif call == "finish":
-        tracker.finish(*args)
-    else:
-        getattr(tracker, call)(*args)
-
-
 def _batches(records: list[dict[str, Any]], tracker: Tracker, size: int = 100):
     """Runs of metric records sent together when the tracker can (one request instead of ``size``)."""
     batch: list[dict[str, Any]] = []
-    can = callable(getattr(tracker, "log_metric_records", None))
+    can = bool(tracker.max_metrics_per_request)
     for rec in records:
         if can and rec["call"] == "log_metrics" and rec.get("ts") is not None:
             batch.append(rec)
@@ -88,26 +79,12 @@ def open_backend(run_dir: Path, backend: str, tracking_uri: str | None = None) -
     rec = read_backend_record(run_dir, backend)
     run, spec = dict(rec.get("run") or {}), dict(rec.get("spec") or {})
     spec.pop("joined", None)  # (a run someone else opened: its spec names it, e.g. by run_id)
-    if backend == "mlflow":
-        from .mlflow_tracker import MlflowTracker
-
-        uri = tracking_uri or run.get("tracking_uri") or spec.get("tracking_uri")
-        if run.get("run_id"):
-            tracker: Tracker = MlflowTracker.resume(run["run_id"], uri, run_dir=run_dir)
-        else:
-            tracker = MlflowTracker(**{**spec, "tracking_uri": uri}, run_dir=run_dir)
-    elif backend == "wandb":
-        from .wandb_tracker import WandbTracker
-
-        if run.get("run_id"):
-            tracker = WandbTracker.resume(run["run_id"], **{k: v for k, v in run.items() if k != "run_id"},
-                                          run_dir=run_dir)
-        else:
-            tracker = WandbTracker(**spec, run_dir=run_dir)
-    else:
-        raise ValueError(f"{run_dir}: cannot replay a spool for backend {backend!r} (known: mlflow, wandb); "
+    entry = BACKENDS.get(backend)
+    if entry is None:
+        raise ValueError(f"{run_dir}: cannot replay a spool for backend {backend!r} (known: {', '.join(BACKENDS)}); "
                          "pass a tracker to replay_spool(path, tracker)")
-    ref = tracker.run_ref() if callable(getattr(tracker, "run_ref", None)) else {}
+    tracker = entry.resume(run_dir, run, spec, tracking_uri)
+    ref = tracker.run_ref() or {}
     if ref and not run.get("run_id"):
         update_run_record(run_dir, backend, run=ref)
     return tracker, ref
@@ -142,10 +119,11 @@ def _end_if_orphaned(run_dir: Path, backend: str, tracking_uri: str | None) -> s
     run, spec = rec.get("run") or {}, rec.get("spec") or {}
     if rec.get("status") or not run.get("run_id") or spec.get("joined") or spec.get("run_id"):
         return None  # finished (or replayed) already, never created, or a run someone else owns
-    if backend != "mlflow":
-        return None  # W&B marks a run whose process died as crashed by itself
+    entry = BACKENDS.get(backend)
+    if entry is None or type(entry).end_if_orphaned is Backend.end_if_orphaned:
+        return None  # the backend marks a run whose process died by itself (W&B), or has no run state
     tracker, _ = open_backend(run_dir, backend, tracking_uri)
-    ended = tracker.end_if_running("killed")
+    ended = entry.end_if_orphaned(tracker)
     update_run_record(run_dir, backend, status="killed" if ended else "ended")
     return "killed" if ended else None
 
@@ -167,7 +145,7 @@ def _replay_one(run_dir: Path, spool_file: Path, tracking_uri: str | None) -> Re
         if len(batch) > 1:
             tracker.log_metric_records([(r["args"][0], r["args"][1], r["ts"]) for r in batch])
         else:
-            _send(tracker, batch[0])
+            send(tracker, batch[0]["call"], batch[0]["args"], batch[0].get("ts"))
         done.update(r["line"] for r in batch)
         result.sent += len(batch)
         if batch[0]["call"] == "finish":
@@ -197,6 +175,6 @@ def replay_spool(path: str | Path, tracker: Tracker | None = None, tracking_uri:
     for f in files:
         for rec in read_spool(f):
             if rec["call"] != "finish":
-                _send(tracker, rec)
+                send(tracker, rec["call"], rec["args"], rec.get("ts"))
                 n += 1
     return n

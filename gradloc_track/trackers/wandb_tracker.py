@@ -49,6 +49,8 @@ class WandbTracker(Tracker):
     """
 
     name = "wandb"
+    #: the writer's batches: ``log_metric_records`` logs the steps one by one inside one call
+    max_metrics_per_request = 1000
 
     def __init__(self, project: str = "gradloc-track", entity: str | None = None, tags: Sequence[str] = (),
                  mode: str | None = None, dir: str | None = None, group: str | None = None,

@@ -2,7 +2,7 @@
 
 Also: the run directory the app prints is followed to its MLflow run or W&B offline files
 (``tracker/<backend>.json``). MLflow's own retry settings are left at their defaults; the waiting is
-bounded in our code (``report.MLFLOW_WAIT_S``).
+bounded in our code (``MLFLOW_WAIT_S``, the MLflow backend entry's).
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from gradloc_track.artifacts import SpikeArtifactWriter
 from gradloc_track.cli import main
 from gradloc_track.config import TrackerConfig
 from gradloc_track.trackers import make_tracker
+from gradloc_track.trackers.backends import mlflow as mlflow_backend
 from gradloc_track.trackers.run_record import read_run_views
 
 from ..artifacts.cases import make_case
@@ -88,7 +89,7 @@ def test_dead_server_is_reported_fast(tmp_path, capsys):
 
 def test_hung_server_is_bounded_by_our_wait(tmp_path, monkeypatch, capsys):
     """A server that accepts and never answers: MLflow would retry for minutes; we stop at our bound."""
-    monkeypatch.setattr(report, "MLFLOW_WAIT_S", 2.0)
+    monkeypatch.setattr(mlflow_backend, "MLFLOW_WAIT_S", 2.0)
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(16)

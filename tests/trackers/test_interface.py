@@ -57,3 +57,30 @@ def test_a_forwarding_tracker_hands_every_call_to_its_inner_tracker(tmp_path):
     assert inner.html == [("spikes/highlight", 3, "<p>x</p>")] and seen == [inner]
     assert inner.tags == {"spike_count": "1"} and inner.table_calls == [("spikes/tokens", 3, [[1]])]
     assert fwd.run_dir == tmp_path and fwd.dropped == 0 and inner.finished == "success"
+
+
+def test_a_record_goes_to_the_method_of_its_name_and_an_unknown_one_is_refused():
+    """Issue 42: the writer and replay send a queued/spooled record through ``send``, one named method per
+    call (no ``getattr(tracker, call)``): every call a record can carry arrives, with the timestamp only
+    where the backend takes one; a call no method has is an error naming it."""
+    from gradloc_track.trackers.interface import send
+
+    class Stamped(MemoryTracker):
+        accepts_timestamp = True
+
+        def log_metrics(self, metrics, step, timestamp_ms=None):
+            self.stamps = getattr(self, "stamps", []) + [timestamp_ms]
+            super().log_metrics(metrics, step)
+
+    mem = MemoryTracker()
+    for call, args in [("log_metrics", ({"a": 1.0}, 3)), ("log_metric_records", ([({"b": 2.0}, 4, 9)],)),
+                       ("log_params", ({"p": 1},)), ("log_table", ("t", ["c"], [[1]], 3)),
+                       ("log_html", ("h", "<p>x</p>", 3)), ("set_tags", ({"k": "v"},)), ("finish", ("failed",))]:
+        send(mem, call, args, ts=7)
+    assert mem.metrics == [(3, {"a": 1.0}), (4, {"b": 2.0})] and mem.params == {"p": 1}
+    assert mem.tables["t"]["rows"] == [[1]] and mem.tags == {"k": "v"} and mem.finished == "failed"
+    stamped = Stamped()
+    send(stamped, "log_metrics", ({"a": 1.0}, 0), ts=5)
+    assert stamped.stamps == [5]
+    with pytest.raises(ValueError, match="log_everything"):
+        send(mem, "log_everything", ())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gradloc_track.config import TrackerConfig
-from gradloc_track.trackers.join import RunDir, join_wandb
+from gradloc_track.trackers.join import OpenRuns, RunDir, join_runs
 
 from ..wandb_reader import history
 
@@ -23,7 +23,7 @@ def rows_of(tmp_path):
 def test_a_user_logging_every_third_step_keeps_every_point_and_is_told_what_shared_a_row(tmp_path):
     run = user_run(tmp_path)
     try:
-        tracker = join_wandb(run, None, TrackerConfig(), RunDir(tmp_path / "spool"))
+        tracker = join_runs(OpenRuns(wandb=run), TrackerConfig(), RunDir(tmp_path / "spool"))
         for it in range(30):
             tracker.log_metrics({"grad_norm/global": float(it)}, it)  # the optimizer hook, then the user's log
             if it % 3 == 0:
@@ -42,7 +42,7 @@ def test_a_user_logging_every_third_step_keeps_every_point_and_is_told_what_shar
 def test_a_silent_owner_gets_rows_of_ours_at_the_training_step(tmp_path):
     run = user_run(tmp_path)
     try:
-        tracker = join_wandb(run, None, TrackerConfig(), RunDir(tmp_path / "spool"))
+        tracker = join_runs(OpenRuns(wandb=run), TrackerConfig(), RunDir(tmp_path / "spool"))
         with pytest.warns(RuntimeWarning, match=r"no row of its own since watch\(\) joined it"):
             for it in range(12):
                 tracker.log_metrics({"grad_norm/global": float(it)}, it)

@@ -3,22 +3,16 @@
 A backend that failed from the start (W&B without a login, an MLflow server that never answered)
 sent one warning at its first failure, mid-run, then every record to the spool; the run then ended
 as if all was well. ``finish()`` now says, last, that the backend received nothing (or not all),
-why, where the records are and the command that sends them; for W&B without a login also how to
-log in or keep the run on this machine (offline mode, then ``wandb sync``).
+why, where the records are and the command that sends them; the backend's entry may say more
+(``Backend.closing_hint``: W&B without a login, how to log in or keep the run on this machine,
+offline mode then ``wandb sync``).
 """
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-NAMES = {"wandb": "W&B", "mlflow": "MLflow"}
-LOGIN_WORDS = ("api key", "api_key", "wandb login", "usageerror", "authenticationerror", "not logged in")
-
-
-def needs_login(error: str) -> bool:
-    """Whether a W&B failure is "no login": W&B's UsageError/AuthenticationError about the API key."""
-    text = error.lower()
-    return any(w in text for w in LOGIN_WORDS)
+from ..backends import BACKENDS, title
 
 
 def closing_lines(name: str, run_dir: Path, spool: Path, delivered: int, spooled: int, dropped: int,
@@ -26,17 +20,15 @@ def closing_lines(name: str, run_dir: Path, spool: Path, delivered: int, spooled
     """The lines for a backend that did not receive every record (none when it did)."""
     if not spooled and not dropped:
         return []
-    who = NAMES.get(name, name)
+    who = title(name)
     what = "received NOTHING from this run" if delivered == 0 else "did not receive every record of this run"
     why = f" ({error})" if error else ""
     lines = [f"gradloc-track: {who} {what}{why}."]
     if spooled:
         lines.append(f"  {spooled} record(s) are kept in {spool}; send them to the run with:")
-        if name == "wandb" and error and needs_login(error):
-            lines += ["    wandb login                        # or set WANDB_API_KEY",
-                      f"    gradloc-track replay {run_dir}",
-                      "  or try W&B without an account: run with WANDB_MODE=offline (tracker.wandb.mode=offline),",
-                      "  then upload the wandb/offline-run-* folder it prints with `wandb sync <folder>`"]
+        hint = BACKENDS[name].closing_hint(run_dir, error) if name in BACKENDS else None
+        if hint:  # the backend's own way to the run (W&B without a login: log in, or offline)
+            lines += hint
         else:
             lines.append(f"    gradloc-track replay {run_dir}        # once {who} is reachable")
     if dropped:

@@ -93,9 +93,9 @@ class LazyBackend:
     def _build(self) -> Tracker:
         """On the call thread: the factory, then the run's reference in the run record at once."""
         inner = self._factory()
-        ref = getattr(inner, "run_ref", None)
-        if callable(ref):
-            update_run_record(self.run_dir, self.name, run=ref())
+        ref = inner.run_ref()
+        if ref is not None:
+            update_run_record(self.run_dir, self.name, run=ref)
         return inner
 
     def _opened(self, inner: Tracker) -> Tracker:

@@ -12,11 +12,12 @@ So a run logging every step sends one request per interval (or per full batch), 
 each request is a burst of the SDK's work (an MLflow ``log_batch`` into SQLite is ~10 ms of Python
 before its first metric), and bursts that run beside training take the GIL from it.
 
-Batches: a backend with ``log_metric_records`` (MLflow's ``log_batch`` takes many metrics, each
-with its step; the W&B adapter logs the steps one by one inside one call) gets the pending steps in
-ONE call, in step order, up to its ``max_metrics_per_request``. While a slow request is in flight the
-next steps pile up in pending and go together in the next one, so a server slower than training
-still receives every step while training runs. Other backends get one call per step, together.
+Batches: a backend that names its ``max_metrics_per_request`` (MLflow's ``log_batch`` takes many
+metrics, each with its step; the W&B adapter logs the steps one by one inside one call) gets the
+pending steps in ONE ``log_metric_records`` call, in step order, up to that many values. While a
+slow request is in flight the next steps pile up in pending and go together in the next one, so a
+server slower than training still receives every step while training runs. Other backends get one
+call per step, together.
 
 Nothing a backend raises kills this thread: ``BaseException``s come back from the call thread
 as ``CallAborted`` (a failed call: down, spooled), and the loop guards the rest.
@@ -28,7 +29,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from ..interface import Tracker
+from ..interface import Tracker, send
 from ..bounded import MAX_WAIT_S, CallThread, bounded_call
 from ..naming import DROPPED_KEY
 from ..run_record import update_run_record
@@ -133,7 +134,7 @@ class WriterLoop:
         wrote = False
         while len(self.pending) and (everything or self._full()):
             inner = self.backend.inner  # (None until opened: the first write opens it)
-            if inner is not None and callable(getattr(inner, "log_metric_records", None)):
+            if inner is not None and inner.max_metrics_per_request:
                 record = self.pending.pop_batch(self.batch_values - 1)
             else:  # one call per step: a full set of steps goes at once
                 record, everything = self.pending.pop_first(), True
@@ -193,7 +194,7 @@ class WriterLoop:
         if self.dropped > self._reported_dropped:
             args = _with_dropped(call, args, float(self.dropped))
         try:
-            bounded_call(lambda: _invoke(inner, call, args, ts), self.call_timeout_s, thread=self.calls,
+            bounded_call(lambda: send(inner, call, args, ts), self.call_timeout_s, thread=self.calls,
                          retries=self.retries, backoff_s=self.retry_backoff_s, what="tracker.call_timeout_s")
         except Exception as exc:
             self._down(exc)
@@ -212,7 +213,7 @@ class WriterLoop:
             self._down(exc)
             return None
         self.health.up()
-        self.batch_values = int(getattr(inner, "max_metrics_per_request", MAX_METRICS_PER_REQUEST))
+        self.batch_values = int(inner.max_metrics_per_request or MAX_METRICS_PER_REQUEST)
         return inner
 
     def _down(self, exc: BaseException) -> None:
@@ -238,9 +239,3 @@ def _dropped_in(call: str, args: tuple) -> int | None:
         return int(args[0][-1][0][DROPPED_KEY])
     return None
 
-
-def _invoke(inner: Tracker, call: str, args: tuple, ts: int) -> Any:
-    if call == "log_metrics" and getattr(inner, "accepts_timestamp", False):
-        # the enqueue time travels with the record: a replayed metric is the SAME row (no duplicate)
-        return inner.log_metrics(*args, timestamp_ms=ts)
-    return getattr(inner, call)(*args)
