@@ -51,6 +51,7 @@ metrics then take a second, small host transfer on logging steps.
 """
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any
 
@@ -67,6 +68,7 @@ from .clip_feedback import after_transfer, install_guard, note_norms
 from .cause_evidence import LrHistory
 from .adam_update import NO_CLIP, ClipScale
 from .detector_inputs import DetectorInputs
+from .junk_window import window_text
 from .optimizer_metrics import OptimizerMetrics
 from .packing import LR, N_TOKENS, WD, HostPack, add_clip, add_norms, loggable
 from .param_set import ParamSet
@@ -206,7 +208,7 @@ class GradMonitor:
         stats, tokens = self._sync(step, grad_sq, w_sq, clip_result, lr, weight_decay,
                                    spike_context if armed else None, log_now)
         if self.detector is not None:
-            self._detect(step, stats, spike_context, *tokens)
+            self._detect(step, stats, spike_context, *tokens, junk=junk_span)
         if clip_later:
             self._clip_operated(step, stats, grad_sq, w_sq, lr, weight_decay, log_now)
         if log_now or stats.events:
@@ -282,10 +284,14 @@ class GradMonitor:
         return stats, (n_tokens, n_micro, extra)
 
     def _detect(self, step: int, stats: GradStats, spike_context: Any, n_tokens: int | None,
-                n_micro: int | None, signals: dict[str, Any]) -> None:
-        """The detector's verdict on this step; a spike with a batch to localize is localized."""
+                n_micro: int | None, signals: dict[str, Any], junk: Any = None) -> None:
+        """The detector's verdict on this step; a spike with a batch to localize is localized. ``junk``:
+        the junk statistics given, whose run's text the detector reads only if it would fire on it."""
         if n_tokens is not None and self._detector_counts_tokens:
             n_tokens = self.responder.global_count(n_tokens, self.params[0].device)
+        if "junk_span" in signals and junk is not None:
+            signals = {**signals, "junk_text": functools.partial(
+                window_text, junk, spike_context, self.detector.config.junk_terms, self.process_group)}
         extra = {"n_micro_batches": n_micro} if n_micro is not None else {}
         stats.events = list(self.detector.update(step, stats.global_norm, stats.layer_norms, n_tokens=n_tokens,
                                                  **extra, **signals))

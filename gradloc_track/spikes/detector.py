@@ -47,12 +47,13 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, fields
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ..config import SpikeConfig
 from ..config._validate import ConfigError
 from .event import SpikeEvent
 from .junk import LEAKED, LEARNED
+from .text_check import clean_text
 from .score import RunningWindow
 from .signal import MAX_LOG, LogSignal
 
@@ -72,6 +73,7 @@ class StepSignals:
     weight_norm: float | None = None  # the parameters' norm (the scale of float noise)
     # (largest run's excess over chance, the batch's mean excess[, the largest row's leaked-label share])
     junk_span: Sequence[float] | None = None
+    junk_text: Callable[[], str | None] | None = None  # the junk run's decoded text, asked when it would fire
 
 
 @dataclass
@@ -99,6 +101,8 @@ class SpikeDetector:
       the loss, the largest per-sample loss and the optimizer's update, on steps that provide them
     - ``spike/junk_span``, ``spike/junk_mean``: the largest run's mean excess over chance and the
       batch's (nats a term; ``spikes/junk.py``), on steps that provide them
+    - ``spike/junk_excused``: 1 on a step whose junk run would have fired but decodes to plainly clean
+      text (``spikes.text_check``: a run of one character, letters of a non-Latin script), else 0
     - ``spike/leaked_labels``: the largest row's share of terms whose target is their own input token
       (``spikes.junk.leaked``; fires at ``junk.LEAKED``), on steps that provide it
     - ``spike/noise_floor``: 1 on a step whose gradient norm is below the noise floor (skipped)
@@ -129,6 +133,7 @@ class SpikeDetector:
         self._z: dict[str, float] = {}  # latest z per signal
         self._last_step: int | None = None
         self._junk_seen = 0  # steps the junk signal has seen (its warm-up)
+        self.junk_excused: tuple[str, str] | None = None  # (text, why) of the last junk run found clean text
 
     @property
     def needs_token_count(self) -> bool:
@@ -148,13 +153,14 @@ class SpikeDetector:
     def update(self, step: int, global_norm: float, layer_norms: Mapping[str, float] | None = None,
                n_tokens: int | None = None, n_micro_batches: int = 1, *, loss: float | None = None,
                sample_losses: Sequence[float] | None = None, update: float | None = None,
-               weight_norm: float | None = None, junk_span: Sequence[float] | None = None
-               ) -> list[SpikeEvent]:
+               weight_norm: float | None = None, junk_span: Sequence[float] | None = None,
+               junk_text: Callable[[], str | None] | None = None) -> list[SpikeEvent]:
         """Feed one step. ``n_tokens`` (loss tokens of the whole step) and ``n_micro_batches`` are read
         by ``mode="fixed"`` only; ``loss``, ``sample_losses``, ``update`` and ``weight_norm`` (see
         ``StepSignals``) by the adaptive mode when their signal is on; ``junk_span``: (the largest run's
-        mean excess over chance, the batch's mean excess), nats a term (``spikes.junk.junk_span``). A
-        repeated step changes nothing."""
+        mean excess over chance, the batch's mean excess), nats a term (``spikes.junk.junk_span``);
+        ``junk_text``: called only when the junk rule would fire, the run's decoded text (None: unknown);
+        plainly clean text does not fire (``spikes.text_check``). A repeated step changes nothing."""
         cfg = self.config
         if self._last_step is not None and step == self._last_step:
             warnings.warn(f"gradloc-track: SpikeDetector.update called twice for step {step}; the repeat is "
@@ -166,7 +172,7 @@ class SpikeDetector:
             events = self._fixed(step, global_norm, n_tokens, n_micro_batches)
         else:
             events = self._adaptive(step, global_norm, layer_norms,
-                                    StepSignals(loss, sample_losses, update, weight_norm, junk_span))
+                                    StepSignals(loss, sample_losses, update, weight_norm, junk_span, junk_text))
         self.count += len(events) > 0
         self._last["spike/detected"] = float(len(events) > 0)
         self._last["spike/detected_total"] = float(self.count)
@@ -232,8 +238,12 @@ class SpikeDetector:
                 values["sample_loss"] = math.nan if not all(map(math.isfinite, vals)) else max(vals)
         if cfg.update_signal and extra.update is not None:
             values["update"] = float(extra.update)
-        events = [e for e in (self._junk_event(step, extra.junk_span), self._leak_event(step, extra.junk_span))
-                  if e is not None]
+        junk = self._junk_event(step, extra.junk_span)
+        excused = junk is not None and self._clean_text(extra.junk_text)
+        if extra.junk_span is not None:
+            self._last["spike/junk_excused"] = float(excused)
+        junk = None if excused else junk
+        events = [e for e in (junk, self._leak_event(step, extra.junk_span)) if e is not None]
         for name, x in values.items():
             ratio = {"loss": cfg.loss_min_ratio, "sample_loss": cfg.sample_min_ratio}.get(name, cfg.min_ratio)
             ev = self._check(EXTRA[name], name, step, x, pending, ratio,
@@ -260,6 +270,15 @@ class SpikeDetector:
             return None
         gap = span - mean
         return SpikeEvent(step, "junk_span", span, mean, gap, math.exp(min(MAX_LOG, gap)))
+
+    def _clean_text(self, junk_text: Callable[[], str | None] | None) -> bool:
+        """Is the run the junk rule would fire on plainly clean text (``spikes.text_check``)? Its reason
+        goes to ``self.junk_excused`` (the last excused run, for logs and tests)."""
+        text = junk_text() if junk_text is not None else None
+        reason = clean_text(text) if text is not None else None
+        if reason is not None:
+            self.junk_excused = (text, reason)
+        return reason is not None
 
     def _leak_event(self, step: int, junk: Sequence[float] | None) -> SpikeEvent | None:
         """Rows whose targets are their own input tokens (``spikes.junk.leaked``): labels that leaked into

@@ -42,6 +42,7 @@ class JunkSpan(NamedTuple):
     mean: torch.Tensor
     leak: torch.Tensor | None = None
     leak_rows: torch.Tensor | None = None  # (B,) each row's leaked-label share (``leaked``)
+    where: torch.Tensor | None = None  # (2,) long: the row and first position of the run ``span`` is
 
 
 def term_excess(logits: torch.Tensor, targets: torch.Tensor, inputs: torch.Tensor | None) -> torch.Tensor:
@@ -65,14 +66,22 @@ def cap_repeats(excess: torch.Tensor, targets: torch.Tensor, inputs: torch.Tenso
 def span_max(excess: torch.Tensor, valid: torch.Tensor, docs: torch.Tensor, terms: int) -> torch.Tensor:
     """The largest mean of ``excess`` (..., T) over ``terms`` consecutive valid positions of one
     document (``docs`` (..., T) ids), over every row; ``-inf`` (0-d) when no such run exists."""
+    return span_argmax(excess, valid, docs, terms)[0]
+
+
+def span_argmax(excess: torch.Tensor, valid: torch.Tensor, docs: torch.Tensor,
+                terms: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``span_max``, (2,) long: the row and first position of that run), on the device."""
     T = excess.shape[-1]
     if T < terms:
-        return excess.new_tensor(-torch.inf)
+        return excess.new_tensor(-torch.inf), torch.zeros(2, dtype=torch.long, device=excess.device)
     sums = torch.where(valid, excess, 0.0).unfold(-1, terms, 1).sum(-1)  # (..., T - terms + 1)
     full = valid.float().unfold(-1, terms, 1).sum(-1) == terms
     d = docs.unfold(-1, terms, 1)
     full &= (d == d[..., :1]).all(-1)
-    return torch.where(full, sums / terms, -torch.inf).max()
+    means = torch.where(full, sums / terms, -torch.inf).reshape(-1, sums.shape[-1])  # (rows, windows)
+    best = means.reshape(-1).argmax()
+    return means.reshape(-1)[best], torch.stack([best // means.shape[-1], best % means.shape[-1]])
 
 
 @torch.no_grad()
@@ -120,10 +129,10 @@ def junk_of(excess: torch.Tensor, valid: torch.Tensor, document_ids: torch.Tenso
     """``JunkSpan`` from each term's excess (B, T) (``term_excess``), ``valid`` (B, T) bool, the
     document ids (B, T) or None, and the targets and input ids (B, T) for the leak share (``leaked``)."""
     docs = torch.zeros_like(valid, dtype=torch.long) if document_ids is None else document_ids.to(valid.device)
-    best = span_max(excess, valid, docs, terms)
+    best, where = span_argmax(excess, valid, docs, terms)
     rows = None if targets is None or inputs is None else leaked(targets, inputs, valid)
     return JunkSpan(best, torch.where(valid, excess, 0.0).sum() / valid.sum().clamp(min=1),
-                    None if rows is None else rows.max(), rows)
+                    None if rows is None else rows.max(), rows, where)
 
 
 def leaked(targets: torch.Tensor, inputs: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,132 @@
+"""Clean rare text is not junk (issue 37): a run the junk rule would fire on is excused when it decodes to
+plainly clean text (a run of one character; letters of one or two scripts, one not Latin), never when it
+holds replacement or control characters, mojibake, word-piece soup or symbol soup."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from gradloc_track.monitor.junk_window import window_text
+from gradloc_track.spikes import SpikeContext, SpikeDetector
+from gradloc_track.spikes.junk import junk_span
+from gradloc_track.spikes.text_check import clean_text, decode_window
+
+
+@pytest.mark.parametrize("text,why", [
+    (" محمد عبد الله الأحمد", "text in the Arabic script"),
+    ("2019 محمد عبد and يوسف", "text in the Arabic and Latin scripts"),
+    ("אברהם כהן, יעקב לוי", "text in the Hebrew script"),
+    ("张伟 王芳 李娜 刘洋", "text in the CJK script"),
+    ("ひらがな カタカナ 漢字", "text in the CJK script"),
+    ("Η ενότητα επιτρέπει", "text in the Greek script"),
+    ("#" * 16, "a run of '#'"),
+    ("=-=-=-=-=-=-", "a run of '-='"),
+    ("            ", "whitespace"),
+])
+def test_clean_rare_text_is_excused(text, why):
+    assert clean_text(text) == why
+
+
+@pytest.mark.parametrize("text", [
+    bytes(range(128, 160)).decode("utf-8", errors="replace"),  # bytes that are no UTF-8
+    "â€™â€œâ€\x9dÃ©",  # UTF-8 read as cp1252
+    "â€™s Ã©tÃ©",
+    "ationthe proing",  # random subword pieces: Latin is never excused
+    "the license grants",
+    "x\x00y\x01z\x02w\x03",  # control characters
+    "Ξ#Ж@ש%の&ب*",  # symbol soup of four scripts
+    "aGVsbG8gd29ybGQhIQ==",
+])
+def test_junk_and_latin_text_are_not(text):
+    assert clean_text(text) is None
+
+
+def test_decode_window_uses_the_tokenizer_or_bytes():
+    class Tok:
+        def decode(self, ids):
+            return "|".join(map(str, ids))
+
+    assert decode_window([1, 2], Tok()) == "1|2"
+    assert decode_window(list("Ωμέγα".encode()), None) == "Ωμέγα"
+    assert decode_window([300, 5], None) is None  # not bytes, no tokenizer: unknown
+
+
+def _detector_past_warmup() -> SpikeDetector:
+    det = SpikeDetector(warmup_steps=2)
+    for s in range(3):
+        det.update(s, 1.0, junk_span=(-2.0, -3.0))
+    return det
+
+
+def test_the_detector_excuses_a_clean_run_and_fires_on_junk():
+    det = _detector_past_warmup()
+    asked = []
+    greek = det.update(3, 1.0, junk_span=(0.5, -3.0), junk_text=lambda: asked.append(1) or "Η ενότητα επιτρέπ")
+    assert greek == [] and det.metrics()["spike/junk_excused"] == 1.0
+    assert det.junk_excused == ("Η ενότητα επιτρέπ", "text in the Greek script")
+    junk = det.update(4, 1.0, junk_span=(0.5, -3.0), junk_text=lambda: "â€™â€œâ€")
+    assert [e.signal for e in junk] == ["junk_span"] and det.metrics()["spike/junk_excused"] == 0.0
+    unknown = det.update(5, 1.0, junk_span=(0.5, -3.0), junk_text=lambda: None)
+    assert [e.signal for e in unknown] == ["junk_span"]  # no text known: the signal stands
+    det.update(6, 1.0, junk_span=(-0.5, -3.0), junk_text=lambda: asked.append(2) or "")
+    assert asked == [1]  # the text is read only when the rule would fire
+
+
+def test_window_text_reads_the_largest_runs_tokens_from_the_context():
+    """Two micro-batches; the largest run is in the second, row 1, from position 3: its decoded ids."""
+    g = torch.Generator().manual_seed(0)
+    V, T, terms = 256, 12, 4
+    text = list("Ωμέγα".encode())[:terms]
+    logits = [torch.randn(2, T, V, generator=g) for _ in range(2)]
+    ids = [torch.randint(97, 123, (2, T), generator=g) for _ in range(2)]
+    ids[1][1, 3:3 + terms] = torch.tensor(text)
+    for t, tok in enumerate(text):  # the model rates these targets far below chance
+        logits[1][1, 3 + t, tok] = -30.0
+    parts = [junk_span(lg, t, terms=terms) for lg, t in zip(logits, ids)]
+    assert [int(v) for v in parts[1].where] == [1, 3] and float(parts[1].span) > float(parts[0].span)
+    ctx = SpikeContext(loss_fn=[lambda m: m.sum()] * 2, token_mask=[torch.ones(2, T)] * 2, input_ids=ids)
+    assert window_text(parts, ctx, terms) == bytes(text).decode("utf-8", errors="replace")
+    assert window_text(parts[1], None, terms) is None
+    assert math.isfinite(float(parts[1].span))
+
+
+def test_watch_excuses_clean_greek_and_fires_on_random_bytes():
+    """A byte-level GPT trained on English (watch(), its own loop): a row of clean Greek, a script it never
+    saw, is rated below chance like junk; its text excuses it. A row of random bytes still fires."""
+    import torch.nn.functional as F
+
+    import gradloc_track
+    from gradloc_track import MemoryTracker
+    from gradloc_track.demo.data import load_corpus
+    from gradloc_track.demo.model import TinyGPT
+
+    torch.manual_seed(0)
+    data = torch.tensor(list(load_corpus().encode()[:200_000]))
+    model = TinyGPT(256, n_layer=2, n_head=2, d_model=48, max_seq_len=64)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    handle = gradloc_track.watch(model, opt, tracker=MemoryTracker(), locate=False,
+                                 spikes={"warmup_steps": 20, "per_layer": False})
+    g = torch.Generator().manual_seed(0)
+
+    def step(x: torch.Tensor) -> list:
+        F.cross_entropy(model(x[:, :-1]).reshape(-1, 256), x[:, 1:].reshape(-1)).backward()
+        opt.step()
+        opt.zero_grad()
+        return handle.last.events
+
+    def batch() -> torch.Tensor:
+        ix = torch.randint(0, len(data) - 49, (8,), generator=g)
+        return torch.stack([data[i:i + 49] for i in ix])
+
+    for _ in range(120):
+        step(batch())
+    greek = batch()
+    greek[2] = torch.tensor(list(("Η ενότητα επιτρέπει την ανάγνωση " * 2).encode()[:49]))
+    assert "junk_span" not in [e.signal for e in step(greek)]
+    assert handle.monitor.detector.junk_excused[1] == "text in the Greek script"
+    noise = batch()
+    noise[5] = torch.randint(128, 256, (49,), generator=g)
+    assert "junk_span" in [e.signal for e in step(noise)]
+    handle.finish()
