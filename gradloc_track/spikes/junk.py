@@ -63,15 +63,11 @@ def cap_repeats(excess: torch.Tensor, targets: torch.Tensor, inputs: torch.Tenso
     return torch.where(targets == inputs.to(targets.device), excess.clamp(max=0.0), excess)
 
 
-def span_max(excess: torch.Tensor, valid: torch.Tensor, docs: torch.Tensor, terms: int) -> torch.Tensor:
-    """The largest mean of ``excess`` (..., T) over ``terms`` consecutive valid positions of one
-    document (``docs`` (..., T) ids), over every row; ``-inf`` (0-d) when no such run exists."""
-    return span_argmax(excess, valid, docs, terms)[0]
-
-
 def span_argmax(excess: torch.Tensor, valid: torch.Tensor, docs: torch.Tensor,
                 terms: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(``span_max``, (2,) long: the row and first position of that run), on the device."""
+    """The largest mean of ``excess`` (..., T) over ``terms`` consecutive valid positions of one document
+    (``docs`` (..., T) ids), over every row (``-inf``, 0-d, when no such run exists), and (2,) long: that
+    run's row and first position. On the device."""
     T = excess.shape[-1]
     if T < terms:
         return excess.new_tensor(-torch.inf), torch.zeros(2, dtype=torch.long, device=excess.device)
