@@ -7,7 +7,10 @@ from typing import Optional
 
 from ._validate import check, check_types, one_of
 
-TRACKER_KINDS = ("none", "wandb", "mlflow", "both", "memory")
+#: ``tracker.kind``: the backends (``trackers.backends``, one file each; this layer may not import them, so
+#: their names are listed here, and ``tests/trackers/test_backends.py`` checks the two agree), ``both``
+#: (MLflow and W&B), ``none`` (the run dir's files), ``memory``
+TRACKER_KINDS = ("none", "wandb", "mlflow", "tensorboard", "both", "memory")
 #: the longest wait the platform's locks can make (~9.2e9 s on 64-bit Linux); longer raises OverflowError
 MAX_WAIT_S = threading.TIMEOUT_MAX
 
