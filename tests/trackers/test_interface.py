@@ -8,11 +8,12 @@ import pytest
 
 from gradloc_track.trackers import FanoutTracker, LocalTracker, MemoryTracker, NullTracker, Tracker
 from gradloc_track.trackers.async_writer import AsyncTracker
+from gradloc_track.trackers.backends.tensorboard import TensorBoardTracker
 from gradloc_track.trackers.mlflow_tracker import MlflowTracker
 from gradloc_track.trackers.wandb_tracker import WandbTracker
 
 IMPLEMENTATIONS = [Tracker, NullTracker, MemoryTracker, LocalTracker, FanoutTracker, AsyncTracker, MlflowTracker,
-                   WandbTracker]
+                   WandbTracker, TensorBoardTracker]
 
 
 def _params(fn) -> list[tuple[str, object]]:

@@ -11,6 +11,7 @@ import pytest
 
 from gradloc_track.config import TrackerConfig
 from gradloc_track.trackers import MemoryTracker, NullTracker
+from gradloc_track.trackers.backends import BACKENDS
 from gradloc_track.trackers.join import OpenRuns, Run, RunDir, RunRequest, is_scratch, open_in_process, start
 from gradloc_track.trackers.run_record import read_backend_record
 
@@ -109,7 +110,7 @@ def test_a_joined_wandb_run_is_recorded_with_its_folder_and_path(tmp_path):
     assert view["path"] == user.path and view["offline"] is True and view["dir"] == str(folder)
 
 
-@pytest.mark.parametrize("kind", ["mlflow", "wandb"])
+@pytest.mark.parametrize("kind", list(BACKENDS))
 def test_open_in_process_finds_no_run_when_none_is_open(kind):
     pytest.importorskip(kind)
     assert open_in_process().backends == ()
