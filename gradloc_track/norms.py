@@ -61,6 +61,10 @@ def dense_part(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # exactly these types: a subclass (DTensor) takes the general path
+
+
+@torch.no_grad()  # parameters may be passed as they are (a weight norm is never differentiated)
 def sq_norms(tensors: Sequence[torch.Tensor | None], device: torch.device | None = None) -> torch.Tensor:
     """Per-tensor squared L2 norms of the *local* parts, as one float32 1-D device tensor.
 
@@ -69,8 +73,9 @@ def sq_norms(tensors: Sequence[torch.Tensor | None], device: torch.device | None
     groups are reduced in float64, sparse COO gradients by the norm of their coalesced values.
     """
     n = len(tensors)
-    if n and all(type(t) is torch.Tensor and t.layout == torch.strided for t in tensors):
-        # plain dense tensors (no DTensor, no sparse layout of any kind): grouped in C++, no per-tensor work in Python
+    if n and all(type(t) in _PLAIN and t.layout == torch.strided for t in tensors):
+        # plain dense tensors and parameters (no DTensor, no sparse layout of any kind): grouped in C++, no
+        # per-tensor work in Python
         grouped = torch._C._group_tensors_by_device_and_dtype([list(tensors)], True)
         if len(grouped) == 1:
             ((dev, _dtype), ((ts,), _pos)), = grouped.items()

@@ -113,18 +113,22 @@ class LMBatch:
         """
         ids = self.input_ids
         nxt = torch.cat([ids[:, 1:], ids[:, -1:]], dim=1)  # (B, T): the next token; last repeats
-        if self.labels is not None:
-            tgt = torch.cat([self.labels[:, 1:], torch.full_like(ids[:, :1], IGNORE)], dim=1)
-        elif self.target_ids is not None:  # already shifted; nanoGPT marks "no loss" with -1
-            tgt = self.target_ids.masked_fill(self.target_ids < 0, IGNORE)
-        else:
-            tgt = nxt.clone()
-            tgt[:, -1] = IGNORE
-            if self.attention_mask is not None:
-                tgt = tgt.masked_fill(torch.cat([self.attention_mask[:, 1:], self.attention_mask[:, :1]], 1) == 0,
-                                      IGNORE)
+        tgt = self.target_ids_only(nxt)
         valid = tgt != IGNORE
         return tgt, valid.float(), torch.where(valid, tgt, nxt)
+
+    def target_ids_only(self, nxt: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T) the target ids of ``targets()`` alone (what the detector's per-step pass reads)."""
+        ids = self.input_ids
+        if self.labels is not None:
+            return torch.cat([self.labels[:, 1:], torch.full_like(ids[:, :1], IGNORE)], dim=1)
+        if self.target_ids is not None:  # already shifted; nanoGPT marks "no loss" with -1
+            return self.target_ids.masked_fill(self.target_ids < 0, IGNORE)
+        tgt = torch.cat([ids[:, 1:], ids[:, -1:]], dim=1) if nxt is None else nxt.clone()  # the next token
+        tgt[:, -1] = IGNORE
+        if self.attention_mask is not None:
+            tgt = tgt.masked_fill(torch.cat([self.attention_mask[:, 1:], self.attention_mask[:, :1]], 1) == 0, IGNORE)
+        return tgt
 
     def document_ids(self) -> torch.Tensor | None:
         """(B, T) document index per position when ``position_ids`` restart inside a row (packed
@@ -294,7 +298,7 @@ class MicroBatchCapture(BatchList):
                 pos = batch.position_ids  # packed documents, without document_ids()' host sync
                 docs = None if pos is None else document_index(pos, pos.shape)
                 batch.sample_max, batch.junk = detector_losses(
-                    logits_in(output), batch.targets()[0], batch.input_ids, docs,
+                    logits_in(output), batch.target_ids_only(), batch.input_ids, docs,
                     samples=self.sample_losses, junk_terms=self.junk_terms, output=output)
 
     def remove(self) -> None:

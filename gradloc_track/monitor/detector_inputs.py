@@ -31,6 +31,8 @@ def as_device_value(value: Any, device: torch.device) -> torch.Tensor | None:
     if value is None:
         return None
     if isinstance(value, torch.Tensor):
+        if value.dim() == 0 and value.dtype == torch.float32 and value.device == device:
+            return value.detach()  # as it is (the common case: no op)
         return value.detach().reshape(-1).float().mean().to(device)
     return torch.tensor(float(value), device=device)
 
@@ -46,6 +48,8 @@ def sample_max(sample_losses: Any, device: torch.device) -> torch.Tensor | None:
         parts = list(sample_losses)
     else:
         parts = [torch.as_tensor([float(v) for v in sample_losses])]
+    if len(parts) == 1 and parts[0].numel() == 1:  # one micro-batch's largest already: as it is
+        return as_device_value(parts[0].reshape(()), device)
     flat = torch.cat([p.detach().reshape(-1).float().to(device) for p in parts])
     return flat.max() if flat.numel() else None
 
@@ -65,6 +69,10 @@ def junk_pair(junk: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tens
     parts = [] if junk is None else [junk] if _is_pair(junk) else list(junk)
     if not parts:
         return None
+    if len(parts) == 1:  # one micro-batch: its values as they are
+        p = parts[0]
+        return (as_device_value(p[0], device), as_device_value(p[1], device),
+                as_device_value(p[2], device) if len(p) > 2 else None)
     spans = torch.stack([as_device_value(p[0], device) for p in parts])
     means = torch.stack([as_device_value(p[1], device) for p in parts])
     leaks = [as_device_value(p[2], device) for p in parts if len(p) > 2 and p[2] is not None]

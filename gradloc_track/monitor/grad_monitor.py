@@ -220,11 +220,10 @@ class GradMonitor:
         """Per-tensor squared grad (and weight) norms, globally reduced with ONE all-reduce."""
         params = self.params
         grads = [p.grad for p in params]
-        g_local = sq_norms(grads)  # (n,) device, local shards
         if not with_weights:
-            return all_reduce_sq_norms(g_local, grads, self.process_group), None
-        w_local = sq_norms([p.detach() for p in params], device=g_local.device)  # (n,)
-        both = all_reduce_sq_norms(torch.cat([g_local, w_local]), grads + params, self.process_group)
+            return all_reduce_sq_norms(sq_norms(grads), grads, self.process_group), None  # (n,) device
+        # gradients and weights in one fused pass (one group when they share device and dtype)
+        both = all_reduce_sq_norms(sq_norms(grads + params), grads + params, self.process_group)  # (2n,)
         n = len(params)
         return both[:n], both[n:]
 

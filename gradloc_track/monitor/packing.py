@@ -46,7 +46,13 @@ class HostPack:
 
     def _add(self, keys: list[tuple[bool, str]], values: torch.Tensor) -> None:
         self.keys += keys
-        self.parts.append(values.detach().reshape(-1).to(self.device, torch.float32))
+        if values.requires_grad:
+            values = values.detach()
+        if values.dim() != 1:
+            values = values.reshape(-1)
+        if values.dtype != torch.float32 or values.device != self.device:
+            values = values.to(self.device, torch.float32)
+        self.parts.append(values)
 
     def to_host(self) -> HostValues:
         values = torch.cat(self.parts).tolist()  # THE host sync of this step (one transfer)
@@ -58,17 +64,20 @@ class HostPack:
 
 def add_norms(pack: HostPack, params: Any, grad_sq: torch.Tensor, w_sq: torch.Tensor | None,
               clip_result: Any) -> None:
-    """Global, per-layer and per-tensor grad norms; weight norms and ratios; the clip metrics."""
-    layer_norm = params.grouping.sum_by_layer(grad_sq).sqrt()  # (L,)
-    pack.add(["grad_norm/global"], grad_sq.sum().sqrt())
-    pack.add(["grad_norm/nonfinite"], (~torch.isfinite(grad_sq)).sum())
-    pack.add(params.layer_keys, layer_norm)
+    """Global, per-layer and per-tensor grad norms; weight norms and ratios; the clip metrics. One
+    vector of squared sums and one square root (a few ops whatever the number of layers)."""
+    L = len(params.layer_keys)
     # per-tensor norms always travel (n floats): GradStats.grad_norms then needs no 2nd sync
-    pack.add(params.tensor_keys, grad_sq.sqrt())
+    parts = [grad_sq.sum().reshape(1), params.grouping.sum_by_layer(grad_sq), grad_sq]  # (1,), (L,), (n,)
     if w_sq is not None:
-        w_layer = params.grouping.sum_by_layer(w_sq).sqrt()  # (L,)
-        pack.add(params.weight_keys, torch.cat([w_sq.sum().sqrt().reshape(1), w_layer]))
-        pack.add(params.ratio_keys, layer_norm / w_layer.clamp_min(1e-12))
+        parts += [w_sq.sum().reshape(1), params.grouping.sum_by_layer(w_sq)]
+    norms = torch.cat(parts).sqrt()  # (1 + L + n [+ 1 + L],)
+    if w_sq is None:
+        pack.add(params.grad_keys, norms)
+    else:
+        ratios = norms[1:1 + L] / norms[-L:].clamp_min(1e-12)  # (L,) ||g|| / ||w|| of each layer
+        pack.add(params.grad_weight_keys, torch.cat([norms, ratios]))
+    pack.add(["grad_norm/nonfinite"], torch.isfinite(grad_sq).logical_not().sum(dtype=torch.float32))
     if clip_result is not None:
         add_clip(pack, params, clip_result)
 

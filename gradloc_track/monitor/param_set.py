@@ -47,6 +47,9 @@ class ParamSet:
         self.tensor_keys = [f"grad_norm/tensor/{n}" for n in self.names]
         self.weight_keys = ["weight_norm/global"] + [f"weight_norm/{lay}" for lay in layers]
         self.ratio_keys = [f"grad_weight_ratio/{lay}" for lay in layers]
+        # the order packing.add_norms sends them in (one vector a step)
+        self.grad_keys = ["grad_norm/global"] + self.layer_keys + self.tensor_keys
+        self.grad_weight_keys = self.grad_keys + self.weight_keys + self.ratio_keys
         self.clip_index = self._clipper_index()
         self._clip_index_t: torch.Tensor | None = None  # the same index on the gradients' device
         # clip metrics are grouped over the clipper's own tensors when they differ from ours

@@ -32,11 +32,11 @@ def sample_losses(token_losses: torch.Tensor, mask: torch.Tensor, input_ids: tor
         if ids is not None and ids.shape != token_losses.shape:
             raise ValueError(f"sample_losses: {name} must be (B, T) like token_losses {tuple(token_losses.shape)}; "
                              f"got {tuple(ids.shape)}")
-    valid = mask > 0
+    valid = mask if mask.dtype == torch.bool else mask > 0
     per = torch.where(valid, token_losses.detach().float(), 0.0)
+    count = valid.sum(1)  # (B,) terms per sample
     if input_ids is not None and targets is not None:
-        mean = per.sum() / valid.sum().clamp(min=1)  # NaN when any term is: it stays NaN below
+        mean = per.sum() / count.sum().clamp(min=1)  # NaN when any term is: it stays NaN below
         repeat = valid & (targets.to(per.device) == input_ids.to(per.device))
         per = torch.where(repeat, torch.minimum(per, mean), per)
-    count = valid.sum(1)
     return torch.where(count > 0, per.sum(1) / count.clamp(min=1), -torch.inf)
