@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from ..text import visible_text
+from ..trackers.backends import BACKENDS
 from .export import SHARE_FLOOR
 
 PROG = "gradloc-track culprits"
@@ -58,7 +59,7 @@ def add_parser(sub) -> None:
                         "(default: %(default)s; a row under it cannot have made the step spike, see docs/ledger.md)")
     p.add_argument("--index-column", default="dataset_index",
                    help="the metadata column holding the dataset index (default: %(default)s)")
-    p.add_argument("--log-to", choices=("mlflow", "wandb"), default=None,
+    p.add_argument("--log-to", choices=tuple(BACKENDS), default=None,
                    help="also log the ledger as a run of its own (tables ledger/samples, ledger/by_<col>)")
     p.add_argument("--log-timeout", type=_seconds, default=60.0,
                    help="--log-to: seconds to wait for the tracker; what it has not taken by then stays in "
