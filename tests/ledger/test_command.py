@@ -64,7 +64,7 @@ def test_the_documented_defaults():
     with pytest.raises(SystemExit):
         parser().parse_args(["culprits"])  # a source is required
     with pytest.raises(SystemExit):
-        parser().parse_args(["culprits", "exp", "--log-to", "tensorboard"])
+        parser().parse_args(["culprits", "exp", "--log-to", "neptune"])  # no such backend (tensorboard now is one)
 
 
 def test_a_ledger_is_written_and_summarised(tmp_path, capsys):
