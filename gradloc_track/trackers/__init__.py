@@ -2,7 +2,10 @@
 
 - ``base``: the interface, a destination whose methods do nothing by default; ``NullTracker``
 - ``memory``, ``local_tracker``: in lists (tests, notebooks); in the run directory (``tracker=none``)
-- ``mlflow_tracker``, ``wandb_tracker``: the backend adapters (open a run, or join one); ``mlflow_links``
+- ``backends``: the registry, one ``Backend`` entry per backend (open, join, replay, run identity,
+  report files, links, closing lines) that every place loops over; ``backends/tensorboard`` is a
+  whole backend in one file (adapter and entry)
+- ``mlflow_tracker``, ``wandb_tracker``: the MLflow and W&B adapters (open a run, or join one); ``mlflow_links``
 - ``wandb_shared``: the user's own W&B run joined: our records in their rows, W&B's step left to them
 - ``fanout``: one stream of calls to several trackers; ``as_one_tracker``
 - ``async_writer``: the background writer every backend runs behind (queue, bounded calls, spool)
@@ -11,7 +14,8 @@
 - ``run_record``: ``<run dir>/tracker/<backend>.json``, which backend run a run directory belongs to
 - ``run_lock``: one run per run directory (``RunDirInUse``); a run whose process died is told apart
 - ``join``: the one place a run is opened (``make_tracker``) or joined (``wandb.run``,
-  ``mlflow.active_run()``, a framework's run), with its run dir (a scratch one when none is given)
+  ``mlflow.active_run()``, a framework's run), through the registry, with its run dir (a scratch one
+  when none is given)
 - ``sigterm``: runs end as KILLED on preemption; ``factory``: ``make_tracker`` from a ``TrackerConfig``
 - ``files``, ``keys``: atomic file writes, whole-record appends; metric key names and cleaning
 - ``quiet``: MLflow's store-creation lines and download bars off in our own commands
