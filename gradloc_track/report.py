@@ -80,11 +80,10 @@ def _sources_of(run: Path, tracking_uri: str | None, incomplete: str | None) -> 
         title = next((v["run_name"] for _, v in views if v.get("run_name")), run.name)
         link = next((u for u in (b.link(v) for b, v in views) if u), None)
         return ReportSource(run, title, link, run_id=run_key(run, where))
-    for name, b in BACKENDS.items():  # else the run the record names, or a backend's own folder
-        if name in where or b.is_run_folder(run):
-            files = b.report_files(run, where.get(name), tracking_uri)
-            if files is not None:
-                return ReportSource.of(files)
+    for name, b in BACKENDS.items():  # else the run the record names, or a backend's own folder in (or at) it
+        files = b.report_files(run, where.get(name), tracking_uri)
+        if files is not None:
+            return ReportSource.of(files)
     backends = f" (its {' and '.join(where)} run has none either)" if where else ""
     if incomplete is not None:
         raise IncompleteRunDir(f"{incomplete}; it holds no spike files{backends}")
