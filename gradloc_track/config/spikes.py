@@ -30,6 +30,12 @@ class SpikeConfig:
     # rise 6% a step, embeddings spike 10x in clean data); RL from a trained policy needs fewer
     # (the TRL callback's RL defaults: 20)
     warmup_steps: int = 50
+    # ... and for the gradient norms alone, past warmup_steps, while the loss still falls faster than
+    # transient_fall times its fastest fall so far (the loss signal's trend), up to 4 x warmup_steps: early
+    # training's transient (norms that jump as the model leaves its first plateau, with no loss, junk or
+    # update signal beside them) is not an event; 0 = warmup_steps alone. Needs the step's loss (watch(),
+    # the HF callback, after_backward(loss=...))
+    transient_fall: float = 0.25
     per_layer: bool = True
     # signals beyond the gradient norms (issue 26), each read when the step provides it:
     # the step's loss (GradMonitor.after_backward(loss=...); watch() and the HF callback read the model's own)
@@ -91,6 +97,8 @@ class SpikeConfig:
             check(1.0 < self.update_ratio_thresh < float("inf"), "spikes.update_ratio_thresh",
                   self.update_ratio_thresh, "use a ratio above 1 (e.g. 3), or null to turn the rule off")
         check(self.warmup_steps >= 0, "spikes.warmup_steps", self.warmup_steps, "use 0 or more")
+        check(0.0 <= self.transient_fall < 1.0, "spikes.transient_fall", self.transient_fall,
+              "use a fraction in [0, 1) of the loss's fastest fall (e.g. 0.25), or 0 for warmup_steps alone")
         check(0 < self.loss_z_thresh < float("inf"), "spikes.loss_z_thresh", self.loss_z_thresh,
               "use a positive, finite z-score (e.g. 4)")
         for name in ("loss_min_ratio", "sample_min_ratio"):

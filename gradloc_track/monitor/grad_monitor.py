@@ -35,6 +35,7 @@ tensor -> the parameter name; or the names of custom ``groups``):
   ``spike/zscore``, ``spike/zscore_max_layer``, ``spike/zscore_loss``, ``spike/zscore_sample_loss``,
   ``spike/zscore_update`` (the step's loss, largest per-sample loss and optimizer update, when the step
   gives them), ``spike/noise_floor`` (1: the gradient norm is float noise, skipped),
+  ``spike/transient`` (1 while early training's fall keeps norm-only jumps from firing),
   ``spike/olmo_score`` (OLMo-core's 6-sigma spike score, for comparison): from the detector's
   ``metrics()`` (``SpikeDetector`` documents them)
 - ``locate/probes``, ``locate/culprits``, ``locate/threshold``, ``locate/seconds`` when a

@@ -101,6 +101,8 @@ class SpikeDetector:
       the loss, the largest per-sample loss and the optimizer's update, on steps that provide them
     - ``spike/junk_span``, ``spike/junk_mean``: the largest run's mean excess over chance and the
       batch's (nats a term; ``spikes/junk.py``), on steps that provide them
+    - ``spike/transient``: 1 on a step past ``warmup_steps`` still in early training's fall (gradient norms
+      that jump alone, finite, do not fire; ``spikes.transient_fall``), 0 once it has ended
     - ``spike/junk_excused``: 1 on a step whose junk run would have fired but decodes to plainly clean
       text (``spikes.text_check``: a run of one character, letters of a non-Latin script), else 0
     - ``spike/leaked_labels``: the largest row's share of terms whose target is their own input token
@@ -133,6 +135,8 @@ class SpikeDetector:
         self._z: dict[str, float] = {}  # latest z per signal
         self._last_step: int | None = None
         self._junk_seen = 0  # steps the junk signal has seen (its warm-up)
+        self._fall_max = 0.0  # the loss's fastest fall per step so far (log space), for the transient
+        self._transient_over = False
         self.junk_excused: tuple[str, str] | None = None  # (text, why) of the last junk run found clean text
 
     @property
@@ -190,8 +194,31 @@ class SpikeDetector:
         pending: list[_Pending] = []
         events = self._norm_events(step, global_norm, layer_norms, extra.weight_norm, pending)
         events += self._extra_events(step, extra, pending)
+        if events and self._in_transient() and all(
+                e.is_norm and math.isfinite(e.value) and e.ratio <= (self.config.ratio_thresh or math.inf)
+                for e in events):
+            events = []  # early training's transient: gradient norms jumping alone, under the safety net
         self._absorb(pending, fired=bool(events))
+        self._follow_transient()
         return events
+
+    def _in_transient(self) -> bool:
+        """Past ``warmup_steps``, is the loss still in early training's fall (``spikes.transient_fall``)?"""
+        cfg, sig = self.config, self.signals.get(EXTRA["loss"])
+        if cfg.transient_fall <= 0 or self._transient_over or sig is None or sig.n < max(1, cfg.warmup_steps):
+            return False
+        return sig.n < 4 * max(1, cfg.warmup_steps) and -sig.trend > cfg.transient_fall * self._fall_max
+
+    def _follow_transient(self) -> None:
+        """The loss's fastest fall so far; the transient ends, for good, at the first step past warm-up
+        that falls slower than ``transient_fall`` of it."""
+        sig = self.signals.get(EXTRA["loss"])
+        if sig is None or self._transient_over or self.config.transient_fall <= 0:
+            return
+        self._fall_max = max(self._fall_max, -sig.trend)
+        inside = self._in_transient()
+        self._last["spike/transient"] = float(inside)
+        self._transient_over = sig.n >= max(1, self.config.warmup_steps) and not inside
 
     def _below_floor(self, global_norm: float, weight_norm: float | None) -> bool:
         """Is this step's gradient float noise (a norm below ``noise_floor`` x the parameter norm)?"""
@@ -367,7 +394,8 @@ class SpikeDetector:
         return {"signals": {k: s.as_tuple() for k, s in self.signals.items()},
                 "count": self.count,
                 "history": list(self._history), "score": (self._score_hits, self._score_seen),
-                "last_step": self._last_step, "junk_seen": self._junk_seen}
+                "last_step": self._last_step, "junk_seen": self._junk_seen,
+                "transient": (self._fall_max, self._transient_over)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         # older states hold 3 (0.1: m4 = 0), 6 (0.3: no trend) or 8 (no warm-up fourth moment: d4 = 0) values
@@ -377,3 +405,5 @@ class SpikeDetector:
         self._score_hits, self._score_seen = state["score"]
         self._last_step = state.get("last_step")
         self._junk_seen = int(state.get("junk_seen", 0))
+        # a state from before the transient rule: that run is past its transient
+        self._fall_max, self._transient_over = state.get("transient", (0.0, True))

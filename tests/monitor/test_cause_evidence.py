@@ -37,7 +37,8 @@ class Run:
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=3e-3)
         self.tracker = MemoryTracker()
         self.mon = GradMonitor(self.model, tracker=self.tracker, optimizer=self.opt, log_every=10 ** 6,
-                               detector=SpikeDetector(warmup_steps=WARM), locate_config=LocateConfig(max_events=100),
+                               detector=SpikeDetector(warmup_steps=WARM, transient_fall=0.0),  # past its transient
+                               locate_config=LocateConfig(max_events=100),
                                artifact_writer=SpikeArtifactWriter(self.tracker, run_dir=tmp_path))
         self.step = 0
         for _ in range(WARM + 8):

@@ -419,3 +419,59 @@ def test_the_running_window_decides_as_the_two_pass_spike_rule():
         assert win.is_spike(v) == is_spike(win.values, v)
         assert win.is_spike(v * 1.3) == is_spike(win.values, v * 1.3)
         win.append(v)
+
+
+def _falling_run(det, steps, fall=lambda s: 6.0 * math.exp(-s / 40) + 2.0, jump_at=None, jump=2.5, **extra):
+    """Feed ``steps`` steps: a loss falling along ``fall``, a steady norm (a little noise), a norm
+    ``jump`` x at ``jump_at``; returns {step: signals that fired}."""
+    import random
+
+    rng = random.Random(0)
+    fired = {}
+    for s in range(steps):
+        g = 1.0 * math.exp(rng.gauss(0, 0.05)) * (jump if s == jump_at else 1.0)
+        ev = det.update(s, g, {"h.0": g}, loss=fall(s), **extra)
+        if ev:
+            fired[s] = [e.signal for e in ev]
+    return fired
+
+
+def test_a_norm_jump_in_early_trainings_fall_is_not_an_event_and_fires_once_the_fall_slows():
+    """Issue 37: every byte-level run fired at steps 59-85, just after a fixed warm-up, on the early
+    transient. The warm-up follows the loss curve: past warmup_steps, gradient norms that jump alone do
+    not fire while the loss still falls faster than a quarter of its fastest fall."""
+    from gradloc_track.spikes import SpikeDetector
+
+    early = SpikeDetector(warmup_steps=20)
+    assert 30 not in _falling_run(early, 40, jump_at=30)  # the loss still falls fast at 30
+    assert early.metrics()["spike/transient"] == 1.0
+    late = SpikeDetector(warmup_steps=20)
+    assert _falling_run(late, 200, jump_at=150)[150] == ["global", "h.0"]  # the fall has slowed by 150
+    assert late.metrics()["spike/transient"] == 0.0
+    fixed = SpikeDetector(warmup_steps=20, transient_fall=0.0)  # off: the fixed warm-up alone, as before
+    assert _falling_run(fixed, 40, jump_at=30)[30] == ["global", "h.0"]
+
+
+def test_in_the_transient_what_is_never_noise_still_fires():
+    from gradloc_track.spikes import SpikeDetector
+
+    net = SpikeDetector(warmup_steps=20)
+    assert "global" in _falling_run(net, 40, jump_at=30, jump=50.0)[30]  # the 20x safety net
+    nan = SpikeDetector(warmup_steps=20)
+    assert "global" in _falling_run(nan, 40, jump_at=30, jump=math.inf)[30]
+    loss = SpikeDetector(warmup_steps=20)
+    fired = _falling_run(loss, 40, fall=lambda s: (6.0 * math.exp(-s / 40) + 2.0) * (3.0 if s == 30 else 1.0),
+                         jump_at=30)
+    assert "loss" in fired[30]  # a norm jump beside a loss that jumps is not the transient's
+
+
+def test_the_transient_ends_by_four_warm_ups_and_needs_the_loss():
+    from gradloc_track.spikes import SpikeDetector
+
+    steady_fall = SpikeDetector(warmup_steps=20)  # a loss that keeps falling 2% a step: capped at 80 steps
+    fired = _falling_run(steady_fall, 100, fall=lambda s: 8.0 * 0.98 ** s, jump_at=90)
+    assert 90 in fired
+    no_loss = SpikeDetector(warmup_steps=20)
+    for s in range(31):
+        ev = no_loss.update(s, 2.5 if s == 30 else 1.0, {"h.0": 1.0})
+    assert ev and ev[0].signal == "global"  # without a loss there is no curve to follow: warmup_steps alone
