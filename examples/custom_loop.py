@@ -19,17 +19,12 @@ import time
 import torch
 import torch.nn.functional as F
 
-import gradloc_track
-from gradloc_track.artifacts import SpikeArtifactWriter
-from gradloc_track.clip import ZClip
-from gradloc_track.config import LocateConfig, TrackerConfig
-from gradloc_track.console import TrainConsole, closing_lines
+from gradloc_track import (GradMonitor, LocateConfig, SpikeArtifactWriter, SpikeContext, SpikeDetector, TrackerConfig,
+                           TrainConsole, ZClip, closing_lines, make_tracker, save_rng)
 from gradloc_track.demo.data import ByteTokenizer
 from gradloc_track.demo.model import TinyGPT
 from gradloc_track.demo.out_dir import run_dir_for
 from gradloc_track.demo.threads import set_threads
-from gradloc_track.localizer import save_rng
-from gradloc_track.spikes import SpikeContext, SpikeDetector
 from gradloc_track.trackers.quiet import quiet_backend_noise
 
 LINES = [  # prompt (8 characters, no loss term) -> answer: the model learns to complete each line
@@ -86,8 +81,8 @@ def main(argv: list[str] | None = None) -> list[int]:
     run_dir, name = out, f"custom_loop seed=0 {time.strftime('%m-%d %H:%M:%S')}"  # apart in MLflow
     # ---
     console = TrainConsole(stream=sys.stdout)  # prints the spike block
-    tracker = gradloc_track.make_tracker(TrackerConfig(kind=args.tracker), run_dir=run_dir, run_name=name)
-    monitor = gradloc_track.GradMonitor(
+    tracker = make_tracker(TrackerConfig(kind=args.tracker), run_dir=run_dir, run_name=name)
+    monitor = GradMonitor(
         model, tracker=tracker, clipper=ZClip(model), optimizer=opt,  # or AdaGC, LayerClip, GlobalClip
         detector=SpikeDetector(), locate_config=LocateConfig(),
         artifact_writer=SpikeArtifactWriter(tracker, run_dir))
