@@ -22,6 +22,7 @@ from typing import Any
 
 from ...console.block import spike_block
 from ...console.culprits import SpikeView
+from ...trackers.files import append_line
 
 BLOCKS_FILE = "spike_blocks.txt"
 NONE_FOUND = "  culprits   none found:"
@@ -82,9 +83,6 @@ def keep_block(run_dir: str | Path | None, lines: list[str]) -> None:
     if run_dir is None:
         return
     try:
-        path = Path(run_dir)
-        path.mkdir(parents=True, exist_ok=True)
-        with open(path / BLOCKS_FILE, "a", encoding="utf-8") as f:
-            f.write("\n".join(lines) + "\n\n")
+        append_line(Path(run_dir) / BLOCKS_FILE, "\n".join(lines) + "\n")  # whole, or nothing of it
     except OSError as exc:
         warnings.warn(f"gradloc-track: could not write the spike block to {run_dir}/{BLOCKS_FILE}: {exc!r}")
