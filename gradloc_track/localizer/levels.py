@@ -262,19 +262,22 @@ def _confirm_sample(st: _Stage, seg: Segment, ghost: float) -> Culprit | object 
 
 
 def _descend(st: _Stage, seg: Segment, share: float) -> bool:
-    """Step 3's finer answer: the sample's hot terms (above the token threshold; fewer than all its
-    terms and at most ``FEW`` of them, or ``FEW_MIN``) probed together; when they hold ``SPAN_SHARE``
-    of the sample's share, each is probed alone and named as a TOKEN (True). The decision is on the
-    exact shares, not on the ranking's estimates: a culprit token holds ~all of its sample's share,
-    an ordinary sample's hottest terms a small part, so the 0.6 line sits far from both."""
+    """Step 3's finer answer: the sample's hot terms (above the token threshold; at most ``FEW`` of its
+    terms, or ``FEW_MIN``: all of a short completion's may be) probed together; when they hold
+    ``SPAN_SHARE`` of the sample's share, each is probed alone and named as a TOKEN (True), as GradLoc
+    names every term above its threshold. The decision is on the exact shares, not on the ranking's
+    estimates: a culprit token holds ~all of its sample's share, an ordinary sample's hottest terms a
+    small part, so the 0.6 line sits far from both, and whether a third stale token of three sits just
+    above or just below the threshold changes which tokens are listed, not the level."""
     keys = sorted(((b, t) for b, t in seg.terms if st.scores.get((seg.micro_batch, b, t), 0.0) > st.tau),
                   key=lambda bt: -st.scores[(seg.micro_batch, *bt)])
-    if not keys or len(keys) >= len(seg.terms) or len(keys) > max(FEW_MIN, FEW * len(seg.terms)):
+    if not keys or len(keys) > max(FEW_MIN, FEW * len(seg.terms)):
         return False
     prober, hits, i = st.prober, st.hits, seg.micro_batch
     try:
+        # every term hot (a short completion): the hot set is the sample, whose share is known
         g = prober.probe_terms(i, keys)
-        held = hits.share(g)
+        held = share if len(keys) == len(seg.terms) else hits.share(g)
         if held is None or held < SPAN_SHARE * share:
             return False
         rows = []  # each token summarised at once (one gradient buffer besides the probe in flight)

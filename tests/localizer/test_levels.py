@@ -418,3 +418,13 @@ def test_samples_whose_exact_shares_stand_out_are_named_even_when_their_intensit
         want_norm, want_share = exact(model, loss_fn, (B, T), [(c.batch, t) for t in range(T)], total)
         assert c.grad_norm == pytest.approx(want_norm, rel=1e-4) and c.share == pytest.approx(want_share, rel=1e-4)
     assert sum(c.share for c in res.culprits) > 0.6
+
+
+def test_a_short_completion_whose_every_term_is_hot_is_named_token_by_token():
+    """All three terms of a 3-term completion stale: the level must not hang on whether the third sits
+    just above the token threshold (then all are hot) or just below it (two are): tokens either way."""
+    B, T = 16, 3
+    model, loss_fn = weighted(B, T, {(9, 0): 300.0, (9, 1): 200.0, (9, 2): 150.0})
+    step_grad(model, loss_fn, (B, T))
+    res = gradloc_track.locate(model, loss_fn, torch.ones(B, T))
+    assert {(c.level, c.batch, c.position) for c in res.culprits} == {("token", 9, t) for t in range(3)}
