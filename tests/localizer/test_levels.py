@@ -420,9 +420,11 @@ def test_samples_whose_exact_shares_stand_out_are_named_even_when_their_intensit
     assert sum(c.share for c in res.culprits) > 0.6
 
 
-def test_a_short_completion_whose_every_term_is_hot_is_named_token_by_token():
+def test_a_short_completion_whose_every_term_is_hot_is_named_token_by_token(monkeypatch):
     """All three terms of a 3-term completion stale: the level must not hang on whether the third sits
-    just above the token threshold (then all are hot) or just below it (two are): tokens either way."""
+    just above the token threshold (then all are hot) or just below it (two are): tokens either way,
+    also when the ranking's estimates fall short of deferring it (``hot_terms`` finds nothing)."""
+    monkeypatch.setattr(levels, "hot_terms", lambda *a: [])
     B, T = 16, 3
     model, loss_fn = weighted(B, T, {(9, 0): 300.0, (9, 1): 200.0, (9, 2): 150.0})
     step_grad(model, loss_fn, (B, T))
