@@ -71,11 +71,14 @@ def count(model, fn: Callable[[], object], extra: dict | None = None) -> Traffic
     return counter
 
 
-def row(name: str, model, call: Callable[[int], object], warm: int = 3) -> tuple:
-    """(name, grads non-logging, grads with a NaN, grads logging, weights logging)."""
+def row(name: str, model, call: Callable[[int], object], warm: int = 3,
+        train: Callable[[int], object] | None = None) -> tuple:
+    """(name, grads non-logging, grads with a NaN, grads logging, weights logging). ``train``: what a
+    training step runs (the optimizer's step, with the call in its hook), for the warm-up steps: the
+    optimizer's state then exists as in training."""
     for s in range(1, warm + 1):  # odd steps: past every warm-up, none logging (log_every=2)
         backward(model, s)
-        call(2 * s + 1)
+        (train or call)(2 * s + 1)
     out = []
     for step, nan in ((2 * warm + 3, False), (2 * warm + 5, True), (2 * warm + 6, False)):
         backward(model, step, nan=nan)
@@ -91,11 +94,12 @@ def monitor_call(model, clipper, guard: bool):
     return mon.after_backward
 
 
-def watch_call(model, clip: str | None):
+def watch_call(model, clip: str | None) -> tuple[Callable, Callable]:
+    """(the hook's call alone, a training step: the optimizer's step with the hook inside)."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     handle = gradloc_track.watch(model, opt, tracker=MemoryTracker(), log_every=2, locate=False,
                                  **({"clip": clip} if clip else {}))
-    return lambda step: handle.step(step)
+    return (lambda step: handle.step(step)), (lambda step: opt.step())
 
 
 def call_table(guard: bool) -> list[tuple]:
@@ -116,10 +120,11 @@ def call_table(guard: bool) -> list[tuple]:
         if guard:
             SkipStepGuard(torch.optim.AdamW(m.parameters(), lr=1e-3), clipper)
         rows.append(row(f"{name}.clip() alone", m, lambda s, c=clipper: c.clip()))
-    if guard:
-        for clip in (None, "adagc"):
+    if guard:  # every default on (detector armed, update signal), the optimizer's state as in training
+        for clip in (None, "global", "adagc"):
             m = make_model()
-            rows.append(row(f"watch(), detector armed{', clip=' + clip if clip else ''}", m, watch_call(m, clip)))
+            call, train = watch_call(m, clip)
+            rows.append(row(f"watch(), detector armed{', clip=' + clip if clip else ''}", m, call, train=train))
     return rows
 
 

@@ -181,6 +181,15 @@ def test_watch_with_every_default_reads_the_gradients_once_in_its_hook(tiny_gpt,
     seen = handle.monitor.detector.signals["@update"].n
     lm_backward(tiny_gpt, 6)
     hook = traffic(tiny_gpt, lambda: handle.step(7))[0]  # the hook alone (the clip in place without a kernel)
-    assert hook == ({"read": 1.0, "write": 0.0, "total": 1.0} if fused else {"read": 2.0, "write": 1.0, "total": 3.0})
+    one_read = {"read": 1.0, "write": 0.0, "total": 1.0} if fused else {"read": 2.0, "write": 1.0, "total": 3.0}
+    assert hook == one_read
     assert handle.monitor.detector.signals["@update"].n == seen + 1  # the detector read step 5's update
+    opt.step()
+    lm_backward(tiny_gpt, 8)
+    next(tiny_gpt.parameters()).grad.view(-1)[0] = float("nan")  # a non-finite step: the guard skips it
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        opt.step()
+    lm_backward(tiny_gpt, 9)
+    assert traffic(tiny_gpt, lambda: handle.step(11))[0] == one_read  # the state after it is read, not <m, g>
     handle.finish()

@@ -136,9 +136,13 @@ class AdamUpdate:
             self._hook = None
 
     def forget(self) -> None:
-        """The step is not taken as seen (non-finite: skipped): nothing is measured after it, and the
-        next step reads the state afresh."""
-        self._moments = self._stage = self._pending = None
+        """The step is not taken as seen (non-finite: the guard skips it): its update is not fed, and the
+        state it leaves (moments, sum v, step counters) is read afresh after it, not carried."""
+        self._pending = None
+        if self._stage is None:
+            self._moments = None
+        else:
+            self._stage.v_after, self._stage.t, self._stage.fed = None, None, True
 
     def fired(self) -> None:
         """This step fired: its update, measured after its optimizer step, is not fed to the next step."""
@@ -250,11 +254,12 @@ class AdamUpdate:
         v_sum, age = stage.v_after, stage.age
         if v_sum is None or age >= self.resync:
             v_sum, age = torch.stack(torch._foreach_norm(ts.vs, 1)).float(), 0
-        t = stage.t + 1  # each tensor with state stepped once (no counter read)
+        f32 = dict(device=dev, dtype=torch.float32)
+        t = ts.counters(f32) if stage.t is None else stage.t + 1  # each tensor stepped once (no counter read)
         self._moments = _Moments(ts, self.optimizer_steps, m_sq.to(v_sum.device), v_sum, age, t)
         self._lrs = [g.get("lr") for g in self.optimizer.param_groups]
         if not stage.fed:
-            self._pending = (number, self._made(ts, m_sq, v_sum.to(dev), t, dict(device=dev, dtype=torch.float32)))
+            self._pending = (number, self._made(ts, m_sq, v_sum.to(dev), t, f32))
 
     def _made(self, ts: "_AdamTensors", m_sq: torch.Tensor, v_sum: torch.Tensor, t: torch.Tensor,
               f32: dict) -> torch.Tensor:
@@ -426,7 +431,7 @@ class _Stage:
     ts: _AdamTensors  # the tensors with state, as the call saw them
     v_after: torch.Tensor | None  # (k,) sum of v after the step by Adam's recursion (None: read it after)
     age: int  # steps since sum(v) was last read, after this one
-    t: torch.Tensor  # (k,) the step counters before the step (carried: +1 a step, read at fresh reads)
+    t: torch.Tensor | None  # (k,) the step counters before the step (carried: +1 a step; None: read after it)
     fed: bool  # this step's update was fed already (measured before it, or the step fired): measure no update
 
 
