@@ -7,10 +7,10 @@ plain step, round-robin:
 - ``watch(), 0.3's signals``: ``gradloc_track.watch(model, opt)`` with the new signals off
   (``loss_signal``, ``sample_signal``, ``update_signal``, ``junk_signal`` false, ``noise_floor`` 0);
 - ``watch(), + loss``: the model's own loss (read from the forward's output: free);
-- ``watch(), + update``: the update Adam is about to make (``<exp_avg, g>`` each step; ``||exp_avg||^2``
-  and ``sum exp_avg_sq`` carried by Adam's recursions, read whole every 16 steps);
-- ``watch(), + update, read whole``: the same, reading ``exp_avg`` and ``exp_avg_sq`` whole every step
-  (the update signal before carrying: ``AdamUpdate.resync = 1``);
+- ``watch(), + update``: the update Adam makes (measured after the optimizer's step: ``||exp_avg||^2`` read,
+  ``sum exp_avg_sq`` carried by Adam's recursion and read every 16 steps; no read of the gradients);
+- ``watch(), + update, read whole``: the same, reading ``exp_avg_sq`` whole after every step too
+  (``AdamUpdate.resync = 1``);
 - ``watch(), + sample losses``: each sample's mean loss (a no-grad cross-entropy pass over the logits);
 - ``watch(), + junk span``: each term's excess over chance (``mean(logits) - logit of the target``, one
   reduction over the vocabulary) and its largest 16-term run;

@@ -206,6 +206,7 @@ class History:
     post_norms: list[float] = field(default_factory=list)  # what the optimizer saw (after clipping)
     spikes: list[Any] = field(default_factory=list)  # the GradStats of each step whose spike fired
     seconds: float = 0.0
+    step_seconds: list[float] = field(default_factory=list)  # wall time of each step (the spike pause)
 
     @property
     def events_at(self) -> list[int]:
@@ -236,6 +237,7 @@ def train(cfg: DemoConfig, s: Setup, monitor: GradMonitor, tracker: Tracker, run
     t0 = time.perf_counter()
     s.console.start(cfg.train.steps)
     for step in range(cfg.train.steps):
+        t_step = time.perf_counter()
         x, y, mask, columns = get_batch(cfg, s, step)
         loss_fn = masked_lm_loss(s.net, x, y, mask, cfg.train.loss_norm)
         s.opt.zero_grad(set_to_none=True)
@@ -259,6 +261,7 @@ def train(cfg: DemoConfig, s: Setup, monitor: GradMonitor, tracker: Tracker, run
         log_left_out(s, tracker, step)
         if stats.events:
             show_spike(s, h, step, stats, run_dir)
+        h.step_seconds.append(time.perf_counter() - t_step)
     h.seconds = time.perf_counter() - t0
     return h
 
@@ -319,6 +322,32 @@ def guard_stats(cfg: DemoConfig, h: History, settled: int) -> dict[str, float]:
     return out
 
 
+PAUSE_WINDOW = 10  # steps either side of a spike: their median is a normal step, those after it what it still slows
+
+
+def spike_pause(step_seconds: list[float], step: int, window: int = PAUSE_WINDOW) -> tuple[float, float] | None:
+    """(the spike's pause in normal steps, the part of it after the spike step): the spike step's wall time
+    plus what the ``window`` steps after it took beyond normal, over a normal step (the median of the
+    ``window`` steps either side: a machine whose load drifts moves both halves). A step without a spike
+    is 1; localizing with P probes costs about P more. None without steps around it to tell the pace."""
+    around = step_seconds[max(0, step - window):step] + step_seconds[step + 1:step + 1 + window]
+    if len(around) < 2 * window:
+        return None
+    normal = sorted(around)[len(around) // 2]
+    after = sum(t - normal for t in step_seconds[step + 1:step + 1 + window])
+    return (step_seconds[step] + after) / normal, after / normal
+
+
+def show_pauses(s: Setup, h: History) -> None:
+    """One line per localized spike: how long it held training up, in normal steps, against its probes."""
+    for st in h.spikes:
+        pause = spike_pause(h.step_seconds, st.step)
+        probes = st.metrics.get("locate/probes")
+        if pause is not None and probes is not None:
+            s.console.print(f"spike pause at step {st.step}: training held up {pause[0]:.1f} normal steps for "
+                            f"{probes:.0f} probes ({pause[1]:+.1f} of them in the {PAUSE_WINDOW} steps after it)")
+
+
 def summarize(cfg: DemoConfig, h: History, clipper: Any = None) -> dict[str, float]:
     """Final loss, spike count, OLMo-style spike scores, the largest norm the optimizer saw, and
     how often / how hard the clipper scaled after its warm-up (a learning-rate cut shows there)."""
@@ -356,6 +385,7 @@ def train_lm(cfg: DemoConfig, run_dir: str | Path, resolved_yaml: str | None = N
         log_config(tracker, cfg, s.model, run_dir, resolved_yaml)
         monitor = build_monitor(cfg, s, tracker, run_dir)
         h = train(cfg, s, monitor, tracker, run_dir)
+        show_pauses(s, h)
         summary = summarize(cfg, h, monitor.clipper)
         summary.update({k.split("/", 1)[1]: v for k, v in s.gate.metrics().items()})  # samples left out
         # at the last training step: a metric at step N+1 would stretch every chart's x axis

@@ -4,7 +4,9 @@ The training thread does only the cheap part (tags, metrics, the table rows, and
 the tensors the renderers read); rendering the HTML and the heatmap, and writing them, is a job
 handed to ``tracker.submit``: trackers that own a thread (the background writer of W&B/MLflow,
 the local run directory) run it there, in order with the calls made before it, so a spike's media
-still land at its step.
+still land at its step. There the heatmap (matplotlib: most of a second holding the GIL) is drawn by
+a low-priority worker process (``render_worker``), so the training steps after a spike do not wait
+for it.
 """
 from __future__ import annotations
 
@@ -21,8 +23,8 @@ from ..localizer.result import LocateResult
 from ..spikes.event import SpikeEvent
 from ..trackers.interface import Tracker
 from .events import EVENT_COLUMNS, EVENTS_KEY, event_row
-from .heatmap import render_layer_heatmap
 from .highlight import render_highlight_html
+from .render_worker import draw_heatmap
 from .table import attribution_table, where_columns
 
 TABLE_KEY = "spikes/tokens"
@@ -168,7 +170,7 @@ class _RenderJob:
         if getattr(ctx, "micro_batches", None):  # K micro-batches: the first culprit's
             k = first.micro_batch or 0
             ctx, result = ctx.micro_batch_view(k), result.for_micro_batch(k)
-        return render_layer_heatmap(result, first.batch, self.png_path, ctx=ctx)
+        return draw_heatmap(result, first.batch, self.png_path, ctx)
 
     def __call__(self, tracker: Tracker) -> None:
         self._render()

@@ -223,3 +223,15 @@ def test_locate_false_fails_in_one_line_naming_locate_enabled(tmp_path):
     proc = run_example(tmp_path, "locate=false", *SMALL, check=False)
     assert proc.returncode != 0 and "use locate.enabled=false" in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "runs").exists()
+
+
+def test_the_spike_pause_is_the_spike_step_and_what_the_steps_after_it_still_lose_in_normal_steps():
+    """Issue 38 item 4: the demo prints how long a spike held training up, in normal steps (the median of
+    the steps either side), so the goal (localizing with P probes costs at most P + 1) reads off the run."""
+    spike_pause = load_example("train_lm").spike_pause
+    steps = [0.2] * 10 + [1.2] + [0.3, 0.25] + [0.2] * 8  # a 6-step spike, then two slowed steps
+    pause, after = spike_pause(steps, 10)
+    assert after == pytest.approx(0.75) and pause == pytest.approx(6.75)
+    drifted = [0.2] * 10 + [1.2] + [0.3] * 10  # the machine got slower at the spike: the pace is the later one
+    assert spike_pause(drifted, 10)[0] == pytest.approx(1.2 / 0.3)
+    assert spike_pause(steps, 3) is None  # no 10 steps before it to tell the pace

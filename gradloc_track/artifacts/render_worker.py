@@ -1,0 +1,164 @@
+"""A spike's heatmap drawn in a low-priority process of its own (issue 38, item 4).
+
+Drawing the heatmap with matplotlib is most of a second of CPU, nearly all of it holding the GIL: on
+the tracker's thread it slowed the training steps right after a spike (the demo: 2.4 s wall, 0.76 s of
+that thread's CPU, the next steps waiting for the GIL). Here a worker process draws it when the call
+comes from a thread of its own (the tracker's: the training loop's thread would only wait for it), started
+at the first heatmap as ``python -m gradloc_track.artifacts.render_worker`` (never the user's script: nothing
+of an unguarded ``__main__`` runs again), at a lower CPU priority (``NICE``), so on a busy machine it
+takes what training leaves; the tracker's thread waits for its answer off the GIL, the training thread
+not at all. Later heatmaps reuse it; it ends with this process (its input closes).
+
+What cannot go there is drawn on the tracker's thread as before: a tokenizer that does not pickle, no
+POSIX pipes (Windows), a worker that cannot start, dies, or does not answer within ``TIMEOUT_S``.
+"""
+from __future__ import annotations
+
+import atexit
+import copy
+import os
+import pickle
+import select
+import subprocess
+import sys
+import threading
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+NICE = 10  # the worker's niceness (CFS gives it ~1/10 of a core a nice-0 thread wants)
+TIMEOUT_S = 120.0  # the longest the tracker's thread waits for one heatmap before drawing it itself
+_HEADER = 8  # bytes of each message's length prefix
+
+
+def draw_heatmap(result: Any, sample: int, path: Path, ctx: Any) -> Path | None:
+    """``heatmap.render_layer_heatmap(result, sample, path, ctx)``, drawn by the worker process when it
+    can be (module doc), else here; the PNG's path, or None (with the renderer's warning)."""
+    from .heatmap import render_layer_heatmap
+
+    job = None if threading.current_thread() is threading.main_thread() else _portable(result, sample, path, ctx)
+    answer = None if job is None else _WORKER.run(job)
+    if answer is None:
+        return render_layer_heatmap(result, sample, path, ctx=ctx)
+    kind, value, said = answer
+    for message in said:  # the renderer's warnings, said here as they would have been
+        warnings.warn(message, RuntimeWarning)
+    if kind == "error":
+        raise RuntimeError(f"the heatmap worker: {value}")
+    return None if value is None else Path(value)
+
+
+def _portable(result: Any, sample: int, path: Path, ctx: Any) -> bytes | None:
+    """The call's arguments pickled with what the renderer reads (the layer map on the CPU, no ghost maps,
+    the token ids, the mask and the tokenizer); None when something does not pickle."""
+    slim = copy.copy(result)
+    for name, empty in (("ghost_map", None), ("ghost_maps", []), ("layer_maps", [])):
+        if hasattr(slim, name):
+            setattr(slim, name, empty)
+    if getattr(slim, "layer_map", None) is not None:
+        slim.layer_map = slim.layer_map.detach().cpu()
+    view = SimpleNamespace(**{k: getattr(ctx, k, None) for k in ("input_ids", "token_mask", "tokenizer")})
+    try:
+        return pickle.dumps((slim, sample, str(path), view), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # a tokenizer (or a column) that does not pickle: drawn here
+        return None
+
+
+class _Worker:
+    """The one worker process of this process, started at first use; ``run`` is one request."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen | None = None
+        self._lock = threading.Lock()
+        self._broken = os.name != "posix"  # select() on pipes: POSIX only
+
+    def run(self, job: bytes) -> tuple[str, Any, list[str]] | None:
+        """(kind, value, warnings) from the worker, or None when it cannot answer (drawn here then)."""
+        with self._lock:
+            if self._broken:
+                return None
+            try:
+                proc = self._started()
+                proc.stdin.write(len(job).to_bytes(_HEADER, "little") + job)
+                proc.stdin.flush()
+                return pickle.loads(_read_message(proc.stdout, TIMEOUT_S))
+            except Exception as exc:  # no worker, a dead one, no answer in time: never again this process
+                self._stop()
+                self._broken = True
+                warnings.warn(f"gradloc-track: the heatmap worker process failed ({exc!r}); heatmaps are drawn on "
+                              "the tracker's thread", RuntimeWarning)
+                return None
+
+    def _started(self) -> subprocess.Popen:
+        if self._proc is None or self._proc.poll() is not None:
+            package_root = str(Path(__file__).resolve().parents[2])  # where this gradloc_track is imported from
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH"))
+                                                               if p), "MPLBACKEND": "Agg"}
+            self._proc = subprocess.Popen([sys.executable, "-m", "gradloc_track.artifacts.render_worker"],
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                          env=env, close_fds=True)
+        return self._proc
+
+    def _stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        try:
+            proc.stdin.close()  # the worker's read ends: it exits
+            proc.wait(timeout=5)
+        except Exception:
+            proc.kill()
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop()
+
+
+def _read_message(stream: Any, timeout_s: float) -> bytes:
+    """One length-prefixed message from ``stream`` (a pipe), waiting at most ``timeout_s`` for it to start."""
+    ready, _, _ = select.select([stream], [], [], timeout_s)
+    if not ready:
+        raise TimeoutError(f"no heatmap within {timeout_s:g} s")
+    header = stream.read(_HEADER)
+    if len(header) < _HEADER:
+        raise EOFError("the heatmap worker closed its output")
+    data = stream.read(int.from_bytes(header, "little"))
+    if len(data) < int.from_bytes(header, "little"):
+        raise EOFError("the heatmap worker's answer was cut short")
+    return data
+
+
+_WORKER = _Worker()
+atexit.register(_WORKER.close)
+
+
+def _serve() -> None:
+    """The worker: lower its priority, then draw each request from stdin and answer on stdout."""
+    try:
+        os.nice(NICE)
+    except (AttributeError, OSError):
+        pass
+    requests, answers = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # nothing a library prints may land in the answers
+    from .heatmap import render_layer_heatmap
+
+    while True:
+        header = requests.read(_HEADER)
+        if len(header) < _HEADER:
+            return  # the parent closed the pipe (or exited)
+        result, sample, path, ctx = pickle.loads(requests.read(int.from_bytes(header, "little")))
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            try:
+                png = render_layer_heatmap(result, sample, path, ctx=ctx)
+                answer = ("ok", None if png is None else str(png))
+            except Exception as exc:
+                answer = ("error", repr(exc))
+        out = pickle.dumps((*answer, [str(w.message) for w in said]))
+        answers.write(len(out).to_bytes(_HEADER, "little") + out)
+        answers.flush()
+
+
+if __name__ == "__main__":
+    _serve()
