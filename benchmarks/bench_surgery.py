@@ -4,7 +4,8 @@ The demo's model and data (``gradloc_track.demo``: the hand-written GPT, the CPy
 byte tokens, AdamW with warm-up and cosine decay, per-sample loss averaging as in SFT). At each
 injection step one sample of the batch is the spike demo's corrupted instruction pair
 (``garbled_span``: a prose prompt, no loss, and an answer of mojibake ``â€™``): the same documents
-at the same steps in every arm. Arms (every one with the same spike detector, ``spikes`` defaults):
+at the same steps in every arm. Arms (every one with the same spike detector, ``spikes`` defaults but
+the early-transient rule, off so the arms see the same detections from the warm-up on):
 
 - ``clean``, ``clean+adagc``: no injection (what the corrupted documents cost, without and with AdaGC,
   which changes training on its own);
@@ -152,7 +153,10 @@ def build(arm: str, seed: int, s: Setting):
     opt = make_optimizer(model, optim)
     sched = make_schedule(opt, optim, s.steps)
     clipper = build_clipper(AdaGCConfig(warmup_steps=s.warmup), model) if clip == "adagc" else None
-    detector = SpikeDetector(SpikeConfig(warmup_steps=s.warmup, z_thresh=s.z_thresh, response=response))
+    # the responses are compared, not the detector's warm-up: its early-transient rule is off, so every arm
+    # sees the same detections from warmup_steps on (``spikes.transient_fall``)
+    detector = SpikeDetector(SpikeConfig(warmup_steps=s.warmup, z_thresh=s.z_thresh, response=response,
+                                         transient_fall=0.0))
     locate = LocateConfig(enabled=response == "surgery", max_events=10 ** 6)
     monitor = GradMonitor(model, clipper=clipper, optimizer=opt, detector=detector, locate_config=locate,
                           log_every=10 ** 9)
