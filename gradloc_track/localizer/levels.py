@@ -381,14 +381,16 @@ def sample_shares(prober: Prober, hits: Hits, segments: list[Segments | None],
 
 def share_culprits(units: list[Culprit], n_samples: int) -> list[Culprit]:
     """The samples whose EXACT share of the step stands out of the others' (``SHARE_FACTOR`` x the
-    median of the rest, at most half of them), each above ``MIN_PART`` of a fair part: named when the
+    median of the rest, at most half of them, all but one of four or fewer: packed rows of long documents
+    hold few), each above ``MIN_PART`` of a fair part: named when the
     ranking's per-term intensities missed them (several bad samples lift each other's median; a coherent
     sample's intensity sits just under ``SAMPLE_FACTOR``). "No single culprit" is then said only when
     the shares are flat. ``units``: largest share first."""
     if n_samples < 2 or len(units) < 2:
         return []
     vals = torch.tensor([max(u.share or 0.0, 1e-12) for u in units], dtype=torch.float64)
-    k, _ = outlier_split(vals, SHARE_FACTOR, 0.5, most=0.5)
+    n = len(units)  # a few units (packed rows of long documents): all but one may stand out of the last
+    k, _ = outlier_split(vals, SHARE_FACTOR, 0.5, most=0.5 if n > 4 else (n - 1) / n)
     return [u for u in units[:k] if (u.share or 0.0) > MIN_PART / n_samples]
 
 

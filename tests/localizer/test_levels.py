@@ -8,6 +8,8 @@ checked against plain backward passes of the unit's mask.
 """
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -430,3 +432,15 @@ def test_a_short_completion_whose_every_term_is_hot_is_named_token_by_token(monk
     step_grad(model, loss_fn, (B, T))
     res = gradloc_track.locate(model, loss_fn, torch.ones(B, T))
     assert {(c.level, c.batch, c.position) for c in res.culprits} == {("token", 9, t) for t in range(3)}
+
+
+def test_two_of_three_long_documents_standing_out_are_both_named(monkeypatch):
+    """Packed rows of long documents hold few units: two junk documents at 66% and 33% beside a clean one at
+    0.3% stand out of it together (at most half of three would name one); the ranking misses both here."""
+    monkeypatch.setattr(levels, "outliers", lambda rows: ([], math.inf))
+    B, T = 2, 32
+    docs = torch.tensor([[0] * 32, [0] * 16 + [1] * 16])
+    model, loss_fn = weighted(B, T, {(0, t): 6.0 for t in range(32)} | {(1, t): 6.0 for t in range(16, 32)})
+    step_grad(model, loss_fn, (B, T))
+    res = gradloc_track.locate(model, loss_fn, torch.ones(B, T), document_ids=docs)
+    assert sorted((c.level, c.batch, c.document) for c in res.culprits) == [("sample", 0, 0), ("sample", 1, 1)]
