@@ -117,7 +117,14 @@ def _find(prober: Prober, model: torch.nn.Module, terms: list[list], search: Sea
             found.coarse += named
             if not named:
                 found.notes.append(levels.no_culprit_note(found.shares, sum(len(s) for s in segs if s is not None)))
+        elif _carried(found) < levels.SCAN_BELOW and any(s is not None for s in segs):
+            found.coarse += levels.more_samples(prober, found.hits, segs, search.labelled, found.hits.terms)
     return _result(prober, stage, search, tau, found)
+
+
+def _carried(found: Found) -> float:
+    """The summed share of the culprits found so far (rows without one count 0)."""
+    return sum(c.share or 0.0 for c in found.coarse + found.hits.tokens)
 
 
 def _inside(cands: list) -> set:

@@ -36,7 +36,10 @@ norm over the hooked layers at no extra backward (``segments.py``):
    first, at most ``MAX_SHARE_PROBES`` and what the budget leaves) goes to ``sample_shares``; the
    samples whose exact share stands out of the others' (``share_culprits``: ``SHARE_FACTOR`` x the
    median of the rest, up to half the batch) are named as SAMPLES from those probes, so "no single
-   culprit" is said only when the shares are flat.
+   culprit" is said only when the shares are flat. When the culprits found carry less than
+   ``SCAN_BELOW`` of the step, the unnamed samples whose ghost norm^2 stands out are probed too
+   (``more_samples``: two bad samples, the first named by its intensity, the second a little under
+   the rule).
 
 Memory: a probe's gradient is summarised when taken and added to ONE running sum
 (``Units.grad``: everything explained so far), so the stage holds one gradient-sized buffer
@@ -61,6 +64,7 @@ FEW, FEW_MIN, CARRY = 0.25, 8, 0.5  # tokens carry a sample: a quarter of its te
 SPAN_MASS, SPAN_MAX, SPAN_SHARE = 0.8, 0.5, 0.6
 MIN_PART = 0.1  # a culprit sample (micro-batch) carries at least a tenth of a fair part (1/n) of the step
 MAX_SHARE_PROBES = 32
+SCAN_BELOW = 0.8  # culprits found carry less than this: a fifth of the step or more is left for another culprit
 SHARE_FACTOR = 4.0  # an exact share this many times the median of the other samples' singles its sample out
 DESCENDED = object()  # ``_confirm_sample``: the sample's hot tokens were named instead of it
 Key = tuple[int, int, int]  # (micro_batch, b, t)
@@ -379,6 +383,40 @@ def sample_shares(prober: Prober, hits: Hits, segments: list[Segments | None],
     return [out[j] for j in order], share_culprits([units[j] for j in order], len(rows))
 
 
+def more_samples(prober: Prober, hits: Hits, segments: list[Segments | None], labelled: bool,
+                 explained: set) -> list[Culprit]:
+    """Culprits named carry less than ``SCAN_BELOW`` of the step: the samples not yet named whose exact
+    ghost norm^2 stands out of the other unnamed samples' (``SHARE_FACTOR`` x their median, at most half
+    of them; all of them when three or fewer are left) are probed, and named when each carries two fair
+    parts (2/n) of the step or a fifth: two bad samples, the first named by its intensity, the second a
+    little under the rule. ``explained``: the term keys of what is named."""
+    rows = [(n, s) for segs in segments if segs is not None and segs.norms() is not None
+            for n, s in zip(segs.norms(), segs.items) if s.terms]
+    n_samples = len(rows)
+    rows = [(n, s) for n, s in rows if (s.micro_batch, *s.terms[0]) not in explained]
+    if len(rows) < 2:
+        return []
+    rows.sort(key=lambda r: -r[0])
+    if len(rows) <= 3:  # packed rows of long documents: probing the few left costs less than judging them
+        k = len(rows)
+    else:
+        k, _ = outlier_split(torch.tensor([n * n for n, _ in rows], dtype=torch.float64), SHARE_FACTOR, 0.5,
+                             most=0.5)
+    out = []
+    for _, seg in rows[:k]:
+        try:
+            g = prober.probe_terms(seg.micro_batch, seg.terms)
+        except BudgetExhausted:
+            break
+        share = hits.share(g)
+        if share is not None and share >= min(2.0 / n_samples, 0.2):
+            out.append(Culprit("sample", prober.norm(g), share, micro_batch=seg.micro_batch if labelled else None,
+                               batch=seg.batch, start=seg.start, end=seg.end, document=seg.document,
+                               n_terms=len(seg.terms), layer_norms=prober.layer_norms(g)))
+        del g
+    return out
+
+
 def share_culprits(units: list[Culprit], n_samples: int) -> list[Culprit]:
     """The samples whose EXACT share of the step stands out of the others' (``SHARE_FACTOR`` x the
     median of the rest, at most half of them, all but one of four or fewer: packed rows of long documents
@@ -390,7 +428,12 @@ def share_culprits(units: list[Culprit], n_samples: int) -> list[Culprit]:
         return []
     vals = torch.tensor([max(u.share or 0.0, 1e-12) for u in units], dtype=torch.float64)
     n = len(units)  # a few units (packed rows of long documents): all but one may stand out of the last
-    k, _ = outlier_split(vals, SHARE_FACTOR, 0.5, most=0.5 if n > 4 else (n - 1) / n)
+    most = 0.5 if n > 4 else (n - 1) / n
+    k, _ = outlier_split(vals, SHARE_FACTOR, 0.5, most=most)
+    # the split takes the smallest gap; a unit after it that still holds a fifth of the step and stands out
+    # of the units below it is as much a culprit (two junk documents at 68% and 32% beside a clean one at 0%)
+    while 0 < k < int(n * most) and vals[k] >= 0.2 and vals[k] > SHARE_FACTOR * float(vals[k + 1:].median()):
+        k += 1
     return [u for u in units[:k] if (u.share or 0.0) > MIN_PART / n_samples]
 
 

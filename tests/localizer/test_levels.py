@@ -444,3 +444,17 @@ def test_two_of_three_long_documents_standing_out_are_both_named(monkeypatch):
     step_grad(model, loss_fn, (B, T))
     res = gradloc_track.locate(model, loss_fn, torch.ones(B, T), document_ids=docs)
     assert sorted((c.level, c.batch, c.document) for c in res.culprits) == [("sample", 0, 0), ("sample", 1, 1)]
+
+
+@pytest.mark.parametrize("shares,named", [
+    ([0.684, 0.316, -0.001], 2),  # the dev zoo's packed step 107: two junk documents beside a clean one
+    ([0.45, 0.35] + [0.033] * 6, 2),  # two bad samples of 8
+    ([0.28, 0.27, 0.26] + [0.038] * 5, 3),  # three identical junk samples
+    ([0.18, 0.16, 0.14, 0.12, 0.11, 0.1, 0.1, 0.09], 0),  # flat: nobody
+])
+def test_share_culprits_names_the_units_that_stand_out_and_nobody_when_flat(shares, named):
+    from gradloc_track.localizer.result import Culprit
+
+    units = [Culprit("sample", 1.0, s, batch=b) for b, s in enumerate(shares)]
+    got = levels.share_culprits(units, len(units))
+    assert [u.batch for u in got] == list(range(named))
