@@ -110,6 +110,8 @@ def ours(config: Any = None, **overrides: Any) -> Trigger:
         out = set()
         for r in steps:
             extra = {k: v for k, v in (r.fed if r.fed is not None else signals_of(r)).items() if k in params}
+            if "junk_text" in extra:  # the text the live detector read: asked for the same way
+                extra["junk_text"] = (lambda text: lambda: text)(extra["junk_text"])
             if det.update(r.step, r.global_norm, r.layers, n_tokens=r.n_tokens, **extra):
                 out.add(r.step)
         return out

@@ -114,7 +114,14 @@ class FeedRecorder:
         detector.update = self
 
     def __call__(self, step, global_norm, layer_norms=None, n_tokens=None, n_micro_batches=1, **signals):
-        self.last = {k: v for k, v in signals.items() if v is not None}
+        self.last = {k: v for k, v in signals.items() if v is not None and not callable(v)}
+        text = signals.get("junk_text")
+        if callable(text):  # read by the detector only when the junk rule would fire: keep what it read
+            def read() -> str | None:
+                self.last["junk_text"] = value = text()
+                return value
+
+            signals = {**signals, "junk_text": read}
         return self._update(step, global_norm, layer_norms, n_tokens, n_micro_batches, **signals)
 
     def take(self) -> dict:
