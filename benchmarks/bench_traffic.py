@@ -94,9 +94,9 @@ def monitor_call(model, clipper, guard: bool):
     return mon.after_backward
 
 
-def watch_call(model, clip: str | None) -> tuple[Callable, Callable]:
+def watch_call(model, clip: str | None, fused: bool = False) -> tuple[Callable, Callable]:
     """(the hook's call alone, a training step: the optimizer's step with the hook inside)."""
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=fused)
     handle = gradloc_track.watch(model, opt, tracker=MemoryTracker(), log_every=2, locate=False,
                                  **({"clip": clip} if clip else {}))
     return (lambda step: handle.step(step)), (lambda step: opt.step())
@@ -121,10 +121,11 @@ def call_table(guard: bool) -> list[tuple]:
             SkipStepGuard(torch.optim.AdamW(m.parameters(), lr=1e-3), clipper)
         rows.append(row(f"{name}.clip() alone", m, lambda s, c=clipper: c.clip()))
     if guard:  # every default on (detector armed, update signal), the optimizer's state as in training
-        for clip in (None, "global", "adagc"):
+        for clip, fused in ((None, False), ("global", False), ("global", True), ("adagc", False)):
             m = make_model()
-            call, train = watch_call(m, clip)
-            rows.append(row(f"watch(), detector armed{', clip=' + clip if clip else ''}", m, call, train=train))
+            call, train = watch_call(m, clip, fused)
+            name = f"watch(), detector armed{', clip=' + clip if clip else ''}{', fused AdamW' if fused else ''}"
+            rows.append(row(name, m, call, train=train))
     return rows
 
 

@@ -344,8 +344,10 @@ def show_pauses(s: Setup, h: History) -> None:
         pause = spike_pause(h.step_seconds, st.step)
         probes = st.metrics.get("locate/probes")
         if pause is not None and probes is not None:
+            cut = getattr(st.surgery, "probes", 0) if st.surgery is not None else 0  # spikes.response=surgery's
             s.console.print(f"spike pause at step {st.step}: training held up {pause[0]:.1f} normal steps for "
-                            f"{probes:.0f} probes ({pause[1]:+.1f} of them in the {PAUSE_WINDOW} steps after it)")
+                            f"{probes:.0f}{f' + {cut}' if cut else ''} probes ({pause[1]:+.1f} of them in the "
+                            f"{PAUSE_WINDOW} steps after it)")
 
 
 def summarize(cfg: DemoConfig, h: History, clipper: Any = None) -> dict[str, float]:

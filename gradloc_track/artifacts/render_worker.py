@@ -27,7 +27,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-NICE = 10  # the worker's niceness (CFS gives it ~1/10 of a core a nice-0 thread wants)
+NICE = 19  # the lowest priority: on a busy core CFS gives it ~1.5% of what a nice-0 thread gets
 TIMEOUT_S = 120.0  # the longest the tracker's thread waits for one heatmap before drawing it itself
 _HEADER = 8  # bytes of each message's length prefix
 
