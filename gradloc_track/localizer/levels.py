@@ -389,11 +389,12 @@ def more_samples(prober: Prober, hits: Hits, segments: list[Segments | None], la
     ghost norm^2 stands out of the other unnamed samples' (``SHARE_FACTOR`` x their median, at most half
     of them; all of them when three or fewer are left) are probed, and named when each carries two fair
     parts (2/n) of the step or a fifth: two bad samples, the first named by its intensity, the second a
-    little under the rule. ``explained``: the term keys of what is named."""
+    little under the rule. ``explained``: the term keys of what is named; a sample holding any of them is
+    left out (rows never overlap)."""
     rows = [(n, s) for segs in segments if segs is not None and segs.norms() is not None
             for n, s in zip(segs.norms(), segs.items) if s.terms]
     n_samples = len(rows)
-    rows = [(n, s) for n, s in rows if (s.micro_batch, *s.terms[0]) not in explained]
+    rows = [(n, s) for n, s in rows if not any((s.micro_batch, b, t) in explained for b, t in s.terms)]
     if len(rows) < 2:
         return []
     rows.sort(key=lambda r: -r[0])
