@@ -63,18 +63,19 @@ def cap_repeats(excess: torch.Tensor, targets: torch.Tensor, inputs: torch.Tenso
     return torch.where(targets == inputs.to(targets.device), excess.clamp(max=0.0), excess)
 
 
-def span_argmax(excess: torch.Tensor, valid: torch.Tensor, docs: torch.Tensor,
+def span_argmax(excess: torch.Tensor, valid: torch.Tensor, docs: torch.Tensor | None,
                 terms: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The largest mean of ``excess`` (..., T) over ``terms`` consecutive valid positions of one document
-    (``docs`` (..., T) ids), over every row (``-inf``, 0-d, when no such run exists), and (2,) long: that
-    run's row and first position. On the device."""
+    (``docs`` (..., T) ids; None: one document a row), over every row (``-inf``, 0-d, when no such run
+    exists), and (2,) long: that run's row and first position. On the device."""
     T = excess.shape[-1]
     if T < terms:
         return excess.new_tensor(-torch.inf), torch.zeros(2, dtype=torch.long, device=excess.device)
     sums = torch.where(valid, excess, 0.0).unfold(-1, terms, 1).sum(-1)  # (..., T - terms + 1)
     full = valid.float().unfold(-1, terms, 1).sum(-1) == terms
-    d = docs.unfold(-1, terms, 1)
-    full &= (d == d[..., :1]).all(-1)
+    if docs is not None:  # a run stays inside one packed document
+        d = docs.unfold(-1, terms, 1)
+        full &= (d == d[..., :1]).all(-1)
     means = torch.where(full, sums / terms, -torch.inf).reshape(-1, sums.shape[-1])  # (rows, windows)
     best = means.reshape(-1).argmax()
     return means.reshape(-1)[best], torch.stack([best // means.shape[-1], best % means.shape[-1]])
@@ -124,7 +125,7 @@ def junk_of(excess: torch.Tensor, valid: torch.Tensor, document_ids: torch.Tenso
             targets: torch.Tensor | None = None, inputs: torch.Tensor | None = None) -> JunkSpan:
     """``JunkSpan`` from each term's excess (B, T) (``term_excess``), ``valid`` (B, T) bool, the
     document ids (B, T) or None, and the targets and input ids (B, T) for the leak share (``leaked``)."""
-    docs = torch.zeros_like(valid, dtype=torch.long) if document_ids is None else document_ids.to(valid.device)
+    docs = None if document_ids is None else document_ids.to(valid.device)
     best, where = span_argmax(excess, valid, docs, terms)
     rows = None if targets is None or inputs is None else leaked(targets, inputs, valid)
     return JunkSpan(best, torch.where(valid, excess, 0.0).sum() / valid.sum().clamp(min=1),
