@@ -90,9 +90,10 @@ def make_step(model, opt, pool):
     return step
 
 
-# passes over the (T, V) tensor: the graph route's one sum (the gather reads T values); the logits
-# route's block-resident log-sum-exp (max, exp written, its sum) and the sum for the mean over one read
-PASSES = {"from the loss's log-probs": "1 (a sum)", "from the logits": "1 read + 3 in-block"}
+# passes over the (T, V) tensor, from the code (spikes/term_stats.py): the graph route's one sum (the gather
+# reads T values); the logits route's per block, on a CPU, log_softmax's fused kernel (one read, one
+# write of the block) and the sum for the mean (on an accelerator, the log-sum-exp's max, exp, sum)
+PASSES = {"from the loss's log-probs": "1 (a sum)", "from the logits": "1 read + 2 in-block"}
 
 
 def _cpu_median(fn, n: int) -> float:
