@@ -149,7 +149,9 @@ def rows(runs: list[RunRecord], trig: Trigger, relocated: dict | None = None) ->
             by.setdefault(key(r), []).append(r)
     out = []
     for (fam, src, kind), rs in by.items():
-        row = Row(fam, src, kind, half(fam, src, kind), rs, harm_of(rs, controls(runs, rs[0])))
+        ctrl = {seed: c for seed, c in controls(runs, rs[0]).items()  # a NaN final loss has no gap (its harm is
+                if math.isfinite(c.final_loss) and all(math.isfinite(x.final_loss) for x in rs if x.seed == seed)}
+        row = Row(fam, src, kind, half(fam, src, kind), rs, harm_of(rs, ctrl))  # the non-finite update's)
         score_row(row, trig, relocated or {})
         out.append(row)
     return sorted(out, key=lambda w: (w.half, w.family, w.source, w.kind))
