@@ -146,13 +146,14 @@ class SpikeResponder:
         return out
 
     def _name_cause(self, stats: Any) -> None:
-        """The step's cause, on ``stats`` and its events (``monitor.cause_evidence``); a non-finite step
-        whose weights hold a corrupt value is that weight's incident (``weight_check``)."""
+        """The step's cause, on ``stats`` and its events (``monitor.cause_evidence``); a detected step whose
+        weights hold a corrupt value is that weight's incident (``weight_check``: one read of the weights
+        per detected step; an RMSNorm keeps a 4e36 weight's outputs finite, so not only numeric steps)."""
         from .cause_evidence import name_step_cause, weights_precision
 
-        cause = name_step_cause(stats, self.lr_history.pair() if self.lr_history is not None else (None, None),
-                                self.incidents, weights_precision(self.model))
-        if cause.name == "numeric" and self.corrupt is None:
+        name_step_cause(stats, self.lr_history.pair() if self.lr_history is not None else (None, None),
+                        self.incidents, weights_precision(self.model))
+        if self.corrupt is None:  # every detected step: an absurd weight can leave the loss finite (RMSNorm)
             self.corrupt = weight_check.scan_all(self.model, stats.step, self.process_group)
             if self.corrupt is not None:
                 self._corrupt_weight(stats.step, stats)

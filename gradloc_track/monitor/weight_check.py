@@ -1,14 +1,15 @@
 """A corrupted weight: one incident, named by parameter, index and value, not one NaN event per step.
 
 One weight whose exponent bit flips (0.012 -> 4e36: silent data corruption, a bad checkpoint shard, an
-optimizer that wrote a NaN) makes every later forward non-finite. The skip guard drops each such step, so
-the weight never heals: the detector fires on every step, and the non-finite search, replaying the batch,
-finds every sample's loss NaN and blames the data (issue 37). When a step's cause is ``numeric``,
-``scan`` reads every parameter once (a max-abs and a norm per tensor, one host transfer): a tensor
-holding a non-finite value, or one ``ABSURD_RATIO`` times the rms of the rest of its tensor and above
-``ABSURD_MIN``, is corrupt. The cause then names it (``CorruptWeight.detail``) and tells the run to stop
-and roll back; while that tensor stays corrupt (``still``: one tensor read) later detected steps are that
-incident's aftermath, not localized again.
+optimizer that wrote a NaN) makes every later forward non-finite. The skip guard drops each such step,
+so the weight never heals: the detector fires on every step, and the non-finite search, replaying the
+batch, finds every sample's loss NaN and blames the data (issue 37); behind an RMSNorm the outputs can
+stay finite while the loss is ruined for good. On every detected step ``scan`` reads every parameter
+once (a max-abs and a norm per tensor, one host transfer): a tensor holding a non-finite value, or one
+``ABSURD_RATIO`` times the rms of the rest of its tensor and above ``ABSURD_MIN``, is corrupt. The cause
+then names it (``CorruptWeight.detail``) and tells the run to stop and roll back; while that tensor
+stays corrupt (``still``: one tensor read) later detected steps are that incident's aftermath, not
+localized again.
 """
 from __future__ import annotations
 

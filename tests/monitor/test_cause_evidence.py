@@ -243,3 +243,16 @@ def test_a_corrupted_weight_is_one_incident_named_by_parameter_index_and_value(r
         assert s.cause == "numeric" and s.cause_detail.startswith(f"aftermath of step {first} (numeric): a weight")
         assert s.locate is None and "a weight is corrupt since step" in s.not_localized
         assert run.last_event_row()["cause_detail"] == s.cause_detail
+
+
+def test_an_absurd_weight_behind_a_norm_is_named_though_the_loss_stays_finite(run):
+    """Issue 37's held-out Llama/Qwen2: RMSNorm absorbs a 4e36 weight, nothing goes non-finite, and the step was
+    called data. The weights are read on every detected step: the absurd one is named."""
+    w = run.model.h[1].mlp.fc.weight
+    with torch.no_grad():
+        w[0, 0] = 4e4  # absurd against its tensor's ~0.02 rms, finite everywhere downstream
+    stats = run.train()
+    if not stats.events:
+        stats = run.train()
+    assert stats.events and stats.cause == "numeric", stats.cause_detail
+    assert stats.cause_detail.startswith("a weight is absurd: h.1.mlp.fc.weight[0, 0] = 4e+04")
