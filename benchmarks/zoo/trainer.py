@@ -306,8 +306,11 @@ def run(kind: str, seed: int, s: TrainerSetting) -> RunRecord:
                              max_steps=steps, report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True,
                              logging_strategy="no", train_sampling_strategy="sequential", seed=seed,
                              dataloader_num_workers=0)
+    # the run's tokenizer as a user hands it to Trainer: GradLocCallback() takes processing_class for the culprit
+    # text and for reading a junk run (before, the zoo passed none: token ids, and no text to read)
     trainer = Trainer(model=model, args=args, train_dataset=tr.dataset, data_collator=collate,
-                      optimizers=(opt, sched), callbacks=[corrupt, tr.gl, record])
+                      optimizers=(opt, sched), callbacks=[corrupt, tr.gl, record],
+                      processing_class=data.tok.to_transformers())
     trainer.remove_callback(PrinterCallback)
     t0 = time.perf_counter()
     trainer.train()
