@@ -33,9 +33,9 @@ def known_norms(result: Any) -> tuple[str | None, str | None]:
     """(micro-batch norms, largest per-sample shares) as text, when a localization measured them."""
     if result is None:
         return None, None
-    mb = getattr(result, "micro_batch_norms", None) or []
+    mb = result.micro_batch_norms or []
     mb_text = ", ".join(f"{v:.3g}" for v in mb) or None
-    shares = [r for r in (getattr(result, "sample_shares", None) or []) if r.get("share") is not None][:3]
+    shares = [r for r in (result.sample_shares or []) if r.get("share") is not None][:3]
     share_text = ", ".join((f"micro-batch {r['micro_batch']} " if r.get("micro_batch") is not None else "")
                            + f"sample {r['sample']} {r['share']:.0%}" for r in shares) or None
     return mb_text, share_text
@@ -51,5 +51,5 @@ def event_row(step: int, events: Sequence[SpikeEvent], localization: str, result
     culprits = None if result is None else len(result.culprits)
     mb_norms, shares = known_norms(result)
     return [int(step), lead.signal, float(lead.value), float(lead.baseline), float(lead.ratio), float(lead.z),
-            other_layers(events, lead), localization, culprits, mb_norms, shares, getattr(lead, "cause", None),
-            getattr(lead, "cause_detail", None) or None]
+            other_layers(events, lead), localization, culprits, mb_norms, shares, lead.cause,
+            lead.cause_detail or None]

@@ -281,7 +281,7 @@ def _header(step: int, events: Sequence[SpikeEvent], result: LocateResult) -> st
             + f"localizer <b>{esc(str(result.method))}</b> · {result.probes} probes · threshold {result.threshold:.3e}"
             + f" · batch gradient norm {result.total_norm:.4g} · {len(result.tokens)} culprit token(s)"
             + f" · culprits: {esc(found)}"
-            + (" · probe budget exhausted" if getattr(result, "budget_exhausted", False) else "") + "</div>"
+            + (" · probe budget exhausted" if result.budget_exhausted else "") + "</div>"
             + ("<div class='meta'>other signals: " + esc(", ".join(f"{e.signal} (z {e.z:.1f})" for e in events[1:]))
                + "</div>" if len(events) > 1 else "")
             + _cause_line(ev)
@@ -290,11 +290,10 @@ def _header(step: int, events: Sequence[SpikeEvent], result: LocateResult) -> st
 
 def _cause_line(ev: SpikeEvent | None) -> str:
     """Why the step fired (``SpikeEvent.cause``), in words; empty when no cause was named."""
-    cause = getattr(ev, "cause", None)
-    if not cause:
+    if ev is None or not ev.cause:
         return ""
-    return (f"<div class='meta'>cause <b>{html.escape(cause)}</b>: "
-            f"{html.escape(getattr(ev, 'cause_detail', '') or '')}</div>")
+    return (f"<div class='meta'>cause <b>{html.escape(ev.cause)}</b>: "
+            f"{html.escape(ev.cause_detail or '')}</div>")
 
 
 def _name(mb: int | None, sample: int, document: int | None = None, rank: int | None = None) -> str:
@@ -357,7 +356,7 @@ def _section(mb: int | None, sample: int, culprits: list, result: LocateResult, 
         text = parts_html(s, seg[sample].tolist(), getattr(ctx, "segment_names", None), window, units)  # host sync
     else:
         text = f"<div class='text'>{_shown(s, ranges, units)}</div>"
-    rank = getattr(culprits[0], "rank", None) if culprits else None
+    rank = culprits[0].rank if culprits else None
     section = [f"<h2>{_name(mb, _own_sample(ctx, sample), doc, rank)}</h2>", _sample_meta(ctx, sample),
                f"<div class='meta'>{esc(meta)}</div>",
                text,

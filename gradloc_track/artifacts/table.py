@@ -69,7 +69,7 @@ def where_columns(result: LocateResult, ctx: Any) -> list[str]:
 
     mb = getattr(ctx, "micro_batches", None) is not None or any(c.micro_batch is not None for c in result.culprits)
     rank = (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1) or \
-        any(getattr(c, "rank", None) is not None for c in result.culprits)
+        any(c.rank is not None for c in result.culprits)
     doc = getattr(ctx, "document_ids", None) is not None
     return [n for n, on in zip(WHERE_COLUMNS, (mb, rank, doc)) if on]
 
@@ -99,11 +99,11 @@ def attribution_table(step: int, events: Sequence[SpikeEvent], result: LocateRes
     lead = events[0] if events else None
     rows = []
     for c in result.culprits:
-        cells = {"step": step, "level": c.level, "micro_batch": c.micro_batch, "rank": getattr(c, "rank", None),
+        cells = {"step": step, "level": c.level, "micro_batch": c.micro_batch, "rank": c.rank,
                  "document": view.document(c), "sample": view.sample(c), "position": c.start, "end": c.end,
                  "grad_norm": c.grad_norm, "share": c.share, "top_layers": format_top_layers(c.layer_norms, top_layers),
                  "signal": lead.signal if lead else None, "z": lead.z if lead else None,
-                 "sample_id": view.sample_id(c), "nonfinite": bool(getattr(c, "nonfinite", False)), **view.text(c)}
+                 "sample_id": view.sample_id(c), "nonfinite": bool(c.nonfinite), **view.text(c)}
         rows.append([cells[n] for n in columns[: len(columns) - len(extras) - len(samples)]] + view.columns(c))
     return columns, rows
 

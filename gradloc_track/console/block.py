@@ -28,11 +28,11 @@ def spike_block(view: SpikeView, run_dir: Path) -> list[str]:
                      f"{e.baseline:.3g} (z = {e.z:.0f})")
     if len(view.events) > 3:
         lines.append(f"             ... and {len(view.events) - 3} more layer(s)")
-    cause = getattr(view.events[0], "cause", None) if view.events else None
+    cause = view.events[0].cause if view.events else None
     if cause:  # why the step fired (spikes.cause), in words
         lines.append(f"  cause      {cause}: {view.events[0].cause_detail}")
     found = culprit_lines(view)
-    nonfinite = getattr(view.result, "nonfinite", None)
+    nonfinite = view.result.nonfinite if view.result is not None else None
     if nonfinite is not None:  # a NaN/Inf step: which samples (or the sum) made it so, in words
         lines.append(f"  non-finite {nonfinite.detail}")
     if view.result is None:

@@ -42,9 +42,9 @@ class SpikeView:
         whose loss is not rebuilt)."""
         if isinstance(stats, SpikeView):
             return stats
-        result, ctx = getattr(stats, "locate_view", None) or (getattr(stats, "locate", None), None)
-        why = not_localized or getattr(stats, "not_localized", None) if result is None else None
-        return cls(stats.step, list(stats.events), result, ctx, why, getattr(stats, "surgery", None))
+        result, ctx = stats.locate_view or (stats.locate, None)
+        why = not_localized or stats.not_localized if result is None else None
+        return cls(stats.step, list(stats.events), result, ctx, why, stats.surgery)
 
     # -- the context's views of a culprit ---------------------------------------------------
     def _get(self, name: str, mb: int | None) -> Any:
@@ -147,7 +147,7 @@ NONFINITE = "  (its gradient is non-finite)"
 def _unit_line(view: SpikeView, c: Any) -> str:
     """A span, a sample (completion, document) or a micro-batch: who, what, its text, its share."""
     share = f"  ({_pct(c.share)} {SHARE_OF})" if c.share is not None else ""
-    share = NONFINITE if getattr(c, "nonfinite", False) else share
+    share = NONFINITE if c.nonfinite else share
     if c.level == "micro_batch":
         mb = f"micro-batch {c.micro_batch}" if c.micro_batch is not None else "the batch"
         return f"{mb}: the whole micro-batch (no sample or token in it stands out){share}"
@@ -177,7 +177,7 @@ def _token_runs(view: SpikeView) -> list[tuple[float, str]]:
             label, _ = view.who(mb, sample, view.document_at(mb, sample, first))
             # decoded together: a character split over byte tokens comes out whole, as the table's span text
             text = "" if ids is None else view.decode([int(ids[sample, c.position]) for c in run])
-            tail = NONFINITE if any(getattr(c, "nonfinite", False) for c in run) else f"  ({_pct(share)} {SHARE_OF})"
+            tail = NONFINITE if any(c.nonfinite for c in run) else f"  ({_pct(share)} {SHARE_OF})"
             rl = view.rl_values(mb, sample, [c.position for c in run])
             out.append((share, f"{label}, {where}: {_quote(text)}{tail}" + (f"  {rl}" if rl else "")))
     return out

@@ -47,7 +47,7 @@ class Quarantine:
         docs = _lists(getattr(ctx, "document_ids", None))
         found = []
         for c in result.culprits:
-            if c.batch is None or (rank is not None and getattr(c, "rank", None) not in (None, rank)):
+            if c.batch is None or (rank is not None and c.rank not in (None, rank)):
                 continue
             pick = (lambda v: v[c.micro_batch]) if per_mb and c.micro_batch is not None else (lambda v: v)
             fp = row_fingerprint(pick(ids)[c.batch], None if mask is None else pick(mask)[c.batch],

@@ -48,7 +48,7 @@ def sample_sentence(u: Any) -> str:
         shown = ", ".join(map(str, u.terms[:5])) + (f", +{len(u.terms) - 5}" if len(u.terms) > 5 else "")
         where = f" (token{'s' if len(u.terms) > 1 else ''} {shown})"
     grad = {"?": "not probed (budget)"}.get(u.grad, u.grad)
-    who = label(u.batch, u.micro_batch, u.document, getattr(u, "rank", None))
+    who = label(u.batch, u.micro_batch, u.document, u.rank)
     if u.loss is None or math.isfinite(u.loss):
         return f"{who}'s gradient is {grad}{where}; its loss is {value(u.loss)}"
     return f"{who}'s loss is {value(u.loss)}{where}: its gradient is {grad}"

@@ -6,14 +6,14 @@
 - the localizer's result: its step check (the full-mask probes' sum against ``.grad``: does the step
   reproduce?) and its culprits' summed share of the squared gradient norm.
 
-``name_step_cause`` sets ``stats.cause`` / ``stats.cause_detail`` and each event's ``cause`` and
-``cause_detail``, before the artifacts are written, so the events table, the console block, the
-report and the highlight page all say it.
+``name_step_cause`` returns the step's ``Cause``; the responder puts it on the step's ``SpikeOutcome`` and
+its events before the artifacts are written, so the events table, the console block, the report and
+the highlight page all say it.
 """
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -49,12 +49,12 @@ class LrHistory:
 
 
 def _culprit_words(c: Any) -> str:
-    where = f"micro-batch {c.micro_batch}, " if getattr(c, "micro_batch", None) is not None else ""
+    where = f"micro-batch {c.micro_batch}, " if c.micro_batch is not None else ""
     if c.level == "micro_batch":
         return f"micro-batch {c.micro_batch}"
     if c.level == "token":
         return f"{where}sample {c.batch}, token {c.position}"
-    doc = f", document {c.document}" if getattr(c, "document", None) is not None else ""
+    doc = f", document {c.document}" if c.document is not None else ""
     return f"{where}sample {c.batch}{doc}"
 
 
@@ -108,21 +108,21 @@ def weights_precision(model: Any) -> str | None:
         torch.float16, torch.bfloat16) else None
 
 
-def evidence_of(stats: Any, lr_pair: tuple[float | None, float | None], precision: str | None = None) -> Evidence:
-    """The step's ``Evidence``: its events, the learning rates, and the localization when one ran."""
-    ev = Evidence(stats.events, lr=lr_pair[0], prev_lr=lr_pair[1])
-    view = getattr(stats, "locate_view", None)
-    if view and any(e.signal == "leaked_labels" for e in stats.events):
+def evidence_of(events: Sequence[Any], result: Any, view: tuple | None,
+                lr_pair: tuple[float | None, float | None], precision: str | None = None) -> Evidence:
+    """The step's ``Evidence``: its events, the learning rates, and the localization (``result``, rank 0's
+    ``view`` of it) when one ran."""
+    ev = Evidence(events, lr=lr_pair[0], prev_lr=lr_pair[1])
+    if view and any(e.signal == "leaked_labels" for e in events):
         ev.leaked_rows = leaked_rows(view[1])
-    result = getattr(stats, "locate", None)
     if result is None:
         return ev
-    finding = getattr(result, "nonfinite", None)
+    finding = result.nonfinite
     if finding is not None and finding.where != "replay":
         # the non-finite search replayed the step and the batch makes the NaN/Inf: numeric, with its sentence
         ev.nonfinite_detail = finding.detail
         return ev
-    check = getattr(result, "step_check", None)
+    check = result.step_check
     # the norm search runs on a finite replay only: a step whose gradient norm was not finite (or a
     # non-finite residual, or the search's "replay" finding) means the replay is finite where the
     # step's gradient was not (checked first: a clipper that zeroed such a .grad makes the check
@@ -131,13 +131,13 @@ def evidence_of(stats: Any, lr_pair: tuple[float | None, float | None], precisio
         ev.replayed, ev.repeatable = check.replayed, not str(check.reason).startswith("randomness")
         ev.residual = check.residual if math.isfinite(check.residual) else math.inf
         ev.norm_ratio = check.norm_ratio  # a flipped bit: .grad 2e9x the replay, whatever the residual
-    if finding is not None or any(not math.isfinite(e.value) for e in stats.events if e.is_norm):
+    if finding is not None or any(not math.isfinite(e.value) for e in events if e.is_norm):
         ev.replayed, ev.residual = False, math.inf
-        ev.precision = getattr(view[1], "precision", None) if view else None
+        ev.precision = getattr(view[1], "precision", None) if view else None  # a user's context may lack it
         ev.precision = ev.precision or precision
-        ev.nonfinite_layers = tuple(e.signal for e in stats.events if e.is_norm and e.signal != "global"
+        ev.nonfinite_layers = tuple(e.signal for e in events if e.is_norm and e.signal != "global"
                                     and not math.isfinite(e.value))
-    culprits = [c for c in (result.culprits or []) if getattr(c, "share", None) is not None]
+    culprits = [c for c in (result.culprits or []) if c.share is not None]
     ev.n_culprits = len(result.culprits or [])
     ev.culprit_share = min(1.0, max(0.0, sum(c.share for c in culprits)))
     if culprits:
@@ -152,20 +152,13 @@ def evidence_of(stats: Any, lr_pair: tuple[float | None, float | None], precisio
     return ev
 
 
-def name_step_cause(stats: Any, lr_pair: tuple[float | None, float | None], incidents: Any = None,
+def name_step_cause(step: int, events: Sequence[Any], result: Any, view: tuple | None,
+                    lr_pair: tuple[float | None, float | None], incidents: Any = None,
                     precision: str | None = None) -> Cause:
-    """Name the cause of a detected step and write it on ``stats`` and on each of its events; with
-    ``incidents`` (``spikes.incidents.Incidents``), a step in an incident's recovery reports the incident's.
-    ``precision``: the model's reduced-precision weights (``weights_precision``), when the context names none."""
-    cause = name_cause(evidence_of(stats, lr_pair, precision))
+    """The cause of a detected step; with ``incidents`` (``spikes.incidents.Incidents``), a step in an
+    incident's recovery reports the incident's. ``precision``: the model's reduced-precision weights
+    (``weights_precision``), when the context names none."""
+    cause = name_cause(evidence_of(events, result, view, lr_pair, precision))
     if incidents is not None:
-        cause = incidents.link(stats.step, cause, lr=lr_pair[0], prev_lr=lr_pair[1])
-    write_cause(stats, cause)
+        cause = incidents.link(step, cause, lr=lr_pair[0], prev_lr=lr_pair[1])
     return cause
-
-
-def write_cause(stats: Any, cause: Cause) -> None:
-    """``cause`` on ``stats`` and on each of its events."""
-    stats.cause, stats.cause_detail = cause.name, cause.detail
-    for e in stats.events:
-        e.cause, e.cause_detail = cause.name, cause.detail

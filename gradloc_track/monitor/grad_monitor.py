@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -67,14 +67,28 @@ from .arguments import (as_detector, as_locate_config, as_monitor_config, check_
                         response_mode)
 from .clip_feedback import after_transfer, install_guard, note_norms
 from .cause_evidence import LrHistory
-from .adam_update import NO_CLIP, ClipScale
+from .clip_scale import localizer_scale, optimizer_scale
 from .detector_inputs import DetectorInputs
 from .junk_window import window_text
+from .outcome import SpikeOutcome
 from .optimizer_metrics import OptimizerMetrics
 from .packing import LR, N_TOKENS, WD, HostPack, add_clip, add_norms, loggable
 from .param_set import ParamSet
 from .responder import SpikeResponder
 from .stats import GradStats
+from .step_order import StepOrder, WarnOnce
+
+
+class HostReading(NamedTuple):
+    """One step's values on the host (``GradMonitor._sync``): the metrics to log, the norms
+    (``{"global", "tensor", "layer"}``), the spike context's token and micro-batch counts (None without
+    one) and the detector's inputs beyond the norms (``DetectorInputs.read``)."""
+
+    metrics: dict[str, float]
+    host: dict[str, Any]
+    n_tokens: int | None
+    n_micro: int | None
+    signals: dict[str, Any]
 
 
 class GradMonitor:
@@ -122,8 +136,8 @@ class GradMonitor:
         self.rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         # only rank 0 logs; the others get the do-nothing tracker (no branching at call sites)
         self.tracker: Tracker = (tracker or NullTracker()) if self.rank == 0 else NullTracker()
-        self._warned: set[str] = set()
-        self._last_step: int | None = None
+        self._warn_once = WarnOnce()
+        self.step_order = StepOrder(self._warn_once)
         self.param_set = ParamSet(model, config, clipper, self._warn_once)
         self.optimizer_metrics = OptimizerMetrics(optimizer, config.adamc_ratio)
         surgery = response_mode(detector, self.locate_config) == "surgery"
@@ -190,7 +204,7 @@ class GradMonitor:
         detector. Under torch.distributed every rank sees the same reduced norms, so every rank
         decides alike and localizes together (``locate`` is then a collective).
         """
-        if self._repeated_step(step):  # a second call for a step already processed: touch nothing
+        if self.step_order.repeated(step):  # a second call for a step already processed: touch nothing
             return GradStats(step, self.grouping, self._global_sq_norms(False)[0], logged=False)
         log_now = self.should_log(step)
         armed = self.detector is not None and spike_context is not None
@@ -206,15 +220,17 @@ class GradMonitor:
         clip_result = None if clip_later else self._clip(step, grad_sq, w_sq, lr, weight_decay)
         if not (log_now or armed):  # nothing leaves the device
             return GradStats(step, self.grouping, grad_sq, logged=False, clip=clip_result)
-        stats, tokens = self._sync(step, grad_sq, w_sq, clip_result, lr, weight_decay,
-                                   spike_context if armed else None, log_now)
+        reading = self._sync(grad_sq, w_sq, clip_result, lr, weight_decay, spike_context if armed else None)
+        outcome = None
         if self.detector is not None:
-            self._detect(step, stats, spike_context, *tokens, junk=junk_span)
+            outcome = self._detect(step, reading, spike_context, clip_result, junk_span)
         if clip_later:
-            self._clip_operated(step, stats, grad_sq, w_sq, lr, weight_decay, log_now)
-        if log_now or stats.events:
-            self.tracker.log_metrics(stats.metrics, step)
-        return stats
+            clip_result = self._clip_operated(step, outcome, reading.metrics, grad_sq, w_sq, lr, weight_decay,
+                                              log_now)
+        if log_now or outcome is not None:
+            self.tracker.log_metrics(reading.metrics, step)
+        return GradStats(step, self.grouping, grad_sq, logged=log_now, metrics=reading.metrics, clip=clip_result,
+                         host=reading.host, outcome=outcome)
 
     # -- the steps of after_backward ----------------------------------------------------------
     def _global_sq_norms(self, with_weights: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -237,27 +253,27 @@ class GradMonitor:
             self._log_before_raise(step, grad_sq, w_sq, lr, weight_decay)
             raise
 
-    def _clip_operated(self, step: int, stats: GradStats, grad_sq: torch.Tensor, w_sq: torch.Tensor | None, lr: Any,
-                       weight_decay: Any, log_now: bool) -> None:
+    def _clip_operated(self, step: int, outcome: SpikeOutcome | None, metrics: dict[str, float],
+                       grad_sq: torch.Tensor, w_sq: torch.Tensor | None, lr: Any, weight_decay: Any,
+                       log_now: bool) -> Any:
         """``spikes.response=surgery``: the clipper runs after the detector's verdict, on the gradient
         surgery left (its norms taken again only when surgery removed something); its metrics come
-        in a second, small transfer on steps that log."""
-        if stats.surgery is not None and stats.surgery.applied:
+        in a second, small transfer on steps that log. Returns the ``ClipResult``."""
+        if outcome is not None and outcome.surgery is not None and outcome.surgery.applied:
             grad_sq = self._global_sq_norms(False)[0]  # (n,) device: the operated gradient
-        stats.clip = self._clip(step, grad_sq, w_sq, lr, weight_decay)
-        if stats.clip is None or not (log_now or stats.events):
-            return
+        clip = self._clip(step, grad_sq, w_sq, lr, weight_decay)
+        if clip is None or not (log_now or outcome is not None):
+            return clip
         pack = HostPack(grad_sq.device)
-        add_clip(pack, self.param_set, stats.clip)
+        add_clip(pack, self.param_set, clip)
         host = pack.to_host().metrics  # host sync: the clip metrics, known only after the verdict
         after_transfer(self.clipper, host, self._warn_once)
-        stats.metrics.update(loggable(host, self.config.per_tensor))
+        metrics.update(loggable(host, self.config.per_tensor))
+        return clip
 
-    def _sync(self, step: int, grad_sq: torch.Tensor, w_sq: torch.Tensor | None, clip_result: Any, lr: Any,
-              weight_decay: Any, spike_context: Any, log_now: bool) -> tuple[GradStats, tuple]:
-        """Everything this step logs or detects on, moved to the host in ONE transfer.
-        Returns the stats and ``(n_tokens, n_micro_batches, detector inputs)``: the spike context's counts
-        (None without one) and the keywords ``DetectorInputs.read`` gives the detector."""
+    def _sync(self, grad_sq: torch.Tensor, w_sq: torch.Tensor | None, clip_result: Any, lr: Any,
+              weight_decay: Any, spike_context: Any) -> HostReading:
+        """Everything this step logs or detects on, moved to the host in ONE transfer."""
         pack = HostPack(grad_sq.device)
         add_norms(pack, self.param_set, grad_sq, w_sq, clip_result)
         lr, weight_decay = self.optimizer_metrics.read(lr, weight_decay)
@@ -267,104 +283,56 @@ class GradMonitor:
         if spike_context is not None and self._detector_counts_tokens:
             n_tokens, n_micro = self.responder.count_tokens(pack, spike_context)
         if self.detector is not None:
-            self.detector_inputs.add(pack, self.params, grad_sq, self._optimizer_scale(clip_result, spike_context))
+            after_verdict = spike_context is not None and self.responder.surgery
+            scale = optimizer_scale(self.param_set, self.clipper, clip_result, after_verdict)
+            self.detector_inputs.add(pack, self.params, grad_sq, scale)
         values = pack.to_host()
         host, slots = values.metrics, values.slots
-        extra = self.detector_inputs.read(slots, nonfinite=host["grad_norm/nonfinite"] > 0)
+        signals = self.detector_inputs.read(slots, nonfinite=host["grad_norm/nonfinite"] > 0)
         after_transfer(self.clipper, host, self._warn_once, self.skip_guard)
         lr, weight_decay = slots.get(LR, lr), slots.get(WD, weight_decay)
         if N_TOKENS in slots:
             n_tokens = int(slots[N_TOKENS])
         metrics = loggable(host, self.config.per_tensor)
         metrics.update(self.optimizer_metrics.metrics(lr, weight_decay))
-        stats = GradStats(step, self.grouping, grad_sq, logged=log_now, metrics=metrics, clip=clip_result,
-                          host={"global": host["grad_norm/global"],
-                                "tensor": [host[k] for k in self.param_set.tensor_keys],
-                                "layer": [host[k] for k in self.param_set.layer_keys]})
-        return stats, (n_tokens, n_micro, extra)
+        norms = {"global": host["grad_norm/global"], "tensor": [host[k] for k in self.param_set.tensor_keys],
+                 "layer": [host[k] for k in self.param_set.layer_keys]}
+        return HostReading(metrics, norms, n_tokens, n_micro, signals)
 
-    def _detect(self, step: int, stats: GradStats, spike_context: Any, n_tokens: int | None,
-                n_micro: int | None, signals: dict[str, Any], junk: Any = None) -> None:
-        """The detector's verdict on this step; a spike with a batch to localize is localized. ``junk``:
-        the junk statistics given, whose run's text the detector reads only if it would fire on it."""
+    def _detect(self, step: int, reading: HostReading, spike_context: Any, clip: Any,
+                junk: Any = None) -> SpikeOutcome | None:
+        """The detector's verdict on this step; a spike is handed to the responder (localized, or recorded
+        with the reason it was not), whose ``SpikeOutcome`` this returns. ``junk``: the junk statistics
+        given, whose run's text the detector reads only if it would fire on it."""
+        n_tokens, signals = reading.n_tokens, reading.signals
         if n_tokens is not None and self._detector_counts_tokens:
             n_tokens = self.responder.global_count(n_tokens, self.params[0].device)
         if "junk_span" in signals and junk is not None:
             signals = {**signals, "junk_text": functools.partial(
                 window_text, junk, spike_context, self.detector.config.junk_terms, self.process_group)}
-        extra = {"n_micro_batches": n_micro} if n_micro is not None else {}
-        stats.events = list(self.detector.update(step, stats.global_norm, stats.layer_norms, n_tokens=n_tokens,
-                                                 **extra, **signals))
-        stats.metrics.update(self.detector.metrics())
+        extra = {"n_micro_batches": reading.n_micro} if reading.n_micro is not None else {}
+        layers = dict(zip(self.grouping.layers, reading.host["layer"]))
+        events = self.detector.update(step, reading.host["global"], layers, n_tokens=n_tokens, **extra, **signals)
+        reading.metrics.update(self.detector.metrics())
         if self.responder.lr_history is not None:
             self.responder.lr_history.advance()  # this step's learning rate, against the last seen
-        if stats.events:  # localized, or recorded with the reason it was not
-            self.detector_inputs.fired()
-            stats.metrics.update(self.responder.respond(step, stats, spike_context, self._clip_scale(stats.clip)))
-
-    def _optimizer_scale(self, clip: Any, spike_context: Any) -> ClipScale | None:
-        """What the clipper does to the gradient before the optimizer's step, for the update signal
-        (``DetectorInputs``): nothing without a clipper, else its per-tensor coefficients (applied to
-        ``.grad`` now, or by a fused optimizer's ``grad_scale``); None when this step does not know it
-        (surgery clips after the verdict; a clipper over other tensors than the monitored)."""
-        if spike_context is not None and self.responder.surgery:
+        if not events:
             return None
-        if clip is None:
-            return NO_CLIP if self.clipper is None else None
-        return ClipScale(clip.coef_t, not clip.deferred) if self.param_set.clip_index is None else None
-
-    def _clip_scale(self, clip: Any) -> torch.Tensor | float | None:
-        """What the clipper did to ``.grad`` before the localizer runs: its per-tensor coefficients
-        (``ClipResult.coef_t``, a device tensor) in the monitored tensors' order, which is the
-        localizer's (``trainable_params(model)``); 1 for tensors the clipper does not hold; 1 with no
-        clipper (nothing of ours rescaled ``.grad``: the check allows one factor, a user's global clip,
-        not one per tensor). None when nothing clipped yet (``spikes.response=surgery`` clips after the
-        verdict; a clip handed to a fused optimizer's ``grad_scale``, which applies it inside ``step()``)."""
-        if clip is None and self.clipper is None:
-            return 1.0
-        if clip is None or clip.deferred:
-            return None
-        index = self.param_set.clip_index
-        if index is None:  # the clipper holds the monitored tensors, in their order
-            return clip.coef_t
-        pos = {n: i for i, n in enumerate(clip.names)}
-        pairs = [(i, pos[n]) for i, n in enumerate(self.param_set.names) if n in pos]
-        out = torch.ones(len(self.param_set.names), dtype=clip.coef_t.dtype, device=clip.coef_t.device)
-        if pairs:  # host->device index copies: on a spike step only
-            ours, theirs = (torch.tensor(x, device=out.device) for x in zip(*pairs))
-            out[ours] = clip.coef_t[theirs]
-        return out
+        self.detector_inputs.fired()
+        outcome, metrics = self.responder.respond(step, events, spike_context,
+                                                  localizer_scale(self.param_set, self.clipper, clip))
+        reading.metrics.update(metrics)
+        return outcome
 
     # -- step order, the raise path -------------------------------------------------------------
-    def _warn_once(self, key: str, message: str) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            warnings.warn(f"gradloc-track: {message}", stacklevel=3)
-
-    def _repeated_step(self, step: int) -> bool:
-        """True for a second call with the step just processed (it must change nothing)."""
-        last, self._last_step = self._last_step, step
-        if last is not None and step == last:
-            self._warn_once("repeat", f"GradMonitor.after_backward was called again for step {step}; the repeated "
-                            "call is ignored (no clipping, spike detection or logging: their state advances once "
-                            "per step). Call it once per optimizer step, after the last micro-batch's backward, "
-                            "with a step that increases.")
-            return True
-        if last is not None and step < last:
-            self._warn_once("backwards", f"GradMonitor.after_backward: the step went backwards ({last} -> {step}). "
-                            "Its gradients are clipped and checked as a new step, but trackers keep one value per "
-                            "step (W&B drops steps below its current one): pass a step that increases, e.g. the "
-                            "global optimizer step rather than a per-epoch counter.")
-        return False
-
     def _log_before_raise(self, step: int, grad_sq: torch.Tensor, w_sq: torch.Tensor | None, lr: Any,
                           weight_decay: Any) -> None:
         """The clipper raises on a non-finite gradient (``on_nonfinite="raise"``): log and flush this
         step's norms first, so the run shows where and in which layers it broke."""
         try:  # host sync: the error path
-            stats, _ = self._sync(step, grad_sq, w_sq, None, lr, weight_decay, None, True)
-            stats.metrics["clip/nonfinite"] = 1.0
-            self.tracker.log_metrics(stats.metrics, step)
+            metrics = self._sync(grad_sq, w_sq, None, lr, weight_decay, None).metrics
+            metrics["clip/nonfinite"] = 1.0
+            self.tracker.log_metrics(metrics, step)
             self.tracker.flush()
         except Exception as exc:  # the clipper's error is the one to raise
             warnings.warn(f"gradloc-track: could not log step {step} before raising: {exc!r}")

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
 
+from ..spikes.cause import Cause
+from ..spikes.event import SpikeEvent
 from ..spikes.incidents import Incidents
 from . import weight_check
+from .outcome import SpikeOutcome, with_cause
 from .packing import N_TOKENS, HostPack
 
 log = logging.getLogger(__name__)
@@ -75,29 +78,37 @@ class SpikeResponder:
         return int(t.item())  # host sync: the detector needs the count now
 
     # -- the response ------------------------------------------------------------------------
-    def respond(self, step: int, stats: Any, ctx: Any, grad_scale: Any = None) -> dict[str, float]:
-        """Run the localizer on the spiking batch and hand the result to the artifact writer; a spike
-        that is not localized is recorded with the reason (``stats.not_localized``); with
-        ``spikes.response=surgery``, then take the culprits' gradient out of the step's.
+    def respond(self, step: int, events: Sequence[SpikeEvent], ctx: Any,
+                grad_scale: Any = None) -> tuple[SpikeOutcome, dict[str, float]]:
+        """The step's ``SpikeOutcome`` and its ``locate/*`` / ``surgery/*`` metrics: the localizer run on the
+        spiking batch (its result handed to the artifact writer), or the reason it was not; the step's cause;
+        with ``spikes.response=surgery``, the culprits' gradient taken out of the step's.
         ``grad_scale``: the clipper's per-tensor coefficients when it already clipped this step's
         ``.grad`` (in the model's trainable-tensor order; a device tensor): the localizer's step
         check compares like with like (``LocateStep.grad_scale``)."""
-        if self._corrupt_weight(step, stats):
-            return {}
+        held = self._while_corrupt(step, events)
+        if held is not None:
+            return held, {}
         why_not = self.why_not_localized(step, ctx)
-        located = None
-        if why_not is None:
+        tried, located, result, view = why_not is None, None, None, None
+        if tried:
             ctx = resolve(ctx)
             located = self._step(step, ctx, grad_scale)
-        metrics = self._locate(step, stats, ctx, located) if why_not is None else {}
-        if stats.locate is None:
-            stats.not_localized = why_not or "localizing failed (see the warning)"
-            self._name_cause(stats)
-            self._record_detection(step, stats)
-        if self.surgery:
-            stats.surgery = self._operate(step, stats.locate, located, f"not localized ({stats.not_localized})")
-            metrics.update(stats.surgery.metrics())
-        return metrics
+            result = self._localize(step, located) if located is not None else None
+        if result is not None:
+            self._count(step, bool(result.culprits))  # a culprit at any level: token, span, sample, micro-batch
+            view = self._view(step, result, ctx)
+        elif tried:
+            why_not = "localizing failed (see the warning)"
+        cause = self._name_cause(step, events, result, view)
+        events = with_cause(events, cause)  # before the artifacts: the events table and the page say it
+        if result is not None:
+            self._write_artifacts(step, events, view)
+        else:
+            self._record_detection(step, events, why_not)
+        surgery = self._operate(step, result, located, f"not localized ({why_not})") if self.surgery else None
+        outcome = SpikeOutcome(step, events, cause, result, view, why_not, surgery)
+        return outcome, _metrics(result, tried, surgery)
 
     def _step(self, step: int, ctx: Any, grad_scale: Any) -> Any:
         """The context as the localizer's step object (None, with a warning, when it cannot be read)."""
@@ -109,23 +120,15 @@ class SpikeResponder:
             warnings.warn(f"gradloc-track: localizing the spike at step {step} failed: {exc!r}")
             return None
 
-    def _locate(self, step: int, stats: Any, ctx: Any, located: Any) -> dict[str, float]:
-        """The locate/* metrics; ``stats.locate`` stays None when localizing failed."""
-        result = self._localize(step, located) if located is not None else None
-        if result is None:
-            return {"locate/failed": 1.0}
-        self._count(step, bool(result.culprits))  # a culprit at any level: token, span, sample, micro-batch
-        stats.locate = result
-        stats.locate_view = self._view(step, result, ctx)
-        self._name_cause(stats)  # before the artifacts: the events table and the page say it
-        if self.artifact_writer is not None and self.rank == 0:
-            try:
-                shown, shown_ctx = stats.locate_view or (None, None)
-                self.artifact_writer.write(step, stats.events, shown, shown_ctx)
-            except Exception as exc:
-                warnings.warn(f"gradloc-track: writing spike artifacts at step {step} failed: {exc!r}")
-        return {"locate/probes": float(result.probes), "locate/culprits": float(len(result.culprits)),
-                "locate/threshold": float(result.threshold), "locate/seconds": float(result.wall_time_s)}
+    def _write_artifacts(self, step: int, events: tuple[SpikeEvent, ...], view: tuple | None) -> None:
+        """The localized spike's table and page (rank 0, which holds the gathered view)."""
+        if self.artifact_writer is None or self.rank != 0:
+            return
+        try:
+            shown, shown_ctx = view or (None, None)
+            self.artifact_writer.write(step, list(events), shown, shown_ctx)
+        except Exception as exc:
+            warnings.warn(f"gradloc-track: writing spike artifacts at step {step} failed: {exc!r}")
 
     def _operate(self, step: int, result: Any, located: Any, why: str) -> Any:
         """Spike surgery on this step's ``.grad`` (a collective under torch.distributed, like locating),
@@ -145,35 +148,35 @@ class SpikeResponder:
             log.info("gradloc-track: step %d: spike surgery removed nothing: %s", step, out.reason)
         return out
 
-    def _name_cause(self, stats: Any) -> None:
-        """The step's cause, on ``stats`` and its events (``monitor.cause_evidence``); a detected step whose
-        weights hold a corrupt value is that weight's incident (``weight_check``: one read of the weights
-        per detected step; an RMSNorm keeps a 4e36 weight's outputs finite, so not only numeric steps)."""
+    def _name_cause(self, step: int, events: Sequence[SpikeEvent], result: Any, view: tuple | None) -> Cause:
+        """The step's cause (``monitor.cause_evidence``); a detected step whose weights hold a corrupt value
+        is that weight's incident (``weight_check``: one read of the weights per detected step; an RMSNorm
+        keeps a 4e36 weight's outputs finite, so not only numeric steps)."""
         from .cause_evidence import name_step_cause, weights_precision
 
-        name_step_cause(stats, self.lr_history.pair() if self.lr_history is not None else (None, None),
-                        self.incidents, weights_precision(self.model))
+        cause = name_step_cause(step, events, result, view,
+                                self.lr_history.pair() if self.lr_history is not None else (None, None),
+                                self.incidents, weights_precision(self.model))
         if self.corrupt is None:  # every detected step: an absurd weight can leave the loss finite (RMSNorm)
-            self.corrupt = weight_check.scan_all(self.model, stats.step, self.process_group)
+            self.corrupt = weight_check.scan_all(self.model, step, self.process_group)
             if self.corrupt is not None:
-                self._corrupt_weight(stats.step, stats)
-                warnings.warn(f"gradloc-track: step {stats.step}: {self.corrupt.detail}", stacklevel=2)
+                warnings.warn(f"gradloc-track: step {step}: {self.corrupt.detail}", stacklevel=2)
+                return Cause("numeric", weight_check.corrupt_cause_words(self.corrupt, step))
+        return cause
 
-    def _corrupt_weight(self, step: int, stats: Any) -> bool:
-        """A step while a weight found corrupt stays so: that incident's, not localized again (True)."""
-        from ..spikes.cause import Cause
-        from .cause_evidence import write_cause
-
+    def _while_corrupt(self, step: int, events: Sequence[SpikeEvent]) -> SpikeOutcome | None:
+        """A step while a weight found corrupt stays so: that incident's outcome, not localized again
+        (None: no such incident, or the weight was restored, e.g. a checkpoint loaded into the model)."""
         if self.corrupt is None:
-            return False
+            return None
         if step != self.corrupt.step and not weight_check.still_all(self.model, self.corrupt, self.process_group):
-            self.corrupt = None  # restored (a checkpoint loaded into the model): the incident is over
-            return False
-        write_cause(stats, Cause("numeric", weight_check.corrupt_cause_words(self.corrupt, step)))
-        if step != self.corrupt.step:
-            stats.not_localized = weight_check.why_not_localized(self.corrupt)
-            self._record_detection(step, stats)
-        return True
+            self.corrupt = None  # restored: the incident is over
+            return None
+        cause = Cause("numeric", weight_check.corrupt_cause_words(self.corrupt, step))
+        why = weight_check.why_not_localized(self.corrupt)
+        events = with_cause(events, cause)
+        self._record_detection(step, events, why)
+        return SpikeOutcome(step, events, cause, not_localized=why)
 
     def why_not_localized(self, step: int, ctx: Any) -> str | None:
         """Which setting keeps this spike from being localized (None: it is localized)."""
@@ -190,12 +193,12 @@ class SpikeResponder:
             return "no spike_context passed to after_backward"
         return None
 
-    def _record_detection(self, step: int, stats: Any) -> None:
+    def _record_detection(self, step: int, events: tuple[SpikeEvent, ...], why_not: str | None) -> None:
         """The detected spike's record (spikes/events row, spike_count) for a writer that keeps one."""
         if self.rank != 0 or self.artifact_writer is None:
             return
         try:
-            self.artifact_writer.write_detection(step, stats.events, stats.not_localized)
+            self.artifact_writer.write_detection(step, list(events), why_not)
         except Exception as exc:  # forensics must never kill training
             warnings.warn(f"gradloc-track: recording the spike at step {step} failed: {exc!r}")
 
@@ -237,3 +240,16 @@ class SpikeResponder:
             self._warn_once("unconfirmed", f"{self.events_unconfirmed} detected spikes (the last at step {step}) "
                             "had no culprit; further spikes without one are localized with growing gaps. "
                             "The detector fires on noise here: raise spikes.z_thresh or spikes.warmup_steps.")
+
+
+def _metrics(result: Any, tried: bool, surgery: Any) -> dict[str, float]:
+    """The spike's ``locate/*`` metrics (``locate/failed``: localizing was tried and raised) and surgery's."""
+    out: dict[str, float] = {}
+    if result is not None:
+        out = {"locate/probes": float(result.probes), "locate/culprits": float(len(result.culprits)),
+               "locate/threshold": float(result.threshold), "locate/seconds": float(result.wall_time_s)}
+    elif tried:
+        out = {"locate/failed": 1.0}
+    if surgery is not None:
+        out.update(surgery.metrics())
+    return out

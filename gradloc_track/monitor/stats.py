@@ -12,6 +12,8 @@ from typing import Any
 import torch
 
 from ..grouping import LayerGrouping
+from ..spikes.event import SpikeEvent
+from .outcome import SpikeOutcome
 
 
 class GradStats:
@@ -20,29 +22,25 @@ class GradStats:
     ``grad_norms``: parameter name -> L2 norm; ``layer_norms``: layer -> L2 norm;
     ``global_norm``: float; ``metrics``: exactly what was logged (empty if nothing was);
     ``logged``: whether this was a logging step; ``clip``: the ``ClipResult`` or None;
-    ``events``: ``SpikeEvent``s fired this step; ``locate``: the ``LocateResult`` or None.
+    ``outcome``: on a step the detector fired, its ``SpikeOutcome`` (built once by the responder; the
+    properties below read it): ``events``: the ``SpikeEvent``s fired this step, each carrying the step's
+    cause; ``locate``: the ``LocateResult`` or None.
     ``locate_view``: ``(result, context)`` as the artifacts show them: under torch.distributed,
     rank 0's view with every culprit's sample gathered (``batch`` indexes ``context.input_ids``);
     in one process, ``(locate, the SpikeContext)``. ``not_localized``: on a step with events but
     no localization, why (``"locate.enabled=false"``, ``"locate.max_events=1 reached ..."``, ...).
     ``surgery``: with ``spikes.response=surgery``, what surgery did to this step's gradient (a
-    ``SurgeryResult``, with ``reason`` when nothing).
+    ``SurgeryResult``, with ``reason`` when nothing). ``cause``, ``cause_detail``: the step's cause.
     """
 
     def __init__(self, step: int, grouping: LayerGrouping, grad_sq: torch.Tensor, *, logged: bool,
                  host: dict[str, float] | None = None, metrics: dict[str, float] | None = None,
-                 clip: Any = None) -> None:
+                 clip: Any = None, outcome: SpikeOutcome | None = None) -> None:
         self.step = step
         self.logged = logged
         self.metrics: dict[str, float] = metrics if metrics is not None else {}
         self.clip = clip
-        self.events: list = []
-        self.locate = None
-        self.locate_view = None
-        self.not_localized: str | None = None
-        self.surgery = None  # spikes.response=surgery: the SurgeryResult of this step's spike
-        self.cause: str | None = None  # a detected step's cause (spikes.cause), and in words
-        self.cause_detail: str | None = None
+        self.outcome = outcome
         self._grouping = grouping
         self._grad_sq = grad_sq  # (n_tensors,) device, globally reduced
         # host copies: {"global": float, "tensor": [n floats], "layer": [L floats]} once synced
@@ -57,6 +55,34 @@ class GradStats:
             n = g.numel()
             self._host = {"global": vals[0], "tensor": vals[1:1 + n], "layer": vals[1 + n:]}
         return self._host
+
+    @property
+    def events(self) -> list[SpikeEvent]:
+        return list(self.outcome.events) if self.outcome is not None else []
+
+    @property
+    def locate(self) -> Any:
+        return self.outcome.locate if self.outcome is not None else None
+
+    @property
+    def locate_view(self) -> tuple | None:
+        return self.outcome.view if self.outcome is not None else None
+
+    @property
+    def not_localized(self) -> str | None:
+        return self.outcome.not_localized if self.outcome is not None else None
+
+    @property
+    def surgery(self) -> Any:
+        return self.outcome.surgery if self.outcome is not None else None
+
+    @property
+    def cause(self) -> str | None:
+        return self.outcome.cause_name if self.outcome is not None else None
+
+    @property
+    def cause_detail(self) -> str | None:
+        return self.outcome.cause_detail if self.outcome is not None else None
 
     @property
     def grad_norms(self) -> dict[str, float]:

@@ -50,12 +50,12 @@ from dataclasses import dataclass, fields
 from typing import Any, Callable, Mapping, Sequence
 
 from ..config import SpikeConfig
-from ..config._validate import ConfigError
 from .event import SpikeEvent
-from .junk import LEAKED, LEARNED
-from .text_check import clean_text
+from .fixed_trigger import fixed_events
+from .junk_signals import JunkSignals
 from .score import RunningWindow
 from .signal import MAX_LOG, LogSignal
+from .transient import Transient
 
 # the statistics of the non-norm signals live under these keys (a layer cannot be named so)
 EXTRA = {"loss": "@loss", "sample_loss": "@sample_loss", "update": "@update"}
@@ -114,18 +114,7 @@ class SpikeDetector:
     """
 
     def __init__(self, config: SpikeConfig | None = None, **overrides: Any) -> None:
-        if config is None:
-            known = {f.name for f in fields(SpikeConfig)}
-            unknown = set(overrides) - known
-            if unknown:
-                raise TypeError(f"SpikeDetector got unknown option(s) {sorted(unknown)}; valid: {sorted(known)}")
-            config = SpikeConfig(**overrides)
-        elif overrides:
-            raise TypeError("pass either config=SpikeConfig(...) or option keywords, not both")
-        if not isinstance(config, SpikeConfig):
-            raise TypeError(f"SpikeDetector: config must be a gradloc_track.config.SpikeConfig, "
-                            f"got {type(config).__name__}")
-        self.config = config
+        self.config = config = _as_config(config, overrides)
         self.signals: dict[str, LogSignal] = {}
         self.count = 0
         self._history = RunningWindow(config.score_window)
@@ -134,10 +123,13 @@ class SpikeDetector:
         self._last: dict[str, float] = {}
         self._z: dict[str, float] = {}  # latest z per signal
         self._last_step: int | None = None
-        self._junk_seen = 0  # steps the junk signal has seen (its warm-up)
-        self._fall_max = 0.0  # the loss's fastest fall per step so far (log space), for the transient
-        self._transient_over = False
-        self.junk_excused: tuple[str, str] | None = None  # (text, why) of the last junk run found clean text
+        self.junk = JunkSignals(config)  # the junk run and leaked labels (no z-scores)
+        self.transient = Transient(config.transient_fall, config.warmup_steps)
+
+    @property
+    def junk_excused(self) -> tuple[str, str] | None:
+        """(text, why) of the last junk run found to be plainly clean text (``spikes.text_check``)."""
+        return self.junk.excused
 
     @property
     def needs_token_count(self) -> bool:
@@ -173,7 +165,7 @@ class SpikeDetector:
         self._last_step = step
         self._score(global_norm)
         if cfg.mode == "fixed":
-            events = self._fixed(step, global_norm, n_tokens, n_micro_batches)
+            events = fixed_events(cfg.per_token_threshold, step, global_norm, n_tokens, n_micro_batches, self._last)
         else:
             events = self._adaptive(step, global_norm, layer_norms,
                                     StepSignals(loss, sample_losses, update, weight_norm, junk_span, junk_text))
@@ -194,31 +186,13 @@ class SpikeDetector:
         pending: list[_Pending] = []
         events = self._norm_events(step, global_norm, layer_norms, extra.weight_norm, pending)
         events += self._extra_events(step, extra, pending)
-        if events and self._in_transient() and all(
+        if events and self.transient.active(self.signals.get(EXTRA["loss"])) and all(
                 e.is_norm and math.isfinite(e.value) and e.ratio <= (self.config.ratio_thresh or math.inf)
                 for e in events):
             events = []  # early training's transient: gradient norms jumping alone, under the safety net
         self._absorb(pending, fired=bool(events))
-        self._follow_transient()
+        self.transient.follow(self.signals.get(EXTRA["loss"]), self._last)
         return events
-
-    def _in_transient(self) -> bool:
-        """Past ``warmup_steps``, is the loss still in early training's fall (``spikes.transient_fall``)?"""
-        cfg, sig = self.config, self.signals.get(EXTRA["loss"])
-        if cfg.transient_fall <= 0 or self._transient_over or sig is None or sig.n < max(1, cfg.warmup_steps):
-            return False
-        return sig.n < 4 * max(1, cfg.warmup_steps) and -sig.trend > cfg.transient_fall * self._fall_max
-
-    def _follow_transient(self) -> None:
-        """The loss's fastest fall so far; the transient ends, for good, at the first step past warm-up
-        that falls slower than ``transient_fall`` of it."""
-        sig = self.signals.get(EXTRA["loss"])
-        if sig is None or self._transient_over or self.config.transient_fall <= 0:
-            return
-        self._fall_max = max(self._fall_max, -sig.trend)
-        inside = self._in_transient()
-        self._last["spike/transient"] = float(inside)
-        self._transient_over = sig.n >= max(1, self.config.warmup_steps) and not inside
 
     def _below_floor(self, global_norm: float, weight_norm: float | None) -> bool:
         """Is this step's gradient float noise (a norm below ``noise_floor`` x the parameter norm)?"""
@@ -265,12 +239,7 @@ class SpikeDetector:
                 values["sample_loss"] = math.nan if not all(map(math.isfinite, vals)) else max(vals)
         if cfg.update_signal and extra.update is not None:
             values["update"] = float(extra.update)
-        junk = self._junk_event(step, extra.junk_span)
-        excused = junk is not None and self._clean_text(extra.junk_text)
-        if extra.junk_span is not None:
-            self._last["spike/junk_excused"] = float(excused)
-        junk = None if excused else junk
-        events = [e for e in (junk, self._leak_event(step, extra.junk_span)) if e is not None]
+        events = self.junk.events(step, extra.junk_span, extra.junk_text, self._last)
         for name, x in values.items():
             ratio = {"loss": cfg.loss_min_ratio, "sample_loss": cfg.sample_min_ratio}.get(name, cfg.min_ratio)
             ev = self._check(EXTRA[name], name, step, x, pending, ratio,
@@ -280,44 +249,6 @@ class SpikeDetector:
             if ev:
                 events.append(ev)
         return events
-
-    def _junk_event(self, step: int, junk: Sequence[float] | None) -> SpikeEvent | None:
-        """A run of terms below chance (``spikes/junk.py``): value = the run's excess, baseline = the
-        batch's mean excess (nats a term), z = their gap, ratio = ``exp(gap)`` (how many times less
-        likely a term of the run is than the batch's typical term)."""
-        cfg = self.config
-        if not cfg.junk_signal or junk is None:
-            return None
-        span, mean = float(junk[0]), float(junk[1])
-        if not (math.isfinite(span) and math.isfinite(mean)):
-            return None  # no run that long (-inf), or a non-finite loss: the loss signals' case
-        self._junk_seen += 1
-        self._last["spike/junk_span"], self._last["spike/junk_mean"] = span, mean
-        if self._junk_seen <= cfg.warmup_steps or span <= cfg.junk_margin or mean >= LEARNED:
-            return None
-        gap = span - mean
-        return SpikeEvent(step, "junk_span", span, mean, gap, math.exp(min(MAX_LOG, gap)))
-
-    def _clean_text(self, junk_text: Callable[[], str | None] | None) -> bool:
-        """Is the run the junk rule would fire on plainly clean text (``spikes.text_check``)? Its reason
-        goes to ``self.junk_excused`` (the last excused run, for logs and tests)."""
-        text = junk_text() if junk_text is not None else None
-        reason = clean_text(text) if text is not None else None
-        if reason is not None:
-            self.junk_excused = (text, reason)
-        return reason is not None
-
-    def _leak_event(self, step: int, junk: Sequence[float] | None) -> SpikeEvent | None:
-        """Rows whose targets are their own input tokens (``spikes.junk.leaked``): labels that leaked into
-        the inputs, a loss that falls too far. Structural, so no warm-up: value = the largest row's share
-        of such terms, against ``LEAKED``."""
-        if not self.config.junk_signal or junk is None or len(junk) < 3 or junk[2] is None:
-            return None
-        leak = float(junk[2])
-        self._last["spike/leaked_labels"] = leak
-        if not (math.isfinite(leak) and leak >= LEAKED):
-            return None
-        return SpikeEvent(step, "leaked_labels", leak, LEAKED, math.inf, leak / LEAKED)
 
     def _absorb(self, pending: list[_Pending], fired: bool) -> None:
         """A step the detector caught (on any signal: a layer's spike is the global norm's too) moves
@@ -368,21 +299,6 @@ class SpikeDetector:
             return SpikeEvent(step, name, x, sig.baseline, z, ratio)
         return None
 
-    def _fixed(self, step: int, g: float, n_tokens: int | None, n_micro_batches: int) -> list[SpikeEvent]:
-        """GradLoc's trigger: ``g > T / sqrt(max(1, n_tokens)) * n_micro_batches`` (strict)."""
-        if n_tokens is None:
-            raise ConfigError("spikes.mode='fixed' needs n_tokens (the number of loss tokens in the step): "
-                              "pass it to update(), or give the monitor a spike_context")
-        if isinstance(n_micro_batches, bool) or not isinstance(n_micro_batches, int) or n_micro_batches < 1:
-            raise ConfigError(f"n_micro_batches={n_micro_batches!r} is invalid: use the number of micro-batches "
-                              "accumulated into this step (1 or more)")
-        thr = self.config.per_token_threshold / math.sqrt(max(1, n_tokens)) * n_micro_batches
-        ratio = g / thr
-        self._last["spike/threshold"], self._last["spike/ratio"] = thr, ratio
-        if not math.isfinite(g) or g > thr:
-            return [SpikeEvent(step, "global", g, thr, ratio, ratio)]
-        return []
-
     def _score(self, g: float) -> None:
         if len(self._history) >= min(16, self.config.score_window):
             self._score_seen += 1
@@ -394,8 +310,8 @@ class SpikeDetector:
         return {"signals": {k: s.as_tuple() for k, s in self.signals.items()},
                 "count": self.count,
                 "history": list(self._history), "score": (self._score_hits, self._score_seen),
-                "last_step": self._last_step, "junk_seen": self._junk_seen,
-                "transient": (self._fall_max, self._transient_over)}
+                "last_step": self._last_step, "junk_seen": self.junk.seen,
+                "transient": self.transient.state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         # older states hold 3 (0.1: m4 = 0), 6 (0.3: no trend) or 8 (no warm-up fourth moment: d4 = 0) values
@@ -404,6 +320,21 @@ class SpikeDetector:
         self._history = RunningWindow(self.config.score_window, state["history"])
         self._score_hits, self._score_seen = state["score"]
         self._last_step = state.get("last_step")
-        self._junk_seen = int(state.get("junk_seen", 0))
-        # a state from before the transient rule: that run is past its transient
-        self._fall_max, self._transient_over = state.get("transient", (0.0, True))
+        self.junk.seen = int(state.get("junk_seen", 0))
+        self.transient.load(state.get("transient"))
+
+
+def _as_config(config: SpikeConfig | None, overrides: dict[str, Any]) -> SpikeConfig:
+    """``SpikeDetector(config)`` or ``SpikeDetector(**options)``, checked."""
+    if config is None:
+        known = {f.name for f in fields(SpikeConfig)}
+        unknown = set(overrides) - known
+        if unknown:
+            raise TypeError(f"SpikeDetector got unknown option(s) {sorted(unknown)}; valid: {sorted(known)}")
+        return SpikeConfig(**overrides)
+    if overrides:
+        raise TypeError("pass either config=SpikeConfig(...) or option keywords, not both")
+    if not isinstance(config, SpikeConfig):
+        raise TypeError(f"SpikeDetector: config must be a gradloc_track.config.SpikeConfig, "
+                        f"got {type(config).__name__}")
+    return config

@@ -8,8 +8,11 @@ SIGNAL_KEYS = {"loss": "loss", "sample_loss": "loss/sample_max", "update": "upda
                "junk_span": "loss/junk_span", "leaked_labels": "loss/leaked_labels"}
 
 
-@dataclass
+@dataclass(frozen=True)
 class SpikeEvent:
+    """One signal that fired at a step. Immutable: the step's cause is given to a copy
+    (``monitor.outcome.with_cause``), which the step's ``SpikeOutcome`` holds."""
+
     step: int
     signal: str  # "global", a layer name (grad_norm/<layer>), "loss", "sample_loss", "junk_span" or "update"
     value: float  # the signal's value at this step

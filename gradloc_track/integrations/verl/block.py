@@ -58,7 +58,7 @@ def threshold_too_high(result: Any, threshold: float | None) -> str | None:
     """Why an explicit ``locate.threshold`` found nothing (None: it found something, or none was set)."""
     if result is None or threshold is None or result.culprits or result.nonfinite is not None:
         return None
-    shares = [r for r in getattr(result, "sample_shares", []) or [] if r.get("share") is not None]
+    shares = [r for r in result.sample_shares or [] if r.get("share") is not None]
     top = max(shares, key=lambda r: r["share"]) if shares else None
     held = f", while {_who(top)} holds {max(top['share'], 0.0):.0%} of the step's squared grad norm" if top else ""
     return (f"locate.threshold={threshold:g} is set too high: no loss term's own gradient reaches it (per term, "

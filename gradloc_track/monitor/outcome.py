@@ -1,0 +1,50 @@
+"""SpikeOutcome: what the monitor made of one detected step, built once by the responder.
+
+Detection, localization (its result and rank 0's host-side view of the culprits), the reason a spike
+was not localized, surgery, and the step's cause: one immutable object, made when all of it is known.
+The events table, the highlight page, the console block, the report and the ledger read it (through
+``GradStats``); nothing sets fields on it, or on its events, afterwards.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+from ..spikes.cause import Cause
+from ..spikes.event import SpikeEvent
+
+if TYPE_CHECKING:  # imported on a spike only at run time (the localizer is heavy)
+    from ..localizer.result import LocateResult
+    from ..localizer.surgery import SurgeryResult
+
+
+@dataclass(frozen=True)
+class SpikeOutcome:
+    """One detected step. ``events`` carry the step's cause (``SpikeEvent.cause``); ``view`` is
+    ``(result, context)`` as the artifacts show them (under torch.distributed rank 0's, with every
+    culprit's sample gathered; None on a rank that shows nothing); ``not_localized`` says why
+    ``locate`` is None; ``surgery`` is set with ``spikes.response=surgery``."""
+
+    step: int
+    events: tuple[SpikeEvent, ...]
+    cause: Cause | None = None
+    locate: LocateResult | None = None
+    view: tuple[Any, Any] | None = None
+    not_localized: str | None = None
+    surgery: SurgeryResult | None = None
+
+    @property
+    def cause_name(self) -> str | None:
+        return self.cause.name if self.cause is not None else None
+
+    @property
+    def cause_detail(self) -> str | None:
+        return self.cause.detail if self.cause is not None else None
+
+
+def with_cause(events: Sequence[SpikeEvent], cause: Cause | None) -> tuple[SpikeEvent, ...]:
+    """The events as the step reports them: each carrying its cause (new events; the detector's stay as made)."""
+    if cause is None:
+        return tuple(events)
+    return tuple(dataclasses.replace(e, cause=cause.name, cause_detail=cause.detail) for e in events)
