@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import gradloc, levels, step_check
+from .flagged import name_flagged
 from .nonfinite import NonfiniteStep
 from .probe import BudgetExhausted, Grads, Prober
 from .result import CulpritToken, LocateResult, StepCheck, floor_rows
@@ -45,6 +46,7 @@ class Search:
     labelled: bool = False
     document_ids: list | None = None
     reference: step_check.Reference | list | None = None
+    flagged: list[list[int]] | None = None  # per micro-batch, rows a data signal flagged (``flagged.py``)
 
 
 @dataclass
@@ -74,6 +76,7 @@ class Found:
     check: StepCheck | None = None
     exhausted: bool = False
     notes: list[str] = field(default_factory=list)
+    flagged: list = field(default_factory=list)  # rows named for what a data signal saw, not their share
 
 
 def find_culprits(prober: Prober, model: torch.nn.Module, terms: list[list], search: Search) -> LocateResult:
@@ -119,6 +122,10 @@ def _find(prober: Prober, model: torch.nn.Module, terms: list[list], search: Sea
                 found.notes.append(levels.no_culprit_note(found.shares, sum(len(s) for s in segs if s is not None)))
         elif _carried(found) < levels.SCAN_BELOW and any(s is not None for s in segs):
             found.coarse += levels.more_samples(prober, found.hits, segs, search.labelled, found.hits.terms)
+    if with_units and search.flagged and any(search.flagged):
+        found.flagged, more = name_flagged(prober, found.hits, terms, search.flagged,
+                                           found.coarse + found.hits.tokens, search.labelled)
+        found.notes += more
     return _result(prober, stage, search, tau, found)
 
 
@@ -183,6 +190,7 @@ def _result(prober: Prober, stage: MicroBatchStage, search: Search, tau: float, 
     tokens = sorted(found.hits.tokens, key=lambda c: -c.grad_norm)
     coarse = sorted(found.coarse, key=lambda c: -(c.share if c.share is not None else -math.inf))
     culprits, below, floor_notes = floor_rows(coarse + tokens)
+    culprits += found.flagged  # named for their data, under the floor or not
     notes = found.notes + floor_notes
     if found.exhausted:
         notes.append(budget_note(prober.budget, bool(culprits)))

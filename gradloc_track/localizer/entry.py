@@ -16,6 +16,7 @@ from ..norms import trainable_params
 from .additivity import check_additive
 from . import nonfinite
 from .driver import Search, find_culprits
+from .flagged import flagged_rows
 from .inputs import SearchOptions, check_inputs
 from .nonfinite import NonfiniteStep
 from .probe import Prober
@@ -95,8 +96,9 @@ def locate_one(model: torch.nn.Module, step: LocateStep, options: SearchOptions)
                 check_additive(prober, i, terms[i], prober.rng_states[i])
         reference = Reference(snap.grads_for(prober.params), scale)  # .grad as the step left it
         try:
-            result = find_culprits(prober, model, terms, Search(options.method, options.threshold, options.group_by,
-                                                                labelled, docs, reference))
+            search = Search(options.method, options.threshold, options.group_by, labelled, docs, reference,
+                            flagged_rows(step.sample_columns, prober.k))
+            result = find_culprits(prober, model, terms, search)
         except NonfiniteStep as step_nf:  # NaN/Inf: which samples, by isfinite instead of norms
             result = nonfinite.as_result(prober, step_nf, options.method, labelled, docs, grouping.names)
         else:

@@ -161,15 +161,18 @@ def _off_policy(ev: Evidence) -> Cause | None:
 def _jumped(e: Any, ev: Evidence) -> str:
     if e.signal == "junk_span":
         return f"a run of its loss terms is rated below chance ({e.value:+.2f} nats a term above a random token's loss)"
-    if e.signal == "leaked_labels":
-        rows = f": {ev.leaked_rows}" if ev.leaked_rows else ""
-        return f"a row's targets are its own input tokens at {e.value:.0%} of its terms (leaked labels){rows}"
     return f"{e.key} jumped {e.ratio:.2f}x"
 
 
 def _data(ev: Evidence) -> Cause | None:
     losses = _fired(ev, *LOSS_SIGNALS)
     named = ev.culprit_share is not None and ev.n_culprits > 0
+    leak = _fired(ev, "leaked_labels")
+    if leak:  # structural: the rows are known whatever the gradient says (their rows are culprits too)
+        rows = f"; {ev.leaked_rows}" if ev.leaked_rows else ""
+        carry = (f" ({ev.n_culprits} culprit row(s) carry {ev.culprit_share:.0%} of the step's squared gradient "
+                 "norm)") if named else ""
+        return Cause("data", f"{leak[0].describe()}: a label bug in the data{rows}{carry}")
     if named and (ev.culprit_share >= DATA_SHARE or losses):
         top = f" ({ev.top_culprit} first)" if ev.top_culprit else ""
         why = f", and {_jumped(max(losses, key=lambda x: x.z), ev)}" if losses else ""
@@ -181,9 +184,6 @@ def _data(ev: Evidence) -> Cause | None:
                  "no single culprit carries the gradient")
         if e.signal == "junk_span":
             return Cause("data", f"{e.describe()}: junk in the data ({which})")
-        if e.signal == "leaked_labels":
-            rows = f"; {ev.leaked_rows}" if ev.leaked_rows else ""
-            return Cause("data", f"{e.describe()}: a label bug in the data{rows}")
         return Cause("data", f"{e.key} = {e.value:.3g}, {e.ratio:.2f}x its running mean (z = {e.z:.0f}): the data's "
                              f"loss jumped ({which})")
     return None
