@@ -5,7 +5,6 @@ On a real gloo process group (one rank in this process, a file rendezvous, a bou
 from __future__ import annotations
 
 import datetime
-import tempfile
 
 import pytest
 import torch
@@ -19,14 +18,15 @@ from .helpers import assert_bitwise_equal, mlp, snapshot
 
 
 @pytest.fixture
-def gloo():
-    with tempfile.NamedTemporaryFile() as f:
-        dist.init_process_group("gloo", init_method=f"file://{f.name}", rank=0, world_size=1,
-                                timeout=datetime.timedelta(seconds=60))
-        try:
-            yield
-        finally:
-            dist.destroy_process_group()
+def gloo(tmp_path):
+    # a file rendezvous in the test's own directory: gloo's FileStore deletes the file when the group
+    # is done, which a NamedTemporaryFile's own unlink then raced (FileNotFoundError at teardown)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 def zero(model, **kw):

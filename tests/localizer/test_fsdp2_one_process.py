@@ -3,7 +3,6 @@ process path and reads the DTensor gradients' local tensors (``probe._dense``, `
 The reference is the same model unsharded: the same culprits, norms and probes."""
 from __future__ import annotations
 
-import tempfile
 
 import pytest
 import torch
@@ -17,14 +16,15 @@ B, T = 4, 24
 
 
 @pytest.fixture
-def one_rank_group():
+def one_rank_group(tmp_path):
     """A 1-process gloo group in this process (a file rendezvous: no port), torn down after the test."""
-    with tempfile.NamedTemporaryFile() as f:
-        dist.init_process_group("gloo", init_method=f"file://{f.name}", rank=0, world_size=1)
-        try:
-            yield
-        finally:
-            dist.destroy_process_group()
+    # a file rendezvous in the test's own directory: gloo's FileStore deletes the file when the group
+    # is done, which a NamedTemporaryFile's own unlink then raced (FileNotFoundError at teardown)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 def _sharded(model: LM) -> LM:
