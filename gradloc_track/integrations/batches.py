@@ -66,6 +66,9 @@ class LMBatch:
     junk: Any = None  # the junk-span statistics of this micro-batch (spikes/junk.py)
     position_ids: torch.Tensor | None = None  # (B, T); restarts at 0 mark packed documents
     precision: str | None = None  # the autocast the forward ran under ("float16 autocast"), if any
+    # (B,) the last position's target ids, read from the loss's gradient when the call gave neither labels nor
+    # targets (``model(x[:, :-1])`` with the loss on ``x[:, 1:]``: that target is in no input); IGNORE: no term
+    last_targets: torch.Tensor | None = None
 
     @classmethod
     def from_call(cls, args: tuple, kwargs: dict, signature: Any = None) -> "LMBatch | None":
@@ -128,6 +131,8 @@ class LMBatch:
         tgt[:, -1] = IGNORE
         if self.attention_mask is not None:
             tgt = tgt.masked_fill(torch.cat([self.attention_mask[:, 1:], self.attention_mask[:, :1]], 1) == 0, IGNORE)
+        if self.last_targets is not None:  # the loss had a term at the last position: its target, from its gradient
+            tgt[:, -1] = self.last_targets.to(tgt.device)
         return tgt
 
     def document_ids(self) -> torch.Tensor | None:
@@ -293,6 +298,8 @@ class MicroBatchCapture(BatchList):
         if batch is not None:
             batch.unusable = unusable_output(output, batch.input_ids)
             batch.loss = loss_in(output)  # the model's own loss, for the detector's loss signal
+            if batch.labels is None and batch.target_ids is None and batch.unusable is None:
+                watch_last_term(batch, logits_in(output))
             if (self.sample_losses or self.junk_terms) and batch.unusable is None:  # the detector's
                 # largest-sample and junk signals, from one pass over the forward's logits
                 pos = batch.position_ids  # packed documents, without document_ids()' host sync
@@ -305,6 +312,24 @@ class MicroBatchCapture(BatchList):
         for h in self._handles:
             h.remove()
         self._handles = []
+
+
+def watch_last_term(batch: LMBatch, logits: torch.Tensor) -> None:
+    """A forward given only ids: does the user's loss have a term at the last position, and for which
+    target? Its target is in no input (``model(x[:, :-1])``, the loss on ``x[:, 1:]``), but the gradient
+    of a cross-entropy there is ``(softmax - onehot(target)) / N``, negative only at the target. A hook reads
+    it during backward: one (B, V) row, on the device, no sync; the rebuilt loss then has every term the
+    user's has (without it the replay missed a term a row and the step check called the step
+    irreproducible)."""
+    if not (isinstance(logits, torch.Tensor) and logits.requires_grad and logits.dim() == 3):
+        return
+
+    def read(grad: torch.Tensor) -> None:
+        last = grad[:, -1, :].detach()  # (B, V)
+        term = last.abs().amax(-1) > 0
+        batch.last_targets = torch.where(term, last.argmin(-1), torch.full_like(term, IGNORE, dtype=torch.long))
+
+    logits.register_hook(read)
 
 
 def resolve_tokenizer(model: torch.nn.Module, tokenizer: Any = None) -> Any:

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
 
 from . import gradloc, levels, step_check
-from .flagged import name_flagged
+from .flagged import Flag, name_flagged
 from .nonfinite import NonfiniteStep
 from .probe import BudgetExhausted, Grads, Prober
 from .result import CulpritToken, LocateResult, StepCheck, floor_rows
@@ -46,7 +47,7 @@ class Search:
     labelled: bool = False
     document_ids: list | None = None
     reference: step_check.Reference | list | None = None
-    flagged: list[list[int]] | None = None  # per micro-batch, rows a data signal flagged (``flagged.py``)
+    flagged: Sequence[Flag] = ()  # units a data signal points at (``flagged.py``): named whatever their share
 
 
 @dataclass
@@ -122,9 +123,9 @@ def _find(prober: Prober, model: torch.nn.Module, terms: list[list], search: Sea
                 found.notes.append(levels.no_culprit_note(found.shares, sum(len(s) for s in segs if s is not None)))
         elif _carried(found) < levels.SCAN_BELOW and any(s is not None for s in segs):
             found.coarse += levels.more_samples(prober, found.hits, segs, search.labelled, found.hits.terms)
-    if with_units and search.flagged and any(search.flagged):
+    if with_units and search.flagged:
         found.flagged, more = name_flagged(prober, found.hits, terms, search.flagged,
-                                           found.coarse + found.hits.tokens, search.labelled)
+                                           found.coarse + found.hits.tokens, search.labelled, search.document_ids)
         found.notes += more
     return _result(prober, stage, search, tau, found)
 

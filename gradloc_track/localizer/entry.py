@@ -16,7 +16,6 @@ from ..norms import trainable_params
 from .additivity import check_additive
 from . import nonfinite
 from .driver import Search, find_culprits
-from .flagged import flagged_rows
 from .inputs import SearchOptions, check_inputs
 from .nonfinite import NonfiniteStep
 from .probe import Prober
@@ -97,7 +96,7 @@ def locate_one(model: torch.nn.Module, step: LocateStep, options: SearchOptions)
         reference = Reference(snap.grads_for(prober.params), scale)  # .grad as the step left it
         try:
             search = Search(options.method, options.threshold, options.group_by, labelled, docs, reference,
-                            flagged_rows(step.sample_columns, prober.k))
+                            tuple(step.flagged))
             result = find_culprits(prober, model, terms, search)
         except NonfiniteStep as step_nf:  # NaN/Inf: which samples, by isfinite instead of norms
             result = nonfinite.as_result(prober, step_nf, options.method, labelled, docs, grouping.names)

@@ -1,69 +1,112 @@
-"""Rows a structural data signal flagged, named as culprits whatever their share of the gradient.
+"""Units a data signal flagged, named as culprits whatever their share of the gradient.
 
-A row whose targets are its own input tokens (labels that leaked into the inputs: ``spikes.junk.leaked``)
-is bad data even when its gradient is small: a copied token is easy, so such rows pull the loss down
-rather than the gradient up, and the share rules (which look for rows that stand out of the step's
-gradient) pass them over while the cause names them. The context's ``leaked_labels`` sample column
-(each row's leaked share, ``spikes.junk.LEAKED_COLUMN``) marks them; each is probed once, so its row in
-the table carries its exact gradient norm and share like any other culprit.
+Some bad data is plain to a structural signal and faint in the gradient: a row whose targets are its
+own input tokens (labels that leaked into the inputs, ``spikes.junk.leaked``) is easy to copy, and a
+run of junk that the model rates below chance (``spikes.junk``) may move the step no more than a
+clean row does. The share rules look for rows that stand out of the step's gradient and passed these
+over while the cause named them ("no single culprit carries the gradient"). The monitor hands the
+units its firing signals point at to the localizer (``LocateStep.flagged``, built by
+``monitor.data_flags``); each is probed once, so its row carries its exact gradient norm and share like
+any other culprit, with a note saying why it is named. A flagged span that covers most of its sample
+(or of its packed document) is named as that sample (document), the level the share rules use.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import torch
 
-from ..spikes.junk import LEAKED, LEAKED_COLUMN
 from .probe import BudgetExhausted
 from .result import Culprit
 
+WHOLE = 0.6  # a flagged span holding this share of its sample's (document's) terms names the sample
 
-def flagged_rows(sample_columns: Mapping[str, Any], k: int) -> list[list[int]]:
-    """Per micro-batch, the rows whose leaked share reaches ``LEAKED`` (none when the column is absent or
-    does not fit the ``k`` micro-batches)."""
-    col = sample_columns.get(LEAKED_COLUMN) if sample_columns else None
-    if col is None:
-        return [[] for _ in range(k)]
-    parts = [col] if isinstance(col, torch.Tensor) else list(col)
-    if len(parts) != k:
-        return [[] for _ in range(k)]
-    out = []
-    for part in parts:
-        vals = part.tolist() if isinstance(part, torch.Tensor) else list(part or [])  # host read: a spike step's
-        out.append([b for b, v in enumerate(vals) if v is not None and v >= LEAKED])
+
+@dataclass(frozen=True)
+class Flag:
+    """A unit a data signal points at: micro-batch ``micro_batch`` (an index into the step's), row ``row``,
+    positions ``[start, end)`` (None: the whole row), and why (``"leaked labels"``)."""
+
+    micro_batch: int
+    row: int
+    start: int | None = None
+    end: int | None = None
+    reason: str = ""
+
+
+def name_flagged(prober: Any, hits: Any, terms: list[list], flags: Sequence[Flag], named: list, labelled: bool,
+                 docs: list | None) -> tuple[list[Culprit], list[str]]:
+    """(culprits, notes): each flag not already covered by a named culprit (rows never overlap), probed as
+    one unit at its level."""
+    out: list[Culprit] = []
+    why: dict[str, list[str]] = {}
+    taken = _taken(named, hits)
+    whole = {c.micro_batch or 0 for c in named if c.level == "micro_batch"}
+    for f in flags:
+        if not 0 <= f.micro_batch < len(terms) or f.micro_batch in whole:
+            continue
+        doc_map = docs[f.micro_batch] if docs else None
+        unit = _unit(f, terms[f.micro_batch], doc_map)
+        if unit is None or any((f.micro_batch, f.row, t) in taken for t in unit[3]):
+            continue
+        level, document, (start, end), keys = unit
+        try:
+            g = prober.probe_terms(f.micro_batch, [(f.row, t) for t in keys])
+        except BudgetExhausted:
+            return out, _notes(why) + ["the probe budget ran out before every flagged unit was probed"]
+        raw = hits.share(g)
+        share = None if raw is None else min(1.0, max(0.0, raw))
+        c = Culprit(level, prober.norm(g), share, micro_batch=f.micro_batch if labelled else None, batch=f.row,
+                    start=start, end=end, document=document, n_terms=len(keys), layer_norms=prober.layer_norms(g),
+                    raw_share=raw if raw != share else None)
+        del g
+        out.append(c)
+        taken |= {(f.micro_batch, f.row, t) for t in keys}
+        why.setdefault(f.reason or "a data signal", []).append(_who(c))
+    return out, _notes(why)
+
+
+def _taken(named: list, hits: Any) -> set:
+    """(micro-batch index, row, position) of every term a named culprit covers."""
+    out = set(getattr(hits, "terms", set()) or set())  # the token hits' own keys
+    for c in named:
+        mb = c.micro_batch or 0
+        if c.level == "token":
+            out.add((mb, c.batch, c.position))
+        elif c.batch is not None and c.start is not None:
+            out |= {(mb, c.batch, t) for t in range(c.start, c.end)}
     return out
 
 
-def name_flagged(prober: Any, hits: Any, terms: list[list], flagged: list[list[int]], named: list,
-                 labelled: bool) -> tuple[list[Culprit], list[str]]:
-    """(culprits, notes): each flagged row not already covered by a named culprit (rows never overlap),
-    probed as one sample unit."""
-    covered = {(c.micro_batch or 0, c.batch) for c in named if c.batch is not None}
-    whole = {c.micro_batch or 0 for c in named if c.level == "micro_batch"}
-    out = []
-    for i, rows in enumerate(flagged):
-        for b in rows:
-            row_terms = [(bb, t) for bb, t in terms[i] if bb == b]
-            if not row_terms or i in whole or (i, b) in covered:
-                continue
-            try:
-                g = prober.probe_terms(i, row_terms)
-            except BudgetExhausted:
-                return out, _note(out) + ["the probe budget ran out before every row with leaked labels was probed"]
-            raw = hits.share(g)
-            share = None if raw is None else min(1.0, max(0.0, raw))
-            out.append(Culprit("sample", prober.norm(g), share, micro_batch=i if labelled else None, batch=b,
-                               start=min(t for _, t in row_terms), end=max(t for _, t in row_terms) + 1,
-                               n_terms=len(row_terms), layer_norms=prober.layer_norms(g),
-                               raw_share=raw if raw != share else None))
-            del g
-    return out, _note(out)
+def _unit(f: Flag, mb_terms: list, doc_map: torch.Tensor | None) -> tuple | None:
+    """(level, document, (start, end), positions) of a flag: the whole row, the packed document that the
+    span mostly covers, the row when the span holds ``WHOLE`` of its terms, else the span itself."""
+    row = sorted(t for b, t in mb_terms if b == f.row)
+    if not row:
+        return None
+    lo, hi = (row[0], row[-1] + 1) if f.start is None else (f.start, f.end)
+    span = [t for t in row if lo <= t < hi]
+    if not span:
+        return None
+    if doc_map is not None:  # a packed row: a span lies in one document (a junk run never crosses one)
+        d = int(doc_map[f.row, span[0]])
+        doc = [t for t in row if int(doc_map[f.row, t]) == d]
+        if len(span) >= WHOLE * len(doc):
+            return "sample", d, (doc[0], doc[-1] + 1), doc
+        return "span", None, (span[0], span[-1] + 1), span
+    if len(span) >= WHOLE * len(row):
+        return "sample", None, (row[0], row[-1] + 1), row
+    return "span", None, (span[0], span[-1] + 1), span
 
 
-def _note(rows: list[Culprit]) -> list[str]:
-    if not rows:
-        return []
-    which = ", ".join((f"micro-batch {c.micro_batch} " if c.micro_batch is not None else "") + f"sample {c.batch}"
-                      for c in rows)
-    return [f"{which}: named for leaked labels (targets equal to their inputs at {LEAKED:.0%} or more of their "
-            "terms), whatever their share of the step's gradient"]
+def _who(c: Culprit) -> str:
+    where = f"micro-batch {c.micro_batch} " if c.micro_batch is not None else ""
+    if c.document is not None:
+        return f"{where}sample {c.batch} document {c.document}"
+    return f"{where}sample {c.batch}" + (f" positions {c.start}-{c.end}" if c.level == "span" else "")
+
+
+def _notes(why: dict[str, list[str]]) -> list[str]:
+    return [f"{', '.join(units)}: named for {reason}, whatever their share of the step's gradient"
+            for reason, units in why.items()]

@@ -24,7 +24,7 @@ import torch
 from .inputs import as_document_ids, as_micro_batches, rng_states
 
 LossFn = Callable[[torch.Tensor], torch.Tensor]
-STEP_FIELDS = ("rng_state", "document_ids", "sample_columns", "normaliser", "grad_scale")
+STEP_FIELDS = ("rng_state", "document_ids", "sample_columns", "normaliser", "grad_scale", "flagged")
 
 
 @dataclass
@@ -64,15 +64,20 @@ class LocateStep:
     # ``grad_scale * (the probes' sum)`` with ``.grad``, so a clipped step is the step; spike
     # surgery subtracts the culprits' gradient times it. None: ``.grad`` is backward's own.
     grad_scale: torch.Tensor | float | None = None
+    # units a data signal points at (``localizer.flagged.Flag``: leaked labels, a junk run; the monitor's
+    # ``data_flags`` builds them from the signals that fired): named as culprits whatever their share
+    flagged: Sequence[Any] = ()
 
     @classmethod
-    def from_context(cls, ctx: Any, grad_scale: torch.Tensor | float | None = None) -> "LocateStep":
+    def from_context(cls, ctx: Any, grad_scale: torch.Tensor | float | None = None,
+                     flagged: Sequence[Any] = ()) -> "LocateStep":
         """The step a ``SpikeContext`` describes (its loss, masks, RNG, documents, sample columns,
-        normaliser); ``grad_scale``: the clipper's coefficients of this step, when it already clipped."""
+        normaliser); ``grad_scale``: the clipper's coefficients of this step, when it already clipped;
+        ``flagged``: the units the step's data signals point at."""
         return cls(loss_fn=ctx.loss_fn, token_mask=ctx.token_mask, rng_state=getattr(ctx, "rng_state", None),
                    document_ids=getattr(ctx, "document_ids", None),
                    sample_columns=dict(getattr(ctx, "sample_columns", None) or {}),
-                   normaliser=getattr(ctx, "normaliser", None), grad_scale=grad_scale)
+                   normaliser=getattr(ctx, "normaliser", None), grad_scale=grad_scale, flagged=tuple(flagged))
 
     @classmethod
     def of(cls, loss_fn: Any, token_mask: Any = None, fields: Mapping[str, Any] | None = None) -> "LocateStep":

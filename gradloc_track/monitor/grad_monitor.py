@@ -68,6 +68,7 @@ from .arguments import (as_detector, as_locate_config, as_monitor_config, check_
 from .clip_feedback import after_transfer, install_guard, note_norms
 from .cause_evidence import LrHistory
 from .clip_scale import localizer_scale, optimizer_scale
+from .data_flags import junk_rule
 from .detector_inputs import DetectorInputs
 from .junk_window import window_text
 from .outcome import SpikeOutcome
@@ -151,6 +152,7 @@ class GradMonitor:
         self.detector_inputs = DetectorInputs(self.detector, optimizer, self.params, process_group)
         # the learning rate of each step the detector sees: a jump names a spike's cause (schedule)
         self.responder.lr_history = LrHistory(optimizer) if optimizer is not None else None
+        self.responder.junk_rule = junk_rule(self.detector)  # the junk runs it names when that signal fires
 
     # -- public --------------------------------------------------------------------------
     @property
@@ -320,7 +322,7 @@ class GradMonitor:
             return None
         self.detector_inputs.fired()
         outcome, metrics = self.responder.respond(step, events, spike_context,
-                                                  localizer_scale(self.param_set, self.clipper, clip))
+                                                  localizer_scale(self.param_set, self.clipper, clip), junk)
         reading.metrics.update(metrics)
         return outcome
 

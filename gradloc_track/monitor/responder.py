@@ -17,6 +17,7 @@ from ..spikes.cause import Cause
 from ..spikes.event import SpikeEvent
 from ..spikes.incidents import Incidents
 from . import weight_check
+from .data_flags import data_flags, junk_rule
 from .outcome import SpikeOutcome, with_cause
 from .packing import N_TOKENS, HostPack
 
@@ -50,6 +51,7 @@ class SpikeResponder:
         self.lr_history: Any = None  # the monitor's LrHistory: a learning-rate jump names a cause
         self.incidents = Incidents()  # a step in an explained incident's recovery reports its cause
         self.corrupt: Any = None  # a weight found corrupt (weight_check.CorruptWeight) while it stays so
+        self.junk_rule = junk_rule(None)  # the detector's (junk_terms, junk_margin), for data_flags
 
     # -- the token count the fixed detector needs ------------------------------------------
     @staticmethod
@@ -78,14 +80,15 @@ class SpikeResponder:
         return int(t.item())  # host sync: the detector needs the count now
 
     # -- the response ------------------------------------------------------------------------
-    def respond(self, step: int, events: Sequence[SpikeEvent], ctx: Any,
-                grad_scale: Any = None) -> tuple[SpikeOutcome, dict[str, float]]:
+    def respond(self, step: int, events: Sequence[SpikeEvent], ctx: Any, grad_scale: Any = None,
+                junk: Any = None) -> tuple[SpikeOutcome, dict[str, float]]:
         """The step's ``SpikeOutcome`` and its ``locate/*`` / ``surgery/*`` metrics: the localizer run on the
         spiking batch (its result handed to the artifact writer), or the reason it was not; the step's cause;
         with ``spikes.response=surgery``, the culprits' gradient taken out of the step's.
         ``grad_scale``: the clipper's per-tensor coefficients when it already clipped this step's
         ``.grad`` (in the model's trainable-tensor order; a device tensor): the localizer's step
-        check compares like with like (``LocateStep.grad_scale``)."""
+        check compares like with like (``LocateStep.grad_scale``); ``junk``: the step's junk statistics, whose
+        runs are named when the junk signal fired (``monitor.data_flags``)."""
         held = self._while_corrupt(step, events)
         if held is not None:
             return held, {}
@@ -93,7 +96,7 @@ class SpikeResponder:
         tried, located, result, view = why_not is None, None, None, None
         if tried:
             ctx = resolve(ctx)
-            located = self._step(step, ctx, grad_scale)
+            located = self._step(step, ctx, grad_scale, events, junk)
             result = self._localize(step, located) if located is not None else None
         if result is not None:
             self._count(step, bool(result.culprits))  # a culprit at any level: token, span, sample, micro-batch
@@ -110,12 +113,15 @@ class SpikeResponder:
         outcome = SpikeOutcome(step, events, cause, result, view, why_not, surgery)
         return outcome, _metrics(result, tried, surgery)
 
-    def _step(self, step: int, ctx: Any, grad_scale: Any) -> Any:
-        """The context as the localizer's step object (None, with a warning, when it cannot be read)."""
+    def _step(self, step: int, ctx: Any, grad_scale: Any, events: Sequence[SpikeEvent], junk: Any) -> Any:
+        """The context as the localizer's step object, with the units the data signals point at (None, with
+        a warning, when it cannot be read)."""
         from ..localizer.step import LocateStep
 
         try:
-            return LocateStep.from_context(ctx, grad_scale=grad_scale)
+            terms, margin = self.junk_rule
+            flags = data_flags(events, ctx, junk, terms, margin)
+            return LocateStep.from_context(ctx, grad_scale=grad_scale, flagged=flags)
         except Exception as exc:  # forensics must never kill training
             warnings.warn(f"gradloc-track: localizing the spike at step {step} failed: {exc!r}")
             return None

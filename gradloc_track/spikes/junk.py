@@ -43,6 +43,9 @@ class JunkSpan(NamedTuple):
     leak: torch.Tensor | None = None
     leak_rows: torch.Tensor | None = None  # (B,) each row's leaked-label share (``leaked``)
     where: torch.Tensor | None = None  # (2,) long: the row and first position of the run ``span`` is
+    # (B, T - terms + 1): each window's mean excess (``-inf``: not a full run of one document); where a
+    # firing step's junk lies, row by row (``monitor.data_flags``), read on such a step only
+    windows: torch.Tensor | None = None
 
 
 def term_excess(logits: torch.Tensor, targets: torch.Tensor, inputs: torch.Tensor | None) -> torch.Tensor:
@@ -64,13 +67,14 @@ def cap_repeats(excess: torch.Tensor, targets: torch.Tensor, inputs: torch.Tenso
 
 
 def span_argmax(excess: torch.Tensor, valid: torch.Tensor, docs: torch.Tensor | None,
-                terms: int) -> tuple[torch.Tensor, torch.Tensor]:
+                terms: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The largest mean of ``excess`` (..., T) over ``terms`` consecutive valid positions of one document
     (``docs`` (..., T) ids; None: one document a row), over every row (``-inf``, 0-d, when no such run
-    exists), and (2,) long: that run's row and first position. On the device."""
+    exists), (2,) long: that run's row and first position, and (rows, windows) every window's mean
+    (None when no row is that long). On the device."""
     T = excess.shape[-1]
     if T < terms:
-        return excess.new_tensor(-torch.inf), torch.zeros(2, dtype=torch.long, device=excess.device)
+        return excess.new_tensor(-torch.inf), torch.zeros(2, dtype=torch.long, device=excess.device), None
     sums = torch.where(valid, excess, 0.0).unfold(-1, terms, 1).sum(-1)  # (..., T - terms + 1)
     full = valid.float().unfold(-1, terms, 1).sum(-1) == terms
     if docs is not None:  # a run stays inside one packed document
@@ -78,7 +82,7 @@ def span_argmax(excess: torch.Tensor, valid: torch.Tensor, docs: torch.Tensor | 
         full &= (d == d[..., :1]).all(-1)
     means = torch.where(full, sums / terms, -torch.inf).reshape(-1, sums.shape[-1])  # (rows, windows)
     best = means.reshape(-1).argmax()
-    return means.reshape(-1)[best], torch.stack([best // means.shape[-1], best % means.shape[-1]])
+    return means.reshape(-1)[best], torch.stack([best // means.shape[-1], best % means.shape[-1]]), means
 
 
 @torch.no_grad()
@@ -126,10 +130,10 @@ def junk_of(excess: torch.Tensor, valid: torch.Tensor, document_ids: torch.Tenso
     """``JunkSpan`` from each term's excess (B, T) (``term_excess``), ``valid`` (B, T) bool, the
     document ids (B, T) or None, and the targets and input ids (B, T) for the leak share (``leaked``)."""
     docs = None if document_ids is None else document_ids.to(valid.device)
-    best, where = span_argmax(excess, valid, docs, terms)
+    best, where, windows = span_argmax(excess, valid, docs, terms)
     rows = None if targets is None or inputs is None else leaked(targets, inputs, valid)
     return JunkSpan(best, torch.where(valid, excess, 0.0).sum() / valid.sum().clamp(min=1),
-                    None if rows is None else rows.max(), rows, where)
+                    None if rows is None else rows.max(), rows, where, windows)
 
 
 def leaked(targets: torch.Tensor, inputs: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

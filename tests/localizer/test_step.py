@@ -54,8 +54,10 @@ def test_a_spike_context_becomes_a_step_in_one_place():
     assert (step.loss_fn, step.token_mask, step.rng_state, step.document_ids) == (fn, mask, rng, docs)
     assert step.sample_columns["reward"] is ctx.sample_columns["reward"] and step.normaliser == 6
     assert step.grad_scale is coef
-    # every field of the step is one a context can carry (the two paths cannot drift apart)
-    assert set(STEP_FIELDS) <= set(vars(step)) and all(f in vars(ctx) for f in STEP_FIELDS if f != "grad_scale")
+    # every field of the step is one a context can carry (the two paths cannot drift apart), but what the
+    # monitor adds at the spike: the clipper's coefficients and the units its data signals flagged
+    assert set(STEP_FIELDS) <= set(vars(step))
+    assert all(f in vars(ctx) for f in STEP_FIELDS if f not in ("grad_scale", "flagged")) and step.flagged == ()
 
 
 def test_arguments_that_do_not_make_a_step_say_so():

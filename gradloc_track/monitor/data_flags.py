@@ -1,0 +1,89 @@
+"""The units a detected step's data signals point at, for the localizer to name (``localizer.flagged``).
+
+- ``leaked_labels`` fired: every row of the context's ``leaked_labels`` column at ``spikes.junk.LEAKED``.
+- ``junk_span`` fired: in every row, the run of windows above ``spikes.junk_margin`` around the row's
+  largest (``JunkSpan.windows``), unless its text is plainly clean (``spikes.text_check``, the rule
+  that excuses the signal's own run).
+
+Only the signals that fired flag anything, so a unit is named only beside an event that says why. One
+host read of the window means, on such a step only. Under torch.distributed nothing is flagged (the
+rows lie on other ranks; the cause still names leaked rows).
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..config import SpikeConfig
+from ..localizer.flagged import Flag
+from ..spikes.junk import LEAKED, LEAKED_COLUMN
+from ..spikes.text_check import clean_text, decode_window
+
+LEAK_REASON = "leaked labels (targets equal to their inputs)"
+JUNK_REASON = "a run the model rates below chance"
+
+
+def junk_rule(detector: Any) -> tuple[int, float]:
+    """The detector's (``junk_terms``, ``junk_margin``); the defaults for a detector of the user's own."""
+    cfg = getattr(detector, "config", None)
+    cfg = cfg if isinstance(cfg, SpikeConfig) else SpikeConfig()
+    return cfg.junk_terms, cfg.junk_margin
+
+
+def data_flags(events: Sequence[Any], ctx: Any, junk: Any, terms: int, margin: float) -> tuple[Flag, ...]:
+    """The flags of the signals among ``events`` (``junk``: the step's ``JunkSpan``, or one per micro-batch)."""
+    if ctx is None or (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return ()
+    fired = {e.signal for e in events}
+    out: list[Flag] = []
+    if "leaked_labels" in fired:
+        out += _leaked(ctx)
+    if "junk_span" in fired and junk is not None:
+        out += _junk_runs(junk, ctx, terms, margin)
+    return tuple(out)
+
+
+def _parts(value: Any) -> list:
+    return [value] if isinstance(value, torch.Tensor) else list(value or [])
+
+
+def _leaked(ctx: Any) -> list[Flag]:
+    col = (getattr(ctx, "sample_columns", None) or {}).get(LEAKED_COLUMN)
+    out = []
+    for k, part in enumerate(_parts(col) if col is not None else []):
+        vals = part.tolist() if isinstance(part, torch.Tensor) else list(part or [])  # host read: a spike step's
+        out += [Flag(k, b, reason=LEAK_REASON) for b, v in enumerate(vals) if v is not None and v >= LEAKED]
+    return out
+
+
+def _junk_runs(junk: Any, ctx: Any, terms: int, margin: float) -> list[Flag]:
+    parts = [junk] if hasattr(junk, "span") else list(junk)
+    ids = getattr(ctx, "input_ids", None)
+    ids = [ids] if isinstance(ids, torch.Tensor) else list(ids or [])
+    tok = getattr(ctx, "tokenizer", None)
+    out = []
+    for k, part in enumerate(parts):
+        windows = getattr(part, "windows", None)
+        if windows is None:
+            continue
+        w = windows.detach().float().cpu()  # host read: (B, W) window means, on a firing step
+        for b in (w.max(-1).values > margin).nonzero().flatten().tolist():
+            lo, hi = _block(w[b], margin)
+            text = decode_window(ids[k][b, lo:hi + terms].tolist(), tok) if k < len(ids) else None
+            if text is not None and clean_text(text) is not None:
+                continue  # plainly clean text (a name list in another script, a rule of '#'): not junk
+            out.append(Flag(k, b, lo, hi + terms, JUNK_REASON))
+    return out
+
+
+def _block(row: torch.Tensor, margin: float) -> tuple[int, int]:
+    """The first and last window of the contiguous block above ``margin`` around the row's largest."""
+    above = (row > margin).tolist()
+    lo = hi = int(row.argmax())
+    while lo > 0 and above[lo - 1]:
+        lo -= 1
+    while hi + 1 < len(above) and above[hi + 1]:
+        hi += 1
+    return lo, hi
