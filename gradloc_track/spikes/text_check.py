@@ -17,6 +17,7 @@ from __future__ import annotations
 import unicodedata
 from typing import Any, Sequence
 
+EDGE_BYTES = 3  # a window cut inside a character: at most this many replacement characters at each end
 RUN_CHARS = 3  # a window of at most this many distinct non-space characters is a run (a rule, a separator)
 LETTERS = 0.6  # ... else its non-space characters must be at least this share letters (marks included)
 _FAMILY = {"HIRAGANA": "CJK", "KATAKANA": "CJK", "HANGUL": "CJK", "IDEOGRAPHIC": "CJK", "CJK": "CJK"}
@@ -24,7 +25,7 @@ _FAMILY = {"HIRAGANA": "CJK", "KATAKANA": "CJK", "HANGUL": "CJK", "IDEOGRAPHIC":
 
 def clean_text(text: str) -> str | None:
     """Why ``text`` (a decoded window) is plainly clean text, in words, or None when it is not."""
-    text = unicodedata.normalize("NFC", text)
+    text = unicodedata.normalize("NFC", _uncut(text))
     if "\ufffd" in text or any(unicodedata.category(c)[0] == "C" and c not in "\t\n\r" for c in text):
         return None  # bytes that are no UTF-8, control characters: not text
     chars = [c for c in text if not c.isspace()]
@@ -42,6 +43,17 @@ def clean_text(text: str) -> str | None:
         return None
     names = " and ".join(s if s == "CJK" else s.title() for s in sorted(scripts))
     return f"text in the {names} script{'s' if len(scripts) > 1 else ''}"
+
+
+def _uncut(text: str) -> str:
+    """The window without the pieces of a character its edges cut (a token window starts or ends inside a
+    multi-byte character, whose bytes decode to replacement characters there): at most ``EDGE_BYTES`` at
+    each end; replacement characters inside the window still mean bytes that are no text."""
+    n = len(text)
+    start = next((i for i in range(min(EDGE_BYTES, n)) if text[i] != "\ufffd"), min(EDGE_BYTES, n))
+    end = n - next((i for i in range(min(EDGE_BYTES, n - start)) if text[n - 1 - i] != "\ufffd"),
+                   min(EDGE_BYTES, n - start))
+    return text[start:end] if text[start:end].strip() else text
 
 
 def _script(c: str) -> str:

@@ -130,3 +130,20 @@ def test_watch_excuses_clean_greek_and_fires_on_random_bytes():
     noise[5] = torch.randint(128, 256, (49,), generator=g)
     assert "junk_span" in [e.signal for e in step(noise)]
     handle.finish()
+
+
+def test_a_window_cut_inside_a_character_is_judged_on_the_text_between_the_cuts():
+    """A token window starts or ends inside a multi-byte character (byte-level tokens): the cut pieces decode
+    to replacement characters at the window's edges, which made a copyright line's Hebrew name 'junk'. At
+    most 3 at each end are the cut; one inside the window, or a window of nothing else, is still no text."""
+    from gradloc_track.spikes.text_check import decode_window
+
+    line = " 2006 by יובל קוהן".encode()
+    cut = decode_window(list(line[:-1]), None)  # ends inside the last letter
+    assert cut.endswith("\ufffd") and clean_text(cut) == "text in the Hebrew and Latin scripts"
+    both = decode_window(list("Η ενότητα επιτρέπει".encode()[1:-1]), None)  # starts and ends inside a letter
+    assert both[0] == both[-1] == "\ufffd" and clean_text(both) == "text in the Greek script"
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):  # random high bytes: replacement characters inside the window
+        assert clean_text(decode_window(torch.randint(128, 256, (16,), generator=g).tolist(), None)) is None
+    assert clean_text("\ufffd" * 4) is None and clean_text("Ωμέγα\ufffdΩμέγα") is None
