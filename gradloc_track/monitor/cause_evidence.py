@@ -76,7 +76,12 @@ def off_policy_reading(culprit: Any, ctx: Any) -> tuple[float, float | None, flo
     ratio, logp, old = row("ratio"), row("logprob"), row("old_logprob")
     if ratio is None:
         ratio = [math.exp(a - b) for a, b in zip(logp, old)]
-    terms = range(culprit.start, min(culprit.end, len(ratio)))
+    mask = getattr(ctx, "token_mask", None)
+    mask = mask[culprit.micro_batch] if culprit.micro_batch is not None and not isinstance(mask, torch.Tensor) \
+        else mask
+    keep = torch.as_tensor(mask)[culprit.batch].tolist() if mask is not None else [1.0] * len(ratio)
+    # the unit's loss terms only: a completion's row also holds its prompt, whose RL columns are padding (0)
+    terms = [t for t in range(culprit.start, min(culprit.end, len(ratio), len(keep))) if keep[t] != 0]
     best = max(terms, key=lambda t: abs(math.log(ratio[t])) if ratio[t] > 0 else math.inf, default=None)
     if best is None:
         return None

@@ -256,3 +256,25 @@ def test_an_absurd_weight_behind_a_norm_is_named_though_the_loss_stays_finite(ru
         stats = run.train()
     assert stats.events and stats.cause == "numeric", stats.cause_detail
     assert stats.cause_detail.startswith("a weight is absurd: h.1.mlp.fc.weight[0, 0] = 4e+04")
+
+
+def test_the_off_policy_reading_takes_the_units_loss_terms_not_its_prompts_padding():
+    """TRL's GRPO: a completion's row holds its prompt too, whose RL columns are padding (0). The farthest
+    term from on-policy is among the completion's loss terms (ratio 403 at position 5), not a prompt's 0;
+    before, the prompt's 0 won and the stale log-prob was called `data`."""
+    from types import SimpleNamespace
+
+    from gradloc_track.localizer.result import Culprit
+    from gradloc_track.monitor.cause_evidence import off_policy_reading
+
+    ratio = torch.zeros(2, 8)
+    ratio[1, 3:] = torch.tensor([1.1, 0.9, 403.0, 1.0, 1.2])
+    logp, old = torch.zeros(2, 8), torch.zeros(2, 8)
+    logp[1, 5], old[1, 5] = -6.31, -12.3
+    mask = torch.zeros(2, 8)
+    mask[1, 3:] = 1.0
+    ctx = SimpleNamespace(extra_columns={"ratio": ratio, "logprob": logp, "old_logprob": old}, token_mask=mask)
+    whole = Culprit("sample", 1.0, 1.0, batch=1, start=0, end=8, n_terms=5)
+    assert off_policy_reading(whole, ctx) == pytest.approx((403.0, -6.31, -12.3))
+    span = Culprit("span", 1.0, 1.0, batch=1, start=3, end=5, n_terms=2)  # 0.9 is farther from 1 than 1.1
+    assert off_policy_reading(span, ctx)[0] == pytest.approx(0.9)
