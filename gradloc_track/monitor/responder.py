@@ -119,8 +119,12 @@ class SpikeResponder:
         from ..localizer.step import LocateStep
 
         try:
-            terms, margin = self.junk_rule
-            flags = data_flags(events, ctx, junk, terms, margin)
+            flags = data_flags(events, ctx, junk, *self.junk_rule)
+        except Exception as exc:  # a context of another shape: the spike is localized by its gradient alone
+            warnings.warn(f"gradloc-track: reading which units the data signals flagged at step {step} failed: "
+                          f"{exc!r}; the spike is localized without them")
+            flags = ()
+        try:
             return LocateStep.from_context(ctx, grad_scale=grad_scale, flagged=flags)
         except Exception as exc:  # forensics must never kill training
             warnings.warn(f"gradloc-track: localizing the spike at step {step} failed: {exc!r}")

@@ -153,3 +153,31 @@ def test_random_byte_rows_are_named_with_their_exact_share_and_the_replay_is_the
     for b, share in want.items():  # the exact additive share (shown scaled when the culprits' exceed 1)
         got = rows[b].raw_share if rows[b].raw_share is not None else rows[b].share
         assert got == pytest.approx(share, rel=1e-3, abs=1e-6)
+
+
+def test_a_context_the_flags_cannot_read_leaves_the_gradient_search_alone(monkeypatch):
+    """Reading the flagged units fails (a context of another shape): a warning, and the spike is localized
+    by its gradient as before, never a lost localization."""
+    from gradloc_track import GradMonitor, MemoryTracker
+    from gradloc_track.demo.model import TinyGPT
+    from gradloc_track.monitor import responder
+    from gradloc_track.spikes import SpikeContext, SpikeDetector
+
+    def broken(*args, **kwargs):
+        raise TypeError("a column of another shape")
+
+    monkeypatch.setattr(responder, "data_flags", broken)
+    torch.manual_seed(0)
+    model = TinyGPT(64, n_layer=1, n_head=2, d_model=16, max_seq_len=16)
+    mon = GradMonitor(model, tracker=MemoryTracker(), detector=SpikeDetector(mode="fixed", per_token_threshold=1e-6))
+    x = torch.randint(0, 64, (4, 9))
+
+    def loss_fn(mask):
+        ce = F.cross_entropy(model(x[:, :-1]).reshape(-1, 64), x[:, 1:].reshape(-1), reduction="none")
+        return (ce * mask.reshape(-1)).sum() / mask.numel()
+
+    mask = torch.ones(4, 8)
+    loss_fn(mask).backward()
+    with pytest.warns(UserWarning, match="flagged at step 0 failed"):
+        stats = mon.after_backward(0, spike_context=SpikeContext(loss_fn=loss_fn, token_mask=mask))
+    assert stats.events and stats.locate is not None and stats.not_localized is None
