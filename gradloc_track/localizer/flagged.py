@@ -17,6 +17,8 @@ from typing import Any, Sequence
 
 import torch
 
+from .levels import probe_unit
+from .nonfinite_words import label
 from .probe import BudgetExhausted
 from .result import Culprit
 
@@ -52,15 +54,12 @@ def name_flagged(prober: Any, hits: Any, terms: list[list], flags: Sequence[Flag
             continue
         level, document, (start, end), keys = unit
         try:
-            g = prober.probe_terms(f.micro_batch, [(f.row, t) for t in keys])
+            c = probe_unit(prober, hits, f.micro_batch, [(f.row, t) for t in keys], level, labelled, batch=f.row,
+                           start=start, end=end, document=document)
         except BudgetExhausted:
             return out, _notes(why) + ["the probe budget ran out before every flagged unit was probed"]
-        raw = hits.share(g)
-        share = None if raw is None else min(1.0, max(0.0, raw))
-        c = Culprit(level, prober.norm(g), share, micro_batch=f.micro_batch if labelled else None, batch=f.row,
-                    start=start, end=end, document=document, n_terms=len(keys), layer_norms=prober.layer_norms(g),
-                    raw_share=raw if raw != share else None)
-        del g
+        if c.share is not None and not 0.0 <= c.share <= 1.0:  # named past floor_rows: within [0, 1] here
+            c.raw_share, c.share = c.share, min(1.0, max(0.0, c.share))
         out.append(c)
         taken |= {(f.micro_batch, f.row, t) for t in keys}
         why.setdefault(f.reason or "a data signal", []).append(_who(c))
@@ -69,7 +68,7 @@ def name_flagged(prober: Any, hits: Any, terms: list[list], flags: Sequence[Flag
 
 def _taken(named: list, hits: Any) -> set:
     """(micro-batch index, row, position) of every term a named culprit covers."""
-    out = set(getattr(hits, "terms", set()) or set())  # the token hits' own keys
+    out = set(hits.terms)  # the token hits' own keys
     for c in named:
         mb = c.micro_batch or 0
         if c.level == "token":
@@ -101,10 +100,7 @@ def _unit(f: Flag, mb_terms: list, doc_map: torch.Tensor | None) -> tuple | None
 
 
 def _who(c: Culprit) -> str:
-    where = f"micro-batch {c.micro_batch} " if c.micro_batch is not None else ""
-    if c.document is not None:
-        return f"{where}sample {c.batch} document {c.document}"
-    return f"{where}sample {c.batch}" + (f" positions {c.start}-{c.end}" if c.level == "span" else "")
+    return label(c.batch, c.micro_batch, c.document) + (f" positions {c.start}-{c.end}" if c.level == "span" else "")
 
 
 def _notes(why: dict[str, list[str]]) -> list[str]:

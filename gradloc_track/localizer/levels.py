@@ -367,18 +367,14 @@ def sample_shares(prober: Prober, hits: Hits, segments: list[Segments | None],
     out, units = [], []
     for _, seg in rows[:MAX_SHARE_PROBES]:
         try:
-            g = prober.probe_terms(seg.micro_batch, seg.terms)
+            unit = probe_sample(prober, hits, seg, labelled)
         except BudgetExhausted:
             break
-        raw = hits.share(g)
-        norm, layers = prober.norm(g), prober.layer_norms(g)
-        out.append({"micro_batch": seg.micro_batch if labelled else None, "sample": seg.batch,
-                    "document": seg.document, "share": None if raw is None else min(1.0, max(0.0, raw)),
-                    "raw_share": raw, "grad_norm": norm})
-        units.append(Culprit("sample", norm, raw, micro_batch=seg.micro_batch if labelled else None,
-                             batch=seg.batch, start=seg.start, end=seg.end, document=seg.document,
-                             n_terms=len(seg.terms), layer_norms=layers))
-        del g
+        raw = unit.share
+        out.append({"micro_batch": unit.micro_batch, "sample": seg.batch, "document": seg.document,
+                    "share": None if raw is None else min(1.0, max(0.0, raw)), "raw_share": raw,
+                    "grad_norm": unit.grad_norm})
+        units.append(unit)
     order = sorted(range(len(out)), key=lambda j: -(out[j]["raw_share"] or 0.0))
     return [out[j] for j in order], share_culprits([units[j] for j in order], len(rows))
 
@@ -406,16 +402,28 @@ def more_samples(prober: Prober, hits: Hits, segments: list[Segments | None], la
     out = []
     for _, seg in rows[:k]:
         try:
-            g = prober.probe_terms(seg.micro_batch, seg.terms)
+            unit = probe_sample(prober, hits, seg, labelled)
         except BudgetExhausted:
             break
-        share = hits.share(g)
-        if share is not None and share >= min(2.0 / n_samples, 0.2):
-            out.append(Culprit("sample", prober.norm(g), share, micro_batch=seg.micro_batch if labelled else None,
-                               batch=seg.batch, start=seg.start, end=seg.end, document=seg.document,
-                               n_terms=len(seg.terms), layer_norms=prober.layer_norms(g)))
-        del g
+        if unit.share is not None and unit.share >= min(2.0 / n_samples, 0.2):
+            out.append(unit)
     return out
+
+
+def probe_unit(prober: Prober, hits: Hits, i: int, terms: list, level: str, labelled: bool,
+               **where: Any) -> Culprit:
+    """One probe of micro-batch ``i``'s ``terms`` as a culprit row at ``level``: its exact norm, per-layer
+    norms and additive share (raw: ``floor_rows`` keeps it within [0, 1]); ``where``: ``batch``, ``start``,
+    ``end``, ``document``. Raises ``BudgetExhausted`` like the probe."""
+    g = prober.probe_terms(i, terms)
+    return Culprit(level, prober.norm(g), hits.share(g), micro_batch=i if labelled else None, n_terms=len(terms),
+                   layer_norms=prober.layer_norms(g), **where)
+
+
+def probe_sample(prober: Prober, hits: Hits, seg: Segment, labelled: bool) -> Culprit:
+    """``probe_unit`` of a sample (or packed document) segment."""
+    return probe_unit(prober, hits, seg.micro_batch, seg.terms, "sample", labelled, batch=seg.batch,
+                      start=seg.start, end=seg.end, document=seg.document)
 
 
 def share_culprits(units: list[Culprit], n_samples: int) -> list[Culprit]:

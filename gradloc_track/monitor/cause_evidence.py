@@ -90,15 +90,11 @@ def off_policy_reading(culprit: Any, ctx: Any) -> tuple[float, float | None, flo
 
 def leaked_rows(ctx: Any) -> str:
     """The rows whose labels leaked (``spikes.junk.LEAKED_COLUMN``), in words; "" when none is marked."""
-    from ..spikes.junk import LEAKED, LEAKED_COLUMN
+    from ..spikes.junk import LEAKED_COLUMN, leaked_rows_of
 
-    col = (getattr(ctx, "sample_columns", None) or {}).get(LEAKED_COLUMN)
-    if col is None:
-        return ""
-    parts = [col] if hasattr(col, "tolist") else list(col)
+    parts = leaked_rows_of((getattr(ctx, "sample_columns", None) or {}).get(LEAKED_COLUMN))
     words = []
-    for k, part in enumerate(parts):
-        rows = [b for b, v in enumerate(part.tolist() if part is not None else []) if v >= LEAKED]
+    for k, rows in enumerate(parts):
         if rows:
             mb = f"micro-batch {k} " if len(parts) > 1 else ""
             words.append(f"{mb}sample{'s' if len(rows) > 1 else ''} {', '.join(map(str, rows))}")

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from ..config import SpikeConfig
 from ..localizer.flagged import Flag
-from ..spikes.junk import LEAKED, LEAKED_COLUMN
+from ..spikes.junk import LEAKED_COLUMN, junk_parts, leaked_rows_of
 from ..spikes.text_check import clean_text, decode_window
 
 LEAK_REASON = "leaked labels (targets equal to their inputs)"
@@ -45,21 +45,13 @@ def data_flags(events: Sequence[Any], ctx: Any, junk: Any, terms: int, margin: f
     return tuple(out)
 
 
-def _parts(value: Any) -> list:
-    return [value] if isinstance(value, torch.Tensor) else list(value or [])
-
-
 def _leaked(ctx: Any) -> list[Flag]:
     col = (getattr(ctx, "sample_columns", None) or {}).get(LEAKED_COLUMN)
-    out = []
-    for k, part in enumerate(_parts(col) if col is not None else []):
-        vals = part.tolist() if isinstance(part, torch.Tensor) else list(part or [])  # host read: a spike step's
-        out += [Flag(k, b, reason=LEAK_REASON) for b, v in enumerate(vals) if v is not None and v >= LEAKED]
-    return out
+    return [Flag(k, b, reason=LEAK_REASON) for k, rows in enumerate(leaked_rows_of(col)) for b in rows]
 
 
 def _junk_runs(junk: Any, ctx: Any, terms: int, margin: float) -> list[Flag]:
-    parts = [junk] if hasattr(junk, "span") else list(junk)
+    parts = junk_parts(junk)
     ids = getattr(ctx, "input_ids", None)
     ids = [ids] if isinstance(ids, torch.Tensor) else list(ids or [])
     tok = getattr(ctx, "tokenizer", None)

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..spikes.junk import junk_parts
 from ..spikes.text_check import decode_window
 from .responder import resolve
 
@@ -22,7 +23,7 @@ def window_text(junk: Any, ctx: Any, terms: int, group: Any = None) -> str | Non
     micro-batch) in ``ctx`` (a ``SpikeContext`` or a callable building it); None when unknown."""
     if ctx is None or (dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1):
         return None
-    parts = [junk] if hasattr(junk, "span") else list(junk or [])
+    parts = junk_parts(junk)
     if not parts or any(getattr(p, "where", None) is None for p in parts):
         return None
     ctx = resolve(ctx)

@@ -17,7 +17,7 @@ below ``LEARNED`` (``SpikeDetector``). Measured on the spike zoo (docs/benchmark
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -134,6 +134,22 @@ def junk_of(excess: torch.Tensor, valid: torch.Tensor, document_ids: torch.Tenso
     rows = None if targets is None or inputs is None else leaked(targets, inputs, valid)
     return JunkSpan(best, torch.where(valid, excess, 0.0).sum() / valid.sum().clamp(min=1),
                     None if rows is None else rows.max(), rows, where, windows)
+
+
+def junk_parts(junk: Any) -> list:
+    """A step's junk statistics per micro-batch: a ``JunkSpan`` alone, or the sequence given (one each)."""
+    return [junk] if hasattr(junk, "span") else list(junk or [])
+
+
+def leaked_rows_of(column: Any) -> list[list[int]]:
+    """Per micro-batch, the rows of a ``LEAKED_COLUMN`` value (a (B,) tensor, or one per micro-batch: tensors
+    or lists, None where unknown) whose leaked share reaches ``LEAKED``. Host read: a spike step's."""
+    parts = [column] if isinstance(column, torch.Tensor) else list(column or [])
+    out = []
+    for part in parts:
+        vals = part.tolist() if isinstance(part, torch.Tensor) else list(part or [])
+        out.append([b for b, v in enumerate(vals) if v is not None and v >= LEAKED])
+    return out
 
 
 def leaked(targets: torch.Tensor, inputs: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
