@@ -13,6 +13,9 @@ on screen, a NUL or an escape sequence vanishes or drives the terminal, and a CS
   and, when it starts like a formula (OWASP's CSV-injection rule: ``= + - @``, tab, CR; NUL per
   ASVS 1.2.10), prefixed with ``'`` so a spreadsheet shows it as text.
 
+- ``decode_token`` / ``decode_tokens``: token ids to text (several decoded together, so a character split
+  over byte tokens comes out whole; ``<id>`` where a tokenizer cannot decode).
+
 The records themselves (JSON parts, the ledger's JSON) keep the exact text; only views are changed.
 """
 from __future__ import annotations
@@ -68,3 +71,25 @@ def csv_cell(value: Any) -> Any:
     text = value if isinstance(value, str) else json.dumps(value, default=str)
     text = visible_text(text)
     return "'" + text if text.startswith(FORMULA_START) else text
+
+
+def decode_token(tokenizer: Any, token_id: int | None) -> str:
+    """One token's text; ``<id>`` when there is no tokenizer or it cannot decode the id."""
+    if token_id is None:
+        return ""
+    if tokenizer is None:
+        return f"<{token_id}>"
+    try:
+        return str(tokenizer.decode([int(token_id)]))
+    except Exception:
+        return f"<{token_id}>"
+
+
+def decode_tokens(tokenizer: Any, ids: list[int]) -> str:
+    """Several tokens' text, decoded together (so multi-byte characters come out whole)."""
+    if tokenizer is None:
+        return "".join(f"<{i}>" for i in ids)
+    try:
+        return str(tokenizer.decode([int(i) for i in ids]))
+    except Exception:
+        return "".join(decode_token(tokenizer, i) for i in ids)

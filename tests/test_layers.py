@@ -16,7 +16,7 @@ PACKAGE = Path(gradloc_track.__file__).parent
 FLOORS: dict[str, int] = {
     # 0: utilities that know nothing of the others
     "_optional": 0, "_moved": 0, "protocols": 0, "grouping": 0, "traffic": 0, "tensor_memory": 0,
-    "text": 0, "_lazy": 0, "optim_unwrap": 0,
+    "text": 0, "_lazy": 0, "optim_unwrap": 0, "units": 0,
     # 1: configs and the fused norms
     "config": 1, "norms": 1,
     # 2: the computations and the destinations, independent of each other

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..spikes.event import SpikeEvent
+from ..units import share_list
 
 EVENTS_KEY = "spikes/events"
 # when, on which norm and how far out; the layers that fired too; what the localizer made of it
@@ -36,8 +37,7 @@ def known_norms(result: Any) -> tuple[str | None, str | None]:
     mb = result.micro_batch_norms or []
     mb_text = ", ".join(f"{v:.3g}" for v in mb) or None
     shares = [r for r in (result.sample_shares or []) if r.get("share") is not None][:3]
-    share_text = ", ".join((f"micro-batch {r['micro_batch']} " if r.get("micro_batch") is not None else "")
-                           + f"sample {r['sample']} {r['share']:.0%}" for r in shares) or None
+    share_text = share_list(shares) or None
     return mb_text, share_text
 
 

@@ -19,7 +19,7 @@ import torch
 
 from ..localizer.result import LocateResult
 from .highlight import context_windows
-from .table import decode_token
+from ..text import decode_token
 
 DPI = 100
 CELL_W_IN = 0.28  # inches per token column

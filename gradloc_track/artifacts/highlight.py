@@ -19,12 +19,13 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-import torch
 
+from ..localizer.culprit_view import CulpritView
 from ..localizer.result import Culprit, CulpritToken, LocateResult
 from ..spikes.event import SpikeEvent
 from ..text import MAX_TOKEN_CHARS, token_html  # noqa: F401 - MAX_TOKEN_CHARS: the page's cut, read by tests
-from .table import decode_token, format_top_layers
+from ..text import decode_token
+from .table import format_top_layers
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:16px;color:#1d1d1f;background:#fff}
@@ -75,17 +76,16 @@ def context_windows(positions: Sequence[int], length: int, window: int) -> list[
 
 
 class _Sample:
-    """One sample's rows as python lists (one host sync per tensor, not one per token)."""
+    """One sample's rows as python lists (the ``CulpritView``'s: read once per spike, not per token)."""
 
-    def __init__(self, sample: int, result: LocateResult, ctx: Any, culprits: dict[int, CulpritToken],
-                 lo: float, hi: float) -> None:
-        self.ids = ctx.input_ids[sample].tolist()  # host sync: once per sample, only on a spike
-        mask = getattr(ctx, "token_mask", None)
-        self.in_loss = [v != 0 for v in mask[sample].tolist()] if mask is not None else [True] * len(self.ids)
-        ghost = result.ghost_map
-        self.ghost = ghost[sample].tolist() if ghost is not None else [0.0] * len(self.ids)
-        self.tok = getattr(ctx, "tokenizer", None)
-        self.culprits, self.lo, self.hi = culprits, lo, hi
+    def __init__(self, view: CulpritView, mb: int | None, sample: int, ghost_map: Any,
+                 culprits: dict[int, CulpritToken], look: "_Look") -> None:
+        self.ids = view.row("input_ids", mb, sample)
+        mask = view.row("token_mask", mb, sample)
+        self.in_loss = [v != 0 for v in mask] if mask is not None else [True] * len(self.ids)
+        self.ghost = ghost_map[sample].tolist() if ghost_map is not None else [0.0] * len(self.ids)  # host sync
+        self.tok = view.tokenizer
+        self.culprits, self.lo, self.hi = culprits, look.lo, look.hi
 
     def token(self, p: int) -> str:
         tid, score, c = self.ids[p], self.ghost[p], self.culprits.get(p)
@@ -146,13 +146,15 @@ def _gap(n: int) -> str:
     return f'<span class="gap" title="{n} tokens not shown">\u2026 {n} tokens \u2026</span>'
 
 
-def _sample_meta(ctx: Any, sample: int) -> str:
-    """The sample's own columns (an RL completion's reward, group, index), one line; '' without any."""
-    cols = getattr(ctx, "sample_columns", None) or {}
+def _sample_meta(view: CulpritView, mb: int | None, sample: int) -> str:
+    """The sample's own numeric columns (an RL completion's reward, group, index), one line; '' without any."""
     cells = []
-    for name, values in cols.items():
-        if isinstance(values, torch.Tensor) and values.dim() == 1 and sample < values.shape[0]:
-            v = values[sample].item()  # host sync: a few values per shown sample
+    for name in getattr(view.context, "sample_columns", None) or {}:
+        try:
+            v = view.sample_cell(name, mb, sample)
+        except (IndexError, TypeError, KeyError):  # a column of another shape: not shown
+            continue
+        if isinstance(v, (bool, int, float)):
             cells.append(f"{html.escape(str(name))} <b>{v:.4g}</b>" if isinstance(v, float) else
                          f"{html.escape(str(name))} <b>{v}</b>")
     return f"<div class='meta'>{' · '.join(cells)}</div>" if cells else ""
@@ -232,14 +234,13 @@ def render_highlight_html(step: int, events: Sequence[SpikeEvent], result: Locat
             groups.setdefault((c.micro_batch, c.batch), []).append(c)
     ranked = sorted(groups, key=lambda g: -max(c.grad_norm for c in groups[g]))
     shown = sorted(ranked[:MAX_SAMPLES], key=lambda g: (g[0] or 0, g[1]))
-    per_mb = getattr(ctx, "micro_batches", None) is not None
+    culprit_view = CulpritView(result, ctx)  # names and rows as the table and the console read them
     body = []
     for key in shown:
         mb, sample = key
-        view_ctx, view = (ctx.micro_batch_view(mb), result.for_micro_batch(mb)) if per_mb and mb is not None \
-            else (ctx, result)
+        ghost = (result.for_micro_batch(mb) if culprit_view.per_mb and mb is not None else result).ghost_map
         full = key in ranked[:FULL_TEXT_SAMPLES]
-        body.append(_section(mb, sample, groups[key], view, view_ctx, _Look(lo, hi, window), full))
+        body.append(_section(culprit_view, mb, sample, groups[key], ghost, _Look(lo, hi, window), full))
     if len(ranked) > MAX_SAMPLES:
         body.append(f"<p class='meta'>{len(ranked) - MAX_SAMPLES} more sample(s) with culprits are not shown here: "
                     "every culprit is listed in the spikes/tokens table</p>")
@@ -296,17 +297,6 @@ def _cause_line(ev: SpikeEvent | None) -> str:
             f"{html.escape(ev.cause_detail or '')}</div>")
 
 
-def _name(mb: int | None, sample: int, document: int | None = None, rank: int | None = None) -> str:
-    return (f"rank {rank} · " if rank is not None else "") + (f"micro-batch {mb} · " if mb is not None else "") + \
-        f"sample {sample}" + (f" · document {document}" if document is not None else "")
-
-
-def _own_sample(ctx: Any, sample: int) -> int:
-    """The sample's index in its rank's batch (a gathered view's ``rank_sample``), as the console names it."""
-    own = (getattr(ctx, "sample_columns", None) or {}).get("rank_sample")
-    return int(own[sample]) if isinstance(own, torch.Tensor) and sample < own.shape[0] else sample
-
-
 def _unit_text(u: Culprit, T: int) -> str:
     share = "n/a" if u.share is None else f"{u.share:.3f}"
     what = "whole sample" if u.level == "sample" and u.document is None else \
@@ -330,14 +320,14 @@ class _Look:
     window: int
 
 
-def _section(mb: int | None, sample: int, culprits: list, result: LocateResult, ctx: Any, look: _Look,
+def _section(view: CulpritView, mb: int | None, sample: int, culprits: list, ghost_map: Any, look: _Look,
              full_text: bool) -> str:
     """One sample: its name, the culprit units' lines, the text around the culprits, the token table."""
-    lo, hi, window = look.lo, look.hi, look.window
+    window = look.window
     esc = html.escape
     tokens = {c.position: c for c in culprits if c.level == "token"}
     units = [c for c in culprits if c.level != "token"]
-    s = _Sample(sample, result, ctx, tokens, lo, hi)
+    s = _Sample(view, mb, sample, ghost_map, tokens, look)
     T = len(s.ids)
     ranges = context_windows(list(tokens), T, window)
     for u in units:  # a unit is shown whole (up to FULL_TEXT_TOKENS), with a little context
@@ -350,14 +340,14 @@ def _section(mb: int | None, sample: int, culprits: list, result: LocateResult, 
         for p, c in sorted(tokens.items()))
     where = ", ".join(f"{a}\u2013{b - 1}" for a, b in ranges)
     meta = " · ".join([_unit_text(u, T) for u in units] + [f"positions {where} of {T}"])
-    doc = units[0].document if units else None
-    seg = getattr(ctx, "segment_ids", None)
-    if isinstance(seg, torch.Tensor):  # the sample's parts (prompt / completion, documents), each its block
-        text = parts_html(s, seg[sample].tolist(), getattr(ctx, "segment_names", None), window, units)  # host sync
+    docs = {view.document(c) for c in culprits}
+    doc = units[0].document if units else (docs.pop() if len(docs) == 1 else None)  # one document: named
+    seg = view.row("segment_ids", mb, sample)
+    if seg is not None:  # the sample's parts (prompt / completion, documents), each its block
+        text = parts_html(s, seg, getattr(view.context, "segment_names", None), window, units)
     else:
         text = f"<div class='text'>{_shown(s, ranges, units)}</div>"
-    rank = culprits[0].rank if culprits else None
-    section = [f"<h2>{_name(mb, _own_sample(ctx, sample), doc, rank)}</h2>", _sample_meta(ctx, sample),
+    section = [f"<h2>{esc(view.who(mb, sample, doc)[0])}</h2>", _sample_meta(view, mb, sample),
                f"<div class='meta'>{esc(meta)}</div>",
                text,
                "<table><tr><th>position</th><th>token id</th><th>token</th><th>grad norm</th><th>share</th>"

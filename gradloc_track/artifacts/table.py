@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
 
+from ..text import decode_token, decode_tokens  # noqa: F401 - the table's names for them, read by callers
 from .identity import row_fingerprint
 
 if TYPE_CHECKING:
@@ -28,37 +29,13 @@ if TYPE_CHECKING:
 BASE_COLUMNS = ["step", "level", "token", "share", "grad_norm", "sample", "position", "end", "top_layers", "signal",
                 "z", "token_id", "sample_id", "nonfinite"]
 WHERE_COLUMNS = ("micro_batch", "rank", "document")  # only when the localization (or the context) has them
-RANK_SAMPLE = "rank_sample"  # a gathered view's column (localizer.dist_context): the sample's index on its rank
 MAX_UNIT_CHARS = 1000  # a span/sample row's text is cut here, with a marker saying how much was left
-
-
-def decode_token(tokenizer: Any, token_id: int | None) -> str:
-    """One token's text; ``<id>`` when there is no tokenizer or it cannot decode the id."""
-    if token_id is None:
-        return ""
-    if tokenizer is None:
-        return f"<{token_id}>"
-    try:
-        return str(tokenizer.decode([int(token_id)]))
-    except Exception:
-        return f"<{token_id}>"
 
 
 def format_top_layers(layer_norms: dict[str, float], k: int = 3) -> str:
     """``"h.3:1.2e-01, lm_head:4.0e-02"``: the ``k`` layers this token's gradient hits hardest."""
     best = sorted(layer_norms.items(), key=lambda kv: -kv[1])[:k]
     return ", ".join(f"{name}:{val:.2e}" for name, val in best)
-
-
-def _cpu_lists(columns: dict[str, Any]) -> dict[str, list]:
-    """Each column to nested python lists: one host sync per tensor instead of one per cell
-    (a per-micro-batch sequence of tensors becomes a list of them)."""
-    def conv(t):
-        if hasattr(t, "tolist"):
-            return t.tolist()
-        return [conv(x) for x in t] if isinstance(t, (list, tuple)) else t
-
-    return {n: conv(t) for n, t in columns.items()}  # host sync
 
 
 def where_columns(result: LocateResult, ctx: Any) -> list[str]:
@@ -95,121 +72,63 @@ def attribution_table(step: int, events: Sequence[SpikeEvent], result: LocateRes
     columns = BASE_COLUMNS[:2] + where + BASE_COLUMNS[2:] + extras + samples
     if not result.culprits:
         return columns, []
-    view = _View(ctx, extras, samples)
+    from ..localizer.culprit_view import CulpritView  # torch is loaded in a process that builds a table
+
+    view = CulpritView(result, ctx)
     lead = events[0] if events else None
     rows = []
     for c in result.culprits:
         cells = {"step": step, "level": c.level, "micro_batch": c.micro_batch, "rank": c.rank,
-                 "document": view.document(c), "sample": view.sample(c), "position": c.start, "end": c.end,
+                 "document": view.document(c) if c.batch is not None else c.document,
+                 "sample": view.own_sample(c.micro_batch, c.batch) if c.batch is not None else None,
+                 "position": c.start, "end": c.end,
                  "grad_norm": c.grad_norm, "share": c.share, "top_layers": format_top_layers(c.layer_norms, top_layers),
                  "signal": lead.signal if lead else None, "z": lead.z if lead else None,
-                 "sample_id": view.sample_id(c), "nonfinite": bool(c.nonfinite), **view.text(c)}
-        rows.append([cells[n] for n in columns[: len(columns) - len(extras) - len(samples)]] + view.columns(c))
+                 "sample_id": _sample_id(view, c), "nonfinite": bool(c.nonfinite), **_text(view, c)}
+        rows.append([cells[n] for n in columns[: len(columns) - len(extras) - len(samples)]]
+                    + _context_cells(view, c, extras, samples))
     return columns, rows
 
 
-class _View:
-    """The context's ids and columns as python lists (one host sync per tensor, once per event)."""
-
-    def __init__(self, ctx: Any, extras: list[str], samples: list[str]) -> None:
-        ec = getattr(ctx, "extra_columns", None) or {}
-        sc = getattr(ctx, "sample_columns", None) or {}
-        ids_t = getattr(ctx, "input_ids", None)
-        mask_t = getattr(ctx, "token_mask", None)
-        self.ids = _cpu_lists({"ids": ids_t})["ids"] if ids_t is not None else None  # host sync
-        self.mask = _cpu_lists({"m": mask_t})["m"] if mask_t is not None else None
-        docs_t = getattr(ctx, "document_ids", None)
-        self.docs = _cpu_lists({"d": docs_t})["d"] if docs_t is not None else None
-        self.ev = _cpu_lists({n: ec[n] for n in extras if n in ec})
-        self.sv = _cpu_lists({n: sc[n] for n in samples if n in sc})
-        # a gathered view (torch.distributed) numbers its rows itself: the sample is the rank's own
-        self.own = _cpu_lists({"s": sc[RANK_SAMPLE]})["s"] if RANK_SAMPLE in sc else None
-        self.extras, self.samples = extras, samples
-        self.tok = getattr(ctx, "tokenizer", None)
-        import torch  # a table is built in a training process: torch is loaded already
-
-        self.per_mb = not isinstance(mask_t, torch.Tensor)  # ctx holds K micro-batches
-
-    def at(self, v: Any, mb: int | None) -> Any:
-        """The micro-batch's entry of a per-micro-batch sequence."""
-        return v[mb] if mb is not None and self.per_mb else v
-
-    def sample_id(self, c: Any) -> str | None:
-        """The fingerprint of the culprit's sample (its document, in a packed row); None without ids
-        or for a micro-batch row."""
-        if self.ids is None or c.batch is None:
-            return None
-        mask = self.at(self.mask, c.micro_batch) if self.mask is not None else None
-        docs = self.at(self.docs, c.micro_batch) if self.docs is not None else None
-        return row_fingerprint(self.at(self.ids, c.micro_batch)[c.batch], None if mask is None else mask[c.batch],
-                               None if docs is None else docs[c.batch], c.start)
-
-    def sample(self, c: Any) -> int | None:
-        """The culprit's sample as the console names it: its index in its own rank's batch."""
-        if self.own is None or c.batch is None:
-            return c.batch
-        return self.at(self.own, c.micro_batch)[c.batch]
-
-    def document(self, c: Any) -> int | None:
-        """The culprit's packed document: the localizer's for a unit, the map's at a token."""
-        if c.document is not None or c.level != "token" or self.docs is None or c.batch is None:
-            return c.document
-        return int(self.at(self.docs, c.micro_batch)[c.batch][c.position])
-
-    def text(self, c: Any) -> dict[str, Any]:
-        """``token``/``token_id`` cells: the token, or a unit's loss-term text (cut at MAX_UNIT_CHARS)."""
-        if self.ids is None or c.batch is None:
-            return {"token": "", "token_id": None}
-        row = self.at(self.ids, c.micro_batch)[c.batch]
-        if c.level == "token":
-            tid = int(row[c.position])
-            return {"token": decode_token(self.tok, tid), "token_id": tid}
-        ids = [int(row[p]) for p in self._terms(c, len(row))]
-        return {"token": cut_text(decode_tokens(self.tok, ids)), "token_id": None}
-
-    def columns(self, c: Any) -> list[Any]:
-        """Per-token context columns (a token's value; a span's or sample's mean over its loss terms,
-        e.g. an RL completion's advantage and mean ratio) and per-sample ones (rows with a sample)."""
-        out = []
-        for n in self.extras:
-            if n not in self.ev or c.batch is None:
-                out.append(None)
-                continue
-            row = self.at(self.ev[n], c.micro_batch)[c.batch]
-            out.append(row[c.position] if c.level == "token" else self._unit_mean(c, row))
-        for n in self.samples:
-            cell = self.at(self.sv[n], c.micro_batch)[c.batch] if n in self.sv and c.batch is not None else None
-            out.append(self._per_document(cell, c))
-        return out
-
-    def _per_document(self, cell: Any, c: Any) -> Any:
-        """A packed row's per-document cell (one value per document, e.g. verl's responses' rewards):
-        the culprit's document's value."""
-        doc = self.document(c) if isinstance(cell, list) else None
-        return cell[doc] if doc is not None and 0 <= doc < len(cell) else cell
+def _sample_id(view: Any, c: Any) -> str | None:
+    """The fingerprint of the culprit's sample (its document, in a packed row); None without ids
+    or for a micro-batch row."""
+    if c.batch is None:
+        return None
+    ids = view.row("input_ids", c.micro_batch, c.batch)
+    if ids is None:
+        return None
+    return row_fingerprint(ids, view.row("token_mask", c.micro_batch, c.batch),
+                           view.row("document_ids", c.micro_batch, c.batch), c.start)
 
 
-    def _terms(self, c: Any, width: int) -> list[int]:
-        """The positions of a unit's loss terms (every position without a mask)."""
-        keep = self.at(self.mask, c.micro_batch)[c.batch] if self.mask is not None else [1] * width
-        return [p for p in range(c.start, min(c.end, width)) if keep[p]]
-
-    def _unit_mean(self, c: Any, row: list) -> float | None:
-        """The mean of a per-token column over the unit's loss terms; None if not numeric or no term."""
-        vals = [row[p] for p in self._terms(c, len(row))]
-        if not vals or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
-            return None
-        return sum(float(v) for v in vals) / len(vals)
+def _text(view: Any, c: Any) -> dict[str, Any]:
+    """``token``/``token_id`` cells: the token, or a unit's loss-term text (cut at MAX_UNIT_CHARS)."""
+    ids = view.row("input_ids", c.micro_batch, c.batch) if c.batch is not None else None
+    if ids is None:
+        return {"token": "", "token_id": None}
+    if c.level == "token":
+        tid = int(ids[c.position])
+        return {"token": decode_token(view.tokenizer, tid), "token_id": tid}
+    return {"token": cut_text(view.text_at(c.micro_batch, c.batch, view.terms(c))), "token_id": None}
 
 
-def decode_tokens(tokenizer: Any, ids: list[int]) -> str:
-    """Several tokens' text, decoded together (so multi-byte characters come out whole)."""
-    if tokenizer is None:
-        return "".join(f"<{i}>" for i in ids)
-    try:
-        return str(tokenizer.decode([int(i) for i in ids]))
-    except Exception:
-        return "".join(decode_token(tokenizer, i) for i in ids)
+def _context_cells(view: Any, c: Any, extras: list[str], samples: list[str]) -> list[Any]:
+    """Per-token context columns (a token's value; a span's or sample's mean over its loss terms,
+    e.g. an RL completion's advantage and mean ratio) and per-sample ones (rows with a sample; a
+    packed row's per-document cell: the culprit's document's value)."""
+    out: list[Any] = []
+    for n in extras:
+        if c.batch is None or not view.has("extra_columns", n):
+            out.append(None)
+        elif c.level == "token":
+            out.append(view.extra_row(n, c.micro_batch, c.batch)[c.position])
+        else:
+            out.append(view.mean_of(n, c.micro_batch, c.batch, view.terms(c)))
+    for n in samples:
+        has = c.batch is not None and view.has("sample_columns", n)
+        out.append(view.sample_cell(n, c.micro_batch, c.batch, view.document(c)) if has else None)
+    return out
 
 
 def cut_text(text: str, limit: int = MAX_UNIT_CHARS) -> str:

@@ -4,7 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .culprits import MAX_LINES, SpikeView, _pct, culprit_lines
+from ..units import share_list
+from .culprits import MAX_LINES, SpikeView, culprit_lines
 from .links import event_page, highlight_page, where_to_look
 
 
@@ -42,9 +43,7 @@ def spike_block(view: SpikeView, run_dir: Path) -> list[str]:
                      "the batch)")
         top = [r for r in getattr(view.result, "sample_shares", [])[:3] if r.get("share") is not None]
         if top:
-            lines.append("             largest per-sample shares: " + ", ".join(
-                (f"micro-batch {r['micro_batch']}, " if r["micro_batch"] is not None else "")
-                + f"sample {r['sample']} {_pct(r['share'])}" for r in top))
+            lines.append("             largest per-sample shares: " + share_list(top))
     elif found:
         shown = found[:MAX_LINES]
         if len(found) > MAX_LINES:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from ..localizer.culprit_view import CulpritView
 from ..trackers.spike_story import SHARE_OF  # one phrase for the console and the run page
 MAX_LINES = 6  # culprit lines per block; the rest are counted
 # the RL columns a culprit line shows when the culprit table has them (TRL's GRPO, verl, examples/rl_grpo.py)
@@ -16,11 +17,6 @@ RL_COLUMNS = (("ratio", "ratio"), ("logprob", "log-prob"), ("old_logprob", "old 
 def _pct(share: float | None) -> str:
     """A share as a percentage; a share below 0 (a row pulling against the spike) reads 0%."""
     return "?" if share is None else f"{max(share, 0.0):.0%}"
-
-
-def _at(value: Any, mb: int | None) -> Any:
-    """The micro-batch ``mb``'s entry of a per-micro-batch sequence (the value itself with one)."""
-    return value[mb] if mb is not None and isinstance(value, (list, tuple)) else value
 
 
 @dataclass
@@ -46,93 +42,23 @@ class SpikeView:
         why = not_localized or stats.not_localized if result is None else None
         return cls(stats.step, list(stats.events), result, ctx, why, stats.surgery)
 
-    # -- the context's views of a culprit ---------------------------------------------------
-    def _get(self, name: str, mb: int | None) -> Any:
-        return _at(getattr(self.context, name, None), mb)
-
-    def _column(self, cols: dict, name: str, mb: int | None, sample: int, document: int | None = None) -> Any:
-        """Sample ``sample``'s cell of a ``sample_columns`` column. A step's own context holds one
-        entry per micro-batch (its ``token_mask`` a list); a gathered view (torch.distributed) is
-        one flat batch, whose python-valued columns (verl's ``uid`` strings) are lists too. A packed
-        row's cell may hold one value per document (verl's responses): ``document``'s."""
-        per_mb = isinstance(getattr(self.context, "token_mask", None), (list, tuple))
-        value = cols[name][mb] if per_mb and mb is not None else cols[name]
-        cell = value[sample]
-        if document is not None and (isinstance(cell, (list, tuple)) or getattr(cell, "ndim", 0) > 0):
-            cell = cell[document]
-        return cell.item() if hasattr(cell, "item") else cell  # host sync: one cell, on a spike's block only
-
-    def _noun(self) -> str:
-        """What an RL sample's second part is called: ``segment_names`` ("prompt", "response") names
-        verl's, TRL's ("prompt", "completion") and the default."""
-        names = getattr(self.context, "segment_names", None)
-        return str(names[1]) if names is not None and len(names) == 2 else "completion"
+    def __post_init__(self) -> None:
+        self.culprits = CulpritView(self.result, self.context)  # how the table and the cause name them too
 
     def who(self, mb: int | None, sample: int, document: int | None = None) -> tuple[str, str]:
-        """(label, unit): ``("completion 2 of group 1, reward 0.25 (sample 9)", "completion")``,
-        ``("document 2 (sample 0)", "document")`` or ``("micro-batch 1, sample 3", "sample")``.
-        A gathered view names the rank and the sample's index there (``rank``, ``rank_sample``):
-        ``rank 1, micro-batch 3, sample 0``."""
-        cols = getattr(self.context, "sample_columns", None) or {}
-        own = self._column(cols, "rank_sample", mb, sample) if "rank_sample" in cols else sample
-        where = (f"micro-batch {mb}, " if mb is not None else "") + f"sample {own}"
-        if "rank" in cols:  # torch.distributed: the rank the sample lives on
-            where = f"rank {self._column(cols, 'rank', mb, sample, document)}, {where}"
-        if "group" in cols and "index" in cols:  # an RL completion (TRL's GRPO, verl, examples/rl_grpo.py)
-            g, i = self._column(cols, "group", mb, sample, document), self._column(cols, "index", mb, sample, document)
-            reward = f", reward {float(self._column(cols, 'reward', mb, sample, document)):.4g}" \
-                if "reward" in cols else ""
-            noun = self._noun()
-            doc = f", document {document}" if document is not None else ""  # a packed row: the table's document
-            return f"{noun} {i} of group {g}{reward} ({where}{doc})", noun
-        if document is not None:
-            return f"document {document} ({where})", "document"
-        return where, "sample"
-
-    def document_at(self, mb: int | None, sample: int, position: int) -> int | None:
-        docs = self._get("document_ids", mb)
-        return None if docs is None else int(docs[sample, position])
+        """(label, unit) of a sample: ``CulpritView.who``."""
+        return self.culprits.who(mb, sample, document)
 
     def rl_values(self, mb: int | None, sample: int, positions: Sequence[int]) -> str:
         """``ratio 392, log-prob -0.21, old log-prob -6.21``: the RL columns the culprit table has
         (``extra_columns`` ``ratio``/``logprob``/``old_logprob``), a token's value or the mean over a
-        run's or unit's loss terms (as the table's rows); "" without them. Host sync: a few cells, on
-        a spike's block only."""
-        cols = getattr(self.context, "extra_columns", None) or {}
-        per_mb = isinstance(getattr(self.context, "token_mask", None), (list, tuple))
+        run's or unit's loss terms (as the table's rows); "" without them."""
         parts = []
         for name, label in RL_COLUMNS:
-            if name not in cols or not positions:
-                continue
-            try:
-                value = cols[name][mb] if per_mb and mb is not None else cols[name]
-                vals = [float(value[sample][p]) for p in positions]
-            except Exception:  # not a per-token column (or one that cannot be read): the line goes without it
-                continue
-            parts.append(f"{label} {sum(vals) / len(vals):.3g}")
+            value = self.culprits.mean_of(name, mb, sample, positions)
+            if value is not None:
+                parts.append(f"{label} {value:.3g}")
         return ", ".join(parts)
-
-    def loss_positions(self, mb: int | None, sample: int, start: int, end: int,
-                       document: int | None = None) -> list[int]:
-        """The positions of ``[start, end)`` in ``sample`` that carry a loss term (of ``document``)."""
-        keep = list(range(start, end))
-        mask = self._get("token_mask", mb)
-        if mask is not None:
-            keep = [t for t in keep if float(mask[sample, t]) != 0.0]
-        if document is not None:
-            keep = [t for t in keep if self.document_at(mb, sample, t) == document]
-        return keep
-
-    def decode(self, ids: list[int]) -> str:
-        tok = getattr(self.context, "tokenizer", None)
-        return tok.decode(ids) if tok is not None else "".join(f"<{i}>" for i in ids)
-
-    def text(self, mb: int | None, sample: int, start: int, end: int, document: int | None = None) -> str:
-        """The loss-bearing tokens of ``[start, end)`` in ``sample`` (of ``document``), decoded."""
-        ids = self._get("input_ids", mb)
-        if ids is None:
-            return ""
-        return self.decode([int(ids[sample, t]) for t in self.loss_positions(mb, sample, start, end, document)])
 
 
 def _quote(text: str, limit: int = 40) -> str:
@@ -153,9 +79,9 @@ def _unit_line(view: SpikeView, c: Any) -> str:
         return f"{mb}: the whole micro-batch (no sample or token in it stands out){share}"
     label, unit = view.who(c.micro_batch, c.batch, c.document)
     what = f"span {c.start}-{c.end - 1}" if c.level == "span" else f"the whole {unit}"
-    rl = view.rl_values(c.micro_batch, c.batch, view.loss_positions(c.micro_batch, c.batch, c.start, c.end,
-                                                                    c.document))
-    return (f"{label}, {what}: {_quote(view.text(c.micro_batch, c.batch, c.start, c.end, c.document))}{share}"
+    terms = view.culprits.terms(c)
+    rl = view.rl_values(c.micro_batch, c.batch, terms)
+    return (f"{label}, {what}: {_quote(view.culprits.text_at(c.micro_batch, c.batch, terms))}{share}"
             + (f"  {rl}" if rl else ""))
 
 
@@ -169,14 +95,13 @@ def _token_runs(view: SpikeView) -> list[tuple[float, str]]:
         runs: list[list] = [[cs[0]]]
         for c in cs[1:]:
             (runs[-1].append(c) if c.position == runs[-1][-1].position + 1 else runs.append([c]))
-        ids = view._get("input_ids", mb)
         for run in runs:
             first, last = run[0].position, run[-1].position
             where = f"tokens {first}-{last}" if len(run) > 1 else f"token {first}"
             share = sum(c.share or 0.0 for c in run)
-            label, _ = view.who(mb, sample, view.document_at(mb, sample, first))
+            label, _ = view.who(mb, sample, view.culprits.document_at(mb, sample, first))
             # decoded together: a character split over byte tokens comes out whole, as the table's span text
-            text = "" if ids is None else view.decode([int(ids[sample, c.position]) for c in run])
+            text = view.culprits.text_at(mb, sample, [c.position for c in run])
             tail = NONFINITE if any(c.nonfinite for c in run) else f"  ({_pct(share)} {SHARE_OF})"
             rl = view.rl_values(mb, sample, [c.position for c in run])
             out.append((share, f"{label}, {where}: {_quote(text)}{tail}" + (f"  {rl}" if rl else "")))
@@ -205,7 +130,7 @@ def culprit_count(view: SpikeView) -> str:
         levels[c.level] = levels.get(c.level, 0) + 1
         if c.level == "micro_batch":
             continue
-        doc = c.document if c.level != "token" else view.document_at(c.micro_batch, c.batch, c.position)
+        doc = view.culprits.document(c)
         units.add((c.micro_batch, c.batch, doc))
         noun = view.who(c.micro_batch, c.batch, doc)[1]
     rows = [f"{levels['sample']} whole" if "sample" in levels else None,

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import torch
 
 from .levels import probe_unit
-from .nonfinite_words import label
+from .culprit_view import CulpritView
 from .probe import BudgetExhausted
 from .result import Culprit
 
@@ -100,7 +100,7 @@ def _unit(f: Flag, mb_terms: list, doc_map: torch.Tensor | None) -> tuple | None
 
 
 def _who(c: Culprit) -> str:
-    return label(c.batch, c.micro_batch, c.document) + (f" positions {c.start}-{c.end}" if c.level == "span" else "")
+    return CulpritView(None, None).words(c)  # the unit by its coordinates, named as everywhere else
 
 
 def _notes(why: dict[str, list[str]]) -> list[str]:

@@ -58,6 +58,7 @@ from .result import Culprit, CulpritToken
 from .search import Hits
 from .segments import Segment, Segments
 from .threshold import outlier_split
+from ..units import share_list
 
 SAMPLE_FACTOR = 4.0  # a sample's per-term gradient this many times the other samples' median
 FEW, FEW_MIN, CARRY = 0.25, 8, 0.5  # tokens carry a sample: a quarter of its terms (or 8), half its squared norm
@@ -447,14 +448,8 @@ def share_culprits(units: list[Culprit], n_samples: int) -> list[Culprit]:
 
 
 def no_culprit_note(shares: list[dict[str, Any]], n_samples: int) -> str:
-    top = ", ".join(f"{_where(r)} {r['share']:.2f}" for r in shares[:5] if r["share"])
+    top = share_list([r for r in shares[:5] if r["share"]], percent=False)
     probed = "" if len(shares) >= n_samples else f" ({len(shares)} of {n_samples} samples probed)"
     return ("no sample, span or token carries the spike: no sample's gradient per term stands out of the others' "
             f"({SAMPLE_FACTOR:g}x their median) and no term is above the threshold; the largest per-sample shares "
             f"of the step's squared gradient norm{probed}: {top or 'n/a'}")
-
-
-def _where(r: dict[str, Any]) -> str:
-    mb = "" if r["micro_batch"] is None else f"micro-batch {r['micro_batch']} "
-    doc = "" if r["document"] is None else f" document {r['document']}"
-    return f"{mb}sample {r['sample']}{doc}"

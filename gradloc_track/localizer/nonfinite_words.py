@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+from ..units import unit_label
+
 ALL_BAD_NAMED = ("every probe is non-finite, even one that keeps no loss term: the non-finite loss terms reach "
                  "the gradient through the mask (the backward of 0 x Inf is NaN), so the samples are named by "
                  "their loss, and the others could not be searched")
@@ -33,11 +35,9 @@ def names(items: Sequence[str], most: int = 3) -> str:
 
 
 def label(batch: int, micro_batch: int | None = None, document: int | None = None, rank: int | None = None) -> str:
-    """``"micro-batch 1, sample 3"``, ``"sample 0 document 2"``, ``"rank 1, micro-batch 0, sample 3"``."""
-    where = "" if rank is None else f"rank {rank}, "
-    mb = "" if micro_batch is None else f"micro-batch {micro_batch}, "
-    doc = "" if document is None else f" document {document}"
-    return f"{where}{mb}sample {batch}{doc}"
+    """``"micro-batch 1, sample 3"``, ``"document 2 (sample 0)"``, ``"rank 1, micro-batch 0, sample 3"``: a
+    unit named as everywhere else (``units.unit_label``)."""
+    return unit_label(batch, micro_batch, document, rank)
 
 
 def sample_sentence(u: Any) -> str:

@@ -48,16 +48,6 @@ class LrHistory:
         return best
 
 
-def _culprit_words(c: Any) -> str:
-    where = f"micro-batch {c.micro_batch}, " if c.micro_batch is not None else ""
-    if c.level == "micro_batch":
-        return f"micro-batch {c.micro_batch}"
-    if c.level == "token":
-        return f"{where}sample {c.batch}, token {c.position}"
-    doc = f", document {c.document}" if c.document is not None else ""
-    return f"{where}sample {c.batch}{doc}"
-
-
 def off_policy_reading(culprit: Any, ctx: Any) -> tuple[float, float | None, float | None] | None:
     """(importance ratio, log-prob, old log-prob) of the culprit's term farthest from on-policy, from the
     context's RL columns (``ratio``, or ``logprob`` and ``old_logprob``); None without them."""
@@ -109,13 +99,16 @@ def weights_precision(model: Any) -> str | None:
         torch.float16, torch.bfloat16) else None
 
 
-def evidence_of(events: Sequence[Any], result: Any, view: tuple | None,
+def evidence_of(events: Sequence[Any], result: Any, shown: Any,
                 lr_pair: tuple[float | None, float | None], precision: str | None = None) -> Evidence:
-    """The step's ``Evidence``: its events, the learning rates, and the localization (``result``, rank 0's
-    ``view`` of it) when one ran."""
+    """The step's ``Evidence``: its events, the learning rates, and the localization (``result``, and
+    ``shown``: rank 0's ``CulpritView`` of it) when one ran."""
+    from ..localizer.culprit_view import CulpritView
+
+    ctx = shown.context if shown is not None else None
     ev = Evidence(events, lr=lr_pair[0], prev_lr=lr_pair[1])
-    if view and any(e.signal == "leaked_labels" for e in events):
-        ev.leaked_rows = leaked_rows(view[1])
+    if ctx is not None and any(e.signal == "leaked_labels" for e in events):
+        ev.leaked_rows = leaked_rows(ctx)
     if result is None:
         return ev
     finding = result.nonfinite
@@ -134,7 +127,7 @@ def evidence_of(events: Sequence[Any], result: Any, view: tuple | None,
         ev.norm_ratio = check.norm_ratio  # a flipped bit: .grad 2e9x the replay, whatever the residual
     if finding is not None or any(not math.isfinite(e.value) for e in events if e.is_norm):
         ev.replayed, ev.residual = False, math.inf
-        ev.precision = getattr(view[1], "precision", None) if view else None  # a user's context may lack it
+        ev.precision = getattr(ctx, "precision", None)  # a user's context may lack it
         ev.precision = ev.precision or precision
         ev.nonfinite_layers = tuple(e.signal for e in events if e.is_norm and e.signal != "global"
                                     and not math.isfinite(e.value))
@@ -143,9 +136,9 @@ def evidence_of(events: Sequence[Any], result: Any, view: tuple | None,
     ev.culprit_share = min(1.0, max(0.0, sum(c.share for c in culprits)))
     if culprits:
         top = max(culprits, key=lambda c: c.share)
-        ev.top_culprit = _culprit_words(top)
-        ctx = view[1] if view else None
-        if ctx is not None and view[0] is result:  # the view's culprits index the context's rows
+        indexes = shown is not None and shown.result is result  # the view's culprits index its context's rows
+        ev.top_culprit = (shown if indexes else CulpritView(result, None)).words(top)
+        if ctx is not None and indexes:
             try:
                 ev.off_policy = off_policy_reading(top, ctx)
             except Exception:  # a column of another shape: no reading, the other rules decide
@@ -153,13 +146,13 @@ def evidence_of(events: Sequence[Any], result: Any, view: tuple | None,
     return ev
 
 
-def name_step_cause(step: int, events: Sequence[Any], result: Any, view: tuple | None,
+def name_step_cause(step: int, events: Sequence[Any], result: Any, shown: Any,
                     lr_pair: tuple[float | None, float | None], incidents: Any = None,
                     precision: str | None = None) -> Cause:
     """The cause of a detected step; with ``incidents`` (``spikes.incidents.Incidents``), a step in an
     incident's recovery reports the incident's. ``precision``: the model's reduced-precision weights
     (``weights_precision``), when the context names none."""
-    cause = name_cause(evidence_of(events, result, view, lr_pair, precision))
+    cause = name_cause(evidence_of(events, result, shown, lr_pair, precision))
     if incidents is not None:
         cause = incidents.link(step, cause, lr=lr_pair[0], prev_lr=lr_pair[1])
     return cause

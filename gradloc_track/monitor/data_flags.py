@@ -57,7 +57,7 @@ def _junk_runs(junk: Any, ctx: Any, terms: int, margin: float) -> list[Flag]:
     tok = getattr(ctx, "tokenizer", None)
     out = []
     for k, part in enumerate(parts):
-        windows = getattr(part, "windows", None)
+        windows = part.windows  # a JunkSpan (None: made without its windows)
         if windows is None:
             continue
         w = windows.detach().float().cpu()  # host read: (B, W) window means, on a firing step

@@ -24,7 +24,7 @@ def window_text(junk: Any, ctx: Any, terms: int, group: Any = None) -> str | Non
     if ctx is None or (dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1):
         return None
     parts = junk_parts(junk)
-    if not parts or any(getattr(p, "where", None) is None for p in parts):
+    if not parts or any(p.where is None for p in parts):
         return None
     ctx = resolve(ctx)
     ids = getattr(ctx, "input_ids", None)

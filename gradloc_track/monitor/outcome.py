@@ -1,6 +1,6 @@
 """SpikeOutcome: what the monitor made of one detected step, built once by the responder.
 
-Detection, localization (its result and rank 0's host-side view of the culprits), the reason a spike
+Detection, localization (its result and rank 0's host-side view of the culprits, a ``CulpritView``), the reason a spike
 was not localized, surgery, and the step's cause: one immutable object, made when all of it is known.
 The events table, the highlight page, the console block, the report and the ledger read it (through
 ``GradStats``); nothing sets fields on it, or on its events, afterwards.
@@ -15,24 +15,31 @@ from ..spikes.cause import Cause
 from ..spikes.event import SpikeEvent
 
 if TYPE_CHECKING:  # imported on a spike only at run time (the localizer is heavy)
+    from ..localizer.culprit_view import CulpritView
     from ..localizer.result import LocateResult
     from ..localizer.surgery import SurgeryResult
 
 
 @dataclass(frozen=True)
 class SpikeOutcome:
-    """One detected step. ``events`` carry the step's cause (``SpikeEvent.cause``); ``view`` is
-    ``(result, context)`` as the artifacts show them (under torch.distributed rank 0's, with every
-    culprit's sample gathered; None on a rank that shows nothing); ``not_localized`` says why
-    ``locate`` is None; ``surgery`` is set with ``spikes.response=surgery``."""
+    """One detected step. ``events`` carry the step's cause (``SpikeEvent.cause``); ``culprits`` is the
+    localization as the artifacts show it, a ``CulpritView`` (under torch.distributed rank 0's, with
+    every culprit's sample gathered; None on a rank that shows nothing): the cause's words and the
+    console name culprits from it; ``not_localized`` says why ``locate`` is None; ``surgery`` is set
+    with ``spikes.response=surgery``."""
 
     step: int
     events: tuple[SpikeEvent, ...]
     cause: Cause | None = None
     locate: LocateResult | None = None
-    view: tuple[Any, Any] | None = None
+    culprits: CulpritView | None = None
     not_localized: str | None = None
     surgery: SurgeryResult | None = None
+
+    @property
+    def view(self) -> tuple[Any, Any] | None:
+        """``(result, context)`` the culprits index (``culprits``'s), or None."""
+        return (self.culprits.result, self.culprits.context) if self.culprits is not None else None
 
     @property
     def cause_name(self) -> str | None:

@@ -93,24 +93,24 @@ class SpikeResponder:
         if held is not None:
             return held, {}
         why_not = self.why_not_localized(step, ctx)
-        tried, located, result, view = why_not is None, None, None, None
+        tried, located, result, shown = why_not is None, None, None, None
         if tried:
             ctx = resolve(ctx)
             located = self._step(step, ctx, grad_scale, events, junk)
             result = self._localize(step, located) if located is not None else None
         if result is not None:
             self._count(step, bool(result.culprits))  # a culprit at any level: token, span, sample, micro-batch
-            view = self._view(step, result, ctx)
+            shown = self._view(step, result, ctx)
         elif tried:
             why_not = "localizing failed (see the warning)"
-        cause = self._name_cause(step, events, result, view)
+        cause = self._name_cause(step, events, result, shown)
         events = with_cause(events, cause)  # before the artifacts: the events table and the page say it
         if result is not None:
-            self._write_artifacts(step, events, view)
+            self._write_artifacts(step, events, shown)
         else:
             self._record_detection(step, events, why_not)
         surgery = self._operate(step, result, located, f"not localized ({why_not})") if self.surgery else None
-        outcome = SpikeOutcome(step, events, cause, result, view, why_not, surgery)
+        outcome = SpikeOutcome(step, events, cause, result, shown, why_not, surgery)
         return outcome, _metrics(result, tried, surgery)
 
     def _step(self, step: int, ctx: Any, grad_scale: Any, events: Sequence[SpikeEvent], junk: Any) -> Any:
@@ -130,13 +130,12 @@ class SpikeResponder:
             warnings.warn(f"gradloc-track: localizing the spike at step {step} failed: {exc!r}")
             return None
 
-    def _write_artifacts(self, step: int, events: tuple[SpikeEvent, ...], view: tuple | None) -> None:
-        """The localized spike's table and page (rank 0, which holds the gathered view)."""
+    def _write_artifacts(self, step: int, events: tuple[SpikeEvent, ...], shown: Any) -> None:
+        """The localized spike's table and page (rank 0, which holds the gathered view, ``shown``)."""
         if self.artifact_writer is None or self.rank != 0:
             return
         try:
-            shown, shown_ctx = view or (None, None)
-            self.artifact_writer.write(step, list(events), shown, shown_ctx)
+            self.artifact_writer.write(step, list(events), *((shown.result, shown.context) if shown else (None, None)))
         except Exception as exc:
             warnings.warn(f"gradloc-track: writing spike artifacts at step {step} failed: {exc!r}")
 
@@ -158,13 +157,13 @@ class SpikeResponder:
             log.info("gradloc-track: step %d: spike surgery removed nothing: %s", step, out.reason)
         return out
 
-    def _name_cause(self, step: int, events: Sequence[SpikeEvent], result: Any, view: tuple | None) -> Cause:
+    def _name_cause(self, step: int, events: Sequence[SpikeEvent], result: Any, shown: Any) -> Cause:
         """The step's cause (``monitor.cause_evidence``); a detected step whose weights hold a corrupt value
         is that weight's incident (``weight_check``: one read of the weights per detected step; an RMSNorm
         keeps a 4e36 weight's outputs finite, so not only numeric steps)."""
         from .cause_evidence import name_step_cause, weights_precision
 
-        cause = name_step_cause(step, events, result, view,
+        cause = name_step_cause(step, events, result, shown,
                                 self.lr_history.pair() if self.lr_history is not None else (None, None),
                                 self.incidents, weights_precision(self.model))
         if self.corrupt is None:  # every detected step: an absurd weight can leave the loss finite (RMSNorm)
@@ -224,20 +223,23 @@ class SpikeResponder:
             warnings.warn(f"gradloc-track: localizing the spike at step {step} failed: {exc!r}")
             return None
 
-    def _view(self, step: int, result: Any, ctx: Any) -> tuple | None:
-        """(result, context) as the artifacts show them: under torch.distributed, rank 0's view
-        with every culprit's sample gathered from its rank (a collective)."""
+    def _view(self, step: int, result: Any, ctx: Any) -> Any:
+        """The ``CulpritView`` the artifacts, the cause and the console show: under torch.distributed,
+        rank 0's, with every culprit's sample gathered from its rank (a collective); None on a rank
+        that shows nothing."""
+        from ..localizer.culprit_view import CulpritView
+
         if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-            return result, ctx
+            return CulpritView(result, ctx)
         from ..localizer.dist_context import gather_culprit_rows  # a collective: culprit rows to rank 0
 
         try:
             shown, shown_ctx = gather_culprit_rows(result, ctx)
-            return (shown, shown_ctx) if shown is not None else None
+            return CulpritView(shown, shown_ctx) if shown is not None else None
         except Exception as exc:  # building rank 0's view after the collective: local, never fatal
             warnings.warn(f"gradloc-track: gathering the culprits' text at step {step} failed: {exc!r}; "
                           "the artifacts show rank 0's own batch")
-            return (result, ctx) if self.rank == 0 else None
+            return CulpritView(result, ctx) if self.rank == 0 else None
 
     def _count(self, step: int, found: bool) -> None:
         if found:

@@ -13,6 +13,8 @@ import html
 import re
 from typing import Any, Callable, Iterable, Sequence
 
+from ..units import row_label
+
 EVENTS, TOKENS = "spikes/events", "spikes/tokens"  # the artifact writer's tables (artifacts/)
 SHARE_OF = "of the batch's squared grad norm"  # the console's words (console/culprits.py)
 MAX_STEPS = 10  # spikes told in full; the rest are counted
@@ -104,19 +106,6 @@ def _md(text: str) -> str:
     return re.sub(r"([\\`*_\[\]|~])", r"\\\1", html.escape(text, quote=False))
 
 
-def _who(row: dict[str, Any]) -> str:
-    where = (f"micro-batch {row['micro_batch']}, " if row.get("micro_batch") is not None else "") + \
-        f"sample {row.get('sample')}"
-    if row.get("rank") is not None:
-        where = f"rank {row['rank']}, {where}"
-    if row.get("group") is not None and row.get("index") is not None:
-        reward = f", reward {float(row['reward']):.4g}" if row.get("reward") is not None else ""
-        return f"completion {row['index']} of group {row['group']}{reward} ({where})"
-    if row.get("document") is not None:
-        return f"document {row['document']} ({where})"
-    return where
-
-
 def _units(rows: list[dict[str, Any]]) -> list[tuple[float, str, str | None]]:
     """(share, who and where, text) per culprit unit: a sample / span / micro-batch row as it is, token
     rows merged into runs of contiguous positions (as the console's block merges them)."""
@@ -132,7 +121,8 @@ def _units(rows: list[dict[str, Any]]) -> list[tuple[float, str, str | None]]:
         else:
             what = f"span {row.get('position')}-{int(row.get('end') or 0) - 1}" if row.get("level") == "span" \
                 else "the whole sample"
-            out.append((row.get("share") or 0.0, f"{_who(row)}, {what}", unescape_bytes(str(row.get("token") or ""))))
+            text = unescape_bytes(str(row.get("token") or ""))
+            out.append((row.get("share") or 0.0, f"{row_label(row)}, {what}", text))
     for group in tokens.values():
         group.sort(key=lambda r: int(r.get("position") or 0))
         runs = [[group[0]]]
@@ -142,5 +132,5 @@ def _units(rows: list[dict[str, Any]]) -> list[tuple[float, str, str | None]]:
             first, last = run[0]["position"], run[-1]["position"]
             where = f"tokens {first}-{last}" if len(run) > 1 else f"token {first}"
             text = unescape_bytes("".join(str(r.get("token") or "") for r in run))
-            out.append((sum(r.get("share") or 0.0 for r in run), f"{_who(run[0])}, {where}", text))
+            out.append((sum(r.get("share") or 0.0 for r in run), f"{row_label(run[0])}, {where}", text))
     return out

@@ -182,13 +182,13 @@ def test_highlight_page_names_and_outlines_the_sample_across_micro_batches():
     events, result, ctx = levels_case()
     page = render_highlight_html(12, events, result, ctx, window=4)
     assert "<script" not in page.lower() and "<b>garbage" not in page  # the document's markup stays text
-    sec = re.search(r"<h2>micro-batch 1 · sample 1</h2><div class='meta'>reward <b>1</b></div>"
+    sec = re.search(r"<h2>micro-batch 1, sample 1</h2><div class='meta'>reward <b>1</b></div>"
                     r"<div class='meta'>([^<]*)</div><div class='text'>(.*?)</div>", page)  # its columns, then units
     assert sec and "culprit whole sample: positions 0\u201323 of 24" in html.unescape(sec.group(1))
     unit = re.search(r'<span class="u" title="CULPRIT sample[^"]*">', sec.group(2))
     inside = sec.group(2)[unit.end():]
     assert DOC[: T_LEVELS - 1].decode() in html.unescape(re.sub(r"<[^>]+>", "", inside))  # its text, in the outline
-    assert re.search(r"<h2>micro-batch 0 · sample 0</h2>", page) and '<span class="t c"' in page
+    assert re.search(r"<h2>micro-batch 0, sample 0</h2>", page) and '<span class="t c"' in page
     assert "<h2>micro-batch 2</h2>" in page and "culprit micro-batch" in page
     assert "a note from the localizer" in page
     assert "culprits: 1 sample, 1 micro-batch, 2 tokens" in page

@@ -288,12 +288,12 @@ def test_a_garbage_document_is_a_sample_and_a_rare_token_is_tokens(counting_weig
     text = CharTokenizer().decode(garbage_document())
     assert text[1:] in sample_row["token"]  # the document's text (its loss terms: positions 1..T-1)
     ((_, _, page),) = tracker.html
-    section = re.search(r"<h2>micro-batch 3 · sample 1</h2><div class='meta'>([^<]*)</div>"
+    section = re.search(r"<h2>micro-batch 3, sample 1</h2><div class='meta'>([^<]*)</div>"
                         r"<div class='text'>(.*?)</div>", page)
     assert section and "culprit whole sample" in section.group(1)
     assert '<span class="u" title="CULPRIT sample' in section.group(2)  # outlined as a whole
     assert text[1:] in html.unescape(re.sub(r"<[^>]+>", "", section.group(2)))  # its text, in order
-    assert re.search(r"<h2>micro-batch 1 · sample 0</h2>", page) and '<span class="t c"' in page
+    assert re.search(r"<h2>micro-batch 1, sample 0</h2>", page) and '<span class="t c"' in page
 
 
 def sample_rows(rows: list[dict]) -> list[tuple]:

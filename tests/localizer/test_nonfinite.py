@@ -225,7 +225,7 @@ def test_a_packed_document_is_named_not_its_whole_row():
     f = gradloc_track.locate(model, loss_fn, torch.ones(4, T), document_ids=docs).nonfinite
     (u,) = f.units
     assert (u.batch, u.document, u.start, u.end, u.terms) == (2, 1, T // 2, T, (T - 1,))
-    assert "sample 2 document 1's gradient is" in f.detail
+    assert "document 1 (sample 2)'s gradient is" in f.detail
 
 
 def test_a_nan_only_in_grad_does_not_replay_and_no_sample_is_blamed_for_it():

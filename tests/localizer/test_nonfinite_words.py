@@ -11,7 +11,7 @@ def test_values_and_labels():
     assert [words.value(v) for v in (math.inf, -math.inf, math.nan, 0.22102, None)] == [
         "Inf", "-Inf", "NaN", "0.221", "unknown"]
     assert words.label(3) == "sample 3"
-    assert words.label(0, micro_batch=1, document=2) == "micro-batch 1, sample 0 document 2"
+    assert words.label(0, micro_batch=1, document=2) == "document 2 (micro-batch 1, sample 0)"
     assert words.names(["a", "b", "c", "d"]) == "a, b, c, ..." and words.names(["a"]) == "a"
 
 

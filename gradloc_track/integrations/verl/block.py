@@ -23,6 +23,7 @@ from typing import Any
 from ...console.block import spike_block
 from ...console.culprits import SpikeView
 from ...trackers.files import append_line
+from ...units import row_label
 
 BLOCKS_FILE = "spike_blocks.txt"
 NONE_FOUND = "  culprits   none found:"
@@ -47,20 +48,13 @@ class FixedThresholdEvent:
         return f"{e.key} = {e.value:.3g}, {e.ratio:.1f}x the fixed threshold {e.baseline:.3g} ({rule})"
 
 
-def _who(row: dict) -> str:
-    parts = [f"rank {row['rank']}" if row.get("rank") is not None else "",
-             f"micro-batch {row['micro_batch']}" if row.get("micro_batch") is not None else "",
-             f"sample {row['sample']}" + (f" document {row['document']}" if row.get("document") is not None else "")]
-    return ", ".join(p for p in parts if p)
-
-
 def threshold_too_high(result: Any, threshold: float | None) -> str | None:
     """Why an explicit ``locate.threshold`` found nothing (None: it found something, or none was set)."""
     if result is None or threshold is None or result.culprits or result.nonfinite is not None:
         return None
     shares = [r for r in result.sample_shares or [] if r.get("share") is not None]
     top = max(shares, key=lambda r: r["share"]) if shares else None
-    held = f", while {_who(top)} holds {max(top['share'], 0.0):.0%} of the step's squared grad norm" if top else ""
+    held = f", while {row_label(top)} holds {max(top['share'], 0.0):.0%} of the step's squared grad norm" if top else ""
     return (f"locate.threshold={threshold:g} is set too high: no loss term's own gradient reaches it (per term, "
             f"{result.threshold:.3g} in the optimizer's units){held}; lower locate.threshold, or leave it unset for "
             "the adaptive threshold")
