@@ -17,8 +17,8 @@ from typing import Any, Sequence
 
 import torch
 
-from .levels import probe_unit
 from .culprit_view import CulpritView
+from .levels import probe_unit
 from .probe import BudgetExhausted
 from .result import Culprit
 
