@@ -18,8 +18,8 @@ from typing import Any, Sequence
 
 import torch
 
-from ..spikes.junk import JunkSpan, cap_repeats, junk_of
-from ..spikes.sample_loss import sample_losses
+from ..spikes.junk import JunkSpan, junk_stats, leaked_shares
+from ..spikes.sample_loss import row_means
 from ..spikes.term_stats import saved_log_probs, term_stats
 
 IGNORE = -100
@@ -70,12 +70,21 @@ def detector_losses(logits: torch.Tensor, targets: torch.Tensor, input_ids: torc
         Tp, tgt = T, targets.to(logits.device)
         valid = tgt != IGNORE
         stats = term_stats(logits, tgt.clamp(min=0), log_probs=False, loss=samples, excess=bool(junk_terms))
-    inp = None if input_ids is None else input_ids[:, :Tp].to(tgt.device)
-    smax = sample_losses(stats.loss.view(B, Tp), valid, inp, tgt).max() if samples else None
+    inp = None if input_ids is None else input_ids[:, :Tp]
+    if inp is not None and inp.device != tgt.device:
+        inp = inp.to(tgt.device)
+    # the parts both signals read, made once: each row's term count, the terms whose target repeats the input
+    count = valid.sum(1)  # (B,)
+    repeat = None if inp is None else valid & (tgt == inp)  # (B, T)
+    smax = row_means(stats.loss.view(B, Tp), valid, count, repeat).max() if samples else None
     junk = None
     if junk_terms:
+        excess = stats.excess.view(B, Tp)
+        if repeat is not None:  # cap_repeats (only valid terms are ever read)
+            excess = torch.where(repeat, excess.clamp(max=0.0), excess)
+        rows = None if inp is None else leaked_shares(repeat, inp, count)
         docs = None if document_ids is None else document_ids[:, :Tp]
-        junk = junk_of(cap_repeats(stats.excess.view(B, Tp), tgt, inp), valid, docs, junk_terms, tgt, inp)
+        junk = junk_stats(excess, valid, docs, junk_terms, rows, count.sum())
     return smax, junk
 
 

@@ -232,7 +232,8 @@ class AdamUpdate:
             return None
         dev = grad_sq.device
         where, _, _, b2, _ = ts.constants(dev)
-        g_sq = (grad_sq if where is None else grad_sq[where]).float()
+        g_sq = grad_sq if where is None else grad_sq[where]
+        g_sq = g_sq if g_sq.dtype == torch.float32 else g_sq.float()
         if not (isinstance(scale.coef, float) and scale.coef == 1.0):
             g_sq = scale.of(where, dict(device=dev, dtype=torch.float32))[0] * g_sq
         return torch.addcmul(b2 * v_sum, 1 - b2, g_sq)
@@ -250,13 +251,15 @@ class AdamUpdate:
             return
         ts = stage.ts
         dev = ts.ms[0].device
-        m_sq = torch.stack(torch._foreach_norm(ts.ms, 2)).float() ** 2  # (k,) exact: the state it left
+        m_sq = torch.stack(torch._foreach_norm(ts.ms, 2))
+        m_sq = (m_sq if m_sq.dtype == torch.float32 else m_sq.float()) ** 2  # (k,) exact: the state it left
         v_sum, age = stage.v_after, stage.age
         if v_sum is None or age >= self.resync:
             v_sum, age = torch.stack(torch._foreach_norm(ts.vs, 1)).float(), 0
         f32 = dict(device=dev, dtype=torch.float32)
         t = ts.counters(f32) if stage.t is None else stage.t + 1  # each tensor stepped once (no counter read)
-        self._moments = _Moments(ts, self.optimizer_steps, m_sq.to(v_sum.device), v_sum, age, t)
+        kept = m_sq if m_sq.device == v_sum.device else m_sq.to(v_sum.device)
+        self._moments = _Moments(ts, self.optimizer_steps, kept, v_sum, age, t)
         self._lrs = [g.get("lr") for g in self.optimizer.param_groups]
         if not stage.fed:
             self._pending = (number, self._made(ts, m_sq, v_sum.to(dev), t, f32))
@@ -301,6 +304,7 @@ class _AdamTensors:
     flipped: list[int] = field(default_factory=list)  # j of the tensors whose group maximizes (the step uses -g)
     distinct: list[dict] = field(default_factory=list)  # their groups, each once
     _constants: tuple | None = None  # (key, (where, sizes, b1, b2, eps)) on one device (``constants``)
+    _lr_sq: tuple | None = None  # (key, (k,) lr^2) for the groups' learning rates as they are (``corrections``)
 
     @classmethod
     def of(cls, params: Sequence[torch.nn.Parameter], groups: dict, state: Any) -> "_AdamTensors":
@@ -359,8 +363,19 @@ class _AdamTensors:
         """(k,) ``lr^2 / (1 - b1^t)^2`` and ``n (1 - b2^t)`` for the step counters ``t`` (k,) of the step
         (after it) and each tensor's group's lr and betas."""
         _, n, b1, b2, _ = self.constants(f32["device"])
+        return self.lr_squared(f32) / (1 - b1 ** t) ** 2, n * (1 - b2 ** t)
+
+    def lr_squared(self, f32: dict) -> torch.Tensor:
+        """(k,) each tensor's group's ``lr ** 2``, kept from step to step while the learning rates are the
+        same host numbers (a schedule that moves them makes it again; one kept as a tensor: every call)."""
+        lrs = [g["lr"] for g in self.distinct]
+        key = (f32["device"], tuple(lrs)) if not any(isinstance(v, torch.Tensor) for v in lrs) else None
+        if key is not None and self._lr_sq is not None and self._lr_sq[0] == key:
+            return self._lr_sq[1]
         lr = _stack_scalars([g["lr"] for g in self.groups], f32)
-        return lr * lr / (1 - b1 ** t) ** 2, n * (1 - b2 ** t)
+        lr_sq = lr * lr
+        self._lr_sq = None if key is None else (key, lr_sq)
+        return lr_sq
 
     def amsgrad_v(self, v_new: torch.Tensor, b2: torch.Tensor, k_mg: torch.Tensor | float) -> torch.Tensor:
         """``v_new`` with AMSGrad's denominator for its tensors: ``sum max(max_exp_avg_sq, b2 v + (1 - b2) g^2)``

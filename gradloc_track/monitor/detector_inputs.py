@@ -32,7 +32,7 @@ def as_device_value(value: Any, device: torch.device) -> torch.Tensor | None:
         return None
     if isinstance(value, torch.Tensor):
         if value.dim() == 0 and value.dtype == torch.float32 and value.device == device:
-            return value.detach()  # as it is (the common case: no op)
+            return value.detach() if value.requires_grad else value  # as it is (the common case: no op)
         return value.detach().reshape(-1).float().mean().to(device)
     return torch.tensor(float(value), device=device)
 

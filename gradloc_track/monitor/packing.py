@@ -28,8 +28,10 @@ class HostPack:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.keys: list[tuple[bool, str]] = []  # (is a slot, name) per value
-        self.parts: list[torch.Tensor] = []
+        self.keys: list[tuple[bool, str]] = []  # (is a slot, name) per value, in the order added
+        self._scalar: list[bool] = []  # per value: it came as a 0-d tensor (in ``_scalars``, else in ``parts``)
+        self.parts: list[torch.Tensor] = []  # 1-D values
+        self._scalars: list[torch.Tensor] = []  # 0-d values: ONE stack at the transfer, not a reshape each
 
     def add(self, keys: list[str], values: torch.Tensor) -> None:
         """Metric values, one per key."""
@@ -48,17 +50,25 @@ class HostPack:
         self.keys += keys
         if values.requires_grad:
             values = values.detach()
-        if values.dim() != 1:
-            values = values.reshape(-1)
         if values.dtype != torch.float32 or values.device != self.device:
             values = values.to(self.device, torch.float32)
+        if values.dim() == 0:
+            self._scalar.append(True)
+            self._scalars.append(values)
+            return
+        if values.dim() != 1:
+            values = values.reshape(-1)
+        self._scalar += [False] * len(keys)
         self.parts.append(values)
 
     def to_host(self) -> HostValues:
-        values = torch.cat(self.parts).tolist()  # THE host sync of this step (one transfer)
+        tensors = self.parts + ([torch.stack(self._scalars)] if self._scalars else [])
+        flat = (tensors[0] if len(tensors) == 1 else torch.cat(tensors)).tolist()  # THE host sync of this step
+        n_vec = len(flat) - len(self._scalars)  # the 1-D values first, then the stacked 0-d ones
+        vec, scalars = iter(flat[:n_vec]), iter(flat[n_vec:])
         out = HostValues()
-        for (is_slot, name), v in zip(self.keys, values):
-            (out.slots if is_slot else out.metrics)[name] = v
+        for (is_slot, name), scalar in zip(self.keys, self._scalar):
+            (out.slots if is_slot else out.metrics)[name] = next(scalars) if scalar else next(vec)
         return out
 
 
@@ -77,7 +87,8 @@ def add_norms(pack: HostPack, params: Any, grad_sq: torch.Tensor, w_sq: torch.Te
     else:
         ratios = norms[1:1 + L] / norms[-L:].clamp_min(1e-12)  # (L,) ||g|| / ||w|| of each layer
         pack.add(params.grad_weight_keys, torch.cat([norms, ratios]))
-    pack.add(["grad_norm/nonfinite"], torch.isfinite(grad_sq).logical_not().sum(dtype=torch.float32))
+    # squared norms are >= 0 or NaN: finite exactly when below inf (isfinite is four kernels, this one)
+    pack.add(["grad_norm/nonfinite"], (grad_sq < torch.inf).logical_not_().sum(dtype=torch.float32))
     if clip_result is not None:
         add_clip(pack, params, clip_result)
 

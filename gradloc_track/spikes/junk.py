@@ -72,10 +72,16 @@ def span_argmax(excess: torch.Tensor, valid: torch.Tensor, docs: torch.Tensor | 
     (``docs`` (..., T) ids; None: one document a row), over every row (``-inf``, 0-d, when no such run
     exists), (2,) long: that run's row and first position, and (rows, windows) every window's mean
     (None when no row is that long). On the device."""
-    T = excess.shape[-1]
+    return _span_argmax(torch.where(valid, excess, 0.0), valid, docs, terms)
+
+
+def _span_argmax(masked: torch.Tensor, valid: torch.Tensor, docs: torch.Tensor | None,
+                 terms: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``span_argmax`` of the excess already zeroed where no term is (``masked``: shared with the mean)."""
+    T = masked.shape[-1]
     if T < terms:
-        return excess.new_tensor(-torch.inf), torch.zeros(2, dtype=torch.long, device=excess.device), None
-    sums = torch.where(valid, excess, 0.0).unfold(-1, terms, 1).sum(-1)  # (..., T - terms + 1)
+        return masked.new_tensor(-torch.inf), torch.zeros(2, dtype=torch.long, device=masked.device), None
+    sums = masked.unfold(-1, terms, 1).sum(-1)  # (..., T - terms + 1)
     full = valid.float().unfold(-1, terms, 1).sum(-1) == terms
     if docs is not None:  # a run stays inside one packed document
         d = docs.unfold(-1, terms, 1)
@@ -129,11 +135,22 @@ def junk_of(excess: torch.Tensor, valid: torch.Tensor, document_ids: torch.Tenso
             targets: torch.Tensor | None = None, inputs: torch.Tensor | None = None) -> JunkSpan:
     """``JunkSpan`` from each term's excess (B, T) (``term_excess``), ``valid`` (B, T) bool, the
     document ids (B, T) or None, and the targets and input ids (B, T) for the leak share (``leaked``)."""
-    docs = None if document_ids is None else document_ids.to(valid.device)
-    best, where, windows = span_argmax(excess, valid, docs, terms)
     rows = None if targets is None or inputs is None else leaked(targets, inputs, valid)
-    return JunkSpan(best, torch.where(valid, excess, 0.0).sum() / valid.sum().clamp(min=1),
-                    None if rows is None else rows.max(), rows, where, windows)
+    return junk_stats(excess, valid, document_ids, terms, rows, valid.sum())
+
+
+def junk_stats(excess: torch.Tensor, valid: torch.Tensor, document_ids: torch.Tensor | None, terms: int,
+               rows: torch.Tensor | None, n_terms: torch.Tensor) -> JunkSpan:
+    """``junk_of`` from parts the caller may already hold (``watch()``'s per-step pass shares them with the
+    sample signal): ``rows`` each row's leaked share (``leaked``; None: unknown), ``n_terms`` the number of
+    valid terms (an integer tensor)."""
+    docs = document_ids
+    if docs is not None and docs.device != valid.device:
+        docs = docs.to(valid.device)
+    masked = torch.where(valid, excess, 0.0)  # (B, T): the runs' sums and the mean both read it
+    best, where, windows = _span_argmax(masked, valid, docs, terms)
+    return JunkSpan(best, masked.sum() / n_terms.clamp(min=1), None if rows is None else rows.max(), rows,
+                    where, windows)
 
 
 def junk_parts(junk: Any) -> list:
@@ -159,7 +176,13 @@ def leaked(targets: torch.Tensor, inputs: torch.Tensor, valid: torch.Tensor) -> 
     at doubled tokens (a few percent); a run of one token (``=====``) repeats the token before it too, so it
     does not count. 0 for rows under ``LEAK_MIN_TERMS`` terms."""
     inputs = inputs.to(targets.device)
+    return leaked_shares(valid & (targets == inputs), inputs, valid.sum(1))
+
+
+def leaked_shares(repeat: torch.Tensor, inputs: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """``leaked`` from parts the caller may already hold: ``repeat`` (B, T) bool the valid terms whose target
+    is their input token, ``inputs`` (B, T) on its device, ``count`` (B,) the valid terms of each row."""
     prev = torch.cat([inputs[:, :1] - 1, inputs[:, :-1]], 1)  # (B, T): the token before, none at 0
-    copy = valid & (targets == inputs) & (inputs != prev)
-    n = valid.sum(1)
-    return torch.where(n >= LEAK_MIN_TERMS, copy.sum(1) / n.clamp(min=1), 0.0).float()
+    copy = repeat & (inputs != prev)
+    out = torch.where(count >= LEAK_MIN_TERMS, copy.sum(1) / count.clamp(min=1), 0.0)
+    return out if out.dtype == torch.float32 else out.float()

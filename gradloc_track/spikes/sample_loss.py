@@ -33,10 +33,21 @@ def sample_losses(token_losses: torch.Tensor, mask: torch.Tensor, input_ids: tor
             raise ValueError(f"sample_losses: {name} must be (B, T) like token_losses {tuple(token_losses.shape)}; "
                              f"got {tuple(ids.shape)}")
     valid = mask if mask.dtype == torch.bool else mask > 0
-    per = torch.where(valid, token_losses.detach().float(), 0.0)
-    count = valid.sum(1)  # (B,) terms per sample
+    repeat = None
     if input_ids is not None and targets is not None:
+        dev = token_losses.device
+        repeat = valid & (targets.to(dev) == input_ids.to(dev))
+    return row_means(token_losses, valid, valid.sum(1), repeat)
+
+
+def row_means(token_losses: torch.Tensor, valid: torch.Tensor, count: torch.Tensor,
+              repeat: torch.Tensor | None) -> torch.Tensor:
+    """``sample_losses`` from parts the caller may already hold (``watch()``'s per-step pass shares them with
+    the junk signal): ``valid`` (B, T) bool, ``count`` its row sums, ``repeat`` (B, T) bool the valid terms
+    whose target repeats the input token (None: none capped)."""
+    per = token_losses.detach() if token_losses.requires_grad else token_losses
+    per = torch.where(valid, per if per.dtype == torch.float32 else per.float(), 0.0)
+    if repeat is not None:
         mean = per.sum() / count.sum().clamp(min=1)  # NaN when any term is: it stays NaN below
-        repeat = valid & (targets.to(per.device) == input_ids.to(per.device))
         per = torch.where(repeat, torch.minimum(per, mean), per)
     return torch.where(count > 0, per.sum(1) / count.clamp(min=1), -torch.inf)

@@ -134,3 +134,30 @@ def test_rows_read_in_blocks_give_the_same_losses(monkeypatch):
     assert float(unit_loss_max(logits, targets)) == pytest.approx(whole, rel=1e-6)
     assert whole == pytest.approx(max(plain_unit_losses(logits, targets, torch.zeros(2, 9, dtype=torch.long)).values()),
                                   rel=1e-6)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_shared_pass_equals_each_signal_computed_on_its_own(packed):
+    """``detector_losses`` makes the term counts and the repeat mask once for both signals (issue 38): its
+    values are bit for bit those of ``sample_losses``, ``cap_repeats`` and ``junk_of`` called one by one."""
+    from gradloc_track.integrations.step_losses import detector_losses
+    from gradloc_track.spikes.junk import cap_repeats, junk_of
+    from gradloc_track.spikes.sample_loss import sample_losses
+    from gradloc_track.spikes.term_stats import term_stats
+
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(3, 40, 9, generator=g) * 3
+    inputs = torch.randint(0, 4, (3, 40), generator=g)  # few ids: repeats and copied labels
+    targets = torch.cat([inputs[:, 1:], inputs[:, -1:]], 1)
+    targets[:, -1], targets[0, 5:9] = IGNORE, IGNORE
+    targets[2, :20] = inputs[2, :20]  # leaked labels on a row
+    logits[1, 3, 2] = -math.inf  # a vocabulary mask
+    docs = torch.arange(40).expand(3, 40) // 13 if packed else None
+    smax, junk = detector_losses(logits, targets, inputs, docs, junk_terms=4)
+    valid = targets != IGNORE
+    stats = term_stats(logits, targets.clamp(min=0), log_probs=False)
+    want_max = sample_losses(stats.loss.view(3, 40), valid, inputs, targets).max()
+    want = junk_of(cap_repeats(stats.excess.view(3, 40), targets, inputs), valid, docs, 4, targets, inputs)
+    assert torch.equal(smax, want_max)
+    for got, exp in zip(junk, want):
+        assert torch.equal(got, exp), (got, exp)
