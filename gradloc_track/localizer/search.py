@@ -132,6 +132,7 @@ def ghost_pass(prober: Prober, i: int, model: torch.nn.Module, group_by: str,
     """One full-mask probe of micro-batch ``i`` with hooks: (its gradient, (L, B, T) layer map, layer
     names); ``segments`` also get their exact per-sample norms from the same backward."""
     mask = prober.masks[i]
+    prober.forget()  # the hooks need a forward of their own, never a kept graph's replay
     with GhostMap(model, group_by, tuple(mask.shape), segments=segments) as gm:
         g = prober.probe(i, mask)
     layer_map, names = gm.result(prober.grouping.layers)

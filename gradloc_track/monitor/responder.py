@@ -219,7 +219,8 @@ class SpikeResponder:
         try:
             with torch.enable_grad():
                 return localizer.locate(self.model, located, method=cfg.method, budget=cfg.budget,
-                                        threshold=cfg.threshold, group_by=self.group_by)
+                                        threshold=cfg.threshold, group_by=self.group_by,
+                                        reuse_forward=cfg.reuse_forward)
         except Exception as exc:  # forensics must never kill training
             warnings.warn(f"gradloc-track: localizing the spike at step {step} failed: {exc!r}")
             return None
