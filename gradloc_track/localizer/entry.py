@@ -30,7 +30,7 @@ LossFn = Callable[[torch.Tensor], torch.Tensor]
 def locate(model: torch.nn.Module, loss_fn: LossFn | Sequence[LossFn] | LocateStep,
            token_mask: torch.Tensor | Sequence[torch.Tensor] | None = None, method: str = "auto", budget: int = 128,
            threshold: float | None = None, *, group_by: str = "block", reuse_forward: bool = False,
-           **step_fields: Any) -> LocateResult:
+           cut: Any = None, **step_fields: Any) -> LocateResult:
     """Explain the step's gradient: the samples, spans and loss terms that carry it.
 
     The step is ``loss_fn`` and ``token_mask`` with the step's other fields by name, or one
@@ -49,7 +49,8 @@ def locate(model: torch.nn.Module, loss_fn: LossFn | Sequence[LossFn] | LocateSt
 
     ``reuse_forward=True``: one forward per micro-batch serves its later probes (each then a
     backward only, exact: ``kept_forward.py``), for up to one gradient size more peak memory; one
-    process only (ignored under ``torch.distributed``).
+    process only (ignored under ``torch.distributed``). ``cut=``: a ``cut.CulpritCut`` that ``auto``
+    fills with the culprits' summed gradient, for ``surgery.operate`` (one process only).
 
     Culprit tokens are the terms whose own gradient is above ``threshold`` (per term; adaptive
     when None, from the ordinary terms); samples (rows, or packed documents), spans and
@@ -72,10 +73,10 @@ def locate(model: torch.nn.Module, loss_fn: LossFn | Sequence[LossFn] | LocateSt
     options = SearchOptions(method, budget, threshold, group_by, reuse_forward)
     if is_distributed():  # a collective: every rank calls it (see localizer/distributed.py)
         return locate_distributed(model, step, options)
-    return locate_one(model, step, options)
+    return locate_one(model, step, options, cut)
 
 
-def locate_one(model: torch.nn.Module, step: LocateStep, options: SearchOptions) -> LocateResult:
+def locate_one(model: torch.nn.Module, step: LocateStep, options: SearchOptions, cut: Any = None) -> LocateResult:
     """One process: every field of ``step`` checked, then ``driver.find_culprits``, restored."""
     loss_fns, masks, labelled = step.micro_batches()
     check_inputs(model, masks, options.method, options.budget, options.threshold)
@@ -102,7 +103,7 @@ def locate_one(model: torch.nn.Module, step: LocateStep, options: SearchOptions)
         reference = Reference(snap.grads_for(prober.params), scale)  # .grad as the step left it
         try:
             search = Search(options.method, options.threshold, options.group_by, labelled, docs, reference,
-                            tuple(step.flagged))
+                            tuple(step.flagged), cut)
             result = find_culprits(prober, model, terms, search)
         except NonfiniteStep as step_nf:  # NaN/Inf: which samples, by isfinite instead of norms
             result = nonfinite.as_result(prober, step_nf, options.method, labelled, docs, grouping.names)
