@@ -23,7 +23,8 @@ class LocateConfig:
     max_events: int = 20  # localize at most this many spikes per run
     top_layers: int = 3
     # later probes of a micro-batch replay its first forward's graph (a backward each, exact): ~a third of each
-    # probe saved, for up to one gradient size more peak memory (off: the GPU default; the CPU demo turns it on)
+    # probe saved, for more peak memory: the kept activations plus a backward's temporaries (3-5 gradient sizes on
+    # bench_locate's long-row model); off by default, the CPU demo turns it on
     reuse_forward: bool = False
 
     def __post_init__(self) -> None:

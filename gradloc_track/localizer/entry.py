@@ -48,7 +48,8 @@ def locate(model: torch.nn.Module, loss_fn: LossFn | Sequence[LossFn] | LocateSt
     - ``sample_columns=``, ``normaliser=``: carried (see ``LocateStep``).
 
     ``reuse_forward=True``: one forward per micro-batch serves its later probes (each then a
-    backward only, exact: ``kept_forward.py``), for up to one gradient size more peak memory; one
+    backward only, exact: ``kept_forward.py``), for more peak memory (the kept activations under each
+    probe's backward: 3-5 gradient sizes on long rows of a small model); one
     process only (ignored under ``torch.distributed``). ``cut=``: a ``cut.CulpritCut`` that ``auto``
     fills with the culprits' summed gradient, for ``surgery.operate`` (one process only).
 

@@ -23,8 +23,8 @@ elementwise product), and the check gets the loss, that derivative and the mask 
 running forward passes of its own.
 
 ``reuse_forward``: a probe with no check pending replays the graph of its micro-batch's last fresh
-forward instead of running one (``kept_forward.py``: exact, ~a third of a probe, up to one
-gradient size more memory at the peak); ``forget()`` drops that graph (a ghost pass's hooks need
+forward instead of running one (``kept_forward.py``: exact, ~a third of a probe saved, the kept
+activations added to the peak); ``forget()`` drops that graph (a ghost pass's hooks need
 a forward of their own; the search's end frees it).
 """
 from __future__ import annotations
@@ -96,6 +96,7 @@ class Prober:
         if check is None and self.kept.holds(i):  # no check to run on a forward: the kept graph serves
             self.kept.backward(mask)
         else:
+            self.kept.forget()  # one graph alive at a time: the last one goes before this forward
             loss, leaf = self._forward(i, mask, check is not None or self.kept.enabled)
             check_loss(loss)
             if not loss.requires_grad:

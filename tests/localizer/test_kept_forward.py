@@ -143,3 +143,20 @@ def test_a_loss_fn_that_writes_into_its_mask_runs_a_forward_per_probe():
     res = gradloc_track.locate(model, strict, torch.ones(B, T), rng_state=rngs[0], reuse_forward=True)
     assert [(c.batch, c.position) for c in res.tokens] == [(1, 3)]
     assert calls.count(True) == 1  # tried once with a leaf, then never again
+
+
+def test_one_kept_graph_at_a_time(monkeypatch):
+    """The kept graph goes before any fresh forward: two forwards' activations are never held at once."""
+    model, fns, rngs, _ = step({(0, 2, 7): 60.0, (0, 2, 8): 50.0, (0, 0, 3): 40.0}, dropout=0.0)
+    model.zero_grad(set_to_none=True)
+    held = []
+    forward = Prober._forward
+
+    def spy(self, *args):
+        held.append(self.kept.values is not None)  # a graph still kept when a forward starts
+        return forward(self, *args)
+
+    monkeypatch.setattr(Prober, "_forward", spy)
+    res = gradloc_track.locate(model, fns[0], torch.ones(B, T), rng_state=rngs[0], reuse_forward=True)
+    assert res.probes >= 4 and len(held) == 2  # the ghost pass and the checked subset probe; the rest replay
+    assert held == [False, False]
