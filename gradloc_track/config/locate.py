@@ -22,6 +22,10 @@ class LocateConfig:
     threshold: Optional[float] = None  # per-term gradient norm; None = adaptive from the batch's own terms
     max_events: int = 20  # localize at most this many spikes per run
     top_layers: int = 3
+    # later probes of a micro-batch replay its first forward's graph (a backward each, exact): ~a third of each
+    # probe saved, for more peak memory: the kept activations plus a backward's temporaries (3-5 gradient sizes on
+    # bench_locate's long-row model); off by default, the CPU demo turns it on
+    reuse_forward: bool = False
 
     def __post_init__(self) -> None:
         # the numbers' own checks below say what a valid value means (probes, events, layers)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -48,6 +48,7 @@ class Search:
     document_ids: list | None = None
     reference: step_check.Reference | list | None = None
     flagged: Sequence[Flag] = ()  # units a data signal points at (``flagged.py``): named whatever their share
+    cut: Any = None  # a ``cut.CulpritCut``: ``auto`` copies the summed gradient of what it explained into it
 
 
 @dataclass
@@ -99,6 +100,7 @@ def _find(prober: Prober, model: torch.nn.Module, terms: list[list], search: Sea
     except BudgetExhausted:
         return _starved(prober, search, terms)
     found = Found(Hits(prober, stage.total, stage.total_sq, stage.term_score, label=search.labelled))
+    found.hits.cut = search.cut
     found.check = step_check.check_step(prober, stage.total, search.reference)
     step_check.report(found.check, found.notes)
     _stand_in(prober, stage, found, search.reference)

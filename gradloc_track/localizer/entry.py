@@ -29,7 +29,8 @@ LossFn = Callable[[torch.Tensor], torch.Tensor]
 
 def locate(model: torch.nn.Module, loss_fn: LossFn | Sequence[LossFn] | LocateStep,
            token_mask: torch.Tensor | Sequence[torch.Tensor] | None = None, method: str = "auto", budget: int = 128,
-           threshold: float | None = None, *, group_by: str = "block", **step_fields: Any) -> LocateResult:
+           threshold: float | None = None, *, group_by: str = "block", reuse_forward: bool = False,
+           cut: Any = None, **step_fields: Any) -> LocateResult:
     """Explain the step's gradient: the samples, spans and loss terms that carry it.
 
     The step is ``loss_fn`` and ``token_mask`` with the step's other fields by name, or one
@@ -45,6 +46,12 @@ def locate(model: torch.nn.Module, loss_fn: LossFn | Sequence[LossFn] | LocateSt
     - ``grad_scale=``: what the step did to ``.grad`` after backward (a clipper's per-tensor
       coefficients, in ``trainable_params(model)`` order), so the step check compares like with like.
     - ``sample_columns=``, ``normaliser=``: carried (see ``LocateStep``).
+
+    ``reuse_forward=True``: one forward per micro-batch serves its later probes (each then a
+    backward only, exact: ``kept_forward.py``), for more peak memory (the kept activations under each
+    probe's backward: 3-5 gradient sizes on long rows of a small model); one
+    process only (ignored under ``torch.distributed``). ``cut=``: a ``cut.CulpritCut`` that ``auto``
+    fills with the culprits' summed gradient, for ``surgery.operate`` (one process only).
 
     Culprit tokens are the terms whose own gradient is above ``threshold`` (per term; adaptive
     when None, from the ordinary terms); samples (rows, or packed documents), spans and
@@ -64,13 +71,13 @@ def locate(model: torch.nn.Module, loss_fn: LossFn | Sequence[LossFn] | LocateSt
     from .distributed import is_distributed, locate_distributed
 
     step = LocateStep.of(loss_fn, token_mask, step_fields)
-    options = SearchOptions(method, budget, threshold, group_by)
+    options = SearchOptions(method, budget, threshold, group_by, reuse_forward)
     if is_distributed():  # a collective: every rank calls it (see localizer/distributed.py)
         return locate_distributed(model, step, options)
-    return locate_one(model, step, options)
+    return locate_one(model, step, options, cut)
 
 
-def locate_one(model: torch.nn.Module, step: LocateStep, options: SearchOptions) -> LocateResult:
+def locate_one(model: torch.nn.Module, step: LocateStep, options: SearchOptions, cut: Any = None) -> LocateResult:
     """One process: every field of ``step`` checked, then ``driver.find_culprits``, restored."""
     loss_fns, masks, labelled = step.micro_batches()
     check_inputs(model, masks, options.method, options.budget, options.threshold)
@@ -78,6 +85,7 @@ def locate_one(model: torch.nn.Module, step: LocateStep, options: SearchOptions)
     normaliser = step.note()
     t0 = time.perf_counter()
     snap = Snapshot(model)
+    prober = None
     try:
         named = trainable_params(model)
         scale = step.scale_for(len(named))
@@ -86,7 +94,7 @@ def locate_one(model: torch.nn.Module, step: LocateStep, options: SearchOptions)
         # micro-batch stage (one probe each) comes on top, as in the official code
         extra = len(masks) if options.method == "gradloc" else 0
         prober = Prober([p for _, p in named], loss_fns, masks, step.rng_states(len(masks), snap.rng),
-                        options.budget + extra, grouping)
+                        options.budget + extra, grouping, options.reuse_forward)
         terms = [prober.terms(i) for i in range(prober.k)]
         if not any(terms):
             raise ValueError("token_mask selects no loss terms (all zeros): pass the batch's loss mask")
@@ -96,7 +104,7 @@ def locate_one(model: torch.nn.Module, step: LocateStep, options: SearchOptions)
         reference = Reference(snap.grads_for(prober.params), scale)  # .grad as the step left it
         try:
             search = Search(options.method, options.threshold, options.group_by, labelled, docs, reference,
-                            tuple(step.flagged))
+                            tuple(step.flagged), cut)
             result = find_culprits(prober, model, terms, search)
         except NonfiniteStep as step_nf:  # NaN/Inf: which samples, by isfinite instead of norms
             result = nonfinite.as_result(prober, step_nf, options.method, labelled, docs, grouping.names)
@@ -109,4 +117,6 @@ def locate_one(model: torch.nn.Module, step: LocateStep, options: SearchOptions)
             result.notes.append(normaliser)
         return result
     finally:
+        if prober is not None:
+            prober.forget()  # a kept forward's activations go before the step goes on
         snap.restore()

@@ -28,6 +28,7 @@ class SearchOptions:
     budget: int = 128
     threshold: float | None = None
     group_by: str = "block"
+    reuse_forward: bool = False  # later probes of a micro-batch replay its kept forward (``kept_forward.py``)
 
 
 def as_micro_batches(loss_fn: Any, token_mask: Any) -> tuple[list, list, bool]:

@@ -21,6 +21,11 @@ subset probe (``additivity.py``): that probe's mask is a leaf that requires grad
 backward also gives ``d loss / d mask`` (the value of every loss term, at the cost of one
 elementwise product), and the check gets the loss, that derivative and the mask instead of
 running forward passes of its own.
+
+``reuse_forward``: a probe with no check pending replays the graph of its micro-batch's last fresh
+forward instead of running one (``kept_forward.py``: exact, ~a third of a probe saved, the kept
+activations added to the peak); ``forget()`` drops that graph (a ghost pass's hooks need
+a forward of their own; the search's end frees it).
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ import torch
 
 from ..grouping import LayerGrouping
 from ..norms import local_part
+from .kept_forward import KeptForward
 
 Grads = list[torch.Tensor]  # one tensor per trainable parameter (zeros where no gradient)
 LossFn = Callable[[torch.Tensor], torch.Tensor]
@@ -43,7 +49,7 @@ class BudgetExhausted(Exception):
 class Prober:
     def __init__(self, params: Sequence[torch.nn.Parameter], loss_fns: Sequence[LossFn],
                  masks: Sequence[torch.Tensor], rng_states: Sequence[dict], budget: int,
-                 grouping: LayerGrouping) -> None:
+                 grouping: LayerGrouping, reuse_forward: bool = False) -> None:
         if not (len(loss_fns) == len(masks) == len(rng_states)):
             raise ValueError(f"one loss_fn, mask and RNG state per micro-batch; got {len(loss_fns)}, "
                              f"{len(masks)}, {len(rng_states)}")
@@ -58,6 +64,7 @@ class Prober:
         self.on_subset: dict[int, Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor], None]] = {}
         self.full_losses: dict[int, float] = {}  # micro-batch -> its full-mask loss (set by the additivity check)
         self._terms: dict[int, list[tuple[int, int]]] = {}
+        self.kept = KeptForward(reuse_forward)
 
     @property
     def k(self) -> int:
@@ -84,19 +91,30 @@ class Prober:
         self.count += 1
         for p in self.params:
             p.grad = None
-        check = (self.on_full if mask is self.masks[i] else self.on_subset).pop(i, None)
-        loss, leaf = self._forward(i, mask, check is not None)
-        check_loss(loss)
-        if not loss.requires_grad:
-            raise ValueError("loss_fn(mask) returned a loss that does not require grad: it must be computed "
-                             "from the model's forward pass inside loss_fn")
-        loss.backward()
+        full = mask is self.masks[i]
+        check = (self.on_full if full else self.on_subset).pop(i, None)
+        if check is None and self.kept.holds(i):  # no check to run on a forward: the kept graph serves
+            self.kept.backward(mask)
+        else:
+            self.kept.forget()  # one graph alive at a time: the last one goes before this forward
+            loss, leaf = self._forward(i, mask, check is not None or self.kept.enabled)
+            check_loss(loss)
+            if not loss.requires_grad:
+                raise ValueError("loss_fn(mask) returned a loss that does not require grad: it must be computed "
+                                 "from the model's forward pass inside loss_fn")
+            if leaf is None:  # loss_fn cannot take a mask that requires grad: no graph to keep, ever
+                self.kept.enabled = False
+            loss.backward(retain_graph=self.kept.keep(i, loss, leaf, self.masks[i], full))
         out = [_dense(p.grad) if p.grad is not None else torch.zeros_like(local_part(p)) for p in self.params]
         for p in self.params:
             p.grad = None  # the caller owns the buffers now; nothing else keeps them alive
         if check is not None:
             check(loss.detach(), None if leaf is None else leaf.grad, mask)
         return out
+
+    def forget(self) -> None:
+        """Drop the kept forward's graph (``reuse_forward``): the next probe runs a forward."""
+        self.kept.forget()
 
     def _forward(self, i: int, mask: torch.Tensor, with_terms: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The loss, and (``with_terms``) the mask as a leaf that requires grad, so backward gives

@@ -35,6 +35,7 @@ class Hits:
         # terms already explained: culprit tokens' and those of samples the levels reported
         self.terms: set[tuple[int, int, int]] = set()
         self.key_of: dict[int, tuple[int, int, int]] = {}  # id(token) -> its (micro_batch, b, t) in the search
+        self.cut = None  # a ``cut.CulpritCut`` to copy the summed gradient of what is explained into (surgery)
 
     def inside(self, keys: set[tuple[int, int, int]]) -> list[CulpritToken]:
         """The culprit tokens found among ``keys`` (the search's own term keys, whatever rows the
@@ -132,6 +133,7 @@ def ghost_pass(prober: Prober, i: int, model: torch.nn.Module, group_by: str,
     """One full-mask probe of micro-batch ``i`` with hooks: (its gradient, (L, B, T) layer map, layer
     names); ``segments`` also get their exact per-sample norms from the same backward."""
     mask = prober.masks[i]
+    prober.forget()  # the hooks need a forward of their own, never a kept graph's replay
     with GhostMap(model, group_by, tuple(mask.shape), segments=segments) as gm:
         g = prober.probe(i, mask)
     layer_map, names = gm.result(prober.grouping.layers)
@@ -173,7 +175,8 @@ def auto(prober: Prober, hits: Hits, all_terms: list[tuple[int, int, int]], tau:
        rule are searched).
     ``explained``: the gradient of terms outside ``all_terms`` already accounted for (samples the
     levels reported); the running sum starts from it and is ONE buffer, which becomes the
-    remainder in place. Nothing found and nothing explained: the remainder IS the total, and no
+    remainder in place (``hits.cut``, when set, gets a copy first: what surgery removes). Nothing found and
+    nothing explained: the remainder IS the total, and no
     copy is made unless bisection needs one to subtract from. ``then(running sum) ->
     (budget_exhausted, running sum)`` runs between 1 and 2 (the levels' ``reconsider``: terms it
     explains join ``hits.terms`` and their gradient the running sum).
@@ -184,6 +187,8 @@ def auto(prober: Prober, hits: Hits, all_terms: list[tuple[int, int, int]], tau:
         exhausted, found_sum = then(found_sum)
     if exhausted:
         return True, []
+    if found_sum is not None and hits.cut is not None:  # before the running sum becomes the remainder
+        hits.cut.keep(found_sum, hits.terms)
     rest = [k for k in all_terms if k not in hits.terms]
     if not rest:
         return False, []

@@ -8,7 +8,10 @@ loss terms carry a spike, so the step can keep everything else:
 ``g_c`` is the gradient of the culprits' loss terms (every culprit row: tokens, spans, samples,
 micro-batches; ``LocateResult.culprit_masks``) from ONE probe of their mask: one forward+backward
 of each micro-batch that holds a culprit, replaying that micro-batch's RNG state, summed, as the
-localizer's probes are. ``s`` puts it in ``.grad``'s units: the localizer's step check found
+localizer's probes are. No probe at all when the search already summed exactly those terms'
+gradients (``cut.CulpritCut``, passed to ``locate`` and here: the culprit tokens ``auto``
+confirmed one probe each); loss terms add up, so that sum is the same gradient to float rounding.
+``s`` puts it in ``.grad``'s units: the localizer's step check found
 ``.grad = s * (the probes' sum)`` (``StepCheck.scale``; 1 when ``loss_fn`` is the training loss,
 ``1/K`` when the loop divided by K and ``loss_fn`` does not). It runs on the gradient as backward
 left it, before any clipper scales ``.grad`` (the monitor orders it so); when the step says what
@@ -36,6 +39,7 @@ import torch.distributed as dist
 
 from ..norms import local_part, reduce_over_shards, trainable_params
 from .distributed import is_distributed
+from .cut import CulpritCut
 from .dist_probe import DistSnapshot
 from .probe import check_loss, restore_rng
 from .result import LocateResult
@@ -57,7 +61,8 @@ class SurgeryResult:
     culprit_norm: float = 0.0  # ||s g_c||
     scale: float = 1.0  # s
     culprits: int = 0  # culprit rows removed (every level)
-    probes: int = 0  # forward+backward passes (one probe; one backward per micro-batch holding a culprit)
+    probes: int = 0  # forward+backward passes: one probe (a backward per micro-batch holding a culprit), or 0
+    # when the search's own sum of the culprits' probes served (``cut.CulpritCut``)
     wall_time_s: float = 0.0
 
     def metrics(self) -> dict[str, float]:
@@ -80,9 +85,11 @@ def remove_culprits(model: torch.nn.Module, loss_fn: Callable | Sequence[Callabl
     return operate(model, LocateStep(loss_fn, token_mask, rng_state=rng_state, document_ids=document_ids), result)
 
 
-def operate(model: torch.nn.Module, step: LocateStep, result: LocateResult) -> SurgeryResult:
+def operate(model: torch.nn.Module, step: LocateStep, result: LocateResult,
+            cut: CulpritCut | None = None) -> SurgeryResult:
     """``remove_culprits`` for the step object ``locate`` took (its micro-batches, RNG states,
-    documents and ``grad_scale``)."""
+    documents and ``grad_scale``); ``cut``: the ``CulpritCut`` ``locate`` filled, used in place of the
+    probe when it covers exactly the culprits' terms."""
     if not result.culprits:
         return SurgeryResult(False, "no culprit found at any level (token, span, sample, micro-batch)")
     if result.nonfinite is not None and result.step_check is None:  # a NaN/Inf gradient: no subtraction helps
@@ -94,22 +101,34 @@ def operate(model: torch.nn.Module, step: LocateStep, result: LocateResult) -> S
     t0 = time.perf_counter()
     fns, masks, _ = step.micro_batches()
     distributed = is_distributed()
-    cut = result.culprit_masks(masks, step.document_ids, rank=dist.get_rank() if distributed else None)
+    masks_cut = result.culprit_masks(masks, step.document_ids, rank=dist.get_rank() if distributed else None)
     params = [p for _, p in trainable_params(model)]
     if any(p.grad is not None and p.grad.is_sparse for p in params):
         return SurgeryResult(False, "sparse gradients (nn.Embedding(sparse=True)) are not operated on",
                              culprits=len(result.culprits))
     coefs = step.scale_for(len(params))
+    probes = 0
+    if not distributed and cut is not None and cut.covers(masks_cut):
+        g_c = cut.grads  # the search's own sum of exactly these terms' probes
+    else:
+        g_c, probes = _probe_once(model, params, fns, masks_cut, step, result, distributed), 1
+    out = _subtract(params, g_c, scale, coefs)
+    out.culprits, out.wall_time_s = len(result.culprits), time.perf_counter() - t0
+    out.probes = probes if out.applied else 0
+    return out
+
+
+def _probe_once(model: torch.nn.Module, params: list[torch.nn.Parameter], fns: list[Callable],
+                masks: list[torch.Tensor], step: LocateStep, result: LocateResult,
+                distributed: bool) -> list[torch.Tensor | None]:
+    """``_probe`` of the culprits' masks with what it touches saved and restored."""
     snap = DistSnapshot(model) if distributed else Snapshot(model)
     try:
         with torch.enable_grad():
-            g_c = _probe(params, fns, cut, step.rng_states(len(fns), snap.rng),
-                         sorted({c.micro_batch or 0 for c in result.culprits}), copy=distributed)
+            return _probe(params, fns, masks, step.rng_states(len(fns), snap.rng),
+                          sorted({c.micro_batch or 0 for c in result.culprits}), copy=distributed)
     finally:
         snap.restore()
-    out = _subtract(params, g_c, scale, coefs)
-    out.culprits, out.wall_time_s = len(result.culprits), time.perf_counter() - t0
-    return out
 
 
 def units(check: Any) -> tuple[float | None, str]:
@@ -177,4 +196,4 @@ def _subtract(params: list[torch.nn.Parameter], g_c: list[torch.Tensor | None], 
     per = reduce_over_shards(torch.stack(rows), owners)  # (n, 4)
     pre, dot, cut, post = per.sum(0).tolist()  # host sync: once per operated spike
     return SurgeryResult(True, removed_share=dot / pre if pre > 0 else 0.0, grad_norm_pre=math.sqrt(pre),
-                         grad_norm_post=math.sqrt(post), culprit_norm=math.sqrt(cut), scale=scale, probes=1)
+                         grad_norm_post=math.sqrt(post), culprit_norm=math.sqrt(cut), scale=scale)

@@ -94,10 +94,12 @@ class SpikeResponder:
             return held, {}
         why_not = self.why_not_localized(step, ctx)
         tried, located, result, shown = why_not is None, None, None, None
+        cut = None
         if tried:
             ctx = resolve(ctx)
             located = self._step(step, ctx, grad_scale, events, junk)
-            result = self._localize(step, located) if located is not None else None
+            cut = self._cut() if self.surgery else None
+            result = self._localize(step, located, cut) if located is not None else None
         if result is not None:
             self._count(step, bool(result.culprits))  # a culprit at any level: token, span, sample, micro-batch
             shown = self._view(step, result, ctx)
@@ -109,7 +111,7 @@ class SpikeResponder:
             self._write_artifacts(step, events, shown)
         else:
             self._record_detection(step, events, why_not)
-        surgery = self._operate(step, result, located, f"not localized ({why_not})") if self.surgery else None
+        surgery = self._operate(step, result, located, f"not localized ({why_not})", cut) if self.surgery else None
         outcome = SpikeOutcome(step, events, cause, result, shown, why_not, surgery)
         return outcome, _metrics(result, tried, surgery)
 
@@ -139,17 +141,24 @@ class SpikeResponder:
         except Exception as exc:
             warnings.warn(f"gradloc-track: writing spike artifacts at step {step} failed: {exc!r}")
 
-    def _operate(self, step: int, result: Any, located: Any, why: str) -> Any:
+    @staticmethod
+    def _cut() -> Any:
+        """The sink ``locate`` fills with the culprits' summed gradient, so surgery needs no probe of its own."""
+        from ..localizer.cut import CulpritCut
+
+        return CulpritCut()
+
+    def _operate(self, step: int, result: Any, located: Any, why: str, cut: Any = None) -> Any:
         """Spike surgery on this step's ``.grad`` (a collective under torch.distributed, like locating),
-        with the step object the localizer took; ``why``: the reason nothing is removed when
-        ``result`` is None."""
+        with the step object the localizer took and the ``cut`` it filled; ``why``: the reason nothing is
+        removed when ``result`` is None."""
         from ..localizer.surgery import SurgeryResult, operate
 
         if result is None:
             out = SurgeryResult(False, why)
         else:
             try:
-                out = operate(self.model, located, result)
+                out = operate(self.model, located, result, cut)
             except Exception as exc:  # the step goes on as the clipper leaves it: never kill training
                 warnings.warn(f"gradloc-track: spike surgery at step {step} failed: {exc!r}; the step is not operated")
                 out = SurgeryResult(False, f"surgery failed: {exc!r}")
@@ -211,14 +220,15 @@ class SpikeResponder:
         except Exception as exc:  # forensics must never kill training
             warnings.warn(f"gradloc-track: recording the spike at step {step} failed: {exc!r}")
 
-    def _localize(self, step: int, located: Any) -> Any:
+    def _localize(self, step: int, located: Any, cut: Any = None) -> Any:
         from .. import localizer  # imported here: the localizer is only needed on a spike
 
         cfg = self.config
         try:
             with torch.enable_grad():
                 return localizer.locate(self.model, located, method=cfg.method, budget=cfg.budget,
-                                        threshold=cfg.threshold, group_by=self.group_by)
+                                        threshold=cfg.threshold, group_by=self.group_by,
+                                        reuse_forward=cfg.reuse_forward, cut=cut)
         except Exception as exc:  # forensics must never kill training
             warnings.warn(f"gradloc-track: localizing the spike at step {step} failed: {exc!r}")
             return None

@@ -129,6 +129,7 @@ def test_the_optimizer_gets_the_step_minus_the_culprits_then_clipped(k):
     assert norm(operated) > MAX_NORM  # the clipper really scaled the operated gradient
     logged = dict(tracker.metrics)[SPIKE_AT]
     assert logged["surgery/applied"] == 1.0
+    assert spike.surgery.probes == 0  # the search's own probe of the culprit token served (localizer/cut.py)
     share = sum(float((c.double() * g.double()).sum()) for c, g in zip(cut, own)) / norm(own) ** 2
     assert logged["surgery/removed_share"] == pytest.approx(share, rel=1e-5) and 0.5 < share < 0.99
     assert logged["surgery/grad_norm_post"] == pytest.approx(norm(operated), rel=1e-5)
