@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from ..config import SpikeConfig
 from ..localizer.flagged import Flag
-from ..spikes.junk import LEAKED_COLUMN, junk_parts, leaked_rows_of
+from ..spikes.junk import LEAKED_COLUMN, JunkSpan, junk_parts, leaked_rows_of
 from ..spikes.text_check import clean_text, decode_window
 
 LEAK_REASON = "leaked labels (targets equal to their inputs)"
@@ -57,7 +57,7 @@ def _junk_runs(junk: Any, ctx: Any, terms: int, margin: float) -> list[Flag]:
     tok = getattr(ctx, "tokenizer", None)
     out = []
     for k, part in enumerate(parts):
-        windows = part.windows  # a JunkSpan (None: made without its windows)
+        windows = part.windows if isinstance(part, JunkSpan) else None  # bare (span, mean) pairs say no more
         if windows is None:
             continue
         w = windows.detach().float().cpu()  # host read: (B, W) window means, on a firing step

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..spikes.junk import junk_parts
+from ..spikes.junk import JunkSpan, junk_parts
 from ..spikes.text_check import decode_window
 from .responder import resolve
 
@@ -24,7 +24,8 @@ def window_text(junk: Any, ctx: Any, terms: int, group: Any = None) -> str | Non
     if ctx is None or (dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1):
         return None
     parts = junk_parts(junk)
-    if not parts or any(p.where is None for p in parts):
+    # the run is known only from JunkSpans that say where it is (a user may pass bare (span, mean) pairs)
+    if not parts or any(not isinstance(p, JunkSpan) or p.where is None for p in parts):
         return None
     ctx = resolve(ctx)
     ids = getattr(ctx, "input_ids", None)

@@ -197,3 +197,31 @@ def test_leaked_labels_fire_as_data_with_the_rows_named():
     (stats,) = handle.spikes
     assert "leaked_labels" in [e.signal for e in stats.events] and stats.cause == "data"
     assert "labels not shifted" in stats.cause_detail and "samples 1, 4, 6" in stats.cause_detail
+
+
+def test_bare_pairs_given_to_the_monitor_fire_without_a_run_to_name():
+    """``after_backward(junk_span=[(span, mean)])`` (pairs, as ``junk_pair`` takes them, not ``JunkSpan``s) fires
+    the junk signal with a spike context and does not raise: the window's text is unknown, nothing is flagged."""
+    import warnings
+
+    from gradloc_track import GradMonitor, MemoryTracker
+    from gradloc_track.spikes import SpikeContext
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    mon = GradMonitor(model, tracker=MemoryTracker(), detector=SpikeDetector(warmup_steps=3, junk_terms=4),
+                      log_every=1)
+    x = torch.randn(2, 4)
+    ctx = SpikeContext(lambda m: (model(x).sum(-1, keepdim=True).expand(2, 8) * m).sum(), torch.ones(2, 8),
+                       input_ids=torch.randint(0, 9, (2, 8)))
+    fired = []
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for step in range(8):
+            model.zero_grad()
+            model(x).pow(2).sum().backward()
+            junk = [(torch.tensor(0.5 if step == 6 else -2.0), torch.tensor(-3.0))]
+            st = mon.after_backward(step, loss=torch.tensor(1.0), junk_span=junk, spike_context=ctx)
+            fired += [(step, e.signal) for e in st.events]
+    assert (6, "junk_span") in fired
+    assert not [w for w in seen if "flagged" in str(w.message)]  # no failure reading the flags
