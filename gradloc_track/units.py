@@ -19,6 +19,11 @@ def unit_label(sample: Any, micro_batch: int | None = None, document: int | None
     return f"document {document} ({where})" if document is not None else where
 
 
+def micro_batch_label(micro_batch: int | None) -> str:
+    """``"micro-batch 2"``; ``"the batch"`` for a step of one micro-batch."""
+    return f"micro-batch {micro_batch}" if micro_batch is not None else "the batch"
+
+
 def completion_label(noun: str, index: Any, group: Any, where: str, reward: Any = None,
                      document: int | None = None) -> str:
     """``"completion 2 of group 1, reward 0.25 (sample 9)"``: an RL sample by its group and index, ``where``

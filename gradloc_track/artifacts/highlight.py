@@ -19,12 +19,11 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-
 from ..localizer.culprit_view import CulpritView
 from ..localizer.result import Culprit, CulpritToken, LocateResult
 from ..spikes.event import SpikeEvent
-from ..text import MAX_TOKEN_CHARS, token_html  # noqa: F401 - MAX_TOKEN_CHARS: the page's cut, read by tests
-from ..text import decode_token
+from ..text import MAX_TOKEN_CHARS, decode_token, token_html  # noqa: F401 - MAX_TOKEN_CHARS: read by tests
+from ..units import micro_batch_label
 from .table import format_top_layers
 
 CSS = """
@@ -307,8 +306,9 @@ def _unit_text(u: Culprit, T: int) -> str:
 
 def _micro_batch_line(c: Culprit) -> str:
     share = "n/a" if c.share is None else f"{c.share:.3f}"
-    return (f"<h2>micro-batch {c.micro_batch}</h2><div class='meta unit'>culprit micro-batch: no sample, span or "
-            f"token in it stands out · {c.n_terms} loss terms · share {share} · grad norm {c.grad_norm:.3e}</div>")
+    return (f"<h2>{micro_batch_label(c.micro_batch)}</h2><div class='meta unit'>culprit micro-batch: no sample, "
+            f"span or token in it stands out · {c.n_terms} loss terms · share {share} · grad norm "
+            f"{c.grad_norm:.3e}</div>")
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ..text import decode_token, decode_tokens  # noqa: F401 - the table's names for them, read by callers
+from ..text import decode_token
 from .identity import row_fingerprint
 
 if TYPE_CHECKING:

@@ -9,6 +9,8 @@ from typing import Any, Sequence
 
 from ..localizer.culprit_view import CulpritView
 from ..trackers.spike_story import SHARE_OF  # one phrase for the console and the run page
+from ..units import micro_batch_label
+
 MAX_LINES = 6  # culprit lines per block; the rest are counted
 # the RL columns a culprit line shows when the culprit table has them (TRL's GRPO, verl, examples/rl_grpo.py)
 RL_COLUMNS = (("ratio", "ratio"), ("logprob", "log-prob"), ("old_logprob", "old log-prob"))
@@ -43,11 +45,11 @@ class SpikeView:
         return cls(stats.step, list(stats.events), result, ctx, why, stats.surgery)
 
     def __post_init__(self) -> None:
-        self.culprits = CulpritView(self.result, self.context)  # how the table and the cause name them too
+        self.culprit_view = CulpritView(self.result, self.context)  # how the table and the cause name them too
 
     def who(self, mb: int | None, sample: int, document: int | None = None) -> tuple[str, str]:
         """(label, unit) of a sample: ``CulpritView.who``."""
-        return self.culprits.who(mb, sample, document)
+        return self.culprit_view.who(mb, sample, document)
 
     def rl_values(self, mb: int | None, sample: int, positions: Sequence[int]) -> str:
         """``ratio 392, log-prob -0.21, old log-prob -6.21``: the RL columns the culprit table has
@@ -55,7 +57,7 @@ class SpikeView:
         run's or unit's loss terms (as the table's rows); "" without them."""
         parts = []
         for name, label in RL_COLUMNS:
-            value = self.culprits.mean_of(name, mb, sample, positions)
+            value = self.culprit_view.mean_of(name, mb, sample, positions)
             if value is not None:
                 parts.append(f"{label} {value:.3g}")
         return ", ".join(parts)
@@ -75,13 +77,12 @@ def _unit_line(view: SpikeView, c: Any) -> str:
     share = f"  ({_pct(c.share)} {SHARE_OF})" if c.share is not None else ""
     share = NONFINITE if c.nonfinite else share
     if c.level == "micro_batch":
-        mb = f"micro-batch {c.micro_batch}" if c.micro_batch is not None else "the batch"
-        return f"{mb}: the whole micro-batch (no sample or token in it stands out){share}"
+        return f"{micro_batch_label(c.micro_batch)}: the whole micro-batch (no sample or token in it stands out){share}"
     label, unit = view.who(c.micro_batch, c.batch, c.document)
     what = f"span {c.start}-{c.end - 1}" if c.level == "span" else f"the whole {unit}"
-    terms = view.culprits.terms(c)
+    terms = view.culprit_view.terms(c)
     rl = view.rl_values(c.micro_batch, c.batch, terms)
-    return (f"{label}, {what}: {_quote(view.culprits.text_at(c.micro_batch, c.batch, terms))}{share}"
+    return (f"{label}, {what}: {_quote(view.culprit_view.text_at(c.micro_batch, c.batch, terms))}{share}"
             + (f"  {rl}" if rl else ""))
 
 
@@ -99,9 +100,9 @@ def _token_runs(view: SpikeView) -> list[tuple[float, str]]:
             first, last = run[0].position, run[-1].position
             where = f"tokens {first}-{last}" if len(run) > 1 else f"token {first}"
             share = sum(c.share or 0.0 for c in run)
-            label, _ = view.who(mb, sample, view.culprits.document_at(mb, sample, first))
+            label, _ = view.who(mb, sample, view.culprit_view.document_at(mb, sample, first))
             # decoded together: a character split over byte tokens comes out whole, as the table's span text
-            text = view.culprits.text_at(mb, sample, [c.position for c in run])
+            text = view.culprit_view.text_at(mb, sample, [c.position for c in run])
             tail = NONFINITE if any(c.nonfinite for c in run) else f"  ({_pct(share)} {SHARE_OF})"
             rl = view.rl_values(mb, sample, [c.position for c in run])
             out.append((share, f"{label}, {where}: {_quote(text)}{tail}" + (f"  {rl}" if rl else "")))
@@ -130,7 +131,7 @@ def culprit_count(view: SpikeView) -> str:
         levels[c.level] = levels.get(c.level, 0) + 1
         if c.level == "micro_batch":
             continue
-        doc = view.culprits.document(c)
+        doc = view.culprit_view.document(c)
         units.add((c.micro_batch, c.batch, doc))
         noun = view.who(c.micro_batch, c.batch, doc)[1]
     rows = [f"{levels['sample']} whole" if "sample" in levels else None,

@@ -7,15 +7,16 @@ micro-batch 3, sample 0``), its text is decoded one way, and "one entry per micr
 batch" is decided once, from the context's ``token_mask`` (a list of K masks: K micro-batches; a
 gathered view under torch.distributed is one flat batch even when its culprits name micro-batches).
 
-Each context tensor is read to the host once, on first use (one host sync per tensor, on a spike's
-outputs only); the view holds python lists from then on.
+A row is read to the host when a reader first asks for it (one host sync per row and field, on a
+spike's outputs only), never the whole batch: a view of a multi-million-token batch reads the few
+rows its culprits sit in.
 """
 from __future__ import annotations
 
 from typing import Any, Sequence
 
 from ..text import decode_tokens
-from ..units import completion_label, unit_label
+from ..units import completion_label, micro_batch_label, unit_label
 
 RANK_SAMPLE = "rank_sample"  # a gathered view's column (``dist_context``): the sample's index on its rank
 
@@ -31,46 +32,43 @@ def _lists(value: Any) -> Any:
 
 class CulpritView:
     """The culprits of ``result`` over ``context`` (the ``SpikeContext`` they index: rank 0's gathered
-    view under torch.distributed). ``context`` may be None: culprits are then named by coordinates."""
+    view under torch.distributed). ``context`` may be None: culprits are then named by coordinates.
+    A user's context of its own shape is read by its field names, so it may lack any of them."""
 
     def __init__(self, result: Any, context: Any) -> None:
         self.result, self.context = result, context
         self.per_mb = isinstance(getattr(context, "token_mask", None), (list, tuple))
         self.tokenizer = getattr(context, "tokenizer", None)
-        self._host: dict[str, Any] = {}
+        self._rows: dict[tuple, Any] = {}  # (field or column, micro-batch, sample) -> the row as python values
 
-    # -- the context on the host ----------------------------------------------------------------
-    def _attr(self, name: str) -> Any:
-        """The context attribute ``name`` as python lists (read once)."""
-        if name not in self._host:
-            self._host[name] = _lists(getattr(self.context, name, None))
-        return self._host[name]
-
-    def _columns(self, kind: str) -> dict[str, Any]:
-        """``extra_columns`` (per token) or ``sample_columns`` (per sample), their values as python lists."""
-        key = f"{kind}:"
-        if key not in self._host:
-            raw = getattr(self.context, kind, None) or {}
-            self._host[key] = {n: _lists(v) for n, v in raw.items()}
-        return self._host[key]
-
+    # -- the context on the host, a row at a time -------------------------------------------------
     def at(self, value: Any, mb: int | None) -> Any:
         """The micro-batch ``mb``'s entry of a per-micro-batch value (the value itself in a flat batch)."""
         return value[mb] if self.per_mb and mb is not None and value is not None else value
 
+    def _row(self, key: tuple, value: Any, mb: int | None, sample: int) -> Any:
+        """``value``'s entry for ``sample`` (of ``mb``) as python values, read once (one host sync)."""
+        key = (*key, mb if self.per_mb else None, sample)
+        if key not in self._rows:
+            part = self.at(value, mb)
+            self._rows[key] = None if part is None else _lists(part[sample])
+        return self._rows[key]
+
     def row(self, name: str, mb: int | None, sample: int) -> list | None:
         """Sample ``sample``'s row of a (B, T) context tensor (``input_ids``, ``token_mask``,
         ``document_ids``, ``segment_ids``); None when the context lacks it."""
-        value = self.at(self._attr(name), mb)
-        return None if value is None else value[sample]
+        return self._row((name,), getattr(self.context, name, None), mb, sample)
+
+    def _columns(self, kind: str) -> dict[str, Any]:
+        return getattr(self.context, kind, None) or {}
 
     def has(self, kind: str, name: str) -> bool:
-        return name in (getattr(self.context, kind, None) or {})
+        return name in self._columns(kind)
 
     def sample_cell(self, name: str, mb: int | None, sample: int, document: int | None = None) -> Any:
         """Sample ``sample``'s cell of the ``sample_columns`` column ``name``; a packed row's cell that
         holds one value per document (verl's responses' rewards): ``document``'s."""
-        cell = self.at(self._columns("sample_columns")[name], mb)[sample]
+        cell = self._row(("sample_columns", name), self._columns("sample_columns")[name], mb, sample)
         if document is not None and isinstance(cell, (list, tuple)) and 0 <= document < len(cell):
             cell = cell[document]
         return cell
@@ -78,7 +76,7 @@ class CulpritView:
     def extra_row(self, name: str, mb: int | None, sample: int) -> list | None:
         """Sample ``sample``'s row of the per-token ``extra_columns`` column ``name``."""
         cols = self._columns("extra_columns")
-        return self.at(cols[name], mb)[sample] if name in cols else None
+        return self._row(("extra_columns", name), cols[name], mb, sample) if name in cols else None
 
     # -- where a culprit is -----------------------------------------------------------------------
     def own_sample(self, mb: int | None, sample: int) -> int:
@@ -138,7 +136,7 @@ class CulpritView:
         """A culprit in words, where in its unit included: ``"sample 3, token 40"``, ``"document 2
         (sample 0), span 3-9"``, ``"micro-batch 1"``."""
         if c.level == "micro_batch" or c.batch is None:
-            return f"micro-batch {c.micro_batch}" if c.micro_batch is not None else "the batch"
+            return micro_batch_label(c.micro_batch)
         doc = self.document(c)
         label = self.who(c.micro_batch, c.batch, doc)[0] if self.context is not None else \
             unit_label(c.batch, c.micro_batch, doc, c.rank)  # no context: its coordinates
@@ -154,10 +152,6 @@ class CulpritView:
         """The tokens at ``positions`` of ``sample``, decoded together; "" without ``input_ids``."""
         ids = self.row("input_ids", mb, sample)
         return "" if ids is None else self.decode([int(ids[p]) for p in positions])
-
-    def text(self, mb: int | None, sample: int, start: int, end: int, document: int | None = None) -> str:
-        """The loss-bearing tokens of ``[start, end)`` in ``sample`` (of ``document``), decoded."""
-        return self.text_at(mb, sample, self.loss_positions(mb, sample, start, end, document))
 
     def mean_of(self, name: str, mb: int | None, sample: int, positions: Sequence[int]) -> float | None:
         """The mean of the per-token column ``name`` over ``positions``; None when it is not numeric,

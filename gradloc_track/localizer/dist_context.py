@@ -120,7 +120,9 @@ def gather_culprit_rows(result: LocateResult, ctx: Any, group=None) -> tuple[Loc
     for i, lr in enumerate(layer_rows):
         layer_map[: lr.shape[0], i, : lr.shape[-1]] = lr
     # the table's rank / micro_batch columns come from the culprits; the row's own sample index
-    samples: dict[str, Any] = {"rank_sample": torch.tensor([x["batch"] for x in flat])}
+    # and its rank, so every reader names it "rank r, ..., sample b" (``CulpritView.who``)
+    samples: dict[str, Any] = {"rank_sample": torch.tensor([x["batch"] for x in flat]),
+                               "rank": torch.tensor([x["rank"] for x in flat])}
     for name in (getattr(ctx, "sample_columns", None) or {}):
         samples[name] = _sample_column([x["sample"].get(name) for x in flat])
     extras = {name: _pad([x["extra"].get(name) for x in flat], length, float("nan"), torch.float64)

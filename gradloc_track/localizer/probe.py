@@ -93,9 +93,8 @@ class Prober:
             p.grad = None
         full = mask is self.masks[i]
         check = (self.on_full if full else self.on_subset).pop(i, None)
-        if check is None and self.kept.holds(i):  # no check to run on a forward: the kept graph serves
-            self.kept.backward(mask)
-        else:
+        replayed = check is None and self.kept.holds(i) and self._replay(mask)  # no check to run: the kept graph
+        if not replayed:
             self.kept.forget()  # one graph alive at a time: the last one goes before this forward
             loss, leaf = self._forward(i, mask, check is not None or self.kept.enabled)
             check_loss(loss)
@@ -115,6 +114,20 @@ class Prober:
     def forget(self) -> None:
         """Drop the kept forward's graph (``reuse_forward``): the next probe runs a forward."""
         self.kept.forget()
+
+    def _replay(self, mask: torch.Tensor) -> bool:
+        """The probe of ``mask`` from the kept graph; False (kept forwards off from here, ``.grad`` cleared)
+        when its backward fails, e.g. a fused loss kernel that cannot be differentiated twice: the probe
+        then runs its own forward, as without ``reuse_forward``."""
+        try:
+            self.kept.backward(mask)
+            return True
+        except RuntimeError:
+            for p in self.params:
+                p.grad = None
+            self.kept.forget()
+            self.kept.enabled = False
+            return False
 
     def _forward(self, i: int, mask: torch.Tensor, with_terms: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The loss, and (``with_terms``) the mask as a leaf that requires grad, so backward gives
@@ -146,6 +159,7 @@ class Prober:
         if self.count >= self.budget:
             raise BudgetExhausted
         self.count += 1
+        self.kept.forget()  # one graph alive at a time: this forward keeps its own
         restore_rng(self.rng_states[i])
         mask = self.masks[i].detach().clone().requires_grad_(True)
         loss = self.loss_fns[i](mask)

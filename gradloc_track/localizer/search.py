@@ -188,7 +188,7 @@ def auto(prober: Prober, hits: Hits, all_terms: list[tuple[int, int, int]], tau:
     if exhausted:
         return True, []
     if found_sum is not None and hits.cut is not None:  # before the running sum becomes the remainder
-        hits.cut.keep(found_sum, hits.terms)
+        hits.cut.keep(found_sum, hits.terms, hits.share(found_sum))
     rest = [k for k in all_terms if k not in hits.terms]
     if not rest:
         return False, []

@@ -108,7 +108,7 @@ def operate(model: torch.nn.Module, step: LocateStep, result: LocateResult,
                              culprits=len(result.culprits))
     coefs = step.scale_for(len(params))
     probes = 0
-    if not distributed and cut is not None and cut.covers(masks_cut):
+    if not distributed and cut is not None and cut.covers(masks_cut, result.culprits):
         g_c = cut.grads  # the search's own sum of exactly these terms' probes
     else:
         g_c, probes = _probe_once(model, params, fns, masks_cut, step, result, distributed), 1

@@ -78,6 +78,12 @@ def off_policy_reading(culprit: Any, ctx: Any) -> tuple[float, float | None, flo
     return ratio[best], None if logp is None else logp[best], None if old is None else old[best]
 
 
+def _distributed() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
 def leaked_rows(ctx: Any) -> str:
     """The rows whose labels leaked (``spikes.junk.LEAKED_COLUMN``), in words; "" when none is marked."""
     from ..spikes.junk import LEAKED_COLUMN, leaked_rows_of
@@ -136,7 +142,9 @@ def evidence_of(events: Sequence[Any], result: Any, shown: Any,
     ev.culprit_share = min(1.0, max(0.0, sum(c.share for c in culprits)))
     if culprits:
         top = max(culprits, key=lambda c: c.share)
-        indexes = shown is not None and shown.result is result  # the view's culprits index its context's rows
+        # the view's culprits index its context's rows: in one process (under torch.distributed the gathered
+        # view holds its own result; rank 0's own batch, after a failed gather, does not hold other ranks' rows)
+        indexes = shown is not None and shown.result is result and not _distributed()
         ev.top_culprit = (shown if indexes else CulpritView(result, None)).words(top)
         if ctx is not None and indexes:
             try:

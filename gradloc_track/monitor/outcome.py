@@ -22,24 +22,24 @@ if TYPE_CHECKING:  # imported on a spike only at run time (the localizer is heav
 
 @dataclass(frozen=True)
 class SpikeOutcome:
-    """One detected step. ``events`` carry the step's cause (``SpikeEvent.cause``); ``culprits`` is the
-    localization as the artifacts show it, a ``CulpritView`` (under torch.distributed rank 0's, with
-    every culprit's sample gathered; None on a rank that shows nothing): the cause's words and the
-    console name culprits from it; ``not_localized`` says why ``locate`` is None; ``surgery`` is set
-    with ``spikes.response=surgery``."""
+    """One detected step. ``events`` carry the step's cause (``SpikeEvent.cause``); ``culprit_view`` is
+    the localization as the artifacts show it, a ``CulpritView`` (under torch.distributed rank 0's, with
+    every culprit's sample gathered; None on a rank that shows nothing): the cause's words read it, and
+    the console, the table and the page read the same view of ``view``; ``not_localized`` says why
+    ``locate`` is None; ``surgery`` is set with ``spikes.response=surgery``."""
 
     step: int
     events: tuple[SpikeEvent, ...]
     cause: Cause | None = None
     locate: LocateResult | None = None
-    culprits: CulpritView | None = None
+    culprit_view: CulpritView | None = None
     not_localized: str | None = None
     surgery: SurgeryResult | None = None
 
     @property
     def view(self) -> tuple[Any, Any] | None:
-        """``(result, context)`` the culprits index (``culprits``'s), or None."""
-        return (self.culprits.result, self.culprits.context) if self.culprits is not None else None
+        """``(result, context)`` the culprits index (``culprit_view``'s), or None."""
+        return (self.culprit_view.result, self.culprit_view.context) if self.culprit_view is not None else None
 
     @property
     def cause_name(self) -> str | None:

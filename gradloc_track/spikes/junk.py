@@ -66,18 +66,12 @@ def cap_repeats(excess: torch.Tensor, targets: torch.Tensor, inputs: torch.Tenso
     return torch.where(targets == inputs.to(targets.device), excess.clamp(max=0.0), excess)
 
 
-def span_argmax(excess: torch.Tensor, valid: torch.Tensor, docs: torch.Tensor | None,
-                terms: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """The largest mean of ``excess`` (..., T) over ``terms`` consecutive valid positions of one document
-    (``docs`` (..., T) ids; None: one document a row), over every row (``-inf``, 0-d, when no such run
-    exists), (2,) long: that run's row and first position, and (rows, windows) every window's mean
-    (None when no row is that long). On the device."""
-    return _span_argmax(torch.where(valid, excess, 0.0), valid, docs, terms)
-
-
-def _span_argmax(masked: torch.Tensor, valid: torch.Tensor, docs: torch.Tensor | None,
+def span_argmax(masked: torch.Tensor, valid: torch.Tensor, docs: torch.Tensor | None,
                  terms: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """``span_argmax`` of the excess already zeroed where no term is (``masked``: shared with the mean)."""
+    """The largest mean of the excess (``masked`` (..., T): zeroed where no term is, shared with the mean)
+    over ``terms`` consecutive valid positions of one document (``docs`` (..., T) ids; None: one document a
+    row), over every row (``-inf``, 0-d, when no such run exists), (2,) long: that run's row and first
+    position, and (rows, windows) every window's mean (None when no row is that long). On the device."""
     T = masked.shape[-1]
     if T < terms:
         return masked.new_tensor(-torch.inf), torch.zeros(2, dtype=torch.long, device=masked.device), None
@@ -148,7 +142,7 @@ def junk_stats(excess: torch.Tensor, valid: torch.Tensor, document_ids: torch.Te
     if docs is not None and docs.device != valid.device:
         docs = docs.to(valid.device)
     masked = torch.where(valid, excess, 0.0)  # (B, T): the runs' sums and the mean both read it
-    best, where, windows = _span_argmax(masked, valid, docs, terms)
+    best, where, windows = span_argmax(masked, valid, docs, terms)
     return JunkSpan(best, masked.sum() / n_terms.clamp(min=1), None if rows is None else rows.max(), rows,
                     where, windows)
 

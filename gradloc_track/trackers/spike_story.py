@@ -13,7 +13,7 @@ import html
 import re
 from typing import Any, Callable, Iterable, Sequence
 
-from ..units import row_label
+from ..units import micro_batch_label, row_label
 
 EVENTS, TOKENS = "spikes/events", "spikes/tokens"  # the artifact writer's tables (artifacts/)
 SHARE_OF = "of the batch's squared grad norm"  # the console's words (console/culprits.py)
@@ -116,8 +116,7 @@ def _units(rows: list[dict[str, Any]]) -> list[tuple[float, str, str | None]]:
             key = (row.get("rank"), row.get("micro_batch"), row.get("sample"), row.get("document"))
             tokens.setdefault(key, []).append(row)
         elif row.get("level") == "micro_batch":
-            mb = row.get("micro_batch")
-            out.append((row.get("share") or 0.0, f"micro-batch {mb}" if mb is not None else "the batch", None))
+            out.append((row.get("share") or 0.0, micro_batch_label(row.get("micro_batch")), None))
         else:
             what = f"span {row.get('position')}-{int(row.get('end') or 0) - 1}" if row.get("level") == "span" \
                 else "the whole sample"

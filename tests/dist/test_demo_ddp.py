@@ -48,3 +48,4 @@ def test_spike_on_rank1_is_localized_and_shown_with_rank_and_text(tmp_path):
         assert r["token_id"] >= 0xC0 and r["token"] not in ("", f"<{r['token_id']}>")
     html = (local / "highlight" / f"step_{STEP:06d}.html").read_text()
     assert all(r["token"] in html or r["token"].replace("\\", "&#92;") in html for r in rows)
+    assert "<h2>rank 1, sample 1</h2>" in html  # the gathered row named as the console names it: its rank's sample

@@ -90,14 +90,44 @@ def test_a_cut_that_does_not_cover_the_culprits_is_not_used():
 
 
 def test_covers_compares_the_terms_exactly():
+    from gradloc_track.localizer.result import CulpritToken
+
     cut = CulpritCut()
+    rows = [CulpritToken(0, 2, grad_norm=1.0, share=0.4, micro_batch=1)]
     masks = [torch.zeros(2, 3), torch.zeros(2, 3)]
-    assert not cut.covers(masks)  # nothing kept
+    assert not cut.covers(masks, rows)  # nothing kept
     masks[1][0, 2] = 0.5
-    cut.keep([torch.ones(1)], {(1, 0, 2)})
-    assert cut.covers(masks)
+    cut.keep([torch.ones(1)], {(1, 0, 2)}, 0.4)
+    assert cut.covers(masks, rows)
     masks[0][1, 1] = 1.0
-    assert not cut.covers(masks)
-    cut.keep([torch.ones(1)], {(1, 0, 2), (0, 1, 1), (0, 0, 0)})
-    assert not cut.covers(masks)
+    assert not cut.covers(masks, rows)
+    cut.keep([torch.ones(1)], {(1, 0, 2), (0, 1, 1), (0, 0, 0)}, 0.4)
+    assert not cut.covers(masks, rows)
     assert norm(cut.grads) == 1.0
+
+
+def test_a_sum_whose_share_is_not_the_culprits_is_not_used():
+    """The keys match but the running sum holds more than the culprit rows (a term added twice): its share
+    of the step says so, and surgery probes instead of removing a term twice."""
+    from gradloc_track.localizer.result import CulpritToken
+
+    masks = [torch.zeros(2, 3)]
+    masks[0][0, 2] = 1.0
+    cut = CulpritCut()
+    cut.keep([torch.ones(1)], {(0, 0, 2)}, 0.8)  # twice the row's 0.4
+    assert not cut.covers(masks, [CulpritToken(0, 2, grad_norm=1.0, share=0.4)])
+    assert not cut.covers(masks, [CulpritToken(0, 2, grad_norm=1.0, share=None)])  # a share unknown: not used
+    cut.keep([torch.ones(1)], {(0, 0, 2)}, 0.4 + 1e-5)  # float rounding of the same sum
+    assert cut.covers(masks, [CulpritToken(0, 2, grad_norm=1.0, share=0.4)])
+
+    model = tiny_gpt(V, T, dropout=0.1)
+    x, y, w = batches({(0, 1, 7): 60.0})
+    fns = loss_fns(model, x, y, w)
+    rngs, _ = train_step(model, fns)
+    cut = CulpritCut()
+    res = gradloc_track.locate(model, fns, [torch.ones(B, T)] * K, rng_state=rngs, cut=cut)
+    assert operated(model, fns, rngs, res, cut)[0].probes == 0
+    cut.grads, cut.share = [2 * g for g in cut.grads], 2 * cut.share  # the one term summed twice
+    out, after = operated(model, fns, rngs, res, cut)
+    assert out.applied and out.probes == 1
+    assert err(after, without(model, fns, rngs, {0: [(1, 7)]}), [p.grad for p in model.parameters()]) < REL

@@ -160,3 +160,34 @@ def test_one_kept_graph_at_a_time(monkeypatch):
     res = gradloc_track.locate(model, fns[0], torch.ones(B, T), rng_state=rngs[0], reuse_forward=True)
     assert res.probes >= 4 and len(held) == 2  # the ghost pass and the checked subset probe; the rest replay
     assert held == [False, False]
+
+
+class _OnceMul(torch.autograd.Function):
+    """``l * m`` whose backward cannot be differentiated again (as fused loss kernels often are)."""
+
+    @staticmethod
+    def forward(ctx, losses, mask):
+        ctx.save_for_backward(losses, mask)
+        return losses * mask
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        losses, mask = ctx.saved_tensors
+        return grad * mask, grad * losses
+
+
+def test_a_graph_that_cannot_be_replayed_falls_back_to_a_forward_per_probe():
+    """The mask enters the loss through a once-differentiable function: the kept graph's backward fails, so
+    each probe runs its own forward and the search names what the plain one names."""
+    model, fns, rngs, _ = step({(1, 2, 7): 60.0, (1, 2, 8): 50.0})
+
+    def once(k):
+        def loss_fn(mask):  # the plain loss_fn, its mask passed through _OnceMul
+            return fns[k](_OnceMul.apply(torch.ones_like(mask), mask))
+        return loss_fn
+
+    ones = [torch.ones(B, T)] * K
+    want = rows(gradloc_track.locate(model, fns, ones, rng_state=rngs))
+    got = gradloc_track.locate(model, [once(k) for k in range(K)], ones, rng_state=rngs, reuse_forward=True)
+    assert rows(got) == want and ("token", 1, 2, 7, 8) in want
