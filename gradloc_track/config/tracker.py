@@ -1,16 +1,27 @@
 """Tracker configs (group ``tracker``)."""
 from __future__ import annotations
 
+import pkgutil
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional
 
 from ._validate import check, check_types, one_of
 
-#: ``tracker.kind``: the backends (``trackers.backends``, one file each; this layer may not import them, so
-#: their names are listed here, and ``tests/trackers/test_backends.py`` checks the two agree), ``both``
-#: (MLflow and W&B), ``none`` (the run dir's files), ``memory``
-TRACKER_KINDS = ("none", "wandb", "mlflow", "tensorboard", "both", "memory")
+
+def backend_names() -> tuple[str, ...]:
+    """The backends' names: one module each in ``trackers/backends``, named by its file. Read from the
+    folder, not imported (this layer may not import the trackers); ``tests/trackers/test_backends.py``
+    checks that each module registers its file's name."""
+    folder = Path(__file__).resolve().parent.parent / "trackers" / "backends"
+    return tuple(sorted(m.name for m in pkgutil.iter_modules([str(folder)]) if m.name != "base"
+                        and not m.name.startswith("_")))
+
+
+#: ``tracker.kind``: the backends (``backend_names``), ``both`` (MLflow and W&B), ``none`` (the run dir's
+#: files), ``memory``
+TRACKER_KINDS = ("none", *backend_names(), "both", "memory")
 #: the longest wait the platform's locks can make (~9.2e9 s on 64-bit Linux); longer raises OverflowError
 MAX_WAIT_S = threading.TIMEOUT_MAX
 
