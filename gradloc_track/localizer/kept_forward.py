@@ -14,8 +14,9 @@ forward, as without it):
 
 - one process (DDP and FSDP2 tie their collectives to each forward);
 - ``loss_fn`` takes a mask that requires grad, and ``v`` depends on the model;
-- the values are finite, and a forward at a SUBSET mask (a probe whose additivity check runs on
-  it) gives every term the value the full mask gave (a mask that reaches the model does not).
+- the values are finite, and a forward at a SUBSET mask gives every term the value the full mask
+  gave (a mask that reaches the model does not): a micro-batch's first subset probe always runs its
+  own forward to show it, whether or not the additivity check runs on that probe.
 
 What it costs: the kept graph's saved activations stay alive while each probe's backward runs, so
 that backward's temporaries (the logits' gradient, attention's) and the probe's gradient come on top
@@ -41,9 +42,12 @@ class KeptForward:
         self.micro_batch: int | None = None
         self.values: torch.Tensor | None = None  # (B, T) d loss / d mask, with its graph
         self.full: dict[int, torch.Tensor] = {}  # micro-batch -> the full mask's values (no graph)
+        self.verified: set[int] = set()  # micro-batches whose subset forward gave the full mask's values
 
     def holds(self, i: int) -> bool:
-        return self.values is not None and self.micro_batch == i
+        """Does the kept graph serve micro-batch ``i``'s probes? Only once a subset forward of ``i`` has given
+        the full mask's values: exactness never rests on a check the search may not have armed."""
+        return self.values is not None and self.micro_batch == i and i in self.verified
 
     def keep(self, i: int, loss: torch.Tensor, leaf: torch.Tensor | None, full_mask: torch.Tensor,
              is_full: bool) -> bool:
@@ -65,6 +69,8 @@ class KeptForward:
             ref = self.full.get(i)
             ok = ref is not None and bool(torch.isfinite(d[on]).all() & (  # host sync: as above
                 (d - ref)[on].norm() <= SAME * ref[on].norm()))
+            if ok:
+                self.verified.add(i)
         if ok:
             self.micro_batch, self.values = i, v
         return ok

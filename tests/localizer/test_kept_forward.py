@@ -78,12 +78,12 @@ def test_a_probe_of_the_kept_forward_is_the_plain_backward_of_its_mask():
     subsets = [[(2, 7)], [(0, t) for t in range(3, 9)], [(3, t) for t in range(T)], [(1, 0), (2, 15)]]
     try:
         prober.probe(1, prober.masks[1])  # the full mask's forward, kept
-        got = [prober.probe_terms(1, s) for s in subsets]
+        got = [prober.probe_terms(1, s) for s in subsets]  # the first runs a forward: its values match, then kept
     finally:
         prober.forget()
         for p, g in zip(params, saved):
             p.grad = g
-    assert forwards == [1]
+    assert forwards == [1, 1]
     for s, g in zip(subsets, got):
         mask = torch.zeros(B, T)
         for b, t in s:
@@ -100,11 +100,13 @@ def test_a_forward_whose_values_move_with_the_mask_is_not_kept():
     full = torch.ones(B, T)
     kept = KeptForward(True)
     leaf = full.clone().requires_grad_(True)
-    assert kept.keep(0, (w * leaf).sum() / (B * T), leaf, full, is_full=True) and kept.holds(0)
+    assert kept.keep(0, (w * leaf).sum() / (B * T), leaf, full, is_full=True)
+    assert not kept.holds(0)  # no subset forward has shown the values stay: no probe replays it yet
     part = torch.zeros(B, T)
     part[0, :4] = 1.0
     leaf = part.clone().requires_grad_(True)
     assert kept.keep(0, (w * leaf).sum() / (B * T), leaf, full, is_full=False)  # additive: the same values
+    assert kept.holds(0)
     leaf = part.clone().requires_grad_(True)
     assert not kept.keep(0, (w * leaf).sum() / leaf.detach().sum(), leaf, full, is_full=False)
     assert not kept.holds(0)
@@ -191,3 +193,28 @@ def test_a_graph_that_cannot_be_replayed_falls_back_to_a_forward_per_probe():
     want = rows(gradloc_track.locate(model, fns, ones, rng_state=rngs))
     got = gradloc_track.locate(model, [once(k) for k in range(K)], ones, rng_state=rngs, reuse_forward=True)
     assert rows(got) == want and ("token", 1, 2, 7, 8) in want
+
+
+def test_no_probe_replays_a_graph_before_a_subset_forward_matched_it():
+    """A loss whose forward reads the mask (here it scales the model's input), probed with no check armed:
+    the subset forward gives other values than the full mask did, so no graph is replayed and every probe
+    is the plain backward of its own mask."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(T, T)
+    x = torch.randn(B, T)
+
+    def loss_fn(mask):
+        return (lin(x * mask.detach()) * mask).sum() / (B * T)  # the forward itself depends on the mask
+
+    params = list(lin.parameters())
+    grouping = LayerGrouping.build(["weight", "bias"], "block")
+    prober = Prober(params, [loss_fn], [torch.ones(B, T)], [save_rng()], 100, grouping, reuse_forward=True)
+    subsets = [[(0, 3)], [(1, t) for t in range(4)], [(2, 5), (3, 9)]]
+    prober.probe(0, prober.masks[0])
+    got = [prober.probe_terms(0, s) for s in subsets]
+    for s, g in zip(subsets, got):
+        mask = torch.zeros(B, T)
+        for b, t in s:
+            mask[b, t] = 1.0
+        want = grads_of(lin, loss_fn(mask))
+        assert norm([a - b for a, b in zip(g, want)]) <= 1e-6 * norm(want), s
