@@ -63,6 +63,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Sequence
 
 import torch
 import torch.distributed as dist
@@ -71,6 +72,7 @@ from ..grouping import LayerGrouping
 from ..norms import reduce_over_shards, trainable_params
 from . import levels, step_check
 from .dist_failure import aborted, attempt, describe
+from .dist_flagged import gather_flags, global_flags, name_flagged_everywhere
 from .dist_nonfinite import as_result as nonfinite_result
 from .dist_probe import DistProber, DistSnapshot, GlobalHits, GlobalView, PieceView
 from .dist_terms import GlobalTerms, PieceNorm, gather_terms
@@ -120,6 +122,7 @@ class _Found:
     notes: list[str] = field(default_factory=list)
     maps: list[torch.Tensor] | None = None
     names: list[str] | None = None
+    flagged: list = field(default_factory=list)  # rows named for what a data signal saw (``dist_flagged``)
 
 
 def _local_problem(model, step: LocateStep, options: SearchOptions) -> tuple[str, _Inputs | None]:
@@ -199,13 +202,15 @@ def _check_synchronized(prober: DistProber, total: Grads) -> float:
     return sq
 
 
-def _levels(prober: DistProber, model, inp: _Inputs, options: SearchOptions) -> _Found:
+def _levels(prober: DistProber, model, inp: _Inputs, options: SearchOptions, flagged: Sequence = ()) -> _Found:
     """``auto`` / ``bisect``: samples and spans, tokens, micro-batch pieces, or the per-sample
-    shares, by the single-process rules over every rank's terms (module doc, steps 1-4)."""
+    shares, by the single-process rules over every rank's terms (module doc, steps 1-4); then the
+    units any rank's data signals flagged (``dist_flagged``)."""
     world = dist.get_world_size(prober.group)
     total, maps, names, pieces = _ghost_pass(prober, model, options.group_by, inp.docs)
     total_sq = _check_synchronized(prober, total)
     glob = gather_terms(prober, maps, pieces)
+    every_flag = gather_flags(flagged, prober.group)  # a collective: every rank, flags or not
     view = GlobalView(prober, glob)
     segments = glob.segments if len(glob.segments) >= 2 else None  # one sample: nothing to compare it with
     cands, limit, n_samples = levels.candidates([segments])
@@ -216,19 +221,27 @@ def _levels(prober: DistProber, model, inp: _Inputs, options: SearchOptions) -> 
     units = levels.find_units(view, hits, cands, limit, glob.score, tau, inp.labelled, n_samples)
     found = _Found(total, total_sq, hits, tau, units.exhausted, maps=maps, names=names,
                    coarse=[glob.place(c, inp.labelled) for c in units.culprits])
+    rows = list(units.culprits)  # the coarse rows in the search's numbering (the flags' overlap check reads them)
+    whole: set = set()  # the (rank, micro-batch) pieces named whole
     if not found.exhausted:
         found.exhausted, found.notes = _tokens(view, hits, glob, units, options.method, tau)
     if not found.exhausted:
         holding = {glob.piece_of(c) for c in found.coarse + hits.tokens}
         pieces = levels.micro_batch_units(PieceView(prober, glob), hits, glob.piece_norms, glob.piece_terms,
                                           holding, True)
+        whole = {glob.pieces[c.micro_batch] for c in pieces}
         found.coarse += [glob.place_piece(c) for c in pieces]
     if not found.exhausted and not found.coarse and not hits.tokens:  # a budget that ran out says so instead
         shares, named = levels.sample_shares(view, hits, [glob.segments], True)
         found.shares = [glob.place_share(r, inp.labelled) for r in shares]
         found.coarse += [glob.place(c, inp.labelled) for c in named]
+        rows += named
         if not named:
             found.notes.append(levels.no_culprit_note(found.shares, len(glob.segments)))
+    if not found.exhausted and any(every_flag):
+        found.flagged, more = name_flagged_everywhere(view, hits, glob, global_flags(every_flag, glob, whole),
+                                                      rows, inp.labelled)
+        found.notes += more
     return found
 
 
@@ -344,7 +357,7 @@ def _search(model, step: LocateStep, inp: _Inputs, options: SearchOptions, group
         if options.method == "gradloc":
             found = _gradloc(prober, options.threshold, options.budget, inp.labelled)
         else:
-            found = _levels(prober, model, inp, options)
+            found = _levels(prober, model, inp, options, tuple(step.flagged))
     except NonfiniteStep as step_nf:  # NaN/Inf on any rank: which samples, by isfinite, on every rank alike
         result = nonfinite_result(prober, step_nf.total, options.method, inp.labelled, inp.docs, grouping.names)
         restore_rng(snap.rng)
@@ -364,6 +377,7 @@ def _result(found: _Found, method: str, probes: tuple[int, int], inp: _Inputs, w
                     key=lambda c: (-c.grad_norm, c.rank, c.micro_batch or 0, c.batch, c.position))
     coarse = sorted(found.coarse, key=lambda c: -(c.share if c.share is not None else -math.inf))
     culprits, below, floor_notes = floor_rows(coarse + tokens)
+    culprits += found.flagged  # named for their data, under the floor or not
     if found.exhausted:
         floor_notes.append(budget_note(budget, bool(culprits)))
     tokens = [c for c in culprits if c.level == "token"]

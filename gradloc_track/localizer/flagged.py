@@ -13,7 +13,7 @@ any other culprit, with a note saying why it is named. A flagged span that cover
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -38,9 +38,11 @@ class Flag:
 
 
 def name_flagged(prober: Any, hits: Any, terms: list[list], flags: Sequence[Flag], named: list, labelled: bool,
-                 docs: list | None) -> tuple[list[Culprit], list[str]]:
+                 docs: list | None, *, place: Callable[[Culprit], Culprit] = lambda c: c,
+                 ) -> tuple[list[Culprit], list[str]]:
     """(culprits, notes): each flag not already covered by a named culprit (rows never overlap), probed as
-    one unit at its level."""
+    one unit at its level; ``place`` puts a row found in the search's numbering where its rank holds it
+    (torch.distributed: ``dist_flagged``)."""
     out: list[Culprit] = []
     why: dict[str, list[str]] = {}
     taken = _taken(named, hits)
@@ -60,6 +62,7 @@ def name_flagged(prober: Any, hits: Any, terms: list[list], flags: Sequence[Flag
             return out, _notes(why) + ["the probe budget ran out before every flagged unit was probed"]
         if c.share is not None and not 0.0 <= c.share <= 1.0:  # named past floor_rows: within [0, 1] here
             c.raw_share, c.share = c.share, min(1.0, max(0.0, c.share))
+        c = place(c)
         out.append(c)
         taken |= {(f.micro_batch, f.row, t) for t in keys}
         why.setdefault(f.reason or "a data signal", []).append(_who(c))
@@ -104,5 +107,5 @@ def _who(c: Culprit) -> str:
 
 
 def _notes(why: dict[str, list[str]]) -> list[str]:
-    return [f"{', '.join(units)}: named for {reason}, whatever their share of the step's gradient"
+    return [f"{'; '.join(units)}: named for {reason}, whatever their share of the step's gradient"
             for reason, units in why.items()]

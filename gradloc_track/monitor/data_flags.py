@@ -6,15 +6,14 @@
   that excuses the signal's own run).
 
 Only the signals that fired flag anything, so a unit is named only beside an event that says why. One
-host read of the window means, on such a step only. Under torch.distributed nothing is flagged (the
-rows lie on other ranks; the cause still names leaked rows).
+host read of the window means, on such a step only. Under torch.distributed each rank flags rows of its
+own batch, and the localizer gathers every rank's flags (``localizer.dist_flagged``).
 """
 from __future__ import annotations
 
 from typing import Any, Sequence
 
 import torch
-import torch.distributed as dist
 
 from ..config import SpikeConfig
 from ..localizer.flagged import Flag
@@ -34,7 +33,7 @@ def junk_rule(detector: Any) -> tuple[int, float]:
 
 def data_flags(events: Sequence[Any], ctx: Any, junk: Any, terms: int, margin: float) -> tuple[Flag, ...]:
     """The flags of the signals among ``events`` (``junk``: the step's ``JunkSpan``, or one per micro-batch)."""
-    if ctx is None or (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+    if ctx is None:
         return ()
     fired = {e.signal for e in events}
     out: list[Flag] = []

@@ -28,7 +28,12 @@ CASES = {
     # a candidate sample two hot terms could carry: deferred to the token search, then kept as its
     # tokens by ``levels.reconsider`` (tokens placed on their ranks are matched by their search keys)
     "hot_tokens": ({(2, 1, 3): 60.0, (2, 1, 9): 60.0}, None),
+    # nothing stands out of the gradient, but data signals flag a whole row and a span on another rank
+    # (``localizer.flagged``): named with their exact shares, each flag from the rank that holds its row
+    "flagged": ({}, None),
 }
+# (piece, row, start, end) a data signal flagged in the "flagged" case (None: the whole row)
+FLAGS = ((2, 1, None, None), (1, 0, 5, 10))
 UNIT = {"bad_sample": [(2, 1, t) for t in range(T)], "span": [(1, 0, t) for t in range(5, 10)],
         "document": [(*DOC_ROW, t) for t in range(*DOCS[1])], "two_micro_batches": [(3, 0, t) for t in range(T)]}
 
@@ -76,9 +81,20 @@ def step_of(model, case: str, pieces: list[int], norm: float):
     for fn, m in zip(fns, masks):
         fn(m).backward()
     packed = [docs[j] if case == "document" and j == DOC_ROW[0] else None for j in pieces]
+    flagged = flags_of(case, pieces)
     if len(pieces) == 1:
-        return LocateStep(fns[0], masks[0], document_ids=packed[0])
-    return LocateStep(fns, masks, document_ids=packed if any(d is not None for d in packed) else None)
+        return LocateStep(fns[0], masks[0], document_ids=packed[0], flagged=flagged)
+    return LocateStep(fns, masks, document_ids=packed if any(d is not None for d in packed) else None,
+                      flagged=flagged)
+
+
+def flags_of(case: str, pieces: list[int]) -> tuple:
+    """The ``Flag``s of ``pieces`` (one process: all of them; a rank: its own), by their index there."""
+    from gradloc_track.localizer.flagged import Flag
+
+    if case != "flagged":
+        return ()
+    return tuple(Flag(pieces.index(j), b, s, e, "a test's data signal") for j, b, s, e in FLAGS if j in pieces)
 
 
 def unit_threshold(case: str) -> float | None:
