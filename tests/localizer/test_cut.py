@@ -73,15 +73,21 @@ def test_culprit_tokens_are_cut_out_without_a_probe(loop_divisor, reuse_forward)
         assert getattr(reused, f) == pytest.approx(getattr(probed, f), rel=1e-6), f
 
 
-def test_a_cut_that_does_not_cover_the_culprits_is_not_used():
-    """When the terms the search summed differ from the culprit rows (here one term more: a sample the
-    levels explained whose span or tokens were named, a row under the share floor), surgery probes as before."""
+def one_culprit():
+    """The step of one heavy term (micro-batch 0, row 1, position 7), located with a cut kept."""
     model = tiny_gpt(V, T, dropout=0.1)
     x, y, w = batches({(0, 1, 7): 60.0})
     fns = loss_fns(model, x, y, w)
     rngs, _ = train_step(model, fns)
     cut = CulpritCut()
     res = gradloc_track.locate(model, fns, [torch.ones(B, T)] * K, rng_state=rngs, cut=cut)
+    return model, fns, rngs, res, cut
+
+
+def test_a_cut_that_does_not_cover_the_culprits_is_not_used():
+    """When the terms the search summed differ from the culprit rows (here one term more: a sample the
+    levels explained whose span or tokens were named, a row under the share floor), surgery probes as before."""
+    model, fns, rngs, res, cut = one_culprit()
     assert [(c.micro_batch, c.batch, c.position) for c in res.culprits] == [(0, 1, 7)]
     cut.keys = cut.keys | {(0, 1, 8)}  # one term more than the culprits hold
     out, after = operated(model, fns, rngs, res, cut)
@@ -120,12 +126,7 @@ def test_a_sum_whose_share_is_not_the_culprits_is_not_used():
     cut.keep([torch.ones(1)], {(0, 0, 2)}, 0.4 + 1e-5)  # float rounding of the same sum
     assert cut.covers(masks, [CulpritToken(0, 2, grad_norm=1.0, share=0.4)])
 
-    model = tiny_gpt(V, T, dropout=0.1)
-    x, y, w = batches({(0, 1, 7): 60.0})
-    fns = loss_fns(model, x, y, w)
-    rngs, _ = train_step(model, fns)
-    cut = CulpritCut()
-    res = gradloc_track.locate(model, fns, [torch.ones(B, T)] * K, rng_state=rngs, cut=cut)
+    model, fns, rngs, res, cut = one_culprit()
     assert operated(model, fns, rngs, res, cut)[0].probes == 0
     cut.grads, cut.share = [2 * g for g in cut.grads], 2 * cut.share  # the one term summed twice
     out, after = operated(model, fns, rngs, res, cut)
