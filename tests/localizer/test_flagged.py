@@ -65,9 +65,10 @@ def _oracle_shares(model, forward, rows):
     return {r: float(grads(r) @ g / (g @ g)) for r in rows}
 
 
-def test_leaked_rows_are_culprits_with_their_exact_share():
-    """watch() on a GPT-2 whose collator forgot to shift 3 of 8 rows' labels: the event's culprits are
-    exactly those rows (their gradient is no outlier), each share equal to the brute-force oracle's."""
+def test_leaked_labels_fire_as_data_and_the_rows_are_culprits_with_their_exact_share():
+    """watch() on a GPT-2 whose collator forgot to shift 3 of 8 rows' labels: a data event names them, and
+    its culprits are exactly those rows (their gradient is no outlier), each share equal to the brute-force
+    oracle's."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     import gradloc_track
@@ -96,7 +97,9 @@ def test_leaked_rows_are_culprits_with_their_exact_share():
         opt.step()
         opt.zero_grad()
     handle.finish()
+    assert [s.step for s in handle.spikes] == [2]
     (stats,) = handle.spikes
+    assert "leaked_labels" in [e.signal for e in stats.events] and "labels not shifted" in stats.cause_detail
     rows = {c.batch: c for c in stats.locate.culprits}
     assert sorted(rows) == [1, 4, 6] and all(c.level == "sample" for c in rows.values())
     for b, share in want.items():  # the exact additive share (shown scaled when the culprits' exceed 1)
