@@ -13,6 +13,7 @@ from gradloc_track.localizer.kept_forward import KeptForward
 from gradloc_track.localizer.probe import Prober, restore_rng, save_rng
 
 from .oracles import grads_of, norm, tiny_gpt
+from .test_surgery import batches
 
 V, B, T, K = 64, 4, 16, 2
 
@@ -20,12 +21,7 @@ V, B, T, K = 64, 4, 16, 2
 def step(heavy: dict[tuple[int, int, int], float], dropout: float = 0.1, seed: int = 0):
     """K micro-batches, a loss_fn each that counts its forwards, the RNG state of each, and the step's .grad."""
     model = tiny_gpt(V, T, dropout=dropout).train()
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randint(0, V, (K, B, T), generator=g)
-    y = torch.randint(0, V, (K, B, T), generator=g)
-    w = torch.ones(K, B, T)
-    for cell, v in heavy.items():
-        w[cell] = v
+    x, y, w = batches(heavy, seed, K)
     forwards = []
 
     def make(k):

@@ -16,12 +16,12 @@ V, B, T, K = 64, 4, 16, 3
 REL = 1e-6
 
 
-def batches(heavy: dict[tuple[int, int, int], float], seed: int = 0):
-    """K micro-batches of random tokens; ``heavy``: (micro_batch, b, t) -> that term's loss weight."""
+def batches(heavy: dict[tuple[int, int, int], float], seed: int = 0, k: int = K):
+    """``k`` micro-batches of random tokens; ``heavy``: (micro_batch, b, t) -> that term's loss weight."""
     g = torch.Generator().manual_seed(seed)
-    x = torch.randint(0, V, (K, B, T), generator=g)
-    y = torch.randint(0, V, (K, B, T), generator=g)
-    w = torch.ones(K, B, T)
+    x = torch.randint(0, V, (k, B, T), generator=g)
+    y = torch.randint(0, V, (k, B, T), generator=g)
+    w = torch.ones(k, B, T)
     for cell, v in heavy.items():
         w[cell] = v
     return x, y, w
