@@ -48,30 +48,18 @@ class LrHistory:
         return best
 
 
-def off_policy_reading(culprit: Any, ctx: Any) -> tuple[float, float | None, float | None] | None:
-    """(importance ratio, log-prob, old log-prob) of the culprit's term farthest from on-policy, from the
-    context's RL columns (``ratio``, or ``logprob`` and ``old_logprob``); None without them."""
-    cols = getattr(ctx, "extra_columns", None) or {}
-    if culprit.batch is None or not ({"ratio"} <= set(cols) or {"logprob", "old_logprob"} <= set(cols)):
+def off_policy_reading(culprit: Any, view: Any) -> tuple[float, float | None, float | None] | None:
+    """(importance ratio, log-prob, old log-prob) of the culprit's loss term farthest from on-policy, from the
+    RL columns (``ratio``, or ``logprob`` and ``old_logprob``) of its ``CulpritView``; None without them.
+    Only its loss terms: a completion's row also holds its prompt, whose RL columns are padding (0)."""
+    if culprit.batch is None or not (view.has("extra_columns", "ratio") or (
+            view.has("extra_columns", "logprob") and view.has("extra_columns", "old_logprob"))):
         return None
-    import torch
-
-    def row(name: str) -> list | None:
-        if name not in cols:
-            return None
-        v = cols[name]
-        v = v[culprit.micro_batch] if culprit.micro_batch is not None and not isinstance(v, torch.Tensor) else v
-        return torch.as_tensor(v)[culprit.batch].double().tolist()  # host sync: a spike step's one row
-
-    ratio, logp, old = row("ratio"), row("logprob"), row("old_logprob")
+    mb, b = culprit.micro_batch, culprit.batch
+    ratio, logp, old = (view.extra_row(n, mb, b) for n in ("ratio", "logprob", "old_logprob"))
     if ratio is None:
-        ratio = [math.exp(a - b) for a, b in zip(logp, old)]
-    mask = getattr(ctx, "token_mask", None)
-    mask = mask[culprit.micro_batch] if culprit.micro_batch is not None and not isinstance(mask, torch.Tensor) \
-        else mask
-    keep = torch.as_tensor(mask)[culprit.batch].tolist() if mask is not None else [1.0] * len(ratio)
-    # the unit's loss terms only: a completion's row also holds its prompt, whose RL columns are padding (0)
-    terms = [t for t in range(culprit.start, min(culprit.end, len(ratio), len(keep))) if keep[t] != 0]
+        ratio = [math.exp(x - y) for x, y in zip(logp, old)]
+    terms = [t for t in view.terms(culprit) if t < len(ratio)]
     best = max(terms, key=lambda t: abs(math.log(ratio[t])) if ratio[t] > 0 else math.inf, default=None)
     if best is None:
         return None
@@ -148,7 +136,7 @@ def evidence_of(events: Sequence[Any], result: Any, shown: Any,
         ev.top_culprit = (shown if indexes else CulpritView(result, None)).words(top)
         if ctx is not None and indexes:
             try:
-                ev.off_policy = off_policy_reading(top, ctx)
+                ev.off_policy = off_policy_reading(top, shown)
             except Exception:  # a column of another shape: no reading, the other rules decide
                 ev.off_policy = None
     return ev

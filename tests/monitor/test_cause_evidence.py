@@ -264,6 +264,7 @@ def test_the_off_policy_reading_takes_the_units_loss_terms_not_its_prompts_paddi
     before, the prompt's 0 won and the stale log-prob was called `data`."""
     from types import SimpleNamespace
 
+    from gradloc_track.localizer.culprit_view import CulpritView
     from gradloc_track.localizer.result import Culprit
     from gradloc_track.monitor.cause_evidence import off_policy_reading
 
@@ -273,8 +274,9 @@ def test_the_off_policy_reading_takes_the_units_loss_terms_not_its_prompts_paddi
     logp[1, 5], old[1, 5] = -6.31, -12.3
     mask = torch.zeros(2, 8)
     mask[1, 3:] = 1.0
-    ctx = SimpleNamespace(extra_columns={"ratio": ratio, "logprob": logp, "old_logprob": old}, token_mask=mask)
+    view = CulpritView(None, SimpleNamespace(extra_columns={"ratio": ratio, "logprob": logp, "old_logprob": old},
+                                             token_mask=mask))
     whole = Culprit("sample", 1.0, 1.0, batch=1, start=0, end=8, n_terms=5)
-    assert off_policy_reading(whole, ctx) == pytest.approx((403.0, -6.31, -12.3))
+    assert off_policy_reading(whole, view) == pytest.approx((403.0, -6.31, -12.3))
     span = Culprit("span", 1.0, 1.0, batch=1, start=3, end=5, n_terms=2)  # 0.9 is farther from 1 than 1.1
-    assert off_policy_reading(span, ctx)[0] == pytest.approx(0.9)
+    assert off_policy_reading(span, view)[0] == pytest.approx(0.9)
