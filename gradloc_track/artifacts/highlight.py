@@ -148,7 +148,7 @@ def _gap(n: int) -> str:
 def _sample_meta(view: CulpritView, mb: int | None, sample: int) -> str:
     """The sample's own numeric columns (an RL completion's reward, group, index), one line; '' without any."""
     cells = []
-    for name in getattr(view.context, "sample_columns", None) or {}:
+    for name in view.columns("sample_columns"):
         try:
             v = view.sample_cell(name, mb, sample)
         except (IndexError, TypeError, KeyError):  # a column of another shape: not shown

@@ -59,23 +59,24 @@ class CulpritView:
         ``document_ids``, ``segment_ids``); None when the context lacks it."""
         return self._row((name,), getattr(self.context, name, None), mb, sample)
 
-    def _columns(self, kind: str) -> dict[str, Any]:
+    def columns(self, kind: str) -> dict[str, Any]:
+        """The context's ``extra_columns`` or ``sample_columns`` as given ({} without)."""
         return getattr(self.context, kind, None) or {}
 
     def has(self, kind: str, name: str) -> bool:
-        return name in self._columns(kind)
+        return name in self.columns(kind)
 
     def sample_cell(self, name: str, mb: int | None, sample: int, document: int | None = None) -> Any:
         """Sample ``sample``'s cell of the ``sample_columns`` column ``name``; a packed row's cell that
         holds one value per document (verl's responses' rewards): ``document``'s."""
-        cell = self._row(("sample_columns", name), self._columns("sample_columns")[name], mb, sample)
+        cell = self._row(("sample_columns", name), self.columns("sample_columns")[name], mb, sample)
         if document is not None and isinstance(cell, (list, tuple)) and 0 <= document < len(cell):
             cell = cell[document]
         return cell
 
     def extra_row(self, name: str, mb: int | None, sample: int) -> list | None:
         """Sample ``sample``'s row of the per-token ``extra_columns`` column ``name``."""
-        cols = self._columns("extra_columns")
+        cols = self.columns("extra_columns")
         return self._row(("extra_columns", name), cols[name], mb, sample) if name in cols else None
 
     # -- where a culprit is -----------------------------------------------------------------------
@@ -120,7 +121,7 @@ class CulpritView:
         """(label, unit): ``("completion 2 of group 1, reward 0.25 (sample 9)", "completion")``,
         ``("document 2 (sample 0)", "document")`` or ``("micro-batch 1, sample 3", "sample")``. A
         gathered view names the rank and the sample's index there (``rank``, ``rank_sample``)."""
-        cols = self._columns("sample_columns") if self.context is not None else {}
+        cols = self.columns("sample_columns") if self.context is not None else {}
         rank = self.sample_cell("rank", mb, sample, document) if "rank" in cols else None
         rl = {n: self.sample_cell(n, mb, sample, document) for n in ("group", "index", "reward") if n in cols}
         # an RL completion (TRL's GRPO, verl, examples/rl_grpo.py); a packed row's cells hold one value per

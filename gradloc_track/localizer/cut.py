@@ -53,6 +53,3 @@ class CulpritCut:
         if self.share is None or not shares or any(s is None for s in shares):
             return False
         return abs(self.share - sum(shares)) <= SHARE_TOL * max(1.0, abs(sum(shares)))
-
-    def release(self) -> None:
-        self.grads, self.keys, self.share = None, frozenset(), None
