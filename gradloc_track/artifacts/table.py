@@ -79,7 +79,7 @@ def attribution_table(step: int, events: Sequence[SpikeEvent], result: LocateRes
     rows = []
     for c in result.culprits:
         cells = {"step": step, "level": c.level, "micro_batch": c.micro_batch, "rank": c.rank,
-                 "document": view.document(c) if c.batch is not None else c.document,
+                 "document": view.document(c),
                  "sample": view.own_sample(c.micro_batch, c.batch) if c.batch is not None else None,
                  "position": c.start, "end": c.end,
                  "grad_norm": c.grad_norm, "share": c.share, "top_layers": format_top_layers(c.layer_norms, top_layers),
