@@ -18,7 +18,7 @@ import torch
 from ..config import SpikeConfig
 from ..localizer.flagged import Flag
 from ..spikes.junk import LEAKED_COLUMN, JunkSpan, junk_parts, leaked_rows_of
-from ..spikes.text_check import clean_text, decode_window
+from ..spikes.text_check import clean_text, read_window
 
 LEAK_REASON = "leaked labels (targets equal to their inputs)"
 JUNK_REASON = "a run the model rates below chance"
@@ -62,7 +62,7 @@ def _junk_runs(junk: Any, ctx: Any, terms: int, margin: float) -> list[Flag]:
         w = windows.detach().float().cpu()  # host read: (B, W) window means, on a firing step
         for b in (w.max(-1).values > margin).nonzero().flatten().tolist():
             lo, hi = _block(w[b], margin)
-            text = decode_window(ids[k][b, lo:hi + terms].tolist(), tok) if k < len(ids) else None
+            text = read_window(ids[k][b].tolist(), lo, hi + terms, tok) if k < len(ids) else None
             if text is not None and clean_text(text) is not None:
                 continue  # plainly clean text (a name list in another script, a rule of '#'): not junk
             out.append(Flag(k, b, lo, hi + terms, JUNK_REASON))

@@ -311,7 +311,8 @@ class GradMonitor:
             n_tokens = self.responder.global_count(n_tokens, self.params[0].device)
         if "junk_span" in signals and junk is not None:
             signals = {**signals, "junk_text": functools.partial(
-                window_text, junk, spike_context, self.detector.config.junk_terms, self.process_group)}
+                window_text, junk, spike_context, self.detector.config.junk_terms, self.process_group,
+                self.detector.config.junk_margin)}
         extra = {"n_micro_batches": reading.n_micro} if reading.n_micro is not None else {}
         layers = dict(zip(self.grouping.layers, reading.host["layer"]))
         events = self.detector.update(step, reading.host["global"], layers, n_tokens=n_tokens, **extra, **signals)

@@ -1,8 +1,10 @@
 """The text of the run the junk signal would fire on, for ``spikes.text_check`` (issue 37).
 
-Read only when the junk rule would fire (the detector asks): the micro-batch whose run is the largest,
-that run's row and first position (``JunkSpan.where``), and the spike context's ids there, decoded with its
-tokenizer (or as bytes for a byte-level model). One small host read, on that step only. Under
+Read only when the junk rule would fire (the detector asks): the rows whose largest run is above the margin,
+largest first (at most ``MAX_ROWS``), each row's largest run read from the spike context's ids, decoded with
+its tokenizer (or as bytes for a byte-level model) and encoded again (``text_check.read_window``). The first
+run that is not plainly clean text is the one the detector judges; when every one is, the largest (a clean
+name list in one row does not hide a junk sample in another). A few small host reads, on that step only. Under
 torch.distributed the run lies in one rank's batch while every rank must decide alike: no text, the
 signal stands.
 """
@@ -14,13 +16,17 @@ import torch
 import torch.distributed as dist
 
 from ..spikes.junk import JunkSpan, junk_parts
-from ..spikes.text_check import decode_window
+from ..spikes.text_check import WindowText, clean_text, read_window
 from .responder import resolve
 
+MAX_ROWS = 8  # rows whose runs are read before the largest clean one is taken as the step's
 
-def window_text(junk: Any, ctx: Any, terms: int, group: Any = None) -> str | None:
-    """The decoded ``terms`` tokens of the largest junk run of ``junk`` (a ``JunkSpan`` or one per
-    micro-batch) in ``ctx`` (a ``SpikeContext`` or a callable building it); None when unknown."""
+
+def window_text(junk: Any, ctx: Any, terms: int, group: Any = None,
+                margin: float | None = None) -> WindowText | None:
+    """The text of the junk run the detector judges (module doc) among ``junk`` (a ``JunkSpan`` or one per
+    micro-batch) in ``ctx`` (a ``SpikeContext`` or a callable building it); None when unknown. ``margin``:
+    the rule's (``spikes.junk_margin``); None: the largest run alone."""
     if ctx is None or (dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1):
         return None
     parts = junk_parts(junk)
@@ -36,7 +42,27 @@ def window_text(junk: Any, ctx: Any, terms: int, group: Any = None) -> str | Non
             return None  # the micro-batches do not pair with the junk statistics
     elif len(parts) != 1:
         return None
-    k = int(torch.stack([p.span.detach().float().cpu() for p in parts]).argmax())  # host read: a firing step
-    row, start = (int(v) for v in parts[k].where.tolist())
-    rows = ids if isinstance(ids, torch.Tensor) else ids[k]
-    return decode_window(rows[row, start:start + terms].tolist(), getattr(ctx, "tokenizer", None))
+    tok = getattr(ctx, "tokenizer", None)
+    first = None
+    for k, row, start in _runs(parts, margin):
+        rows = ids if isinstance(ids, torch.Tensor) else ids[k]
+        text = read_window(rows[row].tolist(), start, start + terms, tok)
+        if text is None or clean_text(text) is None:
+            return text  # unknown (the signal stands), or not plainly clean: the run to judge
+        first = first or text
+    return first
+
+
+def _runs(parts: list, margin: float | None) -> list[tuple[int, int, int]]:
+    """(micro-batch, row, first position) of each row's largest run above ``margin``, largest first, at most
+    ``MAX_ROWS``; the largest run alone when ``margin`` is None or the windows are not known. Host reads."""
+    k = int(torch.stack([p.span.detach().float().cpu() for p in parts]).argmax())
+    if margin is None or any(p.windows is None for p in parts):
+        return [(k, *(int(v) for v in parts[k].where.tolist()))]
+    found = []
+    for k, part in enumerate(parts):
+        w = part.windows.detach().float().cpu()  # (B, W) window means
+        best, at = w.max(-1)
+        found += [(float(best[b]), k, b, int(at[b])) for b in (best > margin).nonzero().flatten().tolist()]
+    found.sort(key=lambda f: -f[0])
+    return [(k, b, at) for _, k, b, at in found[:MAX_ROWS]] or [(k, *(int(v) for v in parts[k].where.tolist()))]

@@ -56,6 +56,7 @@ from .junk_signals import JunkSignals
 from .score import RunningWindow
 from .signal import MAX_LOG, LogSignal
 from .transient import Transient
+from .text_check import WindowText
 
 # the statistics of the non-norm signals live under these keys (a layer cannot be named so)
 EXTRA = {"loss": "@loss", "sample_loss": "@sample_loss", "update": "@update"}
@@ -73,7 +74,7 @@ class StepSignals:
     weight_norm: float | None = None  # the parameters' norm (the scale of float noise)
     # (largest run's excess over chance, the batch's mean excess[, the largest row's leaked-label share])
     junk_span: Sequence[float] | None = None
-    junk_text: Callable[[], str | None] | None = None  # the junk run's decoded text, asked when it would fire
+    junk_text: Callable[[], str | WindowText | None] | None = None  # the junk run's text, asked when it would fire
 
 
 @dataclass
@@ -104,7 +105,8 @@ class SpikeDetector:
     - ``spike/transient``: 1 on a step past ``warmup_steps`` still in early training's fall (gradient norms
       that jump alone, finite, do not fire; ``spikes.transient_fall``), 0 once it has ended
     - ``spike/junk_excused``: 1 on a step whose junk run would have fired but decodes to plainly clean
-      text (``spikes.text_check``: a run of one character, letters of a non-Latin script), else 0
+      text (``spikes.text_check``: a run of one character, letters of a non-Latin script, words its
+      tokenizer wrote), else 0
     - ``spike/leaked_labels``: the largest row's share of terms whose target is their own input token
       (``spikes.junk.leaked``; fires at ``junk.LEAKED``), on steps that provide it
     - ``spike/noise_floor``: 1 on a step whose gradient norm is below the noise floor (skipped)
@@ -150,12 +152,13 @@ class SpikeDetector:
                n_tokens: int | None = None, n_micro_batches: int = 1, *, loss: float | None = None,
                sample_losses: Sequence[float] | None = None, update: float | None = None,
                weight_norm: float | None = None, junk_span: Sequence[float] | None = None,
-               junk_text: Callable[[], str | None] | None = None) -> list[SpikeEvent]:
+               junk_text: Callable[[], str | WindowText | None] | None = None) -> list[SpikeEvent]:
         """Feed one step. ``n_tokens`` (loss tokens of the whole step) and ``n_micro_batches`` are read
         by ``mode="fixed"`` only; ``loss``, ``sample_losses``, ``update`` and ``weight_norm`` (see
         ``StepSignals``) by the adaptive mode when their signal is on; ``junk_span``: (the largest run's
         mean excess over chance, the batch's mean excess), nats a term (``spikes.junk.junk_span``);
-        ``junk_text``: called only when the junk rule would fire, the run's decoded text (None: unknown);
+        ``junk_text``: called only when the junk rule would fire, the run's decoded text, or a
+        ``WindowText`` that also says whether the tokenizer wrote it (None: unknown);
         plainly clean text does not fire (``spikes.text_check``). A repeated step changes nothing."""
         cfg = self.config
         if self._last_step is not None and step == self._last_step:

@@ -9,7 +9,7 @@ from typing import Any, Callable, Sequence
 from .event import SpikeEvent
 from .junk import LEAKED, LEARNED
 from .signal import MAX_LOG
-from .text_check import clean_text
+from .text_check import WindowText, clean_text
 
 
 class JunkSignals:
@@ -21,7 +21,7 @@ class JunkSignals:
         self.seen = 0  # steps the junk signal has seen (its warm-up)
         self.excused: tuple[str, str] | None = None
 
-    def events(self, step: int, junk: Sequence[float] | None, junk_text: Callable[[], str | None] | None,
+    def events(self, step: int, junk: Sequence[float] | None, junk_text: Callable[[], str | WindowText | None] | None,
                metrics: dict[str, float]) -> list[SpikeEvent]:
         if junk is None:
             return []
@@ -46,12 +46,12 @@ class JunkSignals:
         gap = span - mean
         return SpikeEvent(step, "junk_span", span, mean, gap, math.exp(min(MAX_LOG, gap)))
 
-    def _clean_text(self, junk_text: Callable[[], str | None] | None) -> bool:
+    def _clean_text(self, junk_text: Callable[[], str | WindowText | None] | None) -> bool:
         """Is the run the junk rule would fire on plainly clean text (``spikes.text_check``)?"""
-        text = junk_text() if junk_text is not None else None
+        text = junk_text() if junk_text is not None else None  # a str, or a WindowText (text, tokenized)
         reason = clean_text(text) if text is not None else None
         if reason is not None:
-            self.excused = (text, reason)
+            self.excused = (text if isinstance(text, str) else str(text[0]), reason)
         return reason is not None
 
     @staticmethod

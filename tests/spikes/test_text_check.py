@@ -11,7 +11,7 @@ import torch
 from gradloc_track.monitor.junk_window import window_text
 from gradloc_track.spikes import SpikeContext, SpikeDetector
 from gradloc_track.spikes.junk import junk_span
-from gradloc_track.spikes.text_check import clean_text, decode_window
+from gradloc_track.spikes.text_check import WindowText, clean_text, decode_window
 
 
 @pytest.mark.parametrize("text,why", [
@@ -87,7 +87,7 @@ def test_window_text_reads_the_largest_runs_tokens_from_the_context():
     parts = [junk_span(lg, t, terms=terms) for lg, t in zip(logits, ids)]
     assert [int(v) for v in parts[1].where] == [1, 3] and float(parts[1].span) > float(parts[0].span)
     ctx = SpikeContext(loss_fn=[lambda m: m.sum()] * 2, token_mask=[torch.ones(2, T)] * 2, input_ids=ids)
-    assert window_text(parts, ctx, terms) == bytes(text).decode("utf-8", errors="replace")
+    assert window_text(parts, ctx, terms) == WindowText(bytes(text).decode("utf-8", errors="replace"), False)
     assert window_text(parts[1], None, terms) is None
     assert math.isfinite(float(parts[1].span))
 
@@ -147,3 +147,93 @@ def test_a_window_cut_inside_a_character_is_judged_on_the_text_between_the_cuts(
     for _ in range(20):  # random high bytes: replacement characters inside the window
         assert clean_text(decode_window(torch.randint(128, 256, (16,), generator=g).tolist(), None)) is None
     assert clean_text("\ufffd" * 4) is None and clean_text("Ωμέγα\ufffdΩμέγα") is None
+
+
+NAMES = (" © 2007 Daniel Nylander\n © 2014 Piotr Drag\n © 2003 Dinesh Nadarajah\n © 2007 Djavan Fagundes\n"
+         " © 2006 Djihed Afifi\n © 2005 Donatien Nsengimana\n © 2011 Xavier Claessens\n © 2018 Will Thompson\n"
+         " © 2003 Deep Dark\n © 2009 Raivis Dejus\n © 2005 Rajesh Ranjan\n © 2004 Raphael Higino\n")
+
+
+@pytest.fixture(scope="module")
+def byte_bpe(tmp_path_factory):
+    """A 1024-token byte-level BPE (GPT-2's kind) trained on the demo corpus; the names above are not in it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from gradloc_track.demo.data import load_corpus
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=1024, special_tokens=["<pad>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(load_corpus()[:300_000].split("\n\n"), trainer=trainer)
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>")
+
+
+def test_the_tokenizer_witnesses_latin_text_it_wrote_and_not_random_ids(byte_bpe):
+    """A Latin name list (a copyright file's) rated below chance is excused when the tokenizer wrote it:
+    decoded and encoded again it gives the same ids. Random ids do not come back; a base64 blob does, but its
+    words switch case and digits at every other character."""
+    from gradloc_track.spikes.text_check import read_window, tells_random_ids
+
+    assert tells_random_ids(byte_bpe)
+    ids = byte_bpe.encode(NAMES, add_special_tokens=False)
+    for lo in range(0, len(ids) - 16, 7):
+        window = read_window(ids, lo, lo + 16, byte_bpe)
+        assert window.tokenized and clean_text(window) == "text as its tokenizer writes it", window
+        assert clean_text(window.text) is None  # without the witness Latin text is never excused
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        row = torch.randint(1, byte_bpe.vocab_size, (80,), generator=g).tolist()
+        assert not read_window(row, 32, 48, byte_bpe).tokenized
+    import base64
+
+    blob = byte_bpe.encode(base64.b64encode(bytes(range(7, 250, 3))).decode(), add_special_tokens=False)
+    window = read_window(blob, 8, 24, byte_bpe)
+    assert window.tokenized and clean_text(window) is None
+
+
+def test_a_tokenizer_that_rewrites_random_ids_unchanged_witnesses_nothing(tmp_path):
+    """The demo's 512-token character BPE re-encodes about half of all random 16-token windows unchanged:
+    its round trip tells nothing, so Latin text it wrote is not excused either."""
+    from gradloc_track.demo.data import load_corpus
+    from gradloc_track.demo.tokenizer import BpeTokenizer
+    from gradloc_track.spikes.text_check import read_window, tells_random_ids
+
+    tok = BpeTokenizer.train_or_load(load_corpus()[:100_000], 512, tmp_path)
+    assert not tells_random_ids(tok)
+    ids = tok.encode(NAMES)
+    assert read_window(ids, 4, 20, tok) == WindowText(tok.decode(ids[4:20]), False)
+
+
+def test_the_detector_excuses_a_name_list_and_still_fires_on_a_junk_row_beside_it(byte_bpe):
+    """Issue 37: a copyright file's Latin name list rated below chance was 'junk in the data'. Row 0 holds the
+    names, rated furthest below chance; row 1 random ids, rated below chance too. The names are excused, the
+    junk row is the run the detector judges; the names alone do not fire."""
+    names = byte_bpe.encode(NAMES, add_special_tokens=False)
+    T, terms, V = 48, 16, byte_bpe.vocab_size
+    g = torch.Generator().manual_seed(1)
+    ids = torch.tensor([names[:T], names[10:10 + T], names[20:20 + T]])
+    ids[1] = torch.randint(1, V, (T,), generator=g)
+    logits = torch.randn(3, T, V, generator=g)
+    targets = ids[:, 1:]
+    for row, low in ((0, -40.0), (1, -20.0)):  # the model rates these targets below chance
+        logits[row, torch.arange(T - 1), targets[row]] = low
+    ctx = SpikeContext(loss_fn=lambda m: m.sum(), token_mask=torch.ones(3, T - 1), input_ids=ids[:, 1:],
+                       tokenizer=byte_bpe)
+    both = junk_span(logits[:, :-1], targets, terms=terms)
+    margin = SpikeDetector().config.junk_margin
+    assert int(both.where[0]) == 0  # the names' run is the largest
+    judged = window_text(both, ctx, terms, margin=margin)
+    assert not judged.tokenized and clean_text(judged) is None  # the junk row's run
+    det = _detector_past_warmup()
+    assert [e.signal for e in det.update(3, 1.0, junk_span=(float(both.span), -3.0), junk_text=lambda: judged)] \
+        == ["junk_span"]
+    alone = junk_span(logits[[0, 2], :-1], targets[[0, 2]], terms=terms)
+    ctx_alone = SpikeContext(loss_fn=lambda m: m.sum(), token_mask=torch.ones(2, T - 1),
+                             input_ids=ids[[0, 2], 1:], tokenizer=byte_bpe)
+    text = window_text(alone, ctx_alone, terms, margin=margin)
+    assert det.update(4, 1.0, junk_span=(float(alone.span), -3.0), junk_text=lambda: text) == []
+    assert det.junk_excused[1] == "text as its tokenizer writes it"
