@@ -82,7 +82,7 @@ def detector_losses(logits: torch.Tensor, targets: torch.Tensor, input_ids: torc
         excess = stats.excess.view(B, Tp)
         if repeat is not None:  # cap_repeats (only valid terms are ever read)
             excess = torch.where(repeat, excess.clamp(max=0.0), excess)
-        rows = None if inp is None else leaked_shares(repeat, inp, count)
+        rows = None if inp is None else leaked_shares(repeat, inp, valid)
         docs = None if document_ids is None else document_ids[:, :Tp]
         junk = junk_stats(excess, valid, docs, junk_terms, rows, count.sum())
     return smax, junk

@@ -20,7 +20,7 @@ def _event(signal: str) -> SpikeEvent:
 
 
 def test_only_the_signals_that_fired_flag_units():
-    ctx = SimpleNamespace(sample_columns={LEAKED_COLUMN: [torch.tensor([0.9, 0.0]), [None, LEAKED]]},
+    ctx = SimpleNamespace(sample_columns={LEAKED_COLUMN: [torch.tensor([1.0, 0.5]), [None, LEAKED]]},
                           input_ids=None, tokenizer=None)
     assert data_flags([_event("leaked_labels")], ctx, None, 4, 0.1) == (
         Flag(0, 0, reason="leaked labels (targets equal to their inputs)"),
