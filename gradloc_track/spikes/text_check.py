@@ -37,6 +37,9 @@ _TELLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> 
 # docs/benchmarks.md, "the junk excuse"
 SWITCHES = 3
 _WORD = re.compile(r"[^\W_]+")
+# control, surrogate, private-use and unassigned code points are no text; format characters (Cf) are: the
+# zero-width joiner inside a Malayalam or Devanagari word, a soft hyphen
+_NOT_TEXT = frozenset({"Cc", "Cs", "Co", "Cn"})
 _FAMILY = {"HIRAGANA": "CJK", "KATAKANA": "CJK", "HANGUL": "CJK", "IDEOGRAPHIC": "CJK", "CJK": "CJK"}
 
 
@@ -55,7 +58,7 @@ def clean_text(text: str | Sequence[Any], tokenized: bool = False) -> str | None
     if not isinstance(text, str):
         text, tokenized = str(text[0]), bool(text[1]) if len(text) > 1 else tokenized
     text = unicodedata.normalize("NFC", _uncut(text))
-    if "\ufffd" in text or any(unicodedata.category(c)[0] == "C" and c not in "\t\n\r" for c in text):
+    if "\ufffd" in text or any(unicodedata.category(c) in _NOT_TEXT and c not in "\t\n\r" for c in text):
         return None  # bytes that are no UTF-8, control characters: not text
     chars = [c for c in text if not c.isspace()]
     if not chars:

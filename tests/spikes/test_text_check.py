@@ -21,6 +21,8 @@ from gradloc_track.spikes.text_check import WindowText, clean_text, decode_windo
     ("张伟 王芳 李娜 刘洋", "text in the CJK script"),
     ("ひらがな カタカナ 漢字", "text in the CJK script"),
     ("Η ενότητα επιτρέπει", "text in the Greek script"),
+    # a copyright line's Malayalam name: the zero-width joiner (a format character) is part of the word
+    ("\ufffdീണ്\u200d A|\ufffd", "text in the Latin and Malayalam scripts"),
     ("#" * 16, "a run of '#'"),
     ("=-=-=-=-=-=-", "a run of '-='"),
     ("            ", "whitespace"),
