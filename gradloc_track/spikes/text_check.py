@@ -149,8 +149,8 @@ def read_window(row: Sequence[int], lo: int, hi: int, tokenizer: Any) -> WindowT
 def tokenizer_wrote(row: Sequence[int], lo: int, hi: int, tokenizer: Any) -> bool:
     """Is ``row[lo:hi]`` what ``tokenizer`` makes of its text? The window and up to ``CONTEXT`` tokens on each
     side are decoded and encoded again, and must come back unchanged but for ``EDGE`` tokens at each end of
-    that stretch (a word its edge cuts). Only for a tokenizer that can tell (``tells_random_ids``); False
-    when it cannot say (no ``encode``, an error)."""
+    that stretch (a word its edge cuts; at the row's edge, the window's own first or last tokens). Only for a
+    tokenizer that can tell (``tells_random_ids``); False when it cannot say (no ``encode``, an error)."""
     if not tells_random_ids(tokenizer):
         return False
     return _round_trip([int(i) for i in row], lo, hi, tokenizer)
@@ -190,7 +190,9 @@ def _round_trip(row: list[int], lo: int, hi: int, tokenizer: Any) -> bool:
         again = _encode_plain(tokenizer, _decode_exact(tokenizer, row[a:b]))
     except Exception:  # a tokenizer without a round trip: no witness, the window is not excused
         return False
-    inner = row[min(lo, a + EDGE):max(hi, b - EDGE)]
+    # the stretch less EDGE tokens at each end: the window's own first or last tokens where it touches the row's
+    # edge (a character the row cuts comes back as the replacement character's bytes)
+    inner = row[min(lo, a + EDGE) if lo - a >= EDGE else a + EDGE:max(hi, b - EDGE) if b - hi >= EDGE else b - EDGE]
     n = len(inner)
     return n > 0 and any(again[i:i + n] == inner for i in range(len(again) - n + 1))
 

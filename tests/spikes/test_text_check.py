@@ -239,3 +239,17 @@ def test_the_detector_excuses_a_name_list_and_still_fires_on_a_junk_row_beside_i
     text = window_text(alone, ctx_alone, terms, margin=margin)
     assert det.update(4, 1.0, junk_span=(float(alone.span), -3.0), junk_text=lambda: text) == []
     assert det.junk_excused[1] == "text as its tokenizer writes it"
+
+
+def test_a_window_at_the_rows_end_cut_inside_a_character_is_still_the_tokenizers(byte_bpe):
+    """A row that ends inside a Cyrillic letter (its last token one byte of it): encoded again, that byte comes
+    back as the replacement character's; the window's last tokens at the row's edge are not asked to."""
+    from gradloc_track.spikes.text_check import read_window
+
+    ids = byte_bpe.encode(NAMES + " © 2014-2020 Руслан Ковальчук, Дмитрий Соколов", add_special_tokens=False)
+    cuts = [k for k in range(len(ids) - 12, len(ids)) if byte_bpe.decode(ids[:k]).endswith("\ufffd")]
+    assert cuts, "no token boundary inside a letter: the tokenizer merged every Cyrillic pair"
+    row = ids[:cuts[0]]
+    window = read_window(row, len(row) - 16, len(row), byte_bpe)
+    assert window.text.endswith("\ufffd") and window.tokenized
+    assert clean_text(window) is not None
