@@ -313,7 +313,7 @@ class SpikeDetector:
         return {"signals": {k: s.as_tuple() for k, s in self.signals.items()},
                 "count": self.count,
                 "history": list(self._history), "score": (self._score_hits, self._score_seen),
-                "last_step": self._last_step, "junk_seen": self.junk.seen,
+                "last_step": self._last_step, "junk_seen": self.junk.seen, "junk_recent": self.junk.recent,
                 "transient": self.transient.state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -324,6 +324,7 @@ class SpikeDetector:
         self._score_hits, self._score_seen = state["score"]
         self._last_step = state.get("last_step")
         self.junk.seen = int(state.get("junk_seen", 0))
+        self.junk.recent = float(state.get("junk_recent", math.inf))
         self.transient.load(state.get("transient"))
 
 

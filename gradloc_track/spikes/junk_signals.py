@@ -11,6 +11,8 @@ from .junk import LEAKED, LEARNED
 from .signal import MAX_LOG
 from .text_check import WindowText, clean_text
 
+RECENT = 0.9  # EMA decay of the recent steps' mean excess (about 10 steps)
+
 
 class JunkSignals:
     """``events(step, junk_span, junk_text, metrics)``: the junk and leak events of one step.
@@ -20,6 +22,8 @@ class JunkSignals:
         self.config = config
         self.seen = 0  # steps the junk signal has seen (its warm-up)
         self.excused: tuple[str, str] | None = None
+        # the recent steps' mean excess (an EMA over ~10 steps, this one not in it): has the model learned?
+        self.recent = math.inf
 
     def events(self, step: int, junk: Sequence[float] | None, junk_text: Callable[[], str | WindowText | None] | None,
                metrics: dict[str, float]) -> list[SpikeEvent]:
@@ -41,7 +45,11 @@ class JunkSignals:
             return None  # no run that long (-inf), or a non-finite loss: the loss signals' case
         self.seen += 1
         metrics["spike/junk_span"], metrics["spike/junk_mean"] = span, mean
-        if self.seen <= cfg.warmup_steps or span <= cfg.junk_margin or mean >= LEARNED:
+        # the model has learned when the batch's terms average below chance, or the recent batches' did: a
+        # batch that is mostly junk (both rows of a packed pair) averages near chance itself
+        learned = min(mean, self.recent) < LEARNED
+        self.recent = mean if not math.isfinite(self.recent) else RECENT * self.recent + (1 - RECENT) * mean
+        if self.seen <= cfg.warmup_steps or span <= cfg.junk_margin or not learned:
             return None
         gap = span - mean
         return SpikeEvent(step, "junk_span", span, mean, gap, math.exp(min(MAX_LOG, gap)))
