@@ -1,9 +1,11 @@
 """The units a detected step's data signals point at, for the localizer to name (``localizer.flagged``).
 
 - ``leaked_labels`` fired: every row of the context's ``leaked_labels`` column at ``spikes.junk.LEAKED``.
-- ``junk_span`` fired: in every row, the run of windows above ``spikes.junk_margin`` around the row's
-  largest (``JunkSpan.windows``), unless its text is plainly clean (``spikes.text_check``, the rule
-  that excuses the signal's own run).
+- ``junk_span`` fired: in every row whose largest window is above ``spikes.junk_margin``, the run of
+  windows around it still nearer chance than learned text (above ``EXTEND``: junk averages chance, its
+  windows wander around 0 and only some clear the margin; clean text sits at ``junk.LEARNED`` and below),
+  unless its text is plainly clean (``spikes.text_check``, the rule that excuses the signal's own run).
+  A run that covers most of its sample (document) is named as that sample (``localizer.flagged``).
 
 Only the signals that fired flag anything, so a unit is named only beside an event that says why. One
 host read of the window means, on such a step only. Under torch.distributed each rank flags rows of its
@@ -17,9 +19,10 @@ import torch
 
 from ..config import SpikeConfig
 from ..localizer.flagged import Flag
-from ..spikes.junk import LEAKED_COLUMN, JunkSpan, junk_parts, leaked_rows_of
+from ..spikes.junk import LEAKED_COLUMN, LEARNED, JunkSpan, junk_parts, leaked_rows_of
 from ..spikes.text_check import clean_text, read_window
 
+EXTEND = LEARNED / 2  # a flagged run extends over the windows halfway from learned text to chance
 LEAK_REASON = "leaked labels (targets equal to their inputs)"
 JUNK_REASON = "a run the model rates below chance"
 
@@ -61,7 +64,7 @@ def _junk_runs(junk: Any, ctx: Any, terms: int, margin: float) -> list[Flag]:
             continue
         w = windows.detach().float().cpu()  # host read: (B, W) window means, on a firing step
         for b in (w.max(-1).values > margin).nonzero().flatten().tolist():
-            lo, hi = _block(w[b], margin)
+            lo, hi = _block(w[b], min(margin, EXTEND))
             text = read_window(ids[k][b].tolist(), lo, hi + terms, tok) if k < len(ids) else None
             if text is not None and clean_text(text) is not None:
                 continue  # plainly clean text (a name list in another script, a rule of '#'): not junk
@@ -69,9 +72,9 @@ def _junk_runs(junk: Any, ctx: Any, terms: int, margin: float) -> list[Flag]:
     return out
 
 
-def _block(row: torch.Tensor, margin: float) -> tuple[int, int]:
-    """The first and last window of the contiguous block above ``margin`` around the row's largest."""
-    above = (row > margin).tolist()
+def _block(row: torch.Tensor, bar: float) -> tuple[int, int]:
+    """The first and last window of the contiguous block above ``bar`` around the row's largest."""
+    above = (row > bar).tolist()
     lo = hi = int(row.argmax())
     while lo > 0 and above[lo - 1]:
         lo -= 1

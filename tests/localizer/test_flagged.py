@@ -29,25 +29,28 @@ def test_only_the_signals_that_fired_flag_units():
     assert data_flags([_event("leaked_labels")], None, None, 4, 0.1) == ()
 
 
-def test_a_junk_run_is_flagged_from_its_first_to_its_last_window_above_the_margin():
-    """Row 1 holds 6 terms the model rates far below chance (positions 3-8): with runs of 4, every window
-    holding one of them averages above the margin, so the flag runs from window 0 to window 8's end (12),
-    the windows' means computed by hand from the terms' excess."""
+def test_a_junk_run_is_flagged_over_the_windows_nearer_chance_than_learned_text():
+    """Row 1 holds 6 terms the model rates far below chance (positions 3-8) among terms it rates 3 nats above
+    chance, as a model that has learned does: with runs of 4, every window holding one of them averages above
+    -0.5 (halfway from learned text at junk.LEARNED to chance), so the flag runs from window 0 to window 8's
+    end (12), the windows' means computed by hand from the terms' excess. Row 0 never clears the margin."""
     g = torch.Generator().manual_seed(0)
     V, T, terms = 64, 14, 4
-    logits = torch.zeros(2, T, V)  # every term at chance: excess 0
     ids = torch.randint(0, V, (2, T), generator=g)
     targets = torch.randint(0, V, (2, T), generator=g)
-    logits[1, 3:9, :] = 0.0
+    logits = torch.zeros(2, T, V)
+    for b in range(2):
+        logits[b, torch.arange(T), targets[b]] = 3.0 * V / (V - 1)  # excess -3: mean z - z_t
     logits[1, torch.arange(3, 9), targets[1, 3:9]] = -8.0  # excess 8 - 8/64 at positions 3..8
     junk = junk_span(logits, targets, terms=terms)
-    excess = torch.zeros(T)
+    excess = torch.full((T,), -3.0)
     excess[3:9] = 8.0 - 8.0 / V
     windows = [float(excess[s:s + terms].mean()) for s in range(T - terms + 1)]
-    above = [s for s, m in enumerate(windows) if m > 0.1]
+    near = [s for s, m in enumerate(windows) if m > -0.5]
+    assert max(windows) > 0.1 and len([m for m in windows if m > 0.1]) < len(near)  # the margin alone: fewer
     ctx = SimpleNamespace(sample_columns={}, input_ids=ids, tokenizer=None)
     (flag,) = data_flags([_event("junk_span")], ctx, junk, terms, 0.1)
-    assert (flag.micro_batch, flag.row, flag.start, flag.end) == (0, 1, above[0], above[-1] + terms) == (0, 1, 0, 12)
+    assert (flag.micro_batch, flag.row, flag.start, flag.end) == (0, 1, near[0], near[-1] + terms) == (0, 1, 0, 12)
     assert data_flags([_event("loss")], ctx, junk, terms, 0.1) == ()
 
 
