@@ -153,7 +153,7 @@ def tokenizer_wrote(row: Sequence[int], lo: int, hi: int, tokenizer: Any) -> boo
     tokenizer that can tell (``tells_random_ids``); False when it cannot say (no ``encode``, an error)."""
     if not tells_random_ids(tokenizer):
         return False
-    return _round_trip([int(i) for i in row], lo, hi, tokenizer)
+    return bool(_round_trip([int(i) for i in row], lo, hi, tokenizer))
 
 
 def tells_random_ids(tokenizer: Any) -> bool:
@@ -175,7 +175,11 @@ def tells_random_ids(tokenizer: Any) -> bool:
     n, passed = 2 * CONTEXT + 16, 0
     for _ in range(CALIBRATION if vocab > 256 else 0):  # bytes are their own encoding: no witness
         row = [rng.randrange(vocab) for _ in range(n)]
-        passed += _round_trip(row, CONTEXT, CONTEXT + 16, tokenizer)
+        back = _round_trip(row, CONTEXT, CONTEXT + 16, tokenizer)
+        if back is None:  # it cannot take these ids back: nothing measured, nothing witnessed
+            passed = CALIBRATION
+            break
+        passed += back
     tells = vocab > 256 and passed <= 1
     try:
         _TELLS[tokenizer] = tells
@@ -184,12 +188,13 @@ def tells_random_ids(tokenizer: Any) -> bool:
     return tells
 
 
-def _round_trip(row: list[int], lo: int, hi: int, tokenizer: Any) -> bool:
+def _round_trip(row: list[int], lo: int, hi: int, tokenizer: Any) -> bool | None:
+    """Do the window's ids come back (``tokenizer_wrote``)? None: the tokenizer could not say (an error)."""
     a, b = max(0, lo - CONTEXT), min(len(row), hi + CONTEXT)
     try:
         again = _encode_plain(tokenizer, _decode_exact(tokenizer, row[a:b]))
     except Exception:  # a tokenizer without a round trip: no witness, the window is not excused
-        return False
+        return None
     # the stretch less EDGE tokens at each end: the window's own first or last tokens where it touches the row's
     # edge (a character the row cuts comes back as the replacement character's bytes)
     inner = row[min(lo, a + EDGE) if lo - a >= EDGE else a + EDGE:max(hi, b - EDGE) if b - hi >= EDGE else b - EDGE]

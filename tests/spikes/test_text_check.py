@@ -210,6 +210,28 @@ def test_a_tokenizer_that_rewrites_random_ids_unchanged_witnesses_nothing(tmp_pa
     assert read_window(ids, 4, 20, tok) == WindowText(tok.decode(ids[4:20]), False)
 
 
+def test_a_tokenizer_that_cannot_take_random_ids_back_witnesses_nothing(byte_bpe):
+    """A tokenizer whose decode raises on ids it does not know (a vocab_size larger than its table) measured
+    nothing at first use: its round trips of clean text are no witness either."""
+    from gradloc_track.spikes.text_check import read_window, tells_random_ids
+
+    class Partial:
+        vocab_size = 2 * byte_bpe.vocab_size
+
+        def decode(self, ids, **kw):
+            if max(ids) >= byte_bpe.vocab_size:
+                raise IndexError("unknown id")
+            return byte_bpe.decode(ids, **kw)
+
+        def encode(self, text, **kw):
+            return byte_bpe.encode(text, **kw)
+
+    tok = Partial()
+    assert not tells_random_ids(tok)
+    ids = byte_bpe.encode(NAMES, add_special_tokens=False)
+    assert read_window(ids, 10, 26, tok) == WindowText(byte_bpe.decode(ids[10:26]), False)
+
+
 def test_the_detector_excuses_a_name_list_and_still_fires_on_a_junk_row_beside_it(byte_bpe):
     """Issue 37: a copyright file's Latin name list rated below chance was 'junk in the data'. Row 0 holds the
     names, rated furthest below chance; row 1 random ids, rated below chance too. The names are excused, the
