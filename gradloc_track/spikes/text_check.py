@@ -34,7 +34,7 @@ CALIBRATION = 64  # random stretches a tokenizer must re-encode changed (all but
 _TELLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> tells_random_ids
 # a tokenized window is words when none of its words switches class (lower -> upper, letter <-> digit) more
 # than this: the most in any 16-token window of the dev half's pydoc text ('C0A80001', '0x2a;  oct: 0o52');
-# docs/benchmarks.md, "the junk excuse"
+# docs/benchmarks.md, "the junk witness"
 SWITCHES = 3
 _WORD = re.compile(r"[^\W_]+")
 # control, surrogate, private-use and unassigned code points are no text; format characters (Cf) are: the
