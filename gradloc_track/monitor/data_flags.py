@@ -19,7 +19,7 @@ import torch
 
 from ..config import SpikeConfig
 from ..localizer.flagged import Flag
-from ..spikes.junk import LEAKED_COLUMN, LEARNED, JunkSpan, junk_parts, leaked_rows_of
+from ..spikes.junk import LEAKED_COLUMN, LEARNED, JunkSpan, junk_parts, leaked_rows_of, rows_above
 from ..spikes.text_check import clean_text, read_window
 
 EXTEND = LEARNED / 2  # a flagged run extends over the windows halfway from learned text to chance
@@ -63,7 +63,7 @@ def _junk_runs(junk: Any, ctx: Any, terms: int, margin: float) -> list[Flag]:
         if windows is None:
             continue
         w = windows.detach().float().cpu()  # host read: (B, W) window means, on a firing step
-        for b in (w.max(-1).values > margin).nonzero().flatten().tolist():
+        for b, _, _ in rows_above(w, margin):
             lo, hi = _block(w[b], min(margin, EXTEND))
             text = read_window(ids[k][b].tolist(), lo, hi + terms, tok) if k < len(ids) else None
             if text is not None and clean_text(text) is not None:

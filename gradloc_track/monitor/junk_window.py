@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..spikes.junk import JunkSpan, junk_parts
+from ..spikes.junk import JunkSpan, junk_parts, rows_above
 from ..spikes.text_check import WindowText, clean_text, read_window
 from .responder import resolve
 
@@ -56,13 +56,10 @@ def window_text(junk: Any, ctx: Any, terms: int, group: Any = None,
 def _runs(parts: list, margin: float | None) -> list[tuple[int, int, int]]:
     """(micro-batch, row, first position) of each row's largest run above ``margin``, largest first, at most
     ``MAX_ROWS``; the largest run alone when ``margin`` is None or the windows are not known. Host reads."""
-    k = int(torch.stack([p.span.detach().float().cpu() for p in parts]).argmax())
+    top = int(torch.stack([p.span.detach().float().cpu() for p in parts]).argmax())
+    largest = [(top, *(int(v) for v in parts[top].where.tolist()))]
     if margin is None or any(p.windows is None for p in parts):
-        return [(k, *(int(v) for v in parts[k].where.tolist()))]
-    found = []
-    for k, part in enumerate(parts):
-        w = part.windows.detach().float().cpu()  # (B, W) window means
-        best, at = w.max(-1)
-        found += [(float(best[b]), k, b, int(at[b])) for b in (best > margin).nonzero().flatten().tolist()]
+        return largest
+    found = [(value, k, row, at) for k, part in enumerate(parts) for row, value, at in rows_above(part.windows, margin)]
     found.sort(key=lambda f: -f[0])
-    return [(k, b, at) for _, k, b, at in found[:MAX_ROWS]] or [(k, *(int(v) for v in parts[k].where.tolist()))]
+    return [(k, row, at) for _, k, row, at in found[:MAX_ROWS]] or largest

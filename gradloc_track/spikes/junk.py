@@ -150,6 +150,14 @@ def junk_stats(excess: torch.Tensor, valid: torch.Tensor, document_ids: torch.Te
                     where, windows)
 
 
+def rows_above(windows: torch.Tensor, margin: float) -> list[tuple[int, float, int]]:
+    """(row, its largest window mean, that window's first position) of every row of ``windows`` (a
+    ``JunkSpan.windows``) whose largest window is above ``margin``. One host read: a firing step's."""
+    w = windows.detach().float().cpu()
+    best, at = w.max(-1)
+    return [(b, float(best[b]), int(at[b])) for b in (best > margin).nonzero().flatten().tolist()]
+
+
 def junk_parts(junk: Any) -> list:
     """A step's junk statistics per micro-batch: a ``JunkSpan`` alone, or the sequence given (one each)."""
     return [junk] if hasattr(junk, "span") else list(junk or [])
