@@ -33,9 +33,11 @@ class SpikeConfig:
     # ... and for the gradient norms alone, past warmup_steps, while the loss still falls faster than
     # transient_fall times its fastest fall so far (the loss signal's trend), up to 4 x warmup_steps: early
     # training's transient (norms that jump as the model leaves its first plateau, with no loss, junk or
-    # update signal beside them) is not an event; 0 = warmup_steps alone. Needs the step's loss (watch(),
-    # the HF callback, after_backward(loss=...)). Chosen on the held-out zoo's dev half: 0.1 takes the HF
-    # models' clean false events from 7 to 3 in 6600 steps, every harmful step still found (0.25 before)
+    # update signal beside them) is not an event unless the step's own norm passes ratio_thresh (one small
+    # layer's ratio, the position embedding's 81x beside the step's 2.8x, does not count); 0 = warmup_steps
+    # alone. Needs the step's loss (watch(), the HF callback, after_backward(loss=...)). Chosen on the held-out
+    # zoo's dev half: 0.1 takes the HF models' clean false events from 7 to 3 in 6600 steps, every harmful
+    # step still found (0.25 before)
     transient_fall: float = 0.1
     per_layer: bool = True
     # signals beyond the gradient norms (issue 26), each read when the step provides it:

@@ -103,7 +103,8 @@ class SpikeDetector:
     - ``spike/junk_span``, ``spike/junk_mean``: the largest run's mean excess over chance and the
       batch's (nats a term; ``spikes/junk.py``), on steps that provide them
     - ``spike/transient``: 1 on a step past ``warmup_steps`` still in early training's fall (gradient norms
-      that jump alone, finite, do not fire; ``spikes.transient_fall``), 0 once it has ended
+      that jump alone, finite, the step's under ``ratio_thresh``, do not fire; ``spikes.transient_fall``), 0 once
+      it has ended
     - ``spike/junk_excused``: 1 on a step whose junk run would have fired but decodes to plainly clean
       text (``spikes.text_check``: a run of one character, letters of a non-Latin script, words its
       tokenizer wrote), else 0
@@ -190,9 +191,9 @@ class SpikeDetector:
         events = self._norm_events(step, global_norm, layer_norms, extra.weight_norm, pending)
         events += self._extra_events(step, extra, pending)
         if events and self.transient.active(self.signals.get(EXTRA["loss"])) and all(
-                e.is_norm and math.isfinite(e.value) and e.ratio <= (self.config.ratio_thresh or math.inf)
-                for e in events):
-            events = []  # early training's transient: gradient norms jumping alone, under the safety net
+                e.is_norm and math.isfinite(e.value) for e in events) and all(
+                e.ratio <= (self.config.ratio_thresh or math.inf) for e in events if e.signal == "global"):
+            events = []  # early training's transient: gradient norms jumping alone, the step's under the safety net
         self._absorb(pending, fired=bool(events))
         self.transient.follow(self.signals.get(EXTRA["loss"]), self._last)
         return events

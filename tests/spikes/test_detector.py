@@ -481,6 +481,28 @@ def test_in_the_transient_what_is_never_noise_still_fires():
     assert "loss" in fired[30]  # a norm jump beside a loss that jumps is not the transient's
 
 
+def test_in_the_transient_the_safety_net_is_the_steps_gradient_not_one_layers():
+    """Dev GPT-2 (dropout on) fired at steps 62 and 66 in the transient: the position embedding's gradient
+    81x and 45x its mean, the step's 2.8x and 2.5x. A small layer's ratio is no measure of the step's
+    gradient: in the transient the 20x safety net reads the global norm only."""
+    import random
+
+    from gradloc_track.spikes import SpikeDetector
+
+    def run(wpe_jump, global_jump):
+        det, rng, fired = SpikeDetector(warmup_steps=20), random.Random(0), {}
+        for s in range(40):
+            g = math.exp(rng.gauss(0, 0.05)) * (global_jump if s == 30 else 1.0)
+            layers = {"h.0": g, "wpe": 0.01 * math.exp(rng.gauss(0, 0.05)) * (wpe_jump if s == 30 else 1.0)}
+            ev = det.update(s, g, layers, loss=6.0 * math.exp(-s / 40) + 2.0)
+            if ev:
+                fired[s] = sorted(e.signal for e in ev)
+        return fired
+
+    assert 30 not in run(wpe_jump=80.0, global_jump=2.8)  # fired on wpe's 80x before
+    assert run(wpe_jump=80.0, global_jump=30.0)[30] == ["global", "h.0", "wpe"]  # the step's own 30x still fires
+
+
 def test_the_transient_ends_by_four_warm_ups_and_needs_the_loss():
     from gradloc_track.spikes import SpikeDetector
 
