@@ -146,6 +146,7 @@ class _RenderJob:
         self.step, self.events, self.result, self.ctx, self.window, self.png_path = \
             step, events, result, ctx, window, png_path
         self._lock = threading.Lock()
+        self._hurry = threading.Event()
         self._done = False
         self._html: str | None = None
         self._png: Path | None = None
@@ -170,7 +171,11 @@ class _RenderJob:
         if getattr(ctx, "micro_batches", None):  # K micro-batches: the first culprit's
             k = first.micro_batch or 0
             ctx, result = ctx.micro_batch_view(k), result.for_micro_batch(k)
-        return draw_heatmap(result, first.batch, self.png_path, ctx)
+        return draw_heatmap(result, first.batch, self.png_path, ctx, self._hurry)
+
+    def hurry(self) -> None:
+        """The run is finishing (the tracker's ``finish()``): draw here, now, not in the low-priority worker."""
+        self._hurry.set()
 
     def __call__(self, tracker: Tracker) -> None:
         self._render()

@@ -10,7 +10,10 @@ takes what training leaves; the tracker's thread waits for its answer off the GI
 not at all. Later heatmaps reuse it; it ends with this process (its input closes).
 
 What cannot go there is drawn on the tracker's thread as before: a tokenizer that does not pickle, no
-POSIX pipes (Windows), a worker that cannot start, dies, or does not answer within ``TIMEOUT_S``.
+POSIX pipes (Windows), a worker that cannot start, dies, or does not answer within ``TIMEOUT_S``. So is a
+heatmap whose run is finishing (``hurry``, set by the tracker's ``finish()``): no training step is left to
+protect, and on a saturated machine the worker's low priority gets it next to no CPU (3 busy processes on
+2 cores: minutes for one heatmap), while every record the tracker queued after the spike waits behind it.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ import select
 import subprocess
 import sys
 import threading
+import time
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -29,16 +33,21 @@ from typing import Any
 
 NICE = 19  # the lowest priority: on a busy core CFS gives it ~1.5% of what a nice-0 thread gets
 TIMEOUT_S = 120.0  # the longest the tracker's thread waits for one heatmap before drawing it itself
+HURRY_POLL_S = 0.2  # how often a wait for the worker looks whether the run is finishing
 _HEADER = 8  # bytes of each message's length prefix
 
 
-def draw_heatmap(result: Any, sample: int, path: Path, ctx: Any) -> Path | None:
+def draw_heatmap(result: Any, sample: int, path: Path, ctx: Any,
+                 hurry: threading.Event | None = None) -> Path | None:
     """``heatmap.render_layer_heatmap(result, sample, path, ctx)``, drawn by the worker process when it
-    can be (module doc), else here; the PNG's path, or None (with the renderer's warning)."""
+    can be (module doc), else here; the PNG's path, or None (with the renderer's warning). ``hurry``: once
+    set, the drawing is done here (a worker still at it is stopped)."""
     from .heatmap import render_layer_heatmap
 
-    job = None if threading.current_thread() is threading.main_thread() else _portable(result, sample, path, ctx)
-    answer = None if job is None else _WORKER.run(job)
+    hurry = hurry if hurry is not None else threading.Event()
+    here = threading.current_thread() is threading.main_thread() or hurry.is_set()
+    job = None if here else _portable(result, sample, path, ctx)
+    answer = None if job is None else _WORKER.run(job, hurry)
     if answer is None:
         return render_layer_heatmap(result, sample, path, ctx=ctx)
     kind, value, said = answer
@@ -73,16 +82,20 @@ class _Worker:
         self._lock = threading.Lock()
         self._broken = os.name != "posix"  # select() on pipes: POSIX only
 
-    def run(self, job: bytes) -> tuple[str, Any, list[str]] | None:
-        """(kind, value, warnings) from the worker, or None when it cannot answer (drawn here then)."""
+    def run(self, job: bytes, hurry: threading.Event) -> tuple[str, Any, list[str]] | None:
+        """(kind, value, warnings) from the worker, or None when it cannot answer, or ``hurry`` is set
+        before it does (drawn here then)."""
         with self._lock:
-            if self._broken:
+            if self._broken or hurry.is_set():
                 return None
             try:
                 proc = self._started()
                 proc.stdin.write(len(job).to_bytes(_HEADER, "little") + job)
                 proc.stdin.flush()
-                return pickle.loads(_read_message(proc.stdout, TIMEOUT_S))
+                return pickle.loads(_read_message(proc.stdout, TIMEOUT_S, hurry))
+            except _Hurried:  # the run is finishing: this worker's half-drawn heatmap is not waited for
+                self._stop(wait_s=0.0)
+                return None
             except Exception as exc:  # no worker, a dead one, no answer in time: never again this process
                 self._stop()
                 self._broken = True
@@ -100,26 +113,39 @@ class _Worker:
                                           env=env, close_fds=True)
         return self._proc
 
-    def _stop(self) -> None:
+    def _stop(self, wait_s: float = 5.0) -> None:
         proc, self._proc = self._proc, None
         if proc is None:
             return
         try:
             proc.stdin.close()  # the worker's read ends: it exits
-            proc.wait(timeout=5)
+            proc.wait(timeout=wait_s)
         except Exception:
             proc.kill()
+            proc.wait()
 
     def close(self) -> None:
         with self._lock:
             self._stop()
 
 
-def _read_message(stream: Any, timeout_s: float) -> bytes:
-    """One length-prefixed message from ``stream`` (a pipe), waiting at most ``timeout_s`` for it to start."""
-    ready, _, _ = select.select([stream], [], [], timeout_s)
-    if not ready:
-        raise TimeoutError(f"no heatmap within {timeout_s:g} s")
+class _Hurried(Exception):
+    """The run finished while the worker drew: the caller draws it itself."""
+
+
+def _read_message(stream: Any, timeout_s: float, hurry: threading.Event | None = None) -> bytes:
+    """One length-prefixed message from ``stream`` (a pipe), waiting at most ``timeout_s`` for it to start
+    (``_Hurried`` as soon as ``hurry`` is set)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        ready, _, _ = select.select([stream], [], [], max(0.0, min(left, HURRY_POLL_S)))
+        if ready:
+            break
+        if hurry is not None and hurry.is_set():
+            raise _Hurried()
+        if left <= HURRY_POLL_S:
+            raise TimeoutError(f"no heatmap within {timeout_s:g} s")
     header = stream.read(_HEADER)
     if len(header) < _HEADER:
         raise EOFError("the heatmap worker closed its output")

@@ -27,6 +27,7 @@ from .interface import Tracker, final_status
 from .bounded import clamp_wait
 from .incomplete import say, writes_of
 from .kept_writes import KeptWrites
+from .async_writer.jobs import hurry
 from .naming import DROPPED_KEY, step_path, table_part_path
 
 
@@ -64,6 +65,7 @@ class LocalTracker(Tracker):
         self._tags: dict[str, str] = {}
         self._parts: dict[str, tuple[int | None, list[list[Any]]]] = {}  # key -> rows of its last step
         self._jobs: queue.Queue | None = None
+        self._job: Any = None  # the job running on the jobs thread now (finish() hurries it)
         self._finished = False
         self._guard(lambda: self.run_dir.mkdir(parents=True, exist_ok=True))
 
@@ -152,8 +154,10 @@ class LocalTracker(Tracker):
             try:
                 if job is None:
                     return
+                self._job = job
                 self._run_job(job)
             finally:
+                self._job = None
                 self._jobs.task_done()
 
     def _run_job(self, job) -> None:
@@ -176,6 +180,9 @@ class LocalTracker(Tracker):
 
         status = final_status(status)  # finish("failed") during a Ctrl-C: the run was killed
         sigterm.forget(self)
+        if self._jobs is not None:  # the run is over: no training step left for the jobs to spare
+            with self._jobs.mutex:
+                hurry([self._job, *self._jobs.queue])
         self.flush(timeout_s)
         self._finished = True
         if self._jobs is not None:

@@ -35,6 +35,7 @@ from ..run_record import update_run_record
 from ..spool import Spool
 from .closing import closing_lines, say
 from .handover import hand_over
+from .jobs import hurry
 from .opener import BackendSource, OpenGate
 from .pending import FLUSH, STOP, PendingRecords, now_ms
 from .settings import WriterSettings
@@ -192,6 +193,7 @@ class AsyncTracker(Tracker):
             return
         limit = clamp_wait(self.finish_timeout_s if timeout_s is None else timeout_s, self.finish_timeout_s)
         deadline = time.monotonic() + limit
+        self._hurry_jobs()
         if self._gone is None:
             try:  # done once the metrics merged before it are written: the interval is not waited for
                 self._q.put((FLUSH, (), 0), timeout=limit)
@@ -214,6 +216,7 @@ class AsyncTracker(Tracker):
         sigterm.forget(self)
         limit = clamp_wait(self.finish_timeout_s if timeout_s is None else timeout_s, self.finish_timeout_s)
         deadline = time.monotonic() + limit
+        self._hurry_jobs()
         if self._gone is None:
             self._enqueue_final(status, deadline)
             self._thread.join(max(0.0, deadline - time.monotonic()))
@@ -232,6 +235,15 @@ class AsyncTracker(Tracker):
         say(closing_lines(self.name, self.run_dir, self.spool.path, self._writer.delivered, self.spool.count,
                           self.dropped, self._writer.health.reason_first or self._spill.first_error)
             + writes_of(self.run_dir).closing_lines())
+
+    def _hurry_jobs(self) -> None:
+        """finish(): the submitted jobs queued, held or running are hurried (``jobs.hurry``)."""
+        with self._q.mutex:
+            queued = [args[0] for call, args, _ in self._q.queue if call == "submit"]
+        held = self._pending.peek_held()
+        if held is not None and held[0] == "submit":
+            queued.append(held[1][0])
+        hurry([self._writer.job, *queued])
 
     def _enqueue_final(self, status: str, deadline: float) -> None:
         try:

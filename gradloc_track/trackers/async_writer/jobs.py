@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from ..interface import Tracker
 
@@ -50,3 +50,13 @@ def run_job(job: Callable[[Tracker], None], sink: Tracker, name: str) -> None:
         if threading.current_thread() is threading.main_thread():
             raise  # a job run in the caller's thread (after finish): Ctrl-C there is the user's
         warnings.warn(f"gradloc-track: a background {name} job failed: {exc!r}", RuntimeWarning)
+
+
+def hurry(jobs: Iterable[Any]) -> None:
+    """The run is finishing: each submitted job that can (``hurry()``: a spike's render, whose heatmap a
+    low-priority process may still be drawing) finishes at once, at the caller's priority; the records
+    queued behind it are not held past ``finish()``'s bound."""
+    for job in jobs:
+        fn = getattr(job, "hurry", None)
+        if callable(fn):
+            fn()

@@ -91,6 +91,11 @@ class PendingRecords:
         with self._lock:
             self._held = record
 
+    def peek_held(self) -> Record | None:
+        """The held record, left held."""
+        with self._lock:
+            return self._held
+
     def unhold(self) -> Record | None:
         """The held record back; ``None`` when ``finish()`` gave up meanwhile and spooled it in order."""
         with self._lock:

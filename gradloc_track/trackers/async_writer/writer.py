@@ -63,6 +63,7 @@ class WriterLoop:
         self._due = 0.0  # when pending metrics are written (the first ones at once: they open the run)
         self._last_step = 0
         self._reported_dropped = 0
+        self.job: Any = None  # the submitted job running now (finish() hurries it)
 
     @property
     def dropped(self) -> int:
@@ -146,7 +147,11 @@ class WriterLoop:
 
     def _handle(self, call: str, args: tuple, ts: int) -> None:
         if call == "submit":
-            run_job(args[0], JobSink(self.deliver, ts), self.name)
+            self.job = args[0]
+            try:
+                run_job(args[0], JobSink(self.deliver, ts), self.name)
+            finally:
+                self.job = None
         elif call == "finish":
             self._finish_backend(args[0], ts)
         else:
