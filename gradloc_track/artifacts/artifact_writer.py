@@ -174,7 +174,8 @@ class _RenderJob:
         return draw_heatmap(result, first.batch, self.png_path, ctx, self._hurry)
 
     def hurry(self) -> None:
-        """The run is finishing (the tracker's ``finish()``): draw here, now, not in the low-priority worker."""
+        """The caller waits for this job (the tracker's ``flush()`` or ``finish()``): draw here, now, not in
+        the low-priority worker."""
         self._hurry.set()
 
     def __call__(self, tracker: Tracker) -> None:

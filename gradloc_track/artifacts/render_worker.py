@@ -11,9 +11,10 @@ not at all. Later heatmaps reuse it; it ends with this process (its input closes
 
 What cannot go there is drawn on the tracker's thread as before: a tokenizer that does not pickle, no
 POSIX pipes (Windows), a worker that cannot start, dies, or does not answer within ``TIMEOUT_S``. So is a
-heatmap whose run is finishing (``hurry``, set by the tracker's ``finish()``): no training step is left to
-protect, and on a saturated machine the worker's low priority gets it next to no CPU (3 busy processes on
-2 cores: minutes for one heatmap), while every record the tracker queued after the spike waits behind it.
+heatmap the caller waits for (``hurry``, set by the tracker's ``flush()`` and ``finish()``): no training
+step runs meanwhile to be spared, and on a saturated machine the worker's low priority gets it next to no
+CPU (3 busy processes on 2 cores: minutes for one heatmap), while every record the tracker queued after
+the spike waits behind it.
 """
 from __future__ import annotations
 

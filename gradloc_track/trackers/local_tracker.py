@@ -167,7 +167,11 @@ class LocalTracker(Tracker):
             warnings.warn(f"gradloc-track: writing a spike artifact failed: {exc!r}", RuntimeWarning)
 
     def flush(self, timeout_s: float | None = None) -> None:
+        """Wait for the submitted jobs; the caller waits, so they are hurried (``jobs.hurry``: a spike's
+        heatmap is drawn on the jobs thread now, not in the low-priority worker)."""
         if self._jobs is not None:
+            with self._jobs.mutex:
+                hurry([self._job, *self._jobs.queue])
             with self._jobs.all_tasks_done:
                 self._jobs.all_tasks_done.wait_for(
                     lambda: self._jobs.unfinished_tasks == 0,
@@ -180,9 +184,6 @@ class LocalTracker(Tracker):
 
         status = final_status(status)  # finish("failed") during a Ctrl-C: the run was killed
         sigterm.forget(self)
-        if self._jobs is not None:  # the run is over: no training step left for the jobs to spare
-            with self._jobs.mutex:
-                hurry([self._job, *self._jobs.queue])
         self.flush(timeout_s)
         self._finished = True
         if self._jobs is not None:

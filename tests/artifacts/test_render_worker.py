@@ -34,9 +34,12 @@ def test_a_trackers_thread_hands_the_heatmap_to_a_low_priority_process(spike, tm
     events, result, ctx = spike
     tracker = make_tracker(TrackerConfig(kind="none"), run_dir=tmp_path)  # runs the render job on its thread
     SpikeArtifactWriter(tracker, tmp_path).write(7, events, result, ctx)
-    tracker.flush()  # training goes on while it is drawn (a finish() now would draw it here: see below)
-    tracker.finish()
     png = tmp_path / "spikes" / "heatmap" / "step_000007.png"
+    for _ in range(1200):  # training goes on while it is drawn (a flush() or finish() now would draw it here)
+        if png.exists():
+            break
+        time.sleep(0.1)
+    tracker.finish()
     assert png.read_bytes()[:4] == b"\x89PNG" and (tmp_path / "spikes" / "highlight" / "step_000007.html").exists()
     assert drawn_here == []  # not in this process: no GIL held for the training thread to wait on
     worker = render_worker._WORKER._proc
@@ -134,3 +137,15 @@ def test_a_finishing_mlflow_run_delivers_the_steps_after_a_spike(spike, tmp_path
     arts = {a.path for a in client.list_artifacts(view["run_id"], "spikes/heatmap")}
     assert arts and not list((run_dir / "spool").glob("*.jsonl"))
     assert len(drawn_here) == 1 and drawn_here[0] != "MainThread"  # drawn on the writer's thread, once
+
+
+def test_a_flush_the_training_thread_waits_on_draws_the_heatmap_itself(spike, tmp_path, drawn_here, stalled_worker):
+    """verl's session flushes after each spike, its training thread waiting: nothing to spare, so the render is
+    hurried there too (before: the flush waited out its bound and the heatmap was not there after it)."""
+    events, result, ctx = spike
+    tracker = make_tracker(TrackerConfig(kind="none"), run_dir=tmp_path)
+    SpikeArtifactWriter(tracker, tmp_path).write(7, events, result, ctx)
+    tracker.flush(timeout_s=30)
+    assert (tmp_path / "spikes" / "heatmap" / "step_000007.png").read_bytes()[:4] == b"\x89PNG"
+    assert drawn_here == ["gradloc-track-local"]
+    tracker.finish()

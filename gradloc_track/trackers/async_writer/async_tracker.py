@@ -188,7 +188,8 @@ class AsyncTracker(Tracker):
         self._wake()
 
     def flush(self, timeout_s: float | None = None) -> None:
-        """Wait until everything logged so far is written or spooled (at most ``finish_timeout_s``)."""
+        """Wait until everything logged so far is written or spooled (at most ``finish_timeout_s``). The
+        caller waits, so a spike's render still queued or running is hurried, as at ``finish()``."""
         if self._finished:
             return
         limit = clamp_wait(self.finish_timeout_s if timeout_s is None else timeout_s, self.finish_timeout_s)
@@ -237,7 +238,8 @@ class AsyncTracker(Tracker):
             + writes_of(self.run_dir).closing_lines())
 
     def _hurry_jobs(self) -> None:
-        """finish(): the submitted jobs queued, held or running are hurried (``jobs.hurry``)."""
+        """flush() and finish(): the submitted jobs queued, held or running are hurried (``jobs.hurry``): the
+        caller's thread waits for them, no training step runs meanwhile to be spared."""
         with self._q.mutex:
             queued = [args[0] for call, args, _ in self._q.queue if call == "submit"]
         held = self._pending.peek_held()
