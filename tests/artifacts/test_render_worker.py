@@ -95,16 +95,19 @@ def stalled_worker(monkeypatch):
     assert all(p.poll() is not None for p in started)  # stopped, not left behind
 
 
-def test_a_finishing_run_draws_the_heatmap_itself_instead_of_waiting_for_the_worker(spike, tmp_path, drawn_here,
-                                                                                     stalled_worker):
-    """tracker=none: finish() tells the render to hurry; the page and its heatmap are written, drawn on the
-    tracker's thread, within the bound (before: finish() waited out its bound and the heatmap was never made)."""
+@pytest.mark.parametrize("waits_in", ["finish", "flush"])
+def test_a_caller_that_waits_gets_the_heatmap_drawn_on_the_trackers_thread(spike, tmp_path, drawn_here,
+                                                                            stalled_worker, waits_in):
+    """tracker=none: finish(), and flush() (verl's session flushes after each spike, its training thread
+    waiting), hurry the render: nothing runs meanwhile to be spared, so the heatmap is drawn on the tracker's
+    thread within the bound (before: the call waited out its bound and the heatmap was not made)."""
     events, result, ctx = spike
     tracker = make_tracker(TrackerConfig(kind="none"), run_dir=tmp_path)
     SpikeArtifactWriter(tracker, tmp_path).write(7, events, result, ctx)
-    tracker.finish(timeout_s=30)
+    getattr(tracker, waits_in)(timeout_s=30)
     assert (tmp_path / "spikes" / "heatmap" / "step_000007.png").read_bytes()[:4] == b"\x89PNG"
     assert drawn_here == ["gradloc-track-local"]
+    tracker.finish()
 
 
 def test_a_finishing_mlflow_run_delivers_the_steps_after_a_spike(spike, tmp_path, sqlite_uri, drawn_here,
@@ -137,15 +140,3 @@ def test_a_finishing_mlflow_run_delivers_the_steps_after_a_spike(spike, tmp_path
     arts = {a.path for a in client.list_artifacts(view["run_id"], "spikes/heatmap")}
     assert arts and not list((run_dir / "spool").glob("*.jsonl"))
     assert len(drawn_here) == 1 and drawn_here[0] != "MainThread"  # drawn on the writer's thread, once
-
-
-def test_a_flush_the_training_thread_waits_on_draws_the_heatmap_itself(spike, tmp_path, drawn_here, stalled_worker):
-    """verl's session flushes after each spike, its training thread waiting: nothing to spare, so the render is
-    hurried there too (before: the flush waited out its bound and the heatmap was not there after it)."""
-    events, result, ctx = spike
-    tracker = make_tracker(TrackerConfig(kind="none"), run_dir=tmp_path)
-    SpikeArtifactWriter(tracker, tmp_path).write(7, events, result, ctx)
-    tracker.flush(timeout_s=30)
-    assert (tmp_path / "spikes" / "heatmap" / "step_000007.png").read_bytes()[:4] == b"\x89PNG"
-    assert drawn_here == ["gradloc-track-local"]
-    tracker.finish()
