@@ -65,7 +65,7 @@ class LocalTracker(Tracker):
         self._tags: dict[str, str] = {}
         self._parts: dict[str, tuple[int | None, list[list[Any]]]] = {}  # key -> rows of its last step
         self._jobs: queue.Queue | None = None
-        self._job: Any = None  # the job running on the jobs thread now (finish() hurries it)
+        self._job: Any = None  # the job running on the jobs thread now (flush() and finish() hurry it)
         self._finished = False
         self._guard(lambda: self.run_dir.mkdir(parents=True, exist_ok=True))
 
@@ -171,7 +171,8 @@ class LocalTracker(Tracker):
         heatmap is drawn on the jobs thread now, not in the low-priority worker)."""
         if self._jobs is not None:
             with self._jobs.mutex:
-                hurry([self._job, *self._jobs.queue])
+                waiting = [self._job, *self._jobs.queue]
+            hurry(waiting)
             with self._jobs.all_tasks_done:
                 self._jobs.all_tasks_done.wait_for(
                     lambda: self._jobs.unfinished_tasks == 0,

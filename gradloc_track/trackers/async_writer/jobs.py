@@ -53,9 +53,9 @@ def run_job(job: Callable[[Tracker], None], sink: Tracker, name: str) -> None:
 
 
 def hurry(jobs: Iterable[Any]) -> None:
-    """The run is finishing: each submitted job that can (``hurry()``: a spike's render, whose heatmap a
-    low-priority process may still be drawing) finishes at once, at the caller's priority; the records
-    queued behind it are not held past ``finish()``'s bound."""
+    """The caller waits (``flush()``, ``finish()``): each submitted job that can (``hurry()``: a spike's
+    render, whose heatmap a low-priority process may still be drawing) finishes at once, at the caller's
+    priority; the records queued behind it are not held past the call's bound."""
     for job in jobs:
         fn = getattr(job, "hurry", None)
         if callable(fn):

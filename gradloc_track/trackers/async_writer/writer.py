@@ -63,7 +63,7 @@ class WriterLoop:
         self._due = 0.0  # when pending metrics are written (the first ones at once: they open the run)
         self._last_step = 0
         self._reported_dropped = 0
-        self.job: Any = None  # the submitted job running now (finish() hurries it)
+        self.job: Any = None  # the submitted job running now (flush() and finish() hurry it)
 
     @property
     def dropped(self) -> int:
