@@ -119,6 +119,7 @@ def evidence_of(events: Sequence[Any], result: Any, shown: Any,
         ev.replayed, ev.repeatable = check.replayed, not str(check.reason).startswith("randomness")
         ev.residual = check.residual if math.isfinite(check.residual) else math.inf
         ev.norm_ratio = check.norm_ratio  # a flipped bit: .grad 2e9x the replay, whatever the residual
+        ev.scale = check.scale if check.replayed else None
     if finding is not None or any(not math.isfinite(e.value) for e in events if e.is_norm):
         ev.replayed, ev.residual = False, math.inf
         ev.precision = getattr(ctx, "precision", None)  # a user's context may lack it

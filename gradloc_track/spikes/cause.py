@@ -21,10 +21,15 @@ first match wins (docs/forensics.md#the-cause-of-a-spike):
    (``ratio``, or ``exp(logprob - old_logprob)``, from the RL columns) is ``OFF_POLICY_RATIO`` or more
    from 1 either way: the sampling and the training policy disagree on it (a stale log-prob, a
    sampler/trainer mismatch), which the surrogate multiplies into the gradient; not the data.
-6. ``data``: the localizer named culprits carrying ``DATA_SHARE`` or more of the step's squared
+6. ``loss_scale``: the replay reproduces ``.grad`` up to one factor of ``LOSS_SCALE`` or more, the
+   global gradient norm's jump over its running mean is that factor give or take ``SCALE_FIT``, and no
+   per-sample signal fired: the batch's own gradient is ordinary, the loss was multiplied at this step
+   (a loss weight, a changed normalizer or accumulation count, a loss scaler not undone). A loss scaled
+   alike on every step (a sum reduction) is in the running mean too: its jumps do not track the factor.
+7. ``data``: the localizer named culprits carrying ``DATA_SHARE`` or more of the step's squared
    gradient norm; or a loss signal fired (the model is the same for every sample: a loss that jumps
    is the data's), with the culprits when there are some.
-7. ``optimizer`` again when the update fired and no culprit stands out; else ``unexplained``.
+8. ``optimizer`` again when the update fired and no culprit stands out; else ``unexplained``.
 
 A step in the recovery window of an explained incident reports that incident's cause
 (``spikes/incidents.py``).
@@ -37,11 +42,15 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-CAUSES = ("data", "numeric", "precision", "optimizer", "schedule", "off_policy", "irreproducible", "unexplained")
+CAUSES = ("data", "numeric", "precision", "optimizer", "schedule", "off_policy", "loss_scale", "irreproducible",
+          "unexplained")
 LR_JUMP = 2.0  # a learning rate at least 2x the previous step's is a schedule change worth naming
 DATA_SHARE = 0.5  # culprits carrying at least half the squared norm explain the step
 LOSS_SIGNALS = ("loss", "sample_loss", "junk_span", "leaked_labels")
+SAMPLE_SIGNALS = ("sample_loss", "junk_span", "leaked_labels")  # a loss scale moves none of these
 OFF_POLICY_RATIO = 10.0  # an importance ratio this far from 1 (either way) is not on-policy noise
+LOSS_SCALE = 2.0  # .grad this many times the replayed batch's gradient (or more): the loss was scaled up
+SCALE_FIT = 2.0  # ... and the norm's jump is that factor within this ratio either way: the batch is ordinary
 
 
 @dataclass(frozen=True)
@@ -61,6 +70,7 @@ class Evidence:
     replayed: bool | None = None  # None: no replay ran; False: the probes' sum is not .grad
     residual: float | None = None  # ||probes' sum - .grad|| / ||probes' sum||
     norm_ratio: float | None = None  # ||.grad|| / ||probes' sum||
+    scale: float | None = None  # the one factor with .grad = scale * probes' sum (``StepCheck.scale``), when it fits
     repeatable: bool = True  # two identical probes agree (False: randomness the RNG does not replay)
     culprit_share: float | None = None  # the named culprits' summed share; None: not localized
     n_culprits: int = 0
@@ -76,8 +86,8 @@ class Evidence:
 
 def name_cause(ev: Evidence) -> Cause:
     """The step's cause by the rules above."""
-    for rule in (_precision, _irreproducible, _numeric, _schedule, _optimizer_alone, _off_policy, _data,
-                 _optimizer_no_culprit):
+    for rule in (_precision, _irreproducible, _numeric, _schedule, _optimizer_alone, _off_policy, _loss_scale,
+                 _data, _optimizer_no_culprit):
         cause = rule(ev)
         if cause is not None:
             return cause
@@ -187,6 +197,22 @@ def _data(ev: Evidence) -> Cause | None:
         return Cause("data", f"{e.key} = {e.value:.3g}, {e.ratio:.2f}x its running mean (z = {e.z:.0f}): the data's "
                              f"loss jumped ({which})")
     return None
+
+
+def _loss_scale(ev: Evidence) -> Cause | None:
+    s = ev.scale
+    glob = [e for e in ev.events if e.signal == "global" and math.isfinite(e.ratio) and e.ratio > 0]
+    if ev.replayed is not True or s is None or not math.isfinite(s) or s < LOSS_SCALE or not glob or _fired(
+            ev, *SAMPLE_SIGNALS):
+        return None
+    own = glob[0].ratio / s  # the batch's own gradient against the running mean, at the usual scale
+    if not 1 / SCALE_FIT <= own <= SCALE_FIT:
+        return None
+    return Cause("loss_scale", f"the gradient in .grad is {s:.3g}x the one the batch's own loss gives (the replay "
+                               f"reproduces it up to that one factor), and that gradient is ordinary ({own:.2f}x "
+                               f"the running mean, where .grad is {glob[0].ratio:.3g}x): the loss was multiplied "
+                               f"by {s:.3g} at this step (a loss weight or multiplier, a changed normalizer or "
+                               "accumulation count, a loss scaler not undone); not the data")
 
 
 def _optimizer_no_culprit(ev: Evidence) -> Cause | None:

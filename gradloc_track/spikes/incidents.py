@@ -5,7 +5,8 @@ was thrown off, Adam's moments hold the jump), and named on their own evidence t
 (every sample's loss jumped), ``optimizer`` or ``unexplained``: new, wrong causes of one incident
 (issue 37). ``Incidents.link`` takes a step's own cause and returns the cause it reports:
 
-- an incident opens at a step whose cause is ``schedule``, ``optimizer``, ``data`` or ``off_policy``,
+- an incident opens at a step whose cause is ``schedule``, ``optimizer``, ``data``, ``off_policy`` or
+  ``loss_scale``,
   and stays open ``WINDOW`` steps past its last detected step (each linked step extends it, up to
   ``MAX_SPAN`` steps from its start);
 - a ``schedule`` incident also stays open while the learning rate stays ``LR_JUMP`` times or more above
@@ -29,7 +30,7 @@ from .cause import LR_JUMP, Cause
 
 WINDOW = 20  # steps past an incident's last detected step that are still its recovery
 MAX_SPAN = 200  # steps an incident links at most, however often it fires (the schedule's raised lr aside)
-OPENS = frozenset({"schedule", "optimizer", "data", "off_policy"})
+OPENS = frozenset({"schedule", "optimizer", "data", "off_policy", "loss_scale"})
 LINKED = frozenset({"data", "optimizer", "unexplained"})  # what a step's own evidence may misname after an incident
 
 

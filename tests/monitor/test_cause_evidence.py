@@ -45,7 +45,7 @@ class Run:
             stats = self.train()
             assert not stats.events and stats.cause is None
 
-    def train(self, x=None, y=None, mask=None, loss_scale=1.0, after_backward=None):
+    def train(self, x=None, y=None, mask=None, loss_scale=1.0, after_backward=None, backward_scale=1.0):
         cx, cy = batch(self.step)
         x, y = (cx, cy) if x is None else (x, y)
         mask = torch.ones(B, T) if mask is None else mask
@@ -57,7 +57,7 @@ class Run:
 
         self.opt.zero_grad(set_to_none=True)
         loss = loss_fn(mask)
-        loss.backward()
+        (loss * backward_scale if backward_scale != 1.0 else loss).backward()  # a multiplier the replay lacks
         if after_backward is not None:
             after_backward(self)
         with torch.no_grad():
@@ -105,6 +105,13 @@ def test_a_garbled_sample_is_data(run):
 def test_a_non_finite_loss_is_numeric(run):
     detail = check(run, run.train(loss_scale=math.inf), "numeric")
     assert "nan" in detail.lower() or "inf" in detail.lower()
+
+
+def test_a_loss_multiplied_at_one_step_is_loss_scale_not_unexplained(run):
+    # the loss backpropagated 100x while the batch and the loss_fn the localizer replays are ordinary
+    detail = check(run, run.train(backward_scale=100.0), "loss_scale")
+    assert "the gradient in .grad is 100x the one the batch's own loss gives" in detail
+    assert "the loss was multiplied by 100 at this step" in detail
 
 
 def test_a_learning_rate_jump_is_schedule(run):

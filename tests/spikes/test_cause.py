@@ -15,6 +15,7 @@ def ev(signal: str, value: float = 3.0, ratio: float = 3.0, z: float = 9.0) -> S
 
 
 NORM, LOSS, UPDATE = ev("global"), ev("sample_loss", 10.0, 1.8, 35.0), ev("update", 0.5, 40.0, 12.0)
+SCALED = ev("global", 61.8, 144.0, 25.0)  # .grad 100x the replay's, the batch's own gradient 1.44x its mean
 
 
 @pytest.mark.parametrize("evidence,cause,words", [
@@ -40,6 +41,10 @@ NORM, LOSS, UPDATE = ev("global"), ev("sample_loss", 10.0, 1.8, 35.0), ev("updat
     (Evidence([NORM], culprit_share=0.9, n_culprits=1, off_policy=(0.02, None, None)), "off_policy", "ratio of 0.02"),
     (Evidence([NORM], culprit_share=0.9, n_culprits=1, off_policy=(1.3, -2.0, -2.26)), "data", "carry 90%"),
     (Evidence([NORM], culprit_share=0.3, n_culprits=1, off_policy=(392.0, -6.0, -12.0)), "unexplained", "only 30%"),
+    (Evidence([SCALED, ev("loss", 300.0, 100.0, 40.0)], replayed=True, scale=100.0, culprit_share=0.1, n_culprits=0),
+     "loss_scale", "(1.44x the running mean, where .grad is 144x): the loss was multiplied by 100 at this step"),
+    (Evidence([SCALED], replayed=True, scale=100.0, culprit_share=0.9, n_culprits=1), "loss_scale",
+     "multiplied by 100"),
 ])
 def test_each_rule_names_its_cause_with_the_numbers(evidence, cause, words):
     got = name_cause(evidence)
@@ -54,3 +59,16 @@ def test_what_does_not_qualify():
     assert name_cause(Evidence([ev("global", math.nan)], replayed=False, residual=math.nan)).name == "numeric"
     # a learning-rate jump that makes a non-finite step is numeric first
     assert name_cause(Evidence([ev("global", math.inf)], lr=1.0, prev_lr=1e-3)).name == "numeric"
+
+
+def test_a_replay_scale_is_the_cause_only_when_the_jump_tracks_it():
+    # a sum reduction: every step's .grad is N x the replay's, so the running mean is too; a 3x jump is its own
+    assert name_cause(Evidence([NORM], replayed=True, scale=4096.0, culprit_share=0.1, n_culprits=0)).name \
+        == "unexplained"
+    # a factor under 2 (a loss averaged over other counts), a replay that does not fit, a sample that jumped
+    assert name_cause(Evidence([ev("global", 3.0, 1.6)], replayed=True, scale=1.6)).name == "unexplained"
+    assert name_cause(Evidence([SCALED], replayed=False, residual=0.3, scale=None)).name == "irreproducible"
+    assert name_cause(Evidence([SCALED, LOSS], replayed=True, scale=100.0, culprit_share=0.6, n_culprits=1)).name \
+        == "data"
+    # no global jump fired (a layer alone): no factor to compare with
+    assert name_cause(Evidence([ev("h.0", 3.0, 120.0)], replayed=True, scale=100.0)).name == "unexplained"

@@ -29,7 +29,7 @@ def test_a_learning_rate_that_stays_raised_is_the_schedule_however_long():
 def test_hard_evidence_of_the_step_itself_is_never_linked():
     inc = Incidents()
     inc.link(10, Cause("data", "sample 3 carries 90%"))
-    for own in ("numeric", "precision", "irreproducible", "schedule", "off_policy"):
+    for own in ("numeric", "precision", "irreproducible", "schedule", "off_policy", "loss_scale"):
         assert inc.link(11, Cause(own, "z"), lr=1.0, prev_lr=1.0).name == own
     fresh = Incidents()
     fresh.link(10, Cause("data", "sample 3 carries 90%"))
@@ -44,3 +44,10 @@ def test_an_unexplained_or_numeric_step_opens_no_incident():
     inc.link(6, Cause("numeric", "NaN loss"))
     assert inc.link(7, Cause("optimizer", "v decayed")).name == "optimizer"
     assert inc.link(8, Cause("data", "d")).name == "optimizer"  # 7 opened one
+
+
+def test_a_loss_scaled_at_one_step_opens_an_incident():
+    inc = Incidents()  # the gradient 100x went into Adam's moments: the updates after it are its aftermath
+    inc.link(150, Cause("loss_scale", "the loss was multiplied by 100 at this step"))
+    got = inc.link(152, Cause("optimizer", "the update is 4.8x its running mean"))
+    assert got.name == "loss_scale" and got.detail.startswith("aftermath of step 150 (loss_scale): ")
