@@ -4,13 +4,17 @@ Shows the "layerwise heterogeneity" GradLoc reports: a culprit token can hit a f
 while others stay calm. A cell is the gradient norm, in that layer, of the loss term at that
 position. Positions without a loss term (an SFT prompt, masked tokens) have no such gradient:
 they are drawn hatched grey, never in the colour scale, and do not set it; padding is left out.
-Rendered with matplotlib's Agg backend (no display needed).
+Rendered on a ``Figure`` of its own (Agg, no display needed), never through pyplot: the user's backend
+and open figures stay as they are when a heatmap is drawn in their process. One at a time in a process
+(``_DRAWING``): matplotlib's text layout is not thread-safe (a tracker's thread and a finishing run's
+late thread can both draw).
 """
 from __future__ import annotations
 
 import io
 import os
 import tempfile
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -22,6 +26,7 @@ from .highlight import context_windows
 from ..text import decode_token
 
 DPI = 100
+_DRAWING = threading.Lock()  # one heatmap drawn at a time in this process (module doc)
 CELL_W_IN = 0.28  # inches per token column
 ROW_H_IN = 0.45  # inches per layer row
 MIN_W_IN = 6.0  # narrow windows still leave room for the title and colour bar
@@ -177,7 +182,7 @@ def render_layer_heatmap(result: LocateResult, sample: int, path: str | Path, ct
     from .._optional import require
 
     try:
-        matplotlib = require("matplotlib", "plots")
+        require("matplotlib", "plots")
     except ImportError as exc:
         warnings.warn(f"gradloc-track: no heatmap image is written: {exc}")
         return None
@@ -187,9 +192,9 @@ def render_layer_heatmap(result: LocateResult, sample: int, path: str | Path, ct
     L, B, T = result.layer_map.shape  # (L, B, T)
     if not 0 <= sample < B:
         raise ValueError(f"sample={sample} is outside the batch of the layer map (B={B})")
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib import colormaps
     from matplotlib.colors import LogNorm
+    from matplotlib.figure import Figure
 
     import numpy as np
 
@@ -202,10 +207,12 @@ def render_layer_heatmap(result: LocateResult, sample: int, path: str | Path, ct
     tok = getattr(ctx, "tokenizer", None)
     labels = ["\u2026" if p is None else (_label(decode_token(tok, ids[p])) if ids is not None else str(p))
               for p in cols]
-    cmap = plt.get_cmap("magma").with_extremes(bad="#ffffff")
+    cmap = colormaps["magma"].with_extremes(bad="#ffffff")
     where = ", ".join(f"{a}-{b - 1}" for a, b in _runs(cols))
-    fig, ax = plt.subplots(figsize=tuple(s / DPI for s in heatmap_size_px(len(cols), L)), dpi=DPI)
-    try:
+    # a Figure of its own, never pyplot: the user's backend and figures are left as they are
+    with _DRAWING:
+        fig = Figure(figsize=tuple(s / DPI for s in heatmap_size_px(len(cols), L)), dpi=DPI)
+        ax = fig.subplots()
         im = ax.imshow(data, aspect="auto", cmap=cmap, norm=LogNorm(vmin=vmax * 1e-6, vmax=vmax),
                        interpolation="nearest")
         ax.set_yticks(range(L), names, fontsize=8)
@@ -217,8 +224,6 @@ def render_layer_heatmap(result: LocateResult, sample: int, path: str | Path, ct
         fig.tight_layout()
         png = io.BytesIO()
         fig.savefig(png, format="png", dpi=DPI)  # in memory: a full disk never leaves a 0-byte image
-    finally:
-        plt.close(fig)
     return stage_png(Path(path), png.getvalue())
 
 

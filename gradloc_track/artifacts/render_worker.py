@@ -19,12 +19,14 @@ the spike waits behind it.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import copy
 import os
 import pickle
 import select
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import warnings
@@ -35,6 +37,7 @@ from typing import Any
 NICE = 19  # the lowest priority: on a busy core CFS gives it ~1.5% of what a nice-0 thread gets
 TIMEOUT_S = 120.0  # the longest the tracker's thread waits for one heatmap before drawing it itself
 HURRY_POLL_S = 0.2  # how often a wait for the worker looks whether the run is finishing
+STOP_WAIT_S = 5.0  # the longest a stop waits for a killed worker, and the exit for the worker's lock
 _HEADER = 8  # bytes of each message's length prefix
 
 
@@ -85,13 +88,20 @@ class _Worker:
 
     def run(self, job: bytes, hurry: threading.Event) -> tuple[str, Any, list[str]] | None:
         """(kind, value, warnings) from the worker, or None when it cannot answer, or ``hurry`` is set
-        before it does (drawn here then)."""
+        before it does (drawn here then). The request goes through a file of its own and the pipe carries
+        only its name: a layer map is far beyond a pipe's buffer, and a worker not reading yet (still
+        starting, at its low priority) must never block this thread in a write that no bound or hurry
+        reaches."""
         with self._lock:
             if self._broken or hurry.is_set():
                 return None
+            request = _request_file(job)
+            if request is None:  # no room for it (a full temp dir): drawn here, the worker stays usable
+                return None
             try:
                 proc = self._started()
-                proc.stdin.write(len(job).to_bytes(_HEADER, "little") + job)
+                name = os.fsencode(request)
+                proc.stdin.write(len(name).to_bytes(_HEADER, "little") + name)
                 proc.stdin.flush()
                 return pickle.loads(_read_message(proc.stdout, TIMEOUT_S, hurry))
             except _Hurried:  # the run is finishing: this worker's half-drawn heatmap is not waited for
@@ -103,6 +113,9 @@ class _Worker:
                 warnings.warn(f"gradloc-track: the heatmap worker process failed ({exc!r}); heatmaps are drawn on "
                               "the tracker's thread", RuntimeWarning)
                 return None
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(request)
 
     def _started(self) -> subprocess.Popen:
         if self._proc is None or self._proc.poll() is not None:
@@ -123,11 +136,40 @@ class _Worker:
             proc.wait(timeout=wait_s)
         except Exception:
             proc.kill()
-            proc.wait()
+            with contextlib.suppress(Exception):  # a worker stuck in the kernel (a hung disk) is not waited for
+                proc.wait(timeout=STOP_WAIT_S)
 
     def close(self) -> None:
-        with self._lock:
-            self._stop()
+        """At exit: the worker stops. A tracker's thread still waiting for it (a daemon thread, up to
+        ``TIMEOUT_S``) holds the lock: then the worker is killed without it, which ends that wait too."""
+        if self._lock.acquire(timeout=STOP_WAIT_S):
+            try:
+                self._stop()
+            finally:
+                self._lock.release()
+            return
+        proc = self._proc
+        if proc is not None:
+            with contextlib.suppress(Exception):
+                proc.kill()
+
+
+def _request_file(job: bytes) -> str | None:
+    """``job`` in a new file of the temp dir (owner-only), its path; None when it cannot be written."""
+    from ..trackers.files import atomic_write_bytes
+
+    try:
+        fd, name = tempfile.mkstemp(prefix="gradloc-heatmap-", suffix=".pkl")
+    except OSError:
+        return None
+    os.close(fd)
+    try:
+        atomic_write_bytes(Path(name), job)
+        return name
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(name)
+        return None
 
 
 class _Hurried(Exception):
@@ -174,7 +216,15 @@ def _serve() -> None:
         header = requests.read(_HEADER)
         if len(header) < _HEADER:
             return  # the parent closed the pipe (or exited)
-        result, sample, path, ctx = pickle.loads(requests.read(int.from_bytes(header, "little")))
+        request = os.fsdecode(requests.read(int.from_bytes(header, "little")))
+        try:
+            with open(request, "rb") as f:
+                result, sample, path, ctx = pickle.loads(f.read())
+        except Exception as exc:  # the parent gave up and removed it meanwhile: say so, wait for the next
+            answer = pickle.dumps(("error", f"the request could not be read: {exc!r}", []))
+            answers.write(len(answer).to_bytes(_HEADER, "little") + answer)
+            answers.flush()
+            continue
         with warnings.catch_warnings(record=True) as said:
             warnings.simplefilter("always")
             try:

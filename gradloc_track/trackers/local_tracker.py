@@ -27,7 +27,7 @@ from .interface import Tracker, final_status
 from .bounded import clamp_wait
 from .incomplete import say, writes_of
 from .kept_writes import KeptWrites
-from .async_writer.jobs import hurry
+from .async_writer.jobs import HurryGate, hurry
 from .naming import DROPPED_KEY, step_path, table_part_path
 
 
@@ -66,6 +66,7 @@ class LocalTracker(Tracker):
         self._parts: dict[str, tuple[int | None, list[list[Any]]]] = {}  # key -> rows of its last step
         self._jobs: queue.Queue | None = None
         self._job: Any = None  # the job running on the jobs thread now (flush() and finish() hurry it)
+        self._gate = HurryGate()  # ... and one that starts while they wait
         self._finished = False
         self._guard(lambda: self.run_dir.mkdir(parents=True, exist_ok=True))
 
@@ -155,6 +156,7 @@ class LocalTracker(Tracker):
                 if job is None:
                     return
                 self._job = job
+                self._gate.started(job)
                 self._run_job(job)
             finally:
                 self._job = None
@@ -170,13 +172,14 @@ class LocalTracker(Tracker):
         """Wait for the submitted jobs; the caller waits, so they are hurried (``jobs.hurry``: a spike's
         heatmap is drawn on the jobs thread now, not in the low-priority worker)."""
         if self._jobs is not None:
-            with self._jobs.mutex:
-                waiting = [self._job, *self._jobs.queue]
-            hurry(waiting)
-            with self._jobs.all_tasks_done:
-                self._jobs.all_tasks_done.wait_for(
-                    lambda: self._jobs.unfinished_tasks == 0,
-                    clamp_wait(self.finish_timeout_s if timeout_s is None else timeout_s, self.finish_timeout_s))
+            with self._gate.waiting():
+                with self._jobs.mutex:
+                    waiting = [self._job, *self._jobs.queue]
+                hurry(waiting)
+                with self._jobs.all_tasks_done:
+                    self._jobs.all_tasks_done.wait_for(
+                        lambda: self._jobs.unfinished_tasks == 0,
+                        clamp_wait(self.finish_timeout_s if timeout_s is None else timeout_s, self.finish_timeout_s))
 
     def finish(self, status: str = "success", timeout_s: float | None = None) -> None:
         if self._finished:
@@ -185,6 +188,7 @@ class LocalTracker(Tracker):
 
         status = final_status(status)  # finish("failed") during a Ctrl-C: the run was killed
         sigterm.forget(self)
+        self._gate.close()
         self.flush(timeout_s)
         self._finished = True
         if self._jobs is not None:

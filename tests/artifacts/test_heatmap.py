@@ -107,16 +107,30 @@ def prompt_case(loss_free=range(36, 47)):
 
 
 def drawn_figure(monkeypatch, result, ctx, path):
-    """Render, keeping the figure matplotlib would close (to read what its labels say)."""
+    """Render, keeping the figure it saves (to read what its labels say)."""
+    from matplotlib.figure import Figure
+
+    kept, save = [], Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (kept.append(fig), save(fig, *a, **k))[1])
+    render_layer_heatmap(result, 1, path, ctx=ctx)
+    (fig,) = kept
+    return fig
+
+
+def test_a_heatmap_leaves_the_users_pyplot_alone(tmp_path):
+    """Drawn in the user's process (a finishing run's hurried render), the heatmap switches no backend and
+    leaves no figure open in pyplot."""
+    import matplotlib
     import matplotlib.pyplot as plt
 
-    kept, close = [], plt.close
-    monkeypatch.setattr(plt, "close", lambda fig: kept.append(fig))
-    render_layer_heatmap(result, 1, path, ctx=ctx)
-    monkeypatch.setattr(plt, "close", close)
-    (fig,) = kept
-    close(fig)
-    return fig
+    before = matplotlib.get_backend()
+    plt.switch_backend("svg")
+    try:
+        result, ctx = prompt_case()
+        assert render_layer_heatmap(result, 1, tmp_path / "u.png", ctx=ctx) is not None
+        assert matplotlib.get_backend() == "svg" and plt.get_fignums() == []
+    finally:
+        plt.switch_backend(before)
 
 
 def test_positions_without_a_loss_term_are_left_out_of_the_colours_and_the_scale():

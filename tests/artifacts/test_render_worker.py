@@ -3,6 +3,7 @@ thread of its own hands the drawing to a low-priority worker process; the traini
 what cannot be pickled, are drawn in this process as before."""
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -70,29 +71,59 @@ def test_the_training_threads_own_call_and_an_unpicklable_tokenizer_are_drawn_he
     assert out and out[0].read_bytes()[:4] == b"\x89PNG" and drawn_here[-1] == t.name
 
 
-@pytest.fixture
-def stalled_worker(monkeypatch):
-    """A worker that takes the request and never answers: the low-priority process on a saturated machine
-    (3 busy processes on 2 cores gave it next to no CPU: the demo's heatmap took minutes)."""
+class PaddedTokenizer:
+    """A tokenizer whose pickle is far beyond a pipe's 64 KiB buffer, as a real one's vocabulary is (a layer map
+    of GPT-2 at 8 x 1024 tokens alone is ~400 KB)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.vocab = inner, bytes(512 * 1024)
+
+    def decode(self, ids, **kwargs):
+        return self.inner.decode(ids, **kwargs)
+
+
+@contextlib.contextmanager
+def stalled(monkeypatch):
+    """A worker that never reads its input nor answers: the low-priority process on a saturated machine (3
+    busy processes on 2 cores gave it next to no CPU: the demo's heatmap took minutes; a fresh one is still
+    importing torch and matplotlib there before its first read). Yields the workers started."""
     import subprocess
     import sys
 
     render_worker._WORKER.close()  # a real worker another test started: not this one's
+    monkeypatch.setattr(render_worker._WORKER, "_broken", False)  # a worker an earlier test gave up on: try again
     started = []
 
-    def stalled():
+    def start():
         if render_worker._WORKER._proc is None:
-            render_worker._WORKER._proc = subprocess.Popen(
-                [sys.executable, "-c", "import sys, time; sys.stdin.buffer.read(); time.sleep(600)"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            render_worker._WORKER._proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE)
             started.append(render_worker._WORKER._proc)
         return render_worker._WORKER._proc
 
-    monkeypatch.setattr(render_worker._WORKER, "_started", stalled)
+    monkeypatch.setattr(render_worker._WORKER, "_started", start)
     yield started
     render_worker._WORKER.close()
+    broken = render_worker._WORKER._broken
     monkeypatch.undo()
     assert all(p.poll() is not None for p in started)  # stopped, not left behind
+    assert not broken  # a hurry is no failure: the worker stays in use for the next heatmap
+
+
+@pytest.fixture
+def stalled_worker(monkeypatch):
+    """``stalled``, and the render must have reached it (hurried any earlier, the test would test nothing)."""
+    with stalled(monkeypatch) as started:
+        yield started
+    assert started, "the render never reached the worker: the test did not test the hurry"
+
+
+def reached_the_worker(started: list) -> None:
+    """Training goes on until the render is in the worker's hands (hurried any earlier, it never gets there)."""
+    for _ in range(600):
+        if started:
+            return
+        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("waits_in", ["finish", "flush"])
@@ -100,11 +131,17 @@ def test_a_caller_that_waits_gets_the_heatmap_drawn_on_the_trackers_thread(spike
                                                                             stalled_worker, waits_in):
     """tracker=none: finish(), and flush() (verl's session flushes after each spike, its training thread
     waiting), hurry the render: nothing runs meanwhile to be spared, so the heatmap is drawn on the tracker's
-    thread within the bound (before: the call waited out its bound and the heatmap was not made)."""
+    thread within the bound (before: the call waited out its bound and the heatmap was not made). The request
+    is larger than a pipe holds, to a worker that does not read: it still cannot block the tracker's thread
+    where no hurry reaches it."""
     events, result, ctx = spike
+    ctx.tokenizer = PaddedTokenizer(ctx.tokenizer)
     tracker = make_tracker(TrackerConfig(kind="none"), run_dir=tmp_path)
     SpikeArtifactWriter(tracker, tmp_path).write(7, events, result, ctx)
+    reached_the_worker(stalled_worker)
+    t0 = time.monotonic()
     getattr(tracker, waits_in)(timeout_s=30)
+    assert time.monotonic() - t0 < 20  # hurried: not the bound
     assert (tmp_path / "spikes" / "heatmap" / "step_000007.png").read_bytes()[:4] == b"\x89PNG"
     assert drawn_here == ["gradloc-track-local"]
     tracker.finish()
@@ -130,6 +167,7 @@ def test_a_finishing_mlflow_run_delivers_the_steps_after_a_spike(spike, tmp_path
         tracker.log_metrics({"loss": float(step)}, step)
         if step == 7:
             writer.write(7, events, result, ctx)
+    reached_the_worker(stalled_worker)
     t0 = time.monotonic()
     tracker.finish(timeout_s=60)
     waited = time.monotonic() - t0
@@ -140,3 +178,56 @@ def test_a_finishing_mlflow_run_delivers_the_steps_after_a_spike(spike, tmp_path
     arts = {a.path for a in client.list_artifacts(view["run_id"], "spikes/heatmap")}
     assert arts and not list((run_dir / "spool").glob("*.jsonl"))
     assert len(drawn_here) == 1 and drawn_here[0] != "MainThread"  # drawn on the writer's thread, once
+
+
+def test_a_job_between_the_queue_and_running_is_hurried_too(spike, tmp_path, drawn_here, monkeypatch):
+    """flush() hurries the jobs it sees queued or running; one the jobs thread has just taken off the queue is
+    in neither (a thread switch there; widened here by a queue that pauses after each get). The jobs thread
+    hurries it itself when it starts it while a caller waits (before: flush() waited out its bound)."""
+    import queue
+    import types
+
+    from gradloc_track.trackers import local_tracker
+
+    class PausingQueue(queue.Queue):
+        def get(self, *args, **kwargs):
+            item = super().get(*args, **kwargs)
+            time.sleep(0.5)  # taken, not yet running
+            return item
+
+    monkeypatch.setattr(local_tracker, "queue", types.SimpleNamespace(Queue=PausingQueue))
+    events, result, ctx = spike
+    with stalled(monkeypatch):  # hurried at its start, it never reaches the worker: drawn on the jobs thread
+        tracker = make_tracker(TrackerConfig(kind="none"), run_dir=tmp_path)
+        SpikeArtifactWriter(tracker, tmp_path).write(7, events, result, ctx)
+        time.sleep(0.1)  # the job is off the queue
+        t0 = time.monotonic()
+        tracker.flush(timeout_s=30)
+        assert time.monotonic() - t0 < 20  # hurried: not the bound
+        assert (tmp_path / "spikes" / "heatmap" / "step_000007.png").read_bytes()[:4] == b"\x89PNG"
+        assert drawn_here == ["gradloc-track-local"]
+        tracker.finish()
+    for _ in range(100):  # its jobs thread ends (after the pausing get): none is left for the interpreter's exit
+        if not any(t.name == "gradloc-track-local" for t in threading.enumerate()):
+            break
+        time.sleep(0.05)
+
+
+def test_a_jobs_hurry_that_fails_is_said_not_raised_into_the_callers_finish(tmp_path):
+    """finish() always returns: a submitted job's own ``hurry()`` that raises is a warning."""
+    started, release = threading.Event(), threading.Event()
+
+    class Job:
+        def __call__(self, sink):
+            started.set()
+            release.wait(10)
+
+        def hurry(self):
+            release.set()
+            raise RuntimeError("no hurry here")
+
+    tracker = make_tracker(TrackerConfig(kind="none"), run_dir=tmp_path)
+    tracker.submit(Job())
+    assert started.wait(10)
+    with pytest.warns(RuntimeWarning, match="hurrying a background job failed.*no hurry here"):
+        tracker.finish(timeout_s=30)

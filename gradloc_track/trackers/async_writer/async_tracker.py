@@ -194,16 +194,17 @@ class AsyncTracker(Tracker):
             return
         limit = clamp_wait(self.finish_timeout_s if timeout_s is None else timeout_s, self.finish_timeout_s)
         deadline = time.monotonic() + limit
-        self._hurry_jobs()
-        if self._gone is None:
-            try:  # done once the metrics merged before it are written: the interval is not waited for
-                self._q.put((FLUSH, (), 0), timeout=limit)
-            except queue.Full:
-                pass
-            self._wake()
-        with self._q.all_tasks_done:
-            self._q.all_tasks_done.wait_for(lambda: self._q.unfinished_tasks == 0 or self._gone is not None,
-                                            max(0.0, deadline - time.monotonic()))
+        with self._writer.gate.waiting():
+            self._hurry_jobs()
+            if self._gone is None:
+                try:  # done once the metrics merged before it are written: the interval is not waited for
+                    self._q.put((FLUSH, (), 0), timeout=limit)
+                except queue.Full:
+                    pass
+                self._wake()
+            with self._q.all_tasks_done:
+                self._q.all_tasks_done.wait_for(lambda: self._q.unfinished_tasks == 0 or self._gone is not None,
+                                                max(0.0, deadline - time.monotonic()))
 
     def finish(self, status: str = "success", timeout_s: float | None = None) -> None:
         """Deliver what is queued and the final ``status``; after ``timeout_s`` spool the rest. Always returns."""
@@ -217,6 +218,7 @@ class AsyncTracker(Tracker):
         sigterm.forget(self)
         limit = clamp_wait(self.finish_timeout_s if timeout_s is None else timeout_s, self.finish_timeout_s)
         deadline = time.monotonic() + limit
+        self._writer.gate.close()
         self._hurry_jobs()
         if self._gone is None:
             self._enqueue_final(status, deadline)
@@ -276,6 +278,7 @@ class AsyncTracker(Tracker):
         def render() -> None:
             try:
                 for job, ts in jobs:
+                    hurry([job])  # finish() waits for it (one in a hand-over's gap was not hurried yet)
                     self._spill.run_job(job, self._late_reason, ts)
             finally:
                 with guard:

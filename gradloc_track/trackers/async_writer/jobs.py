@@ -6,9 +6,10 @@ when the job raised a ``BaseException`` (a ``SystemExit`` deep in a plotting lib
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import warnings
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from ..interface import Tracker
 
@@ -55,8 +56,45 @@ def run_job(job: Callable[[Tracker], None], sink: Tracker, name: str) -> None:
 def hurry(jobs: Iterable[Any]) -> None:
     """The caller waits (``flush()``, ``finish()``): each submitted job that can (``hurry()``: a spike's
     render, whose heatmap a low-priority process may still be drawing) finishes at once, at the caller's
-    priority; the records queued behind it are not held past the call's bound."""
+    priority; the records queued behind it are not held past the call's bound. A job's own ``hurry()`` that
+    fails is reported, never raised into the caller (``finish()`` always returns)."""
     for job in jobs:
         fn = getattr(job, "hurry", None)
         if callable(fn):
-            fn()
+            try:
+                fn()
+            except Exception as exc:
+                warnings.warn(f"gradloc-track: hurrying a background job failed: {exc!r}", RuntimeWarning)
+
+
+class HurryGate:
+    """Whether a caller waits now (``flush()``; for good after ``finish()``), for the thread that runs the jobs.
+
+    The waiting caller hurries the jobs it sees (queued, held, running); a job between those places (just
+    taken off the queue, not yet marked running) is in none of them. So the jobs thread, once it has marked
+    a job running, asks ``started(job)``: while a caller waits, it hurries the job itself. The caller marks
+    itself waiting before it looks, the jobs thread marks the job before it asks: one of the two always
+    sees the other."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting = 0
+        self._for_good = False
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[None]:
+        with self._lock:
+            self._waiting += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._waiting -= 1
+
+    def close(self) -> None:
+        """``finish()``: every job from now on is waited for."""
+        self._for_good = True
+
+    def started(self, job: Any) -> None:
+        if self._for_good or self._waiting:
+            hurry([job])

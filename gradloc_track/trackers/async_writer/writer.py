@@ -34,7 +34,7 @@ from ..bounded import MAX_WAIT_S, CallThread, bounded_call
 from ..naming import DROPPED_KEY
 from ..run_record import update_run_record
 from .health import BackendHealth
-from .jobs import JobSink, run_job
+from .jobs import HurryGate, JobSink, run_job
 from .opener import BackendSource, LazyBackend
 from .pending import FLUSH, STOP, PendingRecords
 from .settings import WriterSettings
@@ -64,6 +64,7 @@ class WriterLoop:
         self._last_step = 0
         self._reported_dropped = 0
         self.job: Any = None  # the submitted job running now (flush() and finish() hurry it)
+        self.gate = HurryGate()  # ... and one that starts while they wait
 
     @property
     def dropped(self) -> int:
@@ -148,6 +149,7 @@ class WriterLoop:
     def _handle(self, call: str, args: tuple, ts: int) -> None:
         if call == "submit":
             self.job = args[0]
+            self.gate.started(args[0])
             try:
                 run_job(args[0], JobSink(self.deliver, ts), self.name)
             finally:
