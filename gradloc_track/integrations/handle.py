@@ -27,6 +27,7 @@ from typing import Any, Callable
 import torch
 
 from ..config import TrackerConfig
+from ..console import TrainConsole
 from ..optim_unwrap import unwrap_optimizer
 from ..trackers.interface import Tracker
 from ..trackers.join import OpenRuns, Run, RunRequest, start
@@ -58,7 +59,8 @@ class Door:
     ``runs``: the framework's own runs to join (Lightning's loggers), else those open in this
     process. ``logs``: None: rank 0 of ``torch.distributed`` logs; a framework's rank otherwise.
     ``wrap_tracker``: wraps the run's tracker before the monitor is built (verl: the monitor's
-    metrics are held for verl's own logger, the rest goes to the run)."""
+    metrics are held for verl's own logger, the rest goes to the run). ``spike_console``: the handle
+    prints the spike block itself at each detected spike (``watch()``; a callback prints its own)."""
 
     name: str = "watch()"
     hook_optimizer: bool = True
@@ -66,6 +68,7 @@ class Door:
     runs: OpenRuns | None = None
     logs: bool | None = None
     wrap_tracker: Callable[[Tracker], Tracker] | None = None
+    spike_console: bool = False
 
 
 def _rank0() -> bool:
@@ -105,7 +108,8 @@ def open_handle(model: torch.nn.Module, optimizer: Any, opts: WatchOptions, door
         run = start(run_request(opts, door))
         if door.wrap_tracker is not None:
             run.tracker = door.wrap_tracker(run.tracker)
-        return WatchHandle(model, optimizer, opts, run, capture, hook_optimizer=door.hook_optimizer)
+        return WatchHandle(model, optimizer, opts, run, capture, hook_optimizer=door.hook_optimizer,
+                           console=door.spike_console and opts.console)
     except BaseException:
         if capture is not None:
             capture.remove()
@@ -134,7 +138,7 @@ class WatchHandle:
     batches, or None when the door brings its own loss context)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: Any, opts: WatchOptions, run: Run,
-                 capture: BatchList | None = None, *, hook_optimizer: bool = True) -> None:
+                 capture: BatchList | None = None, *, hook_optimizer: bool = True, console: bool = False) -> None:
         optimizer = hookable_optimizer(optimizer, hook_optimizer)
         self.model, self.optimizer, self.options, self.run = model, optimizer, opts, run
         self.capture = capture
@@ -161,6 +165,7 @@ class WatchHandle:
         self._user_ctx = None
         self._finished = False
         self._said_unusable = False
+        self.console = TrainConsole(stream=sys.stderr, rich=False) if console else None  # watch()'s spike block
 
     def _monitor(self, model: torch.nn.Module, optimizer: Any, opts: WatchOptions) -> Any:
         from ..artifacts import SpikeArtifactWriter
@@ -226,6 +231,8 @@ class WatchHandle:
                                                     junk_span=step_junk(batches))
         if self.last.events:
             self.spikes.append(self.last)
+            if self.console is not None and self.monitor.rank == 0:  # culprits, or why it was not localized
+                self.console.spike(self.last, self.run_dir)
             if self.quarantine is not None and self.last.locate_view:  # rank 0's view under torch.distributed
                 self.quarantine.blame(step, *self.last.locate_view)
         self.steps += 1

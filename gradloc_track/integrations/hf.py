@@ -125,7 +125,8 @@ class GradLocCallback(TrainerCallback):
             ctx = self.adapter.context() if self.adapter is not None else None
             # Trainer increments global_step after optimizer.step(); it logs this update at +1
             stats = self.handle.step(state.global_step + 1, spike_context=ctx)
-            if stats.events and state.is_world_process_zero:  # the spike block: culprits, or why not localized
+            # the spike block: culprits, or why not localized (console=False: none)
+            if stats.events and state.is_world_process_zero and self.handle.options.console:
                 why = self.adapter.why_not() if self.adapter is not None else None
                 self.console.spike(stats, self.handle.run_dir, not_localized=why)
 

@@ -75,7 +75,8 @@ class GradLocCallback(L.Callback):
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         if self.handle is not None:
             stats = self.handle.step(trainer.global_step)
-            if stats.events and self.handle.monitor.rank == 0:  # the spike block (gradloc_track.console)
+            # the spike block (gradloc_track.console; console=False: none)
+            if stats.events and self.handle.monitor.rank == 0 and self.handle.options.console:
                 self.console.spike(stats, self.handle.run_dir)
 
     def on_fit_end(self, trainer, pl_module) -> None:

@@ -11,6 +11,7 @@ option its ``kind`` names), so a wrong name or value gets the same error.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -29,7 +30,7 @@ GROUPS: dict[str, type] = {
 }
 MONITOR_FIELDS = tuple(f.name for f in fields(MonitorConfig))
 # not config groups: what only a live loop knows
-RUNTIME = ("tokenizer", "run_dir", "run_name")
+RUNTIME = ("tokenizer", "run_dir", "run_name", "console")
 AUTO = "auto"  # tracker: the run that is already open (wandb.run / mlflow.active_run())
 
 
@@ -47,6 +48,7 @@ class WatchOptions:
     tokenizer: Any = None
     run_dir: str | Path | None = None
     run_name: str | None = None
+    console: bool = True  # the spike block on rank 0's stderr at each detected spike (False: silent)
 
 
 def _group_node(group: str, value: Any) -> Any:
@@ -112,6 +114,29 @@ def _check_renamed(given: dict[str, Any]) -> None:
                   if isinstance(node, Mapping) or _is_dictconfig(node) for k in node)
 
 
+def _check_keys(given: dict[str, Any]) -> None:
+    """A key no schema holds (``spikes={"z_tresh": 5}``) fails as on the Hydra app's command line: naming
+    the closest field (``config.override_keys``), not with OmegaConf's bare "Key 'z_tresh' not in
+    'SpikeConfig'"."""
+    from ..config.override_keys import unknown_override_key
+    from ..config.root import RootConfig
+
+    def keys(node: Any, path: str):
+        for k in node:
+            value = node[k]
+            if isinstance(value, Mapping) or _is_dictconfig(value):
+                yield from keys(value, f"{path}{k}.")
+            yield f"{path}{k}"
+
+    bad = [found for g, node in given.items() if isinstance(node, Mapping) or _is_dictconfig(node)
+           for key in keys(node, f"{g}.") for found in [unknown_override_key(key, RootConfig)] if found]
+    if bad:
+        from ..config.errors import ConfigError
+
+        raise ConfigError(f"unknown option key(s): {'; '.join(dict.fromkeys(bad))}. Every key must be a field of the "
+                          "group's config (see conf/); fix the key")
+
+
 def resolve_options(cfg: Any = None, **options: Any) -> WatchOptions:
     """Validate the options exactly as the Hydra app validates its config; see the module doc."""
     from omegaconf import OmegaConf
@@ -119,7 +144,9 @@ def resolve_options(cfg: Any = None, **options: Any) -> WatchOptions:
     valid = sorted(GROUPS) + sorted(MONITOR_FIELDS) + sorted(RUNTIME) + ["cfg"]
     unknown = sorted(set(options) - set(valid))
     if unknown:
-        raise TypeError(f"unknown option(s) {unknown}: valid options are {valid} "
+        guesses = [f"{k} (did you mean {close[0]}?)" if close else k
+                   for k in unknown for close in [difflib.get_close_matches(k, valid, n=1)]]
+        raise TypeError(f"unknown option(s) {', '.join(guesses)}: valid options are {valid} "
                         "(the Hydra config's group names, the monitor's fields, and cfg=)")
     merged = {**_from_cfg(cfg), **options}  # keywords win over cfg=
     out = WatchOptions()
@@ -132,12 +159,15 @@ def resolve_options(cfg: Any = None, **options: Any) -> WatchOptions:
         merged["tracker"] = tracker
         out.tracker_auto = False
     for name in RUNTIME:
-        setattr(out, name, merged.pop(name, None))
+        setattr(out, name, merged.pop(name, getattr(out, name)))
+    if not isinstance(out.console, bool):
+        raise TypeError(f"console={out.console!r}: use True (print the spike block on stderr) or False")
     shortcuts = {k: merged.pop(k) for k in list(merged) if k in MONITOR_FIELDS}
     given = {g: _group_node(g, v) for g, v in merged.items()}
     if shortcuts:
         given["monitor"] = OmegaConf.merge(OmegaConf.create(given.get("monitor", {})), shortcuts)
     _check_renamed(given)
+    _check_keys(given)
     node = OmegaConf.merge(_schema(given), given)  # types and names: OmegaConf's errors, as under Hydra
     built = to_config(node)  # ranges: each __post_init__ (ConfigError naming the field), as under Hydra
     for g in GROUPS:

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from .batches import MicroBatchCapture
-from .handle import WatchHandle, open_handle
+from .handle import Door, WatchHandle, open_handle
 from .options import resolve_options
 
 __all__ = ["watch", "WatchHandle"]
@@ -47,9 +47,10 @@ def watch(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None
     ("adagc", "zclip", ..., ``{"kind": "adagc", "beta": 0.98}`` or a schema such as
     ``AdaGCConfig``), ``spikes``, ``locate``, ``monitor`` and the monitor's fields
     (``log_every=10``), or ``cfg=`` a Hydra node holding those groups; plus
-    ``tokenizer`` (decoded culprit text), ``run_dir``, ``run_name``. Bad values raise the errors the
-    Hydra app raises. With ``optimizer`` an optimizer step pre-hook runs everything; without it,
+    ``tokenizer`` (decoded culprit text), ``run_dir``, ``run_name``, ``console`` (False: no spike block on
+    stderr; by default each detected spike prints it on rank 0, as the callbacks do). Bad values raise the
+    errors the Hydra app raises. With ``optimizer`` an optimizer step pre-hook runs everything; without it,
     call ``handle.step()`` after ``backward()``. ``handle.finish()`` takes every hook off again.
     """
     opts = resolve_options(cfg, **options)
-    return open_handle(model, optimizer, opts, capture=MicroBatchCapture(model))
+    return open_handle(model, optimizer, opts, Door(spike_console=True), capture=MicroBatchCapture(model))

@@ -174,10 +174,17 @@ def test_bad_options_get_the_hydra_apps_errors(gpt2):
     assert str(ours.value) == str(app_err.value)  # "monitor.log_every=-1 is invalid: use a positive ..."
     with pytest.raises(ConfigError, match=r"clip\.kind='adagcx' is invalid: use one of"):
         gradloc_track.watch(gpt2, clip="adagcx")
-    with pytest.raises(Exception, match=r"full_key: clip\.betaa"):
+    # a key typo names the closest field, as the app's command line does (it was OmegaConf's bare ConfigKeyError)
+    with pytest.raises(ConfigError, match=r"clip\.betaa \(did you mean clip\.beta\?\)"):
         gradloc_track.watch(gpt2, clip={"kind": "adagc", "betaa": 0.9})
-    with pytest.raises(TypeError, match=r"unknown option\(s\) \['clipp'\]"):
+    with pytest.raises(ConfigError, match=r"spikes\.z_tresh \(did you mean spikes\.z_thresh\?\)"):
+        gradloc_track.watch(gpt2, spikes={"z_tresh": 5})
+    with pytest.raises(ConfigError, match=r"tracker\.mlflow\.tracking_urri \(did you mean tracker\.mlflow\.tracking_u"):
+        gradloc_track.watch(gpt2, tracker={"kind": "mlflow", "mlflow": {"tracking_urri": "sqlite:///x.db"}})
+    with pytest.raises(TypeError, match=r"unknown option\(s\) clipp \(did you mean clip\?\)"):
         gradloc_track.watch(gpt2, clipp="adagc")
+    with pytest.raises(TypeError, match=r"unknown option\(s\) log_evry \(did you mean log_every\?\)"):
+        gradloc_track.watch(gpt2, log_evry=5)
 
 
 def test_options_from_a_hydra_node_build_what_the_app_builds(gpt2):
@@ -279,6 +286,23 @@ def test_culprit_text_uses_the_models_local_tokenizer(gpt2, tmp_path):
     table = tracker.tables["spikes/tokens"]
     rows = [dict(zip(table["columns"], r)) for r in table["rows"]]
     assert rows and all(r["token"] == f"w{r['token_id']}" for r in rows)
+
+
+@pytest.mark.parametrize("console", [True, False])
+def test_watch_prints_the_spike_block_as_the_callbacks_do(gpt2, capsys, console):
+    """A nanoGPT user with watch() alone sees the spike block on stderr (it printed nothing: only the
+    callbacks printed); ``console=False`` keeps stderr quiet."""
+    opt = torch.optim.AdamW(gpt2.parameters(), lr=LR)
+    with gradloc_track.watch(gpt2, opt, tracker=MemoryTracker(), console=console, **FAST) as handle:
+        plain_loop(gpt2, opt)
+    err = capsys.readouterr().err
+    step = handle.spikes[-1].step
+    if console:
+        assert f"── spike at step {step}" in err and "culprits" in err and "cause " in err
+    else:
+        assert "spike at step" not in err
+    with pytest.raises(TypeError, match=r"console='yes': use True"):
+        gradloc_track.watch(gpt2, console="yes")
 
 
 def test_import_stays_light():
