@@ -45,6 +45,7 @@ class SpikeResponder:
         self.surgery = surgery  # spikes.response=surgery: the monitor clips after respond()
         self.artifact_writer, self.rank, self.process_group = artifact_writer, rank, process_group
         self._warn_once = warn_once
+        self._failure = ""  # why localizing this step raised (``_failed``)
         self.events_localized = 0  # localizations that found a culprit (these use up locate.max_events)
         self.events_unconfirmed = 0  # localizations that found nothing (they back off instead)
         self._retry_step = -(2 ** 62)  # no localization before this step (back-off after empty results)
@@ -95,6 +96,7 @@ class SpikeResponder:
         why_not = self.why_not_localized(step, ctx)
         tried, located, result, shown = why_not is None, None, None, None
         cut = None
+        self._failure = ""
         if tried:
             ctx = resolve(ctx)
             located = self._step(step, ctx, grad_scale, events, junk)
@@ -103,8 +105,8 @@ class SpikeResponder:
         if result is not None:
             self._count(step, bool(result.culprits))  # a culprit at any level: token, span, sample, micro-batch
             shown = self._view(step, result, ctx)
-        elif tried:
-            why_not = "localizing failed (see the warning)"
+        elif tried:  # the reason goes with the run (events row, report), not only in a warning on the console
+            why_not = f"localizing failed: {self._failure}" if self._failure else "localizing failed"
         cause = self._name_cause(step, events, result, shown)
         events = with_cause(events, cause)  # before the artifacts: the events table and the page say it
         if result is not None:
@@ -129,7 +131,7 @@ class SpikeResponder:
         try:
             return LocateStep.from_context(ctx, grad_scale=grad_scale, flagged=flags)
         except Exception as exc:  # forensics must never kill training
-            warnings.warn(f"gradloc-track: localizing the spike at step {step} failed: {exc!r}")
+            self._failed(step, exc)
             return None
 
     def _write_artifacts(self, step: int, events: tuple[SpikeEvent, ...], shown: Any) -> None:
@@ -230,8 +232,13 @@ class SpikeResponder:
                                         threshold=cfg.threshold, group_by=self.group_by,
                                         reuse_forward=cfg.reuse_forward, cut=cut)
         except Exception as exc:  # forensics must never kill training
-            warnings.warn(f"gradloc-track: localizing the spike at step {step} failed: {exc!r}")
+            self._failed(step, exc)
             return None
+
+    def _failed(self, step: int, exc: Exception) -> None:
+        """Localizing raised: said now, and kept for the step's record (``respond``'s ``why_not``)."""
+        self._failure = str(exc) or type(exc).__name__
+        warnings.warn(f"gradloc-track: localizing the spike at step {step} failed: {exc!r}")
 
     def _view(self, step: int, result: Any, ctx: Any) -> Any:
         """The ``CulpritView`` the artifacts, the cause and the console show: under torch.distributed,

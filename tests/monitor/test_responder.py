@@ -147,7 +147,11 @@ def test_a_failing_localizer_warns_and_training_goes_on(tiny_gpt, monkeypatch):
     with pytest.warns(UserWarning, match="probe exploded"):
         tracker, seen = run(tiny_gpt)
     assert dict(tracker.metrics)[14]["locate/failed"] == 1.0 and 15 in seen
-    assert seen[14].not_localized == "localizing failed (see the warning)" and tracker.tags["spike_count"] == "1"
+    # the reason is kept with the run (the events row, the report), not only said on the console
+    assert seen[14].not_localized == "localizing failed: probe exploded" and tracker.tags["spike_count"] == "1"
+    events = tracker.tables["spikes/events"]
+    (row,) = [dict(zip(events["columns"], r)) for r in events["rows"]]
+    assert row["localization"] == "localizing failed: probe exploded"
 
 
 def test_a_spike_without_a_spike_context_is_recorded_as_not_localized(tiny_gpt):
