@@ -26,6 +26,7 @@ from .._optional import require
 from .interface import Tracker
 from .csv_view import csv_text
 from .naming import mlflow_key, step_path, table_part_path, truncate
+from .reachable import check_server
 from .run_record import record_run
 from .spike_story import SpikeStory
 
@@ -172,6 +173,7 @@ class MlflowTracker(Tracker):
 
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.tracking_uri = resolve_tracking_uri(tracking_uri)
+        check_server(self.tracking_uri)  # a server that is not running: said at once, with its address
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
         self.attached = False  # True: logging into a run someone else opened (never ended here)
         self._story, self._note_free = SpikeStory(), True  # the run page's description (spike_story.py)

@@ -200,6 +200,36 @@ def test_unreachable_mlflow_server_does_not_block_training(tmp_path):
     assert [r["args"] for r in recs if r["call"] == "finish"] == [["success"]]
 
 
+def test_a_server_that_is_not_running_is_said_at_once_with_its_address(tmp_path, caplog):
+    """Every default as a user has it (ours and MLflow's): a refused connection is known at the first connect.
+    Before, MLflow's retries ran out our whole open bound (120 s) and the warning said only "no answer
+    within 120 s"; now the run is spooled at once, the warning names the address and the fix, and finish()
+    does not wait for a server nobody started."""
+    import logging
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the block ends: nothing listens there
+    cfg = TrackerConfig(kind="mlflow")
+    cfg.mlflow.tracking_uri = f"http://127.0.0.1:{port}"
+    t0 = time.perf_counter()
+    with caplog.at_level(logging.WARNING), warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        tracker = make_tracker(cfg, run_dir=tmp_path)
+        for step in range(20):
+            tracker.log_metrics({"loss": float(step)}, step)
+        tracker.finish("success")
+    took = time.perf_counter() - t0
+    assert took < 30, f"{took:.0f} s for a server that refuses at once (MLflow's retries: ~120 s)"
+    told = caplog.text + " ".join(str(w.message) for w in said)
+    assert f"refused the connection: nothing listens on 127.0.0.1:{port}" in told
+    assert "tracker.mlflow.tracking_uri" in told
+    recs = read_spool(tmp_path / "spool" / "mlflow.jsonl")
+    assert sorted(r["args"][1] for r in recs if r["call"] == "log_metrics") == list(range(20))  # nothing lost
+    assert [r["args"] for r in recs if r["call"] == "finish"] == [["success"]]
+
+
 SIGTERM_SCRIPT = """
 import os, signal, sys
 sys.path.insert(0, {root!r})

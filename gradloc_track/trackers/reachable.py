@@ -1,0 +1,43 @@
+"""Is anything listening at a tracking server's address? Asked once, before the SDK's first request.
+
+MLflow's client retries a refused connection with backoff for about two minutes (its default
+``MLFLOW_HTTP_REQUEST_MAX_RETRIES``), so a server that is not running cost the run its whole
+``tracker.open_timeout_s`` before it was called down, and the warning said only "no answer within
+120 s". One TCP connect tells a refused connection or a host that does not resolve at once, and the
+error names the address and the fix; anything slower (a firewall that drops packets) is left to the
+SDK and our bound. The SDK and its retries are untouched. Behind a proxy (``HTTP(S)_PROXY`` for the
+host) the SDK's requests go through it, so no direct connect is tried.
+"""
+from __future__ import annotations
+
+import socket
+import urllib.request
+from urllib.parse import urlsplit
+
+CONNECT_S = 3.0  # the connect's own bound: a host that does not answer in this is left to the SDK
+
+
+def check_server(uri: str, what: str = "MLflow", setting: str = "tracker.mlflow.tracking_uri") -> None:
+    """Raise ``ConnectionError`` naming ``uri`` and the fix when ``uri`` is http(s) and its port refuses
+    a connection or its host does not resolve; return otherwise (any other scheme: a file store)."""
+    parts = urlsplit(uri)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return
+    host = parts.hostname
+    if urllib.request.getproxies().get(parts.scheme) and not urllib.request.proxy_bypass(host):
+        return  # the SDK reaches the server through the proxy: a direct connect says nothing
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:  # a port that is not a number: the SDK says so in its own words
+        return
+    try:
+        socket.create_connection((host, port), timeout=CONNECT_S).close()
+    except ConnectionRefusedError:
+        raise ConnectionError(f"{what} at {uri} refused the connection: nothing listens on {host}:{port}. Start the "
+                              f"server (mlflow server --host {host} --port {port}) or set {setting} to one that "
+                              "runs") from None
+    except socket.gaierror as exc:
+        raise ConnectionError(f"{what} at {uri}: the host {host!r} does not resolve ({exc.strerror or exc}); fix "
+                              f"{setting}") from None
+    except OSError:  # a timeout, no route: the SDK tries (with its retries) within our bound
+        return
