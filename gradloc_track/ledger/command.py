@@ -102,7 +102,9 @@ def run(args: argparse.Namespace) -> int:
     led = v.ledger
     print(f"{len(led.runs)} run(s), {led.events} spike event(s) with culprits, {len(v.samples)} blamed sample(s)")
     for s in v.samples[:10]:
-        print(f"  {s['sample_id']}  blamed {s['blamed']}x in {len(s['runs'])} run(s), max share {s['max_share']:.0%}"
+        share = "a non-finite step (no share)" if s.get("nonfinite") and not s["max_share"] else \
+            f"max share {s['max_share']:.0%}"  # a NaN step's culprit has no share of a norm: not "0%"
+        print(f"  {s['sample_id']}  blamed {s['blamed']}x in {len(s['runs'])} run(s), {share}"
               f"  '{visible_text(s['text'][:60])}'")
     for g in (v.groups or [])[:10]:
         print(f"  {visible_text(g['summary'])}")

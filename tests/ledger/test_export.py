@@ -108,3 +108,13 @@ def test_a_sample_that_made_a_step_nan_is_exported_without_a_share():
     assert {(s["sample_id"], s.get("nonfinite")) for s in samples} == {("a" * 16, True), ("b" * 16, None)}
     entries = blocklist_entries(samples)
     assert [(e["sample_id"], e["index"], e["nonfinite"]) for e in entries] == [("a" * 16, 11, True)]
+
+
+def test_the_console_says_a_nan_steps_culprit_has_no_share_not_zero(tmp_path, capsys):
+    d = tmp_path / "run"
+    (d / "spikes" / "tokens").mkdir(parents=True)
+    (d / "spikes" / "tokens" / "step_000007.json").write_text(json.dumps(
+        {"columns": COLS + ["nonfinite"], "data": [[7, "sample", "x", None, 3, 0, 6, "a" * 16, 11, True]]}))
+    assert main(["culprits", str(d), "-o", str(tmp_path / "l")]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "a" * 16 in x)
+    assert "a non-finite step (no share)" in line and "max share 0%" not in line
