@@ -19,6 +19,8 @@ import torch
 
 from ..spikes.cause import Cause, Evidence, name_cause
 
+MAX_SCALES = 100  # replay scales kept per run (the usual ones show in the first few)
+
 
 class LrHistory:
     """The largest learning-rate ratio over the param groups between two steps the detector saw."""
@@ -94,13 +96,14 @@ def weights_precision(model: Any) -> str | None:
 
 
 def evidence_of(events: Sequence[Any], result: Any, shown: Any,
-                lr_pair: tuple[float | None, float | None], precision: str | None = None) -> Evidence:
+                lr_pair: tuple[float | None, float | None], precision: str | None = None,
+                usual_scales: Sequence[float] = ()) -> Evidence:
     """The step's ``Evidence``: its events, the learning rates, and the localization (``result``, and
     ``shown``: rank 0's ``CulpritView`` of it) when one ran."""
     from ..localizer.culprit_view import CulpritView
 
     ctx = shown.context if shown is not None else None
-    ev = Evidence(events, lr=lr_pair[0], prev_lr=lr_pair[1])
+    ev = Evidence(events, lr=lr_pair[0], prev_lr=lr_pair[1], usual_scales=tuple(usual_scales))
     if ctx is not None and any(e.signal == "leaked_labels" for e in events):
         ev.leaked_rows = leaked_rows(ctx)
     if result is None:
@@ -145,11 +148,16 @@ def evidence_of(events: Sequence[Any], result: Any, shown: Any,
 
 def name_step_cause(step: int, events: Sequence[Any], result: Any, shown: Any,
                     lr_pair: tuple[float | None, float | None], incidents: Any = None,
-                    precision: str | None = None) -> Cause:
+                    precision: str | None = None, scales: list[float] | None = None) -> Cause:
     """The cause of a detected step; with ``incidents`` (``spikes.incidents.Incidents``), a step in an
     incident's recovery reports the incident's. ``precision``: the model's reduced-precision weights
-    (``weights_precision``), when the context names none."""
-    cause = name_cause(evidence_of(events, result, shown, lr_pair, precision))
+    (``weights_precision``), when the context names none. ``scales``: the run's list of replay scales of
+    earlier localized steps not named ``loss_scale`` (read, and this step's appended)."""
+    ev = evidence_of(events, result, shown, lr_pair, precision, scales or ())
+    cause = name_cause(ev)
+    if scales is not None and ev.scale is not None and math.isfinite(ev.scale) and cause.name != "loss_scale" \
+            and len(scales) < MAX_SCALES:
+        scales.append(ev.scale)
     if incidents is not None:
         cause = incidents.link(step, cause, lr=lr_pair[0], prev_lr=lr_pair[1])
     return cause

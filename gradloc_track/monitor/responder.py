@@ -46,6 +46,7 @@ class SpikeResponder:
         self.artifact_writer, self.rank, self.process_group = artifact_writer, rank, process_group
         self._warn_once = warn_once
         self._failure = ""  # why localizing this step raised (``_failed``)
+        self.replay_scales: list[float] = []  # the run's usual replay scales (``spikes.cause``'s loss_scale)
         self.events_localized = 0  # localizations that found a culprit (these use up locate.max_events)
         self.events_unconfirmed = 0  # localizations that found nothing (they back off instead)
         self._retry_step = -(2 ** 62)  # no localization before this step (back-off after empty results)
@@ -176,7 +177,7 @@ class SpikeResponder:
 
         cause = name_step_cause(step, events, result, shown,
                                 self.lr_history.pair() if self.lr_history is not None else (None, None),
-                                self.incidents, weights_precision(self.model))
+                                self.incidents, weights_precision(self.model), self.replay_scales)
         if self.corrupt is None:  # every detected step: an absurd weight can leave the loss finite (RMSNorm)
             self.corrupt = weight_check.scan_all(self.model, step, self.process_group)
             if self.corrupt is not None:

@@ -25,7 +25,8 @@ first match wins (docs/forensics.md#the-cause-of-a-spike):
    global gradient norm's jump over its running mean is that factor give or take ``SCALE_FIT``, and no
    per-sample signal fired: the batch's own gradient is ordinary, the loss was multiplied at this step
    (a loss weight, a changed normalizer or accumulation count, a loss scaler not undone). A loss scaled
-   alike on every step (a sum reduction) is in the running mean too: its jumps do not track the factor.
+   alike on every step (a sum reduction) is in the running mean too: its jumps do not track the factor; and
+   a factor this run's earlier localized steps had too (``Evidence.usual_scales``) is its own normalization.
 7. ``data``: the localizer named culprits carrying ``DATA_SHARE`` or more of the step's squared
    gradient norm; or a loss signal fired (the model is the same for every sample: a loss that jumps
    is the data's), with the culprits when there are some.
@@ -71,6 +72,9 @@ class Evidence:
     residual: float | None = None  # ||probes' sum - .grad|| / ||probes' sum||
     norm_ratio: float | None = None  # ||.grad|| / ||probes' sum||
     scale: float | None = None  # the one factor with .grad = scale * probes' sum (``StepCheck.scale``), when it fits
+    # the replay scales of this run's earlier localized steps named otherwise: the run's own normalization (a
+    # loss_fn off by a constant factor), which a step at that scale again did not change
+    usual_scales: tuple[float, ...] = ()
     repeatable: bool = True  # two identical probes agree (False: randomness the RNG does not replay)
     culprit_share: float | None = None  # the named culprits' summed share; None: not localized
     n_culprits: int = 0
@@ -206,7 +210,7 @@ def _loss_scale(ev: Evidence) -> Cause | None:
             ev, *SAMPLE_SIGNALS):
         return None
     own = glob[0].ratio / s  # the batch's own gradient against the running mean, at the usual scale
-    if not 1 / SCALE_FIT <= own <= SCALE_FIT:
+    if not 1 / SCALE_FIT <= own <= SCALE_FIT or any(1 / SCALE_FIT <= s / u <= SCALE_FIT for u in ev.usual_scales):
         return None
     return Cause("loss_scale", f"the gradient in .grad is {s:.3g}x the one the batch's own loss gives (the replay "
                                f"reproduces it up to that one factor), and that gradient is ordinary ({own:.2f}x "

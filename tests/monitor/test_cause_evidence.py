@@ -114,6 +114,18 @@ def test_a_loss_multiplied_at_one_step_is_loss_scale_not_unexplained(run):
     assert "the loss was multiplied by 100 at this step" in detail
 
 
+def test_a_factor_the_run_always_had_is_its_normalization_not_a_scaled_loss(run):
+    """The scale of each localized step is kept: a loss_fn off by 100x from the training loss on every step
+    (its replay scale 100 at an earlier spike named otherwise) makes a later step at 100x no loss_scale."""
+    first = run.train(backward_scale=100.0)
+    assert first.cause == "loss_scale" and run.mon.responder.replay_scales == []  # a scaled loss: not the usual
+    run.mon.responder.replay_scales.append(100.0)  # as if an earlier spike of this run had been at 100x
+    for _ in range(30):  # back to ordinary steps (the detector's running mean recovers)
+        run.train()
+    second = run.train(backward_scale=100.0)
+    assert second.events and second.cause != "loss_scale", second.cause_detail
+
+
 def test_a_learning_rate_jump_is_schedule(run):
     for g in run.opt.param_groups:
         g["lr"] *= 30

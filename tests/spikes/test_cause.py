@@ -70,5 +70,10 @@ def test_a_replay_scale_is_the_cause_only_when_the_jump_tracks_it():
     assert name_cause(Evidence([SCALED], replayed=False, residual=0.3, scale=None)).name == "irreproducible"
     assert name_cause(Evidence([SCALED, LOSS], replayed=True, scale=100.0, culprit_share=0.6, n_culprits=1)).name \
         == "data"
+    # the factor this run's earlier localized steps had too: its own normalization (a loss_fn off by 4x)
+    assert name_cause(Evidence([ev("global", 12.0, 5.0)], replayed=True, scale=4.0, usual_scales=(4.1,))).name \
+        == "unexplained"
+    assert name_cause(Evidence([ev("global", 12.0, 5.0)], replayed=True, scale=4.0, usual_scales=(1.0,))).name \
+        == "loss_scale"
     # no global jump fired (a layer alone): no factor to compare with
     assert name_cause(Evidence([ev("h.0", 3.0, 120.0)], replayed=True, scale=100.0)).name == "unexplained"
