@@ -120,10 +120,12 @@ class WandbTracker(Tracker):
 
     def where(self) -> str:
         """One line saying where this run is: its name and link (offline: its files and how to upload them)."""
+        # an offline run has no name until it is synced (W&B gives it one then): its id says which it is
+        name = repr(self.run.name) if self.run.name else f"(id {self.run.id}, named when synced)"
         if getattr(self.run, "offline", False):
             folder = Path(self.run.dir).parent
-            return f"W&B offline run {self.run.name!r} in {folder} (upload: wandb sync {folder})"
-        return f"W&B run {self.run.name!r}: {self.run.url}"
+            return f"W&B offline run {name} in {folder} (upload: wandb sync {folder})"
+        return f"W&B run {name}: {self.run.url}"
 
     def run_ref(self) -> dict[str, Any]:
         """What ``replay`` needs to find this run again."""

@@ -100,7 +100,7 @@ def test_a_joined_run_without_run_dir_keeps_its_files_in_a_scratch_dir_gone_at_f
     assert not list(temp_root.glob("gradloc-*"))  # no /tmp/gradloc-track-XXXX left behind
 
 
-def test_watch_joins_an_open_wandb_run_and_leaves_it_open(gpt2, tmp_path, temp_root):
+def test_watch_joins_an_open_wandb_run_and_leaves_it_open(gpt2, tmp_path, temp_root, capsys):
     import wandb
 
     from ..wandb_reader import history
@@ -113,6 +113,9 @@ def test_watch_joins_an_open_wandb_run_and_leaves_it_open(gpt2, tmp_path, temp_r
             with gradloc_track.watch(gpt2, opt, spikes=False) as handle:
                 plain_loop(gpt2, opt, steps=3)
         assert wandb.run is run and handle.last.step == 2
+        # an offline run has no name until synced: its id is said, not "run None"
+        said = capsys.readouterr().err
+        assert f"W&B offline run (id {run.id}, named when synced)" in said and "run None" not in said
         assert not list(temp_root.glob("gradloc-*"))  # the joined run's scratch dir went with finish()
         run.log({"user/after": 1.0})  # still open: the user's own logging keeps working
     finally:
