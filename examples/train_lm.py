@@ -365,7 +365,8 @@ def summarize(cfg: DemoConfig, h: History, clipper: Any = None) -> dict[str, flo
         "loss_spike_score": float(spike_score(h.losses)),
         "grad_spike_score": float(spike_score(h.norms)),
         "post_clip_grad_spike_score": float(spike_score(h.post_norms)),
-        "max_post_clip_grad_norm": float(max(h.post_norms[settled // cfg.monitor.log_every:], default=0.0)),
+        # NaN: the run ended inside the start-up transient, no step to take the largest of
+        "max_post_clip_grad_norm": float(max(h.post_norms[settled // cfg.monitor.log_every:], default=float("nan"))),
         "seconds": h.seconds,
     }
 
@@ -380,6 +381,10 @@ def train_lm(cfg: DemoConfig, run_dir: str | Path, resolved_yaml: str | None = N
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     s = setup(cfg, console or TrainConsole())
+    inj = cfg.train.inject
+    if inj.step is not None and inj.step >= cfg.train.steps and s.rank == 0:  # a shortened demo injects nothing
+        s.console.print(f"note: train.inject.step={inj.step} is past the run's last step (train.steps="
+                        f"{cfg.train.steps}): nothing is injected; set train.inject.step below {cfg.train.steps}")
     # one run per training run: rank 0 logs; the monitor gathers culprits from every rank to it
     tracker = make_tracker(cfg.tracker, run_dir=run_dir, run_name=cfg.run_name) if s.rank == 0 else NullTracker()
     status = "failed"

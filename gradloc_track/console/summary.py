@@ -62,8 +62,10 @@ def summary_lines(steps: int, clip_kind: str, summary: dict[str, float], spikes:
     steps' ``GradStats``), how the clipper behaved, and how to look at it."""
     clip = []
     if clip_kind != "none":
-        clip.append(f"clip={clip_kind}: largest grad norm the optimizer saw after warm-up "
-                    f"{summary['max_post_clip_grad_norm']:.3g}")
+        largest = summary["max_post_clip_grad_norm"]
+        clip.append(f"clip={clip_kind}: largest grad norm the optimizer saw after warm-up {largest:.3g}"
+                    if largest == largest else f"clip={clip_kind}: the run ended inside the start-up warm-up (no "
+                    "largest grad norm after it)")
         line = clip_saturation_line(clip_kind, summary)
         if line:
             clip.append(line)

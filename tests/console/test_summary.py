@@ -67,3 +67,10 @@ def test_the_console_summary_reports_the_clip_after_warmup():
            "not a spike guard" in lines
     assert "clip=adagc after warm-up: 30% of 80 steps clipped, mean coefficient 0.90" in summary_lines(
         130, "adagc", ok, [], "/tmp/run")
+
+
+def test_a_run_that_ends_inside_the_warm_up_says_so_not_a_largest_norm_of_0():
+    short = {"seconds": 1.0, "final_loss": 2.0, "max_post_clip_grad_norm": float("nan")}
+    lines = summary_lines(12, "adagc", short, [], "/tmp/run")
+    assert "clip=adagc: the run ended inside the start-up warm-up (no largest grad norm after it)" in lines
+    assert not any("after warm-up 0" in x or "nan" in x for x in lines)
