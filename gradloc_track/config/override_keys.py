@@ -7,8 +7,9 @@ the schema before Hydra runs: a key no schema could hold fails with our "did you
 
 Only what is certain is reported. A group node (``clip``) accepts the fields of its declared
 schema and of every option schema under it (``clip.beta`` is AdaGC's): a key that one of them
-has is left to Hydra, which knows the option actually selected. A field that is not a dataclass
-(a dict, a list) takes any sub-key.
+has is left to Hydra, which knows the option actually selected, unless the same command line picks
+the option (``clip=zclip clip.lambda_rel=1.1``): then a field only other options have names them. A
+field that is not a dataclass (a dict, a list) takes any sub-key.
 """
 from __future__ import annotations
 
@@ -101,6 +102,25 @@ def _group_choice(group: str, value: str, conf_dir: Path, schema: type) -> None:
             raise ConfigError(_not_an_option(group, v, options, schema))
 
 
+def _other_options_field(key: str, chosen: dict[str, str], schema: type) -> str | None:
+    """``clip.lambda_rel`` with ``clip=zclip`` on the same command line: a field of another option of the
+    group (AdaGC's), not of the one picked. Hydra would say "Key 'lambda_rel' not in 'ZClipConfig'" and
+    suggest ``+clip.lambda_rel``, which fails again; this names the options that have the field."""
+    group, _, rest = key.partition(".")
+    if group not in chosen or not rest or "," in chosen[group]:
+        return None
+    field = rest.split(".")[0]
+    options = [k for k in _fields([schema]).get(group, []) if k is not object]
+    picked = [k for k in options if getattr(k, "KIND", None) == chosen[group]]
+    if len(picked) != 1 or field in _fields(picked):
+        return None
+    having = sorted({getattr(k, "KIND") for k in options if getattr(k, "KIND", None) and field in _fields([k])})
+    if not having:
+        return None
+    return (f"{key} ({group}={chosen[group]} has no field {field!r}; it is a field of "
+            f"{', '.join(f'{group}={h}' for h in having)}: pick that option or drop the key)")
+
+
 def check_override_keys(overrides: Iterable[str], schema: type, conf_dir: str | Path | None = None) -> None:
     """Raise ``ConfigError`` for every ``key=value`` override whose key ``schema`` cannot hold, and for a
     config group in ``conf_dir`` given a value that is none of its options (``locate=false``).
@@ -110,6 +130,10 @@ def check_override_keys(overrides: Iterable[str], schema: type, conf_dir: str | 
     """
     groups = {p.name for p in Path(conf_dir).iterdir() if p.is_dir()} if conf_dir is not None else set()
     bad = []
+    chosen = {}  # group -> the option this command line picks (clip=zclip)
+    for o in overrides:
+        if "=" in o and not o.startswith(("-", "+", "~")) and o.split("=", 1)[0] in groups:
+            chosen[o.split("=", 1)[0]] = o.split("=", 1)[1]
     for o in overrides:
         if "=" not in o or o.startswith(("-", "+", "~")):
             continue
@@ -119,7 +143,7 @@ def check_override_keys(overrides: Iterable[str], schema: type, conf_dir: str | 
             continue
         if key.split(".")[0] == "hydra" or "/" in key:
             continue
-        found = unknown_override_key(key, schema)
+        found = unknown_override_key(key, schema) or _other_options_field(key, chosen, schema)
         if found:
             bad.append(found)
     if bad:

@@ -53,13 +53,24 @@ def test_every_key_hydra_composes_passes(composer, choices):
 
 def test_what_hydra_or_to_config_decide_is_left_to_them():
     check_override_keys([
-        "clip=zclip", "clip.beta=0.9",  # AdaGC's field: Hydra names the option that lacks it
+        "clip.beta=0.9",  # AdaGC's field, no option picked here: the experiment's may have it (Hydra knows)
         "monitor.groups.attn=h.*.attn",  # a mapping takes any key
         "+monitor.log_evry=5", "++x=1", "~spikes",  # to_config checks what + adds
         "hydra.run.dir=/tmp/x", "hydra/launcher=basic", "-m", "--cfg", "experiment=spike_demo",
         "clip.beta=0.9,0.99",  # a sweep
     ], DemoConfig, CONF_DIR)
     check_overrides(["monitor.log_evry=5"])  # no schema given: renamed keys only (the old behaviour)
+
+
+def test_a_field_of_another_option_than_the_one_picked_names_the_options_that_have_it():
+    """clip=zclip clip.lambda_rel=1.1: Hydra said "Key 'lambda_rel' not in 'ZClipConfig'" and suggested
+    +clip.lambda_rel, which fails again (held-out tester)."""
+    for order in (["clip=zclip", "clip.lambda_rel=1.1"], ["clip.lambda_rel=1.1", "clip=zclip"]):
+        with pytest.raises(ConfigError, match=r"clip\.lambda_rel \(clip=zclip has no field 'lambda_rel'; it is a "
+                                              r"field of clip=adagc: pick that option or drop the key\)"):
+            check_overrides(order, DemoConfig, CONF_DIR)
+    check_override_keys(["clip=adagc", "clip.lambda_rel=1.1"], DemoConfig, CONF_DIR)  # its own field
+    check_override_keys(["clip=zclip,adagc", "clip.lambda_rel=1.1"], DemoConfig, CONF_DIR)  # a sweep: Hydra's
 
 
 @pytest.mark.parametrize("override, says", [
