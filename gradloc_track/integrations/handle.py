@@ -238,6 +238,33 @@ class WatchHandle:
         self.steps += 1
         return self.last
 
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs to go on as this one would: the step count (the next step's number), the
+        clipper's thresholds and the detector's running statistics. Save it with your checkpoint and give it
+        to the new handle's ``load_state_dict`` before its first step: without it a resumed run logs from
+        step 0 again (over its earlier steps, in a joined run) and AdaGC/ZClip start their warm-up anew."""
+        out: dict[str, Any] = {"steps": self.steps}
+        if self.monitor.clipper is not None:
+            out["clipper"] = self.monitor.clipper.state_dict()
+        if self.monitor.detector is not None:
+            out["detector"] = self.monitor.detector.state_dict()
+        return out
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a saved ``state_dict()`` (this handle's clipper and detector must be of the kinds
+        saved: the same ``clip=``, spikes on or off alike)."""
+        for part, held in (("clipper", self.monitor.clipper), ("detector", self.monitor.detector)):
+            if (part in state) != (held is not None):
+                saved = "holds" if part in state else "has no"
+                raise ValueError(f"gradloc-track: the saved state {saved} a {part} and this handle "
+                                 f"{'has none' if held is None else 'has one'}: build watch() with the options of "
+                                 f"the saved run ({'clip=' if part == 'clipper' else 'spikes='} as it had)")
+        self.steps = int(state["steps"])
+        if "clipper" in state:
+            self.monitor.clipper.load_state_dict(state["clipper"])
+        if "detector" in state:
+            self.monitor.detector.load_state_dict(state["detector"])
+
     def _rebuildable(self, batches: list) -> bool:
         """Can the per-term loss be rebuilt from the captured calls? If not, say why once (naming
         ``set_loss_fn``): spikes are still detected, not localized."""

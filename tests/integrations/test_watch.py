@@ -308,6 +308,53 @@ def test_watch_prints_the_spike_block_as_the_callbacks_do(gpt2, capsys, console)
         gradloc_track.watch(gpt2, console="yes")
 
 
+def test_a_resumed_watch_goes_on_as_the_uninterrupted_run(tmp_path):
+    """handle.state_dict() saved with the checkpoint, load_state_dict() on the new handle: the same clipping
+    (AdaGC's thresholds, not a warm-up anew) and step numbers that go on (before: logged from 0 again)."""
+    import copy
+
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+
+    def train(m, opt, steps):
+        for s in steps:
+            g = torch.Generator().manual_seed(s)
+            x, y = torch.randn(8, 16, generator=g) * (6 if s == 15 else 1), torch.randn(8, 4, generator=g)
+            F.mse_loss(m(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+
+    clip = {"kind": "adagc", "warmup_steps": 5, "mode": "tensor", "lambda_abs": 0.3}
+    opts = dict(clip=clip, locate=False, console=False)
+    m, tracker = model(), MemoryTracker()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    with gradloc_track.watch(m, opt, tracker=tracker, **opts):
+        train(m, opt, range(20))
+    straight = [p.detach().clone() for p in m.parameters()]
+
+    m = model()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    with gradloc_track.watch(m, opt, tracker=MemoryTracker(), **opts) as handle:
+        train(m, opt, range(10))
+        ckpt = copy.deepcopy({"model": m.state_dict(), "opt": opt.state_dict(), "gradloc": handle.state_dict()})
+    m = model()
+    m.load_state_dict(ckpt["model"])
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    opt.load_state_dict(ckpt["opt"])
+    resumed = MemoryTracker()
+    with gradloc_track.watch(m, opt, tracker=resumed, **opts) as handle:
+        handle.load_state_dict(ckpt["gradloc"])
+        train(m, opt, range(10, 20))
+    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), straight))  # bit for bit
+    assert [step for step, _ in resumed.metrics] == list(range(10, 20))
+    assert resumed.metrics[-1][1]["clip/total_norm_post"] == dict(tracker.metrics)[19]["clip/total_norm_post"]
+    with pytest.raises(ValueError, match=r"the saved state holds a clipper and this handle has none: build watch\(\) "
+                                         r"with the options of the saved run \(clip="):
+        gradloc_track.watch(m, opt, tracker=MemoryTracker(), locate=False, console=False).load_state_dict(
+            ckpt["gradloc"])
+
+
 def test_import_stays_light():
     import subprocess
     import sys
