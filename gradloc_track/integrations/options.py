@@ -122,9 +122,13 @@ def _check_keys(given: dict[str, Any]) -> None:
     from ..config.root import RootConfig
 
     def keys(node: Any, path: str):
+        if _is_dictconfig(node):  # its keys as written: an interpolation is not resolved here (Hydra's job)
+            from omegaconf import OmegaConf
+
+            node = OmegaConf.to_container(node, resolve=False)
         for k in node:
             value = node[k]
-            if isinstance(value, Mapping) or _is_dictconfig(value):
+            if isinstance(value, Mapping):
                 yield from keys(value, f"{path}{k}.")
             yield f"{path}{k}"
 
