@@ -65,8 +65,7 @@ class LocalTracker(Tracker):
         self._tags: dict[str, str] = {}
         self._parts: dict[str, tuple[int | None, list[list[Any]]]] = {}  # key -> rows of its last step
         self._jobs: queue.Queue | None = None
-        self._job: Any = None  # the job running on the jobs thread now (flush() and finish() hurry it)
-        self._gate = HurryGate()  # ... and one that starts while they wait
+        self._gate = HurryGate()  # the job running on the jobs thread; flush() and finish() hurry it
         self._finished = False
         self._guard(lambda: self.run_dir.mkdir(parents=True, exist_ok=True))
 
@@ -155,11 +154,9 @@ class LocalTracker(Tracker):
             try:
                 if job is None:
                     return
-                self._job = job
-                self._gate.started(job)
-                self._run_job(job)
+                with self._gate.running(job):
+                    self._run_job(job)
             finally:
-                self._job = None
                 self._jobs.task_done()
 
     def _run_job(self, job) -> None:
@@ -174,7 +171,7 @@ class LocalTracker(Tracker):
         if self._jobs is not None:
             with self._gate.waiting():
                 with self._jobs.mutex:
-                    waiting = [self._job, *self._jobs.queue]
+                    waiting = [self._gate.job, *self._jobs.queue]
                 hurry(waiting)
                 with self._jobs.all_tasks_done:
                     self._jobs.all_tasks_done.wait_for(

@@ -247,7 +247,7 @@ class AsyncTracker(Tracker):
         held = self._pending.peek_held()
         if held is not None and held[0] == "submit":
             queued.append(held[1][0])
-        hurry([self._writer.job, *queued])
+        hurry([self._writer.gate.job, *queued])
 
     def _enqueue_final(self, status: str, deadline: float) -> None:
         try:

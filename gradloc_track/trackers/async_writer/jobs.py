@@ -68,11 +68,12 @@ def hurry(jobs: Iterable[Any]) -> None:
 
 
 class HurryGate:
-    """Whether a caller waits now (``flush()``; for good after ``finish()``), for the thread that runs the jobs.
+    """The job the jobs thread runs now (``job``), and whether a caller waits (``flush()``; for good after
+    ``finish()``).
 
-    The waiting caller hurries the jobs it sees (queued, held, running); a job between those places (just
-    taken off the queue, not yet marked running) is in none of them. So the jobs thread, once it has marked
-    a job running, asks ``started(job)``: while a caller waits, it hurries the job itself. The caller marks
+    The waiting caller hurries the jobs it sees (queued, held, and ``job``); a job between those places (just
+    taken off the queue, not yet running) is in none of them. So the jobs thread runs each job inside
+    ``running(job)``, which marks it and then, while a caller waits, hurries it itself. The caller marks
     itself waiting before it looks, the jobs thread marks the job before it asks: one of the two always
     sees the other."""
 
@@ -80,6 +81,7 @@ class HurryGate:
         self._lock = threading.Lock()
         self._waiting = 0
         self._for_good = False
+        self.job: Any = None  # the job running now (None between jobs)
 
     @contextlib.contextmanager
     def waiting(self) -> Iterator[None]:
@@ -95,6 +97,12 @@ class HurryGate:
         """``finish()``: every job from now on is waited for."""
         self._for_good = True
 
-    def started(self, job: Any) -> None:
-        if self._for_good or self._waiting:
-            hurry([job])
+    @contextlib.contextmanager
+    def running(self, job: Any) -> Iterator[None]:
+        self.job = job
+        try:
+            if self._for_good or self._waiting:
+                hurry([job])
+            yield
+        finally:
+            self.job = None

@@ -63,8 +63,7 @@ class WriterLoop:
         self._due = 0.0  # when pending metrics are written (the first ones at once: they open the run)
         self._last_step = 0
         self._reported_dropped = 0
-        self.job: Any = None  # the submitted job running now (flush() and finish() hurry it)
-        self.gate = HurryGate()  # ... and one that starts while they wait
+        self.gate = HurryGate()  # the submitted job running now; flush() and finish() hurry it
 
     @property
     def dropped(self) -> int:
@@ -148,12 +147,8 @@ class WriterLoop:
 
     def _handle(self, call: str, args: tuple, ts: int) -> None:
         if call == "submit":
-            self.job = args[0]
-            self.gate.started(args[0])
-            try:
+            with self.gate.running(args[0]):
                 run_job(args[0], JobSink(self.deliver, ts), self.name)
-            finally:
-                self.job = None
         elif call == "finish":
             self._finish_backend(args[0], ts)
         else:
