@@ -71,3 +71,9 @@ def main(rank: int, world: int, port: str, out: str) -> None:
 
 if __name__ == "__main__":
     main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Results are on disk and the group is destroyed; skip interpreter teardown, where static
+    # destructors of gloo/TCPStore threads occasionally call std::terminate on a loaded machine
+    # ("terminate called without an active exception"), a teardown race, not a result of the test.
+    os._exit(0)
