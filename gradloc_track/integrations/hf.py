@@ -20,7 +20,8 @@ The clipper's skip guard goes on Trainer's optimizer (its default fused AdamW sk
 step through ``found_inf``: no sync, no memory). Every spike prints its block on rank 0's stderr
 (``gradloc_track.console``; why it is not localized when it is not). A run nobody named
 (``run_name`` unset) is named ``<model type> seed=<seed> <time>`` for Trainer's MLflow/W&B run,
-and ``run_name`` reads unset again after ``train()``.
+and ``run_name`` reads unset again after ``train()``. Each checkpoint folder gets the clipper's and
+detector's state (``gradloc_track.pt``), and ``train(resume_from_checkpoint=...)`` reads it back.
 """
 from __future__ import annotations
 
@@ -89,6 +90,10 @@ class GradLocCallback(TrainerCallback):
         door = Door("GradLocCallback (TRL)" if kind is not None else "GradLocCallback", hook_optimizer=False,
                     wandb_step_key=HF_WANDB_STEP)  # joins report_to's run; Trainer calls step() through us
         self.handle = open_handle(model, optimizer, opts, door, MicroBatchCapture(model) if kind is None else None)
+        if state.global_step > 0:  # resumed from a checkpoint: its clipper and detector state (on_save)
+            from .checkpoint_state import load_state
+
+            load_state(self.handle, _checkpoint_folder(args, state), state.global_step)
         if kind is not None:
             from .trl.adapters import make_adapter
 
@@ -130,6 +135,13 @@ class GradLocCallback(TrainerCallback):
                 why = self.adapter.why_not() if self.adapter is not None else None
                 self.console.spike(stats, self.handle.run_dir, not_localized=why)
 
+    def on_save(self, args, state, control, **kwargs):
+        # Trainer has written checkpoint-<global_step>: the clipper's and detector's state goes beside it
+        if self.handle is not None and state.is_world_process_zero:
+            from .checkpoint_state import save_state
+
+            save_state(self.handle, _checkpoint_folder(args, state))
+
     def on_step_end(self, args, state, control, **kwargs):
         # the report_to callbacks run first at train end (MLflow ends its run there): flush before
         if self.handle is not None and (control.should_training_stop or state.global_step >= state.max_steps):
@@ -154,6 +166,15 @@ def default_run_name(model: Any, seed: int) -> str:
 
     kind = getattr(getattr(model, "config", None), "model_type", None) or type(model).__name__
     return f"{kind} seed={seed} {time.strftime('%m-%d %H:%M:%S')}"
+
+
+def _checkpoint_folder(args: Any, state: Any) -> str:
+    """The folder Trainer saves the checkpoint of ``state.global_step`` in (and resumes it from)."""
+    import os
+
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+    return os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
 
 
 def _trl_trainer(callback: GradLocCallback) -> tuple[Any, str | None]:

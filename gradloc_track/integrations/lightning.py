@@ -12,7 +12,8 @@ the Trainer's ``MLFlowLogger`` (its ``run_id``) / ``WandbLogger`` (its ``experim
 theirs to end. The clipper's skip guard goes on the Trainer's optimizer and runs Lightning's closure
 itself, so a non-finite step is skipped exactly; ``on_fit_end`` closes the handle, which takes every
 hook off the optimizer again. Every spike prints its block on global rank 0's stderr
-(``gradloc_track.console``).
+(``gradloc_track.console``). The callback's ``state_dict`` (the clipper's thresholds, the detector's
+statistics) goes into Lightning's checkpoint, and ``fit(ckpt_path=...)`` restores it.
 """
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ class GradLocCallback(L.Callback):
         self.options = resolve_options(cfg, **options)  # bad options fail here, not mid-training
         self.handle = None
         self.console = TrainConsole(stream=sys.stderr, rich=False)  # one block per spike
+        self._resumed: dict[str, Any] | None = None  # a checkpoint's state, until on_fit_start builds the handle
 
     def on_fit_start(self, trainer, pl_module) -> None:
         from .handle import Door, open_handle
@@ -67,6 +69,21 @@ class GradLocCallback(L.Callback):
                     runs=logger_runs(trainer) if logs and opts.tracker_auto else None)
         optimizer = trainer.optimizers[0] if trainer.optimizers else None
         self.handle = open_handle(pl_module, optimizer, opts, door, BatchList())  # fed by on_train_batch_start
+        if self._resumed is not None:
+            self.handle.load_state_dict(self._resumed)
+            self._resumed = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """Saved in Lightning's checkpoint: the clipper's thresholds and the detector's statistics, so
+        ``fit(ckpt_path=...)`` goes on without a warm-up anew."""
+        if self.handle is not None:
+            return self.handle.state_dict()
+        return dict(self._resumed or {})
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # Lightning restores callbacks before on_fit_start: kept until the handle exists
+        if state_dict:
+            self._resumed = state_dict
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self.handle is not None:

@@ -1,0 +1,41 @@
+"""The handle's state inside a framework's checkpoint folder, so a resumed run goes on as the
+uninterrupted one: AdaGC/ZClip keep their thresholds (no warm-up anew, no unclipped steps after
+the resume) and the spike detector keeps its running statistics (no blind warm-up, no false
+events on the first steps back). Trainer's ``checkpoint-N`` folders hold it as ``gradloc_track.pt``."""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+STATE_FILE = "gradloc_track.pt"
+
+
+def save_state(handle: Any, folder: str | Path) -> Path | None:
+    """``handle.state_dict()`` into ``folder/gradloc_track.pt``; None (said) when the folder is not there."""
+    import torch
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        warnings.warn(f"gradloc-track: no checkpoint folder {folder} to save the clipper's and detector's state "
+                      "in; a run resumed from it starts their warm-up anew", UserWarning, stacklevel=3)
+        return None
+    path = folder / STATE_FILE
+    tmp = path.with_suffix(".tmp")
+    torch.save(handle.state_dict(), tmp)
+    tmp.replace(path)  # a checkpoint never holds half a state file
+    return path
+
+
+def load_state(handle: Any, folder: str | Path, step: int) -> bool:
+    """Load ``folder/gradloc_track.pt`` into ``handle``; a resume without it is said once, naming the file."""
+    import torch
+
+    path = Path(folder) / STATE_FILE
+    if not path.is_file():
+        warnings.warn(f"gradloc-track: training resumes at step {step} but {path} is not there (a checkpoint "
+                      "written without GradLocCallback, or outside args.output_dir): the clipper and the "
+                      "spike detector start their warm-up anew", UserWarning, stacklevel=3)
+        return False
+    handle.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+    return True

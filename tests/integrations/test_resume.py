@@ -1,0 +1,111 @@
+"""A run resumed from a framework checkpoint goes on as the uninterrupted one: the callbacks save the
+clipper's thresholds and the detector's statistics with Trainer's / Lightning's checkpoint and read them
+back on resume (before: AdaGC and the detector started their warm-up anew after every resume)."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from .conftest import BATCH, LR, tiny_gpt2
+from .test_hf import hf_dataset
+
+STEPS, SAVE_AT = 12, 6
+OPTS = {"tracker": "none", "clip": {"kind": "adagc", "warmup_steps": 3}, "locate": False, "console": False,
+        "spikes": {"warmup_steps": 3}}
+
+
+def hf_train(tmp_path, resume=None, steps=STEPS):
+    from transformers import Trainer, TrainingArguments
+
+    from gradloc_track.integrations.hf import GradLocCallback
+
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=BATCH, max_steps=steps, learning_rate=LR,
+        lr_scheduler_type="constant", weight_decay=0.0, report_to="none", save_strategy="steps", save_steps=SAVE_AT,
+        max_grad_norm=0.0, train_sampling_strategy="sequential", use_cpu=True, disable_tqdm=True,
+        dataloader_num_workers=0, seed=0)
+    callback = GradLocCallback(**OPTS)
+    Trainer(model=tiny_gpt2(), args=args, train_dataset=hf_dataset(1), callbacks=[callback]).train(
+        resume_from_checkpoint=resume)
+    return callback.handle
+
+
+def held(handle):
+    """The clipper's thresholds and the detector's statistics (what a warm-up anew would reset)."""
+    clip, spikes = handle.monitor.clipper.state_dict(), handle.monitor.detector.state_dict()
+    return clip["steps"], clip["gamma"], spikes["count"], spikes["signals"]
+
+
+def test_trainer_resume_from_checkpoint_keeps_the_clipper_and_the_detector(tmp_path):
+    straight = held(hf_train(tmp_path / "straight"))
+    hf_train(tmp_path / "resumed")  # writes checkpoint-6 (and -12) with gradloc_track.pt beside them
+    folder = tmp_path / "resumed" / "out" / f"checkpoint-{SAVE_AT}"
+    assert (folder / "gradloc_track.pt").is_file()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no "starts its warm-up anew"
+        resumed = held(hf_train(tmp_path / "resumed", resume=str(folder)))
+    assert resumed[0] == straight[0] == STEPS and resumed[2] == straight[2]
+    torch.testing.assert_close(resumed[1], straight[1], rtol=1e-5, atol=0)
+    same_signals(resumed[3], straight[3])
+
+
+def same_signals(resumed: dict, straight: dict) -> None:
+    """Every signal's running statistics as in the uninterrupted run; the update signal's one lag (it is
+    measured after the optimizer's step and read at the next one: the step before the checkpoint's update
+    is not in it) costs it one reading, no more (a warm-up anew would leave it at STEPS - SAVE_AT)."""
+    assert resumed.keys() == straight.keys()
+    for name in straight:
+        if name == "@update":
+            assert resumed[name][0] == straight[name][0] - 1
+        else:
+            assert resumed[name] == pytest.approx(straight[name], rel=1e-4, abs=1e-9), name
+
+
+def test_a_checkpoint_without_our_state_is_said_and_training_goes_on(tmp_path):
+    hf_train(tmp_path)
+    folder = tmp_path / "out" / f"checkpoint-{SAVE_AT}"
+    (folder / "gradloc_track.pt").unlink()
+    with pytest.warns(UserWarning, match=rf"resumes at step {SAVE_AT} but .*checkpoint-{SAVE_AT}/gradloc_track.pt "
+                                         r"is not there .*start their warm-up anew"):
+        handle = hf_train(tmp_path, resume=str(folder))
+    assert handle.monitor.clipper.state_dict()["steps"] == STEPS - SAVE_AT  # counted from the resume
+
+
+def test_lightning_fit_from_ckpt_path_keeps_the_clipper_and_the_detector(tmp_path):
+    """Lightning's own resume is not bit-exact here (without our callback too), so the check is on what the
+    callback carries: the handle starts from the checkpoint's state exactly, and goes on counting from it."""
+    L = pytest.importorskip("lightning.pytorch")
+    from torch.utils.data import DataLoader
+
+    from gradloc_track.integrations.lightning import GradLocCallback
+
+    from .test_lightning import CausalLM
+
+    at_start, current = {}, {}
+
+    class Peek(L.Callback):  # after GradLocCallback's on_fit_start: the handle as the first step finds it
+        def on_train_start(self, trainer, pl_module):
+            at_start["state"] = current["callback"].handle.state_dict()
+
+    def fit(steps, ckpt_path=None):
+        torch.manual_seed(0)
+        gradloc = current["callback"] = GradLocCallback(**OPTS)
+        trainer = L.Trainer(max_steps=steps, logger=False, callbacks=[gradloc, Peek()], accelerator="cpu",
+                            devices=1, enable_checkpointing=False, enable_progress_bar=False,
+                            enable_model_summary=False, default_root_dir=str(tmp_path))
+        trainer.fit(CausalLM(tiny_gpt2()), DataLoader(hf_dataset(1), batch_size=BATCH, shuffle=False),
+                    ckpt_path=ckpt_path)
+        return trainer, gradloc.handle
+
+    trainer, first = fit(SAVE_AT)
+    trainer.save_checkpoint(tmp_path / "half.ckpt")
+    saved = torch.load(tmp_path / "half.ckpt", weights_only=False)["callbacks"]
+    (state,) = [v for k, v in saved.items() if "GradLocCallback" in k]
+    assert state["clipper"]["steps"] == SAVE_AT and state["detector"]["signals"]["global"][0] == SAVE_AT
+    _, resumed = fit(STEPS, ckpt_path=str(tmp_path / "half.ckpt"))
+    torch.testing.assert_close(at_start["state"]["clipper"]["gamma"], state["clipper"]["gamma"], rtol=0, atol=0)
+    assert at_start["state"]["detector"] == state["detector"]  # the checkpoint's statistics, not a warm-up anew
+    assert resumed.monitor.clipper.steps == STEPS  # went on counting from it
+    assert resumed.monitor.detector.state_dict()["signals"]["global"][0] == STEPS
