@@ -240,7 +240,8 @@ class WatchHandle:
 
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run needs to go on as this one would: the step count (the next step's number), the
-        clipper's thresholds and the detector's running statistics. Save it with your checkpoint and give it
+        clipper's thresholds, the detector's running statistics and the diagnosis' memory (an open incident,
+        the run's usual replay scale, ``locate.max_events`` used). Save it with your checkpoint and give it
         to the new handle's ``load_state_dict`` before its first step: without it a resumed run logs from
         step 0 again (over its earlier steps, in a joined run) and AdaGC/ZClip start their warm-up anew."""
         out: dict[str, Any] = {"steps": self.steps}
@@ -248,6 +249,7 @@ class WatchHandle:
             out["clipper"] = self.monitor.clipper.state_dict()
         if self.monitor.detector is not None:
             out["detector"] = self.monitor.detector.state_dict()
+            out["diagnosis"] = self.monitor.responder.state_dict()  # the open incident, the usual replay scale
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -264,6 +266,8 @@ class WatchHandle:
             self.monitor.clipper.load_state_dict(state["clipper"])
         if "detector" in state:
             self.monitor.detector.load_state_dict(state["detector"])
+        if "diagnosis" in state:
+            self.monitor.responder.load_state_dict(state["diagnosis"])
 
     def _rebuildable(self, batches: list) -> bool:
         """Can the per-term loss be rebuilt from the captured calls? If not, say why once (naming

@@ -55,6 +55,20 @@ class SpikeResponder:
         self.corrupt: Any = None  # a weight found corrupt (weight_check.CorruptWeight) while it stays so
         self.junk_rule = junk_rule(None)  # the detector's (junk_terms, junk_margin), for data_flags
 
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run's diagnosis goes on from: the open incident (its aftermath keeps its cause),
+        the run's usual replay scales, and ``locate.max_events``' count with the back-off after empty results."""
+        return {"incident": self.incidents.state(), "replay_scales": list(self.replay_scales),
+                "events_localized": self.events_localized, "events_unconfirmed": self.events_unconfirmed,
+                "retry_step": self._retry_step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.incidents.load(state.get("incident"))
+        self.replay_scales = [float(x) for x in state.get("replay_scales", ())]
+        self.events_localized = int(state.get("events_localized", 0))
+        self.events_unconfirmed = int(state.get("events_unconfirmed", 0))
+        self._retry_step = int(state.get("retry_step", -(2 ** 62)))
+
     # -- the token count the fixed detector needs ------------------------------------------
     @staticmethod
     def count_tokens(pack: HostPack, ctx: Any) -> tuple[int | None, int | None]:

@@ -72,6 +72,16 @@ class Incidents:
             self.open = Incident(step, cause, step, base_lr=prev_lr if cause.name == "schedule" else None)
         return cause
 
+    def state(self) -> dict | None:
+        """The open incident as plain values (a checkpoint's), None when none is open."""
+        inc = self.open
+        return None if inc is None else {"step": inc.step, "cause": [inc.cause.name, inc.cause.detail],
+                                         "last": inc.last, "base_lr": inc.base_lr}
+
+    def load(self, state: dict | None) -> None:
+        self.open = None if state is None else Incident(int(state["step"]), Cause(*state["cause"]),
+                                                        int(state["last"]), state.get("base_lr"))
+
 
 def _still(inc: Incident, lr: float | None) -> str:
     if inc.lr_raised(lr):

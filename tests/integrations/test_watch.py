@@ -355,6 +355,33 @@ def test_a_resumed_watch_goes_on_as_the_uninterrupted_run(tmp_path):
             ckpt["gradloc"])
 
 
+def test_a_resumed_watch_keeps_the_open_incident_and_the_usual_replay_scale(tmp_path):
+    """The diagnosis' memory rides in state_dict too (through torch.save with weights_only): a step after
+    the resume inside an incident opened before it is still its aftermath, and the run's usual replay
+    scale and locate.max_events' count go on."""
+    from gradloc_track.spikes.cause import Cause
+
+    def handle():
+        torch.manual_seed(0)
+        m = torch.nn.Linear(4, 4)
+        return gradloc_track.watch(m, torch.optim.AdamW(m.parameters()), tracker=MemoryTracker(), console=False)
+
+    before = handle()
+    diag = before.monitor.responder
+    diag.incidents.link(100, Cause("schedule", "the learning rate jumped 50x"), lr=0.05, prev_lr=0.001)
+    diag.replay_scales.append(4.0)
+    diag.events_localized = 2
+    torch.save(before.state_dict(), tmp_path / "state.pt")
+    before.close()
+    after = handle()
+    after.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=True))
+    diag = after.monitor.responder
+    assert diag.replay_scales == [4.0] and diag.events_localized == 2
+    linked = diag.incidents.link(103, Cause("data", "every sample's loss rose"), lr=0.001, prev_lr=0.05)
+    assert linked.name == "schedule" and linked.detail.startswith("aftermath of step 100 (schedule)")
+    after.close()
+
+
 def test_import_stays_light():
     import subprocess
     import sys
