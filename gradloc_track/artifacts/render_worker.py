@@ -9,12 +9,14 @@ of an unguarded ``__main__`` runs again), at a lower CPU priority (``NICE``), so
 takes what training leaves; the tracker's thread waits for its answer off the GIL, the training thread
 not at all. Later heatmaps reuse it; it ends with this process (its input closes).
 
-What cannot go there is drawn on the tracker's thread as before: a tokenizer that does not pickle, no
-POSIX pipes (Windows), a worker that cannot start, dies, or does not answer within ``TIMEOUT_S``. So is a
-heatmap the caller waits for (``hurry``, set by the tracker's ``flush()`` and ``finish()``): no training
-step runs meanwhile to be spared, and on a saturated machine the worker's low priority gets it next to no
-CPU (3 busy processes on 2 cores: minutes for one heatmap), while every record the tracker queued after
-the spike waits behind it.
+The tokenizer never goes there: the sample's tokens are decoded here (``DecodedVocab``). What cannot go
+there is drawn on the tracker's thread as before: a request that does not pickle, or that the worker
+cannot load (a class defined in the user's script, which it never imports), no POSIX pipes (Windows),
+a worker that cannot start, dies, or does not answer within ``TIMEOUT_S``. So is a heatmap the caller
+waits for (``hurry``, set by the tracker's ``flush()`` and ``finish()``): no training step runs meanwhile
+to be spared, and on a saturated machine the worker's low priority gets it next to no CPU (3 busy
+processes on 2 cores: minutes for one heatmap), while every record the tracker queued after the spike
+waits behind it.
 """
 from __future__ import annotations
 
@@ -55,6 +57,8 @@ def draw_heatmap(result: Any, sample: int, path: Path, ctx: Any,
     if answer is None:
         return render_layer_heatmap(result, sample, path, ctx=ctx)
     kind, value, said = answer
+    if kind == "unreadable":  # the worker cannot load what the request holds (a class of the user's script)
+        return render_layer_heatmap(result, sample, path, ctx=ctx)
     for message in said:  # the renderer's warnings, said here as they would have been
         warnings.warn(message, RuntimeWarning)
     if kind == "error":
@@ -62,19 +66,43 @@ def draw_heatmap(result: Any, sample: int, path: Path, ctx: Any,
     return None if value is None else Path(value)
 
 
+class DecodedVocab:
+    """The tokenizer as the heatmap reads it, for the worker: the sample's tokens decoded here, one by one,
+    and the pad id. The user's tokenizer never goes to the worker: its class may live in the user's script
+    (which the worker cannot import), and an HF tokenizer pickles its whole vocabulary."""
+
+    def __init__(self, texts: dict[int, str], pad_id: Any = None) -> None:
+        self.texts, self.pad_id = texts, pad_id
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(self.texts[int(i)] for i in ids)
+
+
+def _decoded(ctx: Any, sample: int) -> DecodedVocab | None:
+    """``ctx.tokenizer`` as a ``DecodedVocab`` of the sample's tokens (None: no tokenizer or no ids)."""
+    from ..text import decode_token
+
+    tok, ids = getattr(ctx, "tokenizer", None), getattr(ctx, "input_ids", None)
+    if tok is None or ids is None:
+        return None
+    row = ids[sample].tolist() if 0 <= sample < len(ids) else []
+    return DecodedVocab({i: decode_token(tok, i) for i in set(row)}, getattr(tok, "pad_id", None))
+
+
 def _portable(result: Any, sample: int, path: Path, ctx: Any) -> bytes | None:
     """The call's arguments pickled with what the renderer reads (the layer map on the CPU, no ghost maps,
-    the token ids, the mask and the tokenizer); None when something does not pickle."""
+    the token ids, the mask and the sample's decoded tokens); None when something does not pickle."""
     slim = copy.copy(result)
     for name, empty in (("ghost_map", None), ("ghost_maps", []), ("layer_maps", [])):
         if hasattr(slim, name):
             setattr(slim, name, empty)
     if getattr(slim, "layer_map", None) is not None:
         slim.layer_map = slim.layer_map.detach().cpu()
-    view = SimpleNamespace(**{k: getattr(ctx, k, None) for k in ("input_ids", "token_mask", "tokenizer")})
     try:
+        view = SimpleNamespace(input_ids=getattr(ctx, "input_ids", None), token_mask=getattr(ctx, "token_mask", None),
+                               tokenizer=_decoded(ctx, sample))
         return pickle.dumps((slim, sample, str(path), view), protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:  # a tokenizer (or a column) that does not pickle: drawn here
+    except Exception:  # a column that does not pickle, ids the tokenizer cannot list: drawn here
         return None
 
 
@@ -220,8 +248,8 @@ def _serve() -> None:
         try:
             with open(request, "rb") as f:
                 result, sample, path, ctx = pickle.loads(f.read())
-        except Exception as exc:  # the parent gave up and removed it meanwhile: say so, wait for the next
-            answer = pickle.dumps(("error", f"the request could not be read: {exc!r}", []))
+        except Exception as exc:  # removed meanwhile, or a class this process cannot import: drawn there
+            answer = pickle.dumps(("unreadable", f"the request could not be read: {exc!r}", []))
             answers.write(len(answer).to_bytes(_HEADER, "little") + answer)
             answers.flush()
             continue

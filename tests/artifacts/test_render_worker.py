@@ -48,38 +48,74 @@ def test_a_trackers_thread_hands_the_heatmap_to_a_low_priority_process(spike, tm
     assert os.getpriority(os.PRIO_PROCESS, worker.pid) >= os.getpriority(os.PRIO_PROCESS, 0) + 1
 
 
-def test_the_training_threads_own_call_and_an_unpicklable_tokenizer_are_drawn_here(spike, tmp_path, drawn_here):
+def in_a_thread(fn):
+    """``fn()`` on a thread of its own (the worker draws only for those), its result."""
+    out = []
+    t = threading.Thread(target=lambda: out.append(fn()))
+    t.start()
+    t.join(120)
+    assert out, "no heatmap within 120 s"
+    return out[0], t.name
+
+
+def test_the_training_threads_own_call_is_drawn_here(spike, tmp_path, drawn_here):
     events, result, ctx = spike
     tracker = MemoryTracker()  # runs jobs inline, on the training thread: it would only wait for a worker
     SpikeArtifactWriter(tracker, tmp_path).write(7, events, result, ctx)
     assert tracker.images and drawn_here == ["MainThread"]
 
-    class Local:  # a tokenizer defined in a function does not pickle
-        def decode(self, ids):
-            return "".join(chr(65 + i % 26) for i in ids)
 
-    ctx.tokenizer, saved = Local(), ctx.tokenizer
+def test_a_tokenizer_of_the_users_script_stays_here_and_the_worker_draws_its_text(spike, tmp_path, drawn_here,
+                                                                                 monkeypatch):
+    """The tokenizer never goes to the worker: the sample's tokens are decoded here. Before, a tokenizer class
+    of the user's script (``__main__``: it pickles by reference, the worker cannot import it) reached the worker,
+    which could not read the request: the heatmap was lost (the held-out tester's FSDP2 run); a tokenizer that
+    did not pickle at all was drawn on the tracker's thread, holding the GIL."""
+    events, result, ctx = spike
+    module = tmp_path / "users_script.py"
+    module.write_text("class ByteTok:\n    def decode(self, ids):\n"
+                      "        return ''.join(chr(65 + int(i) % 26) for i in ids)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))  # importable here only, as __main__ is
+    from users_script import ByteTok
+
+    ctx.tokenizer, saved = ByteTok(), ctx.tokenizer
     try:
         first = next(c for c in result.culprits if c.batch is not None)
-        out = []
-        t = threading.Thread(target=lambda: out.append(render_worker.draw_heatmap(result, first.batch,
-                                                                                    tmp_path / "h.png", ctx)))
-        t.start()
-        t.join(60)
+        png, _ = in_a_thread(lambda: render_worker.draw_heatmap(result, first.batch, tmp_path / "w.png", ctx))
+        assert drawn_here == []  # the worker drew it
+        here = heatmap.render_layer_heatmap(result, first.batch, tmp_path / "h.png", ctx=ctx)
     finally:
         ctx.tokenizer = saved
-    assert out and out[0].read_bytes()[:4] == b"\x89PNG" and drawn_here[-1] == t.name
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert png.read_bytes() == here.read_bytes()  # the same labels: the same image, pixel for pixel
 
 
-class PaddedTokenizer:
-    """A tokenizer whose pickle is far beyond a pipe's 64 KiB buffer, as a real one's vocabulary is (a layer map
-    of GPT-2 at 8 x 1024 tokens alone is ~400 KB)."""
+def test_a_request_the_worker_cannot_read_is_drawn_here(spike, tmp_path, drawn_here, monkeypatch):
+    """Something in the result of a class only this process can import (a column of the user's dataset):
+    the worker says it cannot read the request and the heatmap is drawn here, not lost."""
+    import copy
 
-    def __init__(self, inner) -> None:
-        self.inner, self.vocab = inner, bytes(512 * 1024)
+    events, result, ctx = spike
+    (tmp_path / "users_columns.py").write_text("class Source:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from users_columns import Source
 
-    def decode(self, ids, **kwargs):
-        return self.inner.decode(ids, **kwargs)
+    result = copy.copy(result)
+    result.source = Source()
+    first = next(c for c in result.culprits if c.batch is not None)
+    png, name = in_a_thread(lambda: render_worker.draw_heatmap(result, first.batch, tmp_path / "h.png", ctx))
+    assert png.read_bytes()[:4] == b"\x89PNG" and drawn_here == [name]
+    assert not render_worker._WORKER._broken  # one request it could not read: the worker stays in use
+
+
+def padded(result):
+    """The result with a pickle far beyond a pipe's 64 KiB buffer, as a real one's is (a layer map of GPT-2 at
+    8 x 1024 tokens alone is ~400 KB)."""
+    import copy
+
+    result = copy.copy(result)
+    result.padding = bytes(512 * 1024)
+    return result
 
 
 @contextlib.contextmanager
@@ -135,7 +171,7 @@ def test_a_caller_that_waits_gets_the_heatmap_drawn_on_the_trackers_thread(spike
     is larger than a pipe holds, to a worker that does not read: it still cannot block the tracker's thread
     where no hurry reaches it."""
     events, result, ctx = spike
-    ctx.tokenizer = PaddedTokenizer(ctx.tokenizer)
+    result = padded(result)
     tracker = make_tracker(TrackerConfig(kind="none"), run_dir=tmp_path)
     SpikeArtifactWriter(tracker, tmp_path).write(7, events, result, ctx)
     reached_the_worker(stalled_worker)
