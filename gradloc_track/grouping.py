@@ -3,8 +3,9 @@
 Default rule (``block``): a parameter belongs to the prefix up to and including the first
 purely numeric component, e.g. ``transformer.h.3.attn.c_attn.weight -> transformer.h.3``;
 parameters outside a numbered container belong to their module (``lm_head.weight -> lm_head``).
-Names are the model's own: the component a wrapper adds (``torch.compile``'s ``_orig_mod.``) is
-dropped (``unwrapped_name``), so a compiled and an eager run log the same metric keys.
+Names are the model's own: the component a wrapper adds (``torch.compile``'s ``_orig_mod.``, the
+``module.`` of DDP / DataParallel / DeepSpeed's engine) is dropped (``own_name``), so compiled, wrapped
+and plain runs log the same metric keys.
 """
 from __future__ import annotations
 
@@ -18,6 +19,27 @@ GROUP_MODES = ("block", "module", "tensor")
 # name components a wrapper module inserts without changing the model: torch.compile's
 # OptimizedModule holds the model as ``_orig_mod`` (also a compiled submodule, ``h.0._orig_mod.attn``)
 WRAPPER_PARTS = frozenset({"_orig_mod"})
+
+
+# wrappers that hold the whole model as ``.module`` (every name gains a leading ``module.``): DDP,
+# DataParallel, DeepSpeed's engine. Matched on the wrapper's class, never on a name alone: a user's
+# own submodule called ``module`` keeps its name.
+WRAPPER_MODULES = frozenset({"DistributedDataParallel", "DataParallel", "DeepSpeedEngine"})
+
+
+def wrapper_prefix(model: torch.nn.Module) -> str:
+    """``"module."`` when ``model`` is such a wrapper (the names its tensors get), else ``""``."""
+    inner = getattr(model, "module", None)
+    return "module." if type(model).__name__ in WRAPPER_MODULES and isinstance(inner, torch.nn.Module) else ""
+
+
+def own_name(name: str, prefix: str = "") -> str:
+    """The name the bare, eager model gives a tensor or module: the wrapper's ``prefix`` (``wrapper_prefix``)
+    and ``torch.compile``'s ``_orig_mod.`` dropped, so DDP, FSDP2, compiled and single-process runs log the
+    same metric keys."""
+    if prefix and name.startswith(prefix):
+        name = name[len(prefix):]
+    return unwrapped_name(name)
 
 
 def unwrapped_name(name: str) -> str:

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
-from .grouping import unwrapped_name
+from .grouping import own_name, wrapper_prefix
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:
@@ -32,8 +32,10 @@ def is_replicated(t: torch.Tensor) -> bool:
 
 def trainable_params(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
     """The (name, parameter) pairs every component iterates over, in one agreed order. Names are
-    the eager model's (``torch.compile``'s ``_orig_mod.`` dropped): metric keys match across runs."""
-    return [(unwrapped_name(n), p) for n, p in model.named_parameters() if p.requires_grad]
+    the bare eager model's (``torch.compile``'s ``_orig_mod.``, DDP's ``module.`` dropped): metric keys
+    match across runs."""
+    prefix = wrapper_prefix(model)
+    return [(own_name(n, prefix), p) for n, p in model.named_parameters() if p.requires_grad]
 
 
 def _foreach_norm_fp32(tensors: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from ..grouping import layer_of
+from ..grouping import layer_of, own_name, wrapper_prefix
 from .segments import Segments
 from .threshold import adaptive_threshold  # noqa: F401  (its home before threshold.py)
 
@@ -47,11 +47,12 @@ class GhostMap:
         self.calls = 0  # hooked modules run so far in the forward: the last one is the output head
 
     def __enter__(self) -> "GhostMap":
+        prefix = wrapper_prefix(self.model)  # DDP's module.: the layer names the metrics use
         for name, m in self.model.named_modules():
             kind = _is_linear_like(m)
             if kind is None or not any(p.requires_grad for p in m.parameters(recurse=False)):
                 continue
-            layer = layer_of(f"{name}.weight", self.group_by) if name else "root"
+            layer = layer_of(own_name(f"{name}.weight", prefix), self.group_by) if name else "root"
             has_bias = getattr(m, "bias", None) is not None and m.bias.requires_grad
             self.handles.append(m.register_forward_hook(self._hook(layer, kind, has_bias)))
         return self

@@ -1,0 +1,78 @@
+"""A model wrapped in DistributedDataParallel logs the bare model's metric keys and layer names (before:
+``grad_norm/module.blocks.0`` under DDP, ``grad_norm/h.0`` under FSDP2 and in one process, so the runs
+did not overlay in MLflow's compare view). On a real one-process gloo group."""
+from __future__ import annotations
+
+import datetime
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import gradloc_track
+from gradloc_track.localizer.ghost import GhostMap
+from gradloc_track.monitor import weight_check
+from gradloc_track.trackers import MemoryTracker
+
+
+@pytest.fixture
+def gloo(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def tiny_gpt():
+    from gradloc_track.demo.model import TinyGPT
+
+    torch.manual_seed(0)
+    return TinyGPT(vocab_size=64, n_layer=2, n_head=2, d_model=32, max_seq_len=32)
+
+
+def keys(model, batch):
+    tracker = MemoryTracker()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with gradloc_track.watch(model, opt, tracker=tracker, spikes=False, locate=False, console=False,
+                             group_by="block"):
+        logits = model(batch[:, :-1])
+        F.cross_entropy(logits.reshape(-1, 64), batch[:, 1:].reshape(-1)).backward()
+        opt.step()
+    return sorted(tracker.metrics[0][1])
+
+
+def ghost_layers(model, batch):
+    with GhostMap(model) as ghost:
+        F.cross_entropy(model(batch[:, :-1]).reshape(-1, 64), batch[:, 1:].reshape(-1)).backward()
+    return sorted(ghost.sq)
+
+
+def test_ddp_logs_the_bare_models_keys_and_layers(gloo):
+    from torch.nn.parallel import DistributedDataParallel
+
+    batch = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(0))
+    plain = keys(tiny_gpt(), batch)
+    wrapped = keys(DistributedDataParallel(tiny_gpt()), batch)
+    assert wrapped == plain and any(k.startswith("grad_norm/h.0") for k in plain)
+    assert not any("module." in k for k in wrapped)
+    assert ghost_layers(DistributedDataParallel(tiny_gpt()), batch) == ghost_layers(tiny_gpt(), batch)
+    model = DistributedDataParallel(tiny_gpt())
+    with torch.no_grad():
+        model.module.h[1].mlp.fc.weight[3, 4] = float("nan")  # a corrupt weight is named as the metrics name it
+    found = weight_check.scan(model, 7)
+    assert found.name == "h.1.mlp.fc.weight" and found.index == (3, 4)
+    assert weight_check.still(model, found)
+
+
+def test_a_users_own_submodule_called_module_keeps_its_name():
+    class Holder(torch.nn.Module):  # not a wrapper: its names are the user's
+        def __init__(self):
+            super().__init__()
+            self.module = torch.nn.Linear(3, 3)
+
+    from gradloc_track.norms import trainable_params
+
+    assert [n for n, _ in trainable_params(Holder())] == ["module.weight", "module.bias"]
