@@ -159,7 +159,10 @@ class AdaGC(Clipper):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         check_state(self, state)
-        if state.get("names", self.names) != self.names:
+        saved = list(state.get("names", self.names))
+        if saved != self.names and all(n.startswith("module.") for n in saved):
+            saved = [n[len("module."):] for n in saved]  # saved under DDP before its names lost the wrapper's prefix
+        if saved != self.names:
             raise ValueError("AdaGC.load_state_dict: the checkpoint's parameter names differ from the model's")
         check(state.get("mode", "tensor") == self.mode, "AdaGC.mode", self.mode,
               f"the checkpoint was written with mode={state.get('mode', 'tensor')!r}: build AdaGC with that mode")

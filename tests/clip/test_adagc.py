@@ -196,3 +196,13 @@ def test_adagc_zero_gradient_tensor_is_treated_like_a_missing_one():
         clipper.clip()
     assert clipper.gamma[0] == gamma[0]  # untouched, as for a missing gradient (no beta decay towards 0)
     assert not torch.equal(clipper.gamma[1:], gamma[1:])
+
+
+def test_a_state_saved_under_ddp_with_module_names_still_loads():
+    """Names saved before DDP's ``module.`` was dropped load into the bare names; other names still refuse."""
+    state = AdaGC(model4()).state_dict()
+    state["names"] = [f"module.{n}" for n in state["names"]]
+    AdaGC(model4()).load_state_dict(state)
+    state["names"] = [f"other.{n}" for n in state["names"]]
+    with pytest.raises(ValueError, match="parameter names differ"):
+        AdaGC(model4()).load_state_dict(state)
