@@ -51,9 +51,10 @@ def spike_block(view: SpikeView, run_dir: Path) -> list[str]:
         lines += [("  culprits   " if i == 0 else "             ") + line for i, line in enumerate(shown)]
     if view.surgery is not None:
         lines.append(surgery_line(view.surgery))
-    # a localized spike has its highlight page; any detected one its row of spikes/events
-    page = highlight_page(view.step) if view.result is not None and view.context is not None \
-        else event_page(view.step)
+    # a localized spike with token ids to show has its highlight page (under torch.distributed rank 0 holds
+    # the culprits' rows only: none found, no page); any detected one its row of spikes/events
+    page = highlight_page(view.step) if view.result is not None and getattr(view.context, "input_ids", None) \
+        is not None else event_page(view.step)
     lines += [("  artifacts  " if i == 0 else "             ") + w
               for i, w in enumerate(where_to_look(run_dir, view.step, page))]
     return lines

@@ -32,8 +32,9 @@ def where_to_look(run_dir: Path, step: int | None = None, page: str | None = Non
         out.append(f"local files: {local}")
     elif (run_dir / "rendered").is_dir():
         out.append(f"local files: {run_dir / 'rendered'}")
-    if not out:
-        out.append(f"run dir: {run_dir}")
+    if not out:  # nothing there yet: rendered after this block, or a tracker run still opening (a new store)
+        out.append(f"run dir: {run_dir} (the spike's files are on their way; a tracker run's link is printed "
+                   "once it opens)")
     return out
 
 

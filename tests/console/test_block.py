@@ -87,3 +87,13 @@ def test_the_block_says_the_cause_in_words(tmp_path):
     text = printed(view, tmp_path)
     assert f"  cause      schedule: {detail}" in text
     assert "cause " not in printed(mojibake_view(), tmp_path)  # no cause named: no line
+
+
+def test_a_view_without_token_ids_links_the_events_row_not_a_page_never_written(tmp_path):
+    """Under torch.distributed rank 0's gathered view holds the culprits' rows only: with none found there are
+    no ids, so no highlight page is written (held-out tester round 3: the block linked one anyway)."""
+    mlflow_record(tmp_path, "a" * 32)
+    result = LocateResult([], probes=6, method="auto", threshold=0.3, total_norm=3.0)
+    text = printed(SpikeView(12, [EVENT], result, SimpleNamespace(input_ids=None)), tmp_path)
+    assert "spikes/events/step_000012.csv" in text and "highlight" not in text
+    assert "spikes/highlight/step_000100.html" in printed(mojibake_view(), tmp_path)
