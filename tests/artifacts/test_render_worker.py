@@ -31,21 +31,24 @@ def drawn_here(monkeypatch):
     return calls
 
 
-def test_a_trackers_thread_hands_the_heatmap_to_a_low_priority_process(spike, tmp_path, drawn_here):
+def test_a_trackers_thread_hands_the_heatmap_to_a_low_priority_process(spike, tmp_path, drawn_here, monkeypatch):
+    # at nice 19 on a loaded machine the worker may take minutes to import torch and matplotlib and draw (78 s
+    # seen under 3 CPU hogs): past TIMEOUT_S it would be given up and the heatmap drawn here, failing the test
+    monkeypatch.setattr(render_worker, "TIMEOUT_S", 600.0)
     events, result, ctx = spike
     tracker = make_tracker(TrackerConfig(kind="none"), run_dir=tmp_path)  # runs the render job on its thread
     SpikeArtifactWriter(tracker, tmp_path).write(7, events, result, ctx)
     png = tmp_path / "spikes" / "heatmap" / "step_000007.png"
-    for _ in range(1200):  # training goes on while it is drawn (a flush() or finish() now would draw it here)
-        if png.exists():
-            break
-        time.sleep(0.1)
+    deadline = time.monotonic() + 590
+    while not png.exists() and time.monotonic() < deadline:  # training goes on while it is drawn (a flush()
+        time.sleep(0.1)  # or finish() now would draw it here)
     tracker.finish()
     assert png.read_bytes()[:4] == b"\x89PNG" and (tmp_path / "spikes" / "highlight" / "step_000007.html").exists()
     assert drawn_here == []  # not in this process: no GIL held for the training thread to wait on
     worker = render_worker._WORKER._proc
     assert worker is not None and worker.poll() is None and worker.pid != os.getpid()
-    assert os.getpriority(os.PRIO_PROCESS, worker.pid) >= os.getpriority(os.PRIO_PROCESS, 0) + 1
+    # lower than this process, unless this one already runs at the lowest priority (19)
+    assert os.getpriority(os.PRIO_PROCESS, worker.pid) >= min(19, os.getpriority(os.PRIO_PROCESS, 0) + 1)
 
 
 def in_a_thread(fn):

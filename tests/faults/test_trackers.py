@@ -113,7 +113,7 @@ def test_server_dead_from_the_start(server, tmp_path, capsys):
     finish_s = timed_finish(tracker)
     with capsys.disabled():
         print(f"\nloop: {baseline_s:.2f} s in memory, {dead_s:.2f} s with the server dead; finish() {finish_s:.2f} s")
-    assert dead_s < 2 * baseline_s + 3.0, "a dead server must not slow training down (a wait would be >= 30 s)"
+    assert dead_s < 2 * baseline_s + 10.0, "a dead server must not slow training down (a wait would be >= 30 s)"
     assert finish_s < cfg.finish_timeout_s + 5.0, f"finish() took {finish_s:.1f} s, bound {cfg.finish_timeout_s} s"
     assert sorted(spooled_steps(tmp_path)) == list(range(STEPS))  # every step, once
     assert "run" not in read_backend_record(tmp_path, "mlflow")  # the server never answered: no run yet
@@ -150,7 +150,7 @@ def test_server_killed_mid_run_and_never_restarted(server, tmp_path, capsys):
         print(f"\nloop: {baseline_s:.2f} s in memory, {run_s:.2f} s with the server killed at step {STEPS // 2}; "
               f"finish() {finish_s:.2f} s")
     assert finish_s < cfg.finish_timeout_s + 5.0, f"finish() took {finish_s:.1f} s, bound {cfg.finish_timeout_s} s"
-    assert run_s < 2 * baseline_s + 3.0, "the killed server must not slow training down"
+    assert run_s < 2 * baseline_s + 10.0, "the killed server must not slow training down"
     run_id = read_backend_record(tmp_path, "mlflow")["run"]["run_id"]
     spooled = spooled_steps(tmp_path)
     finals = [r["args"] for r in read_spool(tmp_path / "spool" / "mlflow.jsonl") if r["call"] == "finish"]

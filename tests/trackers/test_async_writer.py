@@ -359,7 +359,8 @@ def test_finish_keeps_its_bound_with_a_2s_per_call_backend_and_spike_jobs_left(t
     with pytest.warns(RuntimeWarning, match="did not finish within the bound"):
         tracker.finish("success")
     took = time.perf_counter() - t0
-    assert took < 3.0 + 0.5, f"finish() took {took:.1f} s with a 3 s bound"
+    # the bound, then the spool and the run record (fsync'd) after it
+    assert took < 3.0 + 0.9, f"finish() took {took:.1f} s with a 3 s bound"
     spool = tmp_path / "spool" / "slow.jsonl"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:  # the late jobs land in the spool (or reached the backend before)
