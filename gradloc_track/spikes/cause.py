@@ -140,8 +140,13 @@ def _irreproducible(ev: Evidence) -> Cause | None:
     how = ("the replayed gradient is finite, the one in .grad is not" if math.isinf(ev.residual) else
            f"the gradient in .grad is {ev.norm_ratio:.3g}x the norm of the replayed one" if far else
            f"the replayed gradient differs from the one in .grad by {ev.residual:.0%} of its norm")
-    return Cause("irreproducible", f"the step does not reproduce: {how}, while the replay itself repeats; suspect a "
-                                   "hardware fault or silent data corruption")
+    if math.isinf(ev.residual):  # a finite batch, a non-finite .grad: a flipped bit, not a loss
+        return Cause("irreproducible", f"the step does not reproduce: {how}, while the replay itself repeats; suspect "
+                                       "a hardware fault or silent data corruption")
+    return Cause("irreproducible", f"the step does not reproduce: {how}, while the replay itself repeats. Either the "
+                                   "loss that made .grad is not the one the replay rebuilds (a multiplier on one rank "
+                                   "or micro-batch, a loss_fn that is not the training loss: handle.set_loss_fn), or "
+                                   "a hardware fault or silent data corruption")
 
 
 def _update_line(ev: Evidence) -> str:
