@@ -45,8 +45,10 @@ def spike_link(run_dir: Path, step: int, localized: bool) -> str | None:
     return next((u for u in (b.page_link(v, page) for b, v in views_of(read_run_views(run_dir))) if u), None)
 
 
-def view_commands(run_dir: Path) -> list[str]:
-    """The exact commands to look at the results."""
+def view_commands(run_dir: Path, spikes: bool = True) -> list[str]:
+    """The exact commands to look at the results (``spikes=False``: the run logged no spike, so no report
+    command, which would only say so)."""
     out = [line for b, view in views_of(read_run_views(run_dir)) for line in b.commands(view)]
-    out.append(f"  gradloc-track report {run_dir} -o spike_report.html    # one HTML page, no server needed")
+    if spikes:
+        out.append(f"  gradloc-track report {run_dir} -o spike_report.html    # one HTML page, no server needed")
     return out

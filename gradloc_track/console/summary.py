@@ -27,7 +27,9 @@ def spike_summary(spikes: Sequence[Any], run_dir: Path, not_localized: str | Non
             lines.append(f"  step {v.step}: {culprit_count(v)}: {found[0]}")
         else:
             lines.append(f"  step {v.step}: no culprit found (the spike is spread over the batch)")
-        link = spike_link(Path(run_dir), v.step, localized=v.result is not None and v.context is not None)
+        # a page only where there are token ids to show (rank 0's gathered view holds none when nothing was found)
+        link = spike_link(Path(run_dir), v.step,
+                          localized=v.result is not None and getattr(v.context, "input_ids", None) is not None)
         if link:
             lines.append(f"    {link}")
     return lines
@@ -52,7 +54,7 @@ def closing_lines(head: str, spikes: Sequence[Any], run_dir: Path, middle: Seque
     from ..trackers.join import is_scratch
 
     if not is_scratch(Path(run_dir)):  # a scratch dir is gone by now: the links above are the way in
-        lines += [f"run dir: {run_dir}", "look at the results:", *view_commands(Path(run_dir))]
+        lines += [f"run dir: {run_dir}", "look at the results:", *view_commands(Path(run_dir), spikes=bool(spikes))]
     return lines
 
 

@@ -56,6 +56,9 @@ def test_the_summary_counts_what_the_block_named(tmp_path):
     assert spike_summary([empty], tmp_path)[1] == "  step 5: no culprit found (the spike is spread over the batch)"
     assert spike_summary([], tmp_path) == ["no gradient spike detected"]
     assert closing_lines("done: 5 steps", [], tmp_path)[:2] == ["done: 5 steps", "no gradient spike detected"]
+    # no spike: no report command (it would only answer "no spike events"; held-out tester round 3)
+    assert not any("gradloc-track report" in line for line in closing_lines("done", [], tmp_path))
+    assert any("gradloc-track report" in line for line in closing_lines("done", [empty], tmp_path))
 
 
 def test_the_console_summary_reports_the_clip_after_warmup():
