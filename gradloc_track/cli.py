@@ -48,17 +48,34 @@ def _parser() -> argparse.ArgumentParser:
 def _add_replay(sub) -> None:
     rp = sub.add_parser("replay", help="send a run directory's spooled records (a tracker outage) to the original "
                                        "run; end a run whose process died as KILLED")
-    rp.add_argument("run_dir", help="the run directory training wrote (holding spool/ and tracker/)")
+    rp.add_argument("run_dir", help="the run directory training wrote (holding spool/ and tracker/), or a folder "
+                                    "of them (a sweep's: each is replayed)")
     rp.add_argument("--tracking-uri", default=None,
                     help="MLflow tracking URI, if the server moved (default: the one the run was logged to)")
 
 
 def _replay(args) -> int:
+    """One run dir, or every run dir under a folder (a Hydra sweep's, a runs/ folder), as ``culprits`` reads."""
+    from .run_dirs import find_run_dirs, run_dir_of
+
+    root = Path(args.run_dir)
+    if root.is_dir() and run_dir_of(root) is None:
+        found = [d for d in find_run_dirs(root) if (d / "spool").is_dir() or (d / "tracker").is_dir()]
+        if found:
+            codes = []
+            for d in found:
+                print(f"{d}:")
+                codes.append(_replay_one(d, args.tracking_uri))
+            return max(codes)
+    return _replay_one(root, args.tracking_uri)
+
+
+def _replay_one(run_dir: Path, tracking_uri: str | None) -> int:
     from .trackers.replay import replay_run_dir
     from .trackers.run_lock import RunDirInUse
 
     try:
-        results = replay_run_dir(args.run_dir, args.tracking_uri)
+        results = replay_run_dir(run_dir, tracking_uri)
     except (FileNotFoundError, ValueError, ImportError, RunDirInUse) as exc:
         print(f"gradloc-track replay: {exc}", file=sys.stderr)
         return 2

@@ -97,6 +97,10 @@ def replay_run_dir(run_dir: str | Path, tracking_uri: str | None = None) -> list
     spools = {p.stem: p for p in sorted((run_dir / "spool").glob("*.jsonl"))}
     backends = sorted(set(spools) | {p.stem for p in (run_dir / "tracker").glob("*.json")})
     if not backends:
+        if (run_dir / "tracker").is_dir():  # a run dir (its owner lock) whose run had no backend: tracker=none
+            raise FileNotFoundError(f"{run_dir}: nothing to replay: this run logged to no tracker backend "
+                                    "(tracker=none writes its files here as it goes, nothing is held back); "
+                                    f"read it with `gradloc-track report {run_dir}`")
         raise FileNotFoundError(f"{run_dir}: no spool/*.jsonl and no tracker/*.json here, so nothing to replay "
                                 "(pass the run directory the training printed, the one holding spool/ and tracker/)")
     owner = run_lock.RunOwner()

