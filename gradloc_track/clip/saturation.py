@@ -84,11 +84,17 @@ def saturation_warning(kind: str, steps: int, clipped_fraction: float, mean_coef
             f"want, {fix}.")
 
 
+NO_WARMUP = frozenset({"global"})  # clippers with a fixed threshold from the first step
+
+
 def saturation_line(kind: str, summary: dict[str, float]) -> str | None:
     """A console summary line (after warm-up), or None when the clipper saw no step after warm-up."""
     if kind == "none" or summary["steps"] == 0:
         return None
-    line = (f"clip={kind} after warm-up: {summary['clipped_fraction']:.0%} of "
+    # a fixed threshold has no warm-up: its share counts every step, the start-up transient's too (its large
+    # early gradients), so it reads higher than a table over the settled clean steps
+    when = "over every step (no warm-up: the start-up transient included)" if kind in NO_WARMUP else "after warm-up"
+    line = (f"clip={kind} {when}: {summary['clipped_fraction']:.0%} of "
             f"{summary['steps']} steps clipped, mean coefficient {summary['mean_coef']:.2f}")
     if summary["clipped_fraction"] > MOST and summary["mean_coef"] < CUT:
         line += f" — a {1 / max(summary['mean_coef'], 1e-6):.1f}x learning-rate cut, not a spike guard"
