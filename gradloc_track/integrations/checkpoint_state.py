@@ -20,10 +20,14 @@ def save_state(handle: Any, folder: str | Path) -> Path | None:
         warnings.warn(f"gradloc-track: no checkpoint folder {folder} to save the clipper's and detector's state "
                       "in; a run resumed from it starts their warm-up anew", UserWarning, stacklevel=3)
         return None
+    import io
+
+    from ..trackers.files import atomic_write_bytes
+
+    data = io.BytesIO()
+    torch.save(handle.state_dict(), data)
     path = folder / STATE_FILE
-    tmp = path.with_suffix(".tmp")
-    torch.save(handle.state_dict(), tmp)
-    tmp.replace(path)  # a checkpoint never holds half a state file
+    atomic_write_bytes(path, data.getvalue())  # a checkpoint never holds half a state file
     return path
 
 

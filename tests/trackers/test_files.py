@@ -92,6 +92,7 @@ def test_a_rewrite_is_synced_before_the_rename_and_an_error_leaves_the_old_file(
 NOT_OURS = {
     "demo/tokenizer.py": "the tokenizers library saves to a temp file; os.replace puts it in place",
     "artifacts/heatmap.py": "matplotlib's savefig into memory (the PNG is then staged atomically in rendered/)",
+    "integrations/checkpoint_state.py": "torch.save into memory (then atomic_write_bytes into the checkpoint)",
     "trackers/mlflow_tracker.py": "a copy in a TemporaryDirectory, for MLflow to upload",
     "trackers/wandb_tracker.py": "run.save: W&B copies and uploads the file",
 }
