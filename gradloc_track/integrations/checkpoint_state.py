@@ -38,8 +38,14 @@ def load_state(handle: Any, folder: str | Path, step: int) -> bool:
     path = Path(folder) / STATE_FILE
     if not path.is_file():
         warnings.warn(f"gradloc-track: training resumes at step {step} but {path} is not there (a checkpoint "
-                      "written without GradLocCallback, or outside args.output_dir): the clipper and the "
-                      "spike detector start their warm-up anew", UserWarning, stacklevel=3)
+                      "written without GradLocCallback): the clipper and the spike detector start their warm-up "
+                      "anew", UserWarning, stacklevel=3)
         return False
-    handle.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if int(state.get("steps", 0)) > step:  # more steps than the run has taken: another run's file
+        warnings.warn(f"gradloc-track: {path} holds the state after {state['steps']} steps, but training resumes at "
+                      f"step {step}: it is another run's, not loaded; the clipper and the spike detector start their "
+                      "warm-up anew", UserWarning, stacklevel=3)
+        return False
+    handle.load_state_dict(state)
     return True

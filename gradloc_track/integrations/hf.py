@@ -26,6 +26,7 @@ detector's state (``gradloc_track.pt``), and ``train(resume_from_checkpoint=...)
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import warnings
 from typing import Any
@@ -72,7 +73,8 @@ class GradLocCallback(TrainerCallback):
         from .handle import Door, open_handle
 
         self._take_over_clipping(args)
-        if self.handle is not None and not self.handle.finished:
+        if self.handle is not None and not self.handle.finished:  # a train() that raised, called again
+            self._resume(args, state)
             return
         opts = self.options
         if opts.tokenizer is None and processing_class is not None and hasattr(processing_class, "decode"):
@@ -90,14 +92,19 @@ class GradLocCallback(TrainerCallback):
         door = Door("GradLocCallback (TRL)" if kind is not None else "GradLocCallback", hook_optimizer=False,
                     wandb_step_key=HF_WANDB_STEP)  # joins report_to's run; Trainer calls step() through us
         self.handle = open_handle(model, optimizer, opts, door, MicroBatchCapture(model) if kind is None else None)
-        if state.global_step > 0:  # resumed from a checkpoint: its clipper and detector state (on_save)
-            from .checkpoint_state import load_state
-
-            load_state(self.handle, _checkpoint_folder(args, state), state.global_step)
+        self._resume(args, state)
         if kind is not None:
             from .trl.adapters import make_adapter
 
             self.adapter = make_adapter(trainer, kind, model, self.handle.tokenizer)
+
+    def _resume(self, args, state) -> None:
+        """Resumed from a checkpoint (``global_step`` > 0 at the start): the clipper's and detector's state
+        ``on_save`` wrote into it."""
+        if state.global_step > 0:
+            from .checkpoint_state import load_state
+
+            load_state(self.handle, _resumed_folder(args, state), state.global_step)
 
     def _take_over_clipping(self, args) -> None:
         """Trainer skips its ``max_grad_norm`` clipping during ``train()``; the monitor clips after it
@@ -137,7 +144,7 @@ class GradLocCallback(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         # Trainer has written checkpoint-<global_step>: the clipper's and detector's state goes beside it
-        if self.handle is not None and state.is_world_process_zero:
+        if self.handle is not None and args.should_save:  # rank 0, or each node's first with save_on_each_node
             from .checkpoint_state import save_state
 
             save_state(self.handle, _checkpoint_folder(args, state))
@@ -169,12 +176,30 @@ def default_run_name(model: Any, seed: int) -> str:
 
 
 def _checkpoint_folder(args: Any, state: Any) -> str:
-    """The folder Trainer saves the checkpoint of ``state.global_step`` in (and resumes it from)."""
-    import os
-
+    """The folder Trainer saves the checkpoint of ``state.global_step`` in."""
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
     return os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+
+
+def _resumed_folder(args: Any, state: Any) -> str:
+    """The checkpoint ``train()`` resumes from. Trainer does not tell callbacks; its training loop holds the path
+    (``resume_from_checkpoint``, already resolved from ``True``) a few frames up the stack from this callback.
+    Else the folder Trainer would have saved this step's checkpoint in."""
+    frame = sys._getframe(1)
+    for _ in range(_FRAMES):
+        if frame is None:
+            break
+        if frame.f_code.co_name == "_inner_training_loop":
+            path = frame.f_locals.get("resume_from_checkpoint")
+            if isinstance(path, (str, os.PathLike)):
+                return os.fspath(path)
+            break
+        frame = frame.f_back
+    return _checkpoint_folder(args, state)
+
+
+_FRAMES = 16  # how far up the stack the training loop is looked for (on_train_begin is ~4 frames below it)
 
 
 def _trl_trainer(callback: GradLocCallback) -> tuple[Any, str | None]:

@@ -16,18 +16,23 @@ OPTS = {"tracker": "none", "clip": {"kind": "adagc", "warmup_steps": 3}, "locate
         "spikes": {"warmup_steps": 3}}
 
 
-def hf_train(tmp_path, resume=None, steps=STEPS):
-    from transformers import Trainer, TrainingArguments
+def hf_args(tmp_path, steps=STEPS):
+    from transformers import TrainingArguments
 
-    from gradloc_track.integrations.hf import GradLocCallback
-
-    args = TrainingArguments(
+    return TrainingArguments(
         output_dir=str(tmp_path / "out"), per_device_train_batch_size=BATCH, max_steps=steps, learning_rate=LR,
         lr_scheduler_type="constant", weight_decay=0.0, report_to="none", save_strategy="steps", save_steps=SAVE_AT,
         max_grad_norm=0.0, train_sampling_strategy="sequential", use_cpu=True, disable_tqdm=True,
         dataloader_num_workers=0, seed=0)
+
+
+def hf_train(tmp_path, resume=None, steps=STEPS):
+    from transformers import Trainer
+
+    from gradloc_track.integrations.hf import GradLocCallback
+
     callback = GradLocCallback(**OPTS)
-    Trainer(model=tiny_gpt2(), args=args, train_dataset=hf_dataset(1), callbacks=[callback]).train(
+    Trainer(model=tiny_gpt2(), args=hf_args(tmp_path, steps), train_dataset=hf_dataset(1), callbacks=[callback]).train(
         resume_from_checkpoint=resume)
     return callback.handle
 
@@ -71,6 +76,61 @@ def test_a_checkpoint_without_our_state_is_said_and_training_goes_on(tmp_path):
                                          r"is not there .*start their warm-up anew"):
         handle = hf_train(tmp_path, resume=str(folder))
     assert handle.monitor.clipper.state_dict()["steps"] == STEPS - SAVE_AT  # counted from the resume
+
+
+def test_the_state_comes_from_the_checkpoint_resumed_not_from_output_dir(tmp_path):
+    """A checkpoint kept elsewhere, resumed by a job with its own output_dir that holds another run's
+    checkpoint-6: the resumed folder's state is loaded (reviewer: output_dir's was, silently)."""
+    import shutil
+
+    hf_train(tmp_path / "first")
+    keep = tmp_path / "keep" / f"checkpoint-{SAVE_AT}"
+    shutil.copytree(tmp_path / "first" / "out" / f"checkpoint-{SAVE_AT}", keep)
+    stale = tmp_path / "second" / "out" / f"checkpoint-{SAVE_AT}"
+    stale.mkdir(parents=True)
+    state = torch.load(keep / "gradloc_track.pt", weights_only=True)
+    state["clipper"]["steps"] = 1000  # another run's
+    torch.save(state, stale / "gradloc_track.pt")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        handle = hf_train(tmp_path / "second", resume=str(keep))
+    assert handle.monitor.clipper.state_dict()["steps"] == STEPS
+
+
+def test_a_train_that_raised_and_is_called_again_loads_the_checkpoint(tmp_path):
+    """train(resume_from_checkpoint=...) again on the same Trainer after a crash: the handle the crash left open
+    takes the checkpoint's state (reviewer: it went on from the crashed steps, 14 instead of 12)."""
+    from transformers import Trainer, TrainerCallback
+
+    from gradloc_track.integrations.hf import GradLocCallback
+
+    class Crash(TrainerCallback):
+        fired = False
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 8 and not Crash.fired:
+                Crash.fired = True
+                raise RuntimeError("node failure")
+
+    callback = GradLocCallback(**OPTS)
+    trainer = Trainer(model=tiny_gpt2(), args=hf_args(tmp_path), train_dataset=hf_dataset(1),
+                      callbacks=[callback, Crash()])
+    with pytest.raises(RuntimeError, match="node failure"):
+        trainer.train()
+    assert not callback.handle.finished and callback.handle.monitor.clipper.state_dict()["steps"] == 8
+    trainer.train(resume_from_checkpoint=str(tmp_path / "out" / f"checkpoint-{SAVE_AT}"))
+    assert callback.handle.monitor.clipper.state_dict()["steps"] == STEPS
+
+
+def test_another_runs_state_with_more_steps_than_the_resume_is_not_loaded(tmp_path):
+    hf_train(tmp_path)
+    path = tmp_path / "out" / f"checkpoint-{SAVE_AT}" / "gradloc_track.pt"
+    state = torch.load(path, weights_only=True)
+    state["steps"] = 500
+    torch.save(state, path)
+    with pytest.warns(UserWarning, match=rf"holds the state after 500 steps, but training resumes at step {SAVE_AT}"):
+        handle = hf_train(tmp_path, resume=str(path.parent))
+    assert handle.monitor.clipper.state_dict()["steps"] == STEPS - SAVE_AT
 
 
 def test_lightning_fit_from_ckpt_path_keeps_the_clipper_and_the_detector(tmp_path):
