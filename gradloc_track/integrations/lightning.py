@@ -73,6 +73,12 @@ class GradLocCallback(L.Callback):
             self.handle.load_state_dict(self._resumed)
             self._resumed = None
 
+    @property
+    def state_key(self) -> str:
+        # its state in the checkpoint, one per clipper kind: a second GradLocCallback of another kind in the
+        # same Trainer is not refused as a duplicate stateful callback
+        return self._generate_state_key(clip=self.options.clip.kind)
+
     def state_dict(self) -> dict[str, Any]:
         """Saved in Lightning's checkpoint: the clipper's thresholds and the detector's statistics, so
         ``fit(ckpt_path=...)`` goes on without a warm-up anew."""

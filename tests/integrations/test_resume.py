@@ -169,3 +169,15 @@ def test_lightning_fit_from_ckpt_path_keeps_the_clipper_and_the_detector(tmp_pat
     assert at_start["state"]["detector"] == state["detector"]  # the checkpoint's statistics, not a warm-up anew
     assert resumed.monitor.clipper.steps == STEPS  # went on counting from it
     assert resumed.monitor.detector.state_dict()["signals"]["global"][0] == STEPS
+
+
+def test_two_lightning_callbacks_of_other_clippers_fit_in_one_trainer(tmp_path):
+    """The callback is stateful now; its state key names its clipper, so a second one (another clip kind) is not
+    refused as a duplicate (reviewer: RuntimeError 'more than one stateful callback of type GradLocCallback')."""
+    L = pytest.importorskip("lightning.pytorch")
+    from gradloc_track.integrations.lightning import GradLocCallback
+
+    a, b = GradLocCallback(tracker="none"), GradLocCallback(tracker="none", clip="adagc")
+    assert a.state_key != b.state_key
+    L.Trainer(callbacks=[a, b], accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+              enable_progress_bar=False, default_root_dir=str(tmp_path))
