@@ -17,8 +17,10 @@ import torch
 
 GROUP_MODES = ("block", "module", "tensor")
 # name components a wrapper module inserts without changing the model: torch.compile's
-# OptimizedModule holds the model as ``_orig_mod`` (also a compiled submodule, ``h.0._orig_mod.attn``)
-WRAPPER_PARTS = frozenset({"_orig_mod"})
+# OptimizedModule holds the model as ``_orig_mod`` (also a compiled submodule, ``h.0._orig_mod.attn``); FSDP1 and
+# activation checkpointing hold each wrapped module as ``_fsdp_wrapped_module`` / ``_checkpoint_wrapped_module``
+# (torch's own state_dict drops these names the same way)
+WRAPPER_PARTS = frozenset({"_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"})
 
 
 # wrappers that hold the whole model as ``.module`` (every name gains a leading ``module.``): DDP,
@@ -28,18 +30,20 @@ WRAPPER_MODULES = frozenset({"DistributedDataParallel", "DataParallel", "DeepSpe
 
 
 def wrapper_prefix(model: torch.nn.Module) -> str:
-    """``"module."`` when ``model`` is such a wrapper (the names its tensors get), else ``""``."""
+    """``"module."`` when ``model`` is such a wrapper (a subclass too), or a compiled one
+    (``torch.compile(DDP(model))``, the order torch recommends), else ``""``."""
+    model = getattr(model, "_orig_mod", model) if type(model).__name__ == "OptimizedModule" else model
     inner = getattr(model, "module", None)
-    return "module." if type(model).__name__ in WRAPPER_MODULES and isinstance(inner, torch.nn.Module) else ""
+    wrapper = any(c.__name__ in WRAPPER_MODULES for c in type(model).__mro__)
+    return "module." if wrapper and isinstance(inner, torch.nn.Module) else ""
 
 
 def own_name(name: str, prefix: str = "") -> str:
-    """The name the bare, eager model gives a tensor or module: the wrapper's ``prefix`` (``wrapper_prefix``)
-    and ``torch.compile``'s ``_orig_mod.`` dropped, so DDP, FSDP2, compiled and single-process runs log the
-    same metric keys."""
-    if prefix and name.startswith(prefix):
-        name = name[len(prefix):]
-    return unwrapped_name(name)
+    """The name the bare, eager model gives a tensor or module: the wrappers' parts (``unwrapped_name``), then
+    the wrapper's ``prefix`` (``wrapper_prefix``), dropped, so DDP, FSDP2, compiled and single-process runs log
+    the same metric keys."""
+    name = unwrapped_name(name)
+    return name[len(prefix):] if prefix and name.startswith(prefix) else name
 
 
 def unwrapped_name(name: str) -> str:

@@ -67,6 +67,37 @@ def test_ddp_logs_the_bare_models_keys_and_layers(gloo):
     assert weight_check.still(model, found)
 
 
+def test_compiled_ddp_and_a_ddp_subclass_drop_the_prefix_too(gloo):
+    """torch.compile(DDP(model)) (the order torch recommends) names tensors _orig_mod.module.*; a DDP subclass
+    module.* (reviewer: both kept module.)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from gradloc_track.norms import trainable_params
+
+    class MyDDP(DistributedDataParallel):
+        pass
+
+    bare = [n for n, _ in trainable_params(tiny_gpt())]
+    for model in (torch.compile(DistributedDataParallel(tiny_gpt())), MyDDP(tiny_gpt()),
+                  DistributedDataParallel(torch.compile(tiny_gpt()))):
+        assert [n for n, _ in trainable_params(model)] == bare, type(model).__name__
+    found = weight_check.scan(torch.compile(DistributedDataParallel(poisoned())), 3)
+    assert found.name == "h.1.mlp.fc.weight"
+
+
+def poisoned():
+    model = tiny_gpt()
+    with torch.no_grad():
+        model.h[1].mlp.fc.weight[3, 4] = float("nan")
+    return model
+
+
+def test_fsdp1_and_checkpoint_wrapper_parts_are_dropped():
+    from gradloc_track.grouping import own_name
+
+    assert own_name("_fsdp_wrapped_module.h.0._checkpoint_wrapped_module.attn.qkv.weight") == "h.0.attn.qkv.weight"
+
+
 def test_a_users_own_submodule_called_module_keeps_its_name():
     class Holder(torch.nn.Module):  # not a wrapper: its names are the user's
         def __init__(self):

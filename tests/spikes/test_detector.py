@@ -186,6 +186,19 @@ def test_resume_equivalence():
     assert b.metrics() == full.metrics()
 
 
+def test_a_state_saved_under_ddp_keeps_its_layer_statistics():
+    """Layer names saved with DDP's module. (before it was dropped) load under the bare names."""
+    rng = random.Random(3)
+    a = SpikeDetector(warmup_steps=5)
+    for s in range(20):
+        x = 1 + rng.random()
+        a.update(s, x, {"module.h.0": x / 2, "module.h.1": x / 3})
+    b = SpikeDetector(warmup_steps=5)
+    b.load_state_dict(a.state_dict())
+    assert set(b.state_dict()["signals"]) == {"global", "h.0", "h.1"}
+    assert b.state_dict()["signals"]["h.0"] == a.state_dict()["signals"]["module.h.0"]
+
+
 # -- calibration on a real model (issue 13): clean small-batch training must not fire ------------
 
 def clean_stream(batch, seq, steps):
