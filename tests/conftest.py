@@ -19,11 +19,19 @@ torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = ROOT / "conf"
 
-_SESSION: dict[str, int] = {}  # pytest's exit status, once the session has finished
+_SESSION: dict[str, object] = {}  # the finished session; whether an exception left pytest after it
 
 
 def pytest_sessionfinish(session, exitstatus):
-    _SESSION["status"] = int(exitstatus)
+    _SESSION["session"] = session
+
+
+def _uncaught(kind, value, tb, _hook=sys.excepthook):
+    _SESSION["uncaught"] = True  # (a plugin's unconfigure that raised): the exit must say it failed
+    _hook(kind, value, tb)
+
+
+sys.excepthook = _uncaught
 
 
 def _gloo_threads() -> bool:
@@ -41,10 +49,12 @@ def _skip_teardown_under_gloo_threads() -> None:
     """With every test done and reported, end the process without the interpreter's teardown while gloo's
     threads live: their static destructors can call std::terminate there (rc 134 after a green run), the
     teardown race every subprocess rank of the suite already skips with ``os._exit``."""
-    if "status" in _SESSION and _gloo_threads():
+    session = _SESSION.get("session")
+    if session is not None and _gloo_threads():
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(_SESSION["status"])
+        status = int(session.exitstatus)  # as the last hook left it
+        os._exit(max(status, 1) if _SESSION.get("uncaught") else status)
 
 
 @pytest.fixture
