@@ -37,6 +37,6 @@ def check_state(clipper: Any, state: Any) -> None:
     kind = state_kind(state)
     if kind == mine or (kind in STATELESS and mine in STATELESS):
         return
-    raise ConfigError(f"{name}.load_state_dict: the checkpoint holds a {kind} clipper's state, not a {mine} "
-                      f"clipper's; resume with the clipper that wrote it (clip={kind}), or start {name} afresh "
+    raise ConfigError(f"{name}.load_state_dict: the checkpoint holds the state of a clip={kind} clipper, not of "
+                      f"clip={mine}; resume with the clipper that wrote it (clip={kind}), or start {name} afresh "
                       "by not loading the checkpoint's clip state")

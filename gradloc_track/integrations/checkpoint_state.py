@@ -47,5 +47,9 @@ def load_state(handle: Any, folder: str | Path, step: int) -> bool:
                       f"step {step}: it is another run's, not loaded; the clipper and the spike detector start their "
                       "warm-up anew", UserWarning, stacklevel=3)
         return False
-    handle.load_state_dict(state)
+    try:
+        handle.load_state_dict(state)
+    except ValueError as exc:  # another clip= or spikes= than the run that saved it: the fix, and the way out
+        raise type(exc)(f"{exc} (the saved state is {path}: delete it to start the clipper and the detector "
+                        "afresh)") from exc
     return True

@@ -72,6 +72,12 @@ class GradLocCallback(L.Callback):
         if self._resumed is not None:
             self.handle.load_state_dict(self._resumed)
             self._resumed = None
+        elif getattr(trainer, "ckpt_path", None):  # fit(ckpt_path=...) from a checkpoint without our state
+            import warnings
+
+            warnings.warn(f"gradloc-track: fit resumes from {trainer.ckpt_path}, which holds no GradLocCallback "
+                          f"state (key {self.state_key!r}: written without the callback, or with another clip=): "
+                          "the clipper and the spike detector start their warm-up anew", UserWarning, stacklevel=2)
 
     @property
     def state_key(self) -> str:

@@ -133,6 +133,23 @@ def test_another_runs_state_with_more_steps_than_the_resume_is_not_loaded(tmp_pa
     assert handle.monitor.clipper.state_dict()["steps"] == STEPS - SAVE_AT
 
 
+def test_a_resume_with_another_clipper_names_the_state_file_to_delete(tmp_path):
+    """The HF callback has no option to skip its state: the error names the file, the way out (held-out tester)."""
+    from gradloc_track.config import ConfigError
+
+    hf_train(tmp_path)
+    folder = tmp_path / "out" / f"checkpoint-{SAVE_AT}"
+    from transformers import Trainer
+
+    from gradloc_track.integrations.hf import GradLocCallback
+
+    trainer = Trainer(model=tiny_gpt2(), args=hf_args(tmp_path), train_dataset=hf_dataset(1),
+                      callbacks=[GradLocCallback(**{**OPTS, "clip": {"kind": "zclip", "warmup_steps": 3}})])
+    with pytest.raises(ConfigError, match=r"holds the state of a clip=adagc clipper, not of clip=zclip.*the saved "
+                                          rf"state is .*checkpoint-{SAVE_AT}/gradloc_track.pt: delete it"):
+        trainer.train(resume_from_checkpoint=str(folder))
+
+
 def test_lightning_fit_from_ckpt_path_keeps_the_clipper_and_the_detector(tmp_path):
     """Lightning's own resume is not bit-exact here (without our callback too), so the check is on what the
     callback carries: the handle starts from the checkpoint's state exactly, and goes on counting from it."""
@@ -169,6 +186,13 @@ def test_lightning_fit_from_ckpt_path_keeps_the_clipper_and_the_detector(tmp_pat
     assert at_start["state"]["detector"] == state["detector"]  # the checkpoint's statistics, not a warm-up anew
     assert resumed.monitor.clipper.steps == STEPS  # went on counting from it
     assert resumed.monitor.detector.state_dict()["signals"]["global"][0] == STEPS
+
+    trainer = L.Trainer(max_steps=SAVE_AT, logger=False, accelerator="cpu", devices=1, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path))
+    trainer.fit(CausalLM(tiny_gpt2()), DataLoader(hf_dataset(1), batch_size=BATCH, shuffle=False))
+    trainer.save_checkpoint(tmp_path / "without.ckpt")  # no GradLocCallback in that run: said on resume
+    with pytest.warns(UserWarning, match=r"fit resumes from .*without.ckpt, which holds no GradLocCallback state"):
+        fit(STEPS, ckpt_path=str(tmp_path / "without.ckpt"))
 
 
 def test_two_lightning_callbacks_of_other_clippers_fit_in_one_trainer(tmp_path):
