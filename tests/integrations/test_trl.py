@@ -346,6 +346,37 @@ def test_sft_packed_loss_is_trls_and_documents_stay_apart(sft):
     model.train()
 
 
+def test_sft_keep_columns_reach_the_culprit_table(sft):
+    """keep_columns' dataset index under SFTTrainer: the adapter takes it out of the inputs into the spike context's
+    sample columns (held-out tester round 4: the table had no idx column, and nothing said so)."""
+    from gradloc_track.integrations.sample_info import SAMPLE_INFO_KEY, strip_sample_info
+    from gradloc_track.integrations.trl.sft import SFTAdapter
+
+    trainer, model, batch = sft
+    hook = strip_sample_info(model)  # as keep_columns(model, ...) does: the model never sees the column
+    adapter = SFTAdapter(trainer, model)
+    try:
+        trainer.compute_loss(model, {**batch, SAMPLE_INFO_KEY: {"idx": [17]}})
+        ctx = adapter.context()
+    finally:
+        adapter.remove()
+        hook.remove()
+    assert ctx.sample_columns == {"idx": [17]}
+    assert SAMPLE_INFO_KEY not in adapter_forward_keys(ctx, model)
+
+
+def adapter_forward_keys(ctx, model):
+    """The keyword arguments the rebuilt loss calls the model with (a pre-hook records them)."""
+    seen = []
+    hook = model.register_forward_pre_hook(lambda m, a, k: seen.append(set(k)), with_kwargs=True)
+    try:
+        with torch.no_grad():
+            ctx.loss_fn(ctx.token_mask)
+    finally:
+        hook.remove()
+    return seen[0]
+
+
 @pytest.mark.slow
 def test_sft_packing_example_names_the_corrupted_document(tmp_path, monkeypatch):
     """examples/trl_sft_packing.py: the spike at the injected step; the culprit tokens' document is the corrupted

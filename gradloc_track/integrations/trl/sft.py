@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from ...localizer.probe import save_rng
 from ..batches import IGNORE, LMBatch
+from ..sample_info import SAMPLE_INFO_KEY, sample_columns
 from .trainer import MethodPatch
 
 NOT_FORWARDED = ("labels", "shift_labels", "num_items_in_batch", "fused_lm_head")
@@ -71,7 +72,8 @@ class SFTMicroBatch:
     @classmethod
     def record(cls, tr: Any, inputs: dict, num_items: Any) -> "SFTMicroBatch":
         det = {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
-        batch = LMBatch(det["input_ids"], det.get("labels"), det.get("attention_mask"))
+        info = det.pop(SAMPLE_INFO_KEY, None)  # keep_columns' dataset index and metadata: the table's, not the model's
+        batch = LMBatch(det["input_ids"], det.get("labels"), det.get("attention_mask"), info=info)
         scale = 1.0
         if getattr(tr.args, "average_tokens_across_devices", False) and num_items is not None:
             scale = float(tr.accelerator.num_processes // max(1, getattr(tr, "get_tp_size", lambda: 1)()))
@@ -149,6 +151,7 @@ class SFTAdapter:
             input_ids=pick([i for _, _, i in parts]), tokenizer=self.tokenizer,
             rng_state=pick([mb.rng for mb in batches]),
             extra_columns={"document": pick(docs)} if packed else {},
+            sample_columns=sample_columns([mb.batch for mb in batches]),
             document_ids=pick(docs) if packed else None,
             segment_ids=pick(docs) if packed else None)
 
