@@ -143,7 +143,21 @@ def evidence_of(events: Sequence[Any], result: Any, shown: Any,
                 ev.off_policy = off_policy_reading(top, shown)
             except Exception:  # a column of another shape: no reading, the other rules decide
                 ev.off_policy = None
+            try:
+                ev.advantage = advantage_reading(top, shown)
+            except Exception:  # a column of another shape: the cause reads without it
+                ev.advantage = None
     return ev
+
+
+def advantage_reading(culprit: Any, view: Any) -> float | None:
+    """The culprit's advantage (the RL ``advantage`` column) at its largest loss term; None without one. In RL the
+    reward is the data: an outlier reward reaches the gradient through this weight, whatever the text."""
+    if culprit.batch is None or not view.has("extra_columns", "advantage"):
+        return None
+    adv = view.extra_row("advantage", culprit.micro_batch, culprit.batch)
+    terms = [t for t in view.terms(culprit) if t < len(adv)]
+    return max((float(adv[t]) for t in terms), key=abs, default=None)
 
 
 def name_step_cause(step: int, events: Sequence[Any], result: Any, shown: Any,

@@ -83,6 +83,7 @@ class Evidence:
     # the top culprit's (importance ratio, log-prob, old log-prob) from the RL columns, at its term farthest
     # from on-policy; None: not an RL step, or no culprit
     off_policy: tuple[float, float | None, float | None] | None = None
+    advantage: float | None = None  # the top culprit's RL advantage (its reward's weight on its gradient), when known
     leaked_rows: str = ""  # the rows whose labels leaked, in words ("micro-batch 0 samples 1, 4, 6")
     precision: str | None = None  # the reduced precision the step ran in ("float16 autocast"), when known
     nonfinite_layers: tuple[str, ...] = ()  # the layers whose .grad holds a NaN/Inf
@@ -195,8 +196,10 @@ def _data(ev: Evidence) -> Cause | None:
     if named and (ev.culprit_share >= DATA_SHARE or losses):
         top = f" ({ev.top_culprit} first)" if ev.top_culprit else ""
         why = f", and {_jumped(max(losses, key=lambda x: x.z), ev)}" if losses else ""
+        adv = (f"; the first's advantage is {ev.advantage:.4g} (in RL the reward is data: an outlier reward "
+               "weighs its gradient whatever the text)") if ev.advantage is not None else ""
         return Cause("data", f"{ev.n_culprits} culprit(s){top} carry {ev.culprit_share:.0%} of the step's squared "
-                             f"gradient norm{why}: the batch's data made the step")
+                             f"gradient norm{why}: the batch's data made the step{adv}")
     if losses:  # the model is the same for every sample: a loss that jumps is the data's
         e = max(losses, key=lambda x: x.z)
         which = ("not localized, so which one is not known" if ev.culprit_share is None else

@@ -299,3 +299,29 @@ def test_the_off_policy_reading_takes_the_units_loss_terms_not_its_prompts_paddi
     assert off_policy_reading(whole, view) == pytest.approx((403.0, -6.31, -12.3))
     span = Culprit("span", 1.0, 1.0, batch=1, start=3, end=5, n_terms=2)  # 0.9 is farther from 1 than 1.1
     assert off_policy_reading(span, view)[0] == pytest.approx(0.9)
+
+
+def test_a_reward_outlier_reads_data_with_the_culprits_advantage():
+    """GRPO with scale_rewards='none', one completion's reward 1000: its advantage (749.7) weighs its gradient.
+    The cause stays data (in RL the reward is data) and says the advantage (held-out tester round 4: the line
+    named the text only, which is ordinary). Only the completion's loss terms are read, not its prompt's 0s."""
+    from types import SimpleNamespace
+
+    from gradloc_track.localizer.culprit_view import CulpritView
+    from gradloc_track.localizer.result import Culprit
+    from gradloc_track.monitor.cause_evidence import advantage_reading
+    from gradloc_track.spikes.cause import Evidence, name_cause
+    from gradloc_track.spikes.event import SpikeEvent
+
+    adv = torch.zeros(2, 8)
+    adv[1, 3:] = 749.7
+    mask = torch.zeros(2, 8)
+    mask[1, 3:] = 1.0
+    view = CulpritView(None, SimpleNamespace(extra_columns={"advantage": adv}, token_mask=mask))
+    whole = Culprit("sample", 1.0, 1.0, batch=1, start=0, end=8, n_terms=5)
+    assert advantage_reading(whole, view) == pytest.approx(749.7)
+    assert advantage_reading(whole, CulpritView(None, SimpleNamespace(extra_columns={}, token_mask=mask))) is None
+    ev = Evidence([SpikeEvent(30, "global", 280.0, 0.12, 27.0, 2333.0)], culprit_share=0.77, n_culprits=4,
+                  top_culprit="completion 1 of group 1", advantage=749.7)
+    cause = name_cause(ev)
+    assert cause.name == "data" and "the first's advantage is 749.7 (in RL the reward is data" in cause.detail
