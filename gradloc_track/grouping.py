@@ -46,6 +46,18 @@ def own_name(name: str, prefix: str = "") -> str:
     return name[len(prefix):] if prefix and name.startswith(prefix) else name
 
 
+def own_named_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    """``model.named_parameters()`` (frozen ones too) under their own names (``own_name``)."""
+    prefix = wrapper_prefix(model)
+    return [(own_name(n, prefix), p) for n, p in model.named_parameters()]
+
+
+def saved_without_wrapper(names: list[str]) -> list[str]:
+    """Names a checkpoint saved under DDP before its ``module.`` was dropped, as they read now: every one of
+    them starting with ``module.`` (a wrapper's, not a user's submodule among others) loses it."""
+    return [n[len("module."):] for n in names] if names and all(n.startswith("module.") for n in names) else names
+
+
 def unwrapped_name(name: str) -> str:
     """``_orig_mod.h.0.attn.weight -> h.0.attn.weight``: the name the eager model gives the tensor."""
     parts = name.split(".")

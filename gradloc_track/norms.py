@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
-from .grouping import own_name, wrapper_prefix
+from .grouping import own_named_parameters
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:
@@ -34,8 +34,7 @@ def trainable_params(model: torch.nn.Module) -> list[tuple[str, torch.nn.Paramet
     """The (name, parameter) pairs every component iterates over, in one agreed order. Names are
     the bare eager model's (``torch.compile``'s ``_orig_mod.``, DDP's ``module.`` dropped): metric keys
     match across runs."""
-    prefix = wrapper_prefix(model)
-    return [(own_name(n, prefix), p) for n, p in model.named_parameters() if p.requires_grad]
+    return [(n, p) for n, p in own_named_parameters(model) if p.requires_grad]
 
 
 def _foreach_norm_fp32(tensors: list[torch.Tensor]) -> list[torch.Tensor]:

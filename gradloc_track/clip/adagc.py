@@ -40,6 +40,7 @@ import torch
 
 from ..config._validate import check
 from ..config.clip import AdaGCConfig
+from ..grouping import saved_without_wrapper
 from ..norms import all_reduce_sq_norms, sq_norms
 from .checkpoint import check_state
 from .clipper import Clipper
@@ -160,8 +161,8 @@ class AdaGC(Clipper):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         check_state(self, state)
         saved = list(state.get("names", self.names))
-        if saved != self.names and all(n.startswith("module.") for n in saved):
-            saved = [n[len("module."):] for n in saved]  # saved under DDP before its names lost the wrapper's prefix
+        if saved != self.names:
+            saved = saved_without_wrapper(saved)
         if saved != self.names:
             raise ValueError("AdaGC.load_state_dict: the checkpoint's parameter names differ from the model's")
         check(state.get("mode", "tensor") == self.mode, "AdaGC.mode", self.mode,

@@ -13,17 +13,17 @@ STATE_FILE = "gradloc_track.pt"
 
 def save_state(handle: Any, folder: str | Path) -> Path | None:
     """``handle.state_dict()`` into ``folder/gradloc_track.pt``; None (said) when the folder is not there."""
+    import io
+
     import torch
+
+    from ..trackers.files import atomic_write_bytes
 
     folder = Path(folder)
     if not folder.is_dir():
         warnings.warn(f"gradloc-track: no checkpoint folder {folder} to save the clipper's and detector's state "
                       "in; a run resumed from it starts their warm-up anew", UserWarning, stacklevel=3)
         return None
-    import io
-
-    from ..trackers.files import atomic_write_bytes
-
     data = io.BytesIO()
     torch.save(handle.state_dict(), data)
     path = folder / STATE_FILE

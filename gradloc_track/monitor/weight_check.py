@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..grouping import own_name, wrapper_prefix
+from ..grouping import own_named_parameters
 from ..norms import local_part
 
 ABSURD_RATIO = 1e4  # |w| this many times the rms of the rest of its tensor...
@@ -83,7 +83,7 @@ def _device(model: torch.nn.Module) -> torch.device:
 @torch.no_grad()
 def scan(model: torch.nn.Module, step: int) -> CorruptWeight | None:
     """The first corrupt weight of ``model``'s parameters held here (module doc), or None."""
-    named = [(n, local_part(p.detach())) for n, p in _named(model) if p.numel()]
+    named = [(n, local_part(p.detach())) for n, p in own_named_parameters(model) if p.numel()]
     if not named:
         return None
     tensors = [t for _, t in named]
@@ -96,13 +96,6 @@ def scan(model: torch.nn.Module, step: int) -> CorruptWeight | None:
     return None
 
 
-def _named(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
-    """Every parameter (frozen ones too: a corrupt frozen weight breaks the forward all the same) under the
-    name the metrics give it (DDP's ``module.``, ``torch.compile``'s ``_orig_mod.`` dropped)."""
-    prefix = wrapper_prefix(model)
-    return [(own_name(n, prefix), p) for n, p in model.named_parameters()]
-
-
 def _locate(name: str, t: torch.Tensor, step: int) -> CorruptWeight:
     flat = t.reshape(-1).float()
     bad = ~torch.isfinite(flat)
@@ -113,7 +106,7 @@ def _locate(name: str, t: torch.Tensor, step: int) -> CorruptWeight:
 
 def still(model: torch.nn.Module, found: CorruptWeight) -> bool:
     """Is the weight ``found`` named still corrupt here (one tensor read)?"""
-    p = dict(_named(model)).get(found.name)
+    p = dict(own_named_parameters(model)).get(found.name)
     if p is None:
         return False
     t = local_part(p.detach())

@@ -319,11 +319,12 @@ class SpikeDetector:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         # older states hold 3 (0.1: m4 = 0), 6 (0.3: no trend) or 8 (no warm-up fourth moment: d4 = 0) values
-        saved = dict(state["signals"])
+        from ..grouping import saved_without_wrapper
+
+        saved = state["signals"]
         layers = [k for k in saved if k != "global" and not k.startswith("@")]
-        if layers and all(k.startswith("module.") for k in layers):  # saved under DDP before names lost "module."
-            saved = {k[len("module."):] if k in layers else k: v for k, v in saved.items()}
-        self.signals = {k: LogSignal(*v, falls=k in SMOOTH) for k, v in saved.items()}
+        renamed = dict(zip(layers, saved_without_wrapper(layers)))  # layer names saved under DDP: as they read now
+        self.signals = {renamed.get(k, k): LogSignal(*v, falls=k in SMOOTH) for k, v in saved.items()}
         self.count = int(state["count"])
         self._history = RunningWindow(self.config.score_window, state["history"])
         self._score_hits, self._score_seen = state["score"]
