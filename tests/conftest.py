@@ -58,6 +58,23 @@ def _skip_teardown_under_gloo_threads() -> None:
 
 
 @pytest.fixture
+def gloo(tmp_path):
+    """A real gloo process group of one rank in this process (a file rendezvous in the test's own directory:
+    gloo's FileStore deletes the file when the group is done, which a NamedTemporaryFile's own unlink then
+    raced; a bounded timeout)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture
 def tiny_gpt():
     """A randomly initialised 2-layer hand-written GPT (~60k params)."""
     from gradloc_track.demo.model import TinyGPT

@@ -4,29 +4,14 @@ stepped its inner optimizer anyway, and an Inf-loss step made the weights non-fi
 On a real gloo process group (one rank in this process, a file rendezvous, a bounded timeout)."""
 from __future__ import annotations
 
-import datetime
-
 import pytest
 import torch
-import torch.distributed as dist
 
 import gradloc_track
 from gradloc_track.clip import SkipStepGuard, ZClip
 from gradloc_track.optim_unwrap import stepped_optimizers
 
 from .helpers import assert_bitwise_equal, mlp, snapshot
-
-
-@pytest.fixture
-def gloo(tmp_path):
-    # a file rendezvous in the test's own directory: gloo's FileStore deletes the file when the group
-    # is done, which a NamedTemporaryFile's own unlink then raced (FileNotFoundError at teardown)
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=60))
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def zero(model, **kw):

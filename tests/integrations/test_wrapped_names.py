@@ -1,29 +1,15 @@
 """A model wrapped in DistributedDataParallel logs the bare model's metric keys and layer names (before:
-``grad_norm/module.blocks.0`` under DDP, ``grad_norm/h.0`` under FSDP2 and in one process, so the runs
+``grad_norm/module.h.0`` under DDP, ``grad_norm/h.0`` under FSDP2 and in one process, so the runs
 did not overlay in MLflow's compare view). On a real one-process gloo group."""
 from __future__ import annotations
 
-import datetime
-
-import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 import gradloc_track
 from gradloc_track.localizer.ghost import GhostMap
 from gradloc_track.monitor import weight_check
 from gradloc_track.trackers import MemoryTracker
-
-
-@pytest.fixture
-def gloo(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=60))
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def tiny_gpt():
