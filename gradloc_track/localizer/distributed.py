@@ -363,7 +363,8 @@ def _search(model, step: LocateStep, inp: _Inputs, options: SearchOptions, group
         restore_rng(snap.rng)
         return result
     notes = found.notes
-    check = step_check.check_step(prober, found.total, Reference(snap.grads_for(prober.params), inp.scale),
+    check = step_check.check_step(prober, found.total, Reference(snap.grads_for(prober.params), inp.scale,
+                                                                 reduced=step.precision is not None),
                                   reduce=lambda v: reduce_over_shards(v, prober.params), explain=False)
     step_check.report(check, notes)
     restore_rng(snap.rng)

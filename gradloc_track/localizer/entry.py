@@ -101,7 +101,8 @@ def locate_one(model: torch.nn.Module, step: LocateStep, options: SearchOptions,
         for i in range(prober.k):
             if terms[i]:  # armed here, run by the micro-batch's first probes (additivity.py)
                 check_additive(prober, i, terms[i], prober.rng_states[i])
-        reference = Reference(snap.grads_for(prober.params), scale)  # .grad as the step left it
+        reference = Reference(snap.grads_for(prober.params), scale,  # .grad as the step left it
+                              reduced=step.precision is not None)
         try:
             search = Search(options.method, options.threshold, options.group_by, labelled, docs, reference,
                             tuple(step.flagged), cut)

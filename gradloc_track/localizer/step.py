@@ -24,7 +24,7 @@ import torch
 from .inputs import as_document_ids, as_micro_batches, rng_states
 
 LossFn = Callable[[torch.Tensor], torch.Tensor]
-STEP_FIELDS = ("rng_state", "document_ids", "sample_columns", "normaliser", "grad_scale", "flagged")
+STEP_FIELDS = ("rng_state", "document_ids", "sample_columns", "normaliser", "grad_scale", "flagged", "precision")
 
 
 @dataclass
@@ -67,6 +67,9 @@ class LocateStep:
     # units a data signal points at (``localizer.flagged.Flag``: leaked labels, a junk run; the monitor's
     # ``data_flags`` builds them from the signals that fired): named as culprits whatever their share
     flagged: Sequence[Any] = ()
+    # the reduced precision the training forward ran in ("bfloat16 autocast"), when known: the probes replay in
+    # the parameters' precision, so the step check allows that precision's rounding (not "does not reproduce")
+    precision: str | None = None
 
     @classmethod
     def from_context(cls, ctx: Any, grad_scale: torch.Tensor | float | None = None,
@@ -77,7 +80,8 @@ class LocateStep:
         return cls(loss_fn=ctx.loss_fn, token_mask=ctx.token_mask, rng_state=getattr(ctx, "rng_state", None),
                    document_ids=getattr(ctx, "document_ids", None),
                    sample_columns=dict(getattr(ctx, "sample_columns", None) or {}),
-                   normaliser=getattr(ctx, "normaliser", None), grad_scale=grad_scale, flagged=tuple(flagged))
+                   normaliser=getattr(ctx, "normaliser", None), grad_scale=grad_scale, flagged=tuple(flagged),
+                   precision=getattr(ctx, "precision", None))
 
     @classmethod
     def of(cls, loss_fn: Any, token_mask: Any = None, fields: Mapping[str, Any] | None = None) -> "LocateStep":

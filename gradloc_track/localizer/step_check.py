@@ -41,6 +41,7 @@ class Reference:
 
     grads: list[torch.Tensor | None] | None
     scale: torch.Tensor | float | None = None
+    reduced: bool = False  # the training forward ran in reduced precision (autocast): half-precision rounding
 
 
 def check_step(prober: Prober, total: Grads, reference: Reference | list[torch.Tensor | None] | None,
@@ -51,12 +52,13 @@ def check_step(prober: Prober, total: Grads, reference: Reference | list[torch.T
     shards over the ranks that shard them (``torch.distributed``); ``explain=False`` gives a
     generic reason instead of running the model again (a collective under DDP)."""
     grads, factor = (reference.grads, reference.scale) if isinstance(reference, Reference) else (reference, None)
+    reduced = isinstance(reference, Reference) and reference.reduced
     if grads is None or all(r is None for r in grads):
         return None
     residual, ratio, scale = _compare(total, grads, reduce or (lambda v: v), factor)
     if ratio == 0:
         return None  # zeroed gradients (zero_grad(set_to_none=False)): nothing to compare with
-    tol = 3e-2 if any(t.dtype in HALF for t in total) else 1e-3
+    tol = 3e-2 if reduced or any(t.dtype in HALF for t in total) else 1e-3  # a half precision's rounding
     if residual <= tol:
         fits = scale is not None and scale[1] <= tol  # one scale explains .grad (no per-tensor clipping)
         return StepCheck(residual, ratio, True, scale=scale[0] if fits else None)

@@ -140,7 +140,7 @@ def _irreproducible(ev: Evidence) -> Cause | None:
     far = ev.norm_ratio is not None and math.isfinite(ev.norm_ratio) and not 0.5 <= ev.norm_ratio <= 2.0
     how = ("the replayed gradient is finite, the one in .grad is not" if math.isinf(ev.residual) else
            f"the gradient in .grad is {ev.norm_ratio:.3g}x the norm of the replayed one" if far else
-           f"the replayed gradient differs from the one in .grad by {ev.residual:.0%} of its norm")
+           f"the replayed gradient differs from the one in .grad by {ev.residual * 100:.2g}% of its norm")
     if math.isinf(ev.residual):  # a finite batch, a non-finite .grad: a flipped bit, not a loss
         return Cause("irreproducible", f"the step does not reproduce: {how}, while the replay itself repeats; suspect "
                                        "a hardware fault or silent data corruption")
