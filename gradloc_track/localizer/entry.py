@@ -16,6 +16,7 @@ from ..norms import trainable_params
 from .additivity import check_additive
 from . import nonfinite
 from .driver import Search, find_culprits
+from .eager import eager_models
 from .inputs import SearchOptions, check_inputs
 from .nonfinite import NonfiniteStep
 from .probe import Prober
@@ -72,9 +73,10 @@ def locate(model: torch.nn.Module, loss_fn: LossFn | Sequence[LossFn] | LocateSt
 
     step = LocateStep.of(loss_fn, token_mask, step_fields)
     options = SearchOptions(method, budget, threshold, group_by, reuse_forward)
-    if is_distributed():  # a collective: every rank calls it (see localizer/distributed.py)
-        return locate_distributed(model, step, options)
-    return locate_one(model, step, options, cut)
+    with eager_models():  # a compiled model's hooks run (localizer/eager.py)
+        if is_distributed():  # a collective: every rank calls it (see localizer/distributed.py)
+            return locate_distributed(model, step, options)
+        return locate_one(model, step, options, cut)
 
 
 def locate_one(model: torch.nn.Module, step: LocateStep, options: SearchOptions, cut: Any = None) -> LocateResult:

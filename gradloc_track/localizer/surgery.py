@@ -41,6 +41,7 @@ from ..norms import local_part, reduce_over_shards, trainable_params
 from .distributed import is_distributed
 from .cut import CulpritCut
 from .dist_probe import DistSnapshot
+from .eager import eager_models
 from .probe import check_loss, restore_rng
 from .result import LocateResult
 from .snapshot import Snapshot
@@ -111,7 +112,8 @@ def operate(model: torch.nn.Module, step: LocateStep, result: LocateResult,
     if not distributed and cut is not None and cut.covers(masks_cut, result.culprits):
         g_c = cut.grads  # the search's own sum of exactly these terms' probes
     else:
-        g_c, probes = _probe_once(model, params, fns, masks_cut, step, result, distributed), 1
+        with eager_models():  # a compiled model's probe: no recompile for the cut mask (localizer/eager.py)
+            g_c, probes = _probe_once(model, params, fns, masks_cut, step, result, distributed), 1
     out = _subtract(params, g_c, scale, coefs)
     out.culprits, out.wall_time_s = len(result.culprits), time.perf_counter() - t0
     out.probes = probes if out.applied else 0
