@@ -63,7 +63,10 @@ class SpikeView:
         return ", ".join(parts)
 
 
-def _quote(text: str, limit: int = 40) -> str:
+QUOTE = 40  # characters a culprit's text gets on its line
+
+
+def _quote(text: str, limit: int = QUOTE) -> str:
     """``'text'`` with what a terminal would not show (NUL, bidi overrides, newlines) escaped, and the
     ``\\xNN`` that ``ByteTokenizer`` writes for invalid UTF-8 kept as one backslash."""
     return repr(text[:limit] + ("…" if len(text) > limit else "")).replace("\\\\", "\\")
@@ -82,8 +85,33 @@ def _unit_line(view: SpikeView, c: Any) -> str:
     what = f"span {c.start}-{c.end - 1}" if c.level == "span" else f"the whole {unit}"
     terms = view.culprit_view.terms(c)
     rl = view.rl_values(c.micro_batch, c.batch, terms)
-    return (f"{label}, {what}: {_quote(view.culprit_view.text_at(c.micro_batch, c.batch, terms))}{share}"
-            + (f"  {rl}" if rl else ""))
+    shown, cut = _hot_terms(view, c, terms)
+    text = ("\u2026" if cut else "") + view.culprit_view.text_at(c.micro_batch, c.batch, shown)
+    return f"{label}, {what}: {_quote(text)}{share}" + (f"  {rl}" if rl else "")
+
+
+HOT_LEAD = 3  # terms shown before a long unit's hottest one
+
+
+def _hot_terms(view: SpikeView, c: Any, terms: list[int]) -> tuple[list[int], bool]:
+    """The unit's terms the line shows, and whether text before them is left out: all of them, unless the
+    term the ghost pass rated highest sits past the first half of the line's characters; then from just
+    before it, so a sample whose bad text follows a clean start shows that text (held-out tester round 5)."""
+    result = view.result
+    maps = getattr(result, "ghost_maps", None)
+    gmap = maps[c.micro_batch] if maps and c.micro_batch is not None and c.micro_batch < len(maps) \
+        else getattr(result, "ghost_map", None)
+    try:
+        row = gmap[c.batch]
+        if len(terms) <= HOT_LEAD or row.shape[0] <= max(terms):  # a map of other rows (a gathered view)
+            return terms, False
+        i = max(range(len(terms)), key=lambda k: float(row[terms[k]]))  # host reads: a spike block's, per unit
+    except Exception:  # no map (not a ghost search): its start
+        return terms, False
+    lo = i - HOT_LEAD
+    if lo <= 0 or len(view.culprit_view.text_at(c.micro_batch, c.batch, terms[:i])) < QUOTE // 2:
+        return terms, False  # the hottest text is in view from the start
+    return terms[lo:], True
 
 
 def _token_runs(view: SpikeView) -> list[tuple[float, str]]:

@@ -97,3 +97,24 @@ def test_a_view_without_token_ids_links_the_events_row_not_a_page_never_written(
     text = printed(SpikeView(12, [EVENT], result, SimpleNamespace(input_ids=None)), tmp_path)
     assert "spikes/events/step_000012.csv" in text and "highlight" not in text
     assert "spikes/highlight/step_000100.html" in printed(mojibake_view(), tmp_path)
+
+
+def test_a_long_whole_sample_shows_its_hottest_text_not_its_clean_start(tmp_path):
+    """A whole sample of 32 terms whose bad text is at positions 10-25: the line shows the text around the
+    term the ghost pass rated highest, after an ellipsis (before: its first 40 characters, clean text)."""
+    from gradloc_track.localizer.result import Culprit
+
+    class Words:
+        def decode(self, ids):
+            return "".join("X" if int(i) == 9 else f" w{int(i)}" for i in ids)
+
+    ids = torch.arange(32).repeat(2, 1) + 10
+    ids[1, 10:26] = 9
+    ghost = torch.full((2, 32), 0.01)
+    ghost[1, 10:26] = 1.0
+    ghost[1, 18] = 2.0
+    result = LocateResult([], probes=6, method="auto", threshold=0.3, total_norm=3.0, ghost_map=ghost)
+    result.culprits = [Culprit("sample", 2.0, share=0.95, batch=1, start=0, end=32, n_terms=32)]
+    ctx = SpikeContext(lambda m: m.sum(), torch.ones(2, 32), input_ids=ids, tokenizer=Words())
+    line = next(ln for ln in printed(SpikeView(7, [EVENT], result, ctx), tmp_path).splitlines() if "sample 1" in ln)
+    assert "the whole sample: '\u2026XXXXXXXXXXX w36" in line, line  # from just before the hottest term (18)
