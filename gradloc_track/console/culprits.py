@@ -94,9 +94,10 @@ HOT_LEAD = 3  # terms shown before a long unit's hottest one
 
 
 def _hot_terms(view: SpikeView, c: Any, terms: list[int]) -> tuple[list[int], bool]:
-    """The unit's terms the line shows, and whether text before them is left out: all of them, unless the
-    term the ghost pass rated highest sits past the first half of the line's characters; then from just
-    before it, so a sample whose bad text follows a clean start shows that text (held-out tester round 5)."""
+    """The unit's terms the line shows, and whether text before them is left out: all of them, unless its text
+    is longer than the line and the term the ghost pass rated highest sits past the first half of the line's
+    characters; then from just before it, so a sample whose bad text follows a clean start shows that text
+    (held-out tester round 5)."""
     result = view.result
     maps = getattr(result, "ghost_maps", None)
     gmap = maps[c.micro_batch] if maps and c.micro_batch is not None and c.micro_batch < len(maps) \
@@ -109,8 +110,10 @@ def _hot_terms(view: SpikeView, c: Any, terms: list[int]) -> tuple[list[int], bo
     except Exception:  # no map (not a ghost search): its start
         return terms, False
     lo = i - HOT_LEAD
-    if lo <= 0 or len(view.culprit_view.text_at(c.micro_batch, c.batch, terms[:i])) < QUOTE // 2:
-        return terms, False  # the hottest text is in view from the start
+    cv = view.culprit_view
+    if lo <= 0 or len(cv.text_at(c.micro_batch, c.batch, terms)) <= QUOTE or \
+            len(cv.text_at(c.micro_batch, c.batch, terms[:i])) < QUOTE // 2:
+        return terms, False  # the whole text fits the line, or its hottest part is in view from the start
     return terms[lo:], True
 
 
