@@ -75,6 +75,18 @@ class WandbTracker(Tracker):
                    reinit="create_new")
         return self
 
+    def _require_login(self, mode: str | None) -> None:
+        """An online run needs W&B credentials. Without them ``wandb.init`` prompts for them on a terminal,
+        from the tracker's thread: the prompt competes with the user's input, the open waits out its bound,
+        and the thread still reading stdin at exit aborted the finished run (exit 134). Looked up without a
+        prompt; none: W&B's own ``UsageError``, as without a terminal (the closing lines say ``wandb login``)."""
+        mode = mode or os.environ.get("WANDB_MODE")
+        if mode in ("offline", "dryrun", "disabled") or os.environ.get("WANDB_DISABLED", "").lower() in ("1", "true"):
+            return
+        if not self.wandb.login(prompt=False, verify=False):
+            raise self.wandb.errors.UsageError("No API key configured. Use `wandb login` to log in, or set "
+                                               "WANDB_MODE=offline to log to a local run folder")
+
     def _attach(self, run: Any, run_dir: str | Path | None, step_key: str, shared_rows: bool) -> None:
         from .wandb_shared import SharedRows
 
@@ -99,6 +111,7 @@ class WandbTracker(Tracker):
         wdir = dir or os.environ.get("WANDB_DIR") or (str(self.run_dir) if self.run_dir else None)
         if wdir:
             Path(wdir).mkdir(parents=True, exist_ok=True)
+        self._require_login(init.get("mode"))
         self.run = self.wandb.init(dir=wdir, **init)
         if cancel is not None and not cancel.claim():  # created after finish() gave up: nobody will log here
             self.run.finish(exit_code=EXIT_CODE["killed"])
