@@ -1,4 +1,5 @@
 """Is anything listening at a tracking server's address? Asked once, before the SDK's first request.
+(And can a SQLite store's file be written: ``check_sqlite``.)
 
 MLflow's client retries a refused connection with backoff for about two minutes (its default
 ``MLFLOW_HTTP_REQUEST_MAX_RETRIES``), so a server that is not running cost the run its whole
@@ -19,8 +20,12 @@ CONNECT_S = 3.0  # the connect's own bound: a host that does not answer in this 
 
 def check_server(uri: str, what: str = "MLflow", setting: str = "tracker.mlflow.tracking_uri") -> None:
     """Raise ``ConnectionError`` naming ``uri`` and the fix when ``uri`` is http(s) and its port refuses
-    a connection or its host does not resolve; return otherwise (any other scheme: a file store)."""
+    a connection or its host does not resolve; ``PermissionError`` / ``NotADirectoryError`` when it is a
+    SQLite store that cannot be written (``check_sqlite``); return otherwise."""
     parts = urlsplit(uri)
+    if parts.scheme == "sqlite":
+        check_sqlite(uri, setting)
+        return
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return
     host = parts.hostname
@@ -41,3 +46,38 @@ def check_server(uri: str, what: str = "MLflow", setting: str = "tracker.mlflow.
                               f"{setting}") from None
     except OSError:  # a timeout, no route: the SDK tries (with its retries) within our bound
         return
+
+
+def check_sqlite(uri: str, setting: str = "tracker.mlflow.tracking_uri") -> None:
+    """A SQLite store's file must be one this process can create or write: MLflow retries a database it cannot
+    open for about two minutes (``unable to open database file``, a warning a retry), so an unwritable path
+    cost the run its whole open bound, and the cause named neither the path nor the setting."""
+    import tempfile
+    from pathlib import Path
+
+    path = uri.split("://", 1)[1] if "://" in uri else ""
+    path = path[1:] if path.startswith("/") else path  # sqlite:///rel.db -> rel.db, sqlite:////abs.db -> /abs.db
+    if not path or path == ":memory:" or "?" in path:
+        return  # in memory, or URI options the SDK reads: left to it
+    db = Path(path)
+    folder = db.parent if str(db.parent) else Path(".")
+    if db.exists():
+        try:  # opened for writing for real: permission bits say nothing to root or on a read-only mount
+            with open(db, "r+b"):
+                pass
+        except OSError as exc:
+            raise PermissionError(f"the MLflow store {uri}: {db} cannot be opened for writing ({exc.strerror or exc}); "
+                                  f"fix {setting} (a .db file in a folder you can write)") from None
+        return
+    existing = next(p for p in (folder, *folder.parents) if p.exists() or p == p.parent)  # MLflow makes the rest
+    if not existing.is_dir():
+        raise NotADirectoryError(f"the MLflow store {uri}: {existing} is a file, not a folder, so the database "
+                                 f"cannot be created under it; fix {setting}")
+    try:  # a file of our own in the folder, at once removed: whether the database can be created there
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        why = exc.strerror or exc
+        raise PermissionError(f"the MLflow store {uri}: the folder {existing} cannot be written ({why}), so the "
+                              f"database cannot be created; fix {setting} (a .db file in a folder you can write)") \
+            from None

@@ -230,6 +230,31 @@ def test_a_server_that_is_not_running_is_said_at_once_with_its_address(tmp_path,
     assert [r["args"] for r in recs if r["call"] == "finish"] == [["success"]]
 
 
+def test_a_sqlite_store_that_cannot_be_created_is_said_at_once_with_its_path(tmp_path, caplog):
+    """MLflow retries a SQLite file it cannot open for about two minutes ('unable to open database file', a
+    warning per retry): the run waited out its open bound and the cause named neither the path nor the setting
+    (held-out tester round 6). Now said at once, naming both; every record spooled. SDK defaults."""
+    import logging
+
+    (tmp_path / "a_file").write_text("not a folder")
+    folder = tmp_path / "a_file" / "sub"
+    cfg = TrackerConfig(kind="mlflow")
+    cfg.mlflow.tracking_uri = f"sqlite:///{folder / 'mlflow.db'}"
+    t0 = time.perf_counter()
+    with caplog.at_level(logging.WARNING), warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        tracker = make_tracker(cfg, run_dir=tmp_path / "run")
+        for step in range(10):
+            tracker.log_metrics({"loss": float(step)}, step)
+        tracker.finish("success")
+    took = time.perf_counter() - t0
+    assert took < 30, f"{took:.0f} s for a store that cannot be created (MLflow's retries: ~120 s)"
+    told = caplog.text + " ".join(str(w.message) for w in said)
+    assert f"{tmp_path / 'a_file'} is a file, not a folder" in told and "tracker.mlflow.tracking_uri" in told
+    recs = read_spool(tmp_path / "run" / "spool" / "mlflow.jsonl")
+    assert sorted(r["args"][1] for r in recs if r["call"] == "log_metrics") == list(range(10))
+
+
 SIGTERM_SCRIPT = """
 import os, signal, sys
 sys.path.insert(0, {root!r})
