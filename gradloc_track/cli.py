@@ -79,6 +79,10 @@ def _replay_one(run_dir: Path, tracking_uri: str | None) -> int:
     except (FileNotFoundError, ValueError, ImportError, RunDirInUse) as exc:
         print(f"gradloc-track replay: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # the store is down or gone: said, not a traceback; the spool stays for the next try
+        print(f"gradloc-track replay: {exc}\n  what was not sent stays in the spool: replay again once the store "
+              "answers, or pass --tracking-uri <uri> if it moved", file=sys.stderr)
+        return 1
     for r in results:
         run = r.run.get("run_id", "?")
         status = f", final status {r.status}" if r.status else ""

@@ -200,7 +200,7 @@ def test_unreachable_mlflow_server_does_not_block_training(tmp_path):
     assert [r["args"] for r in recs if r["call"] == "finish"] == [["success"]]
 
 
-def test_a_server_that_is_not_running_is_said_at_once_with_its_address(tmp_path, caplog):
+def test_a_server_that_is_not_running_is_said_at_once_with_its_address(tmp_path, caplog, capsys):
     """Every default as a user has it (ours and MLflow's): a refused connection is known at the first connect.
     Before, MLflow's retries ran out our whole open bound (120 s) and the warning said only "no answer
     within 120 s"; now the run is spooled at once, the warning names the address and the fix, and finish()
@@ -228,6 +228,13 @@ def test_a_server_that_is_not_running_is_said_at_once_with_its_address(tmp_path,
     recs = read_spool(tmp_path / "spool" / "mlflow.jsonl")
     assert sorted(r["args"][1] for r in recs if r["call"] == "log_metrics") == list(range(20))  # nothing lost
     assert [r["args"] for r in recs if r["call"] == "finish"] == [["success"]]
+    # replay while the server is still down: said in two lines with replay's own option, not a traceback
+    from gradloc_track.cli import main
+
+    assert main(["replay", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "refused the connection" in err and "--tracking-uri" in err and "Traceback" not in err
+    assert read_spool(tmp_path / "spool" / "mlflow.jsonl") == recs  # kept for the next try
 
 
 def test_a_sqlite_store_that_cannot_be_created_is_said_at_once_with_its_path(tmp_path, caplog):
