@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -141,6 +143,24 @@ def _check_keys(given: dict[str, Any]) -> None:
                           "group's config (see conf/); fix the key")
 
 
+def _typed(schema: Any, given: dict) -> Any:
+    """``given`` merged over the typed schema; a value of the wrong type is a ``ConfigError`` naming the field and
+    the type it takes (OmegaConf's ``ValidationError`` said the field, not the fix, and was no ``ConfigError``)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import ValidationError
+
+    from ..config import ConfigError
+
+    try:
+        return OmegaConf.merge(schema, given)
+    except ValidationError as exc:
+        key = exc.full_key or "?"
+        wants = re.search(r"converted to (\w+)", str(exc.msg))
+        kind = wants.group(1).lower() if wants else ""
+        fix = f"give {key} {'an' if kind[:1] in 'aeiou' else 'a'} {kind}" if kind else f"give {key} a value of its type"
+        raise ConfigError(f"{key}={exc.value!r}: {str(exc.msg).splitlines()[0]}; {fix}") from None
+
+
 def resolve_options(cfg: Any = None, **options: Any) -> WatchOptions:
     """Validate the options exactly as the Hydra app validates its config; see the module doc."""
     from omegaconf import OmegaConf
@@ -166,13 +186,16 @@ def resolve_options(cfg: Any = None, **options: Any) -> WatchOptions:
         setattr(out, name, merged.pop(name, getattr(out, name)))
     if not isinstance(out.console, bool):
         raise TypeError(f"console={out.console!r}: use True (print the spike block on stderr) or False")
+    if out.run_dir is not None and not isinstance(out.run_dir, (str, os.PathLike)):
+        raise TypeError(f"run_dir={out.run_dir!r}: give a folder path (a str or pathlib.Path), or None for a new "
+                        "runs/<date> folder")
     shortcuts = {k: merged.pop(k) for k in list(merged) if k in MONITOR_FIELDS}
     given = {g: _group_node(g, v) for g, v in merged.items()}
     if shortcuts:
         given["monitor"] = OmegaConf.merge(OmegaConf.create(given.get("monitor", {})), shortcuts)
     _check_renamed(given)
     _check_keys(given)
-    node = OmegaConf.merge(_schema(given), given)  # types and names: OmegaConf's errors, as under Hydra
+    node = _typed(_schema(given), given)  # types and names: ConfigError naming the field and the type
     built = to_config(node)  # ranges: each __post_init__ (ConfigError naming the field), as under Hydra
     for g in GROUPS:
         if g == "tracker" and out.tracker_auto:
