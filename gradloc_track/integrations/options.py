@@ -158,7 +158,9 @@ def _typed(schema: Any, given: dict) -> Any:
         wants = re.search(r"converted to (\w+)", str(exc.msg))
         kind = wants.group(1).lower() if wants else ""
         fix = f"give {key} {'an' if kind[:1] in 'aeiou' else 'a'} {kind}" if kind else f"give {key} a value of its type"
-        raise ConfigError(f"{key}={exc.value!r}: {str(exc.msg).splitlines()[0]}; {fix}") from None
+        err = ConfigError(f"{key}={exc.value!r} is invalid: {str(exc.msg).splitlines()[0]}; {fix}")
+        err.full_key, err.msg = key, exc.msg  # as OmegaConf's: verl's node names it under its own path
+        raise err from None
 
 
 def resolve_options(cfg: Any = None, **options: Any) -> WatchOptions:

@@ -190,9 +190,9 @@ def test_bad_options_get_the_hydra_apps_errors(gpt2):
         gradloc_track.watch(gpt2, log_evry=5)
     # a value of the wrong type: a ConfigError naming the field and its type (held-out tester round 6: OmegaConf's
     # ValidationError, no fix, not a ConfigError); a run_dir that is no path names run_dir
-    with pytest.raises(ConfigError, match=r"spikes\.z_thresh='abc': .* give spikes\.z_thresh a float"):
+    with pytest.raises(ConfigError, match=r"spikes\.z_thresh='abc' is invalid: .* give spikes\.z_thresh a float"):
         gradloc_track.watch(gpt2, spikes={"z_thresh": "abc"})
-    with pytest.raises(ConfigError, match=r"monitor\.log_every='x': .* give monitor\.log_every an integer"):
+    with pytest.raises(ConfigError, match=r"monitor\.log_every='x' is invalid: .* give monitor\.log_every an integer"):
         gradloc_track.watch(gpt2, monitor={"log_every": "x"})
     with pytest.raises(TypeError, match=r"run_dir=123: give a folder path"):
         gradloc_track.watch(gpt2, run_dir=123)
