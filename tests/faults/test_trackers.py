@@ -200,29 +200,34 @@ def test_unreachable_mlflow_server_does_not_block_training(tmp_path):
     assert [r["args"] for r in recs if r["call"] == "finish"] == [["success"]]
 
 
+def run_against(uri: str, run_dir, steps: int, caplog) -> tuple[float, str]:
+    """An MLflow tracker at ``uri`` (every default), ``steps`` metrics and finish(): (seconds, what was said)."""
+    import logging
+
+    cfg = TrackerConfig(kind="mlflow")
+    cfg.mlflow.tracking_uri = uri
+    t0 = time.perf_counter()
+    with caplog.at_level(logging.WARNING), warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        tracker = make_tracker(cfg, run_dir=run_dir)
+        for step in range(steps):
+            tracker.log_metrics({"loss": float(step)}, step)
+        tracker.finish("success")
+    return time.perf_counter() - t0, caplog.text + " ".join(str(w.message) for w in said)
+
+
 def test_a_server_that_is_not_running_is_said_at_once_with_its_address(tmp_path, caplog, capsys):
     """Every default as a user has it (ours and MLflow's): a refused connection is known at the first connect.
     Before, MLflow's retries ran out our whole open bound (120 s) and the warning said only "no answer
     within 120 s"; now the run is spooled at once, the warning names the address and the fix, and finish()
     does not wait for a server nobody started."""
-    import logging
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed once the block ends: nothing listens there
-    cfg = TrackerConfig(kind="mlflow")
-    cfg.mlflow.tracking_uri = f"http://127.0.0.1:{port}"
-    t0 = time.perf_counter()
-    with caplog.at_level(logging.WARNING), warnings.catch_warnings(record=True) as said:
-        warnings.simplefilter("always")
-        tracker = make_tracker(cfg, run_dir=tmp_path)
-        for step in range(20):
-            tracker.log_metrics({"loss": float(step)}, step)
-        tracker.finish("success")
-    took = time.perf_counter() - t0
+    took, told = run_against(f"http://127.0.0.1:{port}", tmp_path, 20, caplog)
     assert took < 30, f"{took:.0f} s for a server that refuses at once (MLflow's retries: ~120 s)"
-    told = caplog.text + " ".join(str(w.message) for w in said)
     assert f"refused the connection: nothing listens on 127.0.0.1:{port}" in told
     assert "tracker.mlflow.tracking_uri" in told
     recs = read_spool(tmp_path / "spool" / "mlflow.jsonl")
@@ -241,22 +246,11 @@ def test_a_sqlite_store_that_cannot_be_created_is_said_at_once_with_its_path(tmp
     """MLflow retries a SQLite file it cannot open for about two minutes ('unable to open database file', a
     warning per retry): the run waited out its open bound and the cause named neither the path nor the setting
     (held-out tester round 6). Now said at once, naming both; every record spooled. SDK defaults."""
-    import logging
 
     (tmp_path / "a_file").write_text("not a folder")
     folder = tmp_path / "a_file" / "sub"
-    cfg = TrackerConfig(kind="mlflow")
-    cfg.mlflow.tracking_uri = f"sqlite:///{folder / 'mlflow.db'}"
-    t0 = time.perf_counter()
-    with caplog.at_level(logging.WARNING), warnings.catch_warnings(record=True) as said:
-        warnings.simplefilter("always")
-        tracker = make_tracker(cfg, run_dir=tmp_path / "run")
-        for step in range(10):
-            tracker.log_metrics({"loss": float(step)}, step)
-        tracker.finish("success")
-    took = time.perf_counter() - t0
+    took, told = run_against(f"sqlite:///{folder / 'mlflow.db'}", tmp_path / "run", 10, caplog)
     assert took < 30, f"{took:.0f} s for a store that cannot be created (MLflow's retries: ~120 s)"
-    told = caplog.text + " ".join(str(w.message) for w in said)
     assert f"{tmp_path / 'a_file'} is a file, not a folder" in told and "tracker.mlflow.tracking_uri" in told
     recs = read_spool(tmp_path / "run" / "spool" / "mlflow.jsonl")
     assert sorted(r["args"][1] for r in recs if r["call"] == "log_metrics") == list(range(10))
