@@ -46,6 +46,33 @@ def check_server(uri: str, what: str = "MLflow", setting: str = "tracker.mlflow.
                               f"{setting}") from None
     except OSError:  # a timeout, no route: the SDK tries (with its retries) within our bound
         return
+    if what == "MLflow":
+        _speaks_mlflow(uri, setting)
+
+
+API_PROBE = "/api/2.0/mlflow/experiments/search?max_results=1"  # every MLflow tracking server serves it
+
+
+def _speaks_mlflow(uri: str, setting: str) -> None:
+    """Something listens: is it an MLflow tracking server? One GET of its REST API (no retry). ``https://`` to a
+    plain-HTTP server fails its TLS handshake, and another web server answers 404: MLflow's client retried the
+    first for two minutes and printed the second's whole HTML page per retry, and neither named the setting.
+    Any other answer (200, an auth challenge, a server error) is left to the SDK."""
+    import ssl
+    import urllib.error
+
+    try:
+        urllib.request.urlopen(uri.rstrip("/") + API_PROBE, timeout=CONNECT_S).close()
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            raise ConnectionError(f"{uri} answers, but not as an MLflow tracking server (GET {API_PROBE}: 404 "
+                                  f"{exc.reason}): another web server listens there; fix {setting}") from None
+    except urllib.error.URLError as exc:
+        if isinstance(exc.reason, ssl.SSLError):
+            raise ConnectionError(f"MLflow at {uri}: the TLS handshake failed ({exc.reason}); if the server speaks "
+                                  f"plain HTTP, use http:// in {setting}") from None
+    except (OSError, ValueError):  # a timeout, a reset: left to the SDK within our bound
+        return
 
 
 def check_sqlite(uri: str, setting: str = "tracker.mlflow.tracking_uri") -> None:

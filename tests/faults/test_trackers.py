@@ -256,6 +256,30 @@ def test_a_sqlite_store_that_cannot_be_created_is_said_at_once_with_its_path(tmp
     assert sorted(r["args"][1] for r in recs if r["call"] == "log_metrics") == list(range(10))
 
 
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_a_web_server_that_is_not_mlflow_is_said_at_once(tmp_path, caplog, scheme):
+    """A real web server (the stdlib's, serving a folder) where the MLflow server should be: http:// printed
+    MLflow's raw 404 page per retry, https:// to it waited out the open bound on its TLS handshake; neither
+    named the setting (held-out tester round 6). Now said at once; every record spooled. SDK defaults."""
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        took, told = run_against(f"{scheme}://127.0.0.1:{server.server_address[1]}", tmp_path / "run", 10, caplog)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert took < 30, f"{took:.0f} s for a server that is not MLflow"
+    said = "answers, but not as an MLflow tracking server" if scheme == "http" else "the TLS handshake failed"
+    assert said in told and "tracker.mlflow.tracking_uri" in told
+    recs = read_spool(tmp_path / "run" / "spool" / "mlflow.jsonl")
+    assert sorted(r["args"][1] for r in recs if r["call"] == "log_metrics") == list(range(10))
+
+
 SIGTERM_SCRIPT = """
 import os, signal, sys
 sys.path.insert(0, {root!r})
