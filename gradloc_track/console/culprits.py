@@ -85,19 +85,21 @@ def _unit_line(view: SpikeView, c: Any) -> str:
     what = f"span {c.start}-{c.end - 1}" if c.level == "span" else f"the whole {unit}"
     terms = view.culprit_view.terms(c)
     rl = view.rl_values(c.micro_batch, c.batch, terms)
-    shown, cut = _hot_terms(view, c, terms)
-    text = ("\u2026" if cut else "") + view.culprit_view.text_at(c.micro_batch, c.batch, shown)
+    text = view.culprit_view.text_at(c.micro_batch, c.batch, terms)
+    if len(text) > QUOTE:  # longer than its line: from its hottest part, when that is out of view
+        shown = _hot_terms(view, c, terms)
+        if shown is not None:
+            text = "\u2026" + view.culprit_view.text_at(c.micro_batch, c.batch, shown)
     return f"{label}, {what}: {_quote(text)}{share}" + (f"  {rl}" if rl else "")
 
 
 HOT_LEAD = 3  # terms shown before a long unit's hottest one
 
 
-def _hot_terms(view: SpikeView, c: Any, terms: list[int]) -> tuple[list[int], bool]:
-    """The unit's terms the line shows, and whether text before them is left out: all of them, unless its text
-    is longer than the line and the term the ghost pass rated highest sits past the first half of the line's
-    characters; then from just before it, so a sample whose bad text follows a clean start shows that text
-    (held-out tester round 5)."""
+def _hot_terms(view: SpikeView, c: Any, terms: list[int]) -> list[int] | None:
+    """The terms of a unit too long for its line to show, from just before the term the ghost pass rated
+    highest, when that term sits past the first half of the line's characters (so a sample whose bad text
+    follows a clean start shows that text; held-out tester round 5); None: its start shows it, or no map."""
     result = view.result
     maps = getattr(result, "ghost_maps", None)
     gmap = maps[c.micro_batch] if maps and c.micro_batch is not None and c.micro_batch < len(maps) \
@@ -105,16 +107,13 @@ def _hot_terms(view: SpikeView, c: Any, terms: list[int]) -> tuple[list[int], bo
     try:
         row = gmap[c.batch]
         if len(terms) <= HOT_LEAD or row.shape[0] <= max(terms):  # a map of other rows (a gathered view)
-            return terms, False
+            return None
         i = max(range(len(terms)), key=lambda k: float(row[terms[k]]))  # host reads: a spike block's, per unit
     except Exception:  # no map (not a ghost search): its start
-        return terms, False
-    lo = i - HOT_LEAD
-    cv = view.culprit_view
-    if lo <= 0 or len(cv.text_at(c.micro_batch, c.batch, terms)) <= QUOTE or \
-            len(cv.text_at(c.micro_batch, c.batch, terms[:i])) < QUOTE // 2:
-        return terms, False  # the whole text fits the line, or its hottest part is in view from the start
-    return terms[lo:], True
+        return None
+    if i - HOT_LEAD <= 0 or len(view.culprit_view.text_at(c.micro_batch, c.batch, terms[:i])) < QUOTE // 2:
+        return None  # its hottest part is in view from the start
+    return terms[i - HOT_LEAD:]
 
 
 def _token_runs(view: SpikeView) -> list[tuple[float, str]]:
