@@ -36,6 +36,14 @@ class LrHistory:
         lrs = [g.get("lr") for g in groups]
         self.prev, self.now = self.now, [v.detach().clone() if isinstance(v, torch.Tensor) else v for v in lrs]
 
+    def state(self) -> list[float | None] | None:
+        """The last step's learning rates as plain numbers (a checkpoint's; one host read per save)."""
+        return None if self.now is None else [None if v is None else float(v) for v in self.now]
+
+    def load(self, lrs: list[float | None] | None) -> None:
+        """Go on from a checkpoint's ``state``: the first step after it compares with the step before it."""
+        self.prev, self.now = None, None if lrs is None else list(lrs)
+
     def pair(self) -> tuple[float | None, float | None]:
         """(lr now, lr at the previous step) of the group whose lr rose most; (None, None) when unknown."""
         if not self.now or not self.prev or len(self.now) != len(self.prev):

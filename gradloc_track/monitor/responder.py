@@ -57,10 +57,12 @@ class SpikeResponder:
 
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run's diagnosis goes on from: the open incident (its aftermath keeps its cause),
-        the run's usual replay scales, and ``locate.max_events``' count with the back-off after empty results."""
+        the run's usual replay scales, ``locate.max_events``' count with the back-off after empty results,
+        and the last step's learning rates (a jump at the first step after the resume is still ``schedule``)."""
         return {"incident": self.incidents.state(), "replay_scales": list(self.replay_scales),
                 "events_localized": self.events_localized, "events_unconfirmed": self.events_unconfirmed,
-                "retry_step": self._retry_step}
+                "retry_step": self._retry_step,
+                "lr": self.lr_history.state() if self.lr_history is not None else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.incidents.load(state.get("incident"))
@@ -68,6 +70,8 @@ class SpikeResponder:
         self.events_localized = int(state.get("events_localized", 0))
         self.events_unconfirmed = int(state.get("events_unconfirmed", 0))
         self._retry_step = int(state.get("retry_step", -(2 ** 62)))
+        if self.lr_history is not None:
+            self.lr_history.load(state.get("lr"))
 
     # -- the token count the fixed detector needs ------------------------------------------
     @staticmethod

@@ -390,6 +390,32 @@ def test_a_resumed_watch_keeps_the_open_incident_and_the_usual_replay_scale(tmp_
     after.close()
 
 
+def test_a_resumed_watch_compares_its_first_learning_rate_with_the_step_before_the_save(tmp_path):
+    """The learning rates of the last step before the save ride in the state: a 50x jump at the first step
+    after the resume is read as a jump (the cause ``schedule``), not as an unknown history."""
+    torch.manual_seed(0)
+    m = torch.nn.Linear(4, 4)
+    x = torch.randn(8, 4)
+
+    def run(handle, opt, steps):
+        for _ in range(steps):
+            m(x).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+
+    opt = torch.optim.SGD(m.parameters(), lr=0.001)
+    before = gradloc_track.watch(m, opt, tracker=MemoryTracker(), console=False)
+    run(before, opt, 3)
+    torch.save(before.state_dict(), tmp_path / "state.pt")
+    before.close()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)  # the resumed run's first step: 50x the saved one
+    after = gradloc_track.watch(m, opt, tracker=MemoryTracker(), console=False)
+    after.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=True))
+    run(after, opt, 1)
+    assert after.monitor.responder.lr_history.pair() == (0.05, 0.001)
+    after.close()
+
+
 def test_import_stays_light():
     import subprocess
     import sys
