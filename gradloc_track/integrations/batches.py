@@ -69,6 +69,9 @@ class LMBatch:
     # (B,) the last position's target ids, read from the loss's gradient when the call gave neither labels nor
     # targets (``model(x[:, :-1])`` with the loss on ``x[:, 1:]``: that target is in no input); IGNORE: no term
     last_targets: torch.Tensor | None = None
+    # (B, T-1) whether the user's loss has a term at each position but the last, read from the same gradient
+    # (a prompt masked in labels the model never saw has none); None: not read
+    terms: torch.Tensor | None = None
 
     @classmethod
     def from_call(cls, args: tuple, kwargs: dict, signature: Any = None) -> "LMBatch | None":
@@ -131,6 +134,8 @@ class LMBatch:
         tgt[:, -1] = IGNORE
         if self.attention_mask is not None:
             tgt = tgt.masked_fill(torch.cat([self.attention_mask[:, 1:], self.attention_mask[:, :1]], 1) == 0, IGNORE)
+        if self.terms is not None:  # the positions the user's loss has no term at (a masked prompt), from its gradient
+            tgt[:, :-1] = tgt[:, :-1].masked_fill(~self.terms.to(tgt.device), IGNORE)
         if self.last_targets is not None:  # the loss had a term at the last position: its target, from its gradient
             tgt[:, -1] = self.last_targets.to(tgt.device)
         return tgt
@@ -299,7 +304,7 @@ class MicroBatchCapture(BatchList):
             batch.unusable = unusable_output(output, batch.input_ids)
             batch.loss = loss_in(output)  # the model's own loss, for the detector's loss signal
             if batch.labels is None and batch.target_ids is None and batch.unusable is None:
-                watch_last_term(batch, logits_in(output))
+                watch_terms(batch, logits_in(output))
             if (self.sample_losses or self.junk_terms) and batch.unusable is None:  # the detector's
                 # largest-sample and junk signals, from one pass over the forward's logits
                 pos = batch.position_ids  # packed documents, without document_ids()' host sync
@@ -314,20 +319,28 @@ class MicroBatchCapture(BatchList):
         self._handles = []
 
 
-def watch_last_term(batch: LMBatch, logits: torch.Tensor) -> None:
-    """A forward given only ids: does the user's loss have a term at the last position, and for which
-    target? Its target is in no input (``model(x[:, :-1])``, the loss on ``x[:, 1:]``), but the gradient
-    of a cross-entropy there is ``(softmax - onehot(target)) / N``, negative only at the target. A hook reads
-    it during backward: one (B, V) row, on the device, no sync; the rebuilt loss then has every term the
-    user's has (without it the replay missed a term a row and the step check called the step
-    irreproducible)."""
+def watch_terms(batch: LMBatch, logits: torch.Tensor) -> None:
+    """A forward given only ids: at which positions does the user's loss have a term, and for which target
+    at the last one? A prompt masked in the user's labels (``-100``, never seen by the model) has no term,
+    and the last position's target is in no input (``model(x[:, :-1])``, the loss on ``x[:, 1:]``). The
+    gradient of a cross-entropy term is ``(softmax - onehot(target)) / N``: never exactly 0 on a term, exactly 0
+    where there is none. A hook reads it during backward, on the device, no sync: at each position the entry
+    of the next token and of two fixed columns (a term that holds its target at probability 1.0 still has the
+    others' tiny probabilities), and the whole last row, whose most negative entry is its target. The rebuilt
+    loss then has every term the user's has and no other (without it a prompt-masked loop's replay counted
+    the prompt, and the step check called a data spike irreproducible)."""
     if not (isinstance(logits, torch.Tensor) and logits.requires_grad and logits.dim() == 3):
         return
+    ids = batch.input_ids
 
     def read(grad: torch.Tensor) -> None:
-        last = grad[:, -1, :].detach()  # (B, V)
+        g = grad.detach()
+        last = g[:, -1, :]  # (B, V)
         term = last.abs().amax(-1) > 0
         batch.last_targets = torch.where(term, last.argmin(-1), torch.full_like(term, IGNORE, dtype=torch.long))
+        body = g[:, :-1, :]
+        nxt = ids[:, 1:].to(g.device).clamp(0, g.shape[-1] - 1).unsqueeze(-1)
+        batch.terms = (body.gather(-1, nxt).squeeze(-1) != 0) | (body[..., :2] != 0).any(-1)  # (B, T-1)
 
     logits.register_hook(read)
 

@@ -160,3 +160,35 @@ def test_calls_are_read_by_the_forwards_own_names():
     hf = LMBatch.from_call((x,), {"attention_mask": torch.ones_like(x)}, forward_signature(tiny_gpt2()))
     assert (hf.style, hf.ids_name, hf.target_ids) == ("kwargs", "input_ids", None)
     assert hf.attention_mask is not None
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["float32", "bfloat16-autocast"])
+def test_a_prompt_masked_loop_on_ids_alone_rebuilds_its_loss_terms_only(autocast):
+    """SFT in a plain loop: the model gets ids alone (``model(x[:, :-1])``), the prompt is masked in labels it
+    never sees (``-100``). The terms are read from the logits' gradient: the rebuilt loss has exactly the user's
+    terms and targets, and equals the user's loss (before, every position was a term and the replay counted
+    the prompts: the step check called a data spike irreproducible). Rows: no prompt, short and long prompts,
+    everything masked."""
+    from gradloc_track.demo.model import TinyGPT
+    from gradloc_track.integrations.batches import MicroBatchCapture, lm_loss_fns
+
+    torch.manual_seed(0)
+    model = TinyGPT(32, n_layer=1, n_head=2, d_model=16, max_seq_len=16)
+    capture = MicroBatchCapture(model)
+    tokens = torch.randint(0, 32, (4, 17), generator=torch.Generator().manual_seed(1))
+    x, labels = tokens[:, :-1], tokens[:, 1:].clone()
+    for row, prompt in enumerate([0, 3, 9, 16]):
+        labels[row, :prompt] = -100
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        logits = model(x)
+    loss = F.cross_entropy(logits.float().reshape(-1, 32), labels.reshape(-1), ignore_index=-100)
+    loss.backward()
+    (batch,), _ = capture.take()
+    capture.remove()
+    tgt, mask, _ = batch.targets()
+    assert torch.equal(mask.bool(), labels != -100)
+    assert torch.equal(tgt[mask.bool()], labels[labels != -100])
+    (loss_fn,), (full,), _ = lm_loss_fns(model, [batch])
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        rebuilt = loss_fn(full)
+    assert float(rebuilt) == pytest.approx(float(loss), rel=1e-5)
