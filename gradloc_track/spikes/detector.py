@@ -315,7 +315,7 @@ class SpikeDetector:
                 "count": self.count,
                 "history": list(self._history), "score": (self._score_hits, self._score_seen),
                 "last_step": self._last_step, "junk_seen": self.junk.seen, "junk_recent": self.junk.recent,
-                "transient": self.transient.state()}
+                "transient": self.transient.state(), "names_as_read": True}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         # older states hold 3 (0.1: m4 = 0), 6 (0.3: no trend) or 8 (no warm-up fourth moment: d4 = 0) values
@@ -323,7 +323,9 @@ class SpikeDetector:
 
         saved = state["signals"]
         layers = [k for k in saved if k != "global" and not k.startswith("@")]
-        renamed = dict(zip(layers, saved_without_wrapper(layers)))  # layer names saved under DDP: as they read now
+        # a state from before DDP's ``module.`` was dropped from layer names: as they read now. A state that
+        # says its names are as read (a user's own submodule called ``module`` keeps its name) is taken as is
+        renamed = {} if state.get("names_as_read") else dict(zip(layers, saved_without_wrapper(layers)))
         self.signals = {renamed.get(k, k): LogSignal(*v, falls=k in SMOOTH) for k, v in saved.items()}
         self.count = int(state["count"])
         self._history = RunningWindow(self.config.score_window, state["history"])
