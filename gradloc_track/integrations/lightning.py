@@ -56,6 +56,11 @@ class GradLocCallback(L.Callback):
         self.handle = None
         self.console = TrainConsole(stream=sys.stderr, rich=False)  # one block per spike
         self._resumed: dict[str, Any] | None = None  # a checkpoint's state, until on_fit_start builds the handle
+        self._loaded = False  # this fit's handle took a checkpoint's state
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        # before this call's restore: a state restored by an earlier validate/test(ckpt_path=) is not this fit's
+        self._resumed, self._loaded = None, False
 
     def on_fit_start(self, trainer, pl_module) -> None:
         from .handle import Door, open_handle
@@ -70,9 +75,11 @@ class GradLocCallback(L.Callback):
         optimizer = trainer.optimizers[0] if trainer.optimizers else None
         self.handle = open_handle(pl_module, optimizer, opts, door, BatchList())  # fed by on_train_batch_start
         if self._resumed is not None:
-            self.handle.load_state_dict(self._resumed)
-            self._resumed = None
-        elif getattr(trainer, "ckpt_path", None):  # fit(ckpt_path=...) from a checkpoint without our state
+            self._load(self._resumed)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        # every strategy has restored by now (FSDP, DeepSpeed: after on_fit_start, into the handle)
+        if not self._loaded and getattr(trainer, "ckpt_path", None):  # a checkpoint without our state
             import warnings
 
             warnings.warn(f"gradloc-track: fit resumes from {trainer.ckpt_path}, which holds no GradLocCallback "
@@ -93,9 +100,18 @@ class GradLocCallback(L.Callback):
         return dict(self._resumed or {})
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        # Lightning restores callbacks before on_fit_start: kept until the handle exists
-        if state_dict:
+        # Lightning restores callbacks before on_fit_start (kept until the handle exists), or after it for the
+        # strategies that restore after setup (FSDP, DeepSpeed, ModelParallel: into this fit's handle)
+        if not state_dict:
+            return
+        if self.handle is not None and not self.handle.finished:
+            self._load(state_dict)
+        else:
             self._resumed = state_dict
+
+    def _load(self, state: dict[str, Any]) -> None:
+        self.handle.load_state_dict(state)
+        self._resumed, self._loaded = None, True
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self.handle is not None:

@@ -205,3 +205,57 @@ def test_two_lightning_callbacks_of_other_clippers_fit_in_one_trainer(tmp_path):
     assert a.state_key != b.state_key
     L.Trainer(callbacks=[a, b], accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
               enable_progress_bar=False, default_root_dir=str(tmp_path))
+
+
+def test_lightning_strategies_that_restore_after_setup_and_a_validate_before_a_fresh_fit(tmp_path):
+    """FSDP, DeepSpeed and ModelParallel restore the checkpoint after ``on_fit_start`` (the handle exists by
+    then): the state goes into it, no warning (before: the state was kept and never applied, silently). And
+    ``validate(ckpt_path=)`` restores callbacks too: a later fresh ``fit()`` does not start from that state
+    (before: another run's clipper, detector and step count) (reviewer round 8)."""
+    L = pytest.importorskip("lightning.pytorch")
+    from lightning.pytorch.strategies import SingleDeviceStrategy
+    from torch.utils.data import DataLoader
+
+    from gradloc_track.integrations.lightning import GradLocCallback
+
+    from .test_lightning import CausalLM
+
+    class LateRestore(SingleDeviceStrategy):  # the one property those strategies set
+        @property
+        def restore_checkpoint_after_setup(self):
+            return True
+
+    class LM(CausalLM):
+        def validation_step(self, batch, batch_idx):
+            return self.training_step(batch, batch_idx)
+
+    at_start, current = {}, {}
+
+    class Peek(L.Callback):
+        def on_train_start(self, trainer, pl_module):
+            at_start["steps"] = current["callback"].handle.monitor.clipper.steps
+
+    def trainer(steps, strategy="auto"):
+        torch.manual_seed(0)
+        current["callback"] = GradLocCallback(**OPTS)
+        return L.Trainer(max_steps=steps, logger=False, callbacks=[current["callback"], Peek()], strategy=strategy,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         default_root_dir=str(tmp_path), limit_val_batches=1)
+
+    def data():
+        return DataLoader(hf_dataset(1), batch_size=BATCH, shuffle=False)
+
+    first = trainer(SAVE_AT)
+    first.fit(LM(tiny_gpt2()), data())
+    first.save_checkpoint(tmp_path / "half.ckpt")
+    late = trainer(STEPS, LateRestore(device=torch.device("cpu")))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="gradloc-track")
+        late.fit(LM(tiny_gpt2()), data(), ckpt_path=str(tmp_path / "half.ckpt"))
+    assert at_start["steps"] == SAVE_AT and current["callback"].handle.monitor.clipper.steps == STEPS
+
+    again = trainer(4)
+    model = LM(tiny_gpt2())
+    again.validate(model, data(), ckpt_path=str(tmp_path / "half.ckpt"))
+    again.fit(model, data())  # a fresh fit, no ckpt_path
+    assert at_start["steps"] == 0 and current["callback"].handle.monitor.clipper.steps == 4
