@@ -80,12 +80,20 @@ class WandbTracker(Tracker):
         from the tracker's thread: the prompt competes with the user's input, the open waits out its bound,
         and the thread still reading stdin at exit aborted the finished run (exit 134). Looked up without a
         prompt; none: W&B's own ``UsageError``, as without a terminal (the closing lines say ``wandb login``)."""
-        mode = mode or os.environ.get("WANDB_MODE")
+        mode = mode or os.environ.get("WANDB_MODE") or self._settings_mode()
         if mode in ("offline", "dryrun", "disabled") or os.environ.get("WANDB_DISABLED", "").lower() in ("1", "true"):
             return
         if not self.wandb.login(prompt=False, verify=False):
             raise self.wandb.errors.UsageError("No API key configured. Use `wandb login` to log in, or set "
                                                "WANDB_MODE=offline to log to a local run folder")
+
+    def _settings_mode(self) -> str | None:
+        """The mode W&B's settings files hold (``wandb offline`` writes ``mode = offline`` to ``./wandb/settings``;
+        ``wandb.init`` honours it, so a run there needs no login)."""
+        try:
+            return self.wandb.setup().settings.mode
+        except Exception:  # settings W&B cannot read: it will say so itself at init
+            return None
 
     def _attach(self, run: Any, run_dir: str | Path | None, step_key: str, shared_rows: bool) -> None:
         from .wandb_shared import SharedRows

@@ -51,3 +51,23 @@ def test_no_login_on_a_terminal_is_said_at_once_not_prompted(tmp_path):
     assert "Enter your choice" not in out  # never W&B's interactive menu
     assert waited < 100, f"{waited:.0f} s: the open waited out its bound"  # before: 116 s, then exit 134
     assert (tmp_path / "run" / "spool" / "wandb.jsonl").is_file()  # the records kept for `replay`
+
+
+def test_wandb_offline_in_the_settings_file_needs_no_login(tmp_path):
+    """``wandb offline`` writes ``mode = offline`` to ``./wandb/settings`` (no environment variable); W&B's init
+    honours it, so the run needs no key and is logged offline (before: refused with 'No API key configured',
+    reviewer round 8). The real CLI writes the file; no key anywhere (a fresh HOME)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(HOME=str(tmp_path / "home"), WANDB_CONFIG_DIR=str(tmp_path / "home"), PYTHONPATH=str(ROOT))
+    (tmp_path / "home").mkdir()
+    wandb_cli = [sys.executable, "-c", "import sys; from wandb.cli.cli import cli; sys.exit(cli())", "offline"]
+    subprocess.run(wandb_cli, env=env, cwd=tmp_path, check=True, capture_output=True, timeout=120)
+    assert "offline" in (tmp_path / "wandb" / "settings").read_text()
+    script = tmp_path / "loop.py"
+    script.write_text(LOOP.format(run_dir=str(tmp_path / "run")))
+    proc = subprocess.run([sys.executable, str(script)], env=env, cwd=tmp_path, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "LOOP DONE" in out, out[-3000:]
+    assert "No API key" not in out, out[-3000:]
+    assert list((tmp_path / "run").rglob("offline-run-*")), out[-3000:]  # logged offline, as W&B's setting says
