@@ -57,12 +57,16 @@ def _speaks_mlflow(uri: str, setting: str) -> None:
     """Something listens: is it an MLflow tracking server? One GET of its REST API (no retry). ``https://`` to a
     plain-HTTP server fails its TLS handshake, and another web server answers 404: MLflow's client retried the
     first for two minutes and printed the second's whole HTML page per retry, and neither named the setting.
-    Any other answer (200, an auth challenge, a server error) is left to the SDK."""
+    Any other answer (200, an auth challenge, a server error) is left to the SDK. The probe sends nothing secret
+    and does not check the server's certificate: whom to trust is the SDK's settings' (a self-signed server with
+    ``MLFLOW_TRACKING_INSECURE_TLS``, a custom CA), not a reason to refuse the URI."""
     import ssl
     import urllib.error
 
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
     try:
-        urllib.request.urlopen(uri.rstrip("/") + API_PROBE, timeout=CONNECT_S).close()
+        urllib.request.urlopen(uri.rstrip("/") + API_PROBE, timeout=CONNECT_S, context=context).close()
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
             raise ConnectionError(f"{uri} answers, but not as an MLflow tracking server (GET {API_PROBE}: 404 "

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -442,3 +443,48 @@ def test_ctrl_c_ends_the_run_killed(server, tmp_path):
     for run_dir in ("with", "except"):
         run_id = read_backend_record(tmp_path / run_dir, "mlflow")["run"]["run_id"]
         assert server.client().get_run(run_id).info.status == "KILLED", run_dir
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI for a self-signed certificate")
+@pytest.mark.parametrize("speaks_mlflow", [True, False], ids=["mlflow-api", "another-server"])
+def test_an_https_server_with_a_self_signed_certificate_is_left_to_the_sdks_trust(tmp_path, speaks_mlflow):
+    """Whom to trust is MLflow's settings' (``MLFLOW_TRACKING_INSECURE_TLS``, a custom CA), not the probe's: a
+    self-signed server that answers MLflow's API passes (before: refused as 'the TLS handshake failed ... use
+    http://', reviewer round 8), and one that answers 404 is still said to be another server."""
+    import json
+    import ssl
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from gradloc_track.trackers.reachable import check_server
+
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                    "-keyout", str(tmp_path / "key.pem"), "-out", str(tmp_path / "cert.pem")],
+                   check=True, capture_output=True, timeout=60)
+
+    class Api(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"experiments": []}).encode()
+            self.send_response(200 if speaks_mlflow else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Api)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+    server.socket = tls.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    uri = f"https://127.0.0.1:{server.server_address[1]}"
+    try:
+        if speaks_mlflow:
+            check_server(uri)
+        else:
+            with pytest.raises(ConnectionError, match="not as an MLflow tracking server"):
+                check_server(uri)
+    finally:
+        server.shutdown()
+        server.server_close()
