@@ -16,33 +16,9 @@ from typing import Any, Mapping
 
 import torch
 
+from ..spikes.columns import TABLE_NAMES, check_names, column_length  # noqa: F401 (TABLE_NAMES: re-exported)
+
 SAMPLE_INFO_KEY = "gradloc_sample_info"  # the batch key the collator helper puts the kept columns under
-# names the culprit table uses itself: a user column must not shadow them
-TABLE_NAMES = ("step", "level", "token", "share", "grad_norm", "sample", "position", "end", "top_layers", "signal",
-               "z", "token_id", "micro_batch", "rank", "document", "sample_id")
-
-
-def check_names(names: Any) -> list[str]:
-    """The column names, each a string the table does not use itself."""
-    out = []
-    for name in names:
-        if not isinstance(name, str) or not name:
-            raise TypeError(f"gradloc-track: sample column names are non-empty strings; got {name!r}")
-        if name in TABLE_NAMES:
-            raise ValueError(f"gradloc-track: sample column {name!r} would shadow the culprit table's own {name!r} "
-                             f"column; rename it (e.g. 'user_{name}')")
-        out.append(name)
-    return out
-
-
-def column_length(values: Any) -> int | None:
-    """B of a column (a 1-D tensor/array, a list or tuple); None when it is not one (no host sync)."""
-    if isinstance(values, torch.Tensor):
-        return int(values.shape[0]) if values.dim() == 1 else None
-    shape = getattr(values, "shape", None)
-    if shape is not None:
-        return int(shape[0]) if len(shape) == 1 else None
-    return len(values) if isinstance(values, (list, tuple)) else None
 
 
 def check_columns(columns: Mapping[str, Any]) -> dict[str, Any]:

@@ -52,5 +52,10 @@ def watch(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None
     errors the Hydra app raises. With ``optimizer`` an optimizer step pre-hook runs everything; without it,
     call ``handle.step()`` after ``backward()``. ``handle.finish()`` takes every hook off again.
     """
+    if not isinstance(model, torch.nn.Module):
+        swapped = isinstance(optimizer, torch.nn.Module) and hasattr(model, "param_groups")
+        raise TypeError(f"watch(model, optimizer): model is a {type(model).__name__}, not a torch.nn.Module; "
+                        + ("the model comes first: watch(model, optimizer)" if swapped else
+                           "pass the model being trained, e.g. watch(model, optimizer)"))
     opts = resolve_options(cfg, **options)
     return open_handle(model, optimizer, opts, Door(spike_console=True), capture=MicroBatchCapture(model))

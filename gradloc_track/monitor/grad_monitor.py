@@ -62,6 +62,7 @@ import torch.distributed as dist
 from ..config import LocateConfig, MonitorConfig, SpikeConfig
 from ..norms import all_reduce_sq_norms, sq_norms
 from ..protocols import ArtifactWriterLike, ClipperLike, DetectorLike
+from ..spikes.context import check_spike_context
 from ..trackers.interface import NullTracker, Tracker
 from .arguments import (as_detector, as_locate_config, as_monitor_config, check_arguments, needs_token_count,
                         response_mode)
@@ -77,7 +78,7 @@ from .packing import LR, N_TOKENS, WD, HostPack, add_clip, add_norms, loggable
 from .param_set import ParamSet
 from .responder import SpikeResponder
 from .stats import GradStats
-from .step_order import StepOrder, WarnOnce
+from .step_order import StepOrder, WarnOnce, checked_step
 
 
 class HostReading(NamedTuple):
@@ -206,6 +207,9 @@ class GradMonitor:
         detector. Under torch.distributed every rank sees the same reduced norms, so every rank
         decides alike and localizes together (``locate`` is then a collective).
         """
+        step = checked_step(step)
+        if spike_context is not None:
+            check_spike_context(spike_context)
         if self.step_order.repeated(step):  # a second call for a step already processed: touch nothing
             return GradStats(step, self.grouping, self._global_sq_norms(False)[0], logged=False)
         log_now = self.should_log(step)

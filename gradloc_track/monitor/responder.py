@@ -117,8 +117,12 @@ class SpikeResponder:
         cut = None
         self._failure = ""
         if tried:
-            ctx = resolve(ctx)
-            located = self._step(step, ctx, grad_scale, events, junk)
+            try:
+                ctx = resolve(ctx)
+            except Exception as exc:  # a context factory that raised: said, and training goes on
+                self._failed(step, exc)
+                ctx = None
+            located = self._step(step, ctx, grad_scale, events, junk) if ctx is not None else None
             cut = self._cut() if self.surgery else None
             result = self._localize(step, located, cut) if located is not None else None
         if result is not None:

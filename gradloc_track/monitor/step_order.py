@@ -2,8 +2,23 @@
 monitor's warnings about its use, each given once."""
 from __future__ import annotations
 
+import operator
 import warnings
-from typing import Callable
+from typing import Any, Callable
+
+
+def checked_step(step: Any) -> int:
+    """The step as an int (a numpy or 0-d tensor integer is one); anything else is said by name (a string step
+    failed in a warning's formatting, with a message about something else)."""
+    if isinstance(step, int) and not isinstance(step, bool):
+        return step
+    try:
+        if isinstance(step, bool):
+            raise TypeError
+        return operator.index(step)
+    except TypeError:
+        raise TypeError(f"GradMonitor.after_backward(step=...): step must be an int, the optimizer step count; got "
+                        f"a {type(step).__name__} ({step!r})") from None
 
 
 class WarnOnce:

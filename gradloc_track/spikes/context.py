@@ -67,6 +67,11 @@ class SpikeContext:
                 if val is not None and (isinstance(val, torch.Tensor) or callable(val) or len(val) != k):
                     raise ValueError(f"SpikeContext.{name}: with {k} micro-batch masks pass a sequence of {k} "
                                      f"(one per micro-batch)")
+        if self.sample_columns or self.extra_columns:
+            from .columns import check_context_columns
+
+            masks = [self.token_mask] if self.micro_batches is None else list(self.token_mask)
+            check_context_columns(self.sample_columns, self.extra_columns, masks, self.micro_batches is not None)
 
     @property
     def micro_batches(self) -> int | None:
@@ -95,3 +100,33 @@ class SpikeContext:
                             rng_state=pick(self.rng_state), document_ids=pick(self.document_ids),
                             segment_ids=pick(self.segment_ids), segment_names=self.segment_names,
                             normaliser=self.normaliser, precision=self.precision)
+
+
+_FACTORIES_SEEN: set[Any] = set()  # shapes of zero-argument factories already checked (watch() passes one a step)
+
+
+def check_spike_context(ctx: Any) -> None:
+    """``spike_context`` is a ``SpikeContext`` or a zero-argument callable that builds one. Anything else would
+    fail only at the first spike, inside training (a ``loss_fn(keep)`` passed there raised a bare
+    ``TypeError: missing 1 required positional argument``): said at the first step instead, naming the fix."""
+    if isinstance(ctx, SpikeContext):
+        return
+    if not callable(ctx):
+        raise TypeError(f"after_backward(spike_context=...): got a {type(ctx).__name__}; pass a gradloc_track."
+                        "SpikeContext(loss_fn=..., token_mask=...) or a zero-argument callable returning one")
+    key = (type(ctx), getattr(ctx, "func", None), len(getattr(ctx, "args", ())),
+           tuple(getattr(ctx, "keywords", None) or ()), getattr(ctx, "__code__", None))
+    if key in _FACTORIES_SEEN:
+        return
+    import inspect
+
+    try:
+        inspect.signature(ctx).bind()
+    except TypeError:
+        raise TypeError(f"after_backward(spike_context=...): {getattr(ctx, '__name__', type(ctx).__name__)} takes "
+                        "arguments, so it is not a context factory (a loss_fn?); pass gradloc_track.SpikeContext("
+                        "loss_fn=<your loss_fn(keep)>, token_mask=<(B, T) mask>), or a zero-argument callable "
+                        "returning one") from None
+    except ValueError:  # no signature to read (a builtin): trusted, as before
+        pass
+    _FACTORIES_SEEN.add(key)

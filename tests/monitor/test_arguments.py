@@ -61,3 +61,53 @@ def test_a_spike_config_becomes_its_detector(tiny_gpt):
     mon = GradMonitor(tiny_gpt, detector=SpikeConfig(warmup_steps=3))
     assert isinstance(mon.detector, SpikeDetector) and mon.detector.config.warmup_steps == 3
     assert GradMonitor(tiny_gpt, detector=SpikeConfig(enabled=False)).detector is None
+
+
+def test_wrong_call_arguments_fail_at_the_first_step_naming_them(tiny_gpt):
+    """A step that is not an int, a ``loss_fn`` passed as ``spike_context`` (it failed only at the first spike,
+    inside training, with 'missing 1 required positional argument'), ``watch(optimizer, model)`` (an
+    AttributeError about forward hooks): each says the argument and the fix (held-out tester round 8)."""
+    import numpy as np
+
+    import gradloc_track
+    from gradloc_track.spikes import SpikeContext
+
+    mon = GradMonitor(tiny_gpt, detector=SpikeConfig(warmup_steps=3))
+    tiny_gpt(torch.randint(0, 64, (2, 8))).sum().backward()
+    with pytest.raises(TypeError, match=r"after_backward\(step=\.\.\.\): step must be an int.*'3'"):
+        mon.after_backward("3")
+    with pytest.raises(TypeError, match=r"spike_context=.*takes arguments.*SpikeContext\(loss_fn="):
+        mon.after_backward(1, spike_context=lambda keep: keep.sum())
+    with pytest.raises(TypeError, match=r"spike_context=.*got a dict.*SpikeContext"):
+        mon.after_backward(2, spike_context={"loss_fn": None})
+    assert mon.after_backward(np.int64(3)).step == 3  # a numpy integer is a step
+    mask = torch.ones(2, 8)
+    assert mon.after_backward(4, spike_context=lambda: SpikeContext(lambda keep: keep.sum(), mask)).step == 4
+    opt = torch.optim.AdamW(tiny_gpt.parameters())
+    with pytest.raises(TypeError, match=r"model is a AdamW.*the model comes first: watch\(model, optimizer\)"):
+        gradloc_track.watch(opt, tiny_gpt, tracker="none")
+
+
+@pytest.mark.parametrize("columns,message", [
+    ({"sample_columns": {"share": [1, 2]}}, r"sample column 'share' would shadow.*'user_share'"),
+    ({"sample_columns": {"sample": torch.zeros(2)}}, r"sample column 'sample' would shadow.*'user_sample'"),
+    ({"sample_columns": {"reward": torch.zeros(3)}}, r"sample_columns\['reward'\]: one value per sample, 2.*got 3"),
+    ({"extra_columns": {"advantage": torch.zeros(2)}},
+     r"extra_columns\['advantage'\]: one value per position, shape \(2, 8\).*got \(2,\).*sample_columns"),
+])
+def test_a_spike_contexts_columns_are_checked_where_they_are_given(columns, message):
+    """A column that shadows the table's own, or whose shape is not the batch's, was dropped or left null in the
+    table without a word (held-out tester round 8): refused at once, naming the column and the fix."""
+    from gradloc_track.spikes import SpikeContext
+
+    with pytest.raises((TypeError, ValueError), match=message):
+        SpikeContext(lambda keep: keep.sum(), torch.ones(2, 8), **columns)
+    ok = SpikeContext(lambda keep: keep.sum(), torch.ones(2, 8), sample_columns={"reward": [1.0, 2.0]},
+                      extra_columns={"advantage": torch.zeros(2, 8)})
+    assert set(ok.sample_columns) == {"reward"} and set(ok.extra_columns) == {"advantage"}
+    micro = SpikeContext([lambda keep: keep.sum()] * 2, [torch.ones(2, 8), torch.ones(3, 8)],
+                         sample_columns={"reward": [[1.0, 2.0], None]})
+    assert micro.micro_batches == 2
+    with pytest.raises(ValueError, match=r"sample_columns\['reward'\] of micro-batch 1: one value per sample, 3"):
+        SpikeContext([lambda keep: keep.sum()] * 2, [torch.ones(2, 8), torch.ones(3, 8)],
+                     sample_columns={"reward": [[1.0, 2.0], [1.0]]})
