@@ -20,6 +20,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from .artifacts.table_json import restore_nonfinite
 from .artifacts.table_store import merge_tables, table_parts
 from .run_dirs import WHAT, find_run_dirs, run_dir_of, run_key, run_locations
 from .text import token_html, visible_text
@@ -160,7 +161,7 @@ def parse_table(data: bytes, name: str, notes: list[str]) -> dict:
     if len(rows) != len(table["data"]):
         notes.append(f"{name}: {len(table['data']) - len(rows)} row(s) without exactly {len(cols)} cells "
                      "were left out")
-    return {"columns": [str(c) for c in cols], "data": rows}
+    return restore_nonfinite({"columns": [str(c) for c in cols], "data": rows})
 
 
 def _events(src: ReportSource) -> tuple[dict, dict[int, str], dict[int, bytes]]:

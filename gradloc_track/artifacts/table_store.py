@@ -13,6 +13,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
+from .table_json import restore_nonfinite
+
 PART = re.compile(r"step_(\d+)\.json")  # fullmatch
 
 
@@ -27,7 +29,7 @@ def _load(path: Path) -> dict[str, Any] | None:
         warnings.warn(f"gradloc-track: skipping {path}: not a {{\"columns\": [...], \"data\": [[...]]}} table",
                       RuntimeWarning)
         return None
-    return table
+    return restore_nonfinite(table)
 
 
 def part_files(root: str | Path, key: str) -> list[str]:

@@ -22,6 +22,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from ..artifacts.table_json import dumps_table
 from . import run_lock
 from .interface import Tracker, final_status
 from .bounded import clamp_wait
@@ -118,7 +119,7 @@ class LocalTracker(Tracker):
         if step is not None and step == last_step:  # a second call for the same event: one part
             rows = last_rows + rows
         self._parts[key] = (step, rows)
-        self._json(table_part_path(key, step), {"columns": list(columns), "data": rows})
+        self._file(table_part_path(key, step), lambda: dumps_table(columns, rows).encode("utf-8"))
 
     def log_html(self, key, html, step=None) -> None:
         self._file(step_path(key, step, "html"), lambda: html.encode("utf-8"))

@@ -13,7 +13,6 @@ Nothing here downloads an artifact or touches ``os.environ``.
 from __future__ import annotations
 
 import getpass
-import json
 import os
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .._optional import require
+from ..artifacts.table_json import dumps_table
 from .interface import Tracker
 from .csv_view import csv_text
 from .naming import mlflow_key, step_path, table_part_path, truncate
@@ -225,8 +225,7 @@ class MlflowTracker(Tracker):
         if self._last_part is not None and self._last_part[:2] == (key, step):
             rows = self._last_part[2] + rows  # a second call for the same event: one part
         self._last_part = (key, step, rows)
-        part = json.dumps({"columns": list(columns), "data": rows}, default=str)
-        self.client.log_text(self.run_id, part, table_part_path(key, step))
+        self.client.log_text(self.run_id, dumps_table(columns, rows), table_part_path(key, step))
         # the same part as CSV, which MLflow's artifact viewer shows as a table (JSON it shows raw)
         self.client.log_text(self.run_id, csv_text(columns, rows), step_path(key, step, "csv"))
         if told and self._note_free:

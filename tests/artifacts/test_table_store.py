@@ -23,3 +23,44 @@ def test_parts_in_step_order_and_a_broken_part_skipped(tmp_path):
     with pytest.warns(RuntimeWarning, match="step_000050.json"):
         assert read_table(tmp_path) == {"columns": ["step"], "data": [[1], [3], [20], [100]]}
     assert table_parts(tmp_path, "spikes/events") == []
+
+
+def _strict(text: str):
+    """JSON as a strict parser (JavaScript's JSON.parse, MLflow's viewer) reads it: no bare NaN / Infinity."""
+    def refuse(name):
+        raise ValueError(f"bare {name} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_a_non_finite_step_is_strict_json_and_reads_back_as_numbers(tmp_path, mlflow_store):
+    """A NaN step's grad norm and an infinite z-score were written as bare NaN / Infinity: no strict parser
+    opened the part of exactly the step a person wants to read (held-out tester round 8). Strings now, the
+    floats again when read back; a token whose text is "NaN" stays text. The local run dir and a real MLflow
+    store alike."""
+    import math
+
+    import mlflow
+
+    from gradloc_track.trackers import LocalTracker
+    from gradloc_track.trackers.mlflow_tracker import MlflowTracker
+
+    columns = ["step", "token", "share", "grad_norm", "z", "advantage", "source"]
+    rows = [[7, "NaN", 0.5, float("nan"), float("inf"), -float("inf"), "NaN"],
+            [7, "Infinity", None, 2.0, 3.5, 1.0, "web"]]
+    local = LocalTracker(tmp_path / "run")
+    local.log_table("spikes/tokens", columns, rows, step=7)
+    local.finish()
+    tracker = MlflowTracker(tracking_uri=mlflow_store.uri, experiment_name="nonfinite")
+    tracker.log_table("spikes/tokens", columns, rows, step=7)
+    tracker.finish()
+    remote = tmp_path / "remote"
+    mlflow.artifacts.download_artifacts(run_id=tracker.run_id, artifact_path="spikes/tokens", dst_path=str(remote),
+                                        tracking_uri=mlflow_store.uri)
+    for root, part in ((tmp_path / "run", tmp_path / "run" / "spikes" / "tokens" / "step_000007.json"),
+                       (remote, remote / "tokens" / "step_000007.json")):
+        assert _strict(part.read_text())["data"][0][3:6] == ["NaN", "Infinity", "-Infinity"]
+    got = read_table(tmp_path / "run")
+    assert got["columns"] == columns
+    first, second = got["data"]
+    assert first[:3] == [7, "NaN", 0.5] and math.isnan(first[3]) and first[4:6] == [math.inf, -math.inf]
+    assert first[6] == "NaN" and second == rows[1]  # text columns stay text

@@ -23,7 +23,6 @@ is joined: our records go into its log dir.
 from __future__ import annotations
 
 import html
-import json
 import re
 import time
 from datetime import datetime
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..._optional import require
+from ...artifacts.table_json import dumps_table
 from ..files import atomic_write_bytes
 from ..interface import Tracker
 from ..run_record import record_run
@@ -169,8 +169,7 @@ class TensorBoardTracker(Tracker):
         self._last_part = (key, step, rows)
         shown = [[str(c) for c in columns], *[["" if v is None else str(v) for v in r] for r in rows]]
         self._text(key, shown, step)
-        part = json.dumps({"columns": list(columns), "data": rows}, default=str)
-        self._text(f"{key}/json", fenced(part, "json"), step)
+        self._text(f"{key}/json", fenced(dumps_table(columns, rows), "json"), step)
 
     def log_html(self, key, html, step=None) -> None:
         self._text(key, page_markdown(html) or "(empty page)", step)
