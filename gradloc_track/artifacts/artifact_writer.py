@@ -165,8 +165,8 @@ class _RenderJob:
 
     def _heatmap(self) -> Path | None:
         first = next((c for c in self.result.culprits if c.batch is not None), None)
-        if first is None or self.png_path is None:
-            return None
+        if first is None or self.png_path is None or self.result.layer_map is None:
+            return None  # no layer map (a non-finite step's culprits are named from their losses): no image
         result, ctx = self.result, self.ctx
         if getattr(ctx, "micro_batches", None):  # K micro-batches: the first culprit's
             k = first.micro_batch or 0

@@ -47,6 +47,23 @@ def test_writer_renders_into_the_trackers_run_dir(spike, tmp_path):
     assert tracker.images[0][2].parent == tmp_path / "own" / "rendered"
 
 
+def test_a_result_without_a_layer_map_gets_its_page_and_no_image_silently(spike, tmp_path):
+    """A non-finite step's culprits are named from their losses, without a layer map: its page and table go out,
+    no image, and no warning on the training's stderr (it said 'no heatmap image' at every such step; held-out
+    tester round 8)."""
+    import dataclasses
+    import warnings
+
+    events, result, ctx = spike
+    bare = dataclasses.replace(result, layer_map=None)
+    tracker = MemoryTracker()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        SpikeArtifactWriter(tracker, run_dir=tmp_path).write(7, events, bare, ctx)
+    assert [k for k, _, _ in tracker.html] == ["spikes/highlight"] and tracker.images == []
+    assert tracker.tables["spikes/tokens"]["rows"]
+
+
 def test_writer_never_raises(spike, tmp_path):
     class Broken(MemoryTracker):
         def log_table(self, *a, **k):
