@@ -11,6 +11,8 @@ late thread can both draw).
 """
 from __future__ import annotations
 
+import functools
+
 import io
 import os
 import tempfile
@@ -98,9 +100,28 @@ def _label(text: str) -> str:
 
 
 def _printable(text: str) -> str:
-    return "".join(ch if ch.isprintable() and ch != " " else ("\u2423" if ch == " " else f"\\x{ord(ch):02x}"
-                                                               if ord(ch) < 256 else f"\\u{ord(ch):04x}")
-                   for ch in text) or "\u2205"
+    glyphs = _font_glyphs()
+    return "".join(ch if ch.isprintable() and ch != " " and (glyphs is None or ord(ch) in glyphs) else
+                   ("\u2423" if ch == " " else _escape(ch)) for ch in text) or "\u2205"
+
+
+def _escape(ch: str) -> str:
+    o = ord(ch)
+    return f"\\x{o:02x}" if o < 256 else (f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}")
+
+
+@functools.lru_cache(maxsize=1)
+def _font_glyphs() -> frozenset[int] | None:
+    """The code points the tick labels' monospace font draws: any other (Hebrew, emoji in DejaVu Sans Mono) is
+    written as its escape, not drawn as an empty box with a 'Glyph missing' warning on the training's stderr
+    (held-out tester round 8). None: the font cannot be read (every printable character is drawn)."""
+    try:
+        from matplotlib.font_manager import FontProperties, findfont
+        from matplotlib.ft2font import FT2Font
+
+        return frozenset(FT2Font(findfont(FontProperties(family="monospace"))).get_charmap())
+    except Exception:
+        return None
 
 
 def _runs(cols: list[int | None]) -> list[tuple[int, int]]:

@@ -83,6 +83,34 @@ def test_heatmap_cuts_long_token_labels_so_the_layout_fits(tmp_path):
     assert heatmap_mod._label("<img src=x onerror=alert(1)>") == "<img\u2423src=\u2026"
 
 
+def test_tokens_the_font_cannot_draw_are_written_as_escapes_without_a_warning(tmp_path):
+    """Hebrew and emoji are not in the tick labels' monospace font: they were drawn as empty boxes, with one
+    'Glyph ... missing from font' warning each on the training's stderr (held-out tester round 8). Written
+    as their escapes now; a character the font has stays itself."""
+    from matplotlib.font_manager import FontProperties, findfont
+    from matplotlib.ft2font import FT2Font
+
+    drawn = FT2Font(findfont(FontProperties(family="monospace"))).get_charmap()  # independent of the helper
+    texts = {40: "\u05e9\u05dc\u05d5\u05dd", 41: "\U0001f468\u200d\U0001f469", 42: "caf\u00e9"}
+
+    class Tok:
+        def decode(self, ids):
+            return texts.get(ids[0], "a")
+
+    events, result, ctx = make_case()
+    for p in texts:
+        ctx.input_ids[1, p] = p
+    ctx.tokenizer = Tok()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        render_layer_heatmap(result, 1, tmp_path / "m.png", ctx=ctx, window=4)
+    for text in texts.values():
+        label = heatmap_mod._label(text)
+        assert all(ord(ch) in drawn for ch in label), (text, label)
+    assert heatmap_mod._label("\u05e9") == "\\u05e9" and heatmap_mod._label("\U0001f468") == "\\U0001f468"
+    assert heatmap_mod._label("caf\u00e9") == "caf\u00e9"
+
+
 def test_heatmap_drops_padding_and_adds_every_table_layer(tmp_path):
     events, result, ctx = make_case(T=80, culprits=((1, 60), (1, 61)), pad_from=66)
     for c in result.tokens:  # exact probes also see layers the per-position pass does not cover
