@@ -192,3 +192,26 @@ def test_report_counts_culprits_by_level():
     table = {"columns": ["step", "level", "token"], "data": [[1, "sample", "x"], [1, "token", "y"], [2, "token", "z"]]}
     assert culprit_counts(table) == "1 culprit sample(s), 2 culprit token(s)"
     assert culprit_counts({"columns": ["step", "token"], "data": [[1, "y"]]}) == "1 culprit token(s)"  # 0.2 tables
+
+
+def test_run_dirs_of_two_stores_with_one_tracking_uri_each_read_from_their_own(tmp_path, capsys):
+    """``--tracking-uri`` points at one store; a run dir that recorded another store is read from its own (before:
+    refused, 'neither a run directory nor a run in the MLflow store ...', though a run dir was passed; held-out
+    tester round 8). A run in neither store names both and the fix."""
+    events, result, ctx = make_case(T=80, culprits=((1, 10),), pad_from=70)
+    uris = {}
+    for name in ("a", "b"):
+        uris[name] = f"sqlite:///{tmp_path / f'{name}.db'}"
+        cfg = TrackerConfig(kind="mlflow")
+        cfg.mlflow.tracking_uri = uris[name]
+        tracker = make_tracker(cfg, run_dir=tmp_path / name)
+        SpikeArtifactWriter(tracker, tmp_path / name, window=8).write(12, events, result, ctx)
+        tracker.finish()
+    assert main(["report", str(tmp_path / "a"), "--tracking-uri", uris["b"], "-o", str(tmp_path / "a.html")]) == 0
+    assert main(["culprits", str(tmp_path / "a"), str(tmp_path / "b"), "--tracking-uri", uris["b"],
+                 "-o", str(tmp_path / "ledger")]) == 0
+    capsys.readouterr()
+    (tmp_path / "a.db").rename(tmp_path / "moved.db")  # store a moved away, --tracking-uri names store b
+    assert main(["report", str(tmp_path / "a"), "--tracking-uri", uris["b"], "-o", str(tmp_path / "x.html")]) == 2
+    err = capsys.readouterr().err
+    assert f"is neither in {uris['b']} (--tracking-uri) nor in {uris['a']} (the store it recorded)" in err

@@ -19,6 +19,10 @@ MLFLOW_WAIT_S = 20.0  # our bound on waiting for an MLflow store/server (its own
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
+class RunNotInStore(ReportSourceError):
+    """The run id is not in that store (another store may hold it: a run dir's own record)."""
+
+
 def _bounded(fn, what: str, timeout_s: float | None = None):
     """``fn()`` on a daemon thread; give up after ``timeout_s`` (MLflow's own retries can take minutes)."""
     timeout_s = MLFLOW_WAIT_S if timeout_s is None else timeout_s
@@ -54,7 +58,7 @@ def fetch_run(run_id: str, tracking_uri: str | None) -> RunFiles:
     uri = resolve_tracking_uri(tracking_uri)
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
         # MlflowClient would create an empty store here: say what is missing instead
-        raise ReportSourceError(f"{run_id!r} is neither a run directory nor a run in an MLflow store: there is no "
+        raise RunNotInStore(f"{run_id!r} is neither a run directory nor a run in an MLflow store: there is no "
                                 f"store at {uri}; pass a run directory, or --tracking-uri pointing at the run's store")
     if uri.startswith(("http://", "https://")):
         _probe(uri)
@@ -66,7 +70,7 @@ def fetch_run(run_id: str, tracking_uri: str | None) -> RunFiles:
     try:
         run = _bounded(lambda: client.get_run(run_id), f"MLflow at {uri}")
     except MlflowException as exc:
-        raise ReportSourceError(
+        raise RunNotInStore(
             f"{run_id!r} is neither a run directory nor a run in the MLflow store {uri} "
             f"({exc.message.splitlines()[0]}); "
             "pass a local run directory, or an MLflow run id with --tracking-uri pointing at its store") from exc
@@ -139,7 +143,19 @@ class MlflowBackend(Backend):
     def report_files(self, run_dir, where, tracking_uri):
         if not where or not where.get("run_id"):
             return None
-        return fetch_run(where["run_id"], tracking_uri or where.get("tracking_uri"))
+        # --tracking-uri first (the store moved), then the store the run dir recorded: a ledger over run dirs of
+        # several stores with one --tracking-uri reads each from its own (before: every other one was refused)
+        uris = list(dict.fromkeys(u for u in (tracking_uri, where.get("tracking_uri")) if u)) or [None]
+        misses = []
+        for uri in uris:
+            try:
+                return fetch_run(where["run_id"], uri)
+            except RunNotInStore as exc:
+                misses.append(str(exc))
+        if len(uris) == 1:
+            raise ReportSourceError(misses[0])
+        raise ReportSourceError(f"{run_dir}: its MLflow run {where['run_id']} is neither in {uris[0]} (--tracking-uri) "
+                                f"nor in {uris[1]} (the store it recorded); pass --tracking-uri pointing at its store")
 
     def find_run(self, text, tracking_uri):
         return fetch_run(text, tracking_uri)
