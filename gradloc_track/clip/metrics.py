@@ -12,7 +12,8 @@
   thresholds to a line at 0).
 - No threshold in force (a warm-up without clipping, a layer never seen): NaN, which the monitor
   leaves out of what it logs (no point on the chart, rather than a sentinel that skews it).
-- ``clip/coef/<layer>``: ``||g_layer after|| / ||g_layer before||`` (1 = untouched).
+- ``clip/coef/<layer>``: ``||g_layer after|| / ||g_layer before||`` (1 = untouched; 0 = a non-finite step
+  skipped, or the layer's non-finite gradient zeroed).
 - ``clip/clipped_fraction``: fraction of tensors whose coefficient is below 1 this step.
 - ``clip/saturation/clipped_fraction``, ``clip/saturation/mean_coef``: share of recent steps
   (after warm-up) that were scaled and their mean coefficient (``gradloc_track.clip.saturation``).
@@ -50,7 +51,10 @@ def clip_metrics(result: ClipResult, grouping: LayerGrouping) -> dict[str, torch
     post_sq = pre_sq * result.coef_t.pow(2)
     pre_l = grouping.sum_by_layer(pre_sq)
     post_l = grouping.sum_by_layer(post_sq)
-    coef_l = torch.where(pre_l > 0, (post_l / pre_l.clamp_min(1e-30)).sqrt(), torch.ones_like(pre_l))
+    # a layer without a finite norm to compare (no gradient, or only non-finite ones): its tensors' mean
+    # coefficient, 0 where a non-finite step was skipped or zeroed (it read 1, "untouched", beside a post norm of 0)
+    mean_coef = grouping.sum_by_layer(result.coef_t.float()) / grouping.sum_by_layer(torch.ones_like(pre_sq))
+    coef_l = torch.where(pre_l > 0, (post_l / pre_l.clamp_min(1e-30)).sqrt(), mean_coef)
     if result.one_threshold:  # GlobalClip, ZClip, NoClip, AdaGC mode=global (the schema's ONE_THRESHOLD)
         thr = result.threshold_t[0]
         out[THRESHOLD_PREFIX + "global"] = torch.where(torch.isfinite(thr), thr, math.nan)

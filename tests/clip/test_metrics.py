@@ -37,6 +37,30 @@ def test_clip_metrics_per_layer(tiny_gpt):
     assert m["clip/clipped_fraction"] == pytest.approx(sum(c < 1 for c in res.coefs.values()) / len(pre))
 
 
+@pytest.mark.parametrize("policy", ["skip", "zero"])
+def test_a_non_finite_layer_reads_coefficient_0_like_the_norm_after(tiny_gpt, policy):
+    """A NaN loss: every gradient non-finite, the step skipped (or zeroed). The layers read coefficient 1
+    ("untouched") beside a post-clip norm of 0 (held-out tester round 8); now 0, as what was applied. A layer
+    without a gradient on a finite step stays 1."""
+    from gradloc_track.clip import GlobalClip
+    from gradloc_track.clip.metrics import clip_metrics
+    from gradloc_track.grouping import LayerGrouping
+
+    clipper = GlobalClip(tiny_gpt, 1.0, on_nonfinite=policy)
+    grouping = LayerGrouping.build(clipper.names)
+    for p in tiny_gpt.parameters():
+        p.grad = torch.full(p.shape, float("nan"))
+    m = {k: v.item() for k, v in clip_metrics(clipper.clip(), grouping).items()}
+    assert m["clip/total_norm_post"] == 0.0
+    assert {m[f"clip/coef/{lay}"] for lay in grouping.layers} == {0.0}
+    names = dict(tiny_gpt.named_parameters())
+    unused = grouping.layers[-1]
+    for n, p in names.items():
+        p.grad = None if n in grouping.members()[unused] else torch.ones(p.shape) * 1e-3
+    m = {k: v.item() for k, v in clip_metrics(clipper.clip(), grouping).items()}
+    assert m[f"clip/coef/{unused}"] == 1.0 and m["clip/total_norm_post"] > 0
+
+
 def logged_thresholds(clipper, model, steps, scale=1.0):
     tracker = MemoryTracker()
     mon = GradMonitor(model, tracker=tracker, clipper=clipper, log_every=1)
