@@ -339,7 +339,8 @@ def _section(view: CulpritView, mb: int | None, sample: int, culprits: list, gho
         f"<td>{esc(format_top_layers(c.layer_norms))}</td></tr>"
         for p, c in sorted(tokens.items()))
     where = ", ".join(f"{a}\u2013{b - 1}" for a, b in ranges)
-    meta = " · ".join([_unit_text(u, T) for u in units] + [f"positions {where} of {T}"])
+    shown_whole = [(u.start, u.end) for u in units] == ranges  # the unit's line already says the positions
+    meta = " · ".join([_unit_text(u, T) for u in units] + ([] if shown_whole else [f"positions {where} of {T}"]))
     docs = {view.document(c) for c in culprits}
     doc = units[0].document if units else (docs.pop() if len(docs) == 1 else None)  # one document: named
     seg = view.row("segment_ids", mb, sample)
@@ -349,9 +350,10 @@ def _section(view: CulpritView, mb: int | None, sample: int, culprits: list, gho
         text = f"<div class='text'>{_shown(s, ranges, units)}</div>"
     section = [f"<h2>{esc(view.who(mb, sample, doc)[0])}</h2>", _sample_meta(view, mb, sample),
                f"<div class='meta'>{esc(meta)}</div>",
-               text,
-               "<table><tr><th>position</th><th>token id</th><th>token</th><th>grad norm</th><th>share</th>"
-               f"<th>top layers</th></tr>{rows}</table>"]
+               text]
+    if rows:  # culprit tokens: one row each (a span or whole-sample culprit has none: no empty table)
+        section.append("<table><tr><th>position</th><th>token id</th><th>token</th><th>grad norm</th><th>share</th>"
+                       f"<th>top layers</th></tr>{rows}</table>")
     if ranges != [(0, T)] and full_text:
         n = min(T, FULL_TEXT_TOKENS)
         more = f", first {n} shown" if n < T else ""

@@ -185,6 +185,12 @@ def test_highlight_page_names_and_outlines_the_sample_across_micro_batches():
     sec = re.search(r"<h2>micro-batch 1, sample 1</h2><div class='meta'>reward <b>1</b></div>"
                     r"<div class='meta'>([^<]*)</div><div class='text'>(.*?)</div>", page)  # its columns, then units
     assert sec and "culprit whole sample: positions 0\u201323 of 24" in html.unescape(sec.group(1))
+    # said once (the window is the unit), and no token table without culprit tokens (round 8: twice, and empty)
+    assert html.unescape(sec.group(1)).count("positions 0\u201323") == 1
+    doc_section = page[sec.start():page.index("<h2>", sec.end()) if "<h2>" in page[sec.end():] else len(page)]
+    assert "<table>" not in doc_section
+    tokens_section = page[page.index("<h2>micro-batch 0, sample 0</h2>"):]
+    assert "<table><tr><th>position</th>" in tokens_section[:tokens_section.index("<h2>", 4)]
     unit = re.search(r'<span class="u" title="CULPRIT sample[^"]*">', sec.group(2))
     inside = sec.group(2)[unit.end():]
     assert DOC[: T_LEVELS - 1].decode() in html.unescape(re.sub(r"<[^>]+>", "", inside))  # its text, in the outline
