@@ -20,7 +20,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from .artifacts.table_json import restore_nonfinite
+from .trackers.table_json import restore_nonfinite
 from .artifacts.table_store import merge_tables, table_parts
 from .run_dirs import WHAT, find_run_dirs, run_dir_of, run_key, run_locations
 from .text import token_html, visible_text

@@ -13,7 +13,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
-from .table_json import restore_nonfinite
+from ..trackers.table_json import restore_nonfinite
 
 PART = re.compile(r"step_(\d+)\.json")  # fullmatch
 

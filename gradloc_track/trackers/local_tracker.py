@@ -22,7 +22,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from ..artifacts.table_json import dumps_table
+from .table_json import dumps_table
 from . import run_lock
 from .interface import Tracker, final_status
 from .bounded import clamp_wait

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .._optional import require
-from ..artifacts.table_json import dumps_table
+from .table_json import dumps_table
 from .interface import Tracker
 from .csv_view import csv_text
 from .naming import mlflow_key, step_path, table_part_path, truncate

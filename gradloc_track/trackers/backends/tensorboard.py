@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..._optional import require
-from ...artifacts.table_json import dumps_table
+from ..table_json import dumps_table
 from ..files import atomic_write_bytes
 from ..interface import Tracker
 from ..run_record import record_run
