@@ -91,6 +91,8 @@ class GradLocCallback(TrainerCallback):
             opts = dataclasses.replace(opts, spikes=rl_spikes(opts.spikes, given))
         door = Door("GradLocCallback (TRL)" if kind is not None else "GradLocCallback", hook_optimizer=False,
                     wandb_step_key=HF_WANDB_STEP)  # joins report_to's run; Trainer calls step() through us
+        if kind is None:  # under DDP the probes must run the model Trainer trains through (its gradient all-reduce)
+            model = _ddp_wrapped(self, model)
         self.handle = open_handle(model, optimizer, opts, door, MicroBatchCapture(model) if kind is None else None)
         self._resume(args, state)
         if kind is not None:
@@ -200,6 +202,21 @@ def _resumed_folder(args: Any, state: Any) -> str:
 
 
 _FRAMES = 16  # how far up the stack the training loop is looked for (on_train_begin is ~4 frames below it)
+
+
+def _ddp_wrapped(callback: GradLocCallback, model: Any) -> Any:
+    """Trainer's ``model_wrapped`` when it is DDP around ``model`` (``torchrun``): callbacks get the bare model,
+    whose probes never all-reduce their gradients, so every localization under DDP failed its step check ('the
+    gradient differs across ranks', held-out tester round 8). Else ``model`` (one process, DeepSpeed, FSDP)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from .trainer_frames import find_trainer
+
+    trainer = find_trainer(callback)
+    wrapped = getattr(trainer, "model_wrapped", None)
+    if isinstance(wrapped, DistributedDataParallel) and wrapped.module is model:
+        return wrapped
+    return model
 
 
 def _trl_trainer(callback: GradLocCallback) -> tuple[Any, str | None]:

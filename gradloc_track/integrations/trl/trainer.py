@@ -10,27 +10,9 @@ instance attributes over the bound methods (``trainer.compute_loss = wrapped``),
 """
 from __future__ import annotations
 
-import inspect
 from typing import Any, Callable
 
-MAX_FRAMES = 64  # Trainer.train -> _inner_training_loop -> CallbackHandler.call_event -> us: a few frames
-
-
-def find_trainer(callback: Any) -> Any | None:
-    """The ``transformers.Trainer`` whose callbacks include ``callback``, from the caller frames."""
-    frame = inspect.currentframe()
-    try:
-        for _ in range(MAX_FRAMES):
-            frame = frame.f_back if frame is not None else None
-            if frame is None:
-                return None
-            obj = frame.f_locals.get("self")
-            handler = getattr(obj, "callback_handler", None)
-            if handler is not None and any(cb is callback for cb in getattr(handler, "callbacks", ())):
-                return obj
-        return None
-    finally:
-        del frame  # frames reference their locals: do not keep the cycle alive
+from ..trainer_frames import find_trainer  # noqa: F401 (the adapters' and tests' name for it)
 
 
 def trl_kind(trainer: Any) -> str | None:
