@@ -44,6 +44,7 @@ class GhostMap:
         self.handles: list = []
         self.sq: dict[str, torch.Tensor] = {}  # layer -> (B, T) squared contribution norms
         self.shape: tuple[int, int] | None = None
+        self.other_shapes: set[tuple[int, ...]] = set()  # (B, T) of the layers left out: not the mask's
         self.calls = 0  # hooked modules run so far in the forward: the last one is the output head
 
     def __enter__(self) -> "GhostMap":
@@ -88,6 +89,8 @@ class GhostMap:
                 # per (batch, position) only: broadcast outputs (a (1, T, C) position
                 # embedding) mix samples and cannot be attributed, so they are left out
                 if contrib.dim() != 2 or (self.expected and tuple(contrib.shape) != self.expected):
+                    if contrib.dim() == 2:
+                        self.other_shapes.add(tuple(contrib.shape))
                     return
                 self.shape = tuple(contrib.shape)
                 prev = self.sq.get(layer)
@@ -105,4 +108,10 @@ class GhostMap:
     def result(self, layer_order: list[str]) -> tuple[torch.Tensor, list[str]]:
         """(L, B, T) per-layer norms, rows in ``layer_order`` (layers with no hooked module dropped)."""
         names = [lay for lay in layer_order if lay in self.sq] + [lay for lay in self.sq if lay not in layer_order]
+        if not names:
+            seen = ", ".join(str(s) for s in sorted(self.other_shapes)) or "none per position"
+            raise ValueError(f"no layer of the model sees the token mask's {self.expected} positions (its layers see "
+                             f"{seen}): give token_mask (and input_ids) one entry per position of the model's "
+                             "forward, 0 where there is no loss term (a shifted loss has none at the last position: "
+                             "token_mask[:, -1] = 0), and slice the logits inside loss_fn")
         return torch.stack([self.sq[n].sqrt().cpu() for n in names]), names

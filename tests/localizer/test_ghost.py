@@ -49,3 +49,25 @@ def test_hooks_come_off_and_frozen_or_mismatched_layers_are_left_out():
     with GhostMap(model, shape=(B + 1, T)) as wrong:  # a shape the activations do not have: nothing recorded
         sum_loss(model, x, y, w)(torch.ones(B, T)).backward()
     assert wrong.sq == {} and wrong.shape is None
+
+
+def test_a_mask_over_other_positions_than_the_models_says_what_to_pass():
+    """A shifted loss whose mask drops the last position ((B, T-1) against the model's T positions): no layer
+    matched, and localizing failed with 'stack expects a non-empty TensorList' (held-out tester round 8). Now
+    the mask's and the layers' shapes and the fix."""
+    import re
+
+    import pytest
+
+    import gradloc_track
+
+    model = LM()
+    x, y, w, _ = data()
+
+    def shifted(keep):
+        return (sum_loss(model, x, y, w)(torch.nn.functional.pad(keep, (0, 1))))
+
+    shifted(torch.ones(B, T - 1)).backward()
+    with pytest.raises(ValueError, match=re.escape(f"token mask's {(B, T - 1)} positions (its layers see {(B, T)})")
+                       + r".*token_mask\[:, -1\] = 0"):
+        gradloc_track.locate(model, shifted, torch.ones(B, T - 1))
