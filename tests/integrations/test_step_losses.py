@@ -58,6 +58,21 @@ def test_the_models_own_loss_is_read_from_its_output():
     assert step_loss([SimpleNamespace(loss=None)]) is None and step_sample_losses([SimpleNamespace()]) is None
 
 
+def test_a_micro_batch_without_loss_terms_is_left_out_of_the_steps_loss():
+    """Every label -100 in one micro-batch: the model's mean over no terms is NaN, which read as "the step's loss
+    is NaN, skipped" while the step was applied (held-out tester round 8). Left out; a NaN loss of a micro-batch
+    with terms stays NaN, and a step of empty micro-batches reads 0 (no loss to watch)."""
+    ninf = torch.tensor(-math.inf)
+
+    def mb(loss, smax):
+        return SimpleNamespace(loss=torch.tensor(loss), sample_max=None if smax is None else torch.tensor(smax))
+
+    assert float(step_loss([mb(2.0, 3.0), mb(math.nan, -math.inf), mb(4.0, 5.0)])) == 3.0
+    assert math.isnan(float(step_loss([mb(2.0, 3.0), mb(math.nan, math.nan)])))
+    assert float(step_loss([mb(math.nan, float(ninf))] * 2)) == 0.0
+    assert float(step_loss([mb(2.0, None), mb(4.0, None)])) == 3.0  # without sample losses: the plain mean
+
+
 def test_watch_feeds_the_detector_the_models_losses():
     """An HF model in a plain loop: the detector gets the model's loss and the largest sample loss (the
     row, also when position ids pack documents into it)."""
