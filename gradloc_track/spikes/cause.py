@@ -142,8 +142,11 @@ def _irreproducible(ev: Evidence) -> Cause | None:
            f"the gradient in .grad is {ev.norm_ratio:.3g}x the norm of the replayed one" if far else
            f"the replayed gradient differs from the one in .grad by {ev.residual * 100:.2g}% of its norm")
     if math.isinf(ev.residual):  # a finite batch, a non-finite .grad: a flipped bit, not a loss
-        return Cause("irreproducible", f"the step does not reproduce: {how}, while the replay itself repeats; suspect "
-                                       "a hardware fault or silent data corruption")
+        return Cause("irreproducible", f"the step does not reproduce: {how}, while the replay itself repeats. Either "
+                                       "a factor the replay does not rebuild made it (a NaN or Inf multiplier on one "
+                                       "rank or micro-batch, a loss_fn that is not the training loss: "
+                                       "handle.set_loss_fn), or a hardware fault or silent data corruption (a "
+                                       "flipped exponent bit)")
     return Cause("irreproducible", f"the step does not reproduce: {how}, while the replay itself repeats. Either the "
                                    "loss that made .grad is not the one the replay rebuilds (a multiplier on one rank "
                                    "or micro-batch, a loss_fn that is not the training loss: handle.set_loss_fn), or "

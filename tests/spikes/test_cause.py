@@ -25,6 +25,11 @@ SCALED = ev("global", 61.8, 144.0, 25.0)  # .grad 100x the replay's, the batch's
     (Evidence([UPDATE], lr=1e-2, prev_lr=1e-3), "schedule", "rose 10x at this step (0.001 -> 0.01)"),
     (Evidence([NORM], replayed=False, residual=0.38), "irreproducible", "differs from the one in .grad by 38%"),
     (Evidence([ev("global", math.inf)], replayed=False, residual=0.07), "irreproducible", "hardware fault"),
+    # a finite replay, a non-finite .grad: a NaN multiplier on one rank reads alike (held-out tester round 8: only
+    # hardware was named, though the docs list the multiplier first)
+    (Evidence([NORM], replayed=False, residual=math.inf), "irreproducible",
+     "the replayed gradient is finite, the one in .grad is not, while the replay itself repeats. Either a factor the "
+     "replay does not rebuild made it (a NaN or Inf multiplier on one rank or micro-batch"),
     # one rank's loss x30 under DDP: .grad is no single multiple of the replay, finite; the loss is named first
     # (held-out tester round 3: "suspect a hardware fault" sent the user the wrong way first)
     (Evidence([ev("global", 21.3, 27.8, 17.0)], replayed=False, residual=0.97, norm_ratio=34.8), "irreproducible",
