@@ -93,7 +93,7 @@ def saturation_line(kind: str, summary: dict[str, float]) -> str | None:
         return None
     # a fixed threshold has no warm-up: its share counts every step, the start-up transient's too (its large
     # early gradients), so it reads higher than a table over the settled clean steps
-    when = "over every step (no warm-up: the start-up transient included)" if kind in NO_WARMUP else "after warm-up"
+    when = "over every step (no warm-up: the start-up transient included)" if kind in NO_WARMUP else "after its warm-up"
     line = (f"clip={kind} {when}: {summary['clipped_fraction']:.0%} of "
             f"{summary['steps']} steps clipped, mean coefficient {summary['mean_coef']:.2f}")
     if summary["clipped_fraction"] > MOST and summary["mean_coef"] < CUT:

@@ -65,9 +65,9 @@ def summary_lines(steps: int, clip_kind: str, summary: dict[str, float], spikes:
     clip = []
     if clip_kind != "none":
         largest = summary["max_post_clip_grad_norm"]
-        clip.append(f"clip={clip_kind}: largest grad norm the optimizer saw after warm-up {largest:.3g}"
-                    if largest == largest else f"clip={clip_kind}: the run ended inside the start-up warm-up (no "
-                    "largest grad norm after it)")
+        clip.append(f"clip={clip_kind}: largest grad norm the optimizer saw after the start-up transient {largest:.3g}"
+                    if largest == largest else f"clip={clip_kind}: the run ended inside the start-up transient (the "
+                    "detector's and the learning rate's warm-up: no largest grad norm after it)")
         line = clip_saturation_line(clip_kind, summary)
         if line:
             clip.append(line)

@@ -34,7 +34,7 @@ def test_a_saturated_adagc_is_reported_and_a_healthy_one_is_not():
     assert saturation_warning("adagc", healthy.saturation.steps, *ok_ema) is None
     assert "learning-rate cut" in saturation_line("adagc", sat)
     assert "learning-rate cut" not in saturation_line("adagc", ok)
-    assert saturation_line("adagc", ok).startswith("clip=adagc after warm-up: ")
+    assert saturation_line("adagc", ok).startswith("clip=adagc after its warm-up: ")
     # a fixed threshold has no warm-up: its line says it counts every step (held-out tester round 3: "after
     # warm-up" beside a sweep table over the settled steps read as two answers to one question)
     assert saturation_line("global", ok).startswith("clip=global over every step (no warm-up: the start-up "
