@@ -34,6 +34,7 @@ from typing import Any
 from .._optional import require
 from ..console import TrainConsole
 from .options import resolve_options
+from .trainer_frames import find_trainer
 
 require("transformers", "hf")
 from transformers import TrainerCallback  # noqa: E402
@@ -106,7 +107,7 @@ class GradLocCallback(TrainerCallback):
         if state.global_step > 0:
             from .checkpoint_state import load_state
 
-            load_state(self.handle, _resumed_folder(args, state), state.global_step)
+            load_state(self.handle, _resumed_folder(args, state, self), state.global_step)
 
     def _take_over_clipping(self, args) -> None:
         """Trainer skips its ``max_grad_norm`` clipping during ``train()``; the monitor clips after it
@@ -149,7 +150,7 @@ class GradLocCallback(TrainerCallback):
         if self.handle is not None and args.should_save:  # rank 0, or each node's first with save_on_each_node
             from .checkpoint_state import save_state
 
-            save_state(self.handle, _checkpoint_folder(args, state))
+            save_state(self.handle, _checkpoint_folder(args, state, find_trainer(self)))
 
     def on_step_end(self, args, state, control, **kwargs):
         # the report_to callbacks run first at train end (MLflow ends its run there): flush before
@@ -177,14 +178,22 @@ def default_run_name(model: Any, seed: int) -> str:
     return f"{kind} seed={seed} {time.strftime('%m-%d %H:%M:%S')}"
 
 
-def _checkpoint_folder(args: Any, state: Any) -> str:
-    """The folder Trainer saves the checkpoint of ``state.global_step`` in."""
+def _checkpoint_folder(args: Any, state: Any, trainer: Any = None) -> str:
+    """The folder Trainer saves the checkpoint of ``state.global_step`` in: under a hyperparameter search's trial
+    folder (``run-<trial>/``) when ``trainer`` runs one (the state went to ``output_dir`` and the trial's own
+    checkpoint resumed without it), else under ``output_dir``."""
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-    return os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+    base = args.output_dir
+    if trainer is not None and getattr(trainer, "hp_search_backend", None) is not None:
+        try:
+            base = trainer._get_output_dir(trial=getattr(trainer, "_trial", None))
+        except Exception:  # Trainer's private helper changed: output_dir, as before
+            pass
+    return os.path.join(base, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
 
 
-def _resumed_folder(args: Any, state: Any) -> str:
+def _resumed_folder(args: Any, state: Any, callback: Any = None) -> str:
     """The checkpoint ``train()`` resumes from. Trainer does not tell callbacks; its training loop holds the path
     (``resume_from_checkpoint``, already resolved from ``True``) a few frames up the stack from this callback.
     Else the folder Trainer would have saved this step's checkpoint in."""
@@ -198,7 +207,7 @@ def _resumed_folder(args: Any, state: Any) -> str:
                 return os.fspath(path)
             break
         frame = frame.f_back
-    return _checkpoint_folder(args, state)
+    return _checkpoint_folder(args, state, find_trainer(callback) if callback is not None else None)
 
 
 _FRAMES = 16  # how far up the stack the training loop is looked for (on_train_begin is ~4 frames below it)
@@ -209,8 +218,6 @@ def _ddp_wrapped(callback: GradLocCallback, model: Any) -> Any:
     whose probes never all-reduce their gradients, so every localization under DDP failed its step check ('the
     gradient differs across ranks', held-out tester round 8). Else ``model`` (one process, DeepSpeed, FSDP)."""
     from torch.nn.parallel import DistributedDataParallel
-
-    from .trainer_frames import find_trainer
 
     trainer = find_trainer(callback)
     wrapped = getattr(trainer, "model_wrapped", None)

@@ -259,3 +259,27 @@ def test_lightning_strategies_that_restore_after_setup_and_a_validate_before_a_f
     again.validate(model, data(), ckpt_path=str(tmp_path / "half.ckpt"))
     again.fit(model, data())  # a fresh fit, no ckpt_path
     assert at_start["steps"] == 0 and current["callback"].handle.monitor.clipper.steps == 4
+
+
+def test_a_hyperparameter_search_trial_saves_the_state_in_its_own_checkpoint(tmp_path):
+    """Under ``hyperparameter_search`` Trainer saves to ``output_dir/run-<trial>/checkpoint-N``; the state went to
+    ``output_dir/checkpoint-N`` (a folder nobody resumes from), so a trial's resume started the clipper anew
+    (reviewer round 8). A trial as Trainer's Optuna backend hands it (``trial.number``), no Optuna needed."""
+    from transformers import Trainer
+    from transformers.trainer_utils import HPSearchBackend
+
+    from gradloc_track.integrations.hf import GradLocCallback
+
+    callback = GradLocCallback(**OPTS)
+    trainer = Trainer(model=tiny_gpt2(), args=hf_args(tmp_path, steps=SAVE_AT), train_dataset=hf_dataset(1),
+                      callbacks=[callback])
+    trainer.hp_search_backend, trainer.hp_space = HPSearchBackend.OPTUNA, lambda trial: {}
+    class Trial(dict):  # what Trainer reads of a trial: its number (Optuna), its params; a dict for hp_params
+        number, params = 3, {}
+
+    trainer.train(trial=Trial())
+    folder = tmp_path / "out" / "run-3" / f"checkpoint-{SAVE_AT}"
+    assert (folder / "model.safetensors").is_file() or any(folder.iterdir())  # Trainer's own checkpoint
+    saved = torch.load(folder / "gradloc_track.pt", weights_only=True)
+    assert saved["clipper"]["steps"] == SAVE_AT
+    assert not (tmp_path / "out" / f"checkpoint-{SAVE_AT}").exists()
