@@ -156,12 +156,13 @@ def parse_table(data: bytes, name: str, notes: list[str]) -> dict:
         notes.append(f"{name} is not a table (expected an object with \"columns\" and \"data\" lists, "
                      f"got {type(table).__name__}); the culprit table is left out")
         return empty
+    restore_nonfinite(table)  # by the part's own row numbers: before any row is left out
     cols = table["columns"]
     rows = [r for r in table["data"] if isinstance(r, list) and len(r) == len(cols)]
     if len(rows) != len(table["data"]):
         notes.append(f"{name}: {len(table['data']) - len(rows)} row(s) without exactly {len(cols)} cells "
                      "were left out")
-    return restore_nonfinite({"columns": [str(c) for c in cols], "data": rows})
+    return {"columns": [str(c) for c in cols], "data": rows}
 
 
 def _events(src: ReportSource) -> tuple[dict, dict[int, str], dict[int, bytes]]:

@@ -328,7 +328,9 @@ def watch_terms(batch: LMBatch, logits: torch.Tensor) -> None:
     of the next token and of two fixed columns (a term that holds its target at probability 1.0 still has the
     others' tiny probabilities), and the whole last row, whose most negative entry is its target. The rebuilt
     loss then has every term the user's has and no other (without it a prompt-masked loop's replay counted
-    the prompt, and the step check called a data spike irreproducible)."""
+    the prompt, and the step check called a data spike irreproducible). Float16 logits are read for the last
+    target only (their gradient underflows to 0 on confident terms); several backwards through the logits add
+    up their terms."""
     if not (isinstance(logits, torch.Tensor) and logits.requires_grad and logits.dim() == 3):
         return
     ids = batch.input_ids
@@ -337,10 +339,18 @@ def watch_terms(batch: LMBatch, logits: torch.Tensor) -> None:
         g = grad.detach()
         last = g[:, -1, :]  # (B, V)
         term = last.abs().amax(-1) > 0
-        batch.last_targets = torch.where(term, last.argmin(-1), torch.full_like(term, IGNORE, dtype=torch.long))
+        target = torch.where(term, last.argmin(-1), torch.full_like(term, IGNORE, dtype=torch.long))
+        # a second backward through the same logits (retain_graph: a z-loss on some positions) adds its terms
+        old = batch.last_targets
+        batch.last_targets = target if old is None else torch.where(term, target, old)
+        if g.dtype == torch.float16:
+            # float16 underflows a confident term's whole row to 0 (p / N below 6e-8): a zero says nothing there,
+            # and dropping such terms halved the rebuilt loss (reviewer round 9); every position stays a term
+            return
         body = g[:, :-1, :]
         nxt = ids[:, 1:].to(g.device).clamp(0, g.shape[-1] - 1).unsqueeze(-1)
-        batch.terms = (body.gather(-1, nxt).squeeze(-1) != 0) | (body[..., :2] != 0).any(-1)  # (B, T-1)
+        terms = (body.gather(-1, nxt).squeeze(-1) != 0) | (body[..., :2] != 0).any(-1)  # (B, T-1)
+        batch.terms = terms if batch.terms is None else batch.terms | terms
 
     logits.register_hook(read)
 

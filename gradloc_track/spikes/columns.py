@@ -49,6 +49,8 @@ def check_context_columns(sample_columns: Mapping[str, Any], extra_columns: Mapp
     check_names(sample_columns, "sample", SAMPLE_RANK)  # token columns may be the table's own (TRL's document)
     k = len(masks)
     for kind, columns in (("sample_columns", sample_columns), ("extra_columns", extra_columns)):
+        if type(columns) is not dict:  # a lazy mapping (TRL's RL columns): computed only for a localized spike
+            continue
         for name, values in columns.items():
             parts = values if micro else [values]
             if micro and (isinstance(values, torch.Tensor) or not isinstance(values, Sequence) or len(values) != k):
@@ -75,9 +77,14 @@ def _check_part(kind: str, name: str, values: Any, bt: tuple[int, ...], where: s
 
 
 def _shape(values: Any) -> tuple[int, ...] | None:
+    """The column's shape: an array's, or a list's length by its first entry's (B lists, tensors or arrays)."""
     shape = getattr(values, "shape", None)
     if shape is not None:
         return tuple(shape)
-    if isinstance(values, (list, tuple)) and values and isinstance(values[0], (list, tuple)):
-        return (len(values), len(values[0]))
-    return (len(values),) if isinstance(values, (list, tuple)) else None
+    if not isinstance(values, (list, tuple)):
+        return None
+    if values:
+        first = _shape(values[0])
+        if first:
+            return (len(values), *first)
+    return (len(values),)

@@ -1,11 +1,11 @@
 """A table part as strict JSON: a non-finite number (a NaN step's grad norm, an infinite z-score) is written as
-the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"`` and read back as the float.
+the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``, its cell listed under the part's ``"nonfinite"`` key,
+and read back as the float.
 
 Python's ``json`` writes bare ``NaN`` / ``Infinity``, which no strict parser takes (JavaScript's ``JSON.parse``,
 MLflow's artifact viewer, ``jq``): the part of exactly the step a person most wants to read failed to open
-(held-out tester round 8). Reading back, a cell is turned into the float only in a column that is not text: one
-of the table's own numeric columns, or a user column whose other cells are numbers (a token whose text is "NaN"
-stays text).
+(held-out tester round 8). Only the cells the part lists are turned back into floats, so text that reads "NaN"
+(a token, a user's column) stays text.
 """
 from __future__ import annotations
 
@@ -14,37 +14,42 @@ import math
 from typing import Any, Sequence
 
 NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
-TEXT_COLUMNS = frozenset({"token", "level", "top_layers", "signal", "sample_id", "text", "cause", "detail", "culprit",
-                          "why_not", "source"})
+CELLS = "nonfinite"  # the part's key listing [row, column] of each cell written as one of NONFINITE's strings
 
 
-def _cell(v: Any) -> Any:
-    if isinstance(v, float) and not math.isfinite(v):
-        return "NaN" if v != v else ("Infinity" if v > 0 else "-Infinity")
-    return v
+def _name(v: float) -> str:
+    return "NaN" if v != v else ("Infinity" if v > 0 else "-Infinity")
 
 
 def dumps_table(columns: Sequence[Any], rows: Sequence[Sequence[Any]]) -> str:
     """``{"columns": [...], "data": [[...]]}`` as strict JSON (anything else not JSON: its ``str``)."""
-    data = [[_cell(v) for v in r] for r in rows]
-    return json.dumps({"columns": list(columns), "data": data}, default=str, allow_nan=False)
+    data, cells = [], []
+    for i, r in enumerate(rows):
+        row = list(r)
+        for j, v in enumerate(row):
+            if isinstance(v, float) and not math.isfinite(v):
+                row[j] = _name(v)
+                cells.append([i, j])
+        data.append(row)
+    part = {"columns": list(columns), "data": data}
+    if cells:
+        part[CELLS] = cells
+    return json.dumps(part, default=str, allow_nan=False)
 
 
 def restore_nonfinite(table: dict[str, Any]) -> dict[str, Any]:
-    """``table`` (as read) with the non-finite numbers ``dumps_table`` wrote as strings back as floats, in place."""
-    columns, rows = table.get("columns"), table.get("data")
-    if not isinstance(columns, list) or not isinstance(rows, list):
+    """``table`` (as read) with the cells its ``"nonfinite"`` key lists back as floats, in place (the key is
+    dropped: a merged table's row numbers are not the part's)."""
+    cells = table.pop(CELLS, None)
+    rows = table.get("data")
+    if not isinstance(cells, list) or not isinstance(rows, list):
         return table
-    for j, name in enumerate(columns):
-        if name in TEXT_COLUMNS:
+    for cell in cells:
+        if not (isinstance(cell, list) and len(cell) == 2 and all(isinstance(k, int) for k in cell)):
             continue
-        cells = [r[j] for r in rows if isinstance(r, list) and j < len(r)]
-        marked = [v for v in cells if isinstance(v, str) and v in NONFINITE]
-        if not marked:
-            continue
-        others = [v for v in cells if v is not None and not (isinstance(v, str) and v in NONFINITE)]
-        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in others):
-            for r in rows:
-                if isinstance(r, list) and j < len(r) and isinstance(r[j], str) and r[j] in NONFINITE:
-                    r[j] = NONFINITE[r[j]]
+        i, j = cell
+        if 0 <= i < len(rows) and isinstance(rows[i], list) and 0 <= j < len(rows[i]):
+            v = rows[i][j]
+            if isinstance(v, str) and v in NONFINITE:
+                rows[i][j] = NONFINITE[v]
     return table

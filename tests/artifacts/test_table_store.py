@@ -44,9 +44,9 @@ def test_a_non_finite_step_is_strict_json_and_reads_back_as_numbers(tmp_path, ml
     from gradloc_track.trackers import LocalTracker
     from gradloc_track.trackers.mlflow_tracker import MlflowTracker
 
-    columns = ["step", "token", "share", "grad_norm", "z", "advantage", "source"]
-    rows = [[7, "NaN", 0.5, float("nan"), float("inf"), -float("inf"), "NaN"],
-            [7, "Infinity", None, 2.0, 3.5, 1.0, "web"]]
+    columns = ["step", "token", "share", "grad_norm", "z", "advantage", "source", "lang"]
+    rows = [[7, "NaN", 0.5, float("nan"), float("inf"), -float("inf"), "NaN", "Infinity"],
+            [7, "Infinity", None, 2.0, 3.5, 1.0, "web", None]]  # "lang": text alone in its column stays text
     local = LocalTracker(tmp_path / "run")
     local.log_table("spikes/tokens", columns, rows, step=7)
     local.finish()
@@ -63,4 +63,9 @@ def test_a_non_finite_step_is_strict_json_and_reads_back_as_numbers(tmp_path, ml
     assert got["columns"] == columns
     first, second = got["data"]
     assert first[:3] == [7, "NaN", 0.5] and math.isnan(first[3]) and first[4:6] == [math.inf, -math.inf]
-    assert first[6] == "NaN" and second == rows[1]  # text columns stay text
+    assert first[6:] == ["NaN", "Infinity"] and second == rows[1]  # text stays text
+    one = tmp_path / "one"  # a one-row part of user text only (reviewer round 9: it was guessed to be numbers)
+    local = LocalTracker(one)
+    local.log_table("spikes/tokens", ["step", "source"], [[9, "NaN"]], step=9)
+    local.finish()
+    assert read_table(one)["data"] == [[9, "NaN"]]

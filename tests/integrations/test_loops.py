@@ -192,3 +192,47 @@ def test_a_prompt_masked_loop_on_ids_alone_rebuilds_its_loss_terms_only(autocast
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         rebuilt = loss_fn(full)
     assert float(rebuilt) == pytest.approx(float(loss), rel=1e-5)
+
+
+def test_the_terms_read_from_the_gradient_add_up_over_backwards_and_float16_keeps_every_position():
+    """Two backwards through one forward's logits (retain_graph: a cross-entropy, then a z-loss on the last 4
+    positions) add up their terms; the second replaced the first's (reviewer round 9). Float16 logits underflow
+    a confident term's whole gradient row to 0, so a zero says nothing there: every position stays a term
+    (reading them halved a memorised batch's rebuilt loss)."""
+    from gradloc_track.integrations.batches import LMBatch, watch_terms
+
+    ids = torch.randint(0, 8, (2, 6), generator=torch.Generator().manual_seed(0))
+    for dtype in (torch.float32, torch.float16):
+        batch = LMBatch(input_ids=ids)
+        logits = torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(1)).to(dtype).requires_grad_()
+        watch_terms(batch, logits)
+        ce = F.cross_entropy(logits[:, :-1].float().reshape(-1, 8), ids[:, 1:].reshape(-1))
+        ce.backward(retain_graph=True)
+        logits[:, -4:].float().logsumexp(-1).pow(2).mean().backward()
+        _, mask, _ = batch.targets()
+        if dtype == torch.float32:
+            assert batch.terms.all() and mask[:, :-1].all()  # the CE's 5 positions a row, the z-loss's among them
+        else:
+            assert batch.terms is None and mask[:, :-1].all()
+        assert (batch.last_targets != -100).all()  # the z-loss has a term at the last position
+
+
+def test_a_spike_contexts_column_checks_take_every_form_the_table_reads():
+    """A per-position column as B per-sample tensors or arrays was refused as '(B,)' (reviewer round 9); a lazy
+    mapping (TRL's RL columns) is not computed to be checked: it costs a forward, only for a localized spike."""
+    import numpy as np
+
+    from gradloc_track.integrations.rl_columns import LazyColumns
+    from gradloc_track.spikes import SpikeContext
+
+    def never():
+        raise AssertionError("computed at construction")
+
+    mask = torch.ones(3, 5)
+    ctx = SpikeContext(lambda keep: keep.sum(), mask,
+                       extra_columns={"advantage": [torch.arange(5.0)] * 3, "logprob": [np.zeros(5)] * 3},
+                       sample_columns={"reward": np.zeros(3), "pair": torch.zeros(3, 2)})
+    assert set(ctx.extra_columns) == {"advantage", "logprob"}
+    SpikeContext(lambda keep: keep.sum(), mask, extra_columns=LazyColumns(["ratio"], never))
+    with pytest.raises(ValueError, match=r"extra_columns\['advantage'\]: one value per position, shape \(3, 5\)"):
+        SpikeContext(lambda keep: keep.sum(), mask, extra_columns={"advantage": [torch.arange(4.0)] * 3})
