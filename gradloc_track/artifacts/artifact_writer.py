@@ -165,12 +165,14 @@ class _RenderJob:
 
     def _heatmap(self) -> Path | None:
         first = next((c for c in self.result.culprits if c.batch is not None), None)
-        if first is None or self.png_path is None or self.result.layer_map is None:
-            return None  # no layer map (a non-finite step's culprits are named from their losses): no image
+        if first is None or self.png_path is None:
+            return None
         result, ctx = self.result, self.ctx
         if getattr(ctx, "micro_batches", None):  # K micro-batches: the first culprit's
             k = first.micro_batch or 0
             ctx, result = ctx.micro_batch_view(k), result.for_micro_batch(k)
+        if result.layer_map is None:  # a non-finite step's culprits are named from their losses: no image
+            return None
         return draw_heatmap(result, first.batch, self.png_path, ctx, self._hurry)
 
     def hurry(self) -> None:

@@ -74,13 +74,33 @@ def _leaked(batch: Any) -> dict[str, Any]:
 def _fitting(batch: Any) -> dict[str, Any]:
     rows = int(batch.input_ids.shape[0])
     out = {}
+    docs = None
     for name, values in (batch.info or {}).items():
-        if column_length(values) != rows:
-            warnings.warn(f"gradloc-track: sample column {name!r} has {column_length(values)} values for a "
-                          f"micro-batch of {rows} samples; it is left out of this step's table", stacklevel=3)
+        n = column_length(values)
+        if n != rows:
+            docs = _documents_per_row(batch) if docs is None else docs
+            if docs and n == sum(docs):  # packed rows (DataCollatorWithFlattening): one value a document
+                flat = values.tolist() if hasattr(values, "tolist") else list(values)
+                ends = [sum(docs[: i + 1]) for i in range(len(docs))]
+                out[name] = [flat[e - d: e] for e, d in zip(ends, docs)]  # a row's cell: its documents' values
+                continue
+            warnings.warn(f"gradloc-track: sample column {name!r} has {n} values for a micro-batch of {rows} "
+                          f"samples{f' ({sum(docs)} packed documents)' if docs else ''}; it is left out of this "
+                          "step's table", stacklevel=3)
             continue
         out[name] = values
     return out
+
+
+def _documents_per_row(batch: Any) -> list[int]:
+    """How many documents each row packs (``position_ids`` restarting at 0), [] without packing. A host read:
+    once per spike, when a column's length is not the rows'."""
+    pos = getattr(batch, "position_ids", None)
+    if pos is None or pos.dim() != 2:
+        return []
+    starts = (pos == 0)
+    starts[:, 0] = True
+    return [int(v) for v in starts.sum(1).tolist()]
 
 
 def strip_sample_info(model: torch.nn.Module) -> Any:

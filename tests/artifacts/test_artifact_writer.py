@@ -64,6 +64,24 @@ def test_a_result_without_a_layer_map_gets_its_page_and_no_image_silently(spike,
     assert tracker.tables["spikes/tokens"]["rows"]
 
 
+def test_a_spike_over_micro_batches_gets_the_heatmap_of_its_first_culprits_micro_batch(tmp_path):
+    """Gradient accumulation: the result holds one layer map a micro-batch (``layer_maps``), none for the step;
+    the heatmap is the first culprit's micro-batch's (round 9's tester: no image with accumulation, after the
+    no-layer-map check moved before the micro-batch view)."""
+    import dataclasses
+
+    from .cases import T_LEVELS, levels_case
+
+    events, result, ctx = levels_case()
+    maps = [torch.rand(1, 2, T_LEVELS, generator=torch.Generator().manual_seed(k)) + 0.1 for k in range(3)]
+    result = dataclasses.replace(result, layer_maps=maps)
+    assert result.layer_map is None
+    tracker = MemoryTracker()
+    SpikeArtifactWriter(tracker, run_dir=tmp_path).write(12, events, result, ctx)
+    (image,) = tracker.images
+    assert image[2].read_bytes()[:4] == b"\x89PNG"
+
+
 def test_writer_never_raises(spike, tmp_path):
     class Broken(MemoryTracker):
         def log_table(self, *a, **k):

@@ -89,6 +89,27 @@ def test_a_column_of_the_wrong_length_is_left_out_with_a_warning():
     assert cols == {"source": ["a", "b", "c"]}
 
 
+def test_packed_rows_take_one_value_a_document_and_each_culprit_reads_its_documents():
+    """DataCollatorWithFlattening packs a micro-batch's examples into one row (``position_ids`` restart at 0):
+    ``keep_columns`` collates one value an example, a document. They were left out with a warning per column
+    per spike (held-out tester round 9); now each row's cell holds its documents' values and a culprit
+    document reads its own, as verl's per-document rewards do."""
+    from gradloc_track.localizer.culprit_view import CulpritView
+    from gradloc_track.spikes import SpikeContext
+
+    pos = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3, 0], [0, 1, 2, 3, 4, 0, 1, 2, 3, 4]])  # 4 and 2 documents
+    batch = SimpleNamespace(input_ids=torch.zeros(2, 10, dtype=torch.long), position_ids=pos,
+                            info={"dataset_index": torch.tensor([10, 11, 12, 13, 20, 21]),
+                                  "source": ["a", "b", "c", "d", "e", "f"]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cols = sample_columns([batch])
+    assert cols == {"dataset_index": [[10, 11, 12, 13], [20, 21]], "source": [["a", "b", "c", "d"], ["e", "f"]]}
+    ctx = SpikeContext(lambda keep: keep.sum(), torch.ones(2, 10), sample_columns=cols)
+    view = CulpritView(None, ctx)
+    assert view.sample_cell("dataset_index", None, 0, 2) == 12 and view.sample_cell("source", None, 1, 1) == "f"
+
+
 def test_the_strip_hook_keeps_the_columns_from_the_forward_until_removed():
     class Strict(torch.nn.Module):
         def forward(self, x, scale=1.0):  # would fail on an unknown keyword
