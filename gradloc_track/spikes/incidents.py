@@ -87,4 +87,6 @@ def _still(inc: Incident, lr: float | None) -> str:
     if inc.lr_raised(lr):
         return (f"the learning rate is still {lr / inc.base_lr:.3g}x what it was before step {inc.step} "
                 f"({inc.base_lr:.3g} -> {lr:.3g})")
-    return f"{inc.cause.detail.rstrip('.')}; the run is still recovering"
+    # the incident's own sentence speaks of "this step": here it is the incident's (round 9: step 103's block said
+    # "the learning rate rose 30x at this step" after the learning rate was back)
+    return f"{inc.cause.detail.rstrip('.').replace('at this step', f'at step {inc.step}')}; the run is still recovering"

@@ -13,6 +13,9 @@ def test_the_steps_after_an_lr_jump_are_its_aftermath_not_new_causes():
         got = inc.link(step, Cause(own, f"its own {own} reading"), lr=0.001, prev_lr=0.05)
         assert got.name == "schedule" and got.detail.startswith("aftermath of step 250 (schedule): ")
         assert f"on its own this step would read: its own {own} reading" in got.detail
+        # the lr is back: the incident's words say which step they are about (round 9: "at this step")
+        assert "the learning rate rose 50x at step 250 (0.001 -> 0.05)" in got.detail
+        assert "this step (" not in got.detail
     late = 254 + WINDOW + 1  # past the window after the last linked step: a new, unrelated step
     assert inc.link(late, Cause("data", "x"), lr=0.001, prev_lr=0.001).name == "data"
 
