@@ -110,7 +110,11 @@ def test_ema_statistics_match_the_equations():
     z = (math.log(5.0) - f) / math.sqrt(var)
     assert det.metrics()["spike/zscore"] == pytest.approx(z, rel=1e-6)
     assert det.metrics()["spike/ratio"] == pytest.approx(5.0 / math.exp(f), rel=1e-6)
-    assert det.metrics()["spike/threshold"] == pytest.approx(math.exp(f + 50 * math.sqrt(var)), rel=1e-6)
+    # the norm that would fire: the z rule's, or the ratio_thresh safety net's when that is lower (it fires
+    # whatever the noise: round 9's threshold read 101x the mean where the 20x net fired)
+    want = min(math.exp(f + 50 * math.sqrt(var)), math.exp(f) * det.config.ratio_thresh)
+    assert det.metrics()["spike/threshold"] == pytest.approx(want, rel=1e-6)
+    assert math.exp(f + 50 * math.sqrt(var)) > math.exp(f) * det.config.ratio_thresh  # the net is what binds here
 
 
 def test_a_steady_rise_is_followed_not_fired_on():
