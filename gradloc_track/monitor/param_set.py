@@ -1,7 +1,7 @@
 """The monitored parameters: which tensors, how they group into layers, how the clipper's map.
 
-Built at construction and rebuilt when a parameter's ``requires_grad`` flips (checked on syncing
-steps only: one pass over the flags there, nothing on other steps). A rebuild that fails its
+Built at construction and rebuilt when a parameter's ``requires_grad`` flips or a parameter joins the model
+(checked on syncing steps only: one pass over the flags there, nothing on other steps). A rebuild that fails its
 checks leaves the set as it was.
 """
 from __future__ import annotations
@@ -16,6 +16,23 @@ from ..grouping import LayerGrouping
 from ..norms import trainable_params
 
 log = logging.getLogger(__name__)
+
+
+_registered = [0]  # parameters registered on any module since the hook went in (a version, nothing more)
+_hooked = [False]
+
+
+def _count(module: torch.nn.Module, name: str, param: Any) -> None:
+    _registered[0] += 1
+
+
+def _watch_registrations() -> int:
+    """Install (once per process) torch's global parameter-registration hook that bumps ``_registered``; the
+    count now."""
+    if not _hooked[0]:
+        _hooked[0] = True
+        torch.nn.modules.module.register_module_parameter_registration_hook(_count)
+    return _registered[0]
 
 
 class ParamSet:
@@ -43,6 +60,7 @@ class ParamSet:
         # parameters unfrozen (or frozen) after the monitor was built
         self._all_params = list(self.model.parameters())
         self._flags = [p.requires_grad for p in self._all_params]
+        self._version = _watch_registrations()
         self.layer_keys = [f"grad_norm/{lay}" for lay in layers]
         self.tensor_keys = [f"grad_norm/tensor/{n}" for n in self.names]
         self.weight_keys = ["weight_norm/global"] + [f"weight_norm/{lay}" for lay in layers]
@@ -57,7 +75,13 @@ class ParamSet:
             list(self.clipper.names), self.config.group_by, self.config.groups or None)
 
     def changed(self) -> bool:
-        """Did any parameter's requires_grad flip since the last scan? (syncing steps only: O(#params))"""
+        """Did any parameter's requires_grad flip, or a parameter join the model, since the last scan? (syncing
+        steps only: O(#params) flags; the model's parameters are listed again only when some module, anywhere,
+        registered a parameter since: a counter bumped by torch's registration hook)"""
+        if _registered[0] != self._version:
+            self._version = _registered[0]
+            if [id(p) for p in self.model.parameters()] != [id(p) for p in self._all_params]:
+                return True  # a parameter added mid-run (round 10: never monitored, its spikes never localized)
         return [p.requires_grad for p in self._all_params] != self._flags
 
     def rescan(self, step: int) -> None:

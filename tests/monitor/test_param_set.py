@@ -130,3 +130,18 @@ def test_a_clipper_holding_tensors_the_monitor_does_not_computes_its_own_norms()
 def test_no_clipper_no_clip():
     ps, _ = make()
     assert ps.clip(torch.zeros(4)) is None
+
+
+def test_a_parameter_added_mid_run_is_seen_and_monitored_and_another_models_is_not_a_change():
+    """``model.scale = nn.Parameter(...)`` after the monitor was built: never monitored, the logged global norm
+    left it out, and a clipper's localizations then failed their coefficient count (held-out tester round 10).
+    A parameter registered on another model changes nothing here."""
+    m = model()
+    ps, _ = make(m)
+    torch.nn.Linear(2, 2)  # another module's parameters: looked at, not a change
+    assert not ps.changed()
+    m.scale = torch.nn.Parameter(torch.ones(1))
+    assert ps.changed()
+    ps.rescan(20)
+    assert ps.names == ["scale", "0.weight", "0.bias", "2.weight", "2.bias"] and not ps.changed()  # named_parameters'
+    assert ps.names == [n for n, _ in m.named_parameters()]
