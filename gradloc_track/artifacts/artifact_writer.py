@@ -171,8 +171,8 @@ class _RenderJob:
         if getattr(ctx, "micro_batches", None):  # K micro-batches: the first culprit's
             k = first.micro_batch or 0
             ctx, result = ctx.micro_batch_view(k), result.for_micro_batch(k)
-        if result.layer_map is None:  # a non-finite step's culprits are named from their losses: no image
-            return None
+        if result.layer_map is None or result.layer_map.shape[0] == 0:  # a non-finite step's culprits are named
+            return None  # from their losses, a model without readable layers has no map: no image
         return draw_heatmap(result, first.batch, self.png_path, ctx, self._hurry)
 
     def hurry(self) -> None:

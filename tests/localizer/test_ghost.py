@@ -3,6 +3,7 @@
 The helpers' LM is position-wise (no attention), so every layer's ghost norm is exact per term."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from gradloc_track.localizer.ghost import GhostMap
@@ -71,3 +72,49 @@ def test_a_mask_over_other_positions_than_the_models_says_what_to_pass():
     with pytest.raises(ValueError, match=re.escape(f"token mask's {(B, T - 1)} positions (its layers see {(B, T)})")
                        + r".*token_mask\[:, -1\] = 0"):
         gradloc_track.locate(model, shifted, torch.ones(B, T - 1))
+
+
+def test_a_model_without_a_layer_the_map_reads_is_searched_by_probes_alone():
+    """Adapters written as raw nn.Parameters (no Linear, no Embedding): the ghost map reads nothing, and every
+    localization failed, bisection too (held-out tester round 10). The map is empty and the exact probes find
+    the culprit sample, with its share against one backward per sample."""
+    import gradloc_track
+
+    class Raw(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            g = torch.Generator().manual_seed(0)
+            self.emb = torch.nn.Parameter(torch.randn(16, 8, generator=g) * 0.1)
+            self.head = torch.nn.Parameter(torch.randn(8, 16, generator=g) * 0.1)
+
+        def forward(self, ids):
+            return torch.tanh(self.emb[ids]) @ self.head
+
+    model = Raw()
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randint(0, 16, (4, 6), generator=g), torch.randint(0, 16, (4, 6), generator=g)
+    weight = torch.ones(4, 6)
+    weight[2] = 40.0  # sample 2's terms weigh 40x: its gradient is the step's
+
+    def loss_fn(keep):
+        per = torch.nn.functional.cross_entropy(model(x).reshape(-1, 16), y.reshape(-1), reduction="none")
+        return (per.view(4, 6) * weight * keep).sum() / 24
+
+    def sample_sq(b):
+        keep = torch.zeros(4, 6)
+        keep[b] = 1
+        model.zero_grad()
+        loss_fn(keep).backward()
+        return sum(p.grad.pow(2).sum() for p in model.parameters())
+
+    total = torch.ones(4, 6)
+    model.zero_grad()
+    loss_fn(total).backward()
+    full = sum(p.grad.pow(2).sum() for p in model.parameters())
+    want = float(sample_sq(2) / full)
+    model.zero_grad()
+    loss_fn(total).backward()
+    result = gradloc_track.locate(model, loss_fn, total)
+    (top,) = [c for c in result.culprits if c.batch == 2 and c.level == "sample"]
+    assert top.share == pytest.approx(want, rel=1e-3) if top.raw_share is None else \
+        top.raw_share == pytest.approx(want, rel=1e-3)
