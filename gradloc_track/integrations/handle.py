@@ -273,6 +273,8 @@ class WatchHandle:
         """Can the per-term loss be rebuilt from the captured calls? If not, say why once (naming
         ``set_loss_fn``): spikes are still detected, not localized."""
         why = next((b.unusable for b in batches if b.unusable), None)
+        # a spike's record says it too (not "no spike_context passed", which the user never had to pass)
+        self.monitor.responder.no_context = None if why is None else f"{why} (handle.set_loss_fn localizes)"
         if why is not None and not self._said_unusable:
             self._said_unusable = True
             warnings.warn(f"gradloc-track: {why}; spikes are detected but not localized. To localize them, "

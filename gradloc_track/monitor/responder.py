@@ -54,6 +54,7 @@ class SpikeResponder:
         self.incidents = Incidents()  # a step in an explained incident's recovery reports its cause
         self.corrupt: Any = None  # a weight found corrupt (weight_check.CorruptWeight) while it stays so
         self.junk_rule = junk_rule(None)  # the detector's (junk_terms, junk_margin), for data_flags
+        self.no_context: str | None = None  # why a front door had no context this step (watch(): its reason)
 
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run's diagnosis goes on from: the open incident (its aftermath keeps its cause),
@@ -233,7 +234,7 @@ class SpikeResponder:
             return (f"backing off after {self.events_unconfirmed} spikes without a culprit "
                     f"(next try at step {self._retry_step})")
         if ctx is None:
-            return "no spike_context passed to after_backward"
+            return self.no_context or "no spike_context passed to after_backward"
         return None
 
     def _record_detection(self, step: int, events: tuple[SpikeEvent, ...], why_not: str | None) -> None:

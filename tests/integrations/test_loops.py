@@ -75,6 +75,9 @@ def test_last_position_logits_name_set_loss_fn_once():
     assert len(said) == 1, said
     assert "logits for 1 of the batch's 15 positions" in said[0] and "handle.set_loss_fn(" in said[0]
     assert handle.steps == 3
+    # a spike's record says the same reason, not "no spike_context passed" (the user never had to pass one)
+    why = handle.monitor.responder.why_not_localized(3, None)
+    assert "logits for 1 of the batch's 15 positions" in why and "set_loss_fn" in why
 
 
 def test_accelerate_prepared_optimizer_is_hooked_once_per_real_step(gpt2, tmp_path):
