@@ -64,7 +64,7 @@ def same(quoted: str, fresh: str) -> bool:
 
 def normalize(text: str, root: Path) -> str:
     """Paths under the run's temporary root, MLflow ids, start times and durations as the docs write them."""
-    text = text.replace(f"sqlite:///{root}/mlflow.db", "sqlite:///<your clone>/mlflow.db")
+    text = text.replace(f"sqlite:///{root}/mlflow.db", "sqlite:///<the folder you ran it from>/mlflow.db")
     text = text.replace(str(root) + "/", "")
     # Hydra's run dirs (runs/<stamp>) and the argparse examples' (runs/<example>/<stamp>)
     text = re.sub(r"\b(runs/(?:[\w-]+/)?)\d{4}-\d\d-\d\d_[\d_-]+", r"\1<date>", text)

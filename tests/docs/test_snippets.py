@@ -77,7 +77,7 @@ def test_a_quoted_number_that_no_longer_holds_fails_and_rewrite_fixes_it(tmp_pat
     assert "(89% of" in text and "step  10/130" not in text and text.endswith("<!-- /snippet -->\nend\n")
     assert "MLflow run demo <time> (<run id>): http://127.0.0.1:5000/#/experiments/<id>/runs/<run id>" in text
     assert "done: 130 steps in <s> s" in text and "gradloc-track report runs/<date> -o spike_report.html" in text
-    assert normalize(f"sqlite:///{root}/mlflow.db", root) == "sqlite:///<your clone>/mlflow.db"
+    assert normalize(f"sqlite:///{root}/mlflow.db", root) == "sqlite:///<the folder you ran it from>/mlflow.db"
 
 
 @pytest.mark.slow
