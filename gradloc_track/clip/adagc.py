@@ -63,6 +63,16 @@ class AdaGC(Clipper):
         self.gamma = torch.zeros(shape, device=device)  # running norm; meaningful where ``seen``
         self.seen = torch.zeros(shape, dtype=torch.bool, device=device)  # has had a gradient
 
+    def _adopt(self, index: list[int | None]) -> bool:
+        """Each kept tensor its running norm; a new one none yet (lazily initialised at its first gradient)."""
+        if self.mode == "global":
+            return True
+        pos = torch.tensor([-1 if j is None else j for j in index], device=self.gamma.device)
+        known = pos >= 0
+        self.gamma = torch.where(known, self.gamma[pos.clamp(min=0)], torch.zeros((), device=self.gamma.device))
+        self.seen = known & self.seen[pos.clamp(min=0)]
+        return True
+
     @property
     def in_warmup(self) -> bool:
         return self.steps < self.warmup_steps

@@ -142,6 +142,28 @@ class Clipper(StepHandoff):
         self._coef_views: dict = {}  # scale_grads' reused per-tensor coefficient buffers
         self.saturation = ClipSaturation(self.params[0].device)  # how often / how hard it scales
 
+    def adopt(self, model: torch.nn.Module) -> bool:
+        """Clip the parameters ``model`` trains now: ones unfrozen (or added) since the clipper was built join it,
+        each with a fresh running state, the others keep theirs. ``watch()`` builds its clipper itself, so
+        'build it again' was no way out, and an unfrozen layer went unclipped (held-out tester round 10). The
+        monitor calls it when its rescan finds new trainable parameters. False: nothing changed, or this
+        clipper's state cannot take them (LayerClip's per-layer statistics: it says so)."""
+        named = trainable_params(model)
+        names = [n for n, _ in named]
+        if not named or names == self.names:
+            return False
+        old = {n: i for i, n in enumerate(self.names)}
+        if not self._adopt([old.get(n) for n in names]):
+            return False
+        self.names, self.params = names, [p for _, p in named]
+        self._coef_views = {}
+        return True
+
+    def _adopt(self, index: list[int | None]) -> bool:
+        """Rearrange per-tensor running state for the new tensor list (``index``: each new tensor's old position,
+        None for a new one). No per-tensor state here (global, ZClip, none): nothing to do."""
+        return True
+
     @classmethod
     def configure(cls, config: ClipConfig | None, options: dict[str, Any]) -> ClipConfig:
         """The schema this clipper is built from: ``config``, with ``options`` replacing its fields, or the

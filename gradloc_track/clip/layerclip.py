@@ -47,6 +47,9 @@ class LayerClip(WarmupEmaState, Clipper):
         self._index = torch.as_tensor(self.grouping.index, device=dev)  # (n,) tensor -> layer
         self.stats = WarmupEma(self.warmup_steps, self.alpha, (len(self.grouping.layers),), dev)
 
+    def _adopt(self, index: list[int | None]) -> bool:
+        return False  # per-layer statistics keyed by the layers it was built with: the monitor says so
+
     @property
     def single_coef(self) -> bool:
         """Every layer still warming up: the next clip() scales by one coefficient (1), which a fused

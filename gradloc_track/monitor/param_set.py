@@ -87,6 +87,12 @@ class ParamSet:
     def rescan(self, step: int) -> None:
         """Pick up parameters unfrozen (and drop ones frozen) after the monitor was built."""
         before = set(self.names)
+        adopt = getattr(self.clipper, "adopt", None)
+        if adopt is not None:  # the clipper takes the newly trainable tensors too (LayerClip cannot: warned below)
+            try:
+                adopt(self.model)
+            except Exception as exc:  # never kill training: the warning below says what is not clipped
+                log.warning("gradloc-track: the clipper could not take the newly trainable parameters: %r", exc)
         try:
             self.scan()
         except ValueError:  # every parameter frozen for now: keep the last set, look again later
@@ -111,7 +117,9 @@ class ParamSet:
         if unclipped:
             self._warn_once("unclipped", f"parameter(s) {unclipped[:8]}{' ...' if len(unclipped) > 8 else ''} are "
                             f"monitored but not clipped: the {type(self.clipper).__name__} was built while they "
-                            "were frozen. Build the clipper again after unfreezing them.")
+                            "were frozen and keeps per-layer statistics of the layers it had. Build the clipper "
+                            "(or watch()) again after unfreezing them, or use clip='adagc', 'zclip' or 'global', "
+                            "which take them in.")
         pos = {n: i for i, n in enumerate(self.names)}
         return [pos[n] for n in names] if all(n in pos for n in names) else "own"
 
