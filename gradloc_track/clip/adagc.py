@@ -63,14 +63,20 @@ class AdaGC(Clipper):
         self.gamma = torch.zeros(shape, device=device)  # running norm; meaningful where ``seen``
         self.seen = torch.zeros(shape, dtype=torch.bool, device=device)  # has had a gradient
 
-    def _adopt(self, index: list[int | None]) -> bool:
+    def _adopt(self, index: list[int | None], names: list[str]) -> bool:
         """Each kept tensor its running norm; a new one none yet (lazily initialised at its first gradient)."""
         if self.mode == "global":
             return True
         pos = torch.tensor([-1 if j is None else j for j in index], device=self.gamma.device)
         known = pos >= 0
-        self.gamma = torch.where(known, self.gamma[pos.clamp(min=0)], torch.zeros((), device=self.gamma.device))
-        self.seen = known & self.seen[pos.clamp(min=0)]
+        gamma = torch.where(known, self.gamma[pos.clamp(min=0)], torch.zeros((), device=self.gamma.device))
+        seen = known & self.seen[pos.clamp(min=0)]
+        stashed = getattr(self, "_stashed", None)  # a checkpoint's running norms of tensors trainable again
+        if stashed:
+            for i, (j, n) in enumerate(zip(index, names)):
+                if j is None and n in stashed:
+                    gamma[i], seen[i] = stashed[n]
+        self.gamma, self.seen = gamma, seen
         return True
 
     @property
@@ -173,7 +179,8 @@ class AdaGC(Clipper):
         saved = list(state.get("names", self.names))
         if saved != self.names:
             saved = saved_without_wrapper(saved)
-        if saved != self.names:
+        per_tensor = self.mode == "tensor" and state.get("mode", "tensor") == "tensor"
+        if saved != self.names and not (per_tensor and set(saved) & set(self.names)):
             raise ValueError("AdaGC.load_state_dict: the checkpoint's parameter names differ from the model's")
         check(state.get("mode", "tensor") == self.mode, "AdaGC.mode", self.mode,
               f"the checkpoint was written with mode={state.get('mode', 'tensor')!r}: build AdaGC with that mode")
@@ -182,5 +189,10 @@ class AdaGC(Clipper):
         gamma = state["gamma"].to(self.gamma.device).clone()
         # checkpoints before 0.2 marked "no value yet" with inf and had no ``seen``
         seen = state["seen"].to(self.gamma.device).clone() if "seen" in state else torch.isfinite(gamma)
-        self.gamma = torch.where(seen, gamma, torch.zeros_like(gamma))
-        self.seen = seen
+        gamma = torch.where(seen, gamma, torch.zeros_like(gamma))
+        if saved != self.names:  # the same model with other tensors trainable (gradual unfreezing): by name
+            self._stashed = {n: (gamma[j], seen[j]) for j, n in enumerate(saved)}  # kept for adopt()
+            index = [saved.index(n) if n in self._stashed else None for n in self.names]
+            pos = torch.tensor([-1 if j is None else j for j in index], device=gamma.device)
+            gamma, seen = torch.where(pos >= 0, gamma[pos.clamp(min=0)], 0.0), (pos >= 0) & seen[pos.clamp(min=0)]
+        self.gamma, self.seen = gamma, seen

@@ -153,15 +153,15 @@ class Clipper(StepHandoff):
         if not named or names == self.names:
             return False
         old = {n: i for i, n in enumerate(self.names)}
-        if not self._adopt([old.get(n) for n in names]):
+        if not self._adopt([old.get(n) for n in names], names):
             return False
         self.names, self.params = names, [p for _, p in named]
         self._coef_views = {}
         return True
 
-    def _adopt(self, index: list[int | None]) -> bool:
-        """Rearrange per-tensor running state for the new tensor list (``index``: each new tensor's old position,
-        None for a new one). No per-tensor state here (global, ZClip, none): nothing to do."""
+    def _adopt(self, index: list[int | None], names: list[str]) -> bool:
+        """Rearrange per-tensor running state for the new tensor list ``names`` (``index``: each one's old
+        position, None for a new one). No per-tensor state here (global, ZClip, none): nothing to do."""
         return True
 
     @classmethod

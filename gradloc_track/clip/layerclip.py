@@ -47,7 +47,7 @@ class LayerClip(WarmupEmaState, Clipper):
         self._index = torch.as_tensor(self.grouping.index, device=dev)  # (n,) tensor -> layer
         self.stats = WarmupEma(self.warmup_steps, self.alpha, (len(self.grouping.layers),), dev)
 
-    def _adopt(self, index: list[int | None]) -> bool:
+    def _adopt(self, index: list[int | None], names: list[str]) -> bool:
         return False  # per-layer statistics keyed by the layers it was built with: the monitor says so
 
     @property

@@ -234,3 +234,24 @@ def test_fixed_trigger_counts_micro_batches_and_their_tokens(tiny_gpt):
 # -- constructor arguments -----------------------------------------------------------------------
 
 
+
+
+def test_adagc_resumes_a_checkpoint_saved_after_the_unfreezing_before_it_happens_again(tiny_gpt):
+    """A run resumed while the script has not unfrozen the layer yet: the checkpoint (saved after it was) holds
+    one tensor more. Loaded by name (it was refused: 'names differ'), and the running norm of the tensor trainable
+    again is the checkpoint's once the clipper takes it in."""
+    clipper = AdaGC(tiny_gpt, warmup_steps=1)
+    mon = GradMonitor(tiny_gpt, tracker=MemoryTracker(), clipper=clipper)
+    for step in range(3):
+        backward(tiny_gpt, seed=step)
+        mon.after_backward(step)
+    saved = clipper.state_dict()
+    tiny_gpt.wpe.weight.requires_grad_(False)  # the resumed script, before its unfreezing step
+    resumed = AdaGC(tiny_gpt, warmup_steps=1)
+    resumed.load_state_dict(saved)
+    want = dict(zip(saved["names"], saved["gamma"].tolist()))
+    assert "wpe.weight" not in resumed.names
+    assert dict(zip(resumed.names, resumed.gamma.tolist())) == {n: want[n] for n in resumed.names}
+    tiny_gpt.wpe.weight.requires_grad_(True)
+    assert resumed.adopt(tiny_gpt)
+    assert dict(zip(resumed.names, resumed.gamma.tolist())) == want and bool(resumed.seen.all())
