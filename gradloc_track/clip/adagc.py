@@ -65,7 +65,9 @@ class AdaGC(Clipper):
 
     def _adopt(self, index: list[int | None], names: list[str]) -> bool:
         """Each kept tensor its running norm; a new one none yet (lazily initialised at its first gradient)."""
-        if self.mode == "global":
+        if self.mode == "global":  # one running norm of the whole gradient: other tensors, a total anew (round 11)
+            if any(j is None for j in index) or len(index) != len(self.names):
+                self.seen = torch.zeros_like(self.seen)  # re-initialised from the next step's total
             return True
         pos = torch.tensor([-1 if j is None else j for j in index], device=self.gamma.device)
         known = pos >= 0
@@ -75,7 +77,7 @@ class AdaGC(Clipper):
         if stashed:
             for i, (j, n) in enumerate(zip(index, names)):
                 if j is None and n in stashed:
-                    gamma[i], seen[i] = stashed[n]
+                    gamma[i], seen[i] = stashed.pop(n)  # once: frozen and unfrozen again later starts fresh
         self.gamma, self.seen = gamma, seen
         return True
 
@@ -172,6 +174,7 @@ class AdaGC(Clipper):
     def state_dict(self) -> dict[str, Any]:
         return {"kind": type(self).kind, "steps": self.steps, "gamma": self.gamma.detach().clone(),
                 "seen": self.seen.clone(), "names": list(self.names), "mode": self.mode,
+                "shapes": [list(p.shape) for p in self.params],
                 "saturation": self.saturation.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -179,8 +182,13 @@ class AdaGC(Clipper):
         saved = list(state.get("names", self.names))
         if saved != self.names:
             saved = saved_without_wrapper(saved)
-        per_tensor = self.mode == "tensor" and state.get("mode", "tensor") == "tensor"
-        if saved != self.names and not (per_tensor and set(saved) & set(self.names)):
+        per_tensor = self.mode != "global" and state.get("mode", "tensor") == self.mode
+        # the same model with other tensors trainable: one name set holds the other (another model's does not)
+        nested = set(saved) <= set(self.names) or set(self.names) <= set(saved)
+        shapes = dict(zip(saved, state.get("shapes") or ()))
+        same = bool(shapes) and all(shapes.get(n) == list(p.shape) for n, p in zip(self.names, self.params)
+                                    if n in shapes)  # another model's '0.weight' is another shape
+        if saved != self.names and not (per_tensor and nested and same):
             raise ValueError("AdaGC.load_state_dict: the checkpoint's parameter names differ from the model's")
         check(state.get("mode", "tensor") == self.mode, "AdaGC.mode", self.mode,
               f"the checkpoint was written with mode={state.get('mode', 'tensor')!r}: build AdaGC with that mode")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+import weakref
 from collections import defaultdict
 from typing import Any, ClassVar
 
@@ -131,6 +132,7 @@ class Clipper(StepHandoff):
         named = trainable_params(model)
         if not named:
             raise ValueError(f"{type(self).__name__}: the model has no parameters with requires_grad=True")
+        self._built_on = weakref.ref(model)  # adopt() takes in only this model's newly trainable tensors
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]
         # (config.skip_step: how GradMonitor(optimizer=...) makes on_nonfinite="skip" exact; "off": zero only)
@@ -148,10 +150,13 @@ class Clipper(StepHandoff):
         'build it again' was no way out, and an unfrozen layer went unclipped (held-out tester round 10). The
         monitor calls it when its rescan finds new trainable parameters. False: nothing changed, or this
         clipper's state cannot take them (LayerClip's per-layer statistics: it says so)."""
+        built_on = self._built_on() if self._built_on is not None else None
+        if model is not built_on:  # a clipper built over a sub-module (or another model) keeps its own tensors
+            return False
         named = trainable_params(model)
         names = [n for n, _ in named]
-        if not named or names == self.names:
-            return False
+        if not named or (names == self.names and all(p is q for (_, p), q in zip(named, self.params))):
+            return False  # the same tensors (a parameter replaced under its name is taken in too: round 11)
         old = {n: i for i, n in enumerate(self.names)}
         if not self._adopt([old.get(n) for n in names], names):
             return False

@@ -274,6 +274,10 @@ def _bisect(prober, stage: MicroBatchStage, score: dict, tau: float, hits: Hits,
 
 def _ghost(prober, stage: MicroBatchStage, score: dict, tau: float, hits: Hits, units) -> tuple[bool, list[str]]:
     """The ranking itself, no exact confirmation."""
+    if not stage.names:  # no layer the map reads: every score 0 would read "spread over the batch" (round 11)
+        raise ValueError("locate.method='ghost' ranks by per-layer ghost norms, and this model has no layer the "
+                         "ghost map reads (nn.Linear, nn.Embedding, GPT-2's Conv1D): use method='auto' or "
+                         "'bisect', which probe exactly")
     idx = {n: j for j, n in enumerate(stage.names)}
     for (i, b, t), s in score.items():
         if s > tau:

@@ -97,6 +97,7 @@ class ParamSet:
             self.scan()
         except ValueError:  # every parameter frozen for now: keep the last set, look again later
             self._flags = [p.requires_grad for p in self._all_params]
+            self._version = -1  # a parameter added meanwhile is looked for again at the next syncing step
             return
         added = [n for n in self.names if n not in before]
         removed = sorted(before - set(self.names))

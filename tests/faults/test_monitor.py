@@ -255,3 +255,55 @@ def test_adagc_resumes_a_checkpoint_saved_after_the_unfreezing_before_it_happens
     tiny_gpt.wpe.weight.requires_grad_(True)
     assert resumed.adopt(tiny_gpt)
     assert dict(zip(resumed.names, resumed.gamma.tolist())) == want and bool(resumed.seen.all())
+
+
+def test_adopt_takes_a_replaced_parameter_leaves_a_sub_module_clipper_alone_and_renews_a_global_norm(tiny_gpt):
+    """Reviewer round 11: a parameter replaced under its name stayed unclipped; a clipper built on purpose over a
+    sub-module was re-pointed at the whole model; AdaGC-global kept a running norm of a smaller gradient."""
+    clipper = GlobalClip(tiny_gpt, max_norm=1e-3)
+    old = tiny_gpt.wpe.weight
+    tiny_gpt.wpe.weight = torch.nn.Parameter(old.detach().clone())
+    assert clipper.adopt(tiny_gpt) and any(p is tiny_gpt.wpe.weight for p in clipper.params)
+    assert not any(p is old for p in clipper.params)
+    head = AdaGC(tiny_gpt.h[0], warmup_steps=1)  # over one block only: its own tensors
+    names = list(head.names)
+    assert not head.adopt(tiny_gpt) and head.names == names
+    tiny_gpt.wpe.weight.requires_grad_(False)
+    glob = AdaGC(tiny_gpt, warmup_steps=1, mode="global")
+    glob.seen = torch.ones_like(glob.seen)
+    tiny_gpt.wpe.weight.requires_grad_(True)
+    assert glob.adopt(tiny_gpt) and not bool(glob.seen)  # re-initialised from the next total
+
+
+def test_adagc_refuses_another_models_checkpoint_and_resumes_shard_mode_by_name(tiny_gpt):
+    other = torch.nn.Sequential(torch.nn.Linear(6, 3))
+    mine = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    with pytest.raises(ValueError, match="names differ"):
+        AdaGC(other).load_state_dict(AdaGC(mine).state_dict())  # '0.weight' in both: not the same model
+    saved = AdaGC(tiny_gpt, mode="shard").state_dict()
+    tiny_gpt.wpe.weight.requires_grad_(False)
+    resumed = AdaGC(tiny_gpt, mode="shard")
+    resumed.load_state_dict(saved)
+    assert "wpe.weight" not in resumed.names
+
+
+def test_the_ghost_method_on_a_model_without_readable_layers_says_so():
+    import gradloc_track
+
+    class Raw(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Parameter(torch.randn(16, 8) * 0.1)
+
+        def forward(self, ids):
+            return self.emb[ids] @ self.emb.t()
+
+    model, ids = Raw(), torch.randint(0, 16, (2, 5))
+
+    def loss_fn(keep):
+        per = F.cross_entropy(model(ids).reshape(-1, 16), ids.reshape(-1), reduction="none").view(2, 5)
+        return (per * keep).sum() / 10
+
+    loss_fn(torch.ones(2, 5)).backward()
+    with pytest.raises(ValueError, match="method='ghost'.*no layer the ghost map reads.*'auto' or 'bisect'"):
+        gradloc_track.locate(model, loss_fn, torch.ones(2, 5), method="ghost")
