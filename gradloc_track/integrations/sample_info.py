@@ -93,14 +93,10 @@ def _fitting(batch: Any) -> dict[str, Any]:
 
 
 def _documents_per_row(batch: Any) -> list[int]:
-    """How many documents each row packs (``position_ids`` restarting at 0), [] without packing. A host read:
-    once per spike, when a column's length is not the rows'."""
-    pos = getattr(batch, "position_ids", None)
-    if pos is None or pos.dim() != 2:
-        return []
-    starts = (pos == 0)
-    starts[:, 0] = True
-    return [int(v) for v in starts.sum(1).tolist()]
+    """How many documents each row packs (``LMBatch.document_ids``: ``position_ids`` restarting at 0), [] without
+    packing. A host read: once per spike, when a column's length is not the rows'."""
+    docs = batch.document_ids() if hasattr(batch, "document_ids") else None
+    return [] if docs is None else [int(v) + 1 for v in docs.max(1).values.tolist()]
 
 
 def strip_sample_info(model: torch.nn.Module) -> Any:

@@ -98,9 +98,11 @@ def test_packed_rows_take_one_value_a_document_and_each_culprit_reads_its_docume
     from gradloc_track.spikes import SpikeContext
 
     pos = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3, 0], [0, 1, 2, 3, 4, 0, 1, 2, 3, 4]])  # 4 and 2 documents
-    batch = SimpleNamespace(input_ids=torch.zeros(2, 10, dtype=torch.long), position_ids=pos,
-                            info={"dataset_index": torch.tensor([10, 11, 12, 13, 20, 21]),
-                                  "source": ["a", "b", "c", "d", "e", "f"]})
+    from gradloc_track.integrations.batches import LMBatch
+
+    batch = LMBatch(input_ids=torch.zeros(2, 10, dtype=torch.long), position_ids=pos,
+                    info={"dataset_index": torch.tensor([10, 11, 12, 13, 20, 21]),
+                          "source": ["a", "b", "c", "d", "e", "f"]})
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         cols = sample_columns([batch])
