@@ -69,10 +69,7 @@ class AdaGC(Clipper):
             if any(j is None for j in index) or len(index) != len(self.names):
                 self.seen = torch.zeros_like(self.seen)  # re-initialised from the next step's total
             return True
-        pos = torch.tensor([-1 if j is None else j for j in index], device=self.gamma.device)
-        known = pos >= 0
-        gamma = torch.where(known, self.gamma[pos.clamp(min=0)], torch.zeros((), device=self.gamma.device))
-        seen = known & self.seen[pos.clamp(min=0)]
+        gamma, seen = _reindexed(self.gamma, self.seen, index)
         stashed = getattr(self, "_stashed", None)  # a checkpoint's running norms of tensors trainable again
         if stashed:
             for i, (j, n) in enumerate(zip(index, names)):
@@ -200,7 +197,13 @@ class AdaGC(Clipper):
         gamma = torch.where(seen, gamma, torch.zeros_like(gamma))
         if saved != self.names:  # the same model with other tensors trainable (gradual unfreezing): by name
             self._stashed = {n: (gamma[j], seen[j]) for j, n in enumerate(saved)}  # kept for adopt()
-            index = [saved.index(n) if n in self._stashed else None for n in self.names]
-            pos = torch.tensor([-1 if j is None else j for j in index], device=gamma.device)
-            gamma, seen = torch.where(pos >= 0, gamma[pos.clamp(min=0)], 0.0), (pos >= 0) & seen[pos.clamp(min=0)]
+            at = {n: j for j, n in enumerate(saved)}
+            gamma, seen = _reindexed(gamma, seen, [at.get(n) for n in self.names])
         self.gamma, self.seen = gamma, seen
+
+
+def _reindexed(gamma: torch.Tensor, seen: torch.Tensor, index: list[int | None]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-tensor running state for a new tensor list: entry ``i`` is the old ``index[i]``'s, or none yet (None)."""
+    pos = torch.tensor([-1 if j is None else j for j in index], device=gamma.device)
+    known = pos >= 0
+    return torch.where(known, gamma[pos.clamp(min=0)], 0.0), known & seen[pos.clamp(min=0)]

@@ -15,7 +15,6 @@ Everything stays on the device (no host sync): the monitor moves it with the ste
 from __future__ import annotations
 
 import math
-
 from typing import Any, Sequence
 
 import torch

@@ -13,12 +13,12 @@ def checked_step(step: Any) -> int:
     if isinstance(step, int) and not isinstance(step, bool):
         return step
     try:
-        if isinstance(step, bool):
-            raise TypeError
-        return operator.index(step)
+        if not isinstance(step, bool):
+            return operator.index(step)
     except TypeError:
-        raise TypeError(f"GradMonitor.after_backward(step=...): step must be an int, the optimizer step count; got "
-                        f"a {type(step).__name__} ({step!r})") from None
+        pass
+    raise TypeError(f"GradMonitor.after_backward(step=...): step must be an int, the optimizer step count; got "
+                    f"a {type(step).__name__} ({step!r})")
 
 
 class WarnOnce:
