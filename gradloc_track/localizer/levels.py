@@ -278,7 +278,8 @@ def _descend(st: _Stage, seg: Segment, share: float) -> bool:
                   key=lambda bt: -st.scores[(seg.micro_batch, *bt)])
     few = max(FEW_MIN, FEW * len(seg.terms))
     if len(keys) > few:
-        keys = _strongest(keys, [st.scores[(seg.micro_batch, *bt)] for bt in keys], st.hits, share)
+        keys = _strongest(keys, [st.scores[(seg.micro_batch, *bt)] for bt in keys], st.hits, share,
+                          int(FEW * len(seg.terms)))
     if not keys or len(keys) > few:
         return False
     prober, hits, i = st.prober, st.hits, seg.micro_batch
@@ -302,20 +303,21 @@ def _descend(st: _Stage, seg: Segment, share: float) -> bool:
     return True
 
 
-def _strongest(keys: list, scores: list[float], hits: Hits, share: float) -> list:
-    """Too many hot terms to name: the strongest few that could still hold ``SPAN_SHARE`` of the sample's
-    share (their summed scores, the most their gradients reach if they line up, against the norm that
-    share is). Attention carries one very heavy term's gradient back to the positions before it, whose
-    term scores then clear the threshold at a twentieth of its own: those are not culprits, and counting
-    them refused the descent, naming a whole sample for its one token (held-out tester, round 12). The
-    probe that follows decides on exact shares; this only picks what to probe."""
+def _strongest(keys: list, scores: list[float], hits: Hits, share: float, most: int) -> list:
+    """Too many hot terms to name: the strongest few, at most ``most`` (a quarter of the sample's terms),
+    whose summed scores (the most their gradients reach if they line up) could still hold ``SPAN_SHARE`` of
+    the sample's share; [] when no such few. Attention carries one very heavy term's gradient back to the
+    positions before it, whose term scores then clear the threshold at a twentieth of its own: those are
+    not culprits, and counting them refused the descent, naming a whole sample for its one token
+    (held-out tester, round 12). A coherent document whose every term is hot has no such few: it stays
+    the sample. The probe that follows decides on exact shares; this only picks what to probe."""
     need = math.sqrt(max(0.0, SPAN_SHARE * share * hits.total_sq))
     acc = 0.0
-    for j, s in enumerate(scores):
+    for j, s in enumerate(scores[:most]):
         acc += s
         if acc >= need:
             return keys[:j + 1]
-    return keys
+    return []
 
 
 def _window(seg: Segment, scores: dict[Key, float], background: float) -> list[tuple[int, int]] | None:
