@@ -35,7 +35,7 @@ from .batches import BatchList, lm_spike_context, resolve_tokenizer
 from .calls import SET_LOSS_FN_HINT
 from .grad_scaler import unscale_handed_scale
 from .step_losses import step_junk, step_loss, step_sample_losses
-from .options import WatchOptions
+from .options import WatchOptions, option_params
 
 
 def hookable_optimizer(optimizer: Any, hook: bool = False) -> Any:
@@ -153,6 +153,8 @@ class WatchHandle:
         except BaseException:
             self._unhook()
             raise
+        if run.owned and not run.joined and self.monitor.rank == 0:  # a run of ours: its settings, to compare by
+            self.tracker.log_params(option_params(opts))
         if capture is not None:  # the detector's largest-sample signal, measured from the captured forward
             capture.sample_losses = "sample_losses" in self.monitor.detector_inputs.wants
             if "junk_span" in self.monitor.detector_inputs.wants:
@@ -160,6 +162,7 @@ class WatchHandle:
         # spikes.quarantine: this run's culprit samples, for the data path to skip (docs/ledger.md)
         self.quarantine = _quarantine(self.tracker) if getattr(opts.spikes, "quarantine", False) else None
         self.last = None
+        self._loss_scaler = False  # this step's gradients were handed over by a GradScaler (fused optimizer)
         self.spikes: list = []  # GradStats of every step whose spike fired (with .locate when localized)
         self.steps = 0  # optimizer steps seen; the default step number
         self._user_ctx = None
@@ -191,7 +194,8 @@ class WatchHandle:
     # -- the loop's side -------------------------------------------------------------------
     def _pre_step(self, optimizer, args, kwargs) -> None:
         if not self._finished:  # a hook of a finished handle does nothing (it is removed at close anyway)
-            unscale_handed_scale(optimizer)  # a GradScaler's fused step: the monitor reads unscaled gradients
+            # a GradScaler's fused step: the monitor reads unscaled gradients, and the scaler skips an overflow
+            self._loss_scaler = unscale_handed_scale(optimizer)
             self.step()
 
     def set_loss_fn(self, loss_fn: Callable[[torch.Tensor], torch.Tensor] | list, token_mask: Any,
@@ -214,10 +218,14 @@ class WatchHandle:
                                "sample_columns= to set_loss_fn")
         self.capture.add_info(columns)
 
-    def step(self, step: int | None = None, *, lr: float | None = None, spike_context: Any = None):
-        """Monitor (and clip) the gradients now, after ``backward()`` and before ``optimizer.step()``."""
+    def step(self, step: int | None = None, *, lr: float | None = None, spike_context: Any = None,
+             loss_scaler: bool = False):
+        """Monitor (and clip) the gradients now, after ``backward()`` and before ``optimizer.step()``.
+        ``loss_scaler``: a float16 loss scaler (``GradScaler``) skips this step itself if its gradient
+        overflowed; that is logged as ``train/skipped_step``, not a spike (the hook knows it by itself)."""
         if self._finished:
             raise RuntimeError("gradloc-track: this watch() handle is finished; call watch() again for a new run")
+        self._count_discarded()
         step = self.steps if step is None else int(step)
         ctx = spike_context or self._user_ctx
         batches, rng = self.capture.take() if self.capture is not None else ([], None)
@@ -228,7 +236,9 @@ class WatchHandle:
         with self.capture.paused() if self.capture is not None else contextlib.nullcontext():
             self.last = self.monitor.after_backward(step, lr=lr, spike_context=ctx, loss=step_loss(batches),
                                                     sample_losses=step_sample_losses(batches),
-                                                    junk_span=step_junk(batches))
+                                                    junk_span=step_junk(batches),
+                                                    loss_scaler=loss_scaler or self._loss_scaler)
+        self._loss_scaler = False
         if self.last.events:
             self.spikes.append(self.last)
             if self.console is not None and self.monitor.rank == 0:  # culprits, or why it was not localized
@@ -237,6 +247,18 @@ class WatchHandle:
                 self.quarantine.blame(step, *self.last.locate_view)
         self.steps += 1
         return self.last
+
+    def _count_discarded(self) -> None:
+        """Steps whose gradient the loop threw away without an optimizer step (a GradScaler overflow skips a
+        non-fused ``step()``; ``MicroBatchCapture.discarded``) count as steps, as with a fused optimizer and
+        in the loop's own count."""
+        n = getattr(self.capture, "discarded", 0)
+        if not n:
+            return
+        self.capture.discarded = 0
+        for _ in range(n):
+            self.monitor.tracker.log_metrics({"train/skipped_step": 1.0}, self.steps)  # a null tracker off rank 0
+            self.steps += 1
 
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run needs to go on as this one would: the step count (the next step's number), the

@@ -139,7 +139,8 @@ class GradLocCallback(TrainerCallback):
         if self.handle is not None:
             ctx = self.adapter.context() if self.adapter is not None else None
             # Trainer increments global_step after optimizer.step(); it logs this update at +1
-            stats = self.handle.step(state.global_step + 1, spike_context=ctx)
+            # under fp16 Trainer's GradScaler skips an overflowed step itself: routine, not a spike
+            stats = self.handle.step(state.global_step + 1, spike_context=ctx, loss_scaler=bool(args.fp16))
             # the spike block: culprits, or why not localized (console=False: none)
             if stats.events and state.is_world_process_zero and self.handle.options.console:
                 why = self.adapter.why_not() if self.adapter is not None else None

@@ -119,7 +119,9 @@ class GradLocCallback(L.Callback):
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         if self.handle is not None:
-            stats = self.handle.step(trainer.global_step)
+            # under precision="16-mixed" Lightning's GradScaler skips an overflowed step itself: not a spike
+            stats = self.handle.step(trainer.global_step,
+                                     loss_scaler=str(getattr(trainer, "precision", "")).startswith("16"))
             # the spike block (gradloc_track.console; console=False: none)
             if stats.events and self.handle.monitor.rank == 0 and self.handle.options.console:
                 self.console.spike(stats, self.handle.run_dir)

@@ -207,3 +207,15 @@ def resolve_options(cfg: Any = None, **options: Any) -> WatchOptions:
             continue
         setattr(out, g, built[g])
     return out
+
+
+def option_params(opts: WatchOptions) -> dict[str, Any]:
+    """The options as a run's params, under the Hydra app's names (``clip.kind``, ``spikes.z_thresh``, ...):
+    runs opened by ``watch()`` or a callback showed none, so MLflow's compare view could not tell a ZClip
+    run from an AdaGC one (tester round 12). None means "not set" and is left out."""
+    out: dict[str, Any] = {}
+    for group in ("monitor", "clip", "spikes", "locate"):
+        for key, value in dataclasses.asdict(getattr(opts, group)).items():
+            if value is not None:
+                out[f"{group}.{key}"] = value
+    return out

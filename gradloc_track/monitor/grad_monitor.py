@@ -53,6 +53,7 @@ metrics then take a second, small host transfer on logging steps.
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 from typing import Any, NamedTuple
 
@@ -77,6 +78,7 @@ from .optimizer_metrics import OptimizerMetrics
 from .packing import LR, N_TOKENS, WD, HostPack, add_clip, add_norms, loggable
 from .param_set import ParamSet
 from .responder import SpikeResponder
+from .scaler_overflow import ScalerOverflows
 from .stats import GradStats
 from .step_order import StepOrder, WarnOnce, checked_step
 
@@ -153,6 +155,7 @@ class GradMonitor:
         self.detector_inputs = DetectorInputs(self.detector, optimizer, self.params, process_group)
         # the learning rate of each step the detector sees: a jump names a spike's cause (schedule)
         self.responder.lr_history = LrHistory(optimizer) if optimizer is not None else None
+        self.scaler_overflows = ScalerOverflows()  # a GradScaler's routine overflows in a row
         self.responder.junk_rule = junk_rule(self.detector)  # the junk runs it names when that signal fires
 
     # -- public --------------------------------------------------------------------------
@@ -184,7 +187,7 @@ class GradMonitor:
     @torch.no_grad()
     def after_backward(self, step: int, *, lr: float | None = None, weight_decay: float | None = None,
                        spike_context: Any = None, loss: Any = None, sample_losses: Any = None,
-                       junk_span: Any = None) -> GradStats:
+                       junk_span: Any = None, loss_scaler: bool = False) -> GradStats:
         """Compute norms, clip, detect and localize spikes (and operate on them with
         ``spikes.response=surgery``, before clipping), and log. Returns ``GradStats``.
 
@@ -202,6 +205,9 @@ class GradMonitor:
         ``junk_span`` (``gradloc_track.spikes.junk.junk_span(logits, targets, input_ids)``, or one per
         micro-batch) feeds the junk signal (a run of terms the model rates below chance);
         they ride in the same transfer, as does the optimizer's update (``spikes.update_signal``).
+        ``loss_scaler``: the gradients came from a loss scaler that skips a non-finite step itself
+        (``torch.amp.GradScaler``); its routine overflow is logged as ``train/skipped_step``, not a spike
+        (``monitor.scaler_overflow``).
         Collectives: at most one all-reduce per step (sharded/DTensor gradients only; grad and
         weight norms share it), plus the global token count on armed steps of a ``fixed``-mode
         detector. Under torch.distributed every rank sees the same reduced norms, so every rank
@@ -229,11 +235,11 @@ class GradMonitor:
         reading = self._sync(grad_sq, w_sq, clip_result, lr, weight_decay, spike_context if armed else None)
         outcome = None
         if self.detector is not None:
-            outcome = self._detect(step, reading, spike_context, clip_result, junk_span)
+            outcome = self._detect(step, reading, spike_context, clip_result, junk_span, loss_scaler)
         if clip_later:
             clip_result = self._clip_operated(step, outcome, reading.metrics, grad_sq, w_sq, lr, weight_decay,
                                               log_now)
-        if log_now or outcome is not None:
+        if log_now or outcome is not None or "train/skipped_step" in reading.metrics:
             self.tracker.log_metrics(reading.metrics, step)
         return GradStats(step, self.grouping, grad_sq, logged=log_now, metrics=reading.metrics, clip=clip_result,
                          host=reading.host, outcome=outcome)
@@ -306,11 +312,16 @@ class GradMonitor:
         return HostReading(metrics, norms, n_tokens, n_micro, signals)
 
     def _detect(self, step: int, reading: HostReading, spike_context: Any, clip: Any,
-                junk: Any = None) -> SpikeOutcome | None:
+                junk: Any = None, loss_scaler: bool = False) -> SpikeOutcome | None:
         """The detector's verdict on this step; a spike is handed to the responder (localized, or recorded
         with the reason it was not), whose ``SpikeOutcome`` this returns. ``junk``: the junk statistics
-        given, whose run's text the detector reads only if it would fire on it."""
+        given, whose run's text the detector reads only if it would fire on it. ``loss_scaler``: a loss
+        scaler's routine overflow is no spike (``monitor.scaler_overflow``)."""
         n_tokens, signals = reading.n_tokens, reading.signals
+        if loss_scaler and self.scaler_overflows.routine(math.isfinite(reading.host["global"]),
+                                                         signals.get("loss")):
+            reading.metrics.update({"spike/detected": 0.0, "train/skipped_step": 1.0})
+            return None
         if n_tokens is not None and self._detector_counts_tokens:
             n_tokens = self.responder.global_count(n_tokens, self.params[0].device)
         if "junk_span" in signals and junk is not None:

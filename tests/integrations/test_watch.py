@@ -513,3 +513,57 @@ def test_under_a_grad_scaler_the_monitor_and_the_clip_see_unscaled_gradients(fus
     assert post == pytest.approx(ref_post, rel=1e-5) == [0.5] * 4  # clipped to 0.5 in the gradient's own units
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "foreach"])
+def test_a_grad_scaler_overflow_is_a_skipped_step_not_a_spike(fused):
+    """Held-out tester (round 12): a GradScaler starting high overflows float16 on its first steps and skips
+    them, as it is meant to. With a fused AdamW each was a spike ("precision ... a hardware fault", probes
+    spent); with a foreach one the scaler never calls ``step()``, so watch() counted no step and its step
+    numbers fell one behind the loop per overflow. Now both log ``train/skipped_step`` on exactly the
+    overflow steps, count every loop step, and fire nothing."""
+    import math
+
+    from gradloc_track.demo.model import TinyGPT
+
+    torch.manual_seed(0)
+    model = TinyGPT(vocab_size=64, n_layer=1, n_head=2, d_model=32, max_seq_len=32)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=fused, foreach=None if fused else True)
+    tracker = MemoryTracker()
+    handle = gradloc_track.watch(model, opt, tracker=tracker, log_every=1, console=False,
+                                 spikes={"warmup_steps": 2})
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 24, growth_interval=3)
+    overflow = []
+    for step in range(14):
+        x = torch.randint(0, 64, (4, 17), generator=torch.Generator().manual_seed(step))
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.float16):
+            logits = model(x[:, :-1])
+        scaler.scale(F.cross_entropy(logits.float().flatten(0, 1), x[:, 1:].flatten())).backward()
+        overflow.append(not all(bool(torch.isfinite(p.grad).all()) for p in model.parameters() if p.grad is not None))
+        scaler.step(opt)
+        scaler.update()
+    handle.finish()
+    assert any(overflow) and not all(overflow), overflow
+    assert handle.spikes == [] and handle.steps == 14
+    assert [s for s, _ in tracker.series("train/skipped_step")] == [i for i, o in enumerate(overflow) if o]
+    finite = [s for s, v in tracker.series("grad_norm/global") if math.isfinite(v)]
+    assert finite == [i for i, o in enumerate(overflow) if not o]
+
+
+def test_a_run_watch_opens_holds_its_options_as_params_to_compare_runs_by(gpt2, tmp_path, mlflow_store):
+    """Tester round 12: two runs ``watch()`` opened itself (a ZClip one, an AdaGC one) had no params at all,
+    so MLflow's compare view could not tell them apart. Now each holds the options under the Hydra app's
+    names; a run someone else opened gets none (``test_plain_loop_joins...``: only the user's own)."""
+    runs = {}
+    for kind in ("zclip", "adagc"):
+        opt = torch.optim.AdamW(gpt2.parameters(), lr=LR)
+        handle = gradloc_track.watch(gpt2, opt, tracker="mlflow", clip=kind, run_name=kind, run_dir=tmp_path / kind,
+                                     spikes=False, locate=False)
+        plain_loop(gpt2, opt, k=1)
+        handle.finish()
+    for run in mlflow_store.new_runs():
+        runs[run.info.run_name] = run.data.params
+    assert runs["zclip"]["clip.kind"] == "zclip" and runs["adagc"]["clip.kind"] == "adagc"
+    assert runs["zclip"]["spikes.enabled"] == "False" and runs["zclip"]["monitor.log_every"]
+    assert {k.split(".")[0] for k in runs["adagc"]} == {"monitor", "clip", "spikes", "locate"}
