@@ -105,3 +105,31 @@ def test_failed_run_is_marked_failed(tmp_path, sqlite_uri):
     client = MlflowClient(sqlite_uri)
     (run,) = client.search_runs([client.get_experiment_by_name("gradloc-track").experiment_id])
     assert run.info.status == "FAILED"
+
+
+def test_one_failed_request_right_after_the_run_is_created_opens_no_second_run(tmp_path, sqlite_uri, monkeypatch):
+    """Tester round 12: the run's opening ``spike_count`` request failing once (a network blip at start)
+    made the constructor raise, the opener retried it, and a second run was created: the first stayed
+    RUNNING with no metrics, named like the real one. The run exists: its opening value goes with the
+    next request instead. (The store's ``log_batch`` is failed once to inject the fault.)"""
+    from mlflow.tracking import MlflowClient
+
+    real, calls = MlflowClient.log_batch, []
+
+    def once(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise ConnectionError("injected: one transient network error")
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(MlflowClient, "log_batch", once)
+    cfg = TrackerConfig(kind="mlflow")
+    cfg.mlflow.tracking_uri = sqlite_uri
+    tracker = make_tracker(cfg, run_dir=tmp_path / "run", run_name="blip")
+    for step in range(3):
+        tracker.log_metrics({"grad_norm/global": 1.0 + step}, step)
+    tracker.finish()
+    client = MlflowClient(sqlite_uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("gradloc-track").experiment_id])
+    assert run.info.status == "FINISHED" and run.info.run_name == "blip"
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "spike_count")] == [(0, 0.0)]
+    assert len(client.get_metric_history(run.info.run_id, "grad_norm/global")) == 3
