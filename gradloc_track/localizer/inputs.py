@@ -85,9 +85,17 @@ def rng_states(rng_state: Any, k: int, now: dict) -> list[dict]:
         return [{"cpu": rng_state}] * k
     if isinstance(rng_state, dict):
         return [rng_state] * k
+    if not isinstance(rng_state, (list, tuple)):
+        raise TypeError(f"rng_state: a state is gradloc_track.localizer.probe.save_rng()'s dict or "
+                        f"torch.get_rng_state()'s tensor (or a list of them, one per micro-batch); got a "
+                        f"{type(rng_state).__name__}")
     states = list(rng_state)
     if len(states) != k:
         raise ValueError(f"rng_state: pass one state, or one per micro-batch ({k}); got {len(states)}")
+    bad = next((s for s in states if not isinstance(s, (dict, torch.Tensor))), None)
+    if bad is not None:
+        raise TypeError(f"rng_state: each micro-batch's state is save_rng()'s dict or torch.get_rng_state()'s "
+                        f"tensor; got a {type(bad).__name__}")
     return [{"cpu": s} if isinstance(s, torch.Tensor) else s for s in states]
 
 

@@ -8,6 +8,8 @@ that case; the fixed forms are accepted and localize the culprit at its true nor
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -163,3 +165,26 @@ def test_a_loss_without_a_derivative_in_the_mask_is_checked_on_its_halves():
     assert [(c.batch, c.position) for c in res.tokens] == [CULPRIT]
     with pytest.raises(ValueError, match="not additive"):
         gradloc_track.locate(model, lambda m: per_tok()[m.bool()].mean(), full)
+
+
+def test_an_auxiliary_term_that_ignores_the_mask_is_named_with_its_fix_and_the_fix_is_accepted():
+    """Tester round 12: CE plus a router-style loss computed from the whole batch was met with the per-sample
+    mean's fix, for a normaliser that was already right. Every split adds the constant part once too often
+    (``a + b - full = aux``): said with its value, and the spread form it suggests localizes the culprit."""
+    model, x, y, per_tok, full = setup()
+    n_tokens = full.sum()
+
+    def aux():  # depends on the parameters and the whole batch, never on the mask
+        return 50.0 * model(x).softmax(-1).mean((0, 1)).pow(2).sum()
+
+    with pytest.raises(ValueError, match="not additive") as err:
+        gradloc_track.locate(model, lambda m: (per_tok() * m).sum() / n_tokens + aux(), full)
+    said = str(err.value)
+    counted = re.search(r"every split counts (\S+) twice", said)
+    assert counted and float(counted.group(1)) == pytest.approx(float(aux()), rel=1e-3) and "ignores the mask" in said
+    assert "aux * mask.sum() / token_mask.sum()" in said and "per-sample mean" not in said
+
+    def spread(m):
+        return (per_tok() * m).sum() / n_tokens + aux() * m.sum() / n_tokens
+    res = gradloc_track.locate(model, spread, full)
+    assert [(c.batch, c.position) for c in res.tokens] == [CULPRIT]

@@ -32,6 +32,16 @@ def test_bad_arguments_name_the_argument_and_the_fix(kwargs, match):
         gradloc_track.locate(model, [sum_loss(model, x, y, w)] * 2, [torch.ones(B, T)] * 2, **kwargs)
 
 
+@pytest.mark.parametrize("state,says", [("hello", "got a str"), ([1, 2], "got a int"), (7, "got a int")])
+def test_an_rng_state_of_the_wrong_type_says_what_a_state_is(state, says):
+    """Tester round 12: ``rng_state="hello"`` read "one per micro-batch (1); got 5", the string's length."""
+    model = LM()
+    x, y, w, _ = data()
+    with pytest.raises(TypeError, match=r"rng_state: .*save_rng\(\)'s dict or torch.get_rng_state\(\)'s tensor") as err:
+        gradloc_track.locate(model, [sum_loss(model, x, y, w)] * 2, [torch.ones(B, T)] * 2, rng_state=state)
+    assert says in str(err.value)
+
+
 def test_a_loss_fn_returning_a_python_float_or_a_vector_says_what_to_return():
     model = LM()
     x, y, w, _ = data()
