@@ -23,8 +23,12 @@ class Transient:
         return loss.n < 4 * self.warmup and -loss.trend > self.fall * self.fall_max
 
     def follow(self, loss: LogSignal | None, metrics: dict[str, float]) -> None:
-        """Take in this step's fall; ``spike/transient`` is 1 while the transient lasts."""
-        if loss is None or self.over or self.fall <= 0:
+        """Take in this step's fall; ``spike/transient`` is 1 while the transient lasts, 0 once it has ended
+        (also in a run resumed after it ended: the key no longer comes and goes with a resume)."""
+        if loss is None or self.fall <= 0:
+            return
+        if self.over:
+            metrics["spike/transient"] = 0.0
             return
         self.fall_max = max(self.fall_max, -loss.trend)
         inside = self.active(loss)

@@ -472,6 +472,10 @@ def test_a_norm_jump_in_early_trainings_fall_is_not_an_event_and_fires_once_the_
     assert late.metrics()["spike/transient"] == 0.0
     fixed = SpikeDetector(warmup_steps=20, transient_fall=0.0)  # off: the fixed warm-up alone, as before
     assert _falling_run(fixed, 40, jump_at=30)[30] == ["global", "h.0"]
+    resumed = SpikeDetector(warmup_steps=20)  # resumed after the transient ended: 0 as in the run it resumes
+    resumed.load_state_dict(late.state_dict())  # (tester round 12: the key came and went with a resume)
+    resumed.update(200, 1.0, {"h.0": 1.0}, loss=2.0)
+    assert resumed.metrics()["spike/transient"] == 0.0
 
 
 def test_the_transient_lasts_while_the_loss_falls_a_tenth_of_its_fastest():
