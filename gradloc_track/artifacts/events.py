@@ -9,18 +9,13 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..spikes.event import SpikeEvent
+from ..spikes.event import SpikeEvent, lead_event
 from ..units import share_list
 
 EVENTS_KEY = "spikes/events"
 # when, on which norm and how far out; the layers that fired too; what the localizer made of it
 EVENT_COLUMNS = ["step", "signal", "norm", "running_mean", "ratio", "z", "layers", "localization",
                  "culprits", "micro_batch_norms", "sample_shares", "cause", "cause_detail"]
-
-
-def lead_event(events: Sequence[SpikeEvent]) -> SpikeEvent:
-    """The event a step is named by: the global norm when it fired, else the layer furthest out."""
-    return next((e for e in events if e.signal == "global"), None) or max(events, key=lambda e: e.z)
 
 
 def other_layers(events: Sequence[SpikeEvent], lead: SpikeEvent, k: int = 5) -> str:

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 from ..localizer.culprit_view import CulpritView
 from ..localizer.result import Culprit, CulpritToken, LocateResult
-from ..spikes.event import SpikeEvent
+from ..spikes.event import SpikeEvent, lead_event
 from ..text import MAX_TOKEN_CHARS, decode_token, token_html  # noqa: F401 - MAX_TOKEN_CHARS: read by tests
 from ..units import micro_batch_label
 from .table import format_top_layers
@@ -270,7 +270,7 @@ def _colour_range(result: LocateResult) -> tuple[float, float]:
 
 def _header(step: int, events: Sequence[SpikeEvent], result: LocateResult) -> str:
     esc = html.escape
-    ev = events[0] if events else None
+    ev = lead_event(events)
     levels = {}
     for c in result.culprits:
         levels[c.level] = levels.get(c.level, 0) + 1

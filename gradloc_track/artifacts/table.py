@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
 
+from ..spikes.event import lead_event
 from ..text import decode_token
 from .identity import row_fingerprint
 
@@ -75,7 +76,7 @@ def attribution_table(step: int, events: Sequence[SpikeEvent], result: LocateRes
     from ..localizer.culprit_view import CulpritView  # torch is loaded in a process that builds a table
 
     view = CulpritView(result, ctx)
-    lead = events[0] if events else None
+    lead = lead_event(events)
     rows = []
     for c in result.culprits:
         cells = {"step": step, "level": c.level, "micro_batch": c.micro_batch, "rank": c.rank,

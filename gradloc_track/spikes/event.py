@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 # the metric each non-norm signal reads (a norm signal reads ``grad_norm/<signal>``)
 SIGNAL_KEYS = {"loss": "loss", "sample_loss": "loss/sample_max", "update": "update/global",
@@ -44,3 +45,16 @@ class SpikeEvent:
                     "its terms (labels not shifted: the model copies its input, its loss falls too far)")
         return (f"{self.key} = {self.value:.3g}, {self.ratio:.1f}x its running mean {self.baseline:.3g} "
                 f"(z = {self.z:.0f})")
+
+
+def lead_event(events: Sequence[SpikeEvent]) -> SpikeEvent | None:
+    """The event a step is named by, in every artifact and the console alike: the global norm when it fired,
+    else the layer furthest out, else (no norm fired) the first other signal as the detector lists them.
+    The events table took the largest z of any signal, so one spike read ``sample_loss`` there (its loss in
+    the ``norm`` column) and ``wpe`` on its page and in the console (tester round 12)."""
+    if not events:
+        return None
+    norms = [e for e in events if e.is_norm]
+    if norms:
+        return next((e for e in norms if e.signal == "global"), None) or max(norms, key=lambda e: e.z)
+    return events[0]

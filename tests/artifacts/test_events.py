@@ -32,6 +32,17 @@ def test_without_a_global_event_the_layer_furthest_out_leads():
     assert row["signal"] == "wpe" and row["layers"] == "h.0 (z 7)"
 
 
+def test_a_layer_leads_a_loss_signal_further_out_as_on_the_page_and_in_the_console():
+    """Tester round 12: the demo's spike (wpe at z 6.5, the largest sample loss at z 36) read ``sample_loss``
+    in the events table, its loss in nats in the ``norm`` column, and ``wpe`` on its page and in the console.
+    A gradient norm leads whenever one fired; a step only loss signals fired is named by the first of them."""
+    events = [SpikeEvent(100, "wpe", 0.992, 0.28, 6.5, 3.5), SpikeEvent(100, "sample_loss", 10.0, 4.6, 36.0, 2.2)]
+    row = dict(zip(EVENT_COLUMNS, event_row(100, events, "localized")))
+    assert (row["signal"], row["norm"]) == ("wpe", 0.992) and row["layers"] == "sample_loss (z 36)"
+    only_losses = [SpikeEvent(3, "loss", 5.0, 4.0, 9.0, 1.25), SpikeEvent(3, "sample_loss", 9.0, 5.0, 12.0, 1.8)]
+    assert dict(zip(EVENT_COLUMNS, event_row(3, only_losses, "localized")))["signal"] == "loss"
+
+
 def test_a_localization_gives_its_culprit_count_and_micro_batch_norms():
     result = LocateResult([CulpritToken(0, 3, 1.0, {}, share=0.5)], probes=4, method="bisect", threshold=0.1,
                           total_norm=2.0, micro_batch_norms=[0.25, 1.5])
