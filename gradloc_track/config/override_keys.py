@@ -110,15 +110,50 @@ def _other_options_field(key: str, chosen: dict[str, str], schema: type) -> str 
     if group not in chosen or not rest or "," in chosen[group]:
         return None
     field = rest.split(".")[0]
+    option, _, why = chosen[group].partition(" ")  # "adagc (experiment=spike_demo picks it)": not on the line
     options = [k for k in _fields([schema]).get(group, []) if k is not object]
-    picked = [k for k in options if getattr(k, "KIND", None) == chosen[group]]
+    picked = [k for k in options if getattr(k, "KIND", None) == option]
+    picked = [k for k in picked if not any(o is not k and issubclass(o, k) for o in picked)]  # the option's own
     if len(picked) != 1 or field in _fields(picked):
         return None
     having = sorted({getattr(k, "KIND") for k in options if getattr(k, "KIND", None) and field in _fields([k])})
     if not having:
         return None
-    return (f"{key} ({group}={chosen[group]} has no field {field!r}; it is a field of "
+    why = f", {why[1:-1]}," if why else ""
+    return (f"{key} ({group}={option}{why} has no field {field!r}; it is a field of "
             f"{', '.join(f'{group}={h}' for h in having)}: pick that option or drop the key)")
+
+
+def _defaults_list(path: Path) -> list:
+    import yaml
+
+    try:
+        return list((yaml.safe_load(path.read_text()) or {}).get("defaults") or [])
+    except (OSError, yaml.YAMLError, AttributeError):
+        return []
+
+
+def default_choices(conf_dir: Path, chosen: dict[str, str], groups: set[str]) -> dict[str, str]:
+    """The option each group gets when the command line does not pick one: the primary config's defaults
+    (``clip: none``), overridden by the experiment the command line picks (``override /clip: adagc``).
+    Without it, ``clip.max_norm=1.0`` under the default ``clip=none`` (or ``experiment=spike_demo
+    clip.z_thresh=3``) got Hydra's "Could not override ... use +clip.max_norm", whose advice fails
+    again (new-user tester round 12)."""
+    out: dict[str, str] = {}
+    for entry in _defaults_list(conf_dir / "config.yaml"):
+        if isinstance(entry, dict):
+            for group, option in entry.items():
+                if group in groups and isinstance(option, str):
+                    out[group] = option
+    experiment = chosen.get("experiment", out.get("experiment"))
+    if experiment and "," not in experiment:
+        for entry in _defaults_list(conf_dir / "experiment" / f"{experiment}.yaml"):
+            if isinstance(entry, dict):
+                for key, option in entry.items():
+                    group = key.removeprefix("override").strip().lstrip("/")
+                    if group in groups and isinstance(option, str):
+                        out[group] = f"{option} (experiment={experiment} picks it)"
+    return {g: o if o.endswith(")") else f"{o} (the default)" for g, o in out.items() if g not in chosen}
 
 
 def check_override_keys(overrides: Iterable[str], schema: type, conf_dir: str | Path | None = None) -> None:
@@ -134,6 +169,7 @@ def check_override_keys(overrides: Iterable[str], schema: type, conf_dir: str | 
     for o in overrides:
         if "=" in o and not o.startswith(("-", "+", "~")) and o.split("=", 1)[0] in groups:
             chosen[o.split("=", 1)[0]] = o.split("=", 1)[1]
+    implied = default_choices(Path(conf_dir), chosen, groups) if conf_dir is not None else {}
     for o in overrides:
         if "=" not in o or o.startswith(("-", "+", "~")):
             continue
@@ -143,7 +179,7 @@ def check_override_keys(overrides: Iterable[str], schema: type, conf_dir: str | 
             continue
         if key.split(".")[0] == "hydra" or "/" in key:
             continue
-        found = unknown_override_key(key, schema) or _other_options_field(key, chosen, schema)
+        found = unknown_override_key(key, schema) or _other_options_field(key, {**implied, **chosen}, schema)
         if found:
             bad.append(found)
     if bad:

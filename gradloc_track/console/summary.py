@@ -54,8 +54,16 @@ def closing_lines(head: str, spikes: Sequence[Any], run_dir: Path, middle: Seque
     from ..trackers.join import is_scratch
 
     if not is_scratch(Path(run_dir)):  # a scratch dir is gone by now: the links above are the way in
-        lines += [f"run dir: {run_dir}", "look at the results:", *view_commands(Path(run_dir), spikes=bool(spikes))]
+        look = view_commands(Path(run_dir), spikes=bool(spikes)) or _local_files(Path(run_dir))
+        lines += [f"run dir: {run_dir}", *(["look at the results:", *look] if look else [])]
     return lines
+
+
+def _local_files(run_dir: Path) -> list[str]:
+    """No backend run and no spike (``tracker=none``, an unreachable tracker): the files the run dir holds,
+    rather than a "look at the results:" header with nothing under it (new-user tester round 12)."""
+    said = {"metrics.jsonl": "every logged step, one JSON line each", "summary.json": "the run's summary"}
+    return [f"  {run_dir / name}    # {what}" for name, what in said.items() if (run_dir / name).exists()]
 
 
 def summary_lines(steps: int, clip_kind: str, summary: dict[str, float], spikes: Sequence[Any],

@@ -73,6 +73,21 @@ def test_a_field_of_another_option_than_the_one_picked_names_the_options_that_ha
     check_override_keys(["clip=zclip,adagc", "clip.lambda_rel=1.1"], DemoConfig, CONF_DIR)  # a sweep: Hydra's
 
 
+def test_a_field_of_another_option_than_the_default_or_the_experiments_names_the_options_that_have_it(composer):
+    """New-user tester round 12: with clip= not on the command line (the default clip=none, or the AdaGC
+    experiment=spike_demo picks), a field of another option got Hydra's "Could not override 'clip.max_norm'
+    ... use +clip.max_norm=1.0", whose advice fails again. The oracle for the option in force is Hydra."""
+    assert composer([]).clip.kind == "none" and composer(["experiment=spike_demo"]).clip.kind == "adagc"
+    with pytest.raises(ConfigError, match=r"clip\.max_norm \(clip=none, the default, has no field 'max_norm'; it "
+                                          r"is a field of clip=global: pick that option"):
+        check_overrides(["clip.max_norm=1.0"], DemoConfig, CONF_DIR)
+    with pytest.raises(ConfigError, match=r"clip\.z_thresh \(clip=adagc, experiment=spike_demo picks it, has no "
+                                          r"field 'z_thresh'; it is a field of clip=layerclip, clip=zclip"):
+        check_overrides(["experiment=spike_demo", "clip.z_thresh=3"], DemoConfig, CONF_DIR)
+    check_override_keys(["experiment=spike_demo", "clip.beta=0.9"], DemoConfig, CONF_DIR)  # AdaGC's own field
+    check_override_keys(["clip=zclip", "clip.z_thresh=3"], DemoConfig, CONF_DIR)  # the line's pick wins
+
+
 @pytest.mark.parametrize("override, says", [
     ("locate=false", "locate=false: locate is a config group (options: default), not a switch; to turn it off "
                      "use locate.enabled=false"),

@@ -80,3 +80,13 @@ def test_a_run_that_ends_inside_the_warm_up_says_so_not_a_largest_norm_of_0():
     assert ("clip=adagc: the run ended inside the start-up transient (the detector's and the learning rate's "
             "warm-up: no largest grad norm after it)") in lines
     assert not any("transient 0" in x or "nan" in x for x in lines)
+
+
+def test_a_run_with_no_tracker_run_and_no_spike_points_at_its_files_not_at_an_empty_header(tmp_path):
+    """New-user tester round 12: ``tracker=none`` without a spike ended with "look at the results:" and nothing
+    under it. Its run dir's own files are the results; with none of them there is no header."""
+    assert closing_lines("done", [], tmp_path)[-1] == f"run dir: {tmp_path}"
+    (tmp_path / "metrics.jsonl").write_text("{}\n")
+    lines = closing_lines("done", [], tmp_path)
+    assert lines[-2:] == ["look at the results:",
+                          f"  {tmp_path / 'metrics.jsonl'}    # every logged step, one JSON line each"]
