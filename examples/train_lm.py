@@ -466,6 +466,11 @@ def main(cfg: DictConfig) -> float:
     conf.run_name = job_run_name(conf, list(hc.overrides.task), sys.argv[1:], str(hc.mode) == "RunMode.MULTIRUN")
     try:
         summary = train_lm(conf, run_dir, resolved_yaml=OmegaConf.to_yaml(cfg, resolve=True))
+    except ImportError as exc:
+        remove_if_empty(run_dir.resolve(), out_dir)
+        if "pip install 'gradloc-track[" in str(exc):  # an extra not installed (tracker=wandb without wandb)
+            sys.exit(f"error: {exc}")  # one line, as a config error (it was a 40-line traceback)
+        raise
     except Exception:
         remove_if_empty(run_dir.resolve(), out_dir)
         raise

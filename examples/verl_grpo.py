@@ -258,6 +258,11 @@ def _forked(rank: int, world: int, port: str, args: argparse.Namespace) -> None:
     try:
         run_rank(rank, world, port, args)
         code = 0
+    except BaseException:  # os._exit below would swallow it: the rank's error, said (new-user tester round 12)
+        import traceback
+
+        print(f"rank {rank} failed:", file=sys.stderr)
+        traceback.print_exc()
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -283,6 +288,12 @@ def main(argv: list[str] | None = None) -> int:
     import socket
 
     args = parse_args(argv)
+    import importlib.util
+
+    if importlib.util.find_spec("verl") is None:
+        print("error: verl is not installed in this environment: pip install 'gradloc-track[verl]' in a venv of "
+              "its own (docs/verl.md)", file=sys.stderr)
+        return 2
     uri = os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{Path('mlflow.db').resolve()}")
     os.environ.setdefault("WANDB_MODE", "offline")
     print(f"verl GRPO on {args.procs} gloo processes (CPU), MLflow store {uri}", flush=True)

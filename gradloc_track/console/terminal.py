@@ -62,7 +62,10 @@ class TrainConsole:
             return
         every = max(1, self._total // 10)
         if stats and ((step + 1) % every == 0 or step + 1 == self._total or step == 0):
-            self.print(f"step {step + 1:>{len(str(self._total))}}/{self._total}  {stats}")
+            # the step number every other line, table and tracker uses (from 0), after the count done: "step 104/130"
+            # was step 103's loss, one off from MLflow (new-user tester round 12)
+            w = len(str(self._total))
+            self.print(f"[{step + 1:>{w}}/{self._total}] step {step:>{w}}  {stats}")
 
     def spike(self, stats: Any, run_dir: Path, not_localized: str | None = None) -> None:
         """The block of a step whose spike fired: ``stats`` a ``GradStats`` (or a ``SpikeView``);

@@ -18,7 +18,8 @@ def test_plain_console_prints_a_tenth_of_the_steps_when_not_a_tty():
         con.step(s, 2.0, 0.5)
     con.close()
     lines = out.getvalue().splitlines()
-    assert len(lines) == 11 and lines[-1] == "step 100/100  loss 2.000  grad norm 0.5"
+    assert len(lines) == 11 and lines[-1] == "[100/100] step  99  loss 2.000  grad norm 0.5"
+    assert lines[0] == "[  1/100] step   0  loss 2.000  grad norm 0.5"  # the step number the tracker shows
     json.dumps(lines)
 
 

@@ -81,7 +81,7 @@ def console_tail(console: str, root: Path, first: str) -> str:
     W&B's lines and warnings left out)."""
     lines = console.splitlines()
     start = next(i for i, ln in enumerate(lines) if ln.startswith(first))
-    keep = [ln for ln in lines[start:] if not re.match(r"step +\d+/\d+ ", ln) and "W&B run" not in ln
+    keep = [ln for ln in lines[start:] if not re.match(r"\[ *\d+/\d+\] step ", ln) and "W&B run" not in ln
             and "wandb sync" not in ln and "Warning" not in ln and not ln.startswith(("  warnings.warn", "[INFO]"))]
     return normalize("\n".join(keep), root) + "\n"
 

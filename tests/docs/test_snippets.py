@@ -62,7 +62,8 @@ def test_a_quoted_number_that_no_longer_holds_fails_and_rewrite_fixes_it(tmp_pat
     """The machinery on a doc of its own: a block whose text the run no longer prints is stale, rewrite
     puts the run's text in, and then nothing is stale."""
     root = tmp_path / "run"
-    console = (f"step  10/130  loss 5.1  grad norm 1\n── spike at step 100 ──\n  culprits   sample 3, tokens 40-42: "
+    console = (f"[ 10/130] step   9  loss 5.1  grad norm 1\n── spike at step 100 ──\n"
+               f"  culprits   sample 3, tokens 40-42: "
                f"'x'  (89% of the batch's squared grad norm)\n"
                f"  artifacts  MLflow run demo 11-25 17:36:05 ({'a' * 32}): "
                f"http://127.0.0.1:5000/#/experiments/7/runs/{'a' * 32}\ndone: 130 steps in 151 s\n"
@@ -74,7 +75,7 @@ def test_a_quoted_number_that_no_longer_holds_fails_and_rewrite_fixes_it(tmp_pat
     assert stale(runs, [doc]) == ["doc.md: demo-console"]
     assert rewrite(runs, [doc]) and stale(runs, [doc]) == []
     text = doc.read_text()
-    assert "(89% of" in text and "step  10/130" not in text and text.endswith("<!-- /snippet -->\nend\n")
+    assert "(89% of" in text and "step   9" not in text and text.endswith("<!-- /snippet -->\nend\n")
     assert "MLflow run demo <time> (<run id>): http://127.0.0.1:5000/#/experiments/<id>/runs/<run id>" in text
     assert "done: 130 steps in <s> s" in text and "gradloc-track report runs/<date> -o spike_report.html" in text
     assert normalize(f"sqlite:///{root}/mlflow.db", root) == "sqlite:///<the folder you ran it from>/mlflow.db"

@@ -1,6 +1,7 @@
 """Smoke runs of examples/hf_trainer.py and examples/lightning_lm.py: a few steps, local files."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -59,3 +60,12 @@ def test_lightning_example_runs(tmp_path):
     callback = load("lightning_lm").main([*SMALL, "--logger", "none", "--out", str(tmp_path / "pl")])
     assert callback.handle.finished
     assert steps_logged(tmp_path / "pl") == [0, 1, 2]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("verl") is not None, reason="verl is installed: the example runs")
+def test_the_verl_example_without_verl_says_how_to_install_it(tmp_path, monkeypatch, capsys):
+    """New-user tester round 12: in the README's venv it printed only "ranks [0, 1] failed" (each rank's
+    error went with its os._exit)."""
+    monkeypatch.chdir(tmp_path)
+    assert load("verl_grpo").main([]) == 2
+    assert "pip install 'gradloc-track[verl]'" in capsys.readouterr().err

@@ -235,3 +235,16 @@ def test_the_spike_pause_is_the_spike_step_and_what_the_steps_after_it_still_los
     drifted = [0.2] * 10 + [1.2] + [0.3] * 10  # the machine got slower at the spike: the pace is the later one
     assert spike_pause(drifted, 10)[0] == pytest.approx(1.2 / 0.3)
     assert spike_pause(steps, 3) is None  # no 10 steps before it to tell the pace
+
+
+def test_a_tracker_whose_extra_is_missing_fails_in_one_line_naming_the_extra(tmp_path, monkeypatch):
+    """New-user tester round 12: tracker=wandb without wandb printed Hydra's "Error executing job" and a
+    40-line traceback, the pip line near its end. (wandb is kept from importing by a stub on the path.)"""
+    stub = tmp_path / "stub" / "wandb"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text("raise ImportError('blocked for the test', name='wandb')\n")
+    monkeypatch.setenv("PYTHONPATH", str(stub.parent))
+    proc = run_example(tmp_path, "tracker=wandb", *SMALL, check=False)
+    assert proc.returncode != 0
+    assert "error: 'wandb' is not installed" in proc.stderr and "pip install 'gradloc-track[wandb]'" in proc.stderr
+    assert "Traceback" not in proc.stderr and "Error executing job" not in proc.stderr, proc.stderr[-2000:]
