@@ -27,7 +27,6 @@ again. Per-sample columns (``sample_info``) ride along with each micro-batch.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 from dataclasses import dataclass
@@ -73,7 +72,6 @@ class LMBatch:
     # (B, T-1) whether the user's loss has a term at each position but the last, read from the same gradient
     # (a prompt masked in labels the model never saw has none); None: not read
     terms: torch.Tensor | None = None
-    backward_ran: bool = False  # a backward went through its logits (MicroBatchCapture: a discarded step)
 
     @classmethod
     def from_call(cls, args: tuple, kwargs: dict, signature: Any = None) -> "LMBatch | None":
@@ -239,7 +237,6 @@ class BatchList:
         self._infos: list[dict[str, Any]] = []  # set_sample_info calls of this step, one per micro-batch
         self.sample_losses = False  # measure each sample's loss from the forward's logits (the detector asks)
         self.junk_terms: int | None = None  # measure the junk-span statistics over runs this long (the detector asks)
-        self.discarded = 0  # steps whose gradient the loop threw away unstepped (the handle counts them)
 
     def add(self, batch: LMBatch | None) -> None:
         """Record a batch (and the RNG state now, just before its forward)."""
@@ -293,9 +290,6 @@ class MicroBatchCapture(BatchList):
     def _hook(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
         info = sample_info.pop_sample_info(kwargs)  # always: the model must never see it
         if not (self._paused or not module.training or not torch.is_grad_enabled()):
-            if self._discarded(module):  # their batches do not join the next step's
-                self.take()
-                self.discarded += 1
             batch = LMBatch.from_call(args, kwargs, self._signature)
             if batch is not None:
                 batch.info = info
@@ -304,25 +298,9 @@ class MicroBatchCapture(BatchList):
                 self._open = batch
         return (args, kwargs) if info is not None else None
 
-    def _discarded(self, module: torch.nn.Module) -> bool:
-        """Did the loop throw the held batches' gradient away without an optimizer step? Their backward ran
-        and the gradients are gone (``zero_grad()``, set to None) before this new forward: a GradScaler skips
-        a non-fused optimizer's ``step()`` on an overflow, so no step hook took them, and they would have
-        joined the next step's batches (held-out tester, round 12: the step numbers fell behind the loop's
-        by one per overflow). Gradients zeroed in place (``set_to_none=False``) are not seen: that would
-        take a host sync."""
-        if not any(b.backward_ran for b in self.batches):
-            return False
-        # every gradient gone (not just the first parameter's: a model may hold one its loss never reaches);
-        # stops at the first gradient found, the first parameter's during gradient accumulation
-        return not any(p.grad is not None for p in module.parameters())
-
     def _check_output(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
         batch, self._open = self._open, None
         if batch is not None:
-            logits = logits_in(output)
-            if isinstance(logits, torch.Tensor) and logits.requires_grad:
-                logits.register_hook(functools.partial(_backward_ran, batch))
             batch.unusable = unusable_output(output, batch.input_ids)
             batch.loss = loss_in(output)  # the model's own loss, for the detector's loss signal
             if batch.labels is None and batch.target_ids is None and batch.unusable is None:
@@ -339,10 +317,6 @@ class MicroBatchCapture(BatchList):
         for h in self._handles:
             h.remove()
         self._handles = []
-
-
-def _backward_ran(batch: LMBatch, grad: torch.Tensor) -> None:
-    batch.backward_ran = True
 
 
 def watch_terms(batch: LMBatch, logits: torch.Tensor) -> None:

@@ -33,7 +33,7 @@ from ..trackers.interface import Tracker
 from ..trackers.join import OpenRuns, Run, RunRequest, start
 from .batches import BatchList, lm_spike_context, resolve_tokenizer
 from .calls import SET_LOSS_FN_HINT
-from .grad_scaler import unscale_handed_scale
+from .grad_scaler import unscale_handed_scale, watch_scaler
 from .step_losses import step_junk, step_loss, step_sample_losses
 from .options import WatchOptions, option_params
 
@@ -163,6 +163,9 @@ class WatchHandle:
         self.quarantine = _quarantine(self.tracker) if getattr(opts.spikes, "quarantine", False) else None
         self.last = None
         self._loss_scaler = False  # this step's gradients were handed over by a GradScaler (fused optimizer)
+        self._stepped = False  # the optimizer's step ran since the scaler's last update()
+        watched = opts.scaler is not None and optimizer is not None and hook_optimizer
+        self._scaler = watch_scaler(opts.scaler, self) if watched else None
         self.spikes: list = []  # GradStats of every step whose spike fired (with .locate when localized)
         self.steps = 0  # optimizer steps seen; the default step number
         self._user_ctx = None
@@ -196,6 +199,7 @@ class WatchHandle:
         if not self._finished:  # a hook of a finished handle does nothing (it is removed at close anyway)
             # a GradScaler's fused step: the monitor reads unscaled gradients, and the scaler skips an overflow
             self._loss_scaler = unscale_handed_scale(optimizer)
+            self._stepped = True
             self.step()
 
     def set_loss_fn(self, loss_fn: Callable[[torch.Tensor], torch.Tensor] | list, token_mask: Any,
@@ -225,7 +229,6 @@ class WatchHandle:
         overflowed; that is logged as ``train/skipped_step``, not a spike (the hook knows it by itself)."""
         if self._finished:
             raise RuntimeError("gradloc-track: this watch() handle is finished; call watch() again for a new run")
-        self._count_discarded()
         step = self.steps if step is None else int(step)
         ctx = spike_context or self._user_ctx
         batches, rng = self.capture.take() if self.capture is not None else ([], None)
@@ -247,18 +250,6 @@ class WatchHandle:
                 self.quarantine.blame(step, *self.last.locate_view)
         self.steps += 1
         return self.last
-
-    def _count_discarded(self) -> None:
-        """Steps whose gradient the loop threw away without an optimizer step (a GradScaler overflow skips a
-        non-fused ``step()``; ``MicroBatchCapture.discarded``) count as steps, as with a fused optimizer and
-        in the loop's own count."""
-        n = getattr(self.capture, "discarded", 0)
-        if not n:
-            return
-        self.capture.discarded = 0
-        for _ in range(n):
-            self.monitor.tracker.log_metrics({"train/skipped_step": 1.0}, self.steps)  # a null tracker off rank 0
-            self.steps += 1
 
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run needs to go on as this one would: the step count (the next step's number), the
@@ -304,7 +295,17 @@ class WatchHandle:
         return why is None
 
     # -- the way out -----------------------------------------------------------------------
+    def _scaler_update(self) -> None:
+        """``scaler.update()`` (``watch(scaler=)``): a step the optimizer did not take since the last one was
+        skipped by the scaler; its gradient goes through the monitor as a loss-scaled step."""
+        if not self._finished and not self._stepped:
+            self.step(loss_scaler=True)
+        self._stepped = False
+
     def _unhook(self) -> None:
+        if getattr(self, "_scaler", None) is not None:
+            self._scaler.remove()
+            self._scaler = None
         for h in self._hooks:
             h.remove()
         self._hooks.clear()

@@ -120,8 +120,8 @@ class GradLocCallback(L.Callback):
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         if self.handle is not None:
             # under precision="16-mixed" Lightning's GradScaler skips an overflowed step itself: not a spike
-            stats = self.handle.step(trainer.global_step,
-                                     loss_scaler=str(getattr(trainer, "precision", "")).startswith("16"))
+            # ("16-true" has no scaler: nothing skips its non-finite steps; the reviewer's round 12)
+            stats = self.handle.step(trainer.global_step, loss_scaler=_has_loss_scaler(trainer))
             # the spike block (gradloc_track.console; console=False: none)
             if stats.events and self.handle.monitor.rank == 0 and self.handle.options.console:
                 self.console.spike(stats, self.handle.run_dir)
@@ -135,3 +135,10 @@ class GradLocCallback(L.Callback):
 
         if self.handle is not None:
             self.handle.close(exit_status(type(exception)))  # Ctrl-C (KeyboardInterrupt): "killed"
+
+
+def _has_loss_scaler(trainer: Any) -> bool:
+    """Does Lightning's precision plugin hold a GradScaler (``precision="16-mixed"``; not ``"16-true"``)?"""
+    plugin = getattr(trainer, "precision_plugin", None) or getattr(getattr(trainer, "strategy", None),
+                                                                   "precision_plugin", None)
+    return getattr(plugin, "scaler", None) is not None

@@ -32,7 +32,7 @@ GROUPS: dict[str, type] = {
 }
 MONITOR_FIELDS = tuple(f.name for f in fields(MonitorConfig))
 # not config groups: what only a live loop knows
-RUNTIME = ("tokenizer", "run_dir", "run_name", "console")
+RUNTIME = ("tokenizer", "run_dir", "run_name", "console", "scaler")
 AUTO = "auto"  # tracker: the run that is already open (wandb.run / mlflow.active_run())
 
 
@@ -51,6 +51,7 @@ class WatchOptions:
     run_dir: str | Path | None = None
     run_name: str | None = None
     console: bool = True  # the spike block on rank 0's stderr at each detected spike (False: silent)
+    scaler: Any = None  # the loop's torch.amp.GradScaler: a step it skips (non-fused optimizer) is still seen
 
 
 def _group_node(group: str, value: Any) -> Any:
@@ -188,6 +189,9 @@ def resolve_options(cfg: Any = None, **options: Any) -> WatchOptions:
         setattr(out, name, merged.pop(name, getattr(out, name)))
     if not isinstance(out.console, bool):
         raise TypeError(f"console={out.console!r}: use True (print the spike block on stderr) or False")
+    if out.scaler is not None and not callable(getattr(out.scaler, "update", None)):
+        raise TypeError(f"scaler={out.scaler!r}: give the loop's torch.amp.GradScaler (its update() is watched), "
+                        "or None")
     if out.run_dir is not None and not isinstance(out.run_dir, (str, os.PathLike)):
         raise TypeError(f"run_dir={out.run_dir!r}: give a folder path (a str or pathlib.Path), or None for a new "
                         "runs/<date> folder")

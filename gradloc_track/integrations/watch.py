@@ -48,7 +48,8 @@ def watch(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None
     ``AdaGCConfig``), ``spikes``, ``locate``, ``monitor`` and the monitor's fields
     (``log_every=10``), or ``cfg=`` a Hydra node holding those groups; plus
     ``tokenizer`` (decoded culprit text), ``run_dir``, ``run_name``, ``console`` (False: no spike block on
-    stderr; by default each detected spike prints it on rank 0, as the callbacks do). Bad values raise the
+    stderr; by default each detected spike prints it on rank 0, as the callbacks do), ``scaler`` (the loop's
+    ``torch.amp.GradScaler``: a step it skips is seen with a non-fused optimizer too). Bad values raise the
     errors the Hydra app raises. With ``optimizer`` an optimizer step pre-hook runs everything; without it,
     call ``handle.step()`` after ``backward()``. ``handle.finish()`` takes every hook off again.
     """

@@ -216,8 +216,13 @@ class MlflowTracker(Tracker):
 
         items = [Metric(mlflow_key(k), float(v), int(ts), int(step)) for metrics, step, ts in records
                  for k, v in metrics.items()]
+        start = self._start_pending
+        if start:  # the opening spike_count the constructor could not send
+            items.insert(0, Metric("spike_count", 0.0, items[0].timestamp if items else int(time.time() * 1000), 0))
         for i in range(0, len(items), MAX_METRICS_PER_BATCH):
             self.client.log_batch(self.run_id, metrics=items[i: i + MAX_METRICS_PER_BATCH], synchronous=True)
+            if start:
+                self._start_pending = start = False
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         from mlflow.entities import Param

@@ -118,3 +118,18 @@ def test_lightning_skips_bitwise_inside_its_closure(gpt2, tmp_path, fused):
     assert gradloc.handle.monitor.skip_guard.mode == ("fused" if fused else "sync")
     assert_same(seen["after"], seen["before"])
     assert all(torch.isfinite(p).all() for p in gpt2.parameters())
+
+
+def test_only_a_precision_holding_a_grad_scaler_makes_an_overflow_routine():
+    """Reviewer round 12: "16-true" (HalfPrecision: no scaler, nothing skips a non-finite step) was taken for
+    "16-mixed" by its name, and a real NaN read as routine skipped steps. Lightning's own plugins decide."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.plugins.precision import HalfPrecision, MixedPrecision
+
+    from gradloc_track.integrations.lightning import _has_loss_scaler
+
+    mixed = MixedPrecision("16-mixed", device="cpu", scaler=torch.amp.GradScaler("cpu"))
+    assert _has_loss_scaler(SimpleNamespace(precision_plugin=mixed))
+    assert not _has_loss_scaler(SimpleNamespace(precision_plugin=HalfPrecision("16-true")))
+    assert not _has_loss_scaler(SimpleNamespace(precision_plugin=MixedPrecision("bf16-mixed", device="cpu")))

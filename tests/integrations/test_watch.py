@@ -3,6 +3,7 @@ skipped bitwise when it knows the optimizer, a warning naming the guard when it 
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -521,8 +522,7 @@ def test_a_grad_scaler_overflow_is_a_skipped_step_not_a_spike(fused):
     them, as it is meant to. With a fused AdamW each was a spike ("precision ... a hardware fault", probes
     spent); with a foreach one the scaler never calls ``step()``, so watch() counted no step and its step
     numbers fell one behind the loop per overflow. Now both log ``train/skipped_step`` on exactly the
-    overflow steps, count every loop step, and fire nothing."""
-    import math
+    overflow steps, count every loop step, and fire nothing (the foreach one through ``scaler=``)."""
 
     from gradloc_track.demo.model import TinyGPT
 
@@ -530,9 +530,9 @@ def test_a_grad_scaler_overflow_is_a_skipped_step_not_a_spike(fused):
     model = TinyGPT(vocab_size=64, n_layer=1, n_head=2, d_model=32, max_seq_len=32)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=fused, foreach=None if fused else True)
     tracker = MemoryTracker()
-    handle = gradloc_track.watch(model, opt, tracker=tracker, log_every=1, console=False,
-                                 spikes={"warmup_steps": 2})
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 24, growth_interval=3)
+    handle = gradloc_track.watch(model, opt, tracker=tracker, log_every=1, console=False,
+                                 spikes={"warmup_steps": 2}, scaler=scaler)
     overflow = []
     for step in range(14):
         x = torch.randint(0, 64, (4, 17), generator=torch.Generator().manual_seed(step))
@@ -549,6 +549,34 @@ def test_a_grad_scaler_overflow_is_a_skipped_step_not_a_spike(fused):
     assert [s for s, _ in tracker.series("train/skipped_step")] == [i for i, o in enumerate(overflow) if o]
     finite = [s for s, v in tracker.series("grad_norm/global") if math.isfinite(v)]
     assert finite == [i for i, o in enumerate(overflow) if not o]
+    assert "update" not in scaler.__dict__  # finish() gave the scaler its own update() back
+
+
+def test_under_a_grad_scaler_a_nan_every_step_fires_once_the_scale_keeps_falling():
+    """The routine rule has a limit: a NaN the scaler cannot halve away (every step from 4 on, a foreach AdamW:
+    never stepped) was never seen at all; now the 10th skip in a row is a spike, numeric, and the ones
+    before it are skipped steps."""
+    from gradloc_track.demo.model import TinyGPT
+    from gradloc_track.monitor.scaler_overflow import MAX_IN_A_ROW
+
+    torch.manual_seed(0)
+    model = TinyGPT(vocab_size=64, n_layer=1, n_head=2, d_model=32, max_seq_len=32)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    tracker = MemoryTracker()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+    handle = gradloc_track.watch(model, opt, tracker=tracker, log_every=1, console=False,
+                                 spikes={"warmup_steps": 2}, scaler=scaler)
+    for step in range(4 + MAX_IN_A_ROW + 2):
+        x = torch.randint(0, 64, (4, 17), generator=torch.Generator().manual_seed(step))
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+        scaler.scale(loss * (math.nan if step >= 4 else 1.0)).backward()
+        scaler.step(opt)
+        scaler.update()
+    handle.finish()
+    skipped = [s for s, _ in tracker.series("train/skipped_step")]
+    assert skipped == list(range(4, 4 + MAX_IN_A_ROW - 1)) and handle.steps == 4 + MAX_IN_A_ROW + 2
+    assert [s.step for s in handle.spikes][:1] == [4 + MAX_IN_A_ROW - 1]
 
 
 def test_a_run_watch_opens_holds_its_options_as_params_to_compare_runs_by(gpt2, tmp_path, mlflow_store):
