@@ -63,6 +63,7 @@ class LMBatch:
     num_items: Any = None  # the call's num_items_in_batch (HF Trainer): the loss's normaliser
     loss: torch.Tensor | None = None  # the loss the model returned (HF ``.loss``, nanoGPT's pair), detached
     sample_max: torch.Tensor | None = None  # the largest per-sample loss (step_losses.py)
+    sample_rows: torch.Tensor | None = None  # (B,) each row's mean loss, whose largest sample_max is
     junk: Any = None  # the junk-span statistics of this micro-batch (spikes/junk.py)
     position_ids: torch.Tensor | None = None  # (B, T); restarts at 0 mark packed documents
     precision: str | None = None  # the autocast the forward ran under ("float16 autocast"), if any
@@ -213,13 +214,15 @@ def lm_spike_context(model: torch.nn.Module, batches: list[LMBatch], tokenizer: 
     docs = [b.document_ids() for b in batches]
     docs = None if all(d is None for d in docs) else docs
     precision = next((b.precision for b in batches if b.precision), None)
+    rows = [b.sample_rows for b in batches]  # each row's loss, for the sample signal's flags (monitor.data_flags)
+    rows = None if all(r is None for r in rows) else rows
     if len(batches) == 1:
         rng = rng_state[0] if isinstance(rng_state, list) else rng_state
         return SpikeContext(loss_fn=fns[0], token_mask=masks[0], input_ids=ids[0], tokenizer=tokenizer,
                             rng_state=rng, sample_columns=columns, document_ids=None if docs is None else docs[0],
-                            precision=precision)
+                            precision=precision, sample_losses=None if rows is None else rows[0])
     return SpikeContext(loss_fn=fns, token_mask=masks, input_ids=ids, tokenizer=tokenizer, rng_state=rng_state,
-                        sample_columns=columns, document_ids=docs, precision=precision)
+                        sample_columns=columns, document_ids=docs, precision=precision, sample_losses=rows)
 
 
 class BatchList:
@@ -309,9 +312,9 @@ class MicroBatchCapture(BatchList):
                 # largest-sample and junk signals, from one pass over the forward's logits
                 pos = batch.position_ids  # packed documents, without document_ids()' host sync
                 docs = None if pos is None else document_index(pos, pos.shape)
-                batch.sample_max, batch.junk = detector_losses(
+                batch.sample_max, batch.junk, batch.sample_rows = detector_losses(
                     logits_in(output), batch.target_ids_only(), batch.input_ids, docs,
-                    samples=self.sample_losses, junk_terms=self.junk_terms, output=output)
+                    samples=self.sample_losses, junk_terms=self.junk_terms, output=output, with_rows=True)
 
     def remove(self) -> None:
         for h in self._handles:

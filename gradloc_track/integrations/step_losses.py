@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ..spikes.junk import JunkSpan, junk_stats, leaked_shares
+from ..spikes.junk import junk_stats, leaked_shares
 from ..spikes.sample_loss import row_means
 from ..spikes.term_stats import saved_log_probs, term_stats
 
@@ -50,16 +50,17 @@ def document_index(position_ids: torch.Tensor | None, shape: torch.Size) -> torc
 @torch.no_grad()
 def detector_losses(logits: torch.Tensor, targets: torch.Tensor, input_ids: torch.Tensor | None = None,
                     document_ids: torch.Tensor | None = None, samples: bool = True,
-                    junk_terms: int | None = None, output: Any = None) -> tuple[torch.Tensor | None, JunkSpan | None]:
+                    junk_terms: int | None = None, output: Any = None, with_rows: bool = False) -> tuple:
     """(the largest sample's mean loss, the junk statistics) of a micro-batch, each only when asked.
     The largest sample loss is ``spikes.sample_loss.sample_losses``' (the row is the unit, repeats of
     the input token capped), 0-d on the logits' device, NaN when any is NaN (-inf: no sample has a
     term); the junk statistics are ``spikes.junk``'s. ``logits`` (B, T, V) at the model's positions,
     ``targets`` (B, T) with ``IGNORE`` where a position has no term, ``input_ids`` (B, T) the ids at
     the same positions, ``document_ids`` (B, T) for packed rows, ``output`` the forward's output: when
-    its loss is a cross-entropy over ``logits``, the terms come from what that loss saved (module doc)."""
+    its loss is a cross-entropy over ``logits``, the terms come from what that loss saved (module doc).
+    ``with_rows``: a third value, each row's mean loss (B,), whose maximum the first is (None without it)."""
     if not (samples or junk_terms):
-        return None, None
+        return (None, None, None) if with_rows else (None, None)
     B, T = targets.shape
     saved = saved_log_probs(_loss_tensor(output), logits) if output is not None else None
     if saved is not None and saved.target.numel() in (B * T, B * (T - 1)):
@@ -77,7 +78,8 @@ def detector_losses(logits: torch.Tensor, targets: torch.Tensor, input_ids: torc
     # the parts both signals read, made once: each row's term count, the terms whose target repeats the input
     count = valid.sum(1)  # (B,)
     repeat = None if inp is None else valid & (tgt == inp)  # (B, T)
-    smax = row_means(stats.loss.view(B, Tp), valid, count, repeat).max() if samples else None
+    means = row_means(stats.loss.view(B, Tp), valid, count, repeat) if samples else None
+    smax = means.max() if samples else None
     junk = None
     if junk_terms:
         excess = stats.excess.view(B, Tp)
@@ -86,7 +88,7 @@ def detector_losses(logits: torch.Tensor, targets: torch.Tensor, input_ids: torc
         rows = None if inp is None else leaked_shares(repeat, inp, valid)
         docs = None if document_ids is None else document_ids[:, :Tp]
         junk = junk_stats(excess, valid, docs, junk_terms, rows, count.sum())
-    return smax, junk
+    return (smax, junk, means) if with_rows else (smax, junk)
 
 
 def unit_loss_max(logits: torch.Tensor, targets: torch.Tensor, input_ids: torch.Tensor | None = None

@@ -32,7 +32,7 @@ def global_flags(every: list[list[Flag]], glob: Any, pieces_named: set) -> list[
         for f in flags:
             row = glob.row_of.get((r, f.micro_batch, f.row))
             if row is not None and (r, f.micro_batch) not in pieces_named:
-                out.append(Flag(0, row, f.start, f.end, f.reason))
+                out.append(Flag(0, row, f.start, f.end, f.reason, f.alone))
     return out
 
 

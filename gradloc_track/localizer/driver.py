@@ -118,12 +118,16 @@ def _find(prober: Prober, model: torch.nn.Module, terms: list[list], search: Sea
     if with_units and not found.exhausted:
         holding = {c.micro_batch for c in found.coarse + found.hits.tokens}
         found.coarse += levels.micro_batch_units(prober, found.hits, stage.norms, terms, holding, search.labelled)
+        # a step only data signals fired on (no gradient norm jumped) is named by the units they flag: a sample
+        # that merely carries most of an ordinary gradient is no culprit of it (tester round 12: a clean row at
+        # 44% was named, quarantined and operated on, while the two garbage rows whose loss fired were not)
+        alone = any(getattr(f, "alone", False) for f in search.flagged)
         if not found.coarse and not found.hits.tokens:
             found.shares, named = levels.sample_shares(prober, found.hits, segs, search.labelled)
-            found.coarse += named
-            if not named:
+            found.coarse += [] if alone else named
+            if not named and not alone:
                 found.notes.append(levels.no_culprit_note(found.shares, sum(len(s) for s in segs if s is not None)))
-        elif _carried(found) < levels.SCAN_BELOW and any(s is not None for s in segs):
+        elif _carried(found) < levels.SCAN_BELOW and any(s is not None for s in segs) and not alone:
             found.coarse += levels.more_samples(prober, found.hits, segs, search.labelled, found.hits.terms)
     if with_units and search.flagged:
         found.flagged, more = name_flagged(prober, found.hits, terms, search.flagged,

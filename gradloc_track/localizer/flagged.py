@@ -35,6 +35,9 @@ class Flag:
     start: int | None = None
     end: int | None = None
     reason: str = ""
+    # the step fired on data signals alone (no gradient norm jumped): the flagged units are its answer, not
+    # the samples that merely carry most of an ordinary gradient (``driver``: no naming by share then)
+    alone: bool = False
 
 
 def name_flagged(prober: Any, hits: Any, terms: list[list], flags: Sequence[Flag], named: list, labelled: bool,

@@ -1,6 +1,9 @@
 """The units a detected step's data signals point at, for the localizer to name (``localizer.flagged``).
 
 - ``leaked_labels`` fired: every row of the context's ``leaked_labels`` column at ``spikes.junk.LEAKED``.
+- ``sample_loss`` fired: every row whose mean loss (``SpikeContext.sample_losses``, the signal's own
+  measure) is ``spikes.sample_min_ratio`` x the signal's running mean or more, when that is at most half
+  of its micro-batch (a batch whose every row rose is the batch loss's business, not a few rows').
 - ``junk_span`` fired: in every row whose largest window is above ``spikes.junk_margin``, the run of
   windows around it still nearer chance than learned text (above ``EXTEND``: junk averages chance, its
   windows wander around 0 and only some clear the margin; clean text sits at ``junk.LEARNED`` and below),
@@ -13,6 +16,7 @@ own batch, and the localizer gathers every rank's flags (``localizer.dist_flagge
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Sequence
 
 import torch
@@ -24,17 +28,20 @@ from ..spikes.text_check import clean_text, read_window
 
 EXTEND = LEARNED / 2  # a flagged run extends over the windows halfway from learned text to chance
 LEAK_REASON = "leaked labels (targets equal to their inputs)"
+LOSS_REASON = "its loss made the sample-loss signal fire"
 JUNK_REASON = "a run the model rates below chance"
 
 
-def junk_rule(detector: Any) -> tuple[int, float]:
-    """The detector's (``junk_terms``, ``junk_margin``); the defaults for a detector of the user's own."""
+def junk_rule(detector: Any) -> tuple[int, float, float]:
+    """The detector's (``junk_terms``, ``junk_margin``, ``sample_min_ratio``); the defaults for a detector of
+    the user's own."""
     cfg = getattr(detector, "config", None)
     cfg = cfg if isinstance(cfg, SpikeConfig) else SpikeConfig()
-    return cfg.junk_terms, cfg.junk_margin
+    return cfg.junk_terms, cfg.junk_margin, cfg.sample_min_ratio
 
 
-def data_flags(events: Sequence[Any], ctx: Any, junk: Any, terms: int, margin: float) -> tuple[Flag, ...]:
+def data_flags(events: Sequence[Any], ctx: Any, junk: Any, terms: int, margin: float,
+               sample_ratio: float = SpikeConfig.sample_min_ratio) -> tuple[Flag, ...]:
     """The flags of the signals among ``events`` (``junk``: the step's ``JunkSpan``, or one per micro-batch)."""
     if ctx is None:
         return ()
@@ -44,7 +51,26 @@ def data_flags(events: Sequence[Any], ctx: Any, junk: Any, terms: int, margin: f
         out += _leaked(ctx)
     if "junk_span" in fired and junk is not None:
         out += _junk_runs(junk, ctx, terms, margin)
+    lead = next((e for e in events if e.signal == "sample_loss"), None)
+    if lead is not None and getattr(ctx, "sample_losses", None) is not None:
+        # no gradient norm jumped: these rows are the step's answer, not a row carrying an ordinary gradient
+        alone = not any(getattr(e, "is_norm", False) for e in events)
+        loud = _loud_rows(ctx.sample_losses, lead.baseline * sample_ratio)
+        out += [dataclasses.replace(f, alone=alone) for f in loud]
     return tuple(out)
+
+
+def _loud_rows(losses: Any, level: float) -> list[Flag]:
+    """The rows whose mean loss is ``level`` or more, per micro-batch, where they are at most half of it."""
+    parts = [losses] if isinstance(losses, torch.Tensor) else list(losses)
+    out = []
+    for k, rows in enumerate(parts):
+        if rows is None:
+            continue
+        loud = [b for b, v in enumerate(rows.detach().float().cpu().tolist()) if v >= level]  # a spike step's read
+        if 2 * len(loud) <= len(parts[k]):
+            out += [Flag(k, b, reason=LOSS_REASON) for b in loud]
+    return out
 
 
 def _leaked(ctx: Any) -> list[Flag]:

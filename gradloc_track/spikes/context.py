@@ -55,6 +55,9 @@ class SpikeContext:
     # the reduced precision the training forward ran in ("float16 autocast"), when known: a non-finite
     # .grad whose fp32 replay is finite is then the precision's overflow, not a hardware fault
     precision: str | None = None
+    # each sample's mean loss, (B,) or one per micro-batch, as the detector's sample signal measured it
+    # (``watch()`` fills it): when that signal fires, the rows whose loss made it are named
+    sample_losses: torch.Tensor | Sequence[torch.Tensor | None] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.token_mask, torch.Tensor) != callable(self.loss_fn):
@@ -99,7 +102,8 @@ class SpikeContext:
                             sample_columns={n: pick(v) for n, v in self.sample_columns.items()},
                             rng_state=pick(self.rng_state), document_ids=pick(self.document_ids),
                             segment_ids=pick(self.segment_ids), segment_names=self.segment_names,
-                            normaliser=self.normaliser, precision=self.precision)
+                            normaliser=self.normaliser, precision=self.precision,
+                            sample_losses=pick(self.sample_losses))
 
 
 _FACTORIES_SEEN: set[Any] = set()  # shapes of zero-argument factories already checked (watch() passes one a step)

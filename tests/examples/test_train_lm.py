@@ -59,7 +59,7 @@ def test_mlflow_tracker_logs_metrics_params_and_config(tmp_path):
     # the console: progress lines, a summary in words, the exact commands to look at the run
     out = proc.stdout + proc.stderr
     (run_dir,) = run_dirs(tmp_path)
-    assert "step 4/4  loss" in out and "done: 4 steps" in out and "no gradient spike detected" in out
+    assert "[4/4] step 3  loss" in out and "done: 4 steps" in out and "no gradient spike detected" in out
     assert "'final_loss'" not in out  # no raw dict
     assert "MLflow database tables" not in out  # a new store is MLflow's bookkeeping, not news for the user
     assert f"/#/experiments/{run.info.experiment_id}/runs/{rid}" in out

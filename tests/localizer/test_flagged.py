@@ -187,3 +187,53 @@ def test_a_context_the_flags_cannot_read_leaves_the_gradient_search_alone(monkey
     with pytest.warns(UserWarning, match="flagged at step 0 failed"):
         stats = mon.after_backward(0, spike_context=SpikeContext(loss_fn=loss_fn, token_mask=mask))
     assert stats.events and stats.locate is not None and stats.not_localized is None
+
+
+def test_the_rows_whose_loss_fired_the_sample_signal_are_flagged_alone_when_no_norm_fired():
+    """Tester round 12: two garbage rows at loss 5.1 among rows at ~2.5 fired ``loss`` and ``sample_loss`` only;
+    a clean row carrying 44% of that ordinary gradient was named, quarantined and operated on, the garbage rows
+    were not. The rows at ``sample_min_ratio`` x the signal's running mean or more are flagged; ``alone`` when
+    no gradient norm fired; none when most of a micro-batch rose (the batch loss's business)."""
+    losses = torch.tensor([5.16, 5.13, 2.66, 2.49, 2.44, 2.40, 2.62, 2.80])
+    ctx = SimpleNamespace(sample_columns={}, input_ids=None, tokenizer=None, sample_losses=losses)
+    fired = SpikeEvent(260, "sample_loss", 5.16, 2.95, 8.0, 1.75)
+    flags = data_flags([SpikeEvent(260, "loss", 3.1, 2.6, 6.0, 1.2), fired], ctx, None, 16, 0.1, 1.5)
+    assert [(f.micro_batch, f.row, f.alone) for f in flags] == [(0, 0, True), (0, 1, True)]
+    with_norm = data_flags([_event("global"), fired], ctx, None, 16, 0.1, 1.5)
+    assert [(f.row, f.alone) for f in with_norm] == [(0, False), (1, False)]
+    ctx.sample_losses = [losses, torch.full((8,), 5.0)]  # micro-batch 1: every row rose
+    assert [(f.micro_batch, f.row) for f in data_flags([fired], ctx, None, 16, 0.1, 1.5)] == [(0, 0), (0, 1)]
+
+
+def test_flagged_alone_rows_are_the_answer_not_a_row_that_carries_most_of_an_ordinary_gradient():
+    """The localizer's side: a row whose exact share stands out (4x the others') is named by share on its own,
+    but not beside flags of a step that no gradient norm fired on; the flagged rows are named, each with its
+    exact share (brute force: one backward of its terms)."""
+    import gradloc_track
+    from gradloc_track.localizer.flagged import Flag
+
+    from .oracles import dot, grads_of, term_mask, tiny_gpt
+
+    B, T, V = 8, 16, 64
+    model = tiny_gpt(V, T)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randint(0, V, (B, T), generator=g), torch.randint(0, V, (B, T), generator=g)
+    w = torch.ones(B, T)
+    w[5] = 3.0  # row 5 carries most of the step's gradient
+
+    def loss_fn(mask):
+        return (F.cross_entropy(model(x).reshape(-1, V), y.reshape(-1), reduction="none").view(B, T) * w * mask
+                ).sum() / (B * T)
+
+    model.zero_grad()
+    loss_fn(torch.ones(B, T)).backward()
+    total = [p.grad.detach().clone() for p in model.parameters()]
+    plain = gradloc_track.locate(model, loss_fn, torch.ones(B, T))
+    assert [(c.level, c.batch) for c in plain.culprits] == [("sample", 5)]
+    flags = [Flag(0, 0, reason="loss", alone=True), Flag(0, 1, reason="loss", alone=True)]
+    res = gradloc_track.locate(model, loss_fn, torch.ones(B, T), flagged=flags)
+    assert sorted((c.level, c.batch) for c in res.culprits) == [("sample", 0), ("sample", 1)]
+    for c in res.culprits:
+        row = grads_of(model, loss_fn(term_mask((B, T), [(c.batch, t) for t in range(T)])))
+        assert (c.raw_share if c.raw_share is not None else c.share) == pytest.approx(
+            dot(row, total) / dot(total, total), rel=1e-4)
