@@ -211,8 +211,10 @@ def _levels(prober: DistProber, model, inp: _Inputs, options: SearchOptions, fla
     total_sq = _check_synchronized(prober, total)
     glob = gather_terms(prober, maps, pieces)
     every_flag = gather_flags(flagged, prober.group)  # a collective: every rank, flags or not
+    # only data signals fired (``driver``): the flagged units are the answer; the same on every rank (gathered)
+    alone = any(getattr(f, "alone", False) for flags in every_flag for f in flags)
     view = GlobalView(prober, glob)
-    segments = glob.segments if len(glob.segments) >= 2 else None  # one sample: nothing to compare it with
+    segments = glob.segments if len(glob.segments) >= 2 and not alone else None  # one sample: nothing to compare
     cands, limit, n_samples = levels.candidates([segments])
     inside = {(seg.micro_batch, b, t) for seg, _ in cands for b, t in seg.terms}
     tau = options.threshold / world if options.threshold is not None else \
@@ -223,15 +225,15 @@ def _levels(prober: DistProber, model, inp: _Inputs, options: SearchOptions, fla
                    coarse=[glob.place(c, inp.labelled) for c in units.culprits])
     rows = list(units.culprits)  # the coarse rows in the search's numbering (the flags' overlap check reads them)
     whole: set = set()  # the (rank, micro-batch) pieces named whole
-    if not found.exhausted:
+    if not found.exhausted and not alone:
         found.exhausted, found.notes = _tokens(view, hits, glob, units, options.method, tau)
-    if not found.exhausted:
+    if not found.exhausted and not alone:
         holding = {glob.piece_of(c) for c in found.coarse + hits.tokens}
         pieces = levels.micro_batch_units(PieceView(prober, glob), hits, glob.piece_norms, glob.piece_terms,
                                           holding, True)
         whole = {glob.pieces[c.micro_batch] for c in pieces}
         found.coarse += [glob.place_piece(c) for c in pieces]
-    if not found.exhausted and not found.coarse and not hits.tokens:  # a budget that ran out says so instead
+    if not found.exhausted and not found.coarse and not hits.tokens and not alone:  # a budget that ran out says so
         shares, named = levels.sample_shares(view, hits, [glob.segments], True)
         found.shares = [glob.place_share(r, inp.labelled) for r in shares]
         found.coarse += [glob.place(c, inp.labelled) for c in named]

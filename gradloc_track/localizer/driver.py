@@ -104,30 +104,30 @@ def _find(prober: Prober, model: torch.nn.Module, terms: list[list], search: Sea
     found.check = step_check.check_step(prober, stage.total, search.reference)
     step_check.report(found.check, found.notes)
     _stand_in(prober, stage, found, search.reference)
-    cands, limit, n_samples = levels.candidates(segs) if with_units else ([], math.inf, 0)
+    # a step only data signals fired on (no gradient norm jumped) is answered by the units they flag: a unit
+    # that merely carries most of an ordinary gradient is no culprit of it (tester round 12: a clean row at
+    # 44% was named, quarantined and operated on, while the two garbage rows whose loss fired were not)
+    alone = any(getattr(f, "alone", False) for f in search.flagged)
+    cands, limit, n_samples = levels.candidates(segs) if with_units and not alone else ([], math.inf, 0)
     tau = search.threshold if search.threshold is not None else \
         adaptive_tau(levels.ordinary(stage.term_score, _inside(cands)))
     units = levels.find_units(prober, found.hits, cands, limit, stage.term_score, tau, search.labelled, n_samples)
-    if not units.exhausted:
+    if not units.exhausted and not alone:
         score = {k: v for k, v in stage.term_score.items() if k not in found.hits.terms}
         exhausted, more = METHOD_SEARCH[search.method](prober, stage, score, tau, found.hits, units)
         units.exhausted |= exhausted
         found.notes += more
     found.coarse, found.exhausted = units.culprits, units.exhausted
     units.grad = None
-    if with_units and not found.exhausted:
+    if with_units and not found.exhausted and not alone:
         holding = {c.micro_batch for c in found.coarse + found.hits.tokens}
         found.coarse += levels.micro_batch_units(prober, found.hits, stage.norms, terms, holding, search.labelled)
-        # a step only data signals fired on (no gradient norm jumped) is named by the units they flag: a sample
-        # that merely carries most of an ordinary gradient is no culprit of it (tester round 12: a clean row at
-        # 44% was named, quarantined and operated on, while the two garbage rows whose loss fired were not)
-        alone = any(getattr(f, "alone", False) for f in search.flagged)
         if not found.coarse and not found.hits.tokens:
             found.shares, named = levels.sample_shares(prober, found.hits, segs, search.labelled)
-            found.coarse += [] if alone else named
-            if not named and not alone:
+            found.coarse += named
+            if not named:
                 found.notes.append(levels.no_culprit_note(found.shares, sum(len(s) for s in segs if s is not None)))
-        elif _carried(found) < levels.SCAN_BELOW and any(s is not None for s in segs) and not alone:
+        elif _carried(found) < levels.SCAN_BELOW and any(s is not None for s in segs):
             found.coarse += levels.more_samples(prober, found.hits, segs, search.labelled, found.hits.terms)
     if with_units and search.flagged:
         found.flagged, more = name_flagged(prober, found.hits, terms, search.flagged,

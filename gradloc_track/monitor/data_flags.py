@@ -2,8 +2,9 @@
 
 - ``leaked_labels`` fired: every row of the context's ``leaked_labels`` column at ``spikes.junk.LEAKED``.
 - ``sample_loss`` fired: every row whose mean loss (``SpikeContext.sample_losses``, the signal's own
-  measure) is ``spikes.sample_min_ratio`` x the signal's running mean or more, when that is at most half
-  of its micro-batch (a batch whose every row rose is the batch loss's business, not a few rows').
+  measure) is ``spikes.sample_min_ratio`` x the signal's running mean or more, when they are at most half
+  of the step's rows (a batch whose every row rose is the batch loss's business, not a few rows'). Not in
+  a micro-batch of packed rows: the loss is a row's, the culprit would be one of its documents.
 - ``junk_span`` fired: in every row whose largest window is above ``spikes.junk_margin``, the run of
   windows around it still nearer chance than learned text (above ``EXTEND``: junk averages chance, its
   windows wander around 0 and only some clear the margin; clean text sits at ``junk.LEARNED`` and below),
@@ -55,22 +56,27 @@ def data_flags(events: Sequence[Any], ctx: Any, junk: Any, terms: int, margin: f
     if lead is not None and getattr(ctx, "sample_losses", None) is not None:
         # no gradient norm jumped: these rows are the step's answer, not a row carrying an ordinary gradient
         alone = not any(getattr(e, "is_norm", False) for e in events)
-        loud = _loud_rows(ctx.sample_losses, lead.baseline * sample_ratio)
+        loud = _loud_rows(ctx.sample_losses, lead.baseline * sample_ratio, getattr(ctx, "document_ids", None))
         out += [dataclasses.replace(f, alone=alone) for f in loud]
     return tuple(out)
 
 
-def _loud_rows(losses: Any, level: float) -> list[Flag]:
-    """The rows whose mean loss is ``level`` or more, per micro-batch, where they are at most half of it."""
+def _loud_rows(losses: Any, level: float, docs: Any = None) -> list[Flag]:
+    """The rows whose mean loss is ``level`` or more (micro-batches of packed rows left out), when they are at
+    most half of the step's rows (a micro-batch of one row counts among the others)."""
+    packed = isinstance(losses, torch.Tensor) and isinstance(docs, torch.Tensor)
     parts = [losses] if isinstance(losses, torch.Tensor) else list(losses)
-    out = []
+    doc_parts = [None] * len(parts) if docs is None or isinstance(docs, torch.Tensor) else list(docs)
+    out, rows_seen = [], 0
     for k, rows in enumerate(parts):
         if rows is None:
             continue
-        loud = [b for b, v in enumerate(rows.detach().float().cpu().tolist()) if v >= level]  # a spike step's read
-        if 2 * len(loud) <= len(parts[k]):
-            out += [Flag(k, b, reason=LOSS_REASON) for b in loud]
-    return out
+        rows_seen += len(rows)
+        if packed or doc_parts[k] is not None:
+            continue
+        out += [Flag(k, b, reason=LOSS_REASON)
+                for b, v in enumerate(rows.detach().float().cpu().tolist()) if v >= level]  # a spike step's read
+    return out if 2 * len(out) <= rows_seen else []
 
 
 def _leaked(ctx: Any) -> list[Flag]:

@@ -31,6 +31,10 @@ CASES = {
     # nothing stands out of the gradient, but data signals flag a whole row and a span on another rank
     # (``localizer.flagged``): named with their exact shares, each flag from the rank that holds its row
     "flagged": ({}, None),
+    # the same rows flagged by a data signal alone (no gradient norm fired): they are the answer, while a row
+    # that carries most of the gradient is not named (``localizer.driver``, ``distributed._levels``: the
+    # reviewer's round 12 found the distributed path still named it)
+    "flagged_alone": ({(3, 0, t): 20.0 for t in range(T)}, None),
 }
 # (piece, row, start, end) a data signal flagged in the "flagged" case (None: the whole row)
 FLAGS = ((2, 1, None, None), (1, 0, 5, 10))
@@ -92,9 +96,11 @@ def flags_of(case: str, pieces: list[int]) -> tuple:
     """The ``Flag``s of ``pieces`` (one process: all of them; a rank: its own), by their index there."""
     from gradloc_track.localizer.flagged import Flag
 
-    if case != "flagged":
+    if case not in ("flagged", "flagged_alone"):
         return ()
-    return tuple(Flag(pieces.index(j), b, s, e, "a test's data signal") for j, b, s, e in FLAGS if j in pieces)
+    alone = case == "flagged_alone"
+    return tuple(Flag(pieces.index(j), b, s, e, "a test's data signal", alone) for j, b, s, e in FLAGS
+                 if j in pieces)
 
 
 def unit_threshold(case: str) -> float | None:

@@ -43,7 +43,7 @@ def test_every_level_equals_one_process_on_the_global_batch(levels):
         assert got["threshold"] == pytest.approx(want["threshold"], rel=1e-4), name
         assert got["total_norm"] == pytest.approx(want["total_norm"], rel=1e-5), name
         assert set(got["shares"]) == set(want["shares"]), name
-        if scn["case"] == "flagged":  # named by the rank that holds each flagged row
+        if scn["case"] in ("flagged", "flagged_alone"):  # named by the rank that holds each flagged row
             (note,) = [n for n in got["notes"] if "named for a test's data signal" in n]
             assert note.count("rank ") == 2, (name, note)
         for key, share in want["shares"].items():
@@ -62,6 +62,7 @@ def test_the_planted_cause_is_named_at_its_level():
     assert levels["nothing"] == set() and len(reference("nothing")["shares"]) == L.G * L.B
     assert set(reference("hot_tokens")["culprits"]) == {"token|2|1|None|3|4", "token|2|1|None|9|10"}
     assert set(reference("flagged")["culprits"]) == {"sample|2|1|None|0|16", "span|1|0|None|5|10"}
+    assert set(reference("flagged_alone")["culprits"]) == {"sample|2|1|None|0|16", "span|1|0|None|5|10"}
     assert all(reference(case)["replayed"] for case in L.CASES)
 
 

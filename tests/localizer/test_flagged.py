@@ -201,14 +201,18 @@ def test_the_rows_whose_loss_fired_the_sample_signal_are_flagged_alone_when_no_n
     assert [(f.micro_batch, f.row, f.alone) for f in flags] == [(0, 0, True), (0, 1, True)]
     with_norm = data_flags([_event("global"), fired], ctx, None, 16, 0.1, 1.5)
     assert [(f.row, f.alone) for f in with_norm] == [(0, False), (1, False)]
-    ctx.sample_losses = [losses, torch.full((8,), 5.0)]  # micro-batch 1: every row rose
-    assert [(f.micro_batch, f.row) for f in data_flags([fired], ctx, None, 16, 0.1, 1.5)] == [(0, 0), (0, 1)]
+    ctx.sample_losses = [losses, torch.tensor([5.0])]  # a micro-batch of one row counts among the step's rows
+    assert [(f.micro_batch, f.row) for f in data_flags([fired], ctx, None, 16, 0.1, 1.5)] == [(0, 0), (0, 1), (1, 0)]
+    ctx.sample_losses = [losses, torch.full((8,), 5.0)]  # 10 of 16 rows rose: the batch loss's business
+    assert data_flags([fired], ctx, None, 16, 0.1, 1.5) == ()
+    ctx.sample_losses, ctx.document_ids = losses, torch.zeros(8, 16, dtype=torch.long)  # packed: a row's loss
+    assert data_flags([fired], ctx, None, 16, 0.1, 1.5) == ()  # would name its first document, not the loud one
 
 
 def test_flagged_alone_rows_are_the_answer_not_a_row_that_carries_most_of_an_ordinary_gradient():
-    """The localizer's side: a row whose exact share stands out (4x the others') is named by share on its own,
-    but not beside flags of a step that no gradient norm fired on; the flagged rows are named, each with its
-    exact share (brute force: one backward of its terms)."""
+    """The localizer's side: a row whose exact share stands out is named on its own (by its share at 3x, by its
+    intensity at 10x), but not beside flags of a step that no gradient norm fired on; the flagged rows are
+    named, each with its exact share (brute force: one backward of its terms)."""
     import gradloc_track
     from gradloc_track.localizer.flagged import Flag
 
@@ -219,21 +223,22 @@ def test_flagged_alone_rows_are_the_answer_not_a_row_that_carries_most_of_an_ord
     g = torch.Generator().manual_seed(0)
     x, y = torch.randint(0, V, (B, T), generator=g), torch.randint(0, V, (B, T), generator=g)
     w = torch.ones(B, T)
-    w[5] = 3.0  # row 5 carries most of the step's gradient
 
     def loss_fn(mask):
         return (F.cross_entropy(model(x).reshape(-1, V), y.reshape(-1), reduction="none").view(B, T) * w * mask
                 ).sum() / (B * T)
 
-    model.zero_grad()
-    loss_fn(torch.ones(B, T)).backward()
-    total = [p.grad.detach().clone() for p in model.parameters()]
-    plain = gradloc_track.locate(model, loss_fn, torch.ones(B, T))
-    assert [(c.level, c.batch) for c in plain.culprits] == [("sample", 5)]
-    flags = [Flag(0, 0, reason="loss", alone=True), Flag(0, 1, reason="loss", alone=True)]
-    res = gradloc_track.locate(model, loss_fn, torch.ones(B, T), flagged=flags)
-    assert sorted((c.level, c.batch) for c in res.culprits) == [("sample", 0), ("sample", 1)]
-    for c in res.culprits:
-        row = grads_of(model, loss_fn(term_mask((B, T), [(c.batch, t) for t in range(T)])))
-        assert (c.raw_share if c.raw_share is not None else c.share) == pytest.approx(
-            dot(row, total) / dot(total, total), rel=1e-4)
+    for weight in (3.0, 10.0):  # row 5 carries most of the step's gradient
+        w[5] = weight
+        model.zero_grad()
+        loss_fn(torch.ones(B, T)).backward()
+        total = [p.grad.detach().clone() for p in model.parameters()]
+        plain = gradloc_track.locate(model, loss_fn, torch.ones(B, T))
+        assert [(c.level, c.batch) for c in plain.culprits] == [("sample", 5)]
+        flags = [Flag(0, 0, reason="loss", alone=True), Flag(0, 1, reason="loss", alone=True)]
+        res = gradloc_track.locate(model, loss_fn, torch.ones(B, T), flagged=flags)
+        assert sorted((c.level, c.batch) for c in res.culprits) == [("sample", 0), ("sample", 1)], weight
+        for c in res.culprits:
+            row = grads_of(model, loss_fn(term_mask((B, T), [(c.batch, t) for t in range(T)])))
+            assert (c.raw_share if c.raw_share is not None else c.share) == pytest.approx(
+                dot(row, total) / dot(total, total), rel=1e-4)
