@@ -296,11 +296,23 @@ class WatchHandle:
 
     # -- the way out -----------------------------------------------------------------------
     def _scaler_update(self) -> None:
-        """``scaler.update()`` (``watch(scaler=)``): a step the optimizer did not take since the last one was
-        skipped by the scaler; its gradient goes through the monitor as a loss-scaled step."""
-        if not self._finished and not self._stepped:
+        """``scaler.update()`` (``watch(scaler=)``): a step the scaler skipped for its overflow, which the
+        optimizer therefore did not take, goes through the monitor as a loss-scaled step; when the loop
+        already threw its gradient away (``zero_grad()`` before ``update()``), it is counted and logged as
+        skipped without one."""
+        from .grad_scaler import skipped_by
+
+        stepped, self._stepped = self._stepped, False
+        if self._finished or stepped or self._scaler is None or not skipped_by(self._scaler.scaler):
+            return
+        if any(p.grad is not None for p in self.monitor.params):
             self.step(loss_scaler=True)
-        self._stepped = False
+            return
+        if self.capture is not None:
+            self.capture.take()  # its batches do not join the next step's
+        self.monitor.scaler_overflows.routine(False, None)
+        self.monitor.tracker.log_metrics({"train/skipped_step": 1.0}, self.steps)  # a null tracker off rank 0
+        self.steps += 1
 
     def _unhook(self) -> None:
         if getattr(self, "_scaler", None) is not None:

@@ -138,7 +138,10 @@ class GradLocCallback(L.Callback):
 
 
 def _has_loss_scaler(trainer: Any) -> bool:
-    """Does Lightning's precision plugin hold a GradScaler (``precision="16-mixed"``; not ``"16-true"``)?"""
+    """Does a loss scaler skip an overflowed step: Lightning's precision plugin holds a GradScaler
+    (``precision="16-mixed"``; not ``"16-true"``), or DeepSpeed scales float16 itself (its plugin has none)?"""
     plugin = getattr(trainer, "precision_plugin", None) or getattr(getattr(trainer, "strategy", None),
                                                                    "precision_plugin", None)
-    return getattr(plugin, "scaler", None) is not None
+    deepspeed_fp16 = type(plugin).__name__ == "DeepSpeedPrecision" and str(getattr(plugin, "precision", "")) in (
+        "16-mixed", "16")
+    return getattr(plugin, "scaler", None) is not None or deepspeed_fp16

@@ -133,3 +133,7 @@ def test_only_a_precision_holding_a_grad_scaler_makes_an_overflow_routine():
     assert _has_loss_scaler(SimpleNamespace(precision_plugin=mixed))
     assert not _has_loss_scaler(SimpleNamespace(precision_plugin=HalfPrecision("16-true")))
     assert not _has_loss_scaler(SimpleNamespace(precision_plugin=MixedPrecision("bf16-mixed", device="cpu")))
+    from lightning.pytorch.plugins.precision import DeepSpeedPrecision  # DeepSpeed scales float16 itself
+
+    assert _has_loss_scaler(SimpleNamespace(precision_plugin=DeepSpeedPrecision("16-mixed")))
+    assert not _has_loss_scaler(SimpleNamespace(precision_plugin=DeepSpeedPrecision("bf16-mixed")))

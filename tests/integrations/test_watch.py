@@ -595,3 +595,57 @@ def test_a_run_watch_opens_holds_its_options_as_params_to_compare_runs_by(gpt2, 
     assert runs["zclip"]["clip.kind"] == "zclip" and runs["adagc"]["clip.kind"] == "adagc"
     assert runs["zclip"]["spikes.enabled"] == "False" and runs["zclip"]["monitor.log_every"]
     assert {k.split(".")[0] for k in runs["adagc"]} == {"monitor", "clip", "spikes", "locate"}
+
+
+def test_a_watched_grad_scaler_counts_only_the_steps_it_skipped_and_copies_unwatched():
+    """Reviewer round 12: an ``update()`` with no skip behind it was counted as a step (once per micro-batch:
+    8 for 2 optimizer steps); ``zero_grad()`` between ``scaler.step`` and ``update()`` logged the overflow as a
+    step of norm 0; a deep copy of the scaler updated the original and stepped the handle; a pickle failed; a
+    removed handle kept stepping under another watch's wrapper. The scaler's own record of its skip decides."""
+    import copy
+    import pickle
+
+    from gradloc_track.demo.model import TinyGPT
+
+    torch.manual_seed(0)
+    model = TinyGPT(vocab_size=64, n_layer=1, n_head=2, d_model=32, max_seq_len=32)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    tracker = MemoryTracker()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 4)
+    handle = gradloc_track.watch(model, opt, tracker=tracker, log_every=1, console=False, spikes=False,
+                                 scaler=scaler)
+
+    def backward(step, bad=False):
+        x = torch.randint(0, 64, (4, 17), generator=torch.Generator().manual_seed(step))
+        loss = F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+        scaler.scale(loss * (math.inf if bad else 1.0)).backward()
+
+    for step in range(2):  # 4 micro-batches a step
+        for micro in range(4):
+            backward(10 * step + micro)
+            if micro == 0 and step == 1:  # an update() with no step() before it: GradScaler refuses it
+                with pytest.raises(AssertionError, match="No inf checks"):
+                    scaler.update()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+    assert handle.steps == 2 and not tracker.series("train/skipped_step")  # the refused one counted nothing
+    backward(99, bad=True)  # an overflow whose gradient the loop throws away before update()
+    scaler.step(opt)
+    opt.zero_grad(set_to_none=True)
+    scaler.update()
+    assert handle.steps == 3 and [s for s, _ in tracker.series("train/skipped_step")] == [2]
+    assert [s for s, _ in tracker.series("grad_norm/global")] == [0, 1]  # no norm of 0 for the thrown-away step
+    twin = copy.deepcopy(scaler)  # its update is its own class's, on itself, watching nothing
+    assert twin.update.scaler is twin and not hasattr(twin.update, "on_skip")
+    assert pickle.loads(pickle.dumps(scaler)).get_scale() == scaler.get_scale()
+    other = gradloc_track.watch(model, opt, tracker=MemoryTracker(), console=False, spikes=False, scaler=scaler)
+    handle.remove()  # under the second watch's wrapper: the first handle's callback no longer steps it
+    backward(100, bad=True)
+    scaler.step(opt)
+    scaler.update()
+    assert handle.steps == 3 and other.steps == 1
+    other.finish()
+    handle.finish()
+    assert "update" not in scaler.__dict__
+
