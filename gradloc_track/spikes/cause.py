@@ -196,6 +196,11 @@ def _data(ev: Evidence) -> Cause | None:
         carry = (f" ({ev.n_culprits} culprit row(s) carry {ev.culprit_share:.0%} of the step's squared gradient "
                  "norm)") if named else ""
         return Cause("data", f"{leak[0].describe()}: a label bug in the data{rows}{carry}")
+    if named and losses and not _norm_events(ev):  # no gradient norm jumped: the loss named them, not the share
+        top = f" ({ev.top_culprit} first)" if ev.top_culprit else ""
+        return Cause("data", f"{_jumped(max(losses, key=lambda x: x.z), ev)} while the gradient norm stayed "
+                             f"ordinary; {ev.n_culprits} culprit(s){top} carry {ev.culprit_share:.0%} of the step's "
+                             "squared gradient norm: the batch's data")
     if named and (ev.culprit_share >= DATA_SHARE or losses):
         top = f" ({ev.top_culprit} first)" if ev.top_culprit else ""
         why = f", and {_jumped(max(losses, key=lambda x: x.z), ev)}" if losses else ""

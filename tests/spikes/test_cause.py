@@ -87,3 +87,18 @@ def test_a_replay_scale_is_the_cause_only_when_the_jump_tracks_it():
         == "loss_scale"
     # no global jump fired (a layer alone): no factor to compare with
     assert name_cause(Evidence([ev("h.0", 3.0, 120.0)], replayed=True, scale=100.0)).name == "unexplained"
+
+
+def test_culprits_of_a_step_only_loss_signals_fired_on_are_not_said_to_have_made_the_step():
+    """Tester round 12: "2 culprit(s) carry 7% of the step's squared gradient norm, and loss/sample_max jumped
+    1.75x: the batch's data made the step" for rows whose loss fired while the gradient stayed ordinary."""
+    from gradloc_track.spikes import SpikeEvent
+    from gradloc_track.spikes.cause import Evidence, name_cause
+
+    events = [SpikeEvent(260, "loss", 3.1, 2.6, 6.0, 1.2), SpikeEvent(260, "sample_loss", 5.16, 2.95, 8.0, 1.75)]
+    cause = name_cause(Evidence(events, culprit_share=0.07, n_culprits=2, top_culprit="sample 1"))
+    assert cause.name == "data" and "made the step" not in cause.detail
+    assert cause.detail.startswith("loss/sample_max jumped 1.75x while the gradient norm stayed ordinary; 2 culprit")
+    with_norm = name_cause(Evidence([SpikeEvent(260, "global", 3.0, 1.0, 8.0, 3.0), *events], culprit_share=0.9,
+                                    n_culprits=1, top_culprit="sample 1"))
+    assert "the batch's data made the step" in with_norm.detail
