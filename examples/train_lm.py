@@ -345,8 +345,9 @@ def show_pauses(s: Setup, h: History) -> None:
         probes = st.metrics.get("locate/probes")
         if pause is not None and probes is not None:
             cut = getattr(st.surgery, "probes", 0) if st.surgery is not None else 0  # spikes.response=surgery's
+            after = round(pause[1], 1) + 0.0  # +0.0, never -0.0
             s.console.print(f"spike pause at step {st.step}: training held up {pause[0]:.1f} normal steps for "
-                            f"{probes:.0f}{f' + {cut}' if cut else ''} probes ({pause[1]:+.1f} of them in the "
+                            f"{probes:.0f}{f' + {cut}' if cut else ''} probes ({after:+.1f} of them in the "
                             f"{PAUSE_WINDOW} steps after it)")
 
 
