@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ..spikes.event import lead_event
 from ..text import decode_token
 from .identity import row_fingerprint
 
@@ -74,6 +73,8 @@ def attribution_table(step: int, events: Sequence[SpikeEvent], result: LocateRes
     if not result.culprits:
         return columns, []
     from ..localizer.culprit_view import CulpritView  # torch is loaded in a process that builds a table
+
+    from ..spikes.event import lead_event  # here: the report and the ledger read tables without torch
 
     view = CulpritView(result, ctx)
     lead = lead_event(events)
