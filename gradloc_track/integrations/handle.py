@@ -263,6 +263,8 @@ class WatchHandle:
         if self.monitor.detector is not None:
             out["detector"] = self.monitor.detector.state_dict()
             out["diagnosis"] = self.monitor.responder.state_dict()  # the open incident, the usual replay scale
+        if self.monitor.scaler_overflows.in_a_row:  # a loss scaler's overflows in a row, toward its limit
+            out["overflows_in_a_row"] = self.monitor.scaler_overflows.in_a_row
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -281,6 +283,7 @@ class WatchHandle:
             self.monitor.detector.load_state_dict(state["detector"])
         if "diagnosis" in state:
             self.monitor.responder.load_state_dict(state["diagnosis"])
+        self.monitor.scaler_overflows.in_a_row = int(state.get("overflows_in_a_row", 0))
 
     def _rebuildable(self, batches: list) -> bool:
         """Can the per-term loss be rebuilt from the captured calls? If not, say why once (naming
