@@ -53,7 +53,7 @@ class SpikeResponder:
         self.lr_history: Any = None  # the monitor's LrHistory: a learning-rate jump names a cause
         self.incidents = Incidents()  # a step in an explained incident's recovery reports its cause
         self.corrupt: Any = None  # a weight found corrupt (weight_check.CorruptWeight) while it stays so
-        self.junk_rule = junk_rule(None)  # the detector's (junk_terms, junk_margin), for data_flags
+        self.junk_rule = junk_rule(None)  # the detector's (junk_terms, junk_margin, sample_min_ratio), for data_flags
         self.no_context: str | None = None  # why a front door had no context this step (watch(): its reason)
 
     def state_dict(self) -> dict[str, Any]:
