@@ -98,23 +98,29 @@ def unit_loss_max(logits: torch.Tensor, targets: torch.Tensor, input_ids: torch.
 
 
 def step_loss(batches: Sequence[Any]) -> torch.Tensor | None:
-    """The step's loss for the detector: the mean of its micro-batches' own losses (0-d, device, no
-    sync); None when a micro-batch's forward returned none. A micro-batch without a loss term (every label
-    -100: its largest sample loss is -inf) is left out: its mean over no terms is NaN (HF's), which read as
-    "the step's loss is NaN, skipped" while the step was applied (held-out tester round 8)."""
+    """The step's loss for the detector: the mean of its micro-batches' own losses, or their sum when each is
+    over the whole step's count (HF's ``num_items_in_batch``) (0-d, device, no sync); None when a micro-batch's
+    forward returned none. A micro-batch without a loss term (every label -100: its largest sample loss is
+    -inf) is left out: its mean over no terms is NaN (HF's), which read as "the step's loss is NaN, skipped"
+    while the step was applied (held-out tester round 8)."""
     losses = [getattr(b, "loss", None) for b in batches]
     if not losses or any(v is None for v in losses):
         return None
     dev = losses[0].device
+    # HF Trainer's micro-batch losses are each sum / num_items_in_batch, one count for the whole step: the
+    # step's loss is their sum (their mean read 1/K of it under K-step accumulation, tester round 12)
+    summed = all(getattr(b, "num_items", None) is not None for b in batches)
     if all(getattr(b, "sample_max", None) is None for b in batches):
-        return torch.stack([v.float().to(dev) for v in losses]).mean()
+        stacked = torch.stack([v.float().to(dev) for v in losses])
+        return stacked.sum() if summed else stacked.mean()
     vals, have = [], []
     for b, v in zip(batches, losses):
         m = getattr(b, "sample_max", None)
         h = torch.ones((), dtype=torch.bool, device=dev) if m is None else m.to(dev) != -math.inf  # NaN: has terms
         vals.append(torch.where(h, v.float().to(dev), 0.0))
         have.append(h)
-    return torch.stack(vals).sum() / torch.stack(have).sum().clamp(min=1)
+    total = torch.stack(vals).sum()
+    return total if summed else total / torch.stack(have).sum().clamp(min=1)
 
 
 def step_junk(batches: Sequence[Any]) -> list[Any] | None:

@@ -338,7 +338,8 @@ class GradMonitor:
             return None
         self.detector_inputs.fired()
         outcome, metrics = self.responder.respond(step, events, spike_context,
-                                                  localizer_scale(self.param_set, self.clipper, clip), junk)
+                                                  localizer_scale(self.param_set, self.clipper, clip), junk,
+                                                  self.detector_inputs.sample_losses)
         reading.metrics.update(metrics)
         return outcome
 

@@ -176,3 +176,14 @@ def test_the_shared_pass_equals_each_signal_computed_on_its_own(packed):
     assert torch.equal(smax, want_max)
     for got, exp in zip(junk, want):
         assert torch.equal(got, exp), (got, exp)
+
+
+def test_micro_batch_losses_over_the_whole_steps_count_are_summed():
+    """Tester round 12: HF Trainer passes each micro-batch ``num_items_in_batch``, the whole step's count, so each
+    micro-batch's loss is a part of the step's; their mean read 0.911 for the 3.644 Trainer logged at K = 4."""
+    def mb(loss, smax=None):
+        return SimpleNamespace(loss=torch.tensor(loss), num_items=torch.tensor(40),
+                               sample_max=None if smax is None else torch.tensor(smax))
+
+    assert float(step_loss([mb(0.9), mb(1.0), mb(0.8), mb(0.944)])) == pytest.approx(3.644)
+    assert float(step_loss([mb(0.9, 3.0), mb(1.0, -math.inf), mb(0.8, 2.0)])) == pytest.approx(1.7)  # empty: 0

@@ -242,3 +242,43 @@ def test_flagged_alone_rows_are_the_answer_not_a_row_that_carries_most_of_an_ord
             row = grads_of(model, loss_fn(term_mask((B, T), [(c.batch, t) for t in range(T)])))
             assert (c.raw_share if c.raw_share is not None else c.share) == pytest.approx(
                 dot(row, total) / dot(total, total), rel=1e-4)
+
+
+def test_a_step_only_the_batch_loss_or_the_update_fired_on_names_its_loud_rows_or_nobody():
+    """Tester round 12: at a step only ``loss`` fired on (rows 3.2-4.8, none loud) two clean rows were named by their
+    share, quarantined and operated on; at an ``update``-only step, three. Such a step names the rows its loss
+    flags (the batch's loss names the rows that lifted it) or nobody, with a note saying why; a step with a junk
+    run, leaked labels or a gradient norm among its signals is not one of them."""
+    import gradloc_track
+    from gradloc_track.localizer.driver import ONLY_FLAGS_NOTE
+    from gradloc_track.monitor.data_flags import flags_only
+
+    from .oracles import tiny_gpt
+
+    loss, update = SpikeEvent(54, "loss", 4.08, 3.2, 4.0, 1.27), SpikeEvent(127, "update", 0.3, 0.09, 7.0, 3.4)
+    assert flags_only([loss]) and flags_only([update])
+    assert flags_only([loss, SpikeEvent(54, "sample_loss", 9.0, 5.0, 6.0, 1.8)])
+    assert not flags_only([loss, _event("global")]) and not flags_only([loss, _event("junk_span")])
+    assert not flags_only([])
+    ctx = SimpleNamespace(sample_columns={}, input_ids=None, tokenizer=None,
+                          sample_losses=torch.tensor([3.24, 4.77, 3.8, 4.49]))
+    assert data_flags([loss], ctx, None, 16, 0.1, 1.5) == ()  # no row at 1.5x the batch's running mean
+    ctx.sample_losses = torch.tensor([3.1, 7.9, 8.0, 3.7])  # two rows lifted the batch's loss
+    assert [(f.row, f.alone) for f in data_flags([loss], ctx, None, 16, 0.1, 1.5)] == [(1, True), (2, True)]
+
+    B, T, V = 8, 16, 64
+    model = tiny_gpt(V, T)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randint(0, V, (B, T), generator=g), torch.randint(0, V, (B, T), generator=g)
+    w = torch.ones(B, T)
+    w[5] = 10.0  # row 5 carries most of the step's gradient
+
+    def loss_fn(mask):
+        return (F.cross_entropy(model(x).reshape(-1, V), y.reshape(-1), reduction="none").view(B, T) * w * mask
+                ).sum() / (B * T)
+
+    model.zero_grad()
+    loss_fn(torch.ones(B, T)).backward()
+    res = gradloc_track.locate(model, loss_fn, torch.ones(B, T), flags_only=True)
+    assert res.culprits == [] and ONLY_FLAGS_NOTE in res.notes
+
