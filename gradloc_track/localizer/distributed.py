@@ -202,8 +202,7 @@ def _check_synchronized(prober: DistProber, total: Grads) -> float:
     return sq
 
 
-def _levels(prober: DistProber, model, inp: _Inputs, options: SearchOptions, flagged: Sequence = (),
-            flags_only: bool = False) -> _Found:
+def _levels(prober: DistProber, model, inp: _Inputs, options: SearchOptions, flagged: Sequence = ()) -> _Found:
     """``auto`` / ``bisect``: samples and spans, tokens, micro-batch pieces, or the per-sample
     shares, by the single-process rules over every rank's terms (module doc, steps 1-4); then the
     units any rank's data signals flagged (``dist_flagged``)."""
@@ -213,7 +212,7 @@ def _levels(prober: DistProber, model, inp: _Inputs, options: SearchOptions, fla
     glob = gather_terms(prober, maps, pieces)
     every_flag = gather_flags(flagged, prober.group)  # a collective: every rank, flags or not
     # only data signals fired (``driver``): the flagged units are the answer; the same on every rank (gathered)
-    alone = flags_only or any(getattr(f, "alone", False) for flags in every_flag for f in flags)
+    alone = any(getattr(f, "alone", False) for flags in every_flag for f in flags)
     view = GlobalView(prober, glob)
     segments = glob.segments if len(glob.segments) >= 2 and not alone else None  # one sample: nothing to compare
     cands, limit, n_samples = levels.candidates([segments])
@@ -245,10 +244,6 @@ def _levels(prober: DistProber, model, inp: _Inputs, options: SearchOptions, fla
         found.flagged, more = name_flagged_everywhere(view, hits, glob, global_flags(every_flag, glob, whole),
                                                       rows, inp.labelled)
         found.notes += more
-    if alone and not found.flagged:
-        from .driver import ONLY_FLAGS_NOTE
-
-        found.notes.append(ONLY_FLAGS_NOTE)
     return found
 
 
@@ -364,7 +359,7 @@ def _search(model, step: LocateStep, inp: _Inputs, options: SearchOptions, group
         if options.method == "gradloc":
             found = _gradloc(prober, options.threshold, options.budget, inp.labelled)
         else:
-            found = _levels(prober, model, inp, options, tuple(step.flagged), step.flags_only)
+            found = _levels(prober, model, inp, options, tuple(step.flagged))
     except NonfiniteStep as step_nf:  # NaN/Inf on any rank: which samples, by isfinite, on every rank alike
         result = nonfinite_result(prober, step_nf.total, options.method, inp.labelled, inp.docs, grouping.names)
         restore_rng(snap.rng)

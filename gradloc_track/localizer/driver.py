@@ -49,7 +49,6 @@ class Search:
     reference: step_check.Reference | list | None = None
     flagged: Sequence[Flag] = ()  # units a data signal points at (``flagged.py``): named whatever their share
     cut: Any = None  # a ``cut.CulpritCut``: ``auto`` copies the summed gradient of what it explained into it
-    flags_only: bool = False  # ``LocateStep.flags_only``: only the flagged units are named
 
 
 @dataclass
@@ -108,7 +107,7 @@ def _find(prober: Prober, model: torch.nn.Module, terms: list[list], search: Sea
     # a step only data signals fired on (no gradient norm jumped) is answered by the units they flag: a unit
     # that merely carries most of an ordinary gradient is no culprit of it (tester round 12: a clean row at
     # 44% was named, quarantined and operated on, while the two garbage rows whose loss fired were not)
-    alone = search.flags_only or any(getattr(f, "alone", False) for f in search.flagged)
+    alone = any(getattr(f, "alone", False) for f in search.flagged)
     cands, limit, n_samples = levels.candidates(segs) if with_units and not alone else ([], math.inf, 0)
     tau = search.threshold if search.threshold is not None else \
         adaptive_tau(levels.ordinary(stage.term_score, _inside(cands)))
@@ -134,13 +133,7 @@ def _find(prober: Prober, model: torch.nn.Module, terms: list[list], search: Sea
         found.flagged, more = name_flagged(prober, found.hits, terms, search.flagged,
                                            found.coarse + found.hits.tokens, search.labelled, search.document_ids)
         found.notes += more
-    if alone and not found.flagged:
-        found.notes.append(ONLY_FLAGS_NOTE)
     return _result(prober, stage, search, tau, found)
-
-
-ONLY_FLAGS_NOTE = ("no gradient norm fired and no sample's own loss stands out: no sample is named for carrying "
-                   "most of an ordinary gradient")
 
 
 def _carried(found: Found) -> float:

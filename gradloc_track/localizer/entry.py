@@ -107,7 +107,7 @@ def locate_one(model: torch.nn.Module, step: LocateStep, options: SearchOptions,
                               reduced=step.precision is not None)
         try:
             search = Search(options.method, options.threshold, options.group_by, labelled, docs, reference,
-                            tuple(step.flagged), cut, step.flags_only)
+                            tuple(step.flagged), cut)
             result = find_culprits(prober, model, terms, search)
         except NonfiniteStep as step_nf:  # NaN/Inf: which samples, by isfinite instead of norms
             result = nonfinite.as_result(prober, step_nf, options.method, labelled, docs, grouping.names)

@@ -24,8 +24,7 @@ import torch
 from .inputs import as_document_ids, as_micro_batches, rng_states
 
 LossFn = Callable[[torch.Tensor], torch.Tensor]
-STEP_FIELDS = ("rng_state", "document_ids", "sample_columns", "normaliser", "grad_scale", "flagged", "precision",
-               "flags_only")
+STEP_FIELDS = ("rng_state", "document_ids", "sample_columns", "normaliser", "grad_scale", "flagged", "precision")
 
 
 @dataclass
@@ -68,16 +67,13 @@ class LocateStep:
     # units a data signal points at (``localizer.flagged.Flag``: leaked labels, a junk run; the monitor's
     # ``data_flags`` builds them from the signals that fired): named as culprits whatever their share
     flagged: Sequence[Any] = ()
-    # the step fired on loss or update signals alone, no gradient norm: only ``flagged`` units are named (none when
-    # none is flagged), never a unit that merely carries most of an ordinary gradient (tester round 12)
-    flags_only: bool = False
     # the reduced precision the training forward ran in ("bfloat16 autocast"), when known: the probes replay in
     # the parameters' precision, so the step check allows that precision's rounding (not "does not reproduce")
     precision: str | None = None
 
     @classmethod
     def from_context(cls, ctx: Any, grad_scale: torch.Tensor | float | None = None,
-                     flagged: Sequence[Any] = (), flags_only: bool = False) -> "LocateStep":
+                     flagged: Sequence[Any] = ()) -> "LocateStep":
         """The step a ``SpikeContext`` describes (its loss, masks, RNG, documents, sample columns,
         normaliser); ``grad_scale``: the clipper's coefficients of this step, when it already clipped;
         ``flagged``: the units the step's data signals point at."""
@@ -85,7 +81,7 @@ class LocateStep:
                    document_ids=getattr(ctx, "document_ids", None),
                    sample_columns=dict(getattr(ctx, "sample_columns", None) or {}),
                    normaliser=getattr(ctx, "normaliser", None), grad_scale=grad_scale, flagged=tuple(flagged),
-                   precision=getattr(ctx, "precision", None), flags_only=flags_only)
+                   precision=getattr(ctx, "precision", None))
 
     @classmethod
     def of(cls, loss_fn: Any, token_mask: Any = None, fields: Mapping[str, Any] | None = None) -> "LocateStep":

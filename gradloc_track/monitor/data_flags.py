@@ -1,9 +1,9 @@
 """The units a detected step's data signals point at, for the localizer to name (``localizer.flagged``).
 
 - ``leaked_labels`` fired: every row of the context's ``leaked_labels`` column at ``spikes.junk.LEAKED``.
-- ``sample_loss`` (else ``loss``) fired: every row whose mean loss (``SpikeContext.sample_losses``, the
-  sample signal's own measure) is ``spikes.sample_min_ratio`` x that signal's running mean or more and nearer
-  the loudest row than that mean (in log space), when they are at most half
+- ``sample_loss`` fired: every row whose mean loss (``SpikeContext.sample_losses``, the signal's own
+  measure) is ``spikes.sample_min_ratio`` x the signal's running mean or more and nearer the loudest row
+  than that mean (in log space), when they are at most half
   of the step's rows (a batch whose every row rose is the batch loss's business, not a few rows'). Not in
   a micro-batch of packed rows: the loss is a row's, the culprit would be one of its documents.
 - ``junk_span`` fired: in every row whose largest window is above ``spikes.junk_margin``, the run of
@@ -31,7 +31,7 @@ from ..spikes.text_check import clean_text, read_window
 
 EXTEND = LEARNED / 2  # a flagged run extends over the windows halfway from learned text to chance
 LEAK_REASON = "leaked labels (targets equal to their inputs)"
-LOSS_REASON = "its loss made the loss signal fire"
+LOSS_REASON = "its loss made the sample-loss signal fire"
 JUNK_REASON = "a run the model rates below chance"
 
 
@@ -44,9 +44,8 @@ def junk_rule(detector: Any) -> tuple[int, float, float]:
 
 
 def data_flags(events: Sequence[Any], ctx: Any, junk: Any, terms: int, margin: float,
-               sample_ratio: float = SpikeConfig.sample_min_ratio, row_losses: Any = None) -> tuple[Flag, ...]:
-    """The flags of the signals among ``events`` (``junk``: the step's ``JunkSpan``, or one per micro-batch;
-    ``row_losses``: each row's loss, (B,) or one per micro-batch, else the context's ``sample_losses``)."""
+               sample_ratio: float = SpikeConfig.sample_min_ratio) -> tuple[Flag, ...]:
+    """The flags of the signals among ``events`` (``junk``: the step's ``JunkSpan``, or one per micro-batch)."""
     if ctx is None:
         return ()
     fired = {e.signal for e in events}
@@ -55,48 +54,35 @@ def data_flags(events: Sequence[Any], ctx: Any, junk: Any, terms: int, margin: f
         out += _leaked(ctx)
     if "junk_span" in fired and junk is not None:
         out += _junk_runs(junk, ctx, terms, margin)
-    # the largest sample's loss, or the batch's (a few rows of junk lift the mean): the rows that made it fire
-    lead = next((e for e in events if e.signal == "sample_loss"), None) or next(
-        (e for e in events if e.signal == "loss"), None)
-    rows = row_losses if row_losses is not None else getattr(ctx, "sample_losses", None)
-    if lead is not None and rows is not None:
+    lead = next((e for e in events if e.signal == "sample_loss"), None)
+    if lead is not None and getattr(ctx, "sample_losses", None) is not None:
         # no gradient norm jumped: these rows are the step's answer, not a row carrying an ordinary gradient
         alone = not any(getattr(e, "is_norm", False) for e in events)
-        loud = _loud_rows(rows, lead.baseline, sample_ratio, getattr(ctx, "document_ids", None))
+        # nearer the loudest row than the running mean (in log space) as well: the rows that made it fire, not
+        # every row above the mean of a model that predicts most rows almost perfectly (a rare token's row at
+        # 2.0 and clean rows at 0.1-0.2 were named beside the garbage document at 11.3 against a mean of 0.06)
+        level = max(lead.baseline * sample_ratio, math.sqrt(max(lead.baseline, 0.0) * lead.value)) \
+            if math.isfinite(lead.value) else lead.baseline * sample_ratio
+        loud = _loud_rows(ctx.sample_losses, level, getattr(ctx, "document_ids", None))
         out += [dataclasses.replace(f, alone=alone) for f in loud]
     return tuple(out)
 
 
-def flags_only(events: Sequence[Any]) -> bool:
-    """Did the step fire on loss or update signals alone (no gradient norm, no junk run, no leaked labels)? Then
-    only the units its loss flags are named, or none: a unit that carries most of an ordinary gradient is no
-    culprit (tester round 12: clean rows were named, quarantined and operated on at a batch-loss-only and an
-    update-only step)."""
-    return bool(events) and all(getattr(e, "signal", None) in ("loss", "sample_loss", "update") for e in events)
-
-
-def _loud_rows(losses: Any, baseline: float, ratio: float, docs: Any = None) -> list[Flag]:
-    """The rows whose mean loss is ``ratio`` x ``baseline`` (the firing signal's running mean) or more and nearer
-    the loudest row than the baseline, in log space (the rows that made it fire, not every row above the mean of
-    a model that predicts most rows almost perfectly: a rare token's row at 2.0 and clean rows at 0.1-0.2 were
-    named beside a garbage document at 11.3 against a mean of 0.06), micro-batches of packed rows left out;
-    none when they are more than half of the step's rows (a micro-batch of one row counts among the others)."""
+def _loud_rows(losses: Any, level: float, docs: Any = None) -> list[Flag]:
+    """The rows whose mean loss is ``level`` or more (micro-batches of packed rows left out), when they are at
+    most half of the step's rows (a micro-batch of one row counts among the others)."""
     packed = isinstance(losses, torch.Tensor) and isinstance(docs, torch.Tensor)
     parts = [losses] if isinstance(losses, torch.Tensor) else list(losses)
     doc_parts = [None] * len(parts) if docs is None or isinstance(docs, torch.Tensor) else list(docs)
-    values = [None if rows is None else rows.detach().float().cpu().tolist() for rows in parts]  # a spike step's read
-    finite = [v for rows in values if rows for v in rows if math.isfinite(v)]
-    if not finite:
-        return []
-    level = max(baseline * ratio, math.sqrt(max(baseline, 0.0) * max(finite)))
     out, rows_seen = [], 0
-    for k, rows in enumerate(values):
+    for k, rows in enumerate(parts):
         if rows is None:
             continue
         rows_seen += len(rows)
         if packed or doc_parts[k] is not None:
             continue
-        out += [Flag(k, b, reason=LOSS_REASON) for b, v in enumerate(rows) if v >= level]
+        out += [Flag(k, b, reason=LOSS_REASON)
+                for b, v in enumerate(rows.detach().float().cpu().tolist()) if v >= level]  # a spike step's read
     return out if 2 * len(out) <= rows_seen else []
 
 

@@ -109,11 +109,6 @@ class DetectorInputs:
         statistics (None: not given)."""
         self._loss, self._samples, self._w_sq, self._junk = loss, sample_losses, w_sq, junk
 
-    @property
-    def sample_losses(self) -> Any:
-        """The per-sample losses staged for this step, as given (the data flags read their rows)."""
-        return self._samples
-
     def add(self, pack: HostPack, params: Sequence[torch.nn.Parameter], grad_sq: torch.Tensor,
             scale: ClipScale | None = NO_CLIP) -> None:
         """The wanted values, as device scalars, into this step's transfer. ``scale``: what the clipper

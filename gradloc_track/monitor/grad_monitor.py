@@ -338,8 +338,7 @@ class GradMonitor:
             return None
         self.detector_inputs.fired()
         outcome, metrics = self.responder.respond(step, events, spike_context,
-                                                  localizer_scale(self.param_set, self.clipper, clip), junk,
-                                                  self.detector_inputs.sample_losses)
+                                                  localizer_scale(self.param_set, self.clipper, clip), junk)
         reading.metrics.update(metrics)
         return outcome
 

@@ -17,7 +17,7 @@ from ..spikes.cause import Cause
 from ..spikes.event import SpikeEvent
 from ..spikes.incidents import Incidents
 from . import weight_check
-from .data_flags import data_flags, flags_only, junk_rule
+from .data_flags import data_flags, junk_rule
 from .outcome import SpikeOutcome, with_cause
 from .packing import N_TOKENS, HostPack
 
@@ -102,7 +102,7 @@ class SpikeResponder:
 
     # -- the response ------------------------------------------------------------------------
     def respond(self, step: int, events: Sequence[SpikeEvent], ctx: Any, grad_scale: Any = None,
-                junk: Any = None, sample_losses: Any = None) -> tuple[SpikeOutcome, dict[str, float]]:
+                junk: Any = None) -> tuple[SpikeOutcome, dict[str, float]]:
         """The step's ``SpikeOutcome`` and its ``locate/*`` / ``surgery/*`` metrics: the localizer run on the
         spiking batch (its result handed to the artifact writer), or the reason it was not; the step's cause;
         with ``spikes.response=surgery``, the culprits' gradient taken out of the step's.
@@ -123,7 +123,7 @@ class SpikeResponder:
             except Exception as exc:  # a context factory that raised: said, and training goes on
                 self._failed(step, exc)
                 ctx = None
-            located = self._step(step, ctx, grad_scale, events, junk, sample_losses) if ctx is not None else None
+            located = self._step(step, ctx, grad_scale, events, junk) if ctx is not None else None
             cut = self._cut() if self.surgery else None
             result = self._localize(step, located, cut) if located is not None else None
         if result is not None:
@@ -141,26 +141,19 @@ class SpikeResponder:
         outcome = SpikeOutcome(step, events, cause, result, shown, why_not, surgery)
         return outcome, _metrics(result, tried, surgery)
 
-    def _step(self, step: int, ctx: Any, grad_scale: Any, events: Sequence[SpikeEvent], junk: Any,
-              sample_losses: Any = None) -> Any:
+    def _step(self, step: int, ctx: Any, grad_scale: Any, events: Sequence[SpikeEvent], junk: Any) -> Any:
         """The context as the localizer's step object, with the units the data signals point at (None, with
         a warning, when it cannot be read)."""
         from ..localizer.step import LocateStep
 
         try:
-            # each row's loss: the context's (watch() keeps it), else what the step gave the detector
-            rows = getattr(ctx, "sample_losses", None)
-            rows = rows if rows is not None else _row_losses(sample_losses)
-            flags = data_flags(events, ctx, junk, *self.junk_rule, row_losses=rows)
+            flags = data_flags(events, ctx, junk, *self.junk_rule)
         except Exception as exc:  # a context of another shape: the spike is localized by its gradient alone
             warnings.warn(f"gradloc-track: reading which units the data signals flagged at step {step} failed: "
                           f"{exc!r}; the spike is localized without them")
             flags = ()
         try:
-            # loss or update signals alone: the rows their loss flags, or nobody (only where the rows' losses are
-            # known, so a row could have been flagged)
-            only = flags_only(events) and rows is not None
-            return LocateStep.from_context(ctx, grad_scale=grad_scale, flagged=flags, flags_only=only)
+            return LocateStep.from_context(ctx, grad_scale=grad_scale, flagged=flags)
         except Exception as exc:  # forensics must never kill training
             self._failed(step, exc)
             return None
@@ -313,15 +306,3 @@ def _metrics(result: Any, tried: bool, surgery: Any) -> dict[str, float]:
     if surgery is not None:
         out.update(surgery.metrics())
     return out
-
-
-def _row_losses(sample_losses: Any) -> Any:
-    """The per-sample losses given to ``after_backward`` as rows: a (B,) tensor or one per micro-batch (a
-    micro-batch's largest alone, a 0-d tensor, is no row); None otherwise."""
-    import torch
-
-    parts = [sample_losses] if isinstance(sample_losses, torch.Tensor) else list(sample_losses or [])
-    if not parts or not all(isinstance(p, torch.Tensor) and p.dim() == 1 for p in parts):
-        return None
-    return parts[0] if isinstance(sample_losses, torch.Tensor) else parts
-

@@ -35,8 +35,6 @@ CASES = {
     # that carries most of the gradient is not named (``localizer.driver``, ``distributed._levels``: the
     # reviewer's round 12 found the distributed path still named it)
     "flagged_alone": ({(3, 0, t): 20.0 for t in range(T)}, None),
-    # a step only loss or update signals fired on, no row flagged: nobody is named, the heavy row neither
-    "flags_only": ({(3, 0, t): 20.0 for t in range(T)}, None),
 }
 # (piece, row, start, end) a data signal flagged in the "flagged" case (None: the whole row)
 FLAGS = ((2, 1, None, None), (1, 0, 5, 10))
@@ -88,11 +86,10 @@ def step_of(model, case: str, pieces: list[int], norm: float):
         fn(m).backward()
     packed = [docs[j] if case == "document" and j == DOC_ROW[0] else None for j in pieces]
     flagged = flags_of(case, pieces)
-    only = case == "flags_only"
     if len(pieces) == 1:
-        return LocateStep(fns[0], masks[0], document_ids=packed[0], flagged=flagged, flags_only=only)
+        return LocateStep(fns[0], masks[0], document_ids=packed[0], flagged=flagged)
     return LocateStep(fns, masks, document_ids=packed if any(d is not None for d in packed) else None,
-                      flagged=flagged, flags_only=only)
+                      flagged=flagged)
 
 
 def flags_of(case: str, pieces: list[int]) -> tuple:

@@ -57,8 +57,7 @@ def test_a_spike_context_becomes_a_step_in_one_place():
     # every field of the step is one a context can carry (the two paths cannot drift apart), but what the
     # monitor adds at the spike: the clipper's coefficients and the units its data signals flagged
     assert set(STEP_FIELDS) <= set(vars(step))
-    assert all(f in vars(ctx) for f in STEP_FIELDS if f not in ("grad_scale", "flagged", "flags_only"))
-    assert step.flagged == () and step.flags_only is False
+    assert all(f in vars(ctx) for f in STEP_FIELDS if f not in ("grad_scale", "flagged")) and step.flagged == ()
 
 
 def test_arguments_that_do_not_make_a_step_say_so():
