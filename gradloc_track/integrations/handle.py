@@ -33,7 +33,7 @@ from ..trackers.interface import Tracker
 from ..trackers.join import OpenRuns, Run, RunRequest, start
 from .batches import BatchList, lm_spike_context, resolve_tokenizer
 from .calls import SET_LOSS_FN_HINT
-from .grad_scaler import unscale_handed_scale, watch_scaler
+from .grad_scaler import skipped_by, unscale_handed_scale, watch_scaler
 from .step_losses import step_junk, step_loss, step_sample_losses
 from .options import WatchOptions, option_params
 
@@ -303,8 +303,6 @@ class WatchHandle:
         optimizer therefore did not take, goes through the monitor as a loss-scaled step; when the loop
         already threw its gradient away (``zero_grad()`` before ``update()``), it is counted and logged as
         skipped without one."""
-        from .grad_scaler import skipped_by
-
         stepped, self._stepped = self._stepped, False
         if self._finished or stepped or self._scaler is None or not skipped_by(self._scaler.scaler):
             return

@@ -3,9 +3,9 @@
 - ``leaked_labels`` fired: every row of the context's ``leaked_labels`` column at ``spikes.junk.LEAKED``.
 - ``sample_loss`` fired: every row whose mean loss (``SpikeContext.sample_losses``, the signal's own
   measure) is ``spikes.sample_min_ratio`` x the signal's running mean or more and nearer the loudest row
-  than that mean (in log space), when they are at most half
-  of the step's rows (a batch whose every row rose is the batch loss's business, not a few rows'). Not in
-  a micro-batch of packed rows: the loss is a row's, the culprit would be one of its documents.
+  than that mean (in log space), when they are at most half of the step's rows (a batch whose every row
+  rose is the batch loss's business, not a few rows'). Not in a micro-batch of packed rows: the loss is a
+  row's, the culprit would be one of its documents.
 - ``junk_span`` fired: in every row whose largest window is above ``spikes.junk_margin``, the run of
   windows around it still nearer chance than learned text (above ``EXTEND``: junk averages chance, its
   windows wander around 0 and only some clear the margin; clean text sits at ``junk.LEARNED`` and below),
@@ -18,7 +18,6 @@ own batch, and the localizer gathers every rank's flags (``localizer.dist_flagge
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any, Sequence
 
@@ -35,7 +34,7 @@ LOSS_REASON = "its loss made the sample-loss signal fire"
 JUNK_REASON = "a run the model rates below chance"
 
 
-def junk_rule(detector: Any) -> tuple[int, float, float]:
+def flag_rule(detector: Any) -> tuple[int, float, float]:
     """The detector's (``junk_terms``, ``junk_margin``, ``sample_min_ratio``); the defaults for a detector of
     the user's own."""
     cfg = getattr(detector, "config", None)
@@ -63,14 +62,13 @@ def data_flags(events: Sequence[Any], ctx: Any, junk: Any, terms: int, margin: f
         # 2.0 and clean rows at 0.1-0.2 were named beside the garbage document at 11.3 against a mean of 0.06)
         level = max(lead.baseline * sample_ratio, math.sqrt(max(lead.baseline, 0.0) * lead.value)) \
             if math.isfinite(lead.value) else lead.baseline * sample_ratio
-        loud = _loud_rows(ctx.sample_losses, level, getattr(ctx, "document_ids", None))
-        out += [dataclasses.replace(f, alone=alone) for f in loud]
+        out += _loud_rows(ctx.sample_losses, level, getattr(ctx, "document_ids", None), alone)
     return tuple(out)
 
 
-def _loud_rows(losses: Any, level: float, docs: Any = None) -> list[Flag]:
+def _loud_rows(losses: Any, level: float, docs: Any = None, alone: bool = False) -> list[Flag]:
     """The rows whose mean loss is ``level`` or more (micro-batches of packed rows left out), when they are at
-    most half of the step's rows (a micro-batch of one row counts among the others)."""
+    most half of the step's rows (a micro-batch of one row counts among the others); ``alone``: the flags'."""
     packed = isinstance(losses, torch.Tensor) and isinstance(docs, torch.Tensor)
     parts = [losses] if isinstance(losses, torch.Tensor) else list(losses)
     doc_parts = [None] * len(parts) if docs is None or isinstance(docs, torch.Tensor) else list(docs)
@@ -81,7 +79,7 @@ def _loud_rows(losses: Any, level: float, docs: Any = None) -> list[Flag]:
         rows_seen += len(rows)
         if packed or doc_parts[k] is not None:
             continue
-        out += [Flag(k, b, reason=LOSS_REASON)
+        out += [Flag(k, b, reason=LOSS_REASON, alone=alone)
                 for b, v in enumerate(rows.detach().float().cpu().tolist()) if v >= level]  # a spike step's read
     return out if 2 * len(out) <= rows_seen else []
 

@@ -70,7 +70,7 @@ from .arguments import (as_detector, as_locate_config, as_monitor_config, check_
 from .clip_feedback import after_transfer, install_guard, note_norms
 from .cause_evidence import LrHistory
 from .clip_scale import localizer_scale, optimizer_scale
-from .data_flags import junk_rule
+from .data_flags import flag_rule
 from .detector_inputs import DetectorInputs
 from .junk_window import window_text
 from .outcome import SpikeOutcome
@@ -156,7 +156,7 @@ class GradMonitor:
         # the learning rate of each step the detector sees: a jump names a spike's cause (schedule)
         self.responder.lr_history = LrHistory(optimizer) if optimizer is not None else None
         self.scaler_overflows = ScalerOverflows()  # a GradScaler's routine overflows in a row
-        self.responder.junk_rule = junk_rule(self.detector)  # the junk runs it names when that signal fires
+        self.responder.flag_rule = flag_rule(self.detector)  # the units its data signals name when they fire
 
     # -- public --------------------------------------------------------------------------
     @property

@@ -17,7 +17,7 @@ from ..spikes.cause import Cause
 from ..spikes.event import SpikeEvent
 from ..spikes.incidents import Incidents
 from . import weight_check
-from .data_flags import data_flags, junk_rule
+from .data_flags import data_flags, flag_rule
 from .outcome import SpikeOutcome, with_cause
 from .packing import N_TOKENS, HostPack
 
@@ -53,7 +53,7 @@ class SpikeResponder:
         self.lr_history: Any = None  # the monitor's LrHistory: a learning-rate jump names a cause
         self.incidents = Incidents()  # a step in an explained incident's recovery reports its cause
         self.corrupt: Any = None  # a weight found corrupt (weight_check.CorruptWeight) while it stays so
-        self.junk_rule = junk_rule(None)  # the detector's (junk_terms, junk_margin, sample_min_ratio), for data_flags
+        self.flag_rule = flag_rule(None)  # the detector's (junk_terms, junk_margin, sample_min_ratio), for data_flags
         self.no_context: str | None = None  # why a front door had no context this step (watch(): its reason)
 
     def state_dict(self) -> dict[str, Any]:
@@ -147,7 +147,7 @@ class SpikeResponder:
         from ..localizer.step import LocateStep
 
         try:
-            flags = data_flags(events, ctx, junk, *self.junk_rule)
+            flags = data_flags(events, ctx, junk, *self.flag_rule)
         except Exception as exc:  # a context of another shape: the spike is localized by its gradient alone
             warnings.warn(f"gradloc-track: reading which units the data signals flagged at step {step} failed: "
                           f"{exc!r}; the spike is localized without them")
