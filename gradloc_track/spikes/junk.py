@@ -84,8 +84,10 @@ def span_argmax(masked: torch.Tensor, valid: torch.Tensor, docs: torch.Tensor | 
         d = docs.unfold(-1, terms, 1)
         full &= (d == d[..., :1]).all(-1)
     means = torch.where(full, sums / terms, -torch.inf).reshape(-1, sums.shape[-1])  # (rows, windows)
-    best = means.reshape(-1).argmax()
-    return means.reshape(-1)[best], torch.stack([best // means.shape[-1], best % means.shape[-1]]), means
+    # value and place in one reduction: indexing by the 0-d argmax read it on the host, a sync on every
+    # captured forward (benchmarks/gpu_check.py on an H200, the first run on a GPU)
+    top, best = means.reshape(-1).max(0)
+    return top, torch.stack([best // means.shape[-1], best % means.shape[-1]]), means
 
 
 @torch.no_grad()
