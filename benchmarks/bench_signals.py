@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import statistics
 import sys
 import time
@@ -90,10 +91,39 @@ def make_step(model, opt, pool):
     return step
 
 
-# passes over the (T, V) tensor, from the code (spikes/term_stats.py): the graph route's one sum (the gather
-# reads T values); the logits route's per block, on a CPU, log_softmax's fused kernel (one read, one
-# write of the block) and the sum for the mean (on an accelerator, the log-sum-exp's max, exp, sum)
-PASSES = {"from the loss's log-probs": "1 (a sum)", "from the logits": "1 read + 2 in-block"}
+VIEWS = frozenset({"aten::view", "aten::select", "aten::slice", "aten::as_strided", "aten::detach", "aten::alias",
+                   "aten::unsqueeze", "aten::squeeze", "aten::reshape", "aten::expand", "aten::t", "aten::transpose",
+                   "aten::narrow", "aten::_unsafe_view", "aten::to"})  # no data moved (a cast is its copy_)
+
+
+def traffic(fn, T: int, V: int) -> tuple[int, float]:
+    """(kernels over a (., V) tensor, what they read in units of the (T, V) tensor), from the profiler's
+    record of ``fn``: hardware-independent, what a GPU's launches and memory reads follow. A kernel is an
+    op with no op inside it (``isfinite`` is four); views move nothing; a gather reads its index's count,
+    an ``index_select`` its rows; a fused kernel that reads its block twice in cache reads it once."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        fn()
+    def works(ev) -> bool:  # an op that moves (., V) data, or holds one that does
+        return (ev.name.startswith("aten::") and ev.name not in VIEWS
+                and any(sh and sh[-1] == V for sh in ev.input_shapes))
+
+    kernels, read = 0, 0.0
+    for ev in prof.events():
+        if not works(ev) or any(works(c) for c in ev.cpu_children):
+            continue
+        shapes = [sh for sh in ev.input_shapes if sh]
+        kernels += 1
+        big = max(math.prod(sh) for sh in shapes if sh[-1] == V)
+        if ev.name == "aten::gather":
+            big = math.prod(shapes[-1])
+        elif ev.name == "aten::index_select":
+            big = shapes[-1][0] * V
+        elif ev.name in ("aten::fill_", "aten::zero_"):
+            big = 0  # a write
+        read += big / (T * V)
+    return kernels, read
 
 
 def _cpu_median(fn, n: int) -> float:
@@ -107,25 +137,38 @@ def _cpu_median(fn, n: int) -> float:
 
 
 def logits_rows(rounds: int) -> None:
-    from gradloc_track.spikes.term_stats import term_stats
+    import gradloc_track.spikes.term_stats as ts
 
-    print("the detector's per-term pass vs one cross-entropy forward + backward on the same (1, 512, V) fp32 logits")
-    print(f"{'V':>8}  {'route':<28}{'passes over (T, V)':>20}{'pass ms':>9}{'CE fwd+bwd ms':>15}{'ratio':>7}")
+    print("the detector's per-term pass vs one cross-entropy forward + backward on the same (1, 512, V) fp32\n"
+          "logits; ops over (., V) and the elements they read, in (T, V) tensors, from the profiler (host: the\n"
+          "CPU's route; device: an accelerator's, run here on the CPU with its blocks and without host reads)")
+    print(f"{'V':>8}  {'route':<28}{'ops / reads: host':>19}{'device':>12}{'pass ms':>9}{'CE fwd+bwd ms':>15}"
+          f"{'ratio':>7}")
+    T = 512
     for V in (32_000, 128_000, 152_064):
         g = torch.Generator().manual_seed(0)
-        z = torch.randn(512, V, generator=g).requires_grad_()
-        tgt = torch.randint(0, V, (512,), generator=g)
+        z = torch.randn(T, V, generator=g).requires_grad_()
+        tgt = torch.randint(0, V, (T,), generator=g)
 
         def ce():
             F.cross_entropy(z, tgt).backward()
             z.grad = None
 
         base = _cpu_median(ce, rounds)
+        ce_ops, ce_read = traffic(ce, T, V)
         logp = torch.log_softmax(z.detach(), -1)  # what the model's own cross-entropy saved
-        for route, fn in (("from the loss's log-probs", lambda: term_stats(logp, tgt, log_probs=True)),
-                          ("from the logits", lambda: term_stats(z.detach(), tgt, log_probs=False))):
+        for route, fn in (("from the loss's log-probs", lambda: ts.term_stats(logp, tgt, log_probs=True)),
+                          ("from the logits", lambda: ts.term_stats(z.detach(), tgt, log_probs=False))):
             t = _cpu_median(fn, rounds)
-            print(f"{V:>8}  {route:<28}{PASSES[route]:>20}{t * 1e3:>9.1f}{base * 1e3:>15.1f}{t / base:>7.2f}")
+            host = traffic(fn, T, V)
+            on_host, ts._on_host = ts._on_host, lambda _t: False
+            try:
+                device = traffic(fn, T, V)
+            finally:
+                ts._on_host = on_host
+            print(f"{V:>8}  {route:<28}{host[0]:>11} / {host[1]:<5.2f}{device[0]:>5} / {device[1]:<5.2f}"
+                  f"{t * 1e3:>9.1f}{base * 1e3:>15.1f}{t / base:>7.2f}")
+        print(f"{V:>8}  {'(one CE fwd + bwd)':<28}{ce_ops:>11} / {ce_read:<5.2f}")
 
 
 def vocab_step(rounds: int) -> None:

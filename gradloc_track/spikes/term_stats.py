@@ -7,16 +7,23 @@ cost of at most one streaming read of the logits (issue 38).
   the vocabulary: no exp, no copy, nothing the step does not already hold. ``watch()`` takes this route
   whenever the model returns a cross-entropy loss over the logits it returns (HF's ``labels=``,
   nanoGPT's ``(logits, loss)``).
-- **From the logits** (``term_stats(..., log_probs=False)``): a log-sum-exp and a sum per block of
-  positions (``CPU_BLOCK`` / ``DEVICE_BLOCK`` elements: bounded memory, a 4096 x 152k bf16 row is never
-  copied to fp32 whole): one read of the logits from memory, the log-sum-exp's own passes over a block
-  in cache on an accelerator. On a CPU the loss is gathered from ``log_softmax`` of the block instead
-  (one fused kernel, 2.3x faster there than ``logsumexp``'s max, exp and sum; the same value).
+- **From the logits** (``term_stats(..., log_probs=False)``): per block of positions (``CPU_BLOCK`` /
+  ``DEVICE_BLOCK`` elements: bounded memory, a 4096 x 152k bf16 row is never copied to fp32 whole) a sum
+  of the logits for the excess and ``log_softmax`` (one fused kernel that reads the block twice and
+  writes it once, in fp32 whatever the logits' dtype: no cast copy) for the loss. ``logsumexp`` is
+  avoided: its max, subtraction, exp and sum are separate kernels with temporaries on a GPU, and 2.3x
+  slower than ``log_softmax`` on a CPU; the value is the same.
 
 A vocabulary mask (entries at -inf: no token the model could emit there) stays out of the mean. Its
-rows' sums are not finite: on the CPU those rows alone are summed again without the masked entries (the
-host reads a CPU tensor for free); on an accelerator every block is summed over its finite entries
-(no host read to choose), a few more passes over a block that is still in cache.
+rows' sums are not finite. On the CPU those rows alone are summed again without the masked entries
+(the host reads a CPU tensor for free). On an accelerator the host must not wait for the device, so
+every row is summed once and the first rows of a block whose sums are not finite (chosen on the
+device; up to a ``FIX_PART``-th of the block's rows, at least ``FIX_MIN``) are summed again without
+their masked entries: a re-read of those rows, not of the block (gpu_check at stop 50: masking every
+entry through ``isfinite`` / ``where`` made the saved-log-probs route 1.16x a cross-entropy forward +
+backward at V=128k). A row beyond those, in a block where more rows are masked, counts as at chance
+(excess 0: the junk signal does not see it); a model that masks its vocabulary on every position is
+rare in training, and its sample losses are exact either way.
 """
 from __future__ import annotations
 
@@ -25,7 +32,13 @@ from typing import Any, NamedTuple
 import torch
 
 CPU_BLOCK = 1 << 22  # elements of a logits block on the CPU (16 MiB in fp32)
-DEVICE_BLOCK = 1 << 22  # elements of a block on an accelerator (16 MiB in fp32: inside an H100's L2)
+# elements of a block on an accelerator (128 MiB of fp32 log-probs): few blocks, few kernel launches
+# (gpu_check at stop 50: 16 MiB blocks made 128 blocks of ~10 launches at V=128k, T=4096, 4-6.6x a
+# cross-entropy forward + backward)
+DEVICE_BLOCK = 1 << 25
+# rows of a block summed again without their masked entries on an accelerator (module doc): a 32nd of them,
+# at least 8 (about a tenth of a pass more, in ~9 small kernels)
+FIX_PART, FIX_MIN = 32, 8
 _PASS_THROUGH = frozenset({"ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0", "SliceBackward0",
                            "ToCopyBackward0", "CloneBackward0", "AliasBackward0", "TBackward0",
                            "SelectBackward0", "SqueezeBackward0", "SqueezeBackward1", "UnsqueezeBackward0"})
@@ -60,21 +73,18 @@ def _flat_stats(src: torch.Tensor, target: torch.Tensor, log_probs: bool, loss: 
     N, V = src.shape
     if log_probs:  # no log-sum-exp: a gather and ONE sum over the vocabulary, no temporary of (N, V)
         lt = src.gather(1, target[:, None])[:, 0].float()
-        return TermStats(-lt if loss else None, _finite_mean(src) - lt if excess else None)
-    # logits: the log-sum-exp needs a temporary of the block; blocks bound it (few, large blocks: on a busy
-    # CPU every op is a parallel region that waits for its slowest thread)
-    cpu = src.device.type == "cpu"
-    step = max(1, (CPU_BLOCK if cpu else DEVICE_BLOCK) // max(1, V))
+        return TermStats(-lt if loss else None, _excess(src, lt) if excess else None)
+    # logits: the log-softmax needs a temporary of the block; blocks bound it (few, large blocks: on a busy
+    # CPU every op is a parallel region that waits for its slowest thread; on a GPU every op is a launch)
+    step = max(1, (CPU_BLOCK if _on_host(src) else DEVICE_BLOCK) // max(1, V))
     losses, excesses = [], []
     for s in range(0, N, step):
         z = src if step >= N else src[s:s + step]  # (n, V): one block is the whole (no slice op)
-        z = z if z.dtype == torch.float32 else z.float()  # a copy only when the logits are not fp32
         t = (target if step >= N else target[s:s + step]).unsqueeze(1)  # (n, 1)
-        zt = z.gather(1, t)[:, 0]  # (n,)
         if excess:  # first: the sum reads the block while it is still in cache from the forward
-            excesses.append(_finite_mean(z) - zt)
-        if loss:  # on a CPU log_softmax's one fused kernel is 2.3x faster than logsumexp's max, exp and sum
-            losses.append(-torch.log_softmax(z, -1).gather(1, t)[:, 0] if cpu else torch.logsumexp(z, -1) - zt)
+            excesses.append(_excess(z, z.gather(1, t)[:, 0].float()))
+        if loss:  # fp32 inside the kernel, whatever the logits' dtype: no cast copy of the block
+            losses.append(-torch.log_softmax(z, -1, dtype=torch.float32).gather(1, t)[:, 0])
     return TermStats(_join(losses) if loss else None, _join(excesses) if excess else None)
 
 
@@ -82,19 +92,49 @@ def _join(parts: list[torch.Tensor]) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
+def _excess(src: torch.Tensor, at_target: torch.Tensor) -> torch.Tensor:
+    """(n,) each row's mean over its finite entries minus its value at the target: the excess over chance
+    (the log-sum-exp cancels, so logits and log-probabilities give the same); a masked row the device
+    route left over counts as at chance (module doc)."""
+    mean = _finite_mean(src)
+    if _on_host(src):
+        return mean - at_target
+    return torch.where(torch.isfinite(mean), mean - at_target, 0.0)
+
+
+def _on_host(t: torch.Tensor) -> bool:
+    """May the host read ``t`` for free (a CPU tensor: no device to wait for)?"""
+    return t.device.type == "cpu"
+
+
 def _finite_mean(z: torch.Tensor) -> torch.Tensor:
     """(n,) fp32 each row's mean over its finite entries (module doc: vocabulary masks), accumulated in
-    fp32 whatever ``z``'s dtype (no copy)."""
-    if z.device.type != "cpu":
-        finite = torch.isfinite(z)
-        return torch.where(finite, z, 0.0).sum(-1, dtype=torch.float32) / finite.sum(-1).clamp(min=1)
+    fp32 whatever ``z``'s dtype (no copy). Off the host the rows to sum again are chosen on the device
+    (``_refine_on_device``)."""
     mean = z.sum(-1, dtype=torch.float32) / z.shape[-1]
-    if not bool(torch.isfinite(mean).all()):  # a CPU tensor: no device to wait for
+    if not _on_host(z):
+        return _refine_on_device(z, mean)
+    if not bool(torch.isfinite(mean).all()):
         bad = ~torch.isfinite(mean)
-        rows = z[bad].float()
-        finite = torch.isfinite(rows)
-        mean[bad] = torch.where(finite, rows, 0.0).sum(-1) / finite.sum(-1).clamp(min=1)
+        mean[bad] = _masked_mean(z[bad])
     return mean
+
+
+def _masked_mean(rows: torch.Tensor) -> torch.Tensor:
+    """(k,) fp32 each row's mean over its finite entries."""
+    finite = torch.isfinite(rows)
+    return torch.where(finite, rows, 0.0).sum(-1, dtype=torch.float32) / finite.sum(-1).clamp(min=1)
+
+
+def _refine_on_device(z: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+    """``mean`` with the first rows (``FIX_PART``, ``FIX_MIN``) whose sum is not finite summed again over their finite
+    entries, chosen without a host read (a stable sort puts them first; finite rows among the chosen are
+    summed again too and keep their value); a row left over keeps its sum's -inf (``_excess``)."""
+    bad = ~torch.isfinite(mean)
+    k = min(mean.numel(), max(FIX_MIN, mean.numel() // FIX_PART))
+    idx = torch.sort(bad.to(torch.uint8), descending=True, stable=True).indices[:k]
+    fixed = torch.where(bad[idx], _masked_mean(z.index_select(0, idx)), mean[idx])
+    return mean.index_copy(0, idx, fixed)
 
 
 class SavedLogProbs(NamedTuple):

@@ -16,6 +16,7 @@ def test_the_dry_run_reaches_every_section(capsys):
     for n in range(1, 6):
         assert f"\n{n}. " in out
     assert "from the loss's saved log-probs" in out and "detected at steps [12]" in out
+    assert "ours / yardstick = " in out  # section 3 prints its yardstick beside its distance
     assert "(0 probes" not in out  # the injected spike was localized, not failed
 
 

@@ -140,3 +140,38 @@ def test_targets_outside_the_vocabulary_and_bad_shapes_name_the_fix():
         junk_span(logits, targets)
     with pytest.raises(ValueError, match=r"input_ids must be \(B, T\)"):
         junk_span(logits, targets.clamp(max=6), torch.zeros(2, 4, dtype=torch.long))
+
+
+@pytest.fixture
+def device_route(monkeypatch):
+    """The accelerator's route on CPU tensors: no host read of the sums, blocks of 3 positions, 2 rows summed
+    again a block."""
+    monkeypatch.setattr(ts, "_on_host", lambda t: False)
+    monkeypatch.setattr(ts, "DEVICE_BLOCK", 3 * 13)
+    monkeypatch.setattr(ts, "FIX_MIN", 2)
+    monkeypatch.setattr(ts, "FIX_PART", 1000)
+
+
+@pytest.mark.parametrize("log_probs", [False, True])
+def test_the_device_route_sums_masked_rows_again_without_a_host_read(flat, device_route, log_probs):
+    z, t = flat
+    z = z.clone()
+    z[5, 0] = -math.inf  # two masked rows in one block of rows 3-5: both are summed again
+    src = torch.log_softmax(z, -1) if log_probs else z
+    got = ts.term_stats(src, t, log_probs=log_probs)
+    want_loss, want_excess = brute(z, t)
+    assert got.loss.tolist() == pytest.approx(want_loss, abs=1e-5)
+    assert got.excess.tolist() == pytest.approx(want_excess, abs=1e-5)
+
+
+def test_the_device_route_counts_masked_rows_beyond_its_budget_as_at_chance(flat, device_route):
+    z, t = flat
+    z = z.clone()
+    z[4:6, 1] = -math.inf  # rows 3, 4 and 5 masked, one block: the first two are summed again
+    got = ts.term_stats(z, t, log_probs=False)
+    want_loss, want_excess = brute(z, t)
+    assert got.loss.tolist() == pytest.approx(want_loss, abs=1e-5)  # losses are exact whatever the mask
+    assert got.excess[[3, 4]].tolist() == pytest.approx(want_excess[3:5], abs=1e-5)
+    assert float(got.excess[5]) == 0.0  # left over: at chance, never junk, never NaN
+    keep = [i for i in range(10) if i != 5]
+    assert got.excess[keep].tolist() == pytest.approx([want_excess[i] for i in keep], abs=1e-5)
