@@ -113,7 +113,7 @@ class SpikeResponder:
         held = self._while_corrupt(step, events)
         if held is not None:
             return held, {}
-        why_not = self.why_not_localized(step, ctx)
+        why_not = self.why_not_localized(step, ctx, events)
         tried, located, result, shown = why_not is None, None, None, None
         cut = None
         self._failure = ""
@@ -222,11 +222,18 @@ class SpikeResponder:
         self._record_detection(step, events, why)
         return SpikeOutcome(step, events, cause, not_localized=why)
 
-    def why_not_localized(self, step: int, ctx: Any) -> str | None:
-        """Which setting keeps this spike from being localized (None: it is localized)."""
+    def why_not_localized(self, step: int, ctx: Any, events: Sequence[SpikeEvent] = ()) -> str | None:
+        """Which setting, or which signal, keeps this spike from being localized (None: it is localized).
+        A step only the optimizer's update fired on has an ordinary gradient and ordinary losses: a learning
+        rate or an optimizer state made it, and the rows that carry most of an ordinary gradient are no
+        culprits of it (held-out tester: clean rows named at such steps, for quarantine and surgery to act
+        on). The events are the detector's verdict on reduced values, the same on every rank."""
         cfg = self.config
         if not cfg.enabled:
             return "locate.enabled=false"
+        if events and all(e.signal == "update" for e in events):
+            return ("only the optimizer's update fired: the gradient norms and the losses are ordinary, so no "
+                    "sample carries the step")
         if self.events_localized >= cfg.max_events:
             return ("locate.max_events=0" if cfg.max_events == 0 else
                     f"locate.max_events={cfg.max_events} reached (raise it to localize more spikes)")
