@@ -224,16 +224,16 @@ class SpikeResponder:
 
     def why_not_localized(self, step: int, ctx: Any, events: Sequence[SpikeEvent] = ()) -> str | None:
         """Which setting, or which signal, keeps this spike from being localized (None: it is localized).
-        A step only the optimizer's update fired on has an ordinary gradient and ordinary losses: a learning
-        rate or an optimizer state made it, and the rows that carry most of an ordinary gradient are no
-        culprits of it (held-out tester: clean rows named at such steps, for quarantine and surgery to act
-        on). The events are the detector's verdict on reduced values, the same on every rank."""
+        A step only the optimizer's update fired on has an ordinary gradient (and, where watched, ordinary
+        losses): a learning rate or an optimizer state made it, and the rows that carry most of an ordinary
+        gradient are no culprits of it (held-out tester: clean rows named at such steps, for quarantine and
+        surgery to act on). The events are the detector's verdict on reduced values, the same on every rank."""
         cfg = self.config
         if not cfg.enabled:
             return "locate.enabled=false"
         if events and all(e.signal == "update" for e in events):
-            return ("only the optimizer's update fired: the gradient norms and the losses are ordinary, so no "
-                    "sample carries the step")
+            return ("only the optimizer's update fired (no gradient norm and no loss signal did): no sample "
+                    "carries the step")
         if self.events_localized >= cfg.max_events:
             return ("locate.max_events=0" if cfg.max_events == 0 else
                     f"locate.max_events={cfg.max_events} reached (raise it to localize more spikes)")

@@ -10,20 +10,24 @@ cost of at most one streaming read of the logits (issue 38).
 - **From the logits** (``term_stats(..., log_probs=False)``): per block of positions (``CPU_BLOCK`` /
   ``DEVICE_BLOCK`` elements: bounded memory, a 4096 x 152k bf16 row is never copied to fp32 whole) a sum
   of the logits for the excess and ``log_softmax`` (one fused kernel that reads the block twice and
-  writes it once, in fp32 whatever the logits' dtype: no cast copy) for the loss. ``logsumexp`` is
+  writes it once) for the loss, computed in fp32: fp32 and, on CUDA, fp16 logits are read as they are;
+  bf16 logits are cast one block at a time first (ATen fuses only fp16 into the kernel). ``logsumexp`` is
   avoided: its max, subtraction, exp and sum are separate kernels with temporaries on a GPU, and 2.3x
   slower than ``log_softmax`` on a CPU; the value is the same.
 
 A vocabulary mask (entries at -inf: no token the model could emit there) stays out of the mean. Its
 rows' sums are not finite. On the CPU those rows alone are summed again without the masked entries
-(the host reads a CPU tensor for free). On an accelerator the host must not wait for the device, so
-every row is summed once and the first rows of a block whose sums are not finite (chosen on the
-device; up to a ``FIX_PART``-th of the block's rows, at least ``FIX_MIN``) are summed again without
-their masked entries: a re-read of those rows, not of the block (gpu_check at stop 50: masking every
-entry through ``isfinite`` / ``where`` made the saved-log-probs route 1.16x a cross-entropy forward +
-backward at V=128k). A row beyond those, in a block where more rows are masked, counts as at chance
-(excess 0: the junk signal does not see it); a model that masks its vocabulary on every position is
-rare in training, and its sample losses are exact either way.
+(the host reads a CPU tensor for free). On an accelerator the host must not wait for the device every
+step (gpu_check at stop 50: summing every entry through ``isfinite`` / ``where`` made the
+saved-log-probs route 1.16x a cross-entropy forward + backward at V=128k). So the first read for a
+device and vocabulary size asks the host once whether any row is masked (``_MASKING``):
+
+- a model that masks (its vocabulary padded to -inf on every position, an RL action mask) is then
+  summed over its finite entries exactly, in blocks, at every step (several passes over each block);
+- a model that does not is summed once per row, and the first rows of a block whose sums are not finite
+  after all (chosen on the device, no host read: up to a ``FIX_PART``-th of the block's rows, at least
+  ``FIX_MIN``) are summed again without their masked entries. A row beyond those counts as at chance
+  (excess 0: the junk signal does not see it); its loss is exact.
 """
 from __future__ import annotations
 
@@ -39,6 +43,8 @@ DEVICE_BLOCK = 1 << 25
 # rows of a block summed again without their masked entries on an accelerator (module doc): a 32nd of them,
 # at least 8 (about a tenth of a pass more, in ~9 small kernels)
 FIX_PART, FIX_MIN = 32, 8
+# (device type, vocabulary size) -> did the first read there hold masked rows (module doc); ``forget_masks``
+_MASKING: dict[tuple[str, int], bool] = {}
 _PASS_THROUGH = frozenset({"ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0", "SliceBackward0",
                            "ToCopyBackward0", "CloneBackward0", "AliasBackward0", "TBackward0",
                            "SelectBackward0", "SqueezeBackward0", "SqueezeBackward1", "UnsqueezeBackward0"})
@@ -63,6 +69,8 @@ def term_stats(src: torch.Tensor, target: torch.Tensor, *, log_probs: bool, loss
     try:
         flat = src.view(-1, V)
     except RuntimeError:  # not viewable as (N, V): one leading row at a time
+        if not src.shape[0]:
+            return _flat_stats(src.new_zeros(0, V), target.new_zeros(0), log_probs, loss, excess)
         rows = [term_stats(src[b], target[b], log_probs=log_probs, loss=loss, excess=excess)
                 for b in range(src.shape[0])]
         return TermStats(*(torch.cat(part) if part[0] is not None else None for part in zip(*rows)))
@@ -71,6 +79,9 @@ def term_stats(src: torch.Tensor, target: torch.Tensor, *, log_probs: bool, loss
 
 def _flat_stats(src: torch.Tensor, target: torch.Tensor, log_probs: bool, loss: bool, excess: bool) -> TermStats:
     N, V = src.shape
+    if N == 0:  # no terms (a micro-batch whose labels are all ignored): nothing to read
+        empty = src.new_zeros(0, dtype=torch.float32)
+        return TermStats(empty if loss else None, empty.clone() if excess else None)
     if log_probs:  # no log-sum-exp: a gather and ONE sum over the vocabulary, no temporary of (N, V)
         lt = src.gather(1, target[:, None])[:, 0].float()
         return TermStats(-lt if loss else None, _excess(src, lt) if excess else None)
@@ -83,7 +94,7 @@ def _flat_stats(src: torch.Tensor, target: torch.Tensor, log_probs: bool, loss: 
         t = (target if step >= N else target[s:s + step]).unsqueeze(1)  # (n, 1)
         if excess:  # first: the sum reads the block while it is still in cache from the forward
             excesses.append(_excess(z, z.gather(1, t)[:, 0].float()))
-        if loss:  # fp32 inside the kernel, whatever the logits' dtype: no cast copy of the block
+        if loss:  # in fp32 (bf16 logits: a cast of the block first, module doc)
             losses.append(-torch.log_softmax(z, -1, dtype=torch.float32).gather(1, t)[:, 0])
     return TermStats(_join(losses) if loss else None, _join(excesses) if excess else None)
 
@@ -102,6 +113,11 @@ def _excess(src: torch.Tensor, at_target: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(mean), mean - at_target, 0.0)
 
 
+def forget_masks() -> None:
+    """Forget which vocabularies were seen masked (``_MASKING``): the next device read asks the host again."""
+    _MASKING.clear()
+
+
 def _on_host(t: torch.Tensor) -> bool:
     """May the host read ``t`` for free (a CPU tensor: no device to wait for)?"""
     return t.device.type == "cpu"
@@ -109,15 +125,23 @@ def _on_host(t: torch.Tensor) -> bool:
 
 def _finite_mean(z: torch.Tensor) -> torch.Tensor:
     """(n,) fp32 each row's mean over its finite entries (module doc: vocabulary masks), accumulated in
-    fp32 whatever ``z``'s dtype (no copy). Off the host the rows to sum again are chosen on the device
-    (``_refine_on_device``)."""
+    fp32 whatever ``z``'s dtype. Off the host: in blocks of rows, exactly for a vocabulary seen masked,
+    else with the rows to sum again chosen on the device (``_refine_on_device``)."""
     mean = z.sum(-1, dtype=torch.float32) / z.shape[-1]
-    if not _on_host(z):
-        return _refine_on_device(z, mean)
-    if not bool(torch.isfinite(mean).all()):
-        bad = ~torch.isfinite(mean)
-        mean[bad] = _masked_mean(z[bad])
-    return mean
+    if _on_host(z):
+        if not bool(torch.isfinite(mean).all()):
+            bad = ~torch.isfinite(mean)
+            mean[bad] = _masked_mean(z[bad])
+        return mean
+    if not mean.numel():
+        return mean
+    key = (z.device.type, z.shape[-1])
+    if key not in _MASKING:  # once per device and vocabulary size (module doc)
+        _MASKING[key] = not bool(torch.isfinite(mean).all())
+    step = max(1, DEVICE_BLOCK // max(1, z.shape[-1]))
+    exact = _MASKING[key]
+    return _join([_masked_mean(z[s:s + step]) if exact else _refine_on_device(z[s:s + step], mean[s:s + step])
+                  for s in range(0, mean.numel(), step)])
 
 
 def _masked_mean(rows: torch.Tensor) -> torch.Tensor:
@@ -127,9 +151,9 @@ def _masked_mean(rows: torch.Tensor) -> torch.Tensor:
 
 
 def _refine_on_device(z: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
-    """``mean`` with the first rows (``FIX_PART``, ``FIX_MIN``) whose sum is not finite summed again over their finite
-    entries, chosen without a host read (a stable sort puts them first; finite rows among the chosen are
-    summed again too and keep their value); a row left over keeps its sum's -inf (``_excess``)."""
+    """``mean`` with the first rows (``FIX_PART``, ``FIX_MIN``) whose sum is not finite summed again over
+    their finite entries, chosen without a host read (a stable sort puts them first; finite rows among the
+    chosen are summed again too and keep their value); a row left over keeps its sum's -inf (``_excess``)."""
     bad = ~torch.isfinite(mean)
     k = min(mean.numel(), max(FIX_MIN, mean.numel() // FIX_PART))
     idx = torch.sort(bad.to(torch.uint8), descending=True, stable=True).indices[:k]

@@ -144,17 +144,25 @@ def test_targets_outside_the_vocabulary_and_bad_shapes_name_the_fix():
 
 @pytest.fixture
 def device_route(monkeypatch):
-    """The accelerator's route on CPU tensors: no host read of the sums, blocks of 3 positions, 2 rows summed
-    again a block."""
+    """The accelerator's route on CPU tensors: no host read of the sums but the first one per vocabulary
+    size, blocks of 3 positions, 2 rows summed again a block."""
     monkeypatch.setattr(ts, "_on_host", lambda t: False)
+    monkeypatch.setattr(ts, "_MASKING", {})
     monkeypatch.setattr(ts, "DEVICE_BLOCK", 3 * 13)
     monkeypatch.setattr(ts, "FIX_MIN", 2)
     monkeypatch.setattr(ts, "FIX_PART", 1000)
 
 
+def _first_read_unmasked(t: torch.Tensor) -> None:
+    """The run's first read holds no mask: the device route then sums each row once (module doc)."""
+    ts.term_stats(torch.randn(4, 13), t[:4], log_probs=False)
+    assert ts._MASKING == {("cpu", 13): False}
+
+
 @pytest.mark.parametrize("log_probs", [False, True])
 def test_the_device_route_sums_masked_rows_again_without_a_host_read(flat, device_route, log_probs):
     z, t = flat
+    _first_read_unmasked(t)
     z = z.clone()
     z[5, 0] = -math.inf  # two masked rows in one block of rows 3-5: both are summed again
     src = torch.log_softmax(z, -1) if log_probs else z
@@ -166,6 +174,7 @@ def test_the_device_route_sums_masked_rows_again_without_a_host_read(flat, devic
 
 def test_the_device_route_counts_masked_rows_beyond_its_budget_as_at_chance(flat, device_route):
     z, t = flat
+    _first_read_unmasked(t)
     z = z.clone()
     z[4:6, 1] = -math.inf  # rows 3, 4 and 5 masked, one block: the first two are summed again
     got = ts.term_stats(z, t, log_probs=False)
@@ -175,3 +184,33 @@ def test_the_device_route_counts_masked_rows_beyond_its_budget_as_at_chance(flat
     assert float(got.excess[5]) == 0.0  # left over: at chance, never junk, never NaN
     keep = [i for i in range(10) if i != 5]
     assert got.excess[keep].tolist() == pytest.approx([want_excess[i] for i in keep], abs=1e-5)
+
+
+@pytest.mark.parametrize("log_probs", [False, True])
+def test_a_model_that_masks_its_vocabulary_everywhere_is_exact_on_the_device_route(device_route, log_probs):
+    """Review of stop 51: a vocabulary padded to -inf on every position left all but the budget's rows at
+    chance. The first read sees the mask, and every later step sums each row over its finite entries."""
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(30, 13, generator=g) * 3
+    z[:, 10:] = -math.inf  # ids 10-12 can never be emitted
+    t = torch.randint(0, 10, (30,), generator=g)
+    src = torch.log_softmax(z, -1) if log_probs else z
+    for _ in range(2):  # the first read, which asks the host, and a later one, which does not
+        got = ts.term_stats(src, t, log_probs=log_probs)
+        want_loss, want_excess = brute(z, t)
+        assert got.loss.tolist() == pytest.approx(want_loss, abs=1e-5)
+        assert got.excess.tolist() == pytest.approx(want_excess, abs=1e-5)
+    assert ts._MASKING == {("cpu", 13): True}
+
+
+@pytest.mark.parametrize("route", ["host", "device"])
+@pytest.mark.parametrize("log_probs", [False, True])
+def test_no_terms_give_empty_stats(route, log_probs, monkeypatch):
+    """A micro-batch whose every label is ignored reaches the pass with no rows (the logits route raised)."""
+    if route == "device":
+        monkeypatch.setattr(ts, "_on_host", lambda t: False)
+        monkeypatch.setattr(ts, "_MASKING", {})
+    for src, tgt in ((torch.randn(0, 13), torch.zeros(0, dtype=torch.long)),
+                     (torch.randn(0, 5, 13)[:, :-1], torch.zeros(0, 4, dtype=torch.long))):  # not viewable flat
+        got = ts.term_stats(src, tgt, log_probs=log_probs)
+        assert got.loss.shape == (0,) and got.excess.shape == (0,)
