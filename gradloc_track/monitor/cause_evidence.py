@@ -181,5 +181,6 @@ def name_step_cause(step: int, events: Sequence[Any], result: Any, shown: Any,
             and len(scales) < MAX_SCALES:
         scales.append(ev.scale)
     if incidents is not None:
-        cause = incidents.link(step, cause, lr=lr_pair[0], prev_lr=lr_pair[1])
+        moved = any(getattr(e, "is_norm", False) or e.signal == "update" for e in events)
+        cause = incidents.link(step, cause, lr=lr_pair[0], prev_lr=lr_pair[1], moved=moved)
     return cause

@@ -8,7 +8,8 @@
   row's, the culprit would be one of its documents.
 - ``junk_span`` fired: in every row whose largest window is above ``spikes.junk_margin``, the run of
   windows around it still nearer chance than learned text (above ``EXTEND``: junk averages chance, its
-  windows wander around 0 and only some clear the margin; clean text sits at ``junk.LEARNED`` and below),
+  windows wander around 0 and only some clear the margin; clean text sits at ``junk.LEARNED`` and below;
+  dips of up to one window's length do not end it),
   unless its text is plainly clean (``spikes.text_check``, the rule that excuses the signal's own run).
   A run that covers most of its sample (document) is named as that sample (``localizer.flagged``).
 
@@ -48,15 +49,15 @@ def data_flags(events: Sequence[Any], ctx: Any, junk: Any, terms: int, margin: f
     if ctx is None:
         return ()
     fired = {e.signal for e in events}
+    # no gradient norm jumped: the flagged units are the step's answer, not a row carrying an ordinary gradient
+    alone = not any(getattr(e, "is_norm", False) for e in events)
     out: list[Flag] = []
     if "leaked_labels" in fired:
-        out += _leaked(ctx)
+        out += _leaked(ctx, alone)
     if "junk_span" in fired and junk is not None:
-        out += _junk_runs(junk, ctx, terms, margin)
+        out += _junk_runs(junk, ctx, terms, margin, alone)
     lead = next((e for e in events if e.signal == "sample_loss"), None)
     if lead is not None and getattr(ctx, "sample_losses", None) is not None:
-        # no gradient norm jumped: these rows are the step's answer, not a row carrying an ordinary gradient
-        alone = not any(getattr(e, "is_norm", False) for e in events)
         # nearer the loudest row than the running mean (in log space) as well: the rows that made it fire, not
         # every row above the mean of a model that predicts most rows almost perfectly (a rare token's row at
         # 2.0 and clean rows at 0.1-0.2 were named beside the garbage document at 11.3 against a mean of 0.06)
@@ -84,12 +85,12 @@ def _loud_rows(losses: Any, level: float, docs: Any = None, alone: bool = False)
     return out if 2 * len(out) <= rows_seen else []
 
 
-def _leaked(ctx: Any) -> list[Flag]:
+def _leaked(ctx: Any, alone: bool = False) -> list[Flag]:
     col = (getattr(ctx, "sample_columns", None) or {}).get(LEAKED_COLUMN)
-    return [Flag(k, b, reason=LEAK_REASON) for k, rows in enumerate(leaked_rows_of(col)) for b in rows]
+    return [Flag(k, b, reason=LEAK_REASON, alone=alone) for k, rows in enumerate(leaked_rows_of(col)) for b in rows]
 
 
-def _junk_runs(junk: Any, ctx: Any, terms: int, margin: float) -> list[Flag]:
+def _junk_runs(junk: Any, ctx: Any, terms: int, margin: float, alone: bool = False) -> list[Flag]:
     parts = junk_parts(junk)
     ids = getattr(ctx, "input_ids", None)
     ids = [ids] if isinstance(ids, torch.Tensor) else list(ids or [])
@@ -101,20 +102,29 @@ def _junk_runs(junk: Any, ctx: Any, terms: int, margin: float) -> list[Flag]:
             continue
         w = windows.detach().float().cpu()  # host read: (B, W) window means, on a firing step
         for b, _, _ in rows_above(w, margin):
-            lo, hi = _block(w[b], min(margin, EXTEND))
+            lo, hi = _block(w[b], min(margin, EXTEND), terms)
             text = read_window(ids[k][b].tolist(), lo, hi + terms, tok) if k < len(ids) else None
             if text is not None and clean_text(text) is not None:
                 continue  # plainly clean text (a name list in another script, a rule of '#'): not junk
-            out.append(Flag(k, b, lo, hi + terms, JUNK_REASON))
+            out.append(Flag(k, b, lo, hi + terms, JUNK_REASON, alone))
     return out
 
 
-def _block(row: torch.Tensor, bar: float) -> tuple[int, int]:
-    """The first and last window of the contiguous block above ``bar`` around the row's largest."""
+def _block(row: torch.Tensor, bar: float, gap: int = 0) -> tuple[int, int]:
+    """The first and last window of the block above ``bar`` around the row's largest, across dips below it of
+    at most ``gap`` windows (a row of random tokens wanders around chance, and one 16-term window of it dips
+    under the bar now and then: the run went on past it; held-out tester, stop 51: whole random rows were
+    named as spans 2-56 and 91-128 of 128)."""
     above = (row > bar).tolist()
     lo = hi = int(row.argmax())
-    while lo > 0 and above[lo - 1]:
-        lo -= 1
-    while hi + 1 < len(above) and above[hi + 1]:
-        hi += 1
+    while True:
+        nxt = next((j for j in range(lo - 1, max(-1, lo - gap - 2), -1) if above[j]), None)
+        if nxt is None:
+            break
+        lo = nxt
+    while True:
+        nxt = next((j for j in range(hi + 1, min(len(above), hi + gap + 2)) if above[j]), None)
+        if nxt is None:
+            break
+        hi = nxt
     return lo, hi

@@ -19,6 +19,11 @@ was thrown off, Adam's moments hold the jump), and named on their own evidence t
   (``irreproducible``). The non-finite ones open no incident either: the step is skipped, nothing it
   did lingers.
 A step whose own cause is the incident's keeps its own sentence (the same cause, with its own numbers).
+An ``optimizer`` step is linked to an incident that is not the schedule's only when the incident moved the
+gradient or the update (a norm or the update signal fired in it): Adam's moments then still carry it. An
+incident only the losses or the junk signal fired on left nothing in them, so a lost optimizer state nine
+steps after it is its own (held-out tester, stop 51: an ``opt.state.clear()`` read "aftermath of step 111
+(data)" after a junk run on clean Latin-1 text).
 
 Pure: reads causes and learning rates, no tensor.
 """
@@ -40,6 +45,7 @@ class Incident:
     cause: Cause
     last: int  # its last detected step
     base_lr: float | None = None  # the learning rate before a schedule incident
+    moved: bool = True  # a gradient norm or the update fired in it (module doc: what an optimizer step links to)
 
     def lr_raised(self, lr: float | None) -> bool:
         return (self.cause.name == "schedule" and self.base_lr is not None and lr is not None
@@ -57,30 +63,36 @@ class Incidents:
     def __init__(self) -> None:
         self.open: Incident | None = None
 
-    def link(self, step: int, cause: Cause, lr: float | None = None, prev_lr: float | None = None) -> Cause:
+    def link(self, step: int, cause: Cause, lr: float | None = None, prev_lr: float | None = None,
+             moved: bool = True) -> Cause:
         """The cause ``step`` reports: its own, or the open incident's when it is its aftermath (module
-        doc). ``lr`` / ``prev_lr``: the learning rate now and at the previous step (None: unknown)."""
+        doc). ``lr`` / ``prev_lr``: the learning rate now and at the previous step (None: unknown);
+        ``moved``: a gradient norm or the update fired at this step."""
         inc = self.open
         if inc is not None and step > inc.step and inc.covers(step, lr) and (
-                cause.name == inc.cause.name or cause.name in LINKED):
+                cause.name == inc.cause.name or cause.name in LINKED) and not (
+                cause.name == "optimizer" and inc.cause.name != "schedule" and not inc.moved):
             inc.last = step
+            inc.moved = inc.moved or moved
             if cause.name == inc.cause.name:
                 return cause
             return Cause(inc.cause.name, f"aftermath of step {inc.step} ({inc.cause.name}): "
                                          f"{_still(inc, lr)}; on its own this step would read: {cause.detail}")
         if cause.name in OPENS:
-            self.open = Incident(step, cause, step, base_lr=prev_lr if cause.name == "schedule" else None)
+            self.open = Incident(step, cause, step, base_lr=prev_lr if cause.name == "schedule" else None,
+                                 moved=moved)
         return cause
 
     def state(self) -> dict | None:
         """The open incident as plain values (a checkpoint's), None when none is open."""
         inc = self.open
         return None if inc is None else {"step": inc.step, "cause": [inc.cause.name, inc.cause.detail],
-                                         "last": inc.last, "base_lr": inc.base_lr}
+                                         "last": inc.last, "base_lr": inc.base_lr, "moved": inc.moved}
 
     def load(self, state: dict | None) -> None:
         self.open = None if state is None else Incident(int(state["step"]), Cause(*state["cause"]),
-                                                        int(state["last"]), state.get("base_lr"))
+                                                        int(state["last"]), state.get("base_lr"),
+                                                        bool(state.get("moved", True)))
 
 
 def _still(inc: Incident, lr: float | None) -> str:

@@ -22,9 +22,9 @@ def _event(signal: str) -> SpikeEvent:
 def test_only_the_signals_that_fired_flag_units():
     ctx = SimpleNamespace(sample_columns={LEAKED_COLUMN: [torch.tensor([1.0, 0.5]), [None, LEAKED]]},
                           input_ids=None, tokenizer=None)
-    assert data_flags([_event("leaked_labels")], ctx, None, 4, 0.1) == (
-        Flag(0, 0, reason="leaked labels (targets equal to their inputs)"),
-        Flag(1, 1, reason="leaked labels (targets equal to their inputs)"))
+    assert data_flags([_event("leaked_labels")], ctx, None, 4, 0.1) == (  # alone: no gradient norm fired
+        Flag(0, 0, reason="leaked labels (targets equal to their inputs)", alone=True),
+        Flag(1, 1, reason="leaked labels (targets equal to their inputs)", alone=True))
     assert data_flags([_event("global")], ctx, None, 4, 0.1) == ()  # the leak did not fire: nothing named
     assert data_flags([_event("leaked_labels")], None, None, 4, 0.1) == ()
 
@@ -51,6 +51,11 @@ def test_a_junk_run_is_flagged_over_the_windows_nearer_chance_than_learned_text(
     ctx = SimpleNamespace(sample_columns={}, input_ids=ids, tokenizer=None)
     (flag,) = data_flags([_event("junk_span")], ctx, junk, terms, 0.1)
     assert (flag.micro_batch, flag.row, flag.start, flag.end) == (0, 1, near[0], near[-1] + terms) == (0, 1, 0, 12)
+    # no gradient norm fired: the run is the step's answer (held-out tester, stop 51: beside junk flags a clean
+    # '####' banner carrying 47% of an ordinary gradient was named by its share)
+    assert flag.alone
+    (with_norm,) = data_flags([_event("global"), _event("junk_span")], ctx, junk, terms, 0.1)
+    assert not with_norm.alone
     assert data_flags([_event("loss")], ctx, junk, terms, 0.1) == ()
 
 
@@ -242,3 +247,16 @@ def test_flagged_alone_rows_are_the_answer_not_a_row_that_carries_most_of_an_ord
             row = grads_of(model, loss_fn(term_mask((B, T), [(c.batch, t) for t in range(T)])))
             assert (c.raw_share if c.raw_share is not None else c.share) == pytest.approx(
                 dot(row, total) / dot(total, total), rel=1e-4)
+
+
+def test_a_junk_run_goes_on_across_dips_shorter_than_a_window():
+    """Held-out tester, stop 51: a row of random tokens wanders around chance, one window of it dips under the
+    bar now and then, and whole random rows were named as spans 2-56 and 91-128 of 128 (then, on a step only
+    the junk signal fired on, as a span only). A dip of at most one window's length does not end the run; a
+    stretch of learned text longer than that does."""
+    from gradloc_track.monitor.data_flags import _block
+
+    row = torch.tensor([0.2] * 5 + [0.3] + [0.2] * 4 + [-0.8] * 3 + [0.1] * 10 + [-2.0] * 20 + [0.25] * 5)
+    assert _block(row, -0.5) == (0, 9)  # the contiguous block alone
+    assert _block(row, -0.5, 4) == (0, 22)  # across the 3-window dip, not across the 20 windows of learned text
+    assert _block(row, -0.5, 2) == (0, 9)  # a dip longer than the gap ends it

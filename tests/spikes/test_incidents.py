@@ -54,3 +54,27 @@ def test_a_loss_scaled_at_one_step_opens_an_incident():
     inc.link(150, Cause("loss_scale", "the loss was multiplied by 100 at this step"))
     got = inc.link(152, Cause("optimizer", "the update is 4.8x its running mean"))
     assert got.name == "loss_scale" and got.detail.startswith("aftermath of step 150 (loss_scale): ")
+
+
+def test_a_lost_optimizer_state_after_an_incident_that_moved_no_gradient_is_its_own():
+    """Held-out tester, stop 51: ``opt.state.clear()`` nine steps after a junk run (junk_span alone, on clean
+    Latin-1 text) read "aftermath of step 111 (data)". An incident no gradient norm and no update fired in
+    leaves nothing in Adam's moments; one that moved them does (a garbage batch's momentum)."""
+    quiet = Incidents()
+    quiet.link(111, Cause("data", "a run of its loss terms is rated below chance"), moved=False)
+    own = Cause("optimizer", "the optimizer's update is 40x its running mean")
+    assert quiet.link(120, own) is own
+    assert quiet.link(121, Cause("data", "d")).name == "optimizer"  # the reset opened its own incident
+    loud = Incidents()
+    loud.link(111, Cause("data", "sample 3 carries 90%"), moved=True)
+    assert loud.link(120, own).name == "data"
+    later = Incidents()  # a step of the quiet incident that moved the gradient: its momentum is there after all
+    later.link(111, Cause("data", "junk"), moved=False)
+    later.link(113, Cause("data", "sample 2 carries 80%"), moved=True)
+    assert later.link(120, own).name == "data"
+    assert Incidents().link(5, SCHEDULE, moved=False) is SCHEDULE  # the schedule's aftermath is its lr: always
+    saved = Incidents()  # a checkpoint keeps whether the incident moved anything
+    saved.link(111, Cause("data", "junk"), moved=False)
+    restored = Incidents()
+    restored.load(saved.state())
+    assert restored.open.moved is False and restored.link(120, own) is own
