@@ -11,7 +11,8 @@ predicts the token after it). A culprit row names it when:
 - ``document``: a sample-level row carrying that document id in that row (packed batches).
 
 An injected step is *named* when every unit is; ``twice`` counts sample rows that name the same
-sample (or document) more than once (the issue's "sample 1" listed twice).
+sample (or document) more than once (the issue's "sample 1" listed twice); ``innocent`` counts the culprit
+rows that lie in no injected unit's sample (or document) at all: clean rows named beside the culprits.
 """
 from __future__ import annotations
 
@@ -66,3 +67,12 @@ def twice(rows: list[dict] | None) -> int:
     """Sample-level rows beyond the first for the same (sample, document)."""
     keys = [(r.get("batch"), r.get("document")) for r in rows or [] if r.get("level") == "sample"]
     return len(keys) - len(set(keys))
+
+
+def innocent(truth: list[dict], rows: list[dict] | None) -> tuple[int, int]:
+    """(culprit rows in no injected unit's sample or document, culprit rows) of one step; "shares" rows (no
+    culprit named) are not culprits."""
+    rows = [r for r in rows or [] if r.get("level") != "shares"]
+    def inside(u: dict, r: dict) -> bool:
+        return r.get("batch") == u["batch"] and (u["level"] != "document" or r.get("document") in (None, u["document"]))
+    return sum(not any(inside(u, r) for u in truth) for r in rows), len(rows)

@@ -105,6 +105,7 @@ class Row:
     other: int = 0  # events outside the injected steps and their windows
     n_other: int = 0
     twice: int = 0  # sample rows naming a sample already named
+    innocent: list[int] = field(default_factory=lambda: [0, 0])  # culprit rows in no injected unit, of all
 
 
 def in_batch(kind: str) -> bool:
@@ -136,6 +137,9 @@ def score_row(row: Row, trig: Trigger, relocated: dict) -> None:
                 row.named[1] += 1
                 row.localized += s.culprits is not None
                 row.twice += culprits.twice(s.culprits)
+                bad, all_rows = culprits.innocent(s.truth or [], s.culprits if s.fired else None)
+                row.innocent[0] += bad
+                row.innocent[1] += all_rows
                 alone = relocated.get((r.family, r.source, r.scenario, r.seed, s.step))
                 if alone is not None:
                     row.alone[0] += alone
@@ -211,6 +215,8 @@ def summary(rs: list[Row], cs: list[Clean], name: str) -> dict[str, str]:
         "cause_inj": _pct(*at_inj),
         "after": f"{after[0]}/{after[1]} right, {after[1] / max(1, incidents):.1f} per incident ({incidents})",
         "named": _pct(*named),
+        "innocent": (f"{sum(r.innocent[0] for r in mine)} of {sum(r.innocent[1] for r in mine)}"
+                     if any(r.innocent[1] for r in mine) else "–"),
         "alone": _pct(*alone),
     }
 
@@ -227,6 +233,7 @@ def render_summary(rs: list[Row], cs: list[Clean]) -> list[str]:
              ("after", "events in the recovery windows of schedule and weight incidents", None),
              ("named", "culprit named at its level, data and RL injections (live)", "named"),
              ("named_kind", "... each (family, source, kind) weighted alike (how many)", None),
+             ("innocent", "clean rows named beside them (culprit rows in no injected unit, of all)", None),
              ("alone", "culprit named at its level, localizer alone (--relocate)", None)]
     for k, label, goal in names:
         lines.append(f"| {label} | {GOALS[goal] if goal else ''} | {d[k]} | {h[k]} |")
