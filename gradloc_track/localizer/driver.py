@@ -107,7 +107,8 @@ def _find(prober: Prober, model: torch.nn.Module, terms: list[list], search: Sea
     # a step only data signals fired on (no gradient norm jumped) is answered by the units they flag: a unit
     # that merely carries most of an ordinary gradient is no culprit of it (tester round 12: a clean row at
     # 44% was named, quarantined and operated on, while the two garbage rows whose loss fired were not)
-    alone = any(getattr(f, "alone", False) for f in search.flagged)
+    # (the ghost method searches no units and names no flags: it keeps its own token search; review, stop 51)
+    alone = with_units and any(getattr(f, "alone", False) for f in search.flagged)
     cands, limit, n_samples = levels.candidates(segs) if with_units and not alone else ([], math.inf, 0)
     tau = search.threshold if search.threshold is not None else \
         adaptive_tau(levels.ordinary(stage.term_score, _inside(cands)))

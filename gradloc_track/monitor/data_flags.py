@@ -9,11 +9,15 @@
 - ``junk_span`` fired: in every row whose largest window is above ``spikes.junk_margin``, the run of
   windows around it still nearer chance than learned text (above ``EXTEND``: junk averages chance, its
   windows wander around 0 and only some clear the margin; clean text sits at ``junk.LEARNED`` and below;
-  dips of up to one window's length do not end it),
-  unless its text is plainly clean (``spikes.text_check``, the rule that excuses the signal's own run).
-  A run that covers most of its sample (document) is named as that sample (``localizer.flagged``).
+  dips of up to one window's length do not end it, a packed row's document boundary does), unless the
+  text of its core (the windows above the margin) is plainly clean (``spikes.text_check``, the rule that
+  excuses the signal's own run). A run that covers most of its sample (document) is named as that sample
+  (``localizer.flagged``).
 
-Only the signals that fired flag anything, so a unit is named only beside an event that says why. One
+Only the signals that fired flag anything, so a unit is named only beside an event that says why. On a
+step no gradient norm fired on, the junk and sample-loss flags are its whole answer (``Flag.alone``); the
+leaked-label flags never are (structural: they come with every step such a row is in, and a leaked row's
+loss is ~0, so a loss that jumped beside it is another row's). One
 host read of the window means, on such a step only. Under torch.distributed each rank flags rows of its
 own batch, and the localizer gathers every rank's flags (``localizer.dist_flagged``).
 """
@@ -52,8 +56,8 @@ def data_flags(events: Sequence[Any], ctx: Any, junk: Any, terms: int, margin: f
     # no gradient norm jumped: the flagged units are the step's answer, not a row carrying an ordinary gradient
     alone = not any(getattr(e, "is_norm", False) for e in events)
     out: list[Flag] = []
-    if "leaked_labels" in fired:
-        out += _leaked(ctx, alone)
+    if "leaked_labels" in fired:  # structural, on every step a leaked row is in: never the whole answer (its
+        out += _leaked(ctx)       # loss is ~0, so a loss that jumped beside it is another row's; review, stop 51)
     if "junk_span" in fired and junk is not None:
         out += _junk_runs(junk, ctx, terms, margin, alone)
     lead = next((e for e in events if e.signal == "sample_loss"), None)
@@ -85,9 +89,9 @@ def _loud_rows(losses: Any, level: float, docs: Any = None, alone: bool = False)
     return out if 2 * len(out) <= rows_seen else []
 
 
-def _leaked(ctx: Any, alone: bool = False) -> list[Flag]:
+def _leaked(ctx: Any) -> list[Flag]:
     col = (getattr(ctx, "sample_columns", None) or {}).get(LEAKED_COLUMN)
-    return [Flag(k, b, reason=LEAK_REASON, alone=alone) for k, rows in enumerate(leaked_rows_of(col)) for b in rows]
+    return [Flag(k, b, reason=LEAK_REASON) for k, rows in enumerate(leaked_rows_of(col)) for b in rows]
 
 
 def _junk_runs(junk: Any, ctx: Any, terms: int, margin: float, alone: bool = False) -> list[Flag]:
@@ -103,7 +107,10 @@ def _junk_runs(junk: Any, ctx: Any, terms: int, margin: float, alone: bool = Fal
         w = windows.detach().float().cpu()  # host read: (B, W) window means, on a firing step
         for b, _, _ in rows_above(w, margin):
             lo, hi = _block(w[b], min(margin, EXTEND), terms)
-            text = read_window(ids[k][b].tolist(), lo, hi + terms, tok) if k < len(ids) else None
+            # the excuse reads the core (the windows above the margin), as the detector's reads its top window: the
+            # extended run's edges hold the text around it (a '#' rule inside prose was not excused; review, stop 51)
+            core_lo, core_hi = _block(w[b], margin)
+            text = read_window(ids[k][b].tolist(), core_lo, core_hi + terms, tok) if k < len(ids) else None
             if text is not None and clean_text(text) is not None:
                 continue  # plainly clean text (a name list in another script, a rule of '#'): not junk
             out.append(Flag(k, b, lo, hi + terms, JUNK_REASON, alone))
@@ -115,16 +122,24 @@ def _block(row: torch.Tensor, bar: float, gap: int = 0) -> tuple[int, int]:
     at most ``gap`` windows (a row of random tokens wanders around chance, and one 16-term window of it dips
     under the bar now and then: the run went on past it; held-out tester, stop 51: whole random rows were
     named as spans 2-56 and 91-128 of 128)."""
-    above = (row > bar).tolist()
+    above, finite = (row > bar).tolist(), torch.isfinite(row).tolist()
     lo = hi = int(row.argmax())
-    while True:
-        nxt = next((j for j in range(lo - 1, max(-1, lo - gap - 2), -1) if above[j]), None)
-        if nxt is None:
-            break
+    while (nxt := _next_above(above, finite, lo, -1, gap)) is not None:
         lo = nxt
-    while True:
-        nxt = next((j for j in range(hi + 1, min(len(above), hi + gap + 2)) if above[j]), None)
-        if nxt is None:
-            break
+    while (nxt := _next_above(above, finite, hi, 1, gap)) is not None:
         hi = nxt
     return lo, hi
+
+
+def _next_above(above: list[bool], finite: list[bool], at: int, way: int, gap: int) -> int | None:
+    """The nearest window above the bar past ``at`` in direction ``way``, at most ``gap`` windows below it
+    between; a window that is not finite (one across a packed row's document boundary) is never crossed: the
+    run would name the clean document beside the junk one (review, stop 51)."""
+    j = at + way
+    for _ in range(gap + 1):
+        if not 0 <= j < len(above) or not finite[j]:
+            return None
+        if above[j]:
+            return j
+        j += way
+    return None

@@ -22,9 +22,11 @@ def _event(signal: str) -> SpikeEvent:
 def test_only_the_signals_that_fired_flag_units():
     ctx = SimpleNamespace(sample_columns={LEAKED_COLUMN: [torch.tensor([1.0, 0.5]), [None, LEAKED]]},
                           input_ids=None, tokenizer=None)
-    assert data_flags([_event("leaked_labels")], ctx, None, 4, 0.1) == (  # alone: no gradient norm fired
-        Flag(0, 0, reason="leaked labels (targets equal to their inputs)", alone=True),
-        Flag(1, 1, reason="leaked labels (targets equal to their inputs)", alone=True))
+    # never the whole answer, even with no norm fired: structural, on every step a leaked row is in, and its loss
+    # is ~0, so a loss that jumped beside it is another row's (review, stop 51: the 90% row went unnamed)
+    assert data_flags([_event("leaked_labels")], ctx, None, 4, 0.1) == (
+        Flag(0, 0, reason="leaked labels (targets equal to their inputs)"),
+        Flag(1, 1, reason="leaked labels (targets equal to their inputs)"))
     assert data_flags([_event("global")], ctx, None, 4, 0.1) == ()  # the leak did not fire: nothing named
     assert data_flags([_event("leaked_labels")], None, None, 4, 0.1) == ()
 
@@ -260,3 +262,45 @@ def test_a_junk_run_goes_on_across_dips_shorter_than_a_window():
     assert _block(row, -0.5) == (0, 9)  # the contiguous block alone
     assert _block(row, -0.5, 4) == (0, 22)  # across the 3-window dip, not across the 20 windows of learned text
     assert _block(row, -0.5, 2) == (0, 9)  # a dip longer than the gap ends it
+    # a packed row's document boundary (windows across it are -inf) is never crossed, however short: the run
+    # would name the clean document before the junk one (review, stop 51)
+    packed = torch.tensor([-2.0] * 8 + [0.0] * 4 + [-float("inf")] * 3 + [0.5] * 6)
+    assert _block(packed, -0.5, 4) == (15, 20)
+
+
+def test_a_rule_of_hashes_inside_prose_is_excused_by_its_core_not_its_edges():
+    """Review, stop 51: the excuse read the extended run, whose edge windows hold the prose around a '#' rule,
+    so the rule the detector itself excused was flagged as junk (and, alone, named as the step's answer)."""
+    prose = list(b"The quick brown fox jumps over the lazy dog and keeps on running. ")
+    junk = [(7 * i + 131) % 256 for i in range(40)]  # high bytes: no text
+    ids = torch.tensor([prose[:30] + junk + prose[:26], prose[:30] + [ord("#")] * 40 + [10] + prose[:25]])
+    excess = torch.full((2, 96), -2.0)
+    excess[0, 30:70], excess[1, 30:70] = 0.6, 0.4
+    valid = torch.ones(2, 96, dtype=torch.bool)
+    from gradloc_track.spikes.junk import junk_stats
+
+    span = junk_stats(excess, valid, None, 16, None, valid.sum())
+    ctx = SimpleNamespace(sample_columns={}, input_ids=ids, tokenizer=None)
+    assert [f.row for f in data_flags([_event("junk_span")], ctx, span, 16, 0.1)] == [0]
+
+
+def test_the_ghost_method_keeps_its_own_search_beside_flags_that_are_the_answer():
+    """Review, stop 51: ``locate.method="ghost"`` names no flags, and flags that are the whole answer skipped its
+    token search, so it returned nothing (then backed off as an empty result)."""
+    import gradloc_track
+    from tests.localizer.oracles import tiny_gpt
+
+    B, T, V = 8, 16, 64
+    model = tiny_gpt(V, T)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randint(0, V, (B, T), generator=g), torch.randint(0, V, (B, T), generator=g)
+    w = torch.ones(B, T)
+    w[5, 3] = 60.0
+
+    def loss_fn(mask):
+        per = F.cross_entropy(model(x).reshape(-1, V), y.reshape(-1), reduction="none").view(B, T)
+        return (per * w * mask).sum() / (B * T)
+
+    flag = Flag(0, 2, 4, 12, "a run the model rates below chance", alone=True)
+    res = gradloc_track.locate(model, loss_fn, torch.ones(B, T), method="ghost", flagged=[flag])
+    assert [(c.batch, c.position) for c in res.tokens] == [(5, 3)]
