@@ -56,8 +56,10 @@ def data_flags(events: Sequence[Any], ctx: Any, junk: Any, terms: int, margin: f
     # no gradient norm jumped: the flagged units are the step's answer, not a row carrying an ordinary gradient
     alone = not any(getattr(e, "is_norm", False) for e in events)
     out: list[Flag] = []
-    if "leaked_labels" in fired:  # structural, on every step a leaked row is in: never the whole answer (its
-        out += _leaked(ctx)       # loss is ~0, so a loss that jumped beside it is another row's; review, stop 51)
+    # leaked labels are structural (on every step a leaked row is in) and a leaked row's loss is ~0: a loss that
+    # jumped beside it is another row's, so they are never the whole answer (review, stop 51)
+    if "leaked_labels" in fired:
+        out += _leaked(ctx)
     if "junk_span" in fired and junk is not None:
         out += _junk_runs(junk, ctx, terms, margin, alone)
     lead = next((e for e in events if e.signal == "sample_loss"), None)

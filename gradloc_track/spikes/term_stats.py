@@ -43,7 +43,7 @@ DEVICE_BLOCK = 1 << 25
 # rows of a block summed again without their masked entries on an accelerator (module doc): a 32nd of them,
 # at least 8 (about a tenth of a pass more, in ~9 small kernels)
 FIX_PART, FIX_MIN = 32, 8
-# (device type, vocabulary size) -> did the first read there hold masked rows (module doc); ``forget_masks``
+# (device type, vocabulary size) -> did the first read there hold masked rows (module doc)
 _MASKING: dict[tuple[str, int], bool] = {}
 _PASS_THROUGH = frozenset({"ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0", "SliceBackward0",
                            "ToCopyBackward0", "CloneBackward0", "AliasBackward0", "TBackward0",
@@ -113,11 +113,6 @@ def _excess(src: torch.Tensor, at_target: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(mean), mean - at_target, 0.0)
 
 
-def forget_masks() -> None:
-    """Forget which vocabularies were seen masked (``_MASKING``): the next device read asks the host again."""
-    _MASKING.clear()
-
-
 def _on_host(t: torch.Tensor) -> bool:
     """May the host read ``t`` for free (a CPU tensor: no device to wait for)?"""
     return t.device.type == "cpu"
@@ -127,6 +122,10 @@ def _finite_mean(z: torch.Tensor) -> torch.Tensor:
     """(n,) fp32 each row's mean over its finite entries (module doc: vocabulary masks), accumulated in
     fp32 whatever ``z``'s dtype. Off the host: in blocks of rows, exactly for a vocabulary seen masked,
     else with the rows to sum again chosen on the device (``_refine_on_device``)."""
+    key = (z.device.type, z.shape[-1])
+    step = max(1, DEVICE_BLOCK // max(1, z.shape[-1]))
+    if not _on_host(z) and _MASKING.get(key) and z.shape[0]:  # a masking model: no plain sum to waste
+        return _join([_masked_mean(z[s:s + step]) for s in range(0, z.shape[0], step)])
     mean = z.sum(-1, dtype=torch.float32) / z.shape[-1]
     if _on_host(z):
         if not bool(torch.isfinite(mean).all()):
@@ -135,13 +134,11 @@ def _finite_mean(z: torch.Tensor) -> torch.Tensor:
         return mean
     if not mean.numel():
         return mean
-    key = (z.device.type, z.shape[-1])
     if key not in _MASKING:  # once per device and vocabulary size (module doc)
         _MASKING[key] = not bool(torch.isfinite(mean).all())
-    step = max(1, DEVICE_BLOCK // max(1, z.shape[-1]))
-    exact = _MASKING[key]
-    return _join([_masked_mean(z[s:s + step]) if exact else _refine_on_device(z[s:s + step], mean[s:s + step])
-                  for s in range(0, mean.numel(), step)])
+        if _MASKING[key]:
+            return _finite_mean(z)
+    return _join([_refine_on_device(z[s:s + step], mean[s:s + step]) for s in range(0, mean.numel(), step)])
 
 
 def _masked_mean(rows: torch.Tensor) -> torch.Tensor:
