@@ -13,6 +13,11 @@
    peak memory of each.
 5. **Localization time in steps**: one garbage sample injected into a watched run of the 125M model;
    the spike step's wall time over a normal step's.
+6. **Where section 2's time goes**: one plain and one watched step of the same model under
+   ``torch.profiler``: the host's time to enqueue each step against the device's busy time (is the
+   watched step host-bound?), and the kernels and host calls the watched step adds, largest first.
+7. **Section 2 taken apart**: the same ratio with one default turned off at a time (the per-token
+   signals' logits pass, the update signal, weight norms, the detector), each against its own plain twin.
 
     python benchmarks/gpu_check.py                # on a CUDA machine: every section, one table each
     python benchmarks/gpu_check.py --only 1 4     # some sections
@@ -57,6 +62,7 @@ class Size:
     dtype: torch.dtype = torch.bfloat16
 
 
+TRACE_DIR: Path | None = None  # --trace: section 6 writes its two profiles there (chrome://tracing)
 DRY = dict(n_layer=2, d_model=32, n_head=2, vocab=256, batch=2, seq=32, logits_vocab=1000, logits_seq=64, rounds=3)
 
 
@@ -173,18 +179,29 @@ def overhead(s: Size) -> None:
     opt = _adamw(twin, s)
     handle = gradloc_track.watch(twin, opt, tracker=MemoryTracker(), log_every=10, locate=False)
     watched = _stepper(twin, opt, pool, s)
-    for i in range(3):
+    for i in range(6):  # past the detector's first steps: it is armed from here (section 1)
         plain(i)
         watched(i)
     ratios, base_t = [], []
-    for i in range(3, 3 + s.rounds):
+    for i in range(6, 6 + s.rounds):
         a = _timed(lambda: plain(i), s.device)
         b = _timed(lambda: watched(i), s.device)
         ratios.append(b / a)
         base_t.append(a)
+    # back to back, as a training loop runs: the host may run ahead of the device between the steps' one sync
+    # each (watched) or all the way (plain); blocks of BLOCK steps, interleaved
+    block, runs = 5, []
+    for r in range(max(2, s.rounds // 4)):
+        first = 6 + s.rounds + r * block
+        a = _timed(lambda: [plain(i) for i in range(first, first + block)], s.device)
+        b = _timed(lambda: [watched(i) for i in range(first, first + block)], s.device)
+        runs.append(b / a)
     handle.finish()
     print(f"  {n / 1e6:.0f}M parameters; plain step {statistics.median(base_t) * 1e3:.1f} ms; watch() defaults / plain "
-          f"= {statistics.median(ratios):.3f} (median of {s.rounds} interleaved pairs; goal <= 1.02)")
+          f"= {statistics.median(ratios):.3f} (median of {s.rounds} interleaved pairs of steps, each synchronized; "
+          f"goal <= 1.02)")
+    print(f"  back to back ({block} steps a block, no sync between them but watch()'s own): "
+          f"{statistics.median(runs):.3f} (median of {len(runs)} interleaved pairs of blocks)")
 
 
 def fused_clip(s: Size) -> None:
@@ -257,35 +274,163 @@ def logits_pass(s: Size) -> None:
     print("  goal: the pass <= 0.5x one cross-entropy forward + backward, with bounded memory")
 
 
+def _print_ours(stats, steps: int, top: int) -> None:
+    """gradloc_track's functions in a ``pstats.Stats``, the largest cumulative time first, in ms a step."""
+    ours = sorted(((v[3], v[2], k) for k, v in stats.stats.items() if "gradloc_track" in k[0]), key=lambda r: -r[0])
+    for cum, own, (file, line, fn) in ours[:top]:
+        where = f"{Path(file).parent.name}/{Path(file).name}:{line}"
+        print(f"    {cum / steps * 1e3:8.2f} cum {own / steps * 1e3:7.2f} own  {where} {fn}")
+
+
 def localization(s: Size) -> None:
     print("\n5. localization time in normal steps: a garbage sample injected at one step of a watched run")
     model = _model(s)
     opt = _adamw(model, s)
-    handle = gradloc_track.watch(model, opt, tracker=MemoryTracker(), log_every=10,
-                                 spikes={"warmup_steps": 5, "transient_fall": 0.0},  # spike at step 12: past it
-                                 locate={"max_events": 1})
+    # a real tracker's way: artifacts rendered off the training thread (MemoryTracker renders inline, and the
+    # first run of this section timed matplotlib's import and a heatmap on the step: 3.4 s)
+    import tempfile
+    run_dir = tempfile.TemporaryDirectory(prefix="gpu_check_", ignore_cleanup_errors=True)
+    handle = gradloc_track.watch(model, opt, tracker="none", run_dir=run_dir.name,
+                                 log_every=10, spikes={"warmup_steps": 5, "transient_fall": 0.0},  # spike at 12
+                                 locate={"max_events": 2})
     pool = _batches(s)
     step = _stepper(model, opt, pool, s)
     normal = [_timed(lambda: step(i), s.device) for i in range(12)][6:]
     bad = pool[0].clone()
     bad[0] = 7  # one sample of a single repeated token: a coherent, large gradient
     spike_t = _timed(lambda: _stepper(model, opt, [bad], s)(0), s.device)
+    # a second spike ten steps on: what the first one paid once (kernels, lazy imports) it does not pay again
+    for i in range(13, 23):
+        step(i)
+    bad2 = pool[1].clone()
+    bad2[1] = 11
+    import cProfile
+    import pstats
+    prof_py = cProfile.Profile()
+    prof_py.enable()
+    spike2_t = _timed(lambda: _stepper(model, opt, [bad2], s)(0), s.device)
+    prof_py.disable()
     spikes = [st.step for st in handle.spikes]
     handle.finish()
+    run_dir.cleanup()
     located = [st for st in handle.spikes if st.locate is not None]
-    probes = located[-1].locate.probes if located else 0
-    print(f"  normal step {statistics.median(normal) * 1e3:.1f} ms; the spike step {spike_t * 1e3:.1f} ms = "
-          f"{spike_t / statistics.median(normal):.1f} normal steps ({probes} probes; detected at steps {spikes})")
+    probes = [st.locate.probes for st in located]
+    base = statistics.median(normal)
+    print(f"  normal step {base * 1e3:.1f} ms; the first spike step {spike_t * 1e3:.1f} ms = {spike_t / base:.1f} "
+          f"normal steps, a second one {spike2_t * 1e3:.1f} ms = {spike2_t / base:.1f} (probes {probes}; detected at "
+          f"steps {spikes})")
+    print("  the second spike step's host time, gradloc_track's functions by cumulative time (ms):")
+    _print_ours(pstats.Stats(prof_py), steps=1, top=15)
 
 
-SECTIONS = {1: syncs, 2: overhead, 3: fused_clip, 4: logits_pass, 5: localization}
+def where_time_goes(s: Size) -> None:
+    print("\n6. where section 2's time goes: one plain and one watched step under torch.profiler")
+    from torch.profiler import ProfilerActivity, profile
+    base = _model(s)
+    twin = copy.deepcopy(base)
+    pool = _batches(s)
+    plain = _stepper(base, _adamw(base, s), pool, s)
+    opt = _adamw(twin, s)
+    handle = gradloc_track.watch(twin, opt, tracker=MemoryTracker(), log_every=10, locate=False)
+    watched = _stepper(twin, opt, pool, s)
+    for i in range(6):
+        plain(i)
+        watched(i)
+    _sync(s.device)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if s.device == "cuda" else [])
+    import cProfile
+    import pstats
+    prof_py = cProfile.Profile()
+    prof_py.enable()
+    for i in range(6, 11):
+        watched(i)
+        _sync(s.device)
+    prof_py.disable()
+    print("  the watched step's host time in Python, 5 steps (the largest own time first, ms a step):")
+    st = pstats.Stats(prof_py)
+    rows = sorted(((v[2], v[3], k) for k, v in st.stats.items()), key=lambda r: -r[0])[:25]
+    for own, cum, (file, line, fn) in rows:
+        print(f"    {own / 5 * 1e3:7.2f} own {cum / 5 * 1e3:8.2f} cum  {Path(file).name}:{line} {fn}")
+    print("  gradloc_track's own functions, the largest cumulative time first (ms a step):")
+    _print_ours(st, steps=5, top=25)
+    tables = {}
+    for name, fn in (("plain", plain), ("watched", watched)):
+        host = []
+        with profile(activities=acts) as prof:
+            for i in range(6, 9):  # 7, 8 and 9: one of them (step 10 in watch's count) logs
+                _sync(s.device)
+                t0 = time.perf_counter()
+                fn(i)
+                host.append(time.perf_counter() - t0)  # enqueue time: the step returns before the device ends
+                _sync(s.device)
+        if TRACE_DIR is not None:
+            prof.export_chrome_trace(str(TRACE_DIR / f"trace_{name}.json"))
+        ev = prof.key_averages()
+        dev = sum(e.self_device_time_total for e in ev) / 1e6 / 3 if s.device == "cuda" else float("nan")
+        tables[name] = {e.key: (e.self_device_time_total if s.device == "cuda" else 0.0, e.self_cpu_time_total,
+                                e.count) for e in ev}
+        bound = "" if s.device != "cuda" else f" ({'host' if statistics.median(host) > dev else 'device'}-bound)"
+        print(f"  {name:<8} host enqueue {statistics.median(host) * 1e3:8.1f} ms/step, device busy "
+              f"{dev * 1e3:8.1f} ms/step{bound}")
+    handle.finish()
+    plain_t, watched_t = tables["plain"], tables["watched"]
+    diff = []
+    for key, (d, c, n) in watched_t.items():
+        d0, c0, n0 = plain_t.get(key, (0.0, 0.0, 0))
+        diff.append((key, (d - d0) / 3e3, (c - c0) / 3e3, (n - n0) / 3))
+    print("  added by watch(), per step (device ms / host self ms / calls), largest device time first:")
+    for key, d, c, n in sorted(diff, key=lambda r: -r[1])[:12]:
+        print(f"    {key[:60]:<60}{d:>8.2f}{c:>8.2f}{n:>8.1f}")
+    print("  largest host self time first:")
+    for key, d, c, n in sorted(diff, key=lambda r: -r[2])[:12]:
+        print(f"    {key[:60]:<60}{d:>8.2f}{c:>8.2f}{n:>8.1f}")
+
+
+def _watched_ratio(s: Size, rounds: int, **watch_kw) -> float:
+    """watch(**watch_kw) / plain on twins of one model: the median of ``rounds`` interleaved step pairs."""
+    base = _model(s)
+    twin = copy.deepcopy(base)
+    pool = _batches(s)
+    plain = _stepper(base, _adamw(base, s), pool, s)
+    opt = _adamw(twin, s)
+    handle = gradloc_track.watch(twin, opt, tracker=MemoryTracker(), log_every=10, locate=False, **watch_kw)
+    watched = _stepper(twin, opt, pool, s)
+    for i in range(6):
+        plain(i)
+        watched(i)
+    ratios = [_timed(lambda: watched(i), s.device) / _timed(lambda: plain(i), s.device)
+              for i in range(6, 6 + rounds)]
+    handle.finish()
+    return statistics.median(ratios)
+
+
+def taken_apart(s: Size) -> None:
+    print("\n7. section 2 taken apart: watch() / plain with one default off at a time")
+    variants = {
+        "every default": {},
+        "per-token signals off (no logits pass)": {"spikes": {"sample_signal": False, "junk_signal": False}},
+        "update signal off": {"spikes": {"update_signal": False}},
+        "weight norms off": {"weight_norms": False},
+        "detector off (norms only)": {"spikes": {"enabled": False}},
+    }
+    for name, kw in variants.items():
+        print(f"  {name:<44}{_watched_ratio(s, max(3, s.rounds // 2), **kw):>7.3f}")
+
+
+SECTIONS = {1: syncs, 2: overhead, 3: fused_clip, 4: logits_pass, 5: localization, 6: where_time_goes,
+            7: taken_apart}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", type=int, nargs="*", choices=sorted(SECTIONS))
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes: exercise the code paths")
+    ap.add_argument("--trace", type=Path, help="section 6: write its profiles (chrome traces) into this folder")
     args = ap.parse_args(argv)
+    global TRACE_DIR
+    TRACE_DIR = args.trace
+    if TRACE_DIR is not None:
+        TRACE_DIR.mkdir(parents=True, exist_ok=True)
     if args.dry_run:
         torch.set_num_threads(1)
         s = Size("cpu", **DRY)

@@ -24,10 +24,10 @@ device and vocabulary size asks the host once whether any row is masked (``_MASK
 
 - a model that masks (its vocabulary padded to -inf on every position, an RL action mask) is then
   summed over its finite entries exactly, in blocks, at every step (several passes over each block);
-- a model that does not is summed once per row, and the first rows of a block whose sums are not finite
-  after all (chosen on the device, no host read: up to a ``FIX_PART``-th of the block's rows, at least
-  ``FIX_MIN``) are summed again without their masked entries. A row beyond those counts as at chance
-  (excess 0: the junk signal does not see it); its loss is exact.
+- a model that does not is summed once per row, and the first rows whose sums are not finite after all
+  (chosen on the device, no host read: up to a ``FIX_PART``-th of the batch's rows, at least ``FIX_MIN``,
+  at most a block's) are summed again without their masked entries, once for the whole batch. A row beyond
+  those counts as at chance (excess 0: the junk signal does not see it); its loss is exact.
 """
 from __future__ import annotations
 
@@ -40,8 +40,8 @@ CPU_BLOCK = 1 << 22  # elements of a logits block on the CPU (16 MiB in fp32)
 # (gpu_check at stop 50: 16 MiB blocks made 128 blocks of ~10 launches at V=128k, T=4096, 4-6.6x a
 # cross-entropy forward + backward)
 DEVICE_BLOCK = 1 << 25
-# rows of a block summed again without their masked entries on an accelerator (module doc): a 32nd of them,
-# at least 8 (about a tenth of a pass more, in ~9 small kernels)
+# rows summed again without their masked entries on an accelerator (module doc): a 32nd of the batch's, at
+# least 8, at most a block's (about a tenth of a pass more, in ~9 small kernels, once a step)
 FIX_PART, FIX_MIN = 32, 8
 # (device type, vocabulary size) -> did the first read there hold masked rows (module doc)
 _MASKING: dict[tuple[str, int], bool] = {}
@@ -88,26 +88,30 @@ def _flat_stats(src: torch.Tensor, target: torch.Tensor, log_probs: bool, loss: 
     # logits: the log-softmax needs a temporary of the block; blocks bound it (few, large blocks: on a busy
     # CPU every op is a parallel region that waits for its slowest thread; on a GPU every op is a launch)
     step = max(1, (CPU_BLOCK if _on_host(src) else DEVICE_BLOCK) // max(1, V))
-    losses, excesses = [], []
+    plain = excess and _plain_sums(src)
+    losses, at_target, sums = [], [], []
     for s in range(0, N, step):
         z = src if step >= N else src[s:s + step]  # (n, V): one block is the whole (no slice op)
         t = (target if step >= N else target[s:s + step]).unsqueeze(1)  # (n, 1)
         if excess:  # first: the sum reads the block while it is still in cache from the forward
-            excesses.append(_excess(z, z.gather(1, t)[:, 0].float()))
+            at_target.append(z.gather(1, t)[:, 0].float())
+            if plain:
+                sums.append(z.sum(-1, dtype=torch.float32))
         if loss:  # in fp32 (bf16 logits: a cast of the block first, module doc)
             losses.append(-torch.log_softmax(z, -1, dtype=torch.float32).gather(1, t)[:, 0])
-    return TermStats(_join(losses) if loss else None, _join(excesses) if excess else None)
+    return TermStats(_join(losses) if loss else None,
+                     _excess(src, _join(at_target), _join(sums) if plain else None) if excess else None)
 
 
 def _join(parts: list[torch.Tensor]) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-def _excess(src: torch.Tensor, at_target: torch.Tensor) -> torch.Tensor:
+def _excess(src: torch.Tensor, at_target: torch.Tensor, sums: torch.Tensor | None = None) -> torch.Tensor:
     """(n,) each row's mean over its finite entries minus its value at the target: the excess over chance
     (the log-sum-exp cancels, so logits and log-probabilities give the same); a masked row the device
-    route left over counts as at chance (module doc)."""
-    mean = _finite_mean(src)
+    route left over counts as at chance (module doc). ``sums``: the rows' plain sums, when already read."""
+    mean = _finite_mean(src, sums)
     if _on_host(src):
         return mean - at_target
     return torch.where(torch.isfinite(mean), mean - at_target, 0.0)
@@ -118,15 +122,22 @@ def _on_host(t: torch.Tensor) -> bool:
     return t.device.type == "cpu"
 
 
-def _finite_mean(z: torch.Tensor) -> torch.Tensor:
+def _plain_sums(z: torch.Tensor) -> bool:
+    """Is a plain sum of each row of ``z`` wanted (every route but the device's for a model seen masking)?"""
+    return _on_host(z) or not _MASKING.get((z.device.type, z.shape[-1]))
+
+
+def _finite_mean(z: torch.Tensor, sums: torch.Tensor | None = None) -> torch.Tensor:
     """(n,) fp32 each row's mean over its finite entries (module doc: vocabulary masks), accumulated in
-    fp32 whatever ``z``'s dtype. Off the host: in blocks of rows, exactly for a vocabulary seen masked,
-    else with the rows to sum again chosen on the device (``_refine_on_device``)."""
+    fp32 whatever ``z``'s dtype; ``sums``: the rows' plain sums when the caller read them already. Off the
+    host: exactly, in blocks of rows, for a vocabulary seen masked; else each row summed once, and the rows
+    to sum again chosen on the device (``_refine_on_device``)."""
     key = (z.device.type, z.shape[-1])
-    step = max(1, DEVICE_BLOCK // max(1, z.shape[-1]))
-    if not _on_host(z) and _MASKING.get(key) and z.shape[0]:  # a masking model: no plain sum to waste
-        return _join([_masked_mean(z[s:s + step]) for s in range(0, z.shape[0], step)])
-    mean = z.sum(-1, dtype=torch.float32) / z.shape[-1]
+    if not _plain_sums(z):  # a masking model on the device: no plain sum to waste
+        step = max(1, DEVICE_BLOCK // max(1, z.shape[-1]))
+        return _join([_masked_mean(z[s:s + step]) for s in range(0, z.shape[0], step)]) if z.shape[0] else \
+            z.new_zeros(0, dtype=torch.float32)
+    mean = (z.sum(-1, dtype=torch.float32) if sums is None else sums) / z.shape[-1]
     if _on_host(z):
         if not bool(torch.isfinite(mean).all()):
             bad = ~torch.isfinite(mean)
@@ -138,7 +149,7 @@ def _finite_mean(z: torch.Tensor) -> torch.Tensor:
         _MASKING[key] = not bool(torch.isfinite(mean).all())
         if _MASKING[key]:
             return _finite_mean(z)
-    return _join([_refine_on_device(z[s:s + step], mean[s:s + step]) for s in range(0, mean.numel(), step)])
+    return _refine_on_device(z, mean)
 
 
 def _masked_mean(rows: torch.Tensor) -> torch.Tensor:
@@ -148,11 +159,15 @@ def _masked_mean(rows: torch.Tensor) -> torch.Tensor:
 
 
 def _refine_on_device(z: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
-    """``mean`` with the first rows (``FIX_PART``, ``FIX_MIN``) whose sum is not finite summed again over
-    their finite entries, chosen without a host read (a stable sort puts them first; finite rows among the
-    chosen are summed again too and keep their value); a row left over keeps its sum's -inf (``_excess``)."""
+    """``mean`` with the first rows whose sum is not finite summed again over their finite entries: a
+    ``FIX_PART``-th of the rows, at least ``FIX_MIN``, at most a block's (bounded temporaries). Chosen
+    without a host read (a stable sort puts them first; finite rows among the chosen are summed again too
+    and keep their value), once for the whole batch (gpu_check at stop 52: once a block, its ~12 small
+    kernels and sort copies were 5.6 ms of host time a step at 8 x 1024 tokens, V = 50k); a row left over
+    keeps its sum's -inf (``_excess``)."""
+    n = mean.numel()
+    k = min(n, max(FIX_MIN, n // FIX_PART), max(FIX_MIN, DEVICE_BLOCK // max(1, z.shape[-1])))
     bad = ~torch.isfinite(mean)
-    k = min(mean.numel(), max(FIX_MIN, mean.numel() // FIX_PART))
     idx = torch.sort(bad.to(torch.uint8), descending=True, stable=True).indices[:k]
     fixed = torch.where(bad[idx], _masked_mean(z.index_select(0, idx)), mean[idx])
     return mean.index_copy(0, idx, fixed)
