@@ -16,18 +16,19 @@ cost of at most one streaming read of the logits (issue 38).
   slower than ``log_softmax`` on a CPU; the value is the same.
 
 A vocabulary mask (entries at -inf: no token the model could emit there) stays out of the mean. Its
-rows' sums are not finite. On the CPU those rows alone are summed again without the masked entries
-(the host reads a CPU tensor for free). On an accelerator the host must not wait for the device every
-step (gpu_check at stop 50: summing every entry through ``isfinite`` / ``where`` made the
-saved-log-probs route 1.16x a cross-entropy forward + backward at V=128k). So the first read for a
+rows' sums are not finite. On the CPU those rows alone are summed again without the masked entries, a
+block of them at a time (the host reads a CPU tensor for free). On an accelerator the host must not
+wait for the device every step (gpu_check at stop 50: summing every entry through ``isfinite`` /
+``where`` made the saved-log-probs route 1.16x a cross-entropy forward + backward at V=128k). So the first read for a
 device and vocabulary size asks the host once whether any row is masked (``_MASKING``):
 
 - a model that masks (its vocabulary padded to -inf on every position, an RL action mask) is then
   summed over its finite entries exactly, in blocks, at every step (several passes over each block);
 - a model that does not is summed once per row, and the first rows whose sums are not finite after all
   (chosen on the device, no host read: up to a ``FIX_PART``-th of the batch's rows, at least ``FIX_MIN``,
-  at most a block's) are summed again without their masked entries, once for the whole batch. A row beyond
-  those counts as at chance (excess 0: the junk signal does not see it); its loss is exact.
+  at most a block's) are summed again without their masked entries, once for the whole batch (a tensor not
+  viewable as (N, V), ``logits[:, :-1]``, is read a leading row at a time, each with this budget). A row
+  beyond those counts as at chance (excess 0: the junk signal does not see it); its loss is exact.
 """
 from __future__ import annotations
 
@@ -87,7 +88,7 @@ def _flat_stats(src: torch.Tensor, target: torch.Tensor, log_probs: bool, loss: 
         return TermStats(-lt if loss else None, _excess(src, lt) if excess else None)
     # logits: the log-softmax needs a temporary of the block; blocks bound it (few, large blocks: on a busy
     # CPU every op is a parallel region that waits for its slowest thread; on a GPU every op is a launch)
-    step = max(1, (CPU_BLOCK if _on_host(src) else DEVICE_BLOCK) // max(1, V))
+    step = _rows_per(CPU_BLOCK if _on_host(src) else DEVICE_BLOCK, V)
     plain = excess and _plain_sums(src)
     losses, at_target, sums = [], [], []
     for s in range(0, N, step):
@@ -134,14 +135,13 @@ def _finite_mean(z: torch.Tensor, sums: torch.Tensor | None = None) -> torch.Ten
     to sum again chosen on the device (``_refine_on_device``)."""
     key = (z.device.type, z.shape[-1])
     if not _plain_sums(z):  # a masking model on the device: no plain sum to waste
-        step = max(1, DEVICE_BLOCK // max(1, z.shape[-1]))
-        return _join([_masked_mean(z[s:s + step]) for s in range(0, z.shape[0], step)]) if z.shape[0] else \
-            z.new_zeros(0, dtype=torch.float32)
+        return _masked_means(z, None, DEVICE_BLOCK)
     mean = (z.sum(-1, dtype=torch.float32) if sums is None else sums) / z.shape[-1]
     if _on_host(z):
-        if not bool(torch.isfinite(mean).all()):
-            bad = ~torch.isfinite(mean)
-            mean[bad] = _masked_mean(z[bad])
+        bad = ~torch.isfinite(mean)
+        if bool(bad.any()):  # a host read is free here: exactly the masked rows, a block of them at a time
+            rows = bad.nonzero()[:, 0]
+            mean[rows] = _masked_means(z, rows, CPU_BLOCK)
         return mean
     if not mean.numel():
         return mean
@@ -153,9 +153,24 @@ def _finite_mean(z: torch.Tensor, sums: torch.Tensor | None = None) -> torch.Ten
 
 
 def _masked_mean(rows: torch.Tensor) -> torch.Tensor:
-    """(k,) fp32 each row's mean over its finite entries."""
+    """(k,) fp32 each row's mean over its finite entries (temporaries of ``rows``' size: callers bound it)."""
     finite = torch.isfinite(rows)
     return torch.where(finite, rows, 0.0).sum(-1, dtype=torch.float32) / finite.sum(-1).clamp(min=1)
+
+
+def _masked_means(z: torch.Tensor, rows: torch.Tensor | None, block: int) -> torch.Tensor:
+    """``_masked_mean`` of ``z``'s ``rows`` (None: every row), at most ``block`` elements at a time."""
+    n = z.shape[0] if rows is None else rows.numel()
+    if not n:
+        return z.new_zeros(0, dtype=torch.float32)
+    step = _rows_per(block, z.shape[-1])
+    return _join([_masked_mean(z[s:s + step] if rows is None else z.index_select(0, rows[s:s + step]))
+                  for s in range(0, n, step)])
+
+
+def _rows_per(block: int, V: int) -> int:
+    """Rows of ``V`` entries in a block of ``block`` elements (at least one)."""
+    return max(1, block // max(1, V))
 
 
 def _refine_on_device(z: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
@@ -166,7 +181,7 @@ def _refine_on_device(z: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
     kernels and sort copies were 5.6 ms of host time a step at 8 x 1024 tokens, V = 50k); a row left over
     keeps its sum's -inf (``_excess``)."""
     n = mean.numel()
-    k = min(n, max(FIX_MIN, n // FIX_PART), max(FIX_MIN, DEVICE_BLOCK // max(1, z.shape[-1])))
+    k = min(n, max(FIX_MIN, n // FIX_PART), _rows_per(DEVICE_BLOCK, z.shape[-1]))
     bad = ~torch.isfinite(mean)
     idx = torch.sort(bad.to(torch.uint8), descending=True, stable=True).indices[:k]
     fixed = torch.where(bad[idx], _masked_mean(z.index_select(0, idx)), mean[idx])

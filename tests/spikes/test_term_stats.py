@@ -214,3 +214,49 @@ def test_no_terms_give_empty_stats(route, log_probs, monkeypatch):
                      (torch.randn(0, 5, 13)[:, :-1], torch.zeros(0, 4, dtype=torch.long))):  # not viewable flat
         got = ts.term_stats(src, tgt, log_probs=log_probs)
         assert got.loss.shape == (0,) and got.excess.shape == (0,)
+
+
+def _largest_resum(monkeypatch) -> list[int]:
+    """The element counts ``_masked_mean`` is called with (its temporaries are that size, three of them)."""
+    seen: list[int] = []
+    inner = ts._masked_mean
+    monkeypatch.setattr(ts, "_masked_mean", lambda rows: seen.append(rows.numel()) or inner(rows))
+    return seen
+
+
+@pytest.mark.parametrize("log_probs", [False, True])
+def test_the_host_sums_masked_rows_again_a_block_at_a_time(monkeypatch, log_probs):
+    """Review of stop 52: on the CPU every masked row of the batch was copied at once to be summed again
+    (N x V, with its isfinite mask and where copy: 1078 MiB of peak for 256 MiB of logits, 190 before the
+    batch-wide re-sum); a block of rows at a time, as the logits themselves are read."""
+    g = torch.Generator().manual_seed(4)
+    z = torch.randn(40, 13, generator=g) * 3
+    z[:, 11:] = -math.inf  # a padded vocabulary: every row masked
+    t = torch.randint(0, 11, (40,), generator=g)
+    monkeypatch.setattr(ts, "CPU_BLOCK", 5 * 13)
+    seen = _largest_resum(monkeypatch)
+    src = torch.log_softmax(z, -1) if log_probs else z
+    got = ts.term_stats(src, t, log_probs=log_probs)
+    want_loss, want_excess = brute(z, t)
+    assert got.loss.tolist() == pytest.approx(want_loss, abs=1e-5)
+    assert got.excess.tolist() == pytest.approx(want_excess, abs=1e-5)
+    assert seen and max(seen) <= 5 * 13 and sum(seen) == 40 * 13  # every row once, a block at most at a time
+
+
+def test_the_device_budget_never_passes_a_block(device_route, monkeypatch):
+    """Review of stop 52: with fewer rows in a block than ``FIX_MIN`` (a vocabulary of millions) the budget
+    re-summed ``FIX_MIN`` rows at once; it is at most a block's rows, as the docs say."""
+    g = torch.Generator().manual_seed(5)
+    z = torch.randn(12, 13, generator=g)
+    t = torch.randint(0, 13, (12,), generator=g)
+    _first_read_unmasked(t)
+    monkeypatch.setattr(ts, "DEVICE_BLOCK", 2 * 13)  # two rows a block, FIX_MIN 2 -> raise it past a block
+    monkeypatch.setattr(ts, "FIX_MIN", 5)
+    z[:, 0] = -math.inf  # every row masked after the first read said none were
+    seen = _largest_resum(monkeypatch)
+    got = ts.term_stats(z, t, log_probs=False)
+    want_loss, want_excess = brute(z, t)
+    assert max(seen) <= 2 * 13
+    assert got.excess[:2].tolist() == pytest.approx(want_excess[:2], abs=1e-5)  # the block's two rows, exact
+    assert got.excess[2:].tolist() == [0.0] * 10  # the rest at chance
+    assert got.loss.tolist() == pytest.approx(want_loss, abs=1e-5)
