@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..spikes.event import lead_event
 from ..units import share_list
 from .culprits import MAX_LINES, SpikeView, culprit_lines
 from .links import event_page, highlight_page, where_to_look
@@ -17,8 +18,16 @@ def surgery_line(op: Any) -> str:
             f"row(s), one probe): grad norm {op.grad_norm_pre:.3g} -> {op.grad_norm_post:.3g}, then to the clipper")
 
 
+AFTERMATH = "aftermath of step "  # how an incident's later steps begin their cause (spikes/incidents, weight_check)
+
+
 def spike_block(view: SpikeView, run_dir: Path) -> list[str]:
-    """The lines of one spike block: when, which signal, which text, surgery, where to look."""
+    """The lines of one spike block: when, which signal, which text, surgery, where to look. A later step of
+    an incident that was not localized is one line (held-out tester, stop 52: a corrupt weight printed a full
+    block on each of 150 skipped steps): its incident's block said the rest, its events row keeps it."""
+    short = aftermath_line(view)
+    if short is not None:
+        return [short]
     lines = [f"── spike at step {view.step} " + "─" * 40]
     for e in view.events[:3]:
         if hasattr(e, "describe"):
@@ -32,6 +41,32 @@ def spike_block(view: SpikeView, run_dir: Path) -> list[str]:
     cause = view.events[0].cause if view.events else None
     if cause:  # why the step fired (spikes.cause), in words
         lines.append(f"  cause      {cause}: {view.events[0].cause_detail}")
+    lines += _culprit_section(view)
+    if view.surgery is not None:
+        lines.append(surgery_line(view.surgery))
+    # a localized spike with token ids to show has its highlight page (under torch.distributed rank 0 holds
+    # the culprits' rows only: none found, no page); any detected one its row of spikes/events
+    page = highlight_page(view.step) if view.result is not None and getattr(view.context, "input_ids", None) \
+        is not None else event_page(view.step)
+    lines += [("  artifacts  " if i == 0 else "             ") + w
+              for i, w in enumerate(where_to_look(run_dir, view.step, page))]
+    return lines
+
+
+def aftermath_line(view: SpikeView) -> str | None:
+    """The one line of a later step of an incident that was not localized (``spike_block``), else None."""
+    detail = (getattr(view.events[0], "cause_detail", "") or "") if view.events else ""
+    if view.result is not None or view.surgery is not None or not detail.startswith(AFTERMATH):
+        return None
+    lead = lead_event(view.events) if all(hasattr(e, "is_norm") for e in view.events) else view.events[0]
+    key = getattr(lead, "key", f"grad_norm/{lead.signal}")
+    return (f"── spike at step {view.step}: {detail.split(':', 1)[0]}, {key} = {lead.value:.3g}; not localized "
+            f"({event_page(view.step)})")
+
+
+def _culprit_section(view: SpikeView) -> list[str]:
+    """The block's non-finite and culprit lines: which samples, or why none."""
+    lines = []
     found = culprit_lines(view)
     nonfinite = view.result.nonfinite if view.result is not None else None
     if nonfinite is not None:  # a NaN/Inf step: which samples (or the sum) made it so, in words
@@ -49,12 +84,4 @@ def spike_block(view: SpikeView, run_dir: Path) -> list[str]:
         if len(found) > MAX_LINES:
             shown[-1] = f"... and {len(found) - MAX_LINES + 1} more culprit row(s) (spikes/tokens lists them all)"
         lines += [("  culprits   " if i == 0 else "             ") + line for i, line in enumerate(shown)]
-    if view.surgery is not None:
-        lines.append(surgery_line(view.surgery))
-    # a localized spike with token ids to show has its highlight page (under torch.distributed rank 0 holds
-    # the culprits' rows only: none found, no page); any detected one its row of spikes/events
-    page = highlight_page(view.step) if view.result is not None and getattr(view.context, "input_ids", None) \
-        is not None else event_page(view.step)
-    lines += [("  artifacts  " if i == 0 else "             ") + w
-              for i, w in enumerate(where_to_look(run_dir, view.step, page))]
     return lines

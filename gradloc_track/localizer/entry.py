@@ -114,7 +114,7 @@ def locate_one(model: torch.nn.Module, step: LocateStep, options: SearchOptions,
         else:
             bad_losses = [i for i, v in sorted(prober.full_losses.items()) if not math.isfinite(v)]
             nonfinite.attach_losses(result, prober, bad_losses, labelled, docs)
-            nonfinite.attach_replay(result, reference.grads, grouping.names)
+            nonfinite.attach_replay(result, reference.grads, grouping.names, step.precision)
         result.wall_time_s = time.perf_counter() - t0
         if normaliser:
             result.notes.append(normaliser)

@@ -425,9 +425,11 @@ def attach_losses(result: LocateResult, prober: Prober, micro_batches: list[int]
     result.notes.append(f"non-finite loss, finite gradient: {finding.detail}")
 
 
-def attach_replay(result: LocateResult, grads: list[torch.Tensor | None] | None, names: list[str]) -> None:
+def attach_replay(result: LocateResult, grads: list[torch.Tensor | None] | None, names: list[str],
+                  precision: str | None = None) -> None:
     """``.grad`` holds NaN/Inf while the replayed probes are finite: no sample of the batch made it
-    so; the finding says that (the norm search's culprits describe the replayed step)."""
+    so; the finding says that (the norm search's culprits describe the replayed step). ``precision``: the
+    reduced precision the training forward ran in, whose overflow the replay does not share."""
     if result.nonfinite is not None or not grads:
         return
     held = [(n, g) for n, g in zip(names, grads) if g is not None]
@@ -437,5 +439,5 @@ def attach_replay(result: LocateResult, grads: list[torch.Tensor | None] | None,
     bad = [n for (n, _), ok in zip(held, flags) if not ok]  # host sync above: once per localization
     if not bad:
         return
-    result.nonfinite = NonfiniteFinding("replay", detail=words.replay(bad, result.total_norm))
+    result.nonfinite = NonfiniteFinding("replay", detail=words.replay(bad, result.total_norm, precision))
     result.notes.append(f"non-finite .grad, finite replay: {result.nonfinite.detail}")

@@ -92,8 +92,12 @@ def budget_ran_out(budget: int) -> str:
     return f"the probe budget ran out ({budget} probes) before the search ended: raise locate.budget"
 
 
-def replay(tensors: Sequence[str], norm: float) -> str:
+def replay(tensors: Sequence[str], norm: float, precision: str | None = None) -> str:
+    # under autocast the replay runs in the parameters' precision: an overflow of the training's range is the
+    # first reading, not a fault (held-out tester, stop 52: the block's cause said precision, this line hardware)
+    why = (f"a value beyond {precision}'s range in the training forward, which the replay in the parameters' "
+           "precision does not reach" if precision else
+           "a corrupted gradient, a hardware fault, or a loss_fn that is not the training loss")
     return (f"the step's .grad holds NaN/Inf ({names(tensors)}) but the replayed probes' gradient is finite (norm "
-            f"{norm:.3g}): the non-finite value does not come from the batch as loss_fn replays it (a corrupted "
-            "gradient, a hardware fault, or a loss_fn that is not the training loss); the rows describe the "
-            "replayed step")
+            f"{norm:.3g}): the non-finite value does not come from the batch as loss_fn replays it ({why}); the "
+            "rows describe the replayed step")

@@ -64,6 +64,7 @@ from ..config import LocateConfig, MonitorConfig, SpikeConfig
 from ..norms import all_reduce_sq_norms, sq_norms
 from ..protocols import ArtifactWriterLike, ClipperLike, DetectorLike
 from ..spikes.context import check_spike_context
+from ..spikes.event import SpikeEvent
 from ..trackers.interface import NullTracker, Tracker
 from .arguments import (as_detector, as_locate_config, as_monitor_config, check_arguments, needs_token_count,
                         response_mode)
@@ -153,6 +154,7 @@ class GradMonitor:
         self._detector_counts_tokens = needs_token_count(self.detector)
         # the detector's inputs beyond the norms: loss, largest sample loss, the optimizer's update, weight norm
         self.detector_inputs = DetectorInputs(self.detector, optimizer, self.params, process_group)
+        self._weight_norm_seen = math.nan  # the last finite weight_norm/global read (a corrupt weight's event says it)
         # the learning rate of each step the detector sees: a jump names a spike's cause (schedule)
         self.responder.lr_history = LrHistory(optimizer) if optimizer is not None else None
         self.scaler_overflows = ScalerOverflows()  # a GradScaler's routine overflows in a row
@@ -331,6 +333,8 @@ class GradMonitor:
         extra = {"n_micro_batches": reading.n_micro} if reading.n_micro is not None else {}
         layers = dict(zip(self.grouping.layers, reading.host["layer"]))
         events = self.detector.update(step, reading.host["global"], layers, n_tokens=n_tokens, **extra, **signals)
+        if not events:
+            events = self._corrupt_weight_event(step, reading.metrics.get("weight_norm/global"))
         reading.metrics.update(self.detector.metrics())
         if self.responder.lr_history is not None:
             self.responder.lr_history.advance()  # this step's learning rate, against the last seen
@@ -341,6 +345,22 @@ class GradMonitor:
                                                   localizer_scale(self.param_set, self.clipper, clip), junk)
         reading.metrics.update(metrics)
         return outcome
+
+    def _corrupt_weight_event(self, step: int, weight_norm: float | None) -> list[SpikeEvent]:
+        """A weight norm that is not finite on a step nothing fired on: behind a norm layer a 1e36 weight leaves
+        the loss and the gradient ordinary, and the weight check ran on detected steps only (held-out tester,
+        stop 52: ``weight_norm/global`` logged inf for 70 steps, nothing said). The weights are scanned (the
+        norm is the same on every rank: all scan, as the scan is a collective) and a corrupt one is the step's
+        event, its incident opened; while it stays, the norm stays non-finite and nothing more is raised."""
+        if weight_norm is None or self.responder.corrupt is not None:
+            return []
+        if math.isfinite(weight_norm):
+            self._weight_norm_seen = weight_norm
+            return []
+        self.responder.scan_weights(step)
+        if self.responder.corrupt is None:
+            return []
+        return [SpikeEvent(step, "weight_norm", weight_norm, self._weight_norm_seen, math.inf, math.inf)]
 
     # -- step order, the raise path -------------------------------------------------------------
     def _log_before_raise(self, step: int, grad_sq: torch.Tensor, w_sq: torch.Tensor | None, lr: Any,

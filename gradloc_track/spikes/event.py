@@ -6,7 +6,8 @@ from typing import Sequence
 
 # the metric each non-norm signal reads (a norm signal reads ``grad_norm/<signal>``)
 SIGNAL_KEYS = {"loss": "loss", "sample_loss": "loss/sample_max", "update": "update/global",
-               "junk_span": "loss/junk_span", "leaked_labels": "loss/leaked_labels"}
+               "junk_span": "loss/junk_span", "leaked_labels": "loss/leaked_labels",
+               "weight_norm": "weight_norm/global"}
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,9 @@ class SpikeEvent:
         if self.signal == "junk_span":
             return (f"{self.key} = {self.value:+.2f} nats a term above a random token's loss (the batch's terms: "
                     f"{self.baseline:+.2f}): a run the model rates below chance")
+        if self.signal == "weight_norm":
+            return (f"{self.key} = {self.value:.3g} (it was {self.baseline:.3g}): a weight is NaN, Inf or too large to "
+                    "square in float32, while the gradient and the losses look ordinary")
         if self.signal == "leaked_labels":
             return (f"{self.key} = {self.value:.0%}: a row's targets are its own input tokens at {self.value:.0%} of "
                     "its terms (labels not shifted: the model copies its input, its loss falls too far)")

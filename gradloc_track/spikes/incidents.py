@@ -18,7 +18,11 @@ was thrown off, Adam's moments hold the jump), and named on their own evidence t
   the culprit (``off_policy``), a non-finite value (``numeric``, ``precision``), a replay that differs
   (``irreproducible``). The non-finite ones open no incident either: the step is skipped, nothing it
   did lingers.
-A step whose own cause is the incident's keeps its own sentence (the same cause, with its own numbers).
+A step whose own cause is the incident's keeps its own sentence (the same cause, with its own numbers) and
+opens the incident anew from there: the steps after it are the aftermath of the nearer event (held-out
+tester, stop 52: after a second lr jump at step 200, step 201 read "aftermath of step 150"; after a
+false alarm at 135 named ``data``, a heavy token's step 150 kept it open, and its update spike at 152 read
+"aftermath of step 135", naming the clean sample of 135).
 An ``optimizer`` step is linked to an incident that is not the schedule's only when the incident moved the
 gradient or the update (a norm or the update signal fired in it): Adam's moments then still carry it. An
 incident only the losses or the junk signal fired on left nothing in them, so a lost optimizer state nine
@@ -69,18 +73,18 @@ class Incidents:
         doc). ``lr`` / ``prev_lr``: the learning rate now and at the previous step (None: unknown);
         ``moved``: a gradient norm or the update fired at this step."""
         inc = self.open
-        if inc is not None and step > inc.step and inc.covers(step, lr) and (
-                cause.name == inc.cause.name or cause.name in LINKED) and not (
+        live = inc is not None and step > inc.step and inc.covers(step, lr)
+        if live and cause.name != inc.cause.name and cause.name in LINKED and not (
                 cause.name == "optimizer" and inc.cause.name != "schedule" and not inc.moved):
             inc.last = step
             inc.moved = inc.moved or moved
-            if cause.name == inc.cause.name:
-                return cause
             return Cause(inc.cause.name, f"aftermath of step {inc.step} ({inc.cause.name}): "
-                                         f"{_still(inc, lr)}; on its own this step would read: {cause.detail}")
-        if cause.name in OPENS:
+                                         f"{_still(inc, lr)}; on its own this step would read: {cause.detail}",
+                         aftermath_of=inc.step)
+        if cause.name in OPENS:  # a new incident; one of the open one's cause is the newer, nearer explanation
+            again = live and cause.name == inc.cause.name
             self.open = Incident(step, cause, step, base_lr=prev_lr if cause.name == "schedule" else None,
-                                 moved=moved)
+                                 moved=moved or (again and inc.moved))
         return cause
 
     def state(self) -> dict | None:

@@ -118,3 +118,22 @@ def test_a_long_whole_sample_shows_its_hottest_text_not_its_clean_start(tmp_path
     ctx = SpikeContext(lambda m: m.sum(), torch.ones(2, 32), input_ids=ids, tokenizer=Words())
     line = next(ln for ln in printed(SpikeView(7, [EVENT], result, ctx), tmp_path).splitlines() if "sample 1" in ln)
     assert "the whole sample: '\u2026XXXXXXXXXXX w36" in line, line  # from just before the hottest term (18)
+
+
+def test_a_later_step_of_an_incident_is_one_line(tmp_path):
+    """Held-out tester, stop 52: a corrupt weight printed a full block on each of 150 skipped steps (1,050
+    lines); an lr jump's recovery one per step. The incident's own block says it all; each later step that
+    was not localized is one line (its row of spikes/events keeps the rest)."""
+    import dataclasses
+
+    detail = ("aftermath of step 150 (numeric): a weight is absurd: h.1.mlp.fc.weight[3, 5] = 1e+36 (...); "
+              "stop the run and roll back to a checkpoint saved before step 150")
+    later = dataclasses.replace(EVENT, step=151, cause="numeric", cause_detail=detail)
+    text = printed(SpikeView(151, [later], not_localized="a weight is corrupt since step 150 (h.1.mlp.fc.weight): "
+                                                        "the batch is not the cause"), tmp_path)
+    assert text.strip().splitlines() == ["── spike at step 151: aftermath of step 150 (numeric), grad_norm/global = "
+                                         "2.2; not localized (spikes/events/step_000151.csv)"]
+    first = dataclasses.replace(EVENT, step=150, cause="numeric", cause_detail=detail.split(": ", 1)[1])
+    assert len(printed(SpikeView(150, [first], not_localized="a weight is corrupt since step 150 (h.1.mlp.fc."
+                                                             "weight): the batch is not the cause"),
+                       tmp_path).strip().splitlines()) > 2  # the incident's own step: the whole block

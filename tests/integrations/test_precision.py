@@ -50,6 +50,10 @@ def test_a_float16_overflow_under_autocast_is_precision_with_its_sample_and_laye
     assert "float16 autocast" in stats.cause_detail and "overflowed in " in stats.cause_detail
     assert "irreproducible" not in stats.cause_detail and "hardware" not in stats.cause_detail
     assert "sample 3 carries" in stats.cause_detail  # named from the exact shares of the finite replay
+    # the block's non-finite line says the same (held-out tester, stop 52: the cause read precision and the next
+    # line "a corrupted gradient, a hardware fault, or a loss_fn that is not the training loss")
+    said = stats.locate.nonfinite.detail
+    assert "beyond float16 autocast's range" in said and "hardware" not in said
 
 
 def test_a_data_spike_under_bfloat16_autocast_is_data_not_irreproducible():

@@ -78,3 +78,26 @@ def test_a_lost_optimizer_state_after_an_incident_that_moved_no_gradient_is_its_
     restored = Incidents()
     restored.load(saved.state())
     assert restored.open.moved is False and restored.link(120, own) is own
+
+
+def test_the_same_cause_again_opens_the_incident_anew():
+    """Held-out tester, stop 52: a second lr x50 at step 200 kept step 150's incident open, and step 201 read
+    "aftermath of step 150 ... rose 50x at step 150"; a heavy token's data spike at 150 after a false alarm at
+    135 left 152's update spike "aftermath of step 135", pointing at 135's clean sample. The nearer event is
+    the explanation."""
+    inc = Incidents()
+    inc.link(150, SCHEDULE, lr=0.05, prev_lr=0.001)
+    inc.link(151, Cause("data", "d"), lr=0.001, prev_lr=0.05)
+    second = Cause("schedule", "the learning rate rose 50x at this step (0.001 -> 0.05)")
+    assert inc.link(200, second, lr=0.05, prev_lr=0.001) is second
+    got = inc.link(201, Cause("optimizer", "o"), lr=0.001, prev_lr=0.05)
+    assert got.detail.startswith("aftermath of step 200 (schedule): the learning rate rose 50x at step 200")
+    data = Incidents()
+    data.link(135, Cause("data", "loss/sample_max jumped 1.80x (sample 0 first)"))
+    data.link(150, Cause("data", "sample 3, token 70 carries 94%"))
+    got = data.link(152, Cause("optimizer", "the update is 6x its running mean"))
+    assert got.detail.startswith("aftermath of step 150 (data): sample 3, token 70")
+    kept = Incidents()  # the momentum an earlier event of the same cause left is still there
+    kept.link(111, Cause("data", "sample 3 carries 90%"), moved=True)
+    kept.link(113, Cause("data", "a junk run"), moved=False)
+    assert kept.link(120, Cause("optimizer", "o")).detail.startswith("aftermath of step 113 (data)")
