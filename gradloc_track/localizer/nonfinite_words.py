@@ -95,8 +95,9 @@ def budget_ran_out(budget: int) -> str:
 def replay(tensors: Sequence[str], norm: float, precision: str | None = None) -> str:
     # under autocast the replay runs in the parameters' precision: an overflow of the training's range is the
     # first reading, not a fault (held-out tester, stop 52: the block's cause said precision, this line hardware)
+    # (bfloat16 has float32's range: there the fault readings stand)
     why = (f"a value beyond {precision}'s range in the training forward, which the replay in the parameters' "
-           "precision does not reach" if precision else
+           "precision does not reach" if precision and precision.startswith("float16") else
            "a corrupted gradient, a hardware fault, or a loss_fn that is not the training loss")
     return (f"the step's .grad holds NaN/Inf ({names(tensors)}) but the replayed probes' gradient is finite (norm "
             f"{norm:.3g}): the non-finite value does not come from the batch as loss_fn replays it ({why}); the "

@@ -23,6 +23,7 @@ from .packing import HostPack
 from .rank_inputs import GIVEN, combine_across_ranks, world_of
 
 LOSS, SAMPLE_MAX, UPDATE, WEIGHT = "loss", "sample_max", "update", "weight_norm"  # HostPack slots
+WEIGHT_BAD = "weight_bad"  # the weight norm is not finite (on any rank): the monitor scans the weights
 JUNK_SPAN, JUNK_MEAN, JUNK_LEAK = "junk_span", "junk_mean", "junk_leak"
 
 
@@ -121,6 +122,8 @@ class DetectorInputs:
             local[SAMPLE_MAX] = sample_max(self._samples, dev)
         if "junk_span" in self.wants:
             local[JUNK_SPAN], local[JUNK_MEAN], local[JUNK_LEAK] = junk_pair(self._junk, dev) or (None, None, None)
+        if self._w_sq is not None:  # squared norms are >= 0 or NaN: finite exactly when below inf
+            local[WEIGHT_BAD] = (self._w_sq.sum() < torch.inf).logical_not().float()
         if local and world_of(self.process_group) > 1:  # every rank's detector reads the same values
             for name, value in combine_across_ranks(local, dev, self.process_group).items():
                 pack.add_slot(name, value)
@@ -153,6 +156,8 @@ class DetectorInputs:
             out["junk_span"] = (slots[JUNK_SPAN], slots[JUNK_MEAN], *leak)
         if UPDATE in slots:
             out["update"] = slots[UPDATE]
+        if slots.get(WEIGHT_BAD, 0.0) > 0:  # the monitor's, not the detector's (``GradMonitor._detect`` takes it)
+            out[WEIGHT_BAD] = True
         if self.adam is not None and (nonfinite or not math.isfinite(slots.get(UPDATE, 0.0))):
             self.adam.forget()  # a skipped step: nothing to measure after it, the state is read afresh
         return out

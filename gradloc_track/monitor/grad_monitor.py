@@ -72,7 +72,7 @@ from .clip_feedback import after_transfer, install_guard, note_norms
 from .cause_evidence import LrHistory
 from .clip_scale import localizer_scale, optimizer_scale
 from .data_flags import flag_rule
-from .detector_inputs import DetectorInputs
+from .detector_inputs import WEIGHT_BAD, DetectorInputs
 from .junk_window import window_text
 from .outcome import SpikeOutcome
 from .optimizer_metrics import OptimizerMetrics
@@ -319,7 +319,8 @@ class GradMonitor:
         with the reason it was not), whose ``SpikeOutcome`` this returns. ``junk``: the junk statistics
         given, whose run's text the detector reads only if it would fire on it. ``loss_scaler``: a loss
         scaler's routine overflow is no spike (``monitor.scaler_overflow``)."""
-        n_tokens, signals = reading.n_tokens, reading.signals
+        n_tokens, signals = reading.n_tokens, dict(reading.signals)
+        weight_bad = signals.pop(WEIGHT_BAD, False)  # the monitor's own reading, not the detector's
         if loss_scaler and self.scaler_overflows.routine(math.isfinite(reading.host["global"]),
                                                          signals.get("loss")):
             reading.metrics.update({"spike/detected": 0.0, "train/skipped_step": 1.0})
@@ -334,7 +335,7 @@ class GradMonitor:
         layers = dict(zip(self.grouping.layers, reading.host["layer"]))
         events = self.detector.update(step, reading.host["global"], layers, n_tokens=n_tokens, **extra, **signals)
         if not events:
-            events = self._corrupt_weight_event(step, reading.metrics.get("weight_norm/global"))
+            events = self._corrupt_weight_event(step, reading.metrics.get("weight_norm/global"), weight_bad)
         reading.metrics.update(self.detector.metrics())
         if self.responder.lr_history is not None:
             self.responder.lr_history.advance()  # this step's learning rate, against the last seen
@@ -346,21 +347,23 @@ class GradMonitor:
         reading.metrics.update(metrics)
         return outcome
 
-    def _corrupt_weight_event(self, step: int, weight_norm: float | None) -> list[SpikeEvent]:
+    def _corrupt_weight_event(self, step: int, weight_norm: float | None, bad: bool) -> list[SpikeEvent]:
         """A weight norm that is not finite on a step nothing fired on: behind a norm layer a 1e36 weight leaves
         the loss and the gradient ordinary, and the weight check ran on detected steps only (held-out tester,
-        stop 52: ``weight_norm/global`` logged inf for 70 steps, nothing said). The weights are scanned (the
-        norm is the same on every rank: all scan, as the scan is a collective) and a corrupt one is the step's
-        event, its incident opened; while it stays, the norm stays non-finite and nothing more is raised."""
-        if weight_norm is None or self.responder.corrupt is not None:
-            return []
-        if math.isfinite(weight_norm):
+        stop 52: ``weight_norm/global`` logged inf for 70 steps, nothing said). ``bad``: some rank's weight norm
+        is not finite (combined across ranks with the step's other detector inputs: a bit flipped on one
+        replica is seen by all, which must all scan, the scan being a collective). A corrupt weight is the
+        step's event, its incident opened; while it stays, nothing more is raised."""
+        if weight_norm is not None and math.isfinite(weight_norm):
             self._weight_norm_seen = weight_norm
+        known = self.responder.corrupt
+        if not bad or (known is not None and known.step == step):
             return []
-        self.responder.scan_weights(step)
-        if self.responder.corrupt is None:
+        self.responder.check_weights(step)
+        if self.responder.corrupt is None or self.responder.corrupt is known:
             return []
-        return [SpikeEvent(step, "weight_norm", weight_norm, self._weight_norm_seen, math.inf, math.inf)]
+        return [SpikeEvent(step, "weight_norm", math.inf if weight_norm is None else weight_norm,
+                           self._weight_norm_seen, math.inf, math.inf)]
 
     # -- step order, the raise path -------------------------------------------------------------
     def _log_before_raise(self, step: int, grad_sq: torch.Tensor, w_sq: torch.Tensor | None, lr: Any,

@@ -7,7 +7,8 @@ detector reads are combined across ranks first, with ONE all-gather of a few num
 - the step's loss: the mean of the ranks' losses (the global loss for equal micro-batches);
 - the largest per-sample loss, the largest junk run and the largest leaked-label share: the largest
   over the ranks;
-- the junk signal's mean excess: the mean over the ranks.
+- the junk signal's mean excess: the mean over the ranks;
+- whether the weight norm is not finite: on any rank (a bit flipped on one replica).
 
 A rank that gave no value (no loss from its forward) is left out of that value; a value no rank gave
 stays absent. NaN stays NaN (a non-finite loss on one rank fires on all).
@@ -20,7 +21,8 @@ import torch
 import torch.distributed as dist
 
 # slot -> how the ranks' values combine
-COMBINE = {"loss": "mean", "sample_max": "max", "junk_span": "max", "junk_mean": "mean", "junk_leak": "max"}
+COMBINE = {"loss": "mean", "sample_max": "max", "junk_span": "max", "junk_mean": "mean", "junk_leak": "max",
+           "weight_bad": "max"}
 GIVEN = "#given"  # suffix of the slot that counts the ranks that gave a value
 
 

@@ -110,8 +110,7 @@ class SpikeResponder:
         ``.grad`` (in the model's trainable-tensor order; a device tensor): the localizer's step
         check compares like with like (``LocateStep.grad_scale``); ``junk``: the step's junk statistics, whose
         runs are named when the junk signal fired (``monitor.data_flags``)."""
-        if self.corrupt is None:  # every detected step, before localizing (``weight_check``'s module doc)
-            self.scan_weights(step)
+        self.check_weights(step)  # every detected step, before localizing (``weight_check``'s module doc)
         held = self._while_corrupt(step, events)
         if held is not None:
             return held, {}
@@ -129,18 +128,21 @@ class SpikeResponder:
             cut = self._cut() if self.surgery else None
             result = self._localize(step, located, cut) if located is not None else None
         if result is not None:
-            self._count(step, bool(result.culprits))  # a culprit at any level: token, span, sample, micro-batch
             shown = self._view(step, result, ctx)
         elif tried:  # the reason goes with the run (events row, report), not only in a warning on the console
             why_not = f"localizing failed: {self._failure}" if self._failure else "localizing failed"
-        probed = result  # what the localizer ran, for the metrics
         cause = self._name_cause(step, events, result, shown)
-        if result is not None and cause.aftermath_of is not None:
-            # the rows carrying a step of an incident's recovery are not its cause: named, they went to the table
-            # and the ledger's blocklist (held-out tester, stop 52: clean rows at 3-14% after an lr x50 step)
+        dropped = result is not None and cause.aftermath_of is not None and _most_rows(result, located,
+                                                                                       self.process_group)
+        if dropped:
+            # a recovering model moves every row: the rows carrying such a step are not its cause. Named, they went
+            # to the table and the ledger's blocklist (held-out tester, stop 52: 6-8 clean rows of 8 at 3-14% each
+            # after an lr x50 step). A few rows that carry it (a garbage batch in a long lr plateau) stay named.
             result, shown = None, None
             why_not = (f"aftermath of step {cause.aftermath_of} ({cause.name}): the rows that carry a step of its "
-                       "recovery are not its cause")
+                       "recovery, most of the batch's, are not its cause")
+        if result is not None:
+            self._count(step, bool(result.culprits))  # a culprit at any level: token, span, sample, micro-batch
         events = with_cause(events, cause)  # before the artifacts: the events table and the page say it
         if result is not None:
             self._write_artifacts(step, events, shown)
@@ -148,7 +150,7 @@ class SpikeResponder:
             self._record_detection(step, events, why_not)
         surgery = self._operate(step, result, located, f"not localized ({why_not})", cut) if self.surgery else None
         outcome = SpikeOutcome(step, events, cause, result, shown, why_not, surgery)
-        return outcome, _metrics(probed, tried, surgery)
+        return outcome, _metrics(result, tried and not dropped, surgery)
 
     def _step(self, step: int, ctx: Any, grad_scale: Any, events: Sequence[SpikeEvent], junk: Any) -> Any:
         """The context as the localizer's step object, with the units the data signals point at (None, with
@@ -209,21 +211,23 @@ class SpikeResponder:
                                self.lr_history.pair() if self.lr_history is not None else (None, None),
                                self.incidents, weights_precision(self.model), self.replay_scales)
 
-    def scan_weights(self, step: int) -> None:
+    def check_weights(self, step: int) -> None:
         """A detected step whose weights hold a corrupt value is that weight's incident (``weight_check``: one
         read of the weights per detected step; an RMSNorm keeps a 4e36 weight's outputs finite, so not only
-        numeric steps), said once."""
-        self.corrupt = weight_check.scan_all(self.model, step, self.process_group)
-        if self.corrupt is not None:
-            warnings.warn(f"gradloc-track: step {step}: {self.corrupt.detail}", stacklevel=3)
+        numeric steps), said once; a weight found corrupt before and restored since (a checkpoint loaded) ends
+        its incident first, so a new corruption is found. Collectives under torch.distributed: every rank."""
+        if self.corrupt is not None and step != self.corrupt.step and \
+                not weight_check.still_all(self.model, self.corrupt, self.process_group):
+            self.corrupt = None  # restored: the incident is over
+        if self.corrupt is None:
+            self.corrupt = weight_check.scan_all(self.model, step, self.process_group)
+            if self.corrupt is not None:
+                warnings.warn(f"gradloc-track: step {step}: {self.corrupt.detail}", stacklevel=3)
 
     def _while_corrupt(self, step: int, events: Sequence[SpikeEvent]) -> SpikeOutcome | None:
         """A step while a weight found corrupt stays so: that incident's outcome, not localized again
         (None: no such incident, or the weight was restored, e.g. a checkpoint loaded into the model)."""
-        if self.corrupt is None:
-            return None
-        if step != self.corrupt.step and not weight_check.still_all(self.model, self.corrupt, self.process_group):
-            self.corrupt = None  # restored: the incident is over
+        if self.corrupt is None:  # (``check_weights`` ends a restored weight's incident first)
             return None
         cause = Cause("numeric", weight_check.corrupt_cause_words(self.corrupt, step))
         why = weight_check.why_not_localized(self.corrupt)
@@ -309,6 +313,17 @@ class SpikeResponder:
             self._warn_once("unconfirmed", f"{self.events_unconfirmed} detected spikes (the last at step {step}) "
                             "had no culprit; further spikes without one are localized with growing gaps. "
                             "The detector fires on noise here: raise spikes.z_thresh or spikes.warmup_steps.")
+
+
+def _most_rows(result: Any, located: Any, group: Any) -> bool:
+    """Do the culprits lie in more than half the batch's rows (every rank's, equal batches)?"""
+    masks = located.token_mask if isinstance(located.token_mask, (list, tuple)) else [located.token_mask]
+    world = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
+    per_mb = [int(m.shape[0]) for m in masks]
+    named = {(c.rank, c.micro_batch, c.batch) for c in result.culprits if c.batch is not None}
+    whole = {(c.rank, c.micro_batch) for c in result.culprits if c.batch is None}  # a micro-batch: all its rows
+    n = len({key for key in named if key[:2] not in whole}) + sum(per_mb[mb or 0] for _, mb in whole)
+    return 2 * n > sum(per_mb) * world
 
 
 def _metrics(result: Any, tried: bool, surgery: Any) -> dict[str, float]:

@@ -50,6 +50,7 @@ class Incident:
     last: int  # its last detected step
     base_lr: float | None = None  # the learning rate before a schedule incident
     moved: bool = True  # a gradient norm or the update fired in it (module doc: what an optimizer step links to)
+    base_step: int | None = None  # the step ``base_lr`` was the learning rate before (None: ``step``)
 
     def lr_raised(self, lr: float | None) -> bool:
         return (self.cause.name == "schedule" and self.base_lr is not None and lr is not None
@@ -83,25 +84,30 @@ class Incidents:
                          aftermath_of=inc.step)
         if cause.name in OPENS:  # a new incident; one of the open one's cause is the newer, nearer explanation
             again = live and cause.name == inc.cause.name
-            self.open = Incident(step, cause, step, base_lr=prev_lr if cause.name == "schedule" else None,
-                                 moved=moved or (again and inc.moved))
+            base, since = (prev_lr if cause.name == "schedule" else None), None
+            if again and base is not None and inc.base_lr is not None and inc.base_lr < base:
+                base, since = inc.base_lr, inc.base_step or inc.step  # a second jump: the lr before the first
+            self.open = Incident(step, cause, step, base_lr=base, moved=moved or (again and inc.moved),
+                                 base_step=since)
         return cause
 
     def state(self) -> dict | None:
         """The open incident as plain values (a checkpoint's), None when none is open."""
         inc = self.open
         return None if inc is None else {"step": inc.step, "cause": [inc.cause.name, inc.cause.detail],
-                                         "last": inc.last, "base_lr": inc.base_lr, "moved": inc.moved}
+                                         "last": inc.last, "base_lr": inc.base_lr, "moved": inc.moved,
+                                         "base_step": inc.base_step}
 
     def load(self, state: dict | None) -> None:
         self.open = None if state is None else Incident(int(state["step"]), Cause(*state["cause"]),
                                                         int(state["last"]), state.get("base_lr"),
-                                                        bool(state.get("moved", True)))
+                                                        bool(state.get("moved", True)), state.get("base_step"))
 
 
 def _still(inc: Incident, lr: float | None) -> str:
     if inc.lr_raised(lr):
-        return (f"the learning rate is still {lr / inc.base_lr:.3g}x what it was before step {inc.step} "
+        since = inc.base_step or inc.step
+        return (f"the learning rate is still {lr / inc.base_lr:.3g}x what it was before step {since} "
                 f"({inc.base_lr:.3g} -> {lr:.3g})")
     # the incident's own sentence speaks of "this step": here it is the incident's (round 9: step 103's block said
     # "the learning rate rose 30x at this step" after the learning rate was back)

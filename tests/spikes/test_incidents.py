@@ -101,3 +101,16 @@ def test_the_same_cause_again_opens_the_incident_anew():
     kept.link(111, Cause("data", "sample 3 carries 90%"), moved=True)
     kept.link(113, Cause("data", "a junk run"), moved=False)
     assert kept.link(120, Cause("optimizer", "o")).detail.startswith("aftermath of step 113 (data)")
+
+
+def test_a_second_jump_keeps_the_learning_rate_before_the_first():
+    """Review of b5baf6d: re-opened at a second jump, the incident took the raised lr as its base, and the lr
+    back at the first plateau (still 50x the original) read as no incident at all."""
+    inc = Incidents()
+    inc.link(150, SCHEDULE, lr=0.05, prev_lr=0.001)
+    inc.link(200, Cause("schedule", "the learning rate rose 2x at this step (0.05 -> 0.1)"), lr=0.1, prev_lr=0.05)
+    got = inc.link(260 + MAX_SPAN, Cause("data", "d"), lr=0.05, prev_lr=0.05)
+    assert got.name == "schedule" and "the learning rate is still 50x what it was before step 150" in got.detail
+    restored = Incidents()  # a checkpoint keeps the first jump's step
+    restored.load(inc.state())
+    assert "before step 150" in restored.link(270 + MAX_SPAN, Cause("data", "d"), lr=0.05, prev_lr=0.05).detail
