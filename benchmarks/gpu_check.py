@@ -168,20 +168,28 @@ def syncs(s: Size) -> None:
           "(with every default the detector is armed every step after warm-up)")
 
 
-def overhead(s: Size) -> None:
-    print(f"\n2. watch() overhead, {s.n_layer}-layer d={s.d_model} GPT, V={s.vocab}, {s.batch}x{s.seq} tokens, "
-          f"{'bf16 autocast, fused AdamW' if s.device == 'cuda' else 'fp32 (dry run)'}")
+def _twins(s: Size, **watch_kw):
+    """(plain step, watched step, handle) on twins of one model with the same batches, each stepped 6 times (past
+    the detector's first steps: it is armed from there, section 1). ``watch_kw``: watch()'s options beyond the
+    sections' own (a MemoryTracker, log_every=10, no localizer)."""
     base = _model(s)
-    n = sum(p.numel() for p in base.parameters())
     twin = copy.deepcopy(base)
     pool = _batches(s)
     plain = _stepper(base, _adamw(base, s), pool, s)
     opt = _adamw(twin, s)
-    handle = gradloc_track.watch(twin, opt, tracker=MemoryTracker(), log_every=10, locate=False)
+    handle = gradloc_track.watch(twin, opt, tracker=MemoryTracker(), log_every=10, locate=False, **watch_kw)
     watched = _stepper(twin, opt, pool, s)
-    for i in range(6):  # past the detector's first steps: it is armed from here (section 1)
+    for i in range(6):
         plain(i)
         watched(i)
+    return plain, watched, handle
+
+
+def overhead(s: Size) -> None:
+    print(f"\n2. watch() overhead, {s.n_layer}-layer d={s.d_model} GPT, V={s.vocab}, {s.batch}x{s.seq} tokens, "
+          f"{'bf16 autocast, fused AdamW' if s.device == 'cuda' else 'fp32 (dry run)'}")
+    n = sum(p.numel() for p in _model(s).parameters())
+    plain, watched, handle = _twins(s)
     ratios, base_t = [], []
     for i in range(6, 6 + s.rounds):
         a = _timed(lambda: plain(i), s.device)
@@ -326,16 +334,7 @@ def localization(s: Size) -> None:
 def where_time_goes(s: Size) -> None:
     print("\n6. where section 2's time goes: one plain and one watched step under torch.profiler")
     from torch.profiler import ProfilerActivity, profile
-    base = _model(s)
-    twin = copy.deepcopy(base)
-    pool = _batches(s)
-    plain = _stepper(base, _adamw(base, s), pool, s)
-    opt = _adamw(twin, s)
-    handle = gradloc_track.watch(twin, opt, tracker=MemoryTracker(), log_every=10, locate=False)
-    watched = _stepper(twin, opt, pool, s)
-    for i in range(6):
-        plain(i)
-        watched(i)
+    plain, watched, handle = _twins(s)
     _sync(s.device)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if s.device == "cuda" else [])
     import cProfile
@@ -390,16 +389,7 @@ def where_time_goes(s: Size) -> None:
 
 def _watched_ratio(s: Size, rounds: int, **watch_kw) -> float:
     """watch(**watch_kw) / plain on twins of one model: the median of ``rounds`` interleaved step pairs."""
-    base = _model(s)
-    twin = copy.deepcopy(base)
-    pool = _batches(s)
-    plain = _stepper(base, _adamw(base, s), pool, s)
-    opt = _adamw(twin, s)
-    handle = gradloc_track.watch(twin, opt, tracker=MemoryTracker(), log_every=10, locate=False, **watch_kw)
-    watched = _stepper(twin, opt, pool, s)
-    for i in range(6):
-        plain(i)
-        watched(i)
+    plain, watched, handle = _twins(s, **watch_kw)
     ratios = [_timed(lambda: watched(i), s.device) / _timed(lambda: plain(i), s.device)
               for i in range(6, 6 + rounds)]
     handle.finish()

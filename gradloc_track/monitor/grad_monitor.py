@@ -334,8 +334,11 @@ class GradMonitor:
         extra = {"n_micro_batches": reading.n_micro} if reading.n_micro is not None else {}
         layers = dict(zip(self.grouping.layers, reading.host["layer"]))
         events = self.detector.update(step, reading.host["global"], layers, n_tokens=n_tokens, **extra, **signals)
+        weight_norm = reading.metrics.get("weight_norm/global")
+        if weight_norm is not None and math.isfinite(weight_norm):
+            self._weight_norm_seen = weight_norm
         if not events:
-            events = self._corrupt_weight_event(step, reading.metrics.get("weight_norm/global"), weight_bad)
+            events = self._corrupt_weight_event(step, weight_norm, weight_bad)
         reading.metrics.update(self.detector.metrics())
         if self.responder.lr_history is not None:
             self.responder.lr_history.advance()  # this step's learning rate, against the last seen
@@ -354,8 +357,6 @@ class GradMonitor:
         is not finite (combined across ranks with the step's other detector inputs: a bit flipped on one
         replica is seen by all, which must all scan, the scan being a collective). A corrupt weight is the
         step's event, its incident opened; while it stays, nothing more is raised."""
-        if weight_norm is not None and math.isfinite(weight_norm):
-            self._weight_norm_seen = weight_norm
         known = self.responder.corrupt
         if not bad or (known is not None and known.step == step):
             return []
