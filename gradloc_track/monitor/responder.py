@@ -20,6 +20,7 @@ from . import weight_check
 from .data_flags import data_flags, flag_rule
 from .outcome import SpikeOutcome, with_cause
 from .packing import N_TOKENS, HostPack
+from .rank_inputs import world_of
 
 log = logging.getLogger(__name__)
 
@@ -317,13 +318,12 @@ class SpikeResponder:
 
 def _most_rows(result: Any, located: Any, group: Any) -> bool:
     """Do the culprits lie in more than half the batch's rows (every rank's, equal batches)?"""
-    masks = located.token_mask if isinstance(located.token_mask, (list, tuple)) else [located.token_mask]
-    world = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
+    _fns, masks, _labelled = located.micro_batches()
     per_mb = [int(m.shape[0]) for m in masks]
     named = {(c.rank, c.micro_batch, c.batch) for c in result.culprits if c.batch is not None}
     whole = {(c.rank, c.micro_batch) for c in result.culprits if c.batch is None}  # a micro-batch: all its rows
     n = len({key for key in named if key[:2] not in whole}) + sum(per_mb[mb or 0] for _, mb in whole)
-    return 2 * n > sum(per_mb) * world
+    return 2 * n > sum(per_mb) * world_of(group)
 
 
 def _metrics(result: Any, tried: bool, surgery: Any) -> dict[str, float]:

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import torch
 
 from gradloc_track.localizer.result import Culprit
+from gradloc_track.localizer.step import LocateStep
 from gradloc_track.monitor.responder import _most_rows
 
 
@@ -16,11 +17,12 @@ def _culprits(*rows: tuple[int | None, int]) -> SimpleNamespace:
 
 
 def test_most_rows_counts_distinct_rows_against_the_batch():
-    one = SimpleNamespace(token_mask=torch.ones(8, 4))
+    one = LocateStep(loss_fn=lambda m: m.sum(), token_mask=torch.ones(8, 4))
     assert _most_rows(_culprits(*[(None, b) for b in range(5)]), one, None)  # 5 of 8
     assert not _most_rows(_culprits((None, 1), (None, 1), (None, 4)), one, None)  # 2 rows of 8 (a span, a token)
     assert not _most_rows(_culprits(*[(None, b) for b in range(4)]), one, None)  # half: a garbage batch may be
-    two = SimpleNamespace(token_mask=[torch.ones(4, 4), torch.ones(4, 4)])  # micro-batches: rows add up
+    # micro-batches: rows add up
+    two = LocateStep(loss_fn=[lambda m: m.sum()] * 2, token_mask=[torch.ones(4, 4), torch.ones(4, 4)])
     assert _most_rows(_culprits((0, 0), (0, 1), (1, 0), (1, 1), (1, 2)), two, None)
     assert not _most_rows(_culprits((0, 0), (1, 0)), two, None)
     mb = SimpleNamespace(culprits=[Culprit("micro_batch", 0.1, 1.0, micro_batch=1)])  # a micro-batch: its 4 rows
