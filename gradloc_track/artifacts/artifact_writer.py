@@ -10,7 +10,9 @@ for it.
 """
 from __future__ import annotations
 
+import atexit
 import copy
+import shutil
 import tempfile
 import threading
 import warnings
@@ -30,6 +32,16 @@ from .table import attribution_table, where_columns
 TABLE_KEY = "spikes/tokens"
 HTML_KEY = "spikes/highlight"
 IMAGE_KEY = "spikes/heatmap"
+
+_scratch: set[Path] = set()  # the writers' scratch dirs not removed yet: what the exit hook removes
+
+
+@atexit.register
+def _remove_scratch() -> None:
+    """A writer never closed (a ``GradMonitor`` built by hand) leaves no scratch dir behind the process."""
+    for path in list(_scratch):
+        shutil.rmtree(path, ignore_errors=True)
+    _scratch.clear()
 
 
 class SpikeArtifactWriter:
@@ -58,17 +70,32 @@ class SpikeArtifactWriter:
         self._run_dir = Path(run_dir) if run_dir is not None else None
         self.top_layers, self.images, self.window = top_layers, images, window
         self.events = 0
+        self._scratch: Path | None = None  # the temp dir made here, when neither we nor the tracker had one
         self._extra: list[str] | None = None
         self._sample: list[str] | None = None
         self._where: list[str] | None = None
 
     @property
     def run_dir(self) -> Path:
-        """Where rendered files go: the given dir, else the tracker's, else a temp dir (made once)."""
+        """Where rendered files go: the given dir, else the tracker's, else a scratch dir (made once, removed by
+        ``close()`` or at exit: its PNGs were only staged for the tracker)."""
         if self._run_dir is None:
             own = getattr(self.tracker, "run_dir", None)
-            self._run_dir = Path(own) if own is not None else Path(tempfile.mkdtemp(prefix="gradloc-spikes-"))
+            if own is None:
+                self._scratch = Path(tempfile.mkdtemp(prefix="gradloc-spikes-"))
+                _scratch.add(self._scratch)
+            self._run_dir = Path(own) if own is not None else self._scratch
         return self._run_dir
+
+    def close(self) -> None:
+        """Remove the scratch dir, if one was made; call it once the tracker has every image (after its
+        ``finish()`` or ``flush()``: a background writer uploads from the file). A given or the tracker's run
+        dir stays. Idempotent; a later spike makes a new scratch dir."""
+        if self._scratch is None:
+            return
+        shutil.rmtree(self._scratch, ignore_errors=True)
+        _scratch.discard(self._scratch)
+        self._scratch = self._run_dir = None
 
     def write(self, step: int, events: Sequence[SpikeEvent], result: LocateResult, ctx: Any) -> None:
         try:

@@ -348,6 +348,7 @@ class WatchHandle:
         self._finished = True
         self.remove()
         self.run.close(status)
+        self.monitor.artifact_writer.close()  # after the tracker has its images: a scratch dir's PNGs go
 
     def finish(self, status: str = "success") -> None:
         """``close(status)``: write everything out, take every hook off, end a run opened here."""

@@ -8,7 +8,9 @@ from .interface import Tracker
 
 
 class MemoryTracker(Tracker):
-    """Records every call. ``metrics`` is a list of ``(step, dict)`` pairs in call order."""
+    """Records every call. ``metrics`` is a list of ``(step, dict)`` pairs in call order. ``images`` holds
+    paths: without a run dir (this tracker's or the writer's) they are scratch files, removed when the
+    run closes."""
 
     name = "memory"
 

@@ -152,3 +152,29 @@ def test_mlflow_store_read_back_after_100_events(spike, tmp_path, sqlite_uri):
     assert [r[0] for r in table["data"]] == list(range(100))
     assert len(list((dl / "highlight").glob("*.html"))) == 100
     assert "&lt;script&gt;" in (dl / "highlight" / "step_000042.html").read_text()
+
+
+def test_close_removes_the_scratch_dir_and_keeps_a_given_one(spike, tmp_path, monkeypatch):
+    """Without a run dir (neither given nor the tracker's) the heatmap is staged in a scratch dir of the
+    system's temp dir: ``close()`` removes it (it was never removed), a given run dir stays."""
+    import tempfile
+
+    from gradloc_track.artifacts import artifact_writer
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    events, result, ctx = spike
+    tracker = MemoryTracker()
+    writer = SpikeArtifactWriter(tracker)
+    writer.write(7, events, result, ctx)
+    (scratch,) = (tmp_path / "tmp").iterdir()
+    assert tracker.images[0][2].is_relative_to(scratch) and scratch in artifact_writer._scratch
+    writer.close()
+    assert not list((tmp_path / "tmp").iterdir()) and scratch not in artifact_writer._scratch
+    SpikeArtifactWriter(MemoryTracker()).write(7, events, result, ctx)  # never closed (a monitor built by hand):
+    artifact_writer._remove_scratch()  # the exit hook removes it
+    assert not list((tmp_path / "tmp").iterdir())
+    kept = SpikeArtifactWriter(MemoryTracker(), run_dir=tmp_path / "run")
+    kept.write(7, events, result, ctx)
+    kept.close()
+    assert list((tmp_path / "run" / "rendered").glob("*.png"))

@@ -166,3 +166,20 @@ def test_a_door_can_wrap_the_runs_tracker_before_the_monitor_is_built():
     assert "grad_norm/global" in handle.tracker.metrics and not inner.keys()  # held by the wrapper
     handle.close()
     assert inner.finished == "success"
+
+
+@pytest.mark.parametrize("tracker", ["memory", "none"])
+def test_a_run_without_run_dir_leaves_no_rendered_heatmap_in_the_temp_dir(gpt2, tracker, temp_root):
+    """A localized spike of a run with no run dir rendered its heatmap into /tmp/gradloc-spikes-XXXX (its
+    tracker, memory or none, has no run dir of its own), never removed: one more dir a run. close() removes it."""
+    from .conftest import FAST
+
+    opt = torch.optim.AdamW(gpt2.parameters(), lr=LR)
+    handle = gradloc_track.watch(gpt2, opt, tracker=tracker, console=False, **FAST)
+    plain_loop(gpt2, opt)
+    assert any(s.locate is not None for s in handle.spikes)  # the spike was localized (and, memory: drawn)
+    if tracker == "memory":
+        ((_, _, png),) = handle.tracker.images
+        assert png.read_bytes()[:4] == b"\x89PNG"  # there while the run is open
+    handle.close()
+    assert not list(temp_root.iterdir())

@@ -12,9 +12,10 @@ from gradloc_track.trackers import files
 
 
 @pytest.fixture
-def full_disk(tmp_path, monkeypatch):
+def full_disk(tmp_path, monkeypatch, temp_root):
     """A directory on a full disk: a tiny tmpfs filled up when we may mount one, else ENOSPC
-    injected in our write functions. Yields (dir, free) where ``free()`` makes room again."""
+    injected in our write functions. Yields (dir, free) where ``free()`` makes room again. The
+    system's temp dir, where what finds no room is kept by design, is the test's own (``temp_root``)."""
     disk = tmp_path / "disk"
     disk.mkdir()
     mounted = os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(disk)],
@@ -94,7 +95,8 @@ class TightDisk:
 
 
 @pytest.fixture
-def tight_disk(tmp_path, monkeypatch):
+def tight_disk(tmp_path, monkeypatch, temp_root):
+    """A ``TightDisk``; what finds no room is kept, by design, in the temp dir: the test's own (``temp_root``)."""
     disk = TightDisk(tmp_path, monkeypatch)
     yield disk
     if disk.mounted:
