@@ -40,7 +40,7 @@ class WandbConfig:
     tags: list[str] = field(default_factory=list)
     # None = follow W&B's own resolution (WANDB_MODE, else "online"); tests use "offline"
     mode: Optional[str] = None
-    dir: Optional[str] = None  # None = WANDB_DIR, else the run directory
+    dir: Optional[str] = None  # None = WANDB_DIR, else the run directory (without one: ./wandb)
     group: Optional[str] = None
 
     def __post_init__(self) -> None:

@@ -114,3 +114,16 @@ def test_a_joined_wandb_run_is_recorded_with_its_folder_and_path(tmp_path):
 def test_open_in_process_finds_no_run_when_none_is_open(kind):
     pytest.importorskip(kind)
     assert open_in_process().backends == ()
+
+
+def test_an_offline_wandb_run_without_run_dir_outlives_the_scratch_dir(tmp_path, temp_root, monkeypatch):
+    """Without a run dir W&B's files went into the scratch run dir, removed at close: the offline run W&B
+    told the user to ``wandb sync`` was gone. They go where W&B puts them by default now (``./wandb``)."""
+    pytest.importorskip("wandb")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("WANDB_DIR", raising=False)
+    run = start(RunRequest(cfg=TrackerConfig(kind="wandb")))
+    run.tracker.log_metrics({"grad_norm/global": 1.0}, 0)
+    run.close()
+    (folder,) = (tmp_path / "wandb").glob("offline-run-*")
+    assert list(folder.glob("run-*.wandb")) and not list(temp_root.glob("gradloc-track-*"))

@@ -7,6 +7,7 @@ marks a run whose process died as crashed by itself.
 """
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -103,6 +104,15 @@ class WandbMedia(SpikeReader):
         return {step: p.read_bytes() for step, p in zip(self._order, pngs)}  # logged in the same order
 
 
+def _files_dir(place: Any) -> str | None:
+    """Where W&B's own files go when ``tracker.wandb.dir`` is unset: ``WANDB_DIR``, else the run dir when it is
+    the user's; a scratch run dir is removed when the run ends, and with it an offline run W&B tells the user to
+    ``wandb sync``: then W&B's default, ``./wandb``, as a plain ``wandb.init`` puts it."""
+    if place.kept is not None:
+        return None  # the adapter's own fallback: WANDB_DIR, else the run dir
+    return os.environ.get("WANDB_DIR") or os.getcwd()
+
+
 class WandbBackend(Backend):
     name = "wandb"
     title = "W&B"
@@ -114,8 +124,8 @@ class WandbBackend(Backend):
         from ..wandb_tracker import WandbTracker
 
         w = cfg.wandb
-        spec = {"project": w.project, "entity": w.entity, "tags": list(w.tags), "mode": w.mode, "dir": w.dir,
-                "group": w.group, "run_name": run_name}
+        spec = {"project": w.project, "entity": w.entity, "tags": list(w.tags), "mode": w.mode,
+                "dir": w.dir or _files_dir(place), "group": w.group, "run_name": run_name}
         gate, run_dir = OpenGate(), place.path
         return AsyncTracker.from_config(cfg, self.name, lambda: WandbTracker(**spec, run_dir=run_dir, cancel=gate),
                                         run_dir, spec, gate, place.owner, on_open)
