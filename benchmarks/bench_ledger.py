@@ -1,7 +1,8 @@
 """The CLI's readers at scale: start-up, the ledger over many runs and over one long run, a huge blocklist.
 
-Each measurement runs in a fresh interpreter (what a user starts), timed from outside, with its
-peak RSS read from the kernel (``os.wait4``). Its baseline, measured in the same run, is the least a
+Each measurement runs in a fresh interpreter (what a user starts), timed from outside (wall, and CPU
+from the kernel's accounting of the finished child: the ratios are of CPU), with its peak RSS read
+from the kernel (``VmHWM``, by ``_peak.py``). Its baseline, measured in the same run, is the least a
 reader has to do: start python and ``json.loads`` the same files (for start-up: ``import argparse,
 json``). Synthetic run dirs, laid out as the local tracker writes them (``spikes/tokens`` and
 ``spikes/events`` parts, one per event, 3 culprit rows per event)::
@@ -9,6 +10,7 @@ json``). Synthetic run dirs, laid out as the local tracker writes them (``spikes
     python benchmarks/bench_ledger.py                    # 1000 runs x 20 events, 10,000 events, 10^6 entries
     python benchmarks/bench_ledger.py --quick            # 100 x 20, 1,000, 10^5
     python benchmarks/bench_ledger.py --before <other checkout>   # and that code, same data, interleaved
+    python benchmarks/bench_ledger.py --only ledger               # the cases whose name holds "ledger"
 
 Goals (issue 29 item 4): each command starts in < 0.5 s and < 80 MB; the ledger over 1000 runs x
 20 events in <= 1.5 s; a 10^6-entry blocklist loads in <= 2 s and <= 300 MB.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -81,16 +84,22 @@ def build(root: Path, size: str) -> None:
     _write_blocklist(data["block"], data["entries"])
 
 
-def measure(argv: list[str], env: dict[str, str], peak_file: Path) -> tuple[float, float]:
-    """(wall seconds, peak RSS in MiB) of one python command (``-m mod ...`` or ``-c code ...``), from
-    start to exit, run through ``_peak.py``; it must succeed."""
-    t0 = time.perf_counter()
+def _children_cpu() -> float:
+    use = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return use.ru_utime + use.ru_stime
+
+
+def measure(argv: list[str], env: dict[str, str], peak_file: Path) -> tuple[float, float, float]:
+    """(wall seconds, CPU seconds, peak RSS in MiB) of one python command (``-m mod ...`` or ``-c code
+    ...``), from start to exit, run through ``_peak.py``; it must succeed. The CPU time (user + system,
+    from the kernel's accounting of the finished child) is the figure a busy machine disturbs least."""
+    t0, c0 = time.perf_counter(), _children_cpu()
     proc = subprocess.run([sys.executable, str(PEAK), str(peak_file), *argv], env=env, stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, _children_cpu() - c0
     if proc.returncode != 0:
         raise RuntimeError(f"{argv[:3]}... exited {proc.returncode}:\n{proc.stderr[-2000:]}")
-    return wall, int(peak_file.read_text()) / 1024
+    return wall, cpu, int(peak_file.read_text()) / 1024
 
 
 PLAIN_JSON = ("import json, sys, pathlib\n"
@@ -112,6 +121,8 @@ def cases(data: dict, out: Path) -> list[tuple[str, list[str], list[str]]]:
         ("start: replay --help", cli + ["replay", "--help"], start),
         (f"ledger: {len(many)} runs x {data['events']} events", cli + ["culprits", *many, "-o", str(out / "a")],
          ["-c", PLAIN_JSON, *many]),
+        (f"ledger: {len(many)} runs x {data['events']} events --by source",
+         cli + ["culprits", *many, "--by", "source", "-o", str(out / "s")], ["-c", PLAIN_JSON, *many]),
         (f"ledger: the folder of {len(many)} runs *", cli + ["culprits", str(data["many"][0].parents[1]), "-o",
                                                              str(out / "f")], ["-c", PLAIN_JSON, *many]),
         (f"ledger: 1 run x {data['long_events']} events", cli + ["culprits", str(data["long"]), "-o", str(out / "b")],
@@ -130,6 +141,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--quick", action="store_true", help="100 runs, 1,000 events, 10^5 entries")
     ap.add_argument("--repeats", type=int, default=3, help="runs of each command; the median is printed")
     ap.add_argument("--before", metavar="CHECKOUT", help="also measure the code of another checkout, interleaved")
+    ap.add_argument("--only", metavar="TEXT", help="only the cases whose name holds TEXT (e.g. ledger)")
     ap.add_argument("--build", metavar="DIR", help=argparse.SUPPRESS)  # internal: write the data into DIR
     args = ap.parse_args(argv)
     size = "quick" if args.quick else "full"
@@ -147,36 +159,39 @@ def main(argv: list[str] | None = None) -> list[dict]:
         data = layout(root, size)
         print(f"built the synthetic runs in {time.perf_counter() - t0:.1f} s; python {sys.version.split()[0]}, "
               f"{os.cpu_count()} CPU(s), load {os.getloadavg()[0]:.1f}")
-        return _run(cases(data, root / "out"), cases(data, root / "out-before"), env, before, root, args.repeats)
+        now, then = cases(data, root / "out"), cases(data, root / "out-before")
+        keep = [i for i, c in enumerate(now) if args.only is None or args.only in c[0]]
+        return _run([now[i] for i in keep], [then[i] for i in keep], env, before, root, args.repeats)
 
 
 def _run(now: list, then: list, env: dict, before: dict | None, root: Path, repeats: int) -> list[dict]:
-    """Each case ``repeats`` times, interleaved with its baseline (and the code before); medians."""
-    print(f"\n{'case':<40}{'s':>7}{'MiB':>6}{'base s':>8}{'MiB':>6}{'x base':>8}"
-          + (f"{'before s':>10}{'MiB':>6}{'x before':>9}" if before else ""))
+    """Each case ``repeats`` times, interleaved with its baseline (and the code before); medians. The
+    ratios are of CPU time."""
+    print(f"\n{'case':<48}{'s':>7}{'cpu s':>7}{'MiB':>6}{'base cpu':>9}{'MiB':>6}{'x base':>8}"
+          + (f"{'before cpu':>11}{'MiB':>6}{'x before':>9}" if before else ""))
     results = []
     for (name, cmd, base), (_, old, _) in zip(now, then):
-        runs: dict[str, list[tuple[float, float]]] = {"now": [], "base": [], "before": []}
+        runs: dict[str, list[tuple[float, float, float]]] = {"now": [], "base": [], "before": []}
         for _ in range(repeats):  # interleaved: noise hits them alike
             runs["now"].append(measure(cmd, env, root / "peak"))
             runs["base"].append(measure(base, env, root / "peak"))
             if before is not None and not name.endswith("*"):
                 runs["before"].append(measure(old, before, root / "peak"))
-        (s, mib), (bs, bmib) = _median(runs["now"]), _median(runs["base"])
-        line = f"{name:<40}{s:>7.2f}{mib:>6.0f}{bs:>8.2f}{bmib:>6.0f}{s / bs:>8.2f}"
-        row = {"case": name, "s": s, "mib": mib, "base_s": bs, "base_mib": bmib}
+        (s, cpu, mib), (_, bcpu, bmib) = _median(runs["now"]), _median(runs["base"])
+        line = f"{name:<48}{s:>7.2f}{cpu:>7.2f}{mib:>6.0f}{bcpu:>9.2f}{bmib:>6.0f}{cpu / bcpu:>8.2f}"
+        row = {"case": name, "s": s, "cpu_s": cpu, "mib": mib, "base_cpu_s": bcpu, "base_mib": bmib}
         if runs["before"]:
-            os_, omib = _median(runs["before"])
-            line += f"{os_:>10.2f}{omib:>6.0f}{s / os_:>9.2f}"
-            row.update(before_s=os_, before_mib=omib)
+            _, ocpu, omib = _median(runs["before"])
+            line += f"{ocpu:>11.2f}{omib:>6.0f}{cpu / ocpu:>9.2f}"
+            row.update(before_cpu_s=ocpu, before_mib=omib)
         print(line, flush=True)
         results.append(row)
     return results
 
 
-def _median(pairs: list[tuple[float, float]]) -> tuple[float, float]:
-    walls, rsss = sorted(p[0] for p in pairs), sorted(p[1] for p in pairs)
-    return walls[len(walls) // 2], rsss[len(rsss) // 2]
+def _median(runs: list[tuple[float, ...]]) -> tuple[float, ...]:
+    """Each column's median on its own."""
+    return tuple(sorted(col)[len(col) // 2] for col in zip(*runs))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ checked: they are shown, not computed with.
 from __future__ import annotations
 
 import math
+from operator import itemgetter
 from typing import Any
 
 
@@ -54,9 +55,9 @@ def rows_ok(table: dict[str, Any]) -> bool:
     allowed, the shares' sum finite); ``checked_rows`` then says which rows do not."""
     data = table.get("data", [])
     for j, c in _tests(table.get("columns", [])):
-        if not {type(r[j]) for r in data} <= set(CHECKS[c][0]):
+        if not set(map(type, map(itemgetter(j), data))) <= set(CHECKS[c][0]):
             return False
-        if c == "share" and not _sum_finite(r[j] for r in data if r[j] is not None):
+        if c == "share" and not _sum_finite(v for v in map(itemgetter(j), data) if v is not None):
             return False  # a NaN or an infinity somewhere (or an overflow: the slow path tells)
     return True
 

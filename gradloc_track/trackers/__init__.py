@@ -20,15 +20,27 @@
 - ``files``, ``keys``: atomic file writes, whole-record appends; metric key names and cleaning
 - ``quiet``: MLflow's store-creation lines and download bars off in our own commands
 """
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from .interface import NullTracker, Tracker
-from .fanout import FanoutTracker, as_one_tracker
-from .local_tracker import LocalTracker
-from .memory_tracker import MemoryTracker
-from .replay import replay_run_dir, replay_spool
-from .spool import read_spool
+
+#: name -> the module that defines it, imported on first use: the CLI's readers need ``table_json`` and
+#: ``files`` only, and the writer stack behind ``LocalTracker`` was half of ``culprits``' start-up
+_LAZY = {"FanoutTracker": ".fanout", "as_one_tracker": ".fanout", "LocalTracker": ".local_tracker",
+         "MemoryTracker": ".memory_tracker", "replay_run_dir": ".replay", "replay_spool": ".replay",
+         "read_spool": ".spool"}
 
 __all__ = ["Tracker", "NullTracker", "MemoryTracker", "FanoutTracker", "LocalTracker", "make_tracker",
            "as_one_tracker", "replay_spool", "replay_run_dir", "read_spool"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def make_tracker(cfg, run_dir=None, run_name=None, on_open=None) -> Tracker:
