@@ -1,7 +1,8 @@
 """The attribution table: one row per culprit of a spike event, at its level.
 
 A token row is one loss term; a span, sample (or packed document) row holds the text of its loss
-terms in ``token`` and its positions ``[position, end)``; a micro-batch row names only its
+terms in ``token`` and the positions they span ``[position, end)`` (a masked prompt or padding outside
+them is not part of it); a micro-batch row names only its
 micro-batch. Rows never overlap, so their ``share`` values add up.
 
 Every row names its sample by ``sample_id``, the fingerprint of the sample's loss-bearing token

@@ -31,7 +31,7 @@ class Segment:
     micro_batch: int
     batch: int
     document: int | None
-    start: int  # positions [start, end) of the row it spans
+    start: int  # positions [start, end) of the row its loss terms span (the row's or document's, without any)
     end: int
     terms: list[tuple[int, int]] = field(default_factory=list)  # its loss terms (b, t)
     # its terms' output-head norms (exact per term) and their micro-batch's median; set for candidates
@@ -68,6 +68,9 @@ class Segments:
         else:
             for bt, k in zip(terms, ids[kept].tolist()):  # host sync: once per localization
                 self.items[k].terms.append(bt)
+        for item in self.items:  # a unit spans its loss terms, as a flagged one does: a row's masked prompt and
+            if item.terms:  # its padding are not what was blamed (held-out tester, stop 53: SFT rows read 0-128)
+                item.start, item.end = item.terms[0][1], item.terms[-1][1] + 1
         self.sq: torch.Tensor | None = None
         self.head: torch.Tensor | None = None  # (B, T) squared output-head norm per position (GhostMap)
         self._kept = kept

@@ -85,6 +85,20 @@ def test_a_whole_bad_document_with_the_adaptive_threshold_is_one_sample_row():
     assert all(c.batch == bad for c in res.tokens)
 
 
+def test_a_sample_named_on_its_gradient_spans_its_loss_terms_not_its_masked_prompt_and_padding():
+    """An SFT row (prompt masked, answer trained, padding) named as a sample read positions 0-T: the
+    prompt and padding were not blamed (held-out tester, stop 53; a flagged sample read its terms)."""
+    B, T, bad, answer = 8, 24, 5, range(7, 19)
+    model, loss_fn = weighted(B, T, {(bad, t): 20.0 for t in answer})
+    mask = torch.zeros(B, T)
+    mask[:, answer.start:answer.stop] = 1  # every row: a 7-token prompt, 12 answer tokens, 5 of padding
+    model.zero_grad(set_to_none=True)
+    loss_fn(mask).backward()
+    res = gradloc_track.locate(model, loss_fn, mask)
+    (s,) = rows(res, "sample")
+    assert (s.batch, s.start, s.end) == (bad, answer.start, answer.stop)
+
+
 def test_a_few_heavy_terms_are_tokens_not_their_sample():
     B, T = 8, 24
     heavy = {(3, 4): 60.0, (3, 15): 60.0}
