@@ -51,3 +51,17 @@ def test_every_name_a_package_exports_lazily_resolves_to_its_modules_own(package
     for name, where in mod._EXPORTS.items():
         assert getattr(mod, name) is getattr(importlib.import_module(where), name), name
     assert sorted(mod.__all__) == sorted(mod._EXPORTS)
+
+
+def test_the_trackers_package_imports_its_writers_on_first_use_and_still_hands_out_its_submodules():
+    """``gradloc_track.trackers`` imports its writer stack on first use (the CLI's readers start without it),
+    and a plain ``import gradloc_track.trackers`` still reaches every submodule as an attribute, as when the
+    package imported them all (review of bbcf81d: ``trackers.local_tracker`` raised AttributeError)."""
+    import subprocess
+
+    code = ("import sys, gradloc_track.trackers as t\n"
+            "print('gradloc_track.trackers.local_tracker' in sys.modules)\n"
+            "print(t.local_tracker.LocalTracker is t.LocalTracker, t.files.__name__, t.MemoryTracker.__name__)\n"
+            "print(hasattr(t, 'no_such_module'), 'LocalTracker' in dir(t))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "True", "gradloc_track.trackers.files", "MemoryTracker", "False", "True"]

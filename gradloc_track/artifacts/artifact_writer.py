@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import copy
+import os
 import shutil
 import tempfile
 import threading
@@ -33,15 +34,18 @@ TABLE_KEY = "spikes/tokens"
 HTML_KEY = "spikes/highlight"
 IMAGE_KEY = "spikes/heatmap"
 
-_scratch: set[Path] = set()  # the writers' scratch dirs not removed yet: what the exit hook removes
+_scratch: dict[Path, int] = {}  # the writers' scratch dirs not removed yet -> the process that made each
 
 
 @atexit.register
 def _remove_scratch() -> None:
-    """A writer never closed (a ``GradMonitor`` built by hand) leaves no scratch dir behind the process."""
-    for path in list(_scratch):
-        shutil.rmtree(path, ignore_errors=True)
-    _scratch.clear()
+    """A writer never closed (a ``GradMonitor`` built by hand) leaves no scratch dir behind the process; a
+    forked child that exits leaves its parent's alone."""
+    me = os.getpid()
+    for path, pid in list(_scratch.items()):
+        if pid == me:
+            shutil.rmtree(path, ignore_errors=True)
+            del _scratch[path]
 
 
 class SpikeArtifactWriter:
@@ -83,7 +87,7 @@ class SpikeArtifactWriter:
             own = getattr(self.tracker, "run_dir", None)
             if own is None:
                 self._scratch = Path(tempfile.mkdtemp(prefix="gradloc-spikes-"))
-                _scratch.add(self._scratch)
+                _scratch[self._scratch] = os.getpid()
             self._run_dir = Path(own) if own is not None else self._scratch
         return self._run_dir
 
@@ -94,7 +98,7 @@ class SpikeArtifactWriter:
         if self._scratch is None:
             return
         shutil.rmtree(self._scratch, ignore_errors=True)
-        _scratch.discard(self._scratch)
+        _scratch.pop(self._scratch, None)
         self._scratch = self._run_dir = None
 
     def write(self, step: int, events: Sequence[SpikeEvent], result: LocateResult, ctx: Any) -> None:

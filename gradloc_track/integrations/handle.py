@@ -348,7 +348,10 @@ class WatchHandle:
         self._finished = True
         self.remove()
         self.run.close(status)
-        self.monitor.artifact_writer.close()  # after the tracker has its images: a scratch dir's PNGs go
+        if self.run.owned:  # after the tracker has its images; a caller's tracker, finished later, may still
+            close = getattr(self.monitor.artifact_writer, "close", None)  # read them: the exit hook removes them
+            if close is not None:
+                close()
 
     def finish(self, status: str = "success") -> None:
         """``close(status)``: write everything out, take every hook off, end a run opened here."""

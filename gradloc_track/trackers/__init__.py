@@ -23,24 +23,36 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any
+import importlib.util as _util
+from typing import Any as _Any
 
+from .._lazy import lazy_names as _lazy_names
 from .interface import NullTracker, Tracker
 
 #: name -> the module that defines it, imported on first use: the CLI's readers need ``table_json`` and
 #: ``files`` only, and the writer stack behind ``LocalTracker`` was half of ``culprits``' start-up
-_LAZY = {"FanoutTracker": ".fanout", "as_one_tracker": ".fanout", "LocalTracker": ".local_tracker",
-         "MemoryTracker": ".memory_tracker", "replay_run_dir": ".replay", "replay_spool": ".replay",
-         "read_spool": ".spool"}
+_names = _lazy_names(__name__, {n: f"{__name__}.{m}" for n, m in {
+    "FanoutTracker": "fanout", "as_one_tracker": "fanout", "LocalTracker": "local_tracker",
+    "MemoryTracker": "memory_tracker", "replay_run_dir": "replay", "replay_spool": "replay",
+    "read_spool": "spool"}.items()})
 
 __all__ = ["Tracker", "NullTracker", "MemoryTracker", "FanoutTracker", "LocalTracker", "make_tracker",
            "as_one_tracker", "replay_spool", "replay_run_dir", "read_spool"]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name], __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def __getattr__(name: str) -> _Any:
+    """A public name, else a submodule (``gradloc_track.trackers.files`` after a plain ``import
+    gradloc_track.trackers``, as when the package imported them all), imported on first use."""
+    try:
+        return _names(name)
+    except AttributeError:
+        if name.startswith("_") or _util.find_spec(f"{__name__}.{name}") is None:
+            raise
+    return importlib.import_module(f"{__name__}.{name}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
 
 
 def make_tracker(cfg, run_dir=None, run_name=None, on_open=None) -> Tracker:

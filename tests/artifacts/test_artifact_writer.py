@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -178,3 +179,23 @@ def test_close_removes_the_scratch_dir_and_keeps_a_given_one(spike, tmp_path, mo
     kept.write(7, events, result, ctx)
     kept.close()
     assert list((tmp_path / "run" / "rendered").glob("*.png"))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_leaving_does_not_remove_its_parents_scratch_dir(spike, temp_root):
+    """The exit hook is inherited by a plain ``os.fork()`` child: one that exited normally removed the scratch
+    dir its parent was still writing into (review of 997531a). Each dir is removed by the process that made it."""
+    from gradloc_track.artifacts import artifact_writer
+
+    events, result, ctx = spike
+    writer = SpikeArtifactWriter(MemoryTracker())
+    writer.write(7, events, result, ctx)
+    (scratch,) = temp_root.iterdir()
+    pid = os.fork()
+    if pid == 0:  # the child: what its interpreter's exit would run, then out without pytest's own teardown
+        artifact_writer._remove_scratch()
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert scratch.is_dir() and list(scratch.rglob("*.png"))
+    writer.close()
+    assert not scratch.exists()

@@ -183,3 +183,17 @@ def test_a_run_without_run_dir_leaves_no_rendered_heatmap_in_the_temp_dir(gpt2, 
         assert png.read_bytes()[:4] == b"\x89PNG"  # there while the run is open
     handle.close()
     assert not list(temp_root.iterdir())
+
+
+def test_the_callers_own_tracker_keeps_its_heatmaps_after_close(gpt2, temp_root):
+    """A caller's tracker is theirs to finish after ``close()`` (it may upload the files then): the scratch
+    heatmaps it was given stay until the process exits (review of 997531a: close() removed them)."""
+    from .conftest import FAST
+
+    mine = gradloc_track.MemoryTracker()
+    opt = torch.optim.AdamW(gpt2.parameters(), lr=LR)
+    handle = gradloc_track.watch(gpt2, opt, tracker=mine, console=False, **FAST)
+    plain_loop(gpt2, opt)
+    handle.close()
+    ((_, _, png),) = mine.images
+    assert png.read_bytes()[:4] == b"\x89PNG"

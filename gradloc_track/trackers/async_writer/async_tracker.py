@@ -315,8 +315,10 @@ _LATE: list[threading.Thread] = []  # artifact jobs still rendering after their 
 
 @atexit.register
 def _wait_for_late_jobs() -> None:
-    """Registered first, so it runs last: the late jobs' records reach the spool unless the process
-    would wait more than ``EXIT_FLUSH_S`` for them."""
+    """At exit, the late jobs' records reach the spool unless the process would wait more than ``EXIT_FLUSH_S``
+    for them. Registered when this module is first imported (``gradloc_track.trackers`` imports it on first
+    use), so it may run before or after the render worker's exit hook: a job the stopped worker would have
+    drawn starts it again (``render_worker._Worker``)."""
     deadline = time.monotonic() + EXIT_FLUSH_S
     for thread in _LATE:
         thread.join(max(0.0, deadline - time.monotonic()))
