@@ -300,8 +300,8 @@ def _unit_text(u: Culprit, T: int) -> str:
     share = "n/a" if u.share is None else f"{u.share:.3f}"
     what = "whole sample" if u.level == "sample" and u.document is None else \
         ("document" if u.level == "sample" else u.level)
-    return (f"culprit {what}: positions {u.start}\u2013{u.end - 1} of {T} · {u.n_terms} loss terms · share {share}"
-            f" · grad norm {u.grad_norm:.3e} · top layers {format_top_layers(u.layer_norms)}")
+    return (f"culprit {what}: loss terms at positions {u.start}\u2013{u.end - 1} of {T} · {u.n_terms} loss terms"
+            f" · share {share} · grad norm {u.grad_norm:.3e} · top layers {format_top_layers(u.layer_norms)}")
 
 
 def _micro_batch_line(c: Culprit) -> str:
@@ -330,8 +330,9 @@ def _section(view: CulpritView, mb: int | None, sample: int, culprits: list, gho
     s = _Sample(view, mb, sample, ghost_map, tokens, look)
     T = len(s.ids)
     ranges = context_windows(list(tokens), T, window)
-    for u in units:  # a unit is shown whole (up to FULL_TEXT_TOKENS), with a little context
-        ranges = _merge(ranges + [(max(0, u.start - min(window, 8)), min(T, u.start + FULL_TEXT_TOKENS, u.end + 8))])
+    for u in units:  # a unit is shown whole (up to FULL_TEXT_TOKENS), with a little context; a whole sample with
+        before = window if u.level == "sample" and u.document is None else min(window, 8)  # its prompt's tail
+        ranges = _merge(ranges + [(max(0, u.start - before), min(T, u.start + FULL_TEXT_TOKENS, u.end + 8))])
     ranges = s.extend_over_padding(ranges)
     rows = "".join(
         f"<tr><td>{p}</td><td>{s.ids[p]}</td><td>{token_html(decode_token(s.tok, s.ids[p]))}</td>"

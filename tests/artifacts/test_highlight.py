@@ -10,6 +10,7 @@ import torch
 
 from gradloc_track.artifacts import attribution_table, render_highlight_html
 from gradloc_track.artifacts.highlight import CSS, MAX_SAMPLES, MAX_TOKEN_CHARS
+from gradloc_track.demo.data import ByteTokenizer
 from gradloc_track.localizer.result import CulpritToken, LocateResult
 from gradloc_track.spikes import SpikeContext, SpikeEvent
 
@@ -184,7 +185,7 @@ def test_highlight_page_names_and_outlines_the_sample_across_micro_batches():
     assert "<script" not in page.lower() and "<b>garbage" not in page  # the document's markup stays text
     sec = re.search(r"<h2>micro-batch 1, sample 1</h2><div class='meta'>reward <b>1</b></div>"
                     r"<div class='meta'>([^<]*)</div><div class='text'>(.*?)</div>", page)  # its columns, then units
-    assert sec and "culprit whole sample: positions 0\u201323 of 24" in html.unescape(sec.group(1))
+    assert sec and "culprit whole sample: loss terms at positions 0\u201323 of 24" in html.unescape(sec.group(1))
     # said once (the window is the unit), and no token table without culprit tokens (round 8: twice, and empty)
     assert html.unescape(sec.group(1)).count("positions 0\u201323") == 1
     doc_section = page[sec.start():page.index("<h2>", sec.end()) if "<h2>" in page[sec.end():] else len(page)]
@@ -198,3 +199,24 @@ def test_highlight_page_names_and_outlines_the_sample_across_micro_batches():
     assert "<h2>micro-batch 2</h2>" in page and "culprit micro-batch" in page
     assert "a note from the localizer" in page
     assert "culprits: 1 sample, 1 micro-batch, 2 tokens" in page
+
+
+def test_a_whole_sample_named_by_its_answer_shows_the_prompt_before_it():
+    """A sample spans its loss terms (an SFT answer at 40-59, its prompt masked): its section shows the prompt's
+    last ``window`` tokens before the answer, the text a reader judges the answer by, and says the positions are
+    its loss terms' (review of 296eda0: 8 tokens of the prompt, and "whole sample: positions 40-59")."""
+    from gradloc_track.localizer.result import Culprit
+
+    text = ("Q: what does the fox do? A: " * 4).encode()[:64]
+    ids = torch.tensor([list(text), list(text)])
+    mask = torch.zeros(2, 64)
+    mask[1, 40:60] = 1.0
+    unit = Culprit("sample", 2.0, 0.9, batch=1, start=40, end=60, n_terms=20)
+    result = LocateResult([], probes=3, method="auto", threshold=0.25, total_norm=2.0, culprits=[unit])
+    ctx = SpikeContext(lambda m: m.sum(), mask, input_ids=ids, tokenizer=ByteTokenizer())
+    page = html.unescape(render_highlight_html(12, [SpikeEvent(12, "global", 6.0, 1.2, 8.0, 5.0)], result, ctx,
+                                               window=24))
+    assert "culprit whole sample: loss terms at positions 40\u201359 of 64" in page
+    section = page.split("<h2>sample 1</h2>")[1].split("<table>")[0]
+    shown = [int(t) for t in re.findall(r'title="position (\d+) \|', section)]
+    assert shown[0] == 16 and shown[-1] >= 59
