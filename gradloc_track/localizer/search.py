@@ -169,7 +169,7 @@ def auto(prober: Prober, hits: Hits, all_terms: list[tuple[int, int, int]], tau:
     1. candidates are confirmed in score order with exact single-term probes, stopping at the
        first miss or once scores fall below ``tau / 4`` (the ranking says nothing is left); a
        candidate earlier in the row of an explained term may owe its score to that term (attention's
-       back-flow): its miss does not stop the search, and under ``tau`` it is not probed;
+       back-flow): its miss does not stop the search, and the row's cooler such candidates are not probed;
     2. the remainder's gradient is ``g_total - explained - sum(g_culprit)`` (no probe): if it
        passes the bisection rule (``||g_R|| <= tau_prune * sqrt(|R|)``) the search is done, else a
        subtraction-bisection searches the remainder within the budget (with several
@@ -221,12 +221,12 @@ def _confirm_candidates(prober: Prober, hits: Hits, all_terms: list[tuple[int, i
     ranked = [k for k in all_terms if hits.scores[k] >= tau / 4 and k not in hits.terms]
     # one pass and one host transfer per probe when the prober can summarise (not a distributed view)
     summarise = prober.summary if isinstance(hits, Hits) and isinstance(prober, Prober) else None
-    last = _last_in_row(hits.terms)
+    last, spent = _last_in_row(hits.terms), set()  # rows whose borrowed heat has missed once
     for key in sorted(ranked, key=lambda k: -hits.scores[k]):
         i, term = key[0], key[1:]
         heated = key[2] < last.get(key[:2], -1)
-        if heated and hits.scores[key] <= tau:
-            continue  # its score may be borrowed, and even so it is under the threshold: the remainder check covers it
+        if heated and key[:2] in spent:
+            continue  # cooler than a miss on this row's borrowed heat: the remainder check covers it
         try:
             g = prober.probe_terms(i, [term])
         except BudgetExhausted:
@@ -235,7 +235,8 @@ def _confirm_candidates(prober: Prober, hits: Hits, all_terms: list[tuple[int, i
         n = summary[0] if summary is not None else prober.norm(g)
         if n <= tau:
             if heated:
-                continue  # a miss on borrowed heat says nothing of the candidates after it
+                spent.add(key[:2])
+                continue  # a miss on borrowed heat says nothing of the other rows' candidates
             break
         last[key[:2]] = max(last.get(key[:2], -1), key[2])
         if summary is not None:
