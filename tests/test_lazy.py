@@ -62,6 +62,6 @@ def test_the_trackers_package_imports_its_writers_on_first_use_and_still_hands_o
     code = ("import sys, gradloc_track.trackers as t\n"
             "print('gradloc_track.trackers.local_tracker' in sys.modules)\n"
             "print(t.local_tracker.LocalTracker is t.LocalTracker, t.files.__name__, t.MemoryTracker.__name__)\n"
-            "print(hasattr(t, 'no_such_module'), 'LocalTracker' in dir(t))\n")
+            "print(hasattr(t, 'no_such_module'), 'LocalTracker' in dir(t), getattr(t, 'files.x', None))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["False", "True", "gradloc_track.trackers.files", "MemoryTracker", "False", "True"]
+    assert out == ["False", "True", "gradloc_track.trackers.files", "MemoryTracker", "False", "True", "None"]

@@ -97,6 +97,9 @@ class SpikeArtifactWriter:
         dir stays. Idempotent; a later spike makes a new scratch dir."""
         if self._scratch is None:
             return
+        if _scratch.get(self._scratch, os.getpid()) != os.getpid():  # a forked child's close: its parent's dir
+            self._scratch = self._run_dir = None
+            return
         shutil.rmtree(self._scratch, ignore_errors=True)
         _scratch.pop(self._scratch, None)
         self._scratch = self._run_dir = None

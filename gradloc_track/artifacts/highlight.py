@@ -300,7 +300,7 @@ def _unit_text(u: Culprit, T: int) -> str:
     share = "n/a" if u.share is None else f"{u.share:.3f}"
     what = "whole sample" if u.level == "sample" and u.document is None else \
         ("document" if u.level == "sample" else u.level)
-    return (f"culprit {what}: loss terms at positions {u.start}\u2013{u.end - 1} of {T} · {u.n_terms} loss terms"
+    return (f"culprit {what}: {u.n_terms} loss terms at positions {u.start}\u2013{u.end - 1} of {T}"
             f" · share {share} · grad norm {u.grad_norm:.3e} · top layers {format_top_layers(u.layer_norms)}")
 
 
@@ -395,7 +395,7 @@ def _outlined(s: "_Sample", a: int, b: int, units: list) -> str:
             continue
         if lo > p:
             parts.append(s.spans(p, lo))
-        title = html.escape(f"CULPRIT {u.level}: positions {u.start}-{u.end - 1}, share "
+        title = html.escape(f"CULPRIT {u.level}: loss terms at positions {u.start}-{u.end - 1}, share "
                             f"{'n/a' if u.share is None else f'{u.share:.3f}'}", quote=True)
         parts.append(f'<span class="u" title="{title}">{s.spans(lo, hi)}</span>')
         p = hi

@@ -46,7 +46,7 @@ def __getattr__(name: str) -> _Any:
     try:
         return _names(name)
     except AttributeError:
-        if name.startswith("_") or _util.find_spec(f"{__name__}.{name}") is None:
+        if name.startswith("_") or "." in name or _util.find_spec(f"{__name__}.{name}") is None:
             raise
     return importlib.import_module(f"{__name__}.{name}")
 

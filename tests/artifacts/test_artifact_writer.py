@@ -192,7 +192,8 @@ def test_a_forked_child_leaving_does_not_remove_its_parents_scratch_dir(spike, t
     writer.write(7, events, result, ctx)
     (scratch,) = temp_root.iterdir()
     pid = os.fork()
-    if pid == 0:  # the child: what its interpreter's exit would run, then out without pytest's own teardown
+    if pid == 0:  # the child: a close() (a handle's atexit finish), what its interpreter's exit would run, then
+        writer.close()  # out without pytest's own teardown
         artifact_writer._remove_scratch()
         os._exit(0)
     os.waitpid(pid, 0)

@@ -185,7 +185,7 @@ def test_highlight_page_names_and_outlines_the_sample_across_micro_batches():
     assert "<script" not in page.lower() and "<b>garbage" not in page  # the document's markup stays text
     sec = re.search(r"<h2>micro-batch 1, sample 1</h2><div class='meta'>reward <b>1</b></div>"
                     r"<div class='meta'>([^<]*)</div><div class='text'>(.*?)</div>", page)  # its columns, then units
-    assert sec and "culprit whole sample: loss terms at positions 0\u201323 of 24" in html.unescape(sec.group(1))
+    assert sec and "culprit whole sample: 23 loss terms at positions 0\u201323 of 24" in html.unescape(sec.group(1))
     # said once (the window is the unit), and no token table without culprit tokens (round 8: twice, and empty)
     assert html.unescape(sec.group(1)).count("positions 0\u201323") == 1
     doc_section = page[sec.start():page.index("<h2>", sec.end()) if "<h2>" in page[sec.end():] else len(page)]
@@ -216,7 +216,7 @@ def test_a_whole_sample_named_by_its_answer_shows_the_prompt_before_it():
     ctx = SpikeContext(lambda m: m.sum(), mask, input_ids=ids, tokenizer=ByteTokenizer())
     page = html.unescape(render_highlight_html(12, [SpikeEvent(12, "global", 6.0, 1.2, 8.0, 5.0)], result, ctx,
                                                window=24))
-    assert "culprit whole sample: loss terms at positions 40\u201359 of 64" in page
+    assert "culprit whole sample: 20 loss terms at positions 40\u201359 of 64" in page
     section = page.split("<h2>sample 1</h2>")[1].split("<table>")[0]
     shown = [int(t) for t in re.findall(r'title="position (\d+) \|', section)]
     assert shown[0] == 16 and shown[-1] >= 59
