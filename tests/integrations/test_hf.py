@@ -210,9 +210,10 @@ def test_default_max_grad_norm_spike_is_detected_localized_and_clipped_as_traine
     assert spike in [s.step for s in ours.handle.spikes]
     table = tracker.tables["spikes/tokens"]
     rows = [dict(zip(table["columns"], r)) for r in table["rows"]]
-    # the long garbage document is one culprit: a whole-sample row (no few tokens carry it)
+    # the long garbage document is one culprit: a whole-sample row (no few tokens carry it), spanning its LONG
+    # loss terms, not its padding
     assert [(r["level"], r["micro_batch"], r["sample"], r["position"], r["end"]) for r in rows
-            if r["step"] == spike] == [("sample", K - 1, CORRUPT, 0, SEQ)]
+            if r["step"] == spike] == [("sample", K - 1, CORRUPT, 0, LONG)]
     # the localizer ran after the clip: its step check takes the clip coefficient, so the step is reproduced
     (located,) = [s.locate for s in ours.handle.spikes if s.step == spike]
     assert located.step_check.replayed and located.step_check.norm_ratio == pytest.approx(1.0, abs=1e-4)
