@@ -106,18 +106,13 @@ def by_sample(ledger: Ledger) -> list[dict[str, Any]]:
     the most blamed first."""
     groups: dict[str, list[dict]] = {}
     for r in ledger.rows:
-        sid = r.get("sample_id")
-        if sid:
-            rows = groups.get(sid)
-            if rows is None:
-                groups[sid] = [r]
-            else:
-                rows.append(r)
+        if r.get("sample_id"):
+            groups.setdefault(r["sample_id"], []).append(r)
     out = []
-    name, metadata = ledger.names, ledger.metadata
+    name = ledger.names
     for sid, rows in groups.items():
         if len(rows) == 1:  # the common case, without the per-event bookkeeping (the same entry)
-            out.append(_one_row(sid, rows[0], name[rows[0]["run"]], metadata))
+            out.append(_one_row(sid, rows[0], name[rows[0]["run"]], ledger.metadata))
             continue
         shares = _event_shares(rows)
         runs = list(dict.fromkeys(name[run] for run, _ in shares))
@@ -130,15 +125,10 @@ def by_sample(ledger: Ledger) -> list[dict[str, Any]]:
 
 def _one_row(sid: str, r: dict, run: str, metadata: list[str]) -> dict[str, Any]:
     """``by_sample``'s entry of a sample blamed by one row."""
-    text = str(r.get("token") or "")
-    entry = {"sample_id": sid, "blamed": 1, "runs": [run], "steps": [f"{run}@{r.get('step')}"],
-             "max_share": max(0.0, float(r.get("share") or 0.0)),
-             "text": text if len(text) <= EXCERPT_CHARS else cut_text(text, EXCERPT_CHARS)}
-    if r.get("nonfinite") is True:
-        entry["nonfinite"] = True
-    for c in metadata:
-        entry[c] = r.get(c)
-    return entry
+    return {"sample_id": sid, "blamed": 1, "runs": [run], "steps": [f"{run}@{r.get('step')}"],
+            "max_share": max(0.0, float(r.get("share") or 0.0)),
+            "text": cut_text(str(r.get("token") or ""), EXCERPT_CHARS), **_nonfinite([r]),
+            **{c: r.get(c) for c in metadata}}
 
 
 def _nonfinite(rows: list[dict]) -> dict[str, bool]:
