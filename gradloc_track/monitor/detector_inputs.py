@@ -91,6 +91,7 @@ class DetectorInputs:
         self.optimizer = optimizer
         self.weight_norm: float | None = None  # the last parameter norm seen (parameters move slowly)
         self._loss = self._samples = self._w_sq = self._junk = None
+        self.gathered = False  # this step's values were all-gathered across ranks (``rank_inputs``)
         self.adam = AdamUpdate(optimizer) if "update" in self.wants else None
         if self.adam is not None and not self.adam.groups:
             self.adam = None  # not an Adam-like optimizer: no update signal
@@ -124,7 +125,8 @@ class DetectorInputs:
             local[JUNK_SPAN], local[JUNK_MEAN], local[JUNK_LEAK] = junk_pair(self._junk, dev) or (None, None, None)
         if self._w_sq is not None:  # squared norms are >= 0 or NaN: finite exactly when below inf
             local[WEIGHT_BAD] = (self._w_sq.sum() < torch.inf).logical_not().float()
-        if local and world_of(self.process_group) > 1:  # every rank's detector reads the same values
+        self.gathered = bool(local) and world_of(self.process_group) > 1
+        if self.gathered:  # every rank's detector reads the same values
             for name, value in combine_across_ranks(local, dev, self.process_group).items():
                 pack.add_slot(name, value)
         else:

@@ -78,6 +78,7 @@ from .outcome import SpikeOutcome
 from .optimizer_metrics import OptimizerMetrics
 from .packing import LR, N_TOKENS, WD, HostPack, add_clip, add_norms, loggable
 from .param_set import ParamSet
+from .rank_wait import waiting
 from .responder import SpikeResponder
 from .scaler_overflow import ScalerOverflows
 from .stats import GradStats
@@ -300,7 +301,11 @@ class GradMonitor:
             after_verdict = spike_context is not None and self.responder.surgery
             scale = optimizer_scale(self.param_set, self.clipper, clip_result, after_verdict)
             self.detector_inputs.add(pack, self.params, grad_sq, scale)
-        values = pack.to_host()
+        if self.detector is not None and self.detector_inputs.gathered and grad_sq.device.type != "cpu":
+            with waiting(f"rank {self.rank}'s step (the spike detector's all-gather) at optimizer.step()"):
+                values = pack.to_host()  # an accelerator's collective is waited for here, not at its call
+        else:
+            values = pack.to_host()
         host, slots = values.metrics, values.slots
         signals = self.detector_inputs.read(slots, nonfinite=host["grad_norm/nonfinite"] > 0)
         after_transfer(self.clipper, host, self._warn_once, self.skip_guard)

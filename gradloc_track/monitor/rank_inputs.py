@@ -20,6 +20,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .rank_wait import explained, waiting
+
 # slot -> how the ranks' values combine
 COMBINE = {"loss": "mean", "sample_max": "max", "junk_span": "max", "junk_mean": "mean", "junk_leak": "max",
            "weight_bad": "max"}
@@ -45,7 +47,12 @@ def combine_across_ranks(local: dict[str, torch.Tensor | None], device: torch.de
     given = torch.stack([torch.full((), float(local.get(n) is not None), device=device) for n in names])
     mine = torch.cat([vals, given])  # (2k,)
     everyone = torch.empty(world_of(group) * mine.numel(), device=device)
-    dist.all_gather_into_tensor(everyone, mine, group=group)
+    rank = dist.get_rank(group)
+    with waiting(f"rank {rank}'s all-gather of the spike detector's inputs at optimizer.step()"):
+        try:  # gloo waits here; NCCL in the step's host transfer (``GradMonitor._sync``)
+            dist.all_gather_into_tensor(everyone, mine, group=group)
+        except RuntimeError as exc:  # the process group's timeout, a peer gone: name the likely cause
+            raise explained(exc, rank) from exc
     rows = everyone.view(-1, 2, len(names))  # (world, 2, k)
     v, g = rows[:, 0], rows[:, 1] > 0  # (world, k)
     count = g.sum(0).float()  # (k,)
