@@ -7,7 +7,7 @@ from typing import Any
 from ..spikes.event import lead_event
 from ..units import share_list
 from .culprits import MAX_LINES, SpikeView, culprit_lines
-from .links import event_page, highlight_page, where_to_look
+from .links import event_page, highlight_page, spike_link, where_to_look
 
 
 def surgery_line(op: Any) -> str:
@@ -25,7 +25,7 @@ def spike_block(view: SpikeView, run_dir: Path) -> list[str]:
     """The lines of one spike block: when, which signal, which text, surgery, where to look. A later step of
     an incident that was not localized is one line (held-out tester, stop 52: a corrupt weight printed a full
     block on each of 150 skipped steps): its incident's block said the rest, its events row keeps it."""
-    short = aftermath_line(view)
+    short = aftermath_line(view, run_dir)
     if short is not None:
         return [short]
     lines = [f"── spike at step {view.step} " + "─" * 40]
@@ -53,15 +53,22 @@ def spike_block(view: SpikeView, run_dir: Path) -> list[str]:
     return lines
 
 
-def aftermath_line(view: SpikeView) -> str | None:
-    """The one line of a later step of an incident that was not localized (``spike_block``), else None."""
+def aftermath_line(view: SpikeView, run_dir: Path) -> str | None:
+    """The one line of a later step of an incident that was not localized (``spike_block``), else None. It
+    points at the step's events row where one stays: a backend's link, else the kept run dir (a scratch one
+    goes with the run: held-out tester, stop 54, the line named a file that was never kept)."""
     detail = (getattr(view.events[0], "cause_detail", "") or "") if view.events else ""
     if view.result is not None or view.surgery is not None or not detail.startswith(AFTERMATH):
         return None
     lead = lead_event(view.events) if all(hasattr(e, "is_norm") for e in view.events) else view.events[0]
     key = getattr(lead, "key", f"grad_norm/{lead.signal}")
-    return (f"── spike at step {view.step}: {detail.split(':', 1)[0]}, {key} = {lead.value:.3g}; not localized "
-            f"({event_page(view.step)})")
+    line = f"── spike at step {view.step}: {detail.split(':', 1)[0]}, {key} = {lead.value:.3g}; not localized"
+    where = spike_link(run_dir, view.step, localized=False)
+    if where is None:
+        from ..trackers.join import is_scratch
+
+        where = None if is_scratch(run_dir) else f"its row of spikes/events in {run_dir}"
+    return line if where is None else f"{line} ({where})"
 
 
 def _culprit_section(view: SpikeView) -> list[str]:
@@ -77,8 +84,10 @@ def _culprit_section(view: SpikeView) -> list[str]:
         lines.append("  culprits   none found: no sample, span or token stands out (the spike is spread over "
                      "the batch)")
         top = [r for r in getattr(view.result, "sample_shares", [])[:3] if r.get("share") is not None]
-        if top:
-            lines.append("             largest per-sample shares: " + share_list(top))
+        if top:  # a replay that does not reproduce the step (a NaN multiplier on one rank): its shares are the replay's
+            check = getattr(view.result, "step_check", None)
+            whose = " of the replayed step" if check is not None and not check.replayed else ""
+            lines.append(f"             largest per-sample shares{whose}: " + share_list(top))
     elif found:
         shown = found[:MAX_LINES]
         if len(found) > MAX_LINES:

@@ -57,6 +57,12 @@ def test_console_block_without_culprits_gives_the_per_sample_shares(tmp_path):
     text = printed(SpikeView(12, [], result, ctx), tmp_path)
     assert "none found: no sample, span or token stands out" in text
     assert "largest per-sample shares: sample 3 21%" in text
+    # held-out tester, stop 54: a NaN multiplier on one rank's loss; the finite replay's shares read as the step's
+    from gradloc_track.localizer.result import StepCheck
+
+    result.step_check = StepCheck(residual=1.0, norm_ratio=float("nan"), replayed=False, reason="...")
+    assert "largest per-sample shares of the replayed step: sample 3 21%" in printed(SpikeView(12, [], result, ctx),
+                                                                                    tmp_path)
 
 
 def test_a_non_finite_step_says_which_sample_and_a_sum_overflow_names_none(tmp_path):
@@ -132,8 +138,28 @@ def test_a_later_step_of_an_incident_is_one_line(tmp_path):
     text = printed(SpikeView(151, [later], not_localized="a weight is corrupt since step 150 (h.1.mlp.fc.weight): "
                                                         "the batch is not the cause"), tmp_path)
     assert text.strip().splitlines() == ["── spike at step 151: aftermath of step 150 (numeric), grad_norm/global = "
-                                         "2.2; not localized (spikes/events/step_000151.csv)"]
+                                         f"2.2; not localized (its row of spikes/events in {tmp_path})"]
     first = dataclasses.replace(EVENT, step=150, cause="numeric", cause_detail=detail.split(": ", 1)[1])
     assert len(printed(SpikeView(150, [first], not_localized="a weight is corrupt since step 150 (h.1.mlp.fc."
                                                              "weight): the batch is not the cause"),
                        tmp_path).strip().splitlines()) > 2  # the incident's own step: the whole block
+
+
+def test_a_later_steps_line_names_no_file_a_scratch_run_dir_loses_and_links_a_backends_row(tmp_path):
+    """Held-out tester, stop 54: without a run dir (a scratch one, removed at the end) the one line named
+    'spikes/events/step_000032.csv', a file never kept, while the full blocks said 'no run dir'. Now it names
+    the backend's link to the row, else nothing."""
+    import dataclasses
+
+    from gradloc_track.trackers.join import RunDir
+
+    later = dataclasses.replace(EVENT, step=32, cause="data", cause_detail="aftermath of step 30 (data): ...")
+    scratch = RunDir(None)
+    try:
+        line = printed(SpikeView(32, [later], not_localized="aftermath"), scratch.path).strip()
+        assert line == "── spike at step 32: aftermath of step 30 (data), grad_norm/global = 2.2; not localized", line
+        mlflow_record(scratch.path, "a" * 32)
+        line = printed(SpikeView(32, [later], not_localized="aftermath"), scratch.path).strip()
+        assert "(http://" in line and "artifacts/spikes/events/step_000032.csv" in line, line
+    finally:
+        scratch.remove()
