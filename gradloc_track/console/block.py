@@ -67,7 +67,8 @@ def aftermath_line(view: SpikeView, run_dir: Path) -> str | None:
     if where is None:
         from ..trackers.join import is_scratch
 
-        where = None if is_scratch(run_dir) else f"its row of spikes/events in {run_dir}"
+        kept = not is_scratch(run_dir) and (run_dir / "spikes").is_dir()  # a backend without links keeps none here
+        where = f"its row of spikes/events in {run_dir}" if kept else None
     return line if where is None else f"{line} ({where})"
 
 

@@ -47,7 +47,7 @@ def combine_across_ranks(local: dict[str, torch.Tensor | None], device: torch.de
     given = torch.stack([torch.full((), float(local.get(n) is not None), device=device) for n in names])
     mine = torch.cat([vals, given])  # (2k,)
     everyone = torch.empty(world_of(group) * mine.numel(), device=device)
-    rank = dist.get_rank(group)
+    rank = dist.get_rank()  # the global rank, as the monitor's messages name it
     with waiting(f"rank {rank}'s all-gather of the spike detector's inputs at optimizer.step()"):
         try:  # gloo waits here; NCCL in the step's host transfer (``GradMonitor._sync``)
             dist.all_gather_into_tensor(everyone, mine, group=group)

@@ -29,12 +29,15 @@ WHY = ("watch()'s spike detector combines every rank's losses at optimizer.step(
 
 
 class _Watcher:
-    """The one wait in progress on this process (its description and start), and the thread that warns."""
+    """The one wait in progress on this process (its description, start and number), and the thread that
+    warns. Each wait has its own number, so a warning decided for a wait that has just ended never marks the
+    next one as warned (review, stop 54)."""
 
     def __init__(self) -> None:
         self.what: str | None = None
         self.since = 0.0
-        self.warned = True
+        self.number = 0  # of the current (or last) wait
+        self.warned = 0  # the number of the last wait warned about
         self.thread: threading.Thread | None = None
         self.lock = threading.Lock()
 
@@ -44,14 +47,18 @@ class _Watcher:
                 self.thread = threading.Thread(target=self._run, name="gradloc-rank-wait", daemon=True)
                 self.thread.start()
 
+    def begin(self, what: str) -> None:
+        self.number += 1
+        self.since, self.what = time.monotonic(), what  # ``what`` last: the watcher reads it first
+
     def _run(self) -> None:
         while True:
             time.sleep(min(5.0, max(0.05, WARN_AFTER_S / 4)))
-            what, since, warned = self.what, self.since, self.warned
+            what, number, since = self.what, self.number, self.since
             waited = time.monotonic() - since
-            if what is None or warned or waited < WARN_AFTER_S:
+            if what is None or self.warned == number or waited < WARN_AFTER_S or number != self.number:
                 continue
-            self.warned = True
+            self.warned = number
             warnings.warn(f"gradloc-track: {what} has waited {waited:.0f} s for the other ranks. {WHY}. A rank "
                           f"that is only slow (saving a checkpoint, an evaluation on one rank) is harmless.",
                           RuntimeWarning, stacklevel=1)
@@ -65,15 +72,20 @@ def waiting(what: str) -> Iterator[None]:
     """Mark a wait for the other ranks (``what``: who waits, where) for the watcher (module doc)."""
     if _watcher.thread is None or not _watcher.thread.is_alive():
         _watcher.start()
-    _watcher.since, _watcher.warned, _watcher.what = time.monotonic(), False, what
+    _watcher.begin(what)
     try:
         yield
     finally:
         _watcher.what = None
 
 
-def explained(exc: BaseException, rank: int) -> RuntimeError:
-    """The error a failed all-gather of the detector's inputs is re-raised as (``raise ... from exc``)."""
-    return RuntimeError(f"gradloc-track: rank {rank}'s all-gather of the spike detector's inputs at "
-                        f"optimizer.step() failed ({type(exc).__name__}: {str(exc)[:300]}). {WHY}: did a rank "
-                        f"skip optimizer.step() or leave the loop early?")
+def explained(exc: BaseException, rank: int) -> BaseException:
+    """The error a failed all-gather of the detector's inputs is re-raised as (``raise ... from exc``): the
+    same class (a ``DistBackendError`` stays one, for code that catches it), its message first, then the
+    likely cause."""
+    text = (f"{exc} [gradloc-track: rank {rank}'s all-gather of the spike detector's inputs at optimizer.step() "
+            f"failed. Likely cause: {WHY}. Did a rank skip optimizer.step(), leave the loop early or die?]")
+    try:
+        return type(exc)(text)
+    except Exception:  # a class that does not take one message
+        return RuntimeError(text)

@@ -135,6 +135,7 @@ def test_a_later_step_of_an_incident_is_one_line(tmp_path):
     detail = ("aftermath of step 150 (numeric): a weight is absurd: h.1.mlp.fc.weight[3, 5] = 1e+36 (...); "
               "stop the run and roll back to a checkpoint saved before step 150")
     later = dataclasses.replace(EVENT, step=151, cause="numeric", cause_detail=detail)
+    (tmp_path / "spikes").mkdir()  # a kept run dir holding the events' files
     text = printed(SpikeView(151, [later], not_localized="a weight is corrupt since step 150 (h.1.mlp.fc.weight): "
                                                         "the batch is not the cause"), tmp_path)
     assert text.strip().splitlines() == ["── spike at step 151: aftermath of step 150 (numeric), grad_norm/global = "
