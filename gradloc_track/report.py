@@ -27,6 +27,7 @@ from .text import token_html, visible_text
 from .trackers.backends import BACKENDS, NoSpikeEvents, ReportSourceError, RunFiles  # (their errors, re-exported)
 from .trackers.backends.mlflow import MLFLOW_WAIT_S, RUN_ID  # noqa: F401 - MLFLOW_WAIT_S: the ledger's bound too
 from .trackers.incomplete import incomplete_reason
+from .trackers.run_record import unreadable_records
 
 STEP = re.compile(r"step_(\d+)\.(html|png)$")
 CSS = ("body{font-family:system-ui,sans-serif;margin:16px} table{border-collapse:collapse;font-size:12px}"
@@ -88,6 +89,12 @@ def _sources_of(run: Path, tracking_uri: str | None, incomplete: str | None) -> 
     backends = f" (its {' and '.join(where)} run has none either)" if where else ""
     if incomplete is not None:
         raise IncompleteRunDir(f"{incomplete}; it holds no spike files{backends}")
+    broken = unreadable_records(run)
+    if broken:  # the record that leads to the backend run is damaged: "no spike events" would be a guess
+        raise IncompleteRunDir(f"{run}: {'; '.join(broken)}, so the tracker run this run dir logged to (where its "
+                               "spike events are) cannot be found from it; a truncated file usually means the run was "
+                               "killed while writing it. Pass that run itself (an MLflow run id, with --tracking-uri; "
+                               "a W&B run folder) or restore the file")
     raise NoSpikeEvents(f"{run}: a run dir with no spikes/ folder{backends}: it logged no spike events")
 
 
@@ -134,19 +141,24 @@ def _decode(data: bytes, name: str, notes: list[str]) -> str:
         return data.decode("utf-8", errors="replace")
 
 
+UNREADABLE = "#unreadable"  # set on the empty table a part that could not be read stands for (``parse_table``)
+
+
 def load_table(path: str | Path, notes: list[str]) -> dict:
-    """``{"columns": [...], "data": [[...], ...]}`` from a table file; a readable note instead of a traceback."""
+    """``{"columns": [...], "data": [[...], ...]}`` from a table file; a readable note instead of a traceback,
+    naming the file by its place in the run (``spikes/tokens/step_000003.json``: held-out tester, stop 54, two
+    notes both said ``step_000003.json``, one an events and one a tokens file)."""
     with open(path, "rb") as f:
-        return parse_table(f.read(), os.path.basename(path), notes)
+        return parse_table(f.read(), "/".join(Path(path).parts[-3:]), notes)
 
 
 def parse_table(data: bytes, name: str, notes: list[str]) -> dict:
     """``load_table`` of a table's bytes (a backend reader's part), ``name`` saying which in the notes."""
-    empty = {"columns": [], "data": []}
+    empty = {"columns": [], "data": [], UNREADABLE: True}
     try:
         table = json.loads(_decode(data, name, notes))
     except ValueError as exc:  # truncated (a write was cut short) or not JSON at all
-        notes.append(f"{name} is not valid JSON ({exc}); the culprit table is left out. "
+        notes.append(f"{name} is not valid JSON ({exc}); this part of its table is left out. "
                      "A truncated file usually means the run was killed while writing it")
         return empty
     except RecursionError:  # e.g. 200k nested lists: no table of ours
@@ -154,7 +166,7 @@ def parse_table(data: bytes, name: str, notes: list[str]) -> dict:
         return empty
     if not (isinstance(table, dict) and isinstance(table.get("columns"), list) and isinstance(table.get("data"), list)):
         notes.append(f"{name} is not a table (expected an object with \"columns\" and \"data\" lists, "
-                     f"got {type(table).__name__}); the culprit table is left out")
+                     f"got {type(table).__name__}); it is left out")
         return empty
     restore_nonfinite(table)  # by the part's own row numbers: before any row is left out
     cols, data = table["columns"], table["data"]

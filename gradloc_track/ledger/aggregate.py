@@ -47,8 +47,19 @@ class Views:
 
 
 def views(ledger: Ledger, by: str | None = None) -> Views:
-    """The per-sample view, and the ``by`` groups (``KeyError`` for a column no run has)."""
-    return Views(ledger, by_sample(ledger), by_group(ledger, by) if by is not None else None, by)
+    """The per-sample view, and the ``by`` groups (``KeyError`` for a column no run has; a note when no row has
+    a value for it, e.g. ``--by token`` over runs whose culprits are all whole samples)."""
+    groups = by_group(ledger, by) if by is not None else None
+    if by is not None and not groups and ledger.rows:
+        what = "no culprit row is a single token (every one is a span, a sample or a micro-batch)" if by == "token" \
+            else f"no culprit row has a value in column {by!r}"
+        ledger.notes.append(f"--by {by}: {what}; culprits_by_{by}.csv holds its header only")
+    return Views(ledger, by_sample(ledger), groups, by)
+
+
+def group_columns(by: str) -> list[str]:
+    """The columns of a ``by_group`` entry (a CSV of no group still has them)."""
+    return [by, "spikes", "of_spikes", "samples", "runs", "rows", "max_share", "summary"]
 
 
 def collect(runs: Iterable[RunTable], notes: list[str] | None = None) -> Ledger:

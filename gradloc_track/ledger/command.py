@@ -2,8 +2,9 @@
 
 Exit status: 0 when the ledger was written (and, with ``--log-to``, delivered); 2 when a source
 cannot be read or yields no run, when no run read has a culprit table (every one logged no spike:
-an empty ledger would read as "nothing went wrong"), or an option is wrong; 1 when a run dir read
-is INCOMPLETE (some of its writes failed: a full disk; the ledger is written from what there is)
+an empty ledger would read as "nothing went wrong"; a run whose every culprit table part is unreadable
+has none), or an option is wrong; 1 when a run read is not whole: a run dir marked INCOMPLETE (some of its
+writes failed: a full disk) or a culprit table part that cannot be read (the ledger is written from what there is)
 or ``--log-to`` could not deliver the ledger run (its records are in the spool: the message
 names the ``replay`` command).
 """
@@ -111,8 +112,8 @@ def run(args: argparse.Namespace) -> int:
     print("wrote " + ", ".join(map(str, files)))
     code = _after(args, v)
     if incomplete:
-        return _fail(f"the ledger is written from what there is, but {len(incomplete)} run dir(s) are INCOMPLETE "
-                     f"(the first: {incomplete[0]})", code=max(code, 1))
+        return _fail(f"the ledger is written from what there is, but {len(incomplete)} run(s) could not be read "
+                     f"whole (the first: {incomplete[0]})", code=max(code, 1))
     return code
 
 

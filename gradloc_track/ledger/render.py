@@ -18,7 +18,7 @@ from typing import Any, Sequence
 from ..report import CSP, CSS, cell_text
 from ..text import csv_cell, visible_html, visible_text
 from ..trackers.files import atomic_write_text
-from .aggregate import Views
+from .aggregate import Views, group_columns
 
 LIST_SEP = "; "
 MAX_PAGE_ROWS = 1000  # rows of a table on the page (a person reads the top; the CSV and JSON hold every one)
@@ -46,8 +46,9 @@ def as_rows(entries: Sequence[dict]) -> tuple[list[str], list[list[Any]]]:
     return cols, [[_cell(e.get(c)) for c in cols] for e in entries]
 
 
-def to_csv(entries: Sequence[dict]) -> str:
-    cols = columns_of(entries)
+def to_csv(entries: Sequence[dict], columns: Sequence[str] = ()) -> str:
+    """The entries as CSV; ``columns``: the header when there is no entry to take it from."""
+    cols = columns_of(entries) or list(columns)
     buf = io.StringIO()
     writer = csv.writer(buf)
     writer.writerow([csv_cell(c) for c in cols])
@@ -103,7 +104,7 @@ def write_files(out_dir: str | Path, v: Views) -> list[Path]:
     out = Path(out_dir)
     files = {"culprits.csv": to_csv(v.samples), "culprits.json": to_json(v), "culprits.html": to_html(v)}
     if v.by is not None:
-        files[f"culprits_by_{_safe(v.by)}.csv"] = to_csv(v.groups or [])
+        files[f"culprits_by_{_safe(v.by)}.csv"] = to_csv(v.groups or [], group_columns(v.by))
     for name, text in files.items():
         atomic_write_text(out / name, text)
     return [out / n for n in files]

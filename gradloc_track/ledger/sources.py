@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..report import MLFLOW_WAIT_S, RUN_ID, IncompleteRunDir, NoSpikeEvents, ReportSource, ReportSourceError, \
-    load_table, not_a_run_dir, parse_table, resolve_source
+from ..report import MLFLOW_WAIT_S, RUN_ID, UNREADABLE, IncompleteRunDir, NoSpikeEvents, ReportSource, \
+    ReportSourceError, load_table, not_a_run_dir, parse_table, resolve_source
 from ..artifacts.table_store import merge_tables, part_files
 from ..run_dirs import find_run_dirs, run_dir_of
 from ..trackers.bounded import CallTimeout, bounded_call
@@ -36,18 +36,21 @@ class RunTable:
     table: dict[str, Any]
 
 
-def _table(src: ReportSource) -> dict[str, Any]:
+def _table(src: ReportSource) -> tuple[dict[str, Any], int, int]:
     """The run's culprit table, its rows checked: its parts (run dir, MLflow download), or what the
-    backend's reader holds (a W&B run's cumulative table, a TensorBoard run's parts)."""
+    backend's reader holds (a W&B run's cumulative table, a TensorBoard run's parts); and how many parts
+    it has and how many of them could not be read (``report.UNREADABLE``)."""
     if src.reader is not None:
-        return merge_tables(checked_rows(parse_table(data, name, src.notes), name, src.notes)
-                            for name, data in src.reader.tables("tokens"))
-    parts = [(p, load_table(p, src.notes)) for p in part_files(src.root, "spikes/tokens")]
-    merged = merge_tables(t for _, t in parts)
+        parts = [(name, parse_table(data, name, src.notes)) for name, data in src.reader.tables("tokens")]
+        return (merge_tables(checked_rows(t, name, src.notes) for name, t in parts), len(parts),
+                sum(bool(t.get(UNREADABLE)) for _, t in parts))
+    files = [(p, load_table(p, src.notes)) for p in part_files(src.root, "spikes/tokens")]
+    bad = sum(bool(t.get(UNREADABLE)) for _, t in files)
+    merged = merge_tables(t for _, t in files)
     if rows_ok(merged):  # the common case: one check per run
-        return merged
+        return merged, len(files), bad
     # else part by part, so each note names its file
-    return merge_tables(checked_rows(t, os.path.relpath(p, src.root), src.notes) for p, t in parts)
+    return merge_tables(checked_rows(t, os.path.relpath(p, src.root), src.notes) for p, t in files), len(files), bad
 
 
 def read_run(source: str, tracking_uri: str | None, notes: list[str],
@@ -69,11 +72,19 @@ def read_run(source: str, tracking_uri: str | None, notes: list[str],
         if incomplete is not None:
             incomplete.append(src.incomplete)
     try:
-        table = _table(src)
+        table, n_parts, unreadable = _table(src)
     finally:
         if src.temporary:
             shutil.rmtree(src.root, ignore_errors=True)
     notes.extend(f"{src.title}: {n}" for n in src.notes)
+    if unreadable:  # its culprits cannot be read: no ledger may read as "nothing blamed" (held-out tester, stop 54)
+        why = (f"{src.title}: {unreadable} of its {n_parts} culprit table part(s) could not be read (the notes "
+               "above)")
+        if incomplete is not None:
+            incomplete.append(why)
+        if unreadable == n_parts:
+            notes.append(f"{why}: the run is left out")
+            return None
     return RunTable(src.title, src.run_id, table)
 
 

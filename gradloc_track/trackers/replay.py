@@ -30,7 +30,7 @@ from . import run_lock
 from .backends import BACKENDS, Backend
 from .interface import Tracker, send
 from .files import atomic_write_json
-from .run_record import read_backend_record, update_run_record
+from .run_record import read_backend_record, unreadable_records, update_run_record
 from .spool import read_spool
 
 
@@ -103,6 +103,10 @@ def replay_run_dir(run_dir: str | Path, tracking_uri: str | None = None) -> list
                                     f"read it with `gradloc-track report {run_dir}`")
         raise FileNotFoundError(f"{run_dir}: no spool/*.jsonl and no tracker/*.json here, so nothing to replay "
                                 "(pass the run directory the training printed, the one holding spool/ and tracker/)")
+    broken = unreadable_records(run_dir)
+    if broken:  # its run id and spec are in that record: replaying would open a new run and overwrite it
+        raise ValueError(f"{run_dir}: {'; '.join(broken)}: replay continues the run that record names and cannot tell "
+                         "which. Restore the file, or remove it to replay the spool into a new run")
     owner = run_lock.RunOwner()
     run_lock.acquire(run_dir, owner)  # the run's own process is gone (or finished): ours to complete
     try:

