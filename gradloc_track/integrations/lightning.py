@@ -1,7 +1,9 @@
 """Lightning callback: ``L.Trainer(..., callbacks=[GradLocCallback(clip="adagc")])``.
 
 Each micro-batch is captured in ``on_train_batch_start`` (a dict with ``input_ids`` [``labels``,
-``attention_mask``], an ``(input_ids, labels)`` tuple, or a tensor of ids); the monitor runs in
+``attention_mask``], an ``(input_ids, labels)`` tuple, or a tensor of ids); the detector reads the loss
+Lightning back-propagates (``on_before_backward``) and the largest-sample and junk statistics of the
+training forward's logits (``batches.FedBatchList``: the module's or a direct child's); the monitor runs in
 ``on_before_optimizer_step`` (after the step's last backward, before Lightning's own gradient
 clipping and ``optimizer.step()``). A spike's per-term loss is rebuilt by calling the
 LightningModule the way an HF model is called: ``pl_module(input_ids=..., attention_mask=...)``
@@ -20,11 +22,13 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+import torch
+
 from .._optional import require
 from ..console import TrainConsole
 from ..trackers.backends import BACKENDS
 from ..trackers.join import OpenRuns
-from .batches import BatchList, LMBatch
+from .batches import FedBatchList, LMBatch
 from .options import resolve_options
 
 L = require("lightning.pytorch", "lightning")
@@ -73,7 +77,8 @@ class GradLocCallback(L.Callback):
         door = Door("GradLocCallback (Lightning)", hook_optimizer=False, logs=logs,
                     runs=logger_runs(trainer) if logs and opts.tracker_auto else None)
         optimizer = trainer.optimizers[0] if trainer.optimizers else None
-        self.handle = open_handle(pl_module, optimizer, opts, door, BatchList())  # fed by on_train_batch_start
+        # fed by on_train_batch_start; its hooks read the detector's sample and junk statistics from the forward
+        self.handle = open_handle(pl_module, optimizer, opts, door, FedBatchList(pl_module))
         if self._resumed is not None:
             self._load(self._resumed)
 
@@ -116,6 +121,14 @@ class GradLocCallback(L.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self.handle is not None:
             self.handle.capture.add(LMBatch.from_batch(batch))
+
+    def on_before_backward(self, trainer, pl_module, loss) -> None:
+        """The loss Lightning back-propagates is the micro-batch's: the detector's loss signal and its transient
+        rule read it, as they read the other doors' (held-out tester, stop 54: without it this door saw gradient
+        norms alone and missed a garbage row that the HF callback and ``watch()`` name at once)."""
+        batches = self.handle.capture.batches if self.handle is not None else None
+        if batches and batches[-1].loss is None and isinstance(loss, torch.Tensor) and loss.dim() == 0:
+            batches[-1].loss = loss.detach()
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         if self.handle is not None:
