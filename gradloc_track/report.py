@@ -233,13 +233,18 @@ def cell_text(v) -> str:
     return html.escape(f"{v:.4g}" if isinstance(v, float) else "" if v is None else visible_text(str(v)))
 
 
-def _table(table: dict, title: str = "All culprits") -> str:
+# the events table's columns as the page heads them: the lead signal may be a loss or a junk run's excess, not a
+# gradient norm (held-out tester, stop 54: a junk event's 'norm 0.84, running_mean -6.0'); the logged names stay
+EVENT_HEADS = {"norm": "value", "running_mean": "baseline", "layers": "other signals"}
+
+
+def _table(table: dict, title: str = "All culprits", heads: dict[str, str] | None = None) -> str:
     cols, data = table.get("columns", []), table.get("data", [])
     if not cols:
         return ""
     tok = cols.index("token") if "token" in cols else -1
     share = cols.index("share") if "share" in cols else -1
-    head = "".join(f"<th>{cell_text(c)}</th>" for c in cols)
+    head = "".join(f"<th>{cell_text((heads or {}).get(c, c))}</th>" for c in cols)
     body = "".join(
         # a token is cut as on the highlight page: a 10k-character one would push every column off-screen
         "<tr>" + "".join(f"<td class='tok'>{token_html(str(v))}</td>" if i == tok else
@@ -300,7 +305,7 @@ def build_report(source: str | Path, tracking_uri: str | None = None, notes: lis
              f"<p>{len(steps)} spike event(s) (steps {esc(', '.join(map(str, steps))) or 'none'}), "
              f"{culprit_counts(table)}.</p>"]
     parts += [f"<p class='note'>{esc(visible_text(n))}</p>" for n in src.notes]
-    parts.append(_table(events, "Detected spikes"))
+    parts.append(_table(events, "Detected spikes", EVENT_HEADS))
     parts.append(_table(table))
     for step in steps:
         parts.append(f"<h2 id='step-{step}'>step {step}</h2>")

@@ -182,6 +182,9 @@ def test_a_run_that_only_detected_lists_each_event_and_why_it_was_not_localized(
     page = (tmp_path / "r.html").read_text(encoding="utf-8")
     assert "2 spike event(s) (steps 100, 140)" in page and "<h2>Detected spikes</h2>" in page
     assert "<td>wpe</td>" in page and "<td>6.7</td>" in page and "<td>locate.enabled=false</td>" in page
+    # held-out tester, stop 54: a loss or junk signal's value sat under 'norm'; the page heads it as what it is
+    assert "<th>value</th><th>baseline</th>" in page and "<th>other signals</th>" in page
+    assert "<th>norm</th>" not in page
     assert "<p>Not localized: locate.enabled=false.</p>" in page
     assert "<p>Not localized: locate.max_events=1 reached.</p>" in page and "<iframe" not in page
     assert "<p>Cause: schedule: the learning rate rose 10x at this step.</p>" in page  # in words, and in the table

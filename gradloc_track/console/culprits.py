@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..localizer.culprit_view import CulpritView
+from ..text import visible_text
 from ..trackers.spike_story import SHARE_OF  # one phrase for the console and the run page
 from ..units import micro_batch_label
 
@@ -67,9 +68,10 @@ QUOTE = 40  # characters a culprit's text gets on its line
 
 
 def _quote(text: str, limit: int = QUOTE) -> str:
-    """``'text'`` with what a terminal would not show (NUL, bidi overrides, newlines) escaped, and the
-    ``\\xNN`` that ``ByteTokenizer`` writes for invalid UTF-8 kept as one backslash."""
-    return repr(text[:limit] + ("…" if len(text) > limit else "")).replace("\\\\", "\\")
+    """``'text'`` shown as every view shows text (``text.visible_text``: NUL, bidi overrides and other controls
+    escaped, a newline ``↵``, a tab ``→``; held-out tester, stop 54: the block printed a tab as ``\\t`` where
+    the ledger and the pages show ``→``)."""
+    return "'" + visible_text(text[:limit] + ("…" if len(text) > limit else "")) + "'"
 
 
 NONFINITE = "  (its gradient is non-finite)"

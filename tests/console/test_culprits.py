@@ -126,7 +126,7 @@ def test_an_rl_culprit_line_shows_its_ratio_log_prob_and_old_log_prob(tmp_path):
     culprit line (and the summary's) shows them, a token's value or the mean over the run / completion."""
     whole = _rl_view([Culprit("sample", 3.0, 0.97, batch=1, start=0, end=7, n_terms=3)])
     text = printed(whole, tmp_path)
-    assert ("completion 1 of group 0, reward 0 (sample 1), the whole completion: '12\\n'  (97% of the batch's "
+    assert ("completion 1 of group 0, reward 0 (sample 1), the whole completion: '12\u21b5'  (97% of the batch's "
             "squared grad norm)  ratio 403, log-prob -0.5, old log-prob -6.5") in text
     assert spike_summary([whole], tmp_path)[1].endswith("ratio 403, log-prob -0.5, old log-prob -6.5")
     run = _rl_view([CulpritToken(1, p, grad_norm=1.0, share=0.3) for p in (4, 5)])
