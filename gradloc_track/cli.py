@@ -83,13 +83,16 @@ def _replay_one(run_dir: Path, tracking_uri: str | None) -> int:
         print(f"gradloc-track replay: {exc}\n  what was not sent stays in the spool: replay again once the store "
               "answers, or pass --tracking-uri <uri> if it moved", file=sys.stderr)
         return 1
-    for r in results:
+    refused = [r for r in results if r.refused]
+    for r in refused:
+        print(f"gradloc-track replay: {r.backend}: not replayed: {r.refused}", file=sys.stderr)
+    for r in (r for r in results if not r.refused):
         run = r.run.get("run_id", "?")
         status = f", final status {r.status}" if r.status else ""
         ended = f"; ended as {r.ended.upper()} (its process is gone: it never finished)" if r.ended else ""
         print(f"{r.backend} run {run}: replayed {r.sent} record(s){status}"
               + (f" ({r.already} replayed before)" if r.already else "") + ended)
-    return 0
+    return 2 if refused else 0
 
 
 def _report(args) -> int:

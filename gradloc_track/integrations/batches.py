@@ -329,29 +329,89 @@ class MicroBatchCapture(BatchList):
 
 
 class FedBatchList(BatchList):
-    """A ``BatchList`` a framework feeds (Lightning's ``on_train_batch_start``), with forward hooks on its
-    module and the module's direct children that read the detector's per-micro-batch statistics (the largest
-    sample loss, the junk run) from the first training forward of each fed batch whose output holds logits
-    for every one of its positions: a training step that calls the module or the LM inside it (``self(x)``,
-    ``self.model(**batch)``). Held-out tester, stop 54: the Lightning door read gradient norms only and missed a
-    garbage row the other doors name. A step whose forwards return no such logits keeps those signals off."""
+    """A ``BatchList`` a framework feeds (Lightning's ``on_train_batch_start``) that also reads the detector's
+    per-micro-batch statistics (the largest sample loss, the junk run) from the training forward's logits
+    (held-out tester, stop 54: the Lightning door read gradient norms only and missed a garbage row the other
+    doors name). Forward hooks on the module and its direct children keep each training forward's output that
+    holds a float (B, T, X) tensor for the fed batch's (B, T) positions; ``backward(loss)``, called with the
+    loss about to be back-propagated, measures the one nearest that loss in its graph: the logits the loss was
+    computed from, never an embedding's (B, T, D) output or a frozen teacher's (review, stop 54: the first
+    child's output was taken, an ``nn.Embedding``'s, and ``fit`` died on an index out of range). A step whose
+    forwards hold no such output keeps those signals off; a failure to measure is a warning, never an error."""
+
+    MAX_KEPT = 8  # candidate outputs kept per micro-batch (a module's and its children's: few)
+    MAX_NODES = 512  # graph nodes searched from the loss for them (the logits sit a few ops from it)
 
     def __init__(self, module: torch.nn.Module) -> None:
         super().__init__()
+        self._kept: list[tuple[torch.Tensor, Any]] = []  # (logits, output) of the current batch's forwards
+        self._warned = False
         self._handles = [m.register_forward_hook(self._read) for m in (module, *module.children())]
+
+    def add(self, batch: LMBatch | None) -> None:
+        super().add(batch)
+        self._kept = []  # a new micro-batch: the last one's outputs are not its
 
     def _read(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
         batch = self.batches[-1] if self.batches else None
-        if (batch is None or batch.sample_max is not None or batch.junk is not None or self._paused
-                or not module.training or not torch.is_grad_enabled() or not (self.sample_losses or self.junk_terms)):
+        if (batch is None or self._paused or not module.training or not torch.is_grad_enabled()
+                or not (self.sample_losses or self.junk_terms) or len(self._kept) >= self.MAX_KEPT):
             return
-        if unusable_output(output, batch.input_ids) is None:  # logits for every position of this batch
-            self.measure(batch, output)
+        logits = logits_in(output)
+        if (isinstance(logits, torch.Tensor) and logits.dim() == 3 and logits.is_floating_point()
+                and logits.grad_fn is not None and tuple(logits.shape[:2]) == tuple(batch.input_ids.shape)
+                and not any(k is logits for k, _ in self._kept)):
+            self._kept.append((logits, output))
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Measure the current batch from the kept output nearest ``loss`` (class doc); forget the rest."""
+        kept, self._kept = self._kept, []
+        batch = self.batches[-1] if self.batches else None
+        if not kept or batch is None or batch.sample_max is not None or batch.junk is not None:
+            return
+        found = _nearest(loss, kept, self.MAX_NODES)
+        if found is None:
+            return
+        try:
+            self.measure(batch, _LossOf(found[0], loss))
+        except Exception as exc:  # the detector's extra signals must never stop training
+            if not self._warned:
+                self._warned = True
+                log.warning("gradloc-track: the sample and junk signals could not be read from the training "
+                            "forward's logits (%r); they stay off for such steps", exc)
 
     def remove(self) -> None:
         for h in self._handles:
             h.remove()
         self._handles = []
+
+
+class _LossOf:
+    """An output for ``step_losses.detector_losses``: the logits, and the loss computed from them (its saved
+    log-probabilities spare the logits' read when the loss is a cross-entropy over them)."""
+
+    def __init__(self, logits: torch.Tensor, loss: torch.Tensor) -> None:
+        self.logits, self.loss = logits, loss
+
+
+def _nearest(loss: torch.Tensor, kept: list[tuple[torch.Tensor, Any]], max_nodes: int
+             ) -> tuple[torch.Tensor, Any] | None:
+    """The kept (logits, output) whose tensor is first reached walking ``loss``'s graph breadth first (the
+    fewest ops from the loss), or None within ``max_nodes`` nodes."""
+    wanted = {id(k.grad_fn): (k, out) for k, out in kept}
+    start = getattr(loss, "grad_fn", None)
+    frontier, seen = ([start] if start is not None else []), set()
+    while frontier and len(seen) < max_nodes:
+        nxt = []
+        for node in frontier:
+            if id(node) in wanted:
+                return wanted[id(node)]
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            nxt += [f for f, _ in node.next_functions if f is not None]
+        frontier = nxt
+    return None
 
 
 def watch_terms(batch: LMBatch, logits: torch.Tensor) -> None:

@@ -125,11 +125,16 @@ class GradLocCallback(L.Callback):
     def on_before_backward(self, trainer, pl_module, loss) -> None:
         """The loss Lightning back-propagates is the micro-batch's: the detector's loss signal and its transient
         rule read it, as they read the other doors' (held-out tester, stop 54: without it this door saw gradient
-        norms alone and missed a garbage row that the HF callback and ``watch()`` name at once)."""
-        batches = self.handle.capture.batches if self.handle is not None else None
-        if batches and batches[-1].loss is None and isinstance(loss, torch.Tensor) and loss.dim() == 0:
-            batches[-1].loss = loss.detach()
-
+        norms alone and missed a garbage row that the HF callback and ``watch()`` name at once), and it picks the
+        training forward's logits the sample and junk signals read (``FedBatchList.backward``)."""
+        if self.handle is None or not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+            return
+        capture = self.handle.capture
+        if isinstance(capture, FedBatchList):
+            capture.backward(loss)
+        batches = capture.batches
+        if batches and batches[-1].loss is None:
+            batches[-1].loss = _training_loss(trainer, pl_module, loss.detach())
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         if self.handle is not None:
             # under precision="16-mixed" Lightning's GradScaler skips an overflowed step itself: not a spike
@@ -148,6 +153,23 @@ class GradLocCallback(L.Callback):
 
         if self.handle is not None:
             self.handle.close(exit_status(type(exception)))  # Ctrl-C (KeyboardInterrupt): "killed"
+
+
+def _training_loss(trainer: Any, pl_module: Any, loss: torch.Tensor) -> torch.Tensor:
+    """``training_step``'s loss from the one Lightning back-propagates: a GradScaler's scale divided out (on the
+    device: its ``_scale`` tensor, no host read) and, under automatic optimization, the accumulation's ``1/K``
+    multiplied back (review, stop 54: the scaled loss doubled at each growth of the scale, and four clean steps
+    fired)."""
+    plugin = getattr(trainer, "precision_plugin", None) or getattr(getattr(trainer, "strategy", None),
+                                                                   "precision_plugin", None)
+    scaler = getattr(plugin, "scaler", None)
+    if scaler is not None and (not hasattr(scaler, "is_enabled") or scaler.is_enabled()):
+        scale = getattr(scaler, "_scale", None)
+        loss = loss / (scale.to(loss.device) if isinstance(scale, torch.Tensor) else scaler.get_scale())
+    k = getattr(trainer, "accumulate_grad_batches", 1) or 1
+    if getattr(pl_module, "automatic_optimization", True) and k != 1:
+        loss = loss * k
+    return loss
 
 
 def _has_loss_scaler(trainer: Any) -> bool:

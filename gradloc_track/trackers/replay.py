@@ -42,6 +42,7 @@ class ReplayResult:
     already: int = 0  # records an earlier replay sent
     status: str | None = None  # the final status replayed, if any
     ended: str | None = None  # the status a run whose process died was ended with here
+    refused: str | None = None  # why this backend was not replayed (its run record is damaged)
 
 
 def _ledger_path(spool_file: Path) -> Path:
@@ -103,15 +104,19 @@ def replay_run_dir(run_dir: str | Path, tracking_uri: str | None = None) -> list
                                     f"read it with `gradloc-track report {run_dir}`")
         raise FileNotFoundError(f"{run_dir}: no spool/*.jsonl and no tracker/*.json here, so nothing to replay "
                                 "(pass the run directory the training printed, the one holding spool/ and tracker/)")
+    # a damaged record holds its backend's run id and spec: replaying that backend would open a new run and
+    # overwrite the record, so it is refused; the others go on (review, stop 54: one bad record blocked all)
     broken = unreadable_records(run_dir)
-    if broken:  # its run id and spec are in that record: replaying would open a new run and overwrite it
-        raise ValueError(f"{run_dir}: {'; '.join(broken)}: replay continues the run that record names and cannot tell "
-                         "which. Restore the file, or remove it to replay the spool into a new run")
     owner = run_lock.RunOwner()
     run_lock.acquire(run_dir, owner)  # the run's own process is gone (or finished): ours to complete
     try:
         results = []
         for backend in backends:
+            if backend in broken:
+                results.append(ReplayResult(backend, refused=(
+                    f"{broken[backend]}: replay continues the run that record names and cannot tell which. Restore "
+                    "the file, or remove it to replay the spool into a new run")))
+                continue
             result = _replay_one(run_dir, spools[backend], tracking_uri) if backend in spools else \
                 ReplayResult(backend, run=dict(read_backend_record(run_dir, backend).get("run") or {}))
             result.ended = _end_if_orphaned(run_dir, backend, tracking_uri)

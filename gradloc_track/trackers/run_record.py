@@ -41,30 +41,31 @@ def read_backend_record(run_dir: str | Path, backend: str) -> dict[str, Any]:
     """The whole record of ``backend``'s run (``spec``, ``run``, ``status``, ``view``); ``{}`` when none."""
     path = record_path(run_dir, backend)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        rec = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
+    return rec if isinstance(rec, dict) else {}  # valid JSON but no record (``[1, 2]``, ``null``): none
 
 
-def unreadable_records(run_dir: str | Path) -> list[str]:
-    """Why each ``tracker/<backend>.json`` of ``run_dir`` that exists cannot be read (not JSON: a write cut
-    short; not an object), e.g. ``tracker/mlflow.json is not valid JSON (...)``. The readers above take such a
-    record for none; the CLI must not (held-out tester, stop 54: a truncated record made ``report`` say the
-    run 'logged no spike events' while its MLflow run held one)."""
+def unreadable_records(run_dir: str | Path) -> dict[str, str]:
+    """``{backend: why}`` for each ``tracker/<backend>.json`` of ``run_dir`` that exists but cannot be read (not
+    JSON: a write cut short; not an object), e.g. ``tracker/mlflow.json is not valid JSON (...)``. The readers
+    above take such a record for none; the CLI must not (held-out tester, stop 54: a truncated record made
+    ``report`` say the run 'logged no spike events' while its MLflow run held one)."""
     folder = Path(run_dir) / "tracker"
-    out = []
+    out: dict[str, str] = {}
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         name = f"tracker/{path.name}"
         try:
             rec = json.loads(path.read_text(encoding="utf-8"))
         except ValueError as exc:
-            out.append(f"{name} is not valid JSON ({exc})")
+            out[path.stem] = f"{name} is not valid JSON ({exc})"
             continue
         except OSError as exc:
-            out.append(f"{name} cannot be read ({exc.strerror or exc})")
+            out[path.stem] = f"{name} cannot be read ({exc.strerror or exc})"
             continue
         if not isinstance(rec, dict):
-            out.append(f"{name} is not a run record (a {type(rec).__name__}, not an object)")
+            out[path.stem] = f"{name} is not a run record (a {type(rec).__name__}, not an object)"
     return out
 
 

@@ -180,3 +180,69 @@ def test_the_training_forwards_logits_feed_the_sample_and_junk_signals(gpt2, tmp
     assert len(z) >= STEPS - FAST["spikes"]["warmup_steps"] - 1, sorted(z)
     assert z[INJECT_AT] == max(z.values()) and z[INJECT_AT] > 4, z[INJECT_AT]
     assert INJECT_AT in {s.step for s in callback.handle.spikes}
+
+
+class EmbedBlockHead(L.LightningModule):
+    """The minimal-GPT layout: an embedding, a block and a head as direct children, d < vocabulary."""
+
+    def __init__(self, vocab: int = 64, d: int = 32):
+        super().__init__()
+        self.vocab, self.returned = vocab, []
+        self.embed = torch.nn.Embedding(vocab, d)
+        self.block = torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.GELU())
+        self.head = torch.nn.Linear(d, vocab)
+
+    def forward(self, x):
+        return self.head(self.block(self.embed(x)))
+
+    def training_step(self, batch, batch_idx):
+        (x,) = batch
+        loss = torch.nn.functional.cross_entropy(self(x)[:, :-1].float().reshape(-1, self.vocab),
+                                                 x[:, 1:].reshape(-1))
+        self.returned.append(float(loss))
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+
+def test_the_logits_the_loss_is_computed_from_are_read_and_the_loss_as_training_step_returned_it(tmp_path):
+    """Review, stop 54: the first child's output was taken for the logits (an nn.Embedding's (B, T, 32), and fit
+    died on 'index 47 is out of bounds'); the loss fed was the GradScaler's scaled one (x1024, doubling at each
+    growth: false spikes) and 1/K of it under accumulation. Now the output nearest the loss in its graph is
+    read, and the loss is training_step's own."""
+    from lightning.pytorch.plugins.precision import MixedPrecision
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from gradloc_track import MemoryTracker
+    from gradloc_track.integrations import batches as batches_mod
+    from gradloc_track.integrations.lightning import GradLocCallback
+
+    read, fed = [], []
+
+    class Seen(GradLocCallback):
+        def on_before_backward(self, trainer, pl_module, loss):
+            super().on_before_backward(trainer, pl_module, loss)
+            fed.append(float(self.handle.capture.batches[-1].loss))
+
+    orig = batches_mod.BatchList.measure
+
+    def spy(self, batch, output):
+        read.append(tuple(batches_mod.logits_in(output).shape))
+        return orig(self, batch, output)
+
+    batches_mod.BatchList.measure = spy
+    try:
+        torch.manual_seed(0)
+        model = EmbedBlockHead()
+        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+        trainer = L.Trainer(max_steps=3, accumulate_grad_batches=2, logger=False, accelerator="cpu", devices=1,
+                            callbacks=[Seen(tracker=MemoryTracker(), console=False)],
+                            plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)], enable_checkpointing=False,
+                            enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path))
+        trainer.fit(model, DataLoader(TensorDataset(torch.randint(0, 64, (48, 16))), batch_size=4))
+    finally:
+        batches_mod.BatchList.measure = orig
+    assert read and set(read) == {(4, 16, 64)}, read  # the head's logits, never the embedding's (4, 16, 32)
+    assert len(fed) == len(model.returned) == 6
+    assert fed == pytest.approx(model.returned, rel=1e-3), (fed, model.returned)

@@ -174,3 +174,39 @@ def test_by_a_column_no_row_has_writes_a_header_and_says_so(tmp_path, capsys):
     assert "--by token: no culprit row is a single token" in capsys.readouterr().err
     head = (tmp_path / "led" / "culprits_by_token.csv").read_text().splitlines()
     assert head == ["token,spikes,of_spikes,samples,runs,rows,max_share,summary"]
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", "null"])
+def test_a_tracker_record_that_is_json_but_no_record_is_named_not_a_traceback(tmp_path, capsys, text):
+    """Review, stop 54: a record holding valid JSON that is no object ('[1, 2]', 'null') crashed report and
+    culprits with an AttributeError, also beside a local spikes/ folder."""
+    from gradloc_track.cli import main
+
+    run = tmp_path / "run"
+    (run / "tracker").mkdir(parents=True)
+    (run / "tracker" / "mlflow.json").write_text(text)
+    assert main(["report", str(run), "-o", str(tmp_path / "r.html")]) == 2
+    assert "tracker/mlflow.json is not a run record" in capsys.readouterr().err
+    local = run_dir(tmp_path / "b", ROWS)
+    (local / "tracker").mkdir()
+    (local / "tracker" / "mlflow.json").write_text(text)
+    assert main(["culprits", str(local), "-o", str(tmp_path / "led")]) == 0  # its spikes/ is the whole run
+
+
+def test_replay_refuses_only_the_backend_whose_record_is_damaged(tmp_path, capsys):
+    """Review, stop 54: a damaged tracker/wandb.json made replay refuse every backend, an intact MLflow spool
+    too. The intact one is replayed; the damaged one is named, and the exit says not all went."""
+    from gradloc_track.cli import main
+    from gradloc_track.trackers.replay import replay_run_dir
+
+    run = tmp_path / "run"
+    (run / "tracker").mkdir(parents=True)
+    (run / "spool").mkdir()
+    (run / "tracker" / "wandb.json").write_text('{"backend": "wand')
+    (run / "spool" / "memory.jsonl").write_text("")  # a backend with an intact (empty) spool: nothing to send
+    results = {r.backend: r for r in replay_run_dir(run)}
+    assert results["wandb"].refused and "tracker/wandb.json is not valid JSON" in results["wandb"].refused
+    assert results["memory"].refused is None and results["memory"].sent == 0
+    assert main(["replay", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "wandb: not replayed: tracker/wandb.json is not valid JSON" in err
