@@ -363,6 +363,11 @@ class FedBatchList(BatchList):
                 and not any(k is logits for k, _ in self._kept)):
             self._kept.append((logits, output))
 
+    def forget(self) -> None:
+        """Drop the kept outputs (a step whose backward did not go through the framework's hook: they would hold
+        the logits alive until the next micro-batch)."""
+        self._kept = []
+
     def backward(self, loss: torch.Tensor) -> None:
         """Measure the current batch from the kept output nearest ``loss`` (class doc); forget the rest."""
         kept, self._kept = self._kept, []

@@ -137,6 +137,8 @@ class GradLocCallback(L.Callback):
             batches[-1].loss = _training_loss(trainer, pl_module, loss.detach())
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         if self.handle is not None:
+            if isinstance(self.handle.capture, FedBatchList):
+                self.handle.capture.forget()  # a manual loss.backward() never called on_before_backward
             # under precision="16-mixed" Lightning's GradScaler skips an overflowed step itself: not a spike
             # ("16-true" has no scaler: nothing skips its non-finite steps; the reviewer's round 12)
             stats = self.handle.step(trainer.global_step, loss_scaler=_has_loss_scaler(trainer))
