@@ -172,7 +172,18 @@ class Clipper(StepHandoff):
     @classmethod
     def configure(cls, config: ClipConfig | None, options: dict[str, Any]) -> ClipConfig:
         """The schema this clipper is built from: ``config``, with ``options`` replacing its fields, or the
-        schema built from ``options`` (its ``__post_init__`` checks every value, naming the field)."""
+        schema built from ``options`` (its ``__post_init__`` checks every value, naming the field). A keyword that
+        is no field is a TypeError naming the closest one, as ``watch()`` and the Hydra app name it (held-out
+        tester, stop 54: ``AdaGC(m, lamda_rel=1.1)`` gave the dataclass's bare "unexpected keyword argument")."""
+        names = [f.name for f in dataclasses.fields(cls.Schema)]
+        unknown = [k for k in options if k not in names]
+        if unknown:
+            import difflib
+
+            hints = [f"{k} (did you mean {close[0]}?)" if close else k
+                     for k in unknown for close in [difflib.get_close_matches(k, names, n=1)]]
+            raise TypeError(f"{cls.__name__}(model, ...): no option {', '.join(hints)}; its options are the fields "
+                            f"of {cls.Schema.__name__}: {', '.join(names)}")
         if config is None:
             return cls.Schema(**options)
         if not isinstance(config, cls.Schema):
@@ -238,11 +249,13 @@ class Clipper(StepHandoff):
             return None
         if self.on_nonfinite == "skip" and self.skip_step != "off" and not self._warned_skip:
             self._warned_skip = True
-            warnings.warn(f"gradloc-track: {type(self).__name__}(on_nonfinite='skip') does not know the optimizer, so "
-                          "a non-finite step only zeroes the gradients: AdamW (moments, weight decay) and momentum "
-                          "SGD still move the weights. Make the skip exact with gradloc_track.clip.SkipStepGuard("
-                          "optimizer, clipper), or pass optimizer= to GradMonitor (watch() and the HF/Lightning "
-                          "callbacks do it for you).", UserWarning, stacklevel=3)
+            # said before any non-finite step (nothing is wrong yet: held-out tester, stop 54, read it as if one were)
+            warnings.warn(f"gradloc-track: {type(self).__name__}(on_nonfinite='skip') does not know the optimizer: if "
+                          "a step's gradient is ever non-finite, it can only zero that step's gradients, and AdamW "
+                          "(moments, weight decay) and momentum SGD would still move the weights. Make the skip exact "
+                          "with gradloc_track.clip.SkipStepGuard(optimizer, clipper), or pass optimizer= to "
+                          "GradMonitor (watch() and the HF/Lightning callbacks do it for you).", UserWarning,
+                          stacklevel=3)
         return keep
 
     # -- to implement --------------------------------------------------------------------

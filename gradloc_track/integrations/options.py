@@ -144,6 +144,26 @@ def _check_keys(given: dict[str, Any]) -> None:
                           "group's config (see conf/); fix the key")
 
 
+def _check_clip_kind(given: dict[str, Any]) -> None:
+    """``clip={"beta": 0.9}`` names no clipper: its kind defaults to ``none``, which has no such field, and
+    OmegaConf said only "Key 'beta' not in 'NoClipConfig'" (held-out tester, stop 54). Say which kinds have it."""
+    node = given.get("clip")
+    if node is None or not (isinstance(node, Mapping) or _is_dictconfig(node)) or "kind" in node:
+        return
+    import dataclasses
+
+    from ..config.clip import CLIP_SCHEMAS
+    from ..config.errors import ConfigError
+
+    fields = {kind: {f.name for f in dataclasses.fields(schema)} for kind, schema in CLIP_SCHEMAS.items()}
+    extra = [k for k in node if k not in fields.get("none", set())]
+    if extra:
+        having = [kind for kind, names in fields.items() if extra[0] in names]
+        raise ConfigError(f"clip={dict(node)!r} names no clipper: clip.kind defaults to 'none', which has no field "
+                          f"{extra[0]!r}; name one, e.g. clip={{'kind': {having[0]!r}, {extra[0]!r}: ...}} "
+                          f"(clip.{extra[0]} is a field of: {', '.join(having)})")
+
+
 def _typed(schema: Any, given: dict) -> Any:
     """``given`` merged over the typed schema; a value of the wrong type is a ``ConfigError`` naming the field and
     the type it takes (OmegaConf's ``ValidationError`` said the field, not the fix, and was no ``ConfigError``)."""
@@ -201,6 +221,7 @@ def resolve_options(cfg: Any = None, **options: Any) -> WatchOptions:
         given["monitor"] = OmegaConf.merge(OmegaConf.create(given.get("monitor", {})), shortcuts)
     _check_renamed(given)
     _check_keys(given)
+    _check_clip_kind(given)
     node = _typed(_schema(given), given)  # types and names: ConfigError naming the field and the type
     built = to_config(node)  # ranges: each __post_init__ (ConfigError naming the field), as under Hydra
     for g in GROUPS:

@@ -235,3 +235,12 @@ def test_a_clipper_is_built_from_its_schema_and_keywords_replace_its_fields():
         ZClip(small_model(), AdaGC.Schema())
     with pytest.raises(ConfigError, match="clip.z_thresh"):
         ZClip(small_model(), cfg, z_thresh=-1.0)
+
+
+@pytest.mark.parametrize("cls,typo,right", [(AdaGC, "lamda_rel", "lambda_rel"), (ZClip, "z_tresh", "z_thresh"),
+                                            (GlobalClip, "max_nrom", "max_norm")])
+def test_a_constructor_keyword_typo_names_the_closest_option(cls, typo, right):
+    """Held-out tester, stop 54: AdaGC(m, lamda_rel=1.1) raised the dataclass's bare 'unexpected keyword
+    argument', where watch() and the Hydra app say 'did you mean'."""
+    with pytest.raises(TypeError, match=rf"no option {typo} \(did you mean {right}\?\)"):
+        cls(small_model(), **{typo: 1.0})

@@ -185,6 +185,9 @@ def test_bad_options_get_the_hydra_apps_errors(gpt2):
         gradloc_track.watch(gpt2, spikes={"z_tresh": 5})
     with pytest.raises(ConfigError, match=r"tracker\.mlflow\.tracking_urri \(did you mean tracker\.mlflow\.tracking_u"):
         gradloc_track.watch(gpt2, tracker={"kind": "mlflow", "mlflow": {"tracking_urri": "sqlite:///x.db"}})
+    # a clip field without the kind that has it (held-out tester, stop 54: OmegaConf's "not in 'NoClipConfig'")
+    with pytest.raises(ConfigError, match=r"names no clipper: clip\.kind defaults to 'none'.*'kind': 'adagc'"):
+        gradloc_track.watch(gpt2, clip={"beta": 0.9})
     with pytest.raises(TypeError, match=r"unknown option\(s\) clipp \(did you mean clip\?\)"):
         gradloc_track.watch(gpt2, clipp="adagc")
     with pytest.raises(TypeError, match=r"unknown option\(s\) log_evry \(did you mean log_every\?\)"):
