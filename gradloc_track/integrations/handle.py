@@ -163,6 +163,7 @@ class WatchHandle:
         self.quarantine = _quarantine(self.tracker) if getattr(opts.spikes, "quarantine", False) else None
         self.last = None
         self._loss_scaler = False  # this step's gradients were handed over by a GradScaler (fused optimizer)
+        self._warned_traced = False  # said once: the capture's hooks were traced into a compiled caller
         self._stepped = False  # the optimizer's step ran since the scaler's last update()
         watched = opts.scaler is not None and optimizer is not None and hook_optimizer
         self._scaler = watch_scaler(opts.scaler, self) if watched else None
@@ -232,6 +233,12 @@ class WatchHandle:
         step = self.steps if step is None else int(step)
         ctx = spike_context or self._user_ctx
         batches, rng = self.capture.take() if self.capture is not None else ([], None)
+        if not batches and getattr(self.capture, "traced", False) and not self._warned_traced:
+            self._warned_traced = True
+            warnings.warn("gradloc-track: the model's forward ran inside torch.compile with watch()'s hooks traced "
+                          "into its graph, where they record nothing: give watch() the compiled module "
+                          "(watch(torch.compile(model), opt)) for the loss signals and localization; the gradient "
+                          "norms and clipping work either way", UserWarning, stacklevel=2)
         if ctx is None and batches and self.monitor.detector is not None and self._rebuildable(batches):
             # built only if a spike fires: no per-step tensor work for the no-spike steps
             ctx = functools.partial(lm_spike_context, self.model, batches, self.tokenizer, rng_state=rng)

@@ -239,3 +239,23 @@ def test_a_spike_contexts_column_checks_take_every_form_the_table_reads():
     SpikeContext(lambda keep: keep.sum(), mask, extra_columns=LazyColumns(["ratio"], never))
     with pytest.raises(ValueError, match=r"extra_columns\['advantage'\]: one value per position, shape \(3, 5\)"):
         SpikeContext(lambda keep: keep.sum(), mask, extra_columns={"advantage": [torch.arange(4.0)] * 3})
+
+
+def test_watch_given_the_eager_model_while_the_loop_calls_it_compiled_fullgraph():
+    """Held-out tester, stop 54: ``watch(model)`` with the loop calling ``torch.compile(model, fullgraph=True)``
+    died at the first step (dynamo traced watch()'s forward pre-hook into the graph: "Attempted to call function
+    marked as skipped ... get_rng_state"); without fullgraph it broke the graph on a host read. The hooks now
+    record nothing when traced, the norms are logged as ever, and one warning says to give watch() the compiled
+    module. backend="eager": dynamo's tracing, without inductor's code generation."""
+    model = tiny_gpt()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    tracker = MemoryTracker()
+    with pytest.warns(UserWarning, match=r"hooks traced into its graph.*watch\(torch\.compile\(model\), opt\)"):
+        with gradloc_track.watch(model, opt, tracker=tracker):
+            for step in range(3):
+                x, y = nanogpt_batch(step)
+                compiled(x, y)[1].backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+    assert [s for s, _ in tracker.series("grad_norm/global")] == [0, 1, 2]
