@@ -116,6 +116,7 @@ class StepCheck:
     replayed: bool
     reason: str = ""
     scale: float | None = None
+    tol: float = 1e-3  # the residual the check allowed (3e-2 in half precision: its rounding)
 
 
 @dataclass

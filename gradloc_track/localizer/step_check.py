@@ -61,8 +61,8 @@ def check_step(prober: Prober, total: Grads, reference: Reference | list[torch.T
     tol = 3e-2 if reduced or any(t.dtype in HALF for t in total) else 1e-3  # a half precision's rounding
     if residual <= tol:
         fits = scale is not None and scale[1] <= tol  # one scale explains .grad (no per-tensor clipping)
-        return StepCheck(residual, ratio, True, scale=scale[0] if fits else None)
-    return StepCheck(residual, ratio, False, _why(prober) if explain else UNEXPLAINED)
+        return StepCheck(residual, ratio, True, scale=scale[0] if fits else None, tol=tol)
+    return StepCheck(residual, ratio, False, _why(prober) if explain else UNEXPLAINED, tol=tol)
 
 
 UNEXPLAINED = ("the probes do not add up to the step's gradient: other randomness (pass the RNG state saved right "
@@ -153,7 +153,7 @@ def report(check: StepCheck | None, notes: list[str]) -> None:
                 f"its norm): {check.reason}; the culprits describe the replayed step")
         warnings.warn(f"gradloc-track: {text}", UserWarning, stacklevel=4)
         notes.append(text)
-    elif abs(check.norm_ratio - 1.0) > 1e-3:
+    elif abs(check.norm_ratio - 1.0) > check.tol:  # (half precision: its rounding is no rescaling; stop 54)
         notes.append(f"the gradient in .grad is {check.norm_ratio:.4g}x the probes' sum (clipped in place, or "
                      "loss_fn normalised differently from the training loss): shares and rankings hold, norms "
                      "are in loss_fn's units")
