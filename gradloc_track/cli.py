@@ -71,7 +71,8 @@ def _replay(args) -> int:
 
 
 def _replay_one(run_dir: Path, tracking_uri: str | None) -> int:
-    from .trackers.replay import replay_run_dir
+    from .trackers.incomplete import incomplete_reason
+    from .trackers.replay import RunDirNotWritable, replay_run_dir
     from .trackers.run_lock import RunDirInUse
 
     try:
@@ -79,6 +80,9 @@ def _replay_one(run_dir: Path, tracking_uri: str | None) -> int:
     except (FileNotFoundError, ValueError, ImportError, RunDirInUse) as exc:
         print(f"gradloc-track replay: {exc}", file=sys.stderr)
         return 2
+    except RunDirNotWritable as exc:  # the run dir, not the store: the store's advice below would mislead
+        print(f"gradloc-track replay: {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:  # the store is down or gone: said, not a traceback; the spool stays for the next try
         print(f"gradloc-track replay: {exc}\n  what was not sent stays in the spool: replay again once the store "
               "answers, or pass --tracking-uri <uri> if it moved", file=sys.stderr)
@@ -89,7 +93,10 @@ def _replay_one(run_dir: Path, tracking_uri: str | None) -> int:
     for r in (r for r in results if not r.refused):
         run = r.run.get("run_id", "?")
         status = f", final status {r.status}" if r.status else ""
-        ended = f"; ended as {r.ended.upper()} (its process is gone: it never finished)" if r.ended else ""
+        why = ("no final status reached its spool: its process died, or the run dir was full when it finished "
+               "(the run dir is INCOMPLETE; the run is tagged gradloc_track.incomplete)") \
+            if incomplete_reason(run_dir) else "its process is gone: it never finished"
+        ended = f"; ended as {r.ended.upper()} ({why})" if r.ended else ""
         print(f"{r.backend} run {run}: replayed {r.sent} record(s){status}"
               + (f" ({r.already} replayed before)" if r.already else "") + ended)
     return 2 if refused else 0

@@ -52,11 +52,14 @@ class RunDirWrites:
             (self.pending if kept else self.lost)[what] = why
             if not kept:
                 self.pending.pop(what, None)
-        if first:
+        if first:  # (what happens to it: kept for a retry, or, a spool's, lost: held-out tester, stop 54, read
+            # "kept in memory" and then "LOST" about the same records)
+            fate = ("what cannot be written is kept in memory and written when there is room again (or at the end "
+                    "into a folder of its own, named then)") if kept else (
+                    f"what {what} would have held is LOST while there is no room (the closing lines count it)")
             say([f"gradloc-track: cannot write {what} into the run dir {self.run_dir} ({why}): the run dir is "
-                 "INCOMPLETE from here on. Training continues; what cannot be written is kept in memory and "
-                 "written when there is room again (or at the end into a folder of its own, named then);"
-                 " 'gradloc-track report' and 'culprits' will say the run dir is incomplete."])
+                 f"INCOMPLETE from here on. Training continues; {fate}; 'gradloc-track report' and 'culprits' will "
+                 "say the run dir is incomplete."])
         if new:
             self._mark(f"{what}: {why}\n")
 

@@ -30,6 +30,7 @@ from . import run_lock
 from .backends import BACKENDS, Backend
 from .interface import Tracker, send
 from .files import atomic_write_json
+from .incomplete import incomplete_reason
 from .run_record import read_backend_record, unreadable_records, update_run_record
 from .spool import read_spool
 
@@ -136,6 +137,7 @@ def _end_if_orphaned(run_dir: Path, backend: str, tracking_uri: str | None) -> s
     if entry is None or type(entry).end_if_orphaned is Backend.end_if_orphaned:
         return None  # the backend marks a run whose process died by itself (W&B), or has no run state
     tracker, _ = open_backend(run_dir, backend, tracking_uri)
+    _mark_incomplete(tracker, run_dir)  # before the end: an ended run may take no tags
     ended = entry.end_if_orphaned(tracker)
     update_run_record(run_dir, backend, status="killed" if ended else "ended")
     return "killed" if ended else None
@@ -150,6 +152,7 @@ def _replay_one(run_dir: Path, spool_file: Path, tracking_uri: str | None) -> Re
     if not todo:
         result.run = dict(read_backend_record(run_dir, backend).get("run") or {})
         return result
+    _check_writable(run_dir, backend, spool_file, done)
     tracker, result.run = open_backend(run_dir, backend, tracking_uri)
     # the final status goes last, whatever its place in the spool (records spooled after it are
     # the tail a timed-out finish() handed over)
@@ -169,7 +172,40 @@ def _replay_one(run_dir: Path, spool_file: Path, tracking_uri: str | None) -> Re
     atomic_write_json(_ledger_path(spool_file), {"lines": sorted(done)})
     if result.status is not None:
         update_run_record(run_dir, backend, status=result.status)
+    _mark_incomplete(tracker, run_dir)
     return result
+
+
+INCOMPLETE_TAG = "gradloc_track.incomplete"  # on a replayed run whose run dir lost records: why
+
+
+def _mark_incomplete(tracker: Tracker, run_dir: Path) -> None:
+    """A run dir marked INCOMPLETE lost records the spool never held (held-out tester, stop 54: the replayed
+    MLflow run held steps 0-24 of 120 and nothing in it said so): its backend run is tagged with why."""
+    reason = incomplete_reason(run_dir)
+    if reason is not None:
+        tracker.set_tags({INCOMPLETE_TAG: reason[:500]})
+
+
+class RunDirNotWritable(OSError):
+    """The run dir takes no writes (a full disk): replay did not open the backend run (nothing was sent)."""
+
+
+def _check_writable(run_dir: Path, backend: str, spool_file: Path, done: set[int]) -> None:
+    """Before a backend run is opened: can the run dir record which run it is and what was sent? Else each
+    replay on a full disk created a new run it could not record, left RUNNING (held-out tester, stop 54: two
+    orphan MLflow runs, and the message said to wait for the store, which had answered)."""
+    try:
+        atomic_write_json(_ledger_path(spool_file), {"lines": sorted(done)})
+        written = update_run_record(run_dir, backend)
+    except OSError as exc:
+        written, why = False, exc.strerror or str(exc)
+    else:
+        why = "its tracker record could not be written"
+    if not written:
+        raise RunDirNotWritable(f"{run_dir} takes no writes ({why}): replay records there which {backend} run it "
+                                "continues and what it sent, so it opened none and sent nothing. Make room (or fix "
+                                "the folder's permissions) and replay again")
 
 
 def replay_spool(path: str | Path, tracker: Tracker | None = None, tracking_uri: str | None = None) -> int:

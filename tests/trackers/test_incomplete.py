@@ -111,3 +111,20 @@ def test_an_apps_own_file_on_a_full_disk_is_kept_elsewhere_not_raised(tight_disk
     said = capsys.readouterr().err
     assert "cannot write summary.json" in said and f"summary.json is kept in {path}" in said
     assert (run / "INCOMPLETE").exists()
+
+
+def test_the_first_failure_says_what_becomes_of_what_could_not_be_written(tmp_path, capsys):
+    """Held-out tester, stop 54: a full disk under an MLflow spool printed 'what cannot be written is kept in
+    memory and written when there is room again', then 'LOST' about the same records: a spool's records are not
+    kept. The first line now says which."""
+    import errno
+
+    from gradloc_track.trackers.incomplete import RunDirWrites
+
+    full = OSError(errno.ENOSPC, "No space left on device")
+    RunDirWrites(tmp_path / "a").failed("spool/mlflow.jsonl", full, kept=False)
+    lost = capsys.readouterr().err
+    assert "what spool/mlflow.jsonl would have held is LOST while there is no room" in lost
+    assert "kept in memory" not in lost
+    RunDirWrites(tmp_path / "b").failed("metrics.jsonl", full, kept=True)
+    assert "is kept in memory and written when there is room again" in capsys.readouterr().err

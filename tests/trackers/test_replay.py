@@ -55,3 +55,42 @@ def test_replay_of_a_sweep_folder_replays_each_run_dir_under_it(tmp_path, sqlite
     assert main(["replay", str(tmp_path / "sweep")]) == 0
     out = capsys.readouterr().out
     assert out.count("mlflow run ") == 2 and "0_clip=adagc:" in out and "1_clip=zclip:" in out
+
+
+def test_replay_into_a_run_dir_that_takes_no_writes_opens_no_run(tmp_path, sqlite_uri, capsys, monkeypatch):
+    """Held-out tester, stop 54: on a full disk each replay created an MLflow run, could not record it in the run
+    dir, and left it RUNNING (two orphans before there was room), saying to wait for the store that had answered.
+    Now replay checks the run dir takes writes before it opens a run. The fault: our file writer raising ENOSPC."""
+    import errno
+
+    from mlflow.tracking import MlflowClient
+
+    from gradloc_track.trackers import replay as replay_mod
+    from gradloc_track.trackers.run_record import update_run_record
+
+    run = tmp_path / "run"
+    spool = Spool(run / "spool" / "mlflow.jsonl", "mlflow")
+    spool.write("log_metrics", [{"loss": 1.0}, 0], "down", ts=5)
+    spool.write("finish", ["success"], "down", ts=6)
+    update_run_record(run, "mlflow", spec={"tracking_uri": sqlite_uri, "experiment_name": "replayed", "run_name": None,
+                                           "tags": {}})
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(replay_mod, "atomic_write_json", full)
+        assert main(["replay", str(run)]) == 1
+    err = capsys.readouterr().err
+    assert "takes no writes (No space left on device)" in err and "once the store answers" not in err
+    client = MlflowClient(sqlite_uri)
+    assert client.get_experiment_by_name("replayed") is None or not client.search_runs(
+        [client.get_experiment_by_name("replayed").experiment_id])
+    # room again: one run, the records in it; the run dir lost other records while it ran (marked INCOMPLETE),
+    # which the replayed run now says (the tester's run held steps 0-24 of 120 and nothing in MLflow said so)
+    (run / "INCOMPLETE").write_text("spool/mlflow.jsonl: [Errno 28] No space left on device\n")
+    assert main(["replay", str(run)]) == 0
+    exp = client.get_experiment_by_name("replayed")
+    (only,) = client.search_runs([exp.experiment_id])
+    assert only.data.metrics["loss"] == 1.0 and only.info.status == "FINISHED"
+    assert "is INCOMPLETE: 1 file(s) could not be written" in only.data.tags["gradloc_track.incomplete"]
