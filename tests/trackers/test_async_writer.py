@@ -182,7 +182,9 @@ def test_the_writer_outlives_any_base_exception_a_backend_raises(exc, tmp_path, 
     assert sorted(delivered + spooled) == list(range(500))  # every record once: the backend or the spool
     assert len(spooled) == 1 and exc.__name__ in recs[0]["error"]
     assert [r["args"] for r in recs if r["call"] == "finish"] == [["success"]]  # its finish raised too
-    assert flush_s < 3.0 and finish_s < 3.0 + 5.0
+    # bounded, not hung: each waits at most its 3 s bound, plus slack for a busy machine (a fresh-clone CI at
+    # stop 54 read flush() at 4.4 s with two other test runs on its 2 cores)
+    assert flush_s < 3.0 + 5.0 and finish_s < 3.0 + 5.0
     assert any(exc.__name__ in str(w.message) for w in caught)  # said once, not swallowed
 
 
