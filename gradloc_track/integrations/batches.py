@@ -297,19 +297,51 @@ class MicroBatchCapture(BatchList):
     def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
         self._open: LMBatch | None = None  # the batch whose forward is running
-        self.traced = False  # a forward ran with these hooks traced into a compiled caller's graph
+        self.traced = False  # a forward this step that would have been recorded ran traced into a compiled graph
+        self.traced_step = False  # ... in the step the last take() returned (the handle's warning)
+        self._model = model
+        self._inner: Any = None  # the in-place compiled call (``model.compile()``) this capture wraps, if any
         self._signature = forward_signature(model)
         self._handles = [model.register_forward_pre_hook(self._hook, with_kwargs=True, prepend=True),
                          model.register_forward_hook(self._check_output)]
+        self.wrap_compiled()
+
+    def wrap_compiled(self) -> bool:
+        """``model.compile()`` compiles the module in place, its hooks inside the compiled graph, where they
+        record nothing (``_hook``): its compiled call is wrapped so that the capture runs around it, eagerly,
+        fullgraph or not (review, stop 54: in place, localization was lost). True when it wrapped (now or before)."""
+        model = self._model
+        inner = getattr(model, "_compiled_call_impl", None)
+        if inner is None or getattr(inner, "_gradloc_capture", None) is self:
+            return inner is not None
+        capture = self
+
+        def around(*args: Any, **kwargs: Any) -> Any:
+            new = capture._record(model, args, kwargs)
+            if new is not None:
+                args, kwargs = new
+            out = inner(*args, **kwargs)
+            capture._check_output(model, args, out)
+            return out
+
+        around._gradloc_capture = self  # type: ignore[attr-defined]
+        self._inner, model._compiled_call_impl = inner, around
+        return True
 
     def _hook(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
-        info = sample_info.pop_sample_info(kwargs)  # always: the model must never see it
         if torch.compiler.is_compiling():
-            # traced into a compiled caller (``torch.compile(model)`` called, ``watch(model)`` given): recording
-            # here would break the graph (fullgraph=True: an error; held-out tester, stop 54), so nothing is; the
-            # handle says once to give watch() the compiled module
-            self.traced = True
+            # traced into a compiled graph: recording there breaks the graph (fullgraph=True: an error, held-out
+            # tester, stop 54), so nothing is recorded. In place (``model.compile()``) the capture runs around the
+            # compiled call (``wrap_compiled``); a compiled caller (``torch.compile(model)`` called while watch()
+            # was given ``model``) records nothing, and the handle says once to give watch() the compiled module
+            info = sample_info.pop_sample_info(kwargs)  # (the model must never see it)
+            if module.training and torch.is_grad_enabled() and not self._paused:
+                self.traced = True
             return (args, kwargs) if info is not None else None
+        return self._record(module, args, kwargs)
+
+    def _record(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
+        info = sample_info.pop_sample_info(kwargs)  # always: the model must never see it
         if not (self._paused or not module.training or not torch.is_grad_enabled()):
             batch = LMBatch.from_call(args, kwargs, self._signature)
             if batch is not None:
@@ -331,10 +363,21 @@ class MicroBatchCapture(BatchList):
             if batch.unusable is None:
                 self.measure(batch, output)
 
+    def take(self) -> tuple[list[LMBatch], list[dict]]:
+        out = super().take()
+        # this step's forwards ran traced into a compiled caller's graph and recorded nothing (compiled in place
+        # after watch(): wrapped now, recorded from the next step)
+        self.traced_step, self.traced = self.traced and not self.wrap_compiled(), False
+        return out
+
     def remove(self) -> None:
         for h in self._handles:
             h.remove()
         self._handles = []
+        if self._inner is not None and getattr(self._model, "_compiled_call_impl", None) is not None \
+                and getattr(self._model._compiled_call_impl, "_gradloc_capture", None) is self:
+            self._model._compiled_call_impl = self._inner
+        self._inner = None
 
 
 class FedBatchList(BatchList):

@@ -233,11 +233,12 @@ class WatchHandle:
         step = self.steps if step is None else int(step)
         ctx = spike_context or self._user_ctx
         batches, rng = self.capture.take() if self.capture is not None else ([], None)
-        if not batches and getattr(self.capture, "traced", False) and not self._warned_traced:
+        if not batches and getattr(self.capture, "traced_step", False) and not self._warned_traced:
             self._warned_traced = True
             warnings.warn("gradloc-track: the model's forward ran inside torch.compile with watch()'s hooks traced "
                           "into its graph, where they record nothing: give watch() the compiled module "
-                          "(watch(torch.compile(model), opt)) for the loss signals and localization; the gradient "
+                          "(watch(torch.compile(model), opt), or model.compile() in place) for the loss signals and "
+                          "localization; the gradient "
                           "norms and clipping work either way", UserWarning, stacklevel=2)
         if ctx is None and batches and self.monitor.detector is not None and self._rebuildable(batches):
             # built only if a spike fires: no per-step tensor work for the no-spike steps

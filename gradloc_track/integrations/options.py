@@ -148,7 +148,7 @@ def _check_clip_kind(given: dict[str, Any]) -> None:
     """``clip={"beta": 0.9}`` names no clipper: its kind defaults to ``none``, which has no such field, and
     OmegaConf said only "Key 'beta' not in 'NoClipConfig'" (held-out tester, stop 54). Say which kinds have it."""
     node = given.get("clip")
-    if node is None or not (isinstance(node, Mapping) or _is_dictconfig(node)) or "kind" in node:
+    if node is None or not (isinstance(node, Mapping) or _is_dictconfig(node)) or node.get("kind", "none") != "none":
         return
     import dataclasses
 
@@ -159,7 +159,8 @@ def _check_clip_kind(given: dict[str, Any]) -> None:
     extra = [k for k in node if k not in fields.get("none", set())]
     if extra:
         having = [kind for kind, names in fields.items() if extra[0] in names]
-        raise ConfigError(f"clip={dict(node)!r} names no clipper: clip.kind defaults to 'none', which has no field "
+        named = "names no clipper: clip.kind defaults to" if "kind" not in node else "is clip.kind"
+        raise ConfigError(f"clip={dict(node)!r} {named} 'none', which has no field "
                           f"{extra[0]!r}; name one, e.g. clip={{'kind': {having[0]!r}, {extra[0]!r}: ...}} "
                           f"(clip.{extra[0]} is a field of: {', '.join(having)})")
 

@@ -22,6 +22,7 @@ left alone.
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ class ReplayResult:
     status: str | None = None  # the final status replayed, if any
     ended: str | None = None  # the status a run whose process died was ended with here
     refused: str | None = None  # why this backend was not replayed (its run record is damaged)
+    tagged: bool = False  # the run was tagged INCOMPLETE_TAG (its run dir lost records)
 
 
 def _ledger_path(spool_file: Path) -> Path:
@@ -120,14 +122,14 @@ def replay_run_dir(run_dir: str | Path, tracking_uri: str | None = None) -> list
                 continue
             result = _replay_one(run_dir, spools[backend], tracking_uri) if backend in spools else \
                 ReplayResult(backend, run=dict(read_backend_record(run_dir, backend).get("run") or {}))
-            result.ended = _end_if_orphaned(run_dir, backend, tracking_uri)
+            result.ended = _end_if_orphaned(run_dir, backend, tracking_uri, result.tagged)
             results.append(result)
         return results
     finally:
         run_lock.release(run_dir, owner)
 
 
-def _end_if_orphaned(run_dir: Path, backend: str, tracking_uri: str | None) -> str | None:
+def _end_if_orphaned(run_dir: Path, backend: str, tracking_uri: str | None, tagged: bool = False) -> str | None:
     """End the backend run as KILLED when no final status reached it (its process died); the status ended with."""
     rec = read_backend_record(run_dir, backend)
     run, spec = rec.get("run") or {}, rec.get("spec") or {}
@@ -137,7 +139,8 @@ def _end_if_orphaned(run_dir: Path, backend: str, tracking_uri: str | None) -> s
     if entry is None or type(entry).end_if_orphaned is Backend.end_if_orphaned:
         return None  # the backend marks a run whose process died by itself (W&B), or has no run state
     tracker, _ = open_backend(run_dir, backend, tracking_uri)
-    _mark_incomplete(tracker, run_dir)  # before the end: an ended run may take no tags
+    if not tagged:
+        _mark_incomplete(tracker, run_dir)  # before the end: an ended run may take no tags
     ended = entry.end_if_orphaned(tracker)
     update_run_record(run_dir, backend, status="killed" if ended else "ended")
     return "killed" if ended else None
@@ -157,6 +160,7 @@ def _replay_one(run_dir: Path, spool_file: Path, tracking_uri: str | None) -> Re
     # the final status goes last, whatever its place in the spool (records spooled after it are
     # the tail a timed-out finish() handed over)
     finals = [r for r in todo if r["call"] == "finish"]
+    result.tagged = _mark_incomplete(tracker, run_dir)  # before the final status: a finished run takes no tags
     for batch in _batches([r for r in todo if r["call"] != "finish"] + finals[-1:], tracker):
         if len(batch) > 1:
             tracker.log_metric_records([(r["args"][0], r["args"][1], r["ts"]) for r in batch])
@@ -172,19 +176,27 @@ def _replay_one(run_dir: Path, spool_file: Path, tracking_uri: str | None) -> Re
     atomic_write_json(_ledger_path(spool_file), {"lines": sorted(done)})
     if result.status is not None:
         update_run_record(run_dir, backend, status=result.status)
-    _mark_incomplete(tracker, run_dir)
     return result
 
 
-INCOMPLETE_TAG = "gradloc_track.incomplete"  # on a replayed run whose run dir lost records: why
+INCOMPLETE_TAG = "gradloc_track.incomplete"  # on a replayed run whose run dir lost records
+INCOMPLETE_VALUE = "records lost; see INCOMPLETE"  # short: W&B tags are 64 characters, key included
 
 
-def _mark_incomplete(tracker: Tracker, run_dir: Path) -> None:
+def _mark_incomplete(tracker: Tracker, run_dir: Path) -> bool:
     """A run dir marked INCOMPLETE lost records the spool never held (held-out tester, stop 54: the replayed
-    MLflow run held steps 0-24 of 120 and nothing in it said so): its backend run is tagged with why."""
-    reason = incomplete_reason(run_dir)
-    if reason is not None:
-        tracker.set_tags({INCOMPLETE_TAG: reason[:500]})
+    MLflow run held steps 0-24 of 120 and nothing in it said so): its backend run is tagged so, before its final
+    status (review: W&B refuses tags on a finished run). A backend that refuses is warned about, never fatal.
+    Whether it tagged."""
+    if incomplete_reason(run_dir) is None:
+        return False
+    try:
+        tracker.set_tags({INCOMPLETE_TAG: INCOMPLETE_VALUE})
+    except Exception as exc:  # the records matter more than the tag
+        warnings.warn(f"gradloc-track replay: could not tag the run {INCOMPLETE_TAG} ({exc!r}); {run_dir} is "
+                      "INCOMPLETE all the same", RuntimeWarning, stacklevel=2)
+        return False
+    return True
 
 
 class RunDirNotWritable(OSError):
@@ -195,14 +207,17 @@ def _check_writable(run_dir: Path, backend: str, spool_file: Path, done: set[int
     """Before a backend run is opened: can the run dir record which run it is and what was sent? Else each
     replay on a full disk created a new run it could not record, left RUNNING (held-out tester, stop 54: two
     orphan MLflow runs, and the message said to wait for the store, which had answered)."""
+    probe = run_dir / "tracker" / f".{backend}.replay-probe.json"  # where the record goes: a write like it
     try:
         atomic_write_json(_ledger_path(spool_file), {"lines": sorted(done)})
-        written = update_run_record(run_dir, backend)
+        atomic_write_json(probe, {"backend": backend, "probe": "x" * 512})
     except OSError as exc:
-        written, why = False, exc.strerror or str(exc)
+        why = exc.strerror or str(exc)
     else:
-        why = "its tracker record could not be written"
-    if not written:
+        why = None
+    finally:
+        probe.unlink(missing_ok=True)
+    if why is not None:
         raise RunDirNotWritable(f"{run_dir} takes no writes ({why}): replay records there which {backend} run it "
                                 "continues and what it sent, so it opened none and sent nothing. Make room (or fix "
                                 "the folder's permissions) and replay again")

@@ -259,3 +259,34 @@ def test_watch_given_the_eager_model_while_the_loop_calls_it_compiled_fullgraph(
                 opt.step()
                 opt.zero_grad(set_to_none=True)
     assert [s for s, _ in tracker.series("grad_norm/global")] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+@pytest.mark.parametrize("fullgraph", [False, True])
+def test_a_model_compiled_in_place_is_localized(when, fullgraph):
+    """Review, stop 54: ``model.compile()`` compiles the module in place, so the module watch() holds runs its
+    hooks inside the compiled graph; recording nothing there lost the localization that had worked. The capture
+    now runs around the in-place compiled call, before or after watch(), fullgraph or not: the same tokens as
+    eager, no warning, and the model's own compiled call back in place after finish()."""
+    model = tiny_gpt()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    if when == "before":
+        model.compile(backend="eager", fullgraph=fullgraph)
+    compiled_call = model._compiled_call_impl
+    tracker = MemoryTracker()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no "traced" warning: nothing is lost
+        handle = gradloc_track.watch(model, opt, tracker=tracker, **FAST)
+        if when == "after":
+            model.compile(backend="eager", fullgraph=fullgraph)
+            compiled_call = model._compiled_call_impl
+        for step in range(STEPS):
+            x, y = nanogpt_batch(step)
+            model(x, y)[1].backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        handle.finish()
+    assert [s.step for s in handle.spikes] == [INJECT_AT]
+    assert {(r["step"], r["sample"], r["position"]) for r in rows_of(tracker)} == {
+        (INJECT_AT, CORRUPT, p) for p in corrupted_positions()}
+    assert model._compiled_call_impl is compiled_call

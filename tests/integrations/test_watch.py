@@ -188,6 +188,8 @@ def test_bad_options_get_the_hydra_apps_errors(gpt2):
     # a clip field without the kind that has it (held-out tester, stop 54: OmegaConf's "not in 'NoClipConfig'")
     with pytest.raises(ConfigError, match=r"names no clipper: clip\.kind defaults to 'none'.*'kind': 'adagc'"):
         gradloc_track.watch(gpt2, clip={"beta": 0.9})
+    with pytest.raises(ConfigError, match=r"is clip\.kind 'none', which has no field 'beta'"):  # review, stop 54
+        gradloc_track.watch(gpt2, clip={"kind": "none", "beta": 0.9})
     with pytest.raises(TypeError, match=r"unknown option\(s\) clipp \(did you mean clip\?\)"):
         gradloc_track.watch(gpt2, clipp="adagc")
     with pytest.raises(TypeError, match=r"unknown option\(s\) log_evry \(did you mean log_every\?\)"):

@@ -93,4 +93,23 @@ def test_replay_into_a_run_dir_that_takes_no_writes_opens_no_run(tmp_path, sqlit
     exp = client.get_experiment_by_name("replayed")
     (only,) = client.search_runs([exp.experiment_id])
     assert only.data.metrics["loss"] == 1.0 and only.info.status == "FINISHED"
-    assert "is INCOMPLETE: 1 file(s) could not be written" in only.data.tags["gradloc_track.incomplete"]
+    assert only.data.tags["gradloc_track.incomplete"] == "records lost; see INCOMPLETE"
+
+
+def test_replaying_an_incomplete_run_dir_into_wandb_tags_it_before_its_end(tmp_path, monkeypatch, capsys):
+    """Review, stop 54: the tag went to the run after its final status, and W&B refuses tags on a finished run:
+    replay died with a traceback (UsageError). The tag goes before the final status, and is short (W&B: 64
+    characters); a backend that refuses it is a warning. W&B offline, its own files."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    spool = Spool(run / "spool" / "wandb.jsonl", "wandb")
+    for i in range(3):
+        spool.write("log_metrics", [{"loss": float(i)}, i], "down", ts=5 + i)
+    spool.write("finish", ["success"], "down", ts=9)
+    from gradloc_track.trackers.run_record import update_run_record
+
+    update_run_record(run, "wandb", spec={"project": "p", "mode": "offline", "dir": str(tmp_path)})
+    (run / "INCOMPLETE").write_text("spool/wandb.jsonl: [Errno 28] No space left on device\n")
+    assert main(["replay", str(run)]) == 0
+    assert "replayed 4 record(s), final status success" in capsys.readouterr().out
