@@ -135,6 +135,7 @@ class GradLocCallback(L.Callback):
         batches = capture.batches
         if batches and batches[-1].loss is None:
             batches[-1].loss = _training_loss(trainer, pl_module, loss.detach())
+
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         if self.handle is not None:
             if isinstance(self.handle.capture, FedBatchList):
