@@ -139,10 +139,14 @@ def test_only_a_precision_holding_a_grad_scaler_makes_an_overflow_routine():
     assert not _has_loss_scaler(SimpleNamespace(precision_plugin=DeepSpeedPrecision("bf16-mixed")))
 
 
-def test_the_loss_lightning_backpropagates_feeds_the_loss_signal(gpt2, tmp_path):
+def test_the_loss_and_the_training_forwards_logits_feed_the_loss_sample_and_junk_signals(gpt2, tmp_path):
     """Held-out tester, stop 54: the Lightning door read gradient norms only (it sees no logits), so with the
-    defaults a garbage row the HF callback names at once went undetected: the loss Lightning back-propagates
-    (``on_before_backward``) now feeds the detector's loss signal, on every step, as the other doors' do."""
+    defaults a random-byte row the HF callback names at once went undetected (its step's norm 3.0x, under the
+    threshold). Now the loss Lightning back-propagates (``on_before_backward``) feeds the loss signal, and the
+    logits of ``training_step``'s forward (here the HF model inside the LightningModule: ``self.model(**batch)``)
+    the sample and junk signals, measured once per micro-batch and never from the localizer's probes, on every
+    step, as the other doors' do (the junk signal's runs of 16 terms do not fit these rows of 15; its case, a
+    garbled 20-token span, named as span 27-50 of 30-50, was checked by hand)."""
     from torch.utils.data import DataLoader
 
     from gradloc_track import MemoryTracker
@@ -154,31 +158,10 @@ def test_the_loss_lightning_backpropagates_feeds_the_loss_signal(gpt2, tmp_path)
                         accelerator="cpu", devices=1, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, default_root_dir=str(tmp_path))
     trainer.fit(CausalLM(gpt2), DataLoader(hf_dataset(K), batch_size=BATCH // K, shuffle=False))
-    z = dict(tracker.series("spike/zscore_loss"))
-    assert len(z) >= STEPS - FAST["spikes"]["warmup_steps"] - 1, sorted(z)  # every step past the warm-up
-    assert z[INJECT_AT] == max(z.values()) and z[INJECT_AT] > 4, z[INJECT_AT]
-
-
-def test_the_training_forwards_logits_feed_the_sample_and_junk_signals(gpt2, tmp_path):
-    """Held-out tester, stop 54: with the defaults a random-byte row went undetected through Lightning (its
-    step's norm 3.0x, under the threshold). The logits of ``training_step``'s forward (here the HF model inside
-    the LightningModule: ``self.model(**batch)``) now give the sample and junk signals, measured once per
-    micro-batch and never from the localizer's probes (the junk signal's runs of 16 terms do not fit these
-    rows of 15; its case, a garbled 20-token span, named as span 27-50 of 30-50, was checked by hand)."""
-    from torch.utils.data import DataLoader
-
-    from gradloc_track import MemoryTracker
-    from gradloc_track.integrations.lightning import GradLocCallback
-
-    tracker = MemoryTracker()
-    callback = GradLocCallback(**FAST, tracker=tracker, console=False)
-    trainer = L.Trainer(max_steps=STEPS, accumulate_grad_batches=K, logger=False, callbacks=[callback],
-                        accelerator="cpu", devices=1, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, default_root_dir=str(tmp_path))
-    trainer.fit(CausalLM(gpt2), DataLoader(hf_dataset(K), batch_size=BATCH // K, shuffle=False))
-    z = dict(tracker.series("spike/zscore_sample_loss"))
-    assert len(z) >= STEPS - FAST["spikes"]["warmup_steps"] - 1, sorted(z)
-    assert z[INJECT_AT] == max(z.values()) and z[INJECT_AT] > 4, z[INJECT_AT]
+    for key in ("spike/zscore_loss", "spike/zscore_sample_loss"):
+        z = dict(tracker.series(key))
+        assert len(z) >= STEPS - FAST["spikes"]["warmup_steps"] - 1, (key, sorted(z))  # every step past the warm-up
+        assert z[INJECT_AT] == max(z.values()) and z[INJECT_AT] > 4, (key, z[INJECT_AT])
     assert INJECT_AT in {s.step for s in callback.handle.spikes}
 
 
