@@ -93,9 +93,8 @@ def _sources_of(run: Path, tracking_uri: str | None, incomplete: str | None) -> 
     if broken:  # the record that leads to the backend run is damaged: "no spike events" would be a guess
         raise IncompleteRunDir(f"{run}: {'; '.join(broken.values())}, so the tracker run this run dir logged to "
                                "(where its spike events are) cannot be found from it; a truncated file usually means "
-                               "the run was "
-                               "killed while writing it. Pass that run itself (an MLflow run id, with --tracking-uri; "
-                               "a W&B run folder) or restore the file")
+                               "the run was killed while writing it. Pass that run itself (an MLflow run id, with "
+                               "--tracking-uri; a W&B run folder) or restore the file")
     raise NoSpikeEvents(f"{run}: a run dir with no spikes/ folder{backends}: it logged no spike events")
 
 
