@@ -207,7 +207,7 @@ def _check_writable(run_dir: Path, backend: str, spool_file: Path, done: set[int
     """Before a backend run is opened: can the run dir record which run it is and what was sent? Else each
     replay on a full disk created a new run it could not record, left RUNNING (held-out tester, stop 54: two
     orphan MLflow runs, and the message said to wait for the store, which had answered)."""
-    probe = run_dir / "tracker" / f".{backend}.replay-probe.json"  # where the record goes: a write like it
+    probe = run_dir / "tracker" / f".{backend}.replay-probe"  # where the record goes (no .json: never read as one)
     try:
         atomic_write_json(_ledger_path(spool_file), {"lines": sorted(done)})
         atomic_write_json(probe, {"backend": backend, "probe": "x" * 512})
