@@ -90,12 +90,13 @@ def _replay_one(run_dir: Path, tracking_uri: str | None) -> int:
     refused = [r for r in results if r.refused]
     for r in refused:
         print(f"gradloc-track replay: {r.backend}: not replayed: {r.refused}", file=sys.stderr)
+    lost = incomplete_reason(run_dir) is not None
     for r in (r for r in results if not r.refused):
         run = r.run.get("run_id", "?")
         status = f", final status {r.status}" if r.status else ""
         why = ("no final status reached its spool: its process died, or the run dir was full when it finished "
                "(the run dir is INCOMPLETE; the run is tagged gradloc_track.incomplete)") \
-            if incomplete_reason(run_dir) else "its process is gone: it never finished"
+            if lost else "its process is gone: it never finished"
         ended = f"; ended as {r.ended.upper()} ({why})" if r.ended else ""
         print(f"{r.backend} run {run}: replayed {r.sent} record(s){status}"
               + (f" ({r.already} replayed before)" if r.already else "") + ended)

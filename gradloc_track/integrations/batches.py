@@ -233,6 +233,7 @@ class BatchList:
     step; ``remove()``: take off whatever hooks feed it (none here)."""
 
     def __init__(self) -> None:
+        self._handles: list[Any] = []  # the hooks that feed it (a subclass's), taken off by ``remove()``
         self.batches: list[LMBatch] = []
         # the RNG state (CPU and CUDA) right before each batch's forward: probes replay its dropout
         self.rng_states: list[dict] = []
@@ -282,8 +283,15 @@ class BatchList:
         finally:
             self._paused -= 1
 
+    def records(self, module: torch.nn.Module) -> bool:
+        """Is a forward of ``module`` now a training forward to record (not eval, ``no_grad`` or ``paused()``)?"""
+        return not self._paused and module.training and torch.is_grad_enabled()
+
     def remove(self) -> None:
-        """Nothing hooked: a fed list."""
+        """Take off the hooks that feed it (none on a list a framework feeds by itself)."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
 
 
 class MicroBatchCapture(BatchList):
@@ -335,14 +343,13 @@ class MicroBatchCapture(BatchList):
             # compiled call (``wrap_compiled``); a compiled caller (``torch.compile(model)`` called while watch()
             # was given ``model``) records nothing, and the handle says once to give watch() the compiled module
             info = sample_info.pop_sample_info(kwargs)  # (the model must never see it)
-            if module.training and torch.is_grad_enabled() and not self._paused:
-                self.traced = True
+            self.traced = self.traced or self.records(module)
             return (args, kwargs) if info is not None else None
         return self._record(module, args, kwargs)
 
     def _record(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
         info = sample_info.pop_sample_info(kwargs)  # always: the model must never see it
-        if not (self._paused or not module.training or not torch.is_grad_enabled()):
+        if self.records(module):
             batch = LMBatch.from_call(args, kwargs, self._signature)
             if batch is not None:
                 batch.info = info
@@ -371,12 +378,9 @@ class MicroBatchCapture(BatchList):
         return out
 
     def remove(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-        if self._inner is not None and getattr(self._model, "_compiled_call_impl", None) is not None \
-                and getattr(self._model._compiled_call_impl, "_gradloc_capture", None) is self:
-            self._model._compiled_call_impl = self._inner
+        super().remove()
+        if getattr(getattr(self._model, "_compiled_call_impl", None), "_gradloc_capture", None) is self:
+            self._model._compiled_call_impl = self._inner  # the model's own compiled call back
         self._inner = None
 
 
@@ -408,8 +412,8 @@ class FedBatchList(BatchList):
         if torch.compiler.is_compiling():  # traced into a compiled caller: nothing recorded (``MicroBatchCapture``)
             return
         batch = self.batches[-1] if self.batches else None
-        if (batch is None or self._paused or not module.training or not torch.is_grad_enabled()
-                or not (self.sample_losses or self.junk_terms) or len(self._kept) >= self.MAX_KEPT):
+        if (batch is None or not self.records(module) or not (self.sample_losses or self.junk_terms)
+                or len(self._kept) >= self.MAX_KEPT):
             return
         logits = logits_in(output)
         if (isinstance(logits, torch.Tensor) and logits.dim() == 3 and logits.is_floating_point()
@@ -438,11 +442,6 @@ class FedBatchList(BatchList):
                 self._warned = True
                 log.warning("gradloc-track: the sample and junk signals could not be read from the training "
                             "forward's logits (%r); they stay off for such steps", exc)
-
-    def remove(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
 
 
 class _LossOf:

@@ -238,8 +238,7 @@ class WatchHandle:
             warnings.warn("gradloc-track: the model's forward ran inside torch.compile with watch()'s hooks traced "
                           "into its graph, where they record nothing: give watch() the compiled module "
                           "(watch(torch.compile(model), opt), or model.compile() in place) for the loss signals and "
-                          "localization; the gradient "
-                          "norms and clipping work either way", UserWarning, stacklevel=2)
+                          "localization; the gradient norms and clipping work either way", UserWarning, stacklevel=2)
         if ctx is None and batches and self.monitor.detector is not None and self._rebuildable(batches):
             # built only if a spike fires: no per-step tensor work for the no-spike steps
             ctx = functools.partial(lm_spike_context, self.model, batches, self.tokenizer, rng_state=rng)

@@ -52,6 +52,7 @@ metrics then take a second, small host transfer on logging steps.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import warnings
@@ -301,10 +302,10 @@ class GradMonitor:
             after_verdict = spike_context is not None and self.responder.surgery
             scale = optimizer_scale(self.param_set, self.clipper, clip_result, after_verdict)
             self.detector_inputs.add(pack, self.params, grad_sq, scale)
-        if self.detector is not None and self.detector_inputs.gathered and grad_sq.device.type != "cpu":
-            with waiting(f"rank {self.rank}'s step (the spike detector's all-gather) at optimizer.step()"):
-                values = pack.to_host()  # an accelerator's collective is waited for here, not at its call
-        else:
+        # an accelerator's collective is waited for in this transfer, not at its call
+        gathered = self.detector is not None and self.detector_inputs.gathered and grad_sq.device.type != "cpu"
+        with waiting(f"rank {self.rank}'s step (the spike detector's all-gather) at optimizer.step()") if gathered \
+                else contextlib.nullcontext():
             values = pack.to_host()
         host, slots = values.metrics, values.slots
         signals = self.detector_inputs.read(slots, nonfinite=host["grad_norm/nonfinite"] > 0)
