@@ -72,8 +72,13 @@ SWITCH_WORDS = {"true": True, "on": True, "yes": True, "1": True, "enabled": Tru
                 "false": False, "off": False, "no": False, "0": False, "disabled": False}
 
 
-def _options(group_dir: Path) -> list[str]:
-    return sorted({p.stem for p in group_dir.glob("*.yaml")} | {p.name for p in group_dir.iterdir() if p.is_dir()})
+def _options(conf_dirs: list[Path], group: str) -> list[str]:
+    """A config group's options over every config folder (the app's, ``--config-dir``'s)."""
+    found: set[str] = set()
+    for d in (d / group for d in conf_dirs):
+        if d.is_dir():
+            found |= {p.stem for p in d.glob("*.yaml")} | {p.name for p in d.iterdir() if p.is_dir()}
+    return sorted(found)
 
 
 def _not_an_option(group: str, value: str, options: list[str], schema: type) -> str:
@@ -90,13 +95,13 @@ def _not_an_option(group: str, value: str, options: list[str], schema: type) -> 
     return f"{said}no such option of config group {group}{hint}; its options: {', '.join(options)}"
 
 
-def _group_choice(group: str, value: str, conf_dir: Path, schema: type) -> None:
+def _group_choice(group: str, value: str, conf_dirs: list[Path], schema: type) -> None:
     """``ConfigError`` for ``group=value`` naming none of the group's options (``locate=false``, the guess
     from ``watch(locate=False)``, was Hydra's 25-line "Config group override must be a string"); a
     sweep (``a,b``) is checked value by value, sweep functions (``glob(*)``) and ``null`` left to Hydra."""
     if "(" in value:
         return
-    options = _options(conf_dir / group)
+    options = _options(conf_dirs, group)
     for v in (x.strip() for x in value.split(",")):
         if v not in options and v.lower() not in ("null", "~", ""):
             raise ConfigError(_not_an_option(group, v, options, schema))
@@ -133,7 +138,8 @@ def _defaults_list(path: Path) -> list:
         return []
 
 
-def default_choices(conf_dir: Path, chosen: dict[str, str], groups: set[str]) -> dict[str, str]:
+def default_choices(conf_dir: Path, chosen: dict[str, str], groups: set[str],
+                    extra_dirs: Iterable[Path] = ()) -> dict[str, str]:
     """The option each group gets when the command line does not pick one: the primary config's defaults
     (``clip: none``), overridden by the experiment the command line picks (``override /clip: adagc``).
     Without it, ``clip.max_norm=1.0`` under the default ``clip=none`` (or ``experiment=spike_demo
@@ -147,7 +153,10 @@ def default_choices(conf_dir: Path, chosen: dict[str, str], groups: set[str]) ->
                     out[group] = option
     experiment = chosen.get("experiment", out.get("experiment"))
     if experiment and "," not in experiment:
-        for entry in _defaults_list(conf_dir / "experiment" / f"{experiment}.yaml"):
+        # the experiment file where Hydra finds it: a --config-dir comes before the app's own conf/
+        where = next((f for f in (d / "experiment" / f"{experiment}.yaml" for d in [*extra_dirs, conf_dir])
+                      if f.is_file()), conf_dir / "experiment" / f"{experiment}.yaml")
+        for entry in _defaults_list(where):
             if isinstance(entry, dict):
                 for key, option in entry.items():
                     group = key.removeprefix("override").strip().lstrip("/")
@@ -156,26 +165,30 @@ def default_choices(conf_dir: Path, chosen: dict[str, str], groups: set[str]) ->
     return {g: o if o.endswith(")") else f"{o} (the default)" for g, o in out.items() if g not in chosen}
 
 
-def check_override_keys(overrides: Iterable[str], schema: type, conf_dir: str | Path | None = None) -> None:
+def check_override_keys(overrides: Iterable[str], schema: type, conf_dir: str | Path | None = None,
+                        extra_dirs: Iterable[str | Path] = ()) -> None:
     """Raise ``ConfigError`` for every ``key=value`` override whose key ``schema`` cannot hold, and for a
-    config group in ``conf_dir`` given a value that is none of its options (``locate=false``).
+    config group in ``conf_dir`` (or in ``extra_dirs``: Hydra's ``--config-dir``) given a value that is none
+    of its options (``locate=false``).
 
     Skipped: ``+``/``++``/``~`` overrides (``to_config`` checks what ``+`` adds), ``hydra.*`` and
     ``hydra/...``.
     """
-    groups = {p.name for p in Path(conf_dir).iterdir() if p.is_dir()} if conf_dir is not None else set()
+    extra = [Path(d) for d in extra_dirs if Path(d).is_dir()]
+    dirs = ([Path(conf_dir)] if conf_dir is not None else []) + extra
+    groups = {p.name for d in dirs for p in d.iterdir() if p.is_dir()} if conf_dir is not None else set()
     bad = []
     chosen = {}  # group -> the option this command line picks (clip=zclip)
     for o in overrides:
         if "=" in o and not o.startswith(("-", "+", "~")) and o.split("=", 1)[0] in groups:
             chosen[o.split("=", 1)[0]] = o.split("=", 1)[1]
-    implied = default_choices(Path(conf_dir), chosen, groups) if conf_dir is not None else {}
+    implied = default_choices(Path(conf_dir), chosen, groups, extra) if conf_dir is not None else {}
     for o in overrides:
         if "=" not in o or o.startswith(("-", "+", "~")):
             continue
         key, value = o.split("=", 1)
         if "." not in key and key in groups:
-            _group_choice(key, value, Path(conf_dir), schema)
+            _group_choice(key, value, dirs, schema)
             continue
         if key.split(".")[0] == "hydra" or "/" in key:
             continue
@@ -201,4 +214,22 @@ def check_overrides(overrides: Iterable[str], schema: type | None = None,
     overrides = list(overrides)
     check_renamed(override_keys(overrides))
     if schema is not None:
-        check_override_keys(overrides, schema, conf_dir)
+        extra, replaced = _config_flags(overrides)
+        if not replaced:  # a --config-path/-cp replaces the app's primary config: its keys are not ours to know
+            check_override_keys(overrides, schema, conf_dir, extra)
+
+
+def _config_flags(argv: list[str]) -> tuple[list[str], bool]:
+    """(the folders Hydra's ``--config-dir``/``-cd`` add, whether ``--config-path``/``-cp`` replaces the primary
+    config's) on a command line: an experiment in the user's own folder is an option too (held-out tester, stop
+    55: ``--config-dir my_conf experiment=fast`` was refused as "no such option")."""
+    dirs, replaced = [], False
+    for i, a in enumerate(argv):
+        flag, eq, val = a.partition("=")
+        if flag in ("--config-dir", "-cd", "--config-path", "-cp"):
+            val = val if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+            if flag in ("--config-dir", "-cd"):
+                dirs.append(val)
+            else:
+                replaced = True
+    return dirs, replaced

@@ -239,10 +239,14 @@ def bpe_min_vocab(corpus: str | None) -> int:
 
 
 def register_configs() -> None:
-    """Register the library's schemas and the demo's root (``demo_schema``) with Hydra (idempotent)."""
+    """Register the library's schemas, the demo's root (``demo_schema``) and its sweep folder names' resolver
+    with Hydra (idempotent)."""
     from hydra.core.config_store import ConfigStore
 
     from ..config import register_configs as register_library_configs
 
+    from .out_dir import register_job_dir_resolver
+
     register_library_configs()
+    register_job_dir_resolver()  # the sweep jobs' folder names (conf/config.yaml)
     ConfigStore.instance().store(name="demo_schema", node=DemoConfig)

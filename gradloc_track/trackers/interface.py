@@ -11,6 +11,11 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 
+class RunNotResumable(ValueError):
+    """The backend run a run dir recorded cannot be continued (deleted, purged, in another store): ``replay``
+    refuses that backend with this message, which names the fix."""
+
+
 def exit_status(exc_type: type[BaseException] | None) -> str:
     """The final status of a run ended by ``exc_type``: Ctrl-C (``KeyboardInterrupt``) is "killed"
     (the user stopped it, as SIGTERM does), any other exception "failed", none "success"."""

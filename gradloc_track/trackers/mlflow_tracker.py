@@ -23,7 +23,7 @@ from typing import Any, Mapping
 
 from .._optional import require
 from .table_json import dumps_table
-from .interface import Tracker
+from .interface import RunNotResumable, Tracker
 from .csv_view import csv_text
 from .naming import mlflow_key, step_path, table_part_path, truncate
 from .reachable import check_server
@@ -167,9 +167,30 @@ class MlflowTracker(Tracker):
         """Continue an existing run (``gradloc-track replay``); its status is left as it is."""
         self = cls.__new__(cls)
         self._connect(tracking_uri, run_dir)
-        run = self.client.get_run(run_id)
+        run = self._resumable_run(run_id)
         self.run_id, self.experiment_id = run_id, run.info.experiment_id
         return self
+
+    def _resumable_run(self, run_id: str) -> Any:
+        """The run ``resume`` continues; ``RunNotResumable`` naming the fix when it is deleted or not in this
+        store (before: MLflow's traceback at the first record, "must be in the 'active' state")."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            run = self.client.get_run(run_id)
+        except MlflowException as exc:
+            if getattr(exc, "error_code", "") != "RESOURCE_DOES_NOT_EXIST":
+                raise
+            raise RunNotResumable(
+                f"the MLflow run {run_id} is not in {self.tracking_uri}: it was purged (`mlflow gc`), or the "
+                "store moved (pass --tracking-uri <the store that holds it>). To send the records to a new run "
+                "instead, remove the run dir's tracker/mlflow.json") from None
+        if run.info.lifecycle_stage == "deleted":
+            raise RunNotResumable(
+                f"the MLflow run {run_id} in {self.tracking_uri} is deleted: restore it (`mlflow runs restore "
+                f"--run-id {run_id}`, or the UI's trash) and replay again; to send the records to a new run "
+                "instead, remove the run dir's tracker/mlflow.json")
+        return run
 
     def _connect(self, tracking_uri: str | None, run_dir: str | Path | None) -> None:
         require("mlflow", "mlflow")

@@ -29,7 +29,7 @@ from typing import Any
 
 from . import run_lock
 from .backends import BACKENDS, Backend
-from .interface import Tracker, send
+from .interface import RunNotResumable, Tracker, send
 from .files import atomic_write_json
 from .incomplete import incomplete_reason
 from .run_record import read_backend_record, unreadable_records, update_run_record
@@ -44,7 +44,7 @@ class ReplayResult:
     already: int = 0  # records an earlier replay sent
     status: str | None = None  # the final status replayed, if any
     ended: str | None = None  # the status a run whose process died was ended with here
-    refused: str | None = None  # why this backend was not replayed (its run record is damaged)
+    refused: str | None = None  # why this backend was not replayed (its run record damaged, its run deleted)
     tagged: bool = False  # the run was tagged INCOMPLETE_TAG (its run dir lost records)
 
 
@@ -120,9 +120,12 @@ def replay_run_dir(run_dir: str | Path, tracking_uri: str | None = None) -> list
                     f"{broken[backend]}: replay continues the run that record names and cannot tell which. Restore "
                     "the file, or remove it to replay the spool into a new run")))
                 continue
-            result = _replay_one(run_dir, spools[backend], tracking_uri) if backend in spools else \
-                ReplayResult(backend, run=dict(read_backend_record(run_dir, backend).get("run") or {}))
-            result.ended = _end_if_orphaned(run_dir, backend, tracking_uri, result.tagged)
+            try:
+                result = _replay_one(run_dir, spools[backend], tracking_uri) if backend in spools else \
+                    ReplayResult(backend, run=dict(read_backend_record(run_dir, backend).get("run") or {}))
+                result.ended = _end_if_orphaned(run_dir, backend, tracking_uri, result.tagged)
+            except RunNotResumable as exc:  # its run deleted or gone: that backend only, the spool kept whole
+                result = ReplayResult(backend, refused=str(exc))
             results.append(result)
         return results
     finally:

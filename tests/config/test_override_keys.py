@@ -106,3 +106,18 @@ def test_a_group_given_a_value_that_is_none_of_its_options_names_the_fix(overrid
 def test_every_groups_own_options_and_null_pass():
     check_overrides(["clip=none", "tracker=none", "locate=default", "experiment=spike_demo", "experiment=null",
                      "clip=none,global,zclip", "model=glob(*)"], DemoConfig, CONF_DIR)
+
+
+def test_an_experiment_in_the_users_config_dir_is_an_option(tmp_path):
+    """Held-out tester, stop 55: ``--config-dir my_conf experiment=fast`` (Hydra's way to add your own experiment
+    file) was refused as "no such option of config group experiment"; a typo there still names both folders'."""
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "fast.yaml").write_text("# @package _global_\ntrain:\n  steps: 5\n")
+    for flags in (["--config-dir", str(tmp_path)], [f"--config-dir={tmp_path}"], ["-cd", str(tmp_path)]):
+        check_overrides(["-m", *flags, "experiment=fast", "clip=adagc,zclip"], DemoConfig, CONF_DIR)
+    with pytest.raises(ConfigError, match=r"did you mean experiment=fast\?\); its options: clip_compare, fast, "
+                                          r"spike_demo"):
+        check_overrides(["--config-dir", str(tmp_path), "experiment=fats"], DemoConfig, CONF_DIR)
+    with pytest.raises(ConfigError, match="no such option of config group experiment"):
+        check_overrides(["experiment=fast"], DemoConfig, CONF_DIR)  # without the folder it is none
+    check_overrides(["--config-path", str(tmp_path), "experiment=fast"], DemoConfig, CONF_DIR)  # not our groups

@@ -101,8 +101,15 @@ def test_a_key_typo_without_plus_gets_did_you_mean_and_leaves_no_run_dir(tmp_pat
 
 
 def test_multirun_gives_one_tracker_run_per_job(tmp_path):
+    """Also, from a held-out tester (stop 55): an experiment in the user's own ``--config-dir`` is an option
+    (it was refused as "no such option"), and a job's folder name stays short whatever its overrides (18
+    overrides, 300 characters: "File name too long" before any job ran)."""
     new_mlflow_store(tmp_path / "mlflow.db")  # run_example's store (a new store's console: the mlflow test above)
-    proc = run_example(tmp_path, "-m", "tracker=mlflow", "clip=none,adagc", *SMALL)
+    (tmp_path / "conf" / "experiment").mkdir(parents=True)
+    (tmp_path / "conf" / "experiment" / "mine.yaml").write_text("# @package _global_\ntrain:\n  seed: 0\n")
+    long = "train.inject.text=" + "x" * 200  # no injection step: a value that only lengthens the overrides
+    proc = run_example(tmp_path, "-m", f"--config-dir={tmp_path / 'conf'}", "experiment=mine", "tracker=mlflow",
+                       "clip=none,adagc", long, *SMALL)
     # the sweep ends with one table of its jobs, labelled by what it swept, after every job's own summary
     table = proc.stdout[proc.stdout.index("the sweep: 2 job(s), run dirs under "):]
     assert "| clip=none | 0 |" in table and "| clip=adagc | 0 |" in table and "done: 4 steps" not in table
@@ -113,6 +120,9 @@ def test_multirun_gives_one_tracker_run_per_job(tmp_path):
     assert [re.sub(r"\d\d-\d\d \d\d:\d\d:\d\d$", "<time>", n) for n in names] == \
         ["clip=adagc seed=0 <time>", "clip=none seed=0 <time>"]
     assert {r.data.params["clip.kind"] for r in runs} == {"none", "adagc"}
+    (sweep,) = (tmp_path / "runs" / "multirun").iterdir()
+    jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
+    assert [j[:8] for j in jobs] == ["0_clip=n", "1_clip=a"] and all(len(j) <= 102 and "~" in j for j in jobs)
 
 
 @pytest.mark.slow

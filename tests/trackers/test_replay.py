@@ -113,3 +113,41 @@ def test_replaying_an_incomplete_run_dir_into_wandb_tags_it_before_its_end(tmp_p
     (run / "INCOMPLETE").write_text("spool/wandb.jsonl: [Errno 28] No space left on device\n")
     assert main(["replay", str(run)]) == 0
     assert "replayed 4 record(s), final status success" in capsys.readouterr().out
+
+
+def test_replay_into_a_deleted_or_purged_mlflow_run_is_refused_naming_the_fix(tmp_path, sqlite_uri, capsys):
+    """Noticed at stop 54: the run deleted in the UI made replay a traceback ("must be in the 'active' state"),
+    and a run gone from the store another. Now that backend is refused with the fix, the spool kept whole, and
+    once the run is restored the same command sends everything."""
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    from gradloc_track.trackers.run_record import update_run_record
+
+    client = MlflowClient(sqlite_uri)
+    exp = client.create_experiment("deleted")
+    run_id = client.create_run(exp).info.run_id
+    run = tmp_path / "run"
+    spool = Spool(run / "spool" / "mlflow.jsonl", "mlflow")
+    spool.write("log_metrics", [{"loss": 1.0}, 0], "down", ts=5)
+    spool.write("finish", ["success"], "down", ts=6)
+    update_run_record(run, "mlflow", spec={"tracking_uri": sqlite_uri, "experiment_name": "deleted", "run_name": None,
+                                           "tags": {}}, run={"run_id": run_id, "experiment_id": exp})
+    client.delete_run(run_id)
+    assert main(["replay", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert f"mlflow: not replayed: the MLflow run {run_id} in {sqlite_uri} is deleted" in err
+    assert f"mlflow runs restore --run-id {run_id}" in err and "Traceback" not in err
+    assert not (run / "spool" / "mlflow.replayed.json").exists() or \
+        not json.loads((run / "spool" / "mlflow.replayed.json").read_text())["lines"]
+    client.restore_run(run_id)
+    assert main(["replay", str(run)]) == 0
+    done = client.get_run(run_id)
+    assert done.data.metrics["loss"] == 1.0 and done.info.status == "FINISHED"
+    # a run the store no longer holds (purged, or another store): said so, with --tracking-uri
+    update_run_record(run, "mlflow", run={"run_id": "0" * 32, "experiment_id": exp})
+    spool.write("log_metrics", [{"loss": 2.0}, 1], "down", ts=7)
+    assert main(["replay", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert f"the MLflow run {'0' * 32} is not in {sqlite_uri}" in err and "--tracking-uri" in err
