@@ -61,6 +61,7 @@ class LMBatch:
     info: dict[str, Any] | None = None  # per-sample columns, each B values (sample_info)
     unusable: str | None = None  # why the training forward's output cannot rebuild the loss (None: it can)
     num_items: Any = None  # the call's num_items_in_batch (HF Trainer): the loss's normaliser
+    items_scale: float = 1.0  # what the trainer multiplies that loss by (``trainer_frames.tokens_averaged_scale``)
     loss: torch.Tensor | None = None  # the loss the model returned (HF ``.loss``, nanoGPT's pair), detached
     sample_max: torch.Tensor | None = None  # the largest per-sample loss (step_losses.py)
     sample_rows: torch.Tensor | None = None  # (B,) each row's mean loss, whose largest sample_max is
@@ -176,7 +177,7 @@ def normalisers(batches: list[LMBatch], masks: list[torch.Tensor]) -> list[Any]:
     """Each micro-batch's loss normaliser as the training step had it (see the module doc), from
     the full masks only: device scalars, no host sync."""
     if all(b.num_items is not None for b in batches):
-        return [b.num_items for b in batches]
+        return [b.num_items if b.items_scale == 1 else b.num_items / b.items_scale for b in batches]
     if all(b.labels is not None or b.target_ids is not None for b in batches):
         return [m.sum().clamp(min=1.0) * len(batches) for m in masks]
     n_total = sum(m.sum() for m in masks).clamp(min=1.0)
@@ -309,6 +310,7 @@ class MicroBatchCapture(BatchList):
         self.traced_step = False  # ... in the step the last take() returned (the handle's warning)
         self._model = model
         self._inner: Any = None  # the in-place compiled call (``model.compile()``) this capture wraps, if any
+        self.items_scale = 1.0  # what HF Trainer multiplies a loss over num_items_in_batch by (set by its callback)
         self._signature = forward_signature(model)
         self._handles = [model.register_forward_pre_hook(self._hook, with_kwargs=True, prepend=True),
                          model.register_forward_hook(self._check_output)]
@@ -354,6 +356,8 @@ class MicroBatchCapture(BatchList):
             if batch is not None:
                 batch.info = info
                 batch.precision = autocast_in_force(batch.input_ids.device.type)
+                if batch.num_items is not None:
+                    batch.items_scale = self.items_scale
                 self.add(batch)
                 self._open = batch
         return (args, kwargs) if info is not None else None

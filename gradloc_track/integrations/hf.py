@@ -34,7 +34,7 @@ from typing import Any
 from .._optional import require
 from ..console import TrainConsole
 from .options import resolve_options
-from .trainer_frames import find_trainer
+from .trainer_frames import find_trainer, tokens_averaged_scale
 
 require("transformers", "hf")
 from transformers import TrainerCallback  # noqa: E402
@@ -92,9 +92,12 @@ class GradLocCallback(TrainerCallback):
             opts = dataclasses.replace(opts, spikes=rl_spikes(opts.spikes, given))
         door = Door("GradLocCallback (TRL)" if kind is not None else "GradLocCallback", hook_optimizer=False,
                     wandb_step_key=HF_WANDB_STEP)  # joins report_to's run; Trainer calls step() through us
+        capture = None
         if kind is None:  # under DDP the probes must run the model Trainer trains through (its gradient all-reduce)
             model = _ddp_wrapped(self, model)
-        self.handle = open_handle(model, optimizer, opts, door, MicroBatchCapture(model) if kind is None else None)
+            capture = MicroBatchCapture(model)
+            capture.items_scale = tokens_averaged_scale(find_trainer(self))  # its loss x processes under DDP
+        self.handle = open_handle(model, optimizer, opts, door, capture)
         self._resume(args, state)
         if kind is not None:
             from .trl.adapters import make_adapter

@@ -28,3 +28,19 @@ def find_trainer(callback: Any) -> Any | None:
         return None
     finally:
         del frame  # frames reference their locals: do not keep the cycle alive
+
+
+def tokens_averaged_scale(trainer: Any) -> float:
+    """The factor ``transformers.Trainer`` multiplies a loss normalised by ``num_items_in_batch`` with when it
+    averages tokens across devices (``average_tokens_across_devices``, the default since transformers 4.50):
+    the count is over every process, and DDP's mean over them would shrink the gradient, so the loss is made
+    ``x processes`` (``/ tp`` for tensor-parallel ranks, ``x n_gpu`` under DataParallel). 1 otherwise. A
+    rebuilt loss normalised by the same count needs the same factor: without it every probe under DDP was
+    1/world of the step (held-out tester, stop 55: culprit norms half the one-process run's)."""
+    args = getattr(trainer, "args", None)
+    if args is None or not getattr(args, "average_tokens_across_devices", False):
+        return 1.0
+    if getattr(args, "n_gpu", 1) > 1:
+        return float(args.n_gpu)
+    tp = getattr(trainer, "get_tp_size", lambda: 1)()
+    return float(max(1, int(getattr(getattr(trainer, "accelerator", None), "num_processes", 1)) // max(1, int(tp))))

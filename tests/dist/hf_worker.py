@@ -47,6 +47,8 @@ def main(rank: int, world: int, port: str, out: str) -> None:
     Trainer(model=model, args=args, train_dataset=with_index(Dataset.from_dict({"input_ids": data, "labels": data})),
             data_collator=keep_columns(model, "dataset_index"), callbacks=[callback]).train()
     seen = [{"step": s.step, "replayed": bool(s.locate and s.locate.step_check and s.locate.step_check.replayed),
+             "norm_ratio": s.locate.step_check.norm_ratio if s.locate and s.locate.step_check else None,
+             "scale": s.locate.step_check.scale if s.locate and s.locate.step_check else None,
              "culprits": [[c.rank, c.level, c.share] for c in (s.locate.culprits if s.locate else [])],
              "why_not": s.not_localized, "cause": s.cause} for s in callback.handle.spikes]
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:

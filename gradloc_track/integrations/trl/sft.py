@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from ...localizer.probe import save_rng
 from ..batches import IGNORE, LMBatch
 from ..sample_info import SAMPLE_INFO_KEY, sample_columns
+from ..trainer_frames import tokens_averaged_scale
 from .trainer import MethodPatch
 
 NOT_FORWARDED = ("labels", "shift_labels", "num_items_in_batch", "fused_lm_head")
@@ -74,9 +75,7 @@ class SFTMicroBatch:
         det = {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
         info = det.pop(SAMPLE_INFO_KEY, None)  # keep_columns' dataset index and metadata: the table's, not the model's
         batch = LMBatch(det["input_ids"], det.get("labels"), det.get("attention_mask"), info=info)
-        scale = 1.0
-        if getattr(tr.args, "average_tokens_across_devices", False) and num_items is not None:
-            scale = float(tr.accelerator.num_processes // max(1, getattr(tr, "get_tp_size", lambda: 1)()))
+        scale = tokens_averaged_scale(tr) if num_items is not None else 1.0
         forward = {k: v for k, v in det.items() if k not in NOT_FORWARDED}
         forward["use_cache"] = False  # as TRL's compute_loss sets it
         return cls(batch, forward, num_items, scale,
