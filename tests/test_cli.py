@@ -38,3 +38,21 @@ def test_culprits_report_and_the_blocklist_run_without_torch(tmp_path):
     proc = python(code, str(tmp_path / "out"), str(run))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_reader_that_leaves_the_pipe_ends_the_command_without_a_traceback(tmp_path):
+    """Held-out tester, stop 55: `gradloc-track culprits ... | head -3` ended in a BrokenPipeError traceback."""
+    run = tmp_path / "run"
+    (run / "spikes" / "tokens").mkdir(parents=True)
+    (run / "spikes" / "tokens" / "step_000100.json").write_text(json.dumps(
+        {"columns": ["step", "level", "share", "sample", "sample_id"], "data": [[100, "sample", 0.8, 1, "a" * 16]]}))
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line
+    try:
+        proc = subprocess.run([sys.executable, "-m", "gradloc_track.cli", "culprits", str(run), "-o",
+                               str(tmp_path / "led")], stdout=write, stderr=subprocess.PIPE, text=True, timeout=120,
+                              env=ENV)
+    finally:
+        os.close(write)
+    assert proc.returncode == 141 and "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
+    assert (tmp_path / "led" / "culprits.json").is_file()  # the files were written before the output went nowhere

@@ -218,3 +218,31 @@ def test_run_dirs_of_two_stores_with_one_tracking_uri_each_read_from_their_own(t
     assert main(["report", str(tmp_path / "a"), "--tracking-uri", uris["b"], "-o", str(tmp_path / "x.html")]) == 2
     err = capsys.readouterr().err
     assert f"is neither in {uris['b']} (--tracking-uri) nor in {uris['a']} (the store it recorded)" in err
+
+
+def test_a_run_whose_spike_tables_wait_in_the_spool_says_replay_first(tmp_path, capsys):
+    """Held-out tester, stop 55: with MLflow down the run's closing lines offered `gradloc-track report <run dir>`,
+    which then said the run "logged no spike events" (its tables were in spool/mlflow.jsonl). Now the closing
+    lines put the replay first, and report and culprits say the tables are spooled; once replayed, not."""
+    import json
+
+    from gradloc_track.cli import main
+    from gradloc_track.console.links import view_commands
+    from gradloc_track.trackers.spool import Spool
+
+    run = tmp_path / "run"
+    spool = Spool(run / "spool" / "mlflow.jsonl", "mlflow")
+    spool.write("log_metrics", [{"loss": 1.0}, 100], "down", ts=5)
+    spool.write("log_table", ["spikes/tokens", ["step"], [[100]], 100], "down", ts=6)
+    (run / "tracker").mkdir()
+    lines = view_commands(run)
+    assert lines[0].strip().startswith(f"gradloc-track replay {run}") and "report" in lines[1]
+    assert main(["report", str(run), "-o", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert "its spike tables are in spool/mlflow.jsonl, not sent yet" in err and "no spike events" not in err
+    assert main(["culprits", str(run), "-o", str(tmp_path / "led")]) == 2
+    assert "not sent yet" in capsys.readouterr().err
+    (run / "spool" / "mlflow.replayed.json").write_text(json.dumps({"lines": [0, 1]}))  # a replay sent both
+    assert "replay" not in "".join(view_commands(run))
+    assert main(["report", str(run), "-o", str(tmp_path / "r.html")]) == 2
+    assert "logged no spike events" in capsys.readouterr().err

@@ -50,5 +50,9 @@ def view_commands(run_dir: Path, spikes: bool = True) -> list[str]:
     command, which would only say so)."""
     out = [line for b, view in views_of(read_run_views(run_dir)) for line in b.commands(view)]
     if spikes:
+        from ..trackers.spool import spooled_tables
+
+        if spooled_tables(run_dir):  # the tracker was down: the report reads the spike tables once they are sent
+            out.append(f"  gradloc-track replay {run_dir}    # first: the spike tables wait in its spool")
         out.append(f"  gradloc-track report {run_dir} -o spike_report.html    # one HTML page, no server needed")
     return out

@@ -77,6 +77,10 @@ def read_run(source: str, tracking_uri: str | None, notes: list[str],
         if src.temporary:
             shutil.rmtree(src.root, ignore_errors=True)
     notes.extend(f"{src.title}: {n}" for n in src.notes)
+    if not n_parts:  # events, none with culprits (locate.enabled=false, or each said why not): no table to add
+        notes.append(f"{src.title}: its spike events have no culprit table (none was localized: locate.enabled="
+                     "false, or each event's console block says why not)")
+        return None
     if unreadable:  # its culprits cannot be read: no ledger may read as "nothing blamed" (held-out tester, stop 54)
         why = (f"{src.title}: {unreadable} of its {n_parts} culprit table part(s) could not be read (the notes "
                "above)")

@@ -103,3 +103,29 @@ def read_spool(path: str | Path) -> list[dict[str, Any]]:
         rec["line"] = i  # the record's identity in this append-only file (the replay ledger uses it)
         out.append(rec)
     return out
+
+
+TABLE_CALL = '"call": "log_table"'  # how a spooled table record's line reads (``json.dumps``' separators)
+
+
+def spooled_tables(run_dir: str | Path) -> list[str]:
+    """The run dir's spool files (``spool/<backend>.jsonl``) holding table records no replay has sent yet: a
+    run whose tracker was down keeps its spike tables there until ``gradloc-track replay`` (held-out tester,
+    stop 55: ``report`` said such a run "logged no spike events"). Lines are scanned as text: a long outage's
+    spool is mostly metrics, never parsed here."""
+    out = []
+    for path in sorted((Path(run_dir) / "spool").glob("*.jsonl")):
+        try:
+            lines = [i for i, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines())
+                     if TABLE_CALL in line]
+        except OSError:
+            continue
+        if not lines:
+            continue
+        try:
+            sent = set(json.loads(path.with_name(path.stem + ".replayed.json").read_text(encoding="utf-8"))["lines"])
+        except (OSError, ValueError, KeyError, TypeError):
+            sent = set()
+        if any(i not in sent for i in lines):
+            out.append(f"spool/{path.name}")
+    return out

@@ -210,3 +210,20 @@ def test_replay_refuses_only_the_backend_whose_record_is_damaged(tmp_path, capsy
     assert main(["replay", str(run)]) == 2
     err = capsys.readouterr().err
     assert "wandb: not replayed: tracker/wandb.json is not valid JSON" in err
+
+
+def test_runs_whose_events_have_no_culprit_table_write_no_ledger(tmp_path, capsys):
+    """Held-out tester, stop 55: a run with locate.enabled=false (its spike detected, not localized) gave an
+    empty ledger and exit 0, "0 spike event(s) with culprits", where docs/ledger.md promises exit 2 and nothing
+    written when no run has a culprit table. Beside a run that has one, it is a note."""
+    bare = tmp_path / "bare"
+    (bare / "spikes" / "events").mkdir(parents=True)
+    (bare / "spikes" / "events" / "step_000100.json").write_text(json.dumps({"columns": ["step"], "data": [[100]]}))
+    assert command.run(parser().parse_args(["culprits", str(bare), "-o", str(tmp_path / "led")])) == 2
+    err = capsys.readouterr().err
+    assert "its spike events have no culprit table (none was localized" in err and "has a culprit table" in err
+    assert not (tmp_path / "led").exists()
+    assert command.run(parser().parse_args(["culprits", str(bare), str(run_dir(tmp_path, ROWS)), "-o",
+                                            str(tmp_path / "led2")])) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("1 run(s), 1 spike event(s) with culprits") and "have no culprit table" in err
