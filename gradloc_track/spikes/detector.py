@@ -244,6 +244,9 @@ class SpikeDetector:
         if cfg.update_signal and extra.update is not None:
             values["update"] = float(extra.update)
         events = self.junk.events(step, extra.junk_span, extra.junk_text, self._last)
+        for name in ("loss", "sample_loss", "update"):
+            if name not in values:  # not read this step (the update after a step that fired): no z logged, not the
+                self._last.pop(f"spike/zscore_{name}", None)  # last one again (held-out testers, stop 55)
         for name, x in values.items():
             ratio = {"loss": cfg.loss_min_ratio, "sample_loss": cfg.sample_min_ratio}.get(name, cfg.min_ratio)
             ev = self._check(EXTRA[name], name, step, x, pending, ratio,

@@ -161,3 +161,16 @@ def test_new_fields_are_validated_by_name(field, value):
     with pytest.raises(ConfigError, match=f"spikes.{field}"):
         SpikeConfig(**{field: value})
 
+
+
+def test_a_signal_not_read_on_a_step_logs_no_z_score_there():
+    """Held-out testers, stop 55: after a step that fired, the update is not fed to the next verdict, and
+    ``spike/zscore_update`` logged the step before's z again (the same value on two steps)."""
+    det = SpikeDetector(warmup_steps=3)
+    for s in range(10):
+        det.update(s, 1.0 + 0.01 * (s % 2), {"h.0": 0.5}, loss=2.0 + 0.01 * (s % 2), update=0.1 + 0.001 * (s % 3))
+    assert {"spike/zscore_update", "spike/zscore_loss"} <= set(det.metrics())
+    det.update(10, 1.0, {"h.0": 0.5}, loss=2.0)  # no update read this step
+    assert "spike/zscore_update" not in det.metrics() and "spike/zscore_loss" in det.metrics()
+    det.update(11, 1.0, {"h.0": 0.5}, loss=2.0, update=0.1)
+    assert "spike/zscore_update" in det.metrics()
