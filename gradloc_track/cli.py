@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import stat
 import sys
 import threading
 from pathlib import Path
@@ -137,6 +138,13 @@ def _sigterm(signum, frame) -> None:
     raise SystemExit(SIGTERM_EXIT)  # unwinds: a file being written is taken back (trackers.files)
 
 
+def _stdout_is_pipe() -> bool:
+    try:
+        return stat.S_ISFIFO(os.fstat(sys.stdout.fileno()).st_mode)
+    except (OSError, ValueError, AttributeError):  # no real stdout (captured)
+        return False
+
+
 def _quiet_stdout() -> None:
     """Point stdout at /dev/null: Python flushes it again at exit, into the closed pipe, and says so."""
     try:
@@ -165,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # here, not at exit: a reader that left is the except below, not a traceback
         return code
     except BrokenPipeError:  # `gradloc-track culprits ... | head`: the reader left; no traceback (held-out tester)
+        if not _stdout_is_pipe():  # another pipe broke (a tracker's socket): not ours to hide
+            raise
         _quiet_stdout()
         return 141  # a shell's status for a writer its pipe's reader left (128 + SIGPIPE)
     finally:

@@ -242,6 +242,11 @@ def test_a_run_whose_spike_tables_wait_in_the_spool_says_replay_first(tmp_path, 
     assert "its spike tables are in spool/mlflow.jsonl, not sent yet" in err and "no spike events" not in err
     assert main(["culprits", str(run), "-o", str(tmp_path / "led")]) == 2
     assert "not sent yet" in capsys.readouterr().err
+    # another table in a spool (the ledger's own run, a user's log_table) is no spike table (review, stop 55)
+    other = tmp_path / "ledger_run"
+    Spool(other / "spool" / "mlflow.jsonl", "mlflow").write("log_table", ["ledger/culprits", ["a"], [[1]], 0], "down")
+    (other / "tracker").mkdir()
+    assert "replay" not in "".join(view_commands(other))
     (run / "spool" / "mlflow.replayed.json").write_text(json.dumps({"lines": [0, 1]}))  # a replay sent both
     assert "replay" not in "".join(view_commands(run))
     assert main(["report", str(run), "-o", str(tmp_path / "r.html")]) == 2

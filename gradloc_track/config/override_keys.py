@@ -153,8 +153,9 @@ def default_choices(conf_dir: Path, chosen: dict[str, str], groups: set[str],
                     out[group] = option
     experiment = chosen.get("experiment", out.get("experiment"))
     if experiment and "," not in experiment:
-        # the experiment file where Hydra finds it: a --config-dir comes before the app's own conf/
-        where = next((f for f in (d / "experiment" / f"{experiment}.yaml" for d in [*extra_dirs, conf_dir])
+        # the experiment file where Hydra finds it: the app's own conf/ first, then a --config-dir (Hydra's search
+        # path puts the command line's folder after the primary config's)
+        where = next((f for f in (d / "experiment" / f"{experiment}.yaml" for d in [conf_dir, *extra_dirs])
                       if f.is_file()), conf_dir / "experiment" / f"{experiment}.yaml")
         for entry in _defaults_list(where):
             if isinstance(entry, dict):
@@ -220,16 +221,23 @@ def check_overrides(overrides: Iterable[str], schema: type | None = None,
 
 
 def _config_flags(argv: list[str]) -> tuple[list[str], bool]:
-    """(the folders Hydra's ``--config-dir``/``-cd`` add, whether ``--config-path``/``-cp`` replaces the primary
-    config's) on a command line: an experiment in the user's own folder is an option too (held-out tester, stop
-    55: ``--config-dir my_conf experiment=fast`` was refused as "no such option")."""
-    dirs, replaced = [], False
-    for i, a in enumerate(argv):
-        flag, eq, val = a.partition("=")
-        if flag in ("--config-dir", "-cd", "--config-path", "-cp"):
-            val = val if eq else (argv[i + 1] if i + 1 < len(argv) else "")
-            if flag in ("--config-dir", "-cd"):
-                dirs.append(val)
-            else:
-                replaced = True
-    return dirs, replaced
+    """(the folder Hydra's ``--config-dir``/``-cd`` adds, whether ``--config-path``/``-cp`` replaces the primary
+    config's) on a command line, read by Hydra's own argument parser (its abbreviations, its last-one-wins): an
+    experiment in the user's own folder is an option too (held-out tester, stop 55: ``--config-dir my_conf
+    experiment=fast`` was refused as "no such option")."""
+    try:
+        from hydra._internal.utils import get_args_parser
+
+        known, _ = get_args_parser().parse_known_args(argv)
+    except (ImportError, SystemExit, AttributeError):  # another Hydra: the two spellings it documents
+        dirs, replaced = [], False
+        for i, a in enumerate(argv):
+            flag, eq, val = a.partition("=")
+            if flag in ("--config-dir", "-cd", "--config-path", "-cp"):
+                val = val if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+                if flag in ("--config-dir", "-cd"):
+                    dirs = [val]
+                else:
+                    replaced = True
+        return dirs, replaced
+    return ([known.config_dir] if known.config_dir else []), bool(known.config_path)

@@ -45,18 +45,21 @@ def run_dir_for(out: str | Path | None, example: str, base: str | Path = "runs")
     return path
 
 
-JOB_DIR_CHARS = 100  # a sweep job's folder name keeps at most this much of its overrides (file names: 255 bytes)
+JOB_DIR_BYTES = 100  # a sweep job's folder name keeps at most this much of its overrides (file names: 255 bytes)
 JOB_DIR_RESOLVER = "gradloc_job_dir"  # ``conf/config.yaml``'s ``hydra.sweep.subdir``
 
 
 def job_dir_name(num: object, overrides: str) -> str:
-    """A sweep job's folder, ``<num>_<its overrides>``, cut to ``JOB_DIR_CHARS`` with a hash of the whole when
-    longer: a sweep of many overrides died with "File name too long" before any job ran (held-out tester, stop
-    55: 18 overrides, 300 characters). The job's full overrides stay in its ``.hydra/overrides.yaml``."""
-    if len(overrides) <= JOB_DIR_CHARS:
+    """A sweep job's folder, ``<num>_<its overrides>``, cut to ``JOB_DIR_BYTES`` bytes (UTF-8: the file system's
+    limit is in bytes, and the demo's own injected text is non-ASCII) with a hash of the whole when longer: a
+    sweep of many overrides died with "File name too long" before any job ran (held-out tester, stop 55: 18
+    overrides, 300 characters). The job's full overrides stay in its ``.hydra/overrides.yaml``."""
+    raw = overrides.encode()
+    if len(raw) <= JOB_DIR_BYTES:
         return f"{num}_{overrides}"
-    digest = hashlib.sha1(overrides.encode()).hexdigest()[:8]
-    return f"{num}_{overrides[:JOB_DIR_CHARS - 9].rstrip(',')}~{digest}"
+    digest = hashlib.sha1(raw).hexdigest()[:8]
+    head = raw[:JOB_DIR_BYTES - 9].decode(errors="ignore").rstrip(",")  # never half a character
+    return f"{num}_{head}~{digest}"
 
 
 def register_job_dir_resolver() -> None:

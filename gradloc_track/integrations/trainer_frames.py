@@ -32,15 +32,16 @@ def find_trainer(callback: Any) -> Any | None:
 
 def tokens_averaged_scale(trainer: Any) -> float:
     """The factor ``transformers.Trainer`` multiplies a loss normalised by ``num_items_in_batch`` with when it
-    averages tokens across devices (``average_tokens_across_devices``, the default since transformers 4.50):
+    averages tokens across devices (``average_tokens_across_devices``, its default):
     the count is over every process, and DDP's mean over them would shrink the gradient, so the loss is made
-    ``x processes`` (``/ tp`` for tensor-parallel ranks, ``x n_gpu`` under DataParallel). 1 otherwise. A
-    rebuilt loss normalised by the same count needs the same factor: without it every probe under DDP was
-    1/world of the step (held-out tester, stop 55: culprit norms half the one-process run's)."""
+    ``x processes`` (``/ tp`` for tensor-parallel ranks). 1 otherwise. A rebuilt loss normalised by the same
+    count needs the same factor: without it every probe under DDP was 1/world of the step (held-out tester, stop
+    55: culprit norms half the one-process run's). Under DataParallel (``n_gpu > 1``) each replica's loss is
+    ``x n_gpu`` and their mean is taken: 1 on the step, and on the probes (the bare model, the whole batch).
+    Trainer multiplies only a loss the model computed with ``num_items_in_batch`` (``model_accepts_loss_kwargs``)
+    or ``compute_loss_func``; callers apply this factor only to a normaliser read from the model's call."""
     args = getattr(trainer, "args", None)
-    if args is None or not getattr(args, "average_tokens_across_devices", False):
+    if args is None or not getattr(args, "average_tokens_across_devices", False) or getattr(args, "n_gpu", 1) > 1:
         return 1.0
-    if getattr(args, "n_gpu", 1) > 1:
-        return float(args.n_gpu)
     tp = getattr(trainer, "get_tp_size", lambda: 1)()
     return float(max(1, int(getattr(getattr(trainer, "accelerator", None), "num_processes", 1)) // max(1, int(tp))))

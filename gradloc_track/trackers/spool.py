@@ -105,19 +105,19 @@ def read_spool(path: str | Path) -> list[dict[str, Any]]:
     return out
 
 
-TABLE_CALL = '"call": "log_table"'  # how a spooled table record's line reads (``json.dumps``' separators)
+SPIKE_TABLE = '"call": "log_table", "args": ["spikes/'  # a spooled spike table's line (``Spool.write``'s key order)
 
 
 def spooled_tables(run_dir: str | Path) -> list[str]:
-    """The run dir's spool files (``spool/<backend>.jsonl``) holding table records no replay has sent yet: a
-    run whose tracker was down keeps its spike tables there until ``gradloc-track replay`` (held-out tester,
-    stop 55: ``report`` said such a run "logged no spike events"). Lines are scanned as text: a long outage's
-    spool is mostly metrics, never parsed here."""
+    """The run dir's spool files (``spool/<backend>.jsonl``) holding spike tables no replay has sent yet: a run
+    whose tracker was down keeps them there until ``gradloc-track replay`` (held-out tester, stop 55: ``report``
+    said such a run "logged no spike events"). Lines are scanned as text, one at a time: a long outage's spool is
+    mostly metrics, never parsed or held whole here."""
     out = []
     for path in sorted((Path(run_dir) / "spool").glob("*.jsonl")):
         try:
-            lines = [i for i, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines())
-                     if TABLE_CALL in line]
+            with path.open(encoding="utf-8", errors="replace") as f:  # numbered as ``read_spool`` numbers them
+                lines = [i for i, line in enumerate(f) if SPIKE_TABLE in line]
         except OSError:
             continue
         if not lines:

@@ -121,3 +121,13 @@ def test_an_experiment_in_the_users_config_dir_is_an_option(tmp_path):
     with pytest.raises(ConfigError, match="no such option of config group experiment"):
         check_overrides(["experiment=fast"], DemoConfig, CONF_DIR)  # without the folder it is none
     check_overrides(["--config-path", str(tmp_path), "experiment=fast"], DemoConfig, CONF_DIR)  # not our groups
+    check_overrides(["--config-di", str(tmp_path), "experiment=fast"], DemoConfig, CONF_DIR)  # Hydra's abbreviation
+
+
+def test_an_experiment_in_both_folders_is_read_where_hydra_reads_it(tmp_path):
+    """Review, stop 55: Hydra's search path puts --config-dir AFTER the app's conf/, so for a name in both the
+    app's file is the one composed (spike_demo: clip=adagc), and clip.beta, AdaGC's, is a key it holds."""
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "spike_demo.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - override /clip: zclip\n")
+    check_overrides(["--config-dir", str(tmp_path), "experiment=spike_demo", "clip.beta=0.9"], DemoConfig, CONF_DIR)
