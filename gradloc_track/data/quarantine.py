@@ -7,9 +7,9 @@ sample (or wraps its stream in ``BlockedIterableDataset(stream, quarantine)``). 
 counted and reported to ``on_skip``.
 
 What it cannot do: the step that blamed the sample has already trained on it (that is what the
-clipper is for); it only knows samples it saw blamed in THIS process (no memory across runs: a
-ledger's blocklist is that); it matches content, so a sample that comes back altered (another
-truncation, other padding in its loss terms) is a new sample.
+clipper is for); it only knows samples blamed in THIS run (``state_dict``, inside the handle's, carries
+them across a resume; no memory across runs: a ledger's blocklist is that); it matches content, so a
+sample that comes back altered (another truncation, other padding in its loss terms) is a new sample.
 """
 from __future__ import annotations
 
@@ -72,6 +72,15 @@ class Quarantine:
     def __len__(self) -> int:
         return len(self.blamed)
 
+    def state_dict(self) -> dict[str, Any]:
+        """The blamed samples and the skip count, for a resumed run to keep skipping them (held-out tester,
+        stop 55: a resume forgot them, and the blamed sample trained again)."""
+        return {"blamed": dict(self.blamed), "skipped": self.skipped}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.blamed = {str(fp): int(step) for fp, step in state.get("blamed", {}).items()}
+        self.skipped = int(state.get("skipped", 0))
+
 
 def logging_quarantine(tracker: Any = None) -> Quarantine:
     """A quarantine that logs its skips: one warning, at the first (a warning per skip would be one
@@ -81,9 +90,11 @@ def logging_quarantine(tracker: Any = None) -> Quarantine:
     import warnings
 
     q = Quarantine()
+    said = [False]  # this process's first skip is said (a resumed run's count starts where the saved one was)
 
     def on_skip(fp: str, step: int | None, blamed_at: int) -> None:
-        if q.skipped == 1:  # the later skips are counted in the metric, not said
+        if not said[0]:  # the later skips are counted in the metric, not said
+            said[0] = True
             warnings.warn(f"gradloc-track: quarantine: skipped sample {fp} (blamed for the spike at step {blamed_at})"
                           + (f" at step {step}" if step is not None else ""), RuntimeWarning)
         if tracker is not None and step is not None:

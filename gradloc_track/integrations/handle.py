@@ -71,6 +71,22 @@ class Door:
     spike_console: bool = False
 
 
+def optimizer_steps_taken(optimizer: Any) -> int:
+    """The steps an optimizer has taken, from the first parameter's ``step`` in its state (Adam-like; one host
+    read, once a run); 0 for none or an optimizer that keeps no step count."""
+    if optimizer is None:
+        return 0
+    for group in getattr(optimizer, "param_groups", ()):
+        for p in group.get("params", ()):
+            taken = getattr(optimizer, "state", {}).get(p, {}).get("step")
+            if taken is not None:
+                try:
+                    return int(taken.item() if isinstance(taken, torch.Tensor) else taken)
+                except (TypeError, ValueError, RuntimeError):
+                    return 0
+    return 0
+
+
 def _rank0() -> bool:
     import torch.distributed as dist
 
@@ -169,6 +185,9 @@ class WatchHandle:
         self._scaler = watch_scaler(opts.scaler, self) if watched else None
         self.spikes: list = []  # GradStats of every step whose spike fired (with .locate when localized)
         self.steps = 0  # optimizer steps seen; the default step number
+        # watch() on an optimizer that has stepped before, with no state loaded: said once at the first step (the
+        # callbacks resume from their checkpoints themselves and say when they cannot)
+        self._resume_checked = not hook_optimizer
         self._user_ctx = None
         self._finished = False
         self._said_unusable = False
@@ -230,6 +249,9 @@ class WatchHandle:
         overflowed; that is logged as ``train/skipped_step``, not a spike (the hook knows it by itself)."""
         if self._finished:
             raise RuntimeError("gradloc-track: this watch() handle is finished; call watch() again for a new run")
+        if not self._resume_checked:
+            self._resume_checked = True
+            self._say_if_resumed_without_state()
         step = self.steps if step is None else int(step)
         ctx = spike_context or self._user_ctx
         batches, rng = self.capture.take() if self.capture is not None else ([], None)
@@ -272,11 +294,29 @@ class WatchHandle:
             out["diagnosis"] = self.monitor.responder.state_dict()  # the open incident, the usual replay scale
         if self.monitor.scaler_overflows.in_a_row:  # a loss scaler's overflows in a row, toward its limit
             out["overflows_in_a_row"] = self.monitor.scaler_overflows.in_a_row
+        if self.quarantine is not None:  # spikes.quarantine: the samples blamed so far stay out after a resume
+            out["quarantine"] = self.quarantine.state_dict()
         return out
+
+    def _say_if_resumed_without_state(self) -> None:
+        """A resumed loop that did not load the handle's state: steps numbered from 0 again, and no spike is
+        detected through the detector's new warm-up, silently (held-out tester, stop 55: a junk batch 10 steps
+        after such a resume went unseen)."""
+        taken = optimizer_steps_taken(self.optimizer)
+        if self.steps or not taken or self.monitor.rank != 0:
+            return
+        warmup = getattr(self.monitor.detector, "config", None)
+        warm = f" (no spike is detected for its spikes.warmup_steps={warmup.warmup_steps} steps)" if warmup else ""
+        warnings.warn(f"gradloc-track: the optimizer has taken {taken} step(s) before this watch() handle's first (a "
+                      f"resumed run?) and no handle state was loaded: steps are numbered from 0 again, and the "
+                      f"detector{warm} and the clipper warm up anew. Save handle.state_dict() with your checkpoint and "
+                      "give it to the new handle's load_state_dict() (docs/integrations.md, 'Resuming')",
+                      RuntimeWarning, stacklevel=3)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a saved ``state_dict()`` (this handle's clipper and detector must be of the kinds
         saved: the same ``clip=``, spikes on or off alike)."""
+        self._resume_checked = True
         for part, held in (("clipper", self.monitor.clipper), ("detector", self.monitor.detector)):
             if (part in state) != (held is not None):
                 saved = "holds" if part in state else "has no"
@@ -291,6 +331,8 @@ class WatchHandle:
         if "diagnosis" in state:
             self.monitor.responder.load_state_dict(state["diagnosis"])
         self.monitor.scaler_overflows.in_a_row = int(state.get("overflows_in_a_row", 0))
+        if self.quarantine is not None and "quarantine" in state:  # (a run without quarantine ignores it)
+            self.quarantine.load_state_dict(state["quarantine"])
 
     def _rebuildable(self, batches: list) -> bool:
         """Can the per-term loss be rebuilt from the captured calls? If not, say why once (naming

@@ -283,3 +283,64 @@ def test_a_hyperparameter_search_trial_saves_the_state_in_its_own_checkpoint(tmp
     saved = torch.load(folder / "gradloc_track.pt", weights_only=True)
     assert saved["clipper"]["steps"] == SAVE_AT
     assert not (tmp_path / "out" / f"checkpoint-{SAVE_AT}").exists()
+
+
+def test_watch_on_an_optimizer_that_stepped_says_once_to_load_the_handle_state(tmp_path):
+    """Held-out tester, stop 55: watch() after a resume that loaded the model and the optimizer but not the
+    handle's state numbered steps from 0 and missed a junk batch in the detector's new warm-up, silently."""
+    import gradloc_track
+
+    model = tiny_gpt2()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+
+    def steps(handle, n):
+        for _ in range(n):
+            model(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad()
+
+    first = gradloc_track.watch(model, opt, tracker="none", locate=False, console=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a fresh optimizer: nothing to say
+        steps(first, 3)
+    saved = first.state_dict()
+    first.finish()
+    with pytest.warns(RuntimeWarning, match=r"the optimizer has taken 3 step\(s\) before this watch\(\) handle's "
+                                            r"first .* no handle state was loaded") as said:
+        bare = gradloc_track.watch(model, opt, tracker="none", locate=False, console=False)
+        steps(bare, 2)
+    assert len([w for w in said if "handle state" in str(w.message)]) == 1 and "spikes.warmup_steps=" in \
+        str(said[0].message)
+    bare.finish()
+    loaded = gradloc_track.watch(model, opt, tracker="none", locate=False, console=False)
+    loaded.load_state_dict(saved)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        steps(loaded, 1)
+    assert loaded.steps == 4
+    loaded.finish()
+
+
+def test_the_quarantines_blamed_samples_ride_in_the_handle_state():
+    """Held-out tester, stop 55: docs/integrations.md says the handle's state is what a resumed run needs, but
+    a resumed spikes.quarantine run forgot the samples it had blamed and trained on them again."""
+    import gradloc_track
+
+    model = tiny_gpt2()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    h = gradloc_track.watch(model, opt, tracker="none", locate=False, console=False, spikes={"quarantine": True})
+    h.quarantine.blamed["a" * 16] = 250
+    h.quarantine.skipped = 2
+    saved = h.state_dict()
+    h.finish()
+    again = gradloc_track.watch(model, opt, tracker="none", locate=False, console=False, spikes={"quarantine": True})
+    again.load_state_dict(saved)
+    assert again.quarantine.blamed == {"a" * 16: 250} and again.quarantine.skipped == 2
+    with pytest.warns(RuntimeWarning, match="blamed for the spike at step 250"):
+        assert not again.quarantine.admit("a" * 16, 300)
+    again.finish()
+    off = gradloc_track.watch(model, opt, tracker="none", locate=False, console=False)
+    off.load_state_dict(saved)  # a resumed run without quarantine: the part is not its business
+    assert off.quarantine is None
+    off.finish()
