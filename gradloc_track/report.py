@@ -226,6 +226,19 @@ def _event_causes(events: dict) -> dict[int, str]:
     return {r[step]: f"{r[cause]}: {r[detail] or ''}" for r in data if _is_step(r[step]) and r[cause]}
 
 
+AFTERMATH = re.compile(r"^\w+: aftermath of step (\d+)")  # a linked event's cause (``spikes/incidents.py``)
+
+
+def _incidents(causes: dict[int, str]) -> str:
+    """``" in 1 incident (3 of them its aftermath)"`` when some events are the aftermath of an earlier one (a
+    tester, stop 55: "4 spike event(s)" read as four problems for one bad batch and its recovery); else ``""``."""
+    after = sum(bool(AFTERMATH.match(c)) for c in causes.values())
+    if not after:
+        return ""
+    n = len(causes) - after
+    return f" in {n} incident(s) ({after} of them {'its' if n == 1 else 'their'} aftermath)"
+
+
 def _is_step(v) -> bool:
     """A step cell as the trackers write it (a hand-edited ``"abc"`` is not one: its row is not an event)."""
     return isinstance(v, int) and not isinstance(v, bool)
@@ -307,7 +320,7 @@ def build_report(source: str | Path, tracking_uri: str | None = None, notes: lis
     link = (f"<p>Run: <a href=\"{esc(src.link, quote=True)}\">{esc(src.link)}</a></p>"
             if src.link and src.link.startswith(("http://", "https://")) else "")
     parts = [f"<h1>Spike report: {esc(visible_text(src.title))}</h1>", link,
-             f"<p>{len(steps)} spike event(s) (steps {esc(', '.join(map(str, steps))) or 'none'}), "
+             f"<p>{len(steps)} spike event(s) (steps {esc(', '.join(map(str, steps))) or 'none'}){_incidents(causes)}, "
              f"{culprit_counts(table)}.</p>"]
     parts += [f"<p class='note'>{esc(visible_text(n))}</p>" for n in src.notes]
     parts.append(_table(events, "Detected spikes", EVENT_HEADS))

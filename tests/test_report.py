@@ -251,3 +251,24 @@ def test_a_run_whose_spike_tables_wait_in_the_spool_says_replay_first(tmp_path, 
     assert "replay" not in "".join(view_commands(run))
     assert main(["report", str(run), "-o", str(tmp_path / "r.html")]) == 2
     assert "logged no spike events" in capsys.readouterr().err
+
+
+def test_the_heading_counts_an_incident_and_its_aftermath_apart(tmp_path):
+    """HF Trainer DDP tester, stop 55: one garbage row and its recovery read "4 spike event(s)" at the top, as if
+    four things went wrong; each row already said "aftermath of step 150"."""
+    import json
+
+    from gradloc_track.artifacts.events import EVENT_COLUMNS
+
+    run = tmp_path / "run"
+    (run / "spikes" / "events").mkdir(parents=True)
+    for step, cause, detail in [(150, "data", "1 culprit(s) (sample 2, span 19-43 first) carry 100%"),
+                                (152, "data", "aftermath of step 150 (data): the run is still recovering"),
+                                (154, "data", "aftermath of step 150 (data): the run is still recovering")]:
+        row = {c: None for c in EVENT_COLUMNS} | {"step": step, "cause": cause, "cause_detail": detail,
+                                                  "localization": "localized"}
+        (run / "spikes" / "events" / f"step_{step:06d}.json").write_text(
+            json.dumps({"columns": EVENT_COLUMNS, "data": [[row[c] for c in EVENT_COLUMNS]]}))
+    out = tmp_path / "r.html"
+    assert main(["report", str(run), "-o", str(out)]) == 0
+    assert "3 spike event(s) (steps 150, 152, 154) in 1 incident(s) (2 of them its aftermath)" in out.read_text()
