@@ -43,7 +43,7 @@ B, T, PROMPT = len(LINES), len(LINES[0]) - 1, 8  # batch, positions, prompt posi
 
 def get_batch(step: int, tokenizer: ByteTokenizer, inject_at: int) -> tuple[torch.Tensor, ...]:
     """(inputs, targets, loss mask), each (B, T): every line once, in a new order each step; at
-    ``inject_at`` the last 16 targets of sample 3 are garbled text."""
+    ``inject_at`` the last 40 targets of sample 3 (its whole answer) are garbled text."""
     order = torch.randperm(B, generator=torch.Generator().manual_seed(step)).tolist()
     rows = torch.tensor([tokenizer.encode(LINES[i]) for i in order])  # (B, T+1)
     x, y = rows[:, :-1].clone(), rows[:, 1:].clone()  # (B, T) next-token targets

@@ -8,8 +8,9 @@ tokens has the sum of their gradients — what the localizer needs.
 
 At ``--inject-step`` one sampled response gets a stale behaviour log-prob (``old_logp - 6``), so
 its importance ratio is ~e^6: the GradMonitor's detector sees the spike and the localizer names
-that response's tokens, with advantage / ratio / log-prob / old log-prob columns in the attribution
-table; the console's culprit line shows the ratio and both log-probs.
+the tokens of that response that carry the step (often one: a stale token's ratio multiplies its own
+gradient only), with advantage / ratio / log-prob / old log-prob columns in the attribution table;
+the console's culprit line shows the ratio and both log-probs.
 
     python examples/rl_grpo.py --steps 60 --inject-step 40 --tracker none
 

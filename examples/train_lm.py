@@ -42,6 +42,7 @@ from gradloc_track.demo.threads import set_threads
 from gradloc_track.demo.tokenizer import make_tokenizer
 from gradloc_track.localizer import save_rng
 from gradloc_track.spikes import SpikeContext, SpikeDetector, junk_span, sample_losses, spike_score
+from gradloc_track.text import visible_text
 from gradloc_track.trackers import NullTracker, Tracker, make_tracker
 from gradloc_track.trackers.incomplete import write_run_file
 from gradloc_track.trackers.quiet import quiet_backend_noise
@@ -226,7 +227,7 @@ def get_batch(cfg: DemoConfig, s: Setup, step: int) -> tuple[torch.Tensor, torch
         source[inj.sample] = f"injected:{inj.kind}"
         s.console.print(f"step {step}: injected {inj.kind} into sample {inj.sample} "
                         f"(loss positions {positions[0]}-{positions[-1]}: "
-                        f"{s.tokenizer.decode(y[inj.sample, positions].tolist())!r})")
+                        f"'{visible_text(s.tokenizer.decode(y[inj.sample, positions].tolist()))}')")
     for row, fp, why in s.gate.apply(step, x, y, mask, source, lambda b, k: s.data.replacement(step, b, k)):
         s.console.print(f"step {step}: left out sample {row} ({why}: sample_id {fp}); a fresh window trains instead")
     return x, y, mask, sample_columns(step, s.rank, s.world, x.shape[0], source)
@@ -347,8 +348,8 @@ def show_pauses(s: Setup, h: History) -> None:
             cut = getattr(st.surgery, "probes", 0) if st.surgery is not None else 0  # spikes.response=surgery's
             after = round(pause[1], 1) + 0.0  # +0.0, never -0.0
             s.console.print(f"spike pause at step {st.step}: training held up {pause[0]:.1f} normal steps for "
-                            f"{probes:.0f}{f' + {cut}' if cut else ''} probes ({after:+.1f} of them in the "
-                            f"{PAUSE_WINDOW} steps after it)")
+                            f"{probes:.0f}{f' + {cut}' if cut else ''} probes (the {PAUSE_WINDOW} steps after it: "
+                            f"{after:+.1f} against their usual pace)")
 
 
 def summarize(cfg: DemoConfig, h: History, clipper: Any = None) -> dict[str, float]:

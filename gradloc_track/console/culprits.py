@@ -34,6 +34,7 @@ class SpikeView:
     context: Any = None
     not_localized: str | None = None
     surgery: Any = None
+    aftermath_of: int | None = None  # the step whose incident this spike is the aftermath of (its cause says)
 
     @classmethod
     def of(cls, stats: Any, not_localized: str | None = None) -> "SpikeView":
@@ -43,7 +44,9 @@ class SpikeView:
             return stats
         result, ctx = stats.locate_view or (stats.locate, None)
         why = not_localized or stats.not_localized if result is None else None
-        return cls(stats.step, list(stats.events), result, ctx, why, stats.surgery)
+        cause = getattr(getattr(stats, "outcome", None), "cause", None)
+        return cls(stats.step, list(stats.events), result, ctx, why, stats.surgery,
+                   getattr(cause, "aftermath_of", None))
 
     def __post_init__(self) -> None:
         self.culprit_view = CulpritView(self.result, self.context)  # how the table and the cause name them too

@@ -18,8 +18,12 @@ def spike_summary(spikes: Sequence[Any], run_dir: Path, not_localized: str | Non
         return ["no gradient spike detected"]
     steps = [v.step for v in views]
     shown = ", ".join(map(str, steps[:10])) + (" ..." if len(steps) > 10 else "")
-    lines = [f"{len(steps)} gradient spike(s) detected, at step {shown}"]
-    for v in views[:3]:
+    # an incident's later steps are counted apart and not listed (a new user, stop 55: one bad batch read "2
+    # gradient spike(s)", the second listed as "not localized (only the optimizer's update fired)")
+    after = [v for v in views if v.aftermath_of is not None]
+    apart = f" ({len(after)} of them the aftermath of an earlier one)" if after else ""
+    lines = [f"{len(steps)} gradient spike(s) detected, at step {shown}{apart}"]
+    for v in [v for v in views if v.aftermath_of is None][:3]:
         found = culprit_lines(v)
         if v.result is None:
             lines.append(f"  step {v.step}: not localized ({v.not_localized or 'no localization ran'})")

@@ -34,10 +34,10 @@ from .interface import NullTracker, Tracker
 _names = _lazy_names(__name__, {n: f"{__name__}.{m}" for n, m in {
     "FanoutTracker": "fanout", "as_one_tracker": "fanout", "LocalTracker": "local_tracker",
     "MemoryTracker": "memory_tracker", "replay_run_dir": "replay", "replay_spool": "replay",
-    "read_spool": "spool"}.items()})
+    "read_spool": "spool", "read_metrics": "local_tracker", "metrics_by_step": "local_tracker"}.items()})
 
 __all__ = ["Tracker", "NullTracker", "MemoryTracker", "FanoutTracker", "LocalTracker", "make_tracker",
-           "as_one_tracker", "replay_spool", "replay_run_dir", "read_spool"]
+           "as_one_tracker", "replay_spool", "replay_run_dir", "read_spool", "read_metrics", "metrics_by_step"]
 
 
 def __getattr__(name: str) -> _Any:

@@ -45,6 +45,16 @@ def read_metrics(run_dir: str | Path, name: str = "metrics.jsonl") -> list[dict[
     return out
 
 
+def metrics_by_step(run_dir: str | Path, name: str = "metrics.jsonl") -> dict[int, dict[str, Any]]:
+    """``metrics.jsonl`` as step -> every metric logged at that step: one line is one log call, and a step can
+    have several (a spike step's ``spike/culprit*`` metrics come in a line of their own; a new user, stop 55,
+    read it by step and lost the other line's keys)."""
+    out: dict[int, dict[str, Any]] = {}
+    for rec in read_metrics(run_dir, name):
+        out.setdefault(int(rec["step"]), {}).update(rec.get("metrics") or {})
+    return out
+
+
 class LocalTracker(Tracker):
     name = "local"
     #: submitted jobs (artifact rendering) run on one background thread

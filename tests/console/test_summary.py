@@ -90,3 +90,16 @@ def test_a_run_with_no_tracker_run_and_no_spike_points_at_its_files_not_at_an_em
     lines = closing_lines("done", [], tmp_path)
     assert lines[-2:] == ["look at the results:",
                           f"  {tmp_path / 'metrics.jsonl'}    # every logged step, one JSON line each"]
+
+
+def test_an_incidents_aftermath_is_counted_apart_and_not_listed(tmp_path):
+    """A new user, stop 55: one bad batch closed with "2 gradient spike(s) detected, at step 170, 172" and step
+    172 listed as "not localized (only the optimizer's update fired ...)", with no word of step 170."""
+    first = SpikeView(170, [EVENT], not_localized="locate.enabled=false")
+    later = SimpleNamespace(step=172, events=[EVENT], locate=None, locate_view=None, surgery=None,
+                            not_localized="only the optimizer's update fired",
+                            outcome=SimpleNamespace(cause=SimpleNamespace(aftermath_of=170)))
+    assert SpikeView.of(later).aftermath_of == 170 and first.aftermath_of is None
+    lines = spike_summary([first, later], tmp_path)
+    assert lines[0] == "2 gradient spike(s) detected, at step 170, 172 (1 of them the aftermath of an earlier one)"
+    assert any(line.startswith("  step 170:") for line in lines) and not any("step 172:" in line for line in lines)

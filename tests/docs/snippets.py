@@ -71,8 +71,8 @@ def normalize(text: str, root: Path) -> str:
     text = re.sub(r"/#/experiments/\d+/", "/#/experiments/<id>/", text)
     text = re.sub(r"\b[0-9a-f]{32}\b", "<run id>", text)
     text = re.sub(r"\d\d-\d\d \d\d:\d\d:\d\d", "<time>", text)
-    text = re.sub(r"held up [\d.]+ normal steps(.*)\([-+][\d.]+ of them",  # the demo's spike pause: timing
-                  r"held up <n> normal steps\1(<n> of them", text)
+    text = re.sub(r"held up [\d.]+ normal steps(.*)after it: [-+][\d.]+ against",  # the demo's spike pause: timing
+                  r"held up <n> normal steps\1after it: <n> against", text)
     return re.sub(r"steps in \d+ s", "steps in <s> s", text)
 
 

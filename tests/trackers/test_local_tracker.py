@@ -46,3 +46,18 @@ def test_tracker_none_on_a_full_disk_never_stops_training_and_loses_nothing(tmp_
     assert json.loads((disk / "run" / "tags.json").read_text())["status"] == "success"
     assert "were all written by the end: it is complete" in capsys.readouterr().err
     assert not (disk / "run" / "INCOMPLETE").exists()
+
+
+def test_metrics_by_step_merges_a_steps_lines(tmp_path):
+    """A new user, stop 55: a spike step's metrics.jsonl has two lines (the culprit metrics in one of their
+    own); read by step, the second line hid the first's keys."""
+    from gradloc_track.trackers import LocalTracker, metrics_by_step, read_metrics
+
+    t = LocalTracker(tmp_path)
+    t.log_metrics({"grad_norm/global": 1.0, "loss": 2.0}, 170)
+    t.log_metrics({"spike/culprits": 1.0}, 170)
+    t.log_metrics({"grad_norm/global": 0.5}, 171)
+    t.finish()
+    assert len(read_metrics(tmp_path)) == 3
+    assert metrics_by_step(tmp_path) == {170: {"grad_norm/global": 1.0, "loss": 2.0, "spike/culprits": 1.0},
+                                         171: {"grad_norm/global": 0.5}}
