@@ -262,7 +262,7 @@ def test_the_heading_counts_an_incident_and_its_aftermath_apart(tmp_path):
 
     run = tmp_path / "run"
     (run / "spikes" / "events").mkdir(parents=True)
-    for step, cause, detail in [(150, "data", "1 culprit(s) (sample 2, span 19-43 first) carry 100%"),
+    for step, cause, detail in [(150, "data", "1 culprit(s) (sample 2, span 19-43) carry 100%"),
                                 (152, "data", "aftermath of step 150 (data): the run is still recovering"),
                                 (154, "data", "aftermath of step 150 (data): the run is still recovering")]:
         row = {c: None for c in EVENT_COLUMNS} | {"step": step, "cause": cause, "cause_detail": detail,

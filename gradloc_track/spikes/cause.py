@@ -167,6 +167,18 @@ def _optimizer_alone(ev: Evidence) -> Cause | None:
                               "gradient a large step")
 
 
+def _top(ev: Evidence) -> str:
+    """`` (sample 3)`` for one culprit, `` (the largest: sample 3, token 42)`` for several (a new user, stop 55:
+    "token 42 first" beside "tokens 40-42" read as a position), "" when none is named."""
+    if not ev.top_culprit:
+        return ""
+    return f" ({ev.top_culprit})" if ev.n_culprits == 1 else f" (the largest: {ev.top_culprit})"
+
+
+def _which(ev: Evidence) -> str:
+    return "the largest " if ev.n_culprits > 1 else ""
+
+
 def _off_policy(ev: Evidence) -> Cause | None:
     if ev.off_policy is None or ev.culprit_share is None or ev.culprit_share < DATA_SHARE:
         return None
@@ -175,11 +187,10 @@ def _off_policy(ev: Evidence) -> Cause | None:
         return None
     probs = f" (log-prob {logp:.3g} under the training policy, {old:.3g} when sampled)" if None not in (logp, old) \
         else ""
-    top = f" ({ev.top_culprit} first)" if ev.top_culprit else ""
-    return Cause("off_policy", f"{ev.n_culprits} culprit(s){top} carry {ev.culprit_share:.0%} of the step's squared "
-                               f"gradient norm, the first at an importance ratio of {ratio:.3g}{probs}: the sampling "
-                               "and the training policy disagree on it (a stale or mismatched log-prob), which the "
-                               "surrogate multiplies into the gradient; not the data")
+    return Cause("off_policy", f"{ev.n_culprits} culprit(s){_top(ev)} carry {ev.culprit_share:.0%} of the step's "
+                               f"squared gradient norm, {_which(ev)}at an importance ratio of {ratio:.3g}{probs}: the "
+                               "sampling and the training policy disagree on it (a stale or mismatched log-prob), "
+                               "which the surrogate multiplies into the gradient; not the data")
 
 
 def _jumped(e: Any, ev: Evidence) -> str:
@@ -198,16 +209,15 @@ def _data(ev: Evidence) -> Cause | None:
                  "norm)") if named else ""
         return Cause("data", f"{leak[0].describe()}: a label bug in the data{rows}{carry}")
     if named and losses and not _norm_events(ev):  # no gradient norm jumped: the loss named them, not the share
-        top = f" ({ev.top_culprit} first)" if ev.top_culprit else ""
         return Cause("data", f"{_jumped(max(losses, key=lambda x: x.z), ev)} while the gradient norm stayed "
-                             f"ordinary; {ev.n_culprits} culprit(s){top} carry {ev.culprit_share:.0%} of the step's "
-                             "squared gradient norm: the batch's data")
+                             f"ordinary; {ev.n_culprits} culprit(s){_top(ev)} carry {ev.culprit_share:.0%} of the "
+                             "step's squared gradient norm: the batch's data")
     if named and (ev.culprit_share >= DATA_SHARE or losses):
-        top = f" ({ev.top_culprit} first)" if ev.top_culprit else ""
         why = f", and {_jumped(max(losses, key=lambda x: x.z), ev)}" if losses else ""
-        adv = (f"; the first's advantage is {ev.advantage:.4g} (in RL the reward is data: an outlier reward "
-               "weighs its gradient whatever the text)") if ev.advantage is not None else ""
-        return Cause("data", f"{ev.n_culprits} culprit(s){top} carry {ev.culprit_share:.0%} of the step's squared "
+        whose = "the largest culprit's" if ev.n_culprits > 1 else "its"
+        adv = (f"; {whose} advantage is {ev.advantage:.4g} (in RL the reward is data: an outlier reward weighs its "
+               "gradient whatever the text)") if ev.advantage is not None else ""
+        return Cause("data", f"{ev.n_culprits} culprit(s){_top(ev)} carry {ev.culprit_share:.0%} of the step's squared "
                              f"gradient norm{why}: the batch's data made the step{adv}")
     if losses:  # the model is the same for every sample: a loss that jumps is the data's
         e = max(losses, key=lambda x: x.z)

@@ -353,7 +353,7 @@ def test_a_reward_outlier_reads_data_with_the_culprits_advantage():
     ev = Evidence([SpikeEvent(30, "global", 280.0, 0.12, 27.0, 2333.0)], culprit_share=0.77, n_culprits=4,
                   top_culprit="completion 1 of group 1", advantage=749.7)
     cause = name_cause(ev)
-    assert cause.name == "data" and "the first's advantage is 749.7 (in RL the reward is data" in cause.detail
+    assert cause.name == "data" and "the largest culprit's advantage is 749.7 (in RL the reward is data" in cause.detail
 
 
 def test_a_corrupt_weight_the_loss_hides_is_one_event_from_the_weight_norm(run):

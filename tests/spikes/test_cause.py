@@ -36,7 +36,7 @@ SCALED = ev("global", 61.8, 144.0, 25.0)  # .grad 100x the replay's, the batch's
      "34.8x the norm of the replayed one, while the replay itself repeats. Either the loss that made .grad is not the "
      "one the replay rebuilds (a multiplier on one rank"),
     (Evidence([UPDATE]), "optimizer", "40x its running mean"),
-    (Evidence([NORM], culprit_share=0.9, n_culprits=1, top_culprit="sample 3"), "data", "sample 3 first) carry 90%"),
+    (Evidence([NORM], culprit_share=0.9, n_culprits=1, top_culprit="sample 3"), "data", "(sample 3) carry 90%"),
     (Evidence([NORM, LOSS], culprit_share=0.3, n_culprits=2), "data", "loss/sample_max jumped 1.80x"),
     (Evidence([LOSS]), "data", "not localized"),
     (Evidence([LOSS], culprit_share=0.1, n_culprits=0), "data", "no single culprit carries the gradient"),
