@@ -229,13 +229,18 @@ def _event_causes(events: dict) -> dict[int, str]:
 AFTERMATH = re.compile(r"^\w+: aftermath of step (\d+)")  # a linked event's cause (``spikes/incidents.py``)
 
 
-def _incidents(causes: dict[int, str]) -> str:
+def _incidents(steps: list[int], causes: dict[int, str]) -> str:
     """``" in 1 incident (3 of them its aftermath)"`` when some events are the aftermath of an earlier one (a
-    tester, stop 55: "4 spike event(s)" read as four problems for one bad batch and its recovery); else ``""``."""
-    after = sum(bool(AFTERMATH.match(c)) for c in causes.values())
+    tester, stop 55: "4 spike event(s)" read as four problems for one bad batch and its recovery); ``""`` when
+    none is. Every event that is no aftermath (a cause or not) is an incident; when all are, their incident's
+    step is said instead (it is in no event row: a resumed run's)."""
+    firsts = {int(m.group(1)) for m in (AFTERMATH.match(causes[s]) for s in steps if s in causes) if m}
+    after = sum(bool(AFTERMATH.match(causes.get(s, ""))) for s in steps)
     if not after:
         return ""
-    n = len(causes) - after
+    n = len(steps) - after
+    if not n:
+        return f" (all the aftermath of step {', '.join(map(str, sorted(firsts)))})"
     return f" in {n} incident(s) ({after} of them {'its' if n == 1 else 'their'} aftermath)"
 
 
@@ -320,7 +325,8 @@ def build_report(source: str | Path, tracking_uri: str | None = None, notes: lis
     link = (f"<p>Run: <a href=\"{esc(src.link, quote=True)}\">{esc(src.link)}</a></p>"
             if src.link and src.link.startswith(("http://", "https://")) else "")
     parts = [f"<h1>Spike report: {esc(visible_text(src.title))}</h1>", link,
-             f"<p>{len(steps)} spike event(s) (steps {esc(', '.join(map(str, steps))) or 'none'}){_incidents(causes)}, "
+             f"<p>{len(steps)} spike event(s) (steps {esc(', '.join(map(str, steps))) or 'none'})"
+             f"{_incidents(steps, causes)}, "
              f"{culprit_counts(table)}.</p>"]
     parts += [f"<p class='note'>{esc(visible_text(n))}</p>" for n in src.notes]
     parts.append(_table(events, "Detected spikes", EVENT_HEADS))

@@ -272,3 +272,14 @@ def test_the_heading_counts_an_incident_and_its_aftermath_apart(tmp_path):
     out = tmp_path / "r.html"
     assert main(["report", str(run), "-o", str(out)]) == 0
     assert "3 spike event(s) (steps 150, 152, 154) in 1 incident(s) (2 of them its aftermath)" in out.read_text()
+
+
+def test_the_incident_count_never_reads_zero():
+    """Review, stop 55: events without a cause were left out of the count, and a run whose incident step is in
+    no row (a resumed run's aftermath) read "in 0 incident(s)"."""
+    from gradloc_track.report import _incidents
+
+    after = "data: aftermath of step 150 (data): the run is still recovering"
+    assert _incidents([150, 152, 154], {152: after, 154: after}) == " in 1 incident(s) (2 of them its aftermath)"
+    assert _incidents([152, 154], {152: after, 154: after}) == " (all the aftermath of step 150)"
+    assert _incidents([150, 160], {150: "data: x"}) == ""

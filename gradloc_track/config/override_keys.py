@@ -225,18 +225,23 @@ def _config_flags(argv: list[str]) -> tuple[list[str], bool]:
     config's) on a command line, read by Hydra's own argument parser (its abbreviations, its last-one-wins): an
     experiment in the user's own folder is an option too (held-out tester, stop 55: ``--config-dir my_conf
     experiment=fast`` was refused as "no such option")."""
+    import contextlib
+    import io
+
     try:
         from hydra._internal.utils import get_args_parser
 
-        known, _ = get_args_parser().parse_known_args(argv)
-    except (ImportError, SystemExit, AttributeError):  # another Hydra: the two spellings it documents
+        # silent: --version, --help or a bad flag is Hydra's to print once, when it parses the line itself (review)
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            known, _ = get_args_parser().parse_known_args(argv)
+    except (ImportError, SystemExit, AttributeError):  # another Hydra, or a line Hydra will refuse: as written
         dirs, replaced = [], False
         for i, a in enumerate(argv):
             flag, eq, val = a.partition("=")
             if flag in ("--config-dir", "-cd", "--config-path", "-cp"):
                 val = val if eq else (argv[i + 1] if i + 1 < len(argv) else "")
                 if flag in ("--config-dir", "-cd"):
-                    dirs = [val]
+                    dirs = [val] if val else []
                 else:
                     replaced = True
         return dirs, replaced

@@ -21,7 +21,8 @@ def spike_summary(spikes: Sequence[Any], run_dir: Path, not_localized: str | Non
     # an incident's later steps are counted apart and not listed (a new user, stop 55: one bad batch read "2
     # gradient spike(s)", the second listed as "not localized (only the optimizer's update fired)")
     after = [v for v in views if v.aftermath_of is not None]
-    apart = f" ({len(after)} of them the aftermath of an earlier one)" if after else ""
+    firsts = ", ".join(str(s) for s in sorted({v.aftermath_of for v in after}))
+    apart = f" ({len(after)} of them the aftermath of step {firsts})" if after else ""
     lines = [f"{len(steps)} gradient spike(s) detected, at step {shown}{apart}"]
     for v in [v for v in views if v.aftermath_of is None][:3]:
         found = culprit_lines(v)

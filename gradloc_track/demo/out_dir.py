@@ -54,7 +54,7 @@ def job_dir_name(num: object, overrides: str) -> str:
     limit is in bytes, and the demo's own injected text is non-ASCII) with a hash of the whole when longer: a
     sweep of many overrides died with "File name too long" before any job ran (held-out tester, stop 55: 18
     overrides, 300 characters). The job's full overrides stay in its ``.hydra/overrides.yaml``."""
-    raw = overrides.encode()
+    raw = overrides.encode(errors="surrogateescape")  # a command line in no UTF-8 comes with surrogates
     if len(raw) <= JOB_DIR_BYTES:
         return f"{num}_{overrides}"
     digest = hashlib.sha1(raw).hexdigest()[:8]

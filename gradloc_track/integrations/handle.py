@@ -76,9 +76,13 @@ def optimizer_steps_taken(optimizer: Any) -> int:
     read, once a run); 0 for none or an optimizer that keeps no step count."""
     if optimizer is None:
         return 0
+    state = getattr(optimizer, "state", None) or {}
+    inner = getattr(optimizer, "optim", None)  # ZeroRedundancyOptimizer keeps its state in the optimizer it wraps
+    if not state and inner is not None:
+        return optimizer_steps_taken(inner)
     for group in getattr(optimizer, "param_groups", ()):
         for p in group.get("params", ()):
-            taken = getattr(optimizer, "state", {}).get(p, {}).get("step")
+            taken = state.get(p, {}).get("step")
             if taken is not None:
                 try:
                     return int(taken.item() if isinstance(taken, torch.Tensor) else taken)
@@ -251,7 +255,7 @@ class WatchHandle:
             raise RuntimeError("gradloc-track: this watch() handle is finished; call watch() again for a new run")
         if not self._resume_checked:
             self._resume_checked = True
-            self._say_if_resumed_without_state()
+            self._say_if_resumed_without_state(numbered=step is None)
         step = self.steps if step is None else int(step)
         ctx = spike_context or self._user_ctx
         batches, rng = self.capture.take() if self.capture is not None else ([], None)
@@ -298,7 +302,7 @@ class WatchHandle:
             out["quarantine"] = self.quarantine.state_dict()
         return out
 
-    def _say_if_resumed_without_state(self) -> None:
+    def _say_if_resumed_without_state(self, numbered: bool = True) -> None:
         """A resumed loop that did not load the handle's state: steps numbered from 0 again, and no spike is
         detected through the detector's new warm-up, silently (held-out tester, stop 55: a junk batch 10 steps
         after such a resume went unseen)."""
@@ -307,11 +311,12 @@ class WatchHandle:
             return
         warmup = getattr(self.monitor.detector, "config", None)
         warm = f" (no spike is detected for its spikes.warmup_steps={warmup.warmup_steps} steps)" if warmup else ""
+        again = "steps are numbered from 0 again, and " if numbered else ""  # (a step= given is the caller's)
         warnings.warn(f"gradloc-track: the optimizer has taken {taken} step(s) before this watch() handle's first (a "
-                      f"resumed run?) and no handle state was loaded: steps are numbered from 0 again, and the "
-                      f"detector{warm} and the clipper warm up anew. Save handle.state_dict() with your checkpoint and "
-                      "give it to the new handle's load_state_dict() (docs/integrations.md, 'Resuming')",
-                      RuntimeWarning, stacklevel=3)
+                      f"resumed run?) and no handle state was loaded: {again}the detector{warm} and the clipper "
+                      "warm up anew. Save handle.state_dict() with your checkpoint and give it to the new handle's "
+                      "load_state_dict() (docs/integrations.md, 'Resuming'); a new run on a trained optimizer may "
+                      "ignore this", RuntimeWarning, stacklevel=3)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a saved ``state_dict()`` (this handle's clipper and detector must be of the kinds

@@ -230,7 +230,8 @@ class SpikeResponder:
         (None: no such incident, or the weight was restored, e.g. a checkpoint loaded into the model)."""
         if self.corrupt is None:  # (``check_weights`` ends a restored weight's incident first)
             return None
-        cause = Cause("numeric", weight_check.corrupt_cause_words(self.corrupt, step))
+        cause = Cause("numeric", weight_check.corrupt_cause_words(self.corrupt, step),
+                      aftermath_of=self.corrupt.step if step != self.corrupt.step else None)
         why = weight_check.why_not_localized(self.corrupt)
         events = with_cause(events, cause)
         self._record_detection(step, events, why)

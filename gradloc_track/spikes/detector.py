@@ -252,7 +252,10 @@ class SpikeDetector:
             ev = self._check(EXTRA[name], name, step, x, pending, ratio,
                              safety_net=cfg.update_ratio_thresh if name == "update" else None,
                              z_thresh=cfg.loss_z_thresh if name != "update" else None)
-            self._last[f"spike/zscore_{name}"] = min(self._z.get(EXTRA[name], 0.0), 1e6)
+            if EXTRA[name] in self._z:  # a z computed this step (none for a value <= 0 or in the warm-up)
+                self._last[f"spike/zscore_{name}"] = min(self._z[EXTRA[name]], 1e6)
+            else:
+                self._last.pop(f"spike/zscore_{name}", None)
             if ev:
                 events.append(ev)
         return events
@@ -287,6 +290,10 @@ class SpikeDetector:
             self._z[key] = math.inf
             return SpikeEvent(step, name, x, sig.baseline if sig.n else 0.0, math.inf, math.inf)
         if x <= 0.0:  # no gradient (an all-masked batch, loss * 0, an unused layer): no spike, no sample
+            self._z.pop(key, None)  # and no z-score: the last one is not this step's (review, stop 55)
+            if key == "global":
+                self._last.pop("spike/zscore", None)
+                self._last.pop("spike/ratio", None)
             return None
         lx = math.log(x)
         if sig.n < max(1, cfg.warmup_steps):

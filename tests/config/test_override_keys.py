@@ -131,3 +131,11 @@ def test_an_experiment_in_both_folders_is_read_where_hydra_reads_it(tmp_path):
     (tmp_path / "experiment" / "spike_demo.yaml").write_text(
         "# @package _global_\ndefaults:\n  - override /clip: zclip\n")
     check_overrides(["--config-dir", str(tmp_path), "experiment=spike_demo", "clip.beta=0.9"], DemoConfig, CONF_DIR)
+
+
+def test_the_pre_check_prints_nothing_of_hydras_own(capsys):
+    """Review, stop 55: parsing the line with Hydra's parser printed `--version` and a bad flag's usage once
+    more, before Hydra printed them itself."""
+    check_overrides(["--version"], DemoConfig, CONF_DIR)
+    check_overrides(["--config-dir"], DemoConfig, CONF_DIR)  # no value: Hydra's error, once, later
+    assert capsys.readouterr() == ("", "")

@@ -101,5 +101,8 @@ def test_an_incidents_aftermath_is_counted_apart_and_not_listed(tmp_path):
                             outcome=SimpleNamespace(cause=SimpleNamespace(aftermath_of=170)))
     assert SpikeView.of(later).aftermath_of == 170 and first.aftermath_of is None
     lines = spike_summary([first, later], tmp_path)
-    assert lines[0] == "2 gradient spike(s) detected, at step 170, 172 (1 of them the aftermath of an earlier one)"
+    assert lines[0] == "2 gradient spike(s) detected, at step 170, 172 (1 of them the aftermath of step 170)"
+    # every one an aftermath (its incident before a resume): the header still says whose
+    assert spike_summary([later], tmp_path)[0] == "1 gradient spike(s) detected, at step 172 (1 of them the " \
+        "aftermath of step 170)"
     assert any(line.startswith("  step 170:") for line in lines) and not any("step 172:" in line for line in lines)

@@ -291,6 +291,9 @@ def test_a_corrupted_weight_is_one_incident_named_by_parameter_index_and_value(r
         assert s.cause == "numeric" and s.cause_detail.startswith(f"aftermath of step {first} (numeric): a weight")
         assert s.locate is None and "a weight is corrupt since step" in s.not_localized
         assert run.last_event_row()["cause_detail"] == s.cause_detail
+        # linked like any aftermath, so the closing lines count it apart (review, stop 55: listed as new spikes)
+        assert s.outcome.cause.aftermath_of == first
+    assert stats.outcome.cause.aftermath_of is None
 
 
 def test_an_absurd_weight_behind_a_norm_is_named_though_the_loss_stays_finite(run):

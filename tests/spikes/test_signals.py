@@ -174,3 +174,17 @@ def test_a_signal_not_read_on_a_step_logs_no_z_score_there():
     assert "spike/zscore_update" not in det.metrics() and "spike/zscore_loss" in det.metrics()
     det.update(11, 1.0, {"h.0": 0.5}, loss=2.0, update=0.1)
     assert "spike/zscore_update" in det.metrics()
+
+
+def test_a_zero_value_logs_no_z_score_either():
+    """Review, stop 55: an update (or a global norm) of 0 returns before its z is computed, and the step before's
+    z was logged again; a warm-up step has no z to log either."""
+    det = SpikeDetector(warmup_steps=3)
+    det.update(0, 1.0, {"h.0": 0.5}, loss=2.0, update=0.1)
+    assert "spike/zscore_update" not in det.metrics() and "spike/zscore_loss" not in det.metrics()  # warm-up
+    for s in range(1, 10):
+        det.update(s, 1.0 + 0.01 * (s % 2), {"h.0": 0.5}, loss=2.0 + 0.01 * (s % 2), update=0.1 + 0.001 * (s % 3))
+    assert {"spike/zscore", "spike/zscore_update"} <= set(det.metrics())
+    det.update(10, 0.0, {"h.0": 0.0}, loss=2.0, update=0.0)
+    assert not {"spike/zscore", "spike/ratio", "spike/zscore_update"} & set(det.metrics())
+    assert "spike/zscore_loss" in det.metrics()
