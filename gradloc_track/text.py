@@ -73,6 +73,28 @@ def csv_cell(value: Any) -> Any:
     return "'" + text if text.startswith(FORMULA_START) else text
 
 
+class ByteDecoder:
+    """A byte-level model's ids as text, for the culprit table, the console and the pages when no tokenizer
+    was given (a held-out tester, stop 55: every culprit of a 256-id model read ``'<10><56><46>...'``): the
+    ids are bytes, decoded as UTF-8 (an invalid byte: the replacement character, as the junk signal's
+    clean-text check reads them). It witnesses nothing for that check (``spikes/text_check.py``: bytes are
+    their own encoding)."""
+
+    vocab_size = 256
+
+    def decode(self, ids: Any, **_: Any) -> str:
+        return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+
+    def encode(self, text: str, **_: Any) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def __repr__(self) -> str:
+        return "ByteDecoder()"
+
+
 def decode_token(tokenizer: Any, token_id: int | None) -> str:
     """One token's text; ``<id>`` when there is no tokenizer or it cannot decode the id."""
     if token_id is None:

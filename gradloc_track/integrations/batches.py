@@ -514,17 +514,30 @@ def watch_terms(batch: LMBatch, logits: torch.Tensor) -> None:
 
 def resolve_tokenizer(model: torch.nn.Module, tokenizer: Any = None) -> Any:
     """The tokenizer given, else the model's ``config.name_or_path`` tokenizer when that path is a
-    local directory (never downloads), else None (the table shows token ids)."""
+    local directory (never downloads), else the bytes of a byte-level model (a vocabulary of 256:
+    ``text.ByteDecoder``), else None (the table shows token ids)."""
     if tokenizer is not None:
         return tokenizer
     path = getattr(getattr(model, "config", None), "name_or_path", None)
-    if not path or not os.path.isdir(str(path)):
-        return None
-    try:
-        from transformers import AutoTokenizer
+    if path and os.path.isdir(str(path)):
+        try:
+            from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    except Exception as exc:  # no tokenizer files there: ids it is
-        log.info("gradloc-track: no tokenizer at %s (%r); showing token ids", path, exc)
-        return None
+            return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        except Exception as exc:  # no tokenizer files there: ids it is
+            log.info("gradloc-track: no tokenizer at %s (%r); showing token ids", path, exc)
+    if vocabulary_size(model) == 256:
+        from ..text import ByteDecoder
 
+        return ByteDecoder()
+    return None
+
+
+def vocabulary_size(model: torch.nn.Module) -> int | None:
+    """The model's vocabulary: its config's ``vocab_size``, else its input embedding's rows (the first
+    ``nn.Embedding``: a hand-written model's token embedding comes first)."""
+    size = getattr(getattr(model, "config", None), "vocab_size", None)
+    if isinstance(size, int):
+        return size
+    emb = next((m for m in model.modules() if isinstance(m, torch.nn.Embedding)), None)
+    return None if emb is None else int(emb.num_embeddings)

@@ -19,3 +19,25 @@ def test_packed_rows_become_documents_from_position_ids():
     b = LMBatch.from_call((), {"input_ids": ids, "position_ids": pos})
     assert b.document_ids().tolist() == [[0, 0, 0, 1, 1, 2], [0, 0, 0, 0, 0, 0]]
     assert LMBatch.from_call((), {"input_ids": ids, "position_ids": pos[1:].expand(2, 6)}).document_ids() is None
+
+
+def test_a_byte_level_model_without_a_tokenizer_reads_as_bytes():
+    """A held-out tester, stop 55: every culprit of a 256-id model (GPT-2 config, bytes as tokens) read
+    ``'<10><56><46>...'`` in the console, the table and the pages; the bytes are the text."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from gradloc_track.demo.model import TinyGPT
+    from gradloc_track.integrations.batches import resolve_tokenizer
+    from gradloc_track.text import ByteDecoder, decode_token, decode_tokens
+
+    hf = GPT2LMHeadModel(GPT2Config(vocab_size=256, n_positions=16, n_embd=16, n_layer=1, n_head=2))
+    hand = TinyGPT(vocab_size=256, n_layer=1, n_head=2, d_model=16, max_seq_len=16)  # no config: its embedding
+    for model in (hf, hand):
+        assert isinstance(resolve_tokenizer(model), ByteDecoder)
+    assert resolve_tokenizer(TinyGPT(vocab_size=64, n_layer=1, n_head=2, d_model=16, max_seq_len=16)) is None
+    given = object()
+    assert resolve_tokenizer(hand, given) is given  # the caller's tokenizer first
+    dec = ByteDecoder()
+    ids = list("8. Litigation \u00e2\u20ac\u2122".encode())
+    assert decode_tokens(dec, ids) == "8. Litigation \u00e2\u20ac\u2122" and decode_token(dec, 56) == "8"
+    assert decode_tokens(dec, [0xE3, 0xF9]) == "\ufffd\ufffd"  # random bytes: replacement characters, as the junk check
