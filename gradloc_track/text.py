@@ -76,14 +76,15 @@ def csv_cell(value: Any) -> Any:
 class ByteDecoder:
     """A byte-level model's ids as text, for the culprit table, the console and the pages when no tokenizer
     was given (a held-out tester, stop 55: every culprit of a 256-id model read ``'<10><56><46>...'``): the
-    ids are bytes, decoded as UTF-8 (an invalid byte: the replacement character, as the junk signal's
-    clean-text check reads them). It witnesses nothing for that check (``spikes/text_check.py``: bytes are
+    ids are bytes, decoded as UTF-8, a byte that is no character on its own as ``\\xe2`` (one id at a time,
+    each byte of a multi-byte character stays told apart; the junk signal's clean-text check reads the
+    bytes itself, ``spikes/text_check.decode_window``, and this decoder witnesses nothing there: bytes are
     their own encoding)."""
 
     vocab_size = 256
 
     def decode(self, ids: Any, **_: Any) -> str:
-        return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+        return bytes(int(i) for i in ids).decode("utf-8", errors="backslashreplace")
 
     def encode(self, text: str, **_: Any) -> list[int]:
         return list(text.encode("utf-8"))

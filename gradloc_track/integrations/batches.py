@@ -529,15 +529,25 @@ def resolve_tokenizer(model: torch.nn.Module, tokenizer: Any = None) -> Any:
     if vocabulary_size(model) == 256:
         from ..text import ByteDecoder
 
+        log.info("gradloc-track: a vocabulary of 256 and no tokenizer: culprit ids read as UTF-8 bytes "
+                 "(pass tokenizer= to read them otherwise)")
         return ByteDecoder()
     return None
 
 
 def vocabulary_size(model: torch.nn.Module) -> int | None:
-    """The model's vocabulary: its config's ``vocab_size``, else its input embedding's rows (the first
-    ``nn.Embedding``: a hand-written model's token embedding comes first)."""
-    size = getattr(getattr(model, "config", None), "vocab_size", None)
+    """The model's vocabulary: its config's ``vocab_size``, else its input embedding's rows
+    (``get_input_embeddings()``), else a hand-written model's token embedding, told by its rows matching the
+    width of its last ``nn.Linear`` (the head: a position table of 256 rows is not the vocabulary, review)."""
+    inner = getattr(model, "module", model)  # DDP and friends
+    inner = getattr(inner, "_orig_mod", inner)  # torch.compile
+    size = getattr(getattr(inner, "config", None), "vocab_size", None)
     if isinstance(size, int):
         return size
-    emb = next((m for m in model.modules() if isinstance(m, torch.nn.Embedding)), None)
-    return None if emb is None else int(emb.num_embeddings)
+    get_input = getattr(inner, "get_input_embeddings", None)
+    emb = get_input() if callable(get_input) else None
+    if isinstance(emb, torch.nn.Embedding):
+        return int(emb.num_embeddings)
+    rows = {int(m.num_embeddings) for m in inner.modules() if isinstance(m, torch.nn.Embedding)}
+    head = next((m for m in reversed(list(inner.modules())) if isinstance(m, torch.nn.Linear)), None)
+    return int(head.out_features) if head is not None and head.out_features in rows else None

@@ -211,6 +211,8 @@ class SpikeDetector:
                      weight_norm: float | None, pending: list[_Pending]) -> list[SpikeEvent]:
         """The global norm's and each layer's verdict (none on a step below the noise floor)."""
         if self._below_floor(global_norm, weight_norm):
+            for key in ("spike/zscore", "spike/ratio", "spike/zscore_max_layer"):  # none read this step (review)
+                self._last.pop(key, None)
             return []
         events = []
         ev = self._check("global", "global", step, global_norm, pending, self.config.min_ratio,
@@ -228,6 +230,8 @@ class SpikeDetector:
             events += sorted(layer_events, key=lambda e: -e.z)
             if zmax > -math.inf:
                 self._last["spike/zscore_max_layer"] = zmax if math.isfinite(zmax) else 0.0
+            else:  # no layer had a z this step (all zero, or in their warm-up): not the last step's again
+                self._last.pop("spike/zscore_max_layer", None)
         return events
 
     def _extra_events(self, step: int, extra: StepSignals, pending: list[_Pending]) -> list[SpikeEvent]:

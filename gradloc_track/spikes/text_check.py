@@ -220,8 +220,12 @@ def _encode_plain(tokenizer: Any, text: str) -> list[int]:
 def decode_window(ids: Sequence[int], tokenizer: Any) -> str | None:
     """The window's text: the tokenizer's decoding, or the ids as UTF-8 bytes when every id is a byte and
     there is no tokenizer (a byte-level model); None when neither can say."""
+    from ..text import ByteDecoder
+
     ids = [int(i) for i in ids]
-    if tokenizer is not None:
+    if not ids:  # no window: nothing to read, nothing excused
+        return None
+    if tokenizer is not None and not isinstance(tokenizer, ByteDecoder):  # the display's bytes: read them below
         try:
             return str(tokenizer.decode(ids))
         except Exception:  # a tokenizer that cannot decode these ids: no text, the signal stands

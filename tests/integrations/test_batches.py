@@ -40,4 +40,18 @@ def test_a_byte_level_model_without_a_tokenizer_reads_as_bytes():
     dec = ByteDecoder()
     ids = list("8. Litigation \u00e2\u20ac\u2122".encode())
     assert decode_tokens(dec, ids) == "8. Litigation \u00e2\u20ac\u2122" and decode_token(dec, 56) == "8"
-    assert decode_tokens(dec, [0xE3, 0xF9]) == "\ufffd\ufffd"  # random bytes: replacement characters, as the junk check
+    # a byte that is no character on its own keeps its value (one id at a time: the table, the pages)
+    assert decode_tokens(dec, [0xE3, 0xF9]) == "\\xe3\\xf9" and decode_token(dec, 0xE2) == "\\xe2"
+    # the junk check reads the bytes itself: random bytes are replacement characters there, as without a decoder
+    from gradloc_track.spikes.text_check import decode_window
+
+    assert decode_window([0xE3, 0xF9], dec) == decode_window([0xE3, 0xF9], None) == "\ufffd\ufffd"
+    assert decode_window([], dec) is None
+
+    class PosFirst(torch.nn.Module):  # a position table of 256 rows before a 500-token embedding (review)
+        def __init__(self):
+            super().__init__()
+            self.pos, self.tok = torch.nn.Embedding(256, 8), torch.nn.Embedding(500, 8)
+            self.head = torch.nn.Linear(8, 500)
+
+    assert resolve_tokenizer(PosFirst()) is None

@@ -188,3 +188,19 @@ def test_a_zero_value_logs_no_z_score_either():
     det.update(10, 0.0, {"h.0": 0.0}, loss=2.0, update=0.0)
     assert not {"spike/zscore", "spike/ratio", "spike/zscore_update"} & set(det.metrics())
     assert "spike/zscore_loss" in det.metrics()
+
+
+def test_the_largest_layer_z_and_the_noise_floor_log_no_stale_z_score():
+    """Review, stop 55: with every layer's norm 0, or the step under the noise floor, the step before's
+    ``spike/zscore_max_layer`` (and, under the floor, ``spike/zscore`` and ``spike/ratio``) were logged again."""
+    det = SpikeDetector(warmup_steps=3)
+    for s in range(10):
+        det.update(s, 1.0 + 0.01 * (s % 2), {"a": 0.5 + 0.01 * (s % 3), "b": 0.4})
+    assert "spike/zscore_max_layer" in det.metrics()
+    det.update(10, 1.05, {"a": 0.0, "b": 0.0})
+    assert "spike/zscore_max_layer" not in det.metrics() and "spike/zscore" in det.metrics()
+    floor = SpikeDetector(warmup_steps=3, noise_floor=1e-3)
+    for s in range(10):
+        floor.update(s, 1.0 + 0.01 * (s % 2), {"a": 0.5 + 0.01 * (s % 3)}, weight_norm=10.0)
+    floor.update(10, 1e-6, {"a": 1e-6}, weight_norm=10.0)  # float noise: no verdict, no z
+    assert not {"spike/zscore", "spike/ratio", "spike/zscore_max_layer"} & set(floor.metrics())
