@@ -42,6 +42,10 @@ def hookable_optimizer(optimizer: Any, hook: bool = False) -> Any:
     """The torch optimizer whose ``step()`` really runs (``unwrap_optimizer``: Accelerate's wrapper
     skips the inner step on accumulation micro-steps). ``hook``: a step pre-hook goes on it (a
     ``TypeError`` naming the fix when it cannot)."""
+    if hook and isinstance(optimizer, (list, tuple)):  # several optimizers (a tester, stop 55: a bare TypeError)
+        raise TypeError(f"gradloc-track: watch() takes one optimizer, not {len(optimizer)}: with several, pass "
+                        "none (watch(model)) and call handle.step() after backward() and before the optimizers "
+                        "step: the clipping then covers every parameter before any of them steps")
     optimizer = unwrap_optimizer(optimizer)
     if hook and optimizer is not None and not hasattr(optimizer, "register_step_pre_hook"):
         raise TypeError(f"gradloc-track: cannot hook {type(optimizer).__name__}.step(): pass the torch "
@@ -69,6 +73,23 @@ class Door:
     logs: bool | None = None
     wrap_tracker: Callable[[Tracker], Tracker] | None = None
     spike_console: bool = False
+
+
+def warn_if_partial(model: torch.nn.Module, optimizer: Any) -> None:
+    """Say once when the optimizer ``watch()`` hooks holds only some of the model's trainable parameters (a
+    tester, stop 55: with a second optimizer stepping first, its parameters trained on gradients the clipper
+    had not seen yet, while the run logged them clipped)."""
+    owned = {id(p) for g in getattr(optimizer, "param_groups", ()) for p in g.get("params", ())}
+    if not owned:
+        return
+    missing = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in owned]
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        warnings.warn(f"gradloc-track: the optimizer given to watch() holds none of {len(missing)} trainable "
+                      f"parameter(s) of the model ({shown}): watch() runs at its step, so an optimizer that steps "
+                      "before it takes unclipped gradients, and a skipped step is skipped for this one only. With "
+                      "several optimizers, pass none (watch(model)) and call handle.step() after backward(), "
+                      "before they step", RuntimeWarning, stacklevel=4)
 
 
 def optimizer_steps_taken(optimizer: Any) -> int:
@@ -164,6 +185,7 @@ class WatchHandle:
         self.capture = capture
         self._hooks: list[Any] = []
         if optimizer is not None and hook_optimizer:
+            warn_if_partial(model, optimizer)
             # registered BEFORE the monitor installs its skip guard: the guard's step hooks must see
             # this step's clip (a sync-mode guard reads the flag in its own pre-hook)
             self._hooks.append(optimizer.register_step_pre_hook(self._pre_step))

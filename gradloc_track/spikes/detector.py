@@ -27,7 +27,10 @@ clipped to ``exp(m +- z_eff * sqrt(v))`` and keeps the step out of its variance 
 so the spike does not raise the threshold, while a genuine level shift is still followed over a few
 steps. A value far below the baseline is absorbed clipped to ``exp(m - z_eff * sqrt(v))``. Non-finite
 values (norms, losses) always fire and are never absorbed; a zero value (no gradient: an all-masked
-batch, ``loss * 0``, a layer unused this step) neither fires nor enters. A gradient norm below
+batch, ``loss * 0``, a layer unused this step) neither fires nor enters, and a layer once seen at zero
+(a mixture-of-experts expert, a conditional branch) loses the ratio net: its norm follows how many
+tokens reach it (a rarely routed expert goes 20-200x between clean steps: held-out tester, stop 55),
+and only the z rule, which learns that spread, reads it. A gradient norm below
 ``noise_floor`` times the parameter norm is float noise (RL groups whose gradients cancel: 7.6e-8
 against weights of norm ~30 fired as "436.8x its running mean 1.74e-10" in 0.3): the norm signals
 skip the step, they neither fire nor learn from it.
@@ -125,6 +128,9 @@ class SpikeDetector:
         self._score_seen = 0
         self._last: dict[str, float] = {}
         self._z: dict[str, float] = {}  # latest z per signal
+        # layers seen without a gradient on some step (a mixture-of-experts expert, a conditional branch): their
+        # norm follows how much of the batch reaches them, so only the z rule reads them, not the ratio net
+        self._conditional: set[str] = set()
         self._last_step: int | None = None
         self.junk = JunkSignals(config)  # the junk run and leaked labels (no z-scores)
         self.transient = Transient(config.transient_fall, config.warmup_steps)
@@ -223,7 +229,10 @@ class SpikeDetector:
             zmax = -math.inf
             layer_events = []
             for name, x in layer_norms.items():
-                ev = self._check(name, name, step, x, pending, self.config.min_ratio, self.config.ratio_thresh)
+                if x <= 0.0 < global_norm:  # a layer this step did not reach while others learned (module doc; a
+                    self._conditional.add(name)  # step with no gradient at all, loss * 0, says nothing of one layer)
+                net = None if name in self._conditional else self.config.ratio_thresh
+                ev = self._check(name, name, step, x, pending, self.config.min_ratio, net)
                 zmax = max(zmax, self._z.get(name, -math.inf))
                 if ev:
                     layer_events.append(ev)
@@ -332,7 +341,7 @@ class SpikeDetector:
                 "count": self.count,
                 "history": list(self._history), "score": (self._score_hits, self._score_seen),
                 "last_step": self._last_step, "junk_seen": self.junk.seen, "junk_recent": self.junk.recent,
-                "transient": self.transient.state(), "names_as_read": True}
+                "transient": self.transient.state(), "names_as_read": True, "conditional": sorted(self._conditional)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         # older states hold 3 (0.1: m4 = 0), 6 (0.3: no trend) or 8 (no warm-up fourth moment: d4 = 0) values
@@ -351,6 +360,7 @@ class SpikeDetector:
         self.junk.seen = int(state.get("junk_seen", 0))
         self.junk.recent = float(state.get("junk_recent", math.inf))
         self.transient.load(state.get("transient"))
+        self._conditional = {renamed.get(k, k) for k in state.get("conditional", [])}
 
 
 def _as_config(config: SpikeConfig | None, overrides: dict[str, Any]) -> SpikeConfig:

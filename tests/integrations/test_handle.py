@@ -197,3 +197,21 @@ def test_the_callers_own_tracker_keeps_its_heatmaps_after_close(gpt2, temp_root)
     handle.close()
     ((_, _, png),) = mine.images
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_two_optimizers_are_told_how_to_watch_them(gpt2):
+    """A tester, stop 55: ``watch(model, [opt1, opt2])`` was a bare "cannot hook list.step()"; and watching the
+    second of two optimizers let the first step on unclipped gradients while the run logged them clipped."""
+    emb = [p for n, p in gpt2.named_parameters() if "wte" in n or "wpe" in n]
+    rest = [p for n, p in gpt2.named_parameters() if not ("wte" in n or "wpe" in n)]
+    opt1, opt2 = torch.optim.SGD(emb, lr=LR), torch.optim.AdamW(rest, lr=LR)
+    with pytest.raises(TypeError, match=r"watch\(\) takes one optimizer, not 2: with several, pass none"):
+        gradloc_track.watch(gpt2, [opt1, opt2], tracker="none", console=False)
+    with pytest.warns(RuntimeWarning, match=r"holds none of 2 trainable parameter\(s\) of the model "
+                                            r"\(transformer\.wte\.weight, transformer\.wpe\.weight\)"):
+        h = gradloc_track.watch(gpt2, opt2, tracker="none", console=False)
+    h.finish()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # one optimizer over every trainable parameter: nothing
+        whole = gradloc_track.watch(gpt2, torch.optim.AdamW(gpt2.parameters(), lr=LR), tracker="none", console=False)
+    whole.finish()

@@ -204,3 +204,31 @@ def test_the_largest_layer_z_and_the_noise_floor_log_no_stale_z_score():
         floor.update(s, 1.0 + 0.01 * (s % 2), {"a": 0.5 + 0.01 * (s % 3)}, weight_norm=10.0)
     floor.update(10, 1e-6, {"a": 1e-6}, weight_norm=10.0)  # float noise: no verdict, no z
     assert not {"spike/zscore", "spike/ratio", "spike/zscore_max_layer"} & set(floor.metrics())
+
+
+def test_a_layer_some_steps_do_not_reach_is_read_by_the_z_rule_only():
+    """Held-out tester, stop 55: a rarely routed mixture-of-experts expert (no gradient on some steps, then 1
+    token, then 30) fired the 20x ratio net 6-8 times in 250 clean steps, at z 2.5-4.6. A layer once seen at
+    zero is a conditional one: the z rule, which learns its spread, reads it; a dense layer keeps the net."""
+    import random
+
+    rng = random.Random(0)
+    det = SpikeDetector(warmup_steps=10)
+    fired = []
+    for s in range(300):
+        routed = rng.choice([0] * 3 + [1] * 8 + [3] * 4 + [10] * 2 + [60])  # tokens routed to the expert (before:
+        # 10 events, z 3.3-4.4 at 21-51x, as the tester's)
+        expert = 0.0 if routed == 0 else 1e-3 * routed * math.exp(rng.gauss(0, 0.2))
+        dense = 0.5 * math.exp(rng.gauss(0, 0.05))
+        fired += [(s, e.signal) for e in det.update(s, 1.0 * math.exp(rng.gauss(0, 0.05)),
+                                                    {"dense": dense, "experts.3": expert})]
+    assert not [f for f in fired if f[1] == "experts.3"], fired
+    assert "experts.3" in det.state_dict()["conditional"]
+    again = SpikeDetector(warmup_steps=10)
+    again.load_state_dict(det.state_dict())
+    assert again._conditional == {"experts.3"}
+    # the dense layer keeps the net: a 40x jump fires whatever its z
+    assert any(e.signal == "dense" for e in det.update(300, 1.0, {"dense": 20.0, "experts.3": 0.01}))
+    # a step with no gradient at all (loss * 0, an all-masked batch) marks no layer
+    det.update(301, 0.0, {"dense": 0.0, "experts.3": 0.0})
+    assert "dense" not in det.state_dict()["conditional"]
