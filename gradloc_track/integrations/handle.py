@@ -42,7 +42,7 @@ def hookable_optimizer(optimizer: Any, hook: bool = False) -> Any:
     """The torch optimizer whose ``step()`` really runs (``unwrap_optimizer``: Accelerate's wrapper
     skips the inner step on accumulation micro-steps). ``hook``: a step pre-hook goes on it (a
     ``TypeError`` naming the fix when it cannot)."""
-    if hook and isinstance(optimizer, (list, tuple)):  # several optimizers (a tester, stop 55: a bare TypeError)
+    if hook and isinstance(optimizer, (list, tuple, dict)):  # several optimizers (a tester, stop 55: a bare TypeError)
         raise TypeError(f"gradloc-track: watch() takes one optimizer, not {len(optimizer)}: with several, pass "
                         "none (watch(model)) and call handle.step() after backward() and before the optimizers "
                         "step: the clipping then covers every parameter before any of them steps")
@@ -80,9 +80,10 @@ def warn_if_partial(model: torch.nn.Module, optimizer: Any) -> None:
     tester, stop 55: with a second optimizer stepping first, its parameters trained on gradients the clipper
     had not seen yet, while the run logged them clipped)."""
     owned = {id(p) for g in getattr(optimizer, "param_groups", ()) for p in g.get("params", ())}
-    if not owned:
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if not owned or owned.isdisjoint(id(p) for _, p in trainable):  # none of the model's: master weights, not part
         return
-    missing = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in owned]
+    missing = [n for n, p in trainable if id(p) not in owned]
     if missing:
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
         warnings.warn(f"gradloc-track: the optimizer given to watch() holds none of {len(missing)} trainable "

@@ -27,10 +27,11 @@ clipped to ``exp(m +- z_eff * sqrt(v))`` and keeps the step out of its variance 
 so the spike does not raise the threshold, while a genuine level shift is still followed over a few
 steps. A value far below the baseline is absorbed clipped to ``exp(m - z_eff * sqrt(v))``. Non-finite
 values (norms, losses) always fire and are never absorbed; a zero value (no gradient: an all-masked
-batch, ``loss * 0``, a layer unused this step) neither fires nor enters, and a layer once seen at zero
-(a mixture-of-experts expert, a conditional branch) loses the ratio net: its norm follows how many
-tokens reach it (a rarely routed expert goes 20-200x between clean steps: held-out tester, stop 55),
-and only the z rule, which learns that spread, reads it. A gradient norm below
+batch, ``loss * 0``, a layer unused this step) neither fires nor enters, and a layer seen at zero
+after it had a gradient, while others have one (a mixture-of-experts expert, a conditional branch),
+loses the ratio net: its norm follows how many tokens reach it (a rarely routed expert goes 20-200x
+between clean steps: held-out tester, stop 55), and only the z rule, which learns that spread, reads
+it. A gradient norm below
 ``noise_floor`` times the parameter norm is float noise (RL groups whose gradients cancel: 7.6e-8
 against weights of norm ~30 fired as "436.8x its running mean 1.74e-10" in 0.3): the norm signals
 skip the step, they neither fire nor learn from it.
@@ -229,8 +230,12 @@ class SpikeDetector:
             zmax = -math.inf
             layer_events = []
             for name, x in layer_norms.items():
-                if x <= 0.0 < global_norm:  # a layer this step did not reach while others learned (module doc; a
-                    self._conditional.add(name)  # step with no gradient at all, loss * 0, says nothing of one layer)
+                # a layer this step did not reach while others learned, after it had learned itself (module doc; a
+                # step with no gradient at all, loss * 0, says nothing of one layer; nor does step 0 of a layer
+                # behind a zero-initialised one, a zeroed head or LoRA's B: review, stop 55)
+                seen = self.signals.get(name)
+                if x <= 0.0 < global_norm and seen is not None and seen.n > 0:
+                    self._conditional.add(name)
                 net = None if name in self._conditional else self.config.ratio_thresh
                 ev = self._check(name, name, step, x, pending, self.config.min_ratio, net)
                 zmax = max(zmax, self._z.get(name, -math.inf))

@@ -214,4 +214,7 @@ def test_two_optimizers_are_told_how_to_watch_them(gpt2):
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # one optimizer over every trainable parameter: nothing
         whole = gradloc_track.watch(gpt2, torch.optim.AdamW(gpt2.parameters(), lr=LR), tracker="none", console=False)
-    whole.finish()
+        whole.finish()
+        # an optimizer over fp32 master copies holds none of the model's tensors: another space, not a part (review)
+        master = torch.optim.AdamW([p.detach().float().clone().requires_grad_() for p in gpt2.parameters()], lr=LR)
+        gradloc_track.watch(gpt2, master, tracker="none", console=False).finish()

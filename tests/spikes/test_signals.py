@@ -232,3 +232,11 @@ def test_a_layer_some_steps_do_not_reach_is_read_by_the_z_rule_only():
     # a step with no gradient at all (loss * 0, an all-masked batch) marks no layer
     det.update(301, 0.0, {"dense": 0.0, "experts.3": 0.0})
     assert "dense" not in det.state_dict()["conditional"]
+    # nor does step 0 of a layer behind a zero-initialised one (a zeroed head, LoRA's B: review, stop 55): it has
+    # not learned yet, and keeps the net (a 40x jump at z ~5 fires)
+    zero = SpikeDetector(warmup_steps=10)
+    zero.update(0, 1.0, {"head": 1.0, "h.0": 0.0})
+    for s in range(1, 200):
+        zero.update(s, 1.0, {"head": 1.0, "h.0": 0.01 * math.exp(rng.gauss(0, 0.5))})
+    assert zero.state_dict()["conditional"] == []
+    assert any(e.signal == "h.0" for e in zero.update(200, 1.0, {"head": 1.0, "h.0": 0.4}))
