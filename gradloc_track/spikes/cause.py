@@ -163,8 +163,9 @@ def _optimizer_alone(ev: Evidence) -> Cause | None:
     if not _fired(ev, "update") or _norm_events(ev) or _fired(ev, *LOSS_SIGNALS):
         return None
     return Cause("optimizer", f"{_update_line(ev)} while the gradient norms and losses are ordinary: the "
-                              "optimizer's state (a second moment decayed, or lost on a resume) makes a normal "
-                              "gradient a large step")
+                              "optimizer's state makes a normal gradient a large step (its second moment is small "
+                              "against this gradient: decayed over quieter steps, new parameters such as an "
+                              "unfreeze, or lost on a resume)")
 
 
 def _top(ev: Evidence) -> str:

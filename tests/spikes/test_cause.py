@@ -36,6 +36,8 @@ SCALED = ev("global", 61.8, 144.0, 25.0)  # .grad 100x the replay's, the batch's
      "34.8x the norm of the replayed one, while the replay itself repeats. Either the loss that made .grad is not the "
      "one the replay rebuilds (a multiplier on one rank"),
     (Evidence([UPDATE]), "optimizer", "40x its running mean"),
+    # an unfreeze (add_param_group) or a flat peak fires the update too: not only "a decayed moment or a resume"
+    (Evidence([UPDATE]), "optimizer", "new parameters such as an unfreeze"),
     (Evidence([NORM], culprit_share=0.9, n_culprits=1, top_culprit="sample 3"), "data", "(sample 3) carry 90%"),
     (Evidence([NORM, LOSS], culprit_share=0.3, n_culprits=2), "data", "loss/sample_max jumped 1.80x"),
     (Evidence([LOSS]), "data", "not localized"),
