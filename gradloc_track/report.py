@@ -234,13 +234,13 @@ def _incidents(steps: list[int], causes: dict[int, str]) -> str:
     tester, stop 55: "4 spike event(s)" read as four problems for one bad batch and its recovery); ``""`` when
     none is. Every event that is no aftermath (a cause or not) is an incident; when all are, their incident's
     step is said instead (it is in no event row: a resumed run's)."""
-    firsts = {int(m.group(1)) for m in (AFTERMATH.match(causes[s]) for s in steps if s in causes) if m}
-    after = sum(bool(AFTERMATH.match(causes.get(s, ""))) for s in steps)
+    linked = [m for m in (AFTERMATH.match(causes.get(s, "")) for s in steps) if m]
+    after = len(linked)
     if not after:
         return ""
     n = len(steps) - after
     if not n:
-        return f" (all the aftermath of step {', '.join(map(str, sorted(firsts)))})"
+        return f" (all the aftermath of step {', '.join(sorted({m.group(1) for m in linked}, key=int))})"
     return f" in {n} incident(s) ({after} of them {'its' if n == 1 else 'their'} aftermath)"
 
 

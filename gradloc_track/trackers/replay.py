@@ -21,7 +21,6 @@ left alone.
 """
 from __future__ import annotations
 
-import json
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +32,7 @@ from .interface import RunNotResumable, Tracker, send
 from .files import atomic_write_json
 from .incomplete import incomplete_reason
 from .run_record import read_backend_record, unreadable_records, update_run_record
-from .spool import read_spool
+from .spool import read_spool, replayed_lines, replayed_path
 
 
 @dataclass
@@ -47,16 +46,6 @@ class ReplayResult:
     refused: str | None = None  # why this backend was not replayed (its run record damaged, its run deleted)
     tagged: bool = False  # the run was tagged INCOMPLETE_TAG (its run dir lost records)
 
-
-def _ledger_path(spool_file: Path) -> Path:
-    return spool_file.with_name(spool_file.stem + ".replayed.json")
-
-
-def _read_ledger(spool_file: Path) -> set[int]:
-    try:
-        return set(json.loads(_ledger_path(spool_file).read_text(encoding="utf-8"))["lines"])
-    except (OSError, ValueError, KeyError):
-        return set()
 
 
 def _batches(records: list[dict[str, Any]], tracker: Tracker, size: int = 100):
@@ -152,7 +141,7 @@ def _end_if_orphaned(run_dir: Path, backend: str, tracking_uri: str | None, tagg
 def _replay_one(run_dir: Path, spool_file: Path, tracking_uri: str | None) -> ReplayResult:
     backend = spool_file.stem
     records = read_spool(spool_file)
-    done = _read_ledger(spool_file)
+    done = replayed_lines(spool_file)
     todo = [r for r in records if r["line"] not in done]
     result = ReplayResult(backend, already=len(records) - len(todo))
     if not todo:
@@ -173,10 +162,10 @@ def _replay_one(run_dir: Path, spool_file: Path, tracking_uri: str | None) -> Re
         result.sent += len(batch)
         if batch[0]["call"] == "finish":
             result.status = batch[0]["args"][0] if batch[0]["args"] else "success"
-        atomic_write_json(_ledger_path(spool_file), {"lines": sorted(done)})
+        atomic_write_json(replayed_path(spool_file), {"lines": sorted(done)})
     for rec in finals[:-1]:  # superseded final statuses: nothing to send
         done.add(rec["line"])
-    atomic_write_json(_ledger_path(spool_file), {"lines": sorted(done)})
+    atomic_write_json(replayed_path(spool_file), {"lines": sorted(done)})
     if result.status is not None:
         update_run_record(run_dir, backend, status=result.status)
     return result
@@ -212,7 +201,7 @@ def _check_writable(run_dir: Path, backend: str, spool_file: Path, done: set[int
     orphan MLflow runs, and the message said to wait for the store, which had answered)."""
     probe = run_dir / "tracker" / f".{backend}.replay-probe"  # where the record goes (no .json: never read as one)
     try:
-        atomic_write_json(_ledger_path(spool_file), {"lines": sorted(done)})
+        atomic_write_json(replayed_path(spool_file), {"lines": sorted(done)})
         atomic_write_json(probe, {"backend": backend, "probe": "x" * 512})
     except OSError as exc:
         why = exc.strerror or str(exc)

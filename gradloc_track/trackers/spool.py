@@ -105,6 +105,19 @@ def read_spool(path: str | Path) -> list[dict[str, Any]]:
     return out
 
 
+def replayed_path(spool_file: Path) -> Path:
+    """Where ``gradloc-track replay`` records the spool lines it sent (``spool/<backend>.replayed.json``)."""
+    return spool_file.with_name(spool_file.stem + ".replayed.json")
+
+
+def replayed_lines(spool_file: Path) -> set[int]:
+    """The spool lines a replay sent already (none when its record is missing or unreadable)."""
+    try:
+        return set(json.loads(replayed_path(spool_file).read_text(encoding="utf-8"))["lines"])
+    except (OSError, ValueError, KeyError):
+        return set()
+
+
 SPIKE_TABLE = '"call": "log_table", "args": ["spikes/'  # a spooled spike table's line (``Spool.write``'s key order)
 
 
@@ -123,8 +136,8 @@ def spooled_tables(run_dir: str | Path) -> list[str]:
         if not lines:
             continue
         try:
-            sent = set(json.loads(path.with_name(path.stem + ".replayed.json").read_text(encoding="utf-8"))["lines"])
-        except (OSError, ValueError, KeyError, TypeError):
+            sent = replayed_lines(path)
+        except TypeError:  # a record that is no {"lines": [...]}: read as none sent (replay itself stops on it)
             sent = set()
         if any(i not in sent for i in lines):
             out.append(f"spool/{path.name}")
