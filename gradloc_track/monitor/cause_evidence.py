@@ -105,13 +105,13 @@ def weights_precision(model: Any) -> str | None:
 
 def evidence_of(events: Sequence[Any], result: Any, shown: Any,
                 lr_pair: tuple[float | None, float | None], precision: str | None = None,
-                usual_scales: Sequence[float] = ()) -> Evidence:
-    """The step's ``Evidence``: its events, the learning rates, and the localization (``result``, and
-    ``shown``: rank 0's ``CulpritView`` of it) when one ran."""
+                usual_scales: Sequence[float] = (), joined: Sequence[str] = ()) -> Evidence:
+    """The step's ``Evidence``: its events, the learning rates, the tensors that started training at it
+    (``joined``), and the localization (``result``, and ``shown``: rank 0's ``CulpritView`` of it) when one ran."""
     from ..localizer.culprit_view import CulpritView
 
     ctx = shown.context if shown is not None else None
-    ev = Evidence(events, lr=lr_pair[0], prev_lr=lr_pair[1], usual_scales=tuple(usual_scales))
+    ev = Evidence(events, lr=lr_pair[0], prev_lr=lr_pair[1], usual_scales=tuple(usual_scales), joined=tuple(joined))
     if ctx is not None and any(e.signal == "leaked_labels" for e in events):
         ev.leaked_rows = leaked_rows(ctx)
     if result is None:
@@ -170,12 +170,14 @@ def advantage_reading(culprit: Any, view: Any) -> float | None:
 
 def name_step_cause(step: int, events: Sequence[Any], result: Any, shown: Any,
                     lr_pair: tuple[float | None, float | None], incidents: Any = None,
-                    precision: str | None = None, scales: list[float] | None = None) -> Cause:
+                    precision: str | None = None, scales: list[float] | None = None,
+                    joined: Sequence[str] = ()) -> Cause:
     """The cause of a detected step; with ``incidents`` (``spikes.incidents.Incidents``), a step in an
     incident's recovery reports the incident's. ``precision``: the model's reduced-precision weights
     (``weights_precision``), when the context names none. ``scales``: the run's list of replay scales of
-    earlier localized steps not named ``loss_scale`` (read, and this step's appended)."""
-    ev = evidence_of(events, result, shown, lr_pair, precision, scales or ())
+    earlier localized steps not named ``loss_scale`` (read, and this step's appended). ``joined``: the tensors
+    that started training at this step (``monitor.joined``)."""
+    ev = evidence_of(events, result, shown, lr_pair, precision, scales or (), joined)
     cause = name_cause(ev)
     if scales is not None and ev.scale is not None and math.isfinite(ev.scale) and cause.name != "loss_scale" \
             and len(scales) < MAX_SCALES:

@@ -78,6 +78,7 @@ from .junk_window import window_text
 from .outcome import SpikeOutcome
 from .optimizer_metrics import OptimizerMetrics
 from .packing import LR, N_TOKENS, WD, HostPack, add_clip, add_norms, loggable
+from .joined import JoinedTensors
 from .param_set import ParamSet
 from .rank_wait import waiting
 from .responder import SpikeResponder
@@ -159,6 +160,7 @@ class GradMonitor:
         self._weight_norm_seen = math.nan  # the last finite weight_norm/global read (a corrupt weight's event says it)
         # the learning rate of each step the detector sees: a jump names a spike's cause (schedule)
         self.responder.lr_history = LrHistory(optimizer) if optimizer is not None else None
+        self.joined = JoinedTensors(optimizer)  # tensors unfrozen or added at a step: the cause names them
         self.scaler_overflows = ScalerOverflows()  # a GradScaler's routine overflows in a row
         self.responder.flag_rule = flag_rule(self.detector)  # the units its data signals name when they fire
 
@@ -225,7 +227,7 @@ class GradMonitor:
         log_now = self.should_log(step)
         armed = self.detector is not None and spike_context is not None
         if (log_now or armed) and self.param_set.changed():
-            self.param_set.rescan(step)
+            self.joined.adopted(step, self.param_set.rescan(step))
         want_w = log_now and self.config.weight_norms
         need_w = (log_now or armed) and self.detector_inputs.needs_weights  # the noise floor's scale, once
         grad_sq, w_sq = self._global_sq_norms(want_w or need_w)  # (n,), (n,)|None device
@@ -348,8 +350,10 @@ class GradMonitor:
         reading.metrics.update(self.detector.metrics())
         if self.responder.lr_history is not None:
             self.responder.lr_history.advance()  # this step's learning rate, against the last seen
+        self.joined.advance(step)
         if not events:
             return None
+        self.responder.joined = self.joined.names(step, list(zip(self.names, self.params)))
         self.detector_inputs.fired()
         outcome, metrics = self.responder.respond(step, events, spike_context,
                                                   localizer_scale(self.param_set, self.clipper, clip), junk)

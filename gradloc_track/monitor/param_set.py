@@ -84,8 +84,8 @@ class ParamSet:
                 return True  # a parameter added mid-run (round 10: never monitored, its spikes never localized)
         return [p.requires_grad for p in self._all_params] != self._flags
 
-    def rescan(self, step: int) -> None:
-        """Pick up parameters unfrozen (and drop ones frozen) after the monitor was built."""
+    def rescan(self, step: int) -> list[str]:
+        """Pick up parameters unfrozen (and drop ones frozen) after the monitor was built; the names taken in."""
         before = set(self.names)
         adopt = getattr(self.clipper, "adopt", None)
         if adopt is not None:  # the clipper takes the newly trainable tensors too (LayerClip cannot: warned below)
@@ -98,11 +98,12 @@ class ParamSet:
         except ValueError:  # every parameter frozen for now: keep the last set, look again later
             self._flags = [p.requires_grad for p in self._all_params]
             self._version = -1  # a parameter added meanwhile is looked for again at the next syncing step
-            return
+            return []
         added = [n for n in self.names if n not in before]
         removed = sorted(before - set(self.names))
         log.info("gradloc-track: step %d: now monitoring %d newly trainable parameter(s) %s%s", step, len(added),
                  added[:8], f"; no longer monitoring {removed[:8]}" if removed else "")
+        return added
 
     def _clipper_index(self) -> Any:
         """How the clipper's tensors map onto the monitored ones.

@@ -52,6 +52,7 @@ class SpikeResponder:
         self.events_unconfirmed = 0  # localizations that found nothing (they back off instead)
         self._retry_step = -(2 ** 62)  # no localization before this step (back-off after empty results)
         self.lr_history: Any = None  # the monitor's LrHistory: a learning-rate jump names a cause
+        self.joined: tuple[str, ...] = ()  # the tensors that started training at the step responded to (an unfreeze)
         self.incidents = Incidents()  # a step in an explained incident's recovery reports its cause
         self.corrupt: Any = None  # a weight found corrupt (weight_check.CorruptWeight) while it stays so
         self.flag_rule = flag_rule(None)  # the detector's (junk_terms, junk_margin, sample_min_ratio), for data_flags
@@ -210,7 +211,7 @@ class SpikeResponder:
 
         return name_step_cause(step, events, result, shown,
                                self.lr_history.pair() if self.lr_history is not None else (None, None),
-                               self.incidents, weights_precision(self.model), self.replay_scales)
+                               self.incidents, weights_precision(self.model), self.replay_scales, self.joined)
 
     def check_weights(self, step: int) -> None:
         """A detected step whose weights hold a corrupt value is that weight's incident (``weight_check``: one

@@ -14,7 +14,8 @@ first match wins (docs/forensics.md#the-cause-of-a-spike):
    ``Evidence.nonfinite_detail``, when the localizer's non-finite search ran, says which samples
    (or that the sum overflowed).
 3. ``schedule``: the learning rate rose by ``LR_JUMP`` or more since the previous step (the gradient
-   can be normal: the update is not).
+   can be normal: the update is not); or tensors started training at this step (``Evidence.joined``:
+   unfrozen, or added with ``add_param_group``), a planned change whose first optimizer steps are large.
 4. ``optimizer``: the optimizer's update fired while no gradient norm did: the step's gradient is
    ordinary, the update Adam makes from it is not (a decayed second moment).
 5. ``off_policy``: the culprits carry ``DATA_SHARE`` or more and the top one's importance ratio
@@ -88,12 +89,13 @@ class Evidence:
     leaked_rows: str = ""  # the rows whose labels leaked, in words ("micro-batch 0 samples 1, 4, 6")
     precision: str | None = None  # the reduced precision the step ran in ("float16 autocast"), when known
     nonfinite_layers: tuple[str, ...] = ()  # the layers whose .grad holds a NaN/Inf
+    joined: tuple[str, ...] = ()  # the tensors that started training at this step (unfrozen, an added group)
 
 
 def name_cause(ev: Evidence) -> Cause:
     """The step's cause by the rules above."""
-    for rule in (_precision, _irreproducible, _numeric, _schedule, _optimizer_alone, _off_policy, _loss_scale,
-                 _data, _optimizer_no_culprit):
+    for rule in (_precision, _irreproducible, _numeric, _schedule, _joined, _optimizer_alone, _off_policy,
+                 _loss_scale, _data, _optimizer_no_culprit):
         cause = rule(ev)
         if cause is not None:
             return cause
@@ -122,6 +124,19 @@ def _schedule(ev: Evidence) -> Cause | None:
         return None
     return Cause("schedule", f"the learning rate rose {ev.lr / ev.prev_lr:.3g}x at this step ({ev.prev_lr:.3g} -> "
                              f"{ev.lr:.3g}): the update grows with it, whatever the data")
+
+
+def _joined(ev: Evidence) -> Cause | None:
+    if not ev.joined:
+        return None
+    n, shown = len(ev.joined), ", ".join(ev.joined[:3])
+    more = f" and {n - 3} more" if n > 3 else ""
+    its, it = ("their", "them") if n > 1 else ("its", "it")
+    return Cause("schedule", f"{n} tensor{'s' if n > 1 else ''} started training at this step ({shown}{more}: "
+                             f"requires_grad turned on, or added with add_param_group): {its} gradient"
+                             f"{'s join' if n > 1 else ' joins'} the norms and the optimizer's first steps on {it} "
+                             "are large (Adam moves each element by about the learning rate at first), a planned "
+                             "change of what trains, whatever the data")
 
 
 def _precision(ev: Evidence) -> Cause | None:

@@ -38,6 +38,14 @@ SCALED = ev("global", 61.8, 144.0, 25.0)  # .grad 100x the replay's, the batch's
     (Evidence([UPDATE]), "optimizer", "40x its running mean"),
     # an unfreeze (add_param_group) or a flat peak fires the update too: not only "a decayed moment or a resume"
     (Evidence([UPDATE]), "optimizer", "new parameters such as an unfreeze"),
+    # tensors the monitor saw start training at this step: the user's change, whatever fired (norms or the update)
+    (Evidence([UPDATE, NORM], joined=("lm_head.weight",)), "schedule",
+     "1 tensor started training at this step (lm_head.weight: requires_grad turned on, or added with "
+     "add_param_group): its gradient joins the norms and the optimizer's first steps on it are large"),
+    (Evidence([NORM], joined=tuple(f"h.{i}.w" for i in range(5)), culprit_share=0.9, n_culprits=1), "schedule",
+     "5 tensors started training at this step (h.0.w, h.1.w, h.2.w and 2 more: requires_grad turned on"),
+    (Evidence([NORM], lr=1e-2, prev_lr=1e-3, joined=("h.0.w",)), "schedule", "rose 10x at this step"),
+    (Evidence([ev("global", math.nan)], joined=("h.0.w",)), "numeric", "grad_norm/global = nan"),
     (Evidence([NORM], culprit_share=0.9, n_culprits=1, top_culprit="sample 3"), "data", "(sample 3) carry 90%"),
     (Evidence([NORM, LOSS], culprit_share=0.3, n_culprits=2), "data", "loss/sample_max jumped 1.80x"),
     (Evidence([LOSS]), "data", "not localized"),
