@@ -251,9 +251,8 @@ def train(cfg: DemoConfig, s: Setup, monitor: GradMonitor, tracker: Tracker, run
         # the loss and each sample's loss feed the detector too: data damage shows in them first
         stats = monitor.after_backward(step, spike_context=ctx, loss=loss.detach(), sample_losses=loss_fn.sample_losses,
                                        junk_span=loss_fn.junk)
-        if s.gate.quarantine is not None and stats.events:  # this step's culprits: skipped when they come again
-            view, rank = (stats.locate_view, None) if stats.locate_view else ((stats.locate, ctx), s.rank)
-            s.gate.quarantine.blame(step, *view, rank=rank)
+        if s.gate.quarantine is not None and stats.blamed_rows:  # this step's culprits: skipped when they come again
+            s.gate.quarantine.blame(step, *stats.blamed_rows)  # every rank's, on every rank
         s.opt.step()
         s.sched.step()
         if s.adamc is not None:

@@ -37,9 +37,10 @@ class Quarantine:
 
     def blame(self, step: int, result: Any, ctx: Any, rank: int | None = None) -> list[str]:
         """Record the culprit samples of one localized spike (``result`` with its ``ctx``); returns
-        their fingerprints. Under torch.distributed pass rank 0's gathered view (``stats.locate_view``,
-        every rank's culprits) as it is, or on another rank ``(stats.locate, ctx)`` with ``rank``: its
-        result lists every rank's culprits but ``ctx`` holds this rank's batch only."""
+        their fingerprints. From the monitor pass ``*stats.blamed_rows`` (under torch.distributed every
+        rank's culprits, on every rank; None when the step's rows are not the data's fault: blame nothing),
+        or ``(stats.locate, ctx)`` with ``rank``: its result lists every rank's culprits but ``ctx`` holds
+        this rank's batch only."""
         if result is None or ctx is None or getattr(ctx, "input_ids", None) is None:
             return []
         per_mb = isinstance(ctx.input_ids, (list, tuple))  # K micro-batches of (B, T), as the table reads them

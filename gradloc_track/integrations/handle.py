@@ -302,8 +302,8 @@ class WatchHandle:
             self.spikes.append(self.last)
             if self.console is not None and self.monitor.rank == 0:  # culprits, or why it was not localized
                 self.console.spike(self.last, self.run_dir)
-            if self.quarantine is not None and self.last.locate_view:  # rank 0's view under torch.distributed
-                self.quarantine.blame(step, *self.last.locate_view)
+            if self.quarantine is not None and self.last.blamed_rows:  # every rank's culprits, on every rank
+                self.quarantine.blame(step, *self.last.blamed_rows)
         self.steps += 1
         return self.last
 
@@ -323,6 +323,9 @@ class WatchHandle:
             out["overflows_in_a_row"] = self.monitor.scaler_overflows.in_a_row
         if self.quarantine is not None:  # spikes.quarantine: the samples blamed so far stay out after a resume
             out["quarantine"] = self.quarantine.state_dict()
+        writer = self.monitor.artifact_writer
+        if writer is not None and getattr(writer, "events", 0):  # the run's spike_count goes on from it
+            out["spike_count"] = int(writer.events)
         return out
 
     def _say_if_resumed_without_state(self, numbered: bool = True) -> None:
@@ -361,6 +364,9 @@ class WatchHandle:
         self.monitor.scaler_overflows.in_a_row = int(state.get("overflows_in_a_row", 0))
         if self.quarantine is not None and "quarantine" in state:  # (a run without quarantine ignores it)
             self.quarantine.load_state_dict(state["quarantine"])
+        writer = self.monitor.artifact_writer
+        if writer is not None and hasattr(writer, "events"):  # held-out tester, stop 56: spike_count restarted
+            writer.events = max(int(writer.events), int(state.get("spike_count", 0)))  # at 1 after a resume
 
     def _rebuildable(self, batches: list) -> bool:
         """Can the per-term loss be rebuilt from the captured calls? If not, say why once (naming

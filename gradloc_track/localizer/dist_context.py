@@ -93,14 +93,17 @@ def _sample_column(cells: list) -> Any:
     return [(c.item() if c.dim() == 0 else c.tolist()) if isinstance(c, torch.Tensor) else c for c in cells]
 
 
-def gather_culprit_rows(result: LocateResult, ctx: Any, group=None) -> tuple[LocateResult | None, Any]:
-    """Collective: every rank calls it; rank 0 returns ``(view_result, view_ctx)``, others ``(None, None)``."""
+def gather_culprit_rows(result: LocateResult, ctx: Any, group=None, everywhere: bool = False
+                        ) -> tuple[LocateResult | None, Any]:
+    """Collective: every rank calls it; rank 0 returns ``(view_result, view_ctx)``, others ``(None, None)``,
+    or the same view with ``everywhere`` (the rows reach every rank anyway: a rank's quarantine blames every
+    rank's culprits, which a shuffling sampler may hand it next epoch)."""
     from ..spikes.context import SpikeContext
 
     rank = dist.get_rank(group)
     every = [None] * dist.get_world_size(group)
     dist.all_gather_object(every, _rows(result, ctx, rank), group=group)
-    if rank != 0:
+    if rank != 0 and not everywhere:
         return None, None
     where: dict[tuple, int] = {}
     flat: list[dict] = []

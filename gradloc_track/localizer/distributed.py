@@ -70,7 +70,7 @@ import torch.distributed as dist
 
 from ..grouping import LayerGrouping
 from ..norms import reduce_over_shards, trainable_params
-from . import levels, step_check
+from . import levels, nonfinite, step_check
 from .dist_failure import aborted, attempt, describe
 from .dist_flagged import gather_flags, global_flags, name_flagged_everywhere
 from .dist_nonfinite import as_result as nonfinite_result
@@ -365,12 +365,14 @@ def _search(model, step: LocateStep, inp: _Inputs, options: SearchOptions, group
         restore_rng(snap.rng)
         return result
     notes = found.notes
-    check = step_check.check_step(prober, found.total, Reference(snap.grads_for(prober.params), inp.scale,
-                                                                 reduced=step.precision is not None),
+    reference = Reference(snap.grads_for(prober.params), inp.scale, reduced=step.precision is not None)
+    check = step_check.check_step(prober, found.total, reference,
                                   reduce=lambda v: reduce_over_shards(v, prober.params), explain=False)
     step_check.report(check, notes)
     restore_rng(snap.rng)
-    return _result(found, options.method, (prober.count, prober.budget), inp, world, check)
+    result = _result(found, options.method, (prober.count, prober.budget), inp, world, check)
+    nonfinite.attach_replay(result, reference.grads, grouping.names, step.precision, group)  # a collective
+    return result
 
 
 def _result(found: _Found, method: str, probes: tuple[int, int], inp: _Inputs, world: int, check) -> LocateResult:

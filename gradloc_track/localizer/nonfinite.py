@@ -426,17 +426,32 @@ def attach_losses(result: LocateResult, prober: Prober, micro_batches: list[int]
 
 
 def attach_replay(result: LocateResult, grads: list[torch.Tensor | None] | None, names: list[str],
-                  precision: str | None = None) -> None:
+                  precision: str | None = None, group: object = None) -> None:
     """``.grad`` holds NaN/Inf while the replayed probes are finite: no sample of the batch made it
     so; the finding says that (the norm search's culprits describe the replayed step). ``precision``: the
-    reduced precision the training forward ran in, whose overflow the replay does not share."""
-    if result.nonfinite is not None or not grads:
+    reduced precision the training forward ran in, whose overflow the replay does not share. ``group``:
+    under torch.distributed (a collective: every rank calls it, with the same names), each tensor's local
+    part (a shard's) is read and the flags combined, so every rank finds the same (held-out tester, stop 56:
+    the multi-process search never attached it, and a NaN step's replay rows read as plain culprits)."""
+    if result.nonfinite is not None or (not grads and group is None):  # (the same on every rank: lockstep)
         return
-    held = [(n, g) for n, g in zip(names, grads) if g is not None]
+    grads = list(grads or [None] * len(names))
+    if group is None:
+        held = [(n, g) for n, g in zip(names, grads) if g is not None]
+    else:  # every name on every rank (a rank without a tensor's gradient counts it finite): one shape to reduce
+        held = list(zip(names, grads))
     if not held:
         return
-    flags = torch.stack([torch.isfinite(g.to_dense() if g.is_sparse else g).all() for _, g in held]).tolist()
-    bad = [n for (n, _), ok in zip(held, flags) if not ok]  # host sync above: once per localization
+    dev = next((g.device for _, g in held if g is not None), torch.device("cpu"))
+    flags = torch.stack([torch.ones((), dtype=torch.bool, device=dev) if g is None else
+                         torch.isfinite(local_part(g.to_dense() if g.is_sparse else g)).all().to(dev) for _, g in held])
+    if group is not None:
+        import torch.distributed as dist
+
+        ok = flags.to(torch.int32)
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)  # a collective: every rank, the same names
+        flags = ok.bool()
+    bad = [n for (n, _), ok in zip(held, flags.tolist()) if not ok]  # host sync: once per localization
     if not bad:
         return
     result.nonfinite = NonfiniteFinding("replay", detail=words.replay(bad, result.total_norm, precision))

@@ -26,7 +26,8 @@ class SpikeOutcome:
     the localization as the artifacts show it, a ``CulpritView`` (under torch.distributed rank 0's, with
     every culprit's sample gathered; None on a rank that shows nothing): the cause's words read it, and
     the console, the table and the page read the same view of ``view``; ``not_localized`` says why
-    ``locate`` is None; ``surgery`` is set with ``spikes.response=surgery``."""
+    ``locate`` is None; ``surgery`` is set with ``spikes.response=surgery``; ``culprit_rows`` is every rank's
+    culprit rows as ``(result, context)`` on every rank (in one process the view's), what a quarantine blames."""
 
     step: int
     events: tuple[SpikeEvent, ...]
@@ -35,11 +36,24 @@ class SpikeOutcome:
     culprit_view: CulpritView | None = None
     not_localized: str | None = None
     surgery: SurgeryResult | None = None
+    culprit_rows: tuple[Any, Any] | None = None
 
     @property
     def view(self) -> tuple[Any, Any] | None:
         """``(result, context)`` the culprits index (``culprit_view``'s), or None."""
         return (self.culprit_view.result, self.culprit_view.context) if self.culprit_view is not None else None
+
+    @property
+    def blamed_rows(self) -> tuple[Any, Any] | None:
+        """``culprit_rows`` when the step's rows are the data's fault: its cause is ``data`` or ``numeric`` (the
+        batch made it), or it is an incident's aftermath that kept a few rows (a garbage batch inside a recovery);
+        else None. An ``irreproducible`` step's rows are the largest of a replay that is not the step (held-out
+        tester, stop 56: a NaN multiplier on one rank had four clean rows quarantined, half the batch), a
+        ``schedule``'s or ``loss_scale``'s carry a step the data did not make, an ``unexplained`` one's too little."""
+        cause = self.cause
+        if self.culprit_rows is None or cause is None:
+            return None
+        return self.culprit_rows if cause.name in ("data", "numeric") or cause.aftermath_of is not None else None
 
     @property
     def cause_name(self) -> str | None:

@@ -117,7 +117,7 @@ class SpikeResponder:
         if held is not None:
             return held, {}
         why_not = self.why_not_localized(step, ctx, events)
-        tried, located, result, shown = why_not is None, None, None, None
+        tried, located, result, shown, rows = why_not is None, None, None, None, None
         cut = None
         self._failure = ""
         if tried:
@@ -130,7 +130,7 @@ class SpikeResponder:
             cut = self._cut() if self.surgery else None
             result = self._localize(step, located, cut) if located is not None else None
         if result is not None:
-            shown = self._view(step, result, ctx)
+            shown, rows = self._view(step, result, ctx)
         elif tried:  # the reason goes with the run (events row, report), not only in a warning on the console
             why_not = f"localizing failed: {self._failure}" if self._failure else "localizing failed"
         cause = self._name_cause(step, events, result, shown)
@@ -140,7 +140,7 @@ class SpikeResponder:
             # a recovering model moves every row: the rows carrying such a step are not its cause. Named, they went
             # to the table and the ledger's blocklist (held-out tester, stop 52: 6-8 clean rows of 8 at 3-14% each
             # after an lr x50 step). A few rows that carry it (a garbage batch in a long lr plateau) stay named.
-            result, shown = None, None
+            result, shown, rows = None, None, None
             why_not = (f"aftermath of step {cause.aftermath_of} ({cause.name}): the rows that carry a step of its "
                        "recovery, most of the batch's, are not its cause")
         if result is not None:
@@ -151,7 +151,7 @@ class SpikeResponder:
         else:
             self._record_detection(step, events, why_not)
         surgery = self._operate(step, result, located, f"not localized ({why_not})", cut) if self.surgery else None
-        outcome = SpikeOutcome(step, events, cause, result, shown, why_not, surgery)
+        outcome = SpikeOutcome(step, events, cause, result, shown, why_not, surgery, rows)
         return outcome, _metrics(result, tried and not dropped, surgery)
 
     def _step(self, step: int, ctx: Any, grad_scale: Any, events: Sequence[SpikeEvent], junk: Any) -> Any:
@@ -287,23 +287,24 @@ class SpikeResponder:
         self._failure = str(exc) or type(exc).__name__
         warnings.warn(f"gradloc-track: localizing the spike at step {step} failed: {exc!r}")
 
-    def _view(self, step: int, result: Any, ctx: Any) -> Any:
+    def _view(self, step: int, result: Any, ctx: Any) -> tuple[Any, tuple[Any, Any] | None]:
         """The ``CulpritView`` the artifacts, the cause and the console show: under torch.distributed,
         rank 0's, with every culprit's sample gathered from its rank (a collective); None on a rank
-        that shows nothing."""
+        that shows nothing. Beside it, on every rank, every rank's culprit rows as ``(result, context)``
+        (``SpikeOutcome.culprit_rows``: what a rank's quarantine blames)."""
         from ..localizer.culprit_view import CulpritView
 
         if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-            return CulpritView(result, ctx)
-        from ..localizer.dist_context import gather_culprit_rows  # a collective: culprit rows to rank 0
+            return CulpritView(result, ctx), (result, ctx)
+        from ..localizer.dist_context import gather_culprit_rows  # a collective: culprit rows to every rank
 
         try:
-            shown, shown_ctx = gather_culprit_rows(result, ctx)
-            return CulpritView(shown, shown_ctx) if shown is not None else None
-        except Exception as exc:  # building rank 0's view after the collective: local, never fatal
+            shown, shown_ctx = gather_culprit_rows(result, ctx, everywhere=True)
+            return (CulpritView(shown, shown_ctx) if self.rank == 0 else None), (shown, shown_ctx)
+        except Exception as exc:  # building the view after the collective: local, never fatal
             warnings.warn(f"gradloc-track: gathering the culprits' text at step {step} failed: {exc!r}; "
-                          "the artifacts show rank 0's own batch")
-            return CulpritView(result, ctx) if self.rank == 0 else None
+                          "the artifacts show rank 0's own batch; the quarantine blames no sample of this step")
+            return (CulpritView(result, ctx) if self.rank == 0 else None), None
 
     def _count(self, step: int, found: bool) -> None:
         if found:

