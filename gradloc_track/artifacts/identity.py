@@ -1,10 +1,10 @@
 """A sample's identity across runs: a fingerprint of the token ids its loss was taken on.
 
-``sample_fingerprint(ids)`` is the first 8 bytes of BLAKE2b over the ids written as decimal text
-joined by spaces, in hex (16 characters): the same text, tokenized alike, gets the same id in any
-run, whatever its batch, position or padding. The culprit table's ``sample_id`` is the
-fingerprint of the culprit's sample (or, in a packed row with ``document_ids``, its document):
-its loss-bearing ids, i.e. ``input_ids`` where ``token_mask`` is set. For HF-style data that is
+``sample_fingerprint(ids)`` is BLAKE2b with an 8-byte digest (``digest_size=8``: not BLAKE2b-512 cut to 8
+bytes, which differs) over the ids written as decimal text joined by spaces, in hex (16 characters): the same
+text, tokenized alike, gets the same id in any run, whatever its batch, position or padding. The culprit
+table's ``sample_id`` is the fingerprint of the culprit's sample (or, in a packed row with ``document_ids``,
+its document): its loss-bearing ids, i.e. ``input_ids`` where ``token_mask`` is set. For HF-style data that is
 ``[t for t in labels[1:] if t != -100]`` (the terms predict the next token), so a dataset's
 records can be fingerprinted offline and matched against the table.
 """

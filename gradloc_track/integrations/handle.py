@@ -43,7 +43,8 @@ def hookable_optimizer(optimizer: Any, hook: bool = False) -> Any:
     skips the inner step on accumulation micro-steps). ``hook``: a step pre-hook goes on it (a
     ``TypeError`` naming the fix when it cannot)."""
     if hook and isinstance(optimizer, (list, tuple, dict)):  # several optimizers (a tester, stop 55: a bare TypeError)
-        raise TypeError(f"gradloc-track: watch() takes one optimizer, not {len(optimizer)}: with several, pass "
+        what = f"a {type(optimizer).__name__} of {len(optimizer)}"  # (a dict of one read "not 1": stop 56)
+        raise TypeError(f"gradloc-track: watch() takes one torch optimizer, not {what}: with several, pass "
                         "none (watch(model)) and call handle.step() after backward() and before the optimizers "
                         "step: the clipping then covers every parameter before any of them steps")
     optimizer = unwrap_optimizer(optimizer)
@@ -218,7 +219,7 @@ class WatchHandle:
         self._user_ctx = None
         self._finished = False
         self._said_unusable = False
-        self.console = TrainConsole(stream=sys.stderr, rich=False) if console else None  # watch()'s spike block
+        self.console = TrainConsole(stream="stderr", rich=False) if console else None  # watch()'s spike block
 
     def _monitor(self, model: torch.nn.Module, optimizer: Any, opts: WatchOptions) -> Any:
         from ..artifacts import SpikeArtifactWriter

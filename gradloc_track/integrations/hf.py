@@ -61,7 +61,7 @@ class GradLocCallback(TrainerCallback):
         self.adapter = None  # TRL trainers: records the batches TRL builds (integrations/trl)
         self._warned_clip = False
         self._trainer_max_norm: float | None = None  # Trainer's max_grad_norm while we hold its clipping
-        self.console = TrainConsole(stream=sys.stderr, rich=False)  # one block per spike (gradloc_track.console)
+        self.console = TrainConsole(stream="stderr", rich=False)  # one block per spike (gradloc_track.console)
         self._named_run: str | None = None  # the run_name we gave TrainingArguments (none was set)
 
     def on_init_end(self, args, state, control, model=None, **kwargs):

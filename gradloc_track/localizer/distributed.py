@@ -371,7 +371,8 @@ def _search(model, step: LocateStep, inp: _Inputs, options: SearchOptions, group
     step_check.report(check, notes)
     restore_rng(snap.rng)
     result = _result(found, options.method, (prober.count, prober.budget), inp, world, check)
-    nonfinite.attach_replay(result, reference.grads, grouping.names, step.precision, group)  # a collective
+    nonfinite.attach_replay(result, reference.grads, grouping.names, step.precision, distributed=True,
+                            group=group, device=prober.device)  # a collective
     return result
 
 

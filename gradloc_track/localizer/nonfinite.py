@@ -426,26 +426,34 @@ def attach_losses(result: LocateResult, prober: Prober, micro_batches: list[int]
 
 
 def attach_replay(result: LocateResult, grads: list[torch.Tensor | None] | None, names: list[str],
-                  precision: str | None = None, group: object = None) -> None:
+                  precision: str | None = None, *, distributed: bool = False, group: object = None,
+                  device: torch.device | None = None) -> None:
     """``.grad`` holds NaN/Inf while the replayed probes are finite: no sample of the batch made it
     so; the finding says that (the norm search's culprits describe the replayed step). ``precision``: the
-    reduced precision the training forward ran in, whose overflow the replay does not share. ``group``:
-    under torch.distributed (a collective: every rank calls it, with the same names), each tensor's local
-    part (a shard's) is read and the flags combined, so every rank finds the same (held-out tester, stop 56:
-    the multi-process search never attached it, and a NaN step's replay rows read as plain culprits)."""
-    if result.nonfinite is not None or (not grads and group is None):  # (the same on every rank: lockstep)
+    reduced precision the training forward ran in, whose overflow the replay does not share.
+    ``distributed``: a collective over ``group`` (None: the default group), which every rank calls with the
+    same names: each tensor's local part (a shard's) is read and the flags combined on ``device`` (the
+    backend's), so every rank finds the same (held-out tester, stop 56: the multi-process search never
+    attached it, and a NaN step's replay rows read as plain culprits; under FSDP2 a NaN in one rank's shard)."""
+    if result.nonfinite is not None or (not grads and not distributed):  # (the same on every rank: lockstep)
         return
     grads = list(grads or [None] * len(names))
-    if group is None:
+    if not distributed:
         held = [(n, g) for n, g in zip(names, grads) if g is not None]
+        if not held:
+            return
     else:  # every name on every rank (a rank without a tensor's gradient counts it finite): one shape to reduce
         held = list(zip(names, grads))
-    if not held:
-        return
-    dev = next((g.device for _, g in held if g is not None), torch.device("cpu"))
-    flags = torch.stack([torch.ones((), dtype=torch.bool, device=dev) if g is None else
-                         torch.isfinite(local_part(g.to_dense() if g.is_sparse else g)).all().to(dev) for _, g in held])
-    if group is not None:
+    dev = device or next((g.device for _, g in held if g is not None), torch.device("cpu"))
+    try:
+        flags = torch.stack([torch.ones((), dtype=torch.bool, device=dev) if g is None else
+                             torch.isfinite(local_part(g.to_dense() if g.is_sparse else g)).all().to(dev)
+                             for _, g in held])
+    except Exception:  # noqa: BLE001 - never leave the collective on one rank: unread counts as finite
+        if not distributed:
+            raise
+        flags = torch.ones(len(held), dtype=torch.bool, device=dev)
+    if distributed:
         import torch.distributed as dist
 
         ok = flags.to(torch.int32)

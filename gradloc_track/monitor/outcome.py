@@ -45,15 +45,15 @@ class SpikeOutcome:
 
     @property
     def blamed_rows(self) -> tuple[Any, Any] | None:
-        """``culprit_rows`` when the step's rows are the data's fault: its cause is ``data`` or ``numeric`` (the
-        batch made it), or it is an incident's aftermath that kept a few rows (a garbage batch inside a recovery);
-        else None. An ``irreproducible`` step's rows are the largest of a replay that is not the step (held-out
-        tester, stop 56: a NaN multiplier on one rank had four clean rows quarantined, half the batch), a
-        ``schedule``'s or ``loss_scale``'s carry a step the data did not make, an ``unexplained`` one's too little."""
-        cause = self.cause
-        if self.culprit_rows is None or cause is None:
+        """``culprit_rows`` when the step's rows are the data's fault: its own cause (an aftermath step's, what its
+        evidence alone named: a garbage batch inside a recovery) is ``data``, or ``numeric`` with rows the
+        non-finite search named (the batch made the NaN); else None. An ``irreproducible`` step's rows are the
+        largest of a replay that is not the step (held-out tester, stop 56: a NaN multiplier on one rank had four
+        clean rows quarantined, half the batch), a ``schedule``'s or ``loss_scale``'s carry a step the data did not
+        make, an ``unexplained`` one's too little (in an incident or not)."""
+        if self.culprit_rows is None or self.cause is None:
             return None
-        return self.culprit_rows if cause.name in ("data", "numeric") or cause.aftermath_of is not None else None
+        return self.culprit_rows if data_fault(self.cause, self.locate) else None
 
     @property
     def cause_name(self) -> str | None:
@@ -64,8 +64,22 @@ class SpikeOutcome:
         return self.cause.detail if self.cause is not None else None
 
 
-def with_cause(events: Sequence[SpikeEvent], cause: Cause | None) -> tuple[SpikeEvent, ...]:
-    """The events as the step reports them: each carrying its cause (new events; the detector's stay as made)."""
+def data_fault(cause: Cause, result: Any) -> bool:
+    """Did the step's data make it, so that its culprit rows are the data's fault (``SpikeOutcome.blamed_rows``,
+    the table's ``data_fault``)? Its own cause (an aftermath step's: what its evidence alone named) is ``data``,
+    or ``numeric`` with rows the non-finite search named (not a finite replay's largest)."""
+    own = cause.name if cause.aftermath_of is None else cause.own
+    if own == "numeric":
+        found = getattr(result, "nonfinite", None)
+        return found is not None and found.where != "replay"
+    return own == "data"
+
+
+def with_cause(events: Sequence[SpikeEvent], cause: Cause | None, fault: bool | None = None
+               ) -> tuple[SpikeEvent, ...]:
+    """The events as the step reports them: each carrying its cause and, when localized, whether its culprit rows
+    are the data's fault (``data_fault``) (new events; the detector's stay as made)."""
     if cause is None:
         return tuple(events)
-    return tuple(dataclasses.replace(e, cause=cause.name, cause_detail=cause.detail) for e in events)
+    return tuple(dataclasses.replace(e, cause=cause.name, cause_detail=cause.detail, data_fault=fault)
+                 for e in events)

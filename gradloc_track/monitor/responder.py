@@ -18,7 +18,7 @@ from ..spikes.event import SpikeEvent
 from ..spikes.incidents import Incidents
 from . import weight_check
 from .data_flags import data_flags, flag_rule
-from .outcome import SpikeOutcome, with_cause
+from .outcome import SpikeOutcome, data_fault, with_cause
 from .packing import N_TOKENS, HostPack
 from .rank_inputs import world_of
 
@@ -145,7 +145,8 @@ class SpikeResponder:
                        "recovery, most of the batch's, are not its cause")
         if result is not None:
             self._count(step, bool(result.culprits))  # a culprit at any level: token, span, sample, micro-batch
-        events = with_cause(events, cause)  # before the artifacts: the events table and the page say it
+        # before the artifacts: the events table and the page say it, the culprit table whose fault its rows are
+        events = with_cause(events, cause, data_fault(cause, result) if result is not None else None)
         if result is not None:
             self._write_artifacts(step, events, shown)
         else:

@@ -60,6 +60,7 @@ class Cause:
     name: str  # one of CAUSES
     detail: str  # one sentence with the numbers
     aftermath_of: int | None = None  # the incident's first step, when this step is its aftermath (``incidents``)
+    own: str | None = None  # an aftermath step's own cause (what its evidence alone named: ``data``, ...)
 
 
 @dataclass
@@ -131,11 +132,11 @@ def _joined(ev: Evidence) -> Cause | None:
         return None
     n, shown = len(ev.joined), ", ".join(ev.joined[:3])
     more = f" and {n - 3} more" if n > 3 else ""
-    its, it = ("their", "them") if n > 1 else ("its", "it")
+    its = "their" if n > 1 else "its"
     return Cause("schedule", f"{n} tensor{'s' if n > 1 else ''} started training at this step ({shown}{more}: "
                              f"requires_grad turned on, or added with add_param_group): {its} gradient"
-                             f"{'s join' if n > 1 else ' joins'} the norms and the optimizer's first steps on {it} "
-                             "are large (Adam moves each element by about the learning rate at first), a planned "
+                             f"{'s join' if n > 1 else ' joins'} the norms and the optimizer's update (Adam's first "
+                             f"steps on a tensor new to it move each element by about the learning rate), a planned "
                              "change of what trains, whatever the data")
 
 

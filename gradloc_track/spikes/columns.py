@@ -12,7 +12,7 @@ import torch
 
 # names the culprit table uses itself: a user column must not shadow them
 TABLE_NAMES = ("step", "level", "token", "share", "grad_norm", "sample", "position", "end", "top_layers", "signal",
-               "z", "token_id", "micro_batch", "rank", "document", "sample_id")
+               "z", "token_id", "micro_batch", "rank", "document", "sample_id", "nonfinite", "data_fault")
 
 
 # a context's sample column may say which rank each sample was on (the table's own ``rank``: a gathered view, verl)

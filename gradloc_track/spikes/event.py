@@ -23,6 +23,9 @@ class SpikeEvent:
     ratio: float  # value / baseline
     cause: str | None = None  # why the step fired (spikes.cause.CAUSES), named once the step's evidence is in
     cause_detail: str = ""  # that cause in one sentence, with the numbers
+    # localized: whether the step's culprit rows are the data's fault (``monitor.outcome.data_fault``), or only
+    # carried a step the data did not make (a replay that is not the step, a schedule); None: not known
+    data_fault: bool | None = None
 
     @property
     def key(self) -> str:

@@ -81,10 +81,13 @@ class Incidents:
             inc.moved = inc.moved or moved
             return Cause(inc.cause.name, f"aftermath of step {inc.step} ({inc.cause.name}): "
                                          f"{_still(inc, lr)}; on its own this step would read: {cause.detail}",
-                         aftermath_of=inc.step)
+                         aftermath_of=inc.step, own=cause.name)
         if cause.name in OPENS:  # a new incident; one of the open one's cause is the newer, nearer explanation
             again = live and cause.name == inc.cause.name
-            base, since = (prev_lr if cause.name == "schedule" else None), None
+            # the learning rate before a jump (a schedule named for tensors that started training, the lr
+            # unchanged, has none: review of 912853c, an unfreeze in a warm-up stayed "open" while the lr rose)
+            jumped = cause.name == "schedule" and lr is not None and prev_lr and lr >= LR_JUMP * prev_lr
+            base, since = (prev_lr if jumped else None), None
             if again and base is not None and inc.base_lr is not None and inc.base_lr < base:
                 base, since = inc.base_lr, inc.base_step or inc.step  # a second jump: the lr before the first
             self.open = Incident(step, cause, step, base_lr=base, moved=moved or (again and inc.moved),

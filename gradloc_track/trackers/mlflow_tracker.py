@@ -13,6 +13,7 @@ Nothing here downloads an artifact or touches ``os.environ``.
 from __future__ import annotations
 
 import getpass
+import json
 import os
 import subprocess
 import sys
@@ -155,34 +156,34 @@ class MlflowTracker(Tracker):
     def _read_story(self) -> None:
         """A resumed run we told the story of (its description is ours): the spikes its earlier processes
         logged join the story, so the description goes on from them (held-out tester, stop 56: a resume's
-        description kept "1 gradient spike(s) detected, at step 60" while step 100 spiked). Its
-        ``spikes/events`` parts, and the culprit parts of the steps the description tells in full."""
-
+        description kept "1 gradient spike(s) detected, at step 60" while step 100 spiked). Every earlier
+        spike's step, from its ``spikes/events`` part's name; the parts themselves (its row, its culprits) of the
+        steps the description tells in full only: a few downloads, whatever the run's length."""
         from .spike_story import EVENTS, MAX_STEPS, TOKENS
 
         try:
             with tempfile.TemporaryDirectory() as tmp:
-                steps = self._read_parts(EVENTS, tmp, None)
-                self._read_parts(TOKENS, tmp, set(sorted(steps)[:MAX_STEPS]))
+                parts = {key: self._part_steps(key) for key in (EVENTS, TOKENS)}
+                told = set(sorted(parts[EVENTS])[:MAX_STEPS])
+                for step in parts[EVENTS]:
+                    self._story.seed_step(step)
+                for key in (EVENTS, TOKENS):
+                    for step, path in parts[key].items():
+                        if step in told:
+                            doc = json.loads(Path(self.client.download_artifacts(self.run_id, path, tmp))
+                                             .read_text("utf-8"))
+                            self._story.seed(key, doc["columns"], doc["data"])
         except Exception:  # noqa: BLE001 - the story is a view; the tables are the record
             return
 
-    def _read_parts(self, key: str, tmp: str, only: set[int] | None) -> list[int]:
-        """Feed the story the run's JSON parts of table ``key`` (``only``: those of these steps); their steps."""
-        import json
-
-        steps = []
+    def _part_steps(self, key: str) -> dict[int, str]:
+        """step -> artifact path of each JSON part of table ``key`` in the run (one listing, no download)."""
+        out = {}
         for f in self.client.list_artifacts(self.run_id, key):
             name = Path(f.path).name
-            if f.is_dir or not (name.startswith("step_") and name.endswith(".json")):
-                continue
-            step = int(name[len("step_"):-len(".json")])
-            if only is not None and step not in only:
-                continue
-            doc = json.loads(Path(self.client.download_artifacts(self.run_id, f.path, tmp)).read_text("utf-8"))
-            self._story.add(key, doc["columns"], doc["data"])
-            steps.append(step)
-        return steps
+            if not f.is_dir and name.startswith("step_") and name.endswith(".json") and name[5:-5].isdigit():
+                out[int(name[5:-5])] = f.path
+        return out
 
     def _record(self) -> None:
         """The run's ``view`` in the run dir's record: ``report``, ``culprits`` and the console follow it."""

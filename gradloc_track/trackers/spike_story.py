@@ -40,6 +40,7 @@ class SpikeStory:
     def __init__(self) -> None:
         self.events: dict[int, dict[str, Any]] = {}  # step -> its spikes/events row
         self.culprits: dict[int, list[dict[str, Any]]] = {}  # step -> its spikes/tokens rows
+        self._earlier: set[int] = set()  # steps whose culprit rows an earlier process of the run logged (``seed``)
 
     def add(self, key: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> bool:
         if key not in (EVENTS, TOKENS):
@@ -50,8 +51,23 @@ class SpikeStory:
             if key == EVENTS:
                 self.events[step] = row
             else:
+                if step in self._earlier:  # a resume from an older checkpoint logs the step again: its rows now
+                    self._earlier.discard(step)
+                    self.culprits[step] = []
                 self.culprits.setdefault(step, []).append(row)
         return True
+
+    def seed(self, key: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+        """What an earlier process of this run logged (a resumed run's parts): told like the rest, replaced by
+        rows this process logs for the same step."""
+        rows = list(rows)
+        self.add(key, columns, rows)
+        if key == TOKENS:
+            self._earlier.update(int(dict(zip(columns, r)).get("step") or 0) for r in rows)
+
+    def seed_step(self, step: int) -> None:
+        """A spike an earlier process logged, known by its step alone (its row not read: past the ones told)."""
+        self.events.setdefault(int(step), {"step": int(step)})
 
     def steps(self) -> list[int]:
         return sorted(set(self.events) | set(self.culprits))

@@ -25,6 +25,16 @@ def test_table_rows_describe_the_culprits(spike):
     assert r["top_layers"].count(":") == 3
 
 
+def test_a_row_says_whether_the_steps_data_made_it(spike):
+    """``data_fault``: from the step's events (``monitor.outcome.data_fault``), None when the caller did not say."""
+    import dataclasses
+
+    events, result, ctx = spike
+    for fault in (True, False, None):
+        cols, rows = attribution_table(7, [dataclasses.replace(e, data_fault=fault) for e in events], result, ctx)
+        assert dict(zip(cols, rows[0]))["data_fault"] is fault
+
+
 def test_without_tokenizer_ids_are_shown_escaped():
     events, result, ctx = make_case(T=40, culprits=((0, 3),), pad_from=40)
     ctx.tokenizer = None

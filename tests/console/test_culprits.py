@@ -137,3 +137,14 @@ def test_an_rl_culprit_line_shows_its_ratio_log_prob_and_old_log_prob(tmp_path):
 def test_a_culprit_line_without_rl_columns_has_none(tmp_path):
     events, result, ctx = levels_case()
     assert "ratio" not in printed(SpikeView(12, events, result, ctx), tmp_path)
+
+
+def test_a_quote_is_never_cut_inside_a_byte_escape():
+    """A byte tokenizer's undecodable bytes read ``\\xd8``; a quote cut at its limit keeps each escape whole
+    (held-out tester, stop 56: ``'…\\xb9\\xd…'``)."""
+    from gradloc_track.console.culprits import _quote
+
+    text = "abc" + "\\xb9\\xd8" * 10
+    assert [_quote(text, n) for n in (7, 8, 9, 10, 11)] == \
+        ["'abc\\xb9…'"] * 4 + ["'abc\\xb9\\xd8…'"]
+    assert _quote("ab\\", 3) == "'ab\\'" and _quote("x" * 50, 10) == "'" + "x" * 10 + "…'"

@@ -36,3 +36,18 @@ def test_the_console_writes_to_stdout_by_default(capsys):
     TrainConsole().summary(["done: 3 steps"])
     out, err = capsys.readouterr()
     assert out == "done: 3 steps\n" and err == ""
+
+
+def test_a_console_on_stderr_writes_where_stderr_is_at_each_print():
+    """``watch()``'s and the callbacks' blocks follow ``contextlib.redirect_stderr`` and pytest's capture (held-out
+    tester, stop 56: they went to the stderr ``watch()`` had found when it was called)."""
+    import contextlib
+    import io
+
+    from gradloc_track.console import TrainConsole
+
+    console = TrainConsole(stream="stderr", rich=False)
+    buf = io.StringIO()
+    with contextlib.redirect_stderr(buf):
+        console.print("── spike at step 3")
+    assert buf.getvalue() == "── spike at step 3\n"

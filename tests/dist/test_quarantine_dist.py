@@ -25,3 +25,15 @@ def test_every_rank_quarantines_every_culprit_and_no_clean_row(tmp_path):
         nan = s["spikes"][str(w.NAN_AT)]
         assert nan["cause"] == "irreproducible" and nan["nonfinite"] == "replay", nan
     assert seen[0]["spikes"] == seen[1]["spikes"]
+
+
+def test_a_nan_in_one_ranks_shard_is_found_on_every_rank(tmp_path):
+    """FSDP2: ``.grad`` NaN in rank 1's shard only, the replay finite. Every rank's result says so (review of
+    4186cbd: the search attached the finding per rank, from its own shard: rank 1 had it, rank 0, which writes
+    the artifacts and the console, did not)."""
+    from . import replay_nan_worker
+
+    fork_ranks(replay_nan_worker.main, 2, (str(tmp_path),), timeout=180)
+    seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert seen[0] == seen[1] and seen[0]["where"] == "replay", seen
+    assert "wte.weight" in seen[0]["detail"], seen

@@ -205,8 +205,11 @@ def test_two_optimizers_are_told_how_to_watch_them(gpt2):
     emb = [p for n, p in gpt2.named_parameters() if "wte" in n or "wpe" in n]
     rest = [p for n, p in gpt2.named_parameters() if not ("wte" in n or "wpe" in n)]
     opt1, opt2 = torch.optim.SGD(emb, lr=LR), torch.optim.AdamW(rest, lr=LR)
-    with pytest.raises(TypeError, match=r"watch\(\) takes one optimizer, not 2: with several, pass none"):
+    with pytest.raises(TypeError, match=r"watch\(\) takes one torch optimizer, not a list of 2: with several, pass "
+                                        r"none"):
         gradloc_track.watch(gpt2, [opt1, opt2], tracker="none", console=False)
+    with pytest.raises(TypeError, match=r"not a dict of 1: with several"):  # (stop 56: "not 1")
+        gradloc_track.watch(gpt2, {"a": opt1}, tracker="none", console=False)
     with pytest.warns(RuntimeWarning, match=r"holds none of 2 trainable parameter\(s\) of the model "
                                             r"\(transformer\.wte\.weight, transformer\.wpe\.weight\)"):
         h = gradloc_track.watch(gpt2, opt2, tracker="none", console=False)

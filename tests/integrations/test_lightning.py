@@ -229,3 +229,97 @@ def test_the_logits_the_loss_is_computed_from_are_read_and_the_loss_as_training_
     assert read and set(read) == {(4, 16, 64)}, read  # the head's logits, never the embedding's (4, 16, 32)
     assert len(fed) == len(model.returned) == 6
     assert fed == pytest.approx(model.returned, rel=1e-3), (fed, model.returned)
+
+
+class ShiftedPairLM(L.LightningModule):
+    """nanoGPT's convention in Lightning: the loader yields ``(x, y)`` with ``y`` already shifted, ``training_step``
+    takes the cross-entropy of ``self.model(x)`` against ``y``; no ``forward`` (``WithForward`` has one)."""
+
+    def __init__(self):
+        super().__init__()
+        from gradloc_track.demo.model import TinyGPT
+
+        torch.manual_seed(0)
+        self.model = TinyGPT(256, n_layer=2, n_head=2, d_model=32, max_seq_len=SHIFT_T)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self.model(x).reshape(-1, 256), y.reshape(-1))
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=3e-3)
+
+
+class WithForward(ShiftedPairLM):
+    def forward(self, x):
+        return self.model(x)
+
+
+SHIFT_T, SHIFT_STEPS, SHIFT_AT = 32, 36, 30
+SHIFT_TEXT = (b"Permission is granted to copy, distribute and/or modify this document under the terms of the licence, "
+              b"provided that the above copyright notice and this permission notice appear in all copies. ") * 6
+
+
+def _shifted_pairs() -> list:
+    data = torch.tensor(list(SHIFT_TEXT), dtype=torch.long)
+    out = []
+    for s in range(SHIFT_STEPS):
+        starts = torch.randint(0, len(data) - SHIFT_T - 1, (8,), generator=torch.Generator().manual_seed(s))
+        xy = torch.stack([data[o:o + SHIFT_T + 1] for o in starts])
+        if s == SHIFT_AT:
+            xy[3] = torch.randint(128, 256, (SHIFT_T + 1,), generator=torch.Generator().manual_seed(7))
+        out.append((xy[:, :-1], xy[:, 1:]))
+    return out
+
+
+def _fit_shifted(module, tmp_path):
+    import warnings
+
+    from gradloc_track import MemoryTracker
+    from gradloc_track.integrations.lightning import GradLocCallback
+
+    callback = GradLocCallback(spikes={"warmup_steps": 20}, tracker=MemoryTracker(), console=False)
+    trainer = L.Trainer(max_steps=SHIFT_STEPS, logger=False, callbacks=[callback], accelerator="cpu", devices=1,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=str(tmp_path))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(module, torch.utils.data.DataLoader(_shifted_pairs(), batch_size=None, shuffle=False))
+    return {s.step: s for s in callback.handle.spikes}, [str(w.message) for w in caught if "gradloc" in str(w.message)]
+
+
+def test_a_shifted_x_y_pair_is_read_as_targets_and_its_garbage_row_named(tmp_path):
+    """Held-out tester, stop 56: ``(x, y)`` with ``y`` already shifted was read as HF labels and shifted again, so
+    the replay was another loss and the garbage row's step read ``irreproducible`` ("... or a hardware fault")."""
+    spikes, said = _fit_shifted(WithForward(), tmp_path)
+    assert SHIFT_AT in spikes, sorted(spikes)
+    s = spikes[SHIFT_AT]
+    assert s.cause == "data" and [(c.level, c.batch) for c in s.locate.culprits] == [("sample", 3)], s.cause_detail
+    assert s.locate.step_check.replayed and not said, said
+
+
+def test_a_lightning_module_without_forward_says_how_to_localize(tmp_path):
+    """Its ``training_step`` calls ``self.model(x)``; the rebuild calls the module (stop 56: "localizing failed:
+    NotImplementedError(... missing the required "forward" function)", the fix nowhere)."""
+    spikes, said = _fit_shifted(ShiftedPairLM(), tmp_path)
+    assert spikes[SHIFT_AT].cause == "data"  # detected on its losses, not localized
+    assert len(said) == 1 and said[0].startswith("gradloc-track: the LightningModule defines no forward(), and its "
+                                                 "per-term loss is rebuilt by calling it: define one that returns "
+                                                 "the logits (def forward(self, x): return self.model(x))"), said
+
+
+def test_an_ids_pair_is_told_labels_or_shifted_targets():
+    from gradloc_track.integrations.batches import LMBatch
+
+    x = torch.tensor([[5, 6, 7, 8], [1, 2, 3, 4]])
+    assert LMBatch.pair_is_shifted((x, x.clone())) is False  # HF labels: the ids themselves
+    prompt = x.clone()
+    prompt[:, :2] = -100
+    assert LMBatch.pair_is_shifted((x, prompt)) is False  # a masked prompt
+    y = torch.tensor([[6, 7, 8, 9], [2, 3, 4, -1]])  # the next token; nanoGPT's -1: no term
+    assert LMBatch.pair_is_shifted((x, y)) is True
+    assert LMBatch.pair_is_shifted((x, torch.tensor([[0, 0, 0, 0], [9, 9, 9, 9]]))) is None  # neither: labels
+    assert LMBatch.pair_is_shifted(x) is None and LMBatch.pair_is_shifted({"input_ids": x}) is None
+    b = LMBatch.from_batch((x, y), shifted=True)
+    assert b.labels is None and torch.equal(b.target_ids, y) and torch.equal(b.target_ids_only()[1], y[1].masked_fill(
+        y[1] < 0, -100))

@@ -40,6 +40,22 @@ def test_per_sample_counts_events_and_sums_shares_per_event():
     assert (b["sample_id"], b["blamed"], b["text"], b["dataset_index"]) == (B, 1, "whole b", 8)
 
 
+def test_rows_of_a_step_the_data_did_not_make_blame_no_sample():
+    """``data_fault`` False (an irreproducible step's replay rows, a schedule's): no sample blamed, a note says how
+    many rows were left out (review, stop 56); True and None (a table written before the column) count."""
+    cols = COLS + ["data_fault"]
+    run = [[5, "sample", "clean", 0.3, 0, 0, 9, A, 7, "web", False], [5, "sample", "clean2", 0.3, 1, 0, 9, B, 8, "web",
+                                                                     False],
+           [9, "sample", "junk", 0.9, 2, 0, 9, B, 8, "web", True]]
+    led = collect([RunTable("r1", "id1", {"columns": cols, "data": run}),
+                   RunTable("r0", "id0", {"columns": COLS, "data": [[3, "token", "x", 0.5, 0, 4, 5, A, 7, "web"]]})])
+    assert led.events == 2 and sorted((s["sample_id"], s["steps"]) for s in by_sample(led)) == [(A, ["r0@3"]),
+                                                                                                 (B, ["r1@9"])]
+    assert led.notes == ["2 culprit row(s) of 1 spike event(s) whose cause is not the data (irreproducible, "
+                         "schedule, optimizer, loss_scale, unexplained: their data_fault column is false) blame no "
+                         "sample"]
+
+
 def test_groups_by_column_token_length_and_position():
     led = collect(tables())
     src = {g["source"]: g for g in by_group(led, "source")}

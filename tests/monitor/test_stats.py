@@ -62,22 +62,30 @@ def test_non_finite_norms_stay_non_finite():
     assert math.isinf(s.global_norm) and math.isinf(s.layer_norms["a"]) and s.layer_norms["b"] == 1.0
 
 
-@pytest.mark.parametrize("cause,blamed", [
-    (("data", "1 culprit(s) (sample 3) carry 90%"), True),
-    (("numeric", "sample 3's loss is Inf"), True),  # the batch made the NaN: its rows
-    (("schedule", "aftermath of step 250 (schedule): ...", 250), True),  # a garbage batch kept inside a recovery
-    (("irreproducible", "the step does not reproduce"), False),  # the replay's rows, not the step's (stop 56)
-    (("schedule", "the learning rate rose 30x"), False),
-    (("loss_scale", "the loss was multiplied by 100"), False),
-    (("unexplained", "only 20%"), False),
+@pytest.mark.parametrize("cause,found,blamed", [
+    (dict(name="data", detail="1 culprit(s) (sample 3) carry 90%"), None, True),
+    (dict(name="numeric", detail="sample 3's loss is Inf"), "step", True),  # the batch made the NaN: its rows
+    (dict(name="numeric", detail="the step's grad_norm/global = nan"), "replay", False),  # a finite replay's rows
+    (dict(name="numeric", detail="the step's grad_norm/global = nan"), None, False),
+    # a garbage batch inside a recovery: its own evidence named it data
+    (dict(name="schedule", detail="aftermath of step 250 (schedule): ...", aftermath_of=250, own="data"), None, True),
+    # a step of a recovery whose own culprits carry too little (review of 4186cbd: quarantined at 18%)
+    (dict(name="data", detail="aftermath of step 100 (data): ...", aftermath_of=100, own="unexplained"), None, False),
+    (dict(name="irreproducible", detail="the step does not reproduce"), "replay", False),  # stop 56's NaN multiplier
+    (dict(name="schedule", detail="the learning rate rose 30x"), None, False),
+    (dict(name="loss_scale", detail="the loss was multiplied by 100"), None, False),
+    (dict(name="unexplained", detail="only 20%"), None, False),
 ])
-def test_a_quarantine_blames_the_rows_of_a_step_the_data_made(cause, blamed):
+def test_a_quarantine_blames_the_rows_of_a_step_the_data_made(cause, found, blamed):
     """``blamed_rows``: the culprit rows when the step's rows are the data's fault (held-out tester, stop 56: a NaN
     multiplier's step, ``irreproducible``, quarantined the replay's four clean rows)."""
+    from types import SimpleNamespace
+
     from gradloc_track.monitor.outcome import SpikeOutcome
     from gradloc_track.spikes.cause import Cause
 
     rows = ("result", "context")
-    s = stats(outcome=SpikeOutcome(3, (), Cause(*cause), culprit_rows=rows))
+    located = SimpleNamespace(nonfinite=None if found is None else SimpleNamespace(where=found))
+    s = stats(outcome=SpikeOutcome(3, (), Cause(**cause), locate=located, culprit_rows=rows))
     assert s.blamed_rows == (rows if blamed else None)
     assert stats(outcome=SpikeOutcome(3, (), Cause("data", "x"))).blamed_rows is None  # not localized: nothing

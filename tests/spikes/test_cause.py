@@ -41,7 +41,7 @@ SCALED = ev("global", 61.8, 144.0, 25.0)  # .grad 100x the replay's, the batch's
     # tensors the monitor saw start training at this step: the user's change, whatever fired (norms or the update)
     (Evidence([UPDATE, NORM], joined=("lm_head.weight",)), "schedule",
      "1 tensor started training at this step (lm_head.weight: requires_grad turned on, or added with "
-     "add_param_group): its gradient joins the norms and the optimizer's first steps on it are large"),
+     "add_param_group): its gradient joins the norms and the optimizer's update (Adam's first steps"),
     (Evidence([NORM], joined=tuple(f"h.{i}.w" for i in range(5)), culprit_share=0.9, n_culprits=1), "schedule",
      "5 tensors started training at this step (h.0.w, h.1.w, h.2.w and 2 more: requires_grad turned on"),
     (Evidence([NORM], lr=1e-2, prev_lr=1e-3, joined=("h.0.w",)), "schedule", "rose 10x at this step"),

@@ -114,3 +114,17 @@ def test_a_second_jump_keeps_the_learning_rate_before_the_first():
     restored = Incidents()  # a checkpoint keeps the first jump's step
     restored.load(inc.state())
     assert "before step 150" in restored.link(270 + MAX_SPAN, Cause("data", "d"), lr=0.05, prev_lr=0.05).detail
+
+
+def test_a_schedule_named_for_tensors_that_started_training_closes_while_the_learning_rate_rises():
+    """An unfreeze is ``schedule`` with the learning rate unchanged: no rate before a jump to stay "raised" above
+    (review of 912853c: an unfreeze in a warm-up kept its incident open for the run as the lr passed 2x its
+    value, and a garbage batch 900 steps on read "aftermath of step 50 (schedule)")."""
+    inc = Incidents()
+    unfreeze = Cause("schedule", "13 tensors started training at this step (h.1.w: requires_grad turned on, ...)")
+    assert inc.link(50, unfreeze, lr=5.0e-4, prev_lr=4.9e-4) == unfreeze
+    linked = inc.link(60, Cause("optimizer", "the update is 3x"), lr=6.0e-4, prev_lr=5.9e-4)
+    assert linked.aftermath_of == 50 and linked.own == "optimizer"
+    assert "13 tensors started training at step 50" in linked.detail
+    garbage = Cause("data", "1 culprit(s) (sample 3) carry 90%")
+    assert inc.link(950, garbage, lr=9.5e-3, prev_lr=9.49e-3) == garbage  # 19x the lr at step 50: not the schedule's

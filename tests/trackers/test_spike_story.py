@@ -95,6 +95,11 @@ def test_a_resumed_run_whose_description_is_ours_goes_on_telling_its_spikes(tmp_
     note = client.get_run(run.info.run_id).data.tags["mlflow.note.content"]
     assert note.startswith("**2 gradient spike(s) detected, at step 100, 150**"), note
     assert "- step 100: sample 3, the whole sample: 'abc'" in note and "- step 150: not localized" in note
+    # a resume from an older checkpoint logs step 100 again: its rows now, not both processes'
+    again.log_table("spikes/events", EVENTS, [[100, "global", "localized"]], 100)
+    again.log_table("spikes/tokens", TOKENS, [[100, "sample", "xyz", 0.8, 2, 0, 9]], 100)
+    note = client.get_run(run.info.run_id).data.tags["mlflow.note.content"]
+    assert "- step 100: sample 2, the whole sample: 'xyz'  (80% " in note and "'abc'" not in note, note
 
 
 def test_the_wandb_summary_holds_the_spikes(tmp_path, monkeypatch):
