@@ -88,10 +88,19 @@ def attribution_table(step: int, events: Sequence[SpikeEvent], result: LocateRes
                  "grad_norm": c.grad_norm, "share": c.share, "top_layers": format_top_layers(c.layer_norms, top_layers),
                  "signal": lead.signal if lead else None, "z": lead.z if lead else None,
                  "sample_id": _sample_id(view, c), "nonfinite": bool(c.nonfinite),
-                 "data_fault": getattr(lead, "data_fault", None), **_text(view, c)}
+                 "data_fault": _fault(lead, c), **_text(view, c)}
         rows.append([cells[n] for n in columns[: len(columns) - len(extras) - len(samples)]]
                     + _context_cells(view, c, extras, samples))
     return columns, rows
+
+
+def _fault(lead: Any, c: Any) -> bool | None:
+    """The row's ``data_fault``: the step's (``SpikeEvent.data_fault``), a ``numeric`` step's for its non-finite
+    rows only (the finite rows beside them made no NaN)."""
+    fault = getattr(lead, "data_fault", None)
+    if fault and getattr(lead, "cause", None) == "numeric":
+        return bool(c.nonfinite)
+    return fault
 
 
 def _sample_id(view: Any, c: Any) -> str | None:

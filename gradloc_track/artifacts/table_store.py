@@ -56,19 +56,30 @@ def read_table(root: str | Path, key: str = "spikes/tokens") -> dict[str, Any]:
 
 
 def merge_tables(tables: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """One table from several parts, in order. Columns are those of the first part with columns;
-    rows of a part with other columns are mapped by name (missing cells ``None``)."""
+    """One table from several parts, in order. Columns are the first part's, then each column a later part
+    brings (a run resumed with a newer version: its ``data_fault``, a ``rank`` first seen later; review, stop
+    56: they were dropped), ``None`` in the rows before it; rows of a part with other columns are mapped by
+    name (missing cells ``None``)."""
     columns: list[str] = []
     data: list[list[Any]] = []
     for table in tables:
         if not table.get("columns"):
             continue
-        if not columns:
-            columns = [str(c) for c in table["columns"]]
-        if table["columns"] == columns:
+        cols = table["columns"]
+        if cols == columns:  # the common case: one comparison a part
+            data.extend(table["data"])
+            continue
+        cols = [str(c) for c in cols]
+        seen = set(columns)
+        new = [c for c in cols if c not in seen]
+        if new:
+            if columns:
+                data = [r + [None] * len(new) for r in data]
+            columns = columns + new
+        if cols == columns:
             data.extend(table["data"])
         else:
-            index = {c: i for i, c in enumerate(table["columns"])}
+            index = {c: i for i, c in enumerate(cols)}
             data.extend([[r[index[c]] if c in index and index[c] < len(r) else None for c in columns]
                          for r in table["data"]])
     return {"columns": columns, "data": data}

@@ -23,7 +23,8 @@ class TrainConsole:
         # "stderr" / "stdout": the process's stream at each print (``contextlib.redirect_stderr``, pytest's
         # capture: held-out tester, stop 56, a block went to the stream watch() had found); else the one given
         self._named = stream if stream in ("stderr", "stdout") else None
-        self.stream = (stream if self._named is None else None) or sys.stdout  # `> log.txt` keeps a run's console
+        # `> log.txt` keeps a run's console; a named stream: the one now (``_out`` reads it again at each print)
+        self.stream = getattr(sys, self._named) if self._named is not None else (stream or sys.stdout)
         tty = hasattr(self._out, "isatty") and self._out.isatty()
         self._rich = tty if rich is None else rich
         self._progress = self._task = None

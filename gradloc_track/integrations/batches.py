@@ -121,9 +121,10 @@ class LMBatch:
         """For an ``(ids, second)`` batch of two (B, T) id tensors: True when ``second`` holds the targets
         already shifted (nanoGPT's ``y = x[1:]`` window: ``second[:, t] == ids[:, t + 1]`` wherever it has a
         term), False when it holds HF labels (``second == ids`` wherever it has a term), None when neither
-        shows or it is no such pair (then labels, the documented convention). Reads both (a host sync on
-        an accelerator): once a run. Held-out tester, stop 56: a Lightning loop's shifted ``(x, y)`` was read as
-        labels and shifted again, and its data spike named ``irreproducible``."""
+        or both show (rows of one repeated token) or it is no such pair (then labels, the documented
+        convention). Reads both (a host sync on an accelerator): on the first batches of a run only. Held-out
+        tester, stop 56: a Lightning loop's shifted ``(x, y)`` was read as labels and shifted again, and its data
+        spike named ``irreproducible``."""
         if not (isinstance(batch, (tuple, list)) and len(batch) > 1 and _is_ids(batch[0]) and _is_ids(batch[1])
                 and batch[0].dim() == 2 and batch[1].shape == batch[0].shape and batch[0].shape[1] > 1):
             return None
@@ -131,11 +132,9 @@ class LMBatch:
         has = second >= 0
         if not bool(has.any()):
             return None
-        if bool((~has | (second == ids)).all()):
-            return False
-        if bool((~has[:, :-1] | (second[:, :-1] == ids[:, 1:])).all()):
-            return True
-        return None
+        labels = bool((~has | (second == ids)).all())
+        shifted = bool((~has[:, :-1] | (second[:, :-1] == ids[:, 1:])).all())
+        return None if labels == shifted else shifted  # both (rows of one token) or neither: not told
 
     def targets(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(target ids with IGNORE, loss-term mask (float), ids to display), each (B, T).

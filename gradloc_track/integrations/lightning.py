@@ -38,6 +38,15 @@ LIGHTNING_WANDB_STEP = "trainer/global_step"  # the step metric WandbLogger defi
 # a LightningModule whose training_step calls its model child (``self.model(x)``) and defines no forward: the
 # per-term loss is rebuilt by calling the module (held-out tester, stop 56: "localizing failed:
 # NotImplementedError('Module [LM] is missing the required "forward" function')", no word of the fix)
+DECIDE_WITHIN = 8  # batches looked at to tell labels from shifted targets (one that cannot tell: the next)
+
+
+def _has_forward(module: Any) -> bool:
+    """Does the LightningModule define ``forward`` (itself, or a class it mixes in), beyond Lightning's own?"""
+    return any("forward" in vars(k) for k in type(module).__mro__
+               if k not in (L.LightningModule, torch.nn.Module) and k.__module__.split(".")[0] != "lightning")
+
+
 NO_FORWARD = ("the LightningModule defines no forward(), and its per-term loss is rebuilt by calling it: define one "
               "that returns the logits (def forward(self, x): return self.model(x))")
 
@@ -65,6 +74,7 @@ class GradLocCallback(L.Callback):
         self.options = resolve_options(cfg, **options)  # bad options fail here, not mid-training
         self.handle = None
         self._shifted: bool | None = None  # a tuple batch's second item: targets already shifted (not labels)
+        self._asked = 0  # batches looked at to tell it (``DECIDE_WITHIN``)
         self.console = TrainConsole(stream="stderr", rich=False)  # one block per spike
         self._resumed: dict[str, Any] | None = None  # a checkpoint's state, until on_fit_start builds the handle
         self._loaded = False  # this fit's handle took a checkpoint's state
@@ -78,6 +88,7 @@ class GradLocCallback(L.Callback):
 
         if self.handle is not None and not self.handle.finished:
             return
+        self._shifted, self._asked = None, 0  # another fit may read other data
         opts = self.options
         # only global rank 0 logs: other ranks' loggers hold dummy experiments (no run id)
         logs = getattr(trainer, "global_rank", 0) == 0
@@ -127,10 +138,11 @@ class GradLocCallback(L.Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self.handle is not None:
-            if self._shifted is None:  # an (ids, second) batch: labels or shifted targets, decided once a run
-                self._shifted = bool(LMBatch.pair_is_shifted(batch))
-            fed = LMBatch.from_batch(batch, shifted=self._shifted)
-            if fed is not None and type(pl_module).forward is L.LightningModule.forward:
+            if self._shifted is None and self._asked < DECIDE_WITHIN:  # labels or shifted targets: told once
+                self._asked += 1  # (a host read each time: on the first batches that tell, at most DECIDE_WITHIN)
+                self._shifted = LMBatch.pair_is_shifted(batch)
+            fed = LMBatch.from_batch(batch, shifted=bool(self._shifted))
+            if fed is not None and not _has_forward(pl_module):
                 fed.unusable = NO_FORWARD  # the rebuild calls pl_module(...): said once, the fix named
             self.handle.capture.add(fed)
 

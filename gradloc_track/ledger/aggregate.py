@@ -71,14 +71,15 @@ def collect(runs: Iterable[RunTable], notes: list[str] | None = None) -> Ledger:
         metadata += [c for c in cols if c not in OURS and c not in metadata]
         rows += [dict(zip(cols, r), run=run.run_id) for r in run.table.get("data", [])]
     # a row that only carried a step the data did not make (``data_fault`` False: a replay that is not the step,
-    # a schedule, too small a share) blames no sample (review, stop 56: an irreproducible NaN multiplier's four
-    # clean rows went to the blocklist); tables written before the column count every row, as they did
+    # a schedule; an ``unexplained`` step's weak rows are None and count) blames no sample (review, stop 56: an
+    # irreproducible NaN multiplier's four clean rows went to the blocklist); tables written before the column
+    # count every row, as they did
     kept = [r for r in rows if r.get("data_fault") is not False]
     if len(kept) < len(rows):
         steps = len({(r["run"], r.get("step")) for r in rows if r.get("data_fault") is False})
-        notes = [*(notes or []), f"{len(rows) - len(kept)} culprit row(s) of {steps} spike event(s) whose cause is "
-                                 "not the data (irreproducible, schedule, optimizer, loss_scale, unexplained: their "
-                                 "data_fault column is false) blame no sample"]
+        notes = [*(notes or []), f"{len(rows) - len(kept)} culprit row(s) of {steps} spike event(s) the data did not "
+                                 "make (their data_fault column is false: the step's own cause is not data, e.g. an "
+                                 "irreproducible replay's largest rows or a schedule's) blame no sample"]
     rows = kept
     events = len({(r["run"], r.get("step")) for r in rows})
     return Ledger(rows, metadata, list(names.values()), events, list(notes or []), names, list(names))

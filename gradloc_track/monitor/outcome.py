@@ -51,9 +51,10 @@ class SpikeOutcome:
         largest of a replay that is not the step (held-out tester, stop 56: a NaN multiplier on one rank had four
         clean rows quarantined, half the batch), a ``schedule``'s or ``loss_scale``'s carry a step the data did not
         make, an ``unexplained`` one's too little (in an incident or not)."""
-        if self.culprit_rows is None or self.cause is None:
+        if self.culprit_rows is None or self.cause is None or data_fault(self.cause, self.locate) is not True:
             return None
-        return self.culprit_rows if data_fault(self.cause, self.locate) else None
+        result, ctx = self.culprit_rows
+        return fault_rows(self.cause, result), ctx
 
     @property
     def cause_name(self) -> str | None:
@@ -64,15 +65,29 @@ class SpikeOutcome:
         return self.cause.detail if self.cause is not None else None
 
 
-def data_fault(cause: Cause, result: Any) -> bool:
+def data_fault(cause: Cause, result: Any) -> bool | None:
     """Did the step's data make it, so that its culprit rows are the data's fault (``SpikeOutcome.blamed_rows``,
-    the table's ``data_fault``)? Its own cause (an aftermath step's: what its evidence alone named) is ``data``,
-    or ``numeric`` with rows the non-finite search named (not a finite replay's largest)."""
+    the table's ``data_fault``)? True when its own cause (an aftermath step's: what its evidence alone named) is
+    ``data``, or ``numeric`` with samples the non-finite search named (only those rows: ``fault_rows``); None
+    when it is ``unexplained`` (culprits that carry too little to name the data: weak evidence, which the ledger
+    adds up across runs and the quarantine does not act on); False otherwise (a replay that is not the step, a
+    schedule, the optimizer's state, a loss scale, an importance ratio, a precision overflow)."""
     own = cause.name if cause.aftermath_of is None else cause.own
     if own == "numeric":
         found = getattr(result, "nonfinite", None)
-        return found is not None and found.where != "replay"
+        return found is not None and found.where != "replay" and bool(found.samples)
+    if own == "unexplained":
+        return None
     return own == "data"
+
+
+def fault_rows(cause: Cause, result: Any) -> Any:
+    """``result`` with the culprits a quarantine blames: all of a ``data`` step's, a ``numeric`` step's
+    non-finite ones only (the norm search's finite largest rows beside them made no NaN: review of 5b633b9)."""
+    own = cause.name if cause.aftermath_of is None else cause.own
+    if own != "numeric" or result is None:
+        return result
+    return dataclasses.replace(result, culprits=[c for c in result.culprits if getattr(c, "nonfinite", False)])
 
 
 def with_cause(events: Sequence[SpikeEvent], cause: Cause | None, fault: bool | None = None

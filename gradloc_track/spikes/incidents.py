@@ -88,8 +88,12 @@ class Incidents:
             # unchanged, has none: review of 912853c, an unfreeze in a warm-up stayed "open" while the lr rose)
             jumped = cause.name == "schedule" and lr is not None and prev_lr and lr >= LR_JUMP * prev_lr
             base, since = (prev_lr if jumped else None), None
-            if again and base is not None and inc.base_lr is not None and inc.base_lr < base:
-                base, since = inc.base_lr, inc.base_step or inc.step  # a second jump: the lr before the first
+            # a second jump keeps the lr before the first; so does an unfreeze while the first is still raised
+            # (review of 5b633b9: its incident lost the base, and the plateau's later steps read on their own)
+            earlier = again and inc.base_lr is not None and (inc.base_lr < base if base is not None
+                                                              else inc.lr_raised(lr))
+            if earlier:
+                base, since = inc.base_lr, inc.base_step or inc.step
             self.open = Incident(step, cause, step, base_lr=base, moved=moved or (again and inc.moved),
                                  base_step=since)
         return cause

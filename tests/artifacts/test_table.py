@@ -33,6 +33,10 @@ def test_a_row_says_whether_the_steps_data_made_it(spike):
     for fault in (True, False, None):
         cols, rows = attribution_table(7, [dataclasses.replace(e, data_fault=fault) for e in events], result, ctx)
         assert dict(zip(cols, rows[0]))["data_fault"] is fault
+    # a numeric step: only its non-finite rows are the data's fault (this finite row beside them is not)
+    cols, rows = attribution_table(7, [dataclasses.replace(e, cause="numeric", data_fault=True) for e in events],
+                                   result, ctx)
+    assert dict(zip(cols, rows[0]))["data_fault"] is False and not result.culprits[0].nonfinite
 
 
 def test_without_tokenizer_ids_are_shown_escaped():

@@ -69,3 +69,16 @@ def test_a_non_finite_step_is_strict_json_and_reads_back_as_numbers(tmp_path, ml
     local.log_table("spikes/tokens", ["step", "source"], [[9, "NaN"]], step=9)
     local.finish()
     assert read_table(one)["data"] == [[9, "NaN"]]
+
+
+def test_a_column_a_later_part_brings_is_kept():
+    """A run resumed with a newer version (its parts gain ``data_fault``) or a ``rank`` first seen later: the merged
+    table has every part's columns, None where a part had none (review, stop 56: the first part's columns were the
+    table's, so the ledger never saw the later parts' ``data_fault``)."""
+    from gradloc_track.artifacts.table_store import merge_tables
+
+    parts = [{"columns": ["step", "share"], "data": [[1, 0.5]]},
+             {"columns": ["step", "share", "data_fault"], "data": [[9, 0.4, False]]},
+             {"columns": ["share", "step"], "data": [[0.3, 12]]}]
+    assert merge_tables(parts) == {"columns": ["step", "share", "data_fault"],
+                                   "data": [[1, 0.5, None], [9, 0.4, False], [12, 0.3, None]]}

@@ -319,7 +319,30 @@ def test_an_ids_pair_is_told_labels_or_shifted_targets():
     y = torch.tensor([[6, 7, 8, 9], [2, 3, 4, -1]])  # the next token; nanoGPT's -1: no term
     assert LMBatch.pair_is_shifted((x, y)) is True
     assert LMBatch.pair_is_shifted((x, torch.tensor([[0, 0, 0, 0], [9, 9, 9, 9]]))) is None  # neither: labels
+    same = torch.full((2, 4), 7)
+    assert LMBatch.pair_is_shifted((same, same.clone())) is None  # rows of one token: both read alike, not told
     assert LMBatch.pair_is_shifted(x) is None and LMBatch.pair_is_shifted({"input_ids": x}) is None
     b = LMBatch.from_batch((x, y), shifted=True)
     assert b.labels is None and torch.equal(b.target_ids, y) and torch.equal(b.target_ids_only()[1], y[1].masked_fill(
         y[1] < 0, -100))
+
+
+def test_a_first_batch_that_cannot_tell_leaves_the_convention_to_the_next():
+    """A first batch of one repeated token reads as labels and as shifted targets alike: the next batch decides
+    (review of 5b633b9: the first batch's answer was kept for the run, and shifted targets read as labels)."""
+    from types import SimpleNamespace
+
+    from gradloc_track.integrations.lightning import GradLocCallback
+
+    class WithForward(L.LightningModule):
+        def forward(self, x):
+            return x
+
+    fed = []
+    callback = GradLocCallback(tracker="none", console=False)
+    callback.handle = SimpleNamespace(capture=SimpleNamespace(add=fed.append))
+    same = torch.full((2, 6), 7)
+    x = torch.tensor([[1, 2, 3, 4, 5, 6], [3, 4, 5, 6, 7, 8]])
+    for batch in ((same, same.clone()), (x, x + 1), (x, x + 1)):
+        callback.on_train_batch_start(None, WithForward(), batch, 0)
+    assert [b.target_ids is not None for b in fed] == [False, True, True] and callback._shifted is True

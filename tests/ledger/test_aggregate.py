@@ -51,9 +51,9 @@ def test_rows_of_a_step_the_data_did_not_make_blame_no_sample():
                    RunTable("r0", "id0", {"columns": COLS, "data": [[3, "token", "x", 0.5, 0, 4, 5, A, 7, "web"]]})])
     assert led.events == 2 and sorted((s["sample_id"], s["steps"]) for s in by_sample(led)) == [(A, ["r0@3"]),
                                                                                                  (B, ["r1@9"])]
-    assert led.notes == ["2 culprit row(s) of 1 spike event(s) whose cause is not the data (irreproducible, "
-                         "schedule, optimizer, loss_scale, unexplained: their data_fault column is false) blame no "
-                         "sample"]
+    assert led.notes == ["2 culprit row(s) of 1 spike event(s) the data did not make (their data_fault column is "
+                         "false: the step's own cause is not data, e.g. an irreproducible replay's largest rows or a "
+                         "schedule's) blame no sample"]
 
 
 def test_groups_by_column_token_length_and_position():

@@ -63,29 +63,43 @@ def test_non_finite_norms_stay_non_finite():
 
 
 @pytest.mark.parametrize("cause,found,blamed", [
-    (dict(name="data", detail="1 culprit(s) (sample 3) carry 90%"), None, True),
-    (dict(name="numeric", detail="sample 3's loss is Inf"), "step", True),  # the batch made the NaN: its rows
-    (dict(name="numeric", detail="the step's grad_norm/global = nan"), "replay", False),  # a finite replay's rows
-    (dict(name="numeric", detail="the step's grad_norm/global = nan"), None, False),
+    (dict(name="data", detail="1 culprit(s) (sample 3) carry 90%"), None, [2, 3]),
+    (dict(name="numeric", detail="sample 3's loss is Inf"), "samples", [3]),  # the batch made the NaN: its rows only
+    (dict(name="numeric", detail="the loss is non-finite but no loss term is"), "none named", None),
+    (dict(name="numeric", detail="the step's grad_norm/global = nan"), "replay", None),  # a finite replay's rows
+    (dict(name="numeric", detail="the step's grad_norm/global = nan"), None, None),
     # a garbage batch inside a recovery: its own evidence named it data
-    (dict(name="schedule", detail="aftermath of step 250 (schedule): ...", aftermath_of=250, own="data"), None, True),
+    (dict(name="schedule", detail="aftermath of step 250 (schedule): ...", aftermath_of=250, own="data"), None,
+     [2, 3]),
     # a step of a recovery whose own culprits carry too little (review of 4186cbd: quarantined at 18%)
-    (dict(name="data", detail="aftermath of step 100 (data): ...", aftermath_of=100, own="unexplained"), None, False),
-    (dict(name="irreproducible", detail="the step does not reproduce"), "replay", False),  # stop 56's NaN multiplier
-    (dict(name="schedule", detail="the learning rate rose 30x"), None, False),
-    (dict(name="loss_scale", detail="the loss was multiplied by 100"), None, False),
-    (dict(name="unexplained", detail="only 20%"), None, False),
+    (dict(name="data", detail="aftermath of step 100 (data): ...", aftermath_of=100, own="unexplained"), None, None),
+    (dict(name="irreproducible", detail="the step does not reproduce"), "replay", None),  # stop 56's NaN multiplier
+    (dict(name="schedule", detail="the learning rate rose 30x"), None, None),
+    (dict(name="loss_scale", detail="the loss was multiplied by 100"), None, None),
+    (dict(name="unexplained", detail="only 20%"), None, None),
 ])
 def test_a_quarantine_blames_the_rows_of_a_step_the_data_made(cause, found, blamed):
     """``blamed_rows``: the culprit rows when the step's rows are the data's fault (held-out tester, stop 56: a NaN
-    multiplier's step, ``irreproducible``, quarantined the replay's four clean rows)."""
+    multiplier's step, ``irreproducible``, quarantined the replay's four clean rows); of a ``numeric`` step only
+    the rows the non-finite search named (review of 5b633b9: the finite largest rows beside them went too)."""
+    import dataclasses
     from types import SimpleNamespace
 
-    from gradloc_track.monitor.outcome import SpikeOutcome
+    from gradloc_track.monitor.outcome import SpikeOutcome, data_fault
     from gradloc_track.spikes.cause import Cause
 
-    rows = ("result", "context")
-    located = SimpleNamespace(nonfinite=None if found is None else SimpleNamespace(where=found))
-    s = stats(outcome=SpikeOutcome(3, (), Cause(**cause), locate=located, culprit_rows=rows))
-    assert s.blamed_rows == (rows if blamed else None)
+    @dataclasses.dataclass
+    class Located:
+        culprits: list
+        nonfinite: object = None
+
+    finding = None if found is None else SimpleNamespace(where="samples" if found == "none named" else found,
+                                                         samples=() if found == "none named" else (3,))
+    located = Located([SimpleNamespace(batch=2, nonfinite=False), SimpleNamespace(batch=3, nonfinite=True)], finding)
+    s = stats(outcome=SpikeOutcome(3, (), Cause(**cause), locate=located, culprit_rows=(located, "context")))
+    got = s.blamed_rows
+    assert (None if got is None else [c.batch for c in got[0].culprits]) == blamed and (got is None or
+                                                                                      got[1] == "context")
+    if cause["name"] == "unexplained" or cause.get("own") == "unexplained":
+        assert data_fault(Cause(**cause), located) is None  # weak evidence: the ledger adds it up, no quarantine
     assert stats(outcome=SpikeOutcome(3, (), Cause("data", "x"))).blamed_rows is None  # not localized: nothing

@@ -128,3 +128,17 @@ def test_a_schedule_named_for_tensors_that_started_training_closes_while_the_lea
     assert "13 tensors started training at step 50" in linked.detail
     garbage = Cause("data", "1 culprit(s) (sample 3) carry 90%")
     assert inc.link(950, garbage, lr=9.5e-3, prev_lr=9.49e-3) == garbage  # 19x the lr at step 50: not the schedule's
+
+
+def test_an_unfreeze_on_a_raised_plateau_keeps_the_first_jumps_base():
+    """An lr x30 at step 100 that stays, an unfreeze at 110 (``schedule``, no jump of its own): step 200, the lr
+    still 30x, is the plateau's aftermath (review of 5b633b9: the unfreeze's incident lost the base and step 200
+    read its own cause); and a warm-up from 0 has no base to stay raised above."""
+    inc = Incidents()
+    inc.link(100, Cause("schedule", "the learning rate rose 30x at this step (0.003 -> 0.09)"), lr=0.09, prev_lr=0.003)
+    inc.link(110, Cause("schedule", "13 tensors started training at this step (...)"), lr=0.09, prev_lr=0.09)
+    late = inc.link(200, Cause("optimizer", "the update is 3x"), lr=0.09, prev_lr=0.09)
+    assert late.aftermath_of == 110 and "the learning rate is still 30x what it was before step 100" in late.detail
+    warm = Incidents()
+    warm.link(1, Cause("schedule", "the learning rate rose at this step"), lr=1e-4, prev_lr=0.0)
+    assert warm.open.base_lr is None and warm.link(500, Cause("data", "x"), lr=3e-3, prev_lr=3e-3).aftermath_of is None
