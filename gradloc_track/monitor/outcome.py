@@ -72,7 +72,7 @@ def data_fault(cause: Cause, result: Any) -> bool | None:
     when it is ``unexplained`` (culprits that carry too little to name the data: weak evidence, which the ledger
     adds up across runs and the quarantine does not act on); False otherwise (a replay that is not the step, a
     schedule, the optimizer's state, a loss scale, an importance ratio, a precision overflow)."""
-    own = cause.name if cause.aftermath_of is None else cause.own
+    own = cause.own_name
     if own == "numeric":
         found = getattr(result, "nonfinite", None)
         return found is not None and found.where != "replay" and bool(found.samples)
@@ -84,7 +84,7 @@ def data_fault(cause: Cause, result: Any) -> bool | None:
 def fault_rows(cause: Cause, result: Any) -> Any:
     """``result`` with the culprits a quarantine blames: all of a ``data`` step's, a ``numeric`` step's
     non-finite ones only (the norm search's finite largest rows beside them made no NaN: review of 5b633b9)."""
-    own = cause.name if cause.aftermath_of is None else cause.own
+    own = cause.own_name
     if own != "numeric" or result is None:
         return result
     return dataclasses.replace(result, culprits=[c for c in result.culprits if getattr(c, "nonfinite", False)])

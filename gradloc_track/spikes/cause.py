@@ -62,6 +62,11 @@ class Cause:
     aftermath_of: int | None = None  # the incident's first step, when this step is its aftermath (``incidents``)
     own: str | None = None  # an aftermath step's own cause (what its evidence alone named: ``data``, ...)
 
+    @property
+    def own_name(self) -> str:
+        """What the step's own evidence named: its cause, or an aftermath step's ``own``."""
+        return self.name if self.aftermath_of is None else (self.own or self.name)
+
 
 @dataclass
 class Evidence:
