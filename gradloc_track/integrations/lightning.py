@@ -10,7 +10,7 @@ LightningModule the way an HF model is called: ``pl_module(input_ids=..., attent
 (or ``pl_module(input_ids)`` for a tuple/tensor batch) must return logits (B, T, V) or an output
 with ``.logits``; for anything else use ``handle.set_loss_fn`` in ``training_step``. A tuple's second item
 is HF labels (the ids themselves), or targets already shifted (nanoGPT's ``x[1:]``), told apart on the
-first batch (``LMBatch.pair_is_shifted``). Logs through
+first batches that show it (``LMBatch.pair_is_shifted``). Logs through
 the Trainer's ``MLFlowLogger`` (its ``run_id``) / ``WandbLogger`` (its ``experiment``), at
 ``trainer.global_step``; the loggers' runs (joined through ``trackers.join``, like every run) stay
 theirs to end. The clipper's skip guard goes on the Trainer's optimizer and runs Lightning's closure
@@ -35,9 +35,6 @@ from .options import resolve_options
 L = require("lightning.pytorch", "lightning")
 
 LIGHTNING_WANDB_STEP = "trainer/global_step"  # the step metric WandbLogger defines
-# a LightningModule whose training_step calls its model child (``self.model(x)``) and defines no forward: the
-# per-term loss is rebuilt by calling the module (held-out tester, stop 56: "localizing failed:
-# NotImplementedError('Module [LM] is missing the required "forward" function')", no word of the fix)
 DECIDE_WITHIN = 8  # batches looked at to tell labels from shifted targets (one that cannot tell: the next)
 
 
@@ -47,6 +44,9 @@ def _has_forward(module: Any) -> bool:
                if k not in (L.LightningModule, torch.nn.Module) and k.__module__.split(".")[0] != "lightning")
 
 
+# a LightningModule whose training_step calls its model child (``self.model(x)``) and defines no forward: the
+# per-term loss is rebuilt by calling the module (held-out tester, stop 56: "localizing failed:
+# NotImplementedError('Module [LM] is missing the required "forward" function')", no word of the fix)
 NO_FORWARD = ("the LightningModule defines no forward(), and its per-term loss is rebuilt by calling it: define one "
               "that returns the logits (def forward(self, x): return self.model(x))")
 
@@ -75,6 +75,7 @@ class GradLocCallback(L.Callback):
         self.handle = None
         self._shifted: bool | None = None  # a tuple batch's second item: targets already shifted (not labels)
         self._asked = 0  # batches looked at to tell it (``DECIDE_WITHIN``)
+        self._no_forward = False  # the module defines no forward() (``on_fit_start``)
         self.console = TrainConsole(stream="stderr", rich=False)  # one block per spike
         self._resumed: dict[str, Any] | None = None  # a checkpoint's state, until on_fit_start builds the handle
         self._loaded = False  # this fit's handle took a checkpoint's state
@@ -89,6 +90,7 @@ class GradLocCallback(L.Callback):
         if self.handle is not None and not self.handle.finished:
             return
         self._shifted, self._asked = None, 0  # another fit may read other data
+        self._no_forward = not _has_forward(pl_module)  # the rebuild calls pl_module(...): one look a fit
         opts = self.options
         # only global rank 0 logs: other ranks' loggers hold dummy experiments (no run id)
         logs = getattr(trainer, "global_rank", 0) == 0
@@ -142,7 +144,7 @@ class GradLocCallback(L.Callback):
                 self._asked += 1  # (a host read each time: on the first batches that tell, at most DECIDE_WITHIN)
                 self._shifted = LMBatch.pair_is_shifted(batch)
             fed = LMBatch.from_batch(batch, shifted=bool(self._shifted))
-            if fed is not None and not _has_forward(pl_module):
+            if fed is not None and self._no_forward:
                 fed.unusable = NO_FORWARD  # the rebuild calls pl_module(...): said once, the fix named
             self.handle.capture.add(fed)
 

@@ -32,7 +32,7 @@ from .interface import RunNotResumable, Tracker, send
 from .files import atomic_write_json
 from .incomplete import incomplete_reason
 from .run_record import read_backend_record, unreadable_records, update_run_record
-from .spool import read_spool, replayed_lines, replayed_path
+from .spool import read_spool, record_replayed, replayed_lines
 
 
 @dataclass
@@ -162,10 +162,10 @@ def _replay_one(run_dir: Path, spool_file: Path, tracking_uri: str | None) -> Re
         result.sent += len(batch)
         if batch[0]["call"] == "finish":
             result.status = batch[0]["args"][0] if batch[0]["args"] else "success"
-        atomic_write_json(replayed_path(spool_file), {"lines": sorted(done)})
+        record_replayed(spool_file, done)
     for rec in finals[:-1]:  # superseded final statuses: nothing to send
         done.add(rec["line"])
-    atomic_write_json(replayed_path(spool_file), {"lines": sorted(done)})
+    record_replayed(spool_file, done)
     if result.status is not None:
         update_run_record(run_dir, backend, status=result.status)
     return result
@@ -201,7 +201,7 @@ def _check_writable(run_dir: Path, backend: str, spool_file: Path, done: set[int
     orphan MLflow runs, and the message said to wait for the store, which had answered)."""
     probe = run_dir / "tracker" / f".{backend}.replay-probe"  # where the record goes (no .json: never read as one)
     try:
-        atomic_write_json(replayed_path(spool_file), {"lines": sorted(done)})
+        record_replayed(spool_file, done)
         atomic_write_json(probe, {"backend": backend, "probe": "x" * 512})
     except OSError as exc:
         why = exc.strerror or str(exc)

@@ -110,6 +110,13 @@ def replayed_path(spool_file: Path) -> Path:
     return spool_file.with_name(spool_file.stem + ".replayed.json")
 
 
+def record_replayed(spool_file: Path, lines: set[int]) -> None:
+    """Write the spool lines a replay has sent (``replayed_path``), atomically."""
+    from .files import atomic_write_json
+
+    atomic_write_json(replayed_path(spool_file), {"lines": sorted(lines)})
+
+
 def replayed_lines(spool_file: Path) -> set[int]:
     """The spool lines a replay sent already (none when its record is missing or unreadable)."""
     try:
