@@ -83,6 +83,30 @@ def tiny_gpt():
     return TinyGPT(vocab_size=64, n_layer=2, n_head=2, d_model=32, max_seq_len=32)
 
 
+def shared_dir(tmp_path_factory) -> Path:
+    """The session's temporary folder that every pytest-xdist worker sees (each worker's own basetemp is
+    a ``popen-gwN`` folder inside it); the basetemp itself without xdist."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def once_per_session(tmp_path_factory, name: str, make):
+    """``make(folder)`` run once for the whole session, whichever worker asks first; the others wait for
+    it and get the same JSON-able result (its files live in ``folder``). Runs that cost a minute (the
+    README's demo, a gloo launch of every distributed scenario) are not paid once per worker."""
+    import json
+
+    from filelock import FileLock
+
+    base = shared_dir(tmp_path_factory)
+    folder, result = base / f"once-{name}", base / f"once-{name}.json"
+    with FileLock(str(base / f"once-{name}.lock")):
+        if not result.exists():
+            folder.mkdir(exist_ok=True)
+            result.write_text(json.dumps(make(folder)))
+    return json.loads(result.read_text())
+
+
 _STORE_TEMPLATE: list[Path] = []  # this session's store with MLflow's tables made (one file)
 
 

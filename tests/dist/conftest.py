@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+
+from ..conftest import once_per_session
 
 
 @pytest.fixture(scope="session")
@@ -18,11 +21,14 @@ def dist_results(tmp_path_factory):
 
     def get(world: int) -> dict:
         if world not in runs:
-            out = tmp_path_factory.mktemp(f"dist_world{world}")
-            scns = all_scenarios(world)
-            fork_ranks(locate_worker.main, world, (str(out), json.dumps(scns)), timeout=300)
-            runs[world] = {s["name"]: (s, [json.loads((out / f"{s['name']}.rank{r}.json").read_text())
-                                            for r in range(world)]) for s in scns}
+            def launch(out: Path) -> dict:
+                scns = all_scenarios(world)
+                fork_ranks(locate_worker.main, world, (str(out), json.dumps(scns)), timeout=300)
+                return {s["name"]: (s, [json.loads((out / f"{s['name']}.rank{r}.json").read_text())
+                                        for r in range(world)]) for s in scns}
+
+            done = once_per_session(tmp_path_factory, f"dist_world{world}", launch)  # one launch per test run
+            runs[world] = {name: tuple(pair) for name, pair in done.items()}
         return runs[world]
 
     return get

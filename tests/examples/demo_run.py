@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..conftest import ROOT
+from ..conftest import ROOT, once_per_session
 
 SCRIPT = ROOT / "examples" / "train_lm.py"
 
@@ -50,11 +50,17 @@ _RUNS: dict[str, DemoRun] = {}
 
 def demo_run(tmp_path_factory) -> DemoRun:
     """``python examples/train_lm.py experiment=spike_demo`` (the README's command; ``tracker=both`` so the
-    W&B side is checked too: the console's MLflow lines are the same), once per session."""
+    W&B side is checked too: the console's MLflow lines are the same), once per session (per test run,
+    whichever pytest-xdist worker asks first; its readers only read it)."""
     if "demo" not in _RUNS:
-        root = tmp_path_factory.mktemp("spike_demo")
-        proc = run_example(root, "experiment=spike_demo", "tracker=both",
-                           f"tracker.mlflow.tracking_uri=sqlite:///{root / 'mlflow.db'}")
-        (run_dir,) = run_dirs(root)
-        _RUNS["demo"] = DemoRun(root, proc, run_dir)
+        def make(root: Path) -> dict:
+            proc = run_example(root, "experiment=spike_demo", "tracker=both",
+                               f"tracker.mlflow.tracking_uri=sqlite:///{root / 'mlflow.db'}")
+            (run_dir,) = run_dirs(root)
+            return {"root": str(root), "args": proc.args, "stdout": proc.stdout, "stderr": proc.stderr,
+                    "run_dir": str(run_dir)}
+
+        done = once_per_session(tmp_path_factory, "spike_demo", make)
+        proc = subprocess.CompletedProcess(done["args"], 0, done["stdout"], done["stderr"])
+        _RUNS["demo"] = DemoRun(Path(done["root"]), proc, Path(done["run_dir"]))
     return _RUNS["demo"]
