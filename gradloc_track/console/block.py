@@ -15,7 +15,7 @@ def surgery_line(op: Any) -> str:
     if not op.applied:
         return f"  surgery    nothing removed: {op.reason}"
     return (f"  surgery    removed {op.removed_share:.0%} of the step's squared grad norm ({op.culprits} culprit "
-            f"row(s), one probe): grad norm {op.grad_norm_pre:.3g} -> {op.grad_norm_post:.3g}, then to the clipper")
+            f"row(s), one probe): grad norm {op.grad_norm_pre:.3g} -> {op.grad_norm_post:.3g}, then to {op.goes_to}")
 
 
 AFTERMATH = "aftermath of step "  # how an incident's later steps begin their cause (spikes/incidents, weight_check)

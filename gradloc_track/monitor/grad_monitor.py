@@ -61,6 +61,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 
+from ..clip.simple import NoClip
 from ..config import LocateConfig, MonitorConfig, SpikeConfig
 from ..norms import all_reduce_sq_norms, sq_norms
 from ..protocols import ArtifactWriterLike, ClipperLike, DetectorLike
@@ -150,7 +151,8 @@ class GradMonitor:
         self.optimizer_metrics = OptimizerMetrics(optimizer, config.adamc_ratio)
         surgery = response_mode(detector, self.locate_config) == "surgery"
         self.responder = SpikeResponder(model, self.locate_config, config.group_by, artifact_writer,
-                                            self.rank, process_group, self._warn_once, surgery=surgery)
+                                            self.rank, process_group, self._warn_once, surgery=surgery,
+                                            clips=clipper is not None and not isinstance(clipper, NoClip))
         # a non-finite step skipped for real by the optimizer, clipper or not (see monitor.clip_feedback)
         self.skip_guard = install_guard(optimizer, clipper, self.params[0].device)
         # only GradLoc's fixed trigger reads the step's token count (an adaptive SpikeDetector does not)

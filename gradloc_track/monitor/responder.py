@@ -41,9 +41,11 @@ class SpikeResponder:
     """
 
     def __init__(self, model: torch.nn.Module, locate_config: Any, group_by: str, artifact_writer: Any,
-                 rank: int, process_group: Any, warn_once: Callable[[str, str], None], surgery: bool = False) -> None:
+                 rank: int, process_group: Any, warn_once: Callable[[str, str], None], surgery: bool = False,
+                 clips: bool = True) -> None:
         self.model, self.config, self.group_by = model, locate_config, group_by
         self.surgery = surgery  # spikes.response=surgery: the monitor clips after respond()
+        self.clips = clips  # a clipper gets the operated gradient (else the optimizer does: what surgery says)
         self.artifact_writer, self.rank, self.process_group = artifact_writer, rank, process_group
         self._warn_once = warn_once
         self._failure = ""  # why localizing this step raised (``_failed``)
@@ -204,6 +206,7 @@ class SpikeResponder:
                 out = SurgeryResult(False, f"surgery failed: {exc!r}")
         if not out.applied:
             log.info("gradloc-track: step %d: spike surgery removed nothing: %s", step, out.reason)
+        out.goes_to = "the clipper" if self.clips else "the optimizer"
         return out
 
     def _name_cause(self, step: int, events: Sequence[SpikeEvent], result: Any, shown: Any) -> Cause:

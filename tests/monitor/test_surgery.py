@@ -64,13 +64,14 @@ def loss_fns(model, mbs):
 
 
 def run(model, k: int, locate: LocateConfig | None = None, console: TrainConsole | None = None,
-        run_dir: Path | None = None):
+        run_dir: Path | None = None, clip: bool = True):
     """A loop of STEPS steps, K micro-batches each, GlobalClip after surgery. Returns what the
     optimizer received at the spike step, the step's own gradient, the culprits' reference
     gradient and the stats."""
     tracker = MemoryTracker()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    monitor = GradMonitor(model, tracker=tracker, clipper=GlobalClip(model, max_norm=MAX_NORM), log_every=4,
+    clipper = GlobalClip(model, max_norm=MAX_NORM) if clip else None
+    monitor = GradMonitor(model, tracker=tracker, clipper=clipper, log_every=4,
                           optimizer=opt, detector=SpikeDetector(SpikeConfig(warmup_steps=4, response="surgery")),
                           locate_config=locate or LocateConfig())
     received: list[list[torch.Tensor]] = []
@@ -154,16 +155,24 @@ def test_no_culprit_nothing_removed_and_it_says_so(tmp_path):
     assert "surgery    nothing removed: no culprit found" in out.getvalue()
 
 
-def test_the_console_block_shows_what_surgery_removed(tmp_path):
+@pytest.mark.parametrize("clip", [True, False], ids=["clipper", "no-clipper"])
+def test_the_console_block_shows_what_surgery_removed(tmp_path, clip):
+    """... and what gets the operated gradient next: the clipper, or the optimizer itself when nothing clips
+    (it said "then to the clipper" with no clipper)."""
     from gradloc_track.demo.model import TinyGPT
 
     torch.manual_seed(0)
     model = TinyGPT(vocab_size=V, n_layer=2, n_head=2, d_model=32, max_seq_len=T)
     out = io.StringIO()
-    *_, spike, _ = run(model, 1, console=TrainConsole(stream=out, rich=False), run_dir=tmp_path)
+    received, own, cut, spike, _ = run(model, 1, console=TrainConsole(stream=out, rich=False), run_dir=tmp_path,
+                                       clip=clip)
     text = out.getvalue()
     assert f"removed {spike.surgery.removed_share:.0%} of the step's squared grad norm" in text
-    assert f"grad norm {spike.surgery.grad_norm_pre:.3g} -> {spike.surgery.grad_norm_post:.3g}" in text
+    assert f"grad norm {spike.surgery.grad_norm_pre:.3g} -> {spike.surgery.grad_norm_post:.3g}, then to the " \
+           f"{'clipper' if clip else 'optimizer'}" in text
+    if not clip:  # the optimizer got the operated gradient as it is
+        operated = [g - c for g, c in zip(own, cut)]
+        assert norm([a - b for a, b in zip(received[SPIKE_AT], operated)]) / norm(operated) < 1e-6
 
 
 def test_surgery_needs_the_detector_and_the_localizer():
