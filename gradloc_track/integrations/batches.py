@@ -327,9 +327,10 @@ class MicroBatchCapture(BatchList):
     The pre-hook runs first (``prepend``), so the columns are ours before any other hook or the
     forward sees them; the forward hook checks that the output has logits for every position."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, caller: torch.nn.Module | None = None) -> None:
         super().__init__()
         self._open: LMBatch | None = None  # the batch whose forward is running
+        self._in_caller = False  # ``caller``'s hooks opened the forward running now (the model's own skip it)
         self.traced = False  # a forward this step that would have been recorded ran traced into a compiled graph
         self.traced_step = False  # ... in the step the last take() returned (the handle's warning)
         self._model = model
@@ -338,6 +339,11 @@ class MicroBatchCapture(BatchList):
         self._signature = forward_signature(model)
         self._handles = [model.register_forward_pre_hook(self._hook, with_kwargs=True, prepend=True),
                          model.register_forward_hook(self._check_output)]
+        if caller is not None:  # ``torch.compile(model)``'s wrapper, made by someone else (HF Trainer's
+            # ``torch_compile=True``): the model's own hooks run traced inside its graph and record nothing, so
+            # the capture also runs on the wrapper, eagerly, around the compiled call (held-out tester, stop 57)
+            self._handles += [caller.register_forward_pre_hook(self._caller_hook, with_kwargs=True, prepend=True),
+                              caller.register_forward_hook(self._caller_output)]
         self.wrap_compiled()
 
     def wrap_compiled(self) -> bool:
@@ -369,13 +375,23 @@ class MicroBatchCapture(BatchList):
             # compiled call (``wrap_compiled``); a compiled caller (``torch.compile(model)`` called while watch()
             # was given ``model``) records nothing, and the handle says once to give watch() the compiled module
             info = sample_info.pop_sample_info(kwargs)  # (the model must never see it)
-            self.traced = self.traced or self.records(module)
+            self.traced = self.traced or (self.records(module) and not self._in_caller)
             return (args, kwargs) if info is not None else None
         return self._record(module, args, kwargs)
 
+    def _caller_hook(self, caller: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
+        self._in_caller = False
+        new = self._record(self._model, args, kwargs)
+        self._in_caller = True
+        return new
+
+    def _caller_output(self, caller: torch.nn.Module, args: tuple, output: Any) -> None:
+        self._in_caller = False
+        self._check_output(self._model, args, output)
+
     def _record(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
         info = sample_info.pop_sample_info(kwargs)  # always: the model must never see it
-        if self.records(module):
+        if self.records(module) and not self._in_caller:  # (a compiled caller that ran the model eagerly: once)
             batch = LMBatch.from_call(args, kwargs, self._signature)
             if batch is not None:
                 batch.info = info

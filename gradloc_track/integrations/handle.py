@@ -289,6 +289,11 @@ class WatchHandle:
                           "into its graph, where they record nothing: give watch() the compiled module "
                           "(watch(torch.compile(model), opt), or model.compile() in place) for the loss signals and "
                           "localization; the gradient norms and clipping work either way", UserWarning, stacklevel=2)
+        if ctx is None and not batches:  # what a spike's block says instead of the monitor's "no spike_context passed"
+            self.monitor.responder.no_context = (
+                "the model's forward ran traced inside torch.compile, where watch()'s hooks record no batch"
+                if self._warned_traced else "no training forward of the watched model was "
+                "recorded this step")
         if ctx is None and batches and self.monitor.detector is not None and self._rebuildable(batches):
             # built only if a spike fires: no per-step tensor work for the no-spike steps
             ctx = functools.partial(lm_spike_context, self.model, batches, self.tokenizer, rng_state=rng)

@@ -94,8 +94,8 @@ class GradLocCallback(TrainerCallback):
                     wandb_step_key=HF_WANDB_STEP)  # joins report_to's run; Trainer calls step() through us
         capture = None
         if kind is None:  # under DDP the probes must run the model Trainer trains through (its gradient all-reduce)
-            model = _ddp_wrapped(self, model)
-            capture = MicroBatchCapture(model)
+            model, compiled = _wrapped(self, model)
+            capture = MicroBatchCapture(model, caller=compiled)
             capture.items_scale = tokens_averaged_scale(find_trainer(self))  # its loss x processes under DDP
         self.handle = open_handle(model, optimizer, opts, door, capture)
         self._resume(args, state)
@@ -217,17 +217,21 @@ def _resumed_folder(args: Any, state: Any, callback: Any = None) -> str:
 _FRAMES = 16  # how far up the stack the training loop is looked for (on_train_begin is ~4 frames below it)
 
 
-def _ddp_wrapped(callback: GradLocCallback, model: Any) -> Any:
-    """Trainer's ``model_wrapped`` when it is DDP around ``model`` (``torchrun``): callbacks get the bare model,
-    whose probes never all-reduce their gradients, so every localization under DDP failed its step check ('the
-    gradient differs across ranks', held-out tester round 8). Else ``model`` (one process, DeepSpeed, FSDP)."""
+def _wrapped(callback: GradLocCallback, model: Any) -> tuple[Any, Any]:
+    """(the model to probe, Trainer's compiled wrapper around it or None). The first is Trainer's ``model_wrapped``
+    when that is DDP around ``model`` (``torchrun``): callbacks get the bare model, whose probes never all-reduce
+    their gradients, so every localization under DDP failed its step check ('the gradient differs across ranks',
+    held-out tester round 8); else ``model`` (one process, DeepSpeed, FSDP). The second is the
+    ``torch.compile`` wrapper ``torch_compile=True`` puts around either: the forwards run inside it, traced, where
+    hooks on the model record nothing (held-out tester, stop 57: no spike was localized)."""
     from torch.nn.parallel import DistributedDataParallel
 
-    trainer = find_trainer(callback)
-    wrapped = getattr(trainer, "model_wrapped", None)
-    if isinstance(wrapped, DistributedDataParallel) and wrapped.module is model:
-        return wrapped
-    return model
+    wrapped = getattr(find_trainer(callback), "model_wrapped", None)
+    compiled = wrapped if type(wrapped).__name__ == "OptimizedModule" else None
+    inner = getattr(compiled, "_orig_mod", wrapped)
+    if isinstance(inner, DistributedDataParallel) and inner.module is model:
+        return inner, compiled
+    return model, compiled if inner is model else None
 
 
 def _trl_trainer(callback: GradLocCallback) -> tuple[Any, str | None]:

@@ -48,14 +48,14 @@ def hf_dataset(k: int) -> list[dict]:
             for step in range(STEPS) for mb in micro_batches(step, k) for b in range(mb["input_ids"].shape[0])]
 
 
-def train(model, tmp_path, report_to, callback, k: int = K, max_grad_norm: float = 0.0):
+def train(model, tmp_path, report_to, callback, k: int = K, max_grad_norm: float = 0.0, **more):
     from transformers import Trainer, TrainingArguments
 
     args = TrainingArguments(
         output_dir=str(tmp_path / "out"), per_device_train_batch_size=BATCH // k, gradient_accumulation_steps=k,
         max_steps=STEPS, learning_rate=LR, lr_scheduler_type="constant", weight_decay=0.0, logging_steps=LOG_EVERY,
         report_to=report_to, save_strategy="no", max_grad_norm=max_grad_norm, train_sampling_strategy="sequential",
-        use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, seed=0)
+        use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, seed=0, **more)
     trainer = Trainer(model=model, args=args, train_dataset=hf_dataset(k), callbacks=[callback])
     trainer.train()
     return trainer
@@ -114,6 +114,25 @@ def test_trainer_wandb_offline_run_holds_our_metrics_and_table(gpt2, tmp_path, m
     tables = [json.loads(p.read_text()) for p in (run_dir / "files" / "media" / "table").rglob("*.table.json")]
     (table,) = [t for t in tables if t["data"] and "level" in t["columns"]][:1]  # spikes/tokens, not the events
     check_rows([dict(zip(table["columns"], r)) for r in table["data"]])
+
+
+def test_torch_compile_true_is_localized_through_trainers_compiled_wrapper(gpt2, tmp_path):
+    """Held-out tester, stop 57: ``torch_compile=True`` has Trainer (accelerate) wrap the model in torch.compile's
+    ``OptimizedModule``; the callback's hooks on the model ran traced inside its graph and recorded nothing, so the
+    spike read "not localized" and a warning told a Trainer user to give watch() the compiled module. (Dynamo's
+    eager backend: the same wrapper and traced hooks, without inductor's code generation.)"""
+    from gradloc_track import MemoryTracker
+    from gradloc_track.integrations.hf import GradLocCallback
+
+    tracker = MemoryTracker()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = train(gpt2, tmp_path, [], GradLocCallback(**FAST, tracker=tracker, run_dir=tmp_path / "run"),
+                        torch_compile=True, torch_compile_backend="eager")
+    assert type(trainer.model_wrapped).__name__ == "OptimizedModule"  # Trainer really trained through it
+    assert not [w for w in caught if "traced into its graph" in str(w.message)]
+    table = tracker.tables["spikes/tokens"]
+    check_rows([dict(zip(table["columns"], r)) for r in table["rows"]])
 
 
 def test_taking_over_trainers_clipping_is_said_once(gpt2, tmp_path):

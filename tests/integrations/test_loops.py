@@ -252,13 +252,15 @@ def test_watch_given_the_eager_model_while_the_loop_calls_it_compiled_fullgraph(
     compiled = torch.compile(model, backend="eager", fullgraph=True)
     tracker = MemoryTracker()
     with pytest.warns(UserWarning, match=r"hooks traced into its graph.*watch\(torch\.compile\(model\), opt\)"):
-        with gradloc_track.watch(model, opt, tracker=tracker):
+        with gradloc_track.watch(model, opt, tracker=tracker) as handle:
             for step in range(3):
                 x, y = nanogpt_batch(step)
                 compiled(x, y)[1].backward()
                 opt.step()
                 opt.zero_grad(set_to_none=True)
     assert [s for s, _ in tracker.series("grad_norm/global")] == [0, 1, 2]
+    # what a spike here would say it was not localized for (stop 57: "no spike_context passed to after_backward")
+    assert handle.monitor.responder.no_context.startswith("the model's forward ran traced inside torch.compile")
 
 
 @pytest.mark.parametrize("when", ["before", "after"])
