@@ -29,13 +29,28 @@ WRAPPER_PARTS = frozenset({"_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wra
 WRAPPER_MODULES = frozenset({"DistributedDataParallel", "DataParallel", "DeepSpeedEngine"})
 
 
+# PEFT's ``PeftModel`` (LoRA and the other adapters) holds the model as ``base_model.model``: a LoRA run logs
+# ``grad_norm/model.layers.0`` as the full fine-tune of the same model does, and the two overlay in a chart
+PEFT_MODELS, PEFT_PREFIX = frozenset({"PeftModel"}), "base_model.model."
+
+
 def wrapper_prefix(model: torch.nn.Module) -> str:
-    """``"module."`` when ``model`` is such a wrapper (a subclass too), or a compiled one
-    (``torch.compile(DDP(model))``, the order torch recommends), else ``""``."""
-    model = getattr(model, "_orig_mod", model) if type(model).__name__ == "OptimizedModule" else model
-    inner = getattr(model, "module", None)
-    wrapper = any(c.__name__ in WRAPPER_MODULES for c in type(model).__mro__)
-    return "module." if wrapper and isinstance(inner, torch.nn.Module) else ""
+    """What the wrappers around the model add to every name: ``"module."`` for such a wrapper (a subclass too),
+    ``"base_model.model."`` for PEFT's, nested (``DDP(peft_model)``: both), a compiled one seen through
+    (``torch.compile(DDP(model))``, the order torch recommends); ``""`` for a bare model."""
+    prefix = ""
+    while True:
+        model = getattr(model, "_orig_mod", model) if type(model).__name__ == "OptimizedModule" else model
+        names = {c.__name__ for c in type(model).__mro__}
+        inner = getattr(model, "module", None)
+        if not names.isdisjoint(WRAPPER_MODULES) and isinstance(inner, torch.nn.Module):
+            prefix, model = prefix + "module.", inner
+            continue
+        inner = getattr(getattr(model, "base_model", None), "model", None)
+        if not names.isdisjoint(PEFT_MODELS) and isinstance(inner, torch.nn.Module):
+            prefix, model = prefix + PEFT_PREFIX, inner
+            continue
+        return prefix
 
 
 def own_name(name: str, prefix: str = "") -> str:
@@ -53,9 +68,13 @@ def own_named_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Par
 
 
 def saved_without_wrapper(names: list[str]) -> list[str]:
-    """Names a checkpoint saved under DDP before its ``module.`` was dropped, as they read now: every one of
-    them starting with ``module.`` (a wrapper's, not a user's submodule among others) loses it."""
-    return [n[len("module."):] for n in names] if names and all(n.startswith("module.") for n in names) else names
+    """Names a checkpoint saved before a wrapper's part was dropped, as they read now: every one of them
+    starting with DDP's ``module.`` (a wrapper's, not a user's submodule among others) loses it, then PEFT's
+    ``base_model.model.`` likewise (saved before stop 57)."""
+    for prefix in ("module.", PEFT_PREFIX):
+        if names and all(n.startswith(prefix) for n in names):
+            names = [n[len(prefix):] for n in names]
+    return names
 
 
 def unwrapped_name(name: str) -> str:

@@ -3,6 +3,7 @@
 did not overlay in MLflow's compare view). On a real one-process gloo group."""
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -93,3 +94,39 @@ def test_a_users_own_submodule_called_module_keeps_its_name():
     from gradloc_track.norms import trainable_params
 
     assert [n for n, _ in trainable_params(Holder())] == ["module.weight", "module.bias"]
+
+
+def test_a_peft_lora_model_logs_the_bare_models_layer_names(gloo):
+    """Held-out tester, stop 57: a LoRA model (PEFT's ``get_peft_model``) logged ``grad_norm/base_model.model.h.0``
+    where the full fine-tune of the same model logs ``grad_norm/h.0``: a LoRA run and a full one did not overlay.
+    PEFT's ``base_model.model.`` is a wrapper's part like DDP's ``module.`` (and both under DDP). The logged layer
+    norms are the adapters' own gradients (the frozen base has none), each against a plain per-parameter loop."""
+    peft = pytest.importorskip("peft")
+    from torch.nn.parallel import DistributedDataParallel
+
+    from gradloc_track.grouping import layer_of
+
+    batch = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(0))
+    lora = peft.LoraConfig(r=4, target_modules=["qkv", "fc"], lora_dropout=0.0)
+    model = peft.get_peft_model(tiny_gpt(), lora)
+    assert next(n for n, _ in model.named_parameters()).startswith("base_model.model.")
+    tracker = MemoryTracker()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    with gradloc_track.watch(model, opt, tracker=tracker, spikes=False, locate=False, console=False):
+        F.cross_entropy(model(batch[:, :-1]).reshape(-1, 64), batch[:, 1:].reshape(-1)).backward()
+        want: dict[str, float] = {}  # the plain loop, before the optimizer's step
+        for name, p in model.named_parameters():
+            if p.grad is not None:
+                layer = layer_of(name[len("base_model.model."):])
+                want[layer] = want.get(layer, 0.0) + float(p.grad.double().pow(2).sum())
+        opt.step()
+    logged = tracker.metrics[0][1]
+    assert sorted(k for k in logged if k.startswith("grad_norm/") and k != "grad_norm/global"
+                  and k != "grad_norm/nonfinite") == sorted(f"grad_norm/{layer}" for layer in want) == [
+        "grad_norm/h.0", "grad_norm/h.1"]
+    for layer, sq in want.items():
+        assert logged[f"grad_norm/{layer}"] == pytest.approx(sq ** 0.5, rel=1e-5)
+    assert not any("base_model" in k for k in logged)
+    wrapped = DistributedDataParallel(peft.get_peft_model(tiny_gpt(), lora))
+    assert ghost_layers(wrapped, batch) == ghost_layers(peft.get_peft_model(tiny_gpt(), lora), batch) == [
+        "h.0", "h.1"]
