@@ -346,6 +346,40 @@ def test_sft_packed_loss_is_trls_and_documents_stay_apart(sft):
     model.train()
 
 
+def test_sft_wrapped_packing_names_documents_at_their_end_of_sequence_tokens(tmp_path):
+    """Held-out tester, stop 57: ``packing_strategy="wrapped"`` cuts the concatenated documents into rows with no
+    position ids, so a micro-batch of one row had one "sample": a bad document carrying the whole spike read
+    "unexplained: ... spread over the batch". Each end-of-sequence token now ends a document, the document map
+    the localizer names units by (the rebuilt loss stays SFTTrainer's)."""
+    from gradloc_track.integrations.trl.sft import SFTAdapter
+
+    bpe, tok = char_tokenizer(tmp_path / "tok")
+    model = gpt2(bpe.vocab_size, tok.pad_token_id, positions=128)
+    docs = [(LETTERS[i % 26:] + LETTERS)[: 6 + i % 9] for i in range(40)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = sft_trainer(tmp_path, tok, model, docs, packing_strategy="wrapped", per_device_train_batch_size=1)
+    model.train()
+    batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    ids = batch["input_ids"][0].tolist()
+    ends = [t for t, i in enumerate(ids) if i == tok.eos_token_id]
+    assert "position_ids" not in batch and len(ends) >= 2 and len(ids) == 48  # one full row of several documents
+    adapter = SFTAdapter(trainer, model)
+    try:
+        theirs = trainer.compute_loss(model, dict(batch))
+        ctx = adapter.context()
+    finally:
+        adapter.remove()
+    restore_rng(ctx.rng_state)
+    assert float(ctx.loss_fn(ctx.token_mask).detach()) == pytest.approx(float(theirs.detach()), rel=1e-5)
+    docs_of = ctx.document_ids[0].tolist()  # the term at t scores token t+1: that token's document
+    want = []  # token k's document: the end-of-sequence tokens before it
+    for t in range(len(ids)):
+        want.append(sum(1 for e in ends if e < min(t + 1, len(ids) - 1)))
+    assert docs_of == want and max(docs_of) >= 2
+    assert torch.equal(ctx.extra_columns["document"], ctx.document_ids)
+
+
 def test_sft_keep_columns_reach_the_culprit_table(sft):
     """keep_columns' dataset index under SFTTrainer: the adapter takes it out of the inputs into the spike context's
     sample columns (held-out tester round 4: the table had no idx column, and nothing said so)."""

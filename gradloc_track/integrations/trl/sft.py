@@ -11,6 +11,10 @@ but the labels (``position_ids`` keeps documents apart, as in training), so
 
 and the (B, T) document map (``SpikeContext.document_ids``, and a ``document`` table column)
 comes from the position-id restarts: term ``t`` belongs to the document of the token it scores.
+``packing_strategy="wrapped"`` cuts the concatenated documents into rows with no position ids (they
+attend across each other, as in pretraining): there each end-of-sequence token ends a document
+(``eos_documents``), so a bad document is named as itself, not as "spread over" a one-row batch
+(held-out tester, stop 57).
 
 Not rebuilt (the run is then monitored, spikes detected, not localized, and the callback says
 why): ``compute_loss_func``, label smoothing, a mixture-of-experts load-balancing loss, sequence
@@ -61,6 +65,25 @@ def document_map(position_ids: torch.Tensor) -> torch.Tensor:
     return torch.cat([doc[:, 1:], doc[:, -1:]], 1)
 
 
+def eos_documents(input_ids: torch.Tensor, eos: int) -> torch.Tensor:
+    """(B, T) document index of the token each position's term scores, documents ending at each ``eos`` token
+    (the end-of-sequence token is its document's last; the token after it starts the next)."""
+    ends = (input_ids == eos).long()
+    doc = ends.cumsum(1) - ends  # the document of each token
+    return torch.cat([doc[:, 1:], doc[:, -1:]], 1)
+
+
+def packed_eos(tr: Any) -> int | None:
+    """The end-of-sequence id that separates SFTTrainer's packed documents (``packing=True``), or None."""
+    args, tok = tr.args, getattr(tr, "processing_class", None)
+    if not getattr(args, "packing", False) or tok is None:
+        return None
+    name = getattr(args, "eos_token", None)
+    eos = tok.convert_tokens_to_ids(name) if name and hasattr(tok, "convert_tokens_to_ids") else None
+    eos = eos if isinstance(eos, int) else getattr(tok, "eos_token_id", None)
+    return eos if isinstance(eos, int) else None
+
+
 @dataclass
 class SFTMicroBatch:
     batch: LMBatch
@@ -69,6 +92,7 @@ class SFTMicroBatch:
     scale: float  # x processes when tokens are averaged across devices (as TRL does)
     dft: bool
     rng: dict
+    eos: int | None = None  # packed documents end at this token where no position ids restart (``wrapped``)
 
     @classmethod
     def record(cls, tr: Any, inputs: dict, num_items: Any) -> "SFTMicroBatch":
@@ -79,12 +103,13 @@ class SFTMicroBatch:
         forward = {k: v for k, v in det.items() if k not in NOT_FORWARDED}
         forward["use_cache"] = False  # as TRL's compute_loss sets it
         return cls(batch, forward, num_items, scale,
-                   getattr(tr.args, "loss_type", "nll") == "dft", save_rng())
+                   getattr(tr.args, "loss_type", "nll") == "dft", save_rng(), packed_eos(tr))
 
     def documents(self) -> torch.Tensor | None:
-        pos = self.forward.get("position_ids")
-        return document_map(pos) if isinstance(pos, torch.Tensor) and pos.shape == self.batch.input_ids.shape \
-            else None
+        ids, pos = self.batch.input_ids, self.forward.get("position_ids")
+        if isinstance(pos, torch.Tensor) and pos.shape == ids.shape:
+            return document_map(pos)
+        return eos_documents(ids, self.eos) if self.eos is not None else None
 
 
 def make_loss_fn(model: torch.nn.Module, mb: SFTMicroBatch) -> Callable[[torch.Tensor], torch.Tensor]:
