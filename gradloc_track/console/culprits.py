@@ -100,12 +100,30 @@ def _unit_line(view: SpikeView, c: Any) -> str:
     what = f"span {c.start}-{c.end - 1}" if c.level == "span" else f"the whole {unit}"
     terms = view.culprit_view.terms(c)
     rl = view.rl_values(c.micro_batch, c.batch, terms)
-    text = view.culprit_view.text_at(c.micro_batch, c.batch, terms)
+    text = _whole_characters(view, c, terms)
     if len(text) > QUOTE:  # longer than its line: from its hottest part, when that is out of view
         shown = _hot_terms(view, c, terms)
         if shown is not None:
             text = "\u2026" + view.culprit_view.text_at(c.micro_batch, c.batch, shown)
     return f"{label}, {what}: {_quote(text)}{share}" + (f"  {rl}" if rl else "")
+
+
+BROKEN = "\ufffd"  # what a byte-level tokenizer decodes a character's later bytes to, without its first
+
+
+def _whole_characters(view: SpikeView, c: Any, terms: list[int]) -> str:
+    """The unit's text, from the first byte of its first character: a document's first token scores no term, so
+    a byte-level BPE that split a character there left its quote starting with U+FFFD (held-out tester, stop 57:
+    ``'\ufffd€™Ã©…'``, a string the user's data does not hold). Up to 3 tokens before the unit are decoded with
+    it when that gives whole characters."""
+    text = view.culprit_view.text_at(c.micro_batch, c.batch, terms)
+    for back in range(1, 4):
+        if not text.startswith(BROKEN) or not terms or terms[0] - back < 0:
+            return text
+        whole = view.culprit_view.text_at(c.micro_batch, c.batch, list(range(terms[0] - back, terms[0])) + terms)
+        if not whole.startswith(BROKEN):
+            return whole
+    return text
 
 
 HOT_LEAD = 3  # terms shown before a long unit's hottest one

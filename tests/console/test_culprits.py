@@ -148,3 +148,25 @@ def test_a_quote_is_never_cut_inside_a_byte_escape():
     assert [_quote(text, n) for n in (7, 8, 9, 10, 11)] == \
         ["'abc\\xb9…'"] * 4 + ["'abc\\xb9\\xd8…'"]
     assert _quote("ab\\", 3) == "'ab\\'" and _quote("x" * 50, 10) == "'" + "x" * 10 + "…'"
+
+
+def test_a_document_starting_inside_a_character_is_quoted_from_the_characters_first_byte(tmp_path):
+    """Held-out tester, stop 57: a document's first token scores no term, so with a byte-level BPE (HF's
+    ``tokenizers``) that split a character there the quote began with U+FFFD ('\ufffd€™Ã©...'), a string the
+    user's data does not hold. It is quoted from the character's first byte."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer, bpe.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    bpe.train_from_iterator(["ab cd"], trainers.BpeTrainer(vocab_size=256 + 4, show_progress=False,
+                                                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe)
+    ids = tok("xy\u2019\u2019z")["input_ids"]  # the quotes are 3 byte tokens each
+    assert len(ids) == 9 and tok.decode(ids[3:]).startswith("\ufffd")  # what the block quoted before
+    ctx = SpikeContext(lambda m: m.sum(), torch.ones(1, 9), input_ids=torch.tensor([ids]), tokenizer=tok,
+                       document_ids=torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1, 1]]))
+    row = Culprit("sample", 2.0, 0.97, batch=0, start=3, end=9, document=1, n_terms=6)
+    text = printed(SpikeView(50, [EVENT], LocateResult([], 4, "auto", 0.1, 2.0, culprits=[row]), ctx), tmp_path)
+    assert "document 1 (sample 0), the whole document: '\u2019\u2019z'  (97% of" in text
+    assert "\ufffd" not in text
