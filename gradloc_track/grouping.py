@@ -29,8 +29,9 @@ WRAPPER_PARTS = frozenset({"_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wra
 WRAPPER_MODULES = frozenset({"DistributedDataParallel", "DataParallel", "DeepSpeedEngine"})
 
 
-# PEFT's ``PeftModel`` (LoRA and the other adapters) holds the model as ``base_model.model``: a LoRA run logs
-# ``grad_norm/model.layers.0`` as the full fine-tune of the same model does, and the two overlay in a chart
+# PEFT's ``PeftModel`` (LoRA and the other adapters) holds the model as ``base_model.model`` (a tuner's): a LoRA
+# run logs ``grad_norm/model.layers.0`` as the full fine-tune of the same model does, and the two overlay in a
+# chart. Prompt learning (prompt, prefix, p-tuning) holds the model itself as ``base_model``: not a prefix to drop
 PEFT_MODELS, PEFT_PREFIX = frozenset({"PeftModel"}), "base_model.model."
 
 
@@ -46,7 +47,8 @@ def wrapper_prefix(model: torch.nn.Module) -> str:
         if not names.isdisjoint(WRAPPER_MODULES) and isinstance(inner, torch.nn.Module):
             prefix, model = prefix + "module.", inner
             continue
-        inner = getattr(getattr(model, "base_model", None), "model", None)
+        tuner = getattr(model, "base_model", None)  # prompt learning (prompt/prefix tuning): the model itself
+        inner = getattr(tuner, "model", None) if any(c.__name__ == "BaseTuner" for c in type(tuner).__mro__) else None
         if not names.isdisjoint(PEFT_MODELS) and isinstance(inner, torch.nn.Module):
             prefix, model = prefix + PEFT_PREFIX, inner
             continue
@@ -67,12 +69,15 @@ def own_named_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Par
     return [(own_name(n, prefix), p) for n, p in model.named_parameters()]
 
 
-def saved_without_wrapper(names: list[str]) -> list[str]:
+def saved_without_wrapper(names: list[str], current: list[str] | None = None,
+                          prefixes: tuple[str, ...] = ("module.", PEFT_PREFIX)) -> list[str]:
     """Names a checkpoint saved before a wrapper's part was dropped, as they read now: every one of them
     starting with DDP's ``module.`` (a wrapper's, not a user's submodule among others) loses it, then PEFT's
-    ``base_model.model.`` likewise (saved before stop 57)."""
-    for prefix in ("module.", PEFT_PREFIX):
-        if names and all(n.startswith(prefix) for n in names):
+    ``base_model.model.`` likewise (saved before stop 57). A prefix the ``current`` names start with too is the
+    model's own (a user's submodule called ``base_model``): kept."""
+    for prefix in prefixes:
+        own = current is not None and any(n.startswith(prefix) for n in current)
+        if names and not own and all(n.startswith(prefix) for n in names):
             names = [n[len(prefix):] for n in names]
     return names
 

@@ -178,7 +178,7 @@ class AdaGC(Clipper):
         check_state(self, state)
         saved = list(state.get("names", self.names))
         if saved != self.names:
-            saved = saved_without_wrapper(saved)
+            saved = saved_without_wrapper(saved, current=self.names)
         per_tensor = self.mode != "global" and state.get("mode", "tensor") == self.mode
         # the same model with other tensors trainable: one name set holds the other (another model's does not)
         nested = set(saved) <= set(self.names) or set(self.names) <= set(saved)

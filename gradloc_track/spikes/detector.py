@@ -65,6 +65,7 @@ from .text_check import WindowText
 # the statistics of the non-norm signals live under these keys (a layer cannot be named so)
 EXTRA = {"loss": "@loss", "sample_loss": "@sample_loss", "update": "@update"}
 SMOOTH = frozenset({"@loss", "@sample_loss"})  # averages over many tokens: their fall is forecast too
+NAMES_READ = 2  # a state's layer names are as the monitor reads them (2: PEFT's base_model.model. dropped too)
 SHIFT_STEPS = 3  # a signal above its band this many steps in a row has moved, not spiked: it is taken in
 
 
@@ -346,17 +347,20 @@ class SpikeDetector:
                 "count": self.count,
                 "history": list(self._history), "score": (self._score_hits, self._score_seen),
                 "last_step": self._last_step, "junk_seen": self.junk.seen, "junk_recent": self.junk.recent,
-                "transient": self.transient.state(), "names_as_read": True, "conditional": sorted(self._conditional)}
+                "transient": self.transient.state(), "names_as_read": NAMES_READ, "conditional": sorted(self._conditional)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         # older states hold 3 (0.1: m4 = 0), 6 (0.3: no trend) or 8 (no warm-up fourth moment: d4 = 0) values
-        from ..grouping import saved_without_wrapper
+        from ..grouping import PEFT_PREFIX, saved_without_wrapper
 
         saved = state["signals"]
         layers = [k for k in saved if k != "global" and not k.startswith("@")]
         # a state from before DDP's ``module.`` was dropped from layer names: as they read now. A state that
-        # says its names are as read (a user's own submodule called ``module`` keeps its name) is taken as is
-        renamed = {} if state.get("names_as_read") else dict(zip(layers, saved_without_wrapper(layers)))
+        # says its names are as read (a user's own submodule called ``module`` keeps its name) is taken as is,
+        # but for PEFT's ``base_model.model.``, read before stop 57 (names_as_read True; 2 since)
+        read = state.get("names_as_read")
+        renamed = {} if read == NAMES_READ else dict(zip(layers, saved_without_wrapper(
+            layers, prefixes=(PEFT_PREFIX,) if read else ("module.", PEFT_PREFIX))))
         self.signals = {renamed.get(k, k): LogSignal(*v, falls=k in SMOOTH) for k, v in saved.items()}
         self.count = int(state["count"])
         self._history = RunningWindow(self.config.score_window, state["history"])

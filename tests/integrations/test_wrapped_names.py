@@ -130,3 +130,81 @@ def test_a_peft_lora_model_logs_the_bare_models_layer_names(gloo):
     wrapped = DistributedDataParallel(peft.get_peft_model(tiny_gpt(), lora))
     assert ghost_layers(wrapped, batch) == ghost_layers(peft.get_peft_model(tiny_gpt(), lora), batch) == [
         "h.0", "h.1"]
+
+
+def test_a_lora_runs_detector_state_saved_with_the_peft_prefix_loads_under_the_bare_names():
+    """Review, stop 57: a LoRA run's detector state saved before PEFT's prefix was dropped (layer signals under
+    ``base_model.model.h.0``, ``names_as_read`` True) kept those keys, and the layers warmed up again from 0."""
+    peft = pytest.importorskip("peft")
+
+    model = peft.get_peft_model(tiny_gpt(), peft.LoraConfig(r=4, target_modules=["qkv", "fc"], lora_dropout=0.0))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+
+    def steps(n):
+        for step in range(n):
+            b = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(step))
+            F.cross_entropy(model(b[:, :-1]).reshape(-1, 64), b[:, 1:].reshape(-1)).backward()
+            opt.step()  # watch()'s optimizer hook monitors the step
+            opt.zero_grad()
+
+    with gradloc_track.watch(model, opt, tracker=MemoryTracker(), console=False, locate=False) as handle:
+        steps(6)
+        state = handle.state_dict()
+    old = state["detector"]  # as a state saved before: the prefix in every layer key, names "as read"
+    old["signals"] = {(k if k == "global" or k.startswith("@") else "base_model.model." + k): v
+                      for k, v in old["signals"].items()}
+    old["names_as_read"] = True
+    with gradloc_track.watch(model, opt, tracker=MemoryTracker(), console=False, locate=False) as handle:
+        handle.load_state_dict(state)
+        layers = {k: int(s.n) for k, s in handle.monitor.detector.signals.items() if "h." in k}
+    assert layers == {"h.0": 6, "h.1": 6}
+
+
+def test_a_models_own_base_model_names_keep_their_adagc_state_after_freezing():
+    """Review, stop 57: a (non-PEFT) model whose tensors are all named ``base_model.model.*`` had its saved AdaGC
+    names stripped of that as PEFT's prefix when they differed from the model's (a tensor frozen since), and the
+    state no longer loaded. A prefix the model's own names carry is the model's."""
+    from gradloc_track.clip.adagc import AdaGC
+
+    class Inner(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+
+    class Mine(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.base_model = Inner()
+
+    torch.manual_seed(0)
+    model = Mine()
+    clip = AdaGC(model)
+    for _ in range(3):
+        model.zero_grad()
+        model.base_model.model(torch.randn(2, 4)).sum().backward()
+        clip.clip()
+    state = clip.state_dict()
+    for p in model.base_model.model[0].parameters():
+        p.requires_grad_(False)
+    again = AdaGC(model)
+    again.load_state_dict(state)
+    assert again.names == ["base_model.model.1.weight", "base_model.model.1.bias"]
+    assert again.state_dict()["steps"] == state["steps"] == 3  # its state, not a new one
+
+
+def test_prompt_tuning_keeps_the_models_own_names():
+    """Review, stop 57: prompt learning (prompt/prefix tuning) holds the model itself as ``base_model``, not a tuner
+    holding it as ``.model``: stripping ``base_model.model.`` there cut the model's own ``model.`` off
+    (``layers.0...`` beside ``base_model.lm_head``). Only a tuner's prefix is dropped."""
+    peft = pytest.importorskip("peft")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from gradloc_track.grouping import own_named_parameters, wrapper_prefix
+
+    torch.manual_seed(0)
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2))
+    model = peft.get_peft_model(llama, peft.PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4))
+    assert wrapper_prefix(model) == ""
+    names = [n for n, _ in own_named_parameters(model)]
+    assert "base_model.model.layers.0.self_attn.q_proj.weight" in names and "base_model.lm_head.weight" in names
