@@ -289,7 +289,8 @@ class WatchHandle:
                           "into its graph, where they record nothing: give watch() the compiled module "
                           "(watch(torch.compile(model), opt), or model.compile() in place) for the loss signals and "
                           "localization; the gradient norms and clipping work either way", UserWarning, stacklevel=2)
-        if ctx is None and not batches:  # what a spike's block says instead of the monitor's "no spike_context passed"
+        if ctx is None and not batches and self.capture is not None:  # a spike's reason (not "no spike_context
+            # passed"); a TRL door records through its adapter, no capture (review, stop 57)
             self.monitor.responder.no_context = (
                 "the model's forward ran traced inside torch.compile, where watch()'s hooks record no batch"
                 if self._warned_traced else "no training forward of the watched model was "

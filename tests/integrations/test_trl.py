@@ -378,6 +378,41 @@ def test_sft_wrapped_packing_names_documents_at_their_end_of_sequence_tokens(tmp
         want.append(sum(1 for e in ends if e < min(t + 1, len(ids) - 1)))
     assert docs_of == want and max(docs_of) >= 2
     assert torch.equal(ctx.extra_columns["document"], ctx.document_ids)
+    # the pad token is the end-of-sequence one here: a short last row's padding ends no document (review: one
+    # "document" per pad position)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        short = sft_trainer(tmp_path / "short", tok, model, [LETTERS[i:i + 8] for i in range(7)],
+                            packing_strategy="wrapped", per_device_train_batch_size=2)  # rows of 48 and 15 tokens
+    batch = short._prepare_inputs(next(iter(short.get_train_dataloader())))
+    assert int(batch["attention_mask"][1].sum()) < 48 and tok.pad_token_id == tok.eos_token_id
+    adapter = SFTAdapter(short, model)
+    try:
+        short.compute_loss(model, dict(batch))
+        row = adapter.context().document_ids[1].tolist()
+    finally:
+        adapter.remove()
+    assert max(row) == 2  # a piece of the row before's document, one whole document, then the padding
+
+
+def test_an_sft_loss_that_is_not_rebuilt_keeps_the_adapters_reason(tmp_path):
+    """Review, stop 57: a TRL door records through its adapter, not the batch capture, so the handle read every
+    step as "no training forward of the watched model was recorded", the reason a spike's record would carry
+    though the forward ran. The adapter's own reason (here label smoothing) is the one said."""
+    from gradloc_track import MemoryTracker
+    from gradloc_track.integrations.hf import GradLocCallback
+
+    bpe, tok = char_tokenizer(tmp_path / "tok")
+    model = gpt2(bpe.vocab_size, tok.pad_token_id, positions=128)
+    docs = [(LETTERS[i % 26:] + LETTERS)[: 6 + i % 9] for i in range(40)]
+    callback = GradLocCallback(tracker=MemoryTracker(), run_dir=tmp_path / "run", console=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = sft_trainer(tmp_path, tok, model, docs, packing=False, label_smoothing_factor=0.1)
+        trainer.add_callback(callback)
+        trainer.train()
+    assert any("label smoothing" in str(w.message) for w in caught)
+    assert callback.handle.monitor.responder.no_context is None
 
 
 def test_sft_keep_columns_reach_the_culprit_table(sft):

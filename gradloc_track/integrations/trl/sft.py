@@ -14,7 +14,9 @@ comes from the position-id restarts: term ``t`` belongs to the document of the t
 ``packing_strategy="wrapped"`` cuts the concatenated documents into rows with no position ids (they
 attend across each other, as in pretraining): there each end-of-sequence token ends a document
 (``eos_documents``), so a bad document is named as itself, not as "spread over" a one-row batch
-(held-out tester, stop 57).
+(held-out tester, stop 57). A chat template whose end-of-turn token is the end-of-sequence one (Qwen's
+``<|im_end|>``, Llama 3's ``<|eot_id|>``) makes each turn a document there (BFD packing names
+conversations).
 
 Not rebuilt (the run is then monitored, spikes detected, not localized, and the callback says
 why): ``compute_loss_func``, label smoothing, a mixture-of-experts load-balancing loss, sequence
@@ -65,10 +67,14 @@ def document_map(position_ids: torch.Tensor) -> torch.Tensor:
     return torch.cat([doc[:, 1:], doc[:, -1:]], 1)
 
 
-def eos_documents(input_ids: torch.Tensor, eos: int) -> torch.Tensor:
+def eos_documents(input_ids: torch.Tensor, eos: int, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
     """(B, T) document index of the token each position's term scores, documents ending at each ``eos`` token
-    (the end-of-sequence token is its document's last; the token after it starts the next)."""
+    (the end-of-sequence token is its document's last; the token after it starts the next). Padding
+    (``attention_mask`` 0) ends nothing: with the pad token the end-of-sequence one (TRL's default when a
+    tokenizer has none), a short last row's padding was one "document" per position (review, stop 57)."""
     ends = (input_ids == eos).long()
+    if attention_mask is not None and attention_mask.shape == input_ids.shape:
+        ends = ends * (attention_mask != 0).long()
     doc = ends.cumsum(1) - ends  # the document of each token
     return torch.cat([doc[:, 1:], doc[:, -1:]], 1)
 
@@ -109,7 +115,7 @@ class SFTMicroBatch:
         ids, pos = self.batch.input_ids, self.forward.get("position_ids")
         if isinstance(pos, torch.Tensor) and pos.shape == ids.shape:
             return document_map(pos)
-        return eos_documents(ids, self.eos) if self.eos is not None else None
+        return eos_documents(ids, self.eos, self.batch.attention_mask) if self.eos is not None else None
 
 
 def make_loss_fn(model: torch.nn.Module, mb: SFTMicroBatch) -> Callable[[torch.Tensor], torch.Tensor]:
