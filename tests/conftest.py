@@ -95,6 +95,7 @@ def once_per_session(tmp_path_factory, name: str, make):
     it and get the same JSON-able result (its files live in ``folder``). Runs that cost a minute (the
     README's demo, a gloo launch of every distributed scenario) are not paid once per worker."""
     import json
+    import shutil
 
     from filelock import FileLock
 
@@ -102,7 +103,8 @@ def once_per_session(tmp_path_factory, name: str, make):
     folder, result = base / f"once-{name}", base / f"once-{name}.json"
     with FileLock(str(base / f"once-{name}.lock")):
         if not result.exists():
-            folder.mkdir(exist_ok=True)
+            shutil.rmtree(folder, ignore_errors=True)  # a failed attempt's leftovers: the retry starts clean
+            folder.mkdir()
             result.write_text(json.dumps(make(folder)))
     return json.loads(result.read_text())
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from ..spikes.event import lead_event
 from ..units import share_list
@@ -18,6 +18,25 @@ def surgery_line(op: Any) -> str:
             f"row(s), one probe): grad norm {op.grad_norm_pre:.3g} -> {op.grad_norm_post:.3g}, then to {op.goes_to}")
 
 
+def shown_order(events: Sequence[Any]) -> list[Any]:
+    """The step's signals as its block lists them: the one it is named by first (``lead_event``), then the
+    strongest (largest z). Listed as the detector found them, a step's largest-sample loss at z 18 and its batch
+    loss at z 15 went under "... and 3 more layer(s)" behind three layers at z 9-12 (held-out tester, stop 57)."""
+    lead = lead_event(list(events))
+    rest = sorted((e for e in events if e is not lead), key=lambda e: -float(getattr(e, "z", 0.0) or 0.0))
+    return ([lead] if lead is not None else []) + rest
+
+
+def _more(hidden: Sequence[Any]) -> str:
+    """``2 more layer(s), 1 more signal (loss/junk_span)``: what the block's first lines leave out."""
+    layers = sum(1 for e in hidden if getattr(e, "is_norm", False))
+    others = [getattr(e, "key", str(getattr(e, "signal", "?"))) for e in hidden if not getattr(e, "is_norm", False)]
+    parts = [f"{layers} more layer(s)"] if layers else []
+    if others:
+        parts.append(f"{len(others)} more signal(s) ({', '.join(others)})")
+    return ", ".join(parts)
+
+
 AFTERMATH = "aftermath of step "  # how an incident's later steps begin their cause (spikes/incidents, weight_check)
 
 
@@ -29,15 +48,16 @@ def spike_block(view: SpikeView, run_dir: Path) -> list[str]:
     if short is not None:
         return [short]
     lines = [f"── spike at step {view.step} " + "─" * 40]
-    for e in view.events[:3]:
+    events = shown_order(view.events)
+    for e in events[:3]:
         if hasattr(e, "describe"):
             lines.append(f"  signal     {e.describe()}")
             continue
         key = getattr(e, "key", f"grad_norm/{e.signal}")  # a loss or the optimizer's update is no grad norm
         lines.append(f"  signal     {key} = {e.value:.3g}, {e.ratio:.1f}x its running mean "
                      f"{e.baseline:.3g} (z = {e.z:.0f})")
-    if len(view.events) > 3:
-        lines.append(f"             ... and {len(view.events) - 3} more layer(s)")
+    if len(events) > 3:
+        lines.append(f"             ... and {_more(events[3:])}")
     cause = view.events[0].cause if view.events else None
     if cause:  # why the step fired (spikes.cause), in words
         lines.append(f"  cause      {cause}: {view.events[0].cause_detail}")

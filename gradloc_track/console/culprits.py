@@ -115,13 +115,16 @@ def _whole_characters(view: SpikeView, c: Any, terms: list[int]) -> str:
     """The unit's text, from the first byte of its first character: a document's first token scores no term, so
     a byte-level BPE that split a character there left its quote starting with U+FFFD (held-out tester, stop 57:
     ``'\ufffd€™Ã©…'``, a string the user's data does not hold). Up to 3 tokens before the unit are decoded with
-    it when that gives whole characters."""
-    text = view.culprit_view.text_at(c.micro_batch, c.batch, terms)
+    it when they end in a character's first bytes (alone they decode to U+FFFD too) and that gives whole
+    characters; a real U+FFFD in the text (bytes EF BF BD) stays as it is (review, stop 57)."""
+    cv = view.culprit_view
+    text = cv.text_at(c.micro_batch, c.batch, terms)
     for back in range(1, 4):
         if not text.startswith(BROKEN) or not terms or terms[0] - back < 0:
             return text
-        whole = view.culprit_view.text_at(c.micro_batch, c.batch, list(range(terms[0] - back, terms[0])) + terms)
-        if not whole.startswith(BROKEN):
+        lead = list(range(terms[0] - back, terms[0]))
+        whole = cv.text_at(c.micro_batch, c.batch, lead + terms)
+        if cv.text_at(c.micro_batch, c.batch, lead).endswith(BROKEN) and not whole.startswith(BROKEN):
             return whole
     return text
 

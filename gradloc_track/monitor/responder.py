@@ -206,7 +206,8 @@ class SpikeResponder:
                 out = SurgeryResult(False, f"surgery failed: {exc!r}")
         if not out.applied:
             log.info("gradloc-track: step %d: spike surgery removed nothing: %s", step, out.reason)
-        out.goes_to = "the clipper" if self.clips else "the optimizer"
+        # (no clipper of ours: a framework may still clip before the optimizer, Lightning's gradient_clip_val)
+        out.goes_to = "the clipper" if self.clips else "the optimizer's step (no gradloc-track clipper)"
         return out
 
     def _name_cause(self, step: int, events: Sequence[SpikeEvent], result: Any, shown: Any) -> Cause:

@@ -347,7 +347,8 @@ class SpikeDetector:
                 "count": self.count,
                 "history": list(self._history), "score": (self._score_hits, self._score_seen),
                 "last_step": self._last_step, "junk_seen": self.junk.seen, "junk_recent": self.junk.recent,
-                "transient": self.transient.state(), "names_as_read": NAMES_READ, "conditional": sorted(self._conditional)}
+                "transient": self.transient.state(), "names_as_read": NAMES_READ,
+                "conditional": sorted(self._conditional)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         # older states hold 3 (0.1: m4 = 0), 6 (0.3: no trend) or 8 (no warm-up fourth moment: d4 = 0) values

@@ -164,3 +164,20 @@ def test_a_later_steps_line_names_no_file_a_scratch_run_dir_loses_and_links_a_ba
         assert "(http://" in line and "artifacts/spikes/events/step_000032.csv" in line, line
     finally:
         scratch.remove()
+
+
+def test_the_block_lists_the_strongest_signals_and_names_what_it_leaves_out(tmp_path):
+    """Held-out tester, stop 57: listed as the detector found them, three layers at z 9-12 filled the block and the
+    step's largest-sample loss (z 18) and batch loss (z 15) went under "... and 3 more layer(s)". The step's lead
+    signal (the layer furthest out here: no global norm fired) comes first, then the strongest; what is left out is
+    counted as layers and signals, by name."""
+    from gradloc_track.spikes.event import SpikeEvent
+
+    rows = [("model.norm", 12.0), ("model.layers.1", 10.0), ("lm_head", 9.0), ("sample_loss", 18.0), ("loss", 15.0),
+            ("junk_span", 9.0)]  # (signal, z) as the detector lists them: layers first
+    events = [SpikeEvent(121, signal, 3.0, 1.0, z, 3.0) for signal, z in rows]
+    view = mojibake_view(121)
+    view.events = events
+    signals = [ln for ln in printed(view, tmp_path).splitlines() if ln.startswith("  signal")]
+    assert [ln.split()[1] for ln in signals] == ["grad_norm/model.norm", "loss/sample_max", "loss"]
+    assert "... and 2 more layer(s), 1 more signal(s) (loss/junk_span)" in printed(view, tmp_path)

@@ -170,3 +170,11 @@ def test_a_document_starting_inside_a_character_is_quoted_from_the_characters_fi
     text = printed(SpikeView(50, [EVENT], LocateResult([], 4, "auto", 0.1, 2.0, culprits=[row]), ctx), tmp_path)
     assert "document 1 (sample 0), the whole document: '\u2019\u2019z'  (97% of" in text
     assert "\ufffd" not in text
+    # a U+FFFD the text really holds (bytes EF BF BD, scraped text has them) is its first character: kept
+    # (review, stop 57: the previous document's 'y' was quoted with it)
+    ids = tok("xy\ufffdzzz")["input_ids"]
+    ctx = SpikeContext(lambda m: m.sum(), torch.ones(1, len(ids)), input_ids=torch.tensor([ids]), tokenizer=tok,
+                       document_ids=torch.tensor([[0, 0] + [1] * (len(ids) - 2)]))
+    row = Culprit("sample", 2.0, 0.97, batch=0, start=2, end=len(ids), document=1, n_terms=len(ids) - 2)
+    text = printed(SpikeView(50, [EVENT], LocateResult([], 4, "auto", 0.1, 2.0, culprits=[row]), ctx), tmp_path)
+    assert "the whole document: '\ufffdzzz'  (97% of" in text
