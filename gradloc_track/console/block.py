@@ -28,7 +28,7 @@ def shown_order(events: Sequence[Any]) -> list[Any]:
 
 
 def _more(hidden: Sequence[Any]) -> str:
-    """``2 more layer(s), 1 more signal (loss/junk_span)``: what the block's first lines leave out."""
+    """``2 more layer(s), 1 more signal(s) (loss/junk_span)``: what the block's first lines leave out."""
     layers = sum(1 for e in hidden if getattr(e, "is_norm", False))
     others = [getattr(e, "key", str(getattr(e, "signal", "?"))) for e in hidden if not getattr(e, "is_norm", False)]
     parts = [f"{layers} more layer(s)"] if layers else []
