@@ -14,8 +14,10 @@ def surgery_line(op: Any) -> str:
     """What ``spikes.response=surgery`` did to the step (a ``SurgeryResult``)."""
     if not op.applied:
         return f"  surgery    nothing removed: {op.reason}"
+    # with no clipper of ours a framework may still clip before the optimizer (Lightning's gradient_clip_val)
+    then = "the clipper" if op.clipped_after else "the optimizer's step (no gradloc-track clipper)"
     return (f"  surgery    removed {op.removed_share:.0%} of the step's squared grad norm ({op.culprits} culprit "
-            f"row(s), one probe): grad norm {op.grad_norm_pre:.3g} -> {op.grad_norm_post:.3g}, then to {op.goes_to}")
+            f"row(s), one probe): grad norm {op.grad_norm_pre:.3g} -> {op.grad_norm_post:.3g}, then to {then}")
 
 
 def shown_order(events: Sequence[Any]) -> list[Any]:

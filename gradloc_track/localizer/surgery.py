@@ -65,7 +65,7 @@ class SurgeryResult:
     probes: int = 0  # forward+backward passes: one probe (a backward per micro-batch holding a culprit), or 0
     # when the search's own sum of the culprits' probes served (``cut.CulpritCut``)
     wall_time_s: float = 0.0
-    goes_to: str = "the clipper"  # what gets the operated gradient next (with no clipper of ours: the step's)
+    clipped_after: bool = True  # a clipper of ours gets the operated gradient (else it goes on to the step)
 
     def metrics(self) -> dict[str, float]:
         """``surgery/applied`` always; the share removed and the norm after surgery when applied."""

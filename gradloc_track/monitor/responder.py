@@ -206,8 +206,7 @@ class SpikeResponder:
                 out = SurgeryResult(False, f"surgery failed: {exc!r}")
         if not out.applied:
             log.info("gradloc-track: step %d: spike surgery removed nothing: %s", step, out.reason)
-        # (no clipper of ours: a framework may still clip before the optimizer, Lightning's gradient_clip_val)
-        out.goes_to = "the clipper" if self.clips else "the optimizer's step (no gradloc-track clipper)"
+        out.clipped_after = self.clips
         return out
 
     def _name_cause(self, step: int, events: Sequence[SpikeEvent], result: Any, shown: Any) -> Cause:
