@@ -56,6 +56,12 @@ class SpikeConfig:
     # the largest per-sample loss must also exceed sample_min_ratio x its running mean (clean batches
     # hold odd samples: a table, a hex dump)
     sample_min_ratio: float = 1.5
+    # ... and each must also rise at least this many nats above its running mean: where the model has memorised
+    # its data (a loss of 0.1), a clean batch at 0.18 is 1.8x its mean with a z of 5-6 (held-out testers, stop 57:
+    # 3-10 such events in 150 clean steps). Chosen on the development side (spike zoo and the held-out zoo's dev
+    # half) as half the smallest rise of a harmful step the loss signals alone caught there; 0 = off
+    loss_min_rise: float = 0.2
+    sample_min_rise: float = 0.8
     # a run of loss terms the model rates below chance (spikes.junk): a garbled span inside a clean
     # sample, invisible to the sample's mean loss and to the norms (after_backward(junk_span=...);
     # watch() and the HF callback measure it from the model's logits)
@@ -107,6 +113,10 @@ class SpikeConfig:
         for name in ("loss_min_ratio", "sample_min_ratio"):
             value = getattr(self, name)
             check(1.0 <= value < float("inf"), f"spikes.{name}", value, "use a ratio of 1 or more (1 = no guard)")
+        for name in ("loss_min_rise", "sample_min_rise"):
+            value = getattr(self, name)
+            check(0.0 <= value < float("inf"), f"spikes.{name}", value,
+                  "use 0 (off) or a rise in nats above the running mean (e.g. 0.2)")
         check(self.junk_terms >= 1, "spikes.junk_terms", self.junk_terms,
               "use a run of 1 or more loss terms (e.g. 16)")
         check(-float("inf") < self.junk_margin < float("inf"), "spikes.junk_margin", self.junk_margin,

@@ -4,7 +4,8 @@ about to make.
 
 Every signal is a ``LogSignal`` (``spikes/signal.py``): a baseline that follows early training's
 fall (~10 steps) and a variance and fourth moment over ~100 steps. After its warm-up a signal fires
-when ``z > z_eff and ratio > min_ratio`` (``loss_min_ratio`` for the losses), or ``ratio >
+when ``z > z_eff and ratio > min_ratio`` (``loss_min_ratio`` for the losses, which must also rise
+``loss_min_rise`` / ``sample_min_rise`` nats: a memorised loss of 0.1 doubles on a clean batch), or ``ratio >
 ratio_thresh`` (a 20x safety net, gradient norms only), and the optimizer's update above
 ``update_ratio_thresh`` (3x: Adam normalises its step, so a clean update barely moves).
 
@@ -270,7 +271,8 @@ class SpikeDetector:
             ratio = {"loss": cfg.loss_min_ratio, "sample_loss": cfg.sample_min_ratio}.get(name, cfg.min_ratio)
             ev = self._check(EXTRA[name], name, step, x, pending, ratio,
                              safety_net=cfg.update_ratio_thresh if name == "update" else None,
-                             z_thresh=cfg.loss_z_thresh if name != "update" else None)
+                             z_thresh=cfg.loss_z_thresh if name != "update" else None,
+                             min_rise={"loss": cfg.loss_min_rise, "sample_loss": cfg.sample_min_rise}.get(name, 0.0))
             if EXTRA[name] in self._z:  # a z computed this step (none for a value <= 0 or in the warm-up)
                 self._last[f"spike/zscore_{name}"] = min(self._z[EXTRA[name]], 1e6)
             else:
@@ -298,9 +300,12 @@ class SpikeDetector:
             p.sig.absorb(lx, cfg.alpha, cfg.baseline_alpha, cfg.warmup_steps, moments=not fired)
 
     def _check(self, key: str, name: str, step: int, x: float, pending: list[_Pending], min_ratio: float,
-               safety_net: float | None, z_thresh: float | None = None) -> SpikeEvent | None:
+               safety_net: float | None, z_thresh: float | None = None,
+               min_rise: float = 0.0) -> SpikeEvent | None:
         """Does ``x`` fire on signal ``key`` (reported as ``name``)? ``safety_net``: the ratio above which
-        it fires whatever the noise (None: none). A post-warm-up value joins ``pending`` for ``_absorb``."""
+        it fires whatever the noise (None: none); ``min_rise``: how far above the forecast, in the value's own
+        units (the losses' nats), a value the z rule fires on must also be. A post-warm-up value joins ``pending``
+        for ``_absorb``."""
         cfg = self.config
         sig = self.signals.get(key)
         if sig is None:
@@ -331,7 +336,7 @@ class SpikeDetector:
                 level = min(level, math.log(safety_net))
             self._last["spike/threshold"] = math.exp(min(MAX_LOG, sig.forecast + level))
         net = safety_net is not None and ratio > safety_net
-        if (z > z_eff and ratio > min_ratio) or net:
+        if (z > z_eff and ratio > min_ratio and x - x / ratio > min_rise) or net:
             return SpikeEvent(step, name, x, sig.baseline, z, ratio)
         return None
 

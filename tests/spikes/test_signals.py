@@ -75,6 +75,41 @@ def test_non_finite_losses_always_fire_and_never_enter():
         assert det.signals[key].as_tuple()[1:] == pytest.approx(ref.signals[key].as_tuple()[1:])
 
 
+def memorised(steps: int, seed: int = 0):
+    """A model that memorised its data: the batch loss near 0.1 and the largest sample's near 0.3, each
+    moving with which rows the batch drew (log-normal, sigma 0.12 and 0.1)."""
+    rng = random.Random(seed)
+    for s in range(steps):
+        yield s, 0.1 * math.exp(rng.gauss(0, 0.12)), 0.3 * math.exp(rng.gauss(0, 0.1))
+
+
+def memorised_events(det: SpikeDetector, at: int, loss: float | None = None, sample: float | None = None):
+    out = {}
+    for s, batch, top in memorised(200):
+        if s == at:
+            batch, top = loss if loss is not None else batch, sample if sample is not None else top
+        events = det.update(s, 1.0, {"h.0": 0.5}, loss=batch, sample_losses=[batch, top])
+        if events:
+            out[s] = [(e.signal, round(e.value - e.baseline, 3)) for e in events]
+    return out
+
+
+def test_a_memorised_batch_a_few_hundredths_of_a_nat_up_is_no_spike():
+    """Held-out testers, stop 57/58: where the loss is 0.1, a clean batch at 0.18 (1.8x, z 5-6) and a row at 0.6 (2x)
+    fired as ``data`` naming a clean, memorised sample. The rise floors (nats) keep them quiet; a junk row
+    (a few nats) still fires, and with the floors off the same steps fire (the floors are what silence them)."""
+    off = {"loss_min_rise": 0.0, "sample_min_rise": 0.0}
+    assert memorised_events(SpikeDetector(**off), 150, loss=0.18) == {150: [("loss", pytest.approx(0.08, abs=0.01))]}
+    assert memorised_events(SpikeDetector(), 150, loss=0.18) == {}
+    assert memorised_events(SpikeDetector(**off), 150, sample=0.6) == {
+        150: [("sample_loss", pytest.approx(0.3, abs=0.02))]}
+    assert memorised_events(SpikeDetector(), 150, sample=0.6) == {}
+    junk = memorised_events(SpikeDetector(), 150, loss=0.1 + 5.0 / 8, sample=5.0)  # one junk row in 8
+    assert [name for name, _ in junk[150]] == ["loss", "sample_loss"] and set(junk) == {150}
+    # the floor is in nats above the running mean, the value the event reports as its baseline
+    assert SpikeConfig().loss_min_rise < junk[150][0][1] and SpikeConfig().sample_min_rise < junk[150][1][1]
+
+
 def test_a_learning_rate_jump_fires_on_the_update_alone():
     """The gradient does not change at a learning-rate jump; the update does (10x)."""
     def lr_jump(s, g, layers, kw):
@@ -156,7 +191,8 @@ def test_event_keys_name_the_metric_read():
 
 
 @pytest.mark.parametrize("field,value", [("loss_min_ratio", 0.5), ("noise_floor", -1e-7), ("noise_floor", 1.0),
-                                         ("loss_signal", "yes")])
+                                         ("loss_signal", "yes"), ("loss_min_rise", -0.1),
+                                         ("sample_min_rise", float("inf"))])
 def test_new_fields_are_validated_by_name(field, value):
     with pytest.raises(ConfigError, match=f"spikes.{field}"):
         SpikeConfig(**{field: value})
