@@ -80,7 +80,7 @@ class Incidents:
             inc.last = step
             inc.moved = inc.moved or moved
             return Cause(inc.cause.name, f"aftermath of step {inc.step} ({inc.cause.name}): "
-                                         f"{_still(inc, lr)}; on its own this step would read: {cause.detail}",
+                                         f"{_still(inc, lr)}; {_own(cause, inc)}",
                          aftermath_of=inc.step, own=cause.name)
         if cause.name in OPENS:  # a new incident; one of the open one's cause is the newer, nearer explanation
             again = live and cause.name == inc.cause.name
@@ -109,6 +109,19 @@ class Incidents:
         self.open = None if state is None else Incident(int(state["step"]), Cause(*state["cause"]),
                                                         int(state["last"]), state.get("base_lr"),
                                                         bool(state.get("moved", True)), state.get("base_step"))
+
+
+def _own(cause: Cause, inc: Incident) -> str:
+    """What the linked step showed itself. An ``optimizer`` reading guesses why Adam's state makes a normal gradient a
+    large step (a second moment decayed, an unfreeze, a resume); inside an incident the reason is known: the moments
+    still hold what the incident's step put there (held-out tester, stop 58: two steps after a garbage row the
+    console blamed a decayed second moment)."""
+    if cause.name == "optimizer":
+        update = cause.detail.split(" while ")[0].split(" and no culprit")[0]
+        held = ("the gradients of the steps the raised learning rate moved" if inc.cause.name == "schedule" else
+                f"step {inc.step}'s gradient")
+        return f"{update.replace('the optimizer', 'this step', 1)}: the optimizer's moments still carry {held}"
+    return f"on its own this step would read: {cause.detail}"
 
 
 def _still(inc: Incident, lr: float | None) -> str:
