@@ -2,10 +2,11 @@
 
 - ``leaked_labels`` fired: every row of the context's ``leaked_labels`` column at ``spikes.junk.LEAKED``.
 - ``sample_loss`` fired: every row whose mean loss (``SpikeContext.sample_losses``, the signal's own
-  measure) is ``spikes.sample_min_ratio`` x the signal's running mean or more and nearer the loudest row
-  than that mean (in log space), when they are at most half of the step's rows (a batch whose every row
-  rose is the batch loss's business, not a few rows'). Not in a micro-batch of packed rows: the loss is a
-  row's, the culprit would be one of its documents.
+  measure) is ``spikes.sample_min_ratio`` x the signal's running mean or more, ``spikes.sample_min_rise`` nats
+  above it or more (the signal's own floor), and nearer the loudest row than that mean (in log space), when
+  they are at most half of the step's rows (a batch whose every row rose is the batch loss's business, not a
+  few rows'). Not in a micro-batch of packed rows: the loss is a row's, the culprit would be one of its
+  documents.
 - ``junk_span`` fired: in every row whose largest window is above ``spikes.junk_margin``, the run of
   windows around it still nearer chance than learned text (above ``EXTEND``: junk averages chance, its
   windows wander around 0 and only some clear the margin; clean text sits at ``junk.LEARNED`` and below;
@@ -39,16 +40,17 @@ LOSS_REASON = "its loss made the sample-loss signal fire"
 JUNK_REASON = "a run the model rates below chance"
 
 
-def flag_rule(detector: Any) -> tuple[int, float, float]:
-    """The detector's (``junk_terms``, ``junk_margin``, ``sample_min_ratio``); the defaults for a detector of
-    the user's own."""
+def flag_rule(detector: Any) -> tuple[int, float, float, float]:
+    """The detector's (``junk_terms``, ``junk_margin``, ``sample_min_ratio``, ``sample_min_rise``); the defaults
+    for a detector of the user's own."""
     cfg = getattr(detector, "config", None)
     cfg = cfg if isinstance(cfg, SpikeConfig) else SpikeConfig()
-    return cfg.junk_terms, cfg.junk_margin, cfg.sample_min_ratio
+    return cfg.junk_terms, cfg.junk_margin, cfg.sample_min_ratio, cfg.sample_min_rise
 
 
 def data_flags(events: Sequence[Any], ctx: Any, junk: Any, terms: int, margin: float,
-               sample_ratio: float = SpikeConfig.sample_min_ratio) -> tuple[Flag, ...]:
+               sample_ratio: float = SpikeConfig.sample_min_ratio,
+               sample_rise: float = SpikeConfig.sample_min_rise) -> tuple[Flag, ...]:
     """The flags of the signals among ``events`` (``junk``: the step's ``JunkSpan``, or one per micro-batch)."""
     if ctx is None:
         return ()
@@ -67,8 +69,11 @@ def data_flags(events: Sequence[Any], ctx: Any, junk: Any, terms: int, margin: f
         # nearer the loudest row than the running mean (in log space) as well: the rows that made it fire, not
         # every row above the mean of a model that predicts most rows almost perfectly (a rare token's row at
         # 2.0 and clean rows at 0.1-0.2 were named beside the garbage document at 11.3 against a mean of 0.06)
-        level = max(lead.baseline * sample_ratio, math.sqrt(max(lead.baseline, 0.0) * lead.value)) \
-            if math.isfinite(lead.value) else lead.baseline * sample_ratio
+        # and the signal's own floor in nats: a clean row of a memorised run at +0.4 nats beside a garbage row
+        # that passed it is no culprit (review, stop 58)
+        level = max(lead.baseline * sample_ratio, lead.baseline + sample_rise)
+        if math.isfinite(lead.value):
+            level = max(level, math.sqrt(max(lead.baseline, 0.0) * lead.value))
         out += _loud_rows(ctx.sample_losses, level, getattr(ctx, "document_ids", None), alone)
     return tuple(out)
 

@@ -207,9 +207,11 @@ class GradMonitor:
         logging steps. Weight norms are computed on logging steps only. ``spike_context`` may be a
         zero-argument callable returning the ``SpikeContext``: it is called only when a spike fires
         (or every armed step for a ``fixed``-mode detector, which needs the token count). ``loss`` (the
-        step's training loss, a tensor or a number) and ``sample_losses`` (each sample's mean loss: a
+        step's training loss, a tensor or a number: the mean over its loss terms, in nats, not divided by the
+        accumulation steps) and ``sample_losses`` (each sample's mean loss: a
         (B,) tensor, or one per micro-batch; ``gradloc_track.spikes.sample_losses`` computes it as
-        ``watch()`` does) feed the detector's loss signals when given;
+        ``watch()`` does) feed the detector's loss signals when given (their floors, ``spikes.loss_min_rise``
+        and ``sample_min_rise``, are in nats);
         ``junk_span`` (``gradloc_track.spikes.junk.junk_span(logits, targets, input_ids)``, or one per
         micro-batch) feeds the junk signal (a run of terms the model rates below chance);
         they ride in the same transfer, as does the optimizer's update (``spikes.update_signal``).

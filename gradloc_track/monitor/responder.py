@@ -57,7 +57,8 @@ class SpikeResponder:
         self.joined: tuple[str, ...] = ()  # the tensors that started training at the step responded to (an unfreeze)
         self.incidents = Incidents()  # a step in an explained incident's recovery reports its cause
         self.corrupt: Any = None  # a weight found corrupt (weight_check.CorruptWeight) while it stays so
-        self.flag_rule = flag_rule(None)  # the detector's (junk_terms, junk_margin, sample_min_ratio), for data_flags
+        # the detector's (junk_terms, junk_margin, sample_min_ratio, sample_min_rise), for data_flags
+        self.flag_rule = flag_rule(None)
         self.no_context: str | None = None  # why a front door had no context this step (watch(): its reason)
 
     def state_dict(self) -> dict[str, Any]:

@@ -304,3 +304,21 @@ def test_the_ghost_method_keeps_its_own_search_beside_flags_that_are_the_answer(
     flag = Flag(0, 2, 4, 12, "a run the model rates below chance", alone=True)
     res = gradloc_track.locate(model, loss_fn, torch.ones(B, T), method="ghost", flagged=[flag])
     assert [(c.batch, c.position) for c in res.tokens] == [(5, 3)]
+
+
+def test_clean_rows_under_the_sample_signals_floor_are_not_flagged_beside_the_row_that_passed_it():
+    """Review, stop 58: in a memorised run (the largest row's running mean 0.30) a garbage row at 1.30 passed
+    ``spikes.sample_min_rise`` (0.8 nats) and fired; two clean rows at 0.70, +0.40 nats, were flagged beside it
+    (the level read the ratio and the geometric mean, 0.63, not the floor) and named as the step's answer."""
+    from gradloc_track.config import SpikeConfig
+    from gradloc_track.monitor.data_flags import flag_rule
+    from gradloc_track.spikes import SpikeDetector
+
+    losses = torch.tensor([0.1, 0.1, 0.1, 0.1, 0.1, 0.7, 0.7, 1.3])
+    ctx = SimpleNamespace(sample_columns={}, input_ids=None, tokenizer=None, sample_losses=losses)
+    fired = SpikeEvent(150, "sample_loss", 1.3, 0.304, 9.0, 1.3 / 0.304)
+    rule = flag_rule(SpikeDetector())
+    assert rule == (16, 0.1, 1.5, SpikeConfig().sample_min_rise)
+    assert [(f.row, f.alone) for f in data_flags([fired], ctx, None, *rule)] == [(7, True)]
+    # without the floor the old level (0.63) names the clean rows too: the floor is what keeps them out
+    assert [f.row for f in data_flags([fired], ctx, None, 16, 0.1, 1.5, 0.0)] == [5, 6, 7]
