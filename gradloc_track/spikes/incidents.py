@@ -80,7 +80,7 @@ class Incidents:
             inc.last = step
             inc.moved = inc.moved or moved
             return Cause(inc.cause.name, f"aftermath of step {inc.step} ({inc.cause.name}): "
-                                         f"{_still(inc, lr)}; {_own(cause, inc)}",
+                                         f"{_still(inc, lr)}; {_own(cause, inc, lr)}",
                          aftermath_of=inc.step, own=cause.name)
         if cause.name in OPENS:  # a new incident; one of the open one's cause is the newer, nearer explanation
             again = live and cause.name == inc.cause.name
@@ -111,17 +111,21 @@ class Incidents:
                                                         bool(state.get("moved", True)), state.get("base_step"))
 
 
-def _own(cause: Cause, inc: Incident) -> str:
+def _own(cause: Cause, inc: Incident, lr: float | None) -> str:
     """What the linked step showed itself. An ``optimizer`` reading guesses why Adam's state makes a normal gradient a
-    large step (a second moment decayed, an unfreeze, a resume); inside an incident the reason is known: the moments
-    still hold what the incident's step put there (held-out tester, stop 58: two steps after a garbage row the
-    console blamed a decayed second moment)."""
-    if cause.name == "optimizer":
-        update = cause.detail.split(" while ")[0].split(" and no culprit")[0]
-        held = ("the gradients of the steps the raised learning rate moved" if inc.cause.name == "schedule" else
-                f"step {inc.step}'s gradient")
-        return f"{update.replace('the optimizer', 'this step', 1)}: the optimizer's moments still carry {held}"
-    return f"on its own this step would read: {cause.detail}"
+    large step (a second moment decayed, an unfreeze, a resume); inside an incident that moved the gradient or the
+    learning rate the reason is known (held-out tester, stop 58: two steps after a garbage row the console blamed a
+    decayed second moment). Tensors that joined (a ``schedule`` with no learning-rate jump) keep the guess: their
+    young state is one of its reasons."""
+    if cause.name != "optimizer" or (inc.cause.name == "schedule" and inc.base_lr is None):
+        return f"on its own this step would read: {cause.detail}"
+    update = cause.detail.split(" while ")[0].split(": the optimizer's state")[0]
+    update = update.replace("the optimizer", "this step", 1)
+    if inc.lr_raised(lr):
+        return f"{update}, at the raised learning rate"
+    held = f"the gradients since the learning-rate jump at step {inc.base_step or inc.step}" \
+        if inc.cause.name == "schedule" else f"step {inc.step}'s gradient"
+    return f"{update}: the optimizer's moments still carry {held}"
 
 
 def _still(inc: Incident, lr: float | None) -> str:

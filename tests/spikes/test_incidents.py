@@ -163,4 +163,19 @@ def test_an_update_spike_after_a_garbage_step_is_its_momentum_not_a_decayed_seco
     lr = Incidents()
     lr.link(250, SCHEDULE, lr=0.05, prev_lr=0.001)
     after = lr.link(252, own, lr=0.001, prev_lr=0.05)
-    assert after.detail.endswith("still carry the gradients of the steps the raised learning rate moved")
+    assert after.detail.endswith("still carry the gradients since the learning-rate jump at step 250")
+    raised = lr.link(253, own, lr=0.05, prev_lr=0.05)  # still raised: the lr, not old moments (review, stop 58)
+    assert raised.detail.endswith("this step's update is 3.1x its running mean (z = 6), at the raised learning rate")
+    # tensors that joined at an unchanged lr: the young state is the reason, the reading's own words keep it
+    joined = Incidents()
+    joined.link(300, Cause("schedule", "2 tensors started training at step 300"), lr=0.001, prev_lr=0.001)
+    assert joined.link(302, own, lr=0.001, prev_lr=0.001).detail.endswith(f"on its own this step would read: "
+                                                                           f"{own.detail}")
+    # the update and the global norm fired, no culprit: that much of the reading stays
+    both = name_cause(Evidence(events=[SpikeEvent(242, "update", 3.1, 1.0, 6.0, 3.1),
+                                       SpikeEvent(242, "global", 4.0, 1.0, 9.0, 4.0)]))
+    assert both.name == "optimizer" and "and no culprit stands out" in both.detail
+    got = Incidents()
+    got.link(240, Cause("data", "sample 1 carries 95%"), moved=True)
+    assert got.link(242, both).detail.endswith("this step's update is 3.1x its running mean (z = 6) and no culprit "
+                                               "stands out: the optimizer's moments still carry step 240's gradient")
