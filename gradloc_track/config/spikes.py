@@ -56,10 +56,11 @@ class SpikeConfig:
     # the largest per-sample loss must also exceed sample_min_ratio x its running mean (clean batches
     # hold odd samples: a table, a hex dump)
     sample_min_ratio: float = 1.5
-    # ... and each must also rise at least this many nats above its running mean: where the model has memorised
-    # its data (a loss of 0.1), a clean batch at 0.18 is 1.8x its mean with a z of 5-6 (held-out testers, stop 57:
-    # 3-10 such events in 150 clean steps). Chosen on the development side (spike zoo and the held-out zoo's dev
-    # half) as half the smallest rise of a harmful step the loss signals alone caught there; 0 = off
+    # ... and each must also rise at least this many nats above its running mean (loss= and sample_losses= are
+    # means over loss terms, in nats): where the model has memorised its data (a loss of 0.1), a clean batch at
+    # 0.18 is 1.8x its mean with a z of 5-6 (held-out testers, stops 57-58: 3-10 events per clean run). Chosen on
+    # the development side (spike zoo, held-out zoo's dev half) as half the smallest rise on a harmful step only
+    # the losses fired on (0.46 and 1.68 nats); 0 = off
     loss_min_rise: float = 0.2
     sample_min_rise: float = 0.8
     # a run of loss terms the model rates below chance (spikes.junk): a garbled span inside a clean
