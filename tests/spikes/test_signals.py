@@ -94,7 +94,7 @@ def memorised_events(det: SpikeDetector, at: int, loss: float | None = None, sam
     return out
 
 
-def test_a_memorised_batch_a_few_hundredths_of_a_nat_up_is_no_spike():
+def test_a_memorised_batch_or_row_a_fraction_of_a_nat_up_is_no_spike():
     """Held-out testers, stop 57/58: where the loss is 0.1, a clean batch at 0.18 (1.8x, z 5-6) and a row at 0.6 (2x)
     fired as ``data`` naming a clean, memorised sample. The rise floors (nats) keep them quiet; a junk row
     (a few nats) still fires, and with the floors off the same steps fire (the floors are what silence them)."""
