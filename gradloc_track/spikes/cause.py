@@ -175,6 +175,14 @@ def _irreproducible(ev: Evidence) -> Cause | None:
                                    "a hardware fault or silent data corruption")
 
 
+# what an ``optimizer`` cause says after its update line: a guess at why the state made the step large (an incident's
+# aftermath, where the reason is known, says that instead: ``incidents``)
+STATE_REASON = (" while the gradient norms and losses are ordinary: the optimizer's state makes a normal gradient a "
+                "large step (its second moment is small against this gradient: decayed over quieter steps, new "
+                "parameters such as an unfreeze, or lost on a resume)")
+STATE_NOT_SAMPLE = ": the optimizer's state, not one sample, made the step large"
+
+
 def _update_line(ev: Evidence) -> str:
     u = _fired(ev, "update")[0]
     return f"the optimizer's update is {u.ratio:.3g}x its running mean (z = {u.z:.0f})"
@@ -183,10 +191,7 @@ def _update_line(ev: Evidence) -> str:
 def _optimizer_alone(ev: Evidence) -> Cause | None:
     if not _fired(ev, "update") or _norm_events(ev) or _fired(ev, *LOSS_SIGNALS):
         return None
-    return Cause("optimizer", f"{_update_line(ev)} while the gradient norms and losses are ordinary: the "
-                              "optimizer's state makes a normal gradient a large step (its second moment is small "
-                              "against this gradient: decayed over quieter steps, new parameters such as an "
-                              "unfreeze, or lost on a resume)")
+    return Cause("optimizer", _update_line(ev) + STATE_REASON)
 
 
 def _top(ev: Evidence) -> str:
@@ -271,8 +276,7 @@ def _loss_scale(ev: Evidence) -> Cause | None:
 def _optimizer_no_culprit(ev: Evidence) -> Cause | None:
     if not _fired(ev, "update"):
         return None
-    return Cause("optimizer", f"{_update_line(ev)} and no culprit stands out: the optimizer's state, not one sample, "
-                              "made the step large")
+    return Cause("optimizer", f"{_update_line(ev)} and no culprit stands out{STATE_NOT_SAMPLE}")
 
 
 def _unexplained(ev: Evidence) -> str:

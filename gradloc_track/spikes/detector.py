@@ -268,11 +268,11 @@ class SpikeDetector:
             if name not in values:  # not read this step (the update after a step that fired): no z logged, not the
                 self._last.pop(f"spike/zscore_{name}", None)  # last one again (held-out testers, stop 55)
         for name, x in values.items():
-            ratio = {"loss": cfg.loss_min_ratio, "sample_loss": cfg.sample_min_ratio}.get(name, cfg.min_ratio)
+            ratio, rise = {"loss": (cfg.loss_min_ratio, cfg.loss_min_rise),
+                           "sample_loss": (cfg.sample_min_ratio, cfg.sample_min_rise)}.get(name, (cfg.min_ratio, 0.0))
             ev = self._check(EXTRA[name], name, step, x, pending, ratio,
                              safety_net=cfg.update_ratio_thresh if name == "update" else None,
-                             z_thresh=cfg.loss_z_thresh if name != "update" else None,
-                             min_rise={"loss": cfg.loss_min_rise, "sample_loss": cfg.sample_min_rise}.get(name, 0.0))
+                             z_thresh=cfg.loss_z_thresh if name != "update" else None, min_rise=rise)
             if EXTRA[name] in self._z:  # a z computed this step (none for a value <= 0 or in the warm-up)
                 self._last[f"spike/zscore_{name}"] = min(self._z[EXTRA[name]], 1e6)
             else:

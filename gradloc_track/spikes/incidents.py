@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .cause import LR_JUMP, Cause
+from .cause import LR_JUMP, STATE_NOT_SAMPLE, STATE_REASON, Cause
 
 WINDOW = 20  # steps past an incident's last detected step that are still its recovery
 MAX_SPAN = 200  # steps an incident links at most, however often it fires (the schedule's raised lr aside)
@@ -119,7 +119,7 @@ def _own(cause: Cause, inc: Incident, lr: float | None) -> str:
     young state is one of its reasons."""
     if cause.name != "optimizer" or (inc.cause.name == "schedule" and inc.base_lr is None):
         return f"on its own this step would read: {cause.detail}"
-    update = cause.detail.split(" while ")[0].split(": the optimizer's state")[0]
+    update = cause.detail.removesuffix(STATE_REASON).removesuffix(STATE_NOT_SAMPLE)  # the reading's own guess off
     update = update.replace("the optimizer", "this step", 1)
     if inc.lr_raised(lr):
         return f"{update}, at the raised learning rate"
