@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 from .block import spike_block
 from .culprits import SpikeView
+from .flood import AftermathLines
 
 
 class TrainConsole:
@@ -29,6 +30,7 @@ class TrainConsole:
         self._rich = tty if rich is None else rich
         self._progress = self._task = None
         self._total = 0
+        self._aftermath = AftermathLines()  # an incident that fires on every step: a few of its lines (flood.py)
         if self._rich:
             try:
                 from rich.console import Console
@@ -80,11 +82,22 @@ class TrainConsole:
         ``not_localized``: a better reason than ``stats.not_localized`` when the caller knows one.
         Printing never raises into training: a failure is a warning."""
         try:
-            text = "\n".join(spike_block(SpikeView.of(stats, not_localized), Path(run_dir)))
+            view = SpikeView.of(stats, not_localized)
+            lines = spike_block(view, Path(run_dir))
         except Exception as exc:  # the console is a nicety: never kill training over it
             warnings.warn(f"gradloc-track: could not print the spike block of step {stats.step}: {exc!r}")
             return
-        self.print(text)
+        self.block(lines, view.aftermath_of)
+
+    def block(self, lines: Sequence[str], aftermath_of: int | None = None) -> None:
+        """Print a spike block; a one-line aftermath step of the incident begun at ``aftermath_of`` only when
+        ``flood.AftermathLines`` says so (an incident that fires on every step prints a few of them)."""
+        if aftermath_of is not None and len(lines) == 1:
+            shown = self._aftermath.line(aftermath_of, lines[0])
+            if shown is None:
+                return
+            lines = [shown]
+        self.print("\n".join(lines))
 
     def summary(self, lines: Sequence[str]) -> None:
         self.close()

@@ -51,3 +51,37 @@ def test_a_console_on_stderr_writes_where_stderr_is_at_each_print():
     with contextlib.redirect_stderr(buf):
         console.print("── spike at step 3")
     assert buf.getvalue() == "── spike at step 3\n"
+
+
+def test_an_incident_firing_on_every_step_prints_a_few_of_its_aftermath_lines(tmp_path):
+    """Issue 37, 'not one event per step': a weight that stays corrupt printed one aftermath line on each of 100
+    skipped steps (held-out zoo, GPT-2). The console prints the incident's first five, then its 8th, 16th, 32nd
+    and 64th with the count; a new incident counts from 1 again; a full block is never held back."""
+    import dataclasses
+
+    from gradloc_track.console import SpikeView
+
+    from .cases import EVENT
+
+    def later(step: int, first: int) -> SpikeView:
+        ev = dataclasses.replace(EVENT, step=step, cause="numeric",
+                                 cause_detail=f"aftermath of step {first} (numeric): a weight is absurd: ...")
+        return SpikeView(step, [ev], not_localized="a weight is corrupt", aftermath_of=first)
+
+    out = io.StringIO()
+    con = TrainConsole(stream=out)
+    con.spike(mojibake_view(100), tmp_path)  # the incident's own block
+    for step in range(101, 201):
+        con.spike(later(step, 100), tmp_path)
+    lines = [ln for ln in out.getvalue().splitlines() if "aftermath of step 100" in ln]
+    assert [int(ln.split()[4].rstrip(":")) for ln in lines] == [101, 102, 103, 104, 105, 108, 116, 132, 164]
+    assert lines[4].endswith("not localized")  # the first five as they were
+    assert lines[5].endswith("[aftermath step 8 of step 100; printed next: step 16; each is a row of spikes/events]")
+    assert lines[-1].endswith("[aftermath step 64 of step 100; printed next: step 128; each is a row of "
+                              "spikes/events]")
+    assert out.getvalue().count("── spike at step 100 ──") == 1 and "sample" in out.getvalue()
+    out.truncate(0)
+    out.seek(0)
+    for step in range(301, 304):  # a second incident: its own first lines
+        con.spike(later(step, 300), tmp_path)
+    assert len(out.getvalue().splitlines()) == 3 and "[aftermath" not in out.getvalue()

@@ -681,3 +681,25 @@ def test_a_resumed_watch_goes_on_counting_the_runs_spikes(tmp_path):
     after.monitor.artifact_writer.write_detection(100, [], "locate.enabled=false")
     assert again.tags["spike_count"] == "2"
     after.close()
+
+
+def test_a_weight_that_stays_corrupt_prints_a_few_lines_not_one_per_step(gpt2, capsys):
+    """Issue 37: one flipped exponent bit made every later step an event and a console line (100 on the held-out
+    zoo's GPT-2). Through watch() the incident prints its block, its first five aftermath lines, then the 8th, 16th
+    and 32nd; every step still fires and is counted."""
+    opt = torch.optim.AdamW(gpt2.parameters(), lr=LR)
+    handle = gradloc_track.watch(gpt2, opt, **FAST)
+    w = gpt2.transformer.h[0].mlp.c_fc.weight
+    for step in range(70):
+        if step == 30:
+            with torch.no_grad():
+                w.view(torch.int32)[3, 5] ^= 1 << 30  # exponent bit: ~0.02 -> ~1e37
+        (gpt2(**counting_batch(step)).loss).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    handle.close()
+    out = capsys.readouterr().err  # watch()'s blocks go to stderr
+    assert sum(1 for s in handle.spikes if s.step >= 30) == 40  # every corrupt step fired
+    later = [ln for ln in out.splitlines() if "aftermath of step 30 (numeric)" in ln]
+    assert [int(ln.split()[4].rstrip(":")) for ln in later] == [31, 32, 33, 34, 35, 38, 46, 62], out
+    assert out.count("── spike at step 30 ──") == 1 and "stop the run and roll back" in out

@@ -154,8 +154,9 @@ class GradLocSession:
         except Exception as exc:  # the console is a nicety
             warnings.warn(f"gradloc-track: could not print the spike block of step {stats.step}: {exc!r}")
             return
-        self.console.print("\n".join(lines))
-        keep_block(self.opts.run_dir, lines)
+        cause = getattr(getattr(stats, "outcome", None), "cause", None)
+        self.console.block(lines, getattr(cause, "aftermath_of", None))  # (a few of a flood's lines: console.flood)
+        keep_block(self.opts.run_dir, lines)  # the file keeps every one
 
     def _tag_groups(self, data: Any) -> None:
         """Each row's index in its group (``uid``), as a (B,) tensor verl splits with the batch."""
