@@ -50,6 +50,10 @@ SOURCES = {
     "chat": HELDOUT,  # chat-formatted SFT (prompt masked), answers from licence text and docstrings
     "tables": HELDOUT,  # text tables: Unicode names, stdlib module index, services, aligned columns
     "long_docs": HELDOUT,  # packed long documents (256-4096 tokens) of the held-out sources
+    # added at stop 59 (its clean runs gave the dev half no false event to choose on; sources.py):
+    "c_headers": DEV,  # C headers under /usr/include: code
+    "changelogs": DEV,  # Debian changelogs: names, versions, e-mail addresses
+    "mixed_docs": DEV,  # pydoc, C headers and changelogs interleaved, packed (the dev twin of long_docs)
 }
 
 
@@ -115,6 +119,11 @@ _HELDOUT = {("loop", "python"): _HELDOUT_KINDS, ("loop", "tables"): ("three_iden
             ("grpo", "licences"): ("stale_tokens", "garbage_completion")}
 
 
+# the dev sources added at stop 59, each with a data injection beside its clean run (recall on the new text)
+_DEV_MORE = {("loop", "c_headers"): ("two_random_samples",), ("qwen2", "changelogs"): ("two_random_samples",),
+             ("packed", "mixed_docs"): ("two_random_samples",)}
+
+
 def half(family: str, source: str, kind: str) -> str:
     """'heldout' when the source or the kind is held out (a spike-zoo family is dev whole), else 'dev'."""
     if family not in FAMILIES and family not in OLD_FAMILIES:
@@ -142,7 +151,7 @@ def _runs() -> list[tuple[str, str, str]]:
     out = []
     for fam, kinds in _DEV_KINDS.items():
         out += [(fam, "pydoc", k) for k in ("clean", *kinds)]
-    for (fam, src), kinds in _HELDOUT.items():
+    for (fam, src), kinds in {**_DEV_MORE, **_HELDOUT}.items():
         out += [(fam, src, k) for k in ("clean", *kinds)]
     return out
 

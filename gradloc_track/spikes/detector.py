@@ -272,7 +272,7 @@ class SpikeDetector:
                            "sample_loss": (cfg.sample_min_ratio, cfg.sample_min_rise)}.get(name, (cfg.min_ratio, 0.0))
             ev = self._check(EXTRA[name], name, step, x, pending, ratio,
                              safety_net=cfg.update_ratio_thresh if name == "update" else None,
-                             z_thresh=cfg.loss_z_thresh if name != "update" else None, min_rise=rise)
+                             z_thresh=cfg.update_z_thresh if name == "update" else cfg.loss_z_thresh, min_rise=rise)
             if EXTRA[name] in self._z:  # a z computed this step (none for a value <= 0 or in the warm-up)
                 self._last[f"spike/zscore_{name}"] = min(self._z[EXTRA[name]], 1e6)
             else:

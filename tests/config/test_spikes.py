@@ -21,6 +21,8 @@ def test_config_errors_name_the_field():
     ({"z_thresh": 0}, "spikes.z_thresh"),
     ({"z_thresh": float("nan")}, "spikes.z_thresh"),
     ({"z_thresh": "6"}, "spikes.z_thresh"),
+    ({"update_z_thresh": 0}, "spikes.update_z_thresh"),
+    ({"update_z_thresh": float("inf")}, "spikes.update_z_thresh"),
     ({"min_ratio": 0.5}, "spikes.min_ratio"),
     ({"warmup_steps": -1}, "spikes.warmup_steps"),
     ({"warmup_steps": 2.5}, "spikes.warmup_steps"),

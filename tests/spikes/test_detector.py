@@ -261,7 +261,9 @@ def test_clean_small_batches_do_not_fire(small_batch_stream):
 @pytest.mark.parametrize("kind", ["global_x10", "layer_x20"])
 def test_calibrated_detector_still_catches_spikes_in_small_batch_noise(small_batch_stream, kind):
     """This tiny model's log-norms wobble by 0.3-0.75 (1 sigma) at 4x32, so a 10x jump of every
-    norm is a ~7 sigma event; a 20x jump of the smallest layer alone leaves the global norm calm."""
+    norm is a ~7 sigma event; a 20x jump of the smallest layer alone leaves the global norm calm. The step
+    fires either way; since z_thresh 8 (stop 59) the 10x jump fires on the layer furthest out (lm_head), its
+    global norm at z ~7.7 under the bar (at 6 both fired)."""
     layer = min(small_batch_stream[0][1], key=small_batch_stream[0][1].get)
 
     def spike(g, layers):
@@ -273,7 +275,11 @@ def test_calibrated_detector_still_catches_spikes_in_small_batch_noise(small_bat
 
     fired = fired_steps(SpikeDetector(), small_batch_stream, {250: spike})
     assert list(fired) == [250]
-    assert ("global" in fired[250]) if kind == "global_x10" else (fired[250] == [layer])
+    if kind == "global_x10":
+        assert fired[250] and set(fired[250]) <= {"global", *small_batch_stream[0][1]}
+        assert "global" in fired_steps(SpikeDetector(z_thresh=7), small_batch_stream, {250: spike})[250]
+    else:
+        assert fired[250] == [layer]
 
 
 def test_tail_correction_follows_the_fourth_moment():
