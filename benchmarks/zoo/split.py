@@ -10,13 +10,14 @@ number a tuned default reaches on the data it was tuned on says little; so the l
 How the split is drawn. A triple is held out when its data source OR its scenario kind is held
 out (``half``): nothing tuned on ``dev`` ever sees a held-out source or kind.
 
-- Sources. ``dev`` is the text the current zoo trains on: Python's pydoc topics (English reST
-  prose, ``gradloc_track.demo.data.load_corpus``). Held out are the sources the issue names as
-  unseen: Python source code (the stdlib ``.py`` files of the venv's Python), Debian licence and
-  copyright text (``/usr/share/common-licenses``, ``/usr/share/doc/*/copyright``: names in Arabic,
-  Hebrew and CJK scripts, file lists, runs of ``#`` and ``=``, indented code), tables, chat-formatted
-  SFT and packed long documents of 256-4096 tokens in 1024-token rows. (``zoo/sources.py`` builds
-  them, offline.)
+- Sources. ``dev`` is the text the current zoo trains on: Python's pydoc topics (English reST prose,
+  ``gradloc_track.demo.data.load_corpus``), and since stop 59 C headers, Debian changelogs and the three
+  packed together (pydoc's clean runs gave almost no false event to choose on: ``sources.py``). Held out are
+  the sources the issue names as unseen: Python source code (the stdlib ``.py`` files of the venv's Python),
+  Debian licence and copyright text (``/usr/share/common-licenses``, ``/usr/share/doc/*/copyright``: names
+  in Arabic, Hebrew and CJK scripts, file lists, runs of ``#`` and ``=``, indented code), tables,
+  chat-formatted SFT and packed long documents of 256-4096 tokens in 1024-token rows. (``zoo/sources.py``
+  builds them, offline.)
 - Kinds. Each finding of the issue has a sibling in each half, so the lead can tune on one and
   see whether the fix carries to the other: many culprits (two different random samples: dev;
   three identical junk samples, a base64 blob inside a sample, a 400-token junk document in a

@@ -18,7 +18,8 @@ def shown(n: int) -> bool:
 
 class AftermathLines:
     """``line(incident, text)``: the text to print for the next one-line aftermath step of the incident that
-    began at step ``incident``, or None to print nothing for it (module doc)."""
+    began at step ``incident``, or None to print nothing for it (module doc). Only one-line steps count: a
+    localized aftermath step prints its whole block, always."""
 
     def __init__(self) -> None:
         self.incident: int | None = None
@@ -32,5 +33,10 @@ class AftermathLines:
             return None
         if self.n <= SHOWN:
             return text
-        return (f"{text} [aftermath step {self.n} of step {incident}; printed next: step {2 * self.n}; "
+        return (f"{text} [its {ordinal(self.n)} one-line aftermath step; shown next: the {ordinal(2 * self.n)}; "
                 "each is a row of spikes/events]")
+
+
+def ordinal(n: int) -> str:
+    """``8th``, ``32nd``, ``8192nd``."""
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"

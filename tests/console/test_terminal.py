@@ -73,13 +73,18 @@ def test_an_incident_firing_on_every_step_prints_a_few_of_its_aftermath_lines(tm
     con.spike(mojibake_view(100), tmp_path)  # the incident's own block
     for step in range(101, 201):
         con.spike(later(step, 100), tmp_path)
+        if step == 110:  # a localized aftermath step in the flood: its whole block, not counted (review)
+            full = mojibake_view(110)
+            full.aftermath_of = 100
+            con.spike(full, tmp_path)
     lines = [ln for ln in out.getvalue().splitlines() if "aftermath of step 100" in ln]
     assert [int(ln.split()[4].rstrip(":")) for ln in lines] == [101, 102, 103, 104, 105, 108, 116, 132, 164]
     assert lines[4].endswith("not localized")  # the first five as they were
-    assert lines[5].endswith("[aftermath step 8 of step 100; printed next: step 16; each is a row of spikes/events]")
-    assert lines[-1].endswith("[aftermath step 64 of step 100; printed next: step 128; each is a row of "
-                              "spikes/events]")
+    assert lines[5].endswith("[its 8th one-line aftermath step; shown next: the 16th; each is a row of spikes/events]")
+    assert lines[7].endswith("[its 32nd one-line aftermath step; shown next: the 64th; each is a row of "
+                             "spikes/events]")
     assert out.getvalue().count("── spike at step 100 ──") == 1 and "sample" in out.getvalue()
+    assert out.getvalue().count("── spike at step 110 ──") == 1  # the localized one, whole
     out.truncate(0)
     out.seek(0)
     for step in range(301, 304):  # a second incident: its own first lines

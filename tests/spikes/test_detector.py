@@ -276,7 +276,7 @@ def test_calibrated_detector_still_catches_spikes_in_small_batch_noise(small_bat
     fired = fired_steps(SpikeDetector(), small_batch_stream, {250: spike})
     assert list(fired) == [250]
     if kind == "global_x10":
-        assert fired[250] and set(fired[250]) <= {"global", *small_batch_stream[0][1]}
+        assert fired[250] == ["lm_head"]  # the layer furthest out
         assert "global" in fired_steps(SpikeDetector(z_thresh=7), small_batch_stream, {250: spike})[250]
     else:
         assert fired[250] == [layer]
