@@ -22,6 +22,7 @@ from .demo import Batch
 
 TOKEN_WEIGHT = 64.0
 PACKED_JUNK = 400
+TOKEN_KINDS = {"one_token": 1, "four_tokens": 4, "eight_tokens": 8}  # kind -> culprit terms among 1024
 
 
 @dataclass
@@ -154,8 +155,8 @@ def inject(kind: str, b: Batch, step: int, seed: int, space: Space) -> list[dict
         return base64_blob(b, g, space)
     if kind == "labels_leaked":
         return labels_leaked(b, g)
-    if kind in ("one_token", "eight_tokens"):
-        return culprit_tokens(b, g, space, 1 if kind == "one_token" else 8)
+    if kind in TOKEN_KINDS:
+        return culprit_tokens(b, g, space, TOKEN_KINDS[kind])
     if kind == "packed_junk_doc":
         return packed_junk_doc(b, g, space)
     if kind == "fp16_sample":  # one row of a single repeated token (erased storage, 0xFF): a coherent gradient

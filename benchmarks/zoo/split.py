@@ -21,8 +21,8 @@ out (``half``): nothing tuned on ``dev`` ever sees a held-out source or kind.
 - Kinds. Each finding of the issue has a sibling in each half, so the lead can tune on one and
   see whether the fix carries to the other: many culprits (two different random samples: dev;
   three identical junk samples, a base64 blob inside a sample, a 400-token junk document in a
-  packed row: heldout), the token (one culprit term among 1024: dev; eight: heldout), aftermath of
-  a schedule change (lr x50 for one step: dev; a cosine restart to the peak that stays there:
+  packed row: heldout), the token (one or, since stop 60, four culprit terms among 1024: dev; eight:
+  heldout), aftermath of a schedule change (lr x50 for one step: dev; a cosine restart to the peak that stays there:
   heldout), numeric causes (one sample overflowing fp16 under autocast: dev; one weight's exponent
   bit flipped: heldout), a loss that falls too far (targets equal to inputs on 3 of 8 rows:
   heldout only: the issue's "invisible" finding, nothing of its kind to tune on), RL off-policy (the
@@ -84,6 +84,9 @@ KINDS = {
     "base64_blob": Kind(HELDOUT, ("data",), "span", note="half a sample is a base64 blob of random bytes"),
     "packed_junk_doc": Kind(HELDOUT, ("data",), "document", note="a 400-token junk document in a packed row"),
     "eight_tokens": Kind(HELDOUT, ("data",), "token", note="8 terms among 1024, in 8 rows, as one_token"),
+    # added at stop 60, after the held-out half lost eight_tokens steps: one_token's harm is inside the placebo
+    # noise, so the dev half had no harmful token kind to weigh recall of a moderate norm jump on
+    "four_tokens": Kind(DEV, ("data",), "token", note="4 terms among 1024, in 4 rows, as one_token"),
     "cosine_restart": Kind(HELDOUT, ("schedule",), "none", aftermath=10 ** 6,
                            note="the cosine schedule restarts at its peak lr and stays there"),
     "weight_bitflip": Kind(HELDOUT, ("numeric",), "none", aftermath=10 ** 6,
@@ -109,7 +112,7 @@ FAMILIES = {
 OLD_FAMILIES = ("demo", "hf", "trl")  # spike_zoo.py's: dev whole (the defaults were tuned on them)
 
 _HF = ("llama", "gpt2", "qwen2")
-_DEV_KINDS = {"loop": ("two_random_samples", "lr_x50", "fp16_sample"), "loop64": ("one_token",),
+_DEV_KINDS = {"loop": ("two_random_samples", "lr_x50", "fp16_sample"), "loop64": ("one_token", "four_tokens"),
               **{f: ("two_random_samples", "lr_x50") for f in _HF}, "packed": ("two_random_samples", "lr_x50"),
               "grpo": ("converged", "stale_logprob", "reward_outlier")}
 _HELDOUT_KINDS = ("three_identical_junk", "base64_blob", "cosine_restart", "weight_bitflip", "labels_leaked")
@@ -122,7 +125,8 @@ _HELDOUT = {("loop", "python"): _HELDOUT_KINDS, ("loop", "tables"): ("three_iden
 
 # the dev sources added at stop 59, each with a data injection beside its clean run (recall on the new text)
 _DEV_MORE = {("loop", "c_headers"): ("two_random_samples",), ("qwen2", "changelogs"): ("two_random_samples",),
-             ("packed", "mixed_docs"): ("two_random_samples",)}
+             ("packed", "mixed_docs"): ("two_random_samples",),
+             ("loop64", "c_headers"): ("one_token", "four_tokens")}  # stop 60: a harmful token kind on code
 
 
 def half(family: str, source: str, kind: str) -> str:

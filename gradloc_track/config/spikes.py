@@ -7,6 +7,12 @@ from typing import Optional
 from ._validate import check, check_types, one_of
 
 RESPONSES = ("none", "surgery")
+# named settings beside the defaults (``spikes=<name>`` in Hydra and watch(); conf/spikes/<name>.yaml mirrors each).
+# sensitive (stop 60): the only setting of the dev half's grid that kept recall >= 95% once the dev half held a
+# harmful token kind (four junk targets among 1024 terms); on the held-out half it finds 549/576 harmful steps
+# (95.3%, the defaults 544) at 1.36 false events per 1000 clean steps (the defaults 0.36), most on Python source
+# and packed long documents, whose heavy-tailed norms the tail correction had kept quiet (docs/benchmarks.md)
+PRESETS = {"sensitive": {"z_thresh": 6.0, "min_ratio": 2.5, "tail_correction": False}}
 
 
 @dataclass

@@ -51,7 +51,7 @@ def _batch(B=8, T=32, docs=None):
 
 
 def test_injections_change_what_their_truth_names(bench):
-    from zoo import kinds
+    from zoo import kinds, split
 
     space = kinds.Space(256, lambda t: list(t.encode("ascii")))
     clean = _batch()
@@ -70,6 +70,9 @@ def test_injections_change_what_their_truth_names(bench):
     truth = kinds.inject("eight_tokens", b, 150, 0, space)
     assert len({u["batch"] for u in truth}) == 8 and float(b.weights.sum()) == 64 * 16 + 8 * 63
     assert all(b.weights[u["batch"], u["start"]] == 64 for u in truth)
+    b = _batch(B=64, T=16)  # the dev sibling (stop 60): four terms
+    assert len({u["batch"] for u in kinds.inject("four_tokens", b, 150, 0, space)}) == 4
+    assert split.KINDS["four_tokens"].half == split.DEV
     b = _batch()
     truth = kinds.inject("labels_leaked", b, 150, 0, space)
     assert all(torch.equal(b.y[u["batch"]], b.x[u["batch"]]) for u in truth) and len(truth) == 3

@@ -545,3 +545,23 @@ def test_the_transient_ends_by_four_warm_ups_and_needs_the_loss():
     for s in range(31):
         ev = no_loss.update(s, 2.5 if s == 30 else 1.0, {"h.0": 1.0})
     assert ev and ev[0].signal == "global"  # without a loss there is no curve to follow: warmup_steps alone
+
+
+def test_the_sensitive_preset_reads_a_heavy_tailed_norm_at_z_6_without_the_tail_correction():
+    """``spikes=sensitive`` (stop 60): a jump of 7 sigma on a heavy-tailed norm is under the default bar (z 8 x its
+    tail factor) and over the preset's (z 6, uncorrected; the jump is above its 2.5x ratio floor)."""
+    from gradloc_track.config import SpikeConfig
+    from gradloc_track.config.spikes import PRESETS
+
+    rng = random.Random(3)
+    xs = [math.exp(rng.gauss(0, 0.2) if rng.random() > 0.05 else rng.gauss(0, 0.8)) for _ in range(200)]
+    default, sensitive = SpikeDetector(), SpikeDetector(SpikeConfig(**PRESETS["sensitive"]))
+    for s, x in enumerate(xs):
+        assert not default.update(s, x) and not sensitive.update(s, x)
+    sig = default.signals["global"]
+    assert sig.tail_factor() > 1.05  # the default's bar is raised above 8
+    jump = math.exp(sig.forecast + 7.0 * math.sqrt(sig.var))
+    assert jump / math.exp(sig.forecast) > 2.5
+    assert default.update(200, jump) == []
+    (ev,) = sensitive.update(200, jump)
+    assert ev.signal == "global" and ev.z == pytest.approx(7.0)
