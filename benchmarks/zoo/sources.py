@@ -25,6 +25,8 @@ detector's thresholds on: 1 false event in 6920 steps (seeds 0-1), against 10 in
   addresses, bug numbers), the same shuffle;
 - ``mixed_docs``: the pydoc, C header and changelog documents interleaved, for packing (the dev twin of
   ``long_docs``).
+- ``perl`` (stop 60): Perl modules (``/usr/share/perl``, ``/usr/lib/*/perl*``: code and its POD), the same
+  shuffle: code with heavier-tailed gradient norms than the C headers, as the held-out Python source has.
 
 ``ByteBpe``: a 2048-token byte-level BPE trained with ``tokenizers`` on a source's training
 documents (a few seconds; cached by content hash), with ``<pad>`` and the two ChatML markers as
@@ -103,6 +105,17 @@ def _c_headers() -> list[str]:
         try:
             out.append(Path(p).read_text(encoding="utf-8", errors="replace"))
         except OSError:  # a dangling link, a header this user cannot read
+            continue
+    return out
+
+
+def _perl() -> list[str]:
+    paths = glob.glob("/usr/share/perl/**/*.pm", recursive=True) + glob.glob("/usr/lib/*/perl*/**/*.pm", recursive=True)
+    out = []
+    for p in _shuffled(paths):
+        try:
+            out.append(Path(p).read_text(encoding="utf-8", errors="replace"))
+        except OSError:
             continue
     return out
 
@@ -186,7 +199,7 @@ def _chat() -> list[str]:
 
 
 BUILDERS = {"pydoc": _pydoc, "python": _python, "licences": _licences, "tables": _tables, "chat": _chat,
-            "c_headers": _c_headers, "changelogs": _changelogs}
+            "c_headers": _c_headers, "changelogs": _changelogs, "perl": _perl}
 
 
 @functools.lru_cache(maxsize=None)

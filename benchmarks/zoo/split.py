@@ -55,6 +55,7 @@ SOURCES = {
     "c_headers": DEV,  # C headers under /usr/include: code
     "changelogs": DEV,  # Debian changelogs: names, versions, e-mail addresses
     "mixed_docs": DEV,  # pydoc, C headers and changelogs interleaved, packed (the dev twin of long_docs)
+    "perl": DEV,  # stop 60: Perl modules, code with heavier-tailed norms than the C headers (sources.py)
 }
 
 
@@ -126,7 +127,8 @@ _HELDOUT = {("loop", "python"): _HELDOUT_KINDS, ("loop", "tables"): ("three_iden
 # the dev sources added at stop 59, each with a data injection beside its clean run (recall on the new text)
 _DEV_MORE = {("loop", "c_headers"): ("two_random_samples",), ("qwen2", "changelogs"): ("two_random_samples",),
              ("packed", "mixed_docs"): ("two_random_samples",),
-             ("loop64", "c_headers"): ("one_token", "four_tokens")}  # stop 60: a harmful token kind on code
+             ("loop64", "c_headers"): ("one_token", "four_tokens"),  # stop 60: a harmful token kind on code
+             ("loop", "perl"): ("two_random_samples",), ("loop64", "perl"): ("four_tokens",)}  # stop 60
 
 
 def half(family: str, source: str, kind: str) -> str:

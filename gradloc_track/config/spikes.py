@@ -7,12 +7,6 @@ from typing import Optional
 from ._validate import check, check_types, one_of
 
 RESPONSES = ("none", "surgery")
-# named settings beside the defaults (``spikes=<name>`` in Hydra and watch(); conf/spikes/<name>.yaml mirrors each).
-# sensitive (stop 60): the only setting of the dev half's grid that kept recall >= 95% once the dev half held a
-# harmful token kind (four junk targets among 1024 terms); on the held-out half it finds 549/576 harmful steps
-# (95.3%, the defaults 544) at 1.36 false events per 1000 clean steps (the defaults 0.36), most on Python source
-# and packed long documents, whose heavy-tailed norms the tail correction had kept quiet (docs/benchmarks.md)
-PRESETS = {"sensitive": {"z_thresh": 6.0, "min_ratio": 2.5, "tail_correction": False}}
 
 
 @dataclass
@@ -36,6 +30,13 @@ class SpikeConfig:
     # scale z_thresh by (kurtosis/3)^(1/4): small batches give heavy-tailed norms (a few tokens
     # dominate the batch gradient), and this keeps the chance of a false alarm at the Gaussian level
     tail_correction: bool = True
+    # the global norm also fires when its z without the tail correction passes broad_z and so does the z of at
+    # least broad_share of the layers read this step (null = off): junk targets in a few rows move every block
+    # 4-6x at z 7-10, under z_thresh x a heavy tail's correction, while a clean rare token moves one or two.
+    # 5 and 0.5 (stop 60): on the dev half, widened with Perl source and a harmful token kind, the most harmful
+    # steps found (88 -> 98 of 109) with no more false events (7 in 24524 clean steps); docs/benchmarks.md
+    broad_z: Optional[float] = 5.0
+    broad_share: float = 0.5
     # steps each signal only learns before it may fire: the first steps of pretraining are wild (norms
     # rise 6% a step, embeddings spike 10x in clean data); RL from a trained policy needs fewer
     # (the TRL callback's RL defaults: 20)
@@ -122,6 +123,11 @@ class SpikeConfig:
         if self.update_ratio_thresh is not None:
             check(1.0 < self.update_ratio_thresh < float("inf"), "spikes.update_ratio_thresh",
                   self.update_ratio_thresh, "use a ratio above 1 (e.g. 3), or null to turn the rule off")
+        if self.broad_z is not None:
+            check(0 < self.broad_z < float("inf"), "spikes.broad_z", self.broad_z,
+                  "use a positive, finite z-score (e.g. 6), or null to turn the broad rule off")
+        check(0.0 < self.broad_share <= 1.0, "spikes.broad_share", self.broad_share,
+              "use a share of the layers in (0, 1] (e.g. 0.5)")
         check(self.warmup_steps >= 0, "spikes.warmup_steps", self.warmup_steps, "use 0 or more")
         check(0.0 <= self.transient_fall < 1.0, "spikes.transient_fall", self.transient_fall,
               "use a fraction in [0, 1) of the loss's fastest fall (e.g. 0.25), or 0 for warmup_steps alone")

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..config.spikes import PRESETS as SPIKE_PRESETS
 from ..config import (CLIP_SCHEMAS, ClipConfig, LocateConfig, MonitorConfig, SpikeConfig, TrackerConfig,
                       check_renamed, to_config)
 from ..trackers.interface import Tracker
@@ -71,10 +70,7 @@ def _group_node(group: str, value: Any) -> Any:
             return {}
         if value in ("off", "none") and group in ("spikes", "locate"):
             return {"enabled": False}
-        if group == "spikes" and value in SPIKE_PRESETS:  # conf/spikes/<name>.yaml
-            return dict(SPIKE_PRESETS[value])
         raise ValueError(f"{group}={value!r} is not a known {group} config: use 'default'"
-                         + (f", {', '.join(map(repr, SPIKE_PRESETS))}" if group == "spikes" else "")
                          + (", 'off', true or false" if group in ("spikes", "locate") else "")
                          + f", a mapping of {cls.__name__} fields, or a {cls.__name__}")
     if isinstance(value, Mapping) or _is_dictconfig(value):

@@ -244,11 +244,30 @@ class SpikeDetector:
                 if ev:
                     layer_events.append(ev)
             events += sorted(layer_events, key=lambda e: -e.z)
+            broad = self._broad_event(step, global_norm, layer_norms) if not ev else None
+            if broad:
+                events.insert(0, broad)
             if zmax > -math.inf:
                 self._last["spike/zscore_max_layer"] = zmax if math.isfinite(zmax) else 0.0
             else:  # no layer had a z this step (all zero, or in their warm-up): not the last step's again
                 self._last.pop("spike/zscore_max_layer", None)
         return events
+
+    def _broad_event(self, step: int, global_norm: float, layer_norms: Mapping[str, float]) -> SpikeEvent | None:
+        """``spikes.broad_z``: the global norm fires below its tail-corrected bar when its plain z passes ``broad_z``
+        and so do at least ``broad_share`` of the layers read this step. The tail correction is there for one
+        heavy-tailed layer's rare token; junk across several rows moves every block at once."""
+        cfg = self.config
+        z = self._z.get("global")
+        if cfg.broad_z is None or z is None or not math.isfinite(global_norm):
+            return None
+        ratio = self._last.get("spike/ratio", 0.0)
+        zs = [self._z[k] for k in layer_norms if k in self._z]
+        if not (z > cfg.broad_z and ratio > cfg.min_ratio and zs):
+            return None
+        if sum(v > cfg.broad_z for v in zs) < cfg.broad_share * len(zs):
+            return None
+        return SpikeEvent(step, "global", global_norm, self.signals["global"].baseline, z, ratio)
 
     def _extra_events(self, step: int, extra: StepSignals, pending: list[_Pending]) -> list[SpikeEvent]:
         """The loss, the largest per-sample loss and the update, where the step gives them."""

@@ -26,7 +26,7 @@ def test_split_holds_every_kind_of_failure_in_both_halves_and_the_unseen_sources
     held_sources = {s for _, s, _ in halves[split.HELDOUT]}
     assert {s for s, h in split.SOURCES.items() if h == split.HELDOUT} <= held_sources
     # dev sees the spike zoo's corpus and, since stop 59, sources of the held-out shapes from other files
-    assert {s for _, s, _ in halves[split.DEV]} == {"pydoc", "c_headers", "changelogs", "mixed_docs"}
+    assert {s for _, s, _ in halves[split.DEV]} == {"pydoc", "c_headers", "changelogs", "mixed_docs", "perl"}
     for kind in ("three_identical_junk", "base64_blob", "packed_junk_doc", "eight_tokens", "cosine_restart",
                  "weight_bitflip", "labels_leaked", "stale_tokens", "garbage_completion"):
         assert split.KINDS[kind].half == split.HELDOUT and all(k != kind for _, _, k in halves[split.DEV])

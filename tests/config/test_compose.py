@@ -342,18 +342,3 @@ def test_the_yaml_mirrors_its_dataclass_every_field_and_default(group, option):
     assert sorted(set(written) - set(want)) == [], "keys the dataclass does not have"
     assert {k: written[k] for k in want} == want
 
-
-def test_a_spikes_preset_is_the_same_from_hydra_and_from_watch(composer):
-    """conf/spikes/<name>.yaml mirrors ``config.spikes.PRESETS[name]``; ``watch(spikes=name)`` takes the name too."""
-    from gradloc_track.config import SpikeConfig
-    from gradloc_track.config.spikes import PRESETS
-    from gradloc_track.integrations.options import resolve_options
-
-    assert set(PRESETS) == set(_options("spikes")) - {"default"}
-    for name, fields in PRESETS.items():
-        want = SpikeConfig(**fields)
-        assert to_config(composer([f"spikes={name}"])).spikes == want
-        assert resolve_options(spikes=name).spikes == want
-        assert want != SpikeConfig()
-    with pytest.raises(ValueError, match="'sensitive'"):
-        resolve_options(spikes="sensitve")

@@ -91,7 +91,7 @@ def test_a_field_of_another_option_than_the_default_or_the_experiments_names_the
 @pytest.mark.parametrize("override, says", [
     ("locate=false", "locate=false: locate is a config group (options: default), not a switch; to turn it off "
                      "use locate.enabled=false"),
-    ("spikes=off", "spikes=off: spikes is a config group (options: default, sensitive), not a switch; to turn it off "
+    ("spikes=off", "spikes=off: spikes is a config group (options: default), not a switch; to turn it off "
                    "use spikes.enabled=false"),
     ("clip=zclp", "clip=zclp: no such option of config group clip (did you mean clip=zclip?)"),
     ("clip=none,zclp", "clip=zclp: no such option"),

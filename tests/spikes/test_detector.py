@@ -547,21 +547,40 @@ def test_the_transient_ends_by_four_warm_ups_and_needs_the_loss():
     assert ev and ev[0].signal == "global"  # without a loss there is no curve to follow: warmup_steps alone
 
 
-def test_the_sensitive_preset_reads_a_heavy_tailed_norm_at_z_6_without_the_tail_correction():
-    """``spikes=sensitive`` (stop 60): a jump of 7 sigma on a heavy-tailed norm is under the default bar (z 8 x its
-    tail factor) and over the preset's (z 6, uncorrected; the jump is above its 2.5x ratio floor)."""
-    from gradloc_track.config import SpikeConfig
-    from gradloc_track.config.spikes import PRESETS
+def _heavy(rng):
+    return math.exp(rng.gauss(0, 0.2) if rng.random() > 0.05 else rng.gauss(0, 0.8))
 
-    rng = random.Random(3)
-    xs = [math.exp(rng.gauss(0, 0.2) if rng.random() > 0.05 else rng.gauss(0, 0.8)) for _ in range(200)]
-    default, sensitive = SpikeDetector(), SpikeDetector(SpikeConfig(**PRESETS["sensitive"]))
-    for s, x in enumerate(xs):
-        assert not default.update(s, x) and not sensitive.update(s, x)
-    sig = default.signals["global"]
-    assert sig.tail_factor() > 1.05  # the default's bar is raised above 8
-    jump = math.exp(sig.forecast + 7.0 * math.sqrt(sig.var))
-    assert jump / math.exp(sig.forecast) > 2.5
-    assert default.update(200, jump) == []
-    (ev,) = sensitive.update(200, jump)
-    assert ev.signal == "global" and ev.z == pytest.approx(7.0)
+
+@pytest.mark.parametrize("moved,fires", [(6, True), (2, False)])
+def test_the_broad_rule_reads_many_moved_layers_below_the_tail_corrected_bar(moved, fires):
+    """``spikes.broad_z`` (default 5): the global norm fires at its plain z when at least ``broad_share`` of the layers
+    pass ``broad_z`` too; a jump in two of eight layers (a rare token's embedding and head) stays under the tail bar."""
+    rng = random.Random(5)
+    names = [f"h.{i}" for i in range(8)]
+    off, on = SpikeDetector(broad_z=None), SpikeDetector(broad_z=6.0, broad_share=0.5)
+    for s in range(200):
+        g, layers = _heavy(rng), {n: _heavy(rng) for n in names}
+        assert not off.update(s, g, layers) and not on.update(s, g, layers)
+
+    def at(key, z):  # the value whose plain z is ``z`` on ``key``'s signal
+        sig = on.signals[key]
+        return math.exp(sig.forecast + z * math.sqrt(sig.var))
+
+    assert on.signals["global"].tail_factor() > 1.05  # the default bar: 8 x the tail factor, above 8.4
+    g = at("global", 7.5)
+    layers = {n: at(n, 7.0 if i < moved else 0.0) for i, n in enumerate(names)}
+    assert not any(e.signal == "global" for e in off.update(200, g, dict(layers)))
+    events = on.update(200, g, dict(layers))
+    assert any(e.signal == "global" for e in events) == fires
+    if fires:
+        ev = next(e for e in events if e.signal == "global")
+        assert ev.z == pytest.approx(7.5) and ev.ratio > 1.5
+
+
+def test_broad_z_is_validated():
+    from gradloc_track.config import SpikeConfig
+
+    with pytest.raises(ConfigError, match=r"spikes\.broad_z"):
+        SpikeConfig(broad_z=0)
+    with pytest.raises(ConfigError, match=r"spikes\.broad_share"):
+        SpikeConfig(broad_share=1.5)
