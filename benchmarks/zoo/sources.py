@@ -110,7 +110,8 @@ def _c_headers() -> list[str]:
 
 
 def _perl() -> list[str]:
-    paths = glob.glob("/usr/share/perl/**/*.pm", recursive=True) + glob.glob("/usr/lib/*/perl*/**/*.pm", recursive=True)
+    found = glob.glob("/usr/share/perl/**/*.pm", recursive=True) + glob.glob("/usr/lib/*/perl*/**/*.pm", recursive=True)
+    paths = sorted({os.path.realpath(p) for p in found})  # once each: /usr/share/perl/5.36 links to 5.36.0 (review)
     out = []
     for p in _shuffled(paths):
         try:

@@ -31,10 +31,12 @@ class SpikeConfig:
     # dominate the batch gradient), and this keeps the chance of a false alarm at the Gaussian level
     tail_correction: bool = True
     # the global norm also fires when its z without the tail correction passes broad_z and so does the z of at
-    # least broad_share of the layers read this step (null = off): junk targets in a few rows move every block
-    # 4-6x at z 7-10, under z_thresh x a heavy tail's correction, while a clean rare token moves one or two.
+    # least broad_share of the layers read this step (null = off; needs per_layer): junk targets in a few rows move
+    # the global norm to z 7-10 and most layers past z 5, under z_thresh x a heavy tail's correction (1.2-1.55 on
+    # code), while a clean rare token moves one or two layers. Layers without a z this step (warm-up, no gradient)
+    # are not counted.
     # 5 and 0.5 (stop 60): on the dev half, widened with Perl source and a harmful token kind, the most harmful
-    # steps found (88 -> 98 of 109) with no more false events (7 in 24524 clean steps); docs/benchmarks.md
+    # steps found (89 -> 98 of 109) with no more false events (4 in 24524 clean steps); docs/benchmarks.md
     broad_z: Optional[float] = 5.0
     broad_share: float = 0.5
     # steps each signal only learns before it may fire: the first steps of pretraining are wild (norms
@@ -125,7 +127,7 @@ class SpikeConfig:
                   self.update_ratio_thresh, "use a ratio above 1 (e.g. 3), or null to turn the rule off")
         if self.broad_z is not None:
             check(0 < self.broad_z < float("inf"), "spikes.broad_z", self.broad_z,
-                  "use a positive, finite z-score (e.g. 6), or null to turn the broad rule off")
+                  "use a positive, finite z-score (e.g. 5), or null to turn the broad rule off")
         check(0.0 < self.broad_share <= 1.0, "spikes.broad_share", self.broad_share,
               "use a share of the layers in (0, 1] (e.g. 0.5)")
         check(self.warmup_steps >= 0, "spikes.warmup_steps", self.warmup_steps, "use 0 or more")

@@ -30,7 +30,7 @@ tensor -> the parameter name; or the names of custom ``groups``):
   has become a learning-rate cut), ``clip/total_norm_pre``, ``clip/total_norm_post``,
   ``clip/nonfinite``: from the clipper (see ``gradloc_track.clip.metrics``)
 - ``spike/detected`` (1 on a step the detector fired), ``spike/detected_total``,
-  ``spike/threshold`` (the global norm that would fire this step: plot it with
+  ``spike/threshold`` (the global norm that would fire this step on its own, without the broad rule: plot it with
   ``grad_norm/global``), ``spike/ratio`` (global norm / its running baseline),
   ``spike/zscore``, ``spike/zscore_max_layer``, ``spike/zscore_loss``, ``spike/zscore_sample_loss``,
   ``spike/zscore_update`` (the step's loss, largest per-sample loss and optimizer update, when the step

@@ -341,4 +341,3 @@ def test_the_yaml_mirrors_its_dataclass_every_field_and_default(group, option):
     assert sorted(set(want) - set(written)) == [], "fields the YAML leaves out"
     assert sorted(set(written) - set(want)) == [], "keys the dataclass does not have"
     assert {k: written[k] for k in want} == want
-

@@ -262,8 +262,8 @@ def test_clean_small_batches_do_not_fire(small_batch_stream):
 def test_calibrated_detector_still_catches_spikes_in_small_batch_noise(small_batch_stream, kind):
     """This tiny model's log-norms wobble by 0.3-0.75 (1 sigma) at 4x32, so a 10x jump of every
     norm is a ~7 sigma event; a 20x jump of the smallest layer alone leaves the global norm calm. The step
-    fires either way; since z_thresh 8 (stop 59) the 10x jump fires on the layer furthest out (lm_head), its
-    global norm at z ~7.7 under the bar (at 6 both fired)."""
+    fires either way. Since z_thresh 8 (stop 59) the 10x jump's global norm (z ~7.7) is under its own bar and fires
+    on the broad rule (stop 60: every layer moved with it), beside the layer furthest out (lm_head)."""
     layer = min(small_batch_stream[0][1], key=small_batch_stream[0][1].get)
 
     def spike(g, layers):
@@ -276,7 +276,8 @@ def test_calibrated_detector_still_catches_spikes_in_small_batch_noise(small_bat
     fired = fired_steps(SpikeDetector(), small_batch_stream, {250: spike})
     assert list(fired) == [250]
     if kind == "global_x10":
-        assert fired[250] == ["lm_head"]  # the layer furthest out
+        assert fired[250] == ["global", "lm_head"]  # the broad rule's global event, and the layer furthest out
+        assert fired_steps(SpikeDetector(broad_z=None), small_batch_stream, {250: spike})[250] == ["lm_head"]
         assert "global" in fired_steps(SpikeDetector(z_thresh=7), small_batch_stream, {250: spike})[250]
     else:
         assert fired[250] == [layer]
@@ -584,3 +585,25 @@ def test_broad_z_is_validated():
         SpikeConfig(broad_z=0)
     with pytest.raises(ConfigError, match=r"spikes\.broad_share"):
         SpikeConfig(broad_share=1.5)
+
+
+@pytest.mark.parametrize("last_fires", [False, True])
+def test_the_broad_rule_gives_one_global_event_whichever_layer_comes_last(last_fires):
+    """Review, stop 60: the rule read the last layer's verdict for the global one's, so a global spike came twice
+    when the last layer was quiet, and a broad one was lost when the last layer fired on its own."""
+    rng = random.Random(7)
+    names = [f"h.{i}" for i in range(8)]
+    det = SpikeDetector(broad_z=5.0, broad_share=0.5)
+    for s in range(200):
+        det.update(s, _heavy(rng), {n: _heavy(rng) for n in names})
+
+    def at(key, z):
+        sig = det.signals[key]
+        return math.exp(sig.forecast + z * math.sqrt(sig.var))
+
+    layers = {n: at(n, 6.0) for n in names[:-1]}
+    layers[names[-1]] = at(names[-1], 40.0 if last_fires else 0.0)  # the last layer: far over its bar, or quiet
+    g = at("global", 6.5) if last_fires else at("global", 40.0)  # broad only / over the tail-corrected bar
+    events = det.update(200, g, layers)
+    assert [e.signal for e in events].count("global") == 1
+    assert (names[-1] in [e.signal for e in events]) == last_fires
