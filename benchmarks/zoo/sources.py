@@ -99,19 +99,8 @@ def _shuffled(paths: list[str]) -> list[str]:
     return out
 
 
-def _c_headers() -> list[str]:
-    out = []
-    for p in _shuffled(glob.glob("/usr/include/**/*.h", recursive=True)):
-        try:
-            out.append(Path(p).read_text(encoding="utf-8", errors="replace"))
-        except OSError:  # a dangling link, a header this user cannot read
-            continue
-    return out
-
-
-def _perl() -> list[str]:
-    found = glob.glob("/usr/share/perl/**/*.pm", recursive=True) + glob.glob("/usr/lib/*/perl*/**/*.pm", recursive=True)
-    paths = sorted({os.path.realpath(p) for p in found})  # once each: /usr/share/perl/5.36 links to 5.36.0 (review)
+def _texts(paths: list[str]) -> list[str]:
+    """The files' texts in the fixed shuffled order; one that cannot be read (a dangling link) is skipped."""
     out = []
     for p in _shuffled(paths):
         try:
@@ -119,6 +108,15 @@ def _perl() -> list[str]:
         except OSError:
             continue
     return out
+
+
+def _c_headers() -> list[str]:
+    return _texts(glob.glob("/usr/include/**/*.h", recursive=True))
+
+
+def _perl() -> list[str]:
+    found = glob.glob("/usr/share/perl/**/*.pm", recursive=True) + glob.glob("/usr/lib/*/perl*/**/*.pm", recursive=True)
+    return _texts(sorted({os.path.realpath(p) for p in found}))  # once each: /usr/share/perl/5.36 -> 5.36.0 (review)
 
 
 def _changelogs() -> list[str]:

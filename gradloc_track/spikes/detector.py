@@ -267,7 +267,7 @@ class SpikeDetector:
     def _broad_event(self, step: int, global_norm: float, layer_norms: Mapping[str, float]) -> SpikeEvent | None:
         """``spikes.broad_z``: the global norm fires below its tail-corrected bar when its plain z passes ``broad_z``
         and so do at least ``broad_share`` of the layers read this step. The tail correction is there for one
-        heavy-tailed layer's rare token; junk across several rows moves every block at once."""
+        heavy-tailed layer's rare token; junk across several rows moves most layers at once."""
         cfg = self.config
         z = self._z.get("global")
         if cfg.broad_z is None or z is None or not math.isfinite(global_norm):
