@@ -552,6 +552,12 @@ def _heavy(rng):
     return math.exp(rng.gauss(0, 0.2) if rng.random() > 0.05 else rng.gauss(0, 0.8))
 
 
+def _at_z(det, key, z):
+    """The value whose plain z (no tail correction) is ``z`` on ``det``'s signal ``key``."""
+    sig = det.signals[key]
+    return math.exp(sig.forecast + z * math.sqrt(sig.var))
+
+
 @pytest.mark.parametrize("moved,fires", [(6, True), (2, False)])
 def test_the_broad_rule_reads_many_moved_layers_below_the_tail_corrected_bar(moved, fires):
     """``spikes.broad_z`` (default 5): the global norm fires at its plain z when at least ``broad_share`` of the layers
@@ -563,9 +569,8 @@ def test_the_broad_rule_reads_many_moved_layers_below_the_tail_corrected_bar(mov
         g, layers = _heavy(rng), {n: _heavy(rng) for n in names}
         assert not off.update(s, g, layers) and not on.update(s, g, layers)
 
-    def at(key, z):  # the value whose plain z is ``z`` on ``key``'s signal
-        sig = on.signals[key]
-        return math.exp(sig.forecast + z * math.sqrt(sig.var))
+    def at(key, z):
+        return _at_z(on, key, z)
 
     assert on.signals["global"].tail_factor() > 1.05  # the default bar: 8 x the tail factor, above 8.4
     g = at("global", 7.5)
@@ -598,8 +603,7 @@ def test_the_broad_rule_gives_one_global_event_whichever_layer_comes_last(last_f
         det.update(s, _heavy(rng), {n: _heavy(rng) for n in names})
 
     def at(key, z):
-        sig = det.signals[key]
-        return math.exp(sig.forecast + z * math.sqrt(sig.var))
+        return _at_z(det, key, z)
 
     layers = {n: at(n, 6.0) for n in names[:-1]}
     layers[names[-1]] = at(names[-1], 40.0 if last_fires else 0.0)  # the last layer: far over its bar, or quiet
