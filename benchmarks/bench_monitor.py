@@ -17,11 +17,18 @@ beside it; the MLflow requests those steps cost, the CPU of whole blocks of step
 requests included) and the optimizer hook alone.
 
     python benchmarks/bench_monitor.py [--rounds 20] [--batch 4] [--seq 256] [--threads N] [--no-wandb]
-    python benchmarks/bench_monitor.py --only small [--rounds 40]
+    python benchmarks/bench_monitor.py --only small [--rounds 40] [--server]
+    python benchmarks/bench_monitor.py --only parts [--rounds 30] [--log-every 10]
+
+``--only parts`` takes the 2-layer model's per-step cost apart: ``watch()`` with its defaults, with one
+signal off at a time, with all three off, and with the detector off (``spikes=False``), each beside a
+plain twin in one round-robin, into a ``MemoryTracker`` (no backend's cost), in training-thread CPU; and the
+floor: a plain step plus only the reads the defaults need, without their bookkeeping.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import math
 import os
@@ -64,10 +71,18 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--no-wandb", action="store_true")
-    ap.add_argument("--only", choices=["small"], default=None, help="only the small-model watch() table")
+    ap.add_argument("--only", choices=["small", "parts"], default=None,
+                    help="only the small-model watch() table, or only the 2-layer model's per-step parts")
+    ap.add_argument("--server", action="store_true",
+                    help="--only small: log into a real `mlflow server` on 127.0.0.1, not an in-process store")
+    ap.add_argument("--log-every", type=int, default=1,
+                    help="monitor.log_every of watch() in the small table and the --only parts variants")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.only == "parts":
+        step_parts(args)
+        return
     small_models(args)
     if args.only == "small":
         return
@@ -145,8 +160,9 @@ SMALL = ((2, 64, 2), (4, 256, 4))  # (layers, d_model, heads): where a fixed per
 
 
 def small_models(args) -> None:
-    """``watch()`` logging every step inside ``mlflow.start_run()`` (the real SQLite store, the user's
-    run joined), and ``wandb.watch`` (offline) beside it, each against a twin's plain step."""
+    """``watch()`` logging every step inside ``mlflow.start_run()`` (the real SQLite store in this process, or
+    with ``--server`` a real ``mlflow server`` over one; the user's run joined), and ``wandb.watch`` (offline)
+    beside it, each against a twin's plain step."""
     import mlflow
     from mlflow.tracking import MlflowClient
 
@@ -157,10 +173,24 @@ def small_models(args) -> None:
     gen = torch.Generator().manual_seed(1)  # never the same batch twice in a run: nothing memorized, no spike
     pool = [torch.randint(0, 256, (args.batch, args.seq + 1), generator=gen) for _ in range(1024)]
     store = tempfile.mkdtemp(prefix="bench-monitor-")
-    mlflow.set_tracking_uri(f"sqlite:///{store}/mlflow.db")
+    with contextlib.ExitStack() as stack:
+        uri = f"sqlite:///{store}/mlflow.db"
+        if args.server:  # a real ``mlflow server`` on 127.0.0.1 over the same kind of store: its work runs there
+            sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+            from tests.conftest import running_mlflow_server
+
+            uri = stack.enter_context(running_mlflow_server(uri, Path(store)))
+        _small_models(args, mlflow, requests, pool, store, uri)
+
+
+def _small_models(args, mlflow, requests, pool, store: str, uri: str) -> None:
+    """``small_models``' table, logging to ``uri``."""
+    mlflow.set_tracking_uri(uri)
     mlflow.set_experiment("bench-monitor")
-    print(f"\nwatch() with its defaults (logging every step, detector armed) inside mlflow.start_run() (SQLite "
-          f"store){'' if args.no_wandb else ', wandb.watch(log_freq=1) offline'}, each against a twin's plain "
+    where = "an mlflow server on 127.0.0.1, SQLite behind it" if args.server else "SQLite store"
+    cadence = "every step" if args.log_every == 1 else f"every {args.log_every} steps"
+    print(f"\nwatch() with its defaults (logging {cadence}, detector armed) inside mlflow.start_run() ({where})"
+          f"{'' if args.no_wandb else ', wandb.watch(log_freq=1) offline'}, each against a twin's plain "
           f"step, batch {args.batch}x{args.seq}, rounds {args.rounds * 2}")
     print(f"{'model':<26}{'variant':<16}{'plain ms':>9}{'variant ms':>11}{'ratio':>7}{'cpu':>7}{'run cpu':>9}"
           f"{'hook ms':>9}{'hook cpu':>9}{'requests':>22}{'events':>7}")
@@ -171,7 +201,8 @@ def small_models(args) -> None:
             torch.manual_seed(0)
             proto = TinyGPT(vocab_size=256, n_layer=n_layer, n_head=n_head, d_model=d_model, max_seq_len=args.seq)
             name = f"{n_layer}-layer d={d_model} ({sum(p.numel() for p in proto.parameters()) / 1e6:.2f}M)"
-            models.append((name, proto, {"watch() MLflow": watch_arm(proto, pool)}))  # joins the MLflow run only
+            # joins the MLflow run only
+            models.append((name, proto, {"watch() MLflow": watch_arm(proto, pool, args.log_every)}))
         if not args.no_wandb:  # opened after every watch(): ours do not join it
             wandb_run = open_wandb(store)
             for _, proto, arms in models:
@@ -195,7 +226,9 @@ def small_models(args) -> None:
         per_value = store_cpu_per_value()
     if wandb_run is not None:
         wandb_run.finish()
-    print(f"MLflow's SQLite store alone: {per_value * 1e6:.0f} us CPU per metric value (log_batch of 975 values, "
+    alone = "this process's CPU (the client's) per metric value through the server" if args.server else \
+        "MLflow's SQLite store alone"
+    print(f"{alone}: {per_value * 1e6:.0f} us CPU per metric value (log_batch of 975 values, "
           "same store); what any in-process writer adds to a step, whatever it batches:")
     for name, values, plain_cpu in floors:
         print(f"  {name}: {values:.0f} values per step -> {values * per_value * 1e3:.2f} ms, "
@@ -204,6 +237,77 @@ def small_models(args) -> None:
           "of blocks of 30 steps, the writer's flush inside the block (what the writer's requests cost "
           "in all; W&B's own service process is not counted); hook: what the optimizer hook runs, alone "
           "(wall, and CPU of the training thread); requests: MLflow log_batch requests while the pairs ran")
+
+
+PARTS = {  # variant -> watch() options (None: the plain twin)
+    "plain step": None,
+    "watch() defaults": {},
+    "  sample signal off": {"spikes": {"sample_signal": False}},
+    "  junk signal off": {"spikes": {"junk_signal": False}},
+    "  update signal off": {"spikes": {"update_signal": False}},
+    "  all three off": {"spikes": {"sample_signal": False, "junk_signal": False, "update_signal": False}},
+    "  detector off (spikes=False)": {"spikes": False},
+}
+
+
+def step_parts(args) -> None:
+    """What each default costs a step of the 2-layer d=64 model: every variant of ``PARTS`` on its own copy,
+    round-robin (the order reversed every other round), training-thread CPU per step, medians."""
+    n_layer, d_model, n_head = SMALL[0]
+    torch.manual_seed(0)
+    proto = TinyGPT(vocab_size=256, n_layer=n_layer, n_head=n_head, d_model=d_model, max_seq_len=args.seq)
+    gen = torch.Generator().manual_seed(1)
+    pool = [torch.randint(0, 256, (args.batch, args.seq + 1), generator=gen) for _ in range(256)]
+    steps = {}
+    for name, options in PARTS.items():
+        model = copy.deepcopy(proto)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        if options is not None:
+            gradloc_track.watch(model, opt, tracker=MemoryTracker(), log_every=args.log_every, console=False,
+                                **options)
+        steps[name] = rotating_step(model, opt, pool)
+    model = copy.deepcopy(proto)
+    steps["the defaults' reads alone"] = reads_alone_step(model, torch.optim.AdamW(model.parameters(), lr=1e-4), pool)
+    for i in range(3):
+        for step in steps.values():
+            step(i)
+    times: dict[str, list[float]] = {k: [] for k in steps}
+    for r in range(args.rounds * 2):
+        for name in (list(steps) if r % 2 else list(reversed(steps))):
+            c0 = time.thread_time()
+            steps[name](3 + r)
+            times[name].append(time.thread_time() - c0)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    plain = med["plain step"]
+    print(f"2-layer d={d_model} GPT, batch {args.batch}x{args.seq}, torch threads {torch.get_num_threads()}, "
+          f"log_every {args.log_every}, {args.rounds * 2} rounds; training-thread CPU per step, medians")
+    print(f"{'variant':<34}{'ms':>8}{'over plain ms':>15}{'ratio':>8}")
+    for name, t in med.items():
+        print(f"{name:<34}{t * 1e3:>8.2f}{(t - plain) * 1e3:>15.2f}{t / plain:>8.3f}")
+
+
+def reads_alone_step(model, opt, pool):
+    """A plain step plus only what the defaults must read, with no bookkeeping: the logits' per-term loss and
+    excess (``log_softmax``, a sum, two gathers), one norm pass over the gradients and weights, one host
+    transfer, and the ``exp_avg`` norm pass after the optimizer's step: the floor of the defaults' cost."""
+    params = list(model.parameters())
+
+    def step(i: int) -> None:
+        batch = pool[i % len(pool)]
+        opt.zero_grad(set_to_none=True)
+        logits = model(batch[:, :-1])
+        with torch.no_grad():
+            flat, tgt = logits.detach().reshape(-1, 256), batch[:, 1:].reshape(-1, 1)
+            terms = torch.stack([flat.sum(-1), flat.gather(1, tgt)[:, 0],
+                                 torch.log_softmax(flat, -1).gather(1, tgt)[:, 0]])
+        F.cross_entropy(logits.reshape(-1, 256), batch[:, 1:].reshape(-1)).backward()
+        with torch.no_grad():
+            norms = torch.stack(torch._foreach_norm([p.grad for p in params] + params))
+            torch.cat([norms, terms.sum(1)]).tolist()
+        opt.step()
+        with torch.no_grad():
+            torch._foreach_norm([opt.state[p]["exp_avg"] for p in params])
+    return step
 
 
 class Arm:
@@ -231,11 +335,11 @@ def twin_step(proto, pool, extra=None):
     return rotating_step(twin, torch.optim.AdamW(twin.parameters(), lr=1e-4), pool, extra)
 
 
-def watch_arm(proto, pool) -> Arm:
+def watch_arm(proto, pool, log_every: int = 1) -> Arm:
     """``gradloc_track.watch()`` joining the open MLflow run."""
     model = copy.deepcopy(proto)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    handle = gradloc_track.watch(model, opt)
+    handle = gradloc_track.watch(model, opt, log_every=log_every)
 
     def hook() -> tuple[float, float]:
         alone = []

@@ -266,10 +266,13 @@ class BatchList:
         self._infos: list[dict[str, Any]] = []  # set_sample_info calls of this step, one per micro-batch
         self.sample_losses = False  # measure each sample's loss from the forward's logits (the detector asks)
         self.junk_terms: int | None = None  # measure the junk-span statistics over runs this long (the detector asks)
+        # False when nothing reads the batches (no spike detector: nothing to localize or measure): the hooks
+        # then only take the sample columns out of each call (issue 38: ``spikes=False`` paid for the capture)
+        self.wanted = True
 
     def add(self, batch: LMBatch | None) -> None:
         """Record a batch (and the RNG state now, just before its forward)."""
-        if batch is None:
+        if batch is None or not self.wanted:
             return
         self.batches.append(batch)
         # each micro-batch's own state: micro-batch k ran with the RNG advanced by 0..k-1
@@ -297,7 +300,8 @@ class BatchList:
         out, rng = self.batches, self.rng_states
         infos, self._infos = self._infos, []
         self.batches, self.rng_states = [], []
-        sample_info.attach(out, infos)
+        if self.wanted:  # (else no batch was recorded for them: nothing reads the columns either)
+            sample_info.attach(out, infos)
         return out, rng
 
     @contextlib.contextmanager
@@ -310,7 +314,7 @@ class BatchList:
 
     def records(self, module: torch.nn.Module) -> bool:
         """Is a forward of ``module`` now a training forward to record (not eval, ``no_grad`` or ``paused()``)?"""
-        return not self._paused and module.training and torch.is_grad_enabled()
+        return self.wanted and not self._paused and module.training and torch.is_grad_enabled()
 
     def remove(self) -> None:
         """Take off the hooks that feed it (none on a list a framework feeds by itself)."""

@@ -200,6 +200,7 @@ class WatchHandle:
         if run.owned and not run.joined and self.monitor.rank == 0:  # a run of ours: its settings, to compare by
             self.tracker.log_params(option_params(opts))
         if capture is not None:  # the detector's largest-sample signal, measured from the captured forward
+            capture.wanted = self.monitor.detector is not None  # else no batch is ever read (``BatchList.wanted``)
             capture.sample_losses = "sample_losses" in self.monitor.detector_inputs.wants
             if "junk_span" in self.monitor.detector_inputs.wants:
                 capture.junk_terms = self.monitor.detector.config.junk_terms

@@ -32,6 +32,7 @@ device and vocabulary size asks the host once whether any row is masked (``_MASK
 """
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import torch
@@ -138,10 +139,12 @@ def _finite_mean(z: torch.Tensor, sums: torch.Tensor | None = None) -> torch.Ten
         return _masked_means(z, None, DEVICE_BLOCK)
     mean = (z.sum(-1, dtype=torch.float32) if sums is None else sums) / z.shape[-1]
     if _on_host(z):
-        bad = ~torch.isfinite(mean)
-        if bool(bad.any()):  # a host read is free here: exactly the masked rows, a block of them at a time
-            rows = bad.nonzero()[:, 0]
-            mean[rows] = _masked_means(z, rows, CPU_BLOCK)
+        # a host read is free here: one sum says whether any row is not finite (isfinite is four kernels); a total
+        # that overflows while every row is finite only costs the exact check below
+        if not math.isfinite(float(mean.sum())):
+            rows = (~torch.isfinite(mean)).nonzero()[:, 0]  # exactly the masked rows, a block of them at a time
+            if rows.numel():
+                mean[rows] = _masked_means(z, rows, CPU_BLOCK)
         return mean
     if not mean.numel():
         return mean

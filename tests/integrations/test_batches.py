@@ -55,3 +55,50 @@ def test_a_byte_level_model_without_a_tokenizer_reads_as_bytes():
             self.head = torch.nn.Linear(8, 500)
 
     assert resolve_tokenizer(PosFirst()) is None
+
+
+def test_without_a_detector_the_capture_records_nothing_and_the_norms_are_the_same():
+    """Issue 38: ``watch(spikes=False)`` recorded every forward (the batch, the RNG state, a hook on the
+    logits' gradient) that nothing would read. It now only takes the sample columns out of the call
+    (the model never sees them; no warning about unpaired columns), and the logged norms are those of a
+    run with the detector on, step for step."""
+    import copy
+    import warnings
+
+    import torch.nn.functional as F
+
+    import gradloc_track
+    from gradloc_track import MemoryTracker
+    from gradloc_track.demo.model import TinyGPT
+    from gradloc_track.integrations.sample_info import SAMPLE_INFO_KEY
+
+    class Sees(TinyGPT):
+        def forward(self, idx, **kw):
+            assert not kw, kw  # the sample columns never reach the model
+            return super().forward(idx)
+
+    torch.manual_seed(0)
+    proto = Sees(vocab_size=32, n_layer=1, n_head=2, d_model=16, max_seq_len=8)
+    batches = torch.randint(0, 32, (3, 2, 9), generator=torch.Generator().manual_seed(1))
+    logged = {}
+    for spikes in (False, True):
+        model = copy.deepcopy(proto)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        tracker = MemoryTracker()
+        handle = gradloc_track.watch(model, opt, tracker=tracker, spikes=spikes, console=False)
+        assert handle.capture.wanted is spikes
+        for b in batches:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # no "set_sample_info was called ... for 0 micro-batches"
+                handle.set_sample_info(source=["a", "b"])
+                logits = model(b[:, :-1], **{SAMPLE_INFO_KEY: {"row": [0, 1]}})
+            recorded = list(handle.capture.batches)
+            assert (len(recorded), len(handle.capture.rng_states)) == ((1, 1) if spikes else (0, 0))
+            assert (logits._backward_hooks is not None) is spikes  # the logits' term-reading hook
+            F.cross_entropy(logits.reshape(-1, 32), b[:, 1:].reshape(-1)).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        handle.finish()
+        logged[spikes] = [{k: v for k, v in m.items() if k.startswith(("grad_norm/", "weight_norm/"))}
+                          for _, m in tracker.metrics]
+    assert len(logged[False]) == 3 and logged[False] == logged[True]

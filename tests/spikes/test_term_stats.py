@@ -260,3 +260,17 @@ def test_the_device_budget_never_passes_a_block(device_route, monkeypatch):
     assert got.excess[:2].tolist() == pytest.approx(want_excess[:2], abs=1e-5)  # the block's two rows, exact
     assert got.excess[2:].tolist() == [0.0] * 10  # the rest at chance
     assert got.loss.tolist() == pytest.approx(want_loss, abs=1e-5)
+
+
+def test_a_host_total_that_overflows_re_sums_no_finite_row(monkeypatch):
+    """The host asks one question per step, whether the rows' means add up to a finite number (issue 38: the
+    per-row isfinite test was four kernels). Finite rows whose means overflow that total lead to the exact
+    check, which re-sums none of them; a masked row among them is re-summed, it alone."""
+    z = torch.full((8, 4), 2.0 ** 125)  # each row's sum (2^127) and mean finite; the 8 means total 2^128: inf
+    t = torch.tensor([0, 1, 2, 3, 0, 1, 2, 3])
+    seen = _largest_resum(monkeypatch)
+    got = ts.term_stats(z, t, log_probs=False, loss=False)
+    assert seen == [] and got.excess.tolist() == [0.0] * 8  # the plain means, untouched
+    z[2, 3] = -math.inf
+    got = ts.term_stats(z, t, log_probs=False, loss=False)
+    assert seen == [4] and got.excess.tolist() == [0.0] * 8  # row 2's mean over its three finite entries
