@@ -75,10 +75,14 @@ def detector_losses(logits: torch.Tensor, targets: torch.Tensor, input_ids: torc
     inp = None if input_ids is None else input_ids[:, :Tp]
     if inp is not None and inp.device != tgt.device:
         inp = inp.to(tgt.device)
-    # the parts both signals read, made once: each row's term count, the terms whose target repeats the input
+    # the parts both signals read, made once: the positions without a term, each row's term count and the
+    # batch's (at least 1), the terms whose target repeats the input
+    invalid = ~valid
     count = valid.sum(1)  # (B,)
+    n_terms = count.sum().clamp(min=1)
     repeat = None if inp is None else valid & (tgt == inp)  # (B, T)
-    means = row_means(stats.loss.view(B, Tp), valid, count, repeat) if samples else None
+    means = row_means(stats.loss.view(B, Tp), valid, count, repeat, invalid=invalid,
+                      n_terms=n_terms) if samples else None
     smax = means.max() if samples else None
     junk = None
     if junk_terms:
@@ -87,7 +91,7 @@ def detector_losses(logits: torch.Tensor, targets: torch.Tensor, input_ids: torc
             excess = torch.where(repeat, excess.clamp(max=0.0), excess)
         rows = None if inp is None else leaked_shares(repeat, inp, valid)
         docs = None if document_ids is None else document_ids[:, :Tp]
-        junk = junk_stats(excess, valid, docs, junk_terms, rows, count.sum())
+        junk = junk_stats(excess, valid, docs, junk_terms, rows, n_terms, invalid=invalid, clamped=True)
     return (smax, junk, means) if with_rows else (smax, junk)
 
 

@@ -70,20 +70,22 @@ def cap_repeats(excess: torch.Tensor, targets: torch.Tensor, inputs: torch.Tenso
 
 
 def span_argmax(masked: torch.Tensor, valid: torch.Tensor, docs: torch.Tensor | None,
-                 terms: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+                terms: int, invalid: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The largest mean of the excess (``masked`` (..., T): zeroed where no term is, shared with the mean)
     over ``terms`` consecutive valid positions of one document (``docs`` (..., T) ids; None: one document a
     row), over every row (``-inf``, 0-d, when no such run exists), (2,) long: that run's row and first
-    position, and (rows, windows) every window's mean (None when no row is that long). On the device."""
+    position, and (rows, windows) every window's mean (None when no row is that long). On the device.
+    ``invalid``: ``~valid``, when the caller holds it."""
     T = masked.shape[-1]
     if T < terms:
         return masked.new_tensor(-torch.inf), torch.zeros(2, dtype=torch.long, device=masked.device), None
     sums = masked.unfold(-1, terms, 1).sum(-1)  # (..., T - terms + 1)
-    full = valid.float().unfold(-1, terms, 1).sum(-1) == terms
+    broken = (~valid if invalid is None else invalid).unfold(-1, terms, 1).any(-1)  # a window with a non-term
     if docs is not None:  # a run stays inside one packed document
         d = docs.unfold(-1, terms, 1)
-        full &= (d == d[..., :1]).all(-1)
-    means = torch.where(full, sums / terms, -torch.inf).reshape(-1, sums.shape[-1])  # (rows, windows)
+        broken |= (d != d[..., :1]).any(-1)
+    means = (sums / terms).masked_fill_(broken, -torch.inf).reshape(-1, sums.shape[-1])  # (rows, windows)
     # value and place in one reduction: indexing by the 0-d argmax read it on the host, a sync on every
     # captured forward (benchmarks/gpu_check.py on an H200, the first run on a GPU)
     top, best = means.reshape(-1).max(0)
@@ -139,17 +141,19 @@ def junk_of(excess: torch.Tensor, valid: torch.Tensor, document_ids: torch.Tenso
 
 
 def junk_stats(excess: torch.Tensor, valid: torch.Tensor, document_ids: torch.Tensor | None, terms: int,
-               rows: torch.Tensor | None, n_terms: torch.Tensor) -> JunkSpan:
+               rows: torch.Tensor | None, n_terms: torch.Tensor, *, invalid: torch.Tensor | None = None,
+               clamped: bool = False) -> JunkSpan:
     """``junk_of`` from parts the caller may already hold (``watch()``'s per-step pass shares them with the
     sample signal): ``rows`` each row's leaked share (``leaked``; None: unknown), ``n_terms`` the number of
-    valid terms (an integer tensor)."""
+    valid terms (an integer tensor; ``clamped``: already at least 1), ``invalid`` ``~valid``."""
     docs = document_ids
     if docs is not None and docs.device != valid.device:
         docs = docs.to(valid.device)
-    masked = torch.where(valid, excess, 0.0)  # (B, T): the runs' sums and the mean both read it
-    best, where, windows = span_argmax(masked, valid, docs, terms)
-    return JunkSpan(best, masked.sum() / n_terms.clamp(min=1), None if rows is None else rows.max(), rows,
-                    where, windows)
+    invalid = ~valid if invalid is None else invalid
+    masked = excess.masked_fill(invalid, 0.0)  # (B, T): the runs' sums and the mean both read it
+    best, where, windows = span_argmax(masked, valid, docs, terms, invalid)
+    return JunkSpan(best, masked.sum() / (n_terms if clamped else n_terms.clamp(min=1)),
+                    None if rows is None else rows.max(), rows, where, windows)
 
 
 def rows_above(windows: torch.Tensor, margin: float) -> list[tuple[int, float, int]]:
@@ -193,5 +197,5 @@ def leaked_shares(repeat: torch.Tensor, inputs: torch.Tensor, valid: torch.Tenso
     prev = torch.cat([inputs[:, :1] - 1, inputs[:, :-1]], 1)  # (B, T): the token before, none at 0
     fresh = inputs != prev
     count = (valid & fresh).sum(1)
-    out = torch.where(count >= LEAK_MIN_TERMS, (repeat & fresh).sum(1) / count.clamp(min=1), 0.0)
+    out = ((repeat & fresh).sum(1) / count.clamp(min=1)).masked_fill_(count < LEAK_MIN_TERMS, 0.0)
     return out if out.dtype == torch.float32 else out.float()

@@ -41,13 +41,16 @@ def sample_losses(token_losses: torch.Tensor, mask: torch.Tensor, input_ids: tor
 
 
 def row_means(token_losses: torch.Tensor, valid: torch.Tensor, count: torch.Tensor,
-              repeat: torch.Tensor | None) -> torch.Tensor:
+              repeat: torch.Tensor | None, *, invalid: torch.Tensor | None = None,
+              n_terms: torch.Tensor | None = None) -> torch.Tensor:
     """``sample_losses`` from parts the caller may already hold (``watch()``'s per-step pass shares them with
     the junk signal): ``valid`` (B, T) bool, ``count`` its row sums, ``repeat`` (B, T) bool the valid terms
-    whose target repeats the input token (None: none capped)."""
+    whose target repeats the input token (None: none capped); ``invalid`` ``~valid`` and ``n_terms`` the number
+    of terms, at least 1 (each made here when not given)."""
     per = token_losses.detach() if token_losses.requires_grad else token_losses
-    per = torch.where(valid, per if per.dtype == torch.float32 else per.float(), 0.0)
+    per = (per if per.dtype == torch.float32 else per.float()).masked_fill(~valid if invalid is None else invalid, 0.0)
     if repeat is not None:
-        mean = per.sum() / count.sum().clamp(min=1)  # NaN when any term is: it stays NaN below
+        n_terms = count.sum().clamp(min=1) if n_terms is None else n_terms
+        mean = per.sum() / n_terms  # NaN when any term is: it stays NaN below
         per = torch.where(repeat, torch.minimum(per, mean), per)
-    return torch.where(count > 0, per.sum(1) / count.clamp(min=1), -torch.inf)
+    return (per.sum(1) / count.clamp(min=1)).masked_fill_(count == 0, -torch.inf)
