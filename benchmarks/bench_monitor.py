@@ -18,12 +18,13 @@ requests included) and the optimizer hook alone.
 
     python benchmarks/bench_monitor.py [--rounds 20] [--batch 4] [--seq 256] [--threads N] [--no-wandb]
     python benchmarks/bench_monitor.py --only small [--rounds 40] [--server]
-    python benchmarks/bench_monitor.py --only parts [--rounds 30] [--log-every 10]
+    python benchmarks/bench_monitor.py --only parts [--rounds 30] [--log-every 10] [--layers 4]
 
-``--only parts`` takes the 2-layer model's per-step cost apart: ``watch()`` with its defaults, with one
-signal off at a time, with all three off, and with the detector off (``spikes=False``), each beside a
-plain twin in one round-robin, into a ``MemoryTracker`` (no backend's cost), in training-thread CPU; and the
-floor: a plain step plus only the reads the defaults need, without their bookkeeping.
+``--only parts`` takes a small model's per-step cost apart (``--layers 2``, the default, or ``4``):
+``watch()`` with its defaults, with one signal off at a time, with all three off, and with the detector off
+(``spikes=False``), each beside a plain twin in one round-robin, into a ``MemoryTracker`` (no backend's
+cost), in training-thread CPU; and the floor: a plain step plus only the reads the defaults need, without
+their bookkeeping.
 """
 from __future__ import annotations
 
@@ -75,6 +76,8 @@ def main() -> None:
                     help="only the small-model watch() table, or only the 2-layer model's per-step parts")
     ap.add_argument("--server", action="store_true",
                     help="--only small: log into a real `mlflow server` on 127.0.0.1, not an in-process store")
+    ap.add_argument("--layers", type=int, choices=[m[0] for m in SMALL], default=SMALL[0][0],
+                    help="--only parts: the small model taken apart (2: d=64, 4: d=256)")
     ap.add_argument("--log-every", type=int, default=1,
                     help="monitor.log_every of watch() in the small table and the --only parts variants")
     args = ap.parse_args()
@@ -251,9 +254,10 @@ PARTS = {  # variant -> watch() options (None: the plain twin)
 
 
 def step_parts(args) -> None:
-    """What each default costs a step of the 2-layer d=64 model: every variant of ``PARTS`` on its own copy,
-    round-robin (the order reversed every other round), training-thread CPU per step, medians."""
-    n_layer, d_model, n_head = SMALL[0]
+    """What each default costs a step of a small model (``--layers``: the 2-layer d=64 one by default): every
+    variant of ``PARTS`` on its own copy, round-robin (the order reversed every other round), training-thread CPU
+    per step, medians."""
+    n_layer, d_model, n_head = next(m for m in SMALL if m[0] == args.layers)
     torch.manual_seed(0)
     proto = TinyGPT(vocab_size=256, n_layer=n_layer, n_head=n_head, d_model=d_model, max_seq_len=args.seq)
     gen = torch.Generator().manual_seed(1)
@@ -279,7 +283,7 @@ def step_parts(args) -> None:
             times[name].append(time.thread_time() - c0)
     med = {k: statistics.median(v) for k, v in times.items()}
     plain = med["plain step"]
-    print(f"2-layer d={d_model} GPT, batch {args.batch}x{args.seq}, torch threads {torch.get_num_threads()}, "
+    print(f"{n_layer}-layer d={d_model} GPT, batch {args.batch}x{args.seq}, torch threads {torch.get_num_threads()}, "
           f"log_every {args.log_every}, {args.rounds * 2} rounds; training-thread CPU per step, medians")
     print(f"{'variant':<34}{'ms':>8}{'over plain ms':>15}{'ratio':>8}")
     for name, t in med.items():
