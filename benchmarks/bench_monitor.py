@@ -226,13 +226,13 @@ def _small_models(args, mlflow, requests, pool, store: str, uri: str) -> None:
                       f"{cpu:>7.3f}{run_cpu:>9.3f}{wall * 1e3:>9.2f}{thread * 1e3:>9.2f}{sent if ours else '':>22}"
                       f"{arm.events():>7}")
                 arm.close()
-        per_value = store_cpu_per_value()
+        per_value, per_request = store_cpu_per_value(), store_cpu_per_request()
     if wandb_run is not None:
         wandb_run.finish()
-    alone = "this process's CPU (the client's) per metric value through the server" if args.server else \
-        "MLflow's SQLite store alone"
-    print(f"{alone}: {per_value * 1e6:.0f} us CPU per metric value (log_batch of 975 values, "
-          "same store); what any in-process writer adds to a step, whatever it batches:")
+    alone = "this process's CPU (the client's) through the server" if args.server else "MLflow's SQLite store alone"
+    print(f"{alone}: {per_value * 1e6:.0f} us CPU per metric value (log_batch of 975 values, same store), "
+          f"{per_request * 1e3:.2f} ms per request (of one value); what any in-process writer adds to a step, "
+          "whatever it batches:")
     for name, values, plain_cpu in floors:
         print(f"  {name}: {values:.0f} values per step -> {values * per_value * 1e3:.2f} ms, "
               f"run cpu >= {1 + values * per_value / plain_cpu:.3f} (plain step {plain_cpu * 1e3:.1f} ms CPU)")
@@ -412,18 +412,30 @@ class count_calls:
 
 def store_cpu_per_value(n: int = 975, repeats: int = 3) -> float:
     """MLflow's own CPU seconds per metric value: ``log_batch`` of ``n`` values into the open run's store."""
+    return statistics.median(_log_batch_cpu(n) / n for _ in range(repeats))
+
+
+def store_cpu_per_request(repeats: int = 5) -> float:
+    """MLflow's own CPU seconds of a ``log_batch`` request of one value: what a request costs beyond its values."""
+    return statistics.median(_log_batch_cpu(1) for _ in range(repeats))
+
+
+_BATCHES = [0]  # log_batch calls made by the two above (each call's values at new steps)
+
+
+def _log_batch_cpu(n: int) -> float:
+    """Process CPU seconds of one ``log_batch`` of ``n`` values (25 keys) into the open run."""
     import mlflow
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
     client, run_id = MlflowClient(), mlflow.active_run().info.run_id
-    costs = []
-    for r in range(repeats):
-        batch = [Metric(f"store/m{k % 25}", 1.0, 1000 + r, 10_000 * (r + 1) + k // 25) for k in range(n)]
-        t0 = time.process_time()
-        client.log_batch(run_id, metrics=batch, synchronous=True)
-        costs.append((time.process_time() - t0) / n)
-    return statistics.median(costs)
+    _BATCHES[0] += 1
+    r = _BATCHES[0]
+    batch = [Metric(f"store/m{k % 25}", 1.0, 1000 + r, 10_000 * r + k // 25) for k in range(n)]
+    t0 = time.process_time()
+    client.log_batch(run_id, metrics=batch, synchronous=True)
+    return time.process_time() - t0
 
 
 def paired(pairs, bases, rounds: int, warmup: int = 2, cpu: bool = False) -> dict[str, tuple[float, float, float]]:
