@@ -73,7 +73,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--no-wandb", action="store_true")
     ap.add_argument("--only", choices=["small", "parts"], default=None,
-                    help="only the small-model watch() table, or only the 2-layer model's per-step parts")
+                    help="only the small-model watch() table, or only a small model's per-step parts (--layers)")
     ap.add_argument("--server", action="store_true",
                     help="--only small: log into a real `mlflow server` on 127.0.0.1, not an in-process store")
     ap.add_argument("--layers", type=int, choices=[m[0] for m in SMALL], default=SMALL[0][0],
@@ -230,9 +230,10 @@ def _small_models(args, mlflow, requests, pool, store: str, uri: str) -> None:
     if wandb_run is not None:
         wandb_run.finish()
     alone = "this process's CPU (the client's) through the server" if args.server else "MLflow's SQLite store alone"
+    adds = "what logging through it adds to this process's step" if args.server else \
+        "what any in-process writer adds to a step"
     print(f"{alone}: {per_value * 1e6:.0f} us CPU per metric value (log_batch of 975 values, same store), "
-          f"{per_request * 1e3:.2f} ms per request (of one value); what any in-process writer adds to a step, "
-          "whatever it batches:")
+          f"{per_request * 1e3:.2f} ms per request (of one value); {adds}, whatever it batches:")
     for name, values, plain_cpu in floors:
         print(f"  {name}: {values:.0f} values per step -> {values * per_value * 1e3:.2f} ms, "
               f"run cpu >= {1 + values * per_value / plain_cpu:.3f} (plain step {plain_cpu * 1e3:.1f} ms CPU)")

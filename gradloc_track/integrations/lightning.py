@@ -139,7 +139,7 @@ class GradLocCallback(L.Callback):
         self._resumed, self._loaded = None, True
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if self.handle is not None:
+        if self.handle is not None and self.handle.capture.wanted:  # (no detector: no batch is read)
             if self._shifted is None and self._asked < DECIDE_WITHIN:  # labels or shifted targets: told once
                 self._asked += 1  # (a host read each time: on the first batches that tell, at most DECIDE_WITHIN)
                 self._shifted = LMBatch.pair_is_shifted(batch)

@@ -76,7 +76,7 @@ def span_argmax(masked: torch.Tensor, valid: torch.Tensor, docs: torch.Tensor | 
     over ``terms`` consecutive valid positions of one document (``docs`` (..., T) ids; None: one document a
     row), over every row (``-inf``, 0-d, when no such run exists), (2,) long: that run's row and first
     position, and (rows, windows) every window's mean (None when no row is that long). On the device.
-    ``invalid``: ``~valid``, when the caller holds it."""
+    ``valid`` (..., T) bool; ``invalid``: ``~valid``, when the caller holds it."""
     T = masked.shape[-1]
     if T < terms:
         return masked.new_tensor(-torch.inf), torch.zeros(2, dtype=torch.long, device=masked.device), None

@@ -143,8 +143,7 @@ def _finite_mean(z: torch.Tensor, sums: torch.Tensor | None = None) -> torch.Ten
         # that overflows while every row is finite only costs the exact check below
         if not math.isfinite(float(mean.sum())):
             rows = (~torch.isfinite(mean)).nonzero()[:, 0]  # exactly the masked rows, a block of them at a time
-            if rows.numel():
-                mean[rows] = _masked_means(z, rows, CPU_BLOCK)
+            mean[rows] = _masked_means(z, rows, CPU_BLOCK)
         return mean
     if not mean.numel():
         return mean

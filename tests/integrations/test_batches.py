@@ -89,15 +89,16 @@ def test_without_a_detector_the_capture_records_nothing_and_the_norms_are_the_sa
         assert handle.capture.wanted is spikes
         for b in batches:
             with warnings.catch_warnings():
+                # the whole step: the pairing of columns with batches (and its warning) happens in opt.step()
                 warnings.simplefilter("error")  # no "set_sample_info was called ... for 0 micro-batches"
                 handle.set_sample_info(source=["a", "b"])
                 logits = model(b[:, :-1], **{SAMPLE_INFO_KEY: {"row": [0, 1]}})
-            recorded = list(handle.capture.batches)
-            assert (len(recorded), len(handle.capture.rng_states)) == ((1, 1) if spikes else (0, 0))
-            assert (logits._backward_hooks is not None) is spikes  # the logits' term-reading hook
-            F.cross_entropy(logits.reshape(-1, 32), b[:, 1:].reshape(-1)).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+                recorded = list(handle.capture.batches)
+                assert (len(recorded), len(handle.capture.rng_states)) == ((1, 1) if spikes else (0, 0))
+                assert (logits._backward_hooks is not None) is spikes  # the logits' term-reading hook
+                F.cross_entropy(logits.reshape(-1, 32), b[:, 1:].reshape(-1)).backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
         handle.finish()
         logged[spikes] = [{k: v for k, v in m.items() if k.startswith(("grad_norm/", "weight_norm/"))}
                           for _, m in tracker.metrics]

@@ -340,7 +340,7 @@ def test_a_first_batch_that_cannot_tell_leaves_the_convention_to_the_next():
 
     fed = []
     callback = GradLocCallback(tracker="none", console=False)
-    callback.handle = SimpleNamespace(capture=SimpleNamespace(add=fed.append))
+    callback.handle = SimpleNamespace(capture=SimpleNamespace(add=fed.append, wanted=True))
     same = torch.full((2, 6), 7)
     x = torch.tensor([[1, 2, 3, 4, 5, 6], [3, 4, 5, 6, 7, 8]])
     for batch in ((same, same.clone()), (x, x + 1), (x, x + 1)):
