@@ -163,9 +163,9 @@ SMALL = ((2, 64, 2), (4, 256, 4))  # (layers, d_model, heads): where a fixed per
 
 
 def small_models(args) -> None:
-    """``watch()`` logging every step inside ``mlflow.start_run()`` (the real SQLite store in this process, or
-    with ``--server`` a real ``mlflow server`` over one; the user's run joined), and ``wandb.watch`` (offline)
-    beside it, each against a twin's plain step."""
+    """``watch()`` logging every step (or every ``--log-every``) inside ``mlflow.start_run()`` (the real SQLite
+    store in this process, or with ``--server`` a real ``mlflow server`` over one; the user's run joined), and
+    ``wandb.watch`` (offline) beside it, each against a twin's plain step."""
     import mlflow
     from mlflow.tracking import MlflowClient
 
