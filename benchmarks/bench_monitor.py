@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import itertools
 import math
 import os
 import sys
@@ -166,7 +167,6 @@ def small_models(args) -> None:
     """``watch()`` logging every step (or every ``--log-every``) inside ``mlflow.start_run()`` (the real SQLite
     store in this process, or with ``--server`` a real ``mlflow server`` over one; the user's run joined), and
     ``wandb.watch`` (offline) beside it, each against a twin's plain step."""
-    import mlflow
     from mlflow.tracking import MlflowClient
 
     from gradloc_track.trackers.quiet import quiet_backend_noise
@@ -183,11 +183,13 @@ def small_models(args) -> None:
             from tests.conftest import running_mlflow_server
 
             uri = stack.enter_context(running_mlflow_server(uri, Path(store)))
-        _small_models(args, mlflow, requests, pool, store, uri)
+        _small_models(args, requests, pool, store, uri)
 
 
-def _small_models(args, mlflow, requests, pool, store: str, uri: str) -> None:
+def _small_models(args, requests, pool, store: str, uri: str) -> None:
     """``small_models``' table, logging to ``uri``."""
+    import mlflow
+
     mlflow.set_tracking_uri(uri)
     mlflow.set_experiment("bench-monitor")
     where = "an mlflow server on 127.0.0.1, SQLite behind it" if args.server else "SQLite store"
@@ -421,7 +423,7 @@ def store_cpu_per_request(repeats: int = 5) -> float:
     return statistics.median(_log_batch_cpu(1) for _ in range(repeats))
 
 
-_BATCHES = [0]  # log_batch calls made by the two above (each call's values at new steps)
+_BATCHES = itertools.count(1)  # log_batch calls made by the two above (each call's values at new steps)
 
 
 def _log_batch_cpu(n: int) -> float:
@@ -431,8 +433,7 @@ def _log_batch_cpu(n: int) -> float:
     from mlflow.tracking import MlflowClient
 
     client, run_id = MlflowClient(), mlflow.active_run().info.run_id
-    _BATCHES[0] += 1
-    r = _BATCHES[0]
+    r = next(_BATCHES)
     batch = [Metric(f"store/m{k % 25}", 1.0, 1000 + r, 10_000 * r + k // 25) for k in range(n)]
     t0 = time.process_time()
     client.log_batch(run_id, metrics=batch, synchronous=True)
