@@ -10,7 +10,8 @@ the per-sample table.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from operator import itemgetter
+from typing import Any, Callable, Iterable
 
 from ..artifacts.table import BASE_COLUMNS, WHERE_COLUMNS, cut_text
 from .sources import RunTable
@@ -24,16 +25,32 @@ MAX_VALUES = 5  # distinct metadata values listed per sample
 
 @dataclass
 class Ledger:
-    """Rows of every run (``run``: the run's id), their metadata columns, the runs' names (in order, and
-    by id), and the number of spike events that blamed anything."""
+    """Every kept culprit row of every run, as one table: ``data``'s rows are lists aligned with ``columns``
+    (the columns of the runs that have rows, then ``run``: the run's id) and one more cell that is always
+    ``None`` (what ``cell`` points a missing column at); the user's metadata columns, the runs' names (in
+    order, and by id), and the number of spike events that blamed anything. Lists, not a dict per row: a
+    1000-run ledger has 60,000 rows, and building and reading their dicts was a third of its time."""
 
-    rows: list[dict[str, Any]]
+    columns: list[str]
+    data: list[list[Any]]
     metadata: list[str]
     runs: list[str]
     events: int
     notes: list[str] = field(default_factory=list)
     names: dict[str, str] = field(default_factory=dict)  # run id -> its name in the ledger
     run_ids: list[str] = field(default_factory=list)
+
+    def cell(self, column: str) -> int:
+        """The index of ``column`` in a row; a column no run with rows has points at the ``None`` cell."""
+        try:
+            return self.columns.index(column)
+        except ValueError:
+            return -1
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        """The rows as dicts (column -> cell, ``run`` included), for a reader who wants them so."""
+        return [dict(zip(self.columns, r)) for r in self.data]
 
 
 @dataclass
@@ -50,7 +67,7 @@ def views(ledger: Ledger, by: str | None = None) -> Views:
     """The per-sample view, and the ``by`` groups (``KeyError`` for a column no run has; a note when no row has
     a value for it, e.g. ``--by token`` over runs whose culprits are all whole samples)."""
     groups = by_group(ledger, by) if by is not None else None
-    if by is not None and not groups and ledger.rows:
+    if by is not None and not groups and ledger.data:
         what = "no culprit row is a single token (every one is a span, a sample or a micro-batch)" if by == "token" \
             else f"no culprit row has a value in column {by!r}"
         ledger.notes.append(f"--by {by}: {what}; culprits_by_{by}.csv holds its header only")
@@ -63,34 +80,68 @@ def group_columns(by: str) -> list[str]:
 
 
 def collect(runs: Iterable[RunTable], notes: list[str] | None = None) -> Ledger:
-    """Every culprit row as a dict with its ``run`` (the run's id); the user's columns in first-seen order."""
-    rows, metadata, names = [], [], {}
+    """Every culprit row with its ``run`` (the run's id), the columns of every run that has rows (a column a
+    run lacks is ``None`` in its rows); the user's columns in first-seen order."""
+    metadata: list[str] = []
+    names: dict[str, str] = {}
+    kept_runs: list[tuple[str, list[str], list[list[Any]]]] = []
+    dropped, dropped_steps = 0, set()
     for run in runs:
         names[run.run_id] = run.name
-        cols = run.table.get("columns", [])
+        cols = list(run.table.get("columns", []))
         metadata += [c for c in cols if c not in OURS and c not in metadata]
-        rows += [dict(zip(cols, r), run=run.run_id) for r in run.table.get("data", [])]
-    # a row that only carried a step the data did not make (``data_fault`` False: a replay that is not the step,
-    # a schedule; an ``unexplained`` step's weak rows are None and count) blames no sample (review, stop 56: an
-    # irreproducible NaN multiplier's four clean rows went to the blocklist); tables written before the column
-    # count every row, as they did
-    kept = [r for r in rows if r.get("data_fault") is not False]
-    if len(kept) < len(rows):
-        steps = len({(r["run"], r.get("step")) for r in rows if r.get("data_fault") is False})
-        notes = [*(notes or []), f"{len(rows) - len(kept)} culprit row(s) of {steps} spike event(s) the data did not "
+        data, n = run.table.get("data", []), len(cols)
+        if set(map(len, data)) - {n}:  # a hand-made table's short or long rows (files' are checked): cut or padded
+            data = [[*r[:n], *[None] * (n - len(r))] for r in data]
+        # a row that only carried a step the data did not make (``data_fault`` False: a replay that is not the
+        # step, a schedule; an ``unexplained`` step's weak rows are None and count) blames no sample (review, stop
+        # 56: an irreproducible NaN multiplier's four clean rows went to the blocklist); tables written before the
+        # column count every row, as they did
+        if "data_fault" in cols:
+            j, step = _index(cols, "data_fault"), _index(cols, "step")
+            out = [r for r in data if r[j] is not False]
+            if len(out) < len(data):
+                dropped += len(data) - len(out)
+                dropped_steps |= {(run.run_id, None if step < 0 else r[step]) for r in data if r[j] is False}
+            data = out
+        if data:
+            kept_runs.append((run.run_id, cols, data))
+    columns = list(dict.fromkeys(c for _, cols, _ in kept_runs for c in cols if c != "run"))
+    if kept_runs:
+        columns.append("run")
+    rows: list[list[Any]] = []
+    for run_id, cols, data in kept_runs:
+        if cols == columns[:-1]:  # the common case: every run has the same columns
+            rows += [[*r, run_id, None] for r in data]
+            continue
+        # another run's columns, or another order: by name (the run's own "run" column gives way to its id); a
+        # column it lacks is None, but a table without "level" holds token rows (as ``group_key`` reads one)
+        n = len(cols)
+        at = [_index(cols, c) if c in cols else n + (c == "level") for c in columns[:-1]]
+        rows += [[*(ext[j] for j in at), run_id, None] for ext in ([*r, None, "token"] for r in data)]
+    if dropped:
+        notes = [*(notes or []), f"{dropped} culprit row(s) of {len(dropped_steps)} spike event(s) the data did not "
                                  "make (their data_fault column is false: the step's own cause is not data, e.g. an "
                                  "irreproducible replay's largest rows or a schedule's) blame no sample"]
-    rows = kept
-    events = len({(r["run"], r.get("step")) for r in rows})
-    return Ledger(rows, metadata, list(names.values()), events, list(notes or []), names, list(names))
+    run, step = len(columns) - 1, _index(columns, "step")
+    events = len({(r[run], r[step]) for r in rows})
+    return Ledger(columns, rows, metadata, list(names.values()), events, list(notes or []), names, list(names))
 
 
-def _event_shares(rows: list[dict]) -> dict[tuple, float]:
-    """(run id, step) -> the summed share of ``rows`` in that event."""
+def _index(columns: list[str], column: str) -> int:
+    """The last place of ``column`` (a dict of the row would keep its last cell), -1 when it is not there."""
+    for i in range(len(columns) - 1, -1, -1):
+        if columns[i] == column:
+            return i
+    return -1
+
+
+def _event_shares(rows: list[list[Any]], run: int, step: int, share: int) -> dict[tuple, float]:
+    """(run id, step) -> the summed share of ``rows`` in that event (``run``, ``step``, ``share``: cell indices)."""
     out: dict[tuple, float] = {}
     for r in rows:
-        key = (r["run"], r.get("step"))
-        out[key] = out.get(key, 0.0) + float(r.get("share") or 0.0)
+        key = (r[run], r[step])
+        out[key] = out.get(key, 0.0) + float(r[share] or 0.0)
     return out
 
 
@@ -99,15 +150,36 @@ def _largest(shares: dict[tuple, float]) -> float:
     return max(0.0, *shares.values())
 
 
-def excerpt(rows: list[dict]) -> str:
+@dataclass(frozen=True)
+class _Cells:
+    """Where ``by_sample`` finds each cell it reads in a ledger's rows."""
+
+    sample_id: int
+    run: int
+    step: int
+    share: int
+    token: int
+    level: int
+    position: int
+    nonfinite: int
+    metadata: tuple[tuple[str, int], ...]
+
+    @classmethod
+    def of(cls, ledger: Ledger) -> "_Cells":
+        c = ledger.cell
+        return cls(c("sample_id"), c("run"), c("step"), c("share"), c("token"), c("level"), c("position"),
+                   c("nonfinite"), tuple((m, c(m)) for m in ledger.metadata))
+
+
+def excerpt(rows: list[list[Any]], at: _Cells) -> str:
     """The sample's text: its widest unit row's text, else its culprit tokens in position order."""
-    units = [r for r in rows if r.get("level") in UNIT_RANK]
+    units = [r for r in rows if r[at.level] in UNIT_RANK]
     if units:
-        best = min(units, key=lambda r: (UNIT_RANK[r["level"]], -float(r.get("share") or 0)))
-        return cut_text(str(best.get("token") or ""), EXCERPT_CHARS)
-    first = min((r["run"], r.get("step") or 0) for r in rows)  # one event's tokens, not every run's copies
-    toks = sorted((r for r in rows if (r["run"], r.get("step") or 0) == first), key=lambda r: r.get("position") or 0)
-    return cut_text("".join(str(r.get("token") or "") for r in toks), EXCERPT_CHARS)
+        best = min(units, key=lambda r: (UNIT_RANK[r[at.level]], -float(r[at.share] or 0)))
+        return cut_text(str(best[at.token] or ""), EXCERPT_CHARS)
+    first = min((r[at.run], r[at.step] or 0) for r in rows)  # one event's tokens, not every run's copies
+    toks = sorted((r for r in rows if (r[at.run], r[at.step] or 0) == first), key=lambda r: r[at.position] or 0)
+    return cut_text("".join(str(r[at.token] or "") for r in toks), EXCERPT_CHARS)
 
 
 def _value(values: list[Any]) -> Any:
@@ -126,37 +198,41 @@ def _value(values: list[Any]) -> Any:
 def by_sample(ledger: Ledger) -> list[dict[str, Any]]:
     """One entry per ``sample_id``: how often, where and how hard it was blamed, its text and metadata;
     the most blamed first."""
-    groups: dict[str, list[dict]] = {}
-    for r in ledger.rows:
-        if r.get("sample_id"):
-            groups.setdefault(r["sample_id"], []).append(r)
+    at = _Cells.of(ledger)
+    groups: dict[str, list[list[Any]]] = {}
+    sid = at.sample_id
+    for r in ledger.data:
+        if r[sid]:
+            groups.setdefault(r[sid], []).append(r)
     out = []
     name = ledger.names
-    for sid, rows in groups.items():
+    run, step, share, token, nonfinite, metadata = at.run, at.step, at.share, at.token, at.nonfinite, at.metadata
+    for key, rows in groups.items():
         if len(rows) == 1:  # the common case, without the per-event bookkeeping (the same entry)
-            out.append(_one_row(sid, rows[0], name[rows[0]["run"]], ledger.metadata))
+            r = rows[0]
+            where = name[r[run]]
+            entry = {"sample_id": key, "blamed": 1, "runs": [where], "steps": [f"{where}@{r[step]}"],
+                     "max_share": max(0.0, float(r[share] or 0.0)), "text": cut_text(str(r[token] or ""),
+                                                                                     EXCERPT_CHARS)}
+            if r[nonfinite] is True:
+                entry["nonfinite"] = True
+            for c, j in metadata:
+                entry[c] = r[j]
+            out.append(entry)
             continue
-        shares = _event_shares(rows)
+        shares = _event_shares(rows, at.run, at.step, at.share)
         runs = list(dict.fromkeys(name[run] for run, _ in shares))
-        out.append({"sample_id": sid, "blamed": len(shares), "runs": runs,
+        out.append({"sample_id": key, "blamed": len(shares), "runs": runs,
                     "steps": [f"{name[run]}@{step}" for run, step in shares],
-                    "max_share": _largest(shares), "text": excerpt(rows), **_nonfinite(rows),
-                    **{c: _value([r.get(c) for r in rows]) for c in ledger.metadata}})
+                    "max_share": _largest(shares), "text": excerpt(rows, at), **_nonfinite(rows, at.nonfinite),
+                    **{c: _value([r[j] for r in rows]) for c, j in at.metadata}})
     return sorted(out, key=lambda e: (-e["blamed"], -len(e["runs"]), -e["max_share"], e["sample_id"]))
 
 
-def _one_row(sid: str, r: dict, run: str, metadata: list[str]) -> dict[str, Any]:
-    """``by_sample``'s entry of a sample blamed by one row."""
-    return {"sample_id": sid, "blamed": 1, "runs": [run], "steps": [f"{run}@{r.get('step')}"],
-            "max_share": max(0.0, float(r.get("share") or 0.0)),
-            "text": cut_text(str(r.get("token") or ""), EXCERPT_CHARS), **_nonfinite([r]),
-            **{c: r.get(c) for c in metadata}}
-
-
-def _nonfinite(rows: list[dict]) -> dict[str, bool]:
+def _nonfinite(rows: list[list[Any]], nonfinite: int) -> dict[str, bool]:
     """``{"nonfinite": True}`` for a sample a non-finite step blamed (its share is empty: the whole
     step was NaN/Inf), so the blocklist takes it whatever its share; nothing otherwise."""
-    return {"nonfinite": True} if any(r.get("nonfinite") is True for r in rows) else {}
+    return {"nonfinite": True} if any(r[nonfinite] is True for r in rows) else {}
 
 
 def bucket(n: Any) -> str | None:
@@ -169,21 +245,24 @@ def bucket(n: Any) -> str | None:
     return f"{lo}-{2 * lo - 1}"
 
 
-def group_key(row: dict, by: str) -> Any:
-    """The row's group for ``--by``: a column's value, the token (token rows only), a length or position bucket."""
+def group_key(ledger: Ledger, by: str) -> Callable[[list[Any]], Any]:
+    """A row's group for ``--by``: a column's value, the token (token rows only), a length or position bucket."""
+    cell = ledger.cell
     if by == "token":
-        return row.get("token") if row.get("level", "token") == "token" else None
+        token, level = cell("token"), cell("level")
+        return lambda r: r[token] if (r[level] if level >= 0 else "token") == "token" else None
     if by == "length":  # the culprit's length in positions: 1 for a token, a unit's [position, end)
-        start, end = row.get("position"), row.get("end")
-        return bucket(end - start) if isinstance(start, int) and isinstance(end, int) else None
+        start, end = cell("position"), cell("end")
+        return lambda r: bucket(r[end] - r[start]) if isinstance(r[start], int) and isinstance(r[end], int) else None
     if by == "position":
-        return bucket(row.get("position"))
-    return row.get(by)
+        position = cell("position")
+        return lambda r: bucket(r[position])
+    return itemgetter(cell(by))
 
 
 def check_by(ledger: Ledger, by: str) -> None:
     """A clear error for a ``--by`` that no run has."""
-    known = set().union(*ledger.rows) | set(ledger.metadata) | {"token", *BUCKETED}  # (a column
+    known = set(ledger.columns) | set(ledger.metadata) | {"token", *BUCKETED}  # (a column
     # whose every row was left out as damaged is still the runs' column: grouped, it has no group)
     if by not in known:
         raise KeyError(f"--by {by!r}: no run's culprit table has that column; use one of "
@@ -193,17 +272,17 @@ def check_by(ledger: Ledger, by: str) -> None:
 def by_group(ledger: Ledger, by: str) -> list[dict[str, Any]]:
     """One entry per value of ``by``: how many of the ledger's spike events it caused, the most first."""
     check_by(ledger, by)
-    groups: dict[Any, list[dict]] = {}
-    for r in ledger.rows:
-        key = group_key(r, by)
+    groups: dict[Any, list[list[Any]]] = {}
+    for key, r in zip(map(group_key(ledger, by), ledger.data), ledger.data):
         if key is not None:
             groups.setdefault(str(key) if isinstance(key, (list, dict)) else key, []).append(r)
     out = []
+    run, step, share, sid = ledger.cell("run"), ledger.cell("step"), ledger.cell("share"), ledger.cell("sample_id")
     for key, rows in groups.items():
-        shares = _event_shares(rows)
+        shares = _event_shares(rows, run, step, share)
         n = len(shares)
         out.append({by: key, "spikes": n, "of_spikes": ledger.events,
-                    "samples": len({r["sample_id"] for r in rows if r.get("sample_id")}),
+                    "samples": len({r[sid] for r in rows if r[sid]}),
                     "runs": len({run for run, _ in shares}), "rows": len(rows), "max_share": _largest(shares),
                     "summary": f"{by} {key} caused {n} of {ledger.events} spike(s)"})
     return sorted(out, key=lambda e: (-e["spikes"], -e["max_share"], str(e[by])))

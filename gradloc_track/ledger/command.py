@@ -11,8 +11,11 @@ names the ``replay`` command).
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from ..text import visible_text
 from ..trackers.backends import BACKENDS
@@ -70,12 +73,41 @@ def add_parser(sub) -> None:
     p.add_argument("--project", default="gradloc-track", help="--log-to wandb: the project (default: %(default)s)")
 
 
+@contextmanager
+def collector_paused():
+    """Python's cyclic garbage collector off while the ledger is built: it makes a few objects per culprit row
+    and frees none of them before it exits (none is in a cycle), and each collection walked all of them again:
+    a third of a 1000-run ledger's CPU (1.41 -> 1.08 s in one process)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def _fail(message: str, code: int = 2) -> int:
     print(f"{PROG}: {visible_text(message)}", file=sys.stderr)
     return code
 
 
 def run(args: argparse.Namespace) -> int:
+    with collector_paused():  # reading, aggregating and writing; not the blocklist's export or the tracker run
+        got = _ledger(args)
+    if isinstance(got, int):
+        return got
+    v, incomplete = got
+    code = _after(args, v)
+    if incomplete:
+        return _fail(f"the ledger is written from what there is, but {len(incomplete)} run(s) could not be read "
+                     f"whole (the first: {incomplete[0]})", code=max(code, 1))
+    return code
+
+
+def _ledger(args: argparse.Namespace) -> tuple[Any, list[str]] | int:
+    """The ledger's files written (and said on the console) and the runs not read whole; or the exit code of
+    why there are none."""
     from .aggregate import collect, views
     from .render import write_files
     from .sources import read_runs
@@ -110,11 +142,7 @@ def run(args: argparse.Namespace) -> int:
     for g in (v.groups or [])[:10]:
         print(f"  {visible_text(g['summary'])}")
     print("wrote " + ", ".join(map(str, files)))
-    code = _after(args, v)
-    if incomplete:
-        return _fail(f"the ledger is written from what there is, but {len(incomplete)} run(s) could not be read "
-                     f"whole (the first: {incomplete[0]})", code=max(code, 1))
-    return code
+    return v, incomplete
 
 
 def _after(args: argparse.Namespace, v) -> int:

@@ -127,3 +127,65 @@ def test_per_sample_entries_match_a_brute_force_oracle_on_random_tables():
         if units:  # the widest unit (sample before span), the largest share first
             best = min(units, key=lambda r: ({"sample": 0, "span": 1}[r[1]], -r[3]))
             assert e["text"] == best[2]
+
+
+POOL = ["step", "level", "token", "share", "position", "end", "sample_id", "dataset_index", "source", "nonfinite",
+        "data_fault"]
+
+
+def _cell(rng, c):
+    return {"step": lambda: rng.choice([1, 2, 5, None]), "level": lambda: rng.choice(["token", "span", "sample", None]),
+            "token": lambda: rng.choice(["x", "y", "", None]), "share": lambda: rng.choice([0.1, 0.5, -0.2, None, 1]),
+            "position": lambda: rng.choice([0, 3, 9, None]), "end": lambda: rng.choice([1, 4, 40, None]),
+            "sample_id": lambda: rng.choice(["a" * 16, "b" * 16, "c" * 16, None, ""]),
+            "nonfinite": lambda: rng.choice([True, False, None]), "data_fault": lambda: rng.choice([True, False, None]),
+            "run": lambda: "the user's own"}.get(c, lambda: rng.choice([1, 2, "web", None, [1, 2]]))()
+
+
+def _dict_groups(runs, by):
+    """``by_group``'s counts from one dict per row (a column a run lacks is absent from its rows; a row without
+    ``level`` is a token row): (key -> (spikes, rows, samples, runs))."""
+    rows = [dict(zip(run.table["columns"], r), run=run.run_id) for run in runs for r in run.table["data"]]
+    rows = [r for r in rows if r.get("data_fault") is not False]
+    groups: dict = {}
+    for r in rows:
+        if by == "token":
+            key = r.get("token") if r.get("level", "token") == "token" else None
+        else:
+            key = r.get(by)
+        if key is not None:
+            groups.setdefault(str(key) if isinstance(key, list) else key, []).append(r)
+    return {k: (len({(r["run"], r.get("step")) for r in rs}), len(rs),
+                len({r["sample_id"] for r in rs if r.get("sample_id")}), len({r["run"] for r in rs}))
+            for k, rs in groups.items()}
+
+
+def test_runs_with_other_columns_in_other_orders_group_as_one_dict_per_row_would():
+    """The ledger keeps rows as lists aligned with the union of the runs' columns: a run that lacks a column (an
+    older run without ``data_fault``, without ``level``: its rows are token rows), orders them otherwise, repeats
+    one or has a ``run`` column of its own (its id wins) counts as reading each row by name."""
+    import random
+
+    for seed in range(200):
+        rng = random.Random(seed)
+        runs = []
+        for k in range(rng.randrange(1, 5)):
+            cols = rng.sample(POOL + ["run"] * (seed % 5 == 0), rng.randrange(3, len(POOL)))
+            cols += cols[:1] * (seed % 7 == 0)  # a column twice: the last cell wins, as in a dict
+            data = [[_cell(rng, c) for c in cols] for _ in range(rng.randrange(0, 10))]
+            runs.append(RunTable(f"r{k}", f"id{k}", {"columns": cols, "data": data}))
+        led = collect(runs)
+        known = set(led.columns) | set(led.metadata) | {"token", "length", "position"}
+        for by in ("token", "source", "dataset_index", "step", "run"):
+            if by not in known:
+                with pytest.raises(KeyError):
+                    by_group(led, by)
+                continue
+            got = {g[by]: (g["spikes"], g["rows"], g["samples"], g["runs"]) for g in by_group(led, by)}
+            assert got == _dict_groups(runs, by), (seed, by)
+        kept = [dict(zip(run.table["columns"], r), run=run.run_id) for run in runs for r in run.table["data"]]
+        kept = [r for r in kept if r.get("data_fault") is not False]
+        assert len(led.rows) == len(kept) and led.events == len({(r["run"], r.get("step")) for r in kept})
+        for mine, ref in zip(led.rows, kept):  # each row's cells by name; a column its run lacked is None
+            assert {k: mine[k] for k in ref} == ref
+            assert all(v is None or (k == "level" and v == "token") for k, v in mine.items() if k not in ref)

@@ -227,3 +227,27 @@ def test_runs_whose_events_have_no_culprit_table_write_no_ledger(tmp_path, capsy
                                             str(tmp_path / "led2")])) == 0
     out, err = capsys.readouterr()
     assert out.startswith("1 run(s), 1 spike event(s) with culprits") and "have no culprit table" in err
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_collector_is_as_it_was_after_a_ledger_written_or_refused(tmp_path, enabled, monkeypatch):
+    """``culprits`` pauses Python's cyclic collector while it builds the ledger (each collection walked every
+    row again), and leaves it as it found it: after a ledger, after a refused source."""
+    import gc
+
+    from gradloc_track.ledger import aggregate
+
+    seen = []
+    collect = aggregate.collect
+    monkeypatch.setattr(aggregate, "collect", lambda *a, **k: seen.append(gc.isenabled()) or collect(*a, **k))
+    d = run_dir(tmp_path, ROWS)
+    was = gc.isenabled()
+    try:
+        (gc.enable if enabled else gc.disable)()
+        assert command.run(parser().parse_args(["culprits", str(d), "-o", str(tmp_path / "out")])) == 0
+        assert gc.isenabled() is enabled and seen == [False]
+        assert command.run(parser().parse_args(["culprits", str(tmp_path / "nope" / "run"), "-o",
+                                                str(tmp_path / "o2")])) == 2
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()

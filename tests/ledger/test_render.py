@@ -55,3 +55,28 @@ def test_the_page_shows_the_first_rows_and_says_where_the_rest_are():
     page = to_html(views(collect(table(rows))))
     assert page.count("<tr>") == MAX_PAGE_ROWS + 1  # the header and the first rows
     assert f"(the first {MAX_PAGE_ROWS} of {MAX_PAGE_ROWS + 5}; every one is in the CSV and the JSON)" in page
+
+
+def test_a_csv_written_column_by_column_equals_csv_cell_of_each_cell():
+    """``to_csv`` passes a plain column (numbers; printable text that starts no formula; lists of them joined)
+    through at once and every other column cell by cell: the same file as ``csv_cell`` of every cell."""
+    import io
+    import random
+
+    from gradloc_track.ledger.render import LIST_SEP, to_csv
+    from gradloc_track.text import csv_cell
+
+    cells = [0, 1.5, True, None, "web", "", "=1+1", "-x", "a\tb", "\u202eabc", "x\x00", ["r1", "r2"], ["-a", 1],
+             {"k": 1}, 10 ** 30, float("nan"), "tab\there"]
+    for seed in range(300):
+        rng = random.Random(seed)
+        kinds = [rng.sample(cells, rng.randrange(1, 4)) for _ in range(rng.randrange(1, 6))]
+        entries = [{f"c{j}": rng.choice(kind) for j, kind in enumerate(kinds) if rng.random() < 0.9}
+                   for _ in range(rng.randrange(0, 8))]
+        cols = list(dict.fromkeys(k for e in entries for k in e))
+        buf = io.StringIO()
+        w = csv.writer(buf)
+        w.writerow(cols)
+        w.writerows([csv_cell(LIST_SEP.join(map(str, v)) if isinstance(v, list) else v) for v in
+                     (e.get(c) for c in cols)] for e in entries)
+        assert to_csv(entries) == buf.getvalue(), seed
