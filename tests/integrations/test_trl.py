@@ -466,3 +466,33 @@ def test_sft_packing_example_names_the_corrupted_document(tmp_path, monkeypatch)
     page = (tmp_path / "r" / "spikes" / "highlight" / f"step_{injected['step']:06d}.html").read_text()
     assert f"<b>document {top}</b>" in page
     assert json.loads((tmp_path / "r" / "tags.json").read_text()).get("spike_count") == "1"
+
+
+def test_with_the_detector_off_sfttrainer_is_not_patched_and_its_norms_are_logged(tmp_path):
+    """``spikes=False``: nothing reads TRL's micro-batches, so no adapter records them (``compute_loss`` is the
+    trainer's own all through the run); the gradient norms are logged every step as with the detector on."""
+    from transformers import TrainerCallback
+
+    from gradloc_track import MemoryTracker
+    from gradloc_track.integrations.hf import GradLocCallback
+
+    bpe, tok = char_tokenizer(tmp_path / "tok")
+    model = gpt2(bpe.vocab_size, tok.pad_token_id, positions=128)
+    docs = [(LETTERS[i % 26:] + LETTERS)[: 6 + i % 9] for i in range(40)]
+    tracker = MemoryTracker()
+    callback = GradLocCallback(tracker=tracker, run_dir=tmp_path / "run", console=False, spikes=False)
+    seen = []
+
+    class Check(TrainerCallback):  # beside ours: is compute_loss patched in the middle of the run?
+        def on_step_end(self, args, state, control, **kwargs):
+            seen.append(("compute_loss" in vars(trainer), callback.adapter))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = sft_trainer(tmp_path, tok, model, docs, packing=False)
+        trainer.add_callback(callback)
+        trainer.add_callback(Check())
+        trainer.train()
+    assert seen == [(False, None), (False, None)]
+    steps = sorted({s for s, _ in tracker.series("grad_norm/global")})
+    assert steps == [1, 2]

@@ -15,6 +15,7 @@ naming the culprit response, or why the spike was not localized.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import sys
 import warnings
@@ -125,12 +126,13 @@ class GradLocSession:
         self._tag_groups(data)
         engine = self.engine
         engine.optimizer_zero_grad()
-        with self.recorder.recording():
+        armed = self.handle.monitor.detector is not None  # spikes=False: no micro-batch is ever read
+        with self.recorder.recording() if armed else contextlib.nullcontext():
             outputs = engine.forward_backward_batch(data, loss_function, forward_only=False)
         batches = self.recorder.take()
-        why = self._why_not(data)
-        ctx = None if why else functools.partial(spike_context, engine, batches, loss_function,
-                                                                self.opts.tokenizer)
+        why = self._why_not(data) if armed else None
+        ctx = functools.partial(spike_context, engine, batches, loss_function, self.opts.tokenizer) \
+            if armed and not why else None
         stats = self.last = self.handle.step(self.steps, spike_context=ctx)
         grad_norm = self._optimizer_step(stats)
         if engine.is_mp_src_rank_with_outputs():

@@ -76,5 +76,13 @@ def test_an_engine_without_the_node_trains_as_verl_does():
 
 def test_the_node_routes_verls_train_batch_through_a_session(verl_unit):
     r = verl_unit["route"]
-    assert r["session"] and r["clip"] == "adagc"
+    assert r["session"] and r["clip"] == "adagc" and r["recordings"] == 1
+    assert {"grad_norm", "grad_norm/global", "clip/total_norm_pre", "actor/pg_loss"} <= set(r["keys"])
+
+
+def test_with_the_detector_off_the_session_records_no_micro_batch(verl_unit):
+    """``spikes.enabled=false``: nothing reads verl's micro-batches, so none is recorded (nor its RNG state); the
+    norms and the clipping are still logged."""
+    r = verl_unit["route_spikes_off"]
+    assert r["session"] and r["recordings"] == 0
     assert {"grad_norm", "grad_norm/global", "clip/total_norm_pre", "actor/pg_loss"} <= set(r["keys"])

@@ -118,17 +118,24 @@ def columns(engine, td) -> dict:
             "index": samples["index"].tolist(), "keys": sorted(cols)}
 
 
-def route(engine, td) -> dict:
+def route(engine, td, *overrides: str) -> dict:
     """verl's own ``engine.train_batch`` with a loss bound to a Hydra-composed actor config holding the
-    node: the plugin (loaded by ``import verl``) sends the step through a session."""
+    node: the plugin (loaded by ``import verl``) sends the step through a session. ``recordings``: how
+    many times the session recorded verl's micro-batches (none with the detector off)."""
+    from gradloc_track.integrations.verl.recorder import StepRecorder
     from gradloc_track.integrations.verl.session import GradLocSession
 
-    config = S.hydra_actor_config(["+actor_rollout_ref.actor.gradloc.clip=adagc"])
-    with engine.train_mode():
-        out = engine.train_batch(td.clone(), loss_function=S.ppo_loss_fn(config))
+    config = S.hydra_actor_config(["+actor_rollout_ref.actor.gradloc.clip=adagc", *overrides])
+    recordings, recording = [], StepRecorder.recording
+    StepRecorder.recording = lambda self: recordings.append(1) or recording(self)
+    try:
+        with engine.train_mode():
+            out = engine.train_batch(td.clone(), loss_function=S.ppo_loss_fn(config))
+    finally:
+        StepRecorder.recording = recording
     session = engine.__dict__.get("_gradloc_session")
     res = {"session": isinstance(session, GradLocSession), "keys": sorted(out["metrics"]),
-           "clip": session.opts.clip.kind if session else None}
+           "clip": session.opts.clip.kind if session else None, "recordings": len(recordings)}
     engine.__dict__.pop("_gradloc_session", None)
     if session:
         session.finish()
@@ -161,6 +168,7 @@ def unit_checks(engine) -> dict:
     td[INDEX_KEY] = group_index(uids(td))  # what the session adds before verl's split
     rec, _ = _record(engine, td, S.ppo_loss_fn(S.actor_config()))
     return {"route": route(engine, td),
+            "route_spikes_off": route(engine, td, "+actor_rollout_ref.actor.gradloc.spikes.enabled=false"),
             "layout": {str(p): layout_checks(rec.batches[0], p) for p in (False, True)},
             "packed_call": packed_call(engine, td),
             "additivity": {agg: additivity(engine, td, agg) for agg in AGGS},
