@@ -26,10 +26,10 @@ MAX_VALUES = 5  # distinct metadata values listed per sample
 @dataclass
 class Ledger:
     """Every kept culprit row of every run, as one table: ``data``'s rows are lists aligned with ``columns``
-    (the columns of the runs that have rows, then ``run``: the run's id) and one more cell that is always
-    ``None`` (what ``cell`` points a missing column at); the user's metadata columns, the runs' names (in
-    order, and by id), and the number of spike events that blamed anything. Lists, not a dict per row: a
-    1000-run ledger has 60,000 rows, and building and reading their dicts was a third of its time."""
+    (the columns of the runs with kept rows, then ``run``: the run's id), then whether the row's run had no
+    ``level`` column (its rows are token rows), then a cell that is always ``None`` (what ``cell`` points a
+    missing column at); the user's metadata columns, the runs' names (in order, and by id), and the number of
+    spike events that blamed anything. Lists, not a dict per row: a 1000-run ledger has 60,000 rows."""
 
     columns: list[str]
     data: list[list[Any]]
@@ -49,7 +49,7 @@ class Ledger:
 
     @property
     def rows(self) -> list[dict[str, Any]]:
-        """The rows as dicts (column -> cell, ``run`` included), for a reader who wants them so."""
+        """The rows as dicts (every column -> its cell, ``None`` where the row's run had none; ``run`` included)."""
         return [dict(zip(self.columns, r)) for r in self.data]
 
 
@@ -80,60 +80,54 @@ def group_columns(by: str) -> list[str]:
 
 
 def collect(runs: Iterable[RunTable], notes: list[str] | None = None) -> Ledger:
-    """Every culprit row with its ``run`` (the run's id), the columns of every run that has rows (a column a
-    run lacks is ``None`` in its rows); the user's columns in first-seen order."""
+    """Every culprit row with its ``run`` (the run's id), the columns of every run with kept rows (a column a
+    row's run lacks is ``None`` in it); the user's columns in first-seen order."""
     metadata: list[str] = []
     names: dict[str, str] = {}
-    kept_runs: list[tuple[str, list[str], list[list[Any]]]] = []
+    parts: list[tuple[str, list[str], list[list[Any]]]] = []  # (run id, columns none twice, rows of their length)
     dropped, dropped_steps = 0, set()
     for run in runs:
         names[run.run_id] = run.name
         cols = list(run.table.get("columns", []))
-        metadata += [c for c in cols if c not in OURS and c not in metadata]
-        data, n = run.table.get("data", []), len(cols)
-        if set(map(len, data)) - {n}:  # a hand-made table's short or long rows (files' are checked): cut or padded
-            data = [[*r[:n], *[None] * (n - len(r))] for r in data]
-        # a row that only carried a step the data did not make (``data_fault`` False: a replay that is not the
-        # step, a schedule; an ``unexplained`` step's weak rows are None and count) blames no sample (review, stop
-        # 56: an irreproducible NaN multiplier's four clean rows went to the blocklist); tables written before the
-        # column count every row, as they did
-        if "data_fault" in cols:
-            j, step = _index(cols, "data_fault"), _index(cols, "step")
-            out = [r for r in data if r[j] is not False]
-            if len(out) < len(data):
-                dropped += len(data) - len(out)
-                dropped_steps |= {(run.run_id, None if step < 0 else r[step]) for r in data if r[j] is False}
-            data = out
-        if data:
-            kept_runs.append((run.run_id, cols, data))
-    columns = list(dict.fromkeys(c for _, cols, _ in kept_runs for c in cols if c != "run"))
-    if kept_runs:
-        columns.append("run")
+        metadata += [c for c in dict.fromkeys(cols) if c not in OURS and c not in metadata]  # (a column twice: once)
+        data = run.table.get("data", [])
+        if len(set(cols)) == len(cols) and not set(map(len, data)) - {len(cols)}:
+            pieces = [(cols, data)]
+        else:  # a hand-made table (a file's rows are checked): a column twice, a short or long row. Each row by
+            # name, as a dict reads it: a column's last cell the row has; a column it has no cell for is absent
+            pieces = [(list(d), [list(d.values())]) for d in (dict(zip(cols, r)) for r in data)]
+        for cols, data in pieces:
+            # a row that only carried a step the data did not make (``data_fault`` False: a replay that is not the
+            # step, a schedule; an ``unexplained`` step's weak rows are None and count) blames no sample (review,
+            # stop 56: an irreproducible NaN multiplier's four clean rows went to the blocklist); tables written
+            # before the column count every row, as they did
+            if "data_fault" in cols:
+                j, step = cols.index("data_fault"), cols.index("step") if "step" in cols else -1
+                out = [r for r in data if r[j] is not False]
+                if len(out) < len(data):
+                    dropped += len(data) - len(out)
+                    dropped_steps |= {(run.run_id, None if step < 0 else r[step]) for r in data if r[j] is False}
+                data = out
+            if data:
+                parts.append((run.run_id, cols, data))
+    own = list(dict.fromkeys(c for _, cols, _ in parts for c in cols if c != "run"))  # (a run's "run": its id)
+    columns = [*own, "run"] if parts else []
     rows: list[list[Any]] = []
-    for run_id, cols, data in kept_runs:
-        if cols == columns[:-1]:  # the common case: every run has the same columns
-            rows += [[*r, run_id, None] for r in data]
+    for run_id, cols, data in parts:
+        no_level = "level" not in cols  # its rows are token rows (``group_key``)
+        if cols == own:  # the common case: every run has the same columns
+            rows += [[*r, run_id, no_level, None] for r in data]
             continue
-        # another run's columns, or another order: by name (the run's own "run" column gives way to its id); a
-        # column it lacks is None, but a table without "level" holds token rows (as ``group_key`` reads one)
-        n = len(cols)
-        at = [_index(cols, c) if c in cols else n + (c == "level") for c in columns[:-1]]
-        rows += [[*(ext[j] for j in at), run_id, None] for ext in ([*r, None, "token"] for r in data)]
+        n = len(cols)  # another run's columns, or another order: by name; a column it lacks is None
+        at = [cols.index(c) if c in cols else n for c in own]
+        rows += [[*(ext[j] for j in at), run_id, no_level, None] for ext in ([*r, None] for r in data)]
     if dropped:
         notes = [*(notes or []), f"{dropped} culprit row(s) of {len(dropped_steps)} spike event(s) the data did not "
                                  "make (their data_fault column is false: the step's own cause is not data, e.g. an "
                                  "irreproducible replay's largest rows or a schedule's) blame no sample"]
-    run, step = len(columns) - 1, _index(columns, "step")
+    run, step = len(columns) - 1, columns.index("step") if "step" in columns else -1
     events = len({(r[run], r[step]) for r in rows})
     return Ledger(columns, rows, metadata, list(names.values()), events, list(notes or []), names, list(names))
-
-
-def _index(columns: list[str], column: str) -> int:
-    """The last place of ``column`` (a dict of the row would keep its last cell), -1 when it is not there."""
-    for i in range(len(columns) - 1, -1, -1):
-        if columns[i] == column:
-            return i
-    return -1
 
 
 def _event_shares(rows: list[list[Any]], run: int, step: int, share: int) -> dict[tuple, float]:
@@ -248,9 +242,9 @@ def bucket(n: Any) -> str | None:
 def group_key(ledger: Ledger, by: str) -> Callable[[list[Any]], Any]:
     """A row's group for ``--by``: a column's value, the token (token rows only), a length or position bucket."""
     cell = ledger.cell
-    if by == "token":
-        token, level = cell("token"), cell("level")
-        return lambda r: r[token] if (r[level] if level >= 0 else "token") == "token" else None
+    if by == "token":  # a token row, or a row of a table without levels
+        token, level, no_level = cell("token"), cell("level"), len(ledger.columns)
+        return lambda r: r[token] if r[no_level] or r[level] == "token" else None
     if by == "length":  # the culprit's length in positions: 1 for a token, a unit's [position, end)
         start, end = cell("position"), cell("end")
         return lambda r: bucket(r[end] - r[start]) if isinstance(r[start], int) and isinstance(r[end], int) else None

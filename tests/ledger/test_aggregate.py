@@ -142,11 +142,9 @@ def _cell(rng, c):
             "run": lambda: "the user's own"}.get(c, lambda: rng.choice([1, 2, "web", None, [1, 2]]))()
 
 
-def _dict_groups(runs, by):
+def _dict_groups(rows, by):
     """``by_group``'s counts from one dict per row (a column a run lacks is absent from its rows; a row without
     ``level`` is a token row): (key -> (spikes, rows, samples, runs))."""
-    rows = [dict(zip(run.table["columns"], r), run=run.run_id) for run in runs for r in run.table["data"]]
-    rows = [r for r in rows if r.get("data_fault") is not False]
     groups: dict = {}
     for r in rows:
         if by == "token":
@@ -160,32 +158,60 @@ def _dict_groups(runs, by):
             for k, rs in groups.items()}
 
 
-def test_runs_with_other_columns_in_other_orders_group_as_one_dict_per_row_would():
-    """The ledger keeps rows as lists aligned with the union of the runs' columns: a run that lacks a column (an
-    older run without ``data_fault``, without ``level``: its rows are token rows), orders them otherwise, repeats
-    one or has a ``run`` column of its own (its id wins) counts as reading each row by name."""
+def _samples(kept, names):
+    """``by_sample``'s counts from one dict per row: sample id -> (blamed, steps, runs, max_share, nonfinite)."""
+    out: dict = {}
+    for sid in dict.fromkeys(r.get("sample_id") for r in kept if r.get("sample_id")):
+        events: dict = {}
+        for r in (r for r in kept if r.get("sample_id") == sid):
+            key = (r["run"], r.get("step"))
+            events[key] = events.get(key, 0.0) + float(r.get("share") or 0.0)
+        out[sid] = (len(events), [f"{names[run]}@{step}" for run, step in events],
+                    list(dict.fromkeys(names[run] for run, _ in events)), max(0.0, *events.values()),
+                    any(r.get("nonfinite") is True for r in kept if r.get("sample_id") == sid))
+    return out
+
+
+def test_runs_with_other_columns_count_as_one_dict_per_row_would():
+    """The ledger keeps rows as lists aligned with the union of the runs' columns. A run that lacks a column (an
+    older run without ``data_fault``; without ``level``: its rows are token rows), orders them otherwise, has a
+    ``run`` column of its own (its id wins), or a hand-made table with a column twice or rows short or long, counts
+    as reading each row as a dict: its samples, groups, events, the data_fault note, ``--by`` columns it knows."""
     import random
 
-    for seed in range(200):
+    from gradloc_track.ledger.aggregate import OURS
+
+    for seed in range(300):
         rng = random.Random(seed)
         runs = []
         for k in range(rng.randrange(1, 5)):
             cols = rng.sample(POOL + ["run"] * (seed % 5 == 0), rng.randrange(3, len(POOL)))
-            cols += cols[:1] * (seed % 7 == 0)  # a column twice: the last cell wins, as in a dict
+            cols += cols[:1] * (seed % 7 == 0)  # a column twice: the last cell a row has wins, as in a dict
             data = [[_cell(rng, c) for c in cols] for _ in range(rng.randrange(0, 10))]
+            if seed % 3 == 0:  # a hand-made table's short and long rows
+                data = [r[:rng.randrange(len(r) + 1)] if rng.random() < 0.5 else [*r, "extra"] for r in data]
             runs.append(RunTable(f"r{k}", f"id{k}", {"columns": cols, "data": data}))
+        rows = [dict(zip(run.table["columns"], r), run=run.run_id) for run in runs for r in run.table["data"]]
+        kept = [r for r in rows if r.get("data_fault") is not False]
+        dropped = [r for r in rows if r.get("data_fault") is False]
         led = collect(runs)
-        known = set(led.columns) | set(led.metadata) | {"token", "length", "position"}
-        for by in ("token", "source", "dataset_index", "step", "run"):
+        assert led.events == len({(r["run"], r.get("step")) for r in kept}), seed
+        assert [n.split(" culprit row(s) of ")[0] + " " + n.split(" of ")[1].split(" spike")[0] for n in led.notes] \
+            == ([f"{len(dropped)} {len({(r['run'], r.get('step')) for r in dropped})}"] if dropped else []), seed
+        metadata = list(dict.fromkeys(c for run in runs for c in run.table["columns"] if c not in OURS))
+        assert led.metadata == metadata
+        known = set().union(*kept) | set(metadata) | {"token", "length", "position"}
+        for by in ("token", "level", "source", "dataset_index", "step", "run", "end"):
             if by not in known:
                 with pytest.raises(KeyError):
                     by_group(led, by)
                 continue
             got = {g[by]: (g["spikes"], g["rows"], g["samples"], g["runs"]) for g in by_group(led, by)}
-            assert got == _dict_groups(runs, by), (seed, by)
-        kept = [dict(zip(run.table["columns"], r), run=run.run_id) for run in runs for r in run.table["data"]]
-        kept = [r for r in kept if r.get("data_fault") is not False]
-        assert len(led.rows) == len(kept) and led.events == len({(r["run"], r.get("step")) for r in kept})
+            assert got == _dict_groups(kept, by), (seed, by)
+        names = {run.run_id: run.name for run in runs}
+        got = {e["sample_id"]: (e["blamed"], e["steps"], e["runs"], e["max_share"], e.get("nonfinite", False))
+               for e in by_sample(led)}
+        assert got == _samples(kept, names), seed
+        assert len(led.rows) == len(kept)
         for mine, ref in zip(led.rows, kept):  # each row's cells by name; a column its run lacked is None
-            assert {k: mine[k] for k in ref} == ref
-            assert all(v is None or (k == "level" and v == "token") for k, v in mine.items() if k not in ref)
+            assert {k: mine[k] for k in ref} == ref and all(mine[k] is None for k in set(mine) - set(ref)), seed
