@@ -75,9 +75,10 @@ def add_parser(sub) -> None:
 
 @contextmanager
 def collector_paused():
-    """Python's cyclic garbage collector off while the ledger is built: it makes a few objects per culprit row
-    and frees none of them before it exits (none is in a cycle), and each collection walked all of them again:
-    a third of a 1000-run ledger's CPU (1.41 -> 1.08 s in one process)."""
+    """Python's cyclic garbage collector off while the ledger is aggregated and written: that makes a few
+    objects per culprit row, on top of the two million of a 1000-run ledger's parts, and each collection walked
+    all of them again (1.41 -> 1.08 s of CPU in one process). Nothing made there is in a cycle. Reading stays
+    collected: a tracker's client (an MLflow run's download) may leave cycles behind, and reading did not pay."""
     was = gc.isenabled()
     gc.disable()
     try:
@@ -93,23 +94,6 @@ def _fail(message: str, code: int = 2) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    with collector_paused():  # reading, aggregating and writing; not the blocklist's export or the tracker run
-        got = _ledger(args)
-    if isinstance(got, int):
-        return got
-    v, incomplete = got
-    code = _after(args, v)
-    if incomplete:
-        return _fail(f"the ledger is written from what there is, but {len(incomplete)} run(s) could not be read "
-                     f"whole (the first: {incomplete[0]})", code=max(code, 1))
-    return code
-
-
-def _ledger(args: argparse.Namespace) -> tuple[Any, list[str]] | int:
-    """The ledger's files written (and said on the console) and the runs not read whole; or the exit code of
-    why there are none."""
-    from .aggregate import collect, views
-    from .render import write_files
     from .sources import read_runs
 
     out = Path(args.output_dir)
@@ -119,9 +103,29 @@ def _ledger(args: argparse.Namespace) -> tuple[Any, list[str]] | int:
     notes: list[str] = []
     incomplete: list[str] = []
     try:
-        v = views(collect(read_runs(args.sources, args.tracking_uri, notes, incomplete), notes), args.by)
+        runs = read_runs(args.sources, args.tracking_uri, notes, incomplete)
     except (OSError, ImportError, KeyError) as exc:  # ReportSourceError is a FileNotFoundError
         return _fail(exc.args[0] if isinstance(exc, KeyError) else str(exc))
+    with collector_paused():
+        v = _written(args, out, runs, notes)
+    if isinstance(v, int):
+        return v
+    code = _after(args, v)
+    if incomplete:
+        return _fail(f"the ledger is written from what there is, but {len(incomplete)} run(s) could not be read "
+                     f"whole (the first: {incomplete[0]})", code=max(code, 1))
+    return code
+
+
+def _written(args: argparse.Namespace, out: Path, runs: list, notes: list[str]) -> Any:
+    """The ledger's views, their files written and the console told; or the exit code of why not."""
+    from .aggregate import collect, views
+    from .render import write_files
+
+    try:
+        v = views(collect(runs, notes), args.by)
+    except KeyError as exc:  # a --by no run has
+        return _fail(exc.args[0])
     for note in v.ledger.notes:
         print(f"{PROG}: note: {visible_text(note)}", file=sys.stderr)
     if not v.ledger.runs:
@@ -142,7 +146,7 @@ def _ledger(args: argparse.Namespace) -> tuple[Any, list[str]] | int:
     for g in (v.groups or [])[:10]:
         print(f"  {visible_text(g['summary'])}")
     print("wrote " + ", ".join(map(str, files)))
-    return v, incomplete
+    return v
 
 
 def _after(args: argparse.Namespace, v) -> int:

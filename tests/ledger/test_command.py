@@ -231,21 +231,26 @@ def test_runs_whose_events_have_no_culprit_table_write_no_ledger(tmp_path, capsy
 
 @pytest.mark.parametrize("enabled", [True, False])
 def test_the_collector_is_as_it_was_after_a_ledger_written_or_refused(tmp_path, enabled, monkeypatch):
-    """``culprits`` pauses Python's cyclic collector while it builds the ledger (each collection walked every
-    row again), and leaves it as it found it: after a ledger, after a refused source."""
+    """``culprits`` pauses Python's cyclic collector while it aggregates and writes the ledger (each collection
+    walked every part read again), not while it reads (a tracker's client may leave cycles), and leaves it as it
+    found it: after a ledger, after a refused source."""
     import gc
 
-    from gradloc_track.ledger import aggregate
+    from gradloc_track.ledger import aggregate, render, sources
 
     seen = []
-    collect = aggregate.collect
-    monkeypatch.setattr(aggregate, "collect", lambda *a, **k: seen.append(gc.isenabled()) or collect(*a, **k))
+    for module, name in ((sources, "read_runs"), (aggregate, "collect"), (render, "write_files")):
+        def wrapped(*a, _f=getattr(module, name), _name=name, **k):
+            seen.append((_name, gc.isenabled()))
+            return _f(*a, **k)
+        monkeypatch.setattr(module, name, wrapped)
     d = run_dir(tmp_path, ROWS)
     was = gc.isenabled()
     try:
         (gc.enable if enabled else gc.disable)()
         assert command.run(parser().parse_args(["culprits", str(d), "-o", str(tmp_path / "out")])) == 0
-        assert gc.isenabled() is enabled and seen == [False]
+        assert gc.isenabled() is enabled
+        assert seen == [("read_runs", enabled), ("collect", False), ("write_files", False)]
         assert command.run(parser().parse_args(["culprits", str(tmp_path / "nope" / "run"), "-o",
                                                 str(tmp_path / "o2")])) == 2
         assert gc.isenabled() is enabled
