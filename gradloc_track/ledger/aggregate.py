@@ -194,27 +194,27 @@ def by_sample(ledger: Ledger) -> list[dict[str, Any]]:
     the most blamed first."""
     at = _Cells.of(ledger)
     groups: dict[str, list[list[Any]]] = {}
-    sid = at.sample_id
+    sid_at = at.sample_id
     for r in ledger.data:
-        if r[sid]:
-            groups.setdefault(r[sid], []).append(r)
+        if r[sid_at]:
+            groups.setdefault(r[sid_at], []).append(r)
     out = []
     name = ledger.names
-    run, step, share, token, nonfinite, metadata = at.run, at.step, at.share, at.token, at.nonfinite, at.metadata
+    run_at, step_at, share_at, token_at, nonfinite_at = at.run, at.step, at.share, at.token, at.nonfinite
     for key, rows in groups.items():
         if len(rows) == 1:  # the common case, without the per-event bookkeeping (the same entry)
             r = rows[0]
-            where = name[r[run]]
-            entry = {"sample_id": key, "blamed": 1, "runs": [where], "steps": [f"{where}@{r[step]}"],
-                     "max_share": max(0.0, float(r[share] or 0.0)), "text": cut_text(str(r[token] or ""),
-                                                                                     EXCERPT_CHARS)}
-            if r[nonfinite] is True:
+            where = name[r[run_at]]
+            entry = {"sample_id": key, "blamed": 1, "runs": [where], "steps": [f"{where}@{r[step_at]}"],
+                     "max_share": max(0.0, float(r[share_at] or 0.0)), "text": cut_text(str(r[token_at] or ""),
+                                                                                        EXCERPT_CHARS)}
+            if r[nonfinite_at] is True:
                 entry["nonfinite"] = True
-            for c, j in metadata:
+            for c, j in at.metadata:
                 entry[c] = r[j]
             out.append(entry)
             continue
-        shares = _event_shares(rows, at.run, at.step, at.share)
+        shares = _event_shares(rows, run_at, step_at, share_at)
         runs = list(dict.fromkeys(name[run] for run, _ in shares))
         out.append({"sample_id": key, "blamed": len(shares), "runs": runs,
                     "steps": [f"{name[run]}@{step}" for run, step in shares],
@@ -271,12 +271,12 @@ def by_group(ledger: Ledger, by: str) -> list[dict[str, Any]]:
         if key is not None:
             groups.setdefault(str(key) if isinstance(key, (list, dict)) else key, []).append(r)
     out = []
-    run, step, share, sid = ledger.cell("run"), ledger.cell("step"), ledger.cell("share"), ledger.cell("sample_id")
+    run_at, step_at, share_at, sid_at = (ledger.cell(c) for c in ("run", "step", "share", "sample_id"))
     for key, rows in groups.items():
-        shares = _event_shares(rows, run, step, share)
+        shares = _event_shares(rows, run_at, step_at, share_at)
         n = len(shares)
         out.append({by: key, "spikes": n, "of_spikes": ledger.events,
-                    "samples": len({r[sid] for r in rows if r[sid]}),
+                    "samples": len({r[sid_at] for r in rows if r[sid_at]}),
                     "runs": len({run for run, _ in shares}), "rows": len(rows), "max_share": _largest(shares),
                     "summary": f"{by} {key} caused {n} of {ledger.events} spike(s)"})
     return sorted(out, key=lambda e: (-e["spikes"], -e["max_share"], str(e[by])))

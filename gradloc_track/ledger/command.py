@@ -77,7 +77,7 @@ def add_parser(sub) -> None:
 def collector_paused():
     """Python's cyclic garbage collector off while the ledger is aggregated and written: that makes a few
     objects per culprit row, on top of the two million of a 1000-run ledger's parts, and each collection walked
-    all of them again (1.41 -> 1.08 s of CPU in one process). Nothing made there is in a cycle. Reading stays
+    all of them again (1.41 -> 1.03-1.06 s of CPU in one process). Nothing made there is in a cycle. Reading stays
     collected: a tracker's client (an MLflow run's download) may leave cycles behind, and reading did not pay."""
     was = gc.isenabled()
     gc.disable()
