@@ -200,7 +200,7 @@ class WatchHandle:
         if run.owned and not run.joined and self.monitor.rank == 0:  # a run of ours: its settings, to compare by
             self.tracker.log_params(option_params(opts))
         if capture is not None:  # the detector's largest-sample signal, measured from the captured forward
-            capture.wanted = self.monitor.detector is not None  # else no batch is ever read (``BatchList.wanted``)
+            capture.wanted = self.reads_batches  # (``BatchList.wanted``)
             capture.sample_losses = "sample_losses" in self.monitor.detector_inputs.wants
             if "junk_span" in self.monitor.detector_inputs.wants:
                 capture.junk_terms = self.monitor.detector.config.junk_terms
@@ -236,6 +236,12 @@ class WatchHandle:
     @property
     def tracker(self) -> Tracker:
         return self.run.tracker
+
+    @property
+    def reads_batches(self) -> bool:
+        """Does anything read the training batches? Only a spike detector does (its signals, a spike's
+        localization): with ``spikes=False`` no door records them (issue 38: recording them cost the step)."""
+        return self.monitor.detector is not None
 
     @property
     def run_dir(self) -> Path:

@@ -99,7 +99,7 @@ class GradLocCallback(TrainerCallback):
             capture.items_scale = tokens_averaged_scale(find_trainer(self))  # its loss x processes under DDP
         self.handle = open_handle(model, optimizer, opts, door, capture)
         self._resume(args, state)
-        if kind is not None and self.handle.monitor.detector is not None:  # (spikes=False: no batch is ever read)
+        if kind is not None and self.handle.reads_batches:
             from .trl.adapters import make_adapter
 
             self.adapter = make_adapter(trainer, kind, model, self.handle.tokenizer)

@@ -126,7 +126,7 @@ class GradLocSession:
         self._tag_groups(data)
         engine = self.engine
         engine.optimizer_zero_grad()
-        armed = self.handle.monitor.detector is not None  # spikes=False: no micro-batch is ever read
+        armed = self.handle.reads_batches
         with self.recorder.recording() if armed else contextlib.nullcontext():
             outputs = engine.forward_backward_batch(data, loss_function, forward_only=False)
         batches = self.recorder.take()
