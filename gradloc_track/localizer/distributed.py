@@ -76,13 +76,12 @@ from .dist_flagged import gather_flags, global_flags, name_flagged_everywhere
 from .dist_nonfinite import as_result as nonfinite_result
 from .dist_probe import DistProber, DistSnapshot, GlobalHits, GlobalView, PieceView
 from .dist_terms import GlobalTerms, PieceNorm, gather_terms
-from .driver import budget_note
 from .ghost import GhostMap
 from .gradloc import token_stage
 from .inputs import SearchOptions, check_inputs
 from .nonfinite import NonfiniteStep
 from .probe import Grads, Prober, restore_rng
-from .result import LocateResult, floor_rows
+from .result import LocateResult, ranked_rows
 from .search import adaptive_tau, auto, bisect, prune_level, term_scores
 from .segments import Segments
 from .step import LocateStep
@@ -253,18 +252,13 @@ def _tokens(view: GlobalView, hits: GlobalHits, glob: GlobalTerms, units: levels
     the levels' deferred candidates (``levels.reconsider``), as ``driver._auto`` / ``_bisect``."""
     score = {k: v for k, v in glob.score.items() if k not in units.excluded}
 
-    def reconsider(found_sum: Grads | None) -> tuple[bool, Grads | None]:
-        units.grad = found_sum
-        if units.deferred:
-            levels.reconsider(units)
-        return units.exhausted, units.grad
-
+    then = levels.after_tokens(units)
     if method == "auto":
-        return auto(view, hits, list(score), tau, prune_level(score, tau), explained=units.grad, then=reconsider)
+        return auto(view, hits, list(score), tau, prune_level(score, tau), explained=units.grad, then=then)
     units.track, units.grad = False, None  # bisect takes no remainder: no running sum
     if bisect(view, 0, [k[1:] for k in score], tau, hits, two_probes=True, tau_prune=prune_level(score, tau)):
         return True, []
-    reconsider(None)
+    then(None)
     return units.exhausted, []
 
 
@@ -379,13 +373,8 @@ def _search(model, step: LocateStep, inp: _Inputs, options: SearchOptions, group
 def _result(found: _Found, method: str, probes: tuple[int, int], inp: _Inputs, world: int, check) -> LocateResult:
     """``probes``: (probes used, the budget)."""
     probes, budget = probes
-    tokens = sorted(found.hits.tokens,
-                    key=lambda c: (-c.grad_norm, c.rank, c.micro_batch or 0, c.batch, c.position))
-    coarse = sorted(found.coarse, key=lambda c: -(c.share if c.share is not None else -math.inf))
-    culprits, below, floor_notes = floor_rows(coarse + tokens)
-    culprits += found.flagged  # named for their data, under the floor or not
-    if found.exhausted:
-        floor_notes.append(budget_note(budget, bool(culprits)))
+    culprits, below, floor_notes = ranked_rows(found.coarse, found.hits.tokens, found.flagged,
+                                               budget if found.exhausted else None)
     tokens = [c for c in culprits if c.level == "token"]
     notes = found.notes + floor_notes + ([inp.note] if inp.note else []) + [
         f"distributed over {world} ranks; norms in the optimizer's units (averaged over ranks)"]

@@ -26,7 +26,7 @@ from . import gradloc, levels, step_check
 from .flagged import Flag, name_flagged
 from .nonfinite import NonfiniteStep
 from .probe import BudgetExhausted, Grads, Prober
-from .result import CulpritToken, LocateResult, StepCheck, floor_rows
+from .result import CulpritToken, LocateResult, StepCheck, ranked_rows
 from .search import Hits, adaptive_tau, auto, bisect, ghost_pass, micro_batch_order, prune_level, term_scores
 from .segments import Segments
 
@@ -185,23 +185,10 @@ def _starved(prober: Prober, search: Search, terms: list[list]) -> LocateResult:
                                f"least {k + 2}; no culprit could be looked for"])
 
 
-def budget_note(budget: int, found_any: bool) -> str:
-    """What a search stopped by its budget says: never that nothing carries the spike."""
-    if found_any:
-        return (f"the probe budget ({budget}) ran out: the culprits listed are those confirmed so far; more may "
-                "carry the spike (raise locate.budget)")
-    return (f"the probe budget ({budget}) ran out before any sample, span or token was confirmed: this does not "
-            "mean none carries the spike (raise locate.budget)")
-
-
 def _result(prober: Prober, stage: MicroBatchStage, search: Search, tau: float, found: Found) -> LocateResult:
-    tokens = sorted(found.hits.tokens, key=lambda c: -c.grad_norm)
-    coarse = sorted(found.coarse, key=lambda c: -(c.share if c.share is not None else -math.inf))
-    culprits, below, floor_notes = floor_rows(coarse + tokens)
-    culprits += found.flagged  # named for their data, under the floor or not
+    culprits, below, floor_notes = ranked_rows(found.coarse, found.hits.tokens, found.flagged,
+                                               prober.budget if found.exhausted else None)
     notes = found.notes + floor_notes
-    if found.exhausted:
-        notes.append(budget_note(prober.budget, bool(culprits)))
     single = not search.labelled
 
     def floats(xs: list) -> list:
@@ -251,13 +238,8 @@ def micro_batch_stage(prober: Prober, model: torch.nn.Module, terms: list[list],
 # what the levels reported (None: nothing); returns (budget_exhausted, notes)
 def _auto(prober, stage: MicroBatchStage, score: dict, tau: float, hits: Hits,
           units: levels.Units) -> tuple[bool, list[str]]:
-    def reconsider(found_sum: Grads | None) -> tuple[bool, Grads | None]:
-        units.grad = found_sum
-        if units.deferred:
-            levels.reconsider(units)
-        return units.exhausted, units.grad
-
-    return auto(prober, hits, list(score), tau, prune_level(score, tau), explained=units.grad, then=reconsider)
+    return auto(prober, hits, list(score), tau, prune_level(score, tau), explained=units.grad,
+                then=levels.after_tokens(units))
 
 
 def _bisect(prober, stage: MicroBatchStage, score: dict, tau: float, hits: Hits,
@@ -314,9 +296,7 @@ def gradloc_search(prober: Prober, terms: list[list], tau: float, labelled: bool
         notes.append("gradloc: no micro-batch above its threshold; no token search")
     else:
         exhausted = gradloc.token_stage(prober, target, terms[target], tau, budget, hits)
-    culprits, below, floor_notes = floor_rows(sorted(hits.tokens, key=lambda c: -c.grad_norm))
-    if exhausted:
-        floor_notes.append(budget_note(prober.budget, bool(culprits)))
+    culprits, below, floor_notes = ranked_rows([], hits.tokens, [], prober.budget if exhausted else None)
     return LocateResult(tokens=culprits, probes=prober.count, method="gradloc", threshold=float(tau),
                         total_norm=stage.total_sq ** 0.5, layer_names=list(prober.grouping.layers),
                         budget_exhausted=exhausted, notes=notes + floor_notes,

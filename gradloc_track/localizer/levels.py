@@ -202,6 +202,17 @@ def reconsider(units: Units) -> None:
             return
 
 
+
+def after_tokens(units: Units):
+    """The token search's ``then``: with the gradient of what it found (None: nothing), settle the
+    deferred candidates (``reconsider``); returns (budget exhausted, the gradient the units explain)."""
+    def then(found_sum):
+        units.grad = found_sum
+        if units.deferred:
+            reconsider(units)
+        return units.exhausted, units.grad
+    return then
+
 def _settle(st: _Stage, seg: Segment, ghost: float, found: list[CulpritToken]) -> None:
     """A candidate's own probe decides it (``_confirm_sample``): a sample or span row, its hot tokens
     (``_descend``: the finer unit that carries it), or nothing."""

@@ -17,6 +17,7 @@ explain the whole step, their shares are scaled to sum to 1 and a note gives the
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
@@ -97,6 +98,33 @@ def floor_rows(rows: list) -> tuple[list, list, list[str]]:
                 r.raw_share, r.share = r.share, r.share / total
     return kept, below, notes
 
+
+
+def budget_note(budget: int, found_any: bool) -> str:
+    """What a search stopped by its budget says: never that nothing carries the spike."""
+    if found_any:
+        return (f"the probe budget ({budget}) ran out: the culprits listed are those confirmed so far; more may "
+                "carry the spike (raise locate.budget)")
+    return (f"the probe budget ({budget}) ran out before any sample, span or token was confirmed: this does not "
+            "mean none carries the spike (raise locate.budget)")
+
+
+def token_order(c: CulpritToken) -> tuple:
+    """Tokens by gradient norm, largest first; ties by rank, micro-batch, row and position, so that one
+    process and several list the same tokens in the same order."""
+    return (-c.grad_norm, c.rank or 0, c.micro_batch or 0, c.batch, c.position)
+
+
+def ranked_rows(coarse: list, tokens: list, flagged: list, budget: int | None) -> tuple[list, list, list[str]]:
+    """(culprits, rows below the floor, notes) as every search shows them: samples, spans and micro-batches by
+    share, then tokens (``token_order``), through the floor (``floor_rows``), then the rows named for their
+    data; ``budget``: the probe budget when it ran out (its note), else None."""
+    coarse = sorted(coarse, key=lambda c: -(c.share if c.share is not None else -math.inf))
+    culprits, below, notes = floor_rows(coarse + sorted(tokens, key=token_order))
+    culprits += flagged  # named for their data, under the floor or not
+    if budget is not None:
+        notes.append(budget_note(budget, bool(culprits)))
+    return culprits, below, notes
 
 @dataclass
 class StepCheck:
