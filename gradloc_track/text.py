@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from typing import Any
 
 #: how whitespace controls are shown (the rest of the non-printable characters are escaped)
@@ -31,7 +32,8 @@ FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "\n", "\0")
 MAX_TOKEN_CHARS = 80  # a longer token is cut on a page, with a visible "+N chars" marker
 
 
-def _escape(ch: str) -> str:
+def escape_char(ch: str) -> str:
+    """A character as its Python escape (``\\x07``, ``\\u200b``): how a character we cannot show is shown."""
     return f"\\x{ord(ch):02x}" if ord(ch) < 256 else f"\\u{ord(ch):04x}" if ord(ch) < 0x10000 else f"\\U{ord(ch):08x}"
 
 
@@ -41,8 +43,23 @@ def visible_text(text: str, newlines: bool = False) -> str:
     if text.isprintable():  # the common case: nothing to show
         return text
     nl = SHOWN["\n"] + ("\n" if newlines else "")
-    return "".join(nl if ch == "\n" else SHOWN.get(ch) or (ch if ch.isprintable() else _escape(ch)) for ch in text)
+    return "".join(nl if ch == "\n" else SHOWN.get(ch) or (ch if ch.isprintable() else escape_char(ch)) for ch in text)
 
+
+_CUT_ESCAPE = re.compile(r"\\(x[0-9a-fA-F]?)?$")  # a byte escape (``\xd8``, a byte tokenizer's) cut short
+
+
+def quoted(text: str, limit: int) -> str:
+    """``'text'`` in a line of prose (the console's culprit block, the run page's story), shown as every view
+    shows text (``visible_text``: NUL, bidi overrides and other controls escaped, a newline ``↵``, a tab ``→``;
+    held-out tester, stop 54: the block printed a tab as ``\\t`` where the ledger and the pages show ``→``); cut
+    at ``limit`` characters, never inside a byte's ``\\xNN`` escape (stop 56: ``'…\\xb9\\xd…'``)."""
+    if len(text) <= limit:
+        return "'" + visible_text(text) + "'"
+    cut = text[:limit]
+    if "\\" in cut[-3:]:
+        cut = _CUT_ESCAPE.sub("", cut)
+    return "'" + visible_text(cut + "…") + "'"
 
 def visible_html(text: str, empty: str = "\u2205") -> str:
     """``visible_text`` escaped for HTML (quotes too); ``empty`` stands for the empty string (an empty

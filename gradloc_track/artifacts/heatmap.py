@@ -25,7 +25,7 @@ import torch
 
 from ..localizer.result import LocateResult
 from .highlight import context_windows
-from ..text import decode_token
+from ..text import decode_token, escape_char
 
 DPI = 100
 _DRAWING = threading.Lock()  # one heatmap drawn at a time in this process (module doc)
@@ -102,12 +102,7 @@ def _label(text: str) -> str:
 def _printable(text: str) -> str:
     glyphs = _font_glyphs()
     return "".join(ch if ch.isprintable() and ch != " " and (glyphs is None or ord(ch) in glyphs) else
-                   ("\u2423" if ch == " " else _escape(ch)) for ch in text) or "\u2205"
-
-
-def _escape(ch: str) -> str:
-    o = ord(ch)
-    return f"\\x{o:02x}" if o < 256 else (f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}")
+                   ("\u2423" if ch == " " else escape_char(ch)) for ch in text) or "\u2205"
 
 
 @functools.lru_cache(maxsize=1)

@@ -4,12 +4,11 @@ padded prompt) and its share of the step's squared gradient norm, from a ``Spike
 Pure functions of the view: what the block and the summary print."""
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..localizer.culprit_view import CulpritView
-from ..text import visible_text
+from ..text import quoted
 from ..trackers.spike_story import SHARE_OF  # one phrase for the console and the run page
 from ..units import micro_batch_label
 
@@ -69,24 +68,6 @@ class SpikeView:
 
 
 QUOTE = 40  # characters a culprit's text gets on its line
-
-
-_CUT_ESCAPE = re.compile(r"\\(x[0-9a-fA-F]?)?$")  # a byte escape (``\xd8``, a byte tokenizer's) cut short
-
-
-def _quote(text: str, limit: int = QUOTE) -> str:
-    """``'text'`` shown as every view shows text (``text.visible_text``: NUL, bidi overrides and other controls
-    escaped, a newline ``↵``, a tab ``→``; held-out tester, stop 54: the block printed a tab as ``\\t`` where
-    the ledger and the pages show ``→``); cut at ``limit`` characters, never inside a byte's ``\\xNN`` escape
-    (stop 56: ``'…\\xb9\\xd…'``)."""
-    if len(text) <= limit:
-        return "'" + visible_text(text) + "'"
-    cut = text[:limit]
-    if "\\" in cut[-3:]:
-        cut = _CUT_ESCAPE.sub("", cut)
-    return "'" + visible_text(cut + "…") + "'"
-
-
 NONFINITE = "  (its gradient is non-finite)"
 
 
@@ -105,7 +86,7 @@ def _unit_line(view: SpikeView, c: Any) -> str:
         shown = _hot_terms(view, c, terms)
         if shown is not None:
             text = "\u2026" + view.culprit_view.text_at(c.micro_batch, c.batch, shown)
-    return f"{label}, {what}: {_quote(text)}{share}" + (f"  {rl}" if rl else "")
+    return f"{label}, {what}: {quoted(text, QUOTE)}{share}" + (f"  {rl}" if rl else "")
 
 
 BROKEN = "\ufffd"  # what a byte-level tokenizer decodes a character's later bytes to, without its first
@@ -171,7 +152,7 @@ def _token_runs(view: SpikeView) -> list[tuple[float, str]]:
             text = view.culprit_view.text_at(mb, sample, [c.position for c in run])
             tail = NONFINITE if any(c.nonfinite for c in run) else f"  ({_pct(share)} {SHARE_OF})"
             rl = view.rl_values(mb, sample, [c.position for c in run])
-            out.append((share, f"{label}, {where}: {_quote(text)}{tail}" + (f"  {rl}" if rl else "")))
+            out.append((share, f"{label}, {where}: {quoted(text, QUOTE)}{tail}" + (f"  {rl}" if rl else "")))
     return out
 
 

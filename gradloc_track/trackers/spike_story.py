@@ -13,11 +13,13 @@ import html
 import re
 from typing import Any, Callable, Iterable, Sequence
 
+from ..text import quoted
 from ..units import micro_batch_label, row_label
 
 EVENTS, TOKENS = "spikes/events", "spikes/tokens"  # the artifact writer's tables (artifacts/)
 SHARE_OF = "of the batch's squared grad norm"  # the console's words (console/culprits.py)
 MAX_STEPS = 10  # spikes told in full; the rest are counted
+QUOTE = 60  # characters a culprit's text gets in its line
 _BYTE = re.compile(r"\\x([0-9a-f]{2})")
 
 
@@ -28,10 +30,6 @@ def unescape_bytes(text: str) -> str:
         return text
     raw = b"".join(bytes([int(p, 16)]) if i % 2 else p.encode("utf-8") for i, p in enumerate(_BYTE.split(text)))
     return raw.decode("utf-8", errors="backslashreplace")
-
-
-def _quote(text: str, limit: int = 60) -> str:
-    return repr(text[:limit] + ("…" if len(text) > limit else ""))
 
 
 class SpikeStory:
@@ -78,7 +76,7 @@ class SpikeStory:
         if not units:
             return None
         share, who, text = max(units, key=lambda u: u[0])
-        what = "the whole micro-batch" if text is None else _quote(text)
+        what = "the whole micro-batch" if text is None else quoted(text, QUOTE)
         return f"{who}: {what}  ({max(share, 0.0):.0%} {SHARE_OF})"
 
     def _status(self, step: int) -> str:

@@ -142,12 +142,12 @@ def test_a_culprit_line_without_rl_columns_has_none(tmp_path):
 def test_a_quote_is_never_cut_inside_a_byte_escape():
     """A byte tokenizer's undecodable bytes read ``\\xd8``; a quote cut at its limit keeps each escape whole
     (held-out tester, stop 56: ``'…\\xb9\\xd…'``)."""
-    from gradloc_track.console.culprits import _quote
+    from gradloc_track.text import quoted
 
     text = "abc" + "\\xb9\\xd8" * 10
-    assert [_quote(text, n) for n in (7, 8, 9, 10, 11)] == \
+    assert [quoted(text, n) for n in (7, 8, 9, 10, 11)] == \
         ["'abc\\xb9…'"] * 4 + ["'abc\\xb9\\xd8…'"]
-    assert _quote("ab\\", 3) == "'ab\\'" and _quote("x" * 50, 10) == "'" + "x" * 10 + "…'"
+    assert quoted("ab\\", 3) == "'ab\\'" and quoted("x" * 50, 10) == "'" + "x" * 10 + "…'"
 
 
 def test_a_document_starting_inside_a_character_is_quoted_from_the_characters_first_byte(tmp_path):

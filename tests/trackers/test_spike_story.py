@@ -102,6 +102,21 @@ def test_a_resumed_run_whose_description_is_ours_goes_on_telling_its_spikes(tmp_
     assert "- step 100: sample 2, the whole sample: 'xyz'  (80% " in note and "'abc'" not in note, note
 
 
+def test_the_story_quotes_culprit_text_as_the_console_does():
+    """One quote for every line of prose (``text.quoted``): the story once quoted with ``repr()``, a tab as
+    ``\\t`` and an apostrophe's text in double quotes, where the console's block shows ``→`` and single quotes."""
+    from gradloc_track.text import quoted
+    from gradloc_track.trackers.spike_story import QUOTE, SpikeStory
+
+    text = "it's\tcol\nnext " + "x" * 80
+    story = SpikeStory()
+    story.add("spikes/events", EVENTS, [[100, "global", "localized"]])
+    story.add("spikes/tokens", TOKENS, [[100, "sample", text, 0.9, 3, 0, 9]])
+    quote = quoted(text, QUOTE)
+    assert story.culprit(100) == f"sample 3, the whole sample: {quote}  (90% of the batch's squared grad norm)"
+    assert quote.startswith("'it's→col↵next x") and quote.endswith("x…'") and len(quote) == QUOTE + 3
+
+
 def test_the_wandb_summary_holds_the_spikes(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     tracker = make_tracker(TrackerConfig(kind="wandb"), run_dir=tmp_path / "run", run_name="t")
