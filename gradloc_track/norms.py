@@ -14,6 +14,11 @@ import torch.distributed as dist
 from .grouping import own_named_parameters
 
 
+def is_distributed(group: Any = None) -> bool:
+    """Is a process group of more than one rank initialized (``group``: that group, else the default one)?"""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
+
+
 def _is_dtensor(t: torch.Tensor) -> bool:
     return type(t).__name__ == "DTensor" and hasattr(t, "to_local")
 

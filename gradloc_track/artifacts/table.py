@@ -43,11 +43,10 @@ def where_columns(result: LocateResult, ctx: Any) -> list[str]:
     """``micro_batch`` for a step given as micro-batches, ``rank`` in a distributed run,
     ``document`` when the context marks packed documents: known from the setup, not from this
     event's culprits, so a run's first event (perhaps without culprits) fixes the right columns."""
-    import torch.distributed as dist
+    from ..norms import is_distributed  # (torch: loaded in a process that builds a table)
 
     mb = getattr(ctx, "micro_batches", None) is not None or any(c.micro_batch is not None for c in result.culprits)
-    rank = (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1) or \
-        any(c.rank is not None for c in result.culprits)
+    rank = is_distributed() or any(c.rank is not None for c in result.culprits)
     doc = getattr(ctx, "document_ids", None) is not None
     return [n for n, on in zip(WHERE_COLUMNS, (mb, rank, doc)) if on]
 

@@ -90,11 +90,6 @@ from .step_check import Reference
 METHODS = ("auto", "bisect", "gradloc")
 
 
-def is_distributed(group=None) -> bool:
-    """True when a process group with more than one rank is initialized."""
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
-
-
 @dataclass
 class _Inputs:
     """This rank's step, read and checked: its micro-batches, documents and ``.grad`` scale."""

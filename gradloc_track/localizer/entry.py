@@ -69,7 +69,8 @@ def locate(model: torch.nn.Module, loss_fn: LossFn | Sequence[LossFn] | LocateSt
     Under ``torch.distributed`` (more than one rank) it is a collective: call it on every rank
     with that rank's own step; see ``localizer/distributed.py``.
     """
-    from .distributed import is_distributed, locate_distributed
+    from ..norms import is_distributed
+    from .distributed import locate_distributed
 
     step = LocateStep.of(loss_fn, token_mask, step_fields)
     options = SearchOptions(method, budget, threshold, group_by, reuse_forward)

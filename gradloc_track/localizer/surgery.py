@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 
 from ..norms import local_part, reduce_over_shards, trainable_params
-from .distributed import is_distributed
+from ..norms import is_distributed
 from .cut import CulpritCut
 from .dist_probe import DistSnapshot
 from .eager import eager_models

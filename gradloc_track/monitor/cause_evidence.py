@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ..norms import is_distributed
 from ..spikes.cause import Cause, Evidence, name_cause
 
 MAX_SCALES = 100  # replay scales kept per run (the usual ones show in the first few)
@@ -76,10 +77,6 @@ def off_policy_reading(culprit: Any, view: Any) -> tuple[float, float | None, fl
     return ratio[best], None if logp is None else logp[best], None if old is None else old[best]
 
 
-def _distributed() -> bool:
-    import torch.distributed as dist
-
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def leaked_rows(ctx: Any) -> str:
@@ -144,7 +141,7 @@ def evidence_of(events: Sequence[Any], result: Any, shown: Any,
         top = max(culprits, key=lambda c: c.share)
         # the view's culprits index its context's rows: in one process (under torch.distributed the gathered
         # view holds its own result; rank 0's own batch, after a failed gather, does not hold other ranks' rows)
-        indexes = shown is not None and shown.result is result and not _distributed()
+        indexes = shown is not None and shown.result is result and not is_distributed()
         ev.top_culprit = (shown if indexes else CulpritView(result, None)).words(top)
         if ctx is not None and indexes:
             try:

@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
+from ..norms import is_distributed
 from ..spikes.junk import JunkSpan, junk_parts, rows_above
 from ..spikes.text_check import WindowText, clean_text, read_window
 from .responder import resolve
@@ -27,7 +27,7 @@ def window_text(junk: Any, ctx: Any, terms: int, group: Any = None,
     """The text of the junk run the detector judges (module doc) among ``junk`` (a ``JunkSpan`` or one per
     micro-batch) in ``ctx`` (a ``SpikeContext`` or a callable building it); None when unknown. ``margin``:
     the rule's (``spikes.junk_margin``); None: the largest run alone."""
-    if ctx is None or (dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1):
+    if ctx is None or is_distributed(group):
         return None
     parts = junk_parts(junk)
     # the run is known only from JunkSpans that say where it is (a user may pass bare (span, mean) pairs)

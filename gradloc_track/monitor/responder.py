@@ -13,6 +13,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from ..norms import is_distributed
 from ..spikes.cause import Cause
 from ..spikes.event import SpikeEvent
 from ..spikes.incidents import Incidents
@@ -99,7 +100,7 @@ class SpikeResponder:
     def global_count(self, n: int, device: torch.device) -> int:
         """The global batch's loss-token count: every rank must reach the same spike decision,
         since localizing is a collective."""
-        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size(self.process_group) > 1):
+        if not is_distributed(self.process_group):
             return n
         t = torch.tensor([float(n)], device=device)
         dist.all_reduce(t, group=self.process_group)  # only on armed steps of the fixed detector
@@ -299,7 +300,7 @@ class SpikeResponder:
         (``SpikeOutcome.culprit_rows``: what a rank's quarantine blames)."""
         from ..localizer.culprit_view import CulpritView
 
-        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        if not is_distributed():
             return CulpritView(result, ctx), (result, ctx)
         from ..localizer.dist_context import gather_culprit_rows  # a collective: culprit rows to every rank
 

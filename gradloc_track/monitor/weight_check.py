@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ..grouping import own_named_parameters
-from ..norms import local_part
+from ..norms import is_distributed, local_part
 
 ABSURD_RATIO = 1e4  # |w| this many times the rms of the rest of its tensor...
 ABSURD_MIN = 1e3  # ...and above this: no trained weight is (weights sit around 1e-2 to 1e1)
@@ -52,15 +52,11 @@ def _bad(max_abs: float, norm: float, numel: int) -> bool:
     return max_abs > ABSURD_MIN and max_abs > ABSURD_RATIO * rest
 
 
-def _distributed(group: Any) -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
-
-
 def scan_all(model: torch.nn.Module, step: int, group: Any = None) -> CorruptWeight | None:
     """``scan`` on every rank, agreed (a sharded weight is corrupt on the rank holding its shard; every rank
     must take the same path next, since localizing is a collective): the first rank's finding."""
     found = scan(model, step)
-    if not _distributed(group):
+    if not is_distributed(group):
         return found
     every: list = [None] * dist.get_world_size(group)
     dist.all_gather_object(every, found, group=group)  # a numeric step's one small collective
@@ -70,7 +66,7 @@ def scan_all(model: torch.nn.Module, step: int, group: Any = None) -> CorruptWei
 def still_all(model: torch.nn.Module, found: CorruptWeight, group: Any = None) -> bool:
     """``still`` agreed across ranks (any rank's shard still corrupt)."""
     flag = still(model, found)
-    if not _distributed(group):
+    if not is_distributed(group):
         return flag
     t = torch.tensor([float(flag)], device=_device(model))
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
