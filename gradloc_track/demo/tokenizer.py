@@ -35,8 +35,8 @@ def default_cache_dir() -> Path:
 class BpeTokenizer:
     """``encode``/``decode``/``convert_ids_to_tokens`` over a ``tokenizers.Tokenizer``.
 
-    ``convert_ids_to_tokens`` returns each token's *text* (" returns"), not the byte-level
-    symbol ("Ġreturns"), because that is what the artifacts show a reader.
+    ``decode`` of one id (what the artifacts show a reader, ``text.decode_token``) gives the token's
+    *text* (" returns"), not its symbol ("▁returns"); ``convert_ids_to_tokens`` gives the same per id.
     """
 
     def __init__(self, tokenizer) -> None:

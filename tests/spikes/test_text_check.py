@@ -55,6 +55,20 @@ def test_decode_window_uses_the_tokenizer_or_bytes():
     assert decode_window([300, 5], None) is None  # not bytes, no tokenizer: unknown
 
 
+def test_the_demo_tokenizer_is_read_as_bytes_like_the_byte_decoder():
+    """The demo's ``ByteTokenizer`` shows an invalid byte as the text ``\\xff`` (printable ASCII); the
+    clean-text check read random bytes through it as clean text, where a byte model without a tokenizer
+    (``ByteDecoder``) reads them as U+FFFD. Every byte-level decoder is now read as bytes."""
+    from gradloc_track.demo.data import ByteTokenizer
+    from gradloc_track.text import ByteDecoder
+
+    junk = [0xFF, 0xFE, 0x41, 0xC3, 0x9C, 0x80]
+    assert ByteTokenizer().decode(junk) == "\\xff\\xfeAÜ\\x80"  # the display keeps every byte visible
+    assert decode_window(junk, ByteTokenizer()) == decode_window(junk, ByteDecoder()) == \
+        decode_window(junk, None) == "\ufffd\ufffdAÜ\ufffd"
+    assert isinstance(ByteTokenizer(), ByteDecoder) and ByteTokenizer().decode(0x41) == "A"
+
+
 def _detector_past_warmup() -> SpikeDetector:
     det = SpikeDetector(warmup_steps=2)
     for s in range(3):
