@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .trackers.table_json import restore_nonfinite
+from .artifacts.keys import EVENTS_KEY, TABLE_KEY
 from .artifacts.table_store import merge_tables, table_parts
 from .run_dirs import WHAT, find_run_dirs, run_dir_of, run_key, run_locations
 from .text import token_html, visible_text
@@ -203,7 +204,7 @@ def _events(src: ReportSource) -> tuple[dict, dict[int, str], dict[int, bytes]]:
         return table, pages, reader.images()
     spikes = src.root / "spikes"
     # one part per event (spikes/tokens/step_*.json), or an older run's single tokens.json
-    table = merge_tables(load_table(p, notes) for p in table_parts(src.root, "spikes/tokens"))
+    table = merge_tables(load_table(p, notes) for p in table_parts(src.root, TABLE_KEY))
     pages = {step: _read_text(p, notes) for step, p in _by_step(spikes / "highlight", "html").items()}
     images = {step: p.read_bytes() for step, p in _by_step(spikes / "heatmap", "png").items()}
     return table, pages, images
@@ -214,7 +215,7 @@ def _event_table(src: ReportSource) -> dict:
     notes = src.notes
     if src.reader is not None:
         return merge_tables(parse_table(data, name, notes) for name, data in src.reader.tables("events"))
-    return merge_tables(load_table(p, notes) for p in table_parts(src.root, "spikes/events"))
+    return merge_tables(load_table(p, notes) for p in table_parts(src.root, EVENTS_KEY))
 
 
 def _event_notes(events: dict) -> dict[int, str]:

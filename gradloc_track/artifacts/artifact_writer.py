@@ -25,14 +25,12 @@ import torch
 from ..localizer.result import LocateResult
 from ..spikes.event import SpikeEvent
 from ..trackers.interface import Tracker
-from .events import EVENT_COLUMNS, EVENTS_KEY, event_row
+from .events import EVENT_COLUMNS, event_row
 from .highlight import render_highlight_html
+from .keys import EVENTS_KEY, HTML_KEY, IMAGE_KEY, TABLE_KEY
 from .render_worker import draw_heatmap
 from .table import attribution_table, where_columns
 
-TABLE_KEY = "spikes/tokens"
-HTML_KEY = "spikes/highlight"
-IMAGE_KEY = "spikes/heatmap"
 
 _scratch: dict[Path, int] = {}  # the writers' scratch dirs not removed yet -> the process that made each
 

@@ -12,7 +12,6 @@ from typing import Any, Sequence
 from ..spikes.event import SpikeEvent, lead_event
 from ..units import share_list
 
-EVENTS_KEY = "spikes/events"
 # when, on which norm and how far out; the layers that fired too; what the localizer made of it
 EVENT_COLUMNS = ["step", "signal", "norm", "running_mean", "ratio", "z", "layers", "localization",
                  "culprits", "micro_batch_norms", "sample_shares", "cause", "cause_detail"]

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..trackers.table_json import restore_nonfinite
+from .keys import TABLE_KEY
 
 PART = re.compile(r"step_(\d+)\.json")  # fullmatch
 
@@ -50,7 +51,7 @@ def table_parts(root: str | Path, key: str) -> list[Path]:
     return [Path(p) for p in part_files(root, key)]
 
 
-def read_table(root: str | Path, key: str = "spikes/tokens") -> dict[str, Any]:
+def read_table(root: str | Path, key: str = TABLE_KEY) -> dict[str, Any]:
     """``{"columns": [...], "data": [[...], ...]}``: every row of table ``key`` under ``root``."""
     return merge_tables(t for t in map(_load, table_parts(root, key)) if t is not None)
 

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..artifacts.keys import EVENTS_KEY, HTML_KEY
 from ..trackers.backends import views_of
+from ..trackers.naming import step_path
 from ..trackers.run_record import read_run_views
 
 
 def highlight_page(step: int) -> str:
-    return f"spikes/highlight/step_{step:06d}.html"
+    return step_path(HTML_KEY, step, "html")
 
 
 def event_page(step: int) -> str:
     """The spike's row of ``spikes/events`` as MLflow's UI shows it (a table; see ``trackers.csv_view``)."""
-    return f"spikes/events/step_{step:06d}.csv"
+    return step_path(EVENTS_KEY, step, "csv")
 
 
 def where_to_look(run_dir: Path, step: int | None = None, page: str | None = None) -> list[str]:

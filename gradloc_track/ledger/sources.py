@@ -21,6 +21,7 @@ from typing import Any, Iterable
 
 from ..report import MLFLOW_WAIT_S, RUN_ID, UNREADABLE, IncompleteRunDir, NoSpikeEvents, ReportSource, \
     ReportSourceError, load_table, not_a_run_dir, parse_table, resolve_source
+from ..artifacts.keys import TABLE_KEY
 from ..artifacts.table_store import merge_tables, part_files
 from ..run_dirs import find_run_dirs, run_dir_of
 from ..trackers.bounded import CallTimeout, bounded_call
@@ -44,7 +45,7 @@ def _table(src: ReportSource) -> tuple[dict[str, Any], int, int]:
         parts = [(name, parse_table(data, name, src.notes)) for name, data in src.reader.tables("tokens")]
         return (merge_tables(checked_rows(t, name, src.notes) for name, t in parts), len(parts),
                 sum(bool(t.get(UNREADABLE)) for _, t in parts))
-    files = [(p, load_table(p, src.notes)) for p in part_files(src.root, "spikes/tokens")]
+    files = [(p, load_table(p, src.notes)) for p in part_files(src.root, TABLE_KEY)]
     bad = sum(bool(t.get(UNREADABLE)) for _, t in files)
     merged = merge_tables(t for _, t in files)
     if rows_ok(merged):  # the common case: one check per run

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .._optional import require
+from ..artifacts.keys import EVENTS_KEY, HTML_KEY
 from .table_json import dumps_table
 from .interface import RunNotResumable, Tracker
 from .csv_view import csv_text
@@ -308,7 +309,7 @@ class MlflowTracker(Tracker):
         from .mlflow_links import MODEL_TRAINING_VIEW
 
         def link(step: int, localized: bool) -> str:  # relative: it opens on whichever host serves the UI
-            page = step_path("spikes/highlight", step, "html") if localized else step_path("spikes/events", step, "csv")
+            page = step_path(HTML_KEY, step, "html") if localized else step_path(EVENTS_KEY, step, "csv")
             return f"#/experiments/{self.experiment_id}/runs/{self.run_id}/artifacts/{page}?{MODEL_TRAINING_VIEW}"
 
         note = f"{self._story.markdown(link)}\n\n{DESCRIPTION}"

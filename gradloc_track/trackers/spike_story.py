@@ -13,10 +13,11 @@ import html
 import re
 from typing import Any, Callable, Iterable, Sequence
 
+from ..artifacts.keys import EVENTS_KEY, TABLE_KEY
 from ..text import quoted
 from ..units import micro_batch_label, row_label
 
-EVENTS, TOKENS = "spikes/events", "spikes/tokens"  # the artifact writer's tables (artifacts/)
+EVENTS, TOKENS = EVENTS_KEY, TABLE_KEY  # the artifact writer's tables
 SHARE_OF = "of the batch's squared grad norm"  # the console's words (console/culprits.py)
 MAX_STEPS = 10  # spikes told in full; the rest are counted
 QUOTE = 60  # characters a culprit's text gets in its line

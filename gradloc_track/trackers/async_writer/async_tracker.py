@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from .. import run_lock
 from ..interface import Tracker, final_status
 from ..bounded import clamp_wait
-from ..incomplete import writes_of
+from ..incomplete import say, writes_of
 from ..run_record import update_run_record
 from ..spool import Spool
-from .closing import closing_lines, say
+from .closing import closing_lines
 from .handover import hand_over
 from .jobs import hurry
 from .opener import BackendSource, OpenGate

@@ -9,7 +9,6 @@ offline mode then ``wandb sync``).
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from ..backends import BACKENDS, title
@@ -34,9 +33,3 @@ def closing_lines(name: str, run_dir: Path, spool: Path, delivered: int, spooled
     if dropped:
         lines.append(f"  {dropped} record(s) are LOST: neither {who} nor the spool could take them")
     return lines
-
-
-def say(lines: list[str]) -> None:
-    """On stderr, now: the run's last word, whatever the warning filters."""
-    if lines:
-        print("\n".join(lines), file=sys.stderr, flush=True)

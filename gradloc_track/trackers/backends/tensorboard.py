@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..._optional import require
+from ...artifacts.keys import HTML_KEY, IMAGE_KEY
 from ..table_json import dumps_table
 from ..files import atomic_write_bytes
 from ..interface import Tracker
@@ -240,12 +241,12 @@ class EventFiles(SpikeReader):
                 for step, text in self._texts(f"spikes/{kind}/json").items()]
 
     def pages(self):
-        return {step: text.encode("utf-8") for step, text in self._texts("spikes/highlight/html").items()}
+        return {step: text.encode("utf-8") for step, text in self._texts(f"{HTML_KEY}/html").items()}
 
     def images(self):
-        if "spikes/heatmap" not in self.tags.get("images", []):
+        if IMAGE_KEY not in self.tags.get("images", []):
             return {}
-        return {ev.step: ev.encoded_image_string for ev in self.acc.Images("spikes/heatmap")}
+        return {ev.step: ev.encoded_image_string for ev in self.acc.Images(IMAGE_KEY)}
 
 
 def _is_logdir(path: Path) -> bool:
