@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
+__version__ = "0.5.0.dev0"
 
 # public name -> module that defines it (resolved lazily to keep import light). The first block is what
 # the README's hand-written loop needs (``from gradloc_track import ...``): one import, one module

@@ -1,4 +1,4 @@
-"""Old import paths of modules that moved in 0.4, kept for one release with a DeprecationWarning.
+"""Old import paths of modules that moved in 0.4, kept through 0.5 with a DeprecationWarning.
 
 ``import gradloc_track.demo.console`` still works (the README of 0.3 showed it) and gives the
 module at its new path, ``gradloc_track.console``, after a warning naming the new path. An

@@ -57,3 +57,13 @@ def test_the_readme_loop_imports_every_name_it_needs_from_the_top_level():
     assert {"GradMonitor", "make_tracker", "ZClip", "SpikeContext", "save_rng", "closing_lines"} <= set(names)
     for name in names:
         assert name in gradloc_track.__all__ and getattr(gradloc_track, name) is not None
+
+
+def test_the_package_says_the_version_pyproject_gives():
+    """One version: ``gradloc_track.__version__`` is pyproject's (it said 0.1.0 after 0.4 had landed)."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text(encoding="utf-8")
+    (version,) = re.findall(r'(?m)^version = "([^"]+)"$', text)
+    assert gradloc_track.__version__ == version

@@ -41,7 +41,7 @@ from .probe import BudgetExhausted, Grads, Prober
 from .result import Culprit, CulpritToken, LocateResult
 from .segments import Segment, Segments
 
-WHERE = ("samples", "sum", "all", "norm", "replay")
+WHERE = ("samples", "sum", "all", "norm", "replay")  # what ``NonfiniteFinding.where`` may say
 FEW_TERMS = 8  # a sample's bad terms are named as tokens up to this many (else the sample)
 MAX_SUM_PROBES = 4  # samples of an overflowing sum probed alone for the numbers (beyond those the halving did)
 
@@ -80,6 +80,10 @@ class NonfiniteFinding:
     units: tuple[NonfiniteSample, ...] = ()
     probes: int = 0
     budget_exhausted: bool = False
+
+    def __post_init__(self) -> None:
+        if self.where not in WHERE:
+            raise ValueError(f"NonfiniteFinding.where={self.where!r}: use one of {', '.join(WHERE)}")
 
 
 class NonfiniteStep(FloatingPointError):

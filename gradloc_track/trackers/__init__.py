@@ -1,7 +1,7 @@
 """Tracker destinations. Backends (wandb, mlflow) are imported only when built.
 
-- ``base``: the interface, a destination whose methods do nothing by default; ``NullTracker``
-- ``memory``, ``local_tracker``: in lists (tests, notebooks); in the run directory (``tracker=none``)
+- ``interface``: the interface, a destination whose methods do nothing by default; ``NullTracker``
+- ``memory_tracker``, ``local_tracker``: in lists (tests, notebooks); in the run directory (``tracker=none``)
 - ``backends``: the registry, one ``Backend`` entry per backend (open, join, replay, run identity,
   report files, links, closing lines) that every place loops over; ``backends/tensorboard`` is a
   whole backend in one file (adapter and entry)
@@ -17,8 +17,12 @@
   ``mlflow.active_run()``, a framework's run), through the registry, with its run dir (a scratch one
   when none is given)
 - ``sigterm``: runs end as KILLED on preemption; ``factory``: ``make_tracker`` from a ``TrackerConfig``
-- ``files``, ``keys``: atomic file writes, whole-record appends; metric key names and cleaning
+- ``files``, ``naming``: atomic file writes, whole-record appends; metric key names and cleaning
 - ``quiet``: MLflow's store-creation lines and download bars off in our own commands
+- ``table_json``, ``csv_view``: a table part as strict JSON (non-finite numbers kept) and as CSV (MLflow's viewer)
+- ``spike_story``: the run page's story (the MLflow description, the W&B summary) of a run's spikes
+- ``incomplete``, ``kept_writes``: a run dir some write could not complete, said; the failed writes kept for later
+- ``reachable``: is a tracking server listening (asked once, before the SDK's first request)
 """
 from __future__ import annotations
 

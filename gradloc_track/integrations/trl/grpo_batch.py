@@ -18,7 +18,7 @@ from ..rl_columns import prompt_response_segments
 from .grpo_loss import GRPOLossSpec, PolicyInputs, ratio_terms, token_losses
 
 SEGMENT_NAMES = ("prompt", "completion")
-# row tags added to TRL's generation batch before it is shuffled and split (see adapter.py)
+# row tags added to TRL's generation batch before it is shuffled and split (``grpo.GRPOAdapter._tag_rows``)
 TAG_REWARD, TAG_GROUP, TAG_INDEX = "gradloc_reward", "gradloc_group", "gradloc_index"
 
 
