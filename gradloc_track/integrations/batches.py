@@ -232,7 +232,7 @@ def lm_spike_context(model: torch.nn.Module, batches: list[LMBatch], tokenizer: 
                      rng_state: Any = None):
     """A ``SpikeContext`` for the step: one micro-batch as plain tensors, several as sequences.
     ``rng_state``: one state per micro-batch (``MicroBatchCapture.take()``'s), or one for all."""
-    from ..spikes.context import SpikeContext
+    from ..spikes.context import SpikeContext, per_micro_batch
 
     fns, masks, ids = lm_loss_fns(model, batches)
     columns = sample_info.sample_columns(batches)  # dataset index, source, ...: B values per micro-batch
@@ -241,13 +241,11 @@ def lm_spike_context(model: torch.nn.Module, batches: list[LMBatch], tokenizer: 
     precision = next((b.precision for b in batches if b.precision), None)
     rows = [b.sample_rows for b in batches]  # each row's loss, for the sample signal's flags (monitor.data_flags)
     rows = None if all(r is None for r in rows) else rows
-    if len(batches) == 1:
-        rng = rng_state[0] if isinstance(rng_state, list) else rng_state
-        return SpikeContext(loss_fn=fns[0], token_mask=masks[0], input_ids=ids[0], tokenizer=tokenizer,
-                            rng_state=rng, sample_columns=columns, document_ids=None if docs is None else docs[0],
-                            precision=precision, sample_losses=None if rows is None else rows[0])
-    return SpikeContext(loss_fn=fns, token_mask=masks, input_ids=ids, tokenizer=tokenizer, rng_state=rng_state,
-                        sample_columns=columns, document_ids=docs, precision=precision, sample_losses=rows)
+    pick = per_micro_batch(len(batches))
+    return SpikeContext(loss_fn=pick(fns), token_mask=pick(masks), input_ids=pick(ids), tokenizer=tokenizer,
+                        rng_state=pick(rng_state) if isinstance(rng_state, list) else rng_state,
+                        sample_columns=columns, document_ids=None if docs is None else pick(docs),
+                        precision=precision, sample_losses=None if rows is None else pick(rows))
 
 
 class BatchList:

@@ -106,6 +106,12 @@ class SpikeContext:
                             sample_losses=pick(self.sample_losses))
 
 
+def per_micro_batch(n: int) -> Callable[[list], Any]:
+    """How a step of ``n`` micro-batches hands K values to ``SpikeContext`` (and ``LocateStep``): the value
+    itself for one micro-batch, the list of them for several."""
+    return (lambda xs: xs[0]) if n == 1 else (lambda xs: xs)
+
+
 _FACTORIES_SEEN: set[Any] = set()  # shapes of zero-argument factories already checked (watch() passes one a step)
 
 

@@ -150,17 +150,14 @@ class GRPOAdapter:
     # -- the step ---------------------------------------------------------------------------
     def context(self) -> Any:
         """The step's ``SpikeContext`` (its micro-batches taken), or None when nothing was recorded."""
-        from ...spikes.context import SpikeContext
+        from ...spikes.context import SpikeContext, per_micro_batch
 
         batches, self.batches = self.batches, []
         if not batches or self.skipped:
             return None
         autocast = self.trainer.accelerator.autocast
         fns = [make_loss_fn(self.model, self.trainer, mb, autocast) for mb in batches]
-        one = len(batches) == 1
-
-        def pick(xs):
-            return xs[0] if one else xs
+        pick = per_micro_batch(len(batches))
 
         def columns():
             cols = [rl_columns(self.model, mb, autocast) for mb in batches]

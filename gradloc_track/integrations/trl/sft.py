@@ -163,16 +163,12 @@ class SFTAdapter:
         return compute_loss
 
     def context(self) -> Any:
-        from ...spikes.context import SpikeContext
+        from ...spikes.context import SpikeContext, per_micro_batch
 
         batches, self.batches = self.batches, []
         if not batches or self.skipped:
             return None
-        one = len(batches) == 1
-
-        def pick(xs):
-            return xs[0] if one else xs
-
+        pick = per_micro_batch(len(batches))
         parts = [mb.batch.targets() for mb in batches]
         docs = [mb.documents() for mb in batches]
         packed = all(d is not None for d in docs)

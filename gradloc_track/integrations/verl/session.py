@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from ...console import TrainConsole
 from ...localizer.step import LocateStep
+from ...spikes.context import per_micro_batch
 from ..options import WatchOptions
 from .columns import INDEX_KEY, document_columns, group_index, sample_columns, token_columns, uids
 from .layout import SEGMENT_NAMES, MicroBatch, unsupported
@@ -51,17 +52,12 @@ def normaliser(batches: list[MicroBatch], loss_function: Callable) -> int | None
     return value if isinstance(value, (int, float)) and value > 0 else None
 
 
-def _per_batch(batches: list) -> Callable[[list], Any]:
-    """K values as the step takes them: the value itself for one micro-batch, else the K of them."""
-    return (lambda xs: xs[0]) if len(batches) == 1 else (lambda xs: xs)
-
-
 def locate_step(engine: Any, batches: list[MicroBatch], loss_function: Callable) -> LocateStep:
     """The step as every localizer takes it: per micro-batch (verl's own split) the probe loss,
     the loss-term mask, the RNG state, the packed documents (``use_remove_padding=True``: each
     response a document of the one packed row), the RL sample columns and verl's normaliser."""
     rank, world = _rank()
-    pick, packed = _per_batch(batches), batches[0].geo.packed
+    pick, packed = per_micro_batch(len(batches)), batches[0].geo.packed
     # a packed micro-batch is ONE row: its cell holds a value per document (response)
     columns = document_columns if packed else sample_columns
     samples = [columns(mb, rank if world > 1 else None) for mb in batches]
@@ -78,7 +74,7 @@ def spike_context(engine: Any, batches: list[MicroBatch], loss_function: Callabl
     hands the step's fields on to the localizer (``LocateStep.from_context``)."""
     from ...spikes.context import SpikeContext
 
-    step, pick = locate_step(engine, batches, loss_function), _per_batch(batches)
+    step, pick = locate_step(engine, batches, loss_function), per_micro_batch(len(batches))
     tokens = [token_columns(mb) for mb in batches]
     return SpikeContext(
         loss_fn=step.loss_fn, token_mask=step.token_mask, rng_state=step.rng_state, document_ids=step.document_ids,
