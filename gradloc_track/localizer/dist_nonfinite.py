@@ -33,7 +33,7 @@ from ..norms import local_part
 from . import nonfinite
 from . import nonfinite_words as words
 from .dist_probe import DistProber
-from .nonfinite import NonfiniteFinding, NonfiniteSample
+from .nonfinite import NonfiniteFinding, NonfiniteSample, grad_flags, read_flags
 from .probe import BudgetExhausted, Grads
 from .result import Culprit, CulpritToken, LocateResult
 
@@ -41,14 +41,9 @@ from .result import Culprit, CulpritToken, LocateResult
 def agreed_inspect(prober: DistProber, g: Grads) -> tuple[str, float]:
     """``nonfinite.inspect`` of the FULL gradient, the same on every rank (one all-reduce of 3 numbers:
     NaN seen, Inf seen, the largest finite element)."""
-    rows = [torch.stack([t.isnan().any().double(), t.isinf().any().double(),
-                         t.detach().abs().nan_to_num(0.0, 0.0, 0.0).amax().double() if t.numel() else
-                         torch.zeros((), dtype=torch.float64, device=t.device)]) for t in g]
-    flags = torch.stack(rows).amax(0) if rows else torch.zeros(3, dtype=torch.float64)
-    flags = flags.to(prober.device)
+    flags = grad_flags(g).to(prober.device)
     dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=prober.group)
-    nan, inf, amax = flags.tolist()  # host sync: once per probe, on a non-finite step only
-    return ("NaN" if nan else "Inf" if inf else "finite"), amax
+    return read_flags(flags)
 
 
 def agreed_finite(prober: DistProber, tensors: list[torch.Tensor]) -> list[bool]:

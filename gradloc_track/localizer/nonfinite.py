@@ -101,10 +101,21 @@ def grad_state(g: Grads) -> str:
 
 def inspect(g: Grads) -> tuple[str, float]:
     """(``grad_state``, the largest finite element's magnitude), in one host transfer."""
+    return read_flags(grad_flags(g))
+
+
+def grad_flags(g: Grads) -> torch.Tensor:
+    """(3,) float64 on the gradient's device, no host sync: NaN seen, Inf seen, the largest finite element's
+    magnitude (zeros for no tensor); a rank's, to all-reduce with MAX (``dist_nonfinite.agreed_inspect``)."""
     rows = [torch.stack([t.isnan().any().double(), t.isinf().any().double(),
                          t.detach().abs().nan_to_num(0.0, 0.0, 0.0).amax().double() if t.numel() else
                          torch.zeros((), dtype=torch.float64, device=t.device)]) for t in g]
-    nan, inf, amax = torch.stack(rows).amax(0).tolist()  # host sync: once per probe, on a non-finite step only
+    return torch.stack(rows).amax(0) if rows else torch.zeros(3, dtype=torch.float64)
+
+
+def read_flags(flags: torch.Tensor) -> tuple[str, float]:
+    """``grad_flags`` read: (``grad_state``, the largest finite element's magnitude)."""
+    nan, inf, amax = flags.tolist()  # host sync: once per probe, on a non-finite step only
     return ("NaN" if nan else "Inf" if inf else "finite"), amax
 
 
