@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 import os
 import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from .trackers.table_json import restore_nonfinite
 from .artifacts.keys import EVENTS_KEY, TABLE_KEY
-from .artifacts.table_store import merge_tables, table_parts
+from .artifacts.table_store import decode_text, load_table, merge_tables, parse_table, table_parts
 from .run_dirs import WHAT, find_run_dirs, run_dir_of, run_key, run_locations
 from .text import token_html, visible_text
 from .trackers.backends import BACKENDS, NoSpikeEvents, ReportSourceError, RunFiles  # (their errors, re-exported)
@@ -136,63 +134,7 @@ def _by_step(folder: Path, ext: str) -> dict[int, Path]:
 
 def _read_text(path: str | Path, notes: list[str]) -> str:
     with open(path, "rb") as f:
-        return _decode(f.read(), os.path.basename(path), notes)
-
-
-def _decode(data: bytes, name, notes: list[str]) -> str:
-    """``data`` as text; ``name`` (or a function that makes it: only a note needs it) names it in the note."""
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        notes.append(f"{name() if callable(name) else name} is not valid UTF-8 (byte {exc.start}); undecodable bytes "
-                     "are shown as \ufffd")
-        return data.decode("utf-8", errors="replace")
-
-
-UNREADABLE = "#unreadable"  # set on the empty table a part that could not be read stands for (``parse_table``)
-
-
-def load_table(path: str | Path, notes: list[str]) -> dict:
-    """``{"columns": [...], "data": [[...], ...]}`` from a table file; a readable note instead of a traceback,
-    naming the file by its place in the run (``spikes/tokens/step_000003.json``: held-out tester, stop 54, two
-    notes both said ``step_000003.json``, one an events and one a tokens file)."""
-    with open(path, "rb") as f:
-        data = f.read()
-    # its last three parts, by string, and only for a note: a 1000-run ledger reads 20,000 parts
-    return _parse(data, notes, lambda: "/".join(os.path.normpath(os.fspath(path)).split(os.sep)[-3:]))
-
-
-def parse_table(data: bytes, name: str, notes: list[str]) -> dict:
-    """``load_table`` of a table's bytes (a backend reader's part), ``name`` saying which in the notes."""
-    return _parse(data, notes, lambda: name)
-
-
-def _parse(data: bytes, notes: list[str], name_of) -> dict:
-    empty = {"columns": [], "data": [], UNREADABLE: True}
-    try:
-        table = json.loads(_decode(data, name_of, notes))
-    except ValueError as exc:  # truncated (a write was cut short) or not JSON at all
-        notes.append(f"{name_of()} is not valid JSON ({exc}); this part of its table is left out. "
-                     "A truncated file usually means the run was killed while writing it")
-        return empty
-    except RecursionError:  # e.g. 200k nested lists: no table of ours
-        notes.append(f"{name_of()} is nested too deeply to be a table; it is left out")
-        return empty
-    if not (isinstance(table, dict) and isinstance(table.get("columns"), list) and isinstance(table.get("data"), list)):
-        notes.append(f"{name_of()} is not a table (expected an object with \"columns\" and \"data\" lists, "
-                     f"got {type(table).__name__}); it is left out")
-        return empty
-    restore_nonfinite(table)  # by the part's own row numbers: before any row is left out
-    cols, rows = table["columns"], table["data"]
-    n = len(cols)
-    # each check at C speed over the whole part, the common case (every row a list of n cells) copying nothing
-    if rows and not (set(map(type, rows)) == {list} and set(map(len, rows)) == {n}):
-        kept = [r for r in rows if isinstance(r, list) and len(r) == n]
-        notes.append(f"{name_of()}: {len(rows) - len(kept)} row(s) without exactly {n} cells were left out")
-        rows = kept
-    if not set(map(type, cols)) <= {str}:
-        cols = [str(c) for c in cols]
-    return {"columns": cols, "data": rows}
+        return decode_text(f.read(), os.path.basename(path), notes)
 
 
 def _events(src: ReportSource) -> tuple[dict, dict[int, str], dict[int, bytes]]:
@@ -200,7 +142,7 @@ def _events(src: ReportSource) -> tuple[dict, dict[int, str], dict[int, bytes]]:
     notes, reader = src.notes, src.reader
     if reader is not None:
         table = merge_tables(parse_table(data, name, notes) for name, data in reader.tables("tokens"))
-        pages = {step: _decode(doc, f"the page of step {step}", notes) for step, doc in reader.pages().items()}
+        pages = {step: decode_text(doc, f"the page of step {step}", notes) for step, doc in reader.pages().items()}
         return table, pages, reader.images()
     spikes = src.root / "spikes"
     # one part per event (spikes/tokens/step_*.json), or an older run's single tokens.json

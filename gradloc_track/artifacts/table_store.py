@@ -1,8 +1,9 @@
 """Read an attribution table back from the files a tracker wrote (local run dir or MLflow download).
 
 Trackers append a table as one part per event, ``<key>/step_<step:06d>.json`` (never rewritten,
-see ``trackers/interface.py``); runs from before that hold one ``<key>.json``. ``read_table`` joins
-both, in step order, and skips (with a warning) a part it cannot read instead of failing.
+see ``trackers/interface.py``); runs from before that hold one ``<key>.json``. ``load_table`` /
+``parse_table`` read one part, and what they cannot read (the part, or rows of it) becomes a note, never a
+traceback: the report and the ledger show the notes; ``read_table`` joins the parts, in step order, and warns.
 """
 from __future__ import annotations
 
@@ -19,18 +20,60 @@ from .keys import TABLE_KEY
 PART = re.compile(r"step_(\d+)\.json")  # fullmatch
 
 
-def _load(path: Path) -> dict[str, Any] | None:
+def decode_text(data: bytes, name, notes: list[str]) -> str:
+    """``data`` as text; ``name`` (or a function that makes it: only a note needs it) names it in the note."""
     try:
-        table = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:  # (nested 200k deep: no table)
-        warnings.warn(f"gradloc-track: skipping unreadable table file {path} ({exc})", RuntimeWarning)
-        return None
-    if not (isinstance(table, dict) and isinstance(table.get("columns"), list)
-            and isinstance(table.get("data"), list) and all(isinstance(r, list) for r in table["data"])):
-        warnings.warn(f"gradloc-track: skipping {path}: not a {{\"columns\": [...], \"data\": [[...]]}} table",
-                      RuntimeWarning)
-        return None
-    return restore_nonfinite(table)
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        notes.append(f"{name() if callable(name) else name} is not valid UTF-8 (byte {exc.start}); undecodable bytes "
+                     "are shown as \ufffd")
+        return data.decode("utf-8", errors="replace")
+
+
+UNREADABLE = "#unreadable"  # set on the empty table a part that could not be read stands for (``parse_table``)
+
+
+def load_table(path: str | Path, notes: list[str]) -> dict:
+    """``{"columns": [...], "data": [[...], ...]}`` from a table file; a readable note instead of a traceback,
+    naming the file by its place in the run (``spikes/tokens/step_000003.json``: held-out tester, stop 54, two
+    notes both said ``step_000003.json``, one an events and one a tokens file)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    # its last three parts, by string, and only for a note: a 1000-run ledger reads 20,000 parts
+    return _parse(data, notes, lambda: "/".join(os.path.normpath(os.fspath(path)).split(os.sep)[-3:]))
+
+
+def parse_table(data: bytes, name: str, notes: list[str]) -> dict:
+    """``load_table`` of a table's bytes (a backend reader's part), ``name`` saying which in the notes."""
+    return _parse(data, notes, lambda: name)
+
+
+def _parse(data: bytes, notes: list[str], name_of) -> dict:
+    empty = {"columns": [], "data": [], UNREADABLE: True}
+    try:
+        table = json.loads(decode_text(data, name_of, notes))
+    except ValueError as exc:  # truncated (a write was cut short) or not JSON at all
+        notes.append(f"{name_of()} is not valid JSON ({exc}); this part of its table is left out. "
+                     "A truncated file usually means the run was killed while writing it")
+        return empty
+    except RecursionError:  # e.g. 200k nested lists: no table of ours
+        notes.append(f"{name_of()} is nested too deeply to be a table; it is left out")
+        return empty
+    if not (isinstance(table, dict) and isinstance(table.get("columns"), list) and isinstance(table.get("data"), list)):
+        notes.append(f"{name_of()} is not a table (expected an object with \"columns\" and \"data\" lists, "
+                     f"got {type(table).__name__}); it is left out")
+        return empty
+    restore_nonfinite(table)  # by the part's own row numbers: before any row is left out
+    cols, rows = table["columns"], table["data"]
+    n = len(cols)
+    # each check at C speed over the whole part, the common case (every row a list of n cells) copying nothing
+    if rows and not (set(map(type, rows)) == {list} and set(map(len, rows)) == {n}):
+        kept = [r for r in rows if isinstance(r, list) and len(r) == n]
+        notes.append(f"{name_of()}: {len(rows) - len(kept)} row(s) without exactly {n} cells were left out")
+        rows = kept
+    if not set(map(type, cols)) <= {str}:
+        cols = [str(c) for c in cols]
+    return {"columns": cols, "data": rows}
 
 
 def part_files(root: str | Path, key: str) -> list[str]:
@@ -52,8 +95,20 @@ def table_parts(root: str | Path, key: str) -> list[Path]:
 
 
 def read_table(root: str | Path, key: str = TABLE_KEY) -> dict[str, Any]:
-    """``{"columns": [...], "data": [[...], ...]}``: every row of table ``key`` under ``root``."""
-    return merge_tables(t for t in map(_load, table_parts(root, key)) if t is not None)
+    """``{"columns": [...], "data": [[...], ...]}``: every row of table ``key`` under ``root``; what could not be
+    read (a part, or rows of one: ``load_table``'s notes) is left out with a ``RuntimeWarning`` naming it."""
+    tables = []
+    for path in part_files(root, key):
+        notes: list[str] = []
+        try:
+            table = load_table(path, notes)
+        except OSError as exc:
+            table, notes = None, [f"{path} cannot be read ({exc.strerror or exc!r}); it is left out"]
+        for note in notes:
+            warnings.warn(f"gradloc-track: {note}", RuntimeWarning, stacklevel=2)
+        if table is not None and not table.get(UNREADABLE):
+            tables.append(table)
+    return merge_tables(tables)
 
 
 def merge_tables(tables: Iterable[dict[str, Any]]) -> dict[str, Any]:

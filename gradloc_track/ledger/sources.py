@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..report import MLFLOW_WAIT_S, RUN_ID, UNREADABLE, IncompleteRunDir, NoSpikeEvents, ReportSource, \
-    ReportSourceError, load_table, not_a_run_dir, parse_table, resolve_source
+from ..report import MLFLOW_WAIT_S, RUN_ID, IncompleteRunDir, NoSpikeEvents, ReportSource, ReportSourceError, \
+    not_a_run_dir, resolve_source
 from ..artifacts.keys import TABLE_KEY
-from ..artifacts.table_store import merge_tables, part_files
+from ..artifacts.table_store import UNREADABLE, load_table, merge_tables, parse_table, part_files
 from ..run_dirs import find_run_dirs, run_dir_of
 from ..trackers.bounded import CallTimeout, bounded_call
 from .rows import checked_rows, rows_ok
@@ -40,7 +40,7 @@ class RunTable:
 def _table(src: ReportSource) -> tuple[dict[str, Any], int, int]:
     """The run's culprit table, its rows checked: its parts (run dir, MLflow download), or what the
     backend's reader holds (a W&B run's cumulative table, a TensorBoard run's parts); and how many parts
-    it has and how many of them could not be read (``report.UNREADABLE``)."""
+    it has and how many of them could not be read (``table_store.UNREADABLE``)."""
     if src.reader is not None:
         parts = [(name, parse_table(data, name, src.notes)) for name, data in src.reader.tables("tokens")]
         return (merge_tables(checked_rows(t, name, src.notes) for name, t in parts), len(parts),

@@ -22,6 +22,10 @@ def test_parts_in_step_order_and_a_broken_part_skipped(tmp_path):
     (folder / "step_000050.json").write_text("[" * 200_000 + "]" * 200_000)  # nested too deeply to be one
     with pytest.warns(RuntimeWarning, match="step_000050.json"):
         assert read_table(tmp_path) == {"columns": ["step"], "data": [[1], [3], [20], [100]]}
+    # a part with rows that are no rows keeps its others (the report's and the ledger's reading: one parser)
+    (folder / "step_000050.json").write_text(json.dumps({"columns": ["step"], "data": [[50], 7, [51, 1], [52]]}))
+    with pytest.warns(RuntimeWarning, match=r"step_000050.json: 2 row\(s\) without exactly 1 cells were left out"):
+        assert read_table(tmp_path) == {"columns": ["step"], "data": [[1], [3], [20], [50], [52], [100]]}
     assert table_parts(tmp_path, "spikes/events") == []
 
 
