@@ -109,17 +109,14 @@ class _Sample:
 
     def extend_over_padding(self, ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
         """Grow windows that end (or start) inside a padding run to the run's end: it costs one marker."""
-        T, out = len(self.ids), []
+        T, grown = len(self.ids), []
         for a, b in ranges:
             while b < T and self._is_pad(b - 1, b):
                 b += 1
             while a > 0 and self._is_pad(a, a - 1):
                 a -= 1
-            if out and a <= out[-1][1]:
-                out[-1] = (out[-1][0], max(b, out[-1][1]))
-            else:
-                out.append((a, b))
-        return out
+            grown.append((a, b))
+        return _merge(grown)
 
     def spans(self, lo: int, hi: int) -> str:
         """Tokens ``lo..hi-1``; runs of identical no-loss tokens (padding) become one marker."""
