@@ -21,8 +21,9 @@ def save_state(handle: Any, folder: str | Path) -> Path | None:
 
     folder = Path(folder)
     if not folder.is_dir():
-        warnings.warn(f"gradloc-track: no checkpoint folder {folder} to save the clipper's and detector's state "
-                      "in; a run resumed from it starts their warm-up anew", UserWarning, stacklevel=3)
+        warm = handle.warm_up_words()
+        warnings.warn(f"gradloc-track: no checkpoint folder {folder} to save the handle's state in; a run resumed "
+                      f"from it numbers its steps anew{', and ' + warm if warm else ''}", UserWarning, stacklevel=3)
         return None
     data = io.BytesIO()
     torch.save(handle.state_dict(), data)
@@ -37,19 +38,21 @@ def load_state(handle: Any, folder: str | Path, step: int) -> bool:
 
     path = Path(folder) / STATE_FILE
     if not path.is_file():
-        warnings.warn(f"gradloc-track: training resumes at step {step} but {path} is not there (a checkpoint "
-                      "written without GradLocCallback): the clipper and the spike detector start their warm-up "
-                      "anew", UserWarning, stacklevel=3)
+        warm = handle.warm_up_words()
+        if warm:
+            warnings.warn(f"gradloc-track: training resumes at step {step} but {path} is not there (a checkpoint "
+                          f"written without GradLocCallback): {warm}", UserWarning, stacklevel=3)
         return False
     state = torch.load(path, map_location="cpu", weights_only=True)
     if int(state.get("steps", 0)) > step:  # more steps than the run has taken: another run's file
+        warm = handle.warm_up_words()
         warnings.warn(f"gradloc-track: {path} holds the state after {state['steps']} steps, but training resumes at "
-                      f"step {step}: it is another run's, not loaded; the clipper and the spike detector start their "
-                      "warm-up anew", UserWarning, stacklevel=3)
+                      f"step {step}: it is another run's, not loaded{'; ' + warm if warm else ''}", UserWarning,
+                      stacklevel=3)
         return False
     try:
         handle.load_state_dict(state)
-    except ValueError as exc:  # another clip= or spikes= than the run that saved it: the fix, and the way out
+    except ValueError as exc:  # a clipper of another kind than the one saved: the fix, and the way out
         raise type(exc)(f"{exc} (the saved state is {path}: delete it to start the clipper and the detector "
                         "afresh)") from exc
     return True

@@ -347,33 +347,53 @@ class WatchHandle:
         detected through the detector's new warm-up, silently (held-out tester, stop 55: a junk batch 10 steps
         after such a resume went unseen)."""
         taken = optimizer_steps_taken(self.optimizer)
-        if self.steps or not taken or self.monitor.rank != 0:
+        warm = self.warm_up_words()
+        if self.steps or not taken or self.monitor.rank != 0 or not (warm or numbered):
             return
-        warmup = getattr(self.monitor.detector, "config", None)
-        warm = f" (no spike is detected for its spikes.warmup_steps={warmup.warmup_steps} steps)" if warmup else ""
-        again = "steps are numbered from 0 again, and " if numbered else ""  # (a step= given is the caller's)
+        said = [*(["steps are numbered from 0 again"] if numbered else []), *([warm] if warm else [])]
         warnings.warn(f"gradloc-track: the optimizer has taken {taken} step(s) before this watch() handle's first (a "
-                      f"resumed run?) and no handle state was loaded: {again}the detector{warm} and the clipper "
-                      "warm up anew. Save handle.state_dict() with your checkpoint and give it to the new handle's "
-                      "load_state_dict() (docs/integrations.md, 'Resuming'); a new run on a trained optimizer may "
-                      "ignore this", RuntimeWarning, stacklevel=3)
+                      f"resumed run?) and no handle state was loaded: {', and '.join(said)}. Save "
+                      "handle.state_dict() with your checkpoint and give it to the new handle's load_state_dict() "
+                      "(docs/integrations.md, 'Resuming'); a new run on a trained optimizer may ignore this",
+                      RuntimeWarning, stacklevel=3)
+
+    def warm_up_words(self, parts: tuple[str, ...] = ("clipper", "detector")) -> str | None:
+        """What starts its warm-up anew without saved state, in words (``the clipper and the spike detector start
+        their warm-up anew``), naming only what this handle has (held-out tester, stop 63: ``spikes=False`` without
+        a clipper was told its detector and clipper warm up anew); None when it has neither."""
+        held = {"clipper": self.monitor.clipper, "detector": self.monitor.detector}
+        names = [("the clipper" if p == "clipper" else "the spike detector") for p in parts if held[p] is not None]
+        if not names:
+            return None
+        config = getattr(self.monitor.detector, "config", None)
+        blind = f" (no spike is detected for spikes.warmup_steps={config.warmup_steps} steps)" \
+            if config is not None and "detector" in parts else ""
+        return (f"{' and '.join(names)} start{'s' if len(names) == 1 else ''} "
+                f"{'its' if len(names) == 1 else 'their'} warm-up anew{blind}")
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a saved ``state_dict()`` (this handle's clipper and detector must be of the kinds
-        saved: the same ``clip=``, spikes on or off alike)."""
+        """Continue from a saved ``state_dict()``. A clipper or detector this handle has and the state lacks (a run
+        saved with ``clip=none`` or ``spikes=False``, resumed with one) starts its warm-up, said; one the state holds
+        and this handle lacks is not used, said (held-out tester, stop 63: turning detection on at a resume raised in
+        ``train()``, and the only way out offered, deleting the state, threw the clipper's away too)."""
         self._resume_checked = True
         for part, held in (("clipper", self.monitor.clipper), ("detector", self.monitor.detector)):
-            if (part in state) != (held is not None):
-                saved = "holds" if part in state else "has no"
-                raise ValueError(f"gradloc-track: the saved state {saved} a {part} and this handle "
-                                 f"{'has none' if held is None else 'has one'}: build watch() with the options of "
-                                 f"the saved run ({'clip=' if part == 'clipper' else 'spikes='} as it had)")
+            if (part in state) == (held is not None) or self.monitor.rank != 0:
+                continue
+            option = "clip=none" if part == "clipper" else "spikes=False"
+            if held is not None:
+                warnings.warn(f"gradloc-track: the saved state has no {part} (saved with {option}): "
+                              f"{self.warm_up_words((part,))}; the rest of the state is loaded", UserWarning,
+                              stacklevel=2)
+            else:
+                warnings.warn(f"gradloc-track: the saved state's {part} is not used: this handle has {option}",
+                              UserWarning, stacklevel=2)
         self.steps = int(state["steps"])
-        if "clipper" in state:
+        if "clipper" in state and self.monitor.clipper is not None:
             self.monitor.clipper.load_state_dict(state["clipper"])
-        if "detector" in state:
+        if "detector" in state and self.monitor.detector is not None:
             self.monitor.detector.load_state_dict(state["detector"])
-        if "diagnosis" in state:
+        if "diagnosis" in state and self.monitor.detector is not None:
             self.monitor.responder.load_state_dict(state["diagnosis"])
         self.monitor.scaler_overflows.in_a_row = int(state.get("overflows_in_a_row", 0))
         if self.quarantine is not None and "quarantine" in state:  # (a run without quarantine ignores it)

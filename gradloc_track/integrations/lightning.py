@@ -104,12 +104,13 @@ class GradLocCallback(L.Callback):
 
     def on_train_start(self, trainer, pl_module) -> None:
         # every strategy has restored by now (FSDP, DeepSpeed: after on_fit_start, into the handle)
-        if not self._loaded and getattr(trainer, "ckpt_path", None):  # a checkpoint without our state
+        warm = None if self.handle is None else self.handle.warm_up_words()
+        if not self._loaded and getattr(trainer, "ckpt_path", None) and warm:  # a checkpoint without our state
             import warnings
 
             warnings.warn(f"gradloc-track: fit resumes from {trainer.ckpt_path}, which holds no GradLocCallback "
                           f"state (key {self.state_key!r}: written without the callback, or with another clip=): "
-                          "the clipper and the spike detector start their warm-up anew", UserWarning, stacklevel=2)
+                          f"{warm}", UserWarning, stacklevel=2)
 
     @property
     def state_key(self) -> str:
