@@ -156,7 +156,7 @@ def _after(args: argparse.Namespace, v) -> int:
 
         try:
             path, n = export_blocklist(args.export_blocklist, v.samples, args.index_column, args.min_blamed,
-                                       args.min_share)
+                                       args.min_share, ledger=v.ledger)
         except OSError as exc:
             return _fail(f"--export-blocklist {args.export_blocklist}: cannot write it ({exc.strerror or exc})")
         left = len(v.samples) - n

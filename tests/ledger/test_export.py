@@ -59,6 +59,25 @@ def test_the_default_floor_is_the_documented_one():
     assert [e["sample_id"] for e in blocklist_entries(samples)] == ["1" * 16]
 
 
+def test_a_sample_blamed_at_many_indices_is_exported_with_every_one(tmp_path, capsys):
+    """The ledger shows at most 5 distinct indices of a sample ("100 | ... | 104 (+2)"); the blocklist took that
+    display text back apart, so 105 and 106 were not blocked and "104 (+2)" matched no record (held-out tester,
+    stop 63). The index now comes from the ledger's rows."""
+    runs = tmp_path / "runs"
+    for i in range(7):  # another seed, shuffle or epoch each: the same text at another dataset index
+        d = runs / f"seed{i}" / "spikes" / "tokens"
+        d.mkdir(parents=True)
+        (d / "step_000010.json").write_text(json.dumps({"columns": COLS, "data": [
+            [10, "sample", "junk", 0.9, 0, 0, 4, "a" * 16, 100 + i]]}))
+    block = tmp_path / "b.json"
+    assert main(["culprits", str(runs), "-o", str(tmp_path / "l"), "--export-blocklist", str(block)]) == 0
+    (entry,) = load_blocklist(block).read_entries()
+    assert entry["index"] == list(range(100, 107))
+    assert sorted(load_blocklist(block).indices) == list(range(100, 107))
+    shown = json.loads((tmp_path / "l" / "culprits.json").read_text())["samples"][0]["dataset_index"]
+    assert shown == "100 | 101 | 102 | 103 | 104 (+2)"  # the page's cell stays short
+
+
 def _temp_files(folder: Path) -> list[Path]:
     return [p for p in folder.iterdir() if p.name.endswith(".tmp")]
 
