@@ -41,3 +41,16 @@ def test_every_bad_row_is_named_up_to_a_few():
     assert notes == ["p.json: 9 row(s) left out (row 1: share='abc' is not a finite number; row 2: position='3' is "
                      "not an integer; row 3: share=inf is not a finite number; row 4: share='abc' is not a finite "
                      "number; row 5: share='abc' is not a finite number; +4 more; a hand-edited or damaged file?)"]
+
+
+def test_every_copy_of_a_repeated_column_is_checked():
+    """A hand-made table with ``share`` (or ``step``, ``sample_id``) twice: the ledger reads the last copy, as a
+    dict would; only the first was checked, and "abc" there crashed the sums (held-out tester, stop 63)."""
+    cols = ["step", "share", "sample_id", "share", "step"]
+    good, bad = [5, 0.5, "a" * 16, 0.5, 5], [5, 0.5, "b" * 16, "abc", 5]
+    table = {"columns": cols, "data": [good, bad, [5, 0.5, "c" * 16, 0.2, "x"]]}
+    assert not rows_ok(table)
+    notes: list[str] = []
+    assert checked_rows(table, "p.json", notes)["data"] == [good]
+    assert notes == ["p.json: 2 row(s) left out (row 1: share='abc' is not a finite number; row 2: step='x' is not "
+                     "an integer; a hand-edited or damaged file?)"]
