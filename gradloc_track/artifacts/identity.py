@@ -11,9 +11,11 @@ records can be fingerprinted offline and matched against the table.
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Iterable, Sequence
 
 DIGEST_BYTES = 8  # 16 hex characters: collisions become likely only around 4e9 distinct samples
+FINGERPRINT = re.compile(f"[0-9a-f]{{{2 * DIGEST_BYTES}}}")  # what a sample id is (always fullmatch)
 
 
 def sample_fingerprint(token_ids: Iterable[int]) -> str:

@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
+from ..artifacts.identity import FINGERPRINT
 from ..trackers.files import atomic_file
 
 FORMAT = "gradloc-track-blocklist"
 VERSION = 1
-FINGERPRINT = re.compile(r"[0-9a-f]{16}")  # always fullmatch
 FIX = "pass a file written by 'gradloc-track culprits ... --export-blocklist FILE'"
 # an entry line as write_blocklist writes it, up to its index (the rest of the line is not needed)
 _ENTRY = re.compile(rb'\n\{"sample_id":"([0-9a-f]{16})","index":'

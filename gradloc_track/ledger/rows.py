@@ -12,6 +12,8 @@ import math
 from operator import itemgetter
 from typing import Any
 
+from ..artifacts.identity import FINGERPRINT
+
 
 NONE = type(None)
 NAMED = 5  # bad rows named in a note (the rest counted)
@@ -22,7 +24,7 @@ CHECKS: dict[str, tuple[tuple[type, ...], str]] = {
     "position": ((int, NONE), "an integer"),
     "end": ((int, NONE), "an integer"),
     "level": ((str, NONE), "a string"),
-    "sample_id": ((str, NONE), "a string"),
+    "sample_id": ((str, NONE), "a 16-hex sample fingerprint"),  # (what a blocklist takes)
 }
 
 
@@ -43,7 +45,8 @@ def _sum_finite(values: Any) -> bool:
 
 def _ok(column: str, v: Any) -> bool:
     """``type``, not ``isinstance``: a bool is no step."""
-    return type(v) in CHECKS[column][0] and (column != "share" or v is None or _finite(v))
+    return type(v) in CHECKS[column][0] and (v is None or (column != "share" or _finite(v))
+                                             and (column != "sample_id" or not v or FINGERPRINT.fullmatch(v) is not None))
 
 
 def _tests(cols: list[str]) -> list[tuple[int, str]]:
@@ -61,6 +64,8 @@ def rows_ok(table: dict[str, Any]) -> bool:
             return False
         if c == "share" and not _sum_finite(v for v in map(itemgetter(j), data) if v is not None):
             return False  # a NaN or an infinity somewhere (or an overflow: the slow path tells)
+        if c == "sample_id" and not all(map(FINGERPRINT.fullmatch, filter(None, map(itemgetter(j), data)))):
+            return False  # not a fingerprint: the blocklist would refuse it (held-out tester, stop 63)
     return True
 
 

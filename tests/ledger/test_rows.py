@@ -54,3 +54,16 @@ def test_every_copy_of_a_repeated_column_is_checked():
     assert checked_rows(table, "p.json", notes)["data"] == [good]
     assert notes == ["p.json: 2 row(s) left out (row 1: share='abc' is not a finite number; row 2: step='x' is not "
                      "an integer; a hand-edited or damaged file?)"]
+
+
+def test_a_sample_id_that_is_no_fingerprint_is_left_out_named():
+    """The blocklist takes 16 lowercase hex characters; a row whose sample_id was something else passed the row
+    checks and the export refused the whole file, a traceback (held-out tester, stop 63). An empty one is no id."""
+    cols = ["step", "share", "sample_id"]
+    rows = [[5, 0.5, "a" * 16], [5, 0.2, "ABCDEF0123456789"], [5, 0.1, "xyz"], [5, 0.1, ""], [5, 0.1, None]]
+    notes: list[str] = []
+    assert not rows_ok({"columns": cols, "data": rows}) and rows_ok({"columns": cols, "data": [rows[0], *rows[3:]]})
+    assert checked_rows({"columns": cols, "data": rows}, "p.json", notes)["data"] == [rows[0], *rows[3:]]
+    assert notes == ["p.json: 2 row(s) left out (row 1: sample_id='ABCDEF0123456789' is not a 16-hex sample "
+                     "fingerprint; row 2: sample_id='xyz' is not a 16-hex sample fingerprint; a hand-edited or "
+                     "damaged file?)"]

@@ -165,7 +165,7 @@ def test_one_bad_cell_in_a_wandb_run_drops_one_row_named(tmp_path, capsys, monke
         f"{s:016x}" for s in (100, 200, 300)]
     notes = " | ".join(doc["notes"])
     assert all(f in notes for f in ("share='abc' is not a finite number", "sample_id=['cccccccccccccccc'] is not a "
-                                    "string", "step='300' is not an integer")), notes
+                                    "16-hex sample fingerprint", "step='300' is not an integer")), notes
     assert "source web caused 3 of 3 spike(s)" in capsys.readouterr().out
 
 
