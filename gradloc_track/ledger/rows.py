@@ -45,8 +45,11 @@ def _sum_finite(values: Any) -> bool:
 
 def _ok(column: str, v: Any) -> bool:
     """``type``, not ``isinstance``: a bool is no step."""
-    return type(v) in CHECKS[column][0] and (v is None or (column != "share" or _finite(v))
-                                             and (column != "sample_id" or not v or FINGERPRINT.fullmatch(v) is not None))
+    if type(v) not in CHECKS[column][0]:
+        return False
+    if column == "share":
+        return v is None or _finite(v)
+    return column != "sample_id" or not v or FINGERPRINT.fullmatch(v) is not None
 
 
 def _tests(cols: list[str]) -> list[tuple[int, str]]:

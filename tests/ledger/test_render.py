@@ -80,3 +80,22 @@ def test_a_csv_written_column_by_column_equals_csv_cell_of_each_cell():
         w.writerows([csv_cell(LIST_SEP.join(map(str, v)) if isinstance(v, list) else v) for v in
                      (e.get(c) for c in cols)] for e in entries)
         assert to_csv(entries) == buf.getvalue(), seed
+
+
+def test_the_json_is_strict_json_with_a_nan_in_the_metadata_or_an_infinite_share(tmp_path):
+    """A NaN reward in a sample's metadata (TRL logs an unscorable completion's reward so) and a share that
+    overflows were written as bare NaN / Infinity: no strict parser opened the file (held-out tester, stop 63)."""
+    import math
+
+    rows = [[1, "sample", "x", 1e308, 0, 0, 9, "a" * 16, math.nan], [2, "sample", "x", 1e308, 0, 0, 9, "a" * 16, None],
+            [2, "sample", "y", 0.5, 1, 0, 9, "b" * 16, "web"]]
+    write_files(tmp_path, views(collect(table(rows)), "source"))
+
+    def refuse(name):
+        raise ValueError(f"bare {name} is not JSON")
+
+    doc = json.loads((tmp_path / "culprits.json").read_text(encoding="utf-8"), parse_constant=refuse)
+    by_id = {s["sample_id"]: s for s in doc["samples"]}
+    assert by_id["a" * 16]["source"] == "NaN" and by_id["b" * 16]["source"] == "web"
+    assert by_id["b" * 16]["max_share"] == 0.5
+    assert json.dumps(by_id["a" * 16]["max_share"], allow_nan=False)  # a number or a name, never bare
