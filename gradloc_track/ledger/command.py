@@ -132,6 +132,9 @@ def _written(args: argparse.Namespace, out: Path, runs: list, notes: list[str]) 
         return _fail(f"no run in {' '.join(map(str, args.sources))} has a culprit table (see the notes above); "
                      "nothing was written. Pass runs that logged spike events (the console's 'spike at step' lines "
                      "name their run dirs)")
+    if not v.ledger.events:  # tables without a usable row: an empty ledger would read as nothing went wrong too
+        return _fail(f"the culprit tables of {' '.join(map(str, args.sources))} hold no row the ledger can use (see "
+                     "the notes above: rows left out, or none the data made); nothing was written")
     try:
         files = write_files(out, v)
     except OSError as exc:

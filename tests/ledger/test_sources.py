@@ -171,6 +171,25 @@ def test_one_bad_cell_in_a_wandb_run_drops_one_row_named(tmp_path, capsys, monke
 
 def test_by_a_column_every_row_of_which_was_left_out_says_so(tmp_path, capsys):
     a = run_dir(tmp_path, "a", [[100, "token", "x", "abc", 0, 3, 4, SID, "web"]])
-    assert main(["culprits", str(a), "--by", "source", "-o", str(tmp_path / "ledger")]) == 0
+    # (its only row left out, the ledger is empty: nothing written, exit 2; held-out tester, stop 63: exit 0)
+    assert main(["culprits", str(a), "--by", "source", "-o", str(tmp_path / "ledger")]) == 2
     out = capsys.readouterr()
     assert "no run's culprit table has that column" not in out.err and "1 row(s) left out" in out.err
+    assert "hold no row the ledger can use" in out.err and not (tmp_path / "ledger").exists()
+
+
+def test_parts_without_a_step_column_are_one_event_each_and_a_ledger_of_no_usable_row_is_no_ledger(tmp_path, capsys):
+    """Held-out tester, stop 63: a hand-made table without ``step`` merged its parts into one spike event (its two
+    shares summed to 110%); a run whose parts hold no usable row wrote an empty ledger with exit 0."""
+    run = tmp_path / "run"
+    (run / "spikes" / "tokens").mkdir(parents=True)
+    for step, share in ((3, 0.8), (4, 0.3)):
+        (run / "spikes" / "tokens" / f"step_{step:06d}.json").write_text(json.dumps(
+            {"columns": ["level", "token", "share", "sample_id"], "data": [["sample", "x", share, SID]]}))
+    assert main(["culprits", str(run), "-o", str(tmp_path / "l")]) == 0
+    doc = json.loads((tmp_path / "l" / "culprits.json").read_text())
+    assert doc["spike_events"] == 2 and doc["samples"][0]["blamed"] == 2 and doc["samples"][0]["max_share"] == 0.8
+    for part in (run / "spikes" / "tokens").iterdir():
+        part.write_text(json.dumps({"columns": ["step", "level", "share", "sample_id"], "data": []}))
+    assert main(["culprits", str(run), "-o", str(tmp_path / "l2")]) == 2
+    assert "hold no row the ledger can use" in capsys.readouterr().err and not (tmp_path / "l2").exists()
