@@ -21,7 +21,7 @@ from pathlib import Path
 
 from .artifacts.keys import EVENTS_KEY, TABLE_KEY
 from .artifacts.table_store import decode_text, load_table, merge_tables, parse_table, table_parts
-from .run_dirs import WHAT, find_run_dirs, run_dir_of, run_key, run_locations
+from .run_dirs import WHAT, find_run_dirs, run_dir_of, run_key, run_keys, run_locations
 from .text import token_html, visible_text
 from .trackers.backends import BACKENDS, NoSpikeEvents, ReportSourceError, RunFiles  # (their errors, re-exported)
 from .trackers.backends.mlflow import MLFLOW_WAIT_S, RUN_ID  # noqa: F401 - MLFLOW_WAIT_S: the ledger's bound too
@@ -68,10 +68,11 @@ def not_a_run_dir(folder: Path) -> str:
 
 def _from_run_dir(run: Path, tracking_uri: str | None) -> ReportSource:
     """A run dir's files (its ``spikes/``, else the MLflow run or W&B files its run record names), with
-    ``incomplete`` set when some of its writes failed."""
+    ``incomplete`` set when some of its writes failed, and every identity of its run (``run_keys``)."""
     incomplete = incomplete_reason(run)
     src = _sources_of(run, tracking_uri, incomplete)
     src.incomplete = incomplete
+    src.aliases = tuple(run_keys(run))
     return src
 
 

@@ -33,6 +33,7 @@ PARTS = ("spikes", "rendered")  # folders of a run dir the apps print
 WHAT = ("a run dir is the folder the app printed ('run dir: ...'; it holds spikes/, tracker/<backend>.json or "
         "metrics.jsonl), or a W&B run folder (wandb/offline-run-*)")
 MAX_DEPTH = 12  # how deep culprits looks for run dirs under a folder
+OUTER_DEPTH = 3  # how far up a backend's run folder looks for the run dir of ours it sits in
 
 
 def is_run_dir(path: Path) -> bool:
@@ -89,9 +90,18 @@ def run_locations(run_dir: Path) -> dict[str, dict[str, Any]]:
 
 def run_key(run_dir: Path, where: dict[str, dict[str, Any]] | None = None) -> str:
     """The identity of the run a run dir holds (see the module doc); ``where``: its ``run_locations``."""
+    return run_keys(run_dir, where)[0]
+
+
+def run_keys(run_dir: Path, where: dict[str, dict[str, Any]] | None = None) -> list[str]:
+    """Every identity of the run a run dir holds, ``run_key`` first: each backend run it logged to (``tracker=both``:
+    an MLflow run and a W&B run, one training run), then its resolved path. The ledger counts a run once whichever
+    of them it is given by (held-out tester, stop 63: the run dir and its W&B folder were two runs)."""
     where = run_locations(run_dir) if where is None else where
-    for name, b in BACKENDS.items():
-        key = b.run_id(run_dir, where.get(name))
-        if key:
-            return key
-    return str(run_dir.resolve())
+    keys = [k for name, b in BACKENDS.items() if (k := b.run_id(run_dir, where.get(name)))]
+    keys.append(str(run_dir.resolve()))
+    for outer in list(run_dir.resolve().parents)[:OUTER_DEPTH]:  # a backend's folder inside our run dir
+        if any((outer / m).exists() for m in MARKERS[:2]):  # (``wandb/offline-run-*``): the same run
+            outer_keys = run_keys(outer)
+            return keys + outer_keys if keys[0] in outer_keys else keys
+    return keys

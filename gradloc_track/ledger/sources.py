@@ -35,6 +35,7 @@ class RunTable:
     name: str
     run_id: str
     table: dict[str, Any]
+    aliases: tuple[str, ...] = ()  # the run's other identities (a run dir's other backend run: ``run_keys``)
 
 
 def _table(src: ReportSource) -> tuple[dict[str, Any], int, int]:
@@ -105,7 +106,7 @@ def read_run(source: str, tracking_uri: str | None, notes: list[str],
         if unreadable == n_parts:
             notes.append(f"{why}: the run is left out")
             return None
-    return RunTable(src.title, src.run_id, table)
+    return RunTable(src.title, src.run_id, table, tuple(src.aliases))
 
 
 def experiment_runs(name: str, tracking_uri: str | None) -> list[str]:
@@ -169,9 +170,17 @@ def read_runs(sources: Iterable[str], tracking_uri: str | None = None,
     for source in sources:
         for run in runs_of(str(source), tracking_uri):
             got = read_run(run, tracking_uri, notes, incomplete)
-            if got is not None and got.run_id not in seen:
-                seen.add(got.run_id)
-                out.append(got)
+            if got is None:
+                continue
+            keys = {got.run_id, *got.aliases}
+            if keys & seen:  # a run named twice counts once: by the same id, or by another of its backend runs
+                if got.run_id not in seen:
+                    notes.append(f"{got.name}: the same run as one read before (another of its tracker runs: "
+                                 "tracker=both); counted once")
+                seen |= keys
+                continue
+            seen |= keys
+            out.append(got)
     tell_apart(out)
     return out
 

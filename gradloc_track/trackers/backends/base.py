@@ -75,6 +75,7 @@ class RunFiles:
     temporary: bool = False  # ``root`` is a download of ours: removed once read
     reader: SpikeReader | None = None
     notes: list[str] = field(default_factory=list)
+    aliases: tuple[str, ...] = ()  # the run's other identities (``run_dirs.run_keys``: another backend's run id)
 
 
 class Backend:
