@@ -407,7 +407,8 @@ def train_lm(cfg: DemoConfig, run_dir: str | Path, resolved_yaml: str | None = N
         s.console.close()
         tracker.finish(status)
         close_distributed(s.started, status == "success")
-    s.console.summary(summary_lines(cfg.train.steps, cfg.clip.kind, summary, h.spikes, run_dir))
+    s.console.summary(summary_lines(cfg.train.steps, cfg.clip.kind, summary, h.spikes, run_dir,
+                                    detecting=monitor.detector is not None))
     return summary
 
 

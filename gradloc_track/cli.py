@@ -128,7 +128,7 @@ def _report(args) -> int:
         print(f"gradloc-track report: cannot write {out} ({exc.strerror or exc}); pass -o a file in a folder "
               "you can write", file=sys.stderr)
         return 2
-    print(f"wrote {out} ({len(page) // 1024} KiB)")
+    print(f"wrote {visible_text(str(out))} ({len(page) // 1024} KiB)")
     for problem in problems:
         print(f"gradloc-track report: the page shows what there is, but {visible_text(problem)}", file=sys.stderr)
     return 1 if problems else 0

@@ -148,7 +148,7 @@ def _written(args: argparse.Namespace, out: Path, runs: list, notes: list[str]) 
               f"  '{visible_text(s['text'][:60])}'")
     for g in (v.groups or [])[:10]:
         print(f"  {visible_text(g['summary'])}")
-    print("wrote " + ", ".join(map(str, files)))
+    print("wrote " + ", ".join(visible_text(str(f)) for f in files))  # (a path's controls shown, never sent)
     return v
 
 
@@ -163,9 +163,10 @@ def _after(args: argparse.Namespace, v) -> int:
         except OSError as exc:
             return _fail(f"--export-blocklist {args.export_blocklist}: cannot write it ({exc.strerror or exc})")
         left = len(v.samples) - n
-        print(f"wrote blocklist {path} ({n} sample(s)" + (f"; {left} under --min-blamed {args.min_blamed} or "
-                                                          f"--min-share {args.min_share:g} left out" if left else "")
-              + f"); train without them with data.blocklist={path}")
+        shown = visible_text(str(path))  # (a path's controls shown, never sent to the terminal)
+        print(f"wrote blocklist {shown} ({n} sample(s)" + (f"; {left} under --min-blamed {args.min_blamed} or "
+                                                           f"--min-share {args.min_share:g} left out" if left else "")
+              + f"); train without them with data.blocklist={shown}")
     if args.log_to:
         return _publish(args, v)
     return 0

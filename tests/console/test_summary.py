@@ -4,6 +4,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from gradloc_track.console import SpikeView, closing_lines, culprit_count, spike_summary, summary_lines
+from gradloc_track.console.summary import OFF
 from gradloc_track.localizer.result import LocateResult
 
 from tests.artifacts.cases import levels_case
@@ -56,6 +57,9 @@ def test_the_summary_counts_what_the_block_named(tmp_path):
     assert spike_summary([empty], tmp_path)[1] == "  step 5: no culprit found (the spike is spread over the batch)"
     assert spike_summary([], tmp_path) == ["no gradient spike detected"]
     assert closing_lines("done: 5 steps", [], tmp_path)[:2] == ["done: 5 steps", "no gradient spike detected"]
+    # a run without a detector was never checked: it does not read as a clean one (held-out tester, stop 63)
+    assert spike_summary([], tmp_path, detecting=False) == [OFF]
+    assert closing_lines("done: 5 steps", [], tmp_path, detecting=False)[1] == OFF and "spikes.enabled=false" in OFF
     # no spike: no report command (it would only answer "no spike events"; held-out tester round 3)
     assert not any("gradloc-track report" in line for line in closing_lines("done", [], tmp_path))
     assert any("gradloc-track report" in line for line in closing_lines("done", [empty], tmp_path))
