@@ -31,6 +31,7 @@ from gradloc_track import GradMonitor
 from gradloc_track.artifacts import SpikeArtifactWriter
 from gradloc_track.clip import build_clipper
 from gradloc_track.config import ConfigError, check_overrides, to_config
+from gradloc_track.config.tracker import without_spike_detection
 from gradloc_track.demo.config import DemoConfig, register_configs
 from gradloc_track.console import TrainConsole, summary_lines
 from gradloc_track.demo.data import TextBatches, load_corpus
@@ -387,7 +388,8 @@ def train_lm(cfg: DemoConfig, run_dir: str | Path, resolved_yaml: str | None = N
         s.console.print(f"note: train.inject.step={inj.step} is past the run's last step (train.steps="
                         f"{cfg.train.steps}): nothing is injected; set train.inject.step below {cfg.train.steps}")
     # one run per training run: rank 0 logs; the monitor gathers culprits from every rank to it
-    tracker = make_tracker(cfg.tracker, run_dir=run_dir, run_name=cfg.run_name) if s.rank == 0 else NullTracker()
+    tracks = cfg.tracker if cfg.spikes.enabled else without_spike_detection(cfg.tracker)  # (spike_count: "off")
+    tracker = make_tracker(tracks, run_dir=run_dir, run_name=cfg.run_name) if s.rank == 0 else NullTracker()
     status = "failed"
     try:
         log_config(tracker, cfg, s.model, run_dir, resolved_yaml)

@@ -27,6 +27,7 @@ from typing import Any, Callable
 import torch
 
 from ..config import TrackerConfig
+from ..config.tracker import without_spike_detection
 from ..console import TrainConsole
 from ..optim_unwrap import unwrap_optimizer
 from ..trackers.interface import Tracker
@@ -134,7 +135,10 @@ def say_where(door: str) -> Callable[[Tracker], None]:
 def run_request(opts: WatchOptions, door: Door) -> RunRequest:
     """The run a door's options ask ``trackers.join`` for."""
     own = opts.tracker if isinstance(opts.tracker, Tracker) else None
-    return RunRequest(cfg=opts.tracker if own is None else TrackerConfig(), run_dir=opts.run_dir,
+    cfg = opts.tracker if own is None else TrackerConfig()
+    if not opts.spikes.enabled:  # a run it opens says it looked for no spike, rather than counting 0 of them
+        cfg = without_spike_detection(cfg)
+    return RunRequest(cfg=cfg, run_dir=opts.run_dir,
                       run_name=opts.run_name, tracker=own, auto=opts.tracker_auto, join=door.runs,
                       wandb_step_key=door.wandb_step_key, logs=_rank0() if door.logs is None else door.logs,
                       on_open=say_where(door.name))

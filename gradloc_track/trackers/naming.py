@@ -7,6 +7,8 @@ _MLFLOW_BAD = re.compile(r"[^\w\-. /]")
 
 #: metric logged once a tracker can write again: how many records it LOST for good until then
 DROPPED_KEY = "tracker/dropped"
+#: the ``spike_count`` tag of a run without a spike detector: it looked for none (0 would read as a clean run)
+SPIKE_COUNT_OFF = "off"
 
 
 def mlflow_key(key: str) -> str:

@@ -111,6 +111,28 @@ def test_failed_run_is_marked_failed(tmp_path, sqlite_uri):
     assert run.info.status == "FAILED"
 
 
+def test_a_run_without_a_spike_detector_has_spike_count_off_not_zero(tmp_path, sqlite_uri):
+    """``watch(spikes=False)`` opened a run whose spike_count read 0 (tag and metric), as a run checked and found
+    clean (held-out tester, stop 63): its tag says "off" and no count metric sorts it among the clean runs."""
+    import torch
+    from mlflow.tracking import MlflowClient
+
+    import gradloc_track
+
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cfg = {"kind": "mlflow", "mlflow": {"tracking_uri": sqlite_uri, "experiment_name": "off"}}
+    with gradloc_track.watch(model, opt, tracker=cfg, spikes=False, console=False, run_dir=tmp_path / "run"):
+        for _ in range(3):
+            model(torch.randn(8, 4)).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+    client = MlflowClient(sqlite_uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("off").experiment_id])
+    assert run.data.tags["spike_count"] == "off" and "spike_count" not in run.data.metrics
+    assert "grad_norm/global" in run.data.metrics  # the norms are logged as ever
+
+
 def test_one_failed_request_right_after_the_run_is_created_opens_no_second_run(tmp_path, sqlite_uri, monkeypatch):
     """Tester round 12: the run's opening ``spike_count`` request failing once (a network blip at start)
     made the constructor raise, the opener retried it, and a second run was created: the first stayed
