@@ -21,11 +21,12 @@ from pathlib import Path
 
 from .artifacts.keys import EVENTS_KEY, TABLE_KEY
 from .artifacts.table_store import decode_text, load_table, merge_tables, parse_table, table_parts
-from .run_dirs import WHAT, find_run_dirs, run_dir_of, run_key, run_keys, run_locations
+from .run_dirs import WHAT, detection_was_off, find_run_dirs, run_dir_of, run_key, run_keys, run_locations
 from .text import token_html, visible_text
 from .trackers.backends import BACKENDS, NoSpikeEvents, ReportSourceError, RunFiles  # (their errors, re-exported)
 from .trackers.backends.mlflow import MLFLOW_WAIT_S, RUN_ID  # noqa: F401 - MLFLOW_WAIT_S: the ledger's bound too
 from .trackers.incomplete import incomplete_reason
+from .trackers.naming import DETECTION_OFF
 from .trackers.run_record import unreadable_records
 from .trackers.spool import spooled_tables
 
@@ -100,7 +101,8 @@ def _sources_of(run: Path, tracking_uri: str | None, incomplete: str | None) -> 
     if spooled:  # the tracker was down: its spike tables wait in the spool, not "no spike events"
         raise IncompleteRunDir(f"{run}: its spike tables are in {' and '.join(spooled)}, not sent yet (the tracker was "
                                f"down): run `gradloc-track replay {run}` first, then this again")
-    raise NoSpikeEvents(f"{run}: a run dir with no spikes/ folder{backends}: it logged no spike events")
+    raise NoSpikeEvents(f"{run}: a run dir with no spikes/ folder{backends}: "
+                        + (DETECTION_OFF if detection_was_off(run) else "it logged no spike events"))
 
 
 def resolve_source(source: str | Path, tracking_uri: str | None = None) -> ReportSource:

@@ -21,6 +21,7 @@ resolved path (two sweeps' ``0_clip=adagc`` are two runs).
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,30 @@ def run_locations(run_dir: Path) -> dict[str, dict[str, Any]]:
         elif isinstance(ref, dict) and ref.get("run_id"):
             out[path.stem] = {k: v for k, v in ref.items() if v is not None}
     return out
+
+
+def detection_was_off(run_dir: Path) -> bool:
+    """Did the run in ``run_dir`` run without a spike detector? Its ``params.json`` (``spikes.enabled``: a run with
+    ``tracker=none``) or the demo's ``config.yaml`` says so; False when neither does (held-out tester, stop 63: such
+    a run read as one that logged no spike events)."""
+    try:
+        params = json.loads((run_dir / "params.json").read_text(encoding="utf-8"))
+        if isinstance(params, dict) and params.get("spikes.enabled") in (False, "False", "false"):
+            return True
+    except (OSError, ValueError):
+        pass
+    try:
+        text = (run_dir / "config.yaml").read_text(encoding="utf-8")
+    except OSError:
+        return False
+    import yaml  # (omegaconf's; only for a run dir that has no spike events)
+
+    try:
+        config = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return False
+    spikes = config.get("spikes") if isinstance(config, dict) else None
+    return isinstance(spikes, dict) and spikes.get("enabled") is False
 
 
 def run_key(run_dir: Path, where: dict[str, dict[str, Any]] | None = None) -> str:

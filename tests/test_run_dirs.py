@@ -4,7 +4,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gradloc_track.run_dirs import find_run_dirs, is_run_dir, run_dir_of, run_key, run_keys, run_locations
+from gradloc_track.run_dirs import detection_was_off, find_run_dirs, is_run_dir, run_dir_of, run_key, run_keys, \
+    run_locations
 from gradloc_track.trackers.run_record import update_run_record
 
 MLFLOW_ID = "0123456789abcdef0123456789abcdef"
@@ -80,4 +81,24 @@ def test_a_tracker_both_run_is_known_by_each_of_its_tracker_runs(tmp_path):
     stranger = run / "wandb" / "offline-run-20261201_040000-def456"  # a W&B run the run dir did not record
     (stranger / "files").mkdir(parents=True)
     assert MLFLOW_ID not in run_keys(stranger)
+
+
+def test_a_run_without_a_spike_detector_is_told_from_one_that_found_no_spike(tmp_path, capsys):
+    """Held-out tester, stop 63: a run with spikes.enabled=false read as one that logged no spike events (the report,
+    the ledger). Its params.json (tracker=none) or the demo's config.yaml says the detector was off."""
+    from gradloc_track.cli import main
+
+    local = make(tmp_path, "local", "metrics.jsonl")
+    (local / "params.json").write_text(json.dumps({"spikes.enabled": False, "clip.kind": "none"}))
+    demo = make(tmp_path, "demo", "metrics.jsonl")
+    (demo / "config.yaml").write_text("spikes:\n  enabled: false\n  z_thresh: 8.0\nclip:\n  enabled: true\n")
+    clean = make(tmp_path, "clean", "metrics.jsonl")
+    (clean / "params.json").write_text(json.dumps({"spikes.enabled": True}))
+    (make(tmp_path, "odd", "metrics.jsonl") / "config.yaml").write_text("[not: a mapping")
+    assert detection_was_off(local) and detection_was_off(demo)
+    assert not detection_was_off(clean) and not detection_was_off(tmp_path / "odd")
+    assert main(["report", str(local), "-o", str(tmp_path / "r.html")]) == 2
+    assert "its spike detector was off (spikes.enabled=false): no spike was looked for" in capsys.readouterr().err
+    assert main(["report", str(clean), "-o", str(tmp_path / "r.html")]) == 2
+    assert "it logged no spike events" in capsys.readouterr().err
 

@@ -25,6 +25,7 @@ from ..artifacts.keys import TABLE_KEY
 from ..artifacts.table_store import PART, UNREADABLE, load_table, merge_tables, parse_table, part_files
 from ..run_dirs import find_run_dirs, run_dir_of
 from ..trackers.bounded import CallTimeout, bounded_call
+from ..trackers.naming import DETECTION_OFF
 from .rows import checked_rows, rows_ok
 
 
@@ -81,8 +82,8 @@ def read_run(source: str, tracking_uri: str | None, notes: list[str],
         if incomplete is not None:
             incomplete.append(str(exc))
         return None
-    except NoSpikeEvents:
-        notes.append(f"{source}: no spike events")
+    except NoSpikeEvents as exc:  # (a run without a spike detector: said so, not as a clean run)
+        notes.append(f"{source}: {DETECTION_OFF if DETECTION_OFF in str(exc) else 'no spike events'}")
         return None
     if src.incomplete is not None:
         notes.append(src.incomplete)

@@ -9,6 +9,8 @@ _MLFLOW_BAD = re.compile(r"[^\w\-. /]")
 DROPPED_KEY = "tracker/dropped"
 #: the ``spike_count`` tag of a run without a spike detector: it looked for none (0 would read as a clean run)
 SPIKE_COUNT_OFF = "off"
+#: what the report and the ledger say of a run without spike events whose detector was off
+DETECTION_OFF = "its spike detector was off (spikes.enabled=false): no spike was looked for"
 
 
 def mlflow_key(key: str) -> str:

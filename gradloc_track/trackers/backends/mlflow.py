@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..bounded import CallTimeout, bounded_call
+from ..naming import DETECTION_OFF, SPIKE_COUNT_OFF
 from .base import Backend, NoSpikeEvents, ReportSourceError, RunFiles
 
 MLFLOW_WAIT_S = 20.0  # our bound on waiting for an MLflow store/server (its own retries take minutes)
@@ -79,7 +80,9 @@ def fetch_run(run_id: str, tracking_uri: str | None) -> RunFiles:
         _bounded(lambda: client.download_artifacts(run_id, "spikes", str(dst)), f"MLflow at {uri}", 120.0)
     except (MlflowException, OSError) as exc:
         shutil.rmtree(dst, ignore_errors=True)
-        raise NoSpikeEvents(f"MLflow run {run_id} has no spikes/ artifacts: it logged no spike events") from exc
+        off = (run.data.tags or {}).get("spike_count") == SPIKE_COUNT_OFF  # (its spike detector was off)
+        raise NoSpikeEvents(f"MLflow run {run_id} has no spikes/ artifacts: "
+                            + (DETECTION_OFF if off else "it logged no spike events")) from exc
     info = {"tracking_uri": uri, "experiment_id": run.info.experiment_id, "run_id": run_id}
     return RunFiles(dst, run.info.run_name or run_id, mlflow_run_url(info), temporary=True, run_id=run_id)
 
