@@ -5,7 +5,8 @@ Tracking URI: config, else MLflow's own ``MLFLOW_TRACKING_URI``, else ``sqlite:/
 At creation the run gets the tags MLflow's UI shows in its runs table and run page:
 ``mlflow.source.name``/``.type``, ``mlflow.source.git.commit`` (in a git checkout),
 ``mlflow.user``, a description (``mlflow.note.content``) pointing at ``spikes/``, and
-``spike_count`` 0 (tag and metric, updated per spike event) so runs sort by it. The description
+``spike_count`` 0 (tag and metric, updated per spike event) so runs sort by it (``off``, no metric, for a run
+without a spike detector). The description
 tells the run's spikes as they come (``spike_story``: each one's culprit text and a link to its
 highlighted text), on our runs and on a joined run that had none.
 Nothing here downloads an artifact or touches ``os.environ``.
