@@ -31,7 +31,7 @@ from gradloc_track import GradMonitor
 from gradloc_track.artifacts import SpikeArtifactWriter
 from gradloc_track.clip import build_clipper
 from gradloc_track.config import ConfigError, check_overrides, to_config
-from gradloc_track.config.tracker import without_spike_detection
+from gradloc_track.trackers.factory import without_spike_detection
 from gradloc_track.demo.config import DemoConfig, register_configs
 from gradloc_track.console import TrainConsole, summary_lines
 from gradloc_track.demo.data import TextBatches, load_corpus

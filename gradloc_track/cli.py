@@ -125,8 +125,8 @@ def _report(args) -> int:
     try:
         atomic_write_text(out, page)
     except OSError as exc:
-        print(f"gradloc-track report: cannot write {out} ({exc.strerror or exc}); pass -o a file in a folder "
-              "you can write", file=sys.stderr)
+        print(f"gradloc-track report: cannot write {visible_text(str(out))} ({exc.strerror or exc}); pass -o a file "
+              "in a folder you can write", file=sys.stderr)
         return 2
     print(f"wrote {visible_text(str(out))} ({len(page) // 1024} KiB)")
     for problem in problems:

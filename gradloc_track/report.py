@@ -19,14 +19,13 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from .artifacts.keys import EVENTS_KEY, TABLE_KEY
 from .artifacts.table_store import decode_text, load_table, merge_tables, parse_table, table_parts
 from .run_dirs import WHAT, detection_was_off, find_run_dirs, run_dir_of, run_key, run_keys, run_locations
 from .text import token_html, visible_text
 from .trackers.backends import BACKENDS, NoSpikeEvents, ReportSourceError, RunFiles  # (their errors, re-exported)
 from .trackers.backends.mlflow import MLFLOW_WAIT_S, RUN_ID  # noqa: F401 - MLFLOW_WAIT_S: the ledger's bound too
 from .trackers.incomplete import incomplete_reason
-from .trackers.naming import DETECTION_OFF
+from .trackers.naming import DETECTION_OFF, EVENTS_KEY, TABLE_KEY
 from .trackers.run_record import unreadable_records
 from .trackers.spool import spooled_tables
 

@@ -126,7 +126,8 @@ def run_keys(run_dir: Path, where: dict[str, dict[str, Any]] | None = None) -> l
     keys = [k for name, b in BACKENDS.items() if (k := b.run_id(run_dir, where.get(name)))]
     keys.append(str(run_dir.resolve()))
     for outer in list(run_dir.resolve().parents)[:OUTER_DEPTH]:  # a backend's folder inside our run dir
-        if any((outer / m).exists() for m in MARKERS[:2]):  # (``wandb/offline-run-*``): the same run
+        if (outer / "tracker").is_dir():  # (``wandb/offline-run-*``) whose run it recorded: the same run
             outer_keys = run_keys(outer)
-            return keys + outer_keys if keys[0] in outer_keys else keys
+            if keys[0] in outer_keys:
+                return keys + outer_keys
     return keys

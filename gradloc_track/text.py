@@ -61,6 +61,7 @@ def quoted(text: str, limit: int) -> str:
         cut = _CUT_ESCAPE.sub("", cut)
     return "'" + visible_text(cut + "…") + "'"
 
+
 def visible_html(text: str, empty: str = "\u2205") -> str:
     """``visible_text`` escaped for HTML (quotes too); ``empty`` stands for the empty string (an empty
     token would be an invisible, unclickable span)."""

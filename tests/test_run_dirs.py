@@ -98,7 +98,8 @@ def test_a_run_without_a_spike_detector_is_told_from_one_that_found_no_spike(tmp
     assert detection_was_off(local) and detection_was_off(demo)
     assert not detection_was_off(clean) and not detection_was_off(tmp_path / "odd")
     assert main(["report", str(local), "-o", str(tmp_path / "r.html")]) == 2
-    assert "its spike detector was off (spikes.enabled=false): no spike was looked for" in capsys.readouterr().err
+    assert "its spike detector was off (spikes=False, spikes.enabled=false): no spike was looked for" in \
+        capsys.readouterr().err
     assert main(["report", str(clean), "-o", str(tmp_path / "r.html")]) == 2
     assert "it logged no spike events" in capsys.readouterr().err
 

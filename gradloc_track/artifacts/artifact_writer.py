@@ -27,7 +27,7 @@ from ..spikes.event import SpikeEvent
 from ..trackers.interface import Tracker
 from .events import EVENT_COLUMNS, event_row
 from .highlight import render_highlight_html
-from .keys import EVENTS_KEY, HTML_KEY, IMAGE_KEY, TABLE_KEY
+from ..trackers.naming import EVENTS_KEY, HTML_KEY, IMAGE_KEY, TABLE_KEY
 from .render_worker import draw_heatmap
 from .table import attribution_table, where_columns
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..trackers.table_json import restore_nonfinite
-from .keys import TABLE_KEY
+from ..trackers.naming import TABLE_KEY
 
 PART = re.compile(r"step_(\d+)\.json")  # fullmatch
 

@@ -93,15 +93,3 @@ class TrackerConfig:
         for name in ("flush_interval_s", "call_timeout_s", "open_timeout_s", "probe_interval_s",
                      "finish_timeout_s"):
             _seconds(name, getattr(self, name))
-
-
-def without_spike_detection(cfg: TrackerConfig) -> TrackerConfig:
-    """``cfg`` for a run without a spike detector: the MLflow run it opens is tagged ``spike_count`` "off" (it
-    looked for no spike), not 0 (a run checked and found clean; held-out tester, stop 63). A user's own
-    ``spike_count`` tag stays."""
-    from dataclasses import replace
-
-    from ..trackers.naming import SPIKE_COUNT_OFF
-
-    return replace(cfg, mlflow=replace(cfg.mlflow, tags={"spike_count": SPIKE_COUNT_OFF, **dict(cfg.mlflow.tags)}))
-

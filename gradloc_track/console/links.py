@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..artifacts.keys import EVENTS_KEY, HTML_KEY
 from ..trackers.backends import views_of
-from ..trackers.naming import step_path
+from ..trackers.naming import EVENTS_KEY, HTML_KEY, step_path
 from ..trackers.run_record import read_run_views
 
 

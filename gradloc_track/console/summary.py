@@ -9,7 +9,7 @@ from .culprits import SpikeView, culprit_count, culprit_lines
 from .links import spike_link, view_commands
 
 
-OFF = "spike detection was off (spikes.enabled=false): no spike was looked for"
+OFF = "spike detection was off (spikes=False, spikes.enabled=false): no spike was looked for"
 
 
 def spike_summary(spikes: Sequence[Any], run_dir: Path, not_localized: str | None = None,

@@ -23,7 +23,7 @@ def save_state(handle: Any, folder: str | Path) -> Path | None:
     if not folder.is_dir():
         warm = handle.warm_up_words()
         warnings.warn(f"gradloc-track: no checkpoint folder {folder} to save the handle's state in; a run resumed "
-                      f"from it numbers its steps anew{', and ' + warm if warm else ''}", UserWarning, stacklevel=3)
+                      f"from it goes on without it{' (' + warm + ')' if warm else ''}", UserWarning, stacklevel=3)
         return None
     data = io.BytesIO()
     torch.save(handle.state_dict(), data)
@@ -52,7 +52,7 @@ def load_state(handle: Any, folder: str | Path, step: int) -> bool:
         return False
     try:
         handle.load_state_dict(state)
-    except ValueError as exc:  # a clipper of another kind than the one saved: the fix, and the way out
+    except ValueError as exc:  # a state that fits this clipper's kind but not its parameters: the way out
         raise type(exc)(f"{exc} (the saved state is {path}: delete it to start the clipper and the detector "
                         "afresh)") from exc
     return True

@@ -26,8 +26,9 @@ from typing import Any, Callable
 
 import torch
 
-from ..config import TrackerConfig
-from ..config.tracker import without_spike_detection
+from ..clip.checkpoint import check_state, state_kind
+from ..config import ConfigError, TrackerConfig
+from ..trackers.factory import without_spike_detection
 from ..console import TrainConsole
 from ..optim_unwrap import unwrap_optimizer
 from ..trackers.interface import Tracker
@@ -365,7 +366,9 @@ class WatchHandle:
         """What starts its warm-up anew without saved state, in words (``the clipper and the spike detector start
         their warm-up anew``), naming only what this handle has (held-out tester, stop 63: ``spikes=False`` without
         a clipper was told its detector and clipper warm up anew); None when it has neither."""
-        held = {"clipper": self.monitor.clipper, "detector": self.monitor.detector}
+        clipper = self.monitor.clipper  # (one with a warm-up: AdaGC, ZClip, LayerClip; a fixed threshold has none)
+        held = {"clipper": clipper if getattr(clipper, "warmup_steps", None) else None,
+                "detector": self.monitor.detector}
         names = [("the clipper" if p == "clipper" else "the spike detector") for p in parts if held[p] is not None]
         if not names:
             return None
@@ -381,20 +384,33 @@ class WatchHandle:
         and this handle lacks is not used, said (held-out tester, stop 63: turning detection on at a resume raised in
         ``train()``, and the only way out offered, deleting the state, threw the clipper's away too)."""
         self._resume_checked = True
+        said = self.monitor.rank == 0
         for part, held in (("clipper", self.monitor.clipper), ("detector", self.monitor.detector)):
-            if (part in state) == (held is not None) or self.monitor.rank != 0:
+            if (part in state) == (held is not None) or not said:
                 continue
             option = "clip=none" if part == "clipper" else "spikes=False"
             if held is not None:
-                warnings.warn(f"gradloc-track: the saved state has no {part} (saved with {option}): "
-                              f"{self.warm_up_words((part,))}; the rest of the state is loaded", UserWarning,
+                warm = self.warm_up_words((part,))
+                warnings.warn(f"gradloc-track: the saved state has no {part} (saved with {option})"
+                              f"{': ' + warm if warm else ''}; the rest of the state is loaded", UserWarning,
                               stacklevel=2)
             else:
                 warnings.warn(f"gradloc-track: the saved state's {part} is not used: this handle has {option}",
                               UserWarning, stacklevel=2)
-        self.steps = int(state["steps"])
         if "clipper" in state and self.monitor.clipper is not None:
-            self.monitor.clipper.load_state_dict(state["clipper"])
+            try:
+                check_state(self.monitor.clipper, state["clipper"])
+            except ConfigError:  # another clip= kind than the saved one's: its state fits no other
+                if said:
+                    warm = self.warm_up_words(("clipper",))
+                    kind = state_kind(state["clipper"]) if isinstance(state["clipper"], dict) else "?"
+                    warnings.warn(f"gradloc-track: the saved clipper state is a clip={kind} clipper's, not used by "
+                                  f"this clip={type(self.monitor.clipper).kind} one"
+                                  f"{': ' + warm if warm else ''}; the rest of the state is loaded", UserWarning,
+                                  stacklevel=2)
+            else:
+                self.monitor.clipper.load_state_dict(state["clipper"])
+        self.steps = int(state["steps"])
         if "detector" in state and self.monitor.detector is not None:
             self.monitor.detector.load_state_dict(state["detector"])
         if "diagnosis" in state and self.monitor.detector is not None:

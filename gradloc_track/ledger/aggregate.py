@@ -39,6 +39,7 @@ class Ledger:
     notes: list[str] = field(default_factory=list)
     names: dict[str, str] = field(default_factory=dict)  # run id -> its name in the ledger
     run_ids: list[str] = field(default_factory=list)
+    not_data: int = 0  # spike events whose every row the data did not make (``data_fault`` false): none blamed
 
     def cell(self, column: str) -> int:
         """The index of ``column`` in a row; a column no run with rows has points at the ``None`` cell."""
@@ -127,7 +128,8 @@ def collect(runs: Iterable[RunTable], notes: list[str] | None = None) -> Ledger:
                                  "irreproducible replay's largest rows or a schedule's) blame no sample"]
     run, step = len(columns) - 1, columns.index("step") if "step" in columns else -1
     events = len({(r[run], r[step]) for r in rows})
-    return Ledger(columns, rows, metadata, list(names.values()), events, list(notes or []), names, list(names))
+    return Ledger(columns, rows, metadata, list(names.values()), events, list(notes or []), names, list(names),
+                  len(dropped_steps - {(r[run], r[step]) for r in rows}))
 
 
 def _event_shares(rows: list[list[Any]], run: int, step: int, share: int) -> dict[tuple, float]:

@@ -132,9 +132,9 @@ def _written(args: argparse.Namespace, out: Path, runs: list, notes: list[str]) 
         return _fail(f"no run in {' '.join(map(str, args.sources))} has a culprit table (see the notes above); "
                      "nothing was written. Pass runs that logged spike events (the console's 'spike at step' lines "
                      "name their run dirs)")
-    if not v.ledger.events:  # tables without a usable row: an empty ledger would read as nothing went wrong too
+    if not v.ledger.events and not v.ledger.not_data:  # no usable row: an empty ledger would read as nothing wrong
         return _fail(f"the culprit tables of {' '.join(map(str, args.sources))} hold no row the ledger can use (see "
-                     "the notes above: rows left out, or none the data made); nothing was written")
+                     "the notes above: their rows were left out); nothing was written")
     try:
         files = write_files(out, v)
     except OSError as exc:
@@ -155,6 +155,7 @@ def _written(args: argparse.Namespace, out: Path, runs: list, notes: list[str]) 
 def _after(args: argparse.Namespace, v) -> int:
     """The blocklist and the tracker run, once the files are written."""
     if args.export_blocklist:
+        from ..data.blocklist import BlocklistError
         from .export import export_blocklist
 
         try:
@@ -162,6 +163,8 @@ def _after(args: argparse.Namespace, v) -> int:
                                        args.min_share, ledger=v.ledger)
         except OSError as exc:
             return _fail(f"--export-blocklist {args.export_blocklist}: cannot write it ({exc.strerror or exc})")
+        except BlocklistError as exc:  # a value a blocklist cannot hold (a float index): named, never a traceback
+            return _fail(f"--export-blocklist {args.export_blocklist}: not written: {exc}")
         left = len(v.samples) - n
         shown = visible_text(str(path))  # (a path's controls shown, never sent to the terminal)
         print(f"wrote blocklist {shown} ({n} sample(s)" + (f"; {left} under --min-blamed {args.min_blamed} or "

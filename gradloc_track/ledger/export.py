@@ -34,9 +34,12 @@ def sample_values(ledger: Any, column: str) -> dict[str, Any]:
     sid, at = ledger.cell("sample_id"), ledger.cell(column)
     seen: dict[str, dict[Any, Any]] = {}
     for r in ledger.data:
-        v = r[at]
-        if r[sid] and v is not None:
-            seen.setdefault(r[sid], {}).setdefault(v if isinstance(v, (str, int, float)) else repr(v), v)
+        if not r[sid] or r[at] is None:
+            continue
+        mine = seen.setdefault(r[sid], {})
+        for v in r[at] if isinstance(r[at], list) else [r[at]]:  # a cell that lists several: each (a flat list)
+            if v is not None:
+                mine.setdefault(v if isinstance(v, (str, int, float)) else repr(v), v)
     return {k: (next(iter(vals.values())) if len(vals) == 1 else list(vals.values())) for k, vals in seen.items()}
 
 

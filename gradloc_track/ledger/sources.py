@@ -21,11 +21,10 @@ from typing import Any, Iterable
 
 from ..report import MLFLOW_WAIT_S, RUN_ID, IncompleteRunDir, NoSpikeEvents, ReportSource, ReportSourceError, \
     not_a_run_dir, resolve_source
-from ..artifacts.keys import TABLE_KEY
 from ..artifacts.table_store import PART, UNREADABLE, load_table, merge_tables, parse_table, part_files
 from ..run_dirs import find_run_dirs, run_dir_of
 from ..trackers.bounded import CallTimeout, bounded_call
-from ..trackers.naming import DETECTION_OFF
+from ..trackers.naming import DETECTION_OFF, TABLE_KEY
 from .rows import checked_rows, rows_ok
 
 
@@ -66,8 +65,8 @@ def _step_of_part(table: dict[str, Any], path: str) -> dict[str, Any]:
 def _stepped(table: dict[str, Any], src: ReportSource) -> dict[str, Any]:
     """``table``; a note when its rows have no step to tell its spike events apart (they count as one)."""
     if table["data"] and "step" not in table["columns"]:
-        src.notes.append(f"{src.title}: its culprit table has no step column: its {len(table['data'])} row(s) count "
-                         "as one spike event")
+        src.notes.append(f"its culprit table has no step column: its {len(table['data'])} row(s) count as one "
+                         "spike event")  # (read_run names the run)
     return table
 
 
@@ -167,7 +166,8 @@ def read_runs(sources: Iterable[str], tracking_uri: str | None = None,
     dir is not the whole run (some of its writes failed)."""
     notes = notes if notes is not None else []
     out: list[RunTable] = []
-    seen: set[str] = set()
+    seen: set[str] = set()  # every identity of the runs read (``RunTable.aliases``)
+    read: set[str] = set()  # the ids they were read by
     for source in sources:
         for run in runs_of(str(source), tracking_uri):
             got = read_run(run, tracking_uri, notes, incomplete)
@@ -175,13 +175,13 @@ def read_runs(sources: Iterable[str], tracking_uri: str | None = None,
                 continue
             keys = {got.run_id, *got.aliases}
             if keys & seen:  # a run named twice counts once: by the same id, or by another of its backend runs
-                if got.run_id not in seen:
+                if got.run_id not in read:
                     notes.append(f"{got.name}: the same run as one read before (another of its tracker runs: "
                                  "tracker=both); counted once")
-                seen |= keys
-                continue
+            else:
+                out.append(got)
+                read.add(got.run_id)
             seen |= keys
-            out.append(got)
     tell_apart(out)
     return out
 

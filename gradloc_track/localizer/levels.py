@@ -202,7 +202,6 @@ def reconsider(units: Units) -> None:
             return
 
 
-
 def after_tokens(units: Units):
     """The token search's ``then``: with the gradient of what it found (None: nothing), settle the
     deferred candidates (``reconsider``); returns (budget exhausted, the gradient the units explain)."""
@@ -212,6 +211,7 @@ def after_tokens(units: Units):
             reconsider(units)
         return units.exhausted, units.grad
     return then
+
 
 def _settle(st: _Stage, seg: Segment, ghost: float, found: list[CulpritToken]) -> None:
     """A candidate's own probe decides it (``_confirm_sample``): a sample or span row, its hot tokens

@@ -99,7 +99,6 @@ def floor_rows(rows: list) -> tuple[list, list, list[str]]:
     return kept, below, notes
 
 
-
 def budget_note(budget: int, found_any: bool) -> str:
     """What a search stopped by its budget says: never that nothing carries the spike."""
     if found_any:
@@ -125,6 +124,7 @@ def ranked_rows(coarse: list, tokens: list, flagged: list, budget: int | None) -
     if budget is not None:
         notes.append(budget_note(budget, bool(culprits)))
     return culprits, below, notes
+
 
 @dataclass
 class StepCheck:

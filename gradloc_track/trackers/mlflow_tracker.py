@@ -24,11 +24,10 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .._optional import require
-from ..artifacts.keys import EVENTS_KEY, HTML_KEY
 from .table_json import dumps_table
 from .interface import RunNotResumable, Tracker
 from .csv_view import csv_text
-from .naming import SPIKE_COUNT_OFF, mlflow_key, step_path, table_part_path, truncate
+from .naming import EVENTS_KEY, HTML_KEY, SPIKE_COUNT_OFF, mlflow_key, step_path, table_part_path, truncate
 from .reachable import check_server
 from .run_record import record_run
 from .spike_story import SpikeStory

@@ -5,12 +5,19 @@ import re
 
 _MLFLOW_BAD = re.compile(r"[^\w\-. /]")
 
+#: the tracker keys the spike artifacts are logged under (``artifacts/``): one name for the writer and every reader
+#: (the report, the ledger, the run page's story, the backends' readers)
+EVENTS_KEY = "spikes/events"  # one row per detected spike
+TABLE_KEY = "spikes/tokens"  # one row per culprit: the attribution table
+HTML_KEY = "spikes/highlight"  # the highlighted text
+IMAGE_KEY = "spikes/heatmap"  # the per-layer heatmap
+
 #: metric logged once a tracker can write again: how many records it LOST for good until then
 DROPPED_KEY = "tracker/dropped"
 #: the ``spike_count`` tag of a run without a spike detector: it looked for none (0 would read as a clean run)
 SPIKE_COUNT_OFF = "off"
 #: what the report and the ledger say of a run without spike events whose detector was off
-DETECTION_OFF = "its spike detector was off (spikes.enabled=false): no spike was looked for"
+DETECTION_OFF = "its spike detector was off (spikes=False, spikes.enabled=false): no spike was looked for"
 
 
 def mlflow_key(key: str) -> str:

@@ -13,8 +13,8 @@ import html
 import re
 from typing import Any, Callable, Iterable, Sequence
 
-from ..artifacts.keys import EVENTS_KEY, TABLE_KEY
 from ..text import quoted
+from .naming import EVENTS_KEY, TABLE_KEY
 from ..units import micro_batch_label, row_label
 
 EVENTS, TOKENS = EVENTS_KEY, TABLE_KEY  # the artifact writer's tables

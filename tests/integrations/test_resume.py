@@ -133,21 +133,25 @@ def test_another_runs_state_with_more_steps_than_the_resume_is_not_loaded(tmp_pa
     assert handle.monitor.clipper.state_dict()["steps"] == STEPS - SAVE_AT
 
 
-def test_a_resume_with_another_clipper_names_the_state_file_to_delete(tmp_path):
-    """The HF callback has no option to skip its state: the error names the file, the way out (held-out tester)."""
-    from gradloc_track.config import ConfigError
-
-    hf_train(tmp_path)
-    folder = tmp_path / "out" / f"checkpoint-{SAVE_AT}"
+def test_a_resume_with_another_clipper_kind_warms_it_up_and_keeps_the_rest(tmp_path):
+    """The HF callback has no option to skip its state: another clipper kind than the saved one raised in
+    ``train()``, and the way out it named (deleting the state file) lost the detector's too (held-out tester, stop
+    63). Now the clipper warms up anew, said, and the detector's state is loaded."""
+    import torch
     from transformers import Trainer
 
     from gradloc_track.integrations.hf import GradLocCallback
 
-    trainer = Trainer(model=tiny_gpt2(), args=hf_args(tmp_path), train_dataset=hf_dataset(1),
-                      callbacks=[GradLocCallback(**{**OPTS, "clip": {"kind": "zclip", "warmup_steps": 3}})])
-    with pytest.raises(ConfigError, match=r"holds the state of a clip=adagc clipper, not of clip=zclip.*the saved "
-                                          rf"state is .*checkpoint-{SAVE_AT}/gradloc_track.pt: delete it"):
+    hf_train(tmp_path)
+    folder = tmp_path / "out" / f"checkpoint-{SAVE_AT}"
+    saved = torch.load(folder / "gradloc_track.pt", weights_only=True)
+    callback = GradLocCallback(**{**OPTS, "clip": {"kind": "zclip", "warmup_steps": 3}})
+    trainer = Trainer(model=tiny_gpt2(), args=hf_args(tmp_path), train_dataset=hf_dataset(1), callbacks=[callback])
+    with pytest.warns(UserWarning, match=r"the saved clipper state is a clip=adagc clipper's, not used by this "
+                                         r"clip=zclip one: the clipper starts its warm-up anew; the rest"):
         trainer.train(resume_from_checkpoint=str(folder))
+    assert callback.handle.steps == STEPS  # the step count went on from the saved one
+    assert callback.handle.monitor.detector.state_dict()["count"] >= saved["detector"]["count"]
 
 
 def test_lightning_fit_from_ckpt_path_keeps_the_clipper_and_the_detector(tmp_path):

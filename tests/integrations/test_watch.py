@@ -385,6 +385,13 @@ def test_a_resumed_watch_goes_on_as_the_uninterrupted_run(tmp_path):
         on = gradloc_track.watch(m, opt, tracker=MemoryTracker(), clip=clip, locate=False, console=False)
         on.load_state_dict(saved_off)
     assert on.steps == 10 and on.monitor.detector.state_dict()["count"] == 0  # the detector from its warm-up
+    with pytest.warns(UserWarning, match=r"the saved clipper state is a clip=adagc clipper's, not used by this "
+                                         r"clip=zclip one: the clipper starts its warm-up anew; the rest"):
+        other = gradloc_track.watch(m, opt, tracker=MemoryTracker(), clip="zclip", locate=False, console=False)
+        other.load_state_dict(ckpt["gradloc"])  # (it raised, with steps already set: a half load)
+    loaded, saved = other.monitor.detector.state_dict(), ckpt["gradloc"]["detector"]
+    assert other.steps == 10 and (loaded["count"], loaded["history"]) == (saved["count"], saved["history"])
+    other.close()
     kept, given = on.monitor.clipper.state_dict(), saved_off["clipper"]
     assert kept.keys() == given.keys() and all(torch.equal(kept[k], v) for k, v in given.items() if torch.is_tensor(v))
     on.close()

@@ -78,6 +78,29 @@ def test_a_sample_blamed_at_many_indices_is_exported_with_every_one(tmp_path, ca
     assert shown == "100 | 101 | 102 | 103 | 104 (+2)"  # the page's cell stays short
 
 
+def test_an_index_cell_that_lists_several_is_read_flat_and_a_float_index_is_said(tmp_path, capsys):
+    """Review, stop 63: a sample whose index cell was a list in one row and a number in another was exported as
+    the nested [[1, 2], 3], which the blocklist refused with a traceback; a float index raised it too."""
+    def run(name: str, index) -> None:
+        d = tmp_path / "runs" / name / "spikes" / "tokens"
+        d.mkdir(parents=True)
+        (d / "step_000010.json").write_text(json.dumps({"columns": COLS, "data": [
+            [10, "sample", "junk", 0.9, 0, 0, 4, "a" * 16, index]]}))
+
+    run("a", [1, 2])
+    run("b", 3)
+    block = tmp_path / "b.json"
+    assert main(["culprits", str(tmp_path / "runs"), "-o", str(tmp_path / "l"), "--export-blocklist", str(block)]) == 0
+    (entry,) = load_blocklist(block).read_entries()
+    assert entry["index"] == [1, 2, 3]
+    run("c", 4.5)
+    capsys.readouterr()
+    assert main(["culprits", str(tmp_path / "runs"), "-o", str(tmp_path / "l2"), "--export-blocklist",
+                 str(tmp_path / "b2.json")]) == 2
+    err = capsys.readouterr().err
+    assert "--export-blocklist" in err and "not written" in err and "4.5" in err and "Traceback" not in err
+
+
 def _temp_files(folder: Path) -> list[Path]:
     return [p for p in folder.iterdir() if p.name.endswith(".tmp")]
 

@@ -193,3 +193,34 @@ def test_parts_without_a_step_column_are_one_event_each_and_a_ledger_of_no_usabl
         part.write_text(json.dumps({"columns": ["step", "level", "share", "sample_id"], "data": []}))
     assert main(["culprits", str(run), "-o", str(tmp_path / "l2")]) == 2
     assert "hold no row the ledger can use" in capsys.readouterr().err and not (tmp_path / "l2").exists()
+    for part in (run / "spikes" / "tokens").iterdir():  # events the data did not make: an answer, not a failure
+        part.write_text(json.dumps({"columns": ["step", "level", "share", "sample_id", "data_fault"],
+                                    "data": [[int(part.stem[5:]), "sample", 0.9, SID, False]]}))
+    assert main(["culprits", str(run), "-o", str(tmp_path / "l3")]) == 0
+    doc = json.loads((tmp_path / "l3" / "culprits.json").read_text())
+    assert doc["samples"] == [] and "2 culprit row(s) of 2 spike event(s) the data did not make" in doc["notes"][0]
+
+
+def test_a_tracker_both_run_counts_once_by_any_two_of_its_identities(tmp_path, sqlite_uri, monkeypatch, capsys):
+    """Held-out tester, stop 63: a ``tracker=both`` run given by its run dir and its W&B folder, or by its MLflow
+    run and that folder, was two runs ("blamed 2x"). A real MLflow store and a real W&B offline run."""
+    from gradloc_track.config import TrackerConfig
+    from gradloc_track.trackers import make_tracker
+
+    monkeypatch.delenv("WANDB_DIR", raising=False)  # W&B's folder inside the run dir, as the demo has it
+    cfg = TrackerConfig(kind="both")
+    cfg.mlflow.tracking_uri = sqlite_uri
+    run = tmp_path / "run"
+    tracker = make_tracker(cfg, run_dir=run, run_name="both")
+    tracker.log_table("spikes/tokens", COLS, [[100, "sample", "junk", 0.9, 0, 0, 9, SID, "web"]], 100)
+    tracker.finish("success")
+    (folder,) = (run / "wandb").glob("offline-run-*")
+    mlflow_id = json.loads((run / "tracker" / "mlflow.json").read_text())["view"]["run_id"]
+    for sources in ([run, folder], [folder, run], [mlflow_id, folder], [folder, mlflow_id], [run, mlflow_id]):
+        out = tmp_path / "l"
+        assert main(["culprits", *map(str, sources), "--tracking-uri", sqlite_uri, "-o", str(out)]) == 0, sources
+        doc = json.loads((out / "culprits.json").read_text())
+        assert (len(doc["runs"]), doc["spike_events"], doc["samples"][0]["blamed"]) == (1, 1, 1), sources
+        err = capsys.readouterr().err
+        # a second identity of the same run is said; the same id twice (a dir and its own MLflow run) is not
+        assert ("counted once" in err) == (sources != [run, mlflow_id]), (sources, err)

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from gradloc_track import GradMonitor, MemoryTracker
 from gradloc_track.artifacts import SpikeArtifactWriter
 from gradloc_track.artifacts.events import EVENT_COLUMNS
-from gradloc_track.artifacts.keys import EVENTS_KEY
+from gradloc_track.trackers.naming import EVENTS_KEY
 from gradloc_track.config import LocateConfig
 from gradloc_track.demo.model import TinyGPT
 from gradloc_track.monitor.cause_evidence import LrHistory

@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..._optional import require
-from ...artifacts.keys import HTML_KEY, IMAGE_KEY
 from ..table_json import dumps_table
 from ..files import atomic_write_bytes
+from ..naming import HTML_KEY, IMAGE_KEY
 from ..interface import Tracker
 from ..run_record import record_run
 from .base import Backend, RunFiles, SpikeReader
