@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .artifacts.table_store import decode_text, load_table, merge_tables, parse_table, table_parts
-from .run_dirs import WHAT, detection_was_off, find_run_dirs, run_dir_of, run_key, run_keys, run_locations
+from .run_dirs import WHAT, detection_was_off, find_run_dirs, run_dir_of, run_keys, run_locations
 from .text import token_html, visible_text
 from .trackers.backends import BACKENDS, NoSpikeEvents, ReportSourceError, RunFiles  # (their errors, re-exported)
 from .trackers.backends.mlflow import MLFLOW_WAIT_S, RUN_ID  # noqa: F401 - MLFLOW_WAIT_S: the ledger's bound too
@@ -72,7 +72,6 @@ def _from_run_dir(run: Path, tracking_uri: str | None) -> ReportSource:
     incomplete = incomplete_reason(run)
     src = _sources_of(run, tracking_uri, incomplete)
     src.incomplete = incomplete
-    src.aliases = tuple(run_keys(run))
     return src
 
 
@@ -82,11 +81,14 @@ def _sources_of(run: Path, tracking_uri: str | None, incomplete: str | None) -> 
         views = [(b, where[name]) for name, b in BACKENDS.items() if name in where]
         title = next((v["run_name"] for _, v in views if v.get("run_name")), run.name)
         link = next((u for u in (b.link(v) for b, v in views) if u), None)
-        return ReportSource(run, title, link, run_id=run_key(run, where))
+        keys = run_keys(run, where)
+        return ReportSource(run, title, link, run_id=keys[0], aliases=tuple(keys))
     for name, b in BACKENDS.items():  # else the run the record names, or a backend's own folder in (or at) it
         files = b.report_files(run, where.get(name), tracking_uri)
         if files is not None:
-            return ReportSource.of(files)
+            src = ReportSource.of(files)
+            src.aliases = tuple(run_keys(run, where))
+            return src
     backends = f" (its {' and '.join(where)} run has none either)" if where else ""
     if incomplete is not None:
         raise IncompleteRunDir(f"{incomplete}; it holds no spike files{backends}")

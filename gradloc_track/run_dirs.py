@@ -115,18 +115,24 @@ def detection_was_off(run_dir: Path) -> bool:
 
 def run_key(run_dir: Path, where: dict[str, dict[str, Any]] | None = None) -> str:
     """The identity of the run a run dir holds (see the module doc); ``where``: its ``run_locations``."""
-    return run_keys(run_dir, where)[0]
+    where = run_locations(run_dir) if where is None else where
+    return next((k for name, b in BACKENDS.items() if (k := b.run_id(run_dir, where.get(name)))),
+                None) or str(run_dir.resolve())
 
 
 def run_keys(run_dir: Path, where: dict[str, dict[str, Any]] | None = None) -> list[str]:
     """Every identity of the run a run dir holds, ``run_key`` first: each backend run it logged to (``tracker=both``:
-    an MLflow run and a W&B run, one training run), then its resolved path. The ledger counts a run once whichever
-    of them it is given by (held-out tester, stop 63: the run dir and its W&B folder were two runs)."""
+    an MLflow run and a W&B run, one training run), then its resolved path; for a backend's own folder inside one of
+    our run dirs (``<run dir>/wandb/offline-run-*``) that recorded its run, that run dir's too. The ledger counts a
+    run once whichever of them it is given by (held-out tester, stop 63: the run dir and its W&B folder were two)."""
     where = run_locations(run_dir) if where is None else where
     keys = [k for name, b in BACKENDS.items() if (k := b.run_id(run_dir, where.get(name)))]
-    keys.append(str(run_dir.resolve()))
-    for outer in list(run_dir.resolve().parents)[:OUTER_DEPTH]:  # a backend's folder inside our run dir
-        if (outer / "tracker").is_dir():  # (``wandb/offline-run-*``) whose run it recorded: the same run
+    path = run_dir.resolve()
+    keys.append(str(path))
+    if any((run_dir / m).exists() for m in MARKERS[:2]):  # one of ours (``spikes/``, ``tracker/``): no walk up
+        return keys
+    for outer in list(path.parents)[:OUTER_DEPTH]:
+        if (outer / "tracker").is_dir():  # a run dir of ours that recorded this folder's run: the same run
             outer_keys = run_keys(outer)
             if keys[0] in outer_keys:
                 return keys + outer_keys

@@ -129,7 +129,7 @@ def collect(runs: Iterable[RunTable], notes: list[str] | None = None) -> Ledger:
     run, step = len(columns) - 1, columns.index("step") if "step" in columns else -1
     events = len({(r[run], r[step]) for r in rows})
     return Ledger(columns, rows, metadata, list(names.values()), events, list(notes or []), names, list(names),
-                  len(dropped_steps - {(r[run], r[step]) for r in rows}))
+                  len(dropped_steps - {(r[run], r[step]) for r in rows}) if dropped_steps else 0)
 
 
 def _event_shares(rows: list[list[Any]], run: int, step: int, share: int) -> dict[tuple, float]:
