@@ -380,9 +380,10 @@ class WatchHandle:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a saved ``state_dict()``. A clipper or detector this handle has and the state lacks (a run
-        saved with ``clip=none`` or ``spikes=False``, resumed with one) starts its warm-up, said; one the state holds
-        and this handle lacks is not used, said (held-out tester, stop 63: turning detection on at a resume raised in
-        ``train()``, and the only way out offered, deleting the state, threw the clipper's away too)."""
+        saved with ``clip=none`` or ``spikes=False``, resumed with one) or holds of another kind (``clip=adagc``
+        saved, ``zclip`` now) starts its warm-up, said; one the state holds and this handle lacks is not used, said
+        (held-out tester, stop 63: turning detection on at a resume raised in ``train()``, and the only way out
+        offered, deleting the state, threw the clipper's away too)."""
         self._resume_checked = True
         said = self.monitor.rank == 0
         for part, held in (("clipper", self.monitor.clipper), ("detector", self.monitor.detector)):
