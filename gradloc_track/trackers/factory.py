@@ -18,6 +18,7 @@ def make_tracker(cfg: TrackerConfig, run_dir=None, run_name=None, on_open: OnOpe
     """
     return open_run(cfg, RunDir(run_dir), run_name, on_open)
 
+
 def without_spike_detection(cfg: TrackerConfig) -> TrackerConfig:
     """``cfg`` for a run without a spike detector: the MLflow run it opens is tagged ``spike_count`` "off" (it
     looked for no spike), not 0 (a run checked and found clean; held-out tester, stop 63). A user's own
