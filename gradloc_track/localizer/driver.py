@@ -254,9 +254,8 @@ def _bisect(prober, stage: MicroBatchStage, score: dict, tau: float, hits: Hits,
             continue
         if bisect(prober, i, terms_i, tau, hits, two_probes=True, tau_prune=tau_prune):
             return True, []
-    if units.deferred:
-        levels.reconsider(units)
-    return units.exhausted, []
+    exhausted, _ = levels.after_tokens(units)(None)  # the deferred candidates (no running sum to give)
+    return exhausted, []
 
 
 def _ghost(prober, stage: MicroBatchStage, score: dict, tau: float, hits: Hits, units) -> tuple[bool, list[str]]:

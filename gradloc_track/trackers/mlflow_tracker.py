@@ -27,7 +27,7 @@ from .._optional import require
 from .table_json import dumps_table
 from .interface import RunNotResumable, Tracker
 from .csv_view import csv_text
-from .naming import EVENTS_KEY, HTML_KEY, SPIKE_COUNT_OFF, mlflow_key, step_path, table_part_path, truncate
+from .naming import EVENTS_KEY, HTML_KEY, SPIKE_COUNT_OFF, TABLE_KEY, mlflow_key, step_path, table_part_path, truncate
 from .reachable import check_server
 from .run_record import record_run
 from .spike_story import SpikeStory
@@ -162,15 +162,15 @@ class MlflowTracker(Tracker):
         description kept "1 gradient spike(s) detected, at step 60" while step 100 spiked). Every earlier
         spike's step, from its ``spikes/events`` part's name; the parts themselves (its row, its culprits) of the
         steps the description tells in full only: a few downloads, whatever the run's length."""
-        from .spike_story import EVENTS, MAX_STEPS, TOKENS
+        from .spike_story import MAX_STEPS
 
         try:
             with tempfile.TemporaryDirectory() as tmp:
-                parts = {key: self._part_steps(key) for key in (EVENTS, TOKENS)}
-                told = set(sorted(parts[EVENTS])[:MAX_STEPS])
-                for step in parts[EVENTS]:
+                parts = {key: self._part_steps(key) for key in (EVENTS_KEY, TABLE_KEY)}
+                told = set(sorted(parts[EVENTS_KEY])[:MAX_STEPS])
+                for step in parts[EVENTS_KEY]:
                     self._story.seed_step(step)
-                for key in (EVENTS, TOKENS):
+                for key in (EVENTS_KEY, TABLE_KEY):
                     for step, path in parts[key].items():
                         if step in told:
                             doc = json.loads(Path(self.client.download_artifacts(self.run_id, path, tmp))

@@ -17,7 +17,6 @@ from ..text import quoted
 from .naming import EVENTS_KEY, TABLE_KEY
 from ..units import micro_batch_label, row_label
 
-EVENTS, TOKENS = EVENTS_KEY, TABLE_KEY  # the artifact writer's tables
 SHARE_OF = "of the batch's squared grad norm"  # the console's words (console/culprits.py)
 MAX_STEPS = 10  # spikes told in full; the rest are counted
 QUOTE = 60  # characters a culprit's text gets in its line
@@ -42,12 +41,12 @@ class SpikeStory:
         self._earlier: set[int] = set()  # steps whose culprit rows an earlier process of the run logged (``seed``)
 
     def add(self, key: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> bool:
-        if key not in (EVENTS, TOKENS):
+        if key not in (EVENTS_KEY, TABLE_KEY):
             return False
         for r in rows:
             row = dict(zip(columns, r))
             step = int(row.get("step") or 0)
-            if key == EVENTS:
+            if key == EVENTS_KEY:
                 self.events[step] = row
             else:
                 if step in self._earlier:  # a resume from an older checkpoint logs the step again: its rows now
@@ -61,7 +60,7 @@ class SpikeStory:
         rows this process logs for the same step."""
         rows = list(rows)
         self.add(key, columns, rows)
-        if key == TOKENS:
+        if key == TABLE_KEY:
             self._earlier.update(int(dict(zip(columns, r)).get("step") or 0) for r in rows)
 
     def seed_step(self, step: int) -> None:
