@@ -127,8 +127,17 @@ class AdamCWeightDecay:
     @classmethod
     def from_config(cls, optimizer: torch.optim.Optimizer, optim_cfg: Any, scheduler: Any = None,
                     model: torch.nn.Module | None = None) -> "AdamCWeightDecay":
-        """From an ``OptimConfig``: ``optim.adamc_lr_max`` (None = read from ``scheduler``)."""
-        return cls(optimizer, lr_max=optim_cfg.adamc_lr_max, scheduler=scheduler, model=model)
+        """From the example app's ``OptimConfig`` (``optim.adamc_lr_max``) or an ``AdamCConfig`` (``adamc.lr_max``;
+        its ``enabled`` is the caller's switch and must be true here); None = read the peak from ``scheduler``."""
+        if hasattr(optim_cfg, "adamc_lr_max"):
+            return cls(optimizer, lr_max=optim_cfg.adamc_lr_max, scheduler=scheduler, model=model)
+        if not hasattr(optim_cfg, "lr_max"):
+            raise TypeError(f"AdamCWeightDecay.from_config: {type(optim_cfg).__name__} is neither an OptimConfig "
+                            "(optim.adamc_lr_max) nor an AdamCConfig (adamc.lr_max)")
+        if not getattr(optim_cfg, "enabled", True):
+            raise ValueError("AdamCWeightDecay.from_config: adamc.enabled is false; build AdamCWeightDecay only "
+                             "when it is true (or set adamc.enabled=true)")
+        return cls(optimizer, lr_max=optim_cfg.lr_max, scheduler=scheduler, model=model)
 
     @staticmethod
     def _select(optimizer: torch.optim.Optimizer, model: torch.nn.Module | None) -> list[bool]:

@@ -127,3 +127,22 @@ def test_bad_lr_max(lr_max):
     opt = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters(), lr=1e-3)
     with pytest.raises(ValueError, match="lr_max"):
         AdamCWeightDecay(opt, lr_max=lr_max)
+
+
+def test_from_config_takes_an_adamc_config_and_the_example_apps_optim_config():
+    from gradloc_track.config import AdamCConfig
+    from gradloc_track.demo.config import OptimConfig
+
+    model = NormedLM()
+    built = []
+    for cfg in (AdamCConfig(enabled=True, lr_max=0.02), OptimConfig(adamc=True, adamc_lr_max=0.02)):
+        opt = torch.optim.AdamW(adamc_param_groups(model, weight_decay=0.1), lr=0.01)
+        built.append(AdamCWeightDecay.from_config(opt, cfg, model=model))
+        # wd_t = wd * lr_t / lr_max with the configured peak, not the groups' lr
+        assert opt.param_groups[0]["weight_decay"] == pytest.approx(0.1 * 0.01 / 0.02)
+    assert built[0].base == built[1].base
+    opt = torch.optim.AdamW(adamc_param_groups(model, weight_decay=0.1), lr=0.01)
+    with pytest.raises(ValueError, match="adamc.enabled is false"):
+        AdamCWeightDecay.from_config(opt, AdamCConfig(lr_max=0.02), model=model)
+    with pytest.raises(TypeError, match="neither an OptimConfig"):
+        AdamCWeightDecay.from_config(opt, {"lr_max": 0.02}, model=model)

@@ -11,7 +11,9 @@ from ._validate import check_types, positive
 class AdamCConfig:
     """Corrected weight decay (AdamC): lambda_t = lambda * lr_t / lr_max.
 
-    The example app reads ``optim.adamc`` and ``optim.adamc_lr_max`` instead.
+    ``AdamCWeightDecay.from_config(optimizer, AdamCConfig(enabled=True, lr_max=3e-4), scheduler=sched)``
+    builds it; ``enabled`` is the caller's switch. The example app reads ``optim.adamc`` and
+    ``optim.adamc_lr_max`` instead.
     """
 
     enabled: bool = False
