@@ -122,13 +122,16 @@ def run_key(run_dir: Path, where: dict[str, dict[str, Any]] | None = None) -> st
 
 def run_keys(run_dir: Path, where: dict[str, dict[str, Any]] | None = None) -> list[str]:
     """Every identity of the run a run dir holds, ``run_key`` first: each backend run it logged to (``tracker=both``:
-    an MLflow run and a W&B run, one training run), then its resolved path; for a backend's own folder inside one of
-    our run dirs (``<run dir>/wandb/offline-run-*``) that recorded its run, that run dir's too. The ledger counts a
-    run once whichever of them it is given by (held-out tester, stop 63: the run dir and its W&B folder were two)."""
+    an MLflow run and a W&B run, one training run), then its resolved path; for a W&B folder, the identity it shares
+    with its MLflow sibling (``naming.SAME_RUN_KEY``: the pair counts once wherever W&B kept its folder); for a
+    backend's own folder inside one of our run dirs (``<run dir>/wandb/offline-run-*``) that recorded its run, that run
+    dir's too. The ledger counts a run once whichever of them it is given by (held-out tester, stop 63: the run dir and
+    its W&B folder were two)."""
     where = run_locations(run_dir) if where is None else where
     keys = [k for name, b in BACKENDS.items() if (k := b.run_id(run_dir, where.get(name)))]
     path = run_dir.resolve()
     keys.append(str(path))
+    keys += [k for b in BACKENDS.values() if (k := b.same_run(run_dir))]  # a W&B folder: its MLflow sibling's too
     if any((run_dir / m).exists() for m in MARKERS[:2]):  # one of ours (``spikes/``, ``tracker/``): no walk up
         return keys
     for outer in list(path.parents)[:OUTER_DEPTH]:

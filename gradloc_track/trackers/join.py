@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
+import uuid
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +64,7 @@ class RunDir:
         self._path = Path(path) if path is not None else None
         self._gone: Path | None = None  # the scratch dir ``remove()`` took away with its run
         self.owner = RunOwner(temporary=not self.given)  # the trackers of one run share its lock
+        self.same_run: str | None = None  # the identity its backend runs share (``naming.SAME_RUN_TAG``), when several
 
     @property
     def path(self) -> Path:
@@ -144,6 +146,8 @@ def _open(cfg: TrackerConfig, place: RunDir, name: str | None, on_open: OnOpen |
         raise ValueError(f"tracker.kind={cfg.kind!r} is unknown: use one of none, memory, both, {', '.join(BACKENDS)}")
     for backend in chosen:  # every package there before a writer holds the run dir
         backend.require()
+    if len(chosen) > 1:  # one run, several backend runs: each records the identity they share
+        place.same_run = uuid.uuid4().hex
     return as_one_tracker([b.open(cfg, place, name, on_open) for b in chosen])
 
 

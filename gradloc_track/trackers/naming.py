@@ -12,6 +12,13 @@ TABLE_KEY = "spikes/tokens"  # one row per culprit: the attribution table
 HTML_KEY = "spikes/highlight"  # the highlighted text
 IMAGE_KEY = "spikes/heatmap"  # the per-layer heatmap
 
+#: one run of ours logging to two backends (``tracker=both``) gives both backend runs one identity: an MLflow tag, a
+#: file in the W&B run's files; ``run:<it>`` is then an identity of each (``run_dirs.run_keys``), so the ledger counts
+#: such a run once by its MLflow run and a W&B folder kept outside its run dir (``WANDB_DIR``)
+SAME_RUN_TAG = "gradloc.same_run"
+SAME_RUN_FILE = "gradloc-same-run.json"
+SAME_RUN_KEY = "run:"
+
 #: metric logged once a tracker can write again: how many records it LOST for good until then
 DROPPED_KEY = "tracker/dropped"
 #: the ``spike_count`` tag of a run without a spike detector: it looked for none (0 would read as a clean run)

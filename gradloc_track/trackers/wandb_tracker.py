@@ -20,13 +20,16 @@ Files: names W&B reserves for itself in a run's files (``config.yaml``, ...) are
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .._optional import require
 from .interface import Tracker
+from .naming import SAME_RUN_FILE
 from .run_record import record_run
 from .spike_story import SpikeStory
 
@@ -55,16 +58,21 @@ class WandbTracker(Tracker):
     def __init__(self, project: str = "gradloc-track", entity: str | None = None, tags: Sequence[str] = (),
                  mode: str | None = None, dir: str | None = None, group: str | None = None,
                  run_name: str | None = None, run_dir: str | Path | None = None, run: Any = None,
-                 step_key: str = STEP_KEY, shared_rows: bool = False, cancel: Any = None) -> None:
+                 step_key: str = STEP_KEY, shared_rows: bool = False, cancel: Any = None,
+                 same_run: str | None = None) -> None:
         """``run`` attaches to a run someone else opened (``wandb.run``, Trainer's, Lightning's):
         log into it at ``step_key`` and leave it open at ``finish()``; ``shared_rows``: in the
         owner's rows at ``gradloc/step``, never moving W&B's step (``wandb_shared``). ``cancel``: an
-        ``OpenGate``; a run whose creation outlived ``finish()`` is ended and not recorded."""
+        ``OpenGate``; a run whose creation outlived ``finish()`` is ended and not recorded. ``same_run``: the
+        identity this run shares with the other backend's run of ``tracker=both``, written into its files
+        (``naming.SAME_RUN_FILE``)."""
         if run is not None:
             self._attach(run, run_dir, SHARED_STEP_KEY if shared_rows else step_key, shared_rows)
             return
         self._init(dir, run_dir, cancel, project=project, entity=entity, tags=list(tags) or None, mode=mode,
                    group=group, name=run_name, reinit="create_new")
+        if same_run:
+            self._mark_same_run(same_run)
 
     @classmethod
     def resume(cls, run_id: str, project: str = "gradloc-track", entity: str | None = None, mode: str | None = None,
@@ -130,6 +138,14 @@ class WandbTracker(Tracker):
         self._tables: dict[str, tuple[list[str], list[list[Any]]]] = {}
         self._init_args = {k: init.get(k) for k in ("project", "entity", "mode")} | {"dir": wdir}
         self._record()
+
+    def _mark_same_run(self, same_run: str) -> None:
+        """The identity shared with the other backend's run, in this run's files (uploaded with them)."""
+        try:
+            (Path(self.run.dir) / SAME_RUN_FILE).write_text(json.dumps({"same_run": same_run}), encoding="utf-8")
+        except (OSError, TypeError) as exc:  # the ledger may count the run twice; the run goes on
+            warnings.warn(f"gradloc-track: could not mark the W&B run as the MLflow run's sibling ({exc!r}); "
+                          "`gradloc-track culprits` may count it twice when given both", stacklevel=3)
 
     def _record(self) -> None:
         """The run's ``view`` in the run dir's record (its files' folder, path, link)."""

@@ -224,3 +224,47 @@ def test_a_tracker_both_run_counts_once_by_any_two_of_its_identities(tmp_path, s
         err = capsys.readouterr().err
         # a second identity of the same run is said; the same id twice (a dir and its own MLflow run) is not
         assert ("counted once" in err) == (sources != [run, mlflow_id]), (sources, err)
+
+
+def test_a_tracker_both_run_counts_once_by_its_mlflow_run_and_a_w_and_b_folder_kept_elsewhere(
+        tmp_path, sqlite_uri, monkeypatch, capsys):
+    """Stop 63 left this pair counted twice: with ``WANDB_DIR`` outside the run dir neither the MLflow run nor the
+    W&B folder named the other. Both now carry one identity (an MLflow tag, a file in the W&B run's files). A run of
+    one backend carries none, and two ``tracker=both`` runs stay two."""
+    from gradloc_track.config import TrackerConfig
+    from gradloc_track.trackers import make_tracker
+    from gradloc_track.trackers.naming import SAME_RUN_FILE, SAME_RUN_TAG
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-root"))
+    cfg = TrackerConfig(kind="both")
+    cfg.mlflow.tracking_uri = sqlite_uri
+    ids, folders = [], []
+    for name in ("a", "b"):
+        run = tmp_path / name
+        tracker = make_tracker(cfg, run_dir=run, run_name=name)
+        tracker.log_table("spikes/tokens", COLS, [[100, "sample", "junk", 0.9, 0, 0, 9, SID, "web"]], 100)
+        tracker.finish("success")
+        ids.append(json.loads((run / "tracker" / "mlflow.json").read_text())["view"]["run_id"])
+        folders.append(Path(json.loads((run / "tracker" / "wandb.json").read_text())["view"]["dir"]))
+        assert not folders[-1].is_relative_to(run)  # W&B kept its folder elsewhere
+    same = [MlflowClient(sqlite_uri).get_run(i).data.tags[SAME_RUN_TAG] for i in ids]
+    assert same[0] != same[1]
+    assert [json.loads((f / "files" / SAME_RUN_FILE).read_text())["same_run"] for f in folders] == same
+    for sources in ([ids[0], folders[0]], [folders[0], ids[0]]):
+        out = tmp_path / "l"
+        assert main(["culprits", *map(str, sources), "--tracking-uri", sqlite_uri, "-o", str(out)]) == 0, sources
+        doc = json.loads((out / "culprits.json").read_text())
+        assert (len(doc["runs"]), doc["spike_events"], doc["samples"][0]["blamed"]) == (1, 1, 1), sources
+        assert "counted once" in capsys.readouterr().err
+    # the other run's MLflow run and this run's W&B folder are two runs
+    assert main(["culprits", ids[1], str(folders[0]), "--tracking-uri", sqlite_uri, "-o", str(tmp_path / "l2")]) == 0
+    doc = json.loads((tmp_path / "l2" / "culprits.json").read_text())
+    assert (len(doc["runs"]), doc["samples"][0]["blamed"]) == (2, 2)
+    # one backend: no shared identity to record
+    single = TrackerConfig(kind="mlflow")
+    single.mlflow.tracking_uri = sqlite_uri
+    tracker = make_tracker(single, run_dir=tmp_path / "c", run_name="c")
+    tracker.finish("success")
+    only = json.loads((tmp_path / "c" / "tracker" / "mlflow.json").read_text())["view"]["run_id"]
+    assert SAME_RUN_TAG not in MlflowClient(sqlite_uri).get_run(only).data.tags

@@ -144,6 +144,11 @@ class Backend:
         """The identity of the run ``run_dir`` logged to (``where``: its view, if recorded), or None."""
         return None
 
+    def same_run(self, folder: Path) -> str | None:
+        """The identity a run folder of this backend's own shares with its sibling backend run (``tracker=both``:
+        ``naming.SAME_RUN_KEY`` + the id in ``naming.SAME_RUN_FILE``), or None."""
+        return None
+
     # -- the report and the ledger -------------------------------------------------------------------
     def report_files(self, run_dir: Path, where: dict[str, Any] | None, tracking_uri: str | None) -> RunFiles | None:
         """Where the report reads the spike files of the run ``run_dir`` logged to (``where``: its view)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..bounded import CallTimeout, bounded_call
-from ..naming import DETECTION_OFF, SPIKE_COUNT_OFF
+from ..naming import DETECTION_OFF, SAME_RUN_KEY, SAME_RUN_TAG, SPIKE_COUNT_OFF
 from .base import Backend, NoSpikeEvents, ReportSourceError, RunFiles
 
 MLFLOW_WAIT_S = 20.0  # our bound on waiting for an MLflow store/server (its own retries take minutes)
@@ -84,7 +84,9 @@ def fetch_run(run_id: str, tracking_uri: str | None) -> RunFiles:
         raise NoSpikeEvents(f"MLflow run {run_id} has no spikes/ artifacts: "
                             + (DETECTION_OFF if off else "it logged no spike events")) from exc
     info = {"tracking_uri": uri, "experiment_id": run.info.experiment_id, "run_id": run_id}
-    return RunFiles(dst, run.info.run_name or run_id, mlflow_run_url(info), temporary=True, run_id=run_id)
+    same = (run.data.tags or {}).get(SAME_RUN_TAG)  # tracker=both: the identity its W&B sibling shares
+    return RunFiles(dst, run.info.run_name or run_id, mlflow_run_url(info), temporary=True, run_id=run_id,
+                    aliases=(run_id, SAME_RUN_KEY + same) if same else ())
 
 
 class MlflowBackend(Backend):
@@ -98,8 +100,9 @@ class MlflowBackend(Backend):
         from ..mlflow_tracker import MlflowTracker, resolve_tracking_uri
 
         m = cfg.mlflow
+        tags = dict(m.tags) | ({SAME_RUN_TAG: place.same_run} if place.same_run else {})
         spec = {"tracking_uri": resolve_tracking_uri(m.tracking_uri), "experiment_name": m.experiment_name,
-                "run_name": run_name, "tags": dict(m.tags)}
+                "run_name": run_name, "tags": tags}
         gate, run_dir = OpenGate(), place.path
         return AsyncTracker.from_config(cfg, self.name, lambda: MlflowTracker(**spec, run_dir=run_dir, cancel=gate),
                                         run_dir, spec, gate, place.owner, on_open)

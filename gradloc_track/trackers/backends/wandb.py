@@ -7,12 +7,14 @@ marks a run whose process died as crashed by itself.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
 from pathlib import Path
 from typing import Any
 
+from ..naming import SAME_RUN_FILE, SAME_RUN_KEY
 from .base import Backend, RunFiles, SpikeReader
 
 WANDB_RUN = re.compile(r"^(?:offline-)?run-\d{8}_\d{6}-([A-Za-z0-9]+)$")
@@ -126,6 +128,8 @@ class WandbBackend(Backend):
         w = cfg.wandb
         spec = {"project": w.project, "entity": w.entity, "tags": list(w.tags), "mode": w.mode,
                 "dir": w.dir or _files_dir(place), "group": w.group, "run_name": run_name}
+        if place.same_run:
+            spec["same_run"] = place.same_run
         gate, run_dir = OpenGate(), place.path
         return AsyncTracker.from_config(cfg, self.name, lambda: WandbTracker(**spec, run_dir=run_dir, cancel=gate),
                                         run_dir, spec, gate, place.owner, on_open)
@@ -167,6 +171,15 @@ class WandbBackend(Backend):
     def run_id(self, run_dir, where):
         wid = wandb_run_id(run_dir, where)
         return f"wandb:{wid}" if wid else None
+
+    def same_run(self, folder):
+        if not self.is_run_folder(folder):
+            return None
+        try:
+            same = json.loads((folder / "files" / SAME_RUN_FILE).read_text(encoding="utf-8")).get("same_run")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return SAME_RUN_KEY + same if isinstance(same, str) and same else None
 
     def report_files(self, run_dir, where, tracking_uri):
         where = where or {}
