@@ -85,9 +85,13 @@ def summary_lines(steps: int, clip_kind: str, summary: dict[str, float], spikes:
     clip = []
     if clip_kind != "none":
         largest = summary["max_post_clip_grad_norm"]
+        # (the transient is spikes.warmup_steps and optim.warmup_steps; a run without a detector has no detector's
+        # warm-up to name)
+        window = "the detector's and the learning rate's warm-up" if detecting else \
+            "the first spikes.warmup_steps or optim.warmup_steps steps, whichever is longer"
         clip.append(f"clip={clip_kind}: largest grad norm the optimizer saw after the start-up transient {largest:.3g}"
-                    if largest == largest else f"clip={clip_kind}: the run ended inside the start-up transient (the "
-                    "detector's and the learning rate's warm-up: no largest grad norm after it)")
+                    if largest == largest else f"clip={clip_kind}: the run ended inside the start-up transient "
+                    f"({window}: no largest grad norm after it)")
         line = clip_saturation_line(clip_kind, summary)
         if line:
             clip.append(line)

@@ -84,6 +84,11 @@ def test_a_run_that_ends_inside_the_warm_up_says_so_not_a_largest_norm_of_0():
     assert ("clip=adagc: the run ended inside the start-up transient (the detector's and the learning rate's "
             "warm-up: no largest grad norm after it)") in lines
     assert not any("transient 0" in x or "nan" in x for x in lines)
+    # without a spike detector there is no detector's warm-up to name (stop 63's note)
+    off = summary_lines(12, "adagc", short, [], "/tmp/run", detecting=False)
+    assert ("clip=adagc: the run ended inside the start-up transient (the first spikes.warmup_steps or "
+            "optim.warmup_steps steps, whichever is longer: no largest grad norm after it)") in off
+    assert not any("detector's" in x for x in off)
 
 
 def test_a_run_with_no_tracker_run_and_no_spike_points_at_its_files_not_at_an_empty_header(tmp_path):
