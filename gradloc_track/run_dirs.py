@@ -91,14 +91,16 @@ def run_locations(run_dir: Path) -> dict[str, dict[str, Any]]:
 
 def detection_was_off(run_dir: Path) -> bool:
     """Did the run in ``run_dir`` run without a spike detector? Its ``params.json`` (``spikes.enabled``: a run with
-    ``tracker=none``) or the demo's ``config.yaml`` says so; False when neither does (held-out tester, stop 63: such
-    a run read as one that logged no spike events)."""
+    ``tracker=none``), the params a backend's own run folder recorded (a W&B folder: ``Backend.run_params``) or the
+    demo's ``config.yaml`` says so; False when none does (held-out tester, stop 63: such a run read as one that logged
+    no spike events)."""
     try:
         params = json.loads((run_dir / "params.json").read_text(encoding="utf-8"))
-        if isinstance(params, dict) and params.get("spikes.enabled") in (False, "False", "false"):
-            return True
     except (OSError, ValueError):
-        pass
+        params = None
+    for got in (params, *(b.run_params(run_dir) for b in BACKENDS.values())):
+        if isinstance(got, dict) and got.get("spikes.enabled") in (False, "False", "false"):
+            return True
     try:
         text = (run_dir / "config.yaml").read_text(encoding="utf-8")
     except OSError:

@@ -103,3 +103,39 @@ def test_a_run_without_a_spike_detector_is_told_from_one_that_found_no_spike(tmp
     assert main(["report", str(clean), "-o", str(tmp_path / "r.html")]) == 2
     assert "it logged no spike events" in capsys.readouterr().err
 
+
+
+def test_a_w_and_b_folder_alone_tells_a_run_without_a_spike_detector_from_a_clean_one(tmp_path, monkeypatch, capsys):
+    """Stop 63 left a ``spikes=False`` W&B run without a marker: its W&B folder alone (kept outside the run dir by
+    ``WANDB_DIR``) read as a run that logged no spike events. Offline, W&B keeps the run's config in its binary log
+    only; the params ``watch()`` logs are now also in our file in the run's files. A real W&B offline run."""
+    import torch
+
+    import gradloc_track
+    from gradloc_track.cli import main
+    from gradloc_track.demo.model import TinyGPT
+    from gradloc_track.trackers.naming import RUN_FILE
+
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-root"))
+    folders = {}
+    for detecting in (False, True):
+        torch.manual_seed(0)
+        model = TinyGPT(vocab_size=32, n_layer=1, n_head=1, d_model=8, max_seq_len=8)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        run = tmp_path / f"run-{detecting}"
+        handle = gradloc_track.watch(model, opt, tracker="wandb", run_dir=run, spikes=detecting, console=False)
+        for _ in range(3):
+            x = torch.randint(0, 32, (2, 9))
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x[:, :-1]).reshape(-1, 32), x[:, 1:].reshape(-1)).backward()
+            opt.step()
+        handle.finish()
+        folder = Path(json.loads((run / "tracker" / "wandb.json").read_text())["view"]["dir"])
+        assert not folder.is_relative_to(run)
+        assert json.loads((folder / "files" / RUN_FILE).read_text())["params"]["spikes.enabled"] is detecting
+        folders[detecting] = folder
+    assert detection_was_off(folders[False]) and not detection_was_off(folders[True])
+    assert main(["report", str(folders[False]), "-o", str(tmp_path / "r.html")]) == 2
+    assert "its spike detector was off" in capsys.readouterr().err
+    assert main(["report", str(folders[True]), "-o", str(tmp_path / "r.html")]) == 2
+    assert "it logged no spike events" in capsys.readouterr().err

@@ -12,12 +12,15 @@ TABLE_KEY = "spikes/tokens"  # one row per culprit: the attribution table
 HTML_KEY = "spikes/highlight"  # the highlighted text
 IMAGE_KEY = "spikes/heatmap"  # the per-layer heatmap
 
-#: one run of ours logging to two backends (``tracker=both``) gives both backend runs one identity: an MLflow tag, a
-#: file in the W&B run's files; ``run:<it>`` is then an identity of each (``run_dirs.run_keys``), so the ledger counts
-#: such a run once by its MLflow run and a W&B folder kept outside its run dir (``WANDB_DIR``)
+#: one run of ours logging to two backends (``tracker=both``) gives both backend runs one identity: an MLflow tag, and
+#: ``same_run`` in the W&B run's ``RUN_FILE``; ``run:<it>`` is then an identity of each (``run_dirs.run_keys``), so the
+#: ledger counts such a run once by its MLflow run and a W&B folder kept outside its run dir (``WANDB_DIR``)
 SAME_RUN_TAG = "gradloc.same_run"
-SAME_RUN_FILE = "gradloc-same-run.json"
 SAME_RUN_KEY = "run:"
+#: our file in a W&B run's files (read offline, where W&B keeps the run's config and tags in its binary log only):
+#: ``same_run`` (above) and ``params``, what the run logged with ``log_params`` (``spikes.enabled``: the report and
+#: the ledger tell a run without a spike detector from a clean one by its W&B folder alone)
+RUN_FILE = "gradloc-run.json"
 
 #: metric logged once a tracker can write again: how many records it LOST for good until then
 DROPPED_KEY = "tracker/dropped"

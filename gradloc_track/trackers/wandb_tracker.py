@@ -29,7 +29,7 @@ from typing import Any, Mapping, Sequence
 
 from .._optional import require
 from .interface import Tracker
-from .naming import SAME_RUN_FILE
+from .naming import RUN_FILE
 from .run_record import record_run
 from .spike_story import SpikeStory
 
@@ -65,14 +65,14 @@ class WandbTracker(Tracker):
         owner's rows at ``gradloc/step``, never moving W&B's step (``wandb_shared``). ``cancel``: an
         ``OpenGate``; a run whose creation outlived ``finish()`` is ended and not recorded. ``same_run``: the
         identity this run shares with the other backend's run of ``tracker=both``, written into its files
-        (``naming.SAME_RUN_FILE``)."""
+        (``naming.RUN_FILE``)."""
         if run is not None:
             self._attach(run, run_dir, SHARED_STEP_KEY if shared_rows else step_key, shared_rows)
             return
         self._init(dir, run_dir, cancel, project=project, entity=entity, tags=list(tags) or None, mode=mode,
                    group=group, name=run_name, reinit="create_new")
         if same_run:
-            self._mark_same_run(same_run)
+            self._note_run(same_run=same_run)
 
     @classmethod
     def resume(cls, run_id: str, project: str = "gradloc-track", entity: str | None = None, mode: str | None = None,
@@ -139,13 +139,19 @@ class WandbTracker(Tracker):
         self._init_args = {k: init.get(k) for k in ("project", "entity", "mode")} | {"dir": wdir}
         self._record()
 
-    def _mark_same_run(self, same_run: str) -> None:
-        """The identity shared with the other backend's run, in this run's files (uploaded with them)."""
+    def _note_run(self, **facts: Any) -> None:
+        """``facts`` about the run into our file in its files (``naming.RUN_FILE``, uploaded with them): what the
+        report and the ledger read from a W&B folder offline. A failure costs them that, never the run."""
+        notes = self.__dict__.setdefault("_notes", {})
+        notes.update(facts)
         try:
-            (Path(self.run.dir) / SAME_RUN_FILE).write_text(json.dumps({"same_run": same_run}), encoding="utf-8")
-        except (OSError, TypeError) as exc:  # the ledger may count the run twice; the run goes on
-            warnings.warn(f"gradloc-track: could not mark the W&B run as the MLflow run's sibling ({exc!r}); "
-                          "`gradloc-track culprits` may count it twice when given both", stacklevel=3)
+            (Path(self.run.dir) / RUN_FILE).write_text(json.dumps(notes, default=str), encoding="utf-8")
+        except (OSError, TypeError, ValueError) as exc:
+            if not self.__dict__.get("_note_warned"):
+                self._note_warned = True
+                warnings.warn(f"gradloc-track: could not write {RUN_FILE} into the W&B run's files ({exc!r}); "
+                              "`gradloc-track report` / `culprits` read less of the run from its W&B folder alone",
+                              stacklevel=3)
 
     def _record(self) -> None:
         """The run's ``view`` in the run dir's record (its files' folder, path, link)."""
@@ -197,6 +203,7 @@ class WandbTracker(Tracker):
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         self.run.config.update(dict(params), allow_val_change=True)
+        self._note_run(params={**self.__dict__.get("_notes", {}).get("params", {}), **dict(params)})
 
     def log_table(self, key, columns, rows, step=None) -> None:
         rows = [list(r) for r in rows]

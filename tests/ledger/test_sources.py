@@ -233,7 +233,7 @@ def test_a_tracker_both_run_counts_once_by_its_mlflow_run_and_a_w_and_b_folder_k
     one backend carries none, and two ``tracker=both`` runs stay two."""
     from gradloc_track.config import TrackerConfig
     from gradloc_track.trackers import make_tracker
-    from gradloc_track.trackers.naming import SAME_RUN_FILE, SAME_RUN_TAG
+    from gradloc_track.trackers.naming import RUN_FILE, SAME_RUN_TAG
     from mlflow.tracking import MlflowClient
 
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-root"))
@@ -250,7 +250,7 @@ def test_a_tracker_both_run_counts_once_by_its_mlflow_run_and_a_w_and_b_folder_k
         assert not folders[-1].is_relative_to(run)  # W&B kept its folder elsewhere
     same = [MlflowClient(sqlite_uri).get_run(i).data.tags[SAME_RUN_TAG] for i in ids]
     assert same[0] != same[1]
-    assert [json.loads((f / "files" / SAME_RUN_FILE).read_text())["same_run"] for f in folders] == same
+    assert [json.loads((f / "files" / RUN_FILE).read_text())["same_run"] for f in folders] == same
     for sources in ([ids[0], folders[0]], [folders[0], ids[0]]):
         out = tmp_path / "l"
         assert main(["culprits", *map(str, sources), "--tracking-uri", sqlite_uri, "-o", str(out)]) == 0, sources

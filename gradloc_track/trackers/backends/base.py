@@ -146,8 +146,12 @@ class Backend:
 
     def same_run(self, folder: Path) -> str | None:
         """The identity a run folder of this backend's own shares with its sibling backend run (``tracker=both``:
-        ``naming.SAME_RUN_KEY`` + the id in ``naming.SAME_RUN_FILE``), or None."""
+        ``naming.SAME_RUN_KEY`` + the id it recorded), or None."""
         return None
+
+    def run_params(self, folder: Path) -> dict[str, Any]:
+        """The params a run folder of this backend's own recorded (``log_params``); {} when none."""
+        return {}
 
     # -- the report and the ledger -------------------------------------------------------------------
     def report_files(self, run_dir: Path, where: dict[str, Any] | None, tracking_uri: str | None) -> RunFiles | None:

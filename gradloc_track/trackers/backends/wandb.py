@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..naming import SAME_RUN_FILE, SAME_RUN_KEY
+from ..naming import RUN_FILE, SAME_RUN_KEY
 from .base import Backend, RunFiles, SpikeReader
 
 WANDB_RUN = re.compile(r"^(?:offline-)?run-\d{8}_\d{6}-([A-Za-z0-9]+)$")
@@ -43,6 +43,17 @@ def wandb_run_id(folder: Path, where: dict[str, Any] | None = None) -> str | Non
     if where.get("run_id"):
         return str(where["run_id"])
     return str(where["path"]).rsplit("/", 1)[-1] if where.get("path") else None
+
+
+def _run_notes(folder: Path) -> dict[str, Any]:
+    """Our ``naming.RUN_FILE`` in a W&B run folder's files ({} for another folder, or a missing or damaged file)."""
+    if not is_wandb_run(folder):
+        return {}
+    try:
+        notes = json.loads((folder / "files" / RUN_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return notes if isinstance(notes, dict) else {}
 
 
 def wandb_files(folder: Path, run_id: str | None = None) -> Path | None:
@@ -173,13 +184,12 @@ class WandbBackend(Backend):
         return f"wandb:{wid}" if wid else None
 
     def same_run(self, folder):
-        if not self.is_run_folder(folder):
-            return None
-        try:
-            same = json.loads((folder / "files" / SAME_RUN_FILE).read_text(encoding="utf-8")).get("same_run")
-        except (OSError, ValueError, AttributeError):
-            return None
+        same = _run_notes(folder).get("same_run")
         return SAME_RUN_KEY + same if isinstance(same, str) and same else None
+
+    def run_params(self, folder):
+        params = _run_notes(folder).get("params")
+        return params if isinstance(params, dict) else {}
 
     def report_files(self, run_dir, where, tracking_uri):
         where = where or {}
