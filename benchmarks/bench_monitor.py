@@ -19,12 +19,13 @@ requests included) and the optimizer hook alone.
     python benchmarks/bench_monitor.py [--rounds 20] [--batch 4] [--seq 256] [--threads N] [--no-wandb]
     python benchmarks/bench_monitor.py --only small [--rounds 40] [--server]
     python benchmarks/bench_monitor.py --only parts [--rounds 30] [--log-every 10] [--layers 4]
+    python benchmarks/bench_monitor.py --only hooks [--layers 4]
 
 ``--only parts`` takes a small model's per-step cost apart (``--layers 2``, the default, or ``4``):
 ``watch()`` with its defaults, with one signal off at a time, with all three off, and with the detector off
 (``spikes=False``), each beside a plain twin in one round-robin, into a ``MemoryTracker`` (no backend's
 cost), in training-thread CPU; and the floor: a plain step plus only the reads the defaults need, without
-their bookkeeping.
+their bookkeeping. ``--only hooks`` times each of ``watch()``'s hooks within the step (the defaults).
 """
 from __future__ import annotations
 
@@ -73,8 +74,9 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--no-wandb", action="store_true")
-    ap.add_argument("--only", choices=["small", "parts"], default=None,
-                    help="only the small-model watch() table, or only a small model's per-step parts (--layers)")
+    ap.add_argument("--only", choices=["small", "parts", "hooks"], default=None,
+                    help="only the small-model watch() table, or only a small model's per-step parts (--layers), or "
+                         "only the time each of watch()'s hooks takes a step (--layers)")
     ap.add_argument("--server", action="store_true",
                     help="--only small: log into a real `mlflow server` on 127.0.0.1, not an in-process store")
     ap.add_argument("--layers", type=int, choices=[m[0] for m in SMALL], default=SMALL[0][0],
@@ -86,6 +88,9 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if args.only == "parts":
         step_parts(args)
+        return
+    if args.only == "hooks":
+        hook_times(args)
         return
     small_models(args)
     if args.only == "small":
@@ -291,6 +296,73 @@ def step_parts(args) -> None:
     print(f"{'variant':<34}{'ms':>8}{'over plain ms':>15}{'ratio':>8}")
     for name, t in med.items():
         print(f"{name:<34}{t * 1e3:>8.2f}{(t - plain) * 1e3:>15.2f}{t / plain:>8.3f}")
+
+
+def hook_times(args, steps: int = 300, warmup: int = 50) -> None:
+    """Where ``watch()``'s per-step cost is, by hook: each hook's training-thread CPU a step (medians over ``steps``
+    steps of the ``--layers`` model with the defaults, into a ``MemoryTracker``): the forward's input hook (the batch
+    capture), its output hook (the sample and junk statistics from the logits), the hook on the logits' gradient
+    (which positions the user's loss has terms at), the optimizer's pre-step hook (norms, clipping, the transfer,
+    the detector's verdict) and its post-step hook (the update signal's moments); beside them, inside the pre-step
+    hook, the norm pass alone."""
+    from gradloc_track.integrations import batches, handle
+    from gradloc_track.monitor import adam_update, grad_monitor
+
+    times: dict[str, list[float]] = {}
+
+    def timed(key, fn):
+        def run(*a, **k):
+            c0 = time.thread_time()
+            try:
+                return fn(*a, **k)
+            finally:
+                times.setdefault(key, []).append(time.thread_time() - c0)
+        return run
+
+    patches = [(batches.MicroBatchCapture, "_record", "forward input hook (capture)"),
+               (batches.MicroBatchCapture, "_check_output", "forward output hook (signals)"),
+               (handle.WatchHandle, "_pre_step", "optimizer pre-step hook"),
+               (grad_monitor.GradMonitor, "_global_sq_norms", "  of which the norm pass"),
+               (adam_update.AdamUpdate, "_after_step", "optimizer post-step hook")]
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
+    real_terms = batches.watch_terms
+
+    def watch_terms(batch, logits):  # the hook it registers on the logits, timed
+        if isinstance(logits, torch.Tensor) and logits.requires_grad:
+            register = logits.register_hook
+            logits.register_hook = lambda fn: register(timed("logits' gradient hook (terms)", fn))
+        real_terms(batch, logits)
+
+    try:
+        for owner, name, key in patches:
+            setattr(owner, name, timed(key, getattr(owner, name)))
+        batches.watch_terms = watch_terms
+        n_layer, d_model, n_head = next(m for m in SMALL if m[0] == args.layers)
+        torch.manual_seed(0)
+        model = TinyGPT(vocab_size=256, n_layer=n_layer, n_head=n_head, d_model=d_model, max_seq_len=args.seq)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        gen = torch.Generator().manual_seed(1)
+        pool = [torch.randint(0, 256, (args.batch, args.seq + 1), generator=gen) for _ in range(64)]
+        gradloc_track.watch(model, opt, tracker=MemoryTracker(), log_every=args.log_every, console=False)
+        step, whole = rotating_step(model, opt, pool), []
+        for i in range(warmup + steps):
+            c0 = time.thread_time()
+            step(i)
+            whole.append(time.thread_time() - c0)
+    finally:
+        for owner, name, fn in saved:
+            setattr(owner, name, fn)
+        batches.watch_terms = real_terms
+    print(f"{n_layer}-layer d={d_model} GPT, batch {args.batch}x{args.seq}, torch threads {torch.get_num_threads()}, "
+          f"log_every {args.log_every}, watch() defaults, {steps} steps; training-thread CPU per step, medians")
+    print(f"{'hook':<36}{'ms':>8}")
+    total = 0.0
+    for key in [k for _, _, k in patches[:2]] + ["logits' gradient hook (terms)"] + [k for _, _, k in patches[2:]]:
+        ms = statistics.median(times.get(key, [0.0])[warmup:]) * 1e3
+        total += 0.0 if key.startswith("  ") else ms
+        print(f"{key:<36}{ms:>8.3f}")
+    print(f"{'the hooks together':<36}{total:>8.3f}")
+    print(f"{'the whole step':<36}{statistics.median(whole[warmup:]) * 1e3:>8.3f}")
 
 
 def reads_alone_step(model, opt, pool):

@@ -128,8 +128,12 @@ class AdamCWeightDecay:
     def from_config(cls, optimizer: torch.optim.Optimizer, optim_cfg: Any, scheduler: Any = None,
                     model: torch.nn.Module | None = None) -> "AdamCWeightDecay":
         """From the example app's ``OptimConfig`` (``optim.adamc_lr_max``) or an ``AdamCConfig`` (``adamc.lr_max``;
-        its ``enabled`` is the caller's switch and must be true here); None = read the peak from ``scheduler``."""
+        its ``enabled``, like ``optim.adamc``, is the caller's switch and must be true here); None = read the peak
+        from ``scheduler``."""
         if hasattr(optim_cfg, "adamc_lr_max"):
+            if not getattr(optim_cfg, "adamc", True):
+                raise ValueError("AdamCWeightDecay.from_config: optim.adamc is false; build AdamCWeightDecay only "
+                                 "when it is true (or set optim=adamc)")
             return cls(optimizer, lr_max=optim_cfg.adamc_lr_max, scheduler=scheduler, model=model)
         if not hasattr(optim_cfg, "lr_max"):
             raise TypeError(f"AdamCWeightDecay.from_config: {type(optim_cfg).__name__} is neither an OptimConfig "

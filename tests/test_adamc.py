@@ -144,5 +144,7 @@ def test_from_config_takes_an_adamc_config_and_the_example_apps_optim_config():
     opt = torch.optim.AdamW(adamc_param_groups(model, weight_decay=0.1), lr=0.01)
     with pytest.raises(ValueError, match="adamc.enabled is false"):
         AdamCWeightDecay.from_config(opt, AdamCConfig(lr_max=0.02), model=model)
+    with pytest.raises(ValueError, match="optim.adamc is false"):
+        AdamCWeightDecay.from_config(opt, OptimConfig(adamc_lr_max=0.02), model=model)
     with pytest.raises(TypeError, match="neither an OptimConfig"):
         AdamCWeightDecay.from_config(opt, {"lr_max": 0.02}, model=model)

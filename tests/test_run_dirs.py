@@ -104,7 +104,6 @@ def test_a_run_without_a_spike_detector_is_told_from_one_that_found_no_spike(tmp
     assert "it logged no spike events" in capsys.readouterr().err
 
 
-
 def test_a_w_and_b_folder_alone_tells_a_run_without_a_spike_detector_from_a_clean_one(tmp_path, monkeypatch, capsys):
     """Stop 63 left a ``spikes=False`` W&B run without a marker: its W&B folder alone (kept outside the run dir by
     ``WANDB_DIR``) read as a run that logged no spike events. Offline, W&B keeps the run's config in its binary log

@@ -20,7 +20,6 @@ Files: names W&B reserves for itself in a run's files (``config.yaml``, ...) are
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import warnings
@@ -29,6 +28,7 @@ from typing import Any, Mapping, Sequence
 
 from .._optional import require
 from .interface import Tracker
+from .files import atomic_write_json
 from .naming import RUN_FILE
 from .run_record import record_run
 from .spike_story import SpikeStory
@@ -76,11 +76,16 @@ class WandbTracker(Tracker):
 
     @classmethod
     def resume(cls, run_id: str, project: str = "gradloc-track", entity: str | None = None, mode: str | None = None,
-               dir: str | None = None, run_dir: str | Path | None = None, **_: Any) -> "WandbTracker":
-        """Continue an existing run (``gradloc-track replay``)."""
+               dir: str | None = None, run_dir: str | Path | None = None, same_run: str | None = None,
+               **_: Any) -> "WandbTracker":
+        """Continue an existing run (``gradloc-track replay``); ``same_run``: the identity it shares with its MLflow
+        sibling (``tracker=both``), written again into the resumed run's files (review, stop 64: a replayed run's
+        notes held its params only, and the ledger counted the pair twice)."""
         self = cls.__new__(cls)
         self._init(dir, run_dir, None, project=project, entity=entity, mode=mode, id=run_id, resume="allow",
                    reinit="create_new")
+        if same_run:
+            self._note_run(same_run=same_run)
         return self
 
     def _require_login(self, mode: str | None) -> None:
@@ -144,8 +149,11 @@ class WandbTracker(Tracker):
         report and the ledger read from a W&B folder offline. A failure costs them that, never the run."""
         notes = self.__dict__.setdefault("_notes", {})
         notes.update(facts)
+        files = getattr(self.run, "dir", None)
+        if getattr(self.run, "disabled", False) or not files or not Path(files).is_dir():
+            return  # WANDB_MODE=disabled: no files to note anything in, and no folder to read them from
         try:
-            (Path(self.run.dir) / RUN_FILE).write_text(json.dumps(notes, default=str), encoding="utf-8")
+            atomic_write_json(Path(files) / RUN_FILE, notes)  # a kill mid-write leaves the old notes, not half
         except (OSError, TypeError, ValueError) as exc:
             if not self.__dict__.get("_note_warned"):
                 self._note_warned = True

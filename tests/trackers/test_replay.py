@@ -151,3 +151,53 @@ def test_replay_into_a_deleted_or_purged_mlflow_run_is_refused_naming_the_fix(tm
     assert main(["replay", str(run)]) == 2
     err = capsys.readouterr().err
     assert f"the MLflow run {'0' * 32} is not in {sqlite_uri}" in err and "--tracking-uri" in err
+
+
+def test_a_replayed_w_and_b_run_of_a_tracker_both_pair_keeps_the_identity_it_shares(tmp_path, sqlite_uri,
+                                                                                    monkeypatch):
+    """Review, stop 64: ``replay`` resumed the W&B run without the identity it shares with its MLflow run, so the
+    resumed folder's notes held its params only and ``culprits`` counted the pair twice. A real MLflow store, a real
+    W&B offline run, the spool as the writer leaves it after an outage."""
+    import json
+    import time
+
+    from gradloc_track.config import TrackerConfig
+    from gradloc_track.trackers import make_tracker
+    from gradloc_track.trackers.naming import RUN_FILE
+    from gradloc_track.trackers.replay import replay_run_dir
+
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-root"))
+    cols = ["step", "level", "token", "share", "sample", "position", "end", "sample_id", "source"]
+    row = [100, "sample", "junk", 0.9, 0, 0, 9, "a" * 16, "web"]
+    cfg = TrackerConfig(kind="both")
+    cfg.mlflow.tracking_uri = sqlite_uri
+    run = tmp_path / "run"
+    tracker = make_tracker(cfg, run_dir=run, run_name="r")
+    tracker.log_table("spikes/tokens", cols, [row], 100)
+    tracker.finish("success")
+    spool = Spool(run / "spool" / "wandb.jsonl", "wandb")  # what W&B did not take
+    spool.write("log_params", [{"spikes.enabled": True}], "outage")
+    spool.write("log_table", ["spikes/tokens", cols, [row], 100], "outage")
+    spool.write("finish", ["success"], "outage")
+    time.sleep(1.1)  # (a resume within the same second gets a folder named <id>-1: read as well, see below)
+    replay_run_dir(run, sqlite_uri)
+    folders = sorted((tmp_path / "wandb-root" / "wandb").glob("offline-run-*"))
+    assert len(folders) == 2
+    notes = [json.loads((f / "files" / RUN_FILE).read_text()) for f in folders]
+    assert notes[1]["same_run"] == notes[0]["same_run"] and notes[1]["params"] == {"spikes.enabled": True}
+    mlflow_id = json.loads((run / "tracker" / "mlflow.json").read_text())["view"]["run_id"]
+    out = tmp_path / "l"
+    assert main(["culprits", mlflow_id, str(folders[1]), "--tracking-uri", sqlite_uri, "-o", str(out)]) == 0
+    doc = json.loads((out / "culprits.json").read_text())
+    assert (len(doc["runs"]), doc["samples"][0]["blamed"]) == (1, 1)
+
+
+def test_a_w_and_b_folder_resumed_within_its_first_second_is_a_run_folder(tmp_path):
+    from gradloc_track.trackers.backends.wandb import is_wandb_run, wandb_run_id
+
+    for name, wid in (("offline-run-20261201_052811-ol81xr0j", "ol81xr0j"),
+                      ("offline-run-20261201_052811-ol81xr0j-1", "ol81xr0j"), ("run-20261201_052811-ab12-2", "ab12")):
+        (tmp_path / name / "files").mkdir(parents=True)
+        assert is_wandb_run(tmp_path / name) and wandb_run_id(tmp_path / name) == wid
+    (tmp_path / "offline-run-20261201_052811-x-y" / "files").mkdir(parents=True)
+    assert not is_wandb_run(tmp_path / "offline-run-20261201_052811-x-y")

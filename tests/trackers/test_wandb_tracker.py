@@ -111,3 +111,23 @@ def test_wandb_without_a_login_says_at_the_end_that_it_received_nothing_and_how_
     assert "wandb login" in tail and f"gradloc-track replay {run}" in tail
     assert "WANDB_MODE=offline" in tail and "wandb sync" in tail
     assert len(read_spool(run / "spool" / "wandb.jsonl")) >= 5
+
+
+def test_a_disabled_w_and_b_run_notes_nothing_and_warns_nothing(tmp_path, monkeypatch, recwarn):
+    """Review, stop 64: under ``WANDB_MODE=disabled`` (W&B switched off, as in many CIs) the run has no files folder,
+    and writing our notes there warned on every ``log_params``. An offline run does write them."""
+    from gradloc_track.trackers.naming import RUN_FILE
+    from gradloc_track.trackers.wandb_tracker import WandbTracker
+
+    monkeypatch.chdir(tmp_path)
+    off = WandbTracker(mode="disabled", run_dir=tmp_path / "off", same_run="abc")
+    off.log_params({"spikes.enabled": False})
+    off.finish("success")
+    assert not [w for w in recwarn if RUN_FILE in str(w.message)]
+    on = WandbTracker(mode="offline", dir=str(tmp_path), run_dir=tmp_path / "on", same_run="abc")
+    on.log_params({"spikes.enabled": False})
+    on.log_params({"clip.kind": "adagc"})
+    files = on.run.dir
+    on.finish("success")
+    assert json.loads((tmp_path / files / RUN_FILE).read_text()) == {
+        "same_run": "abc", "params": {"spikes.enabled": False, "clip.kind": "adagc"}}

@@ -17,7 +17,8 @@ from typing import Any
 from ..naming import RUN_FILE, SAME_RUN_KEY
 from .base import Backend, RunFiles, SpikeReader
 
-WANDB_RUN = re.compile(r"^(?:offline-)?run-\d{8}_\d{6}-([A-Za-z0-9]+)$")
+# (a run resumed within the second its first folder was made gets ``-1`` after the id: review, stop 64)
+WANDB_RUN = re.compile(r"^(?:offline-)?run-\d{8}_\d{6}-([A-Za-z0-9]+)(?:-\d+)?$")
 WANDB_MEDIA = re.compile(r"_(\d+)_[0-9a-f]+\.(?:html|png)$")
 WANDB_TABLE = re.compile(r"_(\d+)_[0-9a-f]+\.table\.json$")
 TITLE = re.compile(rb"<title>spike at step (\d+)</title>")
@@ -173,7 +174,7 @@ class WandbBackend(Backend):
 
         if run.get("run_id"):
             return WandbTracker.resume(run["run_id"], **{k: v for k, v in run.items() if k != "run_id"},
-                                       run_dir=run_dir)
+                                       run_dir=run_dir, same_run=(spec or {}).get("same_run"))
         return WandbTracker(**spec, run_dir=run_dir)
 
     def is_run_folder(self, path):
