@@ -102,7 +102,11 @@ def _replay_one(run_dir: Path, tracking_uri: str | None) -> int:
         ended = f"; ended as {r.ended.upper()} ({why})" if r.ended else ""
         print(f"{r.backend} run {run}: replayed {r.sent} record(s){status}"
               + (f" ({r.already} replayed before)" if r.already else "") + ended)
-    return 2 if refused else 0
+        if r.kept:
+            print(f"gradloc-track replay: {r.backend}: {r.kept} spike file record(s) (tables, highlight pages, "
+                  f"images) stay in the spool: the run's artifact store refused them ({r.kept_why}); fix the store "
+                  "(its write permission, the server's --artifacts-destination) and replay again", file=sys.stderr)
+    return 2 if refused else 1 if any(r.kept for r in results) else 0
 
 
 def _report(args) -> int:

@@ -74,6 +74,9 @@ class Tracker:
     accepts_timestamp: bool = False
     #: values one ``log_metric_records`` call takes; None: the background writer sends one step per call
     max_metrics_per_request: int | None = None
+    #: where the backend run's files go (MLflow's artifact URI), when apart from where its metrics go: named when
+    #: that store alone refuses writes (``async_writer.writer.ARTIFACT_CALLS``)
+    artifact_location: str | None = None
     #: Records lost for good (neither the backend nor the local spool could take them)
     dropped: int = 0
     #: Local directory for files this run writes (spool files, rendered artifacts).
@@ -183,6 +186,12 @@ class NullTracker(Tracker):
 
     def submit(self, job) -> None:
         pass  # nothing would be logged: do not even render
+
+
+#: the calls that write to a backend's artifact store (MLflow's is apart from its tracking store, and may refuse
+#: writes the tracking store takes: a read-only folder, a bucket without permission); the writer and ``replay`` keep
+#: their records in the spool while the metrics and the run's status go on
+ARTIFACT_CALLS = frozenset({"log_table", "log_html", "log_image", "log_artifact"})
 
 
 def send(tracker: Tracker, call: str, args: Sequence[Any], ts: int | None = None) -> None:

@@ -131,6 +131,7 @@ class MlflowTracker(Tracker):
         tags = {**source_tags(), "spike_count": "0", **dict(tags or {})}
         run = self.client.create_run(exp_id, run_name=run_name, tags=tags)
         self.run_id, self.run_name = run.info.run_id, run.info.run_name
+        self.artifact_location = run.info.artifact_uri
         self.experiment_id = exp_id
         if cancel is not None and not cancel.claim():
             self._end_late_run()
@@ -152,6 +153,7 @@ class MlflowTracker(Tracker):
         note = (run.data.tags or {}).get("mlflow.note.content")
         self._note_free = note is None or DESCRIPTION[:80] in note  # never overwrite the owner's; ours goes on
         self.run_id, self.run_name, self.experiment_id = run_id, info.run_name, info.experiment_id
+        self.artifact_location = info.artifact_uri
         self._record()
         if note is not None and self._note_free:
             self._read_story()
@@ -208,6 +210,7 @@ class MlflowTracker(Tracker):
         self._connect(tracking_uri, run_dir)
         run = self._resumable_run(run_id)
         self.run_id, self.experiment_id = run_id, run.info.experiment_id
+        self.artifact_location = run.info.artifact_uri
         return self
 
     def _resumable_run(self, run_id: str) -> Any:

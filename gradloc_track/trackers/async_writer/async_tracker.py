@@ -235,8 +235,12 @@ class AsyncTracker(Tracker):
             warnings.warn(f"gradloc-track: {self.dropped} {self.name} record(s) were LOST (the backend and the "
                           f"spool {self.spool.path} both failed: {self.spool.error}); see the tracker/dropped metric",
                           RuntimeWarning, stacklevel=2)
-        say(closing_lines(self.name, self.run_dir, self.spool.path, self._writer.delivered, self.spool.count,
-                          self.dropped, self._writer.health.reason_first or self._spill.first_error)
+        writer = self._writer
+        artifacts_only = None  # the backend took every record but those its artifact store refused
+        if writer.health.reason_first is None and writer.artifact_health.reason_first is not None:
+            artifacts_only = self._spill.artifact_location or ""
+        say(closing_lines(self.name, self.run_dir, self.spool.path, writer.delivered, self.spool.count,
+                          self.dropped, writer.health.reason_first or self._spill.first_error, artifacts_only)
             + writes_of(self.run_dir).closing_lines())
 
     def _hurry_jobs(self) -> None:

@@ -15,12 +15,17 @@ from ..backends import BACKENDS, title
 
 
 def closing_lines(name: str, run_dir: Path, spool: Path, delivered: int, spooled: int, dropped: int,
-                  error: str | None) -> list[str]:
-    """The lines for a backend that did not receive every record (none when it did)."""
+                  error: str | None, artifacts_only: str | None = None) -> list[str]:
+    """The lines for a backend that did not receive every record (none when it did). ``artifacts_only``: where
+    the backend's artifact store is ("" when unknown), when it alone refused records (the metrics and the status went
+    through)."""
     if not spooled and not dropped:
         return []
     who = title(name)
     what = "received NOTHING from this run" if delivered == 0 else "did not receive every record of this run"
+    if artifacts_only is not None:  # ("": the backend did not say where its artifact store is)
+        what = "did not take this run's spike files into its artifact store" + \
+            (f" {artifacts_only}" if artifacts_only else "")
     why = f" ({error})" if error else ""
     lines = [f"gradloc-track: {who} {what}{why}."]
     if spooled:
@@ -29,7 +34,8 @@ def closing_lines(name: str, run_dir: Path, spool: Path, delivered: int, spooled
         if hint:  # the backend's own way to the run (W&B without a login: log in, or offline)
             lines += hint
         else:
-            lines.append(f"    gradloc-track replay {run_dir}        # once {who} is reachable")
+            once = "its artifact store takes writes" if artifacts_only is not None else f"{who} is reachable"
+            lines.append(f"    gradloc-track replay {run_dir}        # once {once}")
     if dropped:
         lines.append(f"  {dropped} record(s) are LOST: neither {who} nor the spool could take them")
     return lines

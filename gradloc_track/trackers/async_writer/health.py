@@ -1,6 +1,9 @@
 """Backend health: up, down (records go straight to the spool), probed again every ``probe_interval_s``.
 
 Down after a call failed or timed out, so a dead server costs one bounded wait, not one per record.
+The writer keeps two: the backend's, and its artifact store's (``writer.ARTIFACT_CALLS``: a store that refuses
+writes, a read-only folder or a bucket without permission, keeps the spike files in the spool while metrics,
+params and the run's status go on).
 A probe waits until the stuck call has returned: never two SDK calls at once. A stuck call that
 turns out to have succeeded makes the next record a probe at once.
 """
@@ -17,8 +20,9 @@ log = logging.getLogger(__name__)
 
 
 class BackendHealth:
-    def __init__(self, name: str, probe_interval_s: float, spool_path: Path) -> None:
+    def __init__(self, name: str, probe_interval_s: float, spool_path: Path, label: str | None = None) -> None:
         self.name, self.probe_interval_s, self.spool_path = name, probe_interval_s, spool_path
+        self.label = label or f"{name} tracker"  # what the log calls down and back (``<name> artifact store``)
         self.healthy = True
         self.reason: str | None = None  # why records are spooled while down
         self.reason_first: str | None = None  # the first failure (what the closing lines name)
@@ -36,7 +40,7 @@ class BackendHealth:
 
     def down(self, exc: BaseException) -> None:
         if self.healthy:
-            log.warning("%s tracker down (%r); spooling to %s, probing every %g s", self.name, exc,
+            log.warning("%s down (%r); spooling to %s, probing every %g s", self.label, exc,
                         self.spool_path, self.probe_interval_s)
         if isinstance(exc, CallTimeout):
             self.stuck = exc.future
@@ -48,5 +52,5 @@ class BackendHealth:
 
     def up(self) -> None:
         if not self.healthy:
-            log.warning("%s tracker is back", self.name)
+            log.warning("%s is back", self.label)
         self.healthy, self.reason = True, None

@@ -18,8 +18,10 @@ class Spill:
         self.spool, self.name, self.run_dir = spool, name, run_dir
         self._warned: set[str] = set()
         self.first_error: str | None = None  # why the first record was spooled (the closing lines say it)
+        self.artifact_location: str | None = None  # the artifact store that refused a write, when the backend knows
 
-    def __call__(self, call: str, args: tuple, ts: int, error: str) -> None:
+    def __call__(self, call: str, args: tuple, ts: int, error: str, artifacts: bool = False) -> None:
+        """Spool the record; ``artifacts``: only the backend's artifact store refused it (the warning says so)."""
         if self.first_error is None:
             self.first_error = error
         if call == "log_metric_records":  # a batch of steps: one spool line per step, with its own time
@@ -27,7 +29,15 @@ class Spill:
                 self.spool.write("log_metrics", (metrics, step), error, ts=step_ts)
         else:
             self.spool.write(call, args, error, ts=ts)
-        self.warn_down(error)
+        if artifacts:
+            at = f" at {self.artifact_location}" if self.artifact_location else ""
+            self.warn_once("artifacts", f"gradloc-track: the {self.name} tracker's artifact store{at} refused a write "
+                           f"({error}): the spike tables, highlight pages and images are kept in {self.spool.path}; "
+                           "metrics, params and the run's status go on. Fix the store (its folder's or bucket's "
+                           "write permission, the server's --artifacts-destination), then send them with "
+                           f"`gradloc-track replay {self.run_dir}`")
+        else:
+            self.warn_down(error)
 
     def warn_down(self, error: str) -> None:
         self.warn_once("down", f"gradloc-track: the {self.name} tracker failed ({error}); records are kept in "

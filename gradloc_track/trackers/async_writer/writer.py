@@ -29,8 +29,8 @@ import threading
 import time
 from typing import Any, Callable
 
-from ..interface import Tracker, send
-from ..bounded import MAX_WAIT_S, CallThread, bounded_call
+from ..interface import ARTIFACT_CALLS, Tracker, send
+from ..bounded import MAX_WAIT_S, CallThread, CallTimeout, bounded_call
 from ..naming import DROPPED_KEY
 from ..run_record import update_run_record
 from .health import BackendHealth
@@ -41,6 +41,10 @@ from .settings import WriterSettings
 from .spill import Spill
 
 MAX_PENDING_STEPS = 256  # merged steps that make a full request whatever the backend
+# ``ARTIFACT_CALLS`` (``interface``) that raise take down the artifact store alone, their records spooled while
+# metrics go on (held-out tester, stop 64: a read-only artifact folder kept all 130 steps' metrics out of MLflow and
+# the run RUNNING). A timeout still takes the whole backend down: the call thread is stuck in it, and nothing else
+# could be sent meanwhile.
 MAX_METRICS_PER_REQUEST = 1000  # a request's size when the backend names none
 
 
@@ -52,6 +56,8 @@ class WriterLoop:
         self.retries, self.retry_backoff_s = settings.retries, settings.retry_backoff_s
         self.calls = CallThread(f"gradloc-track-{self.name}-call")
         self.health = BackendHealth(self.name, settings.probe_interval_s, spill.spool.path)
+        self.artifact_health = BackendHealth(self.name, settings.probe_interval_s, spill.spool.path,
+                                             label=f"{self.name} artifact store")
         self.backend = LazyBackend(source, self.calls, settings)
         #: set by the producer when this thread must not wait for the interval (flush, finish, a full
         #: batch, a record that is not metrics); a step of metrics alone never sets it
@@ -183,13 +189,19 @@ class WriterLoop:
             if reported is not None:
                 self._reported_dropped = reported
             self.health.up()
+            if call in ARTIFACT_CALLS:
+                self.artifact_health.up()
             return True
         if not already:
-            self.spill(call, args, ts, error)
+            self.spill(call, args, ts, error,
+                       artifacts=call in ARTIFACT_CALLS and self.health.healthy and not self.artifact_health.healthy)
         return False
 
     def _send(self, call: str, args: tuple, ts: int) -> tuple[tuple, str | None]:
         """One bounded backend call: ``(args sent, None)``, or ``(args, why it failed)``."""
+        artifact = call in ARTIFACT_CALLS
+        if artifact and not self.artifact_health.may_call(self.calls.busy):
+            return args, self.artifact_health.reason or "artifact store unavailable"
         inner = self._backend()
         if inner is None:
             return args, self.health.reason or "backend unavailable"
@@ -198,8 +210,15 @@ class WriterLoop:
         try:
             bounded_call(lambda: send(inner, call, args, ts), self.call_timeout_s, thread=self.calls,
                          retries=self.retries, backoff_s=self.retry_backoff_s, what="tracker.call_timeout_s")
-        except Exception as exc:
+        except CallTimeout as exc:  # (the call thread is stuck: the whole backend waits, see ARTIFACT_CALLS)
             self._down(exc)
+            return args, repr(exc)
+        except Exception as exc:
+            if artifact:  # the artifact store refused it; the tracking store is tried by the next record
+                self.artifact_health.down(exc)
+                self.spill.artifact_location = getattr(inner, "artifact_location", None)
+            else:
+                self._down(exc)
             return args, repr(exc)
         return args, None
 
