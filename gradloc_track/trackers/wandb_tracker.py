@@ -254,7 +254,8 @@ class WandbTracker(Tracker):
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         for k, v in tags.items():
-            self.run.summary[k] = v
+            if k != "spike_count":  # a number in the history (the artifact writer logs it at each spike's step); the
+                self.run.summary[k] = v  # summary's string "12" sorted before "2" (held-out tester, stop 64)
         self.run.tags = tuple(sorted(set(self.run.tags or ()) | {f"{k}:{v}" for k, v in tags.items()
                                                                   if k != "spike_count"} |
                                      ({"spikes"} if "spike_count" in tags and str(tags["spike_count"]) != "0"

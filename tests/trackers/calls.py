@@ -30,5 +30,8 @@ def exercise(tracker, tmp_path, events=3):
                                                                            [10 + e, f"u{e}", 0.5]], 10 + e)
     tracker.log_html("spikes/highlight", HTML, 9 + events)
     tracker.log_image("spikes/heatmap", png(tmp_path / "h.png"), 9 + events)
+    # what the artifact writer sends at each spike: the count as a metric at its step, and as a tag
+    tracker.log_metrics({"spike_count": 3.0}, 9 + events)
     tracker.set_tags({"spike_count": "3"})
+    tracker.set_tags({"spike_count": "2"})  # an older count arriving late (a replay): never lowers it
     tracker.finish("success")

@@ -3,6 +3,8 @@ there is nothing to replay. Replays into the ORIGINAL run of a real MLflow serve
 are in ``tests/faults/test_trackers.py``."""
 from __future__ import annotations
 
+import json
+
 from gradloc_track.cli import main
 from gradloc_track.trackers import MemoryTracker, replay_spool
 from gradloc_track.trackers.spool import Spool
@@ -158,7 +160,6 @@ def test_a_replayed_w_and_b_run_of_a_tracker_both_pair_keeps_the_identity_it_sha
     """Review, stop 64: ``replay`` resumed the W&B run without the identity it shares with its MLflow run, so the
     resumed folder's notes held its params only and ``culprits`` counted the pair twice. A real MLflow store, a real
     W&B offline run, the spool as the writer leaves it after an outage."""
-    import json
     import time
 
     from gradloc_track.config import TrackerConfig
@@ -201,3 +202,40 @@ def test_a_w_and_b_folder_resumed_within_its_first_second_is_a_run_folder(tmp_pa
         assert is_wandb_run(tmp_path / name) and wandb_run_id(tmp_path / name) == wid
     (tmp_path / "offline-run-20261201_052811-x-y" / "files").mkdir(parents=True)
     assert not is_wandb_run(tmp_path / "offline-run-20261201_052811-x-y")
+
+
+def test_a_replay_of_spikes_from_an_outage_keeps_the_runs_count_and_description_whole(tmp_path, sqlite_uri, capsys):
+    """Held-out tester, stop 64: the spikes logged during an outage were replayed after the later ones had arrived;
+    the run was left tagged with the replayed, older count (3 of 12), its ``spike_count`` metric read that too (every
+    point was logged at step 0, the newest time winning), and the description told the replayed spikes only (the
+    resumed run did not read the ones already there). A real MLflow store; the spool as the writer leaves it."""
+    from mlflow.tracking import MlflowClient
+
+    from gradloc_track.artifacts.events import EVENT_COLUMNS
+    from gradloc_track.config import TrackerConfig
+    from gradloc_track.trackers import make_tracker
+
+    def spike(step: int, count: int) -> list[tuple[str, tuple]]:  # what the artifact writer sends for a spike
+        row = [step, "grad_norm", 9.0, 1.0, 9.0, 30.0, "", "localized", "", "", "", "data", ""]
+        return [("log_metrics", ({"spike_count": float(count)}, step)), ("set_tags", ({"spike_count": str(count)},)),
+                ("log_table", ("spikes/events", EVENT_COLUMNS, [row], step))]
+
+    cfg = TrackerConfig(kind="mlflow")
+    cfg.mlflow.tracking_uri = sqlite_uri
+    run = tmp_path / "run"
+    tracker = make_tracker(cfg, run_dir=run, run_name="r")
+    for step, count in ((20, 1), (80, 4), (100, 5)):  # before and after the outage
+        for call, args in spike(step, count):
+            getattr(tracker, call)(*args)
+    tracker.finish("success")
+    spool = Spool(run / "spool" / "mlflow.jsonl", "mlflow")
+    for step, count in ((40, 2), (60, 3)):  # during it
+        for call, args in spike(step, count):
+            spool.write(call, list(args), "outage")
+    assert main(["replay", str(run)]) == 0
+    client = MlflowClient(sqlite_uri)
+    got = client.get_run(json.loads((run / "tracker" / "mlflow.json").read_text())["view"]["run_id"])
+    assert got.data.tags["spike_count"] == "5" and got.data.metrics["spike_count"] == 5.0
+    assert sorted((m.step, m.value) for m in client.get_metric_history(got.info.run_id, "spike_count")) == [
+        (0, 0.0), (20, 1.0), (40, 2.0), (60, 3.0), (80, 4.0), (100, 5.0)]
+    assert "5 gradient spike(s) detected, at step 20, 40, 60, 80, 100" in got.data.tags["mlflow.note.content"]
