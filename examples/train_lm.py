@@ -37,6 +37,7 @@ from gradloc_track.console import TrainConsole, summary_lines
 from gradloc_track.demo.data import TextBatches, load_corpus
 from gradloc_track.demo.gate import SampleGate, sample_columns
 from gradloc_track.demo.inject import inject
+from gradloc_track.demo.out_dir import check_out_dir
 from gradloc_track.demo.model import build_model
 from gradloc_track.demo.optim import make_optimizer, make_schedule
 from gradloc_track.demo.threads import set_threads
@@ -487,5 +488,8 @@ if __name__ == "__main__":
         check_overrides(sys.argv[1:], DemoConfig, Path(__file__).resolve().parents[1] / "conf")
     except ConfigError as exc:
         sys.exit(f"error: {exc}")
+    bad_dir = check_out_dir(sys.argv[1:])
+    if bad_dir:
+        sys.exit(f"error: {bad_dir}")
     quiet_backend_noise()  # our command: no "Creating initial MLflow database tables" lines
     main()

@@ -112,7 +112,9 @@ class HFCausalLM(nn.Module):
             raise ImportError("model.kind=hf_gpt2 needs transformers: pip install transformers") from exc
         conf = GPT2Config(vocab_size=cfg.vocab_size, n_positions=cfg.max_seq_len, n_embd=cfg.d_model,
                           n_layer=cfg.n_layer, n_head=cfg.n_head, resid_pdrop=cfg.dropout,
-                          embd_pdrop=cfg.dropout, attn_pdrop=cfg.dropout, tie_word_embeddings=False)
+                          embd_pdrop=cfg.dropout, attn_pdrop=cfg.dropout, tie_word_embeddings=False,
+                          # GPT-2's own 50256 lies outside the demo's vocabulary (transformers warned twice a run)
+                          bos_token_id=None, eos_token_id=None)
         self.model = GPT2LMHeadModel(conf)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:

@@ -45,6 +45,27 @@ def run_dir_for(out: str | Path | None, example: str, base: str | Path = "runs")
     return path
 
 
+def check_out_dir(argv: list[str]) -> str | None:
+    """What is wrong with the folder an ``out_dir=`` (or ``hydra.run.dir=`` / ``hydra.sweep.dir=``) override names,
+    before Hydra makes its run dir there: a folder that cannot be made there gave a pathlib traceback naming neither
+    the override nor the fix (held-out tester, stop 64: ``out_dir=/proc/nope``). None when it can be made (it is,
+    now: Hydra would make it the next moment) or no such override is given."""
+    import os
+
+    for arg in argv:
+        key, eq, value = arg.lstrip("+~").partition("=")
+        if not eq or key not in ("out_dir", "hydra.run.dir", "hydra.sweep.dir") or "${" in value:
+            continue
+        try:
+            Path(value).mkdir(parents=True, exist_ok=True)
+            if not os.access(value, os.W_OK | os.X_OK):
+                raise PermissionError(f"no write permission on {value}")
+        except OSError as exc:
+            return (f"{key}={value}: the run's folder cannot be made there ({exc.strerror or exc}); "
+                    f"pass {key}=<a folder you can write to> (the default out_dir is ./runs)")
+    return None
+
+
 JOB_DIR_BYTES = 100  # a sweep job's folder name keeps at most this much of its overrides (file names: 255 bytes)
 JOB_DIR_RESOLVER = "gradloc_job_dir"  # ``conf/config.yaml``'s ``hydra.sweep.subdir``
 

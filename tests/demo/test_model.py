@@ -83,3 +83,13 @@ def test_hf_gpt2_without_transformers_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)  # as if not installed
     with pytest.raises(ImportError, match="model.kind=hf_gpt2 needs transformers: pip install transformers"):
         build_model(ModelConfig(kind="hf_gpt2", n_layer=1, n_head=1, d_model=4))
+
+
+def test_hf_gpt2_has_no_special_token_ids_outside_its_vocabulary(caplog):
+    """Held-out tester, stop 64: ``model=hf_gpt2`` kept GPT-2's bos/eos id 50256 in a 256-token vocabulary, and
+    transformers warned twice a run that it "may result in unexpected behavior"."""
+    pytest.importorskip("transformers")
+    m = build_model(ModelConfig(kind="hf_gpt2", vocab_size=256, n_layer=1, n_head=1, d_model=4, max_seq_len=8))
+    conf = m.model.config
+    assert conf.bos_token_id is None and conf.eos_token_id is None and conf.vocab_size == 256
+    assert "within the vocabulary" not in caplog.text

@@ -24,3 +24,18 @@ def test_the_cut_counts_bytes_and_never_splits_a_character():
     name = job_dir_name(0, text)
     assert len(name.encode()) <= len("0_") + JOB_DIR_BYTES and "~" in name
     assert name.encode().decode() == name and name.startswith("0_train.inject.text=€")
+
+
+def test_an_out_dir_that_cannot_be_made_names_the_override_and_the_fix(tmp_path):
+    """Held-out tester, stop 64: ``out_dir=/proc/nope`` ended in a pathlib traceback from inside Hydra."""
+    from gradloc_track.demo.out_dir import check_out_dir
+
+    (tmp_path / "a_file").write_text("x")
+    bad = str(tmp_path / "a_file" / "runs")
+    for key in ("out_dir", "hydra.run.dir", "hydra.sweep.dir"):
+        said = check_out_dir(["experiment=spike_demo", f"{key}={bad}"])
+        assert said.startswith(f"{key}={bad}: the run's folder cannot be made there (") and \
+            f"pass {key}=<a folder you can write to>" in said
+    good = tmp_path / "new" / "runs"
+    assert check_out_dir([f"out_dir={good}", "out_dir_typo", "hydra.run.dir=${out_dir}/x"]) is None and good.is_dir()
+    assert check_out_dir(["train.steps=3"]) is None
