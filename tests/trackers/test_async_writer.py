@@ -40,6 +40,31 @@ def test_finish_is_bounded_with_a_hung_backend_and_spools_the_rest(tmp_path):
     assert [s for s, _ in backend.metrics][:3] == [0, 1, 2]
 
 
+def test_finish_says_it_is_waiting_for_a_hung_backend_before_its_bound(tmp_path, monkeypatch, capsys):
+    """Held-out tester, stop 64: with a hung server the run's progress bar finished and nothing was said for 90 s
+    (finish() waiting out its bound), which reads as a hang. After ``SAY_WAIT_S`` it says what it waits for."""
+    from gradloc_track.trackers.async_writer import async_tracker
+
+    monkeypatch.setattr(async_tracker, "SAY_WAIT_S", 0.2)  # ours, not an SDK's: 5 s in use
+    backend = Hangs()
+    tracker = AsyncTracker(lambda: backend, "hung", tmp_path,
+                           WriterSettings(call_timeout_s=30.0, finish_timeout_s=2.0, flush_interval_s=0.01))
+    for step in range(5):
+        tracker.log_metrics({"x": float(step)}, step)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tracker.finish("success")
+    backend.release.set()
+    err = capsys.readouterr().err
+    assert "gradloc-track: waiting up to 2 s more for hung to take the run's last records" in err or \
+        "gradloc-track: waiting up to 1 s more for hung to take the run's last records" in err, err
+    assert err.index("waiting up to") < err.index("did not receive every record")  # said before the end
+    quick = AsyncTracker(MemoryTracker, "quick", tmp_path / "q", WriterSettings(flush_interval_s=0.01))
+    quick.log_metrics({"x": 1.0}, 0)
+    quick.finish("success")
+    assert "waiting up to" not in capsys.readouterr().err  # a backend that answers: nothing said
+
+
 def test_down_backend_is_skipped_then_probed_back(tmp_path):
     backend = DownThenUp()
     tracker = AsyncTracker(lambda: backend, "probe", tmp_path,
