@@ -59,6 +59,23 @@ def test_culprit_spans_carry_text_and_numbers_as_in_the_table():
     assert alphas[40] == 1.0 and alphas[520] < 1.0 and alphas[41] < alphas[520]
 
 
+def test_culprit_tokens_are_coloured_by_their_exact_norms_not_their_ghost_scores():
+    """Held-out tester, stop 64: the ghost norm leaves the embeddings out, and the page drew the culprit with share
+    0.66 lighter than the one with share 0.34 while the cause line and the table named it the largest. A culprit
+    token's colour is its exact norm now; the others keep their ghost scores, on one scale."""
+    import dataclasses
+
+    events, result, ctx = make_case()
+    first, second = result.tokens  # ghost 10 and 1; exact 5 and 2.5
+    result.tokens = [first, dataclasses.replace(second, grad_norm=8.0)]  # the exact order turned round
+    result.culprits = [c if c is not second else result.tokens[1] for c in result.culprits]
+    shown = visible_text_div(render_highlight_html(12, events, result, ctx, window=5), 1)
+    alphas = {int(p): float(a) for a, p in re.findall(r'rgba\(255,80,0,([\d.]+)\)" title="position (\d+) ', shown)}
+    assert alphas[520] == 1.0 and alphas[40] < alphas[520] and alphas[41] < alphas[40]
+    assert "a culprit token's exact gradient norm, elsewhere the position's ghost norm" in shown or \
+        "a culprit token's exact gradient norm" in render_highlight_html(12, events, result, ctx, window=5)
+
+
 def test_invisible_and_bidi_characters_are_shown_as_escapes():
     class Tok:
         def decode(self, ids):
