@@ -77,6 +77,11 @@ class Tracker:
     #: where the backend run's files go (MLflow's artifact URI), when apart from where its metrics go: named when
     #: that store alone refuses writes (``async_writer.writer.ARTIFACT_CALLS``)
     artifact_location: str | None = None
+    #: True when the artifact store is a service apart from the metrics' (MLflow): the writer then sends
+    #: ``ARTIFACT_CALLS`` on a call thread of their own, so an upload stuck in the SDK's retries (a store that answers
+    #: 500, retried for minutes) never holds the metrics back. Only for an adapter whose artifact calls share no
+    #: state with its other calls.
+    artifacts_apart: bool = False
     #: Records lost for good (neither the backend nor the local spool could take them)
     dropped: int = 0
     #: Local directory for files this run writes (spool files, rendered artifacts).

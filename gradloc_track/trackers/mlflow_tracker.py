@@ -100,6 +100,10 @@ class MlflowTracker(Tracker):
     accepts_timestamp = True
     #: ``log_metric_records`` sends this many values in one ``log_batch`` request (the writer's batches)
     max_metrics_per_request = MAX_METRICS_PER_BATCH
+    #: the artifact store is apart from the tracking store (a server's ``--artifacts-destination``, a bucket), and
+    #: the artifact calls' own state (the description's story) is theirs alone: the writer sends them on a thread
+    #: of their own
+    artifacts_apart = True
 
     def __init__(self, tracking_uri: str | None = None, experiment_name: str = "gradloc-track",
                  run_name: str | None = None, tags: Mapping[str, str] | None = None,

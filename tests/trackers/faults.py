@@ -158,3 +158,17 @@ class SlowCalls(MemoryTracker):
     def finish(self, status="success", timeout_s=None):
         self._slow()
         super().finish(status, timeout_s)
+
+
+class ArtifactsHang(MemoryTracker):
+    """``log_table`` never returns (until ``release``), as an upload stuck in the SDK's retries against an artifact
+    store that answers 500; ``apart``: the adapter says its artifact store is apart (MLflow's)."""
+
+    def __init__(self, apart: bool):
+        super().__init__()
+        self.artifacts_apart = apart
+        self.release = threading.Event()
+
+    def log_table(self, key, columns, rows, step=None):
+        self.release.wait(60)
+        super().log_table(key, columns, rows, step)

@@ -14,7 +14,8 @@ from gradloc_track.trackers import MemoryTracker, read_spool, replay_spool
 from gradloc_track.trackers.async_writer import AsyncTracker, WriterSettings
 from gradloc_track.trackers.async_writer.writer import WriterLoop
 
-from .faults import AlwaysFails, CustomBase, DownThenUp, Hangs, RaisesOnce, RecoversAtStep, timed_finish, train
+from .faults import (AlwaysFails, ArtifactsHang, CustomBase, DownThenUp, Hangs, RaisesOnce, RecoversAtStep,
+                     timed_finish, train)
 
 
 def test_finish_is_bounded_with_a_hung_backend_and_spools_the_rest(tmp_path):
@@ -63,6 +64,33 @@ def test_finish_says_it_is_waiting_for_a_hung_backend_before_its_bound(tmp_path,
     quick.log_metrics({"x": 1.0}, 0)
     quick.finish("success")
     assert "waiting up to" not in capsys.readouterr().err  # a backend that answers: nothing said
+
+
+@pytest.mark.parametrize("apart", [True, False])
+def test_an_artifact_upload_stuck_in_retries_holds_back_the_metrics_only_where_the_store_is_not_apart(tmp_path, apart):
+    """Held-out tester, stop 64: against an MLflow server whose artifact destination answered 500, the SDK retried
+    each upload for minutes past our bound; the writer's one call thread was stuck in it, and no metric after the
+    first spike table reached the run. A backend whose artifact store is apart now sends its artifacts on a thread
+    of their own: the metrics and the final status go on, the tables wait in the spool (replay sends them)."""
+    backend = ArtifactsHang(apart)
+    tracker = AsyncTracker(lambda: backend, "art", tmp_path,
+                           WriterSettings(call_timeout_s=0.5, retries=0, finish_timeout_s=3.0, flush_interval_s=0.01))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for step in range(10):
+            tracker.log_metrics({"x": float(step)}, step)
+            if step in (2, 7):
+                tracker.log_table("spikes/tokens", ["step", "token"], [[step, "t"]], step)
+            tracker.flush()
+        tracker.finish("success")
+    backend.release.set()
+    spooled = read_spool(tmp_path / "spool" / "art.jsonl")
+    if apart:
+        assert [s for s, _ in backend.metrics] == list(range(10)) and backend.finished == "success"
+        assert [(r["call"], r["args"][3]) for r in spooled] == [("log_table", 2), ("log_table", 7)]
+    else:  # (W&B's media go with its metrics: one thread, as before)
+        assert [s for s, _ in backend.metrics] == [0, 1, 2]
+        assert {r["args"][1] for r in spooled if r["call"] == "log_metrics"} >= set(range(4, 10))
 
 
 def test_down_backend_is_skipped_then_probed_back(tmp_path):

@@ -43,8 +43,9 @@ from .spill import Spill
 MAX_PENDING_STEPS = 256  # merged steps that make a full request whatever the backend
 # ``ARTIFACT_CALLS`` (``interface``) that raise take down the artifact store alone, their records spooled while
 # metrics go on (held-out tester, stop 64: a read-only artifact folder kept all 130 steps' metrics out of MLflow and
-# the run RUNNING). A timeout still takes the whole backend down: the call thread is stuck in it, and nothing else
-# could be sent meanwhile.
+# the run RUNNING). For a backend whose artifact store is apart (``Tracker.artifacts_apart``: MLflow) they run on a
+# call thread of their own, so one that times out (a server answering 500, which the SDK retries for minutes) holds
+# back the artifacts alone; elsewhere a timeout takes the whole backend down (its one call thread is stuck in it).
 MAX_METRICS_PER_REQUEST = 1000  # a request's size when the backend names none
 
 
@@ -58,6 +59,7 @@ class WriterLoop:
         self.health = BackendHealth(self.name, settings.probe_interval_s, spill.spool.path)
         self.artifact_health = BackendHealth(self.name, settings.probe_interval_s, spill.spool.path,
                                              label=f"{self.name} artifact store")
+        self.artifact_calls: CallThread | None = None  # ARTIFACT_CALLS of a backend whose store is apart
         self.backend = LazyBackend(source, self.calls, settings)
         #: set by the producer when this thread must not wait for the interval (flush, finish, a full
         #: batch, a record that is not metrics); a step of metrics alone never sets it
@@ -200,18 +202,27 @@ class WriterLoop:
     def _send(self, call: str, args: tuple, ts: int) -> tuple[tuple, str | None]:
         """One bounded backend call: ``(args sent, None)``, or ``(args, why it failed)``."""
         artifact = call in ARTIFACT_CALLS
-        if artifact and not self.artifact_health.may_call(self.calls.busy):
+        lane = self.artifact_calls if artifact and self.artifact_calls is not None else self.calls
+        if artifact and not self.artifact_health.may_call(lane.busy):
             return args, self.artifact_health.reason or "artifact store unavailable"
         inner = self._backend()
         if inner is None:
             return args, self.health.reason or "backend unavailable"
+        apart = artifact and bool(getattr(inner, "artifacts_apart", False))
+        if apart and self.artifact_calls is None:
+            self.artifact_calls = CallThread(f"gradloc-track-{self.name}-artifacts")
         if self.dropped > self._reported_dropped:
             args = _with_dropped(call, args, float(self.dropped))
         try:
-            bounded_call(lambda: send(inner, call, args, ts), self.call_timeout_s, thread=self.calls,
+            bounded_call(lambda: send(inner, call, args, ts), self.call_timeout_s,
+                         thread=self.artifact_calls if apart else self.calls,
                          retries=self.retries, backoff_s=self.retry_backoff_s, what="tracker.call_timeout_s")
-        except CallTimeout as exc:  # (the call thread is stuck: the whole backend waits, see ARTIFACT_CALLS)
-            self._down(exc)
+        except CallTimeout as exc:  # the call thread is stuck in it (see ARTIFACT_CALLS)
+            if apart:
+                self.artifact_health.down(exc)
+                self.spill.artifact_location = getattr(inner, "artifact_location", None)
+            else:
+                self._down(exc)
             return args, repr(exc)
         except Exception as exc:
             if artifact:  # the artifact store refused it; the tracking store is tried by the next record
