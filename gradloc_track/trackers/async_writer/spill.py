@@ -18,7 +18,7 @@ class Spill:
         self.spool, self.name, self.run_dir = spool, name, run_dir
         self._warned: set[str] = set()
         self.first_error: str | None = None  # why the first record was spooled (the closing lines say it)
-        self.artifact_location: str | None = None  # the artifact store that refused a write, when the backend knows
+        self.artifact_location: str | None = None  # the artifact store that did not take a write, when known
 
     def __call__(self, call: str, args: tuple, ts: int, error: str, artifacts: bool = False) -> None:
         """Spool the record; ``artifacts``: only the backend's artifact store refused it (the warning says so)."""
@@ -31,10 +31,11 @@ class Spill:
             self.spool.write(call, args, error, ts=ts)
         if artifacts:
             at = f" at {self.artifact_location}" if self.artifact_location else ""
-            self.warn_once("artifacts", f"gradloc-track: the {self.name} tracker's artifact store{at} refused a write "
-                           f"({error}): the spike tables, highlight pages and images are kept in {self.spool.path}; "
-                           "metrics, params and the run's status go on. Fix the store (its folder's or bucket's "
-                           "write permission, the server's --artifacts-destination), then send them with "
+            self.warn_once("artifacts", f"gradloc-track: the {self.name} tracker's artifact store{at} did not take a "
+                           f"write ({error}): the spike tables, highlight pages and images are kept in "
+                           f"{self.spool.path}; metrics, params and the run's status go on. Fix the store (its "
+                           "folder's or bucket's write permission, the server's --artifacts-destination), then send "
+                           "them with "
                            f"`gradloc-track replay {self.run_dir}`")
         else:
             self.warn_down(error)
