@@ -74,7 +74,7 @@ def _replay(args) -> int:
 
 def _replay_one(run_dir: Path, tracking_uri: str | None) -> int:
     from .trackers.incomplete import incomplete_reason
-    from .trackers.replay import RunDirNotWritable, replay_run_dir
+    from .trackers.replay import STORE_DOWN_AFTER, RunDirNotWritable, replay_run_dir
     from .trackers.run_lock import RunDirInUse
 
     try:
@@ -103,9 +103,12 @@ def _replay_one(run_dir: Path, tracking_uri: str | None) -> int:
         print(f"{r.backend} run {run}: replayed {r.sent} record(s){status}"
               + (f" ({r.already} replayed before)" if r.already else "") + ended)
         if r.kept:
+            own = r.artifacts_sent and r.refused_in_a_row < STORE_DOWN_AFTER  # the store took the others
+            why = ("the record itself failed: the other spike files went" if own else "the run's artifact store did "
+                   "not take them; fix it (its write permission, the server's --artifacts-destination) and replay "
+                   "again")
             print(f"gradloc-track replay: {r.backend}: {r.kept} spike file record(s) (tables, highlight pages, "
-                  f"images) stay in the spool: the run's artifact store refused them ({r.kept_why}); fix the store "
-                  "(its write permission, the server's --artifacts-destination) and replay again", file=sys.stderr)
+                  f"images) stay in the spool ({r.kept_why}): {why}", file=sys.stderr)
     return 2 if refused else 1 if any(r.kept for r in results) else 0
 
 

@@ -287,6 +287,7 @@ def _colour_range(result: LocateResult) -> tuple[float, float]:
         v = m[(m > 0) & m.isfinite()]
         if v.numel():
             ends.append((float(v.min()), float(v.max())))
+    ends += [(x, x) for x in (_exact(t) for t in result.tokens) if x is not None]  # (also where no map was made)
     if not ends:
         return 0.0, 0.0
     return math.log(min(a for a, _ in ends)), math.log(max(b for _, b in ends))

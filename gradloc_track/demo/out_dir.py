@@ -49,12 +49,17 @@ def check_out_dir(argv: list[str]) -> str | None:
     """What is wrong with the folder an ``out_dir=`` (or ``hydra.run.dir=`` / ``hydra.sweep.dir=``) override names,
     before Hydra makes its run dir there: a folder that cannot be made there gave a pathlib traceback naming neither
     the override nor the fix (held-out tester, stop 64: ``out_dir=/proc/nope``). None when it can be made (it is,
-    now: Hydra would make it the next moment) or no such override is given."""
+    now: Hydra would make it the next moment) or no such override is given. A value in Hydra's override grammar
+    (a sweep ``a,b``, ``choice(...)``, quotes, an interpolation) and a command that runs no job (``--cfg``,
+    ``--help``, ``--info``) are left to Hydra: nothing is made for them (review, stop 64)."""
     import os
 
+    if any(a.startswith(("--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i")) for a in argv):
+        return None
     for arg in argv:
         key, eq, value = arg.lstrip("+~").partition("=")
-        if not eq or key not in ("out_dir", "hydra.run.dir", "hydra.sweep.dir") or "${" in value:
+        if not eq or key not in ("out_dir", "hydra.run.dir", "hydra.sweep.dir") or not value or \
+                any(ch in value for ch in ",()[]{}'\"$*\\ "):
             continue
         try:
             Path(value).mkdir(parents=True, exist_ok=True)

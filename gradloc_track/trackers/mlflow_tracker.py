@@ -224,7 +224,9 @@ class MlflowTracker(Tracker):
         self.run_id, self.experiment_id = run_id, run.info.experiment_id
         self.artifact_location = run.info.artifact_uri
         self._seen_spike_count(run)
-        if DESCRIPTION[:80] in (run.data.tags or {}).get("mlflow.note.content", ""):
+        note = (run.data.tags or {}).get("mlflow.note.content")
+        self._note_free = note is None or DESCRIPTION[:80] in note  # a joined run's owner's description stays theirs
+        if note is not None and self._note_free:
             self._read_story()  # the description goes on from the spikes already in the run (held-out tester, stop
             # 64: a replay told only the replayed tables' spikes)
         return self

@@ -45,8 +45,10 @@ class ReplayResult:
     ended: str | None = None  # the status a run whose process died was ended with here
     refused: str | None = None  # why this backend was not replayed (its run record damaged, its run deleted)
     tagged: bool = False  # the run was tagged INCOMPLETE_TAG (its run dir lost records)
-    kept: int = 0  # spike-file records left in the spool: the run's artifact store refused them
-    kept_why: str | None = None  # what it said
+    kept: int = 0  # spike-file records left in the spool: not taken (the run's artifact store, or their own fault)
+    kept_why: str | None = None  # what the last refusal said
+    refused_in_a_row: int = 0  # spike-file records refused one after the other (``_send_artifact``)
+    artifacts_sent: int = 0  # spike-file records the artifact store took
 
 
 
@@ -176,16 +178,24 @@ def _replay_one(run_dir: Path, spool_file: Path, tracking_uri: str | None) -> Re
     return result
 
 
+STORE_DOWN_AFTER = 2  # spike-file records refused in a row: the artifact store itself, the rest not tried
+
+
 def _send_artifact(tracker: Tracker, rec: dict[str, Any], result: ReplayResult) -> bool:
-    """Send one spike-file record; False, counted in ``result.kept``, when the artifact store refuses it (after its
-    first refusal the others are not tried: each would wait out the SDK's own retries, minutes against a server that
-    answers 500). Held-out tester, stop 64: replay stopped at the first such record and sent nothing else."""
-    if result.kept_why is None:
+    """Send one spike-file record; False, counted in ``result.kept``, when it is not taken. ``STORE_DOWN_AFTER``
+    refusals in a row read as the artifact store's, and the records after them are not tried (each would wait out
+    the SDK's own retries, minutes against a server that answers 500); one refusal between records that go is the
+    record's own (a heatmap whose file is gone), and the others go on (review, stop 64). Held-out tester, stop 64:
+    replay stopped at the first such record and sent nothing else."""
+    if result.refused_in_a_row < STORE_DOWN_AFTER:
         try:
             send(tracker, rec["call"], rec["args"], rec.get("ts"))
+            result.refused_in_a_row = 0
+            result.artifacts_sent += 1
             return True
         except Exception as exc:  # noqa: BLE001 - any SDK error: the record stays, the rest goes on
             result.kept_why = repr(exc)
+            result.refused_in_a_row += 1
     result.kept += 1
     return False
 

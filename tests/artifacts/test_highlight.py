@@ -76,6 +76,22 @@ def test_culprit_tokens_are_coloured_by_their_exact_norms_not_their_ghost_scores
         "a culprit token's exact gradient norm" in render_highlight_html(12, events, result, ctx, window=5)
 
 
+def test_culprit_tokens_without_a_ghost_map_are_coloured_by_their_exact_norms(tmp_path):
+    """Review, stop 64: with no ghost map (``method=gradloc``) the colour range was empty and every culprit was drawn
+    at full colour, whatever its exact norm."""
+    import dataclasses
+
+    events, result, ctx = make_case()
+    first, second = result.tokens
+    result.tokens = [dataclasses.replace(first, grad_norm=50.0), dataclasses.replace(second, grad_norm=2.0)]
+    result.culprits = [result.tokens[0] if c is first else result.tokens[1] if c is second else c
+                       for c in result.culprits]
+    result.ghost_map = None
+    shown = visible_text_div(render_highlight_html(12, events, result, ctx, window=5), 1)
+    alphas = {int(p): float(a) for a, p in re.findall(r'rgba\(255,80,0,([\d.]+)\)" title="position (\d+) ', shown)}
+    assert alphas[40] == 1.0 and alphas[520] == 0.0  # the range runs from the smaller exact norm to the larger
+
+
 def test_invisible_and_bidi_characters_are_shown_as_escapes():
     class Tok:
         def decode(self, ids):

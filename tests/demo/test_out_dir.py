@@ -39,3 +39,8 @@ def test_an_out_dir_that_cannot_be_made_names_the_override_and_the_fix(tmp_path)
     good = tmp_path / "new" / "runs"
     assert check_out_dir([f"out_dir={good}", "out_dir_typo", "hydra.run.dir=${out_dir}/x"]) is None and good.is_dir()
     assert check_out_dir(["train.steps=3"]) is None
+    # Hydra's grammar and commands that run no job are left to Hydra: nothing made (review, stop 64)
+    for argv in (["-m", f"out_dir={tmp_path}/s_a,{tmp_path}/s_b"], [f"out_dir='{tmp_path}/my runs'"],
+                 [f"out_dir=choice({tmp_path}/x,{tmp_path}/y)"], ["--cfg", "job", f"out_dir={tmp_path}/cfg_only"]):
+        assert check_out_dir(argv) is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "new"]

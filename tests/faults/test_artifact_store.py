@@ -58,3 +58,27 @@ def test_metrics_and_the_status_go_on_while_the_spike_files_wait_for_the_artifac
     assert "replayed 2 record(s)" in capsys.readouterr().out
     assert sorted(a.path for a in client.list_artifacts(run_id, "spikes")) == ["spikes/highlight", "spikes/tokens"]
     assert client.get_run(run_id).info.status == "FINISHED"
+
+
+def test_a_spike_file_that_fails_on_its_own_does_not_hold_back_the_others_in_a_replay(tmp_path, sqlite_uri, capsys):
+    """Review, stop 64: after the first refused record replay tried no other one, and blamed the store: a heatmap
+    whose file was gone held every spike file after it in the spool, on every replay. Two refusals in a row are the
+    store's; one between records that go is the record's own."""
+    from gradloc_track.trackers.spool import Spool
+
+    cfg = TrackerConfig(kind="mlflow")
+    cfg.mlflow.tracking_uri = sqlite_uri
+    run = tmp_path / "run"
+    tracker = make_tracker(cfg, run_dir=run, run_name="r")
+    tracker.log_metrics({"loss": 1.0}, 0)
+    tracker.finish("success")
+    spool = Spool(run / "spool" / "mlflow.jsonl", "mlflow")
+    spool.write("log_image", ["spikes/heatmap", str(tmp_path / "gone.png"), 5], "outage")
+    spool.write("log_table", ["spikes/tokens", ["step", "token"], [[5, "x"]], 5], "outage")
+    spool.write("log_html", ["spikes/highlight", "<p>x</p>", 5], "outage")
+    assert main(["replay", str(run)]) == 1
+    err = capsys.readouterr().err
+    assert "1 spike file record(s)" in err and "the record itself failed: the other spike files went" in err
+    run_id = json.loads((run / "tracker" / "mlflow.json").read_text())["view"]["run_id"]
+    assert sorted(a.path for a in MlflowClient(sqlite_uri).list_artifacts(run_id, "spikes")) == [
+        "spikes/highlight", "spikes/tokens"]

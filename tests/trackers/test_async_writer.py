@@ -93,6 +93,44 @@ def test_an_artifact_upload_stuck_in_retries_holds_back_the_metrics_only_where_t
         assert {r["args"][1] for r in spooled if r["call"] == "log_metrics"} >= set(range(4, 10))
 
 
+def test_the_closing_lines_blame_the_artifact_store_only_when_nothing_else_was_spooled(tmp_path, capsys):
+    """Review, stop 64: a refused spike table and metrics handed to the spool at finish()'s bound were said as "did
+    not take this run's spike files", with the wrong replay hint. And a backend whose artifact store is not apart
+    (W&B: media go with the metrics) is down as a whole when a table fails, as before."""
+    class Refuses(MemoryTracker):
+        def __init__(self, apart, hang_from=None):
+            super().__init__()
+            self.artifacts_apart, self.hang_from, self.release = apart, hang_from, threading.Event()
+
+        def log_table(self, key, columns, rows, step=None):
+            raise PermissionError("read-only artifact store")
+
+        def log_metrics(self, metrics, step):
+            if self.hang_from is not None and step >= self.hang_from:
+                self.release.wait(60)
+            super().log_metrics(metrics, step)
+
+    for apart, hang_from, artifacts_only in ((True, None, True), (True, 5, False), (False, None, False)):
+        backend = Refuses(apart, hang_from)
+        run = tmp_path / f"{apart}-{hang_from}"
+        tracker = AsyncTracker(lambda: backend, "ref", run,
+                               WriterSettings(call_timeout_s=30.0, retries=0, finish_timeout_s=1.5,
+                                              flush_interval_s=0.01))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for step in range(10):
+                tracker.log_metrics({"x": float(step)}, step)
+                if step == 2:
+                    tracker.log_table("spikes/tokens", ["step"], [[2]], 2)
+                    tracker.flush()
+                    assert tracker.healthy == apart  # (not apart: the whole backend is down)
+            tracker.finish("success")
+        backend.release.set()
+        err = capsys.readouterr().err
+        assert ("did not take this run's spike files" in err) == artifacts_only, (apart, hang_from, err)
+        assert ("did not receive every record" in err) == (not artifacts_only), (apart, hang_from, err)
+
+
 def test_down_backend_is_skipped_then_probed_back(tmp_path):
     backend = DownThenUp()
     tracker = AsyncTracker(lambda: backend, "probe", tmp_path,

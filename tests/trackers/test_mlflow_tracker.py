@@ -159,3 +159,22 @@ def test_one_failed_request_right_after_the_run_is_created_opens_no_second_run(t
     assert run.info.status == "FINISHED" and run.info.run_name == "blip"
     assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "spike_count")] == [(0, 0.0)]
     assert len(client.get_metric_history(run.info.run_id, "grad_norm/global")) == 3
+
+
+def test_a_resumed_run_keeps_its_owners_description_and_never_lowers_its_spike_count(tmp_path, sqlite_uri):
+    """Review, stop 64: ``resume`` (``replay``) of a joined run left the description free to overwrite, and the
+    owner's own notes were replaced by our spike story; a spooled older ``spike_count`` lowered the tag."""
+    from mlflow.tracking import MlflowClient
+
+    from gradloc_track.artifacts.events import EVENT_COLUMNS
+    from gradloc_track.trackers.mlflow_tracker import MlflowTracker
+
+    client = MlflowClient(sqlite_uri)
+    exp = client.create_experiment("owners")
+    run_id = client.create_run(exp, tags={"mlflow.note.content": "OWNER'S OWN NOTES", "spike_count": "4"}).info.run_id
+    resumed = MlflowTracker.resume(run_id, sqlite_uri, run_dir=tmp_path / "run")
+    row = [5, "grad_norm", 9.0, 1.0, 9.0, 30.0, "", "localized", "", "", "", "data", ""]
+    resumed.log_table("spikes/events", EVENT_COLUMNS, [row], 5)
+    resumed.set_tags({"spike_count": "2"})
+    tags = client.get_run(run_id).data.tags
+    assert tags["mlflow.note.content"] == "OWNER'S OWN NOTES" and tags["spike_count"] == "4"

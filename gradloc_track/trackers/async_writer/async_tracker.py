@@ -244,8 +244,8 @@ class AsyncTracker(Tracker):
                           f"spool {self.spool.path} both failed: {self.spool.error}); see the tracker/dropped metric",
                           RuntimeWarning, stacklevel=2)
         writer = self._writer
-        artifacts_only = None  # the backend took every record but those its artifact store refused
-        if writer.health.reason_first is None and writer.artifact_health.reason_first is not None:
+        artifacts_only = None  # the backend took every record but the spike files its artifact store did not
+        if not self._spill.others and writer.artifact_health.reason_first is not None:
             artifacts_only = self._spill.artifact_location or ""
         say(closing_lines(self.name, self.run_dir, self.spool.path, writer.delivered, self.spool.count,
                           self.dropped, writer.health.reason_first or self._spill.first_error, artifacts_only)

@@ -8,7 +8,7 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
-from ..interface import Tracker
+from ..interface import ARTIFACT_CALLS, Tracker
 from ..spool import Spool
 from .jobs import JobSink, run_job
 
@@ -19,11 +19,14 @@ class Spill:
         self._warned: set[str] = set()
         self.first_error: str | None = None  # why the first record was spooled (the closing lines say it)
         self.artifact_location: str | None = None  # the artifact store that did not take a write, when known
+        self.others = 0  # records spooled that are no spike files (``ARTIFACT_CALLS``): metrics, tags, the status
 
     def __call__(self, call: str, args: tuple, ts: int, error: str, artifacts: bool = False) -> None:
         """Spool the record; ``artifacts``: only the backend's artifact store refused it (the warning says so)."""
         if self.first_error is None:
             self.first_error = error
+        if call not in ARTIFACT_CALLS:
+            self.others += 1
         if call == "log_metric_records":  # a batch of steps: one spool line per step, with its own time
             for metrics, step, step_ts in args[0]:
                 self.spool.write("log_metrics", (metrics, step), error, ts=step_ts)

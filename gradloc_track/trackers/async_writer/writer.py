@@ -225,10 +225,10 @@ class WriterLoop:
                 self._down(exc)
             return args, repr(exc)
         except Exception as exc:
-            if artifact:  # the artifact store refused it; the tracking store is tried by the next record
+            if apart:  # the artifact store refused it; the tracking store is tried by the next record
                 self.artifact_health.down(exc)
                 self.spill.artifact_location = getattr(inner, "artifact_location", None)
-            else:
+            else:  # (W&B's media go with its metrics: one service, down together)
                 self._down(exc)
             return args, repr(exc)
         return args, None
