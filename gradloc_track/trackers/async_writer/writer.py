@@ -30,7 +30,7 @@ import time
 from typing import Any, Callable
 
 from ..interface import ARTIFACT_CALLS, Tracker, send
-from ..bounded import MAX_WAIT_S, CallThread, CallTimeout, bounded_call
+from ..bounded import MAX_WAIT_S, CallThread, bounded_call
 from ..naming import DROPPED_KEY
 from ..run_record import update_run_record
 from .health import BackendHealth
@@ -41,12 +41,12 @@ from .settings import WriterSettings
 from .spill import Spill
 
 MAX_PENDING_STEPS = 256  # merged steps that make a full request whatever the backend
-# ``ARTIFACT_CALLS`` (``interface``) that raise take down the artifact store alone, their records spooled while
-# metrics go on (held-out tester, stop 64: a read-only artifact folder kept all 130 steps' metrics out of MLflow and
-# the run RUNNING). For a backend whose artifact store is apart (``Tracker.artifacts_apart``: MLflow) they run on a
-# call thread of their own, so one that times out (a server answering 500, which the SDK retries for minutes) holds
-# back the artifacts alone; elsewhere a timeout takes the whole backend down (its one call thread is stuck in it).
 MAX_METRICS_PER_REQUEST = 1000  # a request's size when the backend names none
+# For a backend whose artifact store is apart (``Tracker.artifacts_apart``: MLflow), ``ARTIFACT_CALLS``
+# (``interface``) run on a call thread of their own, and one that fails or times out (a read-only folder; a server
+# answering 500, which the SDK retries for minutes) takes down the artifact store alone: its records wait in the
+# spool while the metrics go on (held-out tester, stop 64: a read-only artifact folder kept all 130 steps' metrics
+# out of MLflow and the run RUNNING). Elsewhere any failure takes the whole backend down, as before.
 
 
 class WriterLoop:
@@ -217,15 +217,8 @@ class WriterLoop:
             bounded_call(lambda: send(inner, call, args, ts), self.call_timeout_s,
                          thread=self.artifact_calls if apart else self.calls,
                          retries=self.retries, backoff_s=self.retry_backoff_s, what="tracker.call_timeout_s")
-        except CallTimeout as exc:  # the call thread is stuck in it (see ARTIFACT_CALLS)
-            if apart:
-                self.artifact_health.down(exc)
-                self.spill.artifact_location = getattr(inner, "artifact_location", None)
-            else:
-                self._down(exc)
-            return args, repr(exc)
-        except Exception as exc:
-            if apart:  # the artifact store refused it; the tracking store is tried by the next record
+        except Exception as exc:  # a refusal, or a ``CallTimeout`` (its call thread is stuck in it)
+            if apart:  # the artifact store alone; the tracking store is tried by the next record
                 self.artifact_health.down(exc)
                 self.spill.artifact_location = getattr(inner, "artifact_location", None)
             else:  # (W&B's media go with its metrics: one service, down together)
