@@ -6,8 +6,10 @@ import time
 from typing import Callable
 
 
-def interleaved(variants: dict[str, Callable[[int], None]], rounds: int, warmup: int = 3) -> dict[str, float]:
-    """Median seconds per call of each variant; ``variants[name](i)`` runs one step."""
+def interleaved(variants: dict[str, Callable[[int], None]], rounds: int, warmup: int = 3,
+                clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
+    """Median seconds per call of each variant; ``variants[name](i)`` runs one step. ``clock``: wall time, or
+    ``time.thread_time`` for the calling thread's CPU (what a busy machine's other work does not add to)."""
     for i in range(warmup):
         for fn in variants.values():
             fn(i)
@@ -17,9 +19,9 @@ def interleaved(variants: dict[str, Callable[[int], None]], rounds: int, warmup:
         if r % 2:  # alternate order so no variant always runs right after another
             order.reverse()
         for name, fn in order:
-            t0 = time.perf_counter()
+            t0 = clock()
             fn(warmup + r)
-            times[name].append(time.perf_counter() - t0)
+            times[name].append(clock() - t0)
     return {k: statistics.median(v) for k, v in times.items()}
 
 

@@ -21,14 +21,19 @@ share, so the comparison flatters the compiled side.
 from __future__ import annotations
 
 import argparse
-import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from gradloc_track.integrations.step_losses import detector_losses
-from gradloc_track.spikes.junk import LEAK_MIN_TERMS
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _timing import interleaved  # noqa: E402
+
+from gradloc_track.integrations.step_losses import detector_losses  # noqa: E402
+from gradloc_track.spikes.junk import LEAK_MIN_TERMS  # noqa: E402
 
 IGNORE = -100
 
@@ -65,15 +70,6 @@ def case(B: int, T: int, V: int, seed: int = 0):
     return logits, tgt, inp
 
 
-def thread_ms(fn, rounds: int) -> list[float]:
-    out = []
-    for _ in range(rounds):
-        c0 = time.thread_time()
-        fn()
-        out.append((time.thread_time() - c0) * 1e3)
-    return out
-
-
 def run(B: int, T: int, V: int, rounds: int) -> None:
     logits, tgt, inp = case(B, T, V)
     lib = lambda: detector_losses(logits, tgt, inp, None, samples=True, junk_terms=16, with_rows=True)  # noqa: E731
@@ -94,13 +90,9 @@ def run(B: int, T: int, V: int, rounds: int) -> None:
         "fused compiled": lambda: compiled(logits, tgt, inp),
         "cross-entropy fwd": lambda: F.cross_entropy(logits.view(-1, V), tgt.view(-1)),
     }
-    for fn in variants.values():
-        fn()
-    times: dict[str, list[float]] = {k: [] for k in variants}
-    for r in range(rounds):
-        for name in (list(variants) if r % 2 else list(reversed(variants))):
-            times[name] += thread_ms(variants[name], 1)
-    med = {k: statistics.median(v) for k, v in times.items()}
+    seconds = interleaved({k: (lambda i, fn=fn: fn()) for k, fn in variants.items()}, rounds, warmup=1,
+                          clock=time.thread_time)
+    med = {k: v * 1e3 for k, v in seconds.items()}  # ms
     base = med["library (eager)"]
     print(f"\nlogits {B} x {T} x {V}, torch threads {torch.get_num_threads()}, {rounds} rounds; compile "
           f"{compile_s:.1f} s; values equal to the library's")

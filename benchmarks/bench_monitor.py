@@ -280,16 +280,7 @@ def step_parts(args) -> None:
         steps[name] = rotating_step(model, opt, pool)
     model = copy.deepcopy(proto)
     steps["the defaults' reads alone"] = reads_alone_step(model, torch.optim.AdamW(model.parameters(), lr=1e-4), pool)
-    for i in range(3):
-        for step in steps.values():
-            step(i)
-    times: dict[str, list[float]] = {k: [] for k in steps}
-    for r in range(args.rounds * 2):
-        for name in (list(steps) if r % 2 else list(reversed(steps))):
-            c0 = time.thread_time()
-            steps[name](3 + r)
-            times[name].append(time.thread_time() - c0)
-    med = {k: statistics.median(v) for k, v in times.items()}
+    med = interleaved(steps, args.rounds * 2, warmup=3, clock=time.thread_time)
     plain = med["plain step"]
     print(f"{n_layer}-layer d={d_model} GPT, batch {args.batch}x{args.seq}, torch threads {torch.get_num_threads()}, "
           f"log_every {args.log_every}, {args.rounds * 2} rounds; training-thread CPU per step, medians")
